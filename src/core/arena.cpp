@@ -1,0 +1,169 @@
+// Buddy-system allocator and the host arena built on it. Knuth, TAOCP vol. 1, 2.5 ("buddy system").
+#include "core/arena.h"
+
+#include <bit>
+#include <cstdlib>
+
+namespace tessera {
+
+double ArenaStats::fragmentation() const {
+    size_t free_bytes = capacity - bytes_in_use;
+    if (free_bytes == 0) return 0.0;
+    return 1.0 - double(largest_free_block) / double(free_bytes);
+}
+
+BuddyAllocator::BuddyAllocator(size_t capacity, size_t min_block) : min_block_(min_block) {
+    TESSERA_CHECK(min_block >= 64 && std::has_single_bit(min_block),
+                  "arena: min_block {} must be a power of two >= 64", min_block);
+    const size_t n = capacity / min_block;
+    TESSERA_CHECK(n >= 1, "arena: capacity {} is smaller than one block of {}", capacity, min_block);
+    TESSERA_CHECK(n < kNone, "arena: {} blocks of {} bytes exceed the index range; use a larger min_block", n,
+                  min_block);
+    num_orders_ = std::bit_width(n);  // orders 0 .. bit_width(n)-1
+    order_.assign(n, kNotStart);
+    is_free_.assign(n, 0);
+    next_.assign(n, kNone);
+    prev_.assign(n, kNone);
+    requested_.assign(n, 0);
+    head_.assign(num_orders_, kNone);
+    num_free_.assign(num_orders_, 0);
+    stats_.capacity = n * min_block;
+    // Seed the free lists with the binary decomposition of n, largest block first (keeps alignment).
+    size_t idx = 0;
+    for (int k = num_orders_ - 1; k >= 0; --k) {
+        if (n & (size_t(1) << k)) {
+            push_free(uint32_t(idx), k);
+            idx += size_t(1) << k;
+        }
+    }
+    refresh_largest_free();
+}
+
+void BuddyAllocator::push_free(uint32_t idx, int order) {
+    order_[idx] = int8_t(order);
+    is_free_[idx] = 1;
+    prev_[idx] = kNone;
+    next_[idx] = head_[order];
+    if (head_[order] != kNone) prev_[head_[order]] = idx;
+    head_[order] = idx;
+    num_free_[order]++;
+}
+
+void BuddyAllocator::unlink_free(uint32_t idx, int order) {
+    if (prev_[idx] != kNone) {
+        next_[prev_[idx]] = next_[idx];
+    } else {
+        head_[order] = next_[idx];
+    }
+    if (next_[idx] != kNone) prev_[next_[idx]] = prev_[idx];
+    is_free_[idx] = 0;
+    num_free_[order]--;
+}
+
+void BuddyAllocator::refresh_largest_free() {
+    stats_.largest_free_block = 0;
+    stats_.num_free_blocks = 0;
+    for (int k = num_orders_ - 1; k >= 0; --k) {
+        stats_.num_free_blocks += num_free_[k];
+        if (num_free_[k] && stats_.largest_free_block == 0) stats_.largest_free_block = min_block_ << k;
+    }
+}
+
+size_t buddy_block_size(size_t bytes, size_t min_block) {
+    size_t blocks = (bytes + min_block - 1) / min_block;
+    return std::bit_ceil(blocks == 0 ? size_t(1) : blocks) * min_block;
+}
+
+size_t BuddyAllocator::allocate(size_t bytes) {
+    const size_t block = block_size_of(bytes);
+    const int want = std::countr_zero(block / min_block_);
+    int k = want;
+    while (k < num_orders_ && head_[k] == kNone) ++k;
+    TESSERA_CHECK(k < num_orders_,
+                  "arena: out of memory: {} bytes requested, {} of {} in use, largest free block {} bytes", bytes,
+                  stats_.bytes_in_use, stats_.capacity, stats_.largest_free_block);
+    uint32_t idx = head_[k];
+    unlink_free(idx, k);
+    while (k > want) {  // split: keep the lower half, free the upper half
+        --k;
+        push_free(idx + (uint32_t(1) << k), k);
+    }
+    order_[idx] = int8_t(want);
+    requested_[idx] = bytes;
+    stats_.bytes_in_use += block;
+    stats_.bytes_requested += bytes;
+    stats_.num_blocks++;
+    stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
+    stats_.peak_bytes_requested = std::max(stats_.peak_bytes_requested, stats_.bytes_requested);
+    refresh_largest_free();
+    return size_t(idx) * min_block_;
+}
+
+void BuddyAllocator::free(size_t offset) {
+    TESSERA_CHECK(offset % min_block_ == 0 && offset / min_block_ < order_.size(), "arena: free of a bad offset {}",
+                  offset);
+    uint32_t idx = uint32_t(offset / min_block_);
+    TESSERA_CHECK(order_[idx] != kNotStart && !is_free_[idx], "arena: free of offset {} that is not allocated",
+                  offset);
+    int k = order_[idx];
+    stats_.bytes_in_use -= min_block_ << k;
+    stats_.bytes_requested -= requested_[idx];
+    stats_.num_blocks--;
+    requested_[idx] = 0;
+    const size_t n = order_.size();
+    while (k + 1 < num_orders_) {  // coalesce with the buddy while it is free and whole
+        uint32_t buddy = idx ^ (uint32_t(1) << k);
+        if (buddy >= n || !is_free_[buddy] || order_[buddy] != k) break;
+        unlink_free(buddy, k);
+        order_[std::max(idx, buddy)] = kNotStart;
+        idx = std::min(idx, buddy);
+        ++k;
+    }
+    push_free(idx, k);
+    refresh_largest_free();
+}
+
+void BuddyAllocator::reset_peak() {
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+    stats_.peak_bytes_requested = stats_.bytes_requested;
+}
+
+void Arena::Free::operator()(std::byte* p) const { std::free(p); }
+
+Arena::Arena(size_t capacity, size_t min_block)
+    : buddy_((capacity + min_block - 1) / min_block * min_block, min_block) {
+    size_t cap = buddy_.stats().capacity;
+    void* p = std::aligned_alloc(4096, (cap + 4095) / 4096 * 4096);
+    TESSERA_CHECK(p != nullptr, "arena: cannot reserve {} bytes of host memory", cap);
+    base_.reset(static_cast<std::byte*>(p));
+}
+
+void* Arena::allocate(size_t bytes) { return base_.get() + buddy_.allocate(bytes); }
+
+void Arena::free(void* p) { buddy_.free(size_t(static_cast<std::byte*>(p) - base_.get())); }
+
+TensorView Arena::allocate_tensor(DType dtype, Shape shape) {
+    return TensorView(allocate(size_t(shape.numel()) * dtype_size(dtype)), dtype, shape);
+}
+
+ArenaBlock& ArenaBlock::operator=(ArenaBlock&& o) noexcept {
+    if (this != &o) {
+        release();
+        arena_ = o.arena_;
+        ptr_ = o.ptr_;
+        bytes_ = o.bytes_;
+        o.arena_ = nullptr;
+        o.ptr_ = nullptr;
+        o.bytes_ = 0;
+    }
+    return *this;
+}
+
+void ArenaBlock::release() {
+    if (arena_ && ptr_) arena_->free(ptr_);
+    arena_ = nullptr;
+    ptr_ = nullptr;
+    bytes_ = 0;
+}
+
+}  // namespace tessera

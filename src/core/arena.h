@@ -1,0 +1,106 @@
+// Memory arena: one region, managed by a buddy-system allocator (power-of-two blocks, split on
+// allocate, coalesce on free, O(log n) each), with water-level statistics. All allocator metadata
+// lives in arrays sized once at construction, so allocate/free never touch the system heap.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera {
+
+struct ArenaStats {
+    size_t capacity = 0;
+    size_t bytes_in_use = 0;        // sum of allocated block sizes (powers of two)
+    size_t bytes_requested = 0;     // sum of the sizes asked for
+    size_t peak_bytes_in_use = 0;   // water level: highest bytes_in_use seen
+    size_t peak_bytes_requested = 0;
+    size_t num_blocks = 0;          // allocated blocks
+    size_t num_free_blocks = 0;
+    size_t largest_free_block = 0;
+    // 1 - largest_free_block / free bytes: 0 when all free memory is one block
+    double fragmentation() const;
+};
+
+// Block size the buddy allocator takes for a request: the next power of two >= max(bytes, min_block).
+size_t buddy_block_size(size_t bytes, size_t min_block);
+
+// Offsets into a region [0, capacity). capacity need not be a power of two: it is seeded as the
+// binary decomposition of aligned power-of-two blocks. Allocations are rounded up to a power of two
+// >= min_block.
+class BuddyAllocator {
+  public:
+    BuddyAllocator(size_t capacity, size_t min_block);
+
+    // Throws tessera::Error when no free block is large enough.
+    size_t allocate(size_t bytes);
+    void free(size_t offset);
+    size_t block_size_of(size_t bytes) const { return buddy_block_size(bytes, min_block_); }
+    const ArenaStats& stats() const { return stats_; }
+    void reset_peak();
+    size_t min_block() const { return min_block_; }
+
+  private:
+    static constexpr uint32_t kNone = 0xffffffffu;
+    static constexpr int8_t kNotStart = -1;
+    void push_free(uint32_t idx, int order);
+    void unlink_free(uint32_t idx, int order);
+    void refresh_largest_free();
+
+    size_t min_block_;
+    int num_orders_;
+    // per min-block index (only meaningful at block starts)
+    std::vector<int8_t> order_;     // order of the block starting here, kNotStart otherwise
+    std::vector<uint8_t> is_free_;
+    std::vector<uint32_t> next_, prev_;  // free-list links
+    std::vector<uint32_t> head_;         // per order: first free block
+    std::vector<size_t> num_free_;       // per order
+    std::vector<size_t> requested_;      // per block start: bytes asked for
+    ArenaStats stats_;
+};
+
+// Host memory region plus its buddy allocator.
+class Arena {
+  public:
+    explicit Arena(size_t capacity, size_t min_block = 256);
+    Arena(const Arena&) = delete;
+    Arena& operator=(const Arena&) = delete;
+
+    void* allocate(size_t bytes);
+    void free(void* p);
+    TensorView allocate_tensor(DType dtype, Shape shape);
+    const ArenaStats& stats() const { return buddy_.stats(); }
+    void reset_peak() { buddy_.reset_peak(); }
+    size_t block_size_of(size_t bytes) const { return buddy_.block_size_of(bytes); }
+    std::byte* base() const { return base_.get(); }
+
+  private:
+    struct Free {
+        void operator()(std::byte* p) const;
+    };
+    std::unique_ptr<std::byte, Free> base_;
+    BuddyAllocator buddy_;
+};
+
+// A block of an arena, freed when the handle dies.
+class ArenaBlock {
+  public:
+    ArenaBlock() = default;
+    ArenaBlock(Arena& arena, size_t bytes) : arena_(&arena), ptr_(arena.allocate(bytes)), bytes_(bytes) {}
+    ArenaBlock(ArenaBlock&& o) noexcept { *this = std::move(o); }
+    ArenaBlock& operator=(ArenaBlock&& o) noexcept;
+    ~ArenaBlock() { release(); }
+    void release();
+    std::byte* data() const { return static_cast<std::byte*>(ptr_); }
+    size_t size() const { return bytes_; }
+
+  private:
+    Arena* arena_ = nullptr;
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,65 @@
+// Buffer groups: packing, binding and the arena-size prediction.
+#include "core/buffer_spec.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tessera {
+
+std::string_view buffer_kind_name(BufferKind k) {
+    switch (k) {
+        case BufferKind::param: return "param";
+        case BufferKind::grad: return "grad";
+        case BufferKind::optimizer: return "optimizer";
+        case BufferKind::activation: return "activation";
+        case BufferKind::workspace: return "workspace";
+    }
+    return "?";
+}
+
+BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs) : name_(std::move(name)), specs_(std::move(specs)) {
+    size_t off = 0;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        TESSERA_CHECK(index_.emplace(specs_[i].name, i).second, "buffer group {}: \"{}\" declared twice", name_,
+                      specs_[i].name);
+        offsets_.push_back(off);
+        off += (specs_[i].nbytes() + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+    }
+    nbytes_ = off;
+}
+
+int BufferGroup::index_of(const std::string& name) const {
+    auto it = index_.find(name);
+    return it == index_.end() ? -1 : int(it->second);
+}
+
+void BufferGroup::allocate(Arena& arena) {
+    block_ = ArenaBlock(arena, std::max<size_t>(nbytes_, 1));
+    std::memset(block_.data(), 0, nbytes_);
+}
+
+TensorView BufferGroup::view(size_t i) const {
+    TESSERA_CHECK(block_.data() != nullptr, "buffer group {} is not allocated", name_);
+    return TensorView(block_.data() + offsets_[i], specs_[i].dtype, specs_[i].shape);
+}
+
+TensorView BufferGroup::view(const std::string& name) const {
+    int i = index_of(name);
+    TESSERA_CHECK(i >= 0, "buffer group {} has no buffer \"{}\"", name_, name);
+    return view(size_t(i));
+}
+
+size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t min_block) {
+    size_t total = 0;
+    for (const auto* g : groups) total += buddy_block_size(std::max<size_t>(g->nbytes(), 1), min_block);
+    return total;
+}
+
+void allocate_groups(Arena& arena, const std::vector<BufferGroup*>& groups) {
+    std::vector<BufferGroup*> order = groups;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](auto* a, auto* b) { return arena.block_size_of(a->nbytes()) > arena.block_size_of(b->nbytes()); });
+    for (auto* g : order) g->allocate(arena);
+}
+
+}  // namespace tessera

@@ -1,0 +1,62 @@
+// One description of every buffer: name, dtype, shape, kind. Buffers are packed into groups (all
+// parameters, all gradients, each optimizer state, activations, workspace); each group is one arena
+// block. The memory prediction and the allocation both come from these lists, so they cannot disagree.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/tensor.h"
+
+namespace tessera {
+
+enum class BufferKind : uint8_t { param, grad, optimizer, activation, workspace };
+std::string_view buffer_kind_name(BufferKind k);
+
+struct BufferSpec {
+    std::string name;
+    DType dtype = DType::f32;
+    Shape shape;
+    BufferKind kind = BufferKind::activation;
+    bool weight_decay = false;  // parameters only: AdamW decays it
+    size_t nbytes() const { return size_t(shape.numel()) * dtype_size(dtype); }
+};
+
+constexpr size_t kBufferAlign = 64;
+
+// Buffers packed back to back at kBufferAlign-aligned offsets, bound to one block of memory.
+class BufferGroup {
+  public:
+    BufferGroup() = default;
+    BufferGroup(std::string name, std::vector<BufferSpec> specs);
+
+    const std::string& name() const { return name_; }
+    size_t nbytes() const { return nbytes_; }
+    const std::vector<BufferSpec>& specs() const { return specs_; }
+    size_t size() const { return specs_.size(); }
+    size_t offset(size_t i) const { return offsets_[i]; }
+    int index_of(const std::string& name) const;  // -1 if absent
+
+    // Allocates the group's block from the arena (zero-filled) and binds the views.
+    void allocate(Arena& arena);
+    std::byte* base() const { return block_.data(); }
+    TensorView view(size_t i) const;
+    TensorView view(const std::string& name) const;  // throws if absent
+
+  private:
+    std::string name_;
+    std::vector<BufferSpec> specs_;
+    std::vector<size_t> offsets_;
+    std::unordered_map<std::string, size_t> index_;
+    size_t nbytes_ = 0;
+    ArenaBlock block_;
+};
+
+// Arena bytes the groups take when allocated largest block first (which packs them without gaps).
+size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t min_block);
+// Allocates the groups largest block first.
+void allocate_groups(Arena& arena, const std::vector<BufferGroup*>& groups);
+
+}  // namespace tessera

@@ -1,0 +1,62 @@
+// Element types of tensors, their sizes and names (ours and safetensors'), and bf16 conversion.
+// f64 exists for the double-precision reference paths used by finite-difference tests.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace tessera {
+
+enum class DType : uint8_t { f32, f64, bf16, i32, i64, u8, u16 };
+
+constexpr size_t dtype_size(DType t) {
+    switch (t) {
+        case DType::f32: return 4;
+        case DType::f64: return 8;
+        case DType::bf16: return 2;
+        case DType::i32: return 4;
+        case DType::i64: return 8;
+        case DType::u8: return 1;
+        case DType::u16: return 2;
+    }
+    return 0;
+}
+
+constexpr bool dtype_is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; }
+constexpr bool dtype_is_int(DType t) { return !dtype_is_float(t); }
+
+// "f32", "bf16", ...
+std::string_view dtype_name(DType t);
+// safetensors spelling: "F32", "BF16", "I64", ...
+std::string_view dtype_safetensors_name(DType t);
+std::optional<DType> dtype_from_safetensors_name(std::string_view name);
+
+// C++ type -> DType
+template <class T>
+constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
+
+// bfloat16 storage: the top 16 bits of an IEEE float; conversion rounds to nearest even.
+struct bf16 {
+    uint16_t bits = 0;
+};
+template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
+
+inline float bf16_to_float(bf16 h) { return std::bit_cast<float>(uint32_t(h.bits) << 16); }
+inline bf16 float_to_bf16(float f) {
+    uint32_t u = std::bit_cast<uint32_t>(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return bf16{uint16_t(u >> 16)};
+}
+
+}  // namespace tessera

@@ -1,0 +1,155 @@
+// Memory maps, atomic writes and CRC-32C (Castagnoli; SSE4.2 instruction when present, table otherwise).
+#include "core/file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace tessera {
+
+namespace {
+std::string os_error() { return std::strerror(errno); }
+
+struct Fd {
+    int fd = -1;
+    ~Fd() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+    Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+    TESSERA_CHECK(f.fd >= 0, "{}: cannot open: {}", path, os_error());
+    struct stat st {};
+    TESSERA_CHECK(::fstat(f.fd, &st) == 0, "{}: cannot stat: {}", path, os_error());
+    TESSERA_CHECK(S_ISREG(st.st_mode), "{}: not a regular file", path);
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+        TESSERA_CHECK(p != MAP_FAILED, "{}: cannot map {} bytes: {}", path, size_, os_error());
+        data_ = static_cast<const std::byte*>(p);
+    }
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+    if (this != &o) {
+        if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+        path_ = std::move(o.path_);
+        data_ = o.data_;
+        size_ = o.size_;
+        o.data_ = nullptr;
+        o.size_ = 0;
+    }
+    return *this;
+}
+
+MappedFile::~MappedFile() {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+void fsync_path(const std::string& path) {
+    Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+    TESSERA_CHECK(f.fd >= 0, "{}: cannot open for fsync: {}", path, os_error());
+    TESSERA_CHECK(::fsync(f.fd) == 0, "{}: fsync failed: {}", path, os_error());
+}
+
+void write_file_atomic(const std::string& path, const std::function<void(const ByteSink&)>& write) {
+    namespace fs = std::filesystem;
+    const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    TESSERA_CHECK(f.fd >= 0, "{}: cannot create: {}", tmp, os_error());
+    try {
+        ByteSink sink = [&](std::span<const std::byte> bytes) {
+            const std::byte* p = bytes.data();
+            size_t left = bytes.size();
+            while (left > 0) {
+                ssize_t n = ::write(f.fd, p, left);
+                if (n < 0 && errno == EINTR) continue;
+                TESSERA_CHECK(n > 0, "{}: write failed: {}", tmp, os_error());
+                p += n;
+                left -= size_t(n);
+            }
+        };
+        write(sink);
+        TESSERA_CHECK(::fsync(f.fd) == 0, "{}: fsync failed: {}", tmp, os_error());
+        ::close(f.fd);
+        f.fd = -1;
+        TESSERA_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename into place: {}", path,
+                      os_error());
+    } catch (...) {
+        std::error_code ec;
+        fs::remove(tmp, ec);
+        throw;
+    }
+    fs::path dir = fs::path(path).parent_path();
+    fsync_path(dir.empty() ? "." : dir.string());
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+    write_file_atomic(path, [&](const ByteSink& sink) {
+        sink(std::as_bytes(std::span(text.data(), text.size())));
+    });
+}
+
+std::string read_text(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    TESSERA_CHECK(in.good(), "{}: cannot open: {}", path, os_error());
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+namespace {
+constexpr uint32_t kCrc32cPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
+
+std::array<uint32_t, 256> make_table() {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kCrc32cPoly : c >> 1;
+        t[i] = c;
+    }
+    return t;
+}
+
+uint32_t crc32c_table(uint32_t crc, const unsigned char* p, size_t n) {
+    static const std::array<uint32_t, 256> table = make_table();
+    for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+    return crc;
+}
+
+__attribute__((target("sse4.2"))) uint32_t crc32c_hw(uint32_t crc, const unsigned char* p, size_t n) {
+    uint64_t c = crc;
+    while (n >= 8) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);
+        c = __builtin_ia32_crc32di(c, w);
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = uint32_t(c);
+    while (n--) c32 = __builtin_ia32_crc32qi(c32, *p++);
+    return c32;
+}
+}  // namespace
+
+uint32_t crc32c_update(uint32_t crc, std::span<const std::byte> data) {
+    static const bool has_hw = __builtin_cpu_supports("sse4.2");
+    const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+    crc = ~crc;
+    crc = has_hw ? crc32c_hw(crc, p, data.size()) : crc32c_table(crc, p, data.size());
+    return ~crc;
+}
+
+}  // namespace tessera

@@ -1,0 +1,42 @@
+// Files: read-only memory maps, atomic writes (temporary name, fsync, rename), CRC-32C checksums.
+// A crash in the middle of a write never leaves a half-written file under the final name.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+namespace tessera {
+
+class MappedFile {
+  public:
+    MappedFile() = default;
+    explicit MappedFile(const std::string& path);  // throws with the path and the OS error
+    MappedFile(MappedFile&& o) noexcept { *this = std::move(o); }
+    MappedFile& operator=(MappedFile&& o) noexcept;
+    MappedFile(const MappedFile&) = delete;
+    ~MappedFile();
+
+    std::span<const std::byte> bytes() const { return {data_, size_}; }
+    const std::string& path() const { return path_; }
+
+  private:
+    std::string path_;
+    const std::byte* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+// Writes through `write` into "<path>.tmp-<pid>", fsyncs it, renames it to path and fsyncs the
+// directory. On any error the temporary file is removed and the previous file at path is untouched.
+using ByteSink = std::function<void(std::span<const std::byte>)>;
+void write_file_atomic(const std::string& path, const std::function<void(const ByteSink&)>& write);
+void write_text_atomic(const std::string& path, const std::string& text);
+std::string read_text(const std::string& path);
+void fsync_path(const std::string& path);  // a file or a directory
+
+uint32_t crc32c_update(uint32_t crc, std::span<const std::byte> data);
+inline uint32_t crc32c(std::span<const std::byte> data) { return crc32c_update(0, data); }
+
+}  // namespace tessera

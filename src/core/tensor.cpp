@@ -1,0 +1,146 @@
+// Tensor views, owning host tensors, dtype names and conversions.
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace tessera {
+
+Shape::Shape(std::initializer_list<int64_t> d) {
+    TESSERA_CHECK(d.size() <= size_t(kMaxDims), "tensor rank {} exceeds the maximum {}", d.size(), kMaxDims);
+    ndim = int(d.size());
+    int i = 0;
+    for (int64_t x : d) dims[i++] = x;
+}
+
+Shape Shape::from_span(std::span<const int64_t> d) {
+    TESSERA_CHECK(d.size() <= size_t(kMaxDims), "tensor rank {} exceeds the maximum {}", d.size(), kMaxDims);
+    Shape s;
+    s.ndim = int(d.size());
+    for (size_t i = 0; i < d.size(); ++i) s.dims[i] = d[i];
+    return s;
+}
+
+int64_t Shape::numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= dims[i];
+    return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+    if (ndim != o.ndim) return false;
+    for (int i = 0; i < ndim; ++i) {
+        if (dims[i] != o.dims[i]) return false;
+    }
+    return true;
+}
+
+std::string Shape::str() const {
+    std::string s = "[";
+    for (int i = 0; i < ndim; ++i) {
+        if (i) s += ", ";
+        s += std::to_string(dims[i]);
+    }
+    return s + "]";
+}
+
+TensorView::TensorView(void* data_, DType dtype_, Shape shape_, Device device_)
+    : data(data_), dtype(dtype_), device(device_), shape(shape_) {
+    int64_t stride = 1;
+    for (int i = shape.ndim - 1; i >= 0; --i) {
+        strides[i] = stride;
+        stride *= shape.dims[i];
+    }
+}
+
+bool TensorView::is_contiguous() const {
+    int64_t stride = 1;
+    for (int i = shape.ndim - 1; i >= 0; --i) {
+        if (shape.dims[i] != 1 && strides[i] != stride) return false;
+        stride *= shape.dims[i];
+    }
+    return true;
+}
+
+TensorView TensorView::reshape(Shape s) const {
+    TESSERA_CHECK(is_contiguous(), "reshape of a non-contiguous tensor {}", shape.str());
+    TESSERA_CHECK(s.numel() == numel(), "cannot reshape {} to {}", shape.str(), s.str());
+    return TensorView(data, dtype, s, device);
+}
+
+TensorView TensorView::slice0(int64_t begin, int64_t end) const {
+    TESSERA_CHECK(is_contiguous() && shape.ndim >= 1, "slice0 needs a contiguous tensor of rank >= 1");
+    TESSERA_CHECK(0 <= begin && begin <= end && end <= shape.dims[0], "slice [{}, {}) out of range for {}", begin,
+                  end, shape.str());
+    Shape s = shape;
+    s.dims[0] = end - begin;
+    char* base = static_cast<char*>(data) + size_t(begin) * size_t(strides[0]) * dtype_size(dtype);
+    return TensorView(base, dtype, s, device);
+}
+
+void check_shape(const TensorView& t, const Shape& expected, std::string_view what) {
+    TESSERA_CHECK(t.shape == expected, "{} is {} but {} was expected", what, t.shape.str(), expected.str());
+}
+
+void check_dtype(const TensorView& t, DType expected, std::string_view what) {
+    TESSERA_CHECK(t.dtype == expected, "{} is {} but {} was expected", what, dtype_name(t.dtype),
+                  dtype_name(expected));
+}
+
+void check_contiguous(const TensorView& t, std::string_view what) {
+    TESSERA_CHECK(t.is_contiguous(), "{} must be contiguous", what);
+}
+
+void Tensor::Free::operator()(void* p) const { std::free(p); }
+
+Tensor::Tensor(DType dtype, Shape shape) {
+    size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+    size_t padded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, padded == 0 ? 64 : padded);
+    TESSERA_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
+    std::memset(p, 0, padded == 0 ? 64 : padded);
+    storage_.reset(p);
+    view_ = TensorView(p, dtype, shape);
+}
+
+Tensor Tensor::copy_of(const TensorView& v) {
+    check_contiguous(v, "copied tensor");
+    Tensor t(v.dtype, v.shape);
+    if (v.nbytes()) std::memcpy(t.view_.data, v.data, v.nbytes());
+    return t;
+}
+
+namespace {
+double load_float(const void* p, DType t, int64_t i) {
+    switch (t) {
+        case DType::f32: return static_cast<const float*>(p)[i];
+        case DType::f64: return static_cast<const double*>(p)[i];
+        case DType::bf16: return bf16_to_float(static_cast<const bf16*>(p)[i]);
+        default: TESSERA_FAIL("convert: {} is not a float type", dtype_name(t));
+    }
+}
+void store_float(void* p, DType t, int64_t i, double x) {
+    switch (t) {
+        case DType::f32: static_cast<float*>(p)[i] = float(x); return;
+        case DType::f64: static_cast<double*>(p)[i] = x; return;
+        case DType::bf16: static_cast<bf16*>(p)[i] = float_to_bf16(float(x)); return;
+        default: TESSERA_FAIL("convert: {} is not a float type", dtype_name(t));
+    }
+}
+}  // namespace
+
+void convert(const TensorView& src, const TensorView& dst) {
+    TESSERA_CHECK(src.numel() == dst.numel(), "convert: {} elements into {}", src.numel(), dst.numel());
+    check_contiguous(src, "convert source");
+    check_contiguous(dst, "convert destination");
+    TESSERA_CHECK(dtype_is_float(src.dtype) && dtype_is_float(dst.dtype), "convert: {} -> {} is not supported",
+                  dtype_name(src.dtype), dtype_name(dst.dtype));
+    const int64_t n = src.numel();
+    if (src.dtype == dst.dtype) {
+        std::memmove(dst.data, src.data, src.nbytes());
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) store_float(dst.data, dst.dtype, i, load_float(src.data, src.dtype, i));
+}
+
+}  // namespace tessera

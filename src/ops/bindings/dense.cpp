@@ -1,0 +1,175 @@
+// Op-runner bindings of the dense ops: tensor names and parameters of `tessera op` (see docs/ops.md).
+// Each binding runs forward, then backward when the file holds the output gradient d<output>.
+#include <omp.h>
+
+#include "ops/adamw.h"
+#include "ops/attention.h"
+#include "ops/bindings/bindings.h"
+#include "ops/causal_conv1d.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace tessera::ops {
+
+namespace {
+OpParamSpec number(std::string name, std::string def, std::string doc = {}) {
+    return {std::move(name), ParamKind::number, std::move(def), {}, std::move(doc)};
+}
+OpParamSpec integer(std::string name, std::string def, std::string doc = {}) {
+    return {std::move(name), ParamKind::integer, std::move(def), {}, std::move(doc)};
+}
+
+void run_linear(OpContext& c) {
+    TensorView x = c.in("x"), w = c.in("w"), b = c.in_or_absent("b");
+    TESSERA_CHECK(x.ndim() == 2 && w.ndim() == 2, "x must be [N, IN] and w [OUT, IN]");
+    TensorView y = c.out("y", c.float_dtype(), Shape{x.size(0), w.size(0)});
+    linear_forward({}, x, w, b, y);
+    if (!c.has("dy")) return;
+    TensorView db = b.defined() ? c.out_like("db", b) : TensorView();
+    linear_backward(c.in("dy"), x, w, c.out_like("dx", x), c.out_like("dw", w), db);
+}
+
+void run_embedding(OpContext& c) {
+    TensorView ids = c.in("ids"), table = c.in("table");
+    TESSERA_CHECK(table.ndim() == 2, "table must be [V, D]");
+    embedding_forward(ids, table, c.out("y", table.dtype, Shape{ids.numel(), table.size(1)}));
+    if (c.has("dy")) embedding_backward(c.in("dy"), ids, c.out_like("dtable", table));
+}
+
+void run_rmsnorm(OpContext& c) {
+    RmsNormParams p{.eps = c.param_f64("eps")};
+    TensorView x = c.in("x"), w = c.in("weight");
+    TESSERA_CHECK(x.ndim() == 2, "x must be [N, D]");
+    TensorView rstd = c.out("rstd", x.dtype, Shape{x.size(0)});
+    rmsnorm_forward(p, x, w, c.out_like("y", x), rstd);
+    if (c.has("dy")) rmsnorm_backward(p, c.in("dy"), x, w, rstd, c.out_like("dx", x), c.out_like("dweight", w));
+}
+
+void run_swiglu(OpContext& c) {
+    TensorView g = c.in("gate"), u = c.in("up");
+    swiglu_forward(g, u, c.out_like("y", g));
+    if (c.has("dy")) swiglu_backward(c.in("dy"), g, u, c.out_like("dgate", g), c.out_like("dup", u));
+}
+
+void run_cross_entropy(OpContext& c) {
+    CrossEntropyParams p{.ignore_index = c.param_i64("ignore_index")};
+    TensorView logits = c.in("logits"), targets = c.in("targets");
+    TESSERA_CHECK(logits.ndim() == 2, "logits must be [N, V]");
+    TensorView lse = c.out("lse", logits.dtype, Shape{logits.size(0)});
+    CrossEntropyResult r = cross_entropy_forward(p, logits, targets, lse);
+    TensorView loss = c.out("loss", logits.dtype, Shape{});
+    if (logits.dtype == DType::f64) {
+        *loss.ptr<double>() = r.loss;
+    } else {
+        *loss.ptr<float>() = float(r.loss);
+    }
+    if (!c.has("dloss")) return;
+    TensorView dloss = c.in("dloss");
+    TESSERA_CHECK(dloss.numel() == 1, "dloss must be a scalar");
+    const double g = dloss.dtype == DType::f64 ? *dloss.ptr<double>() : double(*dloss.ptr<float>());
+    cross_entropy_backward(p, g, logits, targets, lse, c.out_like("dlogits", logits));
+}
+
+void run_rope(OpContext& c) {
+    RopeParams p{.theta = c.param_f64("theta"), .offset = c.param_i64("offset")};
+    TensorView x = c.in("x");
+    rope_forward(p, x, c.out_like("y", x));
+    if (c.has("dy")) rope_backward(p, c.in("dy"), c.out_like("dx", x));
+}
+
+void run_causal_conv1d(OpContext& c) {
+    CausalConv1dParams p{.activation = c.param_str("activation") == "silu" ? Activation::silu : Activation::none};
+    TensorView x = c.in("x"), w = c.in("w");
+    causal_conv1d_forward(p, x, w, c.out_like("y", x));
+    if (c.has("dy")) causal_conv1d_backward(p, c.in("dy"), x, w, c.out_like("dx", x), c.out_like("dw", w));
+}
+
+void run_attention(OpContext& c) {
+    AttentionParams p{.scale = c.param_f64("scale"), .causal = c.param_i64("causal") != 0};
+    TensorView q = c.in("q"), k = c.in("k"), v = c.in("v");
+    TESSERA_CHECK(q.ndim() == 4, "q must be [B, T, H, D]");
+    auto ws = c.workspace(attention_workspace_bytes(q.dtype, q.size(1), q.size(3), omp_get_max_threads()));
+    TensorView o = c.out_like("o", q);
+    TensorView lse = c.out("lse", q.dtype, Shape{q.size(0), q.size(2), q.size(1)});
+    attention_forward(p, q, k, v, o, lse, ws);
+    if (c.has("do")) {
+        attention_backward(p, c.in("do"), q, k, v, o, lse, c.out_like("dq", q), c.out_like("dk", k),
+                           c.out_like("dv", v), ws);
+    }
+}
+
+void run_adamw(OpContext& c) {
+    AdamWParams p{.lr = c.param_f64("lr"),
+                  .beta1 = c.param_f64("beta1"),
+                  .beta2 = c.param_f64("beta2"),
+                  .eps = c.param_f64("eps"),
+                  .weight_decay = c.param_f64("weight_decay"),
+                  .step = c.param_i64("step")};
+    TensorView param = c.in("param"), grad = c.in("grad");
+    adamw_update(p, c.out_like("param", param), grad, c.out_like("m", c.in("m")), c.out_like("v", c.in("v")));
+}
+}  // namespace
+
+void register_dense_ops(OpRegistry& r) {
+    r.add({"linear", "y = x·wᵀ + b",
+           {{"x", "[N, IN]"}, {"w", "[OUT, IN]"}, {"b", "[OUT]", true}, {"dy", "[N, OUT]", true}},
+           {},
+           {"y"},
+           {"given dy: dx, dw, db (db when b is given)"},
+           run_linear});
+    r.add({"embedding", "y[n] = table[ids[n]]",
+           {{"ids", "[N] i32|i64"}, {"table", "[V, D]"}, {"dy", "[N, D]", true}},
+           {},
+           {"y"},
+           {"given dy: dtable"},
+           run_embedding});
+    r.add({"rmsnorm", "y = x / sqrt(mean(x²) + eps) · weight",
+           {{"x", "[N, D]"}, {"weight", "[D]"}, {"dy", "[N, D]", true}},
+           {number("eps", "1e-6")},
+           {"y", "rstd"},
+           {"given dy: dx, dweight"},
+           run_rmsnorm});
+    r.add({"swiglu", "y = silu(gate)·up",
+           {{"gate", "[N, F]"}, {"up", "[N, F]"}, {"dy", "[N, F]", true}},
+           {},
+           {"y"},
+           {"given dy: dgate, dup"},
+           run_swiglu});
+    r.add({"cross_entropy", "mean cross-entropy over targets != ignore_index",
+           {{"logits", "[N, V]"}, {"targets", "[N] i32|i64"}, {"dloss", "[]", true}},
+           {integer("ignore_index", "-100")},
+           {"loss", "lse"},
+           {"given dloss: dlogits"},
+           run_cross_entropy});
+    r.add({"rope", "rotary embedding, rotate-half layout",
+           {{"x", "[B, T, H, D]"}, {"dy", "[B, T, H, D]", true}},
+           {number("theta", "10000"), integer("offset", "0", "position of the first token")},
+           {"y"},
+           {"given dy: dx"},
+           run_rope});
+    r.add({"causal_conv1d", "depthwise causal conv1d, left-padded, optional SiLU",
+           {{"x", "[B, T, C]"}, {"w", "[C, W]"}, {"dy", "[B, T, C]", true}},
+           {{"activation", ParamKind::choice, "silu", {"silu", "none"}, ""}},
+           {"y"},
+           {"given dy: dx, dw"},
+           run_causal_conv1d});
+    r.add({"attention", "softmax(scale·q·kᵀ)·v, causal, GQA when HKV < H (flash-style tiles)",
+           {{"q", "[B, T, H, D]"}, {"k", "[B, T, HKV, D]"}, {"v", "[B, T, HKV, D]"}, {"do", "[B, T, H, D]", true}},
+           {number("scale", "0", "0 = D^-0.5"), integer("causal", "1")},
+           {"o", "lse"},
+           {"given do: dq, dk, dv"},
+           run_attention});
+    r.add({"adamw", "one AdamW step, in the operation order of torch.optim.AdamW",
+           {{"param", "[...]"}, {"grad", "[...]"}, {"m", "[...]"}, {"v", "[...]"}},
+           {number("lr", "1e-3"), number("beta1", "0.9"), number("beta2", "0.999"), number("eps", "1e-8"),
+            number("weight_decay", "0.01"), integer("step", "1", "1-based")},
+           {"param", "m", "v"},
+           {},
+           run_adamw});
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,22 @@
+// Depthwise causal 1-D convolution (the short convolution of Mamba / GDN / KDA blocks):
+//   z[b,t,c] = Σ_{k<W} w[c,k] · x[b, t−(W−1)+k, c]   (x = 0 before t = 0: left padding),
+//   y = silu(z) or z.
+// Shapes: x, y, dx, dy [B, T, C] (contiguous), w, dw [C, W]. Backward recomputes z and accumulates
+// into dx and dw (dw summed over (b, t) in order: deterministic).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tessera::ops {
+
+enum class Activation : uint8_t { none, silu };
+
+struct CausalConv1dParams {
+    Activation activation = Activation::none;
+};
+
+void causal_conv1d_forward(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y);
+void causal_conv1d_backward(const CausalConv1dParams& p, TensorView dy, TensorView x, TensorView w, TensorView dx,
+                            TensorView dw);
+
+}  // namespace tessera::ops

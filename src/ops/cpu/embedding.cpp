@@ -1,0 +1,65 @@
+// Embedding forward/backward on the CPU. An id outside [0, V) is an error naming its position.
+#include "ops/embedding.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ops/cpu/kernel_util.h"
+
+namespace tessera::ops {
+
+using cpu::dispatch_float;
+using cpu::load_index;
+
+namespace {
+void check_ids(TensorView ids, int64_t vocab) {
+    cpu::check_index_dtype(ids, "embedding: ids");
+    for (int64_t n = 0; n < ids.numel(); ++n) {
+        int64_t id = load_index(ids, n);
+        TESSERA_CHECK(0 <= id && id < vocab, "embedding: ids[{}] = {} is outside the vocabulary [0, {})", n, id,
+                      vocab);
+    }
+}
+}  // namespace
+
+void embedding_forward(TensorView ids, TensorView table, TensorView y) {
+    TESSERA_CHECK(table.ndim() == 2, "embedding: table must be [V, D], not {}", table.shape.str());
+    const int64_t N = ids.numel(), D = table.size(1);
+    check_ids(ids, table.size(0));
+    check_shape(y, Shape{N, D}, "embedding: y");
+    check_contiguous(table, "embedding: table");
+    check_contiguous(y, "embedding: y");
+    const size_t row_bytes = size_t(D) * dtype_size(table.dtype);
+    TESSERA_CHECK(y.dtype == table.dtype, "embedding: y is {} but the table is {}", dtype_name(y.dtype),
+                  dtype_name(table.dtype));
+    const auto* src = static_cast<const std::byte*>(table.data);
+    auto* dst = static_cast<std::byte*>(y.data);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) std::memcpy(dst + n * row_bytes, src + load_index(ids, n) * row_bytes, row_bytes);
+}
+
+void embedding_backward(TensorView dy, TensorView ids, TensorView dtable) {
+    dispatch_float(dtable.dtype, "embedding", [&]<class T>(T) {
+        const int64_t N = ids.numel(), D = dtable.size(1);
+        check_ids(ids, dtable.size(0));
+        check_shape(dy, Shape{N, D}, "embedding: dy");
+        check_contiguous(dy, "embedding: dy");
+        check_contiguous(dtable, "embedding: dtable");
+        const T* DY = dy.ptr<T>();
+        T* DT = dtable.ptr<T>();
+        // NOTES: each thread owns a column range and walks the tokens in order, so repeated ids
+        // accumulate in the same order on any thread count.
+        constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static)
+        for (int64_t c0 = 0; c0 < D; c0 += kCols) {
+            const int64_t c1 = std::min(D, c0 + kCols);
+            for (int64_t n = 0; n < N; ++n) {
+                const T* src = DY + n * D;
+                T* dst = DT + load_index(ids, n) * D;
+                for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+            }
+        }
+    });
+}
+
+}  // namespace tessera::ops

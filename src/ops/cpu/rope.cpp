@@ -1,0 +1,78 @@
+// RoPE forward/backward on the CPU: a rotation per (position, pair), cos/sin computed once per
+// position and shared by every batch row and head.
+#include "ops/rope.h"
+
+#include <cmath>
+#include <array>
+
+#include "ops/cpu/kernel_util.h"
+
+namespace tessera::ops {
+
+using cpu::dispatch_float;
+
+namespace {
+void check_4d(const TensorView& t, std::string_view what) {
+    TESSERA_CHECK(t.ndim() == 4, "{} must be [B, T, H, D], not {}", what, t.shape.str());
+    TESSERA_CHECK(t.strides[3] == 1, "{}: the head dimension must be contiguous", what);
+    TESSERA_CHECK(t.size(3) % 2 == 0, "{}: head dim {} must be even", what, t.size(3));
+}
+
+// dst = R(sign·angle) · src, where sign = +1 (forward) or −1 (inverse); accumulate adds into dst.
+template <class T>
+void rotate(const RopeParams& p, const TensorView& src, const TensorView& dst, double sign, bool accumulate) {
+    const int64_t B = src.size(0), Tn = src.size(1), H = src.size(2), D = src.size(3), half = D / 2;
+    const T* S = src.ptr<T>();
+    T* Dst = dst.ptr<T>();
+#pragma omp parallel
+    {
+        std::array<T, 512> cs{}, sn{};  // NOTES: D/2 <= 512 checked below; stack, not heap
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < Tn; ++t) {
+            const double pos = double(p.offset + t);
+            for (int64_t i = 0; i < half; ++i) {
+                const double inv_freq = std::pow(p.theta, -2.0 * double(i) / double(D));
+                cs[i] = T(std::cos(pos * inv_freq));
+                sn[i] = T(sign * std::sin(pos * inv_freq));
+            }
+            for (int64_t b = 0; b < B; ++b) {
+                for (int64_t h = 0; h < H; ++h) {
+                    const T* x = S + b * src.strides[0] + t * src.strides[1] + h * src.strides[2];
+                    T* y = Dst + b * dst.strides[0] + t * dst.strides[1] + h * dst.strides[2];
+                    for (int64_t i = 0; i < half; ++i) {
+                        const T x1 = x[i], x2 = x[i + half];
+                        const T y1 = x1 * cs[i] - x2 * sn[i];
+                        const T y2 = x2 * cs[i] + x1 * sn[i];
+                        if (accumulate) {
+                            y[i] += y1;
+                            y[i + half] += y2;
+                        } else {
+                            y[i] = y1;
+                            y[i + half] = y2;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+}  // namespace
+
+void rope_forward(const RopeParams& p, TensorView x, TensorView y) {
+    check_4d(x, "rope: x");
+    check_4d(y, "rope: y");
+    TESSERA_CHECK(x.shape == y.shape, "rope: y {} must be shaped like x {}", y.shape.str(), x.shape.str());
+    TESSERA_CHECK(x.size(3) <= 1024, "rope: head dim {} exceeds 1024", x.size(3));
+    dispatch_float(x.dtype, "rope", [&]<class T>(T) { rotate<T>(p, x, y, +1.0, false); });
+}
+
+void rope_backward(const RopeParams& p, TensorView dy, TensorView dx) {
+    check_4d(dy, "rope: dy");
+    check_4d(dx, "rope: dx");
+    TESSERA_CHECK(dx.shape == dy.shape, "rope: dx {} must be shaped like dy {}", dx.shape.str(), dy.shape.str());
+    TESSERA_CHECK(dx.data != dy.data, "rope: dx must not alias dy");
+    TESSERA_CHECK(dy.size(3) <= 1024, "rope: head dim {} exceeds 1024", dy.size(3));
+    dispatch_float(dy.dtype, "rope", [&]<class T>(T) { rotate<T>(p, dy, dx, -1.0, true); });
+}
+
+}  // namespace tessera::ops

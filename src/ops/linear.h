@@ -1,0 +1,20 @@
+// Linear layer: y = x · wᵀ + b. Shapes: x [N, IN], w [OUT, IN], b [OUT] (optional), y [N, OUT].
+// x, y, dx and dy may be row-strided 2-D views (last dim contiguous), e.g. column blocks of a
+// fused buffer. Backward accumulates into dx, dw and db; an absent dx or db is skipped.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tessera::ops {
+
+struct LinearParams {
+    bool accumulate = false;  // y += x · wᵀ (+ b) instead of overwriting y
+};
+
+void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y);
+void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw, TensorView db);
+
+// FLOPs of forward and backward (for throughput and MFU): 2·N·IN·OUT and 4·N·IN·OUT.
+inline double linear_forward_flops(int64_t n, int64_t in, int64_t out) { return 2.0 * n * in * out; }
+
+}  // namespace tessera::ops

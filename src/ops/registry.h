@@ -1,0 +1,91 @@
+// The op registry behind `tessera op`: every op's tensor names, parameters and a function that runs
+// it (forward, and backward when the output gradients are given) on named host tensors.
+// Registries are the only globals; this one is filled once, on first use.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera::ops {
+
+struct OpTensorSpec {
+    std::string name;
+    std::string shape;  // documentation, e.g. "[N, IN]"
+    bool optional = false;
+};
+
+enum class ParamKind : uint8_t { number, integer, choice };
+
+struct OpParamSpec {
+    std::string name;
+    ParamKind kind = ParamKind::number;
+    std::string default_value;
+    std::vector<std::string> choices;  // ParamKind::choice only
+    std::string doc;                   // e.g. "0 = D^-0.5"
+};
+
+// Inputs, parsed parameters and outputs of one op call.
+class OpContext {
+  public:
+    OpContext(std::map<std::string, Tensor> inputs, std::map<std::string, std::string> params);
+
+    bool has(const std::string& name) const { return inputs_.count(name) != 0; }
+    TensorView in(const std::string& name) const;           // throws if absent
+    TensorView in_or_absent(const std::string& name) const;  // a default view if absent
+    DType float_dtype() const { return float_dtype_; }       // f32 or f64: the compute dtype
+
+    double param_f64(const std::string& name) const;
+    int64_t param_i64(const std::string& name) const;
+    const std::string& param_str(const std::string& name) const;
+
+    // A zero-filled output tensor (or input to be updated in place, when the names agree).
+    TensorView out(const std::string& name, DType dtype, Shape shape);
+    TensorView out_like(const std::string& name, const TensorView& like) { return out(name, like.dtype, like.shape); }
+    std::span<std::byte> workspace(size_t bytes);
+
+    std::map<std::string, Tensor>& outputs() { return outputs_; }
+
+  private:
+    std::map<std::string, Tensor> inputs_;
+    std::map<std::string, std::string> params_;
+    std::map<std::string, Tensor> outputs_;
+    std::vector<std::byte> workspace_;
+    DType float_dtype_ = DType::f32;
+};
+
+struct OpDef {
+    std::string name;
+    std::string summary;
+    std::vector<OpTensorSpec> inputs;   // forward inputs and, marked optional, output gradients
+    std::vector<OpParamSpec> params;    // every parameter has a default
+    std::vector<std::string> outputs;   // forward outputs
+    std::vector<std::string> backward;  // "given d<out>: writes d<in>, ..." lines for --list
+    std::function<void(OpContext&)> run;
+};
+
+class OpRegistry {
+  public:
+    void add(OpDef def);
+    const OpDef* find(const std::string& name) const;  // nullptr if absent
+    const std::vector<OpDef>& all() const { return ops_; }
+
+  private:
+    std::vector<OpDef> ops_;
+};
+
+const OpRegistry& op_registry();
+
+// Validates names and parameters against the op's spec (unknown input, unknown parameter,
+// non-numeric value: errors that say so), runs it and returns its outputs.
+std::map<std::string, Tensor> run_op(const OpDef& op, std::map<std::string, Tensor> inputs,
+                                     const std::map<std::string, std::string>& params);
+
+// One line per op: "name  inputs ... | params ... | outputs ..." (for `tessera op --list`).
+std::string describe_op(const OpDef& op);
+
+}  // namespace tessera::ops

@@ -1,0 +1,169 @@
+// Op contracts beyond the numbers: clear errors for bad input, the op runner's validation, strided
+// and in-place views, memory bounds of the streaming kernels, thread-count invariance, and the
+// accuracy of the vectorized exp used by the softmax kernels.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+
+#include "ops/attention.h"
+#include "ops/cpu/vec_math.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/registry.h"
+#include "ops/rope.h"
+#include "util/test_util.h"
+
+namespace tessera {
+namespace {
+
+template <class F>
+void expect_error(F&& f, const std::string& needle) {
+    try {
+        f();
+        ADD_FAILURE() << "expected an error containing '" << needle << "'";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+}
+
+Tensor ids(std::vector<int64_t> v) {
+    Tensor t(DType::i64, Shape{int64_t(v.size())});
+    std::copy(v.begin(), v.end(), t.ptr<int64_t>());
+    return t;
+}
+
+TEST(OpErrors, OutOfRangeIdsAndTargetsNameThePosition) {
+    Tensor table = test::randn(DType::f32, Shape{5, 3}, 1), y(DType::f32, Shape{3, 3});
+    expect_error([&] { ops::embedding_forward(ids({0, 7, 1}), table, y); }, "ids[1] = 7 is outside the vocabulary");
+    Tensor logits = test::randn(DType::f32, Shape{2, 4}, 2), lse(DType::f32, Shape{2});
+    expect_error([&] { ops::cross_entropy_forward({}, logits, ids({1, 4}), lse); }, "targets[1] = 4");
+    Tensor x = test::randn(DType::f32, Shape{3, 4}, 3), w = test::randn(DType::f32, Shape{2, 5}, 4);
+    Tensor out(DType::f32, Shape{3, 2});
+    expect_error([&] { ops::linear_forward({}, x, w, {}, out); }, "do not give y");
+}
+
+TEST(OpRunner, ValidatesNamesAndParameters) {
+    const ops::OpDef* rms = ops::op_registry().find("rmsnorm");
+    ASSERT_NE(rms, nullptr);
+    auto inputs = [] {
+        std::map<std::string, Tensor> m;
+        m.emplace("x", test::randn(DType::f32, Shape{2, 3}, 1));
+        m.emplace("weight", test::randn(DType::f32, Shape{3}, 2));
+        return m;
+    };
+    expect_error([&] { ops::run_op(*rms, inputs(), {{"eps", "abc"}}); }, "eps='abc' is not a number");
+    expect_error([&] { ops::run_op(*rms, inputs(), {{"epsilon", "1"}}); }, "unknown parameter \"epsilon\"");
+    auto extra = inputs();
+    extra.emplace("z", test::randn(DType::f32, Shape{1}, 3));
+    expect_error([&] { ops::run_op(*rms, std::move(extra), {}); }, "unknown input tensor \"z\"");
+    auto missing = inputs();
+    missing.erase("weight");
+    expect_error([&] { ops::run_op(*rms, std::move(missing), {}); }, "missing input tensor \"weight\"");
+    auto mixed = inputs();
+    mixed.erase("weight");
+    mixed.emplace("weight", test::randn(DType::f64, Shape{3}, 2));
+    expect_error([&] { ops::run_op(*rms, std::move(mixed), {}); }, "other float inputs are");
+    const ops::OpDef* conv = ops::op_registry().find("causal_conv1d");
+    expect_error([&] { ops::run_op(*conv, {}, {{"activation", "gelu"}}); }, "must be one of: silu, none");
+    const ops::OpDef* rope = ops::op_registry().find("rope");
+    expect_error([&] { ops::run_op(*rope, {}, {{"offset", "1.5"}}); }, "is not an integer");
+}
+
+TEST(OpRunner, ListsEveryOpWithItsNames) {
+    for (const char* name : {"linear", "embedding", "rmsnorm", "swiglu", "cross_entropy", "rope", "causal_conv1d",
+                             "attention", "adamw"}) {
+        const ops::OpDef* op = ops::op_registry().find(name);
+        ASSERT_NE(op, nullptr) << name;
+        std::string d = ops::describe_op(*op);
+        for (auto& in : op->inputs) EXPECT_NE(d.find(in.name), std::string::npos) << d;
+        for (auto& out : op->outputs) EXPECT_NE(d.find(out), std::string::npos) << d;
+    }
+}
+
+TEST(Linear, RowStridedViewsOfAFusedBufferMatchContiguous) {
+    // x is the right half of a [6, 10] buffer; y is written into columns 2..5 of a [6, 8] buffer
+    Tensor big = test::randn(DType::f32, Shape{6, 10}, 1), w = test::randn(DType::f32, Shape{4, 5}, 2);
+    TensorView xs = big.view();
+    xs.shape = Shape{6, 5};
+    xs.data = big.ptr<float>() + 5;
+    Tensor xc(DType::f32, Shape{6, 5});
+    for (int r = 0; r < 6; ++r)
+        for (int c = 0; c < 5; ++c) xc.ptr<float>()[r * 5 + c] = big.ptr<float>()[r * 10 + 5 + c];
+    Tensor ybig(DType::f32, Shape{6, 8}), yc(DType::f32, Shape{6, 4});
+    TensorView ys = ybig.view();
+    ys.shape = Shape{6, 4};
+    ys.data = ybig.ptr<float>() + 2;
+    ops::linear_forward({}, xs, w, {}, ys);
+    ops::linear_forward({}, xc, w, {}, yc);
+    for (int r = 0; r < 6; ++r)
+        for (int c = 0; c < 4; ++c) EXPECT_EQ(ybig.ptr<float>()[r * 8 + 2 + c], yc.ptr<float>()[r * 4 + c]);
+}
+
+TEST(Rope, InPlaceEqualsOutOfPlaceAndBackwardInverts) {
+    Tensor x = test::randn(DType::f64, Shape{2, 5, 3, 8}, 1);
+    Tensor y(DType::f64, x.shape()), back(DType::f64, x.shape());
+    Tensor inplace = Tensor::copy_of(x);
+    ops::rope_forward({.offset = 7}, x, y);
+    ops::rope_forward({.offset = 7}, inplace, inplace);
+    EXPECT_TRUE(test::bitwise_equal(inplace, y));
+    ops::rope_backward({.offset = 7}, y, back);  // rotation is orthogonal: its transpose inverts it
+    EXPECT_TRUE(test::all_close(back, x, 1e-12, 1e-12));
+}
+
+TEST(CrossEntropy, AllRowsIgnoredGivesZeroLossAndNoGradient) {
+    Tensor logits = test::randn(DType::f32, Shape{3, 5}, 1), lse(DType::f32, Shape{3}), d(DType::f32, Shape{3, 5});
+    auto r = ops::cross_entropy_forward({}, logits, ids({-100, -100, -100}), lse);
+    EXPECT_EQ(r.count, 0);
+    EXPECT_EQ(r.loss, 0.0);
+    ops::cross_entropy_backward({}, 1.0, logits, ids({-100, -100, -100}), lse, d);
+    for (int i = 0; i < 15; ++i) EXPECT_EQ(d.ptr<float>()[i], 0.0f);
+}
+
+TEST(Attention, WorkspaceIsLinearInSequenceLength) {
+    // a [T, T] score matrix at T = 1M would be 4 TB; the tiles plus one row-statistic vector are not
+    const size_t ws = ops::attention_workspace_bytes(DType::f32, 1 << 20, 128, 1);
+    EXPECT_LT(ws, size_t(8) << 20);
+    EXPECT_LT(ops::attention_workspace_bytes(DType::f32, 2 << 20, 128, 1), 2 * ws);
+}
+
+TEST(Attention, SameBitsOnOneAndTwoThreads) {
+    const int64_t B = 2, T = 200, H = 4, HKV = 2, D = 32;
+    Tensor q = test::randn(DType::f32, Shape{B, T, H, D}, 1), k = test::randn(DType::f32, Shape{B, T, HKV, D}, 2),
+           v = test::randn(DType::f32, Shape{B, T, HKV, D}, 3), dout = test::randn(DType::f32, Shape{B, T, H, D}, 4);
+    auto run = [&](int threads) {
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        std::vector<std::byte> ws(ops::attention_workspace_bytes(DType::f32, T, D, threads));
+        std::vector<Tensor> r;
+        r.emplace_back(DType::f32, q.shape());
+        r.emplace_back(DType::f32, Shape{B, H, T});
+        r.emplace_back(DType::f32, q.shape());
+        r.emplace_back(DType::f32, k.shape());
+        r.emplace_back(DType::f32, v.shape());
+        ops::attention_forward({}, q, k, v, r[0], r[1], ws);
+        ops::attention_backward({}, dout, q, k, v, r[0], r[1], r[2], r[3], r[4], ws);
+        omp_set_num_threads(saved);
+        return r;
+    };
+    auto a = run(1), b = run(2);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i], b[i])) << "output " << i;
+}
+
+TEST(VecMath, ExpIsAccurateAndHandlesSpecialValues) {
+    double worst = 0;
+    for (float x = -87.0f; x < 88.0f; x += 0.001f) {
+        double rel = std::abs(double(ops::cpu::vexp(x)) - std::exp(double(x))) / std::exp(double(x));
+        worst = std::max(worst, rel);
+    }
+    EXPECT_LT(worst, 3e-7);
+    EXPECT_EQ(ops::cpu::vexp(-INFINITY), 0.0f);
+    EXPECT_EQ(ops::cpu::vexp(-1000.0f), 0.0f);
+    EXPECT_EQ(ops::cpu::vexp(0.0f), 1.0f);
+    EXPECT_TRUE(std::isinf(ops::cpu::vexp(100.0f)));
+    EXPECT_TRUE(std::isnan(ops::cpu::vexp(NAN)));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,132 @@
+// Finite-difference checks of every gradient of every op, in float64, through the op registry.
+// L = Σ_out <y, r> for random r; the analytic d<input> from backward must match central differences
+// of L on a sample of elements of every float input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/registry.h"
+#include "util/test_util.h"
+
+namespace tessera {
+namespace {
+
+struct GradCase {
+    std::string name, op;
+    std::map<std::string, std::string> params;
+    std::function<std::map<std::string, Tensor>()> make_inputs;
+    std::map<std::string, std::string> grad_of;  // output -> its gradient's input name
+    friend void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
+};
+
+Tensor ids_i64(std::vector<int64_t> v) {
+    Tensor t(DType::i64, Shape{int64_t(v.size())});
+    std::copy(v.begin(), v.end(), t.ptr<int64_t>());
+    return t;
+}
+
+std::map<std::string, Tensor> make(std::initializer_list<std::pair<std::string, Shape>> specs, uint64_t seed) {
+    std::map<std::string, Tensor> m;
+    for (auto& [name, shape] : specs) m.emplace(name, test::randn(DType::f64, shape, seed++));
+    return m;
+}
+
+std::vector<GradCase> grad_cases() {
+    std::vector<GradCase> cs;
+    cs.push_back({"linear", "linear", {}, [] { return make({{"x", {5, 7}}, {"w", {4, 7}}, {"b", {4}}}, 1); }, {{"y", "dy"}}});
+    cs.push_back({"embedding", "embedding", {}, [] {
+                      auto m = make({{"table", {6, 5}}}, 2);
+                      m.emplace("ids", ids_i64({1, 4, 1, 0, 5}));
+                      return m;
+                  }, {{"y", "dy"}}});
+    cs.push_back({"rmsnorm", "rmsnorm", {{"eps", "1e-5"}}, [] { return make({{"x", {4, 9}}, {"weight", {9}}}, 3); },
+                  {{"y", "dy"}}});
+    cs.push_back({"swiglu", "swiglu", {}, [] { return make({{"gate", {3, 8}}, {"up", {3, 8}}}, 4); }, {{"y", "dy"}}});
+    cs.push_back({"cross_entropy", "cross_entropy", {}, [] {
+                      auto m = make({{"logits", {6, 11}}}, 5);
+                      m.emplace("targets", ids_i64({3, -100, 0, 10, 7, 7}));
+                      return m;
+                  }, {{"loss", "dloss"}}});
+    cs.push_back({"rope", "rope", {{"theta", "500"}, {"offset", "3"}}, [] { return make({{"x", {2, 5, 3, 8}}}, 6); },
+                  {{"y", "dy"}}});
+    for (std::string act : {"silu", "none"}) {
+        cs.push_back({"causal_conv1d_" + act, "causal_conv1d", {{"activation", act}},
+                      [] { return make({{"x", {2, 7, 5}}, {"w", {5, 4}}}, 7); }, {{"y", "dy"}}});
+    }
+    cs.push_back({"attention_gqa", "attention", {}, [] {
+                      return make({{"q", {2, 9, 4, 8}}, {"k", {2, 9, 2, 8}}, {"v", {2, 9, 2, 8}}}, 8);
+                  }, {{"o", "do"}}});
+    cs.push_back({"attention_noncausal", "attention", {{"causal", "0"}}, [] {
+                      return make({{"q", {1, 6, 2, 4}}, {"k", {1, 6, 1, 4}}, {"v", {1, 6, 1, 4}}}, 9);
+                  }, {{"o", "do"}}});
+    cs.push_back({"attention_tiles", "attention", {{"scale", "0.2"}}, [] {
+                      return make({{"q", {1, 270, 1, 4}}, {"k", {1, 270, 1, 4}}, {"v", {1, 270, 1, 4}}}, 10);
+                  }, {{"o", "do"}}});
+    return cs;
+}
+
+class OpGradient : public ::testing::TestWithParam<GradCase> {};
+
+double objective(const ops::OpDef& op, const std::map<std::string, Tensor>& inputs, const GradCase& c,
+                 const std::map<std::string, Tensor>& r) {
+    std::map<std::string, Tensor> in;
+    for (auto& [k, v] : inputs) in.emplace(k, Tensor::copy_of(v));
+    auto out = ops::run_op(op, std::move(in), c.params);
+    double L = 0;
+    for (auto& [y, g] : c.grad_of) {
+        const Tensor& yt = out.at(y);
+        for (int64_t i = 0; i < yt.numel(); ++i) L += yt.ptr<double>()[i] * r.at(g).ptr<double>()[i];
+    }
+    return L;
+}
+
+TEST_P(OpGradient, MatchesCentralDifferences) {
+    const GradCase& c = GetParam();
+    const ops::OpDef* op = ops::op_registry().find(c.op);
+    ASSERT_NE(op, nullptr);
+    std::map<std::string, Tensor> inputs = c.make_inputs();
+    // output gradients r, shaped like the outputs
+    auto probe = ops::run_op(*op, [&] {
+        std::map<std::string, Tensor> in;
+        for (auto& [k, v] : inputs) in.emplace(k, Tensor::copy_of(v));
+        return in;
+    }(), c.params);
+    std::map<std::string, Tensor> r;
+    uint64_t seed = 100;
+    for (auto& [y, g] : c.grad_of) r.emplace(g, test::randn(DType::f64, probe.at(y).shape(), seed++));
+    std::map<std::string, Tensor> with_grads;
+    for (auto& [k, v] : inputs) with_grads.emplace(k, Tensor::copy_of(v));
+    for (auto& [k, v] : r) with_grads.emplace(k, Tensor::copy_of(v));
+    auto analytic = ops::run_op(*op, std::move(with_grads), c.params);
+
+    int checked = 0;
+    for (auto& [name, x] : inputs) {
+        if (x.dtype() != DType::f64) continue;
+        ASSERT_TRUE(analytic.count("d" + name)) << "backward did not write d" << name;
+        const Tensor& g = analytic.at("d" + name);
+        const int64_t n = x.numel();
+        const int64_t stride = std::max<int64_t>(1, n / 24);
+        for (int64_t i = 0; i < n; i += stride) {
+            const double h = 1e-6;
+            double* p = x.ptr<double>() + i;
+            const double x0 = *p;
+            *p = x0 + h;
+            double lp = objective(*op, inputs, c, r);
+            *p = x0 - h;
+            double lm = objective(*op, inputs, c, r);
+            *p = x0;
+            const double fd = (lp - lm) / (2 * h);
+            const double an = g.ptr<double>()[i];
+            EXPECT_NEAR(an, fd, 1e-6 * std::max(1.0, std::abs(fd)))
+                << c.name << ": d" << name << "[" << i << "] analytic " << an << " vs finite difference " << fd;
+            ++checked;
+        }
+    }
+    EXPECT_GT(checked, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpGradient, ::testing::ValuesIn(grad_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace tessera

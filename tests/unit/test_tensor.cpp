@@ -1,0 +1,59 @@
+// Tensor views: shapes, strides, slicing, reshaping; bf16 rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/tensor.h"
+
+namespace tessera {
+namespace {
+
+TEST(Tensor, ContiguousStridesAndViews) {
+    Tensor t(DType::f32, Shape{2, 3, 4});
+    TensorView v = t.view();
+    EXPECT_EQ(v.strides[0], 12);
+    EXPECT_EQ(v.strides[1], 4);
+    EXPECT_EQ(v.strides[2], 1);
+    EXPECT_TRUE(v.is_contiguous());
+    EXPECT_EQ(v.nbytes(), 96u);
+    TensorView s = v.slice0(1, 2);
+    EXPECT_EQ(s.shape, (Shape{1, 3, 4}));
+    EXPECT_EQ(static_cast<float*>(s.data), t.ptr<float>() + 12);
+    EXPECT_EQ(v.reshape(Shape{6, 4}).shape, (Shape{6, 4}));
+    EXPECT_THROW(v.reshape(Shape{5, 4}), Error);
+    EXPECT_THROW(v.slice0(1, 3), Error);
+    EXPECT_THROW(v.ptr<double>(), Error);
+    TensorView strided = v;
+    strided.strides[1] = 8;
+    EXPECT_FALSE(strided.is_contiguous());
+    EXPECT_EQ(Shape({2, 3}).str(), "[2, 3]");
+    EXPECT_FALSE(TensorView().defined());
+}
+
+TEST(Tensor, Bf16RoundsToNearestEven) {
+    EXPECT_EQ(float_to_bf16(1.0f).bits, 0x3f80);
+    EXPECT_EQ(bf16_to_float(float_to_bf16(3.140625f)), 3.140625f);  // exactly representable
+    // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0)
+    EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 0x1p-8f)), 1.0f);
+    // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6)
+    EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+    EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+    EXPECT_TRUE(std::isinf(bf16_to_float(float_to_bf16(INFINITY))));
+}
+
+TEST(Tensor, ConvertBetweenFloatTypes) {
+    Tensor a(DType::f32, Shape{3}), b(DType::bf16, Shape{3}), c(DType::f64, Shape{3});
+    a.ptr<float>()[0] = 1.5f;
+    a.ptr<float>()[1] = -2.0f;
+    a.ptr<float>()[2] = 1e-3f;
+    convert(a, b);
+    convert(b, c);
+    EXPECT_EQ(c.ptr<double>()[0], 1.5);
+    EXPECT_EQ(c.ptr<double>()[1], -2.0);
+    EXPECT_NEAR(c.ptr<double>()[2], 1e-3, 1e-5);
+    Tensor i(DType::i32, Shape{3});
+    EXPECT_THROW(convert(a, i), Error);
+}
+
+}  // namespace
+}  // namespace tessera

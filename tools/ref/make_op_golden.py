@@ -1,0 +1,140 @@
+"""Writes tests/golden/ops/<case>.safetensors: inputs, output gradients and the expected outputs
+and input gradients ("expected.<name>") of every op, computed in float64 by PyTorch (autograd for
+gradients). These are independent implementations of the op contracts in docs/ops.md.
+
+Run: python3 tools/ref/make_op_golden.py
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+import golden
+
+SEED = 20261129
+torch.manual_seed(SEED)
+f64 = torch.float64
+
+
+def randn(*shape, scale=1.0):
+    return (torch.randn(*shape, dtype=f64) * scale).requires_grad_(True)
+
+
+def rope_ref(x, theta, offset):
+    B, T, H, D = x.shape
+    half = D // 2
+    inv_freq = theta ** (-torch.arange(0, half, dtype=f64) * 2.0 / D)
+    ang = (torch.arange(T, dtype=f64) + offset)[:, None] * inv_freq[None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rot * sin
+
+
+def attention_ref(q, k, v, scale, causal):
+    B, T, H, D = q.shape
+    rep = H // k.shape[2]
+    kk = k.repeat_interleave(rep, dim=2)
+    vv = v.repeat_interleave(rep, dim=2)
+    scale = scale if scale > 0 else D ** -0.5
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
+                                       is_causal=bool(causal), scale=scale).transpose(1, 2)
+    s = torch.einsum("bthd,bshd->bhts", q, kk) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return o, torch.logsumexp(s, -1)
+
+
+def write(case, op, inputs, forward, grad_of, params=None, extra_expected=None):
+    """forward(**inputs) -> dict of outputs; grad_of: output name -> grad tensor name (d<out>)."""
+    params = params or {}
+    outs = forward(**inputs)
+    tensors = {k: v.detach() for k, v in inputs.items()}
+    for name, y in outs.items():
+        tensors["expected." + name] = y.detach()
+    diff_inputs = {k: v for k, v in inputs.items() if v.dtype == f64 and v.requires_grad}
+    loss = 0
+    for out_name, grad_name in grad_of.items():
+        g = torch.randn_like(outs[out_name])
+        tensors[grad_name] = g
+        loss = loss + (outs[out_name] * g).sum()
+    if grad_of:
+        grads = torch.autograd.grad(loss, list(diff_inputs.values()))
+        for (name, _), g in zip(diff_inputs.items(), grads):
+            tensors["expected.d" + name] = g
+    for k, v in (extra_expected or {}).items():
+        tensors["expected." + k] = v
+    meta = {"op": op}
+    meta.update({"param." + k: v for k, v in params.items()})
+    golden.save(f"ops/{case}.safetensors", tensors, SEED, **meta)
+
+
+# linear
+write("linear", "linear", dict(x=randn(7, 13), w=randn(5, 13), b=randn(5)),
+      lambda x, w, b: {"y": F.linear(x, w, b)}, {"y": "dy"})
+write("linear_nobias", "linear", dict(x=randn(33, 70), w=randn(40, 70)),
+      lambda x, w: {"y": F.linear(x, w)}, {"y": "dy"})
+
+# embedding: repeated ids accumulate; i32 and i64 ids
+for dt, case in ((torch.int64, "embedding"), (torch.int32, "embedding_i32")):
+    ids = torch.tensor([3, 1, 3, 0, 9, 3, 1], dtype=dt)
+    write(case, "embedding", dict(ids=ids, table=randn(10, 6)),
+          lambda ids, table: {"y": F.embedding(ids.long(), table)}, {"y": "dy"})
+
+# rmsnorm
+for case, eps in (("rmsnorm", 1e-6), ("rmsnorm_eps", 0.5)):
+    write(case, "rmsnorm", dict(x=randn(6, 24), weight=randn(24)),
+          lambda x, weight: {"y": x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight},
+          {"y": "dy"}, {"eps": eps})
+
+# swiglu
+write("swiglu", "swiglu", dict(gate=randn(5, 17, scale=3), up=randn(5, 17)),
+      lambda gate, up: {"y": F.silu(gate) * up}, {"y": "dy"})
+
+# cross-entropy with an ignored row, and a wide vocabulary streamed in blocks
+targets = torch.tensor([2, -100, 0, 10, 5, 5], dtype=torch.int64)
+write("cross_entropy", "cross_entropy", dict(logits=randn(6, 11, scale=2), targets=targets),
+      lambda logits, targets: {"loss": F.cross_entropy(logits, targets, ignore_index=-100)}, {"loss": "dloss"})
+targets = torch.randint(0, 3000, (9,), dtype=torch.int32)
+write("cross_entropy_wide", "cross_entropy", dict(logits=randn(9, 3000, scale=4), targets=targets),
+      lambda logits, targets: {"loss": F.cross_entropy(logits, targets.long())}, {"loss": "dloss"})
+
+# rope
+write("rope", "rope", dict(x=randn(2, 5, 3, 8)), lambda x: {"y": rope_ref(x, 10000.0, 0)}, {"y": "dy"})
+write("rope_offset", "rope", dict(x=randn(1, 6, 2, 16)), lambda x: {"y": rope_ref(x, 500.0, 1000)}, {"y": "dy"},
+      {"theta": 500.0, "offset": 1000})
+
+# causal depthwise conv1d
+for case, act in (("causal_conv1d", "silu"), ("causal_conv1d_none", "none")):
+    def conv(x, w, act=act):
+        B, T, C = x.shape
+        W = w.shape[1]
+        z = F.conv1d(x.transpose(1, 2), w.unsqueeze(1), padding=W - 1, groups=C)[..., :T].transpose(1, 2)
+        return {"y": F.silu(z) if act == "silu" else z}
+    write(case, "causal_conv1d", dict(x=randn(2, 9, 5), w=randn(5, 4)), conv, {"y": "dy"}, {"activation": act})
+
+# attention: small GQA, non-causal, and multi-tile (T > 128, ragged last tile) with a custom scale
+for case, shape, causal, scale in (("attention", (2, 9, 4, 2, 8), 1, 0.0),
+                                   ("attention_noncausal", (1, 7, 2, 2, 4), 0, 0.0),
+                                   ("attention_tiles", (1, 300, 2, 1, 16), 1, 0.3)):
+    B, T, H, HKV, D = shape
+    def attn(q, k, v, causal=causal, scale=scale):
+        o, lse = attention_ref(q, k, v, scale, causal)
+        return {"o": o, "lse": lse}
+    write(case, "attention", dict(q=randn(B, T, H, D), k=randn(B, T, HKV, D), v=randn(B, T, HKV, D)), attn,
+          {"o": "do"}, {"scale": scale, "causal": causal})
+
+# adamw: one step from a given state, through torch.optim.AdamW itself
+param, grad = torch.randn(4, 5, dtype=f64), torch.randn(4, 5, dtype=f64)
+m, v = torch.randn(4, 5, dtype=f64) * 0.1, torch.rand(4, 5, dtype=f64) * 0.01
+p = torch.nn.Parameter(param.clone())
+opt = torch.optim.AdamW([p], lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1, foreach=False)
+opt.state[p] = {"step": torch.tensor(6.0, dtype=f64), "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
+p.grad = grad.clone()
+opt.step()
+st = opt.state[p]
+golden.save("ops/adamw.safetensors",
+            {"param": param, "grad": grad, "m": m, "v": v, "expected.param": p.detach(),
+             "expected.m": st["exp_avg"], "expected.v": st["exp_avg_sq"]},
+            SEED, op="adamw", **{"param.lr": 0.01, "param.beta1": 0.8, "param.beta2": 0.95, "param.eps": 1e-6,
+                                 "param.weight_decay": 0.1, "param.step": 7})
