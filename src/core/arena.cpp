@@ -1,8 +1,10 @@
 // Buddy-system allocator and the host arena built on it. Knuth, TAOCP vol. 1, 2.5 ("buddy system").
 #include "core/arena.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
+#include <functional>
 
 namespace tessera {
 
@@ -24,6 +26,7 @@ BuddyAllocator::BuddyAllocator(size_t capacity, size_t min_block) : min_block_(m
     is_free_.assign(n, 0);
     next_.assign(n, kNone);
     prev_.assign(n, kNone);
+    span_.assign(n, 0);
     requested_.assign(n, 0);
     head_.assign(num_orders_, kNone);
     num_free_.assign(num_orders_, 0);
@@ -69,47 +72,52 @@ void BuddyAllocator::refresh_largest_free() {
     }
 }
 
-size_t buddy_block_size(size_t bytes, size_t min_block) {
-    size_t blocks = (bytes + min_block - 1) / min_block;
-    return std::bit_ceil(blocks == 0 ? size_t(1) : blocks) * min_block;
+size_t BuddyAllocator::rounded_size(size_t bytes) const {
+    return std::max<size_t>(1, (bytes + min_block_ - 1) / min_block_) * min_block_;
 }
 
 size_t BuddyAllocator::allocate(size_t bytes) {
-    const size_t block = block_size_of(bytes);
-    const int want = std::countr_zero(block / min_block_);
+    const size_t units = rounded_size(bytes) / min_block_;
+    const int want = int(std::bit_width(units - 1));  // smallest k with 2^k >= units
     int k = want;
     while (k < num_orders_ && head_[k] == kNone) ++k;
     TESSERA_CHECK(k < num_orders_,
                   "arena: out of memory: {} bytes requested, {} of {} in use, largest free block {} bytes", bytes,
                   stats_.bytes_in_use, stats_.capacity, stats_.largest_free_block);
-    uint32_t idx = head_[k];
+    const uint32_t idx = head_[k];
     unlink_free(idx, k);
     while (k > want) {  // split: keep the lower half, free the upper half
         --k;
         push_free(idx + (uint32_t(1) << k), k);
     }
-    order_[idx] = int8_t(want);
+    // Keep the sub-blocks of units' binary decomposition (largest first), free the tail.
+    uint32_t at = idx;
+    for (int j = want; j >= 0; --j) {
+        if (units & (size_t(1) << j)) {
+            order_[at] = int8_t(j);
+            is_free_[at] = 0;
+            at += uint32_t(1) << j;
+        }
+    }
+    const uint32_t end = idx + (uint32_t(1) << want);
+    while (at < end) {  // the tail [at, end): aligned blocks, each as large as alignment allows
+        int j = std::countr_zero(at | (uint32_t(1) << 31));
+        while (at + (uint32_t(1) << j) > end) --j;
+        push_free(at, j);
+        at += uint32_t(1) << j;
+    }
+    span_[idx] = uint32_t(units);
     requested_[idx] = bytes;
-    stats_.bytes_in_use += block;
+    stats_.bytes_in_use += units * min_block_;
     stats_.bytes_requested += bytes;
-    stats_.num_blocks++;
+    stats_.num_allocations++;
     stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
     stats_.peak_bytes_requested = std::max(stats_.peak_bytes_requested, stats_.bytes_requested);
     refresh_largest_free();
     return size_t(idx) * min_block_;
 }
 
-void BuddyAllocator::free(size_t offset) {
-    TESSERA_CHECK(offset % min_block_ == 0 && offset / min_block_ < order_.size(), "arena: free of a bad offset {}",
-                  offset);
-    uint32_t idx = uint32_t(offset / min_block_);
-    TESSERA_CHECK(order_[idx] != kNotStart && !is_free_[idx], "arena: free of offset {} that is not allocated",
-                  offset);
-    int k = order_[idx];
-    stats_.bytes_in_use -= min_block_ << k;
-    stats_.bytes_requested -= requested_[idx];
-    stats_.num_blocks--;
-    requested_[idx] = 0;
+void BuddyAllocator::free_block(uint32_t idx, int k) {
     const size_t n = order_.size();
     while (k + 1 < num_orders_) {  // coalesce with the buddy while it is free and whole
         uint32_t buddy = idx ^ (uint32_t(1) << k);
@@ -120,12 +128,62 @@ void BuddyAllocator::free(size_t offset) {
         ++k;
     }
     push_free(idx, k);
+}
+
+void BuddyAllocator::free(size_t offset) {
+    TESSERA_CHECK(offset % min_block_ == 0 && offset / min_block_ < order_.size(), "arena: free of a bad offset {}",
+                  offset);
+    const uint32_t idx = uint32_t(offset / min_block_);
+    TESSERA_CHECK(span_[idx] != 0, "arena: free of offset {} that is not an allocation", offset);
+    const size_t units = span_[idx];
+    stats_.bytes_in_use -= units * min_block_;
+    stats_.bytes_requested -= requested_[idx];
+    stats_.num_allocations--;
+    span_[idx] = 0;
+    requested_[idx] = 0;
+    uint32_t at = idx;
+    for (int j = std::bit_width(units) - 1; j >= 0; --j) {
+        if (units & (size_t(1) << j)) {
+            const uint32_t sub = at;
+            at += uint32_t(1) << j;
+            free_block(sub, j);
+        }
+    }
     refresh_largest_free();
 }
 
 void BuddyAllocator::reset_peak() {
     stats_.peak_bytes_in_use = stats_.bytes_in_use;
     stats_.peak_bytes_requested = stats_.bytes_requested;
+}
+
+size_t buddy_capacity_for(std::vector<size_t> sizes, size_t min_block) {
+    std::sort(sizes.begin(), sizes.end(), std::greater<>());
+    size_t units = 0, bound = 0;
+    for (size_t s : sizes) {
+        const size_t u = std::max<size_t>(1, (s + min_block - 1) / min_block);
+        units += u;
+        bound += std::bit_ceil(u);
+    }
+    auto fits = [&](size_t cap_units) {
+        BuddyAllocator sim(cap_units * min_block, min_block);
+        try {
+            for (size_t s : sizes) sim.allocate(s);
+        } catch (const Error&) {
+            return false;
+        }
+        return true;
+    };
+    // NOTES: candidates from tight to loose: the exact total, the total rounded up to coarser powers
+    // of two, then one power-of-two block per request (and doublings of that, which always fit).
+    // Each candidate is checked by replaying the allocations, so the prediction is never wrong.
+    for (size_t align = 1; (units + align - 1) / align * align < bound; align *= 2) {
+        const size_t cap = (units + align - 1) / align * align;
+        if (fits(cap)) return cap * min_block;
+    }
+    size_t cap = std::max<size_t>(bound, 1);
+    while (!fits(cap)) cap *= 2;
+    return cap * min_block;
 }
 
 void Arena::Free::operator()(std::byte* p) const { std::free(p); }
@@ -149,10 +207,9 @@ TensorView Arena::allocate_tensor(DType dtype, Shape shape) {
 ArenaBlock& ArenaBlock::operator=(ArenaBlock&& o) noexcept {
     if (this != &o) {
         release();
-        arena_ = o.arena_;
+        arena_ = std::move(o.arena_);
         ptr_ = o.ptr_;
         bytes_ = o.bytes_;
-        o.arena_ = nullptr;
         o.ptr_ = nullptr;
         o.bytes_ = 0;
     }
@@ -161,7 +218,7 @@ ArenaBlock& ArenaBlock::operator=(ArenaBlock&& o) noexcept {
 
 void ArenaBlock::release() {
     if (arena_ && ptr_) arena_->free(ptr_);
-    arena_ = nullptr;
+    arena_.reset();
     ptr_ = nullptr;
     bytes_ = 0;
 }

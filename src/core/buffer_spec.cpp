@@ -33,8 +33,13 @@ int BufferGroup::index_of(const std::string& name) const {
     return it == index_.end() ? -1 : int(it->second);
 }
 
-void BufferGroup::allocate(Arena& arena) {
+void BufferGroup::allocate(const std::shared_ptr<Arena>& arena) {
     block_ = ArenaBlock(arena, std::max<size_t>(nbytes_, 1));
+    std::memset(block_.data(), 0, nbytes_);
+}
+
+void BufferGroup::zero() const {
+    TESSERA_CHECK(block_.data() != nullptr, "buffer group {} is not allocated", name_);
     std::memset(block_.data(), 0, nbytes_);
 }
 
@@ -50,15 +55,15 @@ TensorView BufferGroup::view(const std::string& name) const {
 }
 
 size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t min_block) {
-    size_t total = 0;
-    for (const auto* g : groups) total += buddy_block_size(std::max<size_t>(g->nbytes(), 1), min_block);
-    return total;
+    std::vector<size_t> sizes;
+    for (const auto* g : groups) sizes.push_back(std::max<size_t>(g->nbytes(), 1));
+    return buddy_capacity_for(sizes, min_block);
 }
 
-void allocate_groups(Arena& arena, const std::vector<BufferGroup*>& groups) {
+void allocate_groups(const std::shared_ptr<Arena>& arena, const std::vector<BufferGroup*>& groups) {
     std::vector<BufferGroup*> order = groups;
     std::stable_sort(order.begin(), order.end(),
-                     [&](auto* a, auto* b) { return arena.block_size_of(a->nbytes()) > arena.block_size_of(b->nbytes()); });
+                     [](auto* a, auto* b) { return a->nbytes() > b->nbytes(); });
     for (auto* g : order) g->allocate(arena);
 }
 

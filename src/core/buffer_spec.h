@@ -40,8 +40,9 @@ class BufferGroup {
     int index_of(const std::string& name) const;  // -1 if absent
 
     // Allocates the group's block from the arena (zero-filled) and binds the views.
-    void allocate(Arena& arena);
+    void allocate(const std::shared_ptr<Arena>& arena);
     std::byte* base() const { return block_.data(); }
+    void zero() const;  // all buffers to zero bytes
     TensorView view(size_t i) const;
     TensorView view(const std::string& name) const;  // throws if absent
 
@@ -54,9 +55,9 @@ class BufferGroup {
     ArenaBlock block_;
 };
 
-// Arena bytes the groups take when allocated largest block first (which packs them without gaps).
+// Arena capacity that holds the groups when allocated largest first (buddy_capacity_for).
 size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t min_block);
-// Allocates the groups largest block first.
-void allocate_groups(Arena& arena, const std::vector<BufferGroup*>& groups);
+// Allocates the groups largest first.
+void allocate_groups(const std::shared_ptr<Arena>& arena, const std::vector<BufferGroup*>& groups);
 
 }  // namespace tessera

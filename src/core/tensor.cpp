@@ -78,6 +78,12 @@ TensorView TensorView::slice0(int64_t begin, int64_t end) const {
     return TensorView(base, dtype, s, device);
 }
 
+TensorView TensorView::prefix(Shape s) const {
+    TESSERA_CHECK(is_contiguous(), "prefix of a non-contiguous tensor {}", shape.str());
+    TESSERA_CHECK(s.numel() <= numel(), "prefix {} is larger than the tensor {}", s.str(), shape.str());
+    return TensorView(data, dtype, s, device);
+}
+
 void check_shape(const TensorView& t, const Shape& expected, std::string_view what) {
     TESSERA_CHECK(t.shape == expected, "{} is {} but {} was expected", what, t.shape.str(), expected.str());
 }

@@ -62,6 +62,8 @@ struct TensorView {
     TensorView reshape(Shape s) const;
     // rows [begin, end) of dimension 0 (contiguous views only)
     TensorView slice0(int64_t begin, int64_t end) const;
+    // the first shape.numel() elements seen with a new shape (contiguous views only)
+    TensorView prefix(Shape s) const;
 };
 
 // Shape and dtype checks with messages that name the tensor: "rmsnorm: x is [4, 8] f32 but ..."

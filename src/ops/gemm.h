@@ -24,4 +24,8 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha, con
 void gemm_onednn_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// The machine's practical f32 GEMM rate (GFLOP/s): median of repeated n×n×n products through
+// gemm(). The reference point for MFU and benchmark ratios (measured, not a datasheet peak).
+double measure_gemm_gflops(int64_t n = 1024, int repeats = 7);
+
 }  // namespace tessera::ops

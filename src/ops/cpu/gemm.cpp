@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <vector>
 
 #include "core/check.h"
 
@@ -81,6 +83,20 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha, con
 void gemm_onednn_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     sgemm_checked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+double measure_gemm_gflops(int64_t n, int repeats) {
+    std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
+    gemm(Trans::N, Trans::T, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
+    std::vector<double> rates;
+    for (int r = 0; r < repeats; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        gemm(Trans::N, Trans::T, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rates.push_back(2.0 * double(n) * double(n) * double(n) / s / 1e9);
+    }
+    std::sort(rates.begin(), rates.end());
+    return rates[rates.size() / 2];
 }
 
 }  // namespace tessera::ops

@@ -1,0 +1,51 @@
+// tessera generate: sample text from a checkpoint (temperature, top-k), streaming tokens as made.
+#include <filesystem>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "model/runtime.h"
+#include "model/sampling.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/data/tokenizer.h"
+
+namespace tessera::apps {
+
+void add_generate_command(CLI::App& app) {
+    auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
+    struct Args {
+        std::string checkpoint, prompt;
+        model::SampleParams p;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
+        ->required();
+    cmd->add_option("--prompt", a->prompt, "Text to continue")->required();
+    cmd->add_option("--max-new-tokens", a->p.max_new_tokens, "Tokens to generate")->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--temperature", a->p.temperature, "Sampling temperature (0 = greedy)")->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--top-k", a->p.top_k, "Sample from the k most likely tokens (0 = all)")->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--seed", a->p.seed, "Sampling seed")->capture_default_str();
+    cmd->callback([a] {
+        const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
+        train::RunConfig cfg = train::parse_run_config(train::load_checkpoint_config(ckpt),
+                                                       (std::filesystem::path(ckpt) / "config.json").string());
+        model::Model model(cfg.model);
+        const model::StepShape max{1, cfg.train.seq_len};
+        model::ModelRuntime rt(model, max, /*with_grads=*/false, /*recompute=*/false);
+        train::load_groups((std::filesystem::path(ckpt) / "model.safetensors").string(), {&rt.params()});
+        std::vector<int32_t> tokens;
+        train::ByteTokenizer::encode(a->prompt, tokens);
+        if (tokens.empty()) throw Error("--prompt is empty");
+        Tensor logits(DType::f32, Shape{max.seq, cfg.model.vocab_size});
+        std::cout << a->prompt << std::flush;
+        model::generate(model, max, tokens, a->p, train::ByteTokenizer::kEndOfText, logits, [](int32_t t) {
+            std::cout << train::ByteTokenizer::decode(std::span(&t, 1)) << std::flush;
+        });
+        std::cout << '\n';
+    });
+}
+
+}  // namespace tessera::apps

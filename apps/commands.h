@@ -1,0 +1,13 @@
+// The tessera CLI: one file per subcommand, each registering itself on the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tessera::apps {
+
+void add_train_command(CLI::App& app);
+void add_op_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_data_command(CLI::App& app);
+
+}  // namespace tessera::apps

@@ -1,0 +1,142 @@
+// Attention block forward/backward: rmsnorm -> fused qkv GEMM -> rope -> flash attention -> o_proj.
+#include "model/layers/attention_block.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+
+namespace tessera::model {
+
+AttentionBlock::AttentionBlock(const ModelConfig& c, std::string param_prefix)
+    : cfg_(c),
+      prefix_(std::move(param_prefix)),
+      C_(c.d_model),
+      H_(c.n_heads),
+      HKV_(c.n_kv_heads),
+      D_(c.head_dim_or_default()),
+      Q_(c.n_heads * c.head_dim_or_default()),
+      KV_(c.n_kv_heads * c.head_dim_or_default()) {}
+
+void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<double>& init_std) const {
+    const double out_std = cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers));  // GPT-2 residual scaling
+    auto add = [&](const std::string& name, Shape shape, double std, bool decay) {
+        specs.push_back({prefix_ + name, DType::f32, shape, BufferKind::param, decay});
+        init_std.push_back(std);
+    };
+    add("input_layernorm.weight", Shape{C_}, 0.0, false);  // std 0: initialised to ones
+    add("self_attn.q_proj.weight", Shape{Q_, C_}, cfg_.init_std, true);
+    add("self_attn.k_proj.weight", Shape{KV_, C_}, cfg_.init_std, true);
+    add("self_attn.v_proj.weight", Shape{KV_, C_}, cfg_.init_std, true);
+    add("self_attn.o_proj.weight", Shape{C_, Q_}, out_std, true);
+}
+
+void AttentionBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    specs.push_back({prefix + "ln", DType::f32, Shape{N, C_}});
+    specs.push_back({prefix + "rstd", DType::f32, Shape{N}});
+    specs.push_back({prefix + "qkv", DType::f32, Shape{N, Q_ + 2 * KV_}});
+    specs.push_back({prefix + "o", DType::f32, Shape{N, Q_}});
+    specs.push_back({prefix + "lse", DType::f32, Shape{N * H_}});
+}
+
+void AttentionBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    specs.push_back({prefix + "dln", DType::f32, Shape{N, C_}});
+    specs.push_back({prefix + "dqkv", DType::f32, Shape{N, Q_ + 2 * KV_}});
+    specs.push_back({prefix + "dqk", DType::f32, Shape{N, Q_ + KV_}});
+    specs.push_back({prefix + "do", DType::f32, Shape{N, Q_}});
+}
+
+size_t AttentionBlock::workspace_bytes(StepShape max, int num_threads) const {
+    return ops::attention_workspace_bytes(DType::f32, max.seq, D_, num_threads);
+}
+
+void AttentionBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
+    auto bind = [&](const BufferGroup& g, Weights& w) {
+        w.norm = g.view(prefix_ + "input_layernorm.weight");
+        TensorView q = g.view(prefix_ + "self_attn.q_proj.weight");
+        TensorView k = g.view(prefix_ + "self_attn.k_proj.weight");
+        TensorView v = g.view(prefix_ + "self_attn.v_proj.weight");
+        auto* end_q = static_cast<std::byte*>(q.data) + q.nbytes();
+        auto* end_k = static_cast<std::byte*>(k.data) + k.nbytes();
+        TESSERA_CHECK(end_q == k.data && end_k == v.data, "{}: q/k/v projections are not adjacent", prefix_);
+        w.qkv = TensorView(q.data, DType::f32, Shape{Q_ + 2 * KV_, C_});
+        w.o = g.view(prefix_ + "self_attn.o_proj.weight");
+    };
+    bind(params, w_);
+    has_grads_ = grads != nullptr;
+    if (grads) bind(*grads, g_);
+}
+
+void AttentionBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
+    ln_ = acts.view(prefix + "ln");
+    rstd_ = acts.view(prefix + "rstd");
+    qkv_ = acts.view(prefix + "qkv");
+    o_ = acts.view(prefix + "o");
+    lse_ = acts.view(prefix + "lse");
+}
+
+void AttentionBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
+    dln_ = acts.view(prefix + "dln");
+    dqkv_ = acts.view(prefix + "dqkv");
+    dqk_ = acts.view(prefix + "dqk");
+    do_ = acts.view(prefix + "do");
+}
+
+TensorView AttentionBlock::head_view(TensorView rows, StepShape s, int64_t col, int64_t heads) const {
+    const int64_t width = rows.size(1);
+    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{s.batch, s.seq, heads, D_});
+    v.strides = {s.seq * width, width, D_, 1};
+    return v;
+}
+
+void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    const int64_t N = s.tokens();
+    TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N), qkv = qkv_.slice0(0, N), o = o_.slice0(0, N);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rstd_.slice0(0, N));
+    ops::linear_forward({}, ln, w_.qkv, {}, qkv);
+    const ops::RopeParams rope{.theta = cfg_.rope_theta};
+    TensorView q = head_view(qkv, s, 0, H_), k = head_view(qkv, s, Q_, HKV_), v = head_view(qkv, s, Q_ + KV_, HKV_);
+    ops::rope_forward(rope, q, q);
+    ops::rope_forward(rope, k, k);
+    ops::attention_forward({}, q, k, v, o.reshape(Shape{s.batch, s.seq, H_, D_}),
+                           lse_.prefix(Shape{s.batch, H_, s.seq}), ws);
+    residual_copy(x, x_out, N);
+    ops::linear_forward({.accumulate = true}, o, w_.o, {}, x_out.slice0(0, N));
+}
+
+void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
+    TESSERA_CHECK(has_grads_, "{}: backward without gradient buffers", prefix_);
+    const int64_t N = s.tokens();
+    TensorView d = dres.slice0(0, N), o = o_.slice0(0, N), qkv = qkv_.slice0(0, N);
+    TensorView dO = do_.slice0(0, N), dqk = dqk_.slice0(0, N), dqkv = dqkv_.slice0(0, N), dln = dln_.slice0(0, N);
+    zero_rows(do_, N);
+    ops::linear_backward(d, o, w_.o, dO, g_.o, {});
+    zero_rows(dqk_, N);
+    zero_rows(dqkv_, N);
+    TensorView q = head_view(qkv, s, 0, H_), k = head_view(qkv, s, Q_, HKV_), v = head_view(qkv, s, Q_ + KV_, HKV_);
+    ops::attention_backward({}, dO.reshape(Shape{s.batch, s.seq, H_, D_}), q, k, v,
+                            o.reshape(Shape{s.batch, s.seq, H_, D_}), lse_.prefix(Shape{s.batch, H_, s.seq}),
+                            head_view(dqk, s, 0, H_), head_view(dqk, s, Q_, HKV_), head_view(dqkv, s, Q_ + KV_, HKV_),
+                            ws);
+    const ops::RopeParams rope{.theta = cfg_.rope_theta};
+    ops::rope_backward(rope, head_view(dqk, s, 0, H_), head_view(dqkv, s, 0, H_));
+    ops::rope_backward(rope, head_view(dqk, s, Q_, HKV_), head_view(dqkv, s, Q_, HKV_));
+    zero_rows(dln_, N);
+    ops::linear_backward(dqkv, ln_.slice0(0, N), w_.qkv, dln, g_.qkv, {});
+    ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);
+}
+
+double AttentionBlock::forward_flops_per_token(int64_t seq) const {
+    const double proj = 2.0 * double(C_) * double(Q_ + 2 * KV_) + 2.0 * double(Q_) * double(C_);
+    const double scores = ops::attention_forward_flops(1, seq, H_, D_, true) / double(seq);
+    return proj + scores;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,48 @@
+// Pre-norm causal self-attention block (Llama layout and tensor names):
+//   x_out = x_in + o_proj(attention(rope(q), rope(k), v)),  [q | k | v] = qkv_proj(rmsnorm(x_in))
+// q_proj, k_proj and v_proj are separate parameters laid out back to back, so one GEMM computes all
+// three through a fused [Q + 2·KV, C] view. Letters: Q = H·D, KV = HKV·D.
+#pragma once
+
+#include "model/config.h"
+#include "model/layers/block.h"
+
+namespace tessera::model {
+
+class AttentionBlock : public Block {
+  public:
+    AttentionBlock(const ModelConfig& c, std::string param_prefix);
+
+    void declare_params(std::vector<BufferSpec>& specs, std::vector<double>& init_std) const override;
+    void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
+    void declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
+    size_t workspace_bytes(StepShape max, int num_threads) const override;
+    void bind_params(const BufferGroup& params, const BufferGroup* grads) override;
+    void bind_saved(const BufferGroup& acts, const std::string& prefix) override;
+    void bind_scratch(const BufferGroup& acts, const std::string& prefix) override;
+    void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
+    void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
+    double forward_flops_per_token(int64_t seq) const override;
+    std::string kind() const override { return "attention"; }
+
+  private:
+    struct Weights {
+        TensorView norm;  // [C]
+        TensorView qkv;   // [Q + 2KV, C]: q_proj, k_proj, v_proj
+        TensorView o;     // [C, Q]
+    };
+    // views of q, k, v inside a [N, Q + 2KV] (or [N, Q + KV]) row buffer, as [B, T, heads, D]
+    TensorView head_view(TensorView rows, StepShape s, int64_t col, int64_t heads) const;
+
+    ModelConfig cfg_;
+    std::string prefix_;
+    int64_t C_, H_, HKV_, D_, Q_, KV_;
+    Weights w_, g_;
+    bool has_grads_ = false;
+    // saved: ln [N, C], rstd [N], qkv [N, Q+2KV], o [N, Q], lse [B·H·T]
+    TensorView ln_, rstd_, qkv_, o_, lse_;
+    // scratch: dln [N, C], dqkv [N, Q+2KV], dqk [N, Q+KV] (pre-rope), do [N, Q]
+    TensorView dln_, dqkv_, dqk_, do_;
+};
+
+}  // namespace tessera::model

@@ -1,0 +1,20 @@
+// Helpers shared by blocks.
+#include "model/layers/block.h"
+
+#include <cstring>
+
+namespace tessera::model {
+
+void residual_copy(TensorView x_in, TensorView x_out, int64_t rows) {
+    TESSERA_CHECK(x_in.is_contiguous() && x_out.is_contiguous() && x_in.size(1) == x_out.size(1),
+                  "residual_copy: mismatched residual buffers");
+    if (x_in.data != x_out.data) std::memcpy(x_out.data, x_in.data, size_t(rows * x_in.size(1)) * sizeof(float));
+}
+
+void zero_rows(TensorView t, int64_t rows) {
+    TESSERA_CHECK(t.is_contiguous(), "zero_rows: buffer must be contiguous");
+    const int64_t cols = t.ndim() >= 2 ? t.numel() / t.size(0) : 1;
+    std::memset(t.data, 0, size_t(rows * cols) * dtype_size(t.dtype));
+}
+
+}  // namespace tessera::model

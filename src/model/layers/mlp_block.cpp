@@ -1,0 +1,102 @@
+// SwiGLU MLP block forward/backward: rmsnorm -> fused gate/up GEMM -> swiglu -> down_proj.
+#include "model/layers/mlp_block.h"
+
+#include <cmath>
+
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/swiglu.h"
+
+namespace tessera::model {
+
+MlpBlock::MlpBlock(const ModelConfig& c, std::string param_prefix)
+    : cfg_(c), prefix_(std::move(param_prefix)), C_(c.d_model), F_(c.ffn_dim) {}
+
+void MlpBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<double>& init_std) const {
+    const double out_std = cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers));
+    auto add = [&](const std::string& name, Shape shape, double std, bool decay) {
+        specs.push_back({prefix_ + name, DType::f32, shape, BufferKind::param, decay});
+        init_std.push_back(std);
+    };
+    add("post_attention_layernorm.weight", Shape{C_}, 0.0, false);
+    add("mlp.gate_proj.weight", Shape{F_, C_}, cfg_.init_std, true);
+    add("mlp.up_proj.weight", Shape{F_, C_}, cfg_.init_std, true);
+    add("mlp.down_proj.weight", Shape{C_, F_}, out_std, true);
+}
+
+void MlpBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    specs.push_back({prefix + "ln", DType::f32, Shape{N, C_}});
+    specs.push_back({prefix + "rstd", DType::f32, Shape{N}});
+    specs.push_back({prefix + "gate_up", DType::f32, Shape{N, 2 * F_}});
+    specs.push_back({prefix + "h", DType::f32, Shape{N, F_}});
+}
+
+void MlpBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    specs.push_back({prefix + "dln", DType::f32, Shape{N, C_}});
+    specs.push_back({prefix + "dgate_up", DType::f32, Shape{N, 2 * F_}});
+    specs.push_back({prefix + "dh", DType::f32, Shape{N, F_}});
+}
+
+void MlpBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
+    auto bind = [&](const BufferGroup& g, Weights& w) {
+        w.norm = g.view(prefix_ + "post_attention_layernorm.weight");
+        TensorView gate = g.view(prefix_ + "mlp.gate_proj.weight");
+        TensorView up = g.view(prefix_ + "mlp.up_proj.weight");
+        TESSERA_CHECK(static_cast<std::byte*>(gate.data) + gate.nbytes() == up.data,
+                      "{}: gate and up projections are not adjacent", prefix_);
+        w.gate_up = TensorView(gate.data, DType::f32, Shape{2 * F_, C_});
+        w.down = g.view(prefix_ + "mlp.down_proj.weight");
+    };
+    bind(params, w_);
+    has_grads_ = grads != nullptr;
+    if (grads) bind(*grads, g_);
+}
+
+void MlpBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
+    ln_ = acts.view(prefix + "ln");
+    rstd_ = acts.view(prefix + "rstd");
+    gu_ = acts.view(prefix + "gate_up");
+    h_ = acts.view(prefix + "h");
+}
+
+void MlpBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
+    dln_ = acts.view(prefix + "dln");
+    dgu_ = acts.view(prefix + "dgate_up");
+    dh_ = acts.view(prefix + "dh");
+}
+
+TensorView MlpBlock::half(TensorView rows, int64_t col) const {
+    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{rows.size(0), F_});
+    v.strides[0] = 2 * F_;
+    return v;
+}
+
+void MlpBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    const int64_t N = s.tokens();
+    TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N), gu = gu_.slice0(0, N), h = h_.slice0(0, N);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rstd_.slice0(0, N));
+    ops::linear_forward({}, ln, w_.gate_up, {}, gu);
+    ops::swiglu_forward(half(gu, 0), half(gu, F_), h);
+    residual_copy(x, x_out, N);
+    ops::linear_forward({.accumulate = true}, h, w_.down, {}, x_out.slice0(0, N));
+}
+
+void MlpBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
+    TESSERA_CHECK(has_grads_, "{}: backward without gradient buffers", prefix_);
+    const int64_t N = s.tokens();
+    TensorView d = dres.slice0(0, N), gu = gu_.slice0(0, N), dgu = dgu_.slice0(0, N), dh = dh_.slice0(0, N);
+    TensorView dln = dln_.slice0(0, N);
+    zero_rows(dh_, N);
+    ops::linear_backward(d, h_.slice0(0, N), w_.down, dh, g_.down, {});
+    zero_rows(dgu_, N);
+    ops::swiglu_backward(dh, half(gu, 0), half(gu, F_), half(dgu, 0), half(dgu, F_));
+    zero_rows(dln_, N);
+    ops::linear_backward(dgu, ln_.slice0(0, N), w_.gate_up, dln, g_.gate_up, {});
+    ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);
+}
+
+double MlpBlock::forward_flops_per_token(int64_t) const { return 2.0 * 3.0 * double(C_) * double(F_); }
+
+}  // namespace tessera::model

@@ -1,0 +1,222 @@
+// Decoder model: composition of blocks, the fused chunked head + loss, parameter initialisation.
+#include "model/model.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/rng.h"
+#include "model/layers/attention_block.h"
+#include "model/layers/mlp_block.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+
+namespace tessera::model {
+
+namespace {
+const std::string kEmbed = "model.embed_tokens.weight";
+const std::string kNormF = "model.norm.weight";
+const std::string kHead = "lm_head.weight";
+
+std::string saved_prefix(int64_t block, const Block& b) { return fmt::format("saved.{}.{}.", block, b.kind()); }
+std::string shared_prefix(const Block& b) { return "recompute." + b.kind() + "."; }
+std::string scratch_prefix(const Block& b) { return "scratch." + b.kind() + "."; }
+}  // namespace
+
+Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
+    cfg_.validate("model");
+    auto add = [&](const std::string& name, Shape shape, double std, bool decay) {
+        param_specs_.push_back({name, DType::f32, shape, BufferKind::param, decay});
+        init_std_.push_back(std);
+    };
+    add(kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, cfg_.init_std, true);
+    for (int64_t i = 0; i < cfg_.n_layers; ++i) {
+        const std::string prefix = fmt::format("model.layers.{}.", i);
+        blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
+        blocks_.push_back(std::make_unique<MlpBlock>(cfg_, prefix));
+    }
+    for (auto& b : blocks_) b->declare_params(param_specs_, init_std_);
+    add(kNormF, Shape{cfg_.d_model}, 0.0, false);
+    if (!cfg_.tie_embeddings) add(kHead, Shape{cfg_.vocab_size, cfg_.d_model}, cfg_.init_std, true);
+}
+
+Model::~Model() = default;
+
+int64_t Model::num_params() const {
+    int64_t n = 0;
+    for (auto& s : param_specs_) n += s.shape.numel();
+    return n;
+}
+
+int64_t Model::head_chunk_rows(int64_t tokens) const {
+    // NOTES: at most ~32M logits per chunk (128 MB), at least 128 rows for GEMM efficiency.
+    return std::min<int64_t>(tokens, std::max<int64_t>(128, (int64_t(1) << 25) / cfg_.vocab_size));
+}
+
+std::vector<BufferSpec> Model::activation_specs(StepShape max, bool recompute) const {
+    const int64_t N = max.tokens(), C = cfg_.d_model, V = cfg_.vocab_size, R = head_chunk_rows(N);
+    std::vector<BufferSpec> s;
+    s.push_back({"ids", DType::i32, Shape{N}});
+    s.push_back({"targets", DType::i32, Shape{N}});
+    for (size_t j = 0; j <= blocks_.size(); ++j) s.push_back({fmt::format("x.{}", j), DType::f32, Shape{N, C}});
+    std::vector<std::string> kinds;
+    for (size_t j = 0; j < blocks_.size(); ++j) {
+        const Block& b = *blocks_[j];
+        const bool first_of_kind = std::find(kinds.begin(), kinds.end(), b.kind()) == kinds.end();
+        if (recompute) {
+            if (first_of_kind) b.declare_saved(s, shared_prefix(b), max);
+        } else {
+            b.declare_saved(s, saved_prefix(int64_t(j), b), max);
+        }
+        if (first_of_kind) {
+            b.declare_scratch(s, scratch_prefix(b), max);
+            kinds.push_back(b.kind());
+        }
+    }
+    s.push_back({"ln_f", DType::f32, Shape{N, C}});
+    s.push_back({"rstd_f", DType::f32, Shape{N}});
+    s.push_back({"head.logits", DType::f32, Shape{R, V}});
+    s.push_back({"head.dlogits", DType::f32, Shape{R, V}});
+    s.push_back({"head.lse", DType::f32, Shape{R}});
+    s.push_back({"scratch.dln_f", DType::f32, Shape{N, C}});
+    s.push_back({"scratch.dres", DType::f32, Shape{N, C}});
+    return s;
+}
+
+size_t Model::workspace_bytes(StepShape max, int num_threads) const {
+    size_t ws = 0;
+    for (auto& b : blocks_) ws = std::max(ws, b->workspace_bytes(max, num_threads));
+    return ws;
+}
+
+void Model::bind(const BufferGroup& params, const BufferGroup* grads, const BufferGroup& acts,
+                 std::span<std::byte> workspace, StepShape max, bool recompute) {
+    max_ = max;
+    recompute_ = recompute;
+    has_grads_ = grads != nullptr;
+    ws_ = workspace;
+    embed_ = params.view(kEmbed);
+    norm_f_ = params.view(kNormF);
+    head_ = cfg_.tie_embeddings ? embed_ : params.view(kHead);
+    if (grads) {
+        d_embed_ = grads->view(kEmbed);
+        d_norm_f_ = grads->view(kNormF);
+        d_head_ = cfg_.tie_embeddings ? d_embed_ : grads->view(kHead);
+    }
+    x_.clear();
+    for (size_t j = 0; j <= blocks_.size(); ++j) x_.push_back(acts.view(fmt::format("x.{}", j)));
+    recompute_block_.assign(blocks_.size(), false);
+    std::vector<std::string> seen;  // kinds already met walking backwards: their shared set is stale
+    for (size_t jj = blocks_.size(); jj-- > 0;) {
+        Block& b = *blocks_[jj];
+        b.bind_params(params, grads);
+        b.bind_saved(acts, recompute ? shared_prefix(b) : saved_prefix(int64_t(jj), b));
+        b.bind_scratch(acts, scratch_prefix(b));
+        const bool last_of_kind = std::find(seen.begin(), seen.end(), b.kind()) == seen.end();
+        recompute_block_[jj] = recompute && !last_of_kind;
+        if (last_of_kind) seen.push_back(b.kind());
+    }
+    ids_ = acts.view("ids");
+    targets_ = acts.view("targets");
+    ln_f_ = acts.view("ln_f");
+    rstd_f_ = acts.view("rstd_f");
+    logits_ = acts.view("head.logits");
+    dlogits_ = acts.view("head.dlogits");
+    lse_ = acts.view("head.lse");
+    dln_f_ = acts.view("scratch.dln_f");
+    dres_ = acts.view("scratch.dres");
+}
+
+void Model::init_params(const BufferGroup& params, uint64_t seed) const {
+    for (size_t i = 0; i < param_specs_.size(); ++i) {
+        TensorView v = params.view(param_specs_[i].name);
+        float* p = v.ptr<float>();
+        const int64_t n = v.numel();
+        if (init_std_[i] == 0.0) {
+            std::fill(p, p + n, 1.0f);
+            continue;
+        }
+        const RandomStream rs{seed, hash_name(param_specs_[i].name)};
+        const double std = init_std_[i];
+#pragma omp parallel for schedule(static)
+        for (int64_t e = 0; e < n; ++e) p[e] = float(std * rs.normal(uint64_t(e)));
+    }
+}
+
+void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
+    const int64_t N = s.tokens();
+    TESSERA_CHECK(N <= max_.tokens() && s.seq <= max_.seq, "model: step {}x{} exceeds the allocated {}x{}", s.batch,
+                  s.seq, max_.batch, max_.seq);
+    TESSERA_CHECK(int64_t(ids.size()) == N, "model: {} ids for {} tokens", ids.size(), N);
+    std::memcpy(ids_.data, ids.data(), size_t(N) * sizeof(int32_t));
+    ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N));
+    for (size_t j = 0; j < blocks_.size(); ++j) blocks_[j]->forward(s, x_[j], x_[j + 1], ws_);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x_.back().slice0(0, N), norm_f_, ln_f_.slice0(0, N),
+                         rstd_f_.slice0(0, N));
+}
+
+LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale) {
+    const int64_t N = s.tokens(), R = head_chunk_rows(N);
+    TESSERA_CHECK(int64_t(targets.size()) == N, "model: {} targets for {} tokens", targets.size(), N);
+    std::memcpy(targets_.data, targets.data(), size_t(N) * sizeof(int32_t));
+    int64_t total = 0;
+    for (int32_t t : targets) total += t != kIgnoreIndex;
+    LossResult res;
+    res.count = total;
+    if (backward) zero_rows(dln_f_, N);
+    double sum = 0.0;
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+        const int64_t rows = std::min(R, N - r0);
+        TensorView h = ln_f_.slice0(r0, r0 + rows), logits = logits_.slice0(0, rows), tgt = targets_.slice0(r0, r0 + rows);
+        ops::linear_forward({}, h, head_, {}, logits);
+        ops::CrossEntropyResult ce = ops::cross_entropy_forward({.ignore_index = kIgnoreIndex}, logits, tgt,
+                                                                lse_.slice0(0, rows));
+        sum += ce.sum;
+        if (!backward || ce.count == 0) continue;
+        zero_rows(dlogits_, rows);
+        const double dloss = loss_scale * double(ce.count) / double(total);
+        ops::cross_entropy_backward({.ignore_index = kIgnoreIndex}, dloss, logits, tgt, lse_.slice0(0, rows),
+                                    dlogits_.slice0(0, rows));
+        ops::linear_backward(dlogits_.slice0(0, rows), h, head_, dln_f_.slice0(r0, r0 + rows), d_head_, {});
+    }
+    res.loss = total ? sum / double(total) : 0.0;
+    return res;
+}
+
+LossResult Model::forward_backward(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets,
+                                   double loss_scale) {
+    TESSERA_CHECK(has_grads_, "model: forward_backward needs gradient buffers");
+    const int64_t N = s.tokens();
+    forward_trunk(s, ids);
+    LossResult res = head_loss(s, targets, true, loss_scale);
+    zero_rows(dres_, N);
+    ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
+                          rstd_f_.slice0(0, N), dres_.slice0(0, N), d_norm_f_);
+    for (size_t j = blocks_.size(); j-- > 0;) {
+        if (recompute_block_[j]) blocks_[j]->forward(s, x_[j], x_[j + 1], ws_);
+        blocks_[j]->backward(s, x_[j], dres_, ws_);
+    }
+    ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
+    return res;
+}
+
+LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets) {
+    forward_trunk(s, ids);
+    return head_loss(s, targets, false, 1.0);
+}
+
+void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits) {
+    const int64_t N = s.tokens();
+    check_shape(logits, Shape{N, cfg_.vocab_size}, "model: logits");
+    forward_trunk(s, ids);
+    ops::linear_forward({}, ln_f_.slice0(0, N), head_, {}, logits);
+}
+
+double Model::forward_flops_per_token(int64_t seq) const {
+    double f = 2.0 * double(cfg_.d_model) * double(cfg_.vocab_size);  // head
+    for (auto& b : blocks_) f += b->forward_flops_per_token(seq);
+    return f;
+}
+
+}  // namespace tessera::model

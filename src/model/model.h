@@ -1,0 +1,75 @@
+// The decoder-only language model: embedding -> N × (attention block, MLP block) -> RMSNorm -> head,
+// with the cross-entropy loss fused into the head over chunks of tokens, so the full [N, V] logits
+// never exist during training. Tensor names follow Hugging Face Llama checkpoints.
+//
+// The model owns no memory: it declares buffer specs (parameters, activations for a step shape,
+// workspace) and binds views into groups the caller allocated from one arena (see train/ and
+// apps/). Activation recomputation is a switch: per-block saved activations, or one shared set per
+// block kind refilled by re-running the block's forward before its backward (bitwise identical).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layers/block.h"
+
+namespace tessera::model {
+
+struct LossResult {
+    double loss = 0.0;   // mean over counted targets
+    int64_t count = 0;   // targets that count (not ignore_index)
+};
+
+class Model {
+  public:
+    static constexpr int32_t kIgnoreIndex = -100;
+
+    explicit Model(ModelConfig cfg);
+    ~Model();
+
+    const ModelConfig& config() const { return cfg_; }
+    const std::vector<BufferSpec>& param_specs() const { return param_specs_; }
+    std::vector<BufferSpec> activation_specs(StepShape max, bool recompute) const;
+    size_t workspace_bytes(StepShape max, int num_threads) const;
+    int64_t num_params() const;
+
+    // grads may be null (inference). The activation group must come from activation_specs(max, recompute).
+    void bind(const BufferGroup& params, const BufferGroup* grads, const BufferGroup& acts,
+              std::span<std::byte> workspace, StepShape max, bool recompute);
+    // Initial values from (seed, parameter name, element index) only: norms 1, matrices N(0, std²).
+    void init_params(const BufferGroup& params, uint64_t seed) const;
+
+    // ids, targets: [B·T] token ids. Accumulates parameter gradients of loss_scale · mean loss.
+    LossResult forward_backward(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets,
+                                double loss_scale);
+    LossResult forward_loss(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets);
+    // logits: [B·T, V] f32
+    void forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits);
+
+    // Model FLOPs per token: forward, and training (3 × forward, recompute not counted).
+    double forward_flops_per_token(int64_t seq) const;
+
+  private:
+    void forward_trunk(StepShape s, std::span<const int32_t> ids);
+    LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
+    int64_t head_chunk_rows(int64_t tokens) const;
+
+    ModelConfig cfg_;
+    std::vector<std::unique_ptr<Block>> blocks_;
+    std::vector<BufferSpec> param_specs_;
+    std::vector<double> init_std_;
+    StepShape max_;
+    bool recompute_ = false;
+    bool has_grads_ = false;
+    std::vector<bool> recompute_block_;  // re-run forward before backward
+    // parameters and gradients
+    TensorView embed_, norm_f_, head_, d_embed_, d_norm_f_, d_head_;
+    // activations: residual stream x[0..2L] ([N, C] each), final norm, head chunk buffers
+    std::vector<TensorView> x_;
+    TensorView ids_, targets_, ln_f_, rstd_f_, logits_, dlogits_, lse_, dln_f_, dres_;
+    std::span<std::byte> ws_;
+};
+
+}  // namespace tessera::model

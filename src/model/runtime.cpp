@@ -1,0 +1,72 @@
+// Model runtime: one arena, sized from the buffer specs, holding every group.
+#include "model/runtime.h"
+
+#include <omp.h>
+
+#include <bit>
+
+namespace tessera::model {
+
+namespace {
+// NOTES: the allocator keeps ~22 bytes of bookkeeping per min_block unit; 256-byte units, grown
+// for large arenas so the bookkeeping stays under ~100 MB.
+size_t min_block_for(const std::vector<BufferGroup*>& groups) {
+    size_t total = 0;
+    for (auto* g : groups) total += g->nbytes();
+    return std::max<size_t>(256, std::bit_ceil(total >> 22));
+}
+
+std::string mib(size_t b) { return fmt::format("{:.1f} MiB", double(b) / double(1 << 20)); }
+}  // namespace
+
+std::vector<BufferSpec> grad_specs(const std::vector<BufferSpec>& params) {
+    std::vector<BufferSpec> g = params;
+    for (auto& s : g) s.kind = BufferKind::grad;
+    return g;
+}
+
+ModelRuntime::ModelRuntime(Model& model, StepShape max, bool with_grads, bool recompute,
+                           std::vector<BufferGroup*> extra)
+    : model_(model),
+      max_(max),
+      params_("params", model.param_specs()),
+      acts_("activations", model.activation_specs(max, recompute)),
+      workspace_("workspace",
+                 {{"workspace", DType::u8, Shape{int64_t(std::max<size_t>(1, model.workspace_bytes(max, omp_get_max_threads())))},
+                   BufferKind::workspace}}) {
+    groups_ = {&params_, &acts_, &workspace_};
+    if (with_grads) {
+        grads_ = BufferGroup("grads", grad_specs(model.param_specs()));
+        groups_.push_back(&grads_);
+    }
+    groups_.insert(groups_.end(), extra.begin(), extra.end());
+    std::vector<const BufferGroup*> cg(groups_.begin(), groups_.end());
+    const size_t min_block = min_block_for(groups_);
+    arena_ = std::make_shared<Arena>(predict_arena_bytes(cg, min_block), min_block);
+    allocate_groups(arena_, groups_);
+    TensorView ws = workspace_.view(0);
+    model.bind(params_, with_grads ? &grads_ : nullptr, acts_,
+               std::span(static_cast<std::byte*>(ws.data), ws.nbytes()), max, recompute);
+}
+
+MemoryReport ModelRuntime::memory_report() const {
+    MemoryReport r;
+    for (const BufferGroup* g : groups_) {
+        r.groups.push_back({g->name(), g->nbytes(), arena_->rounded_size(std::max<size_t>(g->nbytes(), 1))});
+        r.predicted_bytes += r.groups.back().block_bytes;
+    }
+    r.capacity_bytes = arena_->stats().capacity;
+    r.arena_peak_bytes = arena_->stats().peak_bytes_in_use;
+    return r;
+}
+
+std::string MemoryReport::str() const {
+    std::string s = "memory by buffer group (one arena):";
+    for (auto& g : groups) s += fmt::format(" {} {},", g.name, mib(g.block_bytes));
+    s.back() = '\n';
+    s += fmt::format("  predicted peak {}, arena high-water mark {} (arena reserves {} of address space)",
+                     mib(predicted_bytes), mib(arena_peak_bytes), mib(capacity_bytes));
+    return s;
+}
+
+}  // namespace tessera::model

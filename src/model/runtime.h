@@ -1,0 +1,52 @@
+// A model bound to memory: its buffer groups (parameters, gradients, activations, workspace, plus
+// any extra groups such as optimizer state) allocated from one arena whose capacity is the
+// prediction from the buffer specs. The memory report puts prediction and measurement side by side.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/model.h"
+
+namespace tessera::model {
+
+struct MemoryReport {
+    struct Group {
+        std::string name;
+        size_t bytes = 0;        // packed tensor bytes
+        size_t block_bytes = 0;  // what it takes in the arena (rounded to the allocation unit)
+    };
+    std::vector<Group> groups;
+    size_t predicted_bytes = 0;  // peak bytes in use, from the buffer specs (sum of block_bytes)
+    size_t arena_peak_bytes = 0; // measured: the arena's high-water mark
+    size_t capacity_bytes = 0;   // address space the arena reserves (pages never touched cost nothing)
+    std::string str() const;  // a small table
+};
+
+class ModelRuntime {
+  public:
+    ModelRuntime(Model& model, StepShape max, bool with_grads, bool recompute, std::vector<BufferGroup*> extra = {});
+
+    Model& model() { return model_; }
+    BufferGroup& params() { return params_; }
+    BufferGroup& grads() { return grads_; }
+    BufferGroup& activations() { return acts_; }
+    const Arena& arena() const { return *arena_; }
+    Arena& arena() { return *arena_; }
+    StepShape max_shape() const { return max_; }
+    MemoryReport memory_report() const;
+
+  private:
+    Model& model_;
+    StepShape max_;
+    BufferGroup params_, grads_, acts_, workspace_;
+    std::vector<BufferGroup*> groups_;  // everything allocated, extras included
+    std::shared_ptr<Arena> arena_;
+};
+
+// Parameter specs re-labelled as gradients (same names, shapes and order).
+std::vector<BufferSpec> grad_specs(const std::vector<BufferSpec>& params);
+
+}  // namespace tessera::model

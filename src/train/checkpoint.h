@@ -1,0 +1,47 @@
+// Checkpoints: a directory <run>/checkpoints/step_NNNNNNN/ holding
+//   config.json          the full run config
+//   model.safetensors    parameters under their Hugging Face names
+//   optimizer.safetensors  AdamW moments "m.<name>", "v.<name>"
+//   trainer_state.json   step, optimizer step, data position, format version
+// written under a temporary name, fsync'd, then renamed into place: a crash mid-write leaves the
+// previous checkpoints intact. Loading validates every file and tensor and names what is wrong.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "core/buffer_spec.h"
+#include "core/config_reader.h"
+#include "train/data/loader.h"
+
+namespace tessera::train {
+
+struct TrainerState {
+    int64_t step = 0;            // optimizer steps completed
+    int64_t optimizer_step = 0;  // AdamW's step counter
+    LoaderPosition data;
+    int64_t tokens_seen = 0;
+};
+
+struct CheckpointContents {
+    const Json& config;
+    const BufferGroup& params;
+    const BufferGroup* m = nullptr;  // optimizer state (absent for export-only checkpoints)
+    const BufferGroup* v = nullptr;
+    TrainerState state;
+};
+
+// Writes <run_dir>/checkpoints/step_<step>/ atomically; returns its path.
+std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c);
+
+// A checkpoint directory itself, or the latest complete checkpoint under <dir>/checkpoints.
+// Throws if there is none.
+std::string resolve_checkpoint(const std::string& dir);
+
+Json load_checkpoint_config(const std::string& ckpt_dir);
+TrainerState load_trainer_state(const std::string& ckpt_dir);
+// Loads a file into groups: every tensor of every group must be present with its exact shape,
+// and the file must hold nothing else.
+void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups);
+
+}  // namespace tessera::train

@@ -1,0 +1,114 @@
+// Run config parsing, validation and serialisation.
+#include "train/config.h"
+
+#include "core/check.h"
+#include "core/file.h"
+#include "train/demo_config.h"
+
+namespace tessera::train {
+
+RunConfig parse_run_config(const Json& doc, const std::string& where) {
+    TESSERA_CHECK(doc.is_object(), "{}: the config must be a JSON object", where);
+    ConfigReader top(doc, where);
+    RunConfig c;
+    c.model = model::parse_model_config(top.section("model"), where + ": model");
+    ConfigReader t(top.section("train"), where + ": train");
+    TrainConfig d;
+    TrainConfig& tc = c.train;
+    tc.seq_len = t.integer("seq_len", d.seq_len);
+    tc.batch_size = t.integer("batch_size", d.batch_size);
+    tc.steps = t.integer("steps", d.steps);
+    tc.grad_accum = t.integer("grad_accum", d.grad_accum);
+    tc.lr = t.number("lr", d.lr);
+    tc.min_lr_ratio = t.number("min_lr_ratio", d.min_lr_ratio);
+    tc.warmup_steps = t.integer("warmup_steps", d.warmup_steps);
+    tc.schedule = t.choice("schedule", d.schedule, {"cosine", "wsd", "constant"});
+    tc.decay_fraction = t.number("decay_fraction", d.decay_fraction);
+    tc.weight_decay = t.number("weight_decay", d.weight_decay);
+    tc.beta1 = t.number("beta1", d.beta1);
+    tc.beta2 = t.number("beta2", d.beta2);
+    tc.eps = t.number("eps", d.eps);
+    tc.grad_clip = t.number("grad_clip", d.grad_clip);
+    tc.eval_interval = t.integer("eval_interval", d.eval_interval);
+    tc.eval_batches = t.integer("eval_batches", d.eval_batches);
+    tc.checkpoint_interval = t.integer("checkpoint_interval", d.checkpoint_interval);
+    tc.log_interval = t.integer("log_interval", d.log_interval);
+    tc.seed = uint64_t(t.integer("seed", int64_t(d.seed)));
+    tc.recompute = t.boolean("recompute", d.recompute);
+    t.finish();
+    ConfigReader dr(top.section("data"), where + ": data");
+    c.data.path = dr.text("path", "");
+    c.data.val_fraction = dr.number("val_fraction", c.data.val_fraction);
+    dr.finish();
+    top.finish();
+
+    auto check = [&](bool ok, const std::string& what) { TESSERA_CHECK(ok, "{}: {}", where, what); };
+    check(tc.seq_len > 0, "train.seq_len must be positive");
+    check(tc.batch_size > 0, "train.batch_size must be positive");
+    check(tc.steps >= 0, "train.steps must be >= 0");
+    check(tc.grad_accum >= 1, "train.grad_accum must be >= 1");
+    check(tc.lr > 0, "train.lr must be positive");
+    check(tc.min_lr_ratio >= 0 && tc.min_lr_ratio <= 1, "train.min_lr_ratio must be in [0, 1]");
+    check(tc.warmup_steps >= 0, "train.warmup_steps must be >= 0");
+    check(tc.decay_fraction > 0 && tc.decay_fraction <= 1, "train.decay_fraction must be in (0, 1]");
+    check(tc.weight_decay >= 0, "train.weight_decay must be >= 0");
+    check(tc.beta1 >= 0 && tc.beta1 < 1 && tc.beta2 >= 0 && tc.beta2 < 1, "train.beta1 and train.beta2 must be in [0, 1)");
+    check(tc.eps > 0, "train.eps must be positive");
+    check(tc.grad_clip >= 0, "train.grad_clip must be >= 0 (0 = off)");
+    check(tc.eval_interval >= 0 && tc.eval_batches >= 0, "train.eval_interval and train.eval_batches must be >= 0");
+    check(tc.checkpoint_interval >= 0, "train.checkpoint_interval must be >= 0");
+    check(tc.log_interval >= 1, "train.log_interval must be >= 1");
+    check(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1)");
+    return c;
+}
+
+Json to_json(const RunConfig& c) {
+    const TrainConfig& t = c.train;
+    Json train = {{"seq_len", t.seq_len},
+                  {"batch_size", t.batch_size},
+                  {"steps", t.steps},
+                  {"grad_accum", t.grad_accum},
+                  {"lr", t.lr},
+                  {"min_lr_ratio", t.min_lr_ratio},
+                  {"warmup_steps", t.warmup_steps},
+                  {"schedule", t.schedule},
+                  {"decay_fraction", t.decay_fraction},
+                  {"weight_decay", t.weight_decay},
+                  {"beta1", t.beta1},
+                  {"beta2", t.beta2},
+                  {"eps", t.eps},
+                  {"grad_clip", t.grad_clip},
+                  {"eval_interval", t.eval_interval},
+                  {"eval_batches", t.eval_batches},
+                  {"checkpoint_interval", t.checkpoint_interval},
+                  {"log_interval", t.log_interval},
+                  {"seed", t.seed},
+                  {"recompute", t.recompute}};
+    Json data = {{"path", c.data.path}, {"val_fraction", c.data.val_fraction}};
+    return Json{{"model", model::to_json(c.model)}, {"train", train}, {"data", data}};
+}
+
+Json demo_config_json() {
+    Json j = Json::parse(kDemoConfigJson, nullptr, false);
+    TESSERA_CHECK(!j.is_discarded(), "the built-in demo config is not valid JSON");
+    return j;
+}
+
+Json load_config_json(const std::string& path, const std::vector<std::string>& overrides) {
+    Json doc;
+    if (path.empty()) {
+        doc = demo_config_json();
+    } else {
+        try {
+            doc = Json::parse(read_text(path));
+        } catch (const Json::parse_error& e) {
+            TESSERA_FAIL("{}: not valid JSON: {}", path, e.what());
+        }
+    }
+    for (const auto& o : overrides) apply_override(doc, o);
+    return doc;
+}
+
+std::string bundled_corpus_path() { return TESSERA_SOURCE_DIR "/data/corpus"; }
+
+}  // namespace tessera::train

@@ -1,0 +1,59 @@
+// The run configuration: a JSON file with sections "model", "train" and "data" (docs/config.md).
+// Every key has a default; unknown keys are errors. The default demo config is configs/demo.json,
+// compiled into the binary.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config_reader.h"
+#include "model/config.h"
+
+namespace tessera::train {
+
+struct TrainConfig {
+    int64_t seq_len = 256;
+    int64_t batch_size = 16;
+    int64_t steps = 1000;
+    int64_t grad_accum = 1;          // micro-batches per optimizer step
+    double lr = 3e-3;
+    double min_lr_ratio = 0.1;       // floor of the decay, as a fraction of lr
+    int64_t warmup_steps = 50;
+    std::string schedule = "cosine";  // cosine | wsd | constant
+    double decay_fraction = 0.2;     // wsd: the last fraction of steps decays linearly
+    double weight_decay = 0.1;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double grad_clip = 1.0;          // global L2 norm; 0 = off
+    int64_t eval_interval = 100;     // 0 = only at the end
+    int64_t eval_batches = 8;
+    int64_t checkpoint_interval = 500;  // 0 = only at the end
+    int64_t log_interval = 10;
+    uint64_t seed = 1234;
+    bool recompute = false;          // recompute block activations in backward
+};
+
+struct DataConfig {
+    std::string path;  // token shard, text file or directory; "" = the bundled corpus
+    double val_fraction = 0.05;
+};
+
+struct RunConfig {
+    model::ModelConfig model;
+    TrainConfig train;
+    DataConfig data;
+};
+
+// Parses and validates; `where` names the source in messages (a file name).
+RunConfig parse_run_config(const Json& doc, const std::string& where);
+Json to_json(const RunConfig& c);
+
+// The built-in demo config (configs/demo.json) as JSON.
+Json demo_config_json();
+// Reads a config file (or the demo config when path is empty) and applies --set overrides.
+Json load_config_json(const std::string& path, const std::vector<std::string>& overrides);
+// The bundled corpus directory (data/corpus in the source tree).
+std::string bundled_corpus_path();
+
+}  // namespace tessera::train

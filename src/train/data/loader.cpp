@@ -1,0 +1,73 @@
+// Deterministic batch loader.
+#include "train/data/loader.h"
+
+#include <numeric>
+
+#include "core/check.h"
+#include "core/rng.h"
+
+namespace tessera::train {
+
+DataLoader::DataLoader(const TokenSource& tokens, int64_t seq_len, int64_t batch, double val_fraction, uint64_t seed)
+    : tokens_(tokens), seq_len_(seq_len), batch_(batch), seed_(seed) {
+    TESSERA_CHECK(seq_len > 0 && batch > 0, "data: seq_len and batch_size must be positive");
+    TESSERA_CHECK(val_fraction >= 0 && val_fraction < 1, "data: val_fraction must be in [0, 1), not {}",
+                  val_fraction);
+    const int64_t n = tokens.size();
+    train_tokens_ = int64_t(double(n) * (1.0 - val_fraction));
+    const int64_t windows = (train_tokens_ - 1) / seq_len;
+    TESSERA_CHECK(windows >= batch,
+                  "data: {} has {} training tokens, fewer than one batch of {} x {} (+1); use more data or a smaller "
+                  "batch",
+                  tokens.description(), train_tokens_, batch, seq_len);
+    num_val_windows_ = std::max<int64_t>(0, (n - train_tokens_ - 1) / seq_len);
+    order_.resize(size_t(windows));
+    shuffle_epoch();
+}
+
+void DataLoader::shuffle_epoch() {
+    std::iota(order_.begin(), order_.end(), int64_t(0));
+    Rng rng(seed_, 0x10ad0000ull + uint64_t(pos_.epoch));  // Fisher-Yates with the epoch's own stream
+    for (int64_t i = int64_t(order_.size()) - 1; i > 0; --i) {
+        std::swap(order_[size_t(i)], order_[rng.below(uint64_t(i + 1))]);
+    }
+}
+
+void DataLoader::set_position(LoaderPosition p) {
+    TESSERA_CHECK(p.epoch >= 0 && p.cursor >= 0 && p.cursor <= int64_t(order_.size()),
+                  "data: position (epoch {}, cursor {}) is out of range", p.epoch, p.cursor);
+    pos_ = p;
+    shuffle_epoch();
+}
+
+void DataLoader::read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets) const {
+    for (int64_t t = 0; t < seq_len_; ++t) {
+        ids[size_t(t)] = tokens_[start + t];
+        targets[size_t(t)] = tokens_[start + t + 1];
+    }
+}
+
+void DataLoader::next_batch(std::span<int32_t> ids, std::span<int32_t> targets) {
+    TESSERA_CHECK(int64_t(ids.size()) == batch_ * seq_len_ && ids.size() == targets.size(),
+                  "data: batch buffers must hold {} tokens", batch_ * seq_len_);
+    for (int64_t b = 0; b < batch_; ++b) {
+        if (pos_.cursor == int64_t(order_.size())) {
+            pos_ = {pos_.epoch + 1, 0};
+            shuffle_epoch();
+        }
+        const int64_t w = order_[size_t(pos_.cursor++)];
+        read_window(w * seq_len_, ids.subspan(size_t(b * seq_len_), size_t(seq_len_)),
+                    targets.subspan(size_t(b * seq_len_), size_t(seq_len_)));
+    }
+}
+
+void DataLoader::eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets) const {
+    TESSERA_CHECK(i >= 0 && i < num_eval_batches(), "data: eval batch {} of {}", i, num_eval_batches());
+    for (int64_t b = 0; b < batch_; ++b) {
+        const int64_t start = train_tokens_ + (i * batch_ + b) * seq_len_;
+        read_window(start, ids.subspan(size_t(b * seq_len_), size_t(seq_len_)),
+                    targets.subspan(size_t(b * seq_len_), size_t(seq_len_)));
+    }
+}
+
+}  // namespace tessera::train

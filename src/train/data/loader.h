@@ -1,0 +1,49 @@
+// Batches of (input, target) windows from a token stream, deterministic by seed.
+// The stream is split once: the first (1 − val_fraction) of the tokens train, the rest evaluate.
+// Training windows are the non-overlapping seq_len-token windows of the train split (each with its
+// next token as the last target), visited in a fresh Philox permutation every epoch; the whole
+// state is (epoch, cursor), saved in checkpoints. Evaluation reads the first windows of the
+// validation split in order, the same every time.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "train/data/token_source.h"
+
+namespace tessera::train {
+
+struct LoaderPosition {
+    int64_t epoch = 0;
+    int64_t cursor = 0;  // windows consumed in this epoch
+};
+
+class DataLoader {
+  public:
+    DataLoader(const TokenSource& tokens, int64_t seq_len, int64_t batch, double val_fraction, uint64_t seed);
+
+    // ids, targets: [batch · seq_len]
+    void next_batch(std::span<int32_t> ids, std::span<int32_t> targets);
+    // The i-th evaluation batch (i < num_eval_batches()).
+    void eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets) const;
+    int64_t num_eval_batches() const { return num_val_windows_ / batch_; }
+    int64_t num_train_windows() const { return int64_t(order_.size()); }
+
+    LoaderPosition position() const { return pos_; }
+    void set_position(LoaderPosition p);
+
+  private:
+    void shuffle_epoch();
+    void read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets) const;
+
+    const TokenSource& tokens_;
+    int64_t seq_len_, batch_;
+    uint64_t seed_;
+    int64_t train_tokens_ = 0;
+    int64_t num_val_windows_ = 0;
+    std::vector<int64_t> order_;  // window index permutation of the current epoch
+    LoaderPosition pos_;
+};
+
+}  // namespace tessera::train

@@ -1,0 +1,199 @@
+// The training loop (see trainer.h).
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <numbers>
+
+#include "core/check.h"
+#include "core/file.h"
+#include "ops/gemm.h"
+#include "train/checkpoint.h"
+#include "train/data/loader.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string default_out_dir() {
+    auto t = std::time(nullptr);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
+    return std::string("runs/") + buf;
+}
+
+struct Setup {
+    Json config_json;
+    RunConfig cfg;
+    std::string checkpoint;  // resuming from, or empty
+    std::string out_dir;
+};
+
+Setup resolve_setup(const TrainOptions& o) {
+    Setup s;
+    if (!o.resume_dir.empty()) {
+        TESSERA_CHECK(o.config_path.empty(),
+                      "--resume takes the config from the checkpoint; drop --config (use --set or --steps for changes)");
+        s.checkpoint = resolve_checkpoint(o.resume_dir);
+        Json base = load_checkpoint_config(s.checkpoint);
+        const std::string where = (fs::path(s.checkpoint) / "config.json").string();
+        RunConfig before = parse_run_config(base, where);
+        for (const auto& ov : o.overrides) apply_override(base, ov);
+        s.config_json = base;
+        s.cfg = parse_run_config(base, where + " with --set");
+        TESSERA_CHECK(model::to_json(before.model) == model::to_json(s.cfg.model),
+                      "--resume: model.* cannot change when resuming from {}", s.checkpoint);
+        s.out_dir = o.out_dir.empty() ? fs::path(s.checkpoint).parent_path().parent_path().string() : o.out_dir;
+    } else {
+        s.config_json = load_config_json(o.config_path, o.overrides);
+        s.cfg = parse_run_config(s.config_json, o.config_path.empty() ? "demo config" : o.config_path);
+        s.out_dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
+        TESSERA_CHECK(!fs::exists(fs::path(s.out_dir) / "checkpoints") && !fs::exists(fs::path(s.out_dir) / "metrics.jsonl"),
+                      "{} already holds a run; continue it with --resume {} or choose another --out", s.out_dir,
+                      s.out_dir);
+    }
+    if (o.steps) {
+        TESSERA_CHECK(*o.steps >= 0, "--steps must be >= 0");
+        s.cfg.train.steps = *o.steps;
+    }
+    s.config_json = to_json(s.cfg);  // the effective config, defaults filled in
+    return s;
+}
+}  // namespace
+
+TrainSummary train(const TrainOptions& opts) {
+    Setup setup = resolve_setup(opts);
+    const RunConfig& cfg = setup.cfg;
+    const TrainConfig& tc = cfg.train;
+    auto note = [&](const std::string& s) {
+        if (opts.log) *opts.log << s << '\n' << std::flush;
+    };
+
+    const std::string data_path = cfg.data.path.empty() ? bundled_corpus_path() : cfg.data.path;
+    TokenSource tokens(data_path);
+    TESSERA_CHECK(tokens.vocab_size() <= cfg.model.vocab_size,
+                  "data {} uses {} token ids but model.vocab_size is {}", data_path, tokens.vocab_size(),
+                  cfg.model.vocab_size);
+    DataLoader loader(tokens, tc.seq_len, tc.batch_size, cfg.data.val_fraction, tc.seed);
+
+    model::Model model(cfg.model);
+    AdamW opt(model.param_specs());
+    const model::StepShape shape{tc.batch_size, tc.seq_len};
+    model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, {&opt.m(), &opt.v()});
+
+    TrainerState state;
+    if (!setup.checkpoint.empty()) {
+        load_groups((fs::path(setup.checkpoint) / "model.safetensors").string(), {&rt.params()});
+        load_groups((fs::path(setup.checkpoint) / "optimizer.safetensors").string(), {&opt.m(), &opt.v()});
+        state = load_trainer_state(setup.checkpoint);
+        loader.set_position(state.data);
+        opt.set_step(state.optimizer_step);
+    } else {
+        model.init_params(rt.params(), tc.seed);
+    }
+    fs::create_directories(setup.out_dir);
+    write_text_atomic((fs::path(setup.out_dir) / "config.json").string(), setup.config_json.dump(2) + "\n");
+    MetricsLog metrics((fs::path(setup.out_dir) / "metrics.jsonl").string(),
+                       setup.checkpoint.empty() ? -1 : state.step);
+
+    const double gemm_gflops = ops::measure_gemm_gflops();
+    const double train_flops_per_token = 3.0 * model.forward_flops_per_token(tc.seq_len);
+    const int64_t tokens_per_step = tc.batch_size * tc.seq_len * tc.grad_accum;
+    note(fmt::format("tessera: {} parameters ({} layers, d_model {}), {} tokens per step, {} steps", model.num_params(),
+                     cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));
+    note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(),
+                     loader.num_train_windows(), loader.num_eval_batches()));
+    note(rt.memory_report().str());
+    note(fmt::format("GEMM rate of this machine: {:.0f} GFLOP/s (measured now); run directory: {}", gemm_gflops,
+                     setup.out_dir));
+    if (!setup.checkpoint.empty()) note(fmt::format("resumed from {} at step {}", setup.checkpoint, state.step));
+
+    std::vector<int32_t> ids(size_t(shape.tokens())), targets(size_t(shape.tokens()));
+    auto evaluate = [&]() -> std::optional<double> {
+        const int64_t n = std::min(tc.eval_batches, loader.num_eval_batches());
+        if (n == 0) return std::nullopt;
+        double sum = 0;
+        int64_t count = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            loader.eval_batch(i, ids, targets);
+            model::LossResult r = model.forward_loss(shape, ids, targets);
+            sum += r.loss * double(r.count);
+            count += r.count;
+        }
+        return count ? std::optional(sum / double(count)) : std::nullopt;
+    };
+    TrainSummary summary;
+    summary.first_step = state.step;
+    Progress progress(opts.log, opts.log_is_tty, tc.steps, tc.log_interval);
+    auto run_eval = [&](int64_t step) {
+        summary.eval_loss = evaluate();
+        if (!summary.eval_loss) return;
+        const double bpb = *summary.eval_loss / std::numbers::ln2;
+        metrics.write({{"step", step}, {"eval_loss", *summary.eval_loss}, {"eval_bpb", bpb}});
+        progress.note(fmt::format("eval at step {}: loss {:.4f} ({:.3f} bits per byte)", step, *summary.eval_loss, bpb));
+    };
+    auto checkpoint = [&]() {
+        state.optimizer_step = opt.step();
+        state.data = loader.position();
+        summary.checkpoint = save_checkpoint(
+            setup.out_dir, {.config = setup.config_json, .params = rt.params(), .m = &opt.m(), .v = &opt.v(), .state = state});
+        progress.note(fmt::format("checkpoint: {}", summary.checkpoint));
+    };
+
+    int64_t last_saved = setup.checkpoint.empty() ? -1 : state.step;
+    while (state.step < tc.steps) {
+        const auto t0 = Clock::now();
+        const double lr = learning_rate(tc, state.step);
+        rt.grads().zero();
+        double loss = 0;
+        for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
+            loader.next_batch(ids, targets);
+            loss += model.forward_backward(shape, ids, targets, 1.0 / double(tc.grad_accum)).loss;
+        }
+        loss /= double(tc.grad_accum);
+        const double norm = opt.grad_norm(rt.grads());
+        opt.clip(rt.grads(), norm, tc.grad_clip);
+        opt.update(tc, rt.params(), rt.grads(), lr);
+        state.step++;
+        state.tokens_seen += tokens_per_step;
+        const double dt = seconds_since(t0);
+        const double tps = double(tokens_per_step) / dt;
+        const double flops = tps * train_flops_per_token;
+        summary.losses.push_back(loss);
+        TESSERA_CHECK(std::isfinite(loss), "training diverged: the loss is {} at step {}", loss, state.step);
+        Json rec = {{"step", state.step},     {"loss", loss},          {"lr", lr},
+                    {"grad_norm", norm},      {"tokens_per_s", tps},   {"step_ms", dt * 1e3},
+                    {"flops_per_s", flops},   {"mfu", flops / (gemm_gflops * 1e9)}};
+        if (state.step == summary.first_step + 1) rec["arena_peak_bytes"] = rt.arena().stats().peak_bytes_in_use;
+        metrics.write(rec);
+        progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9));
+        const bool last = state.step == tc.steps;
+        if ((tc.eval_interval > 0 && state.step % tc.eval_interval == 0) || last) run_eval(state.step);
+        if ((tc.checkpoint_interval > 0 && state.step % tc.checkpoint_interval == 0) || last) {
+            checkpoint();
+            last_saved = state.step;
+        }
+        if (opts.stop && opts.stop->load()) {
+            if (last_saved != state.step) checkpoint();
+            summary.stopped_early = true;
+            progress.note(fmt::format("stopped at step {}; continue with --resume {}", state.step, setup.out_dir));
+            break;
+        }
+    }
+    if (last_saved != state.step) checkpoint();
+    progress.finish();
+    summary.last_step = state.step;
+    summary.memory = rt.memory_report();
+    return summary;
+}
+
+}  // namespace tessera::train
