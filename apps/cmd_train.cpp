@@ -22,14 +22,15 @@ void on_sigint(int) {
 void add_train_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("train", "Train a model (the built-in demo config without --config)");
     auto opts = std::make_shared<train::TrainOptions>();
-    auto steps = std::make_shared<int64_t>(-1);
+    auto steps = std::make_shared<int64_t>(0);
     cmd->add_option("--config", opts->config_path, "Run config (JSON: model, train, data; see docs/config.md)");
-    cmd->add_option("--steps", *steps, "Total optimizer steps (overrides train.steps)");
+    auto* steps_opt = cmd->add_option("--steps", *steps, "Total optimizer steps (overrides train.steps)")
+                          ->check(CLI::NonNegativeNumber);
     cmd->add_option("--out", opts->out_dir, "Run directory for checkpoints and metrics.jsonl (default: runs/<time>)");
     cmd->add_option("--resume", opts->resume_dir, "Continue from the latest checkpoint in this run directory");
     cmd->add_option("--set", opts->overrides, "Override a config value: section.key=value (repeatable)");
-    cmd->callback([opts, steps] {
-        if (*steps >= 0) opts->steps = *steps;
+    cmd->callback([opts, steps, steps_opt] {
+        if (steps_opt->count() > 0) opts->steps = *steps;
         opts->log = &std::cout;
         opts->log_is_tty = isatty(STDOUT_FILENO);
         opts->stop = &g_stop;

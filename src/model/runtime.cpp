@@ -2,6 +2,7 @@
 #include "model/runtime.h"
 
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <bit>
 
@@ -56,6 +57,8 @@ MemoryReport ModelRuntime::memory_report() const {
         r.predicted_bytes += r.groups.back().block_bytes;
     }
     r.capacity_bytes = arena_->stats().capacity;
+    struct rusage ru {};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) r.process_peak_rss_bytes = size_t(ru.ru_maxrss) * 1024;
     r.arena_peak_bytes = arena_->stats().peak_bytes_in_use;
     return r;
 }
@@ -66,6 +69,7 @@ std::string MemoryReport::str() const {
     s.back() = '\n';
     s += fmt::format("  predicted peak {}, arena high-water mark {} (arena reserves {} of address space)",
                      mib(predicted_bytes), mib(arena_peak_bytes), mib(capacity_bytes));
+    if (process_peak_rss_bytes) s += fmt::format("; process peak RSS {}", mib(process_peak_rss_bytes));
     return s;
 }
 

@@ -2,10 +2,11 @@
 // f32 runs on oneDNN's sgemm; f64 is a plain reference loop (tests and finite differences).
 //
 // NOTES: we split C into per-thread row (or column) panels ourselves and call the single-threaded
-// sgemm on each panel. This (1) never allocates (oneDNN's own threaded sgemm mallocs a workspace per
-// call), and (2) gives every element the same reduction order whatever the thread count, so results
-// are bitwise identical on 1 or N threads. Inside an OpenMP parallel region the call runs on the
-// calling thread only.
+// sgemm on each panel. Every element then gets the same reduction order whatever the thread count,
+// so results are bitwise identical on 1 or N threads (tests/ops/test_gemm.cpp). Inside an OpenMP
+// parallel region the call runs on the calling thread only. oneDNN 2.x's sgemm takes one packing
+// buffer per call from posix_memalign (it has no entry point taking caller memory); that is the only
+// heap use of a training step (tests/model/test_no_alloc.cpp).
 #pragma once
 
 #include <cstdint>
@@ -24,8 +25,9 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha, con
 void gemm_onednn_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// The machine's practical f32 GEMM rate (GFLOP/s): median of repeated n×n×n products through
-// gemm(). The reference point for MFU and benchmark ratios (measured, not a datasheet peak).
-double measure_gemm_gflops(int64_t n = 1024, int repeats = 7);
+// The machine's practical f32 GEMM rate (GFLOP/s): the best of repeated n×n×n products through
+// gemm() over at least `seconds`. The reference point for MFU and benchmark ratios (measured, not a
+// datasheet peak; the best run, so a busy neighbour does not lower the roofline).
+double measure_gemm_gflops(int64_t n = 1024, double seconds = 0.25);
 
 }  // namespace tessera::ops

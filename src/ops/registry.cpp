@@ -114,12 +114,6 @@ const OpRegistry& op_registry() {
 
 std::map<std::string, Tensor> run_op(const OpDef& op, std::map<std::string, Tensor> inputs,
                                      const std::map<std::string, std::string>& params) {
-    std::vector<std::string> names;
-    for (const auto& spec : op.inputs) names.push_back(spec.name);
-    for (const auto& [name, t] : inputs) {
-        TESSERA_CHECK(std::find(names.begin(), names.end(), name) != names.end(),
-                      "op {}: unknown input tensor \"{}\" (inputs: {})", op.name, name, join(names, ", "));
-    }
     std::map<std::string, std::string> values;
     std::vector<std::string> param_names;
     for (const auto& spec : op.params) {
@@ -146,6 +140,12 @@ std::map<std::string, Tensor> run_op(const OpDef& op, std::map<std::string, Tens
                 break;
         }
         values[name] = value;
+    }
+    std::vector<std::string> names;
+    for (const auto& spec : op.inputs) names.push_back(spec.name);
+    for (const auto& [name, t] : inputs) {
+        TESSERA_CHECK(std::find(names.begin(), names.end(), name) != names.end(),
+                      "op {}: unknown input tensor \"{}\" (inputs: {})", op.name, name, join(names, ", "));
     }
     for (const auto& spec : op.inputs) {
         TESSERA_CHECK(spec.optional || inputs.count(spec.name), "op {}: missing input tensor \"{}\" {}", op.name,

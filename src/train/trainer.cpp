@@ -70,6 +70,24 @@ Setup resolve_setup(const TrainOptions& o) {
 }
 }  // namespace
 
+StepResult train_step(model::Model& model, model::ModelRuntime& rt, AdamW& opt, const TrainConfig& tc, int64_t step,
+                      const std::function<void(std::span<int32_t>, std::span<int32_t>)>& next_batch,
+                      std::span<int32_t> ids, std::span<int32_t> targets) {
+    StepResult r;
+    r.lr = learning_rate(tc, step);
+    rt.grads().zero();
+    const model::StepShape shape{tc.batch_size, tc.seq_len};
+    for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
+        next_batch(ids, targets);
+        r.loss += model.forward_backward(shape, ids, targets, 1.0 / double(tc.grad_accum)).loss;
+    }
+    r.loss /= double(tc.grad_accum);
+    r.grad_norm = opt.grad_norm(rt.grads());
+    opt.clip(rt.grads(), r.grad_norm, tc.grad_clip);
+    opt.update(tc, rt.params(), rt.grads(), r.lr);
+    return r;
+}
+
 TrainSummary train(const TrainOptions& opts) {
     Setup setup = resolve_setup(opts);
     const RunConfig& cfg = setup.cfg;
@@ -150,19 +168,12 @@ TrainSummary train(const TrainOptions& opts) {
     };
 
     int64_t last_saved = setup.checkpoint.empty() ? -1 : state.step;
+    const std::function<void(std::span<int32_t>, std::span<int32_t>)> next_batch =
+        [&](std::span<int32_t> i, std::span<int32_t> t) { loader.next_batch(i, t); };
     while (state.step < tc.steps) {
         const auto t0 = Clock::now();
-        const double lr = learning_rate(tc, state.step);
-        rt.grads().zero();
-        double loss = 0;
-        for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
-            loader.next_batch(ids, targets);
-            loss += model.forward_backward(shape, ids, targets, 1.0 / double(tc.grad_accum)).loss;
-        }
-        loss /= double(tc.grad_accum);
-        const double norm = opt.grad_norm(rt.grads());
-        opt.clip(rt.grads(), norm, tc.grad_clip);
-        opt.update(tc, rt.params(), rt.grads(), lr);
+        const StepResult r = train_step(model, rt, opt, tc, state.step, next_batch, ids, targets);
+        const double loss = r.loss, lr = r.lr, norm = r.grad_norm;
         state.step++;
         state.tokens_seen += tokens_per_step;
         const double dt = seconds_since(t0);

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <span>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -12,6 +14,7 @@
 
 #include "model/runtime.h"
 #include "train/config.h"
+#include "train/optimizer.h"
 
 namespace tessera::train {
 
@@ -25,6 +28,18 @@ struct TrainOptions {
     bool log_is_tty = false;
     const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): checkpoint and return early
 };
+
+struct StepResult {
+    double loss = 0;       // mean over the step's micro-batches
+    double grad_norm = 0;  // before clipping
+    double lr = 0;
+};
+
+// One optimizer step (0-based `step` for the schedule): zero gradients, forward/backward over
+// grad_accum micro-batches from next_batch, clip, AdamW. The model must be bound to rt.
+StepResult train_step(model::Model& model, model::ModelRuntime& rt, AdamW& opt, const TrainConfig& tc, int64_t step,
+                      const std::function<void(std::span<int32_t>, std::span<int32_t>)>& next_batch,
+                      std::span<int32_t> ids, std::span<int32_t> targets);
 
 struct TrainSummary {
     int64_t first_step = 0;          // steps run by this call: [first_step, last_step)

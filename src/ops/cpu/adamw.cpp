@@ -4,6 +4,9 @@
 #include <cmath>
 
 #include "ops/cpu/kernel_util.h"
+#if TESSERA_WITH_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
 
 namespace tessera::ops {
 
@@ -14,7 +17,19 @@ void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, Tenso
                       "adamw: grad, m and v must be shaped like param {} {}", dtype_name(param.dtype),
                       param.shape.str());
     }
-    for (const TensorView* t : {&param, &grad, &m, &v}) check_contiguous(*t, "adamw: tensors");
+    for (const TensorView* t : {&param, &grad, &m, &v}) {
+        check_contiguous(*t, "adamw: tensors");
+        TESSERA_CHECK(t->device == param.device, "adamw: tensors on different devices");
+    }
+    if (param.device == Device::cuda) {
+#if TESSERA_WITH_CUDA
+        check_dtype(param, DType::f32, "adamw: param");
+        cuda::adamw_update(p, param, grad, m, v);
+        return;
+#else
+        TESSERA_FAIL("adamw: tensors are on a CUDA device but this build has no CUDA backend (-DTESSERA_CUDA=ON)");
+#endif
+    }
     cpu::dispatch_float(param.dtype, "adamw", [&]<class T>(T) {
         const int64_t n = param.numel();
         T* P = param.ptr<T>();

@@ -36,7 +36,14 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
     const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     const int num_panels = int(std::min<int64_t>(max_threads, std::max<int64_t>(1, work / (64 * 64 * 64))));
     if (num_panels <= 1) {
-        sgemm_checked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        // NOTES: too small to split: pin oneDNN to this thread (left to itself it would thread even
+        // tiny products, with an extra workspace allocation per call). Restored right after.
+        const bool outer = !omp_in_parallel();
+        const int saved = omp_get_max_threads();
+        if (outer) omp_set_num_threads(1);
+        dnnl_status_t st = dnnl_sgemm(trans_char(ta), trans_char(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        if (outer) omp_set_num_threads(saved);
+        TESSERA_CHECK(st == dnnl_success, "oneDNN sgemm failed (status {}) for M={} N={} K={}", int(st), M, N, K);
         return;
     }
     const bool split_rows = M >= N;
@@ -85,18 +92,18 @@ void gemm_onednn_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, 
     sgemm_checked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-double measure_gemm_gflops(int64_t n, int repeats) {
+double measure_gemm_gflops(int64_t n, double seconds) {
     std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
     gemm(Trans::N, Trans::T, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
-    std::vector<double> rates;
-    for (int r = 0; r < repeats; ++r) {
+    double best = 0, total = 0;
+    for (int r = 0; r < 5 || total < seconds; ++r) {
         auto t0 = std::chrono::steady_clock::now();
         gemm(Trans::N, Trans::T, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        rates.push_back(2.0 * double(n) * double(n) * double(n) / s / 1e9);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        total += s;
+        best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e9);
     }
-    std::sort(rates.begin(), rates.end());
-    return rates[rates.size() / 2];
+    return best;
 }
 
 }  // namespace tessera::ops

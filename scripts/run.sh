@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian 12 machine (as root, or with sudo):
+#   scripts/run.sh demo   install what is missing, build, train the demo model, sample from it
+#   scripts/run.sh test   install what is missing, build (with the CUDA backend when nvcc exists), run every test
+#   scripts/run.sh build  install what is missing and build only
+# The package step is idempotent and quick when everything is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(build-essential cmake ninja-build ccache pkg-config
+          libdnnl-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev)
+
+install_packages() {
+    local missing=()
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "installing: ${missing[*]}"
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || { echo "error: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+nvcc_path() {
+    command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; } || true
+}
+
+build() {  # build DIR [cmake args...]
+    local dir=$1; shift
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" > "$dir.configure.log" 2>&1 ||
+        { cat "$dir.configure.log"; exit 1; }
+    cmake --build "$dir" -j "$(nproc)"
+}
+
+cmd=${1:-}
+case "$cmd" in
+    demo)
+        install_packages
+        mkdir -p build && build build -DTESSERA_TESTS=OFF -DTESSERA_BENCH=OFF
+        run="runs/demo-$(date +%Y%m%d-%H%M%S)"
+        build/apps/tessera train --out "$run"
+        echo "--- a sample from the trained model:"
+        build/apps/tessera generate --checkpoint "$run" --prompt "hacker, n." --max-new-tokens 300 --temperature 0.8
+        ;;
+    test)
+        install_packages
+        cuda=()
+        nvcc=$(nvcc_path)
+        if [ -n "$nvcc" ]; then cuda=(-DTESSERA_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc"); fi
+        mkdir -p build-test && build build-test "${cuda[@]}"
+        ctest --test-dir build-test --output-on-failure -j "$(nproc)"
+        ;;
+    build)
+        install_packages
+        mkdir -p build && build build
+        ;;
+    *)
+        echo "usage: scripts/run.sh demo|test|build" >&2
+        exit 2
+        ;;
+esac

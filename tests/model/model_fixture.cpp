@@ -1,0 +1,43 @@
+// Golden-model fixture (see model_fixture.h).
+#include "model/model_fixture.h"
+
+#include <cstring>
+
+#include "util/test_util.h"
+
+namespace tessera::test {
+
+GoldenModel::GoldenModel(const std::string& case_name, bool recompute)
+    : file(golden_path("model/" + case_name + ".safetensors")) {
+    Json doc = Json::parse(file.metadata().at("config"));
+    doc["train"]["recompute"] = recompute;
+    cfg = train::parse_run_config(doc, "golden " + case_name);
+    shape = {cfg.train.batch_size, cfg.train.seq_len};
+    model = std::make_unique<model::Model>(cfg.model);
+    opt = std::make_unique<train::AdamW>(model->param_specs());
+    rt = std::make_unique<model::ModelRuntime>(*model, shape, true, recompute,
+                                               std::vector<BufferGroup*>{&opt->m(), &opt->v()});
+    for (const auto& spec : model->param_specs()) file.load_into("param." + spec.name, rt->params().view(spec.name));
+}
+
+std::span<const int32_t> GoldenModel::ids(const std::string& name, int64_t index) const {
+    TensorView t = file.view(name);
+    const int64_t n = shape.tokens();
+    return {t.ptr<int32_t>() + index * n, size_t(n)};
+}
+
+std::vector<double> GoldenModel::run_trajectory() {
+    std::vector<int32_t> ids_buf(size_t(shape.tokens())), tgt_buf(size_t(shape.tokens()));
+    std::vector<double> losses;
+    for (int64_t step = 0; step < cfg.train.steps; ++step) {
+        auto batch = [&](std::span<int32_t> i, std::span<int32_t> t) {
+            auto si = ids("traj.ids", step), st = ids("traj.targets", step);
+            std::copy(si.begin(), si.end(), i.begin());
+            std::copy(st.begin(), st.end(), t.begin());
+        };
+        losses.push_back(train::train_step(*model, *rt, *opt, cfg.train, step, batch, ids_buf, tgt_buf).loss);
+    }
+    return losses;
+}
+
+}  // namespace tessera::test

@@ -1,0 +1,31 @@
+// A tiny model loaded from a golden file of tools/ref/make_model_golden.py, bound to memory and
+// ready for forward/backward and training steps.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/safetensors.h"
+#include "model/runtime.h"
+#include "train/config.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+namespace tessera::test {
+
+struct GoldenModel {
+    explicit GoldenModel(const std::string& case_name, bool recompute = false);
+
+    SafetensorsFile file;
+    train::RunConfig cfg;
+    model::StepShape shape;
+    std::unique_ptr<model::Model> model;
+    std::unique_ptr<train::AdamW> opt;
+    std::unique_ptr<model::ModelRuntime> rt;
+
+    std::span<const int32_t> ids(const std::string& name, int64_t index = 0) const;  // one [B·T] batch
+    // Runs the golden 10-step trajectory; returns the losses.
+    std::vector<double> run_trajectory();
+};
+
+}  // namespace tessera::test

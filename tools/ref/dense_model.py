@@ -1,0 +1,156 @@
+"""PyTorch reference of tessera's dense decoder (docs/model.md), written from the model's contract,
+not from the C++ code: embedding -> N x (RMSNorm -> GQA causal attention with rotate-half RoPE ->
+o_proj, RMSNorm -> SwiGLU MLP) -> RMSNorm -> lm_head, Hugging Face Llama tensor names.
+
+Also the training step the C++ trainer runs (AdamW with decay on matrices only, global-norm
+clipping, warm-up + cosine schedule), used both for golden files and for the speed comparison.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(seq, head_dim, theta, dtype):
+    # angles in float64, then rounded to the model dtype (tessera's convention)
+    inv_freq = theta ** (-torch.arange(0, head_dim // 2, dtype=torch.float64) * 2.0 / head_dim)
+    ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(dtype)
+    return cos, sin
+
+
+def apply_rope(x, cos, sin):  # x: [B, T, H, D]
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos[None, :, None, :] + rot * sin[None, :, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.h, self.hkv = c["n_heads"], c["n_kv_heads"]
+        self.d = c.get("head_dim") or c["d_model"] // c["n_heads"]
+        C = c["d_model"]
+        self.q_proj = nn.Linear(C, self.h * self.d, bias=False)
+        self.k_proj = nn.Linear(C, self.hkv * self.d, bias=False)
+        self.v_proj = nn.Linear(C, self.hkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, C, bias=False)
+        self.theta = c["rope_theta"]
+        self.sdpa = False
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.h, self.d)
+        k = self.k_proj(x).view(B, T, self.hkv, self.d)
+        v = self.v_proj(x).view(B, T, self.hkv, self.d)
+        cos, sin = rope_tables(T, self.d, self.theta, x.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = self.h // self.hkv
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.sdpa:  # the fast path PyTorch users run (same math)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=rep > 1)
+        else:
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(self.d)
+            s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            o = s.softmax(-1) @ v
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.h * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        C, Fd = c["d_model"], c["ffn_dim"]
+        self.gate_proj = nn.Linear(C, Fd, bias=False)
+        self.up_proj = nn.Linear(C, Fd, bias=False)
+        self.down_proj = nn.Linear(Fd, C, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
+        self.mlp = MLP(c)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Inner(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c["d_model"])
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c["n_layers"]))
+        self.norm = RMSNorm(c["d_model"], c["norm_eps"])
+
+
+class DenseLM(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.model = Inner(c)
+        self.tied = c["tie_embeddings"]
+        if not self.tied:
+            self.lm_head = nn.Linear(c["d_model"], c["vocab_size"], bias=False)
+
+    def set_sdpa(self, on):
+        for layer in self.model.layers:
+            layer.self_attn.sdpa = on
+
+    def forward(self, ids):
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x)
+        x = self.model.norm(x)
+        w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
+        return x @ w.t()
+
+    def loss(self, ids, targets):
+        logits = self.forward(ids)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=-100)
+
+
+def learning_rate(t, step):
+    if step < t["warmup_steps"]:
+        return t["lr"] * (step + 1) / t["warmup_steps"]
+    min_lr = t["min_lr_ratio"] * t["lr"]
+    p = min(1.0, (step - t["warmup_steps"]) / max(1, t["steps"] - t["warmup_steps"]))
+    return min_lr + (t["lr"] - min_lr) * 0.5 * (1 + math.cos(math.pi * p))
+
+
+def make_optimizer(model, t):
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+
+
+def train_step(model, opt, t, step, ids, targets):
+    for g in opt.param_groups:
+        g["lr"] = learning_rate(t, step)
+    opt.zero_grad(set_to_none=True)
+    loss = model.loss(ids, targets)
+    loss.backward()
+    if t["grad_clip"] > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
+    opt.step()
+    return loss.item()

@@ -1,0 +1,67 @@
+"""Writes tests/golden/model/<case>.safetensors for the dense model test: a tiny config, its
+initial parameters, one batch with the float64 reference logits, loss and every parameter
+gradient, and a 10-step training trajectory (losses) from the float64 reference trainer.
+
+Run: python3 tools/ref/make_model_golden.py
+"""
+import json
+
+import torch
+
+import golden
+from dense_model import DenseLM, make_optimizer, train_step
+
+SEED = 7
+
+TRAIN = {"lr": 1e-2, "min_lr_ratio": 0.1, "warmup_steps": 3, "steps": 10, "schedule": "cosine",
+         "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip": 0.5,
+         "seq_len": 16, "batch_size": 2}
+
+CASES = {
+    "dense_gqa": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 0,
+                  "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False, "init_std": 0.1},
+    "dense_tied_mha": {"vocab_size": 40, "d_model": 48, "n_layers": 3, "n_heads": 3, "n_kv_heads": 3, "head_dim": 0,
+                       "ffn_dim": 64, "norm_eps": 1e-5, "rope_theta": 500.0, "tie_embeddings": True, "init_std": 0.1},
+}
+
+
+def batch(gen, c, t):
+    ids = torch.randint(0, c["vocab_size"], (t["batch_size"], t["seq_len"]), generator=gen, dtype=torch.int32)
+    targets = torch.randint(0, c["vocab_size"], (t["batch_size"], t["seq_len"]), generator=gen, dtype=torch.int32)
+    targets[0, :3] = -100  # ignored positions
+    return ids, targets
+
+
+for name, c in CASES.items():
+    gen = torch.Generator().manual_seed(SEED)
+    model = DenseLM(c).double()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * c["init_std"])
+            else:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            p.copy_(p.float().double())  # exactly representable in f32: both sides start equal
+    tensors = {"param." + n: p.detach().float() for n, p in model.named_parameters()}
+    ids, targets = batch(gen, c, TRAIN)
+    tensors["ids"], tensors["targets"] = ids, targets
+    logits = model(ids.long())
+    loss = model.loss(ids, targets)
+    loss.backward()
+    tensors["expected.logits"] = logits.detach().reshape(-1, c["vocab_size"])
+    tensors["expected.loss"] = loss.detach()
+    for n, p in model.named_parameters():
+        tensors["expected.grad." + n] = p.grad.detach()
+    # trajectory
+    opt = make_optimizer(model, TRAIN)
+    traj_ids, traj_targets, losses = [], [], []
+    for step in range(TRAIN["steps"]):
+        i, tg = batch(gen, c, TRAIN)
+        traj_ids.append(i)
+        traj_targets.append(tg)
+        losses.append(train_step(model, opt, TRAIN, step, i, tg))
+    tensors["traj.ids"] = torch.stack(traj_ids)
+    tensors["traj.targets"] = torch.stack(traj_targets)
+    tensors["expected.traj.losses"] = torch.tensor(losses, dtype=torch.float64)
+    config = {"model": c, "train": TRAIN}
+    golden.save(f"model/{name}.safetensors", tensors, SEED, config=json.dumps(config))
