@@ -53,7 +53,9 @@ case "$cmd" in
         nvcc=$(nvcc_path)
         if [ -n "$nvcc" ]; then cuda=(-DTESSERA_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc"); fi
         mkdir -p build-test && build build-test "${cuda[@]}"
-        ctest --test-dir build-test --output-on-failure -j "$(nproc)"
+        # NOTES: one test at a time: every test process runs OpenMP on all cores, and spinning
+        # OpenMP barriers in concurrent processes slow the suite down tenfold.
+        ctest --test-dir build-test --output-on-failure
         ;;
     build)
         install_packages

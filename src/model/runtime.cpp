@@ -2,7 +2,9 @@
 #include "model/runtime.h"
 
 #include <omp.h>
-#include <sys/resource.h>
+
+#include <cstdlib>
+#include <fstream>
 
 #include <bit>
 
@@ -15,6 +17,17 @@ size_t min_block_for(const std::vector<BufferGroup*>& groups) {
     size_t total = 0;
     for (auto* g : groups) total += g->nbytes();
     return std::max<size_t>(256, std::bit_ceil(total >> 22));
+}
+
+// NOTES: VmHWM of /proc/self/status, not getrusage's ru_maxrss, which Linux carries across exec
+// (a process started from a large parent would report the parent's peak).
+size_t process_peak_rss() {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("VmHWM:", 0) == 0) return size_t(std::strtoull(line.c_str() + 6, nullptr, 10)) * 1024;
+    }
+    return 0;
 }
 
 std::string mib(size_t b) { return fmt::format("{:.1f} MiB", double(b) / double(1 << 20)); }
@@ -57,8 +70,7 @@ MemoryReport ModelRuntime::memory_report() const {
         r.predicted_bytes += r.groups.back().block_bytes;
     }
     r.capacity_bytes = arena_->stats().capacity;
-    struct rusage ru {};
-    if (getrusage(RUSAGE_SELF, &ru) == 0) r.process_peak_rss_bytes = size_t(ru.ru_maxrss) * 1024;
+    r.process_peak_rss_bytes = process_peak_rss();
     r.arena_peak_bytes = arena_->stats().peak_bytes_in_use;
     return r;
 }
