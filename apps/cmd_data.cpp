@@ -13,7 +13,8 @@ void add_data_command(CLI::App& app) {
     cmd->add_option("inputs", *inputs, "Text files, or directories of .txt files (one document per file)")->required();
     cmd->add_option("--out", *out, "Output shard (.safetensors)")->required();
     cmd->callback([inputs, out] {
-        if (!out->ends_with(".safetensors")) throw Error(fmt::format("--out {}: a shard must end in .safetensors", *out));
+        if (!out->ends_with(".safetensors"))
+            throw Error(fmt::format("--out {}: a shard must end in .safetensors", *out));
         train::ShardInfo info = train::write_token_shard(*inputs, *out);
         std::cout << fmt::format("{}: {} tokens from {} documents (byte tokenizer, vocab {})\n", *out, info.num_tokens,
                                  info.num_documents, info.vocab_size);

@@ -21,11 +21,14 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
         ->required();
     cmd->add_option("--prompt", a->prompt, "Text to continue")->required();
-    cmd->add_option("--max-new-tokens", a->p.max_new_tokens, "Tokens to generate")->capture_default_str()
+    cmd->add_option("--max-new-tokens", a->p.max_new_tokens, "Tokens to generate")
+        ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--temperature", a->p.temperature, "Sampling temperature (0 = greedy)")->capture_default_str()
+    cmd->add_option("--temperature", a->p.temperature, "Sampling temperature (0 = greedy)")
+        ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--top-k", a->p.top_k, "Sample from the k most likely tokens (0 = all)")->capture_default_str()
+    cmd->add_option("--top-k", a->p.top_k, "Sample from the k most likely tokens (0 = all)")
+        ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--seed", a->p.seed, "Sampling seed")->capture_default_str();
     cmd->callback([a] {
@@ -41,9 +44,8 @@ void add_generate_command(CLI::App& app) {
         if (tokens.empty()) throw Error("--prompt is empty");
         Tensor logits(DType::f32, Shape{max.seq, cfg.model.vocab_size});
         std::cout << a->prompt << std::flush;
-        model::generate(model, max, tokens, a->p, train::ByteTokenizer::kEndOfText, logits, [](int32_t t) {
-            std::cout << train::ByteTokenizer::decode(std::span(&t, 1)) << std::flush;
-        });
+        model::generate(model, max, tokens, a->p, train::ByteTokenizer::kEndOfText, logits,
+                        [](int32_t t) { std::cout << train::ByteTokenizer::decode(std::span(&t, 1)) << std::flush; });
         std::cout << '\n';
     });
 }

@@ -10,8 +10,9 @@
 #include "core/check.h"
 
 int main(int argc, char** argv) {
-    CLI::App app{"tessera: a training engine for hybrid-attention sparse MoE language models.\n"
-                 "Run 'tessera <command> --help' for a command's options."};
+    CLI::App app{
+        "tessera: a training engine for hybrid-attention sparse MoE language models.\n"
+        "Run 'tessera <command> --help' for a command's options."};
     app.require_subcommand(1);
     int threads = 0;
     app.add_option("--threads", threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);

@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
     benchmark::Initialize(&argc, argv);
     Collector c;
     benchmark::RunSpecifiedBenchmarks(&c);
-    std::printf("\n| linear N x IN -> OUT | pass | tessera GFLOP/s | oneDNN sgemm GFLOP/s | ratio |\n|---|---|---|---|---|\n");
+    std::printf(
+        "\n| linear N x IN -> OUT | pass | tessera GFLOP/s | oneDNN sgemm GFLOP/s | ratio |\n|---|---|---|---|---|\n");
     for (size_t i = 0; i < kShapes.size(); ++i) {
         for (int pass = 0; pass < 2; ++pass) {
             const std::string args = fmt::format("/{}/{}/real_time", i, pass);

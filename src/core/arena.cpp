@@ -15,8 +15,8 @@ double ArenaStats::fragmentation() const {
 }
 
 BuddyAllocator::BuddyAllocator(size_t capacity, size_t min_block) : min_block_(min_block) {
-    TESSERA_CHECK(min_block >= 64 && std::has_single_bit(min_block),
-                  "arena: min_block {} must be a power of two >= 64", min_block);
+    TESSERA_CHECK(min_block >= 64 && std::has_single_bit(min_block), "arena: min_block {} must be a power of two >= 64",
+                  min_block);
     const size_t n = capacity / min_block;
     TESSERA_CHECK(n >= 1, "arena: capacity {} is smaller than one block of {}", capacity, min_block);
     TESSERA_CHECK(n < kNone, "arena: {} blocks of {} bytes exceed the index range; use a larger min_block", n,

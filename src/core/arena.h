@@ -14,9 +14,9 @@ namespace tessera {
 
 struct ArenaStats {
     size_t capacity = 0;
-    size_t bytes_in_use = 0;        // allocated bytes (requests rounded up to min_block)
-    size_t bytes_requested = 0;     // sum of the sizes asked for
-    size_t peak_bytes_in_use = 0;   // water level: highest bytes_in_use seen
+    size_t bytes_in_use = 0;       // allocated bytes (requests rounded up to min_block)
+    size_t bytes_requested = 0;    // sum of the sizes asked for
+    size_t peak_bytes_in_use = 0;  // water level: highest bytes_in_use seen
     size_t peak_bytes_requested = 0;
     size_t num_allocations = 0;
     size_t num_free_blocks = 0;
@@ -55,7 +55,7 @@ class BuddyAllocator {
     size_t min_block_;
     int num_orders_;
     // per unit index (meaningful at block starts only)
-    std::vector<int8_t> order_;          // order of the block starting here, kNotStart otherwise
+    std::vector<int8_t> order_;  // order of the block starting here, kNotStart otherwise
     std::vector<uint8_t> is_free_;
     std::vector<uint32_t> next_, prev_;  // free-list links
     std::vector<uint32_t> span_;         // at an allocation's first unit: its length in units, else 0

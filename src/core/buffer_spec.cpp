@@ -8,16 +8,22 @@ namespace tessera {
 
 std::string_view buffer_kind_name(BufferKind k) {
     switch (k) {
-        case BufferKind::param: return "param";
-        case BufferKind::grad: return "grad";
-        case BufferKind::optimizer: return "optimizer";
-        case BufferKind::activation: return "activation";
-        case BufferKind::workspace: return "workspace";
+        case BufferKind::param:
+            return "param";
+        case BufferKind::grad:
+            return "grad";
+        case BufferKind::optimizer:
+            return "optimizer";
+        case BufferKind::activation:
+            return "activation";
+        case BufferKind::workspace:
+            return "workspace";
     }
     return "?";
 }
 
-BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs) : name_(std::move(name)), specs_(std::move(specs)) {
+BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs)
+    : name_(std::move(name)), specs_(std::move(specs)) {
     size_t off = 0;
     for (size_t i = 0; i < specs_.size(); ++i) {
         TESSERA_CHECK(index_.emplace(specs_[i].name, i).second, "buffer group {}: \"{}\" declared twice", name_,
@@ -62,8 +68,7 @@ size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t
 
 void allocate_groups(const std::shared_ptr<Arena>& arena, const std::vector<BufferGroup*>& groups) {
     std::vector<BufferGroup*> order = groups;
-    std::stable_sort(order.begin(), order.end(),
-                     [](auto* a, auto* b) { return a->nbytes() > b->nbytes(); });
+    std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->nbytes() > b->nbytes(); });
     for (auto* g : order) g->allocate(arena);
 }
 

@@ -26,13 +26,12 @@ class Error : public std::runtime_error {
 #define TESSERA_STRINGIFY(x) TESSERA_STRINGIFY_(x)
 
 // TESSERA_CHECK(cond, "fmt {}", args...): throws tessera::Error(formatted message) when cond is false.
-#define TESSERA_CHECK(cond, ...)                                                                            \
-    do {                                                                                                    \
-        if (!(cond)) [[unlikely]] {                                                                         \
-            throw ::tessera::Error(::fmt::format(__VA_ARGS__),                                              \
-                                   __FILE__ ":" TESSERA_STRINGIFY(__LINE__) ": check failed: " #cond);      \
-        }                                                                                                   \
+#define TESSERA_CHECK(cond, ...)                                                                       \
+    do {                                                                                               \
+        if (!(cond)) [[unlikely]] {                                                                    \
+            throw ::tessera::Error(::fmt::format(__VA_ARGS__),                                         \
+                                   __FILE__ ":" TESSERA_STRINGIFY(__LINE__) ": check failed: " #cond); \
+        }                                                                                              \
     } while (0)
 
-#define TESSERA_FAIL(...) \
-    throw ::tessera::Error(::fmt::format(__VA_ARGS__), __FILE__ ":" TESSERA_STRINGIFY(__LINE__))
+#define TESSERA_FAIL(...) throw ::tessera::Error(::fmt::format(__VA_ARGS__), __FILE__ ":" TESSERA_STRINGIFY(__LINE__))

@@ -5,26 +5,40 @@ namespace tessera {
 
 std::string_view dtype_name(DType t) {
     switch (t) {
-        case DType::f32: return "f32";
-        case DType::f64: return "f64";
-        case DType::bf16: return "bf16";
-        case DType::i32: return "i32";
-        case DType::i64: return "i64";
-        case DType::u8: return "u8";
-        case DType::u16: return "u16";
+        case DType::f32:
+            return "f32";
+        case DType::f64:
+            return "f64";
+        case DType::bf16:
+            return "bf16";
+        case DType::i32:
+            return "i32";
+        case DType::i64:
+            return "i64";
+        case DType::u8:
+            return "u8";
+        case DType::u16:
+            return "u16";
     }
     return "?";
 }
 
 std::string_view dtype_safetensors_name(DType t) {
     switch (t) {
-        case DType::f32: return "F32";
-        case DType::f64: return "F64";
-        case DType::bf16: return "BF16";
-        case DType::i32: return "I32";
-        case DType::i64: return "I64";
-        case DType::u8: return "U8";
-        case DType::u16: return "U16";
+        case DType::f32:
+            return "F32";
+        case DType::f64:
+            return "F64";
+        case DType::bf16:
+            return "BF16";
+        case DType::i32:
+            return "I32";
+        case DType::i64:
+            return "I64";
+        case DType::u8:
+            return "U8";
+        case DType::u16:
+            return "U16";
     }
     return "?";
 }

@@ -15,13 +15,20 @@ enum class DType : uint8_t { f32, f64, bf16, i32, i64, u8, u16 };
 
 constexpr size_t dtype_size(DType t) {
     switch (t) {
-        case DType::f32: return 4;
-        case DType::f64: return 8;
-        case DType::bf16: return 2;
-        case DType::i32: return 4;
-        case DType::i64: return 8;
-        case DType::u8: return 1;
-        case DType::u16: return 2;
+        case DType::f32:
+            return 4;
+        case DType::f64:
+            return 8;
+        case DType::bf16:
+            return 2;
+        case DType::i32:
+            return 4;
+        case DType::i64:
+            return 8;
+        case DType::u8:
+            return 1;
+        case DType::u16:
+            return 2;
     }
     return 0;
 }
@@ -38,18 +45,39 @@ std::optional<DType> dtype_from_safetensors_name(std::string_view name);
 // C++ type -> DType
 template <class T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
-template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
+template <>
+constexpr DType dtype_of<float>() {
+    return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+    return DType::f64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+    return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+    return DType::i64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+    return DType::u8;
+}
+template <>
+constexpr DType dtype_of<uint16_t>() {
+    return DType::u16;
+}
 
 // bfloat16 storage: the top 16 bits of an IEEE float; conversion rounds to nearest even.
 struct bf16 {
     uint16_t bits = 0;
 };
-template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
+template <>
+constexpr DType dtype_of<bf16>() {
+    return DType::bf16;
+}
 
 inline float bf16_to_float(bf16 h) { return std::bit_cast<float>(uint32_t(h.bits) << 16); }
 inline bf16 float_to_bf16(float f) {

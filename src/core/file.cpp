@@ -85,8 +85,7 @@ void write_file_atomic(const std::string& path, const std::function<void(const B
         TESSERA_CHECK(::fsync(f.fd) == 0, "{}: fsync failed: {}", tmp, os_error());
         ::close(f.fd);
         f.fd = -1;
-        TESSERA_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename into place: {}", path,
-                      os_error());
+        TESSERA_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename into place: {}", path, os_error());
     } catch (...) {
         std::error_code ec;
         fs::remove(tmp, ec);
@@ -97,9 +96,7 @@ void write_file_atomic(const std::string& path, const std::function<void(const B
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {
-    write_file_atomic(path, [&](const ByteSink& sink) {
-        sink(std::as_bytes(std::span(text.data(), text.size())));
-    });
+    write_file_atomic(path, [&](const ByteSink& sink) { sink(std::as_bytes(std::span(text.data(), text.size()))); });
 }
 
 std::string read_text(const std::string& path) {

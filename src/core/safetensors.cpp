@@ -19,8 +19,8 @@ std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     using nlohmann::json;
     auto bytes = file_.bytes();
-    TESSERA_CHECK(bytes.size() >= 8, "{}: not a safetensors file ({} bytes; the 8-byte header length is missing)",
-                  path, bytes.size());
+    TESSERA_CHECK(bytes.size() >= 8, "{}: not a safetensors file ({} bytes; the 8-byte header length is missing)", path,
+                  bytes.size());
     uint64_t header_len = 0;
     std::memcpy(&header_len, bytes.data(), 8);  // little-endian on every host we build for
     TESSERA_CHECK(header_len <= kMaxHeaderBytes, "{}: header length {} is implausible (limit {})", path, header_len,
@@ -45,9 +45,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
             }
             continue;
         }
-        TESSERA_CHECK(v.is_object() && v.size() == 3 && v.contains("dtype") && v.contains("shape") &&
-                          v.contains("data_offsets"),
-                      "{}: tensor \"{}\" must have exactly dtype, shape and data_offsets", path, name);
+        TESSERA_CHECK(
+            v.is_object() && v.size() == 3 && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+            "{}: tensor \"{}\" must have exactly dtype, shape and data_offsets", path, name);
         SafetensorsEntry e;
         e.name = name;
         TESSERA_CHECK(v["dtype"].is_string(), "{}: tensor \"{}\": dtype is not a string", path, name);
@@ -60,8 +60,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
         e.shape.ndim = int(shape.size());
         uint64_t numel = 1;
         for (size_t i = 0; i < shape.size(); ++i) {
-            TESSERA_CHECK(shape[i].is_number_unsigned(), "{}: tensor \"{}\": bad shape {}", path, name,
-                          shape.dump());
+            TESSERA_CHECK(shape[i].is_number_unsigned(), "{}: tensor \"{}\": bad shape {}", path, name, shape.dump());
             uint64_t d = shape[i].get<uint64_t>();
             TESSERA_CHECK(d < (uint64_t(1) << 40) && (d == 0 || numel <= (uint64_t(1) << 50) / d),
                           "{}: tensor \"{}\": shape {} is too large", path, name, shape.dump());
@@ -69,8 +68,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
             e.shape.dims[i] = int64_t(d);
         }
         const json& off = v["data_offsets"];
-        TESSERA_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
-                          off[1].is_number_unsigned(),
+        TESSERA_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
                       "{}: tensor \"{}\": data_offsets must be two non-negative integers", path, name);
         uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
         TESSERA_CHECK(begin <= end, "{}: tensor \"{}\": data_offsets [{}, {}] are reversed", path, name, begin, end);
@@ -87,9 +85,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     // The tensors must tile the data section exactly, in offset order: no gaps, overlaps or trailing bytes.
     std::vector<const SafetensorsEntry*> by_offset;
     for (auto& e : entries_) by_offset.push_back(&e);
-    std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) {
-        return a->offset != b->offset ? a->offset < b->offset : a->nbytes < b->nbytes;
-    });
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](auto* a, auto* b) { return a->offset != b->offset ? a->offset < b->offset : a->nbytes < b->nbytes; });
     size_t expected = 0;
     for (auto* e : by_offset) {
         TESSERA_CHECK(e->offset == expected, "{}: tensor \"{}\" starts at byte {} but {} was expected (overlap or gap)",

@@ -70,8 +70,8 @@ TensorView TensorView::reshape(Shape s) const {
 
 TensorView TensorView::slice0(int64_t begin, int64_t end) const {
     TESSERA_CHECK(is_contiguous() && shape.ndim >= 1, "slice0 needs a contiguous tensor of rank >= 1");
-    TESSERA_CHECK(0 <= begin && begin <= end && end <= shape.dims[0], "slice [{}, {}) out of range for {}", begin,
-                  end, shape.str());
+    TESSERA_CHECK(0 <= begin && begin <= end && end <= shape.dims[0], "slice [{}, {}) out of range for {}", begin, end,
+                  shape.str());
     Shape s = shape;
     s.dims[0] = end - begin;
     char* base = static_cast<char*>(data) + size_t(begin) * size_t(strides[0]) * dtype_size(dtype);
@@ -89,8 +89,7 @@ void check_shape(const TensorView& t, const Shape& expected, std::string_view wh
 }
 
 void check_dtype(const TensorView& t, DType expected, std::string_view what) {
-    TESSERA_CHECK(t.dtype == expected, "{} is {} but {} was expected", what, dtype_name(t.dtype),
-                  dtype_name(expected));
+    TESSERA_CHECK(t.dtype == expected, "{} is {} but {} was expected", what, dtype_name(t.dtype), dtype_name(expected));
 }
 
 void check_contiguous(const TensorView& t, std::string_view what) {
@@ -119,18 +118,29 @@ Tensor Tensor::copy_of(const TensorView& v) {
 namespace {
 double load_float(const void* p, DType t, int64_t i) {
     switch (t) {
-        case DType::f32: return static_cast<const float*>(p)[i];
-        case DType::f64: return static_cast<const double*>(p)[i];
-        case DType::bf16: return bf16_to_float(static_cast<const bf16*>(p)[i]);
-        default: TESSERA_FAIL("convert: {} is not a float type", dtype_name(t));
+        case DType::f32:
+            return static_cast<const float*>(p)[i];
+        case DType::f64:
+            return static_cast<const double*>(p)[i];
+        case DType::bf16:
+            return bf16_to_float(static_cast<const bf16*>(p)[i]);
+        default:
+            TESSERA_FAIL("convert: {} is not a float type", dtype_name(t));
     }
 }
 void store_float(void* p, DType t, int64_t i, double x) {
     switch (t) {
-        case DType::f32: static_cast<float*>(p)[i] = float(x); return;
-        case DType::f64: static_cast<double*>(p)[i] = x; return;
-        case DType::bf16: static_cast<bf16*>(p)[i] = float_to_bf16(float(x)); return;
-        default: TESSERA_FAIL("convert: {} is not a float type", dtype_name(t));
+        case DType::f32:
+            static_cast<float*>(p)[i] = float(x);
+            return;
+        case DType::f64:
+            static_cast<double*>(p)[i] = x;
+            return;
+        case DType::bf16:
+            static_cast<bf16*>(p)[i] = float_to_bf16(float(x));
+            return;
+        default:
+            TESSERA_FAIL("convert: {} is not a float type", dtype_name(t));
     }
 }
 }  // namespace

@@ -51,10 +51,12 @@ void ModelConfig::validate(const std::string& where) const {
 }
 
 Json to_json(const ModelConfig& c) {
-    return Json{{"vocab_size", c.vocab_size}, {"d_model", c.d_model},   {"n_layers", c.n_layers},
-                {"n_heads", c.n_heads},       {"n_kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim},
-                {"ffn_dim", c.ffn_dim},       {"norm_eps", c.norm_eps},  {"rope_theta", c.rope_theta},
-                {"tie_embeddings", c.tie_embeddings}, {"init_std", c.init_std}};
+    return Json{{"vocab_size", c.vocab_size}, {"d_model", c.d_model},
+                {"n_layers", c.n_layers},     {"n_heads", c.n_heads},
+                {"n_kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim},
+                {"ffn_dim", c.ffn_dim},       {"norm_eps", c.norm_eps},
+                {"rope_theta", c.rope_theta}, {"tie_embeddings", c.tie_embeddings},
+                {"init_std", c.init_std}};
 }
 
 }  // namespace tessera::model

@@ -90,8 +90,12 @@ size_t Model::workspace_bytes(StepShape max, int num_threads) const {
     return ws;
 }
 
-void Model::bind(const BufferGroup& params, const BufferGroup* grads, const BufferGroup& acts,
-                 std::span<std::byte> workspace, StepShape max, bool recompute) {
+void Model::bind(const BufferGroup& params,
+                 const BufferGroup* grads,
+                 const BufferGroup& acts,
+                 std::span<std::byte> workspace,
+                 StepShape max,
+                 bool recompute) {
     max_ = max;
     recompute_ = recompute;
     has_grads_ = grads != nullptr;
@@ -168,10 +172,11 @@ LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool 
     double sum = 0.0;
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t rows = std::min(R, N - r0);
-        TensorView h = ln_f_.slice0(r0, r0 + rows), logits = logits_.slice0(0, rows), tgt = targets_.slice0(r0, r0 + rows);
+        TensorView h = ln_f_.slice0(r0, r0 + rows), logits = logits_.slice0(0, rows),
+                   tgt = targets_.slice0(r0, r0 + rows);
         ops::linear_forward({}, h, head_, {}, logits);
-        ops::CrossEntropyResult ce = ops::cross_entropy_forward({.ignore_index = kIgnoreIndex}, logits, tgt,
-                                                                lse_.slice0(0, rows));
+        ops::CrossEntropyResult ce =
+            ops::cross_entropy_forward({.ignore_index = kIgnoreIndex}, logits, tgt, lse_.slice0(0, rows));
         sum += ce.sum;
         if (!backward || ce.count == 0) continue;
         zero_rows(dlogits_, rows);
@@ -184,7 +189,9 @@ LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool 
     return res;
 }
 
-LossResult Model::forward_backward(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets,
+LossResult Model::forward_backward(StepShape s,
+                                   std::span<const int32_t> ids,
+                                   std::span<const int32_t> targets,
                                    double loss_scale) {
     TESSERA_CHECK(has_grads_, "model: forward_backward needs gradient buffers");
     const int64_t N = s.tokens();

@@ -18,8 +18,8 @@
 namespace tessera::model {
 
 struct LossResult {
-    double loss = 0.0;   // mean over counted targets
-    int64_t count = 0;   // targets that count (not ignore_index)
+    double loss = 0.0;  // mean over counted targets
+    int64_t count = 0;  // targets that count (not ignore_index)
 };
 
 class Model {
@@ -36,13 +36,19 @@ class Model {
     int64_t num_params() const;
 
     // grads may be null (inference). The activation group must come from activation_specs(max, recompute).
-    void bind(const BufferGroup& params, const BufferGroup* grads, const BufferGroup& acts,
-              std::span<std::byte> workspace, StepShape max, bool recompute);
+    void bind(const BufferGroup& params,
+              const BufferGroup* grads,
+              const BufferGroup& acts,
+              std::span<std::byte> workspace,
+              StepShape max,
+              bool recompute);
     // Initial values from (seed, parameter name, element index) only: norms 1, matrices N(0, std²).
     void init_params(const BufferGroup& params, uint64_t seed) const;
 
     // ids, targets: [B·T] token ids. Accumulates parameter gradients of loss_scale · mean loss.
-    LossResult forward_backward(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets,
+    LossResult forward_backward(StepShape s,
+                                std::span<const int32_t> ids,
+                                std::span<const int32_t> targets,
                                 double loss_scale);
     LossResult forward_loss(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets);
     // logits: [B·T, V] f32

@@ -39,14 +39,15 @@ std::vector<BufferSpec> grad_specs(const std::vector<BufferSpec>& params) {
     return g;
 }
 
-ModelRuntime::ModelRuntime(Model& model, StepShape max, bool with_grads, bool recompute,
-                           std::vector<BufferGroup*> extra)
+ModelRuntime::ModelRuntime(
+    Model& model, StepShape max, bool with_grads, bool recompute, std::vector<BufferGroup*> extra)
     : model_(model),
       max_(max),
       params_("params", model.param_specs()),
       acts_("activations", model.activation_specs(max, recompute)),
       workspace_("workspace",
-                 {{"workspace", DType::u8, Shape{int64_t(std::max<size_t>(1, model.workspace_bytes(max, omp_get_max_threads())))},
+                 {{"workspace", DType::u8,
+                   Shape{int64_t(std::max<size_t>(1, model.workspace_bytes(max, omp_get_max_threads())))},
                    BufferKind::workspace}}) {
     groups_ = {&params_, &acts_, &workspace_};
     if (with_grads) {
@@ -59,8 +60,8 @@ ModelRuntime::ModelRuntime(Model& model, StepShape max, bool with_grads, bool re
     arena_ = std::make_shared<Arena>(predict_arena_bytes(cg, min_block), min_block);
     allocate_groups(arena_, groups_);
     TensorView ws = workspace_.view(0);
-    model.bind(params_, with_grads ? &grads_ : nullptr, acts_,
-               std::span(static_cast<std::byte*>(ws.data), ws.nbytes()), max, recompute);
+    model.bind(params_, with_grads ? &grads_ : nullptr, acts_, std::span(static_cast<std::byte*>(ws.data), ws.nbytes()),
+               max, recompute);
 }
 
 MemoryReport ModelRuntime::memory_report() const {

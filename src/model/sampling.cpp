@@ -33,8 +33,13 @@ int32_t sample_token(std::span<const float> logits, const SampleParams& p, Rng& 
     return idx[size_t(k - 1)];
 }
 
-void generate(Model& model, StepShape max, std::vector<int32_t>& tokens, const SampleParams& p, int32_t stop_token,
-              TensorView logits_buffer, const std::function<void(int32_t)>& on_token) {
+void generate(Model& model,
+              StepShape max,
+              std::vector<int32_t>& tokens,
+              const SampleParams& p,
+              int32_t stop_token,
+              TensorView logits_buffer,
+              const std::function<void(int32_t)>& on_token) {
     TESSERA_CHECK(!tokens.empty(), "generate: the prompt is empty");
     Rng rng(p.seed, 0x5a3b1eull);
     const int64_t V = model.config().vocab_size;

@@ -26,7 +26,12 @@ int32_t sample_token(std::span<const float> logits, const SampleParams& p, Rng& 
 // Extends `tokens` by up to p.max_new_tokens tokens, stopping early at `stop_token` (>= 0).
 // The model must be bound for batch 1 and sequence length >= 1; the context is its last
 // max-seq tokens. on_token is called with each new token (for streaming output).
-void generate(Model& model, StepShape max, std::vector<int32_t>& tokens, const SampleParams& p, int32_t stop_token,
-              TensorView logits_buffer, const std::function<void(int32_t)>& on_token);
+void generate(Model& model,
+              StepShape max,
+              std::vector<int32_t>& tokens,
+              const SampleParams& p,
+              int32_t stop_token,
+              TensorView logits_buffer,
+              const std::function<void(int32_t)>& on_token);
 
 }  // namespace tessera::model

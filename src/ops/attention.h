@@ -23,10 +23,23 @@ struct AttentionParams {
 // Bytes of workspace forward and backward need with `num_threads` threads for head dim D, length T.
 size_t attention_workspace_bytes(DType dtype, int64_t T, int64_t D, int num_threads);
 
-void attention_forward(const AttentionParams& p, TensorView q, TensorView k, TensorView v, TensorView o,
-                       TensorView lse, std::span<std::byte> workspace);
-void attention_backward(const AttentionParams& p, TensorView dout, TensorView q, TensorView k, TensorView v,
-                        TensorView o, TensorView lse, TensorView dq, TensorView dk, TensorView dv,
+void attention_forward(const AttentionParams& p,
+                       TensorView q,
+                       TensorView k,
+                       TensorView v,
+                       TensorView o,
+                       TensorView lse,
+                       std::span<std::byte> workspace);
+void attention_backward(const AttentionParams& p,
+                        TensorView dout,
+                        TensorView q,
+                        TensorView k,
+                        TensorView v,
+                        TensorView o,
+                        TensorView lse,
+                        TensorView dq,
+                        TensorView dk,
+                        TensorView dv,
                         std::span<std::byte> workspace);
 
 // FLOPs of the forward (2 GEMMs) counting only the causal half when causal: 4·B·H·D·pairs.

@@ -16,7 +16,7 @@ struct CausalConv1dParams {
 };
 
 void causal_conv1d_forward(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y);
-void causal_conv1d_backward(const CausalConv1dParams& p, TensorView dy, TensorView x, TensorView w, TensorView dx,
-                            TensorView dw);
+void causal_conv1d_backward(
+    const CausalConv1dParams& p, TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw);
 
 }  // namespace tessera::ops

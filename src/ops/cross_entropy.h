@@ -14,15 +14,21 @@ struct CrossEntropyParams {
 };
 
 struct CrossEntropyResult {
-    double loss = 0.0;    // mean over counted rows (0 when none count)
-    double sum = 0.0;     // sum over counted rows
-    int64_t count = 0;    // rows that count
+    double loss = 0.0;  // mean over counted rows (0 when none count)
+    double sum = 0.0;   // sum over counted rows
+    int64_t count = 0;  // rows that count
 };
 
-CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p, TensorView logits, TensorView targets,
+CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p,
+                                         TensorView logits,
+                                         TensorView targets,
                                          TensorView lse);
 // dloss: gradient of the mean loss returned by forward for these rows
-void cross_entropy_backward(const CrossEntropyParams& p, double dloss, TensorView logits, TensorView targets,
-                            TensorView lse, TensorView dlogits);
+void cross_entropy_backward(const CrossEntropyParams& p,
+                            double dloss,
+                            TensorView logits,
+                            TensorView targets,
+                            TensorView lse,
+                            TensorView dlogits);
 
 }  // namespace tessera::ops

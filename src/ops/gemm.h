@@ -16,14 +16,47 @@ namespace tessera::ops {
 enum class Trans : uint8_t { N, T };
 
 // op(A) is [M, K]: A is [M, K] with row stride lda when ta == N, [K, M] when ta == T (likewise B).
-void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
-          const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+void gemm(Trans ta,
+          Trans tb,
+          int64_t M,
+          int64_t N,
+          int64_t K,
+          float alpha,
+          const float* A,
+          int64_t lda,
+          const float* B,
+          int64_t ldb,
+          float beta,
+          float* C,
+          int64_t ldc);
+void gemm(Trans ta,
+          Trans tb,
+          int64_t M,
+          int64_t N,
+          int64_t K,
+          double alpha,
+          const double* A,
+          int64_t lda,
+          const double* B,
+          int64_t ldb,
+          double beta,
+          double* C,
+          int64_t ldc);
 
 // The same product computed by oneDNN's own threaded sgemm: the bench's reference point.
-void gemm_onednn_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm_onednn_reference(Trans ta,
+                           Trans tb,
+                           int64_t M,
+                           int64_t N,
+                           int64_t K,
+                           float alpha,
+                           const float* A,
+                           int64_t lda,
+                           const float* B,
+                           int64_t ldb,
+                           float beta,
+                           float* C,
+                           int64_t ldc);
 
 // The machine's practical f32 GEMM rate (GFLOP/s): the best of repeated n×n×n products through
 // gemm() over at least `seconds`. The reference point for MFU and benchmark ratios (measured, not a

@@ -112,7 +112,8 @@ const OpRegistry& op_registry() {
     return registry;
 }
 
-std::map<std::string, Tensor> run_op(const OpDef& op, std::map<std::string, Tensor> inputs,
+std::map<std::string, Tensor> run_op(const OpDef& op,
+                                     std::map<std::string, Tensor> inputs,
                                      const std::map<std::string, std::string>& params) {
     std::map<std::string, std::string> values;
     std::vector<std::string> param_names;

@@ -35,7 +35,7 @@ class OpContext {
     OpContext(std::map<std::string, Tensor> inputs, std::map<std::string, std::string> params);
 
     bool has(const std::string& name) const { return inputs_.count(name) != 0; }
-    TensorView in(const std::string& name) const;           // throws if absent
+    TensorView in(const std::string& name) const;            // throws if absent
     TensorView in_or_absent(const std::string& name) const;  // a default view if absent
     DType float_dtype() const { return float_dtype_; }       // f32 or f64: the compute dtype
 
@@ -82,7 +82,8 @@ const OpRegistry& op_registry();
 
 // Validates names and parameters against the op's spec (unknown input, unknown parameter,
 // non-numeric value: errors that say so), runs it and returns its outputs.
-std::map<std::string, Tensor> run_op(const OpDef& op, std::map<std::string, Tensor> inputs,
+std::map<std::string, Tensor> run_op(const OpDef& op,
+                                     std::map<std::string, Tensor> inputs,
                                      const std::map<std::string, std::string>& params);
 
 // One line per op: "name  inputs ... | params ... | outputs ..." (for `tessera op --list`).

@@ -12,7 +12,7 @@ struct RmsNormParams {
 };
 
 void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorView y, TensorView rstd);
-void rmsnorm_backward(const RmsNormParams& p, TensorView dy, TensorView x, TensorView w, TensorView rstd,
-                      TensorView dx, TensorView dw);
+void rmsnorm_backward(
+    const RmsNormParams& p, TensorView dy, TensorView x, TensorView w, TensorView rstd, TensorView dx, TensorView dw);
 
 }  // namespace tessera::ops

@@ -52,7 +52,8 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(tc.warmup_steps >= 0, "train.warmup_steps must be >= 0");
     check(tc.decay_fraction > 0 && tc.decay_fraction <= 1, "train.decay_fraction must be in (0, 1]");
     check(tc.weight_decay >= 0, "train.weight_decay must be >= 0");
-    check(tc.beta1 >= 0 && tc.beta1 < 1 && tc.beta2 >= 0 && tc.beta2 < 1, "train.beta1 and train.beta2 must be in [0, 1)");
+    check(tc.beta1 >= 0 && tc.beta1 < 1 && tc.beta2 >= 0 && tc.beta2 < 1,
+          "train.beta1 and train.beta2 must be in [0, 1)");
     check(tc.eps > 0, "train.eps must be positive");
     check(tc.grad_clip >= 0, "train.grad_clip must be >= 0 (0 = off)");
     check(tc.eval_interval >= 0 && tc.eval_batches >= 0, "train.eval_interval and train.eval_batches must be >= 0");

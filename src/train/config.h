@@ -15,23 +15,23 @@ struct TrainConfig {
     int64_t seq_len = 256;
     int64_t batch_size = 16;
     int64_t steps = 1000;
-    int64_t grad_accum = 1;          // micro-batches per optimizer step
+    int64_t grad_accum = 1;  // micro-batches per optimizer step
     double lr = 3e-3;
-    double min_lr_ratio = 0.1;       // floor of the decay, as a fraction of lr
+    double min_lr_ratio = 0.1;  // floor of the decay, as a fraction of lr
     int64_t warmup_steps = 50;
     std::string schedule = "cosine";  // cosine | wsd | constant
-    double decay_fraction = 0.2;     // wsd: the last fraction of steps decays linearly
+    double decay_fraction = 0.2;      // wsd: the last fraction of steps decays linearly
     double weight_decay = 0.1;
     double beta1 = 0.9;
     double beta2 = 0.95;
     double eps = 1e-8;
-    double grad_clip = 1.0;          // global L2 norm; 0 = off
-    int64_t eval_interval = 100;     // 0 = only at the end
+    double grad_clip = 1.0;       // global L2 norm; 0 = off
+    int64_t eval_interval = 100;  // 0 = only at the end
     int64_t eval_batches = 8;
     int64_t checkpoint_interval = 500;  // 0 = only at the end
     int64_t log_interval = 10;
     uint64_t seed = 1234;
-    bool recompute = false;          // recompute block activations in backward
+    bool recompute = false;  // recompute block activations in backward
 };
 
 struct DataConfig {

@@ -50,9 +50,10 @@ void Progress::step(int64_t step, double loss, double lr, double tokens_per_s, d
     ema_step_s_ = ema_step_s_ == 0 ? step_s : 0.9 * ema_step_s_ + 0.1 * step_s;
     const bool milestone = step % interval_ == 0 || step == total_;
     if (!tty_ && !milestone) return;
-    std::string line = fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.1f}k tok/s | {:.0f}% of GEMM rate | ETA {}",
-                                   step, std::to_string(total_).size(), total_, loss, lr, tokens_per_s / 1e3,
-                                   100.0 * mfu, format_duration(ema_step_s_ * double(total_ - step)));
+    std::string line =
+        fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.1f}k tok/s | {:.0f}% of GEMM rate | ETA {}", step,
+                    std::to_string(total_).size(), total_, loss, lr, tokens_per_s / 1e3, 100.0 * mfu,
+                    format_duration(ema_step_s_ * double(total_ - step)));
     if (tty_) {
         *out_ << "\r\033[K" << line << (milestone ? "\n" : "") << std::flush;
         dirty_ = !milestone;

@@ -41,8 +41,9 @@ struct Setup {
 Setup resolve_setup(const TrainOptions& o) {
     Setup s;
     if (!o.resume_dir.empty()) {
-        TESSERA_CHECK(o.config_path.empty(),
-                      "--resume takes the config from the checkpoint; drop --config (use --set or --steps for changes)");
+        TESSERA_CHECK(
+            o.config_path.empty(),
+            "--resume takes the config from the checkpoint; drop --config (use --set or --steps for changes)");
         s.checkpoint = resolve_checkpoint(o.resume_dir);
         Json base = load_checkpoint_config(s.checkpoint);
         const std::string where = (fs::path(s.checkpoint) / "config.json").string();
@@ -57,9 +58,9 @@ Setup resolve_setup(const TrainOptions& o) {
         s.config_json = load_config_json(o.config_path, o.overrides);
         s.cfg = parse_run_config(s.config_json, o.config_path.empty() ? "demo config" : o.config_path);
         s.out_dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
-        TESSERA_CHECK(!fs::exists(fs::path(s.out_dir) / "checkpoints") && !fs::exists(fs::path(s.out_dir) / "metrics.jsonl"),
-                      "{} already holds a run; continue it with --resume {} or choose another --out", s.out_dir,
-                      s.out_dir);
+        TESSERA_CHECK(
+            !fs::exists(fs::path(s.out_dir) / "checkpoints") && !fs::exists(fs::path(s.out_dir) / "metrics.jsonl"),
+            "{} already holds a run; continue it with --resume {} or choose another --out", s.out_dir, s.out_dir);
     }
     if (o.steps) {
         TESSERA_CHECK(*o.steps >= 0, "--steps must be >= 0");
@@ -70,9 +71,14 @@ Setup resolve_setup(const TrainOptions& o) {
 }
 }  // namespace
 
-StepResult train_step(model::Model& model, model::ModelRuntime& rt, AdamW& opt, const TrainConfig& tc, int64_t step,
+StepResult train_step(model::Model& model,
+                      model::ModelRuntime& rt,
+                      AdamW& opt,
+                      const TrainConfig& tc,
+                      int64_t step,
                       const std::function<void(std::span<int32_t>, std::span<int32_t>)>& next_batch,
-                      std::span<int32_t> ids, std::span<int32_t> targets) {
+                      std::span<int32_t> ids,
+                      std::span<int32_t> targets) {
     StepResult r;
     r.lr = learning_rate(tc, step);
     rt.grads().zero();
@@ -98,9 +104,8 @@ TrainSummary train(const TrainOptions& opts) {
 
     const std::string data_path = cfg.data.path.empty() ? bundled_corpus_path() : cfg.data.path;
     TokenSource tokens(data_path);
-    TESSERA_CHECK(tokens.vocab_size() <= cfg.model.vocab_size,
-                  "data {} uses {} token ids but model.vocab_size is {}", data_path, tokens.vocab_size(),
-                  cfg.model.vocab_size);
+    TESSERA_CHECK(tokens.vocab_size() <= cfg.model.vocab_size, "data {} uses {} token ids but model.vocab_size is {}",
+                  data_path, tokens.vocab_size(), cfg.model.vocab_size);
     DataLoader loader(tokens, tc.seq_len, tc.batch_size, cfg.data.val_fraction, tc.seed);
 
     model::Model model(cfg.model);
@@ -128,8 +133,8 @@ TrainSummary train(const TrainOptions& opts) {
     const int64_t tokens_per_step = tc.batch_size * tc.seq_len * tc.grad_accum;
     note(fmt::format("tessera: {} parameters ({} layers, d_model {}), {} tokens per step, {} steps", model.num_params(),
                      cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));
-    note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(),
-                     loader.num_train_windows(), loader.num_eval_batches()));
+    note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(), loader.num_train_windows(),
+                     loader.num_eval_batches()));
     note(rt.memory_report().str());
     note(fmt::format("GEMM rate of this machine: {:.0f} GFLOP/s (measured now); run directory: {}", gemm_gflops,
                      setup.out_dir));
@@ -157,13 +162,15 @@ TrainSummary train(const TrainOptions& opts) {
         if (!summary.eval_loss) return;
         const double bpb = *summary.eval_loss / std::numbers::ln2;
         metrics.write({{"step", step}, {"eval_loss", *summary.eval_loss}, {"eval_bpb", bpb}});
-        progress.note(fmt::format("eval at step {}: loss {:.4f} ({:.3f} bits per byte)", step, *summary.eval_loss, bpb));
+        progress.note(
+            fmt::format("eval at step {}: loss {:.4f} ({:.3f} bits per byte)", step, *summary.eval_loss, bpb));
     };
     auto checkpoint = [&]() {
         state.optimizer_step = opt.step();
         state.data = loader.position();
         summary.checkpoint = save_checkpoint(
-            setup.out_dir, {.config = setup.config_json, .params = rt.params(), .m = &opt.m(), .v = &opt.v(), .state = state});
+            setup.out_dir,
+            {.config = setup.config_json, .params = rt.params(), .m = &opt.m(), .v = &opt.v(), .state = state});
         progress.note(fmt::format("checkpoint: {}", summary.checkpoint));
     };
 
@@ -181,9 +188,14 @@ TrainSummary train(const TrainOptions& opts) {
         const double flops = tps * train_flops_per_token;
         summary.losses.push_back(loss);
         TESSERA_CHECK(std::isfinite(loss), "training diverged: the loss is {} at step {}", loss, state.step);
-        Json rec = {{"step", state.step},     {"loss", loss},          {"lr", lr},
-                    {"grad_norm", norm},      {"tokens_per_s", tps},   {"step_ms", dt * 1e3},
-                    {"flops_per_s", flops},   {"mfu", flops / (gemm_gflops * 1e9)}};
+        Json rec = {{"step", state.step},
+                    {"loss", loss},
+                    {"lr", lr},
+                    {"grad_norm", norm},
+                    {"tokens_per_s", tps},
+                    {"step_ms", dt * 1e3},
+                    {"flops_per_s", flops},
+                    {"mfu", flops / (gemm_gflops * 1e9)}};
         if (state.step == summary.first_step + 1) rec["arena_peak_bytes"] = rt.arena().stats().peak_bytes_in_use;
         metrics.write(rec);
         progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9));

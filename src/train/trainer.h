@@ -6,9 +6,9 @@
 
 #include <atomic>
 #include <functional>
-#include <span>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,16 +37,21 @@ struct StepResult {
 
 // One optimizer step (0-based `step` for the schedule): zero gradients, forward/backward over
 // grad_accum micro-batches from next_batch, clip, AdamW. The model must be bound to rt.
-StepResult train_step(model::Model& model, model::ModelRuntime& rt, AdamW& opt, const TrainConfig& tc, int64_t step,
+StepResult train_step(model::Model& model,
+                      model::ModelRuntime& rt,
+                      AdamW& opt,
+                      const TrainConfig& tc,
+                      int64_t step,
                       const std::function<void(std::span<int32_t>, std::span<int32_t>)>& next_batch,
-                      std::span<int32_t> ids, std::span<int32_t> targets);
+                      std::span<int32_t> ids,
+                      std::span<int32_t> targets);
 
 struct TrainSummary {
-    int64_t first_step = 0;          // steps run by this call: [first_step, last_step)
+    int64_t first_step = 0;  // steps run by this call: [first_step, last_step)
     int64_t last_step = 0;
-    std::vector<double> losses;      // training loss of each step run
-    std::optional<double> eval_loss; // last evaluation (nats per token)
-    std::string checkpoint;          // the last checkpoint written
+    std::vector<double> losses;       // training loss of each step run
+    std::optional<double> eval_loss;  // last evaluation (nats per token)
+    std::string checkpoint;           // the last checkpoint written
     model::MemoryReport memory;
     bool stopped_early = false;
 };

@@ -12,8 +12,8 @@ namespace tessera::test {
 
 CliResult run_tessera(const std::string& args) {
     TempDir dir;
-    const std::string cmd = std::string(TESSERA_BIN) + " --threads 2 " + args + " > " + dir.file("out") + " 2> " +
-                            dir.file("err");
+    const std::string cmd =
+        std::string(TESSERA_BIN) + " --threads 2 " + args + " > " + dir.file("out") + " 2> " + dir.file("err");
     const int raw = std::system(cmd.c_str());
     CliResult r;
     r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);

@@ -48,9 +48,9 @@ TEST(Cli, BadConfigsGiveOneClearLine) {
                           "train.lr must be a number", "non-numeric --set");
     expect_one_line_error(run_tessera("train --config " + kTiny + " --set train.lr --out " + d.file("r")),
                           "expected key=value", "--set without =");
-    expect_one_line_error(run_tessera("train --config " + kTiny + " --set data.path=" + d.file("nodata") + " --out " +
-                                      d.file("r")),
-                          "no such file or directory", "missing data");
+    expect_one_line_error(
+        run_tessera("train --config " + kTiny + " --set data.path=" + d.file("nodata") + " --out " + d.file("r")),
+        "no such file or directory", "missing data");
     expect_one_line_error(run_tessera("train --config " + kTiny + " --steps -3 --out " + d.file("r")), "--steps",
                           "negative steps");
 }
@@ -71,7 +71,8 @@ TEST(Cli, OpRunnerRunsForwardAndBackwardFromFiles) {
     Tensor x = test::randn(DType::f32, Shape{5, 7}, 1), w = test::randn(DType::f32, Shape{3, 7}, 2),
            dy = test::randn(DType::f32, Shape{5, 3}, 3);
     write_safetensors(d.file("in.safetensors"), {{"x", x}, {"w", w}, {"dy", dy}});
-    test::CliResult r = run_tessera("op linear --in " + d.file("in.safetensors") + " --out " + d.file("out.safetensors"));
+    test::CliResult r =
+        run_tessera("op linear --in " + d.file("in.safetensors") + " --out " + d.file("out.safetensors"));
     ASSERT_EQ(r.status, 0) << r.err;
     SafetensorsFile out(d.file("out.safetensors"));
     Tensor y(DType::f32, Shape{5, 3}), dx(DType::f32, Shape{5, 7}), dw(DType::f32, Shape{3, 7});
@@ -84,8 +85,8 @@ TEST(Cli, OpRunnerRunsForwardAndBackwardFromFiles) {
 
     r = run_tessera("op --list");
     ASSERT_EQ(r.status, 0);
-    for (const char* op : {"linear", "embedding", "rmsnorm", "swiglu", "cross_entropy", "rope", "causal_conv1d",
-                           "attention", "adamw"}) {
+    for (const char* op :
+         {"linear", "embedding", "rmsnorm", "swiglu", "cross_entropy", "rope", "causal_conv1d", "attention", "adamw"}) {
         EXPECT_NE(r.out.find(std::string(op) + ":"), std::string::npos) << op;
     }
 }
@@ -129,8 +130,8 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
     test::CliResult again =
         run_tessera("generate --checkpoint " + d.file("run") + " --prompt 'the quick' --max-new-tokens 20 --seed 3");
     EXPECT_EQ(again.out, r.out) << "same seed, same sample";
-    expect_one_line_error(run_tessera("generate --checkpoint " + d.file("nowhere") + " --prompt x"), "no such directory",
-                          "missing checkpoint");
+    expect_one_line_error(run_tessera("generate --checkpoint " + d.file("nowhere") + " --prompt x"),
+                          "no such directory", "missing checkpoint");
 }
 
 }  // namespace

@@ -31,7 +31,8 @@ TEST_P(ModelGolden, LossAndEveryGradientMatchPyTorch) {
     EXPECT_EQ(r.count, g.shape.tokens() - 3);  // three ignored targets
     for (const auto& spec : g.model->param_specs()) {
         SCOPED_TRACE(spec.name);
-        EXPECT_TRUE(test::rel_rms_close(g.rt->grads().view(spec.name), g.file.load("expected.grad." + spec.name), 1e-5));
+        EXPECT_TRUE(
+            test::rel_rms_close(g.rt->grads().view(spec.name), g.file.load("expected.grad." + spec.name), 1e-5));
     }
 }
 

@@ -79,8 +79,8 @@ TEST(HotPath, TrainingStepsAfterTheFirstDoNotTouchTheHeap) {
         for (int64_t step = 1; step <= steps; ++step) {
             train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, step, batch, ids, tgt);
         }
-        EXPECT_EQ(g_ours.load() - ours, 0) << "heap allocations by tessera in " << steps << " steps (recompute "
-                                           << recompute << ")";
+        EXPECT_EQ(g_ours.load() - ours, 0)
+            << "heap allocations by tessera in " << steps << " steps (recompute " << recompute << ")";
         // GEMM calls per step here: 2 layers x (5 forward + 8 backward [+5 recompute]) + head 3, at most 2 panels
         const long per_step_bound = 2 * (2 * (13 + (recompute ? 5 : 0)) + 3) + 2 * 64 * 2;
         const long packing = g_onednn.load() - onednn;

@@ -32,10 +32,10 @@ TEST(Gemm, MatchesFloat64ReferenceForAllLayouts) {
                     convert(C, C32);
                     ops::gemm(ta, tb, s.M, s.N, s.K, 0.7, A.ptr<double>(), acols + pad, B.ptr<double>(), bcols + pad,
                               beta, C.ptr<double>(), s.N + pad);
-                    ops::gemm(ta, tb, s.M, s.N, s.K, 0.7f, A32.ptr<float>(), acols + pad, B32.ptr<float>(),
-                              bcols + pad, float(beta), C32.ptr<float>(), s.N + pad);
-                    SCOPED_TRACE(fmt::format("M={} N={} K={} ta={} tb={} beta={}", s.M, s.N, s.K, int(ta), int(tb),
-                                             beta));
+                    ops::gemm(ta, tb, s.M, s.N, s.K, 0.7f, A32.ptr<float>(), acols + pad, B32.ptr<float>(), bcols + pad,
+                              float(beta), C32.ptr<float>(), s.N + pad);
+                    SCOPED_TRACE(
+                        fmt::format("M={} N={} K={} ta={} tb={} beta={}", s.M, s.N, s.K, int(ta), int(tb), beta));
                     EXPECT_TRUE(test::all_close(C32, C, 2e-5, 2e-5 * std::sqrt(double(s.K))));
                 }
             }

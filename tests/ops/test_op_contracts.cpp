@@ -72,8 +72,8 @@ TEST(OpRunner, ValidatesNamesAndParameters) {
 }
 
 TEST(OpRunner, ListsEveryOpWithItsNames) {
-    for (const char* name : {"linear", "embedding", "rmsnorm", "swiglu", "cross_entropy", "rope", "causal_conv1d",
-                             "attention", "adamw"}) {
+    for (const char* name :
+         {"linear", "embedding", "rmsnorm", "swiglu", "cross_entropy", "rope", "causal_conv1d", "attention", "adamw"}) {
         const ops::OpDef* op = ops::op_registry().find(name);
         ASSERT_NE(op, nullptr) << name;
         std::string d = ops::describe_op(*op);

@@ -66,8 +66,9 @@ void run_case(const GoldenCase& c, DType dtype, double tol) {
 TEST_P(OpGolden, Float64MatchesPyTorch) { run_case(GetParam(), DType::f64, 1e-12); }
 TEST_P(OpGolden, Float32MatchesPyTorch) { run_case(GetParam(), DType::f32, 2e-6); }
 
-INSTANTIATE_TEST_SUITE_P(Golden, OpGolden, ::testing::ValuesIn(golden_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Golden, OpGolden, ::testing::ValuesIn(golden_cases()), [](const auto& info) {
+    return info.param.name;
+});
 
 TEST(OpGoldenCoverage, EveryRegisteredOpHasAGoldenCase) {
     std::set<std::string> covered;

@@ -33,41 +33,84 @@ std::map<std::string, Tensor> make(std::initializer_list<std::pair<std::string, 
 
 std::vector<GradCase> grad_cases() {
     std::vector<GradCase> cs;
-    cs.push_back({"linear", "linear", {}, [] { return make({{"x", {5, 7}}, {"w", {4, 7}}, {"b", {4}}}, 1); }, {{"y", "dy"}}});
-    cs.push_back({"embedding", "embedding", {}, [] {
+    cs.push_back({"linear",
+                  "linear",
+                  {},
+                  [] {
+                      return make({{"x", {5, 7}}, {"w", {4, 7}}, {"b", {4}}}, 1);
+                  },
+                  {{"y", "dy"}}});
+    cs.push_back({"embedding",
+                  "embedding",
+                  {},
+                  [] {
                       auto m = make({{"table", {6, 5}}}, 2);
                       m.emplace("ids", ids_i64({1, 4, 1, 0, 5}));
                       return m;
-                  }, {{"y", "dy"}}});
-    cs.push_back({"rmsnorm", "rmsnorm", {{"eps", "1e-5"}}, [] { return make({{"x", {4, 9}}, {"weight", {9}}}, 3); },
+                  },
+                  {{"y", "dy"}}});
+    cs.push_back({"rmsnorm",
+                  "rmsnorm",
+                  {{"eps", "1e-5"}},
+                  [] {
+                      return make({{"x", {4, 9}}, {"weight", {9}}}, 3);
+                  },
                   {{"y", "dy"}}});
     cs.push_back({"swiglu", "swiglu", {}, [] { return make({{"gate", {3, 8}}, {"up", {3, 8}}}, 4); }, {{"y", "dy"}}});
-    cs.push_back({"cross_entropy", "cross_entropy", {}, [] {
+    cs.push_back({"cross_entropy",
+                  "cross_entropy",
+                  {},
+                  [] {
                       auto m = make({{"logits", {6, 11}}}, 5);
                       m.emplace("targets", ids_i64({3, -100, 0, 10, 7, 7}));
                       return m;
-                  }, {{"loss", "dloss"}}});
-    cs.push_back({"rope", "rope", {{"theta", "500"}, {"offset", "3"}}, [] { return make({{"x", {2, 5, 3, 8}}}, 6); },
+                  },
+                  {{"loss", "dloss"}}});
+    cs.push_back({"rope",
+                  "rope",
+                  {{"theta", "500"}, {"offset", "3"}},
+                  [] {
+                      return make({{"x", {2, 5, 3, 8}}}, 6);
+                  },
                   {{"y", "dy"}}});
     for (std::string act : {"silu", "none"}) {
-        cs.push_back({"causal_conv1d_" + act, "causal_conv1d", {{"activation", act}},
-                      [] { return make({{"x", {2, 7, 5}}, {"w", {5, 4}}}, 7); }, {{"y", "dy"}}});
+        cs.push_back({"causal_conv1d_" + act,
+                      "causal_conv1d",
+                      {{"activation", act}},
+                      [] {
+                          return make({{"x", {2, 7, 5}}, {"w", {5, 4}}}, 7);
+                      },
+                      {{"y", "dy"}}});
     }
-    cs.push_back({"attention_gqa", "attention", {}, [] {
+    cs.push_back({"attention_gqa",
+                  "attention",
+                  {},
+                  [] {
                       return make({{"q", {2, 9, 4, 8}}, {"k", {2, 9, 2, 8}}, {"v", {2, 9, 2, 8}}}, 8);
-                  }, {{"o", "do"}}});
-    cs.push_back({"attention_noncausal", "attention", {{"causal", "0"}}, [] {
+                  },
+                  {{"o", "do"}}});
+    cs.push_back({"attention_noncausal",
+                  "attention",
+                  {{"causal", "0"}},
+                  [] {
                       return make({{"q", {1, 6, 2, 4}}, {"k", {1, 6, 1, 4}}, {"v", {1, 6, 1, 4}}}, 9);
-                  }, {{"o", "do"}}});
-    cs.push_back({"attention_tiles", "attention", {{"scale", "0.2"}}, [] {
+                  },
+                  {{"o", "do"}}});
+    cs.push_back({"attention_tiles",
+                  "attention",
+                  {{"scale", "0.2"}},
+                  [] {
                       return make({{"q", {1, 270, 1, 4}}, {"k", {1, 270, 1, 4}}, {"v", {1, 270, 1, 4}}}, 10);
-                  }, {{"o", "do"}}});
+                  },
+                  {{"o", "do"}}});
     return cs;
 }
 
 class OpGradient : public ::testing::TestWithParam<GradCase> {};
 
-double objective(const ops::OpDef& op, const std::map<std::string, Tensor>& inputs, const GradCase& c,
+double objective(const ops::OpDef& op,
+                 const std::map<std::string, Tensor>& inputs,
+                 const GradCase& c,
                  const std::map<std::string, Tensor>& r) {
     std::map<std::string, Tensor> in;
     for (auto& [k, v] : inputs) in.emplace(k, Tensor::copy_of(v));
@@ -86,11 +129,14 @@ TEST_P(OpGradient, MatchesCentralDifferences) {
     ASSERT_NE(op, nullptr);
     std::map<std::string, Tensor> inputs = c.make_inputs();
     // output gradients r, shaped like the outputs
-    auto probe = ops::run_op(*op, [&] {
-        std::map<std::string, Tensor> in;
-        for (auto& [k, v] : inputs) in.emplace(k, Tensor::copy_of(v));
-        return in;
-    }(), c.params);
+    auto probe = ops::run_op(
+        *op,
+        [&] {
+            std::map<std::string, Tensor> in;
+            for (auto& [k, v] : inputs) in.emplace(k, Tensor::copy_of(v));
+            return in;
+        }(),
+        c.params);
     std::map<std::string, Tensor> r;
     uint64_t seed = 100;
     for (auto& [y, g] : c.grad_of) r.emplace(g, test::randn(DType::f64, probe.at(y).shape(), seed++));
@@ -125,8 +171,9 @@ TEST_P(OpGradient, MatchesCentralDifferences) {
     EXPECT_GT(checked, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, OpGradient, ::testing::ValuesIn(grad_cases()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Ops, OpGradient, ::testing::ValuesIn(grad_cases()), [](const auto& info) {
+    return info.param.name;
+});
 
 }  // namespace
 }  // namespace tessera

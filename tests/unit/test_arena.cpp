@@ -2,9 +2,9 @@
 // checked against an independent model of which bytes are in use.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <map>
-#include <algorithm>
 #include <set>
 
 #include "core/arena.h"

@@ -15,9 +15,7 @@ namespace {
 using test::TempDir;
 
 std::string slurp(const std::string& path) { return read_text(path); }
-void spit(const std::string& path, const std::string& bytes) {
-    std::ofstream(path, std::ios::binary) << bytes;
-}
+void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 // A raw file from a header string and data bytes
 std::string raw_file(const std::string& header, const std::string& data) {
@@ -117,8 +115,7 @@ TEST(Safetensors, RejectsMalformedHeaders) {
         {R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}, "b": {"dtype": "F32", "shape": [3], "data_offsets": [8, 20]}})",
          "overlap or gap"},
         {R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}})", "trailing bytes"},
-        {R"({"__metadata__": {"x": 3}, "a": {"dtype": "F32", "shape": [6], "data_offsets": [0, 24]}})",
-         "not a string"},
+        {R"({"__metadata__": {"x": 3}, "a": {"dtype": "F32", "shape": [6], "data_offsets": [0, 24]}})", "not a string"},
     };
     for (size_t i = 0; i < cases.size(); ++i) {
         std::string path = dir.file("bad" + std::to_string(i) + ".safetensors");

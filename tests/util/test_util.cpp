@@ -41,13 +41,20 @@ Tensor uniform(DType dtype, Shape shape, uint64_t seed, double lo, double hi) {
 
 double to_double(const TensorView& t, int64_t i) {
     switch (t.dtype) {
-        case DType::f32: return static_cast<const float*>(t.data)[i];
-        case DType::f64: return static_cast<const double*>(t.data)[i];
-        case DType::bf16: return bf16_to_float(static_cast<const bf16*>(t.data)[i]);
-        case DType::i32: return static_cast<const int32_t*>(t.data)[i];
-        case DType::i64: return double(static_cast<const int64_t*>(t.data)[i]);
-        case DType::u8: return static_cast<const uint8_t*>(t.data)[i];
-        case DType::u16: return static_cast<const uint16_t*>(t.data)[i];
+        case DType::f32:
+            return static_cast<const float*>(t.data)[i];
+        case DType::f64:
+            return static_cast<const double*>(t.data)[i];
+        case DType::bf16:
+            return bf16_to_float(static_cast<const bf16*>(t.data)[i]);
+        case DType::i32:
+            return static_cast<const int32_t*>(t.data)[i];
+        case DType::i64:
+            return double(static_cast<const int64_t*>(t.data)[i]);
+        case DType::u8:
+            return static_cast<const uint8_t*>(t.data)[i];
+        case DType::u16:
+            return static_cast<const uint16_t*>(t.data)[i];
     }
     return 0;
 }
@@ -72,9 +79,9 @@ double to_double(const TensorView& t, int64_t i) {
         }
     }
     if (bad == 0) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << bad << " of " << a.numel() << " elements differ (rtol " << rtol
-                                         << ", atol " << atol << "); worst at flat index " << worst << ": "
-                                         << to_double(a, worst) << " vs expected " << to_double(b, worst);
+    return ::testing::AssertionFailure() << bad << " of " << a.numel() << " elements differ (rtol " << rtol << ", atol "
+                                         << atol << "); worst at flat index " << worst << ": " << to_double(a, worst)
+                                         << " vs expected " << to_double(b, worst);
 }
 
 ::testing::AssertionResult rel_rms_close(const TensorView& a, const TensorView& b, double tol) {
@@ -104,8 +111,8 @@ double to_double(const TensorView& t, int64_t i) {
     for (int64_t i = 0; i < a.numel(); ++i) {
         if (std::memcmp(static_cast<const char*>(a.data) + i * dtype_size(a.dtype),
                         static_cast<const char*>(b.data) + i * dtype_size(b.dtype), dtype_size(a.dtype)) != 0) {
-            return ::testing::AssertionFailure() << "first difference at flat index " << i << ": " << to_double(a, i)
-                                                 << " vs " << to_double(b, i);
+            return ::testing::AssertionFailure()
+                   << "first difference at flat index " << i << ": " << to_double(a, i) << " vs " << to_double(b, i);
         }
     }
     return ::testing::AssertionFailure() << "bytes differ";

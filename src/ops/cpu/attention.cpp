@@ -32,8 +32,8 @@ struct Dims {
     int64_t B, T, H, HKV, D;
 };
 
-Dims check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                  const TensorView& lse) {
+Dims check_inputs(
+    const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse) {
     TESSERA_CHECK(q.ndim() == 4, "attention: q must be [B, T, H, D], not {}", q.shape.str());
     TESSERA_CHECK(k.ndim() == 4 && v.ndim() == 4, "attention: k and v must be [B, T, HKV, D]");
     Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
@@ -61,8 +61,14 @@ inline T* at(const TensorView& x, int64_t b, int64_t t, int64_t h) {
 }
 
 template <class T>
-void forward_impl(const AttentionParams& p, const Dims& d, const TensorView& q, const TensorView& k,
-                  const TensorView& v, const TensorView& o, const TensorView& lse, std::span<std::byte> ws) {
+void forward_impl(const AttentionParams& p,
+                  const Dims& d,
+                  const TensorView& q,
+                  const TensorView& k,
+                  const TensorView& v,
+                  const TensorView& o,
+                  const TensorView& lse,
+                  std::span<std::byte> ws) {
     const T scale = T(p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(d.D)));
     const int64_t group = d.H / d.HKV;
     const int64_t num_qblocks = (d.T + kBlockQ - 1) / kBlockQ;
@@ -93,8 +99,8 @@ void forward_impl(const AttentionParams& p, const Dims& d, const TensorView& q, 
                     const int64_t kend = p.causal ? t0 + nq : d.T;
                     for (int64_t s0 = 0; s0 < kend; s0 += kBlockK) {
                         const int64_t nk = std::min(kBlockK, kend - s0);
-                        gemm(Trans::N, Trans::T, nq, nk, d.D, scale, Q, q.strides[1], at<T>(k, b, s0, hk),
-                             k.strides[1], T(0), S, kBlockK);
+                        gemm(Trans::N, Trans::T, nq, nk, d.D, scale, Q, q.strides[1], at<T>(k, b, s0, hk), k.strides[1],
+                             T(0), S, kBlockK);
                         for (int64_t i = 0; i < nq; ++i) {
                             T* srow = S + i * kBlockK;
                             // causal: key s0 + j is visible to query t0 + i when s0 + j <= t0 + i
@@ -131,9 +137,18 @@ void forward_impl(const AttentionParams& p, const Dims& d, const TensorView& q, 
 }
 
 template <class T>
-void backward_impl(const AttentionParams& p, const Dims& d, const TensorView& dout, const TensorView& q,
-                   const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
-                   const TensorView& dq, const TensorView& dk, const TensorView& dv, std::span<std::byte> ws) {
+void backward_impl(const AttentionParams& p,
+                   const Dims& d,
+                   const TensorView& dout,
+                   const TensorView& q,
+                   const TensorView& k,
+                   const TensorView& v,
+                   const TensorView& o,
+                   const TensorView& lse,
+                   const TensorView& dq,
+                   const TensorView& dk,
+                   const TensorView& dv,
+                   std::span<std::byte> ws) {
     const T scale = T(p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(d.D)));
     const int64_t group = d.H / d.HKV;
     const size_t per_thread = per_thread_bytes(sizeof(T), d.T, d.D);
@@ -216,15 +231,27 @@ double attention_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, bool 
     return 4.0 * double(B) * double(H) * double(D) * pairs;
 }
 
-void attention_forward(const AttentionParams& p, TensorView q, TensorView k, TensorView v, TensorView o,
-                       TensorView lse, std::span<std::byte> workspace) {
+void attention_forward(const AttentionParams& p,
+                       TensorView q,
+                       TensorView k,
+                       TensorView v,
+                       TensorView o,
+                       TensorView lse,
+                       std::span<std::byte> workspace) {
     Dims d = check_inputs(q, k, v, o, lse);
-    dispatch_float(q.dtype, "attention",
-                   [&]<class T>(T) { forward_impl<T>(p, d, q, k, v, o, lse, workspace); });
+    dispatch_float(q.dtype, "attention", [&]<class T>(T) { forward_impl<T>(p, d, q, k, v, o, lse, workspace); });
 }
 
-void attention_backward(const AttentionParams& p, TensorView dout, TensorView q, TensorView k, TensorView v,
-                        TensorView o, TensorView lse, TensorView dq, TensorView dk, TensorView dv,
+void attention_backward(const AttentionParams& p,
+                        TensorView dout,
+                        TensorView q,
+                        TensorView k,
+                        TensorView v,
+                        TensorView o,
+                        TensorView lse,
+                        TensorView dq,
+                        TensorView dk,
+                        TensorView dv,
                         std::span<std::byte> workspace) {
     Dims d = check_inputs(q, k, v, o, lse);
     check_shape(dout, q.shape, "attention: do");
@@ -235,9 +262,8 @@ void attention_backward(const AttentionParams& p, TensorView dout, TensorView q,
         TESSERA_CHECK(t->dtype == q.dtype && t->strides[3] == 1,
                       "attention: gradients must be {} with a contiguous head dimension", dtype_name(q.dtype));
     }
-    dispatch_float(q.dtype, "attention", [&]<class T>(T) {
-        backward_impl<T>(p, d, dout, q, k, v, o, lse, dq, dk, dv, workspace);
-    });
+    dispatch_float(q.dtype, "attention",
+                   [&]<class T>(T) { backward_impl<T>(p, d, dout, q, k, v, o, lse, dq, dk, dv, workspace); });
 }
 
 }  // namespace tessera::ops

@@ -26,8 +26,8 @@ void check_shapes(const TensorView& x, const TensorView& w, const TensorView& y,
 
 // z for channels [c0, c1) at (b, t)
 template <class T>
-inline void conv_at(const T* X, const T* W, int64_t Tn, int64_t C, int64_t K, int64_t b, int64_t t, int64_t c0,
-                    int64_t c1, T* z) {
+inline void conv_at(
+    const T* X, const T* W, int64_t Tn, int64_t C, int64_t K, int64_t b, int64_t t, int64_t c0, int64_t c1, T* z) {
     for (int64_t c = c0; c < c1; ++c) z[c - c0] = 0;
     for (int64_t k = 0; k < K; ++k) {
         const int64_t s = t - (K - 1) + k;
@@ -64,8 +64,8 @@ void causal_conv1d_forward(const CausalConv1dParams& p, TensorView x, TensorView
     });
 }
 
-void causal_conv1d_backward(const CausalConv1dParams& p, TensorView dy, TensorView x, TensorView w, TensorView dx,
-                            TensorView dw) {
+void causal_conv1d_backward(
+    const CausalConv1dParams& p, TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw) {
     check_shapes(x, w, dy, "causal_conv1d: dy");
     check_shape(dw, w.shape, "causal_conv1d: dw");
     if (dx.defined()) check_shapes(x, w, dx, "causal_conv1d: dx");

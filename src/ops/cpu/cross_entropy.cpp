@@ -48,7 +48,9 @@ double row_lse(const T* x, int64_t V) {
 }
 }  // namespace
 
-CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p, TensorView logits, TensorView targets,
+CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p,
+                                         TensorView logits,
+                                         TensorView targets,
                                          TensorView lse) {
     CrossEntropyResult res;
     dispatch_float(logits.dtype, "cross_entropy", [&]<class T>(T) {
@@ -71,8 +73,12 @@ CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p, TensorView
     return res;
 }
 
-void cross_entropy_backward(const CrossEntropyParams& p, double dloss, TensorView logits, TensorView targets,
-                            TensorView lse, TensorView dlogits) {
+void cross_entropy_backward(const CrossEntropyParams& p,
+                            double dloss,
+                            TensorView logits,
+                            TensorView targets,
+                            TensorView lse,
+                            TensorView dlogits) {
     dispatch_float(logits.dtype, "cross_entropy", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(logits, "cross_entropy: logits");
         Rows<T> DX = rows_of<T>(dlogits, "cross_entropy: dlogits");

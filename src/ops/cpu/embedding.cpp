@@ -16,8 +16,7 @@ void check_ids(TensorView ids, int64_t vocab) {
     cpu::check_index_dtype(ids, "embedding: ids");
     for (int64_t n = 0; n < ids.numel(); ++n) {
         int64_t id = load_index(ids, n);
-        TESSERA_CHECK(0 <= id && id < vocab, "embedding: ids[{}] = {} is outside the vocabulary [0, {})", n, id,
-                      vocab);
+        TESSERA_CHECK(0 <= id && id < vocab, "embedding: ids[{}] = {} is outside the vocabulary [0, {})", n, id, vocab);
     }
 }
 }  // namespace

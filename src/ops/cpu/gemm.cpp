@@ -15,8 +15,19 @@ namespace tessera::ops {
 namespace {
 char trans_char(Trans t) { return t == Trans::N ? 'N' : 'T'; }
 
-void sgemm_checked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void sgemm_checked(Trans ta,
+                   Trans tb,
+                   int64_t M,
+                   int64_t N,
+                   int64_t K,
+                   float alpha,
+                   const float* A,
+                   int64_t lda,
+                   const float* B,
+                   int64_t ldb,
+                   float beta,
+                   float* C,
+                   int64_t ldc) {
     dnnl_status_t st = dnnl_sgemm(trans_char(ta), trans_char(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     TESSERA_CHECK(st == dnnl_success, "oneDNN sgemm failed (status {}) for M={} N={} K={}", int(st), M, N, K);
 }
@@ -29,8 +40,19 @@ int64_t panel_edge(int64_t extent, int p, int n) {
 }
 }  // namespace
 
-void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm(Trans ta,
+          Trans tb,
+          int64_t M,
+          int64_t N,
+          int64_t K,
+          float alpha,
+          const float* A,
+          int64_t lda,
+          const float* B,
+          int64_t ldb,
+          float beta,
+          float* C,
+          int64_t ldc) {
     if (M == 0 || N == 0) return;
     const int64_t work = M * N * std::max<int64_t>(K, 1);
     const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -73,8 +95,19 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
     TESSERA_CHECK(failed == 0, "oneDNN sgemm failed for M={} N={} K={}", M, N, K);
 }
 
-void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
-          const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+void gemm(Trans ta,
+          Trans tb,
+          int64_t M,
+          int64_t N,
+          int64_t K,
+          double alpha,
+          const double* A,
+          int64_t lda,
+          const double* B,
+          int64_t ldb,
+          double beta,
+          double* C,
+          int64_t ldc) {
     auto a = [&](int64_t i, int64_t k) { return ta == Trans::N ? A[i * lda + k] : A[k * lda + i]; };
     auto b = [&](int64_t k, int64_t j) { return tb == Trans::N ? B[k * ldb + j] : B[j * ldb + k]; };
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && M * N * K > 32768)
@@ -87,8 +120,19 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha, con
     }
 }
 
-void gemm_onednn_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_onednn_reference(Trans ta,
+                           Trans tb,
+                           int64_t M,
+                           int64_t N,
+                           int64_t K,
+                           float alpha,
+                           const float* A,
+                           int64_t lda,
+                           const float* B,
+                           int64_t ldb,
+                           float beta,
+                           float* C,
+                           int64_t ldc) {
     sgemm_checked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

@@ -68,8 +68,8 @@ class WorkspaceCursor {
     template <class T>
     T* take(size_t count) {
         size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
-        TESSERA_CHECK(used_ + bytes <= ws_.size(), "workspace of {} bytes is too small (need more than {})",
-                      ws_.size(), used_ + bytes);
+        TESSERA_CHECK(used_ + bytes <= ws_.size(), "workspace of {} bytes is too small (need more than {})", ws_.size(),
+                      used_ + bytes);
         T* p = reinterpret_cast<T*>(ws_.data() + used_);
         used_ += bytes;
         return p;

@@ -42,8 +42,7 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
         const T* W = w.ptr<T>();
         if (dx.defined()) {
             Rows<T> DX = rows_of<T>(dx, "linear: dx");
-            TESSERA_CHECK(DX.rows == X.rows && DX.cols == X.cols, "linear: dx must be shaped like x {}",
-                          x.shape.str());
+            TESSERA_CHECK(DX.rows == X.rows && DX.cols == X.cols, "linear: dx must be shaped like x {}", x.shape.str());
             gemm(Trans::N, Trans::N, X.rows, X.cols, DY.cols, T(1), DY.data, DY.ld, W, X.cols, T(1), DX.data, DX.ld);
         }
         check_shape(dw, w.shape, "linear: dw");

@@ -35,12 +35,12 @@ void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorV
     });
 }
 
-void rmsnorm_backward(const RmsNormParams& p, TensorView dy, TensorView x, TensorView w, TensorView rstd,
-                      TensorView dx, TensorView dw) {
+void rmsnorm_backward(
+    const RmsNormParams& p, TensorView dy, TensorView x, TensorView w, TensorView rstd, TensorView dx, TensorView dw) {
     dispatch_float(x.dtype, "rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "rmsnorm: x"), DY = rows_of<T>(dy, "rmsnorm: dy");
-        TESSERA_CHECK(X.rows == DY.rows && X.cols == DY.cols, "rmsnorm: dy {} must be shaped like x {}",
-                      dy.shape.str(), x.shape.str());
+        TESSERA_CHECK(X.rows == DY.rows && X.cols == DY.cols, "rmsnorm: dy {} must be shaped like x {}", dy.shape.str(),
+                      x.shape.str());
         check_shape(w, Shape{X.cols}, "rmsnorm: weight");
         check_shape(rstd, Shape{X.rows}, "rmsnorm: rstd");
         const T* W = w.ptr<T>();

@@ -2,8 +2,8 @@
 // position and shared by every batch row and head.
 #include "ops/rope.h"
 
-#include <cmath>
 #include <array>
+#include <cmath>
 
 #include "ops/cpu/kernel_util.h"
 

@@ -8,8 +8,12 @@ namespace tessera::ops::cuda {
 // ---- kernels ----
 
 namespace {
-__global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ m,
-                             float* __restrict__ v, int64_t n, AdamWScalars s) {
+__global__ void adamw_kernel(float* __restrict__ param,
+                             const float* __restrict__ grad,
+                             float* __restrict__ m,
+                             float* __restrict__ v,
+                             int64_t n,
+                             AdamWScalars s) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         const float g = grad[i];
         float p = param[i] * s.decay;
@@ -25,8 +29,8 @@ __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict_
 
 // ---- launchers ----
 
-cudaError_t launch_adamw(float* param, const float* grad, float* m, float* v, int64_t n, AdamWScalars s,
-                         cudaStream_t stream) {
+cudaError_t launch_adamw(
+    float* param, const float* grad, float* m, float* v, int64_t n, AdamWScalars s, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     const int threads = 256;
     const int64_t want = (n + threads - 1) / threads;

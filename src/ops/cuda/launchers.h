@@ -10,7 +10,7 @@ namespace tessera::ops::cuda {
 
 // The scalars of one AdamW step, precomputed on the host (see ops/adamw.h for the math).
 struct AdamWScalars {
-    float decay;                  // 1 - lr * weight_decay
+    float decay;  // 1 - lr * weight_decay
     float one_minus_beta1;
     float beta2;
     float one_minus_beta2;
@@ -19,7 +19,7 @@ struct AdamWScalars {
     float eps;
 };
 
-cudaError_t launch_adamw(float* param, const float* grad, float* m, float* v, int64_t n, AdamWScalars s,
-                         cudaStream_t stream);
+cudaError_t launch_adamw(
+    float* param, const float* grad, float* m, float* v, int64_t n, AdamWScalars s, cudaStream_t stream);
 
 }  // namespace tessera::ops::cuda

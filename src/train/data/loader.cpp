@@ -11,8 +11,7 @@ namespace tessera::train {
 DataLoader::DataLoader(const TokenSource& tokens, int64_t seq_len, int64_t batch, double val_fraction, uint64_t seed)
     : tokens_(tokens), seq_len_(seq_len), batch_(batch), seed_(seed) {
     TESSERA_CHECK(seq_len > 0 && batch > 0, "data: seq_len and batch_size must be positive");
-    TESSERA_CHECK(val_fraction >= 0 && val_fraction < 1, "data: val_fraction must be in [0, 1), not {}",
-                  val_fraction);
+    TESSERA_CHECK(val_fraction >= 0 && val_fraction < 1, "data: val_fraction must be in [0, 1), not {}", val_fraction);
     const int64_t n = tokens.size();
     train_tokens_ = int64_t(double(n) * (1.0 - val_fraction));
     const int64_t windows = (train_tokens_ - 1) / seq_len;

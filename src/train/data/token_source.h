@@ -27,9 +27,7 @@ class TokenSource {
     explicit TokenSource(const std::string& path);
 
     int64_t size() const { return num_tokens_; }
-    int32_t operator[](int64_t i) const {
-        return u16_ ? int32_t(u16_[i]) : i32_[i];
-    }
+    int32_t operator[](int64_t i) const { return u16_ ? int32_t(u16_[i]) : i32_[i]; }
     int64_t vocab_size() const { return vocab_size_; }
     const std::string& description() const { return description_; }
 
