@@ -49,6 +49,10 @@ case "$cmd" in
         ;;
     test)
         install_packages
+        if command -v clang-format >/dev/null; then  # the style check (.clang-format), when the tool is here
+            git ls-files '*.cpp' '*.h' '*.cu' | xargs clang-format --dry-run --Werror ||
+                { echo "error: clang-format differences above (fix: clang-format -i FILES)" >&2; exit 1; }
+        fi
         cuda=()
         nvcc=$(nvcc_path)
         if [ -n "$nvcc" ]; then cuda=(-DTESSERA_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc"); fi

@@ -15,21 +15,25 @@ namespace tessera::ops {
 namespace {
 char trans_char(Trans t) { return t == Trans::N ? 'N' : 'T'; }
 
-void sgemm_checked(Trans ta,
-                   Trans tb,
-                   int64_t M,
-                   int64_t N,
-                   int64_t K,
-                   float alpha,
-                   const float* A,
-                   int64_t lda,
-                   const float* B,
-                   int64_t ldb,
-                   float beta,
-                   float* C,
-                   int64_t ldc) {
-    dnnl_status_t st = dnnl_sgemm(trans_char(ta), trans_char(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    TESSERA_CHECK(st == dnnl_success, "oneDNN sgemm failed (status {}) for M={} N={} K={}", int(st), M, N, K);
+// Row-major sgemm on oneDNN; returns its status (callers inside OpenMP regions must not throw).
+dnnl_status_t sgemm(Trans ta,
+                    Trans tb,
+                    int64_t M,
+                    int64_t N,
+                    int64_t K,
+                    float alpha,
+                    const float* A,
+                    int64_t lda,
+                    const float* B,
+                    int64_t ldb,
+                    float beta,
+                    float* C,
+                    int64_t ldc) {
+    return dnnl_sgemm(trans_char(ta), trans_char(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
+    TESSERA_CHECK(ok, "oneDNN sgemm failed for M={} N={} K={}", M, N, K);
 }
 
 // Panel boundary p of n panels over `extent`, rounded to multiples of 16 (one AVX-512 vector of f32).
@@ -63,9 +67,9 @@ void gemm(Trans ta,
         const bool outer = !omp_in_parallel();
         const int saved = omp_get_max_threads();
         if (outer) omp_set_num_threads(1);
-        dnnl_status_t st = dnnl_sgemm(trans_char(ta), trans_char(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        const dnnl_status_t st = sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         if (outer) omp_set_num_threads(saved);
-        TESSERA_CHECK(st == dnnl_success, "oneDNN sgemm failed (status {}) for M={} N={} K={}", int(st), M, N, K);
+        check_status(st == dnnl_success, M, N, K);
         return;
     }
     const bool split_rows = M >= N;
@@ -79,20 +83,18 @@ void gemm(Trans ta,
             int64_t r0 = panel_edge(M, p, n), r1 = panel_edge(M, p + 1, n);
             if (r1 > r0) {
                 const float* Ap = ta == Trans::N ? A + r0 * lda : A + r0;
-                st = dnnl_sgemm(trans_char(ta), trans_char(tb), r1 - r0, N, K, alpha, Ap, lda, B, ldb, beta,
-                                C + r0 * ldc, ldc);
+                st = sgemm(ta, tb, r1 - r0, N, K, alpha, Ap, lda, B, ldb, beta, C + r0 * ldc, ldc);
             }
         } else {
             int64_t c0 = panel_edge(N, p, n), c1 = panel_edge(N, p + 1, n);
             if (c1 > c0) {
                 const float* Bp = tb == Trans::N ? B + c0 : B + c0 * ldb;
-                st = dnnl_sgemm(trans_char(ta), trans_char(tb), M, c1 - c0, K, alpha, A, lda, Bp, ldb, beta, C + c0,
-                                ldc);
+                st = sgemm(ta, tb, M, c1 - c0, K, alpha, A, lda, Bp, ldb, beta, C + c0, ldc);
             }
         }
         failed += st != dnnl_success;
     }
-    TESSERA_CHECK(failed == 0, "oneDNN sgemm failed for M={} N={} K={}", M, N, K);
+    check_status(failed == 0, M, N, K);
 }
 
 void gemm(Trans ta,
@@ -133,7 +135,7 @@ void gemm_onednn_reference(Trans ta,
                            float beta,
                            float* C,
                            int64_t ldc) {
-    sgemm_checked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    check_status(sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success, M, N, K);
 }
 
 double measure_gemm_gflops(int64_t n, double seconds) {
