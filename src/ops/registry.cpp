@@ -107,6 +107,7 @@ const OpRegistry& op_registry() {
     static const OpRegistry registry = [] {
         OpRegistry r;
         register_dense_ops(r);
+        register_kda_ops(r);
         return r;
     }();
     return registry;

@@ -29,8 +29,12 @@ std::vector<GoldenCase> golden_cases() {
 
 class OpGolden : public ::testing::TestWithParam<GoldenCase> {};
 
+// Files may carry their own tolerance ("rtol.f64" / "rtol.f32"), e.g. those from fp32 references.
 void run_case(const GoldenCase& c, DType dtype, double tol) {
     SafetensorsFile f(c.path);
+    if (auto it = f.metadata().find(dtype == DType::f64 ? "rtol.f64" : "rtol.f32"); it != f.metadata().end()) {
+        tol = std::stod(it->second);
+    }
     ASSERT_EQ(f.metadata().at("format_version"), "1") << "regenerate with python3 tools/ref/make_op_golden.py";
     const std::string op_name = f.metadata().at("op");
     const ops::OpDef* op = ops::op_registry().find(op_name);
@@ -40,6 +44,7 @@ void run_case(const GoldenCase& c, DType dtype, double tol) {
     for (auto& [k, v] : f.metadata()) {
         if (k.rfind("param.", 0) == 0) params[k.substr(6)] = v;
     }
+    const std::string ref = f.metadata().count("reference") ? f.metadata().at("reference") : "PyTorch";
     std::vector<std::string> expected;
     for (auto& e : f.entries()) {
         if (e.name.rfind("expected.", 0) == 0) {
@@ -56,7 +61,8 @@ void run_case(const GoldenCase& c, DType dtype, double tol) {
     }
     auto outputs = ops::run_op(*op, std::move(inputs), params);
     for (const auto& name : expected) {
-        SCOPED_TRACE(fmt::format("case {} ({}), tensor {}, tolerance {}", c.name, dtype_name(dtype), name, tol));
+        SCOPED_TRACE(
+            fmt::format("case {} ({}) vs {}, tensor {}, tolerance {}", c.name, dtype_name(dtype), ref, name, tol));
         ASSERT_TRUE(outputs.count(name)) << "op did not write " << name;
         Tensor want = f.load("expected." + name);
         EXPECT_TRUE(test::rel_rms_close(outputs.at(name), want, tol));

@@ -103,6 +103,56 @@ std::vector<GradCase> grad_cases() {
                       return make({{"q", {1, 270, 1, 4}}, {"k", {1, 270, 1, 4}}, {"v", {1, 270, 1, 4}}}, 10);
                   },
                   {{"o", "do"}}});
+    // KDA family: every input of kda (incl. g, beta, h0) in chunk and recurrent mode, partial chunks,
+    // GVA (HV = 2·H) and packed sequences; gate forms; norms
+    for (std::string mode : {"chunk", "recurrent"}) {
+        cs.push_back(
+            {"kda_" + mode,
+             "kda",
+             {{"mode", mode}, {"chunk_size", "32"}},
+             [] {
+                 auto m =
+                     make({{"q", {2, 37, 1, 6}}, {"k", {2, 37, 1, 6}}, {"v", {2, 37, 2, 5}}, {"h0", {2, 2, 6, 5}}}, 12);
+                 m.emplace("g", test::uniform(DType::f64, Shape{2, 37, 2, 6}, 13, -0.6, 0.0));
+                 m.emplace("beta", test::uniform(DType::f64, Shape{2, 37, 2}, 14, 0.1, 0.9));
+                 return m;
+             },
+             {{"o", "do"}, {"ht", "dht"}}});
+    }
+    cs.push_back({"kda_varlen",
+                  "kda",
+                  {{"chunk_size", "32"}},
+                  [] {
+                      auto m = make(
+                          {{"q", {1, 50, 1, 4}}, {"k", {1, 50, 1, 4}}, {"v", {1, 50, 1, 3}}, {"h0", {3, 1, 4, 3}}}, 15);
+                      m.emplace("g", test::uniform(DType::f64, Shape{1, 50, 1, 4}, 16, -1.0, 0.0));
+                      m.emplace("beta", test::uniform(DType::f64, Shape{1, 50, 1}, 17, 0.1, 0.9));
+                      Tensor cu(DType::i64, Shape{4});
+                      const int64_t v[4] = {0, 7, 40, 50};
+                      std::copy(v, v + 4, cu.ptr<int64_t>());
+                      m.emplace("cu_seqlens", std::move(cu));
+                      return m;
+                  },
+                  {{"o", "do"}, {"ht", "dht"}}});
+    for (std::string lb : {"0", "-5"}) {
+        cs.push_back({"kda_gate_lb" + std::string(lb == "0" ? "0" : "5"),
+                      "kda_gate",
+                      {{"lower_bound", lb}},
+                      [] {
+                          return make({{"f", {3, 2, 4}}, {"A_log", {2}}, {"dt_bias", {2, 4}}}, 18);
+                      },
+                      {{"g", "dg"}}});
+    }
+    cs.push_back({"l2norm", "l2norm", {}, [] { return make({{"x", {4, 7}}}, 19); }, {{"y", "dy"}}});
+    for (std::string act : {"sigmoid", "silu"}) {
+        cs.push_back({"gated_rmsnorm_" + act,
+                      "gated_rmsnorm",
+                      {{"activation", act}},
+                      [] {
+                          return make({{"x", {5, 8}}, {"gate", {5, 8}}, {"weight", {8}}}, 20);
+                      },
+                      {{"y", "dy"}}});
+    }
     return cs;
 }
 

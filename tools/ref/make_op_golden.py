@@ -124,6 +124,16 @@ for case, shape, causal, scale in (("attention", (2, 9, 4, 2, 8), 1, 0.0),
     write(case, "attention", dict(q=randn(B, T, H, D), k=randn(B, T, HKV, D), v=randn(B, T, HKV, D)), attn,
           {"o": "do"}, {"scale": scale, "causal": causal})
 
+# l2norm (eps inside the sqrt) and the gated RMSNorm of KDA (sigmoid) and GDN (silu) outputs
+write("l2norm", "l2norm", dict(x=randn(7, 24)), lambda x: {"y": x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)},
+      {"y": "dy"})
+for case, act in (("gated_rmsnorm", "sigmoid"), ("gated_rmsnorm_silu", "silu")):
+    def grms(x, gate, weight, act=act):
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight
+        return {"y": n * (torch.sigmoid(gate) if act == "sigmoid" else F.silu(gate))}
+    write(case, "gated_rmsnorm", dict(x=randn(9, 16), gate=randn(9, 16, scale=2), weight=randn(16)), grms,
+          {"y": "dy"}, {"activation": act})
+
 # adamw: one step from a given state, through torch.optim.AdamW itself
 param, grad = torch.randn(4, 5, dtype=f64), torch.randn(4, 5, dtype=f64)
 m, v = torch.randn(4, 5, dtype=f64) * 0.1, torch.rand(4, 5, dtype=f64) * 0.01

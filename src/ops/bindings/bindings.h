@@ -6,5 +6,6 @@
 namespace tessera::ops {
 
 void register_dense_ops(OpRegistry& r);
+void register_kda_ops(OpRegistry& r);
 
 }  // namespace tessera::ops

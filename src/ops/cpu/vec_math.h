@@ -26,10 +26,9 @@ inline float vexp(float x) {
     y = y * r + 5.0000001201e-1f;
     y = y * z + r + 1.0f;
     const float scale = std::bit_cast<float>(uint32_t(int32_t(fx) + 127) << 23);
-    float e = y * scale;
+    float e = y * scale;  // NaN in x stays NaN through the polynomial
     e = x < lo ? 0.0f : e;
-    e = x > hi ? INFINITY : e;
-    return x != x ? x : e;
+    return x > hi ? INFINITY : e;
 }
 inline double vexp(double x) { return std::exp(x); }
 
