@@ -26,19 +26,16 @@ std::string scratch_prefix(const Block& b) { return "scratch." + b.kind() + ".";
 
 Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
     cfg_.validate("model");
-    auto add = [&](const std::string& name, Shape shape, double std, bool decay) {
-        param_specs_.push_back({name, DType::f32, shape, BufferKind::param, decay});
-        init_std_.push_back(std);
-    };
-    add(kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, cfg_.init_std, true);
+    const ParamInit w = ParamInit::normal(cfg_.init_std);
+    add_param(param_specs_, inits_, kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
     for (int64_t i = 0; i < cfg_.n_layers; ++i) {
         const std::string prefix = fmt::format("model.layers.{}.", i);
         blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
         blocks_.push_back(std::make_unique<MlpBlock>(cfg_, prefix));
     }
-    for (auto& b : blocks_) b->declare_params(param_specs_, init_std_);
-    add(kNormF, Shape{cfg_.d_model}, 0.0, false);
-    if (!cfg_.tie_embeddings) add(kHead, Shape{cfg_.vocab_size, cfg_.d_model}, cfg_.init_std, true);
+    for (auto& b : blocks_) b->declare_params(param_specs_, inits_);
+    add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
+    if (!cfg_.tie_embeddings) add_param(param_specs_, inits_, kHead, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
 }
 
 Model::~Model() = default;
@@ -137,14 +134,13 @@ void Model::init_params(const BufferGroup& params, uint64_t seed) const {
         TensorView v = params.view(param_specs_[i].name);
         float* p = v.ptr<float>();
         const int64_t n = v.numel();
-        if (init_std_[i] == 0.0) {
-            std::fill(p, p + n, 1.0f);
-            continue;
-        }
+        const ParamInit init = inits_[i];
         const RandomStream rs{seed, hash_name(param_specs_[i].name)};
-        const double std = init_std_[i];
+        const bool uniform = init.kind != ParamInit::Kind::normal;
 #pragma omp parallel for schedule(static)
-        for (int64_t e = 0; e < n; ++e) p[e] = float(std * rs.normal(uint64_t(e)));
+        for (int64_t e = 0; e < n; ++e) {
+            p[e] = float(uniform ? init.value(rs.uniform(uint64_t(e)), 0.0) : init.value(0.0, rs.normal(uint64_t(e))));
+        }
     }
 }
 

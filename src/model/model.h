@@ -42,7 +42,7 @@ class Model {
               std::span<std::byte> workspace,
               StepShape max,
               bool recompute);
-    // Initial values from (seed, parameter name, element index) only: norms 1, matrices N(0, std²).
+    // Initial values from (seed, parameter name, element index) only (see ParamInit).
     void init_params(const BufferGroup& params, uint64_t seed) const;
 
     // ids, targets: [B·T] token ids. Accumulates parameter gradients of loss_scale · mean loss.
@@ -65,7 +65,7 @@ class Model {
     ModelConfig cfg_;
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<BufferSpec> param_specs_;
-    std::vector<double> init_std_;
+    std::vector<ParamInit> inits_;
     StepShape max_;
     bool recompute_ = false;
     bool has_grads_ = false;

@@ -3,10 +3,11 @@
 // tiles of queries × keys with an online softmax, so no [T, T] matrix exists beyond one tile.
 // Shapes: q, o, dq, do [B, T, H, D]; k, v, dk, dv [B, T, HKV, D] (strided over B, T, H allowed,
 // D contiguous); lse [B, H, T] contiguous (log-sum-exp of each query's scaled scores; written by
-// forward, read by backward).
+// forward, read by backward). With cu_seqlens (B = 1) the row holds packed sequences and a query
+// sees only keys of its own sequence (document masking).
 // Backward recomputes the probabilities tile by tile from lse and accumulates into dq, dk, dv.
-// Work is split over (b, kv head) in backward, so no two threads add into the same row: results do
-// not depend on the thread count.
+// Work is split over (sequence, kv head) in backward, so no two threads add into the same row:
+// results do not depend on the thread count. Tiles multiply with the register-blocked small GEMM.
 #pragma once
 
 #include <span>
@@ -29,7 +30,8 @@ void attention_forward(const AttentionParams& p,
                        TensorView v,
                        TensorView o,
                        TensorView lse,
-                       std::span<std::byte> workspace);
+                       std::span<std::byte> workspace,
+                       std::span<const int64_t> cu_seqlens = {});
 void attention_backward(const AttentionParams& p,
                         TensorView dout,
                         TensorView q,
@@ -40,7 +42,8 @@ void attention_backward(const AttentionParams& p,
                         TensorView dq,
                         TensorView dk,
                         TensorView dv,
-                        std::span<std::byte> workspace);
+                        std::span<std::byte> workspace,
+                        std::span<const int64_t> cu_seqlens = {});
 
 // FLOPs of the forward (2 GEMMs) counting only the causal half when causal: 4·B·H·D·pairs.
 double attention_forward_flops(int64_t B, int64_t T, int64_t H, int64_t D, bool causal);

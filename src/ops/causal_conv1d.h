@@ -1,9 +1,12 @@
 // Depthwise causal 1-D convolution (the short convolution of Mamba / GDN / KDA blocks):
 //   z[b,t,c] = Σ_{k<W} w[c,k] · x[b, t−(W−1)+k, c]   (x = 0 before t = 0: left padding),
 //   y = silu(z) or z.
-// Shapes: x, y, dx, dy [B, T, C] (contiguous), w, dw [C, W]. Backward recomputes z and accumulates
-// into dx and dw (dw summed over (b, t) in order: deterministic).
+// Shapes: x, y, dx, dy [B, T, C] (contiguous), w, dw [C, W]. With cu_seqlens (B = 1) the row holds
+// packed sequences and the convolution restarts at every sequence start (never reads across one).
+// Backward recomputes z and accumulates into dx and dw (dw summed over (b, t) in order).
 #pragma once
+
+#include <span>
 
 #include "core/tensor.h"
 
@@ -15,8 +18,14 @@ struct CausalConv1dParams {
     Activation activation = Activation::none;
 };
 
-void causal_conv1d_forward(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y);
-void causal_conv1d_backward(
-    const CausalConv1dParams& p, TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw);
+void causal_conv1d_forward(
+    const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y, std::span<const int64_t> cu_seqlens = {});
+void causal_conv1d_backward(const CausalConv1dParams& p,
+                            TensorView dy,
+                            TensorView x,
+                            TensorView w,
+                            TensorView dx,
+                            TensorView dw,
+                            std::span<const int64_t> cu_seqlens = {});
 
 }  // namespace tessera::ops

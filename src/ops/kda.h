@@ -51,6 +51,15 @@ Shape kda_saved_states_shape(const KdaParams& p, const KdaInputs& in);
 size_t kda_workspace_bytes(
     const KdaParams& p, const KdaInputs& in, bool backward, int num_threads, bool backward_with_saved_states = false);
 
+// A bound of kda_workspace_bytes over every packing of the B·T tokens into sequences of at most
+// max_len tokens (for callers that size memory before they know the document boundaries).
+size_t kda_workspace_bound(const KdaParams& p,
+                           const KdaInputs& shapes,
+                           int64_t max_len,
+                           bool backward,
+                           int num_threads,
+                           bool backward_with_saved_states = false);
+
 // o: [B, T, HV, V]; ht: [N, HV, K, V] or absent; saved_states: see above, or absent.
 void kda_forward(const KdaParams& p,
                  const KdaInputs& in,

@@ -60,6 +60,14 @@ TensorView OpContext::in_or_absent(const std::string& name) const {
     return it == inputs_.end() ? TensorView() : it->second.view();
 }
 
+std::span<const int64_t> OpContext::index_span(const std::string& name) const {
+    if (!has(name)) return {};
+    TensorView t = in(name);
+    check_dtype(t, DType::i64, name);
+    TESSERA_CHECK(t.ndim() == 1, "{} must be 1-D, not {}", name, t.shape.str());
+    return {t.ptr<int64_t>(), size_t(t.numel())};
+}
+
 double OpContext::param_f64(const std::string& name) const {
     double v = 0;
     TESSERA_CHECK(parse_f64(params_.at(name), v), "parameter {} = '{}' is not a number", name, params_.at(name));

@@ -35,9 +35,10 @@ class OpContext {
     OpContext(std::map<std::string, Tensor> inputs, std::map<std::string, std::string> params);
 
     bool has(const std::string& name) const { return inputs_.count(name) != 0; }
-    TensorView in(const std::string& name) const;            // throws if absent
-    TensorView in_or_absent(const std::string& name) const;  // a default view if absent
-    DType float_dtype() const { return float_dtype_; }       // f32 or f64: the compute dtype
+    TensorView in(const std::string& name) const;                        // throws if absent
+    TensorView in_or_absent(const std::string& name) const;              // a default view if absent
+    std::span<const int64_t> index_span(const std::string& name) const;  // an i64 1-D input, or empty
+    DType float_dtype() const { return float_dtype_; }                   // f32 or f64: the compute dtype
 
     double param_f64(const std::string& name) const;
     int64_t param_i64(const std::string& name) const;

@@ -39,6 +39,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     ConfigReader dr(top.section("data"), where + ": data");
     c.data.path = dr.text("path", "");
     c.data.val_fraction = dr.number("val_fraction", c.data.val_fraction);
+    c.data.mask_documents = dr.boolean("mask_documents", c.data.mask_documents);
     dr.finish();
     top.finish();
 
@@ -85,7 +86,8 @@ Json to_json(const RunConfig& c) {
                   {"log_interval", t.log_interval},
                   {"seed", t.seed},
                   {"recompute", t.recompute}};
-    Json data = {{"path", c.data.path}, {"val_fraction", c.data.val_fraction}};
+    Json data = {
+        {"path", c.data.path}, {"val_fraction", c.data.val_fraction}, {"mask_documents", c.data.mask_documents}};
     return Json{{"model", model::to_json(c.model)}, {"train", train}, {"data", data}};
 }
 

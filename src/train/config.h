@@ -37,6 +37,7 @@ struct TrainConfig {
 struct DataConfig {
     std::string path;  // token shard, text file or directory; "" = the bundled corpus
     double val_fraction = 0.05;
+    bool mask_documents = true;  // documents packed in a row never see each other
 };
 
 struct RunConfig {

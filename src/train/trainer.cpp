@@ -11,6 +11,7 @@
 #include "ops/gemm.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
+#include "train/data/tokenizer.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
@@ -76,15 +77,14 @@ StepResult train_step(model::Model& model,
                       AdamW& opt,
                       const TrainConfig& tc,
                       int64_t step,
-                      const std::function<void(std::span<int32_t>, std::span<int32_t>)>& next_batch,
+                      const BatchSource& next_batch,
                       std::span<int32_t> ids,
                       std::span<int32_t> targets) {
     StepResult r;
     r.lr = learning_rate(tc, step);
     rt.grads().zero();
-    const model::StepShape shape{tc.batch_size, tc.seq_len};
     for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
-        next_batch(ids, targets);
+        const model::StepShape shape = next_batch(ids, targets);
         r.loss += model.forward_backward(shape, ids, targets, 1.0 / double(tc.grad_accum)).loss;
     }
     r.loss /= double(tc.grad_accum);
@@ -141,6 +141,12 @@ TrainSummary train(const TrainOptions& opts) {
     if (!setup.checkpoint.empty()) note(fmt::format("resumed from {} at step {}", setup.checkpoint, state.step));
 
     std::vector<int32_t> ids(size_t(shape.tokens())), targets(size_t(shape.tokens()));
+    std::vector<int64_t> cu(size_t(shape.tokens()) + 1);  // document boundaries of the current batch
+    auto shape_of = [&](std::span<const int32_t> i) {
+        if (!cfg.data.mask_documents) return shape;
+        const int64_t n = document_starts(i, shape.batch, shape.seq, ByteTokenizer::kEndOfText, cu);
+        return model::StepShape{shape.batch, shape.seq, std::span<const int64_t>(cu.data(), size_t(n))};
+    };
     auto evaluate = [&]() -> std::optional<double> {
         const int64_t n = std::min(tc.eval_batches, loader.num_eval_batches());
         if (n == 0) return std::nullopt;
@@ -148,7 +154,7 @@ TrainSummary train(const TrainOptions& opts) {
         int64_t count = 0;
         for (int64_t i = 0; i < n; ++i) {
             loader.eval_batch(i, ids, targets);
-            model::LossResult r = model.forward_loss(shape, ids, targets);
+            model::LossResult r = model.forward_loss(shape_of(ids), ids, targets);
             sum += r.loss * double(r.count);
             count += r.count;
         }
@@ -175,8 +181,10 @@ TrainSummary train(const TrainOptions& opts) {
     };
 
     int64_t last_saved = setup.checkpoint.empty() ? -1 : state.step;
-    const std::function<void(std::span<int32_t>, std::span<int32_t>)> next_batch =
-        [&](std::span<int32_t> i, std::span<int32_t> t) { loader.next_batch(i, t); };
+    const BatchSource next_batch = [&](std::span<int32_t> i, std::span<int32_t> t) {
+        loader.next_batch(i, t);
+        return shape_of(i);
+    };
     while (state.step < tc.steps) {
         const auto t0 = Clock::now();
         const StepResult r = train_step(model, rt, opt, tc, state.step, next_batch, ids, targets);

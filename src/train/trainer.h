@@ -35,6 +35,10 @@ struct StepResult {
     double lr = 0;
 };
 
+// Fills a micro-batch's ids and targets and returns its step shape (with document boundaries when
+// they are kept apart).
+using BatchSource = std::function<model::StepShape(std::span<int32_t> ids, std::span<int32_t> targets)>;
+
 // One optimizer step (0-based `step` for the schedule): zero gradients, forward/backward over
 // grad_accum micro-batches from next_batch, clip, AdamW. The model must be bound to rt.
 StepResult train_step(model::Model& model,
@@ -42,7 +46,7 @@ StepResult train_step(model::Model& model,
                       AdamW& opt,
                       const TrainConfig& tc,
                       int64_t step,
-                      const std::function<void(std::span<int32_t>, std::span<int32_t>)>& next_batch,
+                      const BatchSource& next_batch,
                       std::span<int32_t> ids,
                       std::span<int32_t> targets);
 

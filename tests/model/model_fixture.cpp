@@ -34,6 +34,7 @@ std::vector<double> GoldenModel::run_trajectory() {
             auto si = ids("traj.ids", step), st = ids("traj.targets", step);
             std::copy(si.begin(), si.end(), i.begin());
             std::copy(st.begin(), st.end(), t.begin());
+            return shape;
         };
         losses.push_back(train::train_step(*model, *rt, *opt, cfg.train, step, batch, ids_buf, tgt_buf).loss);
     }

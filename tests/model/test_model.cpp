@@ -67,6 +67,23 @@ TEST_P(ModelGolden, ArenaPeakEqualsPrediction) {
     EXPECT_LT(m.predicted_bytes, tensors + m.groups.size() * 256);  // only rounding to the allocation unit
 }
 
+TEST_P(ModelGolden, DocumentBoundariesKeepDocumentsApart) {
+    // the second document of a packed row gives the logits it gives alone (RoPE is relative, so
+    // only rounding of the absolute angles differs)
+    test::GoldenModel g(GetParam());
+    const int64_t T = g.shape.seq, V = g.cfg.model.vocab_size, split = 7;
+    auto ids = g.ids("ids");
+    std::vector<int32_t> row(ids.begin(), ids.begin() + T);
+    const std::vector<int64_t> cu = {0, split, T};
+    Tensor packed(DType::f32, Shape{T, V}), alone(DType::f32, Shape{T - split, V});
+    g.model->forward_logits({1, T, cu}, row, packed);
+    g.model->forward_logits({1, T - split}, std::span<const int32_t>(row).subspan(size_t(split)), alone);
+    EXPECT_TRUE(test::all_close(packed.view().slice0(split, T), alone, 1e-5, 1e-5));
+    Tensor unmasked(DType::f32, Shape{T, V});
+    g.model->forward_logits({1, T}, row, unmasked);
+    EXPECT_FALSE(test::all_close(unmasked.view().slice0(split, T), alone, 1e-3, 1e-3)) << "masking changed nothing";
+}
+
 INSTANTIATE_TEST_SUITE_P(Dense, ModelGolden, ::testing::Values("dense_gqa", "dense_tied_mha"));
 
 TEST(ModelInit, ValuesDependOnlyOnSeedNameAndIndex) {

@@ -67,11 +67,11 @@ TEST(HotPath, TrainingStepsAfterTheFirstDoNotTouchTheHeap) {
     for (bool recompute : {false, true}) {
         test::GoldenModel g("dense_gqa", recompute);
         std::vector<int32_t> ids(size_t(g.shape.tokens())), tgt(size_t(g.shape.tokens()));
-        const std::function<void(std::span<int32_t>, std::span<int32_t>)> batch = [&](std::span<int32_t> i,
-                                                                                      std::span<int32_t> t) {
+        const train::BatchSource batch = [&](std::span<int32_t> i, std::span<int32_t> t) {
             auto si = g.ids("ids"), st = g.ids("targets");
             std::copy(si.begin(), si.end(), i.begin());
             std::copy(st.begin(), st.end(), t.begin());
+            return g.shape;
         };
         train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, 0, batch, ids, tgt);  // first step: may allocate
         const long ours = g_ours.load(), onednn = g_onednn.load();

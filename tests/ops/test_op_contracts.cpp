@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "ops/attention.h"
+#include "ops/causal_conv1d.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
@@ -149,6 +150,56 @@ TEST(Attention, SameBitsOnOneAndTwoThreads) {
     };
     auto a = run(1), b = run(2);
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i], b[i])) << "output " << i;
+}
+
+// Packed sequences (cu_seqlens, B = 1) give what each sequence gives on its own (attention: no query
+// sees another document; the short convolution restarts at every sequence start).
+TEST(Packing, AttentionAndConvolutionRestartAtSequenceStarts) {
+    const std::vector<int64_t> cu = {0, 5, 135, 140, 300};
+    const int64_t T = cu.back(), H = 2, HKV = 1, D = 8, C = 6, W = 4;
+    Tensor q = test::randn(DType::f64, Shape{1, T, H, D}, 1), k = test::randn(DType::f64, Shape{1, T, HKV, D}, 2),
+           v = test::randn(DType::f64, Shape{1, T, HKV, D}, 3), dout = test::randn(DType::f64, Shape{1, T, H, D}, 4);
+    Tensor x = test::randn(DType::f64, Shape{1, T, C}, 5), w = test::randn(DType::f64, Shape{C, W}, 6),
+           dy = test::randn(DType::f64, Shape{1, T, C}, 7);
+    auto tokens = [](const Tensor& t, int64_t a, int64_t len) {
+        const int64_t per = t.numel() / t.shape()[1];
+        Shape s = t.shape();
+        s[1] = len;
+        return Tensor::copy_of(t.view().reshape(Shape{t.shape()[1], per}).slice0(a, a + len).reshape(s));
+    };
+    struct Out {
+        Tensor o, lse, dq, dk, dv, y, dx, dw;
+    };
+    auto run = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const Tensor& x,
+                   const Tensor& dy, std::span<const int64_t> cu) {
+        const int64_t t = q.shape()[1];
+        Out r{Tensor(DType::f64, q.shape()), Tensor(DType::f64, Shape{1, H, t}), Tensor(DType::f64, q.shape()),
+              Tensor(DType::f64, k.shape()), Tensor(DType::f64, v.shape()),      Tensor(DType::f64, x.shape()),
+              Tensor(DType::f64, x.shape()), Tensor(DType::f64, w.shape())};
+        std::vector<std::byte> ws(ops::attention_workspace_bytes(DType::f64, t, D, omp_get_max_threads()));
+        ops::attention_forward({}, q, k, v, r.o, r.lse, ws, cu);
+        ops::attention_backward({}, dout, q, k, v, r.o, r.lse, r.dq, r.dk, r.dv, ws, cu);
+        const ops::CausalConv1dParams cp{.activation = ops::Activation::silu};
+        ops::causal_conv1d_forward(cp, x, w, r.y, cu);
+        ops::causal_conv1d_backward(cp, dy, x, w, r.dx, r.dw, cu);
+        return r;
+    };
+    const Out packed = run(q, k, v, dout, x, dy, cu);
+    Tensor dw_sum(DType::f64, w.shape());
+    for (size_t s = 0; s + 1 < cu.size(); ++s) {
+        const int64_t a = cu[s], len = cu[s + 1] - cu[s];
+        const Out one = run(tokens(q, a, len), tokens(k, a, len), tokens(v, a, len), tokens(dout, a, len),
+                            tokens(x, a, len), tokens(dy, a, len), {});
+        SCOPED_TRACE("sequence " + std::to_string(s));
+        EXPECT_TRUE(test::all_close(tokens(packed.o, a, len), one.o, 1e-12, 1e-12));
+        EXPECT_TRUE(test::all_close(tokens(packed.dq, a, len), one.dq, 1e-12, 1e-12));
+        EXPECT_TRUE(test::all_close(tokens(packed.dk, a, len), one.dk, 1e-12, 1e-12));
+        EXPECT_TRUE(test::all_close(tokens(packed.dv, a, len), one.dv, 1e-12, 1e-12));
+        EXPECT_TRUE(test::all_close(tokens(packed.y, a, len), one.y, 1e-12, 1e-12));
+        EXPECT_TRUE(test::all_close(tokens(packed.dx, a, len), one.dx, 1e-12, 1e-12));
+        for (int64_t i = 0; i < w.numel(); ++i) dw_sum.ptr<double>()[i] += one.dw.ptr<double>()[i];
+    }
+    EXPECT_TRUE(test::all_close(packed.dw, dw_sum, 1e-12, 1e-12));
 }
 
 TEST(VecMath, ExpIsAccurateAndHandlesSpecialValues) {

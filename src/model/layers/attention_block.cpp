@@ -23,17 +23,14 @@ AttentionBlock::AttentionBlock(const ModelConfig& c, std::string param_prefix)
       Q_(c.n_heads * c.head_dim_or_default()),
       KV_(c.n_kv_heads * c.head_dim_or_default()) {}
 
-void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<double>& init_std) const {
-    const double out_std = cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers));  // GPT-2 residual scaling
-    auto add = [&](const std::string& name, Shape shape, double std, bool decay) {
-        specs.push_back({prefix_ + name, DType::f32, shape, BufferKind::param, decay});
-        init_std.push_back(std);
-    };
-    add("input_layernorm.weight", Shape{C_}, 0.0, false);  // std 0: initialised to ones
-    add("self_attn.q_proj.weight", Shape{Q_, C_}, cfg_.init_std, true);
-    add("self_attn.k_proj.weight", Shape{KV_, C_}, cfg_.init_std, true);
-    add("self_attn.v_proj.weight", Shape{KV_, C_}, cfg_.init_std, true);
-    add("self_attn.o_proj.weight", Shape{C_, Q_}, out_std, true);
+void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
+    const ParamInit w = ParamInit::normal(cfg_.init_std);
+    const ParamInit out = ParamInit::normal(cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers)));  // GPT-2
+    add_param(specs, inits, prefix_ + "input_layernorm.weight", Shape{C_}, ParamInit::constant(1.0), false);
+    add_param(specs, inits, prefix_ + "self_attn.q_proj.weight", Shape{Q_, C_}, w, true);
+    add_param(specs, inits, prefix_ + "self_attn.k_proj.weight", Shape{KV_, C_}, w, true);
+    add_param(specs, inits, prefix_ + "self_attn.v_proj.weight", Shape{KV_, C_}, w, true);
+    add_param(specs, inits, prefix_ + "self_attn.o_proj.weight", Shape{C_, Q_}, out, true);
 }
 
 void AttentionBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
@@ -54,7 +51,8 @@ void AttentionBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::
 }
 
 size_t AttentionBlock::workspace_bytes(StepShape max, int num_threads) const {
-    return ops::attention_workspace_bytes(DType::f32, max.seq, D_, num_threads);
+    // with document boundaries attention runs on one packed row of every token
+    return ops::attention_workspace_bytes(DType::f32, max.tokens(), D_, num_threads);
 }
 
 void AttentionBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
@@ -101,12 +99,14 @@ void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std
     TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N), qkv = qkv_.slice0(0, N), o = o_.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rstd_.slice0(0, N));
     ops::linear_forward({}, ln, w_.qkv, {}, qkv);
-    const ops::RopeParams rope{.theta = cfg_.rope_theta};
-    TensorView q = head_view(qkv, s, 0, H_), k = head_view(qkv, s, Q_, HKV_), v = head_view(qkv, s, Q_ + KV_, HKV_);
+    const ops::RopeParams rope{.theta = cfg_.rope_theta};  // positions per batch row (relative within documents)
+    TensorView q = head_view(qkv, s, 0, H_), k = head_view(qkv, s, Q_, HKV_);
     ops::rope_forward(rope, q, q);
     ops::rope_forward(rope, k, k);
-    ops::attention_forward({}, q, k, v, o.reshape(Shape{s.batch, s.seq, H_, D_}),
-                           lse_.prefix(Shape{s.batch, H_, s.seq}), ws);
+    const StepShape a = attention_shape(s);  // one packed row when documents are kept apart
+    ops::attention_forward({}, head_view(qkv, a, 0, H_), head_view(qkv, a, Q_, HKV_), head_view(qkv, a, Q_ + KV_, HKV_),
+                           o.reshape(Shape{a.batch, a.seq, H_, D_}), lse_.prefix(Shape{a.batch, H_, a.seq}), ws,
+                           s.cu_seqlens);
     residual_copy(x, x_out, N);
     ops::linear_forward({.accumulate = true}, o, w_.o, {}, x_out.slice0(0, N));
 }
@@ -120,17 +120,22 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
     ops::linear_backward(d, o, w_.o, dO, g_.o, {});
     zero_rows(dqk_, N);
     zero_rows(dqkv_, N);
-    TensorView q = head_view(qkv, s, 0, H_), k = head_view(qkv, s, Q_, HKV_), v = head_view(qkv, s, Q_ + KV_, HKV_);
-    ops::attention_backward({}, dO.reshape(Shape{s.batch, s.seq, H_, D_}), q, k, v,
-                            o.reshape(Shape{s.batch, s.seq, H_, D_}), lse_.prefix(Shape{s.batch, H_, s.seq}),
-                            head_view(dqk, s, 0, H_), head_view(dqk, s, Q_, HKV_), head_view(dqkv, s, Q_ + KV_, HKV_),
-                            ws);
+    const StepShape a = attention_shape(s);
+    ops::attention_backward({}, dO.reshape(Shape{a.batch, a.seq, H_, D_}), head_view(qkv, a, 0, H_),
+                            head_view(qkv, a, Q_, HKV_), head_view(qkv, a, Q_ + KV_, HKV_),
+                            o.reshape(Shape{a.batch, a.seq, H_, D_}), lse_.prefix(Shape{a.batch, H_, a.seq}),
+                            head_view(dqk, a, 0, H_), head_view(dqk, a, Q_, HKV_), head_view(dqkv, a, Q_ + KV_, HKV_),
+                            ws, s.cu_seqlens);
     const ops::RopeParams rope{.theta = cfg_.rope_theta};
     ops::rope_backward(rope, head_view(dqk, s, 0, H_), head_view(dqkv, s, 0, H_));
     ops::rope_backward(rope, head_view(dqk, s, Q_, HKV_), head_view(dqkv, s, Q_, HKV_));
     zero_rows(dln_, N);
     ops::linear_backward(dqkv, ln_.slice0(0, N), w_.qkv, dln, g_.qkv, {});
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);
+}
+
+StepShape AttentionBlock::attention_shape(StepShape s) const {
+    return s.cu_seqlens.empty() ? s : StepShape{1, s.tokens(), s.cu_seqlens};
 }
 
 double AttentionBlock::forward_flops_per_token(int64_t seq) const {

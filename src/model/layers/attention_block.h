@@ -13,7 +13,7 @@ class AttentionBlock : public Block {
   public:
     AttentionBlock(const ModelConfig& c, std::string param_prefix);
 
-    void declare_params(std::vector<BufferSpec>& specs, std::vector<double>& init_std) const override;
+    void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
     void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
     void declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
     size_t workspace_bytes(StepShape max, int num_threads) const override;
@@ -33,6 +33,8 @@ class AttentionBlock : public Block {
     };
     // views of q, k, v inside a [N, Q + 2KV] (or [N, Q + KV]) row buffer, as [B, T, heads, D]
     TensorView head_view(TensorView rows, StepShape s, int64_t col, int64_t heads) const;
+    // the shape attention runs on: [B, T], or one packed row of B·T tokens with document boundaries
+    StepShape attention_shape(StepShape s) const;
 
     ModelConfig cfg_;
     std::string prefix_;

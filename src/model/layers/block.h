@@ -15,7 +15,26 @@ namespace tessera::model {
 struct StepShape {
     int64_t batch = 1;
     int64_t seq = 1;
+    // Document boundaries (optional): sequence starts over the flattened batch·seq tokens, every row
+    // start included, ending with batch·seq. Blocks then keep packed documents apart.
+    std::span<const int64_t> cu_seqlens = {};
     int64_t tokens() const { return batch * seq; }
+};
+
+// How a parameter starts (values from Philox by (seed, name, index); see Model::init_params).
+struct ParamInit {
+    enum class Kind : uint8_t {
+        normal,               // N(0, a²)
+        constant,             // a
+        log_uniform,          // ln U(a, b)
+        dt_inverse_softplus,  // dt = exp(U(ln a, ln b)) clamped >= 1e-4, value = dt + ln(−expm1(−dt))
+    };
+    Kind kind = Kind::normal;
+    double a = 0.0, b = 0.0;
+
+    static ParamInit normal(double std) { return {Kind::normal, std, 0.0}; }
+    static ParamInit constant(double value) { return {Kind::constant, value, 0.0}; }
+    double value(double uniform01, double normal01) const;  // the value for one element
 };
 
 class Block {
@@ -23,7 +42,7 @@ class Block {
     virtual ~Block() = default;
 
     // Parameters under the block's own name prefix (e.g. "model.layers.3.self_attn."), with init.
-    virtual void declare_params(std::vector<BufferSpec>& specs, std::vector<double>& init_std) const = 0;
+    virtual void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const = 0;
     // Activations forward saves for backward, named under `prefix`, for up to `max` tokens.
     virtual void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const = 0;
     // Buffers used only inside backward, shared by every block of the same kind.
@@ -44,6 +63,14 @@ class Block {
     // Short kind name shared by blocks that share scratch ("attention", "mlp").
     virtual std::string kind() const = 0;
 };
+
+// Appends one parameter (f32) and its initialisation.
+void add_param(std::vector<BufferSpec>& specs,
+               std::vector<ParamInit>& inits,
+               std::string name,
+               Shape shape,
+               ParamInit init,
+               bool weight_decay);
 
 // x_out = x_in (the residual copy every block starts from)
 void residual_copy(TensorView x_in, TensorView x_out, int64_t rows);

@@ -12,16 +12,13 @@ namespace tessera::model {
 MlpBlock::MlpBlock(const ModelConfig& c, std::string param_prefix)
     : cfg_(c), prefix_(std::move(param_prefix)), C_(c.d_model), F_(c.ffn_dim) {}
 
-void MlpBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<double>& init_std) const {
-    const double out_std = cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers));
-    auto add = [&](const std::string& name, Shape shape, double std, bool decay) {
-        specs.push_back({prefix_ + name, DType::f32, shape, BufferKind::param, decay});
-        init_std.push_back(std);
-    };
-    add("post_attention_layernorm.weight", Shape{C_}, 0.0, false);
-    add("mlp.gate_proj.weight", Shape{F_, C_}, cfg_.init_std, true);
-    add("mlp.up_proj.weight", Shape{F_, C_}, cfg_.init_std, true);
-    add("mlp.down_proj.weight", Shape{C_, F_}, out_std, true);
+void MlpBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
+    const ParamInit w = ParamInit::normal(cfg_.init_std);
+    const ParamInit out = ParamInit::normal(cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers)));
+    add_param(specs, inits, prefix_ + "post_attention_layernorm.weight", Shape{C_}, ParamInit::constant(1.0), false);
+    add_param(specs, inits, prefix_ + "mlp.gate_proj.weight", Shape{F_, C_}, w, true);
+    add_param(specs, inits, prefix_ + "mlp.up_proj.weight", Shape{F_, C_}, w, true);
+    add_param(specs, inits, prefix_ + "mlp.down_proj.weight", Shape{C_, F_}, out, true);
 }
 
 void MlpBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {

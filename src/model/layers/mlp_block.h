@@ -12,7 +12,7 @@ class MlpBlock : public Block {
   public:
     MlpBlock(const ModelConfig& c, std::string param_prefix);
 
-    void declare_params(std::vector<BufferSpec>& specs, std::vector<double>& init_std) const override;
+    void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
     void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
     void declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
     void bind_params(const BufferGroup& params, const BufferGroup* grads) override;

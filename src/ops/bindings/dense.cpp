@@ -84,8 +84,9 @@ void run_rope(OpContext& c) {
 void run_causal_conv1d(OpContext& c) {
     CausalConv1dParams p{.activation = c.param_str("activation") == "silu" ? Activation::silu : Activation::none};
     TensorView x = c.in("x"), w = c.in("w");
-    causal_conv1d_forward(p, x, w, c.out_like("y", x));
-    if (c.has("dy")) causal_conv1d_backward(p, c.in("dy"), x, w, c.out_like("dx", x), c.out_like("dw", w));
+    const auto cu = c.index_span("cu_seqlens");
+    causal_conv1d_forward(p, x, w, c.out_like("y", x), cu);
+    if (c.has("dy")) causal_conv1d_backward(p, c.in("dy"), x, w, c.out_like("dx", x), c.out_like("dw", w), cu);
 }
 
 void run_attention(OpContext& c) {
@@ -95,10 +96,11 @@ void run_attention(OpContext& c) {
     auto ws = c.workspace(attention_workspace_bytes(q.dtype, q.size(1), q.size(3), omp_get_max_threads()));
     TensorView o = c.out_like("o", q);
     TensorView lse = c.out("lse", q.dtype, Shape{q.size(0), q.size(2), q.size(1)});
-    attention_forward(p, q, k, v, o, lse, ws);
+    const auto cu = c.index_span("cu_seqlens");
+    attention_forward(p, q, k, v, o, lse, ws, cu);
     if (c.has("do")) {
         attention_backward(p, c.in("do"), q, k, v, o, lse, c.out_like("dq", q), c.out_like("dk", k),
-                           c.out_like("dv", v), ws);
+                           c.out_like("dv", v), ws, cu);
     }
 }
 
@@ -159,14 +161,18 @@ void register_dense_ops(OpRegistry& r) {
            run_rope});
     r.add({"causal_conv1d",
            "depthwise causal conv1d, left-padded, optional SiLU",
-           {{"x", "[B, T, C]"}, {"w", "[C, W]"}, {"dy", "[B, T, C]", true}},
+           {{"x", "[B, T, C]"}, {"w", "[C, W]"}, {"cu_seqlens", "[N+1] i64, B = 1", true}, {"dy", "[B, T, C]", true}},
            {{"activation", ParamKind::choice, "silu", {"silu", "none"}, ""}},
            {"y"},
            {"given dy: dx, dw"},
            run_causal_conv1d});
     r.add({"attention",
            "softmax(scale·q·kᵀ)·v, causal, GQA when HKV < H (flash-style tiles)",
-           {{"q", "[B, T, H, D]"}, {"k", "[B, T, HKV, D]"}, {"v", "[B, T, HKV, D]"}, {"do", "[B, T, H, D]", true}},
+           {{"q", "[B, T, H, D]"},
+            {"k", "[B, T, HKV, D]"},
+            {"v", "[B, T, HKV, D]"},
+            {"cu_seqlens", "[N+1] i64, B = 1", true},
+            {"do", "[B, T, H, D]", true}},
            {number("scale", "0", "0 = D^-0.5"), integer("causal", "1")},
            {"o", "lse"},
            {"given do: dq, dk, dv"},

@@ -14,13 +14,8 @@ void run_kda(OpContext& c) {
     const KdaParams p{.scale = c.param_f64("scale"),
                       .chunk_size = c.param_i64("chunk_size"),
                       .mode = c.param_str("mode") == "recurrent" ? KdaMode::recurrent : KdaMode::chunk};
-    KdaInputs in{c.in("q"), c.in("k"), c.in("v"), c.in("g"), c.in("beta"), c.in_or_absent("h0"), {}};
-    if (c.has("cu_seqlens")) {
-        TensorView cu = c.in("cu_seqlens");
-        check_dtype(cu, DType::i64, "cu_seqlens");
-        TESSERA_CHECK(cu.ndim() == 1, "cu_seqlens must be 1-D");
-        in.cu_seqlens = std::span<const int64_t>(cu.ptr<int64_t>(), size_t(cu.numel()));
-    }
+    const KdaInputs in{
+        c.in("q"), c.in("k"), c.in("v"), c.in("g"), c.in("beta"), c.in_or_absent("h0"), c.index_span("cu_seqlens")};
     TESSERA_CHECK(in.q.ndim() == 4 && in.v.ndim() == 4, "q must be [B, T, H, K] and v [B, T, HV, V]");
     const int64_t N = in.cu_seqlens.empty() ? in.q.size(0) : int64_t(in.cu_seqlens.size()) - 1;
     const bool backward = c.has("do") || c.has("dht");

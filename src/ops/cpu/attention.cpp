@@ -1,5 +1,6 @@
-// Flash-style attention on the CPU. Tiles are multiplied with the per-thread sgemm (ops/gemm.h) and
-// the online softmax runs in vectorized loops. f64 uses the same algorithm with the reference GEMM.
+// Flash-style attention on the CPU, per sequence (batch row or packed segment). Tiles multiply with
+// the register-blocked small GEMM (ops/cpu/small_gemm.h) and the online softmax runs in vectorized
+// loops. f64 uses the same algorithm with the reference loops.
 #include "ops/attention.h"
 
 #include <omp.h>
@@ -8,12 +9,16 @@
 #include <limits>
 
 #include "ops/cpu/kernel_util.h"
+#include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vec_math.h"
-#include "ops/gemm.h"
 
 namespace tessera::ops {
 
 using cpu::dispatch_float;
+using cpu::Segments;
+using cpu::small_gemm_nn;
+using cpu::small_gemm_tn;
+using cpu::transpose;
 using cpu::WorkspaceCursor;
 
 namespace {
@@ -22,9 +27,12 @@ constexpr int64_t kBlockK = 128;
 
 size_t round64(size_t b) { return (b + 63) / 64 * 64; }
 
+// forward: S [BQ, BK], acc [BQ, D], m and l [BQ], Kᵀ [D, BK];
+// backward: Di [T], P and dP [BQ, BK], Kᵀ and Vᵀ [D, BK]
 size_t per_thread_bytes(size_t elem, int64_t T, int64_t D) {
-    size_t fwd = round64(kBlockQ * kBlockK * elem) + round64(kBlockQ * D * elem) + 2 * round64(kBlockQ * elem);
-    size_t bwd = round64(size_t(T) * elem) + 2 * round64(kBlockQ * kBlockK * elem);
+    const size_t tile = round64(kBlockQ * kBlockK * elem), kt = round64(size_t(D) * kBlockK * elem);
+    size_t fwd = tile + round64(kBlockQ * D * elem) + 2 * round64(kBlockQ * elem) + kt;
+    size_t bwd = round64(size_t(T) * elem) + 2 * tile + 2 * kt;
     return std::max(fwd, bwd);
 }
 
@@ -63,6 +71,7 @@ inline T* at(const TensorView& x, int64_t b, int64_t t, int64_t h) {
 template <class T>
 void forward_impl(const AttentionParams& p,
                   const Dims& d,
+                  const Segments& seg,
                   const TensorView& q,
                   const TensorView& k,
                   const TensorView& v,
@@ -71,7 +80,6 @@ void forward_impl(const AttentionParams& p,
                   std::span<std::byte> ws) {
     const T scale = T(p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(d.D)));
     const int64_t group = d.H / d.HKV;
-    const int64_t num_qblocks = (d.T + kBlockQ - 1) / kBlockQ;
     const size_t per_thread = per_thread_bytes(sizeof(T), d.T, d.D);
     const int nt = omp_get_max_threads();
     TESSERA_CHECK(ws.size() >= per_thread * size_t(nt), "attention: workspace {} bytes < {} needed", ws.size(),
@@ -85,22 +93,26 @@ void forward_impl(const AttentionParams& p,
         T* acc = cur.take<T>(kBlockQ * d.D);
         T* m = cur.take<T>(kBlockQ);
         T* l = cur.take<T>(kBlockQ);
-#pragma omp for collapse(3) schedule(dynamic)
-        for (int64_t b = 0; b < d.B; ++b) {
+        T* Kt = cur.take<T>(d.D * kBlockK);
+        for (int64_t s = 0; s < seg.count(); ++s) {  // every thread walks the sequences; tasks are split
+            const int64_t b = seg.batch(s), first = seg.start(s), len = seg.length(s);
+            const int64_t num_qblocks = (len + kBlockQ - 1) / kBlockQ;
+#pragma omp for collapse(2) schedule(dynamic) nowait
             for (int64_t h = 0; h < d.H; ++h) {
                 for (int64_t qb = 0; qb < num_qblocks; ++qb) {
-                    const int64_t t0 = qb * kBlockQ, nq = std::min(kBlockQ, d.T - t0), hk = h / group;
-                    const T* Q = at<T>(q, b, t0, h);
+                    // t0, s0: positions within the sequence; its row index is first + position
+                    const int64_t t0 = qb * kBlockQ, nq = std::min(kBlockQ, len - t0), hk = h / group;
+                    const T* Q = at<T>(q, b, first + t0, h);
                     for (int64_t i = 0; i < nq * d.D; ++i) acc[i] = 0;
                     for (int64_t i = 0; i < nq; ++i) {
                         m[i] = neg_inf;
                         l[i] = 0;
                     }
-                    const int64_t kend = p.causal ? t0 + nq : d.T;
+                    const int64_t kend = p.causal ? t0 + nq : len;
                     for (int64_t s0 = 0; s0 < kend; s0 += kBlockK) {
                         const int64_t nk = std::min(kBlockK, kend - s0);
-                        gemm(Trans::N, Trans::T, nq, nk, d.D, scale, Q, q.strides[1], at<T>(k, b, s0, hk), k.strides[1],
-                             T(0), S, kBlockK);
+                        transpose(at<T>(k, b, first + s0, hk), nk, d.D, k.strides[1], Kt, nk);
+                        small_gemm_nn(nq, nk, d.D, scale, Q, q.strides[1], Kt, nk, T(0), S, kBlockK);
                         for (int64_t i = 0; i < nq; ++i) {
                             T* srow = S + i * kBlockK;
                             // causal: key s0 + j is visible to query t0 + i when s0 + j <= t0 + i
@@ -121,14 +133,14 @@ void forward_impl(const AttentionParams& p,
                             T* arow = acc + i * d.D;
                             for (int64_t c = 0; c < d.D; ++c) arow[c] *= alpha;
                         }
-                        gemm(Trans::N, Trans::N, nq, d.D, nk, T(1), S, kBlockK, at<T>(v, b, s0, hk), v.strides[1], T(1),
-                             acc, d.D);
+                        small_gemm_nn(nq, d.D, nk, T(1), S, kBlockK, at<T>(v, b, first + s0, hk), v.strides[1], T(1),
+                                      acc, d.D);
                     }
                     for (int64_t i = 0; i < nq; ++i) {
-                        T* orow = at<T>(o, b, t0 + i, h);
+                        T* orow = at<T>(o, b, first + t0 + i, h);
                         const T inv = T(1) / l[i];
                         for (int64_t c = 0; c < d.D; ++c) orow[c] = acc[i * d.D + c] * inv;
-                        LSE[(b * d.H + h) * d.T + t0 + i] = m[i] + T(std::log(double(l[i])));
+                        LSE[(b * d.H + h) * d.T + first + t0 + i] = m[i] + T(std::log(double(l[i])));
                     }
                 }
             }
@@ -139,6 +151,7 @@ void forward_impl(const AttentionParams& p,
 template <class T>
 void backward_impl(const AttentionParams& p,
                    const Dims& d,
+                   const Segments& seg,
                    const TensorView& dout,
                    const TensorView& q,
                    const TensorView& k,
@@ -162,33 +175,36 @@ void backward_impl(const AttentionParams& p,
         T* Di = cur.take<T>(size_t(d.T));
         T* P = cur.take<T>(kBlockQ * kBlockK);
         T* dP = cur.take<T>(kBlockQ * kBlockK);
-        // NOTES: a task owns (b, kv head): it alone writes those rows of dk, dv and of dq for the
-        // query heads of its group, so there are no races and no order-dependent sums.
-#pragma omp for collapse(2) schedule(dynamic)
-        for (int64_t b = 0; b < d.B; ++b) {
+        T* Kt = cur.take<T>(d.D * kBlockK);
+        T* Vt = cur.take<T>(d.D * kBlockK);
+        for (int64_t s = 0; s < seg.count(); ++s) {
+            const int64_t b = seg.batch(s), first = seg.start(s), len = seg.length(s);
+            // NOTES: a task owns (sequence, kv head): it alone writes those rows of dk, dv and of dq
+            // for the query heads of its group, so there are no races and no order-dependent sums.
+#pragma omp for schedule(dynamic) nowait
             for (int64_t hk = 0; hk < d.HKV; ++hk) {
                 for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-                    for (int64_t t = 0; t < d.T; ++t) {
-                        const T* dor = at<T>(dout, b, t, h);
-                        const T* orow = at<T>(o, b, t, h);
-                        T s = 0;
-                        for (int64_t c = 0; c < d.D; ++c) s += dor[c] * orow[c];
-                        Di[t] = s;
+                    for (int64_t t = 0; t < len; ++t) {
+                        const T* dor = at<T>(dout, b, first + t, h);
+                        const T* orow = at<T>(o, b, first + t, h);
+                        T acc = 0;
+                        for (int64_t c = 0; c < d.D; ++c) acc += dor[c] * orow[c];
+                        Di[t] = acc;
                     }
-                    const T* L = LSE + (b * d.H + h) * d.T;
-                    for (int64_t s0 = 0; s0 < d.T; s0 += kBlockK) {
-                        const int64_t nk = std::min(kBlockK, d.T - s0);
-                        const T* K = at<T>(k, b, s0, hk);
-                        const T* V = at<T>(v, b, s0, hk);
-                        T* dK = at<T>(dk, b, s0, hk);
-                        T* dV = at<T>(dv, b, s0, hk);
+                    const T* L = LSE + (b * d.H + h) * d.T + first;
+                    for (int64_t s0 = 0; s0 < len; s0 += kBlockK) {
+                        const int64_t nk = std::min(kBlockK, len - s0);
+                        const T* K = at<T>(k, b, first + s0, hk);
+                        T* dK = at<T>(dk, b, first + s0, hk);
+                        T* dV = at<T>(dv, b, first + s0, hk);
+                        transpose(K, nk, d.D, k.strides[1], Kt, nk);
+                        transpose(at<T>(v, b, first + s0, hk), nk, d.D, v.strides[1], Vt, nk);
                         const int64_t qstart = p.causal ? s0 / kBlockQ * kBlockQ : 0;
-                        for (int64_t t0 = qstart; t0 < d.T; t0 += kBlockQ) {
-                            const int64_t nq = std::min(kBlockQ, d.T - t0);
-                            const T* Q = at<T>(q, b, t0, h);
-                            const T* dO = at<T>(dout, b, t0, h);
-                            gemm(Trans::N, Trans::T, nq, nk, d.D, scale, Q, q.strides[1], K, k.strides[1], T(0), P,
-                                 kBlockK);
+                        for (int64_t t0 = qstart; t0 < len; t0 += kBlockQ) {
+                            const int64_t nq = std::min(kBlockQ, len - t0);
+                            const T* Q = at<T>(q, b, first + t0, h);
+                            const T* dO = at<T>(dout, b, first + t0, h);
+                            small_gemm_nn(nq, nk, d.D, scale, Q, q.strides[1], Kt, nk, T(0), P, kBlockK);
                             for (int64_t i = 0; i < nq; ++i) {
                                 T* prow = P + i * kBlockK;
                                 const int64_t nvis =
@@ -198,10 +214,8 @@ void backward_impl(const AttentionParams& p,
                                 for (int64_t j = 0; j < nvis; ++j) prow[j] = cpu::vexp(prow[j] - li);
                                 for (int64_t j = nvis; j < nk; ++j) prow[j] = 0;
                             }
-                            gemm(Trans::T, Trans::N, nk, d.D, nq, T(1), P, kBlockK, dO, dout.strides[1], T(1), dV,
-                                 dv.strides[1]);
-                            gemm(Trans::N, Trans::T, nq, nk, d.D, T(1), dO, dout.strides[1], V, v.strides[1], T(0), dP,
-                                 kBlockK);
+                            small_gemm_tn(nk, d.D, nq, T(1), P, kBlockK, dO, dout.strides[1], T(1), dV, dv.strides[1]);
+                            small_gemm_nn(nq, nk, d.D, T(1), dO, dout.strides[1], Vt, nk, T(0), dP, kBlockK);
                             for (int64_t i = 0; i < nq; ++i) {
                                 T* prow = P + i * kBlockK;
                                 const T* dprow = dP + i * kBlockK;
@@ -209,10 +223,9 @@ void backward_impl(const AttentionParams& p,
 #pragma omp simd
                                 for (int64_t j = 0; j < nk; ++j) prow[j] = prow[j] * (dprow[j] - di) * scale;
                             }
-                            gemm(Trans::N, Trans::N, nq, d.D, nk, T(1), P, kBlockK, K, k.strides[1], T(1),
-                                 at<T>(dq, b, t0, h), dq.strides[1]);
-                            gemm(Trans::T, Trans::N, nk, d.D, nq, T(1), P, kBlockK, Q, q.strides[1], T(1), dK,
-                                 dk.strides[1]);
+                            small_gemm_nn(nq, d.D, nk, T(1), P, kBlockK, K, k.strides[1], T(1),
+                                          at<T>(dq, b, first + t0, h), dq.strides[1]);
+                            small_gemm_tn(nk, d.D, nq, T(1), P, kBlockK, Q, q.strides[1], T(1), dK, dk.strides[1]);
                         }
                     }
                 }
@@ -237,9 +250,11 @@ void attention_forward(const AttentionParams& p,
                        TensorView v,
                        TensorView o,
                        TensorView lse,
-                       std::span<std::byte> workspace) {
+                       std::span<std::byte> workspace,
+                       std::span<const int64_t> cu_seqlens) {
     Dims d = check_inputs(q, k, v, o, lse);
-    dispatch_float(q.dtype, "attention", [&]<class T>(T) { forward_impl<T>(p, d, q, k, v, o, lse, workspace); });
+    const Segments seg(d.B, d.T, cu_seqlens, "attention");
+    dispatch_float(q.dtype, "attention", [&]<class T>(T) { forward_impl<T>(p, d, seg, q, k, v, o, lse, workspace); });
 }
 
 void attention_backward(const AttentionParams& p,
@@ -252,8 +267,10 @@ void attention_backward(const AttentionParams& p,
                         TensorView dq,
                         TensorView dk,
                         TensorView dv,
-                        std::span<std::byte> workspace) {
+                        std::span<std::byte> workspace,
+                        std::span<const int64_t> cu_seqlens) {
     Dims d = check_inputs(q, k, v, o, lse);
+    const Segments seg(d.B, d.T, cu_seqlens, "attention");
     check_shape(dout, q.shape, "attention: do");
     check_shape(dq, q.shape, "attention: dq");
     check_shape(dk, k.shape, "attention: dk");
@@ -263,7 +280,7 @@ void attention_backward(const AttentionParams& p,
                       "attention: gradients must be {} with a contiguous head dimension", dtype_name(q.dtype));
     }
     dispatch_float(q.dtype, "attention",
-                   [&]<class T>(T) { backward_impl<T>(p, d, dout, q, k, v, o, lse, dq, dk, dv, workspace); });
+                   [&]<class T>(T) { backward_impl<T>(p, d, seg, dout, q, k, v, o, lse, dq, dk, dv, workspace); });
 }
 
 }  // namespace tessera::ops

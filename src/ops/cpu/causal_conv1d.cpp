@@ -1,5 +1,6 @@
-// Causal depthwise conv1d forward/backward on the CPU. Parallel over (b, channel blocks) in forward
-// and dx; dw parallel over channel blocks with (b, t) summed in order.
+// Causal depthwise conv1d forward/backward on the CPU, per sequence (batch row or packed segment).
+// Parallel over (sequence, channel block) in forward; backward parallel over channel blocks, each
+// walking every sequence and token in order (dw sums in a fixed order).
 #include "ops/causal_conv1d.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 namespace tessera::ops {
 
 using cpu::dispatch_float;
+using cpu::Segments;
 
 namespace {
 constexpr int64_t kChannels = 64;  // channels per task: a contiguous run of each token row
@@ -24,36 +26,37 @@ void check_shapes(const TensorView& x, const TensorView& w, const TensorView& y,
     check_contiguous(y, yname);
 }
 
-// z for channels [c0, c1) at (b, t)
+// z for channels [c0, c1) at token t of a sequence whose first token is t0 (flattened rows)
 template <class T>
-inline void conv_at(
-    const T* X, const T* W, int64_t Tn, int64_t C, int64_t K, int64_t b, int64_t t, int64_t c0, int64_t c1, T* z) {
+inline void conv_at(const T* X, const T* W, int64_t C, int64_t K, int64_t t0, int64_t t, int64_t c0, int64_t c1, T* z) {
     for (int64_t c = c0; c < c1; ++c) z[c - c0] = 0;
     for (int64_t k = 0; k < K; ++k) {
         const int64_t s = t - (K - 1) + k;
-        if (s < 0) continue;
-        const T* xr = X + (b * Tn + s) * C;
+        if (s < t0) continue;
+        const T* xr = X + s * C;
         for (int64_t c = c0; c < c1; ++c) z[c - c0] += W[c * K + k] * xr[c];
     }
 }
 }  // namespace
 
-void causal_conv1d_forward(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y) {
+void causal_conv1d_forward(
+    const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y, std::span<const int64_t> cu_seqlens) {
     check_shapes(x, w, y, "causal_conv1d: y");
+    const Segments seg(x.size(0), x.size(1), cu_seqlens, "causal_conv1d");
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
-        const int64_t B = x.size(0), Tn = x.size(1), C = x.size(2), K = w.size(1);
+        const int64_t C = x.size(2), K = w.size(1);
         const T* X = x.ptr<T>();
         const T* W = w.ptr<T>();
         T* Y = y.ptr<T>();
         const int64_t num_cblocks = (C + kChannels - 1) / kChannels;
 #pragma omp parallel for collapse(2) schedule(static)
-        for (int64_t b = 0; b < B; ++b) {
+        for (int64_t s = 0; s < seg.count(); ++s) {
             for (int64_t cb = 0; cb < num_cblocks; ++cb) {
-                const int64_t c0 = cb * kChannels, c1 = std::min(C, c0 + kChannels);
+                const int64_t c0 = cb * kChannels, c1 = std::min(C, c0 + kChannels), t0 = seg.first_token(s);
                 T z[kChannels];
-                for (int64_t t = 0; t < Tn; ++t) {
-                    conv_at(X, W, Tn, C, K, b, t, c0, c1, z);
-                    T* yr = Y + (b * Tn + t) * C;
+                for (int64_t t = t0; t < t0 + seg.length(s); ++t) {
+                    conv_at(X, W, C, K, t0, t, c0, c1, z);
+                    T* yr = Y + t * C;
                     for (int64_t c = c0; c < c1; ++c) {
                         const T v = z[c - c0];
                         yr[c] = p.activation == Activation::silu ? v * cpu::vsigmoid(v) : v;
@@ -64,46 +67,48 @@ void causal_conv1d_forward(const CausalConv1dParams& p, TensorView x, TensorView
     });
 }
 
-void causal_conv1d_backward(
-    const CausalConv1dParams& p, TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw) {
+void causal_conv1d_backward(const CausalConv1dParams& p,
+                            TensorView dy,
+                            TensorView x,
+                            TensorView w,
+                            TensorView dx,
+                            TensorView dw,
+                            std::span<const int64_t> cu_seqlens) {
     check_shapes(x, w, dy, "causal_conv1d: dy");
     check_shape(dw, w.shape, "causal_conv1d: dw");
     if (dx.defined()) check_shapes(x, w, dx, "causal_conv1d: dx");
+    const Segments seg(x.size(0), x.size(1), cu_seqlens, "causal_conv1d");
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
-        const int64_t B = x.size(0), Tn = x.size(1), C = x.size(2), K = w.size(1);
+        const int64_t C = x.size(2), K = w.size(1);
         const T* X = x.ptr<T>();
         const T* W = w.ptr<T>();
         const T* DY = dy.ptr<T>();
         T* DX = dx.defined() ? dx.ptr<T>() : nullptr;
         T* DW = dw.ptr<T>();
         const int64_t num_cblocks = (C + kChannels - 1) / kChannels;
-        // dz at (b, t) for channels [c0, c1)
-        auto dz_at = [&](int64_t b, int64_t t, int64_t c0, int64_t c1, T* dz) {
-            const T* g = DY + (b * Tn + t) * C;
-            if (p.activation == Activation::none) {
-                for (int64_t c = c0; c < c1; ++c) dz[c - c0] = g[c];
-                return;
-            }
-            T z[kChannels];
-            conv_at(X, W, Tn, C, K, b, t, c0, c1, z);
-            for (int64_t c = c0; c < c1; ++c) {
-                const T v = z[c - c0], s = cpu::vsigmoid(v);
-                dz[c - c0] = g[c] * s * (T(1) + v * (T(1) - s));
-            }
-        };
-        // NOTES: one task per channel block walks every (b, t) in order, so dw's sums have a fixed order.
+        // NOTES: one task per channel block walks every (sequence, t) in order: dw sums in a fixed order.
 #pragma omp parallel for schedule(static)
         for (int64_t cb = 0; cb < num_cblocks; ++cb) {
             const int64_t c0 = cb * kChannels, c1 = std::min(C, c0 + kChannels);
-            T dz[kChannels];
-            for (int64_t b = 0; b < B; ++b) {
-                for (int64_t t = 0; t < Tn; ++t) {
-                    dz_at(b, t, c0, c1, dz);
+            T dz[kChannels], z[kChannels];
+            for (int64_t s = 0; s < seg.count(); ++s) {
+                const int64_t t0 = seg.first_token(s);
+                for (int64_t t = t0; t < t0 + seg.length(s); ++t) {
+                    const T* g = DY + t * C;
+                    if (p.activation == Activation::none) {
+                        for (int64_t c = c0; c < c1; ++c) dz[c - c0] = g[c];
+                    } else {
+                        conv_at(X, W, C, K, t0, t, c0, c1, z);
+                        for (int64_t c = c0; c < c1; ++c) {
+                            const T v = z[c - c0], sg = cpu::vsigmoid(v);
+                            dz[c - c0] = g[c] * sg * (T(1) + v * (T(1) - sg));
+                        }
+                    }
                     for (int64_t k = 0; k < K; ++k) {
-                        const int64_t s = t - (K - 1) + k;
-                        if (s < 0) continue;
-                        const T* xr = X + (b * Tn + s) * C;
-                        T* dxr = DX ? DX + (b * Tn + s) * C : nullptr;
+                        const int64_t src = t - (K - 1) + k;
+                        if (src < t0) continue;
+                        const T* xr = X + src * C;
+                        T* dxr = DX ? DX + src * C : nullptr;
                         for (int64_t c = c0; c < c1; ++c) {
                             DW[c * K + k] += dz[c - c0] * xr[c];
                             if (dxr) dxr[c] += W[c * K + k] * dz[c - c0];

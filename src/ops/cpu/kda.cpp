@@ -27,14 +27,14 @@ using cpu::kda::Dims;
 struct Layout {
     int64_t B = 0, T = 0, H = 0, HV = 0, K = 0, V = 0, G = 0, C = 0;
     int64_t tokens = 0, num_seqs = 0, max_chunks = 0, max_len = 0, total_chunks = 0;
-    std::span<const int64_t> cu;
+    cpu::Segments seg{0, 0, {}, "kda"};
 
-    int64_t seq_start(int64_t s) const { return cu.empty() ? s * T : cu[size_t(s)]; }
-    int64_t seq_len(int64_t s) const { return cu.empty() ? T : cu[size_t(s) + 1] - cu[size_t(s)]; }
+    int64_t seq_start(int64_t s) const { return seg.first_token(s); }
+    int64_t seq_len(int64_t s) const { return seg.length(s); }
     int64_t chunks(int64_t s) const { return (seq_len(s) + C - 1) / C; }
-    // index of sequence s's first chunk among all sequences' chunks (the ceil-divisions of the starts)
+    // index of sequence s's first chunk among all sequences' chunks
     int64_t chunk_offset(int64_t s) const {
-        if (cu.empty()) return s * chunks(0);
+        if (seg.cu.empty()) return s * chunks(0);
         int64_t n = 0;
         for (int64_t i = 0; i < s; ++i) n += chunks(i);
         return n;
@@ -67,18 +67,8 @@ Layout check(const KdaParams& p, const KdaInputs& in) {
     TESSERA_CHECK(p.chunk_size == 32 || p.chunk_size == 64, "kda: chunk_size must be 32 or 64, not {}", p.chunk_size);
     L.C = p.chunk_size;
     L.tokens = L.B * L.T;
-    L.cu = in.cu_seqlens;
-    if (!L.cu.empty()) {
-        TESSERA_CHECK(L.B == 1, "kda: cu_seqlens needs B = 1 (sequences packed in one row), not B = {}", L.B);
-        TESSERA_CHECK(L.cu.size() >= 2 && L.cu.front() == 0 && L.cu.back() == L.T,
-                      "kda: cu_seqlens must start at 0 and end at T = {}", L.T);
-        for (size_t s = 1; s < L.cu.size(); ++s) {
-            TESSERA_CHECK(L.cu[s] > L.cu[s - 1], "kda: cu_seqlens must increase strictly (entry {})", s);
-        }
-        L.num_seqs = int64_t(L.cu.size()) - 1;
-    } else {
-        L.num_seqs = L.B;
-    }
+    L.seg = cpu::Segments(L.B, L.T, in.cu_seqlens, "kda");
+    L.num_seqs = L.seg.count();
     for (int64_t s = 0; s < L.num_seqs; ++s) {
         L.max_chunks = std::max(L.max_chunks, L.chunks(s));
         L.max_len = std::max(L.max_len, L.seq_len(s));
@@ -727,6 +717,29 @@ size_t kda_workspace_bytes(
     const KdaParams& p, const KdaInputs& in, bool backward, int num_threads, bool backward_with_saved_states) {
     const Layout L = check(p, in);
     return size_t(work_sizes(p, L, backward, num_threads, backward_with_saved_states).total()) * dtype_size(in.q.dtype);
+}
+
+size_t kda_workspace_bound(const KdaParams& p,
+                           const KdaInputs& shapes,
+                           int64_t max_len,
+                           bool backward,
+                           int num_threads,
+                           bool backward_with_saved_states) {
+    KdaInputs rows = shapes;
+    rows.cu_seqlens = {};
+    Layout L = check(p, rows);
+    L.max_chunks = (max_len + L.C - 1) / L.C;
+    L.max_len = max_len;
+    WorkSizes w = work_sizes(p, L, backward, num_threads, backward_with_saved_states);
+    if (p.mode == KdaMode::chunk) {
+        // NOTES: whatever the number of (sequence, head) units: per-unit runs `threads` lanes; windowed
+        // runs group <= 2·threads lanes and group·window <= 2·threads + group slots
+        const int64_t KV = L.K * L.V, lanes = 2 * int64_t(num_threads);
+        w.slots = std::max<int64_t>(w.slots, 4 * int64_t(num_threads));
+        w.running = std::max<int64_t>(w.running, lanes * KV);
+        if (backward && !backward_with_saved_states) w.store = lanes * L.max_chunks * KV;
+    }
+    return size_t(w.total()) * dtype_size(shapes.q.dtype);
 }
 
 void kda_forward(const KdaParams& p,

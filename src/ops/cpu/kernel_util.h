@@ -61,6 +61,29 @@ inline void check_index_dtype(const TensorView& ids, std::string_view what) {
     check_contiguous(ids, what);
 }
 
+// The sequences of a step: each of the B rows of length T, or (B = 1) the variable-length sequences
+// packed in the row by cu_seqlens (sequence s is tokens [cu[s], cu[s+1])). Validated on creation.
+struct Segments {
+    int64_t B = 0, T = 0;
+    std::span<const int64_t> cu;
+
+    Segments(int64_t batch, int64_t time, std::span<const int64_t> cu_seqlens, std::string_view what)
+        : B(batch), T(time), cu(cu_seqlens) {
+        if (cu.empty()) return;
+        TESSERA_CHECK(B == 1, "{}: cu_seqlens needs B = 1 (sequences packed in one row), not B = {}", what, B);
+        TESSERA_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == T,
+                      "{}: cu_seqlens must start at 0 and end at T = {}", what, T);
+        for (size_t s = 1; s < cu.size(); ++s) {
+            TESSERA_CHECK(cu[s] > cu[s - 1], "{}: cu_seqlens must increase strictly (entry {})", what, s);
+        }
+    }
+    int64_t count() const { return cu.empty() ? B : int64_t(cu.size()) - 1; }
+    int64_t batch(int64_t s) const { return cu.empty() ? s : 0; }
+    int64_t start(int64_t s) const { return cu.empty() ? 0 : cu[size_t(s)]; }  // within its batch row
+    int64_t length(int64_t s) const { return cu.empty() ? T : cu[size_t(s) + 1] - cu[size_t(s)]; }
+    int64_t first_token(int64_t s) const { return batch(s) * T + start(s); }  // in the flattened B·T axis
+};
+
 // Workspace carving: successive aligned slices of a byte span.
 class WorkspaceCursor {
   public:

@@ -69,4 +69,19 @@ void DataLoader::eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t
     }
 }
 
+int64_t document_starts(
+    std::span<const int32_t> ids, int64_t batch, int64_t seq, int32_t end_of_document, std::span<int64_t> cu) {
+    TESSERA_CHECK(int64_t(ids.size()) == batch * seq && int64_t(cu.size()) >= batch * seq + 1,
+                  "document_starts: buffers too small");
+    int64_t n = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+        cu[size_t(n++)] = b * seq;
+        for (int64_t t = 0; t + 1 < seq; ++t) {
+            if (ids[size_t(b * seq + t)] == end_of_document) cu[size_t(n++)] = b * seq + t + 1;
+        }
+    }
+    cu[size_t(n++)] = batch * seq;
+    return n;
+}
+
 }  // namespace tessera::train

@@ -46,4 +46,10 @@ class DataLoader {
     LoaderPosition pos_;
 };
 
+// Document boundaries of a batch of `batch` rows of `seq` tokens: the start of every row and the
+// position after every end-of-document token, as cu_seqlens over the flattened batch (ending with
+// batch·seq). cu needs batch·seq + 1 entries; returns how many it filled.
+int64_t document_starts(
+    std::span<const int32_t> ids, int64_t batch, int64_t seq, int32_t end_of_document, std::span<int64_t> cu);
+
 }  // namespace tessera::train

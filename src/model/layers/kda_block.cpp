@@ -1,0 +1,375 @@
+// KDA / GDN block forward and backward (data flow: kda_block.h; gradients: spec/kda.md §3.3).
+#include "model/layers/kda_block.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "ops/causal_conv1d.h"
+#include "ops/cpu/vec_math.h"
+#include "ops/kda.h"
+#include "ops/kda_gate.h"
+#include "ops/l2norm.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+
+namespace tessera::model {
+
+namespace {
+// dst rows += src rows (both [N, width], row-strided)
+void add_rows(TensorView src, TensorView dst) {
+    const int64_t N = src.size(0), width = src.size(1);
+    const float* s = src.ptr<float>();
+    float* d = dst.ptr<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        for (int64_t c = 0; c < width; ++c) d[n * dst.strides[0] + c] += s[n * src.strides[0] + c];
+    }
+}
+
+// dst rows = src rows
+void copy_rows(TensorView src, TensorView dst) {
+    const int64_t N = src.size(0), width = src.size(1);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        std::memcpy(dst.ptr<float>() + n * dst.strides[0], src.ptr<float>() + n * src.strides[0],
+                    size_t(width) * sizeof(float));
+    }
+}
+
+TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what) {
+    int64_t rows = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        if (i) {
+            TESSERA_CHECK(static_cast<std::byte*>(parts[i - 1].data) + parts[i - 1].nbytes() == parts[i].data,
+                          "{}: parameters are not adjacent", what);
+        }
+        rows += parts[i].size(0);
+    }
+    return TensorView(parts[0].data, DType::f32, Shape{rows, cols});
+}
+}  // namespace
+
+void KdaConfig::validate(const std::string& where) const {
+    auto positive = [&](int64_t v, const char* key) {
+        TESSERA_CHECK(v > 0, "{}: {} must be positive, not {}", where, key, v);
+    };
+    positive(d_model, "d_model");
+    positive(num_heads, "num_heads");
+    positive(head_dim, "head_dim");
+    positive(conv_size, "conv_size");
+    TESSERA_CHECK(hv() % num_heads == 0, "{}: num_v_heads {} must be a multiple of num_heads {}", where, hv(),
+                  num_heads);
+    TESSERA_CHECK(gate_lower_bound <= 0, "{}: gate_lower_bound must be <= 0 (0 = softplus form)", where);
+    TESSERA_CHECK(chunk_size == 32 || chunk_size == 64, "{}: chunk_size must be 32 or 64", where);
+    TESSERA_CHECK(d_model % 16 == 0 && (num_heads * head_dim) % 16 == 0 && (hv() * v_dim()) % 16 == 0,
+                  "{}: d_model and the q/k and value widths must be multiples of 16", where);
+}
+
+KdaBlock::KdaBlock(const KdaConfig& c, std::string param_prefix)
+    : cfg_(c),
+      prefix_(std::move(param_prefix)),
+      C_(c.d_model),
+      H_(c.num_heads),
+      HV_(c.hv()),
+      K_(c.head_dim),
+      V_(c.v_dim()),
+      R_(c.scalar_gate ? c.hv() : c.rank()),
+      W_(c.conv_size) {
+    cfg_.validate(prefix_ + "self_attn");
+    Wqkv_ = 2 * H_ * K_ + HV_ * V_;
+    Go_ = c.full_rank_output_gate ? HV_ * V_ : V_;
+    Ws_ = R_ + HV_ + Go_;
+}
+
+void KdaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
+    const ParamInit w = ParamInit::normal(cfg_.init_std);
+    const std::string a = prefix_ + "self_attn.";
+    auto add = [&](const std::string& name, Shape shape, ParamInit init, bool decay) {
+        add_param(specs, inits, name, shape, init, decay);
+    };
+    add(prefix_ + "input_layernorm.weight", Shape{C_}, ParamInit::constant(1.0), false);
+    add(a + "q_proj.weight", Shape{H_ * K_, C_}, w, true);
+    add(a + "k_proj.weight", Shape{H_ * K_, C_}, w, true);
+    add(a + "v_proj.weight", Shape{HV_ * V_, C_}, w, true);
+    add(a + "q_conv1d.weight", Shape{H_ * K_, W_}, w, true);
+    add(a + "k_conv1d.weight", Shape{H_ * K_, W_}, w, true);
+    add(a + "v_conv1d.weight", Shape{HV_ * V_, W_}, w, true);
+    add(a + (cfg_.scalar_gate ? "a_proj.weight" : "f_a_proj.weight"), Shape{R_, C_}, w, true);
+    add(a + "b_proj.weight", Shape{HV_, C_}, w, true);
+    add(a + (cfg_.full_rank_output_gate ? "g_proj.weight" : "g_a_proj.weight"), Shape{Go_, C_}, w, true);
+    if (!cfg_.scalar_gate) add(a + "f_b_proj.weight", Shape{HV_ * K_, R_}, w, true);
+    // spec/kda.md §1.1: A_log = ln U(1, 16), or 0 with the lower-bound gate; dt_bias = softplus⁻¹(dt)
+    add(a + "A_log", Shape{HV_},
+        cfg_.gate_lower_bound < 0 ? ParamInit::constant(0.0) : ParamInit{ParamInit::Kind::log_uniform, 1.0, 16.0},
+        false);
+    add(a + "dt_bias", Shape{HV_ * gate_width()}, ParamInit{ParamInit::Kind::dt_inverse_softplus, 1e-3, 1e-1}, false);
+    if (!cfg_.full_rank_output_gate) add(a + "g_b_proj.weight", Shape{HV_ * V_, V_}, w, true);
+    add(a + "o_norm.weight", Shape{V_}, ParamInit::constant(1.0), false);
+    add(a + "o_proj.weight", Shape{C_, HV_ * V_}, ParamInit::normal(cfg_.init_std / std::sqrt(2.0 * cfg_.n_layers)),
+        true);
+}
+
+void KdaBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    auto add = [&](const char* name, Shape s) { specs.push_back({prefix + name, DType::f32, s}); };
+    add("ln", Shape{N, C_});
+    add("rstd", Shape{N});
+    add("qkv_raw", Shape{N, Wqkv_});
+    add("qkv", Shape{N, Wqkv_});
+    add("qn", Shape{N, H_ * K_});
+    add("kn", Shape{N, H_ * K_});
+    add("v", Shape{N, HV_ * V_});
+    add("small", Shape{N, Ws_});
+    add("f", Shape{N, HV_ * gate_width()});
+    add("g", Shape{N, HV_ * K_});
+    add("beta", Shape{N, HV_});
+    add("o", Shape{N, HV_ * V_});
+    add("z", Shape{N, HV_ * V_});
+    add("y", Shape{N, HV_ * V_});
+    // chunk states for the backward when batch rows are the sequences (with document boundaries the
+    // number of chunks depends on the data, and the backward recomputes them instead)
+    add("states", Shape{max.batch * ((max.seq + cfg_.chunk_size - 1) / cfg_.chunk_size), HV_, K_, V_});
+}
+
+void KdaBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    auto add = [&](const char* name, Shape s) { specs.push_back({prefix + name, DType::f32, s}); };
+    add("ln", Shape{N, C_});
+    add("qkv_raw", Shape{N, Wqkv_});
+    add("qkv", Shape{N, Wqkv_});
+    add("qn", Shape{N, H_ * K_});
+    add("kn", Shape{N, H_ * K_});
+    add("v", Shape{N, HV_ * V_});
+    add("small", Shape{N, Ws_});
+    add("f", Shape{N, HV_ * gate_width()});
+    add("g", Shape{N, HV_ * K_});
+    add("beta", Shape{N, HV_});
+    add("o", Shape{N, HV_ * V_});
+    add("z", Shape{N, HV_ * V_});
+    add("y", Shape{N, HV_ * V_});
+}
+
+ops::KdaInputs KdaBlock::kda_inputs(StepShape s, const Acts& a) const {
+    const bool packed = !s.cu_seqlens.empty();
+    const int64_t B = packed ? 1 : s.batch, T = packed ? s.tokens() : s.seq;
+    return {a.qn.prefix(Shape{B, T, H_, K_}),
+            a.kn.prefix(Shape{B, T, H_, K_}),
+            a.v.prefix(Shape{B, T, HV_, V_}),
+            a.g.prefix(Shape{B, T, HV_, K_}),
+            a.beta.prefix(Shape{B, T, HV_}),
+            TensorView(),
+            packed ? s.cu_seqlens : std::span<const int64_t>()};
+}
+
+size_t KdaBlock::workspace_bytes(StepShape max, int num_threads) const {
+    // shapes only: the bound holds for any document boundaries within the rows
+    const int64_t B = max.batch, T = max.seq;
+    auto shape = [](Shape s) { return TensorView(nullptr, DType::f32, s); };
+    const ops::KdaInputs in{shape(Shape{B, T, H_, K_}),
+                            shape(Shape{B, T, H_, K_}),
+                            shape(Shape{B, T, HV_, V_}),
+                            shape(Shape{B, T, HV_, K_}),
+                            shape(Shape{B, T, HV_}),
+                            TensorView(),
+                            {}};
+    return ops::kda_workspace_bound({.chunk_size = cfg_.chunk_size}, in, T, true, num_threads, false);
+}
+
+void KdaBlock::bind_weights(const BufferGroup& g, Weights& w) const {
+    const std::string a = prefix_ + "self_attn.";
+    w.norm = g.view(prefix_ + "input_layernorm.weight");
+    w.qkv = adjacent({g.view(a + "q_proj.weight"), g.view(a + "k_proj.weight"), g.view(a + "v_proj.weight")}, C_,
+                     a + "q/k/v_proj");
+    w.conv = adjacent({g.view(a + "q_conv1d.weight"), g.view(a + "k_conv1d.weight"), g.view(a + "v_conv1d.weight")}, W_,
+                      a + "q/k/v_conv1d");
+    w.small =
+        adjacent({g.view(a + (cfg_.scalar_gate ? "a_proj.weight" : "f_a_proj.weight")), g.view(a + "b_proj.weight"),
+                  g.view(a + (cfg_.full_rank_output_gate ? "g_proj.weight" : "g_a_proj.weight"))},
+                 C_, a + "gate projections");
+    if (!cfg_.scalar_gate) w.f_b = g.view(a + "f_b_proj.weight");
+    w.A_log = g.view(a + "A_log");
+    w.dt_bias = g.view(a + "dt_bias");
+    if (!cfg_.full_rank_output_gate) w.g_b = g.view(a + "g_b_proj.weight");
+    w.o_norm = g.view(a + "o_norm.weight");
+    w.o = g.view(a + "o_proj.weight");
+}
+
+void KdaBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
+    bind_weights(params, w_);
+    has_grads_ = grads != nullptr;
+    if (grads) bind_weights(*grads, g_);
+}
+
+KdaBlock::Acts KdaBlock::bind_acts(const BufferGroup& acts, const std::string& prefix, bool saved) const {
+    Acts a;
+    a.ln = acts.view(prefix + "ln");
+    if (saved) a.rstd = acts.view(prefix + "rstd");
+    a.qkv_raw = acts.view(prefix + "qkv_raw");
+    a.qkv = acts.view(prefix + "qkv");
+    a.qn = acts.view(prefix + "qn");
+    a.kn = acts.view(prefix + "kn");
+    a.v = acts.view(prefix + "v");
+    a.small = acts.view(prefix + "small");
+    a.f = acts.view(prefix + "f");
+    a.g = acts.view(prefix + "g");
+    a.beta = acts.view(prefix + "beta");
+    a.o = acts.view(prefix + "o");
+    a.z = acts.view(prefix + "z");
+    a.y = acts.view(prefix + "y");
+    if (saved) a.states = acts.view(prefix + "states");
+    return a;
+}
+
+void KdaBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) { a_ = bind_acts(acts, prefix, true); }
+
+void KdaBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) { d_ = bind_acts(acts, prefix, false); }
+
+TensorView KdaBlock::columns(TensorView rows, int64_t col, int64_t width) const {
+    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{rows.size(0), width});
+    v.strides[0] = rows.strides[0];
+    return v;
+}
+
+void KdaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    const int64_t N = s.tokens(), HK = H_ * K_, HVV = HV_ * V_;
+    const bool packed = !s.cu_seqlens.empty();
+    auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
+    TensorView x = rows(x_in), ln = rows(a_.ln), raw = rows(a_.qkv_raw), qkv = rows(a_.qkv), small = rows(a_.small);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rows(a_.rstd));
+    ops::linear_forward({}, ln, w_.qkv, {}, raw);
+    ops::linear_forward({}, ln, w_.small, {}, small);
+    const Shape conv_shape = packed ? Shape{1, N, Wqkv_} : Shape{s.batch, s.seq, Wqkv_};
+    ops::causal_conv1d_forward({.activation = ops::Activation::silu}, raw.reshape(conv_shape), w_.conv,
+                               qkv.reshape(conv_shape), s.cu_seqlens);
+    for (int64_t h = 0; h < H_; ++h) {
+        ops::l2norm_forward({}, columns(qkv, h * K_, K_), columns(rows(a_.qn), h * K_, K_));
+        ops::l2norm_forward({}, columns(qkv, HK + h * K_, K_), columns(rows(a_.kn), h * K_, K_));
+    }
+    copy_rows(columns(qkv, 2 * HK, HVV), rows(a_.v));
+    // forget gate
+    TensorView f = rows(a_.f), g = rows(a_.g);
+    if (cfg_.scalar_gate) {
+        copy_rows(columns(small, 0, HV_), f);
+    } else {
+        ops::linear_forward({}, columns(small, 0, R_), w_.f_b, {}, f);
+    }
+    const ops::KdaGateParams gp{.lower_bound = cfg_.gate_lower_bound};
+    // NOTES: GDN's per-head decay is computed into y (free until the output norm writes it) and
+    // broadcast over K into g, so the recurrence sees one gate layout for both variants
+    if (cfg_.scalar_gate) {
+        TensorView gs = rows(a_.y).reshape(Shape{N * HVV}).slice0(0, N * HV_).reshape(Shape{N, HV_, 1});
+        ops::kda_gate_forward(gp, f.reshape(Shape{N, HV_, 1}), w_.A_log, w_.dt_bias, gs);
+        const float* src = gs.ptr<float>();
+        float* dst = g.ptr<float>();
+        for (int64_t i = N * HV_ - 1; i >= 0; --i) std::fill(dst + i * K_, dst + (i + 1) * K_, src[i]);
+    } else {
+        ops::kda_gate_forward(gp, f.reshape(Shape{N, HV_, K_}), w_.A_log, w_.dt_bias, g.reshape(Shape{N, HV_, K_}));
+    }
+    TensorView beta = rows(a_.beta);
+    for (int64_t n = 0; n < N; ++n) {
+        for (int64_t i = 0; i < HV_; ++i) {
+            beta.ptr<float>()[n * HV_ + i] = ops::cpu::vsigmoid(small.ptr<float>()[n * Ws_ + R_ + i]);
+        }
+    }
+    const ops::KdaParams kp{.chunk_size = cfg_.chunk_size};
+    const ops::KdaInputs in = kda_inputs(s, a_);
+    TensorView o = rows(a_.o);
+    TensorView states = saves_states(s) ? a_.states.prefix(ops::kda_saved_states_shape(kp, in)) : TensorView();
+    ops::kda_forward(kp, in, o.reshape(in.v.shape), {}, ws, states);
+    // output gate and norm
+    TensorView z = rows(a_.z), y = rows(a_.y);
+    if (cfg_.full_rank_output_gate) {
+        copy_rows(columns(small, R_ + HV_, HVV), z);
+    } else {
+        ops::linear_forward({}, columns(small, R_ + HV_, V_), w_.g_b, {}, z);
+    }
+    const ops::GatedRmsNormParams np{.eps = cfg_.o_norm_eps, .activation = cfg_.output_gate_activation};
+    ops::gated_rmsnorm_forward(np, o.reshape(Shape{N * HV_, V_}), z.reshape(Shape{N * HV_, V_}), w_.o_norm,
+                               y.reshape(Shape{N * HV_, V_}));
+    residual_copy(x, x_out, N);
+    ops::linear_forward({.accumulate = true}, y, w_.o, {}, rows(x_out));
+}
+
+void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
+    TESSERA_CHECK(has_grads_, "{}: backward without gradient buffers", prefix_);
+    const int64_t N = s.tokens(), HK = H_ * K_, HVV = HV_ * V_;
+    const bool packed = !s.cu_seqlens.empty();
+    auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
+    for (const TensorView* t : {&d_.ln, &d_.qkv_raw, &d_.qkv, &d_.qn, &d_.kn, &d_.v, &d_.small, &d_.f, &d_.g, &d_.beta,
+                                &d_.o, &d_.z, &d_.y}) {
+        zero_rows(*t, N);
+    }
+    TensorView small = rows(a_.small), dsmall = rows(d_.small), o = rows(a_.o), z = rows(a_.z);
+    ops::linear_backward(rows(dres), rows(a_.y), w_.o, rows(d_.y), g_.o, {});
+    const ops::GatedRmsNormParams np{.eps = cfg_.o_norm_eps, .activation = cfg_.output_gate_activation};
+    const Shape heads{N * HV_, V_};
+    ops::gated_rmsnorm_backward(np, rows(d_.y).reshape(heads), o.reshape(heads), z.reshape(heads), w_.o_norm,
+                                rows(d_.o).reshape(heads), rows(d_.z).reshape(heads), g_.o_norm);
+    if (cfg_.full_rank_output_gate) {
+        add_rows(rows(d_.z), columns(dsmall, R_ + HV_, HVV));
+    } else {
+        ops::linear_backward(rows(d_.z), columns(small, R_ + HV_, V_), w_.g_b, columns(dsmall, R_ + HV_, V_), g_.g_b,
+                             {});
+    }
+    // the recurrence
+    const ops::KdaParams kp{.chunk_size = cfg_.chunk_size};
+    const ops::KdaInputs in = kda_inputs(s, a_), din = kda_inputs(s, d_);
+    TensorView states = saves_states(s) ? a_.states.prefix(ops::kda_saved_states_shape(kp, in)) : TensorView();
+    ops::kda_backward(kp, in, rows(d_.o).reshape(in.v.shape), {}, {din.q, din.k, din.v, din.g, din.beta, {}}, ws,
+                      states);
+    // β = σ(b·h)
+    for (int64_t n = 0; n < N; ++n) {
+        for (int64_t i = 0; i < HV_; ++i) {
+            const float b = a_.beta.ptr<float>()[n * HV_ + i];
+            dsmall.ptr<float>()[n * Ws_ + R_ + i] += d_.beta.ptr<float>()[n * HV_ + i] * b * (1.0f - b);
+        }
+    }
+    // forget gate
+    const ops::KdaGateParams gp{.lower_bound = cfg_.gate_lower_bound};
+    TensorView f = rows(a_.f), df = rows(d_.f), dg = rows(d_.g);
+    if (cfg_.scalar_gate) {  // the broadcast's gradient sums over K (into dy, free again)
+        TensorView dgs = rows(d_.y).reshape(Shape{N * HVV}).slice0(0, N * HV_).reshape(Shape{N, HV_, 1});
+        for (int64_t i = 0; i < N * HV_; ++i) {
+            float acc = 0;
+            for (int64_t c = 0; c < K_; ++c) acc += dg.ptr<float>()[i * K_ + c];
+            dgs.ptr<float>()[i] = acc;
+        }
+        ops::kda_gate_backward(gp, dgs, f.reshape(Shape{N, HV_, 1}), w_.A_log, w_.dt_bias, df.reshape(Shape{N, HV_, 1}),
+                               g_.A_log, g_.dt_bias);
+        add_rows(df, columns(dsmall, 0, HV_));
+    } else {
+        ops::kda_gate_backward(gp, dg.reshape(Shape{N, HV_, K_}), f.reshape(Shape{N, HV_, K_}), w_.A_log, w_.dt_bias,
+                               df.reshape(Shape{N, HV_, K_}), g_.A_log, g_.dt_bias);
+        ops::linear_backward(df, columns(small, 0, R_), w_.f_b, columns(dsmall, 0, R_), g_.f_b, {});
+    }
+    // L2 norms, short convolutions, projections, input norm
+    TensorView qkv = rows(a_.qkv), dqkv = rows(d_.qkv);
+    for (int64_t h = 0; h < H_; ++h) {
+        ops::l2norm_backward({}, columns(rows(d_.qn), h * K_, K_), columns(qkv, h * K_, K_), columns(dqkv, h * K_, K_));
+        ops::l2norm_backward({}, columns(rows(d_.kn), h * K_, K_), columns(qkv, HK + h * K_, K_),
+                             columns(dqkv, HK + h * K_, K_));
+    }
+    add_rows(rows(d_.v), columns(dqkv, 2 * HK, HVV));
+    const Shape conv_shape = packed ? Shape{1, N, Wqkv_} : Shape{s.batch, s.seq, Wqkv_};
+    ops::causal_conv1d_backward({.activation = ops::Activation::silu}, dqkv.reshape(conv_shape),
+                                rows(a_.qkv_raw).reshape(conv_shape), w_.conv, rows(d_.qkv_raw).reshape(conv_shape),
+                                g_.conv, s.cu_seqlens);
+    TensorView ln = rows(a_.ln), dln = rows(d_.ln);
+    ops::linear_backward(rows(d_.qkv_raw), ln, w_.qkv, dln, g_.qkv, {});
+    ops::linear_backward(dsmall, ln, w_.small, dln, g_.small, {});
+    ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, rows(x_in), w_.norm, rows(a_.rstd), rows(dres), g_.norm);
+}
+
+double KdaBlock::forward_flops_per_token(int64_t) const {
+    const double HVV = double(HV_ * V_);
+    double f = 2.0 * double(C_) * double(Wqkv_ + Ws_) + 2.0 * HVV * double(C_);  // input and output projections
+    if (!cfg_.scalar_gate) f += 2.0 * double(R_) * double(HV_ * K_);
+    if (!cfg_.full_rank_output_gate) f += 2.0 * double(V_) * HVV;
+    f += 2.0 * double(W_) * double(Wqkv_);                     // convolutions
+    f += ops::kda_forward_flops(1, HV_, K_, cfg_.chunk_size);  // the recurrence (paper's count, K = V)
+    return f;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,94 @@
+// The KDA attention block (Kimi Linear; spec/kda.md §1) and its scalar-gate sibling GDN (Gated
+// DeltaNet, arXiv 2412.06464):
+//   h = rmsnorm(x);  [q|k|v] = silu(causal_conv(W_qkv·h));  q, k L2-normalised per head
+//   g = gate(f_b·f_a·h)  (KDA, per channel)  or  gate(a·h)  (GDN, one per head), β = σ(b·h)
+//   o = KDA(q, k, v, g, β);  y = rmsnorm_V(o)·w_onorm·act(z),  z = g_b·g_a·h (low rank) or g·h (full rank)
+//   x_out = x + o_proj(y)
+// gate(·) is −exp(A_log)·softplus(· + dt_bias), or lower_bound·σ(exp(A_log)·(· + dt_bias)).
+// Tensor names follow the Kimi-Linear / Kimi K3 checkpoints (self_attn.q_proj, q_conv1d, f_a_proj,
+// f_b_proj, b_proj, A_log, dt_bias, g_a_proj / g_b_proj or g_proj, o_norm, o_proj); GDN uses fla's
+// a_proj. The q/k/v projections, the three convolutions, and the small projections taken from h
+// (f_a or a, b, g_a or g) are laid out back to back and each group runs as one op.
+// With document boundaries (StepShape::cu_seqlens) the convolutions and the recurrence restart at
+// every document start.
+#pragma once
+
+#include "model/layers/block.h"
+#include "ops/gated_rmsnorm.h"
+#include "ops/kda.h"
+
+namespace tessera::model {
+
+struct KdaConfig {
+    int64_t d_model = 256;
+    int64_t num_heads = 4;    // q/k heads (H)
+    int64_t num_v_heads = 0;  // value heads (HV, a multiple of H); 0 = num_heads
+    int64_t head_dim = 64;    // K
+    int64_t head_v_dim = 0;   // V; 0 = head_dim
+    int64_t conv_size = 4;
+    bool scalar_gate = false;            // GDN: one decay per value head (a_proj), else KDA's per channel
+    int64_t gate_rank = 0;               // rank of the f_a/f_b path; 0 = head_v_dim
+    double gate_lower_bound = 0.0;       // 0: softplus form; < 0: lower-bound form (Kimi K3: −5)
+    bool full_rank_output_gate = false;  // g_proj (Kimi K3, GDN) instead of g_a_proj / g_b_proj
+    ops::GateActivation output_gate_activation = ops::GateActivation::sigmoid;  // silu for GDN
+    double norm_eps = 1e-6;                                                     // the block's input RMSNorm
+    double o_norm_eps = 1e-5;
+    double init_std = 0.02;
+    int64_t n_layers = 1;  // o_proj starts at init_std / sqrt(2·n_layers)
+    int64_t chunk_size = 64;
+
+    int64_t hv() const { return num_v_heads > 0 ? num_v_heads : num_heads; }
+    int64_t v_dim() const { return head_v_dim > 0 ? head_v_dim : head_dim; }
+    int64_t rank() const { return gate_rank > 0 ? gate_rank : v_dim(); }
+    void validate(const std::string& where) const;
+};
+
+class KdaBlock : public Block {
+  public:
+    KdaBlock(const KdaConfig& c, std::string param_prefix);
+
+    void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
+    void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
+    void declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
+    size_t workspace_bytes(StepShape max, int num_threads) const override;
+    void bind_params(const BufferGroup& params, const BufferGroup* grads) override;
+    void bind_saved(const BufferGroup& acts, const std::string& prefix) override;
+    void bind_scratch(const BufferGroup& acts, const std::string& prefix) override;
+    void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
+    void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
+    double forward_flops_per_token(int64_t seq) const override;
+    std::string kind() const override { return cfg_.scalar_gate ? "gdn" : "kda"; }
+
+  private:
+    struct Weights {
+        TensorView norm;     // [C]
+        TensorView qkv;      // [Wqkv, C]: q_proj, k_proj, v_proj
+        TensorView conv;     // [Wqkv, W]: q_conv1d, k_conv1d, v_conv1d
+        TensorView small;    // [Ws, C]: f_a_proj (or a_proj), b_proj, g_a_proj (or g_proj)
+        TensorView f_b;      // [HV·K, R] (KDA only)
+        TensorView A_log;    // [HV]
+        TensorView dt_bias;  // [HV·K] (KDA) or [HV] (GDN)
+        TensorView g_b;      // [HV·V, V] (low-rank output gate only)
+        TensorView o_norm;   // [V]
+        TensorView o;        // [C, HV·V]
+    };
+    struct Acts {  // saved by forward (or, in scratch, the gradients of the same buffers)
+        TensorView ln, rstd, qkv_raw, qkv, qn, kn, v, small, f, g, beta, o, z, y, states;
+    };
+    int64_t gate_width() const { return cfg_.scalar_gate ? 1 : K_; }  // decays per value head
+    void bind_weights(const BufferGroup& g, Weights& w) const;
+    Acts bind_acts(const BufferGroup& acts, const std::string& prefix, bool saved) const;
+    ops::KdaInputs kda_inputs(StepShape s, const Acts& a) const;
+    TensorView columns(TensorView rows, int64_t col, int64_t width) const;  // a column block of a [N, *] buffer
+    bool saves_states(StepShape s) const { return s.cu_seqlens.empty(); }
+
+    KdaConfig cfg_;
+    std::string prefix_;
+    int64_t C_, H_, HV_, K_, V_, R_, W_;
+    int64_t Wqkv_, Ws_, Go_;  // widths: [q|k|v], [f_a or a | b | g_a or g], output gate input
+    Weights w_, g_;
+    bool has_grads_ = false;
+    Acts a_, d_;  // saved activations and their gradients (scratch)
+};
+
+}  // namespace tessera::model
