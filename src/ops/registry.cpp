@@ -116,6 +116,7 @@ const OpRegistry& op_registry() {
         OpRegistry r;
         register_dense_ops(r);
         register_kda_ops(r);
+        register_moe_ops(r);
         return r;
     }();
     return registry;

@@ -1,0 +1,180 @@
+// Op-runner bindings of the MoE family: router, moe, situ_glu (docs/ops.md, docs/moe.md).
+#include <cstring>
+#include <memory>
+
+#include "ops/bindings/bindings.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+
+namespace tessera::ops {
+
+namespace {
+RouterParams router_params(const OpContext& c) {
+    return {.topk = c.param_i64("topk"),
+            .score = c.param_str("score") == "sigmoid" ? RouterScore::sigmoid : RouterScore::softmax,
+            .normalize = c.param_i64("normalize") != 0,
+            .scaling = c.param_f64("scaling"),
+            .groups = c.param_i64("groups"),
+            .topk_groups = c.param_i64("topk_groups")};
+}
+
+std::vector<OpParamSpec> router_param_specs() {
+    return {{"topk", ParamKind::integer, "2", {}, "experts per token"},
+            {"score", ParamKind::choice, "softmax", {"softmax", "sigmoid"}, ""},
+            {"normalize", ParamKind::integer, "1", {}, "1 = gates renormalised over the chosen set"},
+            {"scaling", ParamKind::number, "1", {}, "routed scaling factor"},
+            {"groups", ParamKind::integer, "1", {}, "expert groups (1 = no group limit)"},
+            {"topk_groups", ParamKind::integer, "1", {}, "groups kept per token"}};
+}
+
+TensorView one_value(OpContext& c, const std::string& name, DType t, double v) {
+    TensorView out = c.out(name, t, Shape{1});
+    if (t == DType::i64) {
+        out.ptr<int64_t>()[0] = int64_t(v);
+    } else if (t == DType::f32) {
+        out.ptr<float>()[0] = float(v);
+    } else {
+        out.ptr<double>()[0] = v;
+    }
+    return out;
+}
+
+void run_router(OpContext& c) {
+    const RouterParams p = router_params(c);
+    TensorView x = c.in("x"), w = c.in("w"), bias = c.in_or_absent("bias");
+    TESSERA_CHECK(x.ndim() == 2 && w.ndim() == 2, "x must be [N, D] and w [E, D]");
+    const int64_t N = x.size(0), E = w.size(0);
+    TensorView logits = c.out("logits", x.dtype, Shape{N, E}), scores = c.out("scores", x.dtype, Shape{N, E});
+    TensorView indices = c.out("indices", DType::i32, Shape{N, p.topk});
+    TensorView weights = c.out("weights", x.dtype, Shape{N, p.topk});
+    router_scores(p, x, w, logits, scores);
+    router_select(p, scores, bias, indices, weights, c.out("counts", DType::i32, Shape{E}));
+    if (!c.has("dweights")) return;
+    Tensor ds(x.dtype, Shape{N, E}), du(x.dtype, Shape{N, E});
+    router_weights_backward(p, c.in("dweights"), scores, indices, ds.view());
+    router_score_backward(p, scores, ds.view(), du.view());
+    linear_backward(du.view(), x, w, c.out_like("dx", x), c.out_like("dw", w), {});
+}
+
+void run_moe(OpContext& c) {
+    MoeParams p{.router = router_params(c),
+                .capacity_factor = c.param_f64("capacity_factor"),
+                .overflow = c.param_str("overflow") == "drop" ? MoeOverflow::drop : MoeOverflow::reroute,
+                .activation = c.param_str("activation") == "situ" ? ExpertActivation::situ : ExpertActivation::swiglu,
+                .situ = {.beta = c.param_f64("situ_beta"), .linear_beta = c.param_f64("situ_linear_beta")},
+                .norm_eps = c.param_f64("norm_eps"),
+                .seq_aux_coeff = c.param_f64("seq_aux_coeff"),
+                .z_loss_coeff = c.param_f64("z_loss_coeff")};
+    const MoeWeights w{c.in("router_w"),
+                       c.in_or_absent("router_bias"),
+                       c.in("w_gate"),
+                       c.in("w_up"),
+                       c.in("w_down"),
+                       c.in_or_absent("latent_down"),
+                       c.in_or_absent("latent_up"),
+                       c.in_or_absent("latent_norm"),
+                       c.in_or_absent("shared_gate"),
+                       c.in_or_absent("shared_up"),
+                       c.in_or_absent("shared_down")};
+    TensorView x = c.in("x");
+    TESSERA_CHECK(x.ndim() == 2, "x must be [N, D], not {}", x.shape.str());
+    const int64_t N = x.size(0);
+    const MoeDims d = moe_dims(p, w, N);
+    std::vector<BufferSpec> specs;
+    moe_saved_specs(d, x.dtype, "", specs);
+    moe_scratch_specs(d, x.dtype, "", specs);
+    BufferGroup buffers("moe", specs);
+    auto arena = std::make_shared<Arena>(predict_arena_bytes({&buffers}, 256), 256);
+    buffers.allocate(arena);
+    const MoeSaved s = moe_bind_saved(d, buffers, "");
+    const MoeScratch t = moe_bind_scratch(d, buffers, "");
+    const auto starts = c.index_span("cu_seqlens");
+    const MoeStats st = moe_forward(p, w, x, c.out_like("y", x), false, s, t, starts);
+    auto copy_out = [&](const std::string& name, TensorView v) {
+        std::memcpy(c.out(name, v.dtype, v.shape).data, v.data, v.nbytes());
+    };
+    copy_out("counts", s.counts);
+    copy_out("demand", s.demand);
+    copy_out("indices", s.expert);
+    copy_out("weights", s.gates);
+    one_value(c, "rerouted", DType::i64, double(st.rerouted));
+    one_value(c, "dropped", DType::i64, double(st.dropped));
+    one_value(c, "aux_loss", x.dtype, st.seq_aux_loss + st.z_loss);
+    if (!c.has("dy") && !c.has("daux_loss")) return;
+    // The aux losses' gradients are linear in their weights: scale them by the loss's output gradient.
+    const double aux_scale = c.has("daux_loss") ? (x.dtype == DType::f32 ? double(c.in("daux_loss").ptr<float>()[0])
+                                                                         : c.in("daux_loss").ptr<double>()[0])
+                                                : 0.0;
+    p.seq_aux_coeff *= aux_scale;
+    p.z_loss_coeff *= aux_scale;
+    Tensor zero_dy(x.dtype, x.shape);
+    TensorView dy = c.has("dy") ? c.in("dy") : zero_dy.view();
+    auto grad = [&](const char* name, const TensorView& v) {
+        return v.defined() ? c.out_like(std::string("d") + name, v) : TensorView();
+    };
+    const MoeWeights g{grad("router_w", w.router_w),       {},
+                       grad("w_gate", w.w_gate),           grad("w_up", w.w_up),
+                       grad("w_down", w.w_down),           grad("latent_down", w.latent_down),
+                       grad("latent_up", w.latent_up),     grad("latent_norm", w.latent_norm),
+                       grad("shared_gate", w.shared_gate), grad("shared_up", w.shared_up),
+                       grad("shared_down", w.shared_down)};
+    moe_backward(p, w, x, dy, c.out_like("dx", x), g, s, t, starts);
+}
+
+void run_situ_glu(OpContext& c) {
+    const SituParams p{.beta = c.param_f64("beta"), .linear_beta = c.param_f64("linear_beta")};
+    TensorView g = c.in("gate"), u = c.in("up");
+    situ_glu_forward(p, g, u, c.out_like("y", g));
+    if (c.has("dy")) situ_glu_backward(p, c.in("dy"), g, u, c.out_like("dgate", g), c.out_like("dup", u));
+}
+}  // namespace
+
+void register_moe_ops(OpRegistry& r) {
+    r.add({"router",
+           "MoE router: scores, selection-only bias, group-limited top-k, gate weights",
+           {{"x", "[N, D]"}, {"w", "[E, D]"}, {"bias", "[E]", true}, {"dweights", "[N, TOPK]", true}},
+           router_param_specs(),
+           {"indices", "weights", "counts", "logits", "scores"},
+           {"given dweights: dx, dw"},
+           run_router});
+    std::vector<OpParamSpec> moe_params = router_param_specs();
+    moe_params.push_back({"capacity_factor", ParamKind::number, "0", {}, "0 = dropless"});
+    moe_params.push_back({"overflow", ParamKind::choice, "reroute", {"reroute", "drop"}, ""});
+    moe_params.push_back({"activation", ParamKind::choice, "swiglu", {"swiglu", "situ"}, ""});
+    moe_params.push_back({"situ_beta", ParamKind::number, "4", {}, ""});
+    moe_params.push_back({"situ_linear_beta", ParamKind::number, "25", {}, ""});
+    moe_params.push_back({"norm_eps", ParamKind::number, "1e-6", {}, "latent_norm"});
+    moe_params.push_back({"seq_aux_coeff", ParamKind::number, "0", {}, "sequence-wise balance loss weight"});
+    moe_params.push_back({"z_loss_coeff", ParamKind::number, "0", {}, "router z-loss weight"});
+    r.add({"moe",
+           "(Latent)MoE layer: router, capacity/re-routing, grouped SwiGLU or SiTU experts, latent projections, "
+           "shared expert",
+           {{"x", "[N, D]"},
+            {"router_w", "[E, D]"},
+            {"router_bias", "[E]", true},
+            {"w_gate", "[E, F, L]"},
+            {"w_up", "[E, F, L]"},
+            {"w_down", "[E, L, F]"},
+            {"latent_down", "[L, D]", true},
+            {"latent_up", "[D, L]", true},
+            {"latent_norm", "[L]", true},
+            {"shared_gate", "[FS, D]", true},
+            {"shared_up", "[FS, D]", true},
+            {"shared_down", "[D, FS]", true},
+            {"cu_seqlens", "[S+1] i64: sequences for the balance loss", true},
+            {"dy", "[N, D]", true},
+            {"daux_loss", "[1]", true}},
+           moe_params,
+           {"y", "counts", "demand", "indices", "weights", "rerouted", "dropped", "aux_loss"},
+           {"given dy and/or daux_loss: dx and d<weight> for every weight but router_bias"},
+           run_moe});
+    r.add({"situ_glu",
+           "Kimi K3 SiTU-GLU: y = [β·tanh(gate/β)·σ(gate)] · [β_lin·tanh(up/β_lin)]",
+           {{"gate", "[N, F]"}, {"up", "[N, F]"}, {"dy", "[N, F]", true}},
+           {{"beta", ParamKind::number, "4", {}, ""}, {"linear_beta", ParamKind::number, "25", {}, ""}},
+           {"y"},
+           {"given dy: dgate, dup"},
+           run_situ_glu});
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,504 @@
+// The MoE layer on the CPU: routing with capacity and re-routing, the dispatch/combine layout,
+// grouped expert GEMMs, latent projections, shared expert, and the backward of all of it (moe.h).
+#include "ops/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "ops/cpu/kernel_util.h"
+#include "ops/grouped_gemm.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/swiglu.h"
+
+namespace tessera::ops {
+
+using cpu::dispatch_float;
+
+namespace {
+// columns [col, col + width) of the first `rows` rows of a contiguous [*, ld] buffer
+TensorView columns(TensorView buf, int64_t rows, int64_t col, int64_t width) {
+    TensorView v(static_cast<std::byte*>(buf.data) + col * int64_t(dtype_size(buf.dtype)), buf.dtype,
+                 Shape{rows, width});
+    v.strides[0] = buf.size(1);
+    return v;
+}
+void zero_rows(TensorView buf, int64_t rows) {
+    if (rows > 0) std::memset(buf.data, 0, size_t(rows) * size_t(buf.nbytes() / size_t(buf.size(0))));
+}
+TensorView first(TensorView t, int64_t rows) { return t.defined() ? t.slice0(0, rows) : t; }
+
+void act_forward(const MoeParams& p, TensorView gate, TensorView up, TensorView y) {
+    if (p.activation == ExpertActivation::situ) {
+        situ_glu_forward(p.situ, gate, up, y);
+    } else {
+        swiglu_forward(gate, up, y);
+    }
+}
+void act_backward(const MoeParams& p, TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup) {
+    if (p.activation == ExpertActivation::situ) {
+        situ_glu_backward(p.situ, dy, gate, up, dgate, dup);
+    } else {
+        swiglu_backward(dy, gate, up, dgate, dup);
+    }
+}
+
+void check_weight(const TensorView& t, const Shape& shape, std::string_view name) {
+    TESSERA_CHECK(t.defined(), "moe: {} is required", name);
+    check_shape(t, shape, fmt::format("moe: {}", name));
+    check_contiguous(t, fmt::format("moe: {}", name));
+}
+
+struct Pairs {  // the (token, slot) arrays of a layout, N·K long
+    const int32_t* expert;
+    const int32_t* row;
+    int64_t N, K;
+};
+Pairs pairs_of(const MoeSaved& s, int64_t N) {
+    return {s.expert.ptr<int32_t>(), s.row.ptr<int32_t>(), N, s.expert.size(1)};
+}
+
+// Capacity with re-routing or dropping (moe.h); writes s.expert, returns (rerouted, dropped).
+template <class T>
+std::pair<int64_t, int64_t> apply_capacity(
+    const MoeParams& p, const MoeDims& d, const MoeSaved& s, int64_t N, const T* bias) {
+    const int64_t E = d.experts, K = d.topk, cap = d.capacity(p.capacity_factor);
+    const T* S = s.scores.ptr<T>();
+    const int32_t* choice = s.choice.ptr<int32_t>();
+    int32_t* expert = s.expert.ptr<int32_t>();
+    int32_t* order = s.row.ptr<int32_t>();  // the priority order, until the layout overwrites it
+    int32_t* load = s.counts.ptr<int32_t>();
+    auto key = [&](int64_t n, int64_t e) { return bias ? S[n * E + e] + bias[e] : S[n * E + e]; };
+    std::iota(order, order + N * K, 0);
+    std::sort(order, order + N * K, [&](int32_t a, int32_t b) {
+        const T ka = key(a / K, choice[a]), kb = key(b / K, choice[b]);
+        return ka > kb || (ka == kb && a < b);
+    });
+    std::fill(load, load + E, 0);
+    constexpr int32_t kOver = -2;
+    for (int64_t q = 0; q < N * K; ++q) {
+        const int32_t i = order[q], e = choice[i];
+        expert[i] = load[e] < cap ? (++load[e], e) : kOver;
+    }
+    int64_t rerouted = 0, dropped = 0;
+    uint8_t allowed[1024];
+    for (int64_t q = 0; q < N * K; ++q) {
+        const int32_t i = order[q];
+        if (expert[i] != kOver) continue;
+        int32_t best = -1;
+        const int64_t n = i / K;
+        if (p.overflow == MoeOverflow::reroute) {
+            router_allowed_groups(p.router, S + n * E, bias, E, allowed);
+            const int32_t* mine = expert + n * K;
+            for (int64_t e = 0; e < E; ++e) {
+                if (load[e] >= cap || (p.router.groups > 1 && !allowed[e / (E / p.router.groups)])) continue;
+                if (std::find(mine, mine + K, int32_t(e)) != mine + K) continue;
+                if (best < 0 || key(n, e) > key(n, best)) best = int32_t(e);
+            }
+        }
+        if (best >= 0) {
+            ++load[best];
+            ++rerouted;
+        } else {
+            ++dropped;
+        }
+        expert[i] = best;
+    }
+    return {rerouted, dropped};
+}
+
+template <class T>
+void build_layout(const MoeDims& d, const MoeSaved& s, int64_t N) {
+    const int64_t E = d.experts, K = d.topk;
+    const int32_t* expert = s.expert.ptr<int32_t>();
+    int32_t* row = s.row.ptr<int32_t>();
+    int32_t* counts = s.counts.ptr<int32_t>();
+    int32_t* off = s.offsets.ptr<int32_t>();
+    std::fill(counts, counts + E, 0);
+    for (int64_t i = 0; i < N * K; ++i) {
+        if (expert[i] >= 0) ++counts[expert[i]];
+    }
+    off[0] = 0;
+    for (int64_t e = 0; e < E; ++e)
+        off[e + 1] = off[e] + int32_t((counts[e] + kMoeRowAlign - 1) / kMoeRowAlign * kMoeRowAlign);
+    std::fill(counts, counts + E, 0);      // recounted as the cursor of each segment
+    for (int64_t i = 0; i < N * K; ++i) {  // (token, slot) order within each expert
+        const int32_t e = expert[i];
+        row[i] = e >= 0 ? off[e] + counts[e]++ : -1;
+    }
+    T* rg = s.row_gate.ptr<T>();
+    const T* gates = s.gates.ptr<T>();
+    std::fill(rg, rg + off[E], T(0));
+    for (int64_t i = 0; i < N * K; ++i) {
+        if (row[i] >= 0) rg[row[i]] = gates[i];
+    }
+}
+}  // namespace
+
+int64_t MoeDims::capacity(double factor) const {
+    if (factor <= 0) return 0;
+    return int64_t(std::ceil(factor * double(tokens) * double(topk) / double(experts)));
+}
+
+MoeDims moe_dims(const MoeParams& p, const MoeWeights& w, int64_t tokens) {
+    MoeDims d;
+    TESSERA_CHECK(w.router_w.defined() && w.router_w.ndim() == 2, "moe: router_w must be [E, D]");
+    d.tokens = tokens;
+    d.experts = w.router_w.size(0);
+    d.d_model = w.router_w.size(1);
+    d.topk = p.router.topk;
+    p.router.validate(d.experts);
+    TESSERA_CHECK(p.capacity_factor >= 0 && std::isfinite(p.capacity_factor),
+                  "moe: capacity_factor must be >= 0 (0 = dropless), not {}", p.capacity_factor);
+    if (w.router_bias.defined()) check_weight(w.router_bias, Shape{d.experts}, "router_bias");
+    TESSERA_CHECK(w.w_gate.defined() && w.w_gate.ndim() == 3, "moe: w_gate must be [E, F, L]");
+    d.ffn = w.w_gate.size(1);
+    d.has_latent = w.latent_down.defined();
+    d.latent = d.has_latent ? w.latent_down.size(0) : d.d_model;
+    check_weight(w.w_gate, Shape{d.experts, d.ffn, d.latent}, "w_gate");
+    check_weight(w.w_up, Shape{d.experts, d.ffn, d.latent}, "w_up");
+    check_weight(w.w_down, Shape{d.experts, d.latent, d.ffn}, "w_down");
+    if (d.has_latent) {
+        check_weight(w.latent_down, Shape{d.latent, d.d_model}, "latent_down");
+        check_weight(w.latent_up, Shape{d.d_model, d.latent}, "latent_up");
+    } else {
+        TESSERA_CHECK(!w.latent_up.defined() && !w.latent_norm.defined(),
+                      "moe: latent_up and latent_norm need latent_down");
+    }
+    d.has_norm = w.latent_norm.defined();
+    if (d.has_norm) check_weight(w.latent_norm, Shape{d.latent}, "latent_norm");
+    d.has_shared = w.shared_gate.defined() || w.shared_up.defined() || w.shared_down.defined();
+    if (d.has_shared) {
+        TESSERA_CHECK(w.shared_gate.defined() && w.shared_gate.ndim() == 2, "moe: shared_gate must be [FS, D]");
+        d.shared_ffn = w.shared_gate.size(0);
+        check_weight(w.shared_gate, Shape{d.shared_ffn, d.d_model}, "shared_gate");
+        check_weight(w.shared_up, Shape{d.shared_ffn, d.d_model}, "shared_up");
+        check_weight(w.shared_down, Shape{d.d_model, d.shared_ffn}, "shared_down");
+    }
+    TESSERA_CHECK(d.max_rows() < (int64_t(1) << 31), "moe: {} expert rows exceed the i32 layout", d.max_rows());
+    return d;
+}
+
+void moe_saved_specs(const MoeDims& d, DType dt, const std::string& prefix, std::vector<BufferSpec>& out) {
+    const int64_t N = d.tokens, E = d.experts, K = d.topk, R = d.max_rows(), L = d.latent, F = d.ffn;
+    auto add = [&](const char* name, DType t, Shape s) { out.push_back({prefix + name, t, s}); };
+    add("logits", dt, Shape{N, E});
+    add("scores", dt, Shape{N, E});
+    add("choice", DType::i32, Shape{N, K});
+    add("expert", DType::i32, Shape{N, K});
+    add("gates", dt, Shape{N, K});
+    add("row", DType::i32, Shape{N, K});
+    add("offsets", DType::i32, Shape{E + 1});
+    add("counts", DType::i32, Shape{E});
+    add("demand", DType::i32, Shape{E});
+    add("row_gate", dt, Shape{R});
+    add("xe", dt, Shape{R, L});
+    add("h", dt, Shape{R, 2 * F});
+    add("a", dt, Shape{R, F});
+    if (d.has_latent) {
+        add("z", dt, Shape{N, L});
+        add("c", dt, Shape{N, L});
+    }
+    if (d.has_norm) {
+        add("rstd", dt, Shape{N});
+        add("n", dt, Shape{N, L});
+    }
+    if (d.has_shared) {
+        add("sh", dt, Shape{N, 2 * d.shared_ffn});
+        add("sa", dt, Shape{N, d.shared_ffn});
+    }
+}
+
+void moe_scratch_specs(const MoeDims& d, DType dt, const std::string& prefix, std::vector<BufferSpec>& out) {
+    const int64_t N = d.tokens, E = d.experts, K = d.topk, R = d.max_rows(), L = d.latent, F = d.ffn;
+    auto add = [&](const char* name, Shape s) { out.push_back({prefix + name, dt, s}); };
+    add("ye", Shape{R, L});
+    add("dh", Shape{R, 2 * F});
+    add("da", Shape{R, F});
+    add("dxe", Shape{R, L});
+    add("row_dot", Shape{R});
+    add("ds", Shape{N, E});
+    add("du", Shape{N, E});
+    add("dg", Shape{N, K});
+    if (d.has_latent) {
+        add("dc", Shape{N, L});
+        add("dn", Shape{N, L});
+    }
+    if (d.has_shared) {
+        add("dsh", Shape{N, 2 * d.shared_ffn});
+        add("dsa", Shape{N, d.shared_ffn});
+    }
+}
+
+MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::string& prefix) {
+    auto v = [&](const char* name) { return g.view(prefix + name); };
+    MoeSaved s;
+    s.logits = v("logits");
+    s.scores = v("scores");
+    s.choice = v("choice");
+    s.expert = v("expert");
+    s.gates = v("gates");
+    s.row = v("row");
+    s.offsets = v("offsets");
+    s.counts = v("counts");
+    s.demand = v("demand");
+    s.row_gate = v("row_gate");
+    s.xe = v("xe");
+    s.h = v("h");
+    s.a = v("a");
+    if (d.has_latent) {
+        s.z = v("z");
+        s.c = v("c");
+    }
+    if (d.has_norm) {
+        s.rstd = v("rstd");
+        s.n = v("n");
+    }
+    if (d.has_shared) {
+        s.sh = v("sh");
+        s.sa = v("sa");
+    }
+    return s;
+}
+
+MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::string& prefix) {
+    auto v = [&](const char* name) { return g.view(prefix + name); };
+    MoeScratch t;
+    t.ye = v("ye");
+    t.dh = v("dh");
+    t.da = v("da");
+    t.dxe = v("dxe");
+    t.row_dot = v("row_dot");
+    t.ds = v("ds");
+    t.du = v("du");
+    t.dg = v("dg");
+    if (d.has_latent) {
+        t.dc = v("dc");
+        t.dn = v("dn");
+    }
+    if (d.has_shared) {
+        t.dsh = v("dsh");
+        t.dsa = v("dsa");
+    }
+    return t;
+}
+
+MoeStats moe_route(
+    const MoeParams& p, const MoeWeights& w, TensorView x, const MoeSaved& s, std::span<const int64_t> seq_starts) {
+    const int64_t N = x.size(0);
+    const MoeDims d = moe_dims(p, w, N);
+    TESSERA_CHECK(x.ndim() == 2 && x.size(1) == d.d_model, "moe: x must be [N, D = {}], not {}", d.d_model,
+                  x.shape.str());
+    TESSERA_CHECK(N <= s.logits.size(0), "moe: {} tokens but buffers for {}", N, s.logits.size(0));
+    MoeStats st;
+    TensorView scores = first(s.scores, N), logits = first(s.logits, N), choice = first(s.choice, N);
+    router_scores(p.router, x, w.router_w, logits, scores);
+    router_select(p.router, scores, w.router_bias, choice, first(s.gates, N), s.demand);
+    std::memcpy(s.expert.data, s.choice.data, size_t(N * d.topk) * sizeof(int32_t));
+    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
+        if (p.capacity_factor > 0) {
+            const T* bias = w.router_bias.defined() ? w.router_bias.ptr<T>() : nullptr;
+            std::tie(st.rerouted, st.dropped) = apply_capacity<T>(p, d, s, N, bias);
+            router_weights(p.router, scores, first(s.expert, N), first(s.gates, N));
+        }
+        build_layout<T>(d, s, N);
+    });
+    const int64_t whole[2] = {0, N};
+    if (seq_starts.empty()) seq_starts = whole;
+    if (p.seq_aux_coeff > 0) st.seq_aux_loss = router_seq_aux_loss(p.seq_aux_coeff, scores, choice, seq_starts, {});
+    if (p.z_loss_coeff > 0) st.z_loss = router_z_loss(p.z_loss_coeff, logits, {});
+    return st;
+}
+
+void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows) {
+    const int64_t N = src.size(0), W = src.size(1), E = s.counts.size(0);
+    const Pairs pr = pairs_of(s, N);
+    TESSERA_CHECK(rows.ndim() == 2 && rows.size(1) == W, "moe dispatch: rows must be [R, {}]", W);
+    dispatch_float(src.dtype, "moe dispatch", [&]<class T>(T) {
+        cpu::Rows<T> S = cpu::rows_of<T>(src, "moe dispatch: src");
+        T* out = rows.ptr<T>();
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            for (int64_t j = 0; j < pr.K; ++j) {
+                const int32_t r = pr.row[n * pr.K + j];
+                if (r >= 0) std::memcpy(out + r * W, S.row(n), size_t(W) * sizeof(T));
+            }
+        }
+        const int32_t* off = s.offsets.ptr<int32_t>();
+        const int32_t* cnt = s.counts.ptr<int32_t>();
+        for (int64_t e = 0; e < E; ++e) {
+            std::fill(out + (off[e] + cnt[e]) * W, out + off[e + 1] * W, T(0));
+        }
+    });
+}
+
+void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumulate) {
+    const int64_t N = dst.size(0), W = dst.size(1);
+    const Pairs pr = pairs_of(s, N);
+    dispatch_float(dst.dtype, "moe combine", [&]<class T>(T) {
+        cpu::Rows<T> D = cpu::rows_of<T>(dst, "moe combine: dst");
+        const T* in = rows.ptr<T>();
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            T* o = D.row(n);
+            if (!accumulate) std::fill(o, o + W, T(0));
+            for (int64_t j = 0; j < pr.K; ++j) {  // slot order
+                const int32_t r = pr.row[n * pr.K + j];
+                if (r < 0) continue;
+                const T* y = in + r * W;
+#pragma omp simd
+                for (int64_t c = 0; c < W; ++c) o[c] += y[c];
+            }
+        }
+    });
+}
+
+MoeStats moe_forward(const MoeParams& p,
+                     const MoeWeights& w,
+                     TensorView x,
+                     TensorView y,
+                     bool accumulate,
+                     const MoeSaved& s,
+                     const MoeScratch& t,
+                     std::span<const int64_t> seq_starts) {
+    const int64_t N = x.size(0);
+    const MoeDims d = moe_dims(p, w, N);
+    check_shape(y, x.shape, "moe: y");
+    MoeStats st = moe_route(p, w, x, s, seq_starts);
+    const int64_t R = s.offsets.ptr<int32_t>()[d.experts], L = d.latent, F = d.ffn, FS = d.shared_ffn;
+    const ExpertRows g{s.offsets.ptr<int32_t>(), d.experts};
+    TensorView src = x;
+    if (d.has_latent) {
+        src = first(s.z, N);
+        linear_forward({}, x, w.latent_down, {}, src);
+    }
+    moe_dispatch(s, src, s.xe);
+    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
+        T* h = s.h.ptr<T>();
+        grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_gate.ptr<T>(), F * L, L, T(0), h, 2 * F);
+        grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_up.ptr<T>(), F * L, L, T(0), h + F, 2 * F);
+        act_forward(p, columns(s.h, R, 0, F), columns(s.h, R, F, F), first(s.a, R));
+        T* a = s.a.ptr<T>();
+        const T* rg = s.row_gate.ptr<T>();
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < R; ++r) {
+            for (int64_t f = 0; f < F; ++f) a[r * F + f] *= rg[r];
+        }
+        grouped_gemm(Trans::T, g, L, F, a, F, w.w_down.ptr<T>(), L * F, F, T(0), t.ye.ptr<T>(), L);
+    });
+    if (d.has_latent) {
+        TensorView c = first(s.c, N);
+        moe_combine(s, t.ye, c, false);
+        if (d.has_norm) {
+            rmsnorm_forward({.eps = p.norm_eps}, c, w.latent_norm, first(s.n, N), first(s.rstd, N));
+            c = first(s.n, N);
+        }
+        linear_forward({.accumulate = accumulate}, c, w.latent_up, {}, y);
+    } else {
+        moe_combine(s, t.ye, y, accumulate);
+    }
+    if (d.has_shared) {
+        linear_forward({}, x, w.shared_gate, {}, columns(s.sh, N, 0, FS));
+        linear_forward({}, x, w.shared_up, {}, columns(s.sh, N, FS, FS));
+        act_forward(p, columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), first(s.sa, N));
+        linear_forward({.accumulate = true}, first(s.sa, N), w.shared_down, {}, y);
+    }
+    return st;
+}
+
+void moe_backward(const MoeParams& p,
+                  const MoeWeights& w,
+                  TensorView x,
+                  TensorView dy,
+                  TensorView dx,
+                  const MoeWeights& g,
+                  const MoeSaved& s,
+                  const MoeScratch& t,
+                  std::span<const int64_t> seq_starts) {
+    const int64_t N = x.size(0);
+    const MoeDims d = moe_dims(p, w, N);
+    check_shape(dy, x.shape, "moe: dy");
+    check_shape(dx, x.shape, "moe: dx");
+    const int64_t E = d.experts, K = d.topk, R = s.offsets.ptr<int32_t>()[E], L = d.latent, F = d.ffn,
+                  FS = d.shared_ffn;
+    const ExpertRows eg{s.offsets.ptr<int32_t>(), E};
+    if (d.has_shared) {
+        zero_rows(t.dsa, N);
+        linear_backward(dy, first(s.sa, N), w.shared_down, first(t.dsa, N), g.shared_down, {});
+        zero_rows(t.dsh, N);
+        act_backward(p, first(t.dsa, N), columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), columns(t.dsh, N, 0, FS),
+                     columns(t.dsh, N, FS, FS));
+        linear_backward(columns(t.dsh, N, 0, FS), x, w.shared_gate, dx, g.shared_gate, {});
+        linear_backward(columns(t.dsh, N, FS, FS), x, w.shared_up, dx, g.shared_up, {});
+    }
+    TensorView dsrc = dy;  // gradient of the combined expert output c
+    if (d.has_latent) {
+        zero_rows(t.dn, N);
+        linear_backward(dy, first(d.has_norm ? s.n : s.c, N), w.latent_up, first(t.dn, N), g.latent_up, {});
+        dsrc = first(t.dn, N);
+        if (d.has_norm) {
+            zero_rows(t.dc, N);
+            rmsnorm_backward({.eps = p.norm_eps}, dsrc, first(s.c, N), w.latent_norm, first(s.rstd, N), first(t.dc, N),
+                             g.latent_norm);
+            dsrc = first(t.dc, N);
+        }
+    }
+    moe_dispatch(s, dsrc, t.ye);  // the backward of combine: dye
+    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
+        const T* dye = t.ye.ptr<T>();
+        T* da = t.da.ptr<T>();
+        grouped_gemm(Trans::N, eg, F, L, dye, L, w.w_down.ptr<T>(), L * F, F, T(0), da, F);
+        grouped_gemm_wgrad(eg, L, F, dye, L, s.a.ptr<T>(), F, g.w_down.ptr<T>(), L * F, F);
+        // dgate per row = <act(h), da'>; da = gate · da'
+        act_forward(p, columns(s.h, R, 0, F), columns(s.h, R, F, F), columns(t.dh, R, 0, F));
+        T* dh = t.dh.ptr<T>();
+        T* dot = t.row_dot.ptr<T>();
+        const T* rg = s.row_gate.ptr<T>();
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < R; ++r) {
+            T acc = 0;
+            for (int64_t f = 0; f < F; ++f) acc += dh[r * 2 * F + f] * da[r * F + f];
+            dot[r] = acc;
+            for (int64_t f = 0; f < F; ++f) da[r * F + f] *= rg[r];
+        }
+        zero_rows(t.dh, R);
+        act_backward(p, first(t.da, R), columns(s.h, R, 0, F), columns(s.h, R, F, F), columns(t.dh, R, 0, F),
+                     columns(t.dh, R, F, F));
+        T* dxe = t.dxe.ptr<T>();
+        grouped_gemm(Trans::N, eg, L, F, dh, 2 * F, w.w_gate.ptr<T>(), F * L, L, T(0), dxe, L);
+        grouped_gemm(Trans::N, eg, L, F, dh + F, 2 * F, w.w_up.ptr<T>(), F * L, L, T(1), dxe, L);
+        grouped_gemm_wgrad(eg, F, L, dh, 2 * F, s.xe.ptr<T>(), L, g.w_gate.ptr<T>(), F * L, L);
+        grouped_gemm_wgrad(eg, F, L, dh + F, 2 * F, s.xe.ptr<T>(), L, g.w_up.ptr<T>(), F * L, L);
+        // gate gradients per (token, slot)
+        const int32_t* row = s.row.ptr<int32_t>();
+        T* dg = t.dg.ptr<T>();
+        for (int64_t i = 0; i < N * K; ++i) dg[i] = row[i] >= 0 ? dot[row[i]] : T(0);
+    });
+    if (d.has_latent) {
+        moe_combine(s, t.dxe, first(t.dc, N), false);  // the backward of dispatch: dz
+        linear_backward(first(t.dc, N), x, w.latent_down, dx, g.latent_down, {});
+    } else {
+        moe_combine(s, t.dxe, dx, true);
+    }
+    TensorView scores = first(s.scores, N), ds = first(t.ds, N), du = first(t.du, N);
+    zero_rows(t.ds, N);
+    router_weights_backward(p.router, first(t.dg, N), scores, first(s.expert, N), ds);
+    const int64_t whole[2] = {0, N};
+    if (seq_starts.empty()) seq_starts = whole;
+    if (p.seq_aux_coeff != 0) router_seq_aux_loss(p.seq_aux_coeff, scores, first(s.choice, N), seq_starts, ds);
+    zero_rows(t.du, N);
+    router_score_backward(p.router, scores, ds, du);
+    if (p.z_loss_coeff != 0) router_z_loss(p.z_loss_coeff, first(s.logits, N), du);
+    linear_backward(du, x, w.router_w, dx, g.router_w, {});
+}
+
+double moe_forward_flops_per_token(const MoeDims& d) {
+    double f = 2.0 * double(d.d_model * d.experts) + double(d.topk) * 6.0 * double(d.latent * d.ffn);
+    if (d.has_latent) f += 4.0 * double(d.d_model * d.latent);
+    if (d.has_shared) f += 6.0 * double(d.d_model * d.shared_ffn);
+    return f;
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,135 @@
+// The (Latent)MoE feed-forward layer for one process (spec/moe.md §2–§5, spec/kimi_k3.md §2.3):
+//   route:    u = x·W_rᵀ, s = softmax|σ(u), top-k of s + bias, gates from s (ops/router.h)
+//   capacity: dropless, or at most ⌈c·N·k/E⌉ rows per expert; an overflowing (token, slot) pair is
+//             re-routed to the token's best other expert with room (by s + bias, allowed groups only),
+//             else dropped; pairs claim room in priority order (s + bias descending, ties by token, slot).
+//             Gates are then recomputed over each token's final set.
+//   latent:   z = x·W_downᵀ [N, L] (without latent_down, z = x and L = D)
+//   dispatch: z rows to an expert-contiguous buffer, sorted by (expert, token, slot), each expert's
+//             segment padded with zero rows to a multiple of 8 (the layout is a pure function of routing)
+//   experts:  h = [z·W_gate,eᵀ | z·W_up,eᵀ], a' = gate·act(h), y_e = a'·W_down,eᵀ   (grouped GEMMs;
+//             the gate scales the activation before the down projection, spec/moe.md §5.3)
+//   combine:  c[n] = Σ_j y_e(row of (n, j)), summed in slot order (no atomics)
+//   latent:   y = (rmsnorm(c)·latent_norm)·W_upᵀ (Stable LatentMoE) or c·W_upᵀ; without latent, y = c
+//   shared:   y += W_sd·act(W_sg x, W_su x) on the full-width x
+// act = SwiGLU (silu(gate)·up) or SiTU-GLU (ops/situ_glu.h). Shapes: x, y [N, D]; router_w [E, D];
+// router_bias [E]; w_gate, w_up [E, F, L]; w_down [E, L, F]; latent_down [L, D]; latent_up [D, L];
+// latent_norm [L]; shared_gate, shared_up [FS, D]; shared_down [D, FS].
+// Dispatch and combine are separate steps around the expert compute, with the layout (MoeSaved's
+// router and layout views) as the handle that backward reuses: the expert-parallel all-to-all goes
+// between them (spec/moe.md §6).
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/buffer_spec.h"
+#include "ops/router.h"
+#include "ops/situ_glu.h"
+
+namespace tessera::ops {
+
+enum class MoeOverflow : uint8_t { reroute, drop };
+enum class ExpertActivation : uint8_t { swiglu, situ };
+
+constexpr int64_t kMoeRowAlign = 8;  // each expert's segment is padded to a multiple of this
+
+struct MoeParams {
+    RouterParams router;
+    double capacity_factor = 0.0;  // 0 = dropless
+    MoeOverflow overflow = MoeOverflow::reroute;
+    ExpertActivation activation = ExpertActivation::swiglu;
+    SituParams situ;
+    double norm_eps = 1e-6;      // latent_norm
+    double seq_aux_coeff = 0.0;  // sequence-wise balance loss weight α (spec/moe.md §3.2)
+    double z_loss_coeff = 0.0;   // router z-loss weight β (§3.4)
+};
+
+// The layer's weights (or their gradients); optional ones may be absent (default views).
+struct MoeWeights {
+    TensorView router_w, router_bias;
+    TensorView w_gate, w_up, w_down;
+    TensorView latent_down, latent_up, latent_norm;
+    TensorView shared_gate, shared_up, shared_down;
+};
+
+struct MoeDims {
+    int64_t tokens = 0, d_model = 0, experts = 0, topk = 0, ffn = 0, latent = 0, shared_ffn = 0;
+    bool has_latent = false, has_norm = false, has_shared = false;
+    int64_t max_rows() const { return tokens * topk + (kMoeRowAlign - 1) * experts; }
+    int64_t capacity(double factor) const;  // rows per expert; 0 = unbounded
+};
+// Checks the weights' shapes against each other (errors name the tensor) and returns the sizes.
+MoeDims moe_dims(const MoeParams& p, const MoeWeights& w, int64_t tokens);
+
+// What forward keeps for backward, the layout handle included. i32 views are marked.
+struct MoeSaved {
+    TensorView logits, scores;  // [N, E]
+    TensorView choice;          // [N, K] i32: the router's top-k (before capacity)
+    TensorView expert;          // [N, K] i32: the final expert per slot, −1 = dropped
+    TensorView gates;           // [N, K]: gate weights over the final set
+    TensorView row;             // [N, K] i32: the slot's row in the expert buffers, −1 = dropped
+    TensorView offsets;         // [E + 1] i32: padded segment starts
+    TensorView counts;          // [E] i32: rows per expert (final load)
+    TensorView demand;          // [E] i32: router choices per expert (for balancing)
+    TensorView row_gate;        // [R]: the gate of each row (0 for padding)
+    TensorView z;               // [N, L]: latent input (latent only)
+    TensorView xe, h, a;        // [R, L], [R, 2F], [R, F]: dispatched rows, gate|up, gated activation
+    TensorView c, rstd, n;      // [N, L], [N], [N, L]: combined, latent norm (latent only; n with the norm)
+    TensorView sh, sa;          // [N, 2FS], [N, FS]: shared expert (shared only)
+};
+// Transient buffers of forward and backward (may be shared between layers).
+struct MoeScratch {
+    TensorView ye;           // [R, L]: expert outputs, then their gradients
+    TensorView dh, da, dxe;  // [R, 2F], [R, F], [R, L]
+    TensorView row_dot;      // [R]
+    TensorView dc, dn;       // [N, L]
+    TensorView ds, du;       // [N, E]
+    TensorView dg;           // [N, K]
+    TensorView dsh, dsa;     // [N, 2FS], [N, FS]
+};
+
+void moe_saved_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);
+void moe_scratch_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);
+MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::string& prefix);
+MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::string& prefix);
+
+struct MoeStats {
+    int64_t rerouted = 0, dropped = 0;
+    double seq_aux_loss = 0.0, z_loss = 0.0;  // values of the enabled router losses
+};
+
+// Route + capacity + layout (fills the router and layout views of `s`).
+MoeStats moe_route(
+    const MoeParams& p, const MoeWeights& w, TensorView x, const MoeSaved& s, std::span<const int64_t> seq_starts);
+// Dispatch: rows[row(n, j)] = src[n]; padding rows zeroed. Combine: dst[n] (+)= Σ_j rows[row(n, j)].
+void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows);
+void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumulate);
+
+// y (+)= moe(x). seq_starts: sequence boundaries over the N tokens for the sequence-wise aux loss
+// (empty = one sequence).
+MoeStats moe_forward(const MoeParams& p,
+                     const MoeWeights& w,
+                     TensorView x,
+                     TensorView y,
+                     bool accumulate,
+                     const MoeSaved& s,
+                     const MoeScratch& t,
+                     std::span<const int64_t> seq_starts = {});
+// Gradients accumulate into dx and every defined view of `g` (the router bias gets none); the
+// enabled router losses add their gradients.
+void moe_backward(const MoeParams& p,
+                  const MoeWeights& w,
+                  TensorView x,
+                  TensorView dy,
+                  TensorView dx,
+                  const MoeWeights& g,
+                  const MoeSaved& s,
+                  const MoeScratch& t,
+                  std::span<const int64_t> seq_starts = {});
+
+// Forward FLOPs per token: router, latent projections, k routed experts and the shared expert.
+double moe_forward_flops_per_token(const MoeDims& d);
+
+}  // namespace tessera::ops

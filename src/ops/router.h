@@ -1,0 +1,65 @@
+// MoE router (spec/moe.md §2): scores from the full-width token, a selection-only bias, optional
+// group-limited routing, top-k, and gate weights from the unbiased scores.
+//   u = x·wᵀ;  s = softmax(u) or σ(u);  s̃ = s + bias (selection only)
+//   groups > 1: experts form `groups` equal groups of consecutive ids; a group scores the sum of its
+//   two largest s̃ when a bias is given, else its largest s; the topk_groups best groups stay
+//   (ties: the lower group id)
+//   top-k of s̃ over the allowed experts (ties: the lower expert id), slots in descending s̃ order
+//   weights g_j = s_j (/ (Σ_{i∈S} s_i + 1e-20) when normalize) · scaling
+// Shapes: x [N, D], w [E, D], bias [E] (optional), logits u and scores s [N, E] (saved for backward),
+// indices [N, TOPK] (i32; −1 marks an empty slot, e.g. a dropped pair), weights [N, TOPK],
+// counts [E] (i32: choices per expert).
+// Backward (given dweights): through the normalisation and the score function to the logits, then
+// dx += du·w, dw += duᵀ·x. The bias and the choice carry no gradient.
+#pragma once
+
+#include <span>
+
+#include "core/tensor.h"
+
+namespace tessera::ops {
+
+enum class RouterScore : uint8_t { softmax, sigmoid };
+
+struct RouterParams {
+    int64_t topk = 2;
+    RouterScore score = RouterScore::softmax;
+    bool normalize = true;
+    double scaling = 1.0;
+    int64_t groups = 1;
+    int64_t topk_groups = 1;
+    void validate(int64_t experts) const;  // throws naming the bad parameter
+};
+
+// logits = x·wᵀ, scores = f(logits)
+void router_scores(const RouterParams& p, TensorView x, TensorView w, TensorView logits, TensorView scores);
+// Top-k selection by s̃ within the allowed groups; weights from the chosen set; counts per expert.
+void router_select(const RouterParams& p,
+                   TensorView scores,
+                   TensorView bias,
+                   TensorView indices,
+                   TensorView weights,
+                   TensorView counts);
+// Gate weights of the chosen set in `indices` (−1 slots get weight 0 and stay out of the normalisation).
+void router_weights(const RouterParams& p, TensorView scores, TensorView indices, TensorView weights);
+// Writes allowed[g] = 1 for the topk_groups best groups of one token (all ones when groups == 1).
+void router_allowed_groups(const RouterParams& p, const float* s, const float* bias, int64_t E, uint8_t* allowed);
+void router_allowed_groups(const RouterParams& p, const double* s, const double* bias, int64_t E, uint8_t* allowed);
+
+// dscores [N, E] += dL/ds through the gate weights (entries outside the chosen set get nothing).
+void router_weights_backward(
+    const RouterParams& p, TensorView dweights, TensorView scores, TensorView indices, TensorView dscores);
+// dlogits [N, E] += dL/du from dL/ds through the score function.
+void router_score_backward(const RouterParams& p, TensorView scores, TensorView dscores, TensorView dlogits);
+
+// Router auxiliary losses (spec/moe.md §3.2, §3.4); each returns its value and adds its gradient
+// (when the gradient view is given).
+// Sequence-wise balance loss over the sequences [starts[i], starts[i+1]) of the N tokens:
+//   α · mean_seq Σ_e f_e·P_e, f_e = E/(k·T_s)·(choices of e in the sequence), P_e = mean_t s_e/Σ_j s_j.
+// `indices` are the router's choices (before capacity); the gradient goes to dscores.
+double router_seq_aux_loss(
+    double alpha, TensorView scores, TensorView indices, std::span<const int64_t> starts, TensorView dscores);
+// z-loss β·mean_t (log Σ_e exp u_{t,e})²; the gradient goes to dlogits.
+double router_z_loss(double beta, TensorView logits, TensorView dlogits);
+
+}  // namespace tessera::ops
