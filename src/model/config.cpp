@@ -5,6 +5,57 @@
 
 namespace tessera::model {
 
+namespace {
+MoeConfig parse_moe_config(const Json& section, const std::string& where) {
+    ConfigReader r(section, where);
+    MoeConfig d, c;
+    c.experts = r.integer("experts", d.experts);
+    c.topk = r.integer("topk", d.topk);
+    c.ffn_dim = r.integer("ffn_dim", d.ffn_dim);
+    c.latent_dim = r.integer("latent_dim", d.latent_dim);
+    c.latent_norm = r.boolean("latent_norm", d.latent_norm);
+    c.shared_ffn_dim = r.integer("shared_ffn_dim", d.shared_ffn_dim);
+    c.score = r.choice("score", d.score, {"softmax", "sigmoid"});
+    c.normalize = r.boolean("normalize", d.normalize);
+    c.scaling = r.number("scaling", d.scaling);
+    c.groups = r.integer("groups", d.groups);
+    c.topk_groups = r.integer("topk_groups", d.topk_groups);
+    c.capacity_factor = r.number("capacity_factor", d.capacity_factor);
+    c.overflow = r.choice("overflow", d.overflow, {"reroute", "drop"});
+    c.activation = r.choice("activation", d.activation, {"swiglu", "situ"});
+    c.first_dense = r.integer("first_dense", d.first_dense);
+    c.balance = r.choice("balance", d.balance, {"sign", "quantile", "frozen"});
+    c.bias_update_rate = r.number("bias_update_rate", d.bias_update_rate);
+    c.seq_aux_coeff = r.number("seq_aux_coeff", d.seq_aux_coeff);
+    c.z_loss_coeff = r.number("z_loss_coeff", d.z_loss_coeff);
+    r.finish();
+    return c;
+}
+
+void validate_moe(const MoeConfig& m, const std::string& where) {
+    TESSERA_CHECK(m.experts >= 0, "{}: model.moe.experts must be >= 0 (0 = dense)", where);
+    if (m.experts == 0) return;
+    TESSERA_CHECK(m.topk >= 1 && m.topk <= m.experts, "{}: model.moe.topk {} must be in [1, experts = {}]", where,
+                  m.topk, m.experts);
+    TESSERA_CHECK(m.ffn_dim > 0, "{}: model.moe.ffn_dim must be positive (the routed experts' width)", where);
+    TESSERA_CHECK(m.latent_dim >= 0 && m.shared_ffn_dim >= 0,
+                  "{}: model.moe.latent_dim and shared_ffn_dim must be >= 0", where);
+    TESSERA_CHECK(!m.latent_norm || m.latent_dim > 0, "{}: model.moe.latent_norm needs model.moe.latent_dim > 0",
+                  where);
+    TESSERA_CHECK(m.groups >= 1 && m.experts % m.groups == 0 && m.topk_groups >= 1 && m.topk_groups <= m.groups,
+                  "{}: model.moe.groups {} must divide experts {} and topk_groups {} be in [1, groups]", where,
+                  m.groups, m.experts, m.topk_groups);
+    TESSERA_CHECK(m.topk <= m.topk_groups * (m.experts / m.groups),
+                  "{}: model.moe.topk {} exceeds the experts of the kept groups", where, m.topk);
+    TESSERA_CHECK(m.capacity_factor >= 0, "{}: model.moe.capacity_factor must be >= 0 (0 = dropless)", where);
+    TESSERA_CHECK(m.first_dense >= 0, "{}: model.moe.first_dense must be >= 0", where);
+    TESSERA_CHECK(m.bias_update_rate >= 0 && m.seq_aux_coeff >= 0 && m.z_loss_coeff >= 0,
+                  "{}: model.moe.bias_update_rate, seq_aux_coeff and z_loss_coeff must be >= 0", where);
+    TESSERA_CHECK(m.balance != "quantile" || m.topk < m.experts,
+                  "{}: model.moe.balance = quantile needs topk < experts", where);
+}
+}  // namespace
+
 ModelConfig parse_model_config(const Json& section, const std::string& where) {
     ConfigReader r(section, where);
     ModelConfig d, c;
@@ -19,6 +70,7 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     c.rope_theta = r.number("rope_theta", d.rope_theta);
     c.tie_embeddings = r.boolean("tie_embeddings", d.tie_embeddings);
     c.init_std = r.number("init_std", d.init_std);
+    if (r.has("moe")) c.moe = parse_moe_config(r.section("moe"), where + ".moe");
     r.finish();
     c.validate(where);
     return c;
@@ -48,6 +100,7 @@ void ModelConfig::validate(const std::string& where) const {
     TESSERA_CHECK(norm_eps > 0, "{}: model.norm_eps must be positive", where);
     TESSERA_CHECK(rope_theta > 1, "{}: model.rope_theta must be > 1", where);
     TESSERA_CHECK(init_std > 0, "{}: model.init_std must be positive", where);
+    validate_moe(moe, where);
 }
 
 Json to_json(const ModelConfig& c) {
@@ -56,7 +109,29 @@ Json to_json(const ModelConfig& c) {
                 {"n_kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim},
                 {"ffn_dim", c.ffn_dim},       {"norm_eps", c.norm_eps},
                 {"rope_theta", c.rope_theta}, {"tie_embeddings", c.tie_embeddings},
-                {"init_std", c.init_std}};
+                {"init_std", c.init_std},     {"moe", to_json(c.moe)}};
+}
+
+Json to_json(const MoeConfig& m) {
+    return Json{{"experts", m.experts},
+                {"topk", m.topk},
+                {"ffn_dim", m.ffn_dim},
+                {"latent_dim", m.latent_dim},
+                {"latent_norm", m.latent_norm},
+                {"shared_ffn_dim", m.shared_ffn_dim},
+                {"score", m.score},
+                {"normalize", m.normalize},
+                {"scaling", m.scaling},
+                {"groups", m.groups},
+                {"topk_groups", m.topk_groups},
+                {"capacity_factor", m.capacity_factor},
+                {"overflow", m.overflow},
+                {"activation", m.activation},
+                {"first_dense", m.first_dense},
+                {"balance", m.balance},
+                {"bias_update_rate", m.bias_update_rate},
+                {"seq_aux_coeff", m.seq_aux_coeff},
+                {"z_loss_coeff", m.z_loss_coeff}};
 }
 
 }  // namespace tessera::model

@@ -7,6 +7,7 @@
 #include "core/rng.h"
 #include "model/layers/attention_block.h"
 #include "model/layers/mlp_block.h"
+#include "model/layers/moe_block.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -31,7 +32,13 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
     for (int64_t i = 0; i < cfg_.n_layers; ++i) {
         const std::string prefix = fmt::format("model.layers.{}.", i);
         blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
-        blocks_.push_back(std::make_unique<MlpBlock>(cfg_, prefix));
+        if (cfg_.moe.is_moe_layer(i)) {
+            auto moe = std::make_unique<MoeBlock>(cfg_, prefix);
+            moe_.push_back({i, moe.get()});
+            blocks_.push_back(std::move(moe));
+        } else {
+            blocks_.push_back(std::make_unique<MlpBlock>(cfg_, prefix));
+        }
     }
     for (auto& b : blocks_) b->declare_params(param_specs_, inits_);
     add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
@@ -191,7 +198,9 @@ LossResult Model::forward_backward(StepShape s,
                                    double loss_scale) {
     TESSERA_CHECK(has_grads_, "model: forward_backward needs gradient buffers");
     const int64_t N = s.tokens();
+    set_pass({.record = true, .loss_scale = loss_scale});
     forward_trunk(s, ids);
+    set_pass({.record = false, .loss_scale = loss_scale});  // recompute forwards do not record
     LossResult res = head_loss(s, targets, true, loss_scale);
     zero_rows(dres_, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
@@ -205,6 +214,7 @@ LossResult Model::forward_backward(StepShape s,
 }
 
 LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets) {
+    set_pass({});
     forward_trunk(s, ids);
     return head_loss(s, targets, false, 1.0);
 }
@@ -212,8 +222,23 @@ LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::s
 void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits) {
     const int64_t N = s.tokens();
     check_shape(logits, Shape{N, cfg_.vocab_size}, "model: logits");
+    set_pass({});
     forward_trunk(s, ids);
     ops::linear_forward({}, ln_f_.slice0(0, N), head_, {}, logits);
+}
+
+void Model::set_pass(const PassOptions& o) {
+    for (auto& b : blocks_) b->set_pass(o);
+}
+
+void Model::update_moe_bias() {
+    for (auto& [layer, b] : moe_) b->update_bias();
+}
+
+std::vector<std::pair<int64_t, MoeLayerStats>> Model::take_moe_stats() {
+    std::vector<std::pair<int64_t, MoeLayerStats>> out;
+    for (auto& [layer, b] : moe_) out.emplace_back(layer, b->take_stats());
+    return out;
 }
 
 double Model::forward_flops_per_token(int64_t seq) const {

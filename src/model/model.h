@@ -1,4 +1,4 @@
-// The decoder-only language model: embedding -> N × (attention block, MLP block) -> RMSNorm -> head,
+// The decoder-only language model: embedding -> N × (attention block, MLP or MoE block) -> RMSNorm -> head,
 // with the cross-entropy loss fused into the head over chunks of tokens, so the full [N, V] logits
 // never exist during training. Tensor names follow Hugging Face Llama checkpoints.
 //
@@ -14,6 +14,7 @@
 
 #include "model/config.h"
 #include "model/layers/block.h"
+#include "model/layers/moe_block.h"
 
 namespace tessera::model {
 
@@ -57,13 +58,21 @@ class Model {
     // Model FLOPs per token: forward, and training (3 × forward, recompute not counted).
     double forward_flops_per_token(int64_t seq) const;
 
+    // MoE layers: after each optimizer step, move the selection biases (docs/moe.md), then take the
+    // step's routing statistics per layer (layer index, stats); empty for dense models.
+    bool has_moe() const { return !moe_.empty(); }
+    void update_moe_bias();
+    std::vector<std::pair<int64_t, MoeLayerStats>> take_moe_stats();
+
   private:
     void forward_trunk(StepShape s, std::span<const int32_t> ids);
+    void set_pass(const PassOptions& o);
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
     int64_t head_chunk_rows(int64_t tokens) const;
 
     ModelConfig cfg_;
     std::vector<std::unique_ptr<Block>> blocks_;
+    std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
     StepShape max_;

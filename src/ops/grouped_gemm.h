@@ -4,13 +4,15 @@
 //   grouped_gemm_wgrad  (K-grouped)  C_e += A[rows_e]ᵀ · B[rows_e]                 weight gradients
 // B_e = B + e·b_stride and C_e = C + e·c_stride. op(B_e) is [K, N]: B_e stored [K, N] (Trans::N) or
 // [N, K] (Trans::T, a weight in [out, in] layout).
-// NOTES (f32): one flat list of tiles over all experts, (expert, 64 columns, ≤ 128 rows) for the
-// M-grouped kind and (expert, 64 × 128 outputs) for the K-grouped one, dealt round-robin to the
-// threads: small experts share the threads with large ones instead of each running one tiny GEMM.
-// Row counts that are multiples of 8 keep every row in the 8-row register kernel (the MoE layout
-// pads each expert to 8 rows). Trans::T operands are packed per tile into a [K, 64] panel. Every
-// output element is computed by one tile in a fixed order, so results do not depend on the thread
-// count. f64 runs a plain reference loop per expert.
+// NOTES: one flat list of tiles over all experts, dealt round-robin to the threads, each tile one
+// single-threaded oneDNN sgemm (ops/gemm.h): (expert, ≤256 rows, all columns) for the M-grouped kind,
+// (expert, band of output rows, all columns, the expert's whole reduction) for the K-grouped one, with
+// more bands for experts with many rows. Small experts share the threads with large ones instead of
+// each expert's GEMM being split over all threads; a tile reads its rows of A from memory once.
+// (A register-kernel version on ops/cpu/small_gemm.h reached 0.44–0.59 of the dense GEMM rate against
+// 0.54–0.71 for this one: oneDNN's packing keeps both operands in cache; bench/RESULTS.md.)
+// Every output element is computed by one tile in a fixed order, so results do not depend on the
+// thread count. f64 runs the same tiles on ops::gemm's reference loop.
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,8 @@
 //             Gates are then recomputed over each token's final set.
 //   latent:   z = x·W_downᵀ [N, L] (without latent_down, z = x and L = D)
 //   dispatch: z rows to an expert-contiguous buffer, sorted by (expert, token, slot), each expert's
-//             segment padded with zero rows to a multiple of 8 (the layout is a pure function of routing)
+//             segment padded with zero rows to a multiple of kMoeRowAlign (the layout is a pure function
+//             of routing)
 //   experts:  h = [z·W_gate,eᵀ | z·W_up,eᵀ], a' = gate·act(h), y_e = a'·W_down,eᵀ   (grouped GEMMs;
 //             the gate scales the activation before the down projection, spec/moe.md §5.3)
 //   combine:  c[n] = Σ_j y_e(row of (n, j)), summed in slot order (no atomics)
@@ -33,7 +34,9 @@ namespace tessera::ops {
 enum class MoeOverflow : uint8_t { reroute, drop };
 enum class ExpertActivation : uint8_t { swiglu, situ };
 
-constexpr int64_t kMoeRowAlign = 8;  // each expert's segment is padded to a multiple of this
+// Each expert's segment is padded with zero rows to a multiple of this. The CPU's oneDNN tiles need
+// no padding (padding measured 1-5% slower at E = 64-896); GPU tile schemes set their own.
+constexpr int64_t kMoeRowAlign = 1;
 
 struct MoeParams {
     RouterParams router;
@@ -103,9 +106,18 @@ struct MoeStats {
 // Route + capacity + layout (fills the router and layout views of `s`).
 MoeStats moe_route(
     const MoeParams& p, const MoeWeights& w, TensorView x, const MoeSaved& s, std::span<const int64_t> seq_starts);
+// The layout from given final experts and gates (s.expert, s.gates of the first `tokens` tokens):
+// counts, padded offsets, rows, row gates. moe_route ends with it.
+void moe_build_layout(const MoeSaved& s, int64_t tokens);
 // Dispatch: rows[row(n, j)] = src[n]; padding rows zeroed. Combine: dst[n] (+)= Σ_j rows[row(n, j)].
 void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows);
 void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumulate);
+
+// The expert compute between dispatch and combine: s.xe -> s.h, s.a -> t.ye; and backward:
+// t.ye (holding dye) -> t.da, t.dh, t.dxe, t.row_dot (the gate gradient of each row), weight gradients.
+void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t);
+void moe_experts_backward(
+    const MoeParams& p, const MoeWeights& w, const MoeWeights& g, const MoeSaved& s, const MoeScratch& t);
 
 // y (+)= moe(x). seq_starts: sequence boundaries over the N tokens for the sequence-wise aux loss
 // (empty = one sequence).

@@ -45,7 +45,8 @@ std::string format_duration(double s) {
 Progress::Progress(std::ostream* out, bool is_tty, int64_t total_steps, int64_t log_interval)
     : out_(out), tty_(out != nullptr && is_tty), total_(total_steps), interval_(log_interval) {}
 
-void Progress::step(int64_t step, double loss, double lr, double tokens_per_s, double step_s, double mfu) {
+void Progress::step(
+    int64_t step, double loss, double lr, double tokens_per_s, double step_s, double mfu, const std::string& extra) {
     if (!out_) return;
     ema_step_s_ = ema_step_s_ == 0 ? step_s : 0.9 * ema_step_s_ + 0.1 * step_s;
     const bool milestone = step % interval_ == 0 || step == total_;
@@ -54,6 +55,7 @@ void Progress::step(int64_t step, double loss, double lr, double tokens_per_s, d
         fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.1f}k tok/s | {:.0f}% of GEMM rate | ETA {}", step,
                     std::to_string(total_).size(), total_, loss, lr, tokens_per_s / 1e3, 100.0 * mfu,
                     format_duration(ema_step_s_ * double(total_ - step)));
+    if (!extra.empty()) line += " | " + extra;
     if (tty_) {
         *out_ << "\r\033[K" << line << (milestone ? "\n" : "") << std::flush;
         dirty_ = !milestone;

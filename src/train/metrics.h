@@ -25,8 +25,15 @@ class MetricsLog {
 class Progress {
   public:
     Progress(std::ostream* out, bool is_tty, int64_t total_steps, int64_t log_interval);
-    // Per-step update: loss, lr, tokens/s, step seconds, MFU (fraction of the GEMM rate).
-    void step(int64_t step, double loss, double lr, double tokens_per_s, double step_s, double mfu);
+    // Per-step update: loss, lr, tokens/s, step seconds, MFU (fraction of the GEMM rate), and an
+    // optional extra field (the MoE load summary).
+    void step(int64_t step,
+              double loss,
+              double lr,
+              double tokens_per_s,
+              double step_s,
+              double mfu,
+              const std::string& extra = {});
     // A line of its own (eval results, checkpoints), not overwritten by the progress line.
     void note(const std::string& line);
     void finish();

@@ -39,6 +39,40 @@ struct Setup {
     std::string out_dir;
 };
 
+// Per MoE layer: the load metrics of spec/moe.md §9 for the JSONL log.
+Json moe_metrics(const std::vector<std::pair<int64_t, model::MoeLayerStats>>& layers) {
+    Json out = Json::array();
+    for (const auto& [layer, s] : layers) {
+        out.push_back({{"layer", layer},
+                       {"overload", s.load.overload},
+                       {"dead", s.load.dead},
+                       {"load_entropy", s.load.load_entropy},
+                       {"routing_entropy", s.load.routing_entropy},
+                       {"rerouted", s.rerouted},
+                       {"dropped", s.dropped},
+                       {"seq_aux_loss", s.seq_aux_loss},
+                       {"z_loss", s.z_loss},
+                       {"bias_min", s.bias_min},
+                       {"bias_max", s.bias_max},
+                       {"load", s.load.load}});
+    }
+    return out;
+}
+
+// The progress line's share: the worst layer's overload and the dead experts over all layers.
+std::string moe_summary(const std::vector<std::pair<int64_t, model::MoeLayerStats>>& layers) {
+    double worst = 0;
+    int64_t dead = 0, dropped = 0;
+    for (const auto& [layer, s] : layers) {
+        worst = std::max(worst, s.load.overload);
+        dead += s.load.dead;
+        dropped += s.dropped;
+    }
+    std::string line = fmt::format("experts: max overload {:.2f}, {} dead", worst, dead);
+    if (dropped) line += fmt::format(", {} dropped", dropped);
+    return line;
+}
+
 Setup resolve_setup(const TrainOptions& o) {
     Setup s;
     if (!o.resume_dir.empty()) {
@@ -91,6 +125,8 @@ StepResult train_step(model::Model& model,
     r.grad_norm = opt.grad_norm(rt.grads());
     opt.clip(rt.grads(), r.grad_norm, tc.grad_clip);
     opt.update(tc, rt.params(), rt.grads(), r.lr);
+    model.update_moe_bias();  // after the step, from the whole step's routing (spec/moe.md §3.1)
+    r.moe = model.take_moe_stats();
     return r;
 }
 
@@ -205,8 +241,13 @@ TrainSummary train(const TrainOptions& opts) {
                     {"flops_per_s", flops},
                     {"mfu", flops / (gemm_gflops * 1e9)}};
         if (state.step == summary.first_step + 1) rec["arena_peak_bytes"] = rt.arena().stats().peak_bytes_in_use;
+        std::string moe_line;
+        if (!r.moe.empty()) {
+            rec["moe"] = moe_metrics(r.moe);
+            moe_line = moe_summary(r.moe);
+        }
         metrics.write(rec);
-        progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9));
+        progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9), moe_line);
         const bool last = state.step == tc.steps;
         if ((tc.eval_interval > 0 && state.step % tc.eval_interval == 0) || last) run_eval(state.step);
         if ((tc.checkpoint_interval > 0 && state.step % tc.checkpoint_interval == 0) || last) {

@@ -33,6 +33,7 @@ struct StepResult {
     double loss = 0;       // mean over the step's micro-batches
     double grad_norm = 0;  // before clipping
     double lr = 0;
+    std::vector<std::pair<int64_t, model::MoeLayerStats>> moe;  // per MoE layer: routing of this step
 };
 
 // Fills a micro-batch's ids and targets and returns its step shape (with document boundaries when
@@ -40,7 +41,8 @@ struct StepResult {
 using BatchSource = std::function<model::StepShape(std::span<int32_t> ids, std::span<int32_t> targets)>;
 
 // One optimizer step (0-based `step` for the schedule): zero gradients, forward/backward over
-// grad_accum micro-batches from next_batch, clip, AdamW. The model must be bound to rt.
+// grad_accum micro-batches from next_batch, clip, AdamW, then the MoE selection biases move by their
+// balancing rule. The model must be bound to rt.
 StepResult train_step(model::Model& model,
                       model::ModelRuntime& rt,
                       AdamW& opt,

@@ -53,6 +53,13 @@ TEST(Cli, BadConfigsGiveOneClearLine) {
         "no such file or directory", "missing data");
     expect_one_line_error(run_tessera("train --config " + kTiny + " --steps -3 --out " + d.file("r")), "--steps",
                           "negative steps");
+    const std::string moe = " --set model.moe.experts=8 --set model.moe.ffn_dim=16 --out " + d.file("r");
+    expect_one_line_error(run_tessera("train --config " + kTiny + moe + " --set model.moe.topk=9"),
+                          "model.moe.topk 9 must be in [1, experts = 8]", "topk above the experts");
+    expect_one_line_error(run_tessera("train --config " + kTiny + moe + " --set model.moe.expert=3"),
+                          "did you mean \"model.moe.experts\"", "typo in the moe section");
+    expect_one_line_error(run_tessera("train --config " + kTiny + moe + " --set model.moe.balance=magic"),
+                          "model.moe.balance", "unknown balancing rule");
 }
 
 TEST(Cli, UsageErrorsExitWithTwo) {

@@ -33,10 +33,13 @@ std::map<int64_t, std::string> losses(const std::string& run_dir) {
     return out;
 }
 
-TEST(Resume, ContinuesBitwiseIdentically) {
+class Resume : public ::testing::TestWithParam<std::string> {};
+
+// Dense, and MoE with each balancing rule: the selection bias is model state and must resume too.
+TEST_P(Resume, ContinuesBitwiseIdentically) {
     TempDir d;
     const std::string full = d.file("full"), part = d.file("part");
-    ASSERT_EQ(run_tessera("train --config " + kTiny + " --out " + full).status, 0);
+    ASSERT_EQ(run_tessera("train --config " + kTiny + " --out " + full + GetParam()).status, 0);
     // The same run, interrupted after its step-6 checkpoint: its directory holds that checkpoint and
     // metrics of steps past it (written before the crash), which the resumed run must replace.
     fs::create_directories(part + "/checkpoints");
@@ -57,7 +60,49 @@ TEST(Resume, ContinuesBitwiseIdentically) {
               read_text(part + "/checkpoints/step_0000012/model.safetensors"));
 }
 
-TEST(Resume, RefusesTruncatedAndCorruptedCheckpoints) {
+const std::string kMoe =
+    " --set model.moe.experts=8 --set model.moe.topk=2 --set model.moe.ffn_dim=32"
+    " --set model.moe.shared_ffn_dim=32 --set model.moe.bias_update_rate=0.01";
+INSTANTIATE_TEST_SUITE_P(Runs,
+                         Resume,
+                         ::testing::Values("",
+                                           kMoe + " --set model.moe.balance=sign",
+                                           kMoe + " --set model.moe.balance=quantile --set model.moe.latent_dim=16"),
+                         [](const auto& info) {
+                             return std::string(info.index == 0   ? "dense"
+                                                : info.index == 1 ? "moe_sign"
+                                                                  : "moe_quantile");
+                         });
+
+TEST(MoeRun, LogsExpertLoadPerLayerAndMovesTheBias) {
+    TempDir d;
+    const std::string run = d.file("run");
+    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 4 --out " + run + kMoe +
+                                    " --set model.moe.first_dense=0 --set model.moe.capacity_factor=1");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("experts: max overload"), std::string::npos) << r.out;
+    std::istringstream in(read_text(run + "/metrics.jsonl"));
+    std::string line;
+    int steps = 0;
+    while (std::getline(in, line)) {
+        Json j = Json::parse(line);
+        if (!j.contains("loss")) continue;
+        ++steps;
+        ASSERT_TRUE(j.contains("moe")) << line;
+        ASSERT_EQ(j["moe"].size(), 2u);  // both layers
+        for (const Json& l : j["moe"]) {
+            int64_t total = 0;
+            for (const Json& c : l["load"]) total += c.get<int64_t>();
+            EXPECT_EQ(total, 4 * 32 * 2);  // every token's two choices
+            EXPECT_GE(l["overload"].get<double>(), 1.0);
+            EXPECT_GE(l["rerouted"].get<int64_t>() + l["dropped"].get<int64_t>(), 0);
+            EXPECT_LT(l["bias_min"].get<double>(), l["bias_max"].get<double>()) << "the sign rule moved nothing";
+        }
+    }
+    EXPECT_EQ(steps, 4);
+}
+
+TEST(ResumeChecks, RefusesTruncatedAndCorruptedCheckpoints) {
     TempDir d;
     const std::string run = d.file("run");
     ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 6 --out " + run).status, 0);
@@ -90,7 +135,7 @@ TEST(Resume, RefusesTruncatedAndCorruptedCheckpoints) {
     EXPECT_NE(r.err.find("no complete checkpoint"), std::string::npos) << r.err;
 }
 
-TEST(Resume, ModelChangesAndOverwritesAreRefused) {
+TEST(ResumeChecks, ModelChangesAndOverwritesAreRefused) {
     TempDir d;
     const std::string run = d.file("run");
     ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 2 --out " + run).status, 0);

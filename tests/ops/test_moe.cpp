@@ -211,7 +211,9 @@ TEST(MoeCapacity, ConservesTokensAndRespectsCapacityAndGroups) {
                     total += cnt;
                 }
                 EXPECT_EQ(total + dropped, N * K);
-                if (overflow == "drop") EXPECT_EQ(rerouted, 0);
+                if (overflow == "drop") {
+                    EXPECT_EQ(rerouted, 0);
+                }
                 rerouted_cases += rerouted > 0;
                 // scores for the group check
                 Inputs rin;
@@ -236,7 +238,9 @@ TEST(MoeCapacity, ConservesTokensAndRespectsCapacityAndGroups) {
                             continue;
                         }
                         EXPECT_TRUE(seen.insert(e).second) << "token " << n << " has expert " << e << " twice";
-                        if (groups > 1) EXPECT_TRUE(allowed[e / (E / groups)]) << "token " << n << " expert " << e;
+                        if (groups > 1) {
+                            EXPECT_TRUE(allowed[e / (E / groups)]) << "token " << n << " expert " << e;
+                        }
                     }
                 }
                 EXPECT_EQ(minus, dropped);
@@ -253,10 +257,11 @@ TEST(MoeLayout, CombineOfDispatchCountsEachTokenOncePerSlot) {
     p.router.topk = 2;
     p.capacity_factor = 0.6;
     p.overflow = ops::MoeOverflow::drop;
-    const ops::MoeWeights w{.router_w = in.at("router_w").view(),
-                            .w_gate = in.at("w_gate").view(),
-                            .w_up = in.at("w_up").view(),
-                            .w_down = in.at("w_down").view()};
+    ops::MoeWeights w;
+    w.router_w = in.at("router_w").view();
+    w.w_gate = in.at("w_gate").view();
+    w.w_up = in.at("w_up").view();
+    w.w_down = in.at("w_down").view();
     const ops::MoeDims d = ops::moe_dims(p, w, N);
     std::vector<BufferSpec> specs;
     ops::moe_saved_specs(d, DType::f64, "", specs);

@@ -81,13 +81,83 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Layer(nn.Module):
+class Weight(nn.Module):
+    def __init__(self, *shape, trainable=True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(*shape), requires_grad=trainable)
+
+
+class Router(nn.Module):
+    def __init__(self, E, C):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(E, C))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(E), requires_grad=False)  # selection only
+
+
+class MoE(nn.Module):
+    """tessera's MoE block (docs/moe.md) around the reference layer of moe_ref.py, with tessera's tensor
+    names; the router losses are kept for the training loss, the router's choices for the bias update."""
+
     def __init__(self, c):
+        super().__init__()
+        m, C = c["moe"], c["d_model"]
+        E, Fd, L = m["experts"], m["ffn_dim"], m.get("latent_dim", 0) or C
+        self.m, self.eps = m, c["norm_eps"]
+        self.gate = Router(E, C)
+        self.experts = nn.ModuleDict({"gate_proj": Weight(E, Fd, L), "up_proj": Weight(E, Fd, L),
+                                      "down_proj": Weight(E, L, Fd)})
+        if m.get("latent_dim", 0):
+            self.routed_expert_down_proj = Weight(L, C)
+            self.routed_expert_up_proj = Weight(C, L)
+            if m.get("latent_norm", False):
+                self.routed_expert_norm = Weight(L)
+        if m.get("shared_ffn_dim", 0):
+            FS = m["shared_ffn_dim"]
+            self.shared_experts = nn.ModuleDict({"gate_proj": Weight(FS, C), "up_proj": Weight(FS, C),
+                                                 "down_proj": Weight(C, FS)})
+        self.aux = 0.0
+        self.demand = None
+
+    def forward(self, x):
+        import moe_ref
+        B, T, C = x.shape
+        m = self.m
+        opt = lambda name: getattr(self, name).weight if hasattr(self, name) else None
+        shared = getattr(self, "shared_experts", None)
+        out = moe_ref.moe(
+            x.reshape(B * T, C), self.gate.weight, self.experts["gate_proj"].weight, self.experts["up_proj"].weight,
+            self.experts["down_proj"].weight, router_bias=self.gate.e_score_correction_bias,
+            latent_down=opt("routed_expert_down_proj"), latent_up=opt("routed_expert_up_proj"),
+            latent_norm=opt("routed_expert_norm"),
+            shared_gate=shared["gate_proj"].weight if shared else None,
+            shared_up=shared["up_proj"].weight if shared else None,
+            shared_down=shared["down_proj"].weight if shared else None,
+            topk=m["topk"], score=m.get("score", "sigmoid"), normalize=m.get("normalize", True),
+            scaling=m.get("scaling", 1.0), groups=m.get("groups", 1), topk_groups=m.get("topk_groups", 1),
+            capacity_factor=m.get("capacity_factor", 0.0), overflow=m.get("overflow", "reroute"),
+            activation=m.get("activation", "swiglu"), norm_eps=self.eps, seq_aux_coeff=m.get("seq_aux_coeff", 0.0),
+            z_loss_coeff=m.get("z_loss_coeff", 0.0), seq_starts=[b * T for b in range(B + 1)])
+        self.aux = out["aux_loss"].sum()
+        self.demand = out["demand"]
+        return out["y"].reshape(B, T, C)
+
+    @torch.no_grad()
+    def update_bias(self):
+        """The sign rule: b += γ·sign(mean − load) from this step's router choices."""
+        if self.m.get("balance", "sign") != "sign":
+            return
+        d = self.demand.double()
+        self.gate.e_score_correction_bias += self.m.get("bias_update_rate", 1e-3) * torch.sign(d.mean() - d)
+
+
+class Layer(nn.Module):
+    def __init__(self, c, index=0):
         super().__init__()
         self.input_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
-        self.mlp = MLP(c)
+        moe = c.get("moe", {})
+        self.mlp = MoE(c) if moe.get("experts", 0) and index >= moe.get("first_dense", 1) else MLP(c)
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
@@ -98,7 +168,7 @@ class Inner(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["d_model"])
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c["n_layers"]))
+        self.layers = nn.ModuleList(Layer(c, i) for i in range(c["n_layers"]))
         self.norm = RMSNorm(c["d_model"], c["norm_eps"])
 
 
@@ -127,6 +197,13 @@ class DenseLM(nn.Module):
         logits = self.forward(ids)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=-100)
 
+    def moe_layers(self):
+        return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
+
+    def aux_loss(self):
+        """The router losses of the last forward (0 for dense models)."""
+        return sum((m.aux for m in self.moe_layers()), torch.zeros((), dtype=torch.float64))
+
 
 def learning_rate(t, step):
     if step < t["warmup_steps"]:
@@ -138,7 +215,7 @@ def learning_rate(t, step):
 
 def make_optimizer(model, t):
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
     return torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
@@ -149,8 +226,10 @@ def train_step(model, opt, t, step, ids, targets):
         g["lr"] = learning_rate(t, step)
     opt.zero_grad(set_to_none=True)
     loss = model.loss(ids, targets)
-    loss.backward()
+    (loss + model.aux_loss()).backward()
     if t["grad_clip"] > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], t["grad_clip"])
     opt.step()
+    for m in model.moe_layers():
+        m.update_bias()
     return loss.item()

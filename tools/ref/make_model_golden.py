@@ -22,6 +22,22 @@ CASES = {
                   "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False, "init_std": 0.1},
     "dense_tied_mha": {"vocab_size": 40, "d_model": 48, "n_layers": 3, "n_heads": 3, "n_kv_heads": 3, "head_dim": 0,
                        "ffn_dim": 64, "norm_eps": 1e-5, "rope_theta": 500.0, "tie_embeddings": True, "init_std": 0.1},
+    # MoE from layer 1 on: Kimi-K3-like (sigmoid router + bias, latent projections with norm, shared
+    # expert, SiTU) with both router losses; and a softmax router with group limits and capacity re-routing.
+    # The sign-rule bias update (γ large enough to change routing within 10 steps) is part of the trajectory.
+    "moe_latent_situ": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 0,
+                        "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False,
+                        "init_std": 0.1,
+                        "moe": {"experts": 8, "topk": 3, "ffn_dim": 16, "latent_dim": 16, "latent_norm": True,
+                                "shared_ffn_dim": 24, "score": "sigmoid", "activation": "situ", "first_dense": 1,
+                                "balance": "sign", "bias_update_rate": 0.05, "seq_aux_coeff": 0.01,
+                                "z_loss_coeff": 0.001}},
+    "moe_capacity": {"vocab_size": 48, "d_model": 32, "n_layers": 3, "n_heads": 2, "n_kv_heads": 2, "head_dim": 0,
+                     "ffn_dim": 40, "norm_eps": 1e-5, "rope_theta": 10000.0, "tie_embeddings": True,
+                     "init_std": 0.1,
+                     "moe": {"experts": 8, "topk": 2, "ffn_dim": 24, "score": "softmax", "groups": 4,
+                             "topk_groups": 2, "capacity_factor": 1.0, "overflow": "reroute", "first_dense": 1,
+                             "balance": "sign", "bias_update_rate": 0.02}},
 }
 
 
@@ -37,7 +53,9 @@ for name, c in CASES.items():
     model = DenseLM(c).double()
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if p.dim() >= 2:
+            if pname.endswith("e_score_correction_bias"):
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            elif p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * c["init_std"])
             else:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
@@ -47,11 +65,11 @@ for name, c in CASES.items():
     tensors["ids"], tensors["targets"] = ids, targets
     logits = model(ids.long())
     loss = model.loss(ids, targets)
-    loss.backward()
+    (loss + model.aux_loss()).backward()
     tensors["expected.logits"] = logits.detach().reshape(-1, c["vocab_size"])
     tensors["expected.loss"] = loss.detach()
     for n, p in model.named_parameters():
-        tensors["expected.grad." + n] = p.grad.detach()
+        tensors["expected.grad." + n] = p.grad.detach() if p.grad is not None else torch.zeros_like(p).detach()
     # trajectory
     opt = make_optimizer(model, TRAIN)
     traj_ids, traj_targets, losses = [], [], []

@@ -37,6 +37,14 @@ struct ParamInit {
     double value(double uniform01, double normal01) const;  // the value for one element
 };
 
+// What the next passes are for: training forwards record statistics (MoE loads) once per
+// micro-batch, recompute and eval forwards do not; loss_scale weighs losses a block adds itself
+// (MoE router losses) like the LM loss.
+struct PassOptions {
+    bool record = false;
+    double loss_scale = 1.0;
+};
+
 class Block {
   public:
     virtual ~Block() = default;
@@ -62,6 +70,7 @@ class Block {
     virtual double forward_flops_per_token(int64_t seq) const = 0;
     // Short kind name shared by blocks that share scratch ("attention", "mlp").
     virtual std::string kind() const = 0;
+    virtual void set_pass(const PassOptions&) {}
 };
 
 // Appends one parameter (f32) and its initialisation.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "ops/cpu/glu_math.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/grouped_gemm.h"
 #include "ops/linear.h"
@@ -42,6 +43,16 @@ void act_backward(const MoeParams& p, TensorView dy, TensorView gate, TensorView
         situ_glu_backward(p.situ, dy, gate, up, dgate, dup);
     } else {
         swiglu_backward(dy, gate, up, dgate, dup);
+    }
+}
+
+// f(activation functor) for the MoE's activation
+template <class T, class Fn>
+void with_activation(const MoeParams& p, Fn&& f) {
+    if (p.activation == ExpertActivation::situ) {
+        f(cpu::SituGlu<T>(p.situ.beta, p.situ.linear_beta));
+    } else {
+        f(cpu::SwiGlu<T>{});
     }
 }
 
@@ -110,8 +121,8 @@ std::pair<int64_t, int64_t> apply_capacity(
 }
 
 template <class T>
-void build_layout(const MoeDims& d, const MoeSaved& s, int64_t N) {
-    const int64_t E = d.experts, K = d.topk;
+void build_layout(const MoeSaved& s, int64_t N) {
+    const int64_t E = s.counts.size(0), K = s.expert.size(1);
     const int32_t* expert = s.expert.ptr<int32_t>();
     int32_t* row = s.row.ptr<int32_t>();
     int32_t* counts = s.counts.ptr<int32_t>();
@@ -303,13 +314,17 @@ MoeStats moe_route(
             std::tie(st.rerouted, st.dropped) = apply_capacity<T>(p, d, s, N, bias);
             router_weights(p.router, scores, first(s.expert, N), first(s.gates, N));
         }
-        build_layout<T>(d, s, N);
+        build_layout<T>(s, N);
     });
     const int64_t whole[2] = {0, N};
     if (seq_starts.empty()) seq_starts = whole;
     if (p.seq_aux_coeff > 0) st.seq_aux_loss = router_seq_aux_loss(p.seq_aux_coeff, scores, choice, seq_starts, {});
     if (p.z_loss_coeff > 0) st.z_loss = router_z_loss(p.z_loss_coeff, logits, {});
     return st;
+}
+
+void moe_build_layout(const MoeSaved& s, int64_t tokens) {
+    dispatch_float(s.gates.dtype, "moe", [&]<class T>(T) { build_layout<T>(s, tokens); });
 }
 
 void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows) {
@@ -355,6 +370,74 @@ void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumu
     });
 }
 
+void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t) {
+    const int64_t E = s.counts.size(0), R = s.offsets.ptr<int32_t>()[E], F = w.w_gate.size(1), L = w.w_gate.size(2);
+    const ExpertRows g{s.offsets.ptr<int32_t>(), E};
+    dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
+        T* h = s.h.ptr<T>();
+        grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_gate.ptr<T>(), F * L, L, T(0), h, 2 * F);
+        grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_up.ptr<T>(), F * L, L, T(0), h + F, 2 * F);
+        T* a = s.a.ptr<T>();
+        const T* rg = s.row_gate.ptr<T>();
+        with_activation<T>(p, [&](const auto& act) {  // a' = gate · act(h), one pass
+#pragma omp parallel for schedule(static)
+            for (int64_t r = 0; r < R; ++r) {
+                const T* hg = h + r * 2 * F;
+                const T* hu = hg + F;
+                T* ar = a + r * F;
+                const T gr = rg[r];
+#pragma omp simd
+                for (int64_t f = 0; f < F; ++f) ar[f] = gr * act.value(hg[f], hu[f]);
+            }
+        });
+        grouped_gemm(Trans::T, g, L, F, a, F, w.w_down.ptr<T>(), L * F, F, T(0), t.ye.ptr<T>(), L);
+    });
+}
+
+void moe_experts_backward(
+    const MoeParams& p, const MoeWeights& w, const MoeWeights& g, const MoeSaved& s, const MoeScratch& t) {
+    const int64_t E = s.counts.size(0), R = s.offsets.ptr<int32_t>()[E], F = w.w_gate.size(1), L = w.w_gate.size(2);
+    const ExpertRows eg{s.offsets.ptr<int32_t>(), E};
+    dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
+        const T* dye = t.ye.ptr<T>();
+        T* da = t.da.ptr<T>();
+        grouped_gemm(Trans::N, eg, F, L, dye, L, w.w_down.ptr<T>(), L * F, F, T(0), da, F);
+        grouped_gemm_wgrad(eg, L, F, dye, L, s.a.ptr<T>(), F, g.w_down.ptr<T>(), L * F, F);
+        // one pass per row: the row's gate gradient <act(h), da'>, then dh = gate·da' ⊙ ∂act/∂h
+        const T* h = s.h.ptr<T>();
+        T* dh = t.dh.ptr<T>();
+        T* dot = t.row_dot.ptr<T>();
+        const T* rg = s.row_gate.ptr<T>();
+        with_activation<T>(p, [&](const auto& act) {
+#pragma omp parallel for schedule(static)
+            for (int64_t r = 0; r < R; ++r) {
+                const T* hg = h + r * 2 * F;
+                const T* hu = hg + F;
+                const T* dar = da + r * F;
+                T acc = 0;
+#pragma omp simd reduction(+ : acc)
+                for (int64_t f = 0; f < F; ++f) acc += act.value(hg[f], hu[f]) * dar[f];
+                dot[r] = acc;
+                const T gr = rg[r];
+                T* dhg = dh + r * 2 * F;
+                T* dhu = dhg + F;
+#pragma omp simd
+                for (int64_t f = 0; f < F; ++f) {
+                    T pg, pu;
+                    act.partials(hg[f], hu[f], pg, pu);
+                    dhg[f] = gr * dar[f] * pg;
+                    dhu[f] = gr * dar[f] * pu;
+                }
+            }
+        });
+        T* dxe = t.dxe.ptr<T>();
+        grouped_gemm(Trans::N, eg, L, F, dh, 2 * F, w.w_gate.ptr<T>(), F * L, L, T(0), dxe, L);
+        grouped_gemm(Trans::N, eg, L, F, dh + F, 2 * F, w.w_up.ptr<T>(), F * L, L, T(1), dxe, L);
+        grouped_gemm_wgrad(eg, F, L, dh, 2 * F, s.xe.ptr<T>(), L, g.w_gate.ptr<T>(), F * L, L);
+        grouped_gemm_wgrad(eg, F, L, dh + F, 2 * F, s.xe.ptr<T>(), L, g.w_up.ptr<T>(), F * L, L);
+    });
+}
+
 MoeStats moe_forward(const MoeParams& p,
                      const MoeWeights& w,
                      TensorView x,
@@ -367,27 +450,14 @@ MoeStats moe_forward(const MoeParams& p,
     const MoeDims d = moe_dims(p, w, N);
     check_shape(y, x.shape, "moe: y");
     MoeStats st = moe_route(p, w, x, s, seq_starts);
-    const int64_t R = s.offsets.ptr<int32_t>()[d.experts], L = d.latent, F = d.ffn, FS = d.shared_ffn;
-    const ExpertRows g{s.offsets.ptr<int32_t>(), d.experts};
+    const int64_t FS = d.shared_ffn;
     TensorView src = x;
     if (d.has_latent) {
         src = first(s.z, N);
         linear_forward({}, x, w.latent_down, {}, src);
     }
     moe_dispatch(s, src, s.xe);
-    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
-        T* h = s.h.ptr<T>();
-        grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_gate.ptr<T>(), F * L, L, T(0), h, 2 * F);
-        grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_up.ptr<T>(), F * L, L, T(0), h + F, 2 * F);
-        act_forward(p, columns(s.h, R, 0, F), columns(s.h, R, F, F), first(s.a, R));
-        T* a = s.a.ptr<T>();
-        const T* rg = s.row_gate.ptr<T>();
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < R; ++r) {
-            for (int64_t f = 0; f < F; ++f) a[r * F + f] *= rg[r];
-        }
-        grouped_gemm(Trans::T, g, L, F, a, F, w.w_down.ptr<T>(), L * F, F, T(0), t.ye.ptr<T>(), L);
-    });
+    moe_experts_forward(p, w, s, t);
     if (d.has_latent) {
         TensorView c = first(s.c, N);
         moe_combine(s, t.ye, c, false);
@@ -421,9 +491,7 @@ void moe_backward(const MoeParams& p,
     const MoeDims d = moe_dims(p, w, N);
     check_shape(dy, x.shape, "moe: dy");
     check_shape(dx, x.shape, "moe: dx");
-    const int64_t E = d.experts, K = d.topk, R = s.offsets.ptr<int32_t>()[E], L = d.latent, F = d.ffn,
-                  FS = d.shared_ffn;
-    const ExpertRows eg{s.offsets.ptr<int32_t>(), E};
+    const int64_t K = d.topk, FS = d.shared_ffn;
     if (d.has_shared) {
         zero_rows(t.dsa, N);
         linear_backward(dy, first(s.sa, N), w.shared_down, first(t.dsa, N), g.shared_down, {});
@@ -446,33 +514,10 @@ void moe_backward(const MoeParams& p,
         }
     }
     moe_dispatch(s, dsrc, t.ye);  // the backward of combine: dye
-    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
-        const T* dye = t.ye.ptr<T>();
-        T* da = t.da.ptr<T>();
-        grouped_gemm(Trans::N, eg, F, L, dye, L, w.w_down.ptr<T>(), L * F, F, T(0), da, F);
-        grouped_gemm_wgrad(eg, L, F, dye, L, s.a.ptr<T>(), F, g.w_down.ptr<T>(), L * F, F);
-        // dgate per row = <act(h), da'>; da = gate · da'
-        act_forward(p, columns(s.h, R, 0, F), columns(s.h, R, F, F), columns(t.dh, R, 0, F));
-        T* dh = t.dh.ptr<T>();
-        T* dot = t.row_dot.ptr<T>();
-        const T* rg = s.row_gate.ptr<T>();
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < R; ++r) {
-            T acc = 0;
-            for (int64_t f = 0; f < F; ++f) acc += dh[r * 2 * F + f] * da[r * F + f];
-            dot[r] = acc;
-            for (int64_t f = 0; f < F; ++f) da[r * F + f] *= rg[r];
-        }
-        zero_rows(t.dh, R);
-        act_backward(p, first(t.da, R), columns(s.h, R, 0, F), columns(s.h, R, F, F), columns(t.dh, R, 0, F),
-                     columns(t.dh, R, F, F));
-        T* dxe = t.dxe.ptr<T>();
-        grouped_gemm(Trans::N, eg, L, F, dh, 2 * F, w.w_gate.ptr<T>(), F * L, L, T(0), dxe, L);
-        grouped_gemm(Trans::N, eg, L, F, dh + F, 2 * F, w.w_up.ptr<T>(), F * L, L, T(1), dxe, L);
-        grouped_gemm_wgrad(eg, F, L, dh, 2 * F, s.xe.ptr<T>(), L, g.w_gate.ptr<T>(), F * L, L);
-        grouped_gemm_wgrad(eg, F, L, dh + F, 2 * F, s.xe.ptr<T>(), L, g.w_up.ptr<T>(), F * L, L);
-        // gate gradients per (token, slot)
-        const int32_t* row = s.row.ptr<int32_t>();
+    moe_experts_backward(p, w, g, s, t);
+    const int32_t* row = s.row.ptr<int32_t>();
+    dispatch_float(x.dtype, "moe", [&]<class T>(T) {  // gate gradients per (token, slot)
+        const T* dot = t.row_dot.ptr<T>();
         T* dg = t.dg.ptr<T>();
         for (int64_t i = 0; i < N * K; ++i) dg[i] = row[i] >= 0 ? dot[row[i]] : T(0);
     });

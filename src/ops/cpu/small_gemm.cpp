@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace tessera::ops::cpu {
 
@@ -178,14 +179,53 @@ void small_gemm_tn(int64_t M,
     gemm_ref(true, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+namespace {
+typedef float v8 __attribute__((vector_size(32)));
+
+// dst[c][r] = src[r][c] for one 8 × 8 block, in registers (three interleave stages)
+inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+    v8 r[8], t[8], u[8];
+    for (int i = 0; i < 8; ++i) std::memcpy(&r[i], src + i * lds, sizeof(v8));
+    for (int i = 0; i < 8; i += 2) {  // interleave 32-bit pairs
+        t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4) {  // interleave 64-bit pairs
+        u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int i = 0; i < 4; ++i) {  // 128-bit halves
+        const v8 lo = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        const v8 hi = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+        std::memcpy(dst + i * ldd, &lo, sizeof(v8));
+        std::memcpy(dst + (i + 4) * ldd, &hi, sizeof(v8));
+    }
+}
+
+template <class T>
+void transpose_scalar(const T* src, int64_t r0, int64_t r1, int64_t c0, int64_t c1, int64_t lds, T* dst, int64_t ldd) {
+    for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
+}  // namespace
+
 template <class T>
 void transpose(const T* src, int64_t rows, int64_t cols, int64_t lds, T* dst, int64_t ldd) {
     constexpr int64_t kB = 16;
     for (int64_t r0 = 0; r0 < rows; r0 += kB) {
         for (int64_t c0 = 0; c0 < cols; c0 += kB) {
             const int64_t r1 = std::min(rows, r0 + kB), c1 = std::min(cols, c0 + kB);
-            for (int64_t r = r0; r < r1; ++r)
-                for (int64_t c = c0; c < c1; ++c) dst[c * ldd + r] = src[r * lds + c];
+            if constexpr (std::is_same_v<T, float>) {
+                if (r1 - r0 == kB && c1 - c0 == kB) {  // four 8 × 8 register transposes
+                    for (int64_t i = 0; i < kB; i += 8)
+                        for (int64_t j = 0; j < kB; j += 8)
+                            transpose8x8(src + (r0 + i) * lds + c0 + j, lds, dst + (c0 + j) * ldd + r0 + i, ldd);
+                    continue;
+                }
+            }
+            transpose_scalar(src, r0, r1, c0, c1, lds, dst, ldd);
         }
     }
 }

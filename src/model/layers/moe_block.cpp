@@ -1,0 +1,193 @@
+// (Latent)MoE block: rmsnorm -> ops::moe_forward (router, capacity, dispatch, grouped experts,
+// combine, latent projections, shared expert) -> residual; statistics and bias balancing per step.
+#include "model/layers/moe_block.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/rmsnorm.h"
+
+namespace tessera::model {
+
+MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix)
+    : cfg_(c),
+      m_(c.moe),
+      prefix_(std::move(param_prefix)),
+      rule_(ops::parse_balance_rule(c.moe.balance, "model.moe.balance")),
+      C_(c.d_model),
+      L_(c.moe.latent_dim > 0 ? c.moe.latent_dim : c.d_model) {
+    p_.router = {.topk = m_.topk,
+                 .score = m_.score == "softmax" ? ops::RouterScore::softmax : ops::RouterScore::sigmoid,
+                 .normalize = m_.normalize,
+                 .scaling = m_.scaling,
+                 .groups = m_.groups,
+                 .topk_groups = m_.topk_groups};
+    p_.capacity_factor = m_.capacity_factor;
+    p_.overflow = m_.overflow == "drop" ? ops::MoeOverflow::drop : ops::MoeOverflow::reroute;
+    p_.activation = m_.activation == "situ" ? ops::ExpertActivation::situ : ops::ExpertActivation::swiglu;
+    p_.norm_eps = c.norm_eps;
+    p_.seq_aux_coeff = m_.seq_aux_coeff;
+    p_.z_loss_coeff = m_.z_loss_coeff;
+    demand_.assign(size_t(m_.experts), 0);
+    if (rule_ == ops::BalanceRule::quantile) {
+        quantile_ = std::make_unique<ops::QuantileBalancer>(m_.experts, m_.topk);
+    }
+}
+
+void MoeBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
+    const int64_t E = m_.experts, F = m_.ffn_dim, FS = m_.shared_ffn_dim;
+    const ParamInit w = ParamInit::normal(cfg_.init_std);
+    const ParamInit out = ParamInit::normal(cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers)));
+    const std::string mlp = prefix_ + "mlp.";
+    add_param(specs, inits, prefix_ + "post_attention_layernorm.weight", Shape{C_}, ParamInit::constant(1.0), false);
+    add_param(specs, inits, mlp + "gate.weight", Shape{E, C_}, w, true);
+    add_param(specs, inits, mlp + "gate.e_score_correction_bias", Shape{E}, ParamInit::constant(0.0), false);
+    add_param(specs, inits, mlp + "experts.gate_proj.weight", Shape{E, F, L_}, w, true);
+    add_param(specs, inits, mlp + "experts.up_proj.weight", Shape{E, F, L_}, w, true);
+    add_param(specs, inits, mlp + "experts.down_proj.weight", Shape{E, L_, F}, m_.latent_dim > 0 ? w : out, true);
+    if (m_.latent_dim > 0) {
+        add_param(specs, inits, mlp + "routed_expert_down_proj.weight", Shape{L_, C_}, w, true);
+        add_param(specs, inits, mlp + "routed_expert_up_proj.weight", Shape{C_, L_}, out, true);
+        if (m_.latent_norm) {
+            add_param(specs, inits, mlp + "routed_expert_norm.weight", Shape{L_}, ParamInit::constant(1.0), false);
+        }
+    }
+    if (FS > 0) {
+        add_param(specs, inits, mlp + "shared_experts.gate_proj.weight", Shape{FS, C_}, w, true);
+        add_param(specs, inits, mlp + "shared_experts.up_proj.weight", Shape{FS, C_}, w, true);
+        add_param(specs, inits, mlp + "shared_experts.down_proj.weight", Shape{C_, FS}, out, true);
+    }
+}
+
+ops::MoeDims MoeBlock::dims(int64_t tokens) const {
+    ops::MoeDims d;
+    d.tokens = tokens;
+    d.d_model = C_;
+    d.experts = m_.experts;
+    d.topk = m_.topk;
+    d.ffn = m_.ffn_dim;
+    d.latent = L_;
+    d.shared_ffn = m_.shared_ffn_dim;
+    d.has_latent = m_.latent_dim > 0;
+    d.has_norm = m_.latent_norm;
+    d.has_shared = m_.shared_ffn_dim > 0;
+    return d;
+}
+
+void MoeBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    specs.push_back({prefix + "ln", DType::f32, Shape{N, C_}});
+    specs.push_back({prefix + "rstd", DType::f32, Shape{N}});
+    ops::moe_saved_specs(dims(N), DType::f32, prefix + "layer.", specs);
+}
+
+void MoeBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    specs.push_back({prefix + "dln", DType::f32, Shape{max.tokens(), C_}});
+    ops::moe_scratch_specs(dims(max.tokens()), DType::f32, prefix + "layer.", specs);
+}
+
+void MoeBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
+    const std::string mlp = prefix_ + "mlp.";
+    auto bind = [&](const BufferGroup& g, ops::MoeWeights& w, TensorView& norm) {
+        norm = g.view(prefix_ + "post_attention_layernorm.weight");
+        w.router_w = g.view(mlp + "gate.weight");
+        w.router_bias = g.view(mlp + "gate.e_score_correction_bias");
+        w.w_gate = g.view(mlp + "experts.gate_proj.weight");
+        w.w_up = g.view(mlp + "experts.up_proj.weight");
+        w.w_down = g.view(mlp + "experts.down_proj.weight");
+        if (m_.latent_dim > 0) {
+            w.latent_down = g.view(mlp + "routed_expert_down_proj.weight");
+            w.latent_up = g.view(mlp + "routed_expert_up_proj.weight");
+            if (m_.latent_norm) w.latent_norm = g.view(mlp + "routed_expert_norm.weight");
+        }
+        if (m_.shared_ffn_dim > 0) {
+            w.shared_gate = g.view(mlp + "shared_experts.gate_proj.weight");
+            w.shared_up = g.view(mlp + "shared_experts.up_proj.weight");
+            w.shared_down = g.view(mlp + "shared_experts.down_proj.weight");
+        }
+    };
+    bind(params, w_, norm_);
+    has_grads_ = grads != nullptr;
+    if (grads) {
+        bind(*grads, g_, d_norm_);
+        g_.router_bias = {};  // selection only: no gradient
+    }
+}
+
+void MoeBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
+    ln_ = acts.view(prefix + "ln");
+    rstd_ = acts.view(prefix + "rstd");
+    saved_ = ops::moe_bind_saved(dims(1), acts, prefix + "layer.");
+}
+
+void MoeBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
+    dln_ = acts.view(prefix + "dln");
+    scratch_ = ops::moe_bind_scratch(dims(1), acts, prefix + "layer.");
+}
+
+std::span<const int64_t> MoeBlock::sequences(StepShape s) {
+    if (!s.cu_seqlens.empty()) return s.cu_seqlens;  // documents
+    starts_.resize(size_t(s.batch) + 1);
+    for (int64_t b = 0; b <= s.batch; ++b) starts_[size_t(b)] = b * s.seq;
+    return starts_;
+}
+
+void MoeBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte>) {
+    const int64_t N = s.tokens();
+    TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, norm_, ln, rstd_.slice0(0, N));
+    residual_copy(x, x_out, N);
+    const ops::MoeStats st = ops::moe_forward(p_, w_, ln, x_out.slice0(0, N), true, saved_, scratch_, sequences(s));
+    if (!pass_.record) return;
+    const int32_t* demand = saved_.demand.ptr<int32_t>();
+    for (int64_t e = 0; e < m_.experts; ++e) demand_[size_t(e)] += demand[e];
+    tokens_ += N;
+    rerouted_ += st.rerouted;
+    dropped_ += st.dropped;
+    seq_aux_ += st.seq_aux_loss;
+    z_loss_ += st.z_loss;
+    ++forwards_;
+    entropy_sum_ += ops::routing_entropy_sum(saved_.scores.slice0(0, N));
+    if (quantile_) {
+        quantile_->add(saved_.scores.slice0(0, N), {w_.router_bias.ptr<float>(), size_t(m_.experts)});
+    }
+}
+
+void MoeBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte>) {
+    TESSERA_CHECK(has_grads_, "{}: backward without gradient buffers", prefix_);
+    const int64_t N = s.tokens();
+    ops::MoeParams p = p_;  // the router losses count like the LM loss of this micro-batch
+    p.seq_aux_coeff *= pass_.loss_scale;
+    p.z_loss_coeff *= pass_.loss_scale;
+    TensorView d = dres.slice0(0, N), dln = dln_.slice0(0, N);
+    zero_rows(dln_, N);
+    ops::moe_backward(p, w_, ln_.slice0(0, N), d, dln, g_, saved_, scratch_, sequences(s));
+    ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), norm_, rstd_.slice0(0, N), d, d_norm_);
+}
+
+double MoeBlock::forward_flops_per_token(int64_t) const { return ops::moe_forward_flops_per_token(dims(1)); }
+
+void MoeBlock::update_bias() {
+    std::span<float> bias(w_.router_bias.ptr<float>(), size_t(m_.experts));
+    if (rule_ == ops::BalanceRule::sign && forwards_ > 0) ops::balance_sign_update(demand_, m_.bias_update_rate, bias);
+    if (rule_ == ops::BalanceRule::quantile) quantile_->update(bias);
+}
+
+MoeLayerStats MoeBlock::take_stats() {
+    MoeLayerStats st;
+    st.load = ops::moe_load(demand_, tokens_ ? entropy_sum_ / double(tokens_) : 0.0);
+    st.tokens = tokens_;
+    st.rerouted = rerouted_;
+    st.dropped = dropped_;
+    st.seq_aux_loss = forwards_ ? seq_aux_ / double(forwards_) : 0.0;
+    st.z_loss = forwards_ ? z_loss_ / double(forwards_) : 0.0;
+    const float* b = w_.router_bias.ptr<float>();
+    st.bias_min = *std::min_element(b, b + m_.experts);
+    st.bias_max = *std::max_element(b, b + m_.experts);
+    std::fill(demand_.begin(), demand_.end(), 0);
+    tokens_ = rerouted_ = dropped_ = forwards_ = 0;
+    entropy_sum_ = seq_aux_ = z_loss_ = 0.0;
+    return st;
+}
+
+}  // namespace tessera::model

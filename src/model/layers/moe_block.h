@@ -1,0 +1,74 @@
+// Pre-norm (Latent)MoE feed-forward block: x_out = x_in + moe(rmsnorm(x_in)) (ops/moe.h, docs/moe.md).
+// Tensor names follow DeepSeek-V3 / Kimi checkpoints where they exist: mlp.gate.weight (router),
+// mlp.gate.e_score_correction_bias (the selection bias: a parameter without gradient, moved by the
+// balancing rule after each optimizer step), mlp.shared_experts.*; the routed experts are stored
+// grouped, mlp.experts.{gate,up}_proj.weight [E, F, L] and mlp.experts.down_proj.weight [E, L, F];
+// the LatentMoE projections are mlp.routed_expert_down_proj [L, C], mlp.routed_expert_up_proj [C, L]
+// and mlp.routed_expert_norm [L] (Kimi K3).
+// Per step the block accumulates its routing statistics over the recorded forwards (the micro-batches
+// of one optimizer step): demand per expert, re-routed and dropped pairs, router losses, routing
+// entropy; update_bias() applies the balancing rule to them and take_stats() hands them out.
+#pragma once
+
+#include "model/config.h"
+#include "model/layers/block.h"
+#include "ops/moe.h"
+#include "ops/moe_balance.h"
+
+namespace tessera::model {
+
+struct MoeLayerStats {
+    ops::MoeLoad load;
+    int64_t tokens = 0, rerouted = 0, dropped = 0;
+    double seq_aux_loss = 0.0, z_loss = 0.0;  // means over the recorded forwards
+    float bias_min = 0.f, bias_max = 0.f;
+};
+
+class MoeBlock : public Block {
+  public:
+    MoeBlock(const ModelConfig& c, std::string param_prefix);
+
+    void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
+    void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
+    void declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
+    void bind_params(const BufferGroup& params, const BufferGroup* grads) override;
+    void bind_saved(const BufferGroup& acts, const std::string& prefix) override;
+    void bind_scratch(const BufferGroup& acts, const std::string& prefix) override;
+    void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
+    void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
+    double forward_flops_per_token(int64_t seq) const override;
+    std::string kind() const override { return "moe"; }
+    void set_pass(const PassOptions& o) override { pass_ = o; }
+
+    // After the optimizer step: moves the selection bias by the configured rule from this step's routing.
+    void update_bias();
+    MoeLayerStats take_stats();  // this step's statistics; clears them
+    const std::string& prefix() const { return prefix_; }
+
+  private:
+    ops::MoeDims dims(int64_t tokens) const;
+    std::span<const int64_t> sequences(StepShape s);  // sequence starts for the balance loss
+
+    ModelConfig cfg_;
+    MoeConfig m_;
+    std::string prefix_;
+    ops::MoeParams p_;
+    ops::BalanceRule rule_;
+    int64_t C_, L_;
+    TensorView norm_, d_norm_;
+    ops::MoeWeights w_, g_;
+    bool has_grads_ = false;
+    TensorView ln_, rstd_, dln_;
+    StepShape max_{};
+    ops::MoeSaved saved_;
+    ops::MoeScratch scratch_;
+    PassOptions pass_;
+    std::vector<int64_t> starts_;
+    // this step's statistics
+    std::vector<int64_t> demand_;
+    int64_t tokens_ = 0, rerouted_ = 0, dropped_ = 0, forwards_ = 0;
+    double entropy_sum_ = 0.0, seq_aux_ = 0.0, z_loss_ = 0.0;
+    std::unique_ptr<ops::QuantileBalancer> quantile_;
+};
+
+}  // namespace tessera::model
