@@ -20,6 +20,7 @@
 namespace tessera::ops {
 
 enum class RouterScore : uint8_t { softmax, sigmoid };
+constexpr int64_t kRouterMaxGroups = 1024;  // router_allowed_groups writes up to this many flags
 
 struct RouterParams {
     int64_t topk = 2;
@@ -45,6 +46,9 @@ void router_weights(const RouterParams& p, TensorView scores, TensorView indices
 // Writes allowed[g] = 1 for the topk_groups best groups of one token (all ones when groups == 1).
 void router_allowed_groups(const RouterParams& p, const float* s, const float* bias, int64_t E, uint8_t* allowed);
 void router_allowed_groups(const RouterParams& p, const double* s, const double* bias, int64_t E, uint8_t* allowed);
+inline bool router_expert_allowed(const RouterParams& p, const uint8_t* allowed, int64_t E, int64_t e) {
+    return p.groups <= 1 || allowed[e / (E / p.groups)];
+}
 
 // dscores [N, E] += dL/ds through the gate weights (entries outside the chosen set get nothing).
 void router_weights_backward(

@@ -100,7 +100,9 @@ TEST(KdaBlock, InitialisationFollowsTheSpec) {
     inits.clear();
     lower.declare_params(specs, inits);
     for (size_t i = 0; i < specs.size(); ++i) {
-        if (specs[i].name == "l.self_attn.A_log") EXPECT_EQ(inits[i].value(0.3, 0.0), 0.0);  // 0 with the bound
+        if (specs[i].name == "l.self_attn.A_log") {
+            EXPECT_EQ(inits[i].value(0.3, 0.0), 0.0);  // 0 with the bound
+        }
     }
 }
 

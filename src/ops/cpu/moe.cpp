@@ -94,7 +94,7 @@ std::pair<int64_t, int64_t> apply_capacity(
         expert[i] = load[e] < cap ? (++load[e], e) : kOver;
     }
     int64_t rerouted = 0, dropped = 0;
-    uint8_t allowed[1024];
+    uint8_t allowed[kRouterMaxGroups];
     for (int64_t q = 0; q < N * K; ++q) {
         const int32_t i = order[q];
         if (expert[i] != kOver) continue;
@@ -104,7 +104,7 @@ std::pair<int64_t, int64_t> apply_capacity(
             router_allowed_groups(p.router, S + n * E, bias, E, allowed);
             const int32_t* mine = expert + n * K;
             for (int64_t e = 0; e < E; ++e) {
-                if (load[e] >= cap || (p.router.groups > 1 && !allowed[e / (E / p.router.groups)])) continue;
+                if (load[e] >= cap || !router_expert_allowed(p.router, allowed, E, e)) continue;
                 if (std::find(mine, mine + K, int32_t(e)) != mine + K) continue;
                 if (best < 0 || key(n, e) > key(n, best)) best = int32_t(e);
             }

@@ -15,7 +15,6 @@ using cpu::Rows;
 using cpu::rows_of;
 
 namespace {
-constexpr int64_t kMaxGroups = 1024;
 
 void check_router_shapes(const TensorView& scores,
                          const TensorView& indices,
@@ -41,7 +40,7 @@ void allowed_groups(const RouterParams& p, const T* s, const T* bias, int64_t E,
         return;
     }
     const int64_t gs = E / G;
-    T score[kMaxGroups];
+    T score[kRouterMaxGroups];
     for (int64_t g = 0; g < G; ++g) {
         allowed[g] = 0;
         T best = -INFINITY, second = -INFINITY;
@@ -66,11 +65,6 @@ void allowed_groups(const RouterParams& p, const T* s, const T* bias, int64_t E,
 }
 
 template <class T>
-bool is_allowed(const RouterParams& p, const uint8_t* allowed, int64_t E, int64_t e) {
-    return p.groups <= 1 || allowed[e / (E / p.groups)];
-}
-
-template <class T>
 void weights_row(const RouterParams& p, const T* s, const int32_t* idx, T* w, int64_t K) {
     T z = 0;
     for (int64_t j = 0; j < K; ++j) z += idx[j] >= 0 ? s[idx[j]] : T(0);
@@ -81,8 +75,9 @@ void weights_row(const RouterParams& p, const T* s, const int32_t* idx, T* w, in
 
 void RouterParams::validate(int64_t experts) const {
     TESSERA_CHECK(experts >= 1, "router: needs at least one expert");
-    TESSERA_CHECK(groups >= 1 && groups <= kMaxGroups && experts % groups == 0,
-                  "router: groups = {} must divide the {} experts (at most {} groups)", groups, experts, kMaxGroups);
+    TESSERA_CHECK(groups >= 1 && groups <= kRouterMaxGroups && experts % groups == 0,
+                  "router: groups = {} must divide the {} experts (at most {} groups)", groups, experts,
+                  kRouterMaxGroups);
     TESSERA_CHECK(topk_groups >= 1 && topk_groups <= groups, "router: topk_groups = {} must be in [1, groups = {}]",
                   topk_groups, groups);
     TESSERA_CHECK(topk >= 1 && topk <= topk_groups * (experts / groups),
@@ -142,11 +137,11 @@ void router_select(const RouterParams& p,
             const T* s = scores.ptr<T>() + n * E;
             int32_t* idx = indices.ptr<int32_t>() + n * K;
             T* val = weights.ptr<T>() + n * K;  // holds the kept s̃ until the weights replace them
-            uint8_t allowed[kMaxGroups];
+            uint8_t allowed[kRouterMaxGroups];
             allowed_groups(p, s, b, E, allowed);
             int64_t count = 0;
             for (int64_t e = 0; e < E; ++e) {
-                if (!is_allowed<T>(p, allowed, E, e)) continue;
+                if (!router_expert_allowed(p, allowed, E, e)) continue;
                 const T v = b ? s[e] + b[e] : s[e];
                 int64_t pos;
                 if (count < K) {
