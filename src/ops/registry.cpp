@@ -117,6 +117,7 @@ const OpRegistry& op_registry() {
         register_dense_ops(r);
         register_kda_ops(r);
         register_moe_ops(r);
+        register_dsa_ops(r);
         return r;
     }();
     return registry;

@@ -216,6 +216,50 @@ std::vector<GradCase> grad_cases() {
                       return m;
                   },
                   {{"y", "dy"}, {"aux_loss", "daux_loss"}}});
+    // DSA family: indices fixed (an i32 input); the KL's target p gets no gradient
+    auto dsa_indices = [](int64_t T, int64_t K) {
+        Tensor idx(DType::i32, Shape{1, T, K});
+        for (int64_t t = 0; t < T; ++t) {
+            for (int64_t i = 0; i < K; ++i)
+                idx.ptr<int32_t>()[t * K + i] = i <= t ? int32_t((t * 7 + i * 3) % (t + 1)) : -1;
+        }
+        return idx;
+    };
+    cs.push_back({"sparse_attention",
+                  "sparse_attention",
+                  {{"dv", "5"}, {"dkv_slabs", "3"}},
+                  [dsa_indices] {
+                      auto m = make({{"q", {1, 9, 2, 7}}, {"kv", {1, 9, 7}}}, 26);
+                      m.emplace("indices", dsa_indices(9, 4));
+                      return m;
+                  },
+                  {{"o", "do"}}});
+    cs.push_back({"indexer_kl_sparse",
+                  "indexer_kl",
+                  {},
+                  [dsa_indices] {
+                      auto m = make({{"q", {1, 8, 2, 5}}, {"k", {1, 8, 5}}, {"w", {1, 8, 2}}}, 27);
+                      Tensor idx = dsa_indices(8, 3);
+                      Tensor p = test::uniform(DType::f64, Shape{1, 8, 3}, 28, 0.1, 1.0);
+                      for (int64_t i = 0; i < 24; ++i) {
+                          if (idx.ptr<int32_t>()[i] < 0) p.ptr<double>()[i] = 0.0;
+                      }
+                      m.emplace("indices", std::move(idx));
+                      m.emplace("p", std::move(p));
+                      return m;
+                  },
+                  {{"loss", "dloss"}},
+                  {"p"}});
+    cs.push_back({"indexer_kl_dense",
+                  "indexer_kl",
+                  {},
+                  [] {
+                      auto m = make({{"q", {1, 7, 2, 4}}, {"k", {1, 7, 4}}, {"w", {1, 7, 2}}}, 29);
+                      m.emplace("p", test::uniform(DType::f64, Shape{1, 7, 7}, 30, 0.0, 1.0));
+                      return m;
+                  },
+                  {{"loss", "dloss"}},
+                  {"p"}});
     return cs;
 }
 

@@ -2,6 +2,7 @@
 // Internal to ops/cpu; the public op headers take TensorViews only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 
@@ -82,6 +83,11 @@ struct Segments {
     int64_t start(int64_t s) const { return cu.empty() ? 0 : cu[size_t(s)]; }  // within its batch row
     int64_t length(int64_t s) const { return cu.empty() ? T : cu[size_t(s) + 1] - cu[size_t(s)]; }
     int64_t first_token(int64_t s) const { return batch(s) * T + start(s); }  // in the flattened B·T axis
+    // the start (within its batch row) of the sequence holding position t
+    int64_t first_of(int64_t /*b*/, int64_t t) const {
+        if (cu.empty()) return 0;
+        return *(std::upper_bound(cu.begin(), cu.end(), t) - 1);
+    }
 };
 
 // Workspace carving: successive aligned slices of a byte span.

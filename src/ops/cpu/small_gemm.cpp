@@ -17,34 +17,51 @@ inline v16 load(const float* p) {
 }
 inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 
-// element (i, k) of op(A); kTrans is a template argument so the inner loop has no branch
-template <bool kTrans>
-inline float element(const float* A, int64_t lda, int64_t i, int64_t k) {
-    return kTrans ? A[k * lda + i] : A[i * lda + k];
-}
+// Operand sources (template arguments, so the inner loops have no branches):
+// A element (i, k) of op(A): A[i·lda + k] (plain), A[k·lda + i] (transposed), rows[i][k] (gathered rows);
+// B row k: B + k·ldb (strided) or rows[k] (gathered rows).
+template <class T>
+struct APlain {
+    const T* a;
+    int64_t ld;
+    T get(int64_t i, int64_t k) const { return a[i * ld + k]; }
+};
+template <class T>
+struct ATrans {
+    const T* a;
+    int64_t ld;
+    T get(int64_t i, int64_t k) const { return a[k * ld + i]; }
+};
+template <class T>
+struct ARows {
+    const T* const* rows;
+    T get(int64_t i, int64_t k) const { return rows[i][k]; }
+};
+template <class T>
+struct BStrided {
+    const T* b;
+    int64_t ld;
+    const T* row(int64_t k) const { return b + k * ld; }
+};
+template <class T>
+struct BRows {
+    const T* const* rows;
+    const T* row(int64_t k) const { return rows[k]; }
+};
 
 // MR rows × NV vectors of 16 columns
-template <bool kTrans, int MR, int NV>
-inline void tile(const float* A,
-                 int64_t lda,
-                 int64_t i0,
-                 int64_t j0,
-                 int64_t K,
-                 float alpha,
-                 const float* B,
-                 int64_t ldb,
-                 float beta,
-                 float* C,
-                 int64_t ldc) {
+template <int MR, int NV, class A, class B>
+inline void tile(
+    const A& a, const B& b, int64_t i0, int64_t j0, int64_t K, float alpha, float beta, float* C, int64_t ldc) {
     v16 acc[MR][NV];
     for (int r = 0; r < MR; ++r)
         for (int q = 0; q < NV; ++q) acc[r][q] = v16{};
     for (int64_t k = 0; k < K; ++k) {
-        const float* b = B + k * ldb + j0;
+        const float* br = b.row(k) + j0;
         v16 bv[NV];
-        for (int q = 0; q < NV; ++q) bv[q] = load(b + 16 * q);
+        for (int q = 0; q < NV; ++q) bv[q] = load(br + 16 * q);
         for (int r = 0; r < MR; ++r) {
-            const float x = element<kTrans>(A, lda, i0 + r, k);
+            const float x = a.get(i0 + r, k);
             for (int q = 0; q < NV; ++q) acc[r][q] += x * bv[q];
         }
     }
@@ -58,25 +75,16 @@ inline void tile(const float* A,
     }
 }
 
-template <bool kTrans, int MR>
-inline void row_block(const float* A,
-                      int64_t lda,
-                      int64_t i0,
-                      int64_t N,
-                      int64_t K,
-                      float alpha,
-                      const float* B,
-                      int64_t ldb,
-                      float beta,
-                      float* C,
-                      int64_t ldc) {
+template <int MR, class A, class B>
+inline void row_block(
+    const A& a, const B& b, int64_t i0, int64_t N, int64_t K, float alpha, float beta, float* C, int64_t ldc) {
     int64_t j = 0;
-    for (; j + 32 <= N; j += 32) tile<kTrans, MR, 2>(A, lda, i0, j, K, alpha, B, ldb, beta, C, ldc);
-    for (; j + 16 <= N; j += 16) tile<kTrans, MR, 1>(A, lda, i0, j, K, alpha, B, ldb, beta, C, ldc);
+    for (; j + 32 <= N; j += 32) tile<MR, 2>(a, b, i0, j, K, alpha, beta, C, ldc);
+    for (; j + 16 <= N; j += 16) tile<MR, 1>(a, b, i0, j, K, alpha, beta, C, ldc);
     for (; j < N; ++j) {  // column tail
         for (int r = 0; r < MR; ++r) {
             float s = 0;
-            for (int64_t k = 0; k < K; ++k) s += element<kTrans>(A, lda, i0 + r, k) * B[k * ldb + j];
+            for (int64_t k = 0; k < K; ++k) s += a.get(i0 + r, k) * b.row(k)[j];
             float& c = C[(i0 + r) * ldc + j];
             c = alpha * s + (beta != 0.0f ? beta * c : 0.0f);
         }
@@ -85,99 +93,102 @@ inline void row_block(const float* A,
 
 // NOTES: 8 rows × 32 columns = 16 accumulator registers plus 2 for B: measured ~245 GFLOP/s per core
 // on 64-128-sized operands, where 4 × 64 tiles reached 105-190.
-template <bool kTrans>
-void gemm_f32(int64_t M,
-              int64_t N,
-              int64_t K,
-              float alpha,
-              const float* A,
-              int64_t lda,
-              const float* B,
-              int64_t ldb,
-              float beta,
-              float* C,
-              int64_t ldc) {
+template <class A, class B>
+void gemm_f32(int64_t M, int64_t N, int64_t K, float alpha, const A& a, const B& b, float beta, float* C, int64_t ldc) {
     int64_t i = 0;
-    for (; i + 8 <= M; i += 8) row_block<kTrans, 8>(A, lda, i, N, K, alpha, B, ldb, beta, C, ldc);
-    for (; i + 4 <= M; i += 4) row_block<kTrans, 4>(A, lda, i, N, K, alpha, B, ldb, beta, C, ldc);
-    for (; i < M; ++i) row_block<kTrans, 1>(A, lda, i, N, K, alpha, B, ldb, beta, C, ldc);
+    for (; i + 8 <= M; i += 8) row_block<8>(a, b, i, N, K, alpha, beta, C, ldc);
+    for (; i + 4 <= M; i += 4) row_block<4>(a, b, i, N, K, alpha, beta, C, ldc);
+    for (; i < M; ++i) row_block<1>(a, b, i, N, K, alpha, beta, C, ldc);
 }
 
-template <class T>
-void gemm_ref(bool ta,
-              int64_t M,
-              int64_t N,
-              int64_t K,
-              T alpha,
-              const T* A,
-              int64_t lda,
-              const T* B,
-              int64_t ldb,
-              T beta,
-              T* C,
-              int64_t ldc) {
+template <class T, class A, class B>
+void gemm_ref(int64_t M, int64_t N, int64_t K, T alpha, const A& a, const B& b, T beta, T* C, int64_t ldc) {
     for (int64_t i = 0; i < M; ++i) {
         for (int64_t j = 0; j < N; ++j) {
             T s = 0;
-            for (int64_t k = 0; k < K; ++k) s += (ta ? A[k * lda + i] : A[i * lda + k]) * B[k * ldb + j];
+            for (int64_t k = 0; k < K; ++k) s += a.get(i, k) * b.row(k)[j];
             C[i * ldc + j] = alpha * s + (beta != T(0) ? beta * C[i * ldc + j] : T(0));
         }
     }
 }
+
+template <class T, class A, class B>
+void gemm_any(int64_t M, int64_t N, int64_t K, T alpha, const A& a, const B& b, T beta, T* C, int64_t ldc) {
+    if constexpr (std::is_same_v<T, float>) {
+        gemm_f32(M, N, K, alpha, a, b, beta, C, ldc);
+    } else {
+        gemm_ref(M, N, K, alpha, a, b, beta, C, ldc);
+    }
+}
 }  // namespace
 
+template <class T>
 void small_gemm_nn(int64_t M,
                    int64_t N,
                    int64_t K,
-                   float alpha,
-                   const float* A,
+                   T alpha,
+                   const T* A,
                    int64_t lda,
-                   const float* B,
+                   const T* B,
                    int64_t ldb,
-                   float beta,
-                   float* C,
+                   T beta,
+                   T* C,
                    int64_t ldc) {
-    gemm_f32<false>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_any(M, N, K, alpha, APlain<T>{A, lda}, BStrided<T>{B, ldb}, beta, C, ldc);
 }
+template <class T>
 void small_gemm_tn(int64_t M,
                    int64_t N,
                    int64_t K,
-                   float alpha,
-                   const float* A,
+                   T alpha,
+                   const T* A,
                    int64_t lda,
-                   const float* B,
+                   const T* B,
                    int64_t ldb,
-                   float beta,
-                   float* C,
+                   T beta,
+                   T* C,
                    int64_t ldc) {
-    gemm_f32<true>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_any(M, N, K, alpha, ATrans<T>{A, lda}, BStrided<T>{B, ldb}, beta, C, ldc);
 }
-void small_gemm_nn(int64_t M,
-                   int64_t N,
-                   int64_t K,
-                   double alpha,
-                   const double* A,
-                   int64_t lda,
-                   const double* B,
-                   int64_t ldb,
-                   double beta,
-                   double* C,
-                   int64_t ldc) {
-    gemm_ref(false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+template <class T>
+void small_gemm_rows_nn(int64_t M,
+                        int64_t N,
+                        int64_t K,
+                        T alpha,
+                        const T* const* a_rows,
+                        const T* B,
+                        int64_t ldb,
+                        T beta,
+                        T* C,
+                        int64_t ldc) {
+    gemm_any(M, N, K, alpha, ARows<T>{a_rows}, BStrided<T>{B, ldb}, beta, C, ldc);
 }
-void small_gemm_tn(int64_t M,
-                   int64_t N,
-                   int64_t K,
-                   double alpha,
-                   const double* A,
-                   int64_t lda,
-                   const double* B,
-                   int64_t ldb,
-                   double beta,
-                   double* C,
-                   int64_t ldc) {
-    gemm_ref(true, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+template <class T>
+void small_gemm_tn_rows(int64_t M,
+                        int64_t N,
+                        int64_t K,
+                        T alpha,
+                        const T* A,
+                        int64_t lda,
+                        const T* const* b_rows,
+                        T beta,
+                        T* C,
+                        int64_t ldc) {
+    gemm_any(M, N, K, alpha, ATrans<T>{A, lda}, BRows<T>{b_rows}, beta, C, ldc);
 }
+
+#define TESSERA_SMALL_GEMM(T)                                                                                    \
+    template void small_gemm_nn<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*,    \
+                                   int64_t);                                                                     \
+    template void small_gemm_tn<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*,    \
+                                   int64_t);                                                                     \
+    template void small_gemm_rows_nn<T>(int64_t, int64_t, int64_t, T, const T* const*, const T*, int64_t, T, T*, \
+                                        int64_t);                                                                \
+    template void small_gemm_tn_rows<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T* const*, T, T*, \
+                                        int64_t);
+TESSERA_SMALL_GEMM(float)
+TESSERA_SMALL_GEMM(double)
+#undef TESSERA_SMALL_GEMM
 
 namespace {
 typedef float v8 __attribute__((vector_size(32)));

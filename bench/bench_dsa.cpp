@@ -1,0 +1,174 @@
+// DSA benchmarks, side by side in one run (f32, all threads):
+//  1. sparse_attention forward+backward (MQA entry DK = 576, value DV = 512, topk = 2048, H heads) vs the
+//     dense causal attention op on the same heads with one shared kv head of width 576 (k = v = the entry);
+//     the selected sets are random subsets of each query's past (the indexer's choice does not change
+//     the cost), rows with t < topk select every past token.
+//  2. dsa_indexer (HI heads × DI) achieved GFLOP/s (2·HI·DI per candidate pair, causal) vs the machine's
+//     GEMM rate measured in the same run.
+//  3. memory of the sparse layer's forward+backward buffers at each T (O(T·topk), not O(T²)).
+//   build/bench/bench_dsa [--heads 4] [--lengths 16384,65536] [--indexer-lengths 4096,16384]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/attention.h"
+#include "ops/dsa.h"
+#include "ops/gemm.h"
+
+namespace {
+
+using namespace tessera;
+using Clock = std::chrono::steady_clock;
+
+Tensor random(Shape s, uint64_t seed, double scale) {
+    Tensor t(DType::f32, s);
+    RandomStream rs{seed, 9};
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = float(scale * (2.0 * rs.uniform(uint64_t(i)) - 1.0));
+    return t;
+}
+
+double seconds(const std::function<void()>& f) {
+    auto t0 = Clock::now();
+    f();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+constexpr const char* kUsage =
+    "usage: bench_dsa [--heads H] [--lengths T,T,...] [--indexer-lengths T,T,...]\n"
+    "  --heads            query heads of the sparse/dense attention comparison (default 4)\n"
+    "  --lengths          sequence lengths of the attention comparison (default 16384,65536)\n"
+    "  --indexer-lengths  sequence lengths of the indexer measurement (default 4096,16384)\n";
+
+// value of a comma-separated integer list flag; exits with a one-line error on unknown flags or bad numbers
+std::vector<int64_t> list(int argc, char** argv, const char* name, std::vector<int64_t> def) {
+    for (int i = 1; i < argc; ++i) {
+        const bool known = !std::strcmp(argv[i], "--heads") || !std::strcmp(argv[i], "--lengths") ||
+                           !std::strcmp(argv[i], "--indexer-lengths");
+        if (!std::strcmp(argv[i], "--help")) {
+            std::fputs(kUsage, stdout);
+            std::exit(0);
+        }
+        if (!known || i + 1 == argc) {
+            std::fprintf(stderr, "bench_dsa: %s '%s' (see --help)\n", known ? "missing value for" : "unknown argument",
+                         argv[i]);
+            std::exit(2);
+        }
+        if (std::strcmp(argv[i++], name) != 0) continue;
+        std::vector<int64_t> out;
+        std::stringstream ss(argv[i]);
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+            char* end = nullptr;
+            const long long v = std::strtoll(item.c_str(), &end, 10);
+            if (item.empty() || *end != '\0' || v <= 0) {
+                std::fprintf(stderr, "bench_dsa: %s needs positive integers, got '%s'\n", name, argv[i]);
+                std::exit(2);
+            }
+            out.push_back(v);
+        }
+        def = out;
+    }
+    return def;
+}
+
+// topk distinct positions of [0, t] per query (all of them when t < topk), ascending
+Tensor random_selection(int64_t T, int64_t K) {
+    Tensor idx(DType::i32, Shape{1, T, K});
+#pragma omp parallel for schedule(dynamic, 64)
+    for (int64_t t = 0; t < T; ++t) {
+        int32_t* row = idx.ptr<int32_t>() + t * K;
+        if (t + 1 <= K) {
+            for (int64_t i = 0; i < K; ++i) row[i] = i <= t ? int32_t(i) : -1;
+            continue;
+        }
+        RandomStream rs{uint64_t(t), 5};
+        std::vector<int32_t> pick;  // Floyd's sampling of K distinct values in [0, t]
+        for (int64_t j = t + 1 - K; j <= t; ++j) {
+            const int32_t r = int32_t(rs.uniform(uint64_t(j)) * double(j + 1));
+            pick.push_back(std::find(pick.begin(), pick.end(), r) == pick.end() ? r : int32_t(j));
+        }
+        std::sort(pick.begin(), pick.end());
+        std::copy(pick.begin(), pick.end(), row);
+    }
+    return idx;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int64_t H = list(argc, argv, "--heads", {4})[0], DK = 576, DV = 512, K = 2048;
+    const auto lengths = list(argc, argv, "--lengths", {16384, 65536});
+    const auto ilengths = list(argc, argv, "--indexer-lengths", {4096, 16384});
+    const double gemm = ops::measure_gemm_gflops();
+    std::printf("DSA on %d threads; machine GEMM rate %.0f GFLOP/s\n\n", omp_get_max_threads(), gemm);
+
+    std::printf(
+        "sparse MQA attention (H = %lld, DK = %lld, DV = %lld, topk = %lld) vs dense causal attention "
+        "(H = %lld, one kv head, D = %lld), forward+backward, one run each\n\n",
+        (long long)H, (long long)DK, (long long)DV, (long long)K, (long long)H, (long long)DK);
+    std::printf(
+        "| T | sparse s | dense s | speed-up | sparse GFLOP/s | sparse buffers MiB |\n|---|---|---|---|---|---|\n");
+    for (int64_t T : lengths) {
+        Tensor q = random(Shape{1, T, H, DK}, 1, 0.5), kv = random(Shape{1, T, DK}, 2, 0.5),
+               dout = random(Shape{1, T, H, DV}, 3, 1.0);
+        Tensor idx = random_selection(T, K);
+        Tensor o(DType::f32, Shape{1, T, H, DV}), lse(DType::f32, Shape{1, T, H}), dq(DType::f32, q.shape()),
+            dkv(DType::f32, kv.shape());
+        const ops::SparseAttentionParams sp{.dv = DV};
+        const double sparse_s = seconds([&] {
+            ops::sparse_attention_forward(sp, q.view(), kv.view(), idx.view(), o.view(), lse.view());
+            ops::sparse_attention_backward(sp, dout.view(), q.view(), kv.view(), idx.view(), o.view(), lse.view(),
+                                           dq.view(), dkv.view());
+        });
+        int64_t pairs = 0;
+        for (int64_t t = 0; t < T; ++t) pairs += std::min(t + 1, K);
+        // forward 2·H·pairs·(DK+DV); backward recomputes scores and adds dP, dq, dk, dv products: ~2.5x
+        const double flops = 3.5 * ops::sparse_attention_flops(pairs, H, DK, DV);
+        // inputs, outputs, indices, their gradients, and backward's slab accumulators (+ one [T, H] delta)
+        const double buf_mib =
+            (double(q.view().nbytes() + kv.view().nbytes() + o.view().nbytes() + lse.view().nbytes() +
+                    idx.view().nbytes() + dout.view().nbytes()) *
+                 1.0 +
+             double(q.view().nbytes() + kv.view().nbytes()) + double(sp.dkv_slabs * T * DK * 4 + T * H * 4)) /
+            (1024.0 * 1024.0);
+        Tensor k4(DType::f32, Shape{1, T, 1, DK});
+        std::memcpy(k4.view().data, kv.view().data, kv.view().nbytes());
+        Tensor dout4 = random(Shape{1, T, H, DK}, 4, 1.0), o4(DType::f32, Shape{1, T, H, DK}),
+               lse4(DType::f32, Shape{1, H, T}), dk4(DType::f32, k4.shape()), dv4(DType::f32, k4.shape());
+        std::vector<std::byte> ws(ops::attention_workspace_bytes(DType::f32, T, DK, omp_get_max_threads()));
+        const double dense_s = seconds([&] {
+            ops::attention_forward({}, q.view(), k4.view(), k4.view(), o4.view(), lse4.view(), ws);
+            ops::attention_backward({}, dout4.view(), q.view(), k4.view(), k4.view(), o4.view(), lse4.view(), dq.view(),
+                                    dk4.view(), dv4.view(), ws);
+        });
+        std::printf("| %lld | %.1f | %.1f | **%.1fx** | %.0f | %.0f |\n", (long long)T, sparse_s, dense_s,
+                    dense_s / sparse_s, flops / sparse_s * 1e-9, buf_mib);
+        std::fflush(stdout);
+    }
+
+    const int64_t HI = 16, DI = 128;
+    std::printf("\nlightning indexer (HI = %lld, DI = %lld, topk = %lld): scores and streaming top-k\n\n",
+                (long long)HI, (long long)DI, (long long)K);
+    std::printf("| T | s | GFLOP/s | share of GEMM rate |\n|---|---|---|---|\n");
+    for (int64_t T : ilengths) {
+        Tensor q = random(Shape{1, T, HI, DI}, 5, 1.0), k = random(Shape{1, T, DI}, 6, 1.0),
+               w = random(Shape{1, T, HI}, 7, 1.0);
+        Tensor idx(DType::i32, Shape{1, T, K}), sc(DType::f32, Shape{1, T, K});
+        const double s = seconds(
+            [&] { ops::dsa_indexer_forward({.topk = K}, q.view(), k.view(), w.view(), idx.view(), sc.view()); });
+        const double flops = 2.0 * double(HI * DI) * double(T) * double(T + 1) / 2.0;
+        std::printf("| %lld | %.2f | %.0f | %.0f%% |\n", (long long)T, s, flops / s * 1e-9,
+                    100.0 * flops / s * 1e-9 / gemm);
+        std::fflush(stdout);
+    }
+    return 0;
+}

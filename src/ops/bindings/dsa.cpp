@@ -1,0 +1,88 @@
+// Op-runner bindings of the DSA family: dsa_indexer, sparse_attention, indexer_kl (docs/dsa.md).
+#include "ops/dsa.h"
+#include "ops/bindings/bindings.h"
+
+namespace tessera::ops {
+
+namespace {
+double scalar(const TensorView& t, const char* name) {
+    TESSERA_CHECK(t.numel() == 1, "{} must be a scalar", name);
+    return t.dtype == DType::f64 ? *t.ptr<double>() : double(*t.ptr<float>());
+}
+
+void run_dsa_indexer(OpContext& c) {
+    const DsaIndexerParams p{.topk = c.param_i64("topk")};
+    TensorView q = c.in("q"), k = c.in("k"), w = c.in("w");
+    TESSERA_CHECK(q.ndim() == 4, "q must be [B, T, HI, DI]");
+    const Shape out{q.size(0), q.size(1), p.topk};
+    dsa_indexer_forward(p, q, k, w, c.out("indices", DType::i32, out), c.out("scores", q.dtype, out),
+                        c.index_span("cu_seqlens"));
+}
+
+void run_sparse_attention(OpContext& c) {
+    const SparseAttentionParams p{
+        .scale = c.param_f64("scale"), .dv = c.param_i64("dv"), .dkv_slabs = c.param_i64("dkv_slabs")};
+    TensorView q = c.in("q"), kv = c.in("kv"), idx = c.in("indices");
+    TESSERA_CHECK(q.ndim() == 4, "q must be [B, T, H, DK]");
+    const int64_t DV = p.dv > 0 ? p.dv : q.size(3);
+    TensorView o = c.out("o", q.dtype, Shape{q.size(0), q.size(1), q.size(2), DV});
+    TensorView lse = c.out("lse", q.dtype, Shape{q.size(0), q.size(1), q.size(2)});
+    sparse_attention_forward(p, q, kv, idx, o, lse);
+    if (c.has("do"))
+        sparse_attention_backward(p, c.in("do"), q, kv, idx, o, lse, c.out_like("dq", q), c.out_like("dkv", kv));
+}
+
+void run_indexer_kl(OpContext& c) {
+    TensorView q = c.in("q"), k = c.in("k"), w = c.in("w"), p = c.in("p");
+    const bool backward = c.has("dloss");
+    const double dloss = backward ? scalar(c.in("dloss"), "dloss") : 0.0;
+    const IndexerKlResult r =
+        indexer_kl(q, k, w, p, c.in_or_absent("indices"), c.index_span("cu_seqlens"), dloss,
+                   backward ? c.out_like("dq", q) : TensorView(), backward ? c.out_like("dk", k) : TensorView(),
+                   backward ? c.out_like("dw", w) : TensorView());
+    TensorView loss = c.out("loss", q.dtype, Shape{});
+    if (q.dtype == DType::f64) {
+        *loss.ptr<double>() = r.loss;
+    } else {
+        *loss.ptr<float>() = float(r.loss);
+    }
+}
+}  // namespace
+
+void register_dsa_ops(OpRegistry& r) {
+    r.add(
+        {"dsa_indexer",
+         "lightning indexer: I = Σ_j w·relu(q_j·k), streaming top-k (ties to the later token), ascending, −1 padded",
+         {{"q", "[B, T, HI, DI]"}, {"k", "[B, T, DI]"}, {"w", "[B, T, HI]"}, {"cu_seqlens", "[N+1] i64, B = 1", true}},
+         {{"topk", ParamKind::integer, "2048", {}, "selected tokens per query"}},
+         {"indices", "scores"},
+         {},
+         run_dsa_indexer});
+    r.add({"sparse_attention",
+           "MQA attention over selected entries; the value is the first dv dims of each entry",
+           {{"q", "[B, T, H, DK]"},
+            {"kv", "[B, T, DK]"},
+            {"indices", "[B, T, TOPK] i32, -1 = none"},
+            {"do", "[B, T, H, DV]", true}},
+           {{"scale", ParamKind::number, "0", {}, "0 = DK^-0.5"},
+            {"dv", ParamKind::integer, "0", {}, "0 = DK"},
+            {"dkv_slabs", ParamKind::integer, "4", {}, "backward: fixed query slabs of the dkv scatter"}},
+           {"o", "lse"},
+           {"given do: dq, dkv"},
+           run_sparse_attention});
+    r.add({"indexer_kl",
+           "mean KL(p ‖ softmax(I)) over the selected entries (with indices) or every s <= t",
+           {{"q", "[B, T, HI, DI]"},
+            {"k", "[B, T, DI]"},
+            {"w", "[B, T, HI]"},
+            {"p", "[B, T, TOPK] (with indices) or [B, T, T]"},
+            {"indices", "[B, T, TOPK] i32", true},
+            {"cu_seqlens", "[N+1] i64, B = 1", true},
+            {"dloss", "[]", true}},
+           {},
+           {"loss"},
+           {"given dloss: dq, dk, dw"},
+           run_indexer_kl});
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,219 @@
+// Sparse MQA attention over selected entries on the CPU (dsa.h): per query, blocks of up to 64
+// selected entries multiplied in place (row-pointer small GEMMs: no gather copies), scores for all
+// heads at once, online softmax; backward recomputes the probabilities from lse and scatters dkv
+// through fixed query slabs.
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/cpu/kernel_util.h"
+#include "ops/cpu/small_gemm.h"
+#include "ops/cpu/vec_math.h"
+#include "ops/dsa.h"
+
+namespace tessera::ops {
+
+using cpu::dispatch_float;
+
+namespace {
+constexpr int64_t kBlock = 64;  // entries per block (FlashMLA's B_TOPK)
+
+struct SparseDims {
+    int64_t B, T, H, DK, DV, K;
+    double scale;
+};
+
+SparseDims check_sparse(const SparseAttentionParams& p,
+                        const TensorView& q,
+                        const TensorView& kv,
+                        const TensorView& indices,
+                        const TensorView& o,
+                        const TensorView& lse) {
+    TESSERA_CHECK(q.ndim() == 4, "sparse_attention: q must be [B, T, H, DK], not {}", q.shape.str());
+    SparseDims d{q.size(0), q.size(1), q.size(2), q.size(3), p.dv > 0 ? p.dv : q.size(3), 0, p.scale};
+    if (d.scale <= 0) d.scale = 1.0 / std::sqrt(double(d.DK));
+    TESSERA_CHECK(d.DV <= d.DK, "sparse_attention: dv = {} exceeds the entry width {}", d.DV, d.DK);
+    check_shape(kv, Shape{d.B, d.T, d.DK}, "sparse_attention: kv");
+    check_dtype(indices, DType::i32, "sparse_attention: indices");
+    TESSERA_CHECK(indices.ndim() == 3 && indices.size(0) == d.B && indices.size(1) == d.T,
+                  "sparse_attention: indices must be [B = {}, T = {}, TOPK], not {}", d.B, d.T, indices.shape.str());
+    d.K = indices.size(2);
+    check_shape(o, Shape{d.B, d.T, d.H, d.DV}, "sparse_attention: o");
+    check_shape(lse, Shape{d.B, d.T, d.H}, "sparse_attention: lse");
+    for (const TensorView* t : {&q, &kv, &indices, &o, &lse}) check_contiguous(*t, "sparse_attention");
+    for (const TensorView* t : {&kv, &o, &lse}) {
+        TESSERA_CHECK(t->dtype == q.dtype, "sparse_attention: q, kv, o and lse must share one dtype");
+    }
+    return d;
+}
+
+// The valid entries of one query's row (−1 and out-of-range indices skipped), in row order.
+int64_t valid_entries(const SparseDims& d, const int32_t* row, int32_t* out) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < d.K; ++i) {
+        if (row[i] >= 0 && row[i] < d.T) out[n++] = row[i];
+    }
+    return n;
+}
+
+template <class T>
+void forward_impl(const SparseDims& d,
+                  const TensorView& q,
+                  const TensorView& kv,
+                  const TensorView& indices,
+                  const TensorView& o,
+                  const TensorView& lse) {
+    const T scale = T(d.scale), inf = std::numeric_limits<T>::infinity();
+#pragma omp parallel
+    {
+        std::vector<int32_t> sel(static_cast<size_t>(d.K));
+        std::vector<const T*> rows(static_cast<size_t>(kBlock));
+        std::vector<T> qt_t(static_cast<size_t>(d.DK * d.H)), z(static_cast<size_t>(kBlock * d.H)),
+            acc(static_cast<size_t>(d.H * d.DV)), m(static_cast<size_t>(d.H)), l(m.size());
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
+            const T* qt = q.ptr<T>() + bt * d.H * d.DK;
+            const T* kvb = kv.ptr<T>() + bt / d.T * d.T * d.DK;
+            const int64_t n = valid_entries(d, indices.ptr<int32_t>() + bt * d.K, sel.data());
+            cpu::transpose(qt, d.H, d.DK, d.DK, qt_t.data(), d.H);  // [DK, H]
+            std::fill(m.begin(), m.end(), -inf);
+            std::fill(l.begin(), l.end(), T(0));
+            std::fill(acc.begin(), acc.end(), T(0));
+            for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+                const int64_t nb = std::min(kBlock, n - i0);
+                for (int64_t i = 0; i < nb; ++i) rows[size_t(i)] = kvb + int64_t(sel[size_t(i0 + i)]) * d.DK;
+                // zᵀ [nb, H] = scale · entries · q_tᵀ, the entries used in place
+                cpu::small_gemm_rows_nn(nb, d.H, d.DK, scale, rows.data(), qt_t.data(), d.H, T(0), z.data(), d.H);
+                for (int64_t h = 0; h < d.H; ++h) {
+                    T mx = m[size_t(h)];
+                    for (int64_t i = 0; i < nb; ++i) mx = std::max(mx, z[size_t(i * d.H + h)]);
+                    const T alpha = m[size_t(h)] == -inf ? T(0) : cpu::vexp(m[size_t(h)] - mx);
+                    T sum = 0;
+                    for (int64_t i = 0; i < nb; ++i)
+                        sum += (z[size_t(i * d.H + h)] = cpu::vexp(z[size_t(i * d.H + h)] - mx));
+                    l[size_t(h)] = alpha * l[size_t(h)] + sum;
+                    m[size_t(h)] = mx;
+                    for (int64_t e = 0; e < d.DV; ++e) acc[size_t(h * d.DV + e)] *= alpha;
+                }
+                // acc [H, DV] += pᵀ · values (the first DV dims of the same entries)
+                cpu::small_gemm_tn_rows(d.H, d.DV, nb, T(1), z.data(), d.H, rows.data(), T(1), acc.data(), d.DV);
+            }
+            T* ot = o.ptr<T>() + bt * d.H * d.DV;
+            T* lt = lse.ptr<T>() + bt * d.H;
+            for (int64_t h = 0; h < d.H; ++h) {
+                const T lh = l[size_t(h)];
+                for (int64_t e = 0; e < d.DV; ++e) ot[h * d.DV + e] = lh > 0 ? acc[size_t(h * d.DV + e)] / lh : T(0);
+                lt[h] = lh > 0 ? m[size_t(h)] + std::log(lh) : inf;
+            }
+        }
+    }
+}
+
+template <class T>
+void backward_impl(const SparseDims& d,
+                   int64_t slabs,
+                   const TensorView& dout,
+                   const TensorView& q,
+                   const TensorView& kv,
+                   const TensorView& indices,
+                   const TensorView& o,
+                   const TensorView& lse,
+                   const TensorView& dq,
+                   const TensorView& dkv) {
+    const T scale = T(d.scale);
+    std::vector<T> delta(static_cast<size_t>(d.B * d.T * d.H));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < d.B * d.T * d.H; ++i) {
+        T s = 0;
+        for (int64_t e = 0; e < d.DV; ++e) s += dout.ptr<T>()[i * d.DV + e] * o.ptr<T>()[i * d.DV + e];
+        delta[size_t(i)] = s;
+    }
+    std::vector<T> acc(static_cast<size_t>(slabs * d.T * d.DK));
+    for (int64_t b = 0; b < d.B; ++b) {
+        std::fill(acc.begin(), acc.end(), T(0));
+        const T* kvb = kv.ptr<T>() + b * d.T * d.DK;
+#pragma omp parallel
+        {
+            std::vector<int32_t> sel(static_cast<size_t>(d.K));
+            std::vector<const T*> rows(static_cast<size_t>(kBlock));
+            std::vector<T> qt_t(static_cast<size_t>(d.DK * d.H)), do_t(static_cast<size_t>(d.DV * d.H)),
+                tmp(static_cast<size_t>(kBlock * d.DK)), pm(static_cast<size_t>(kBlock * d.H)), dz(pm.size());
+#pragma omp for schedule(dynamic)
+            for (int64_t sl = 0; sl < slabs; ++sl) {
+                T* slab = acc.data() + sl * d.T * d.DK;
+                for (int64_t t = d.T * sl / slabs; t < d.T * (sl + 1) / slabs; ++t) {  // ascending queries
+                    const int64_t bt = b * d.T + t;
+                    const T* qt = q.ptr<T>() + bt * d.H * d.DK;
+                    const T* dot = dout.ptr<T>() + bt * d.H * d.DV;
+                    const T* lt = lse.ptr<T>() + bt * d.H;
+                    const T* dl = delta.data() + bt * d.H;
+                    T* dqt = dq.ptr<T>() + bt * d.H * d.DK;
+                    const int64_t n = valid_entries(d, indices.ptr<int32_t>() + bt * d.K, sel.data());
+                    if (n == 0) continue;
+                    cpu::transpose(qt, d.H, d.DK, d.DK, qt_t.data(), d.H);
+                    cpu::transpose(dot, d.H, d.DV, d.DV, do_t.data(), d.H);
+                    for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+                        const int64_t nb = std::min(kBlock, n - i0);
+                        for (int64_t i = 0; i < nb; ++i) rows[size_t(i)] = kvb + int64_t(sel[size_t(i0 + i)]) * d.DK;
+                        // pᵀ and dpᵀ [nb, H] from the entries in place
+                        cpu::small_gemm_rows_nn(nb, d.H, d.DK, scale, rows.data(), qt_t.data(), d.H, T(0), pm.data(),
+                                                d.H);
+                        cpu::small_gemm_rows_nn(nb, d.H, d.DV, T(1), rows.data(), do_t.data(), d.H, T(0), dz.data(),
+                                                d.H);
+                        for (int64_t i = 0; i < nb; ++i) {
+                            for (int64_t h = 0; h < d.H; ++h) {
+                                T& pr = pm[size_t(i * d.H + h)];
+                                pr = std::isinf(lt[h]) ? T(0) : cpu::vexp(pr - lt[h]);
+                                dz[size_t(i * d.H + h)] = pr * (dz[size_t(i * d.H + h)] - dl[h]);
+                            }
+                        }
+                        // dq_t += scale · dzᵀ · entries;  d(entries) = scale · dz · q_t (+ p · do_t on the value dims)
+                        cpu::small_gemm_tn_rows(d.H, d.DK, nb, scale, dz.data(), d.H, rows.data(), T(1), dqt, d.DK);
+                        cpu::small_gemm_nn(nb, d.DK, d.H, scale, dz.data(), d.H, qt, d.DK, T(0), tmp.data(), d.DK);
+                        cpu::small_gemm_nn(nb, d.DV, d.H, T(1), pm.data(), d.H, dot, d.DV, T(1), tmp.data(), d.DK);
+                        for (int64_t i = 0; i < nb; ++i) {
+                            T* dst = slab + int64_t(sel[size_t(i0 + i)]) * d.DK;
+                            const T* src = tmp.data() + i * d.DK;
+                            for (int64_t e = 0; e < d.DK; ++e) dst[e] += src[e];
+                        }
+                    }
+                }
+            }
+        }
+        T* dkvb = dkv.ptr<T>() + b * d.T * d.DK;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < d.T * d.DK; ++i) {
+            for (int64_t sl = 0; sl < slabs; ++sl) dkvb[i] += acc[size_t(sl * d.T * d.DK + i)];
+        }
+    }
+}
+}  // namespace
+
+void sparse_attention_forward(
+    const SparseAttentionParams& p, TensorView q, TensorView kv, TensorView indices, TensorView o, TensorView lse) {
+    const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
+    dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) { forward_impl<T>(d, q, kv, indices, o, lse); });
+}
+
+void sparse_attention_backward(const SparseAttentionParams& p,
+                               TensorView dout,
+                               TensorView q,
+                               TensorView kv,
+                               TensorView indices,
+                               TensorView o,
+                               TensorView lse,
+                               TensorView dq,
+                               TensorView dkv) {
+    const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
+    TESSERA_CHECK(p.dkv_slabs >= 1, "sparse_attention: dkv_slabs must be positive");
+    check_shape(dout, o.shape, "sparse_attention: do");
+    check_shape(dq, q.shape, "sparse_attention: dq");
+    check_shape(dkv, kv.shape, "sparse_attention: dkv");
+    for (const TensorView* t : {&dout, &dq, &dkv}) check_contiguous(*t, "sparse_attention");
+    dispatch_float(q.dtype, "sparse_attention",
+                   [&]<class T>(T) { backward_impl<T>(d, p.dkv_slabs, dout, q, kv, indices, o, lse, dq, dkv); });
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,83 @@
+// DeepSeek Sparse Attention ops (spec/dsa.md §2–§3): the lightning indexer with streaming top-k,
+// sparse attention in MLA's MQA mode, and the indexer's KL loss.
+//
+// dsa_indexer: I[t,s] = Σ_j w[t,j]·relu(q[t,j]·k[s]) for the candidates s of t (s ≤ t, within t's
+//   sequence when cu_seqlens packs several, B = 1). Selection: the min(topk, candidates) best under the
+//   total order (higher I first, ties to the larger s), written in ascending s, padded with −1; scores
+//   holds the selected I (0 at padding). Key blocks stream through a running top-k, so no [T, T]
+//   matrix exists; I is a pure function of (t, s) (fixed tiles, fixed sums), so the selection does not
+//   depend on the thread count. Shapes: q [B,T,HI,DI], k [B,T,DI], w [B,T,HI], indices/scores [B,T,K].
+// sparse_attention: for each query t and head h over the valid entries s of indices[t] (−1 or ≥ T
+//   are skipped): z = scale·q[t,h]·kv[s], o[t,h] = Σ softmax(z)·kv[s][:dv], lse = ln Σ exp z (natural
+//   log); a query with no valid entry gets o = 0 and lse = +inf. The value is the first dv dims of
+//   the same entry (MQA mode). Shapes: q [B,T,H,DK], kv [B,T,DK], indices [B,T,K] i32, o [B,T,H,DV],
+//   lse [B,T,H]; all contiguous. Backward (FlashAttention restricted to the selected set) accumulates
+//   dq and dkv; the scatter into dkv goes to a fixed number of query slabs (`dkv_slabs`, each a private
+//   [T, DK] accumulator) reduced in slab order, so it is deterministic and independent of the thread
+//   count (spec/dsa.md §3.7 scheme B).
+// indexer_kl: loss = mean over rows with support of KL(p_t ‖ softmax(I_t)) over the support: the
+//   valid selected entries (p, indices [B,T,K]) or, without indices, every candidate s ≤ t
+//   (p [B,T,T], the dense warm-up). Backward: dI = dloss/N·(π·Σp − p) on the support, then through
+//   relu and the weights into dq, dk, dw (accumulated; dk in fixed query slabs like dkv).
+#pragma once
+
+#include <span>
+
+#include "core/tensor.h"
+
+namespace tessera::ops {
+
+struct DsaIndexerParams {
+    int64_t topk = 2048;
+};
+
+void dsa_indexer_forward(const DsaIndexerParams& p,
+                         TensorView q,
+                         TensorView k,
+                         TensorView w,
+                         TensorView indices,
+                         TensorView scores,
+                         std::span<const int64_t> cu_seqlens = {});
+
+struct SparseAttentionParams {
+    double scale = 0.0;     // 0: DK^-0.5
+    int64_t dv = 0;         // value dims (the first dv of each entry); 0 = DK
+    int64_t dkv_slabs = 4;  // backward: fixed query slabs for the dkv scatter (memory slabs·T·DK)
+};
+
+void sparse_attention_forward(
+    const SparseAttentionParams& p, TensorView q, TensorView kv, TensorView indices, TensorView o, TensorView lse);
+void sparse_attention_backward(const SparseAttentionParams& p,
+                               TensorView dout,
+                               TensorView q,
+                               TensorView kv,
+                               TensorView indices,
+                               TensorView o,
+                               TensorView lse,
+                               TensorView dq,
+                               TensorView dkv);
+
+struct IndexerKlResult {
+    double loss = 0.0;  // mean KL over the rows with support
+    int64_t rows = 0;   // those rows (N)
+};
+
+// Computes the loss; when dq is given, also accumulates dloss·∂loss/∂(q, k, w) into dq, dk, dw.
+IndexerKlResult indexer_kl(TensorView q,
+                           TensorView k,
+                           TensorView w,
+                           TensorView p,
+                           TensorView indices,
+                           std::span<const int64_t> cu_seqlens,
+                           double dloss,
+                           TensorView dq,
+                           TensorView dk,
+                           TensorView dw,
+                           int64_t dk_slabs = 4);
+
+// Forward FLOPs of sparse attention over `pairs` (query, selected key) pairs: 2·H·pairs·(DK + DV).
+inline double sparse_attention_flops(int64_t pairs, int64_t H, int64_t DK, int64_t DV) {
+    return 2.0 * double(pairs) * double(H) * double(DK + DV);
+}
+
+}  // namespace tessera::ops
