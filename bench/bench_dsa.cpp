@@ -5,8 +5,11 @@
 //     the cost), rows with t < topk select every past token.
 //  2. dsa_indexer (HI heads × DI) achieved GFLOP/s (2·HI·DI per candidate pair, causal) vs the machine's
 //     GEMM rate measured in the same run.
-//  3. memory of the sparse layer's forward+backward buffers at each T (O(T·topk), not O(T²)).
+//  3. the whole gated DSA layer (MlaBlock: MLA in MQA mode, indexer, top-k, headwise gate, KL backward)
+//     forward+backward time and memory at each T: saved activations + backward scratch (the layer's
+//     share of the arena) and the ops' own slab buffers, all O(T·topk), not O(T²).
 //   build/bench/bench_dsa [--heads 4] [--lengths 16384,65536] [--indexer-lengths 4096,16384]
+//                         [--layer-lengths 16384,65536]
 #include <omp.h>
 
 #include <algorithm>
@@ -20,6 +23,8 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "model/layers/block_rig.h"
+#include "model/layers/mla_block.h"
 #include "ops/attention.h"
 #include "ops/dsa.h"
 #include "ops/gemm.h"
@@ -43,16 +48,17 @@ double seconds(const std::function<void()>& f) {
 }
 
 constexpr const char* kUsage =
-    "usage: bench_dsa [--heads H] [--lengths T,T,...] [--indexer-lengths T,T,...]\n"
+    "usage: bench_dsa [--heads H] [--lengths T,...] [--indexer-lengths T,...] [--layer-lengths T,...]\n"
     "  --heads            query heads of the sparse/dense attention comparison (default 4)\n"
     "  --lengths          sequence lengths of the attention comparison (default 16384,65536)\n"
-    "  --indexer-lengths  sequence lengths of the indexer measurement (default 4096,16384)\n";
+    "  --indexer-lengths  sequence lengths of the indexer measurement (default 4096,16384)\n"
+    "  --layer-lengths    sequence lengths of the whole-layer run (default 16384,65536; 0 = skip)\n";
 
 // value of a comma-separated integer list flag; exits with a one-line error on unknown flags or bad numbers
 std::vector<int64_t> list(int argc, char** argv, const char* name, std::vector<int64_t> def) {
     for (int i = 1; i < argc; ++i) {
         const bool known = !std::strcmp(argv[i], "--heads") || !std::strcmp(argv[i], "--lengths") ||
-                           !std::strcmp(argv[i], "--indexer-lengths");
+                           !std::strcmp(argv[i], "--indexer-lengths") || !std::strcmp(argv[i], "--layer-lengths");
         if (!std::strcmp(argv[i], "--help")) {
             std::fputs(kUsage, stdout);
             std::exit(0);
@@ -69,8 +75,8 @@ std::vector<int64_t> list(int argc, char** argv, const char* name, std::vector<i
         while (std::getline(ss, item, ',')) {
             char* end = nullptr;
             const long long v = std::strtoll(item.c_str(), &end, 10);
-            if (item.empty() || *end != '\0' || v <= 0) {
-                std::fprintf(stderr, "bench_dsa: %s needs positive integers, got '%s'\n", name, argv[i]);
+            if (item.empty() || *end != '\0' || v < 0) {
+                std::fprintf(stderr, "bench_dsa: %s needs integers >= 0, got '%s'\n", name, argv[i]);
                 std::exit(2);
             }
             out.push_back(v);
@@ -108,6 +114,7 @@ int main(int argc, char** argv) {
     const int64_t H = list(argc, argv, "--heads", {4})[0], DK = 576, DV = 512, K = 2048;
     const auto lengths = list(argc, argv, "--lengths", {16384, 65536});
     const auto ilengths = list(argc, argv, "--indexer-lengths", {4096, 16384});
+    const auto llengths = list(argc, argv, "--layer-lengths", {16384, 65536});
     const double gemm = ops::measure_gemm_gflops();
     std::printf("DSA on %d threads; machine GEMM rate %.0f GFLOP/s\n\n", omp_get_max_threads(), gemm);
 
@@ -118,6 +125,7 @@ int main(int argc, char** argv) {
     std::printf(
         "| T | sparse s | dense s | speed-up | sparse GFLOP/s | sparse buffers MiB |\n|---|---|---|---|---|---|\n");
     for (int64_t T : lengths) {
+        if (T == 0) continue;
         Tensor q = random(Shape{1, T, H, DK}, 1, 0.5), kv = random(Shape{1, T, DK}, 2, 0.5),
                dout = random(Shape{1, T, H, DV}, 3, 1.0);
         Tensor idx = random_selection(T, K);
@@ -160,6 +168,7 @@ int main(int argc, char** argv) {
                 (long long)HI, (long long)DI, (long long)K);
     std::printf("| T | s | GFLOP/s | share of GEMM rate |\n|---|---|---|---|\n");
     for (int64_t T : ilengths) {
+        if (T == 0) continue;
         Tensor q = random(Shape{1, T, HI, DI}, 5, 1.0), k = random(Shape{1, T, DI}, 6, 1.0),
                w = random(Shape{1, T, HI}, 7, 1.0);
         Tensor idx(DType::i32, Shape{1, T, K}), sc(DType::f32, Shape{1, T, K});
@@ -168,6 +177,50 @@ int main(int argc, char** argv) {
         const double flops = 2.0 * double(HI * DI) * double(T) * double(T + 1) / 2.0;
         std::printf("| %lld | %.2f | %.0f | %.0f%% |\n", (long long)T, s, flops / s * 1e-9,
                     100.0 * flops / s * 1e-9 / gemm);
+        std::fflush(stdout);
+    }
+
+    // the whole layer at a DeepSeek-V3.2-like shape with H heads and a narrower model width
+    model::MlaConfig c;
+    c.d_model = 1024;
+    c.num_heads = H;
+    c.q_lora_rank = 512;
+    c.kv_lora_rank = 512;
+    c.qk_nope_dim = 128;
+    c.qk_rope_dim = 64;
+    c.v_head_dim = 128;
+    c.output_gate = "headwise";
+    c.dsa = {.topk = K, .heads = HI, .head_dim = DI, .rope_dim = 64};
+    std::printf(
+        "\ngated DSA layer forward+backward (d = %lld, H = %lld, q_lora 512, kv_lora 512, d_n/d_r/d_v 128/64/128, "
+        "indexer %lld x %lld, topk %lld, headwise gate, sparse stage with the KL backward)\n\n",
+        (long long)c.d_model, (long long)H, (long long)HI, (long long)DI, (long long)K);
+    std::printf("| T | s | saved + scratch MiB | op slabs MiB | MiB per token | of which indices |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    for (int64_t T : llengths) {
+        if (T == 0) continue;
+        const model::StepShape shape{1, T};
+        model::MlaBlock block(c, "l.");
+        model::BlockRig rig(block, shape);
+        for (const auto& sp : rig.specs) {
+            TensorView v = rig.params.view(sp.name);
+            const bool norm = sp.name.find("norm") != std::string::npos;
+            Tensor r = random(sp.shape, std::hash<std::string>{}(sp.name),
+                              norm ? 0.0 : 1.0 / std::sqrt(double(sp.shape[sp.shape.ndim - 1])));
+            for (int64_t i = 0; i < v.numel(); ++i) v.ptr<float>()[i] = (norm ? 1.f : 0.f) + r.ptr<float>()[i];
+        }
+        Tensor x = random(Shape{T, c.d_model}, 11, 1.0), out(DType::f32, x.shape()), d = random(x.shape(), 12, 1.0);
+        const double s = seconds([&] {
+            block.forward(shape, x.view(), out.view(), rig.ws);
+            block.backward(shape, x.view(), d.view(), rig.ws);
+        });
+        // sparse_attention's dkv slabs and indexer_kl's dk slabs (heap, freed after each call): the larger
+        const double slabs = double(c.dsa.dk_slabs * T * c.entry_dim() * 4);
+        const double idx = double(T * K * 4);
+        std::printf("| %lld | %.1f | %.0f | %.0f | %.3f | %.0f%% |\n", (long long)T, s,
+                    double(rig.acts.nbytes()) / 1048576.0, slabs / 1048576.0,
+                    (double(rig.acts.nbytes()) + slabs) / 1048576.0 / double(T),
+                    100.0 * idx / double(rig.acts.nbytes()));
         std::fflush(stdout);
     }
     return 0;

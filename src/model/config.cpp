@@ -32,6 +32,32 @@ MoeConfig parse_moe_config(const Json& section, const std::string& where) {
     return c;
 }
 
+MlaConfig parse_mla_config(const Json& section, const std::string& where) {
+    ConfigReader r(section, where);
+    MlaConfig d, c;
+    c.q_lora_rank = r.integer("q_lora_rank", d.q_lora_rank);
+    c.kv_lora_rank = r.integer("kv_lora_rank", d.kv_lora_rank);
+    c.qk_nope_dim = r.integer("qk_nope_dim", d.qk_nope_dim);
+    c.qk_rope_dim = r.integer("qk_rope_dim", d.qk_rope_dim);
+    c.v_head_dim = r.integer("v_head_dim", d.v_head_dim);
+    c.rope = r.boolean("rope", d.rope);
+    c.softmax_scale = r.number("softmax_scale", d.softmax_scale);
+    c.latent_eps = r.number("latent_eps", d.latent_eps);
+    if (r.has("dsa")) {
+        ConfigReader q(r.section("dsa"), where + ".dsa");
+        c.dsa.topk = q.integer("topk", d.dsa.topk);
+        c.dsa.heads = q.integer("heads", d.dsa.heads);
+        c.dsa.head_dim = q.integer("head_dim", d.dsa.head_dim);
+        c.dsa.rope_dim = q.integer("rope_dim", d.dsa.rope_dim);
+        c.dsa.stage = q.choice("stage", d.dsa.stage, {"sparse", "dense_warmup"});
+        c.dsa.kl_coeff = q.number("kl_coeff", d.dsa.kl_coeff);
+        c.dsa.dk_slabs = q.integer("dk_slabs", d.dsa.dk_slabs);
+        q.finish();
+    }
+    r.finish();
+    return c;
+}
+
 void validate_moe(const MoeConfig& m, const std::string& where) {
     TESSERA_CHECK(m.experts >= 0, "{}: model.moe.experts must be >= 0 (0 = dense)", where);
     if (m.experts == 0) return;
@@ -70,6 +96,13 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     c.rope_theta = r.number("rope_theta", d.rope_theta);
     c.tie_embeddings = r.boolean("tie_embeddings", d.tie_embeddings);
     c.init_std = r.number("init_std", d.init_std);
+    c.attention = r.choice("attention", d.attention, {"gqa", "mla"});
+    c.output_gate = r.choice("output_gate", d.output_gate, {"none", "headwise", "elementwise"});
+    if (r.has("mla")) {
+        TESSERA_CHECK(c.attention == "mla", "{}: model.mla is set but model.attention is \"{}\" (set it to \"mla\")",
+                      where, c.attention);
+        c.mla = parse_mla_config(r.section("mla"), where + ".mla");
+    }
     if (r.has("moe")) c.moe = parse_moe_config(r.section("moe"), where + ".moe");
     r.finish();
     c.validate(where);
@@ -101,15 +134,75 @@ void ModelConfig::validate(const std::string& where) const {
     TESSERA_CHECK(rope_theta > 1, "{}: model.rope_theta must be > 1", where);
     TESSERA_CHECK(init_std > 0, "{}: model.init_std must be positive", where);
     validate_moe(moe, where);
+    if (attention == "mla") mla_layer().validate(where + ": model.mla");
+}
+
+MlaConfig ModelConfig::mla_layer() const {
+    MlaConfig m = mla;
+    m.d_model = d_model;
+    m.num_heads = n_heads;
+    m.rope_theta = rope_theta;
+    m.output_gate = output_gate;
+    m.norm_eps = norm_eps;
+    m.init_std = init_std;
+    m.n_layers = n_layers;
+    return m;
+}
+
+void MlaConfig::validate(const std::string& where) const {
+    auto positive = [&](int64_t v, const char* key) {
+        TESSERA_CHECK(v > 0, "{}: {} must be positive, not {}", where, key, v);
+    };
+    positive(d_model, "d_model");
+    positive(num_heads, "num_heads");
+    positive(kv_lora_rank, "kv_lora_rank");
+    positive(qk_nope_dim, "qk_nope_dim");
+    positive(v_head_dim, "v_head_dim");
+    TESSERA_CHECK(q_lora_rank >= 0 && qk_rope_dim >= 0, "{}: q_lora_rank and qk_rope_dim must be >= 0", where);
+    TESSERA_CHECK(!rope || qk_rope_dim % 2 == 0, "{}: qk_rope_dim {} must be even with rope", where, qk_rope_dim);
+    TESSERA_CHECK(output_gate == "none" || output_gate == "headwise" || output_gate == "elementwise",
+                  "{}: output_gate must be \"none\", \"headwise\" or \"elementwise\", not \"{}\"", where, output_gate);
+    TESSERA_CHECK(dsa.topk >= 0, "{}: dsa.topk must be >= 0 (0 = dense MLA)", where);
+    if (!dsa.enabled()) return;
+    positive(dsa.heads, "dsa.heads");
+    positive(dsa.head_dim, "dsa.head_dim");
+    positive(dsa.dk_slabs, "dsa.dk_slabs");
+    TESSERA_CHECK(dsa.rope_dim >= 0 && dsa.rope_dim <= dsa.head_dim && dsa.rope_dim % 2 == 0,
+                  "{}: dsa.rope_dim {} must be even and at most dsa.head_dim {}", where, dsa.rope_dim, dsa.head_dim);
+    TESSERA_CHECK(dsa.stage == "sparse" || dsa.stage == "dense_warmup",
+                  "{}: dsa.stage must be \"sparse\" or \"dense_warmup\", not \"{}\"", where, dsa.stage);
+    TESSERA_CHECK(dsa.kl_coeff >= 0, "{}: dsa.kl_coeff must be >= 0", where);
 }
 
 Json to_json(const ModelConfig& c) {
-    return Json{{"vocab_size", c.vocab_size}, {"d_model", c.d_model},
-                {"n_layers", c.n_layers},     {"n_heads", c.n_heads},
-                {"n_kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim},
-                {"ffn_dim", c.ffn_dim},       {"norm_eps", c.norm_eps},
-                {"rope_theta", c.rope_theta}, {"tie_embeddings", c.tie_embeddings},
-                {"init_std", c.init_std},     {"moe", to_json(c.moe)}};
+    Json j{{"vocab_size", c.vocab_size},   {"d_model", c.d_model},
+           {"n_layers", c.n_layers},       {"n_heads", c.n_heads},
+           {"n_kv_heads", c.n_kv_heads},   {"head_dim", c.head_dim},
+           {"ffn_dim", c.ffn_dim},         {"norm_eps", c.norm_eps},
+           {"rope_theta", c.rope_theta},   {"tie_embeddings", c.tie_embeddings},
+           {"init_std", c.init_std},       {"attention", c.attention},
+           {"output_gate", c.output_gate}, {"moe", to_json(c.moe)}};
+    if (c.attention == "mla") j["mla"] = to_json(c.mla);
+    return j;
+}
+
+Json to_json(const MlaConfig& m) {
+    return Json{{"q_lora_rank", m.q_lora_rank},
+                {"kv_lora_rank", m.kv_lora_rank},
+                {"qk_nope_dim", m.qk_nope_dim},
+                {"qk_rope_dim", m.qk_rope_dim},
+                {"v_head_dim", m.v_head_dim},
+                {"rope", m.rope},
+                {"softmax_scale", m.softmax_scale},
+                {"latent_eps", m.latent_eps},
+                {"dsa",
+                 {{"topk", m.dsa.topk},
+                  {"heads", m.dsa.heads},
+                  {"head_dim", m.dsa.head_dim},
+                  {"rope_dim", m.dsa.rope_dim},
+                  {"stage", m.dsa.stage},
+                  {"kl_coeff", m.dsa.kl_coeff},
+                  {"dk_slabs", m.dsa.dk_slabs}}}};
 }
 
 Json to_json(const MoeConfig& m) {

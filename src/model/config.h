@@ -2,6 +2,7 @@
 // that the hybrid layers of later issues extend.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -35,6 +36,48 @@ struct MoeConfig {
     bool is_moe_layer(int64_t layer) const { return experts > 0 && layer >= first_dense; }
 };
 
+// The lightning indexer and the training stage of a DSA layer; topk = 0: a dense MLA layer.
+struct DsaConfig {
+    int64_t topk = 0;
+    int64_t heads = 4;             // H^I
+    int64_t head_dim = 32;         // d^I
+    int64_t rope_dim = 16;         // d_r^I rotated dims at the start of q^I and k^I; 0 = none
+    std::string stage = "sparse";  // sparse | dense_warmup
+    double kl_coeff = 1.0;         // λ of the indexer KL loss
+    int64_t dk_slabs = 4;          // fixed query slabs of the deterministic dk^I / dc scatters
+    bool enabled() const { return topk > 0; }
+    bool warmup() const { return stage == "dense_warmup"; }
+};
+
+// An MLA / gated DSA layer (model/layers/mla_block.h). In a model config (the "mla" section) the
+// width, heads, rope theta, gate, input norm eps and init come from the model's own keys.
+struct MlaConfig {
+    int64_t d_model = 256;
+    int64_t num_heads = 4;
+    int64_t q_lora_rank = 0;  // r_q; 0 = q_proj straight from h (Kimi-Linear)
+    int64_t kv_lora_rank = 64;
+    int64_t qk_nope_dim = 32;  // d_n
+    int64_t qk_rope_dim = 16;  // d_r: the decoupled key piece shared by all heads
+    int64_t v_head_dim = 32;   // d_v
+    bool rope = true;          // false: NoPE (Kimi K3), the d_r slices stay but are never rotated
+    double rope_theta = 10000.0;
+    double softmax_scale = 0.0;        // τ; 0 = (d_n + d_r)^-1/2
+    std::string output_gate = "none";  // none | headwise | elementwise
+    double norm_eps = 1e-6;            // the block's input RMSNorm
+    double latent_eps = 1e-6;          // q_a_layernorm, kv_a_layernorm, indexer k_norm
+    double init_std = 0.02;
+    int64_t n_layers = 1;  // o_proj starts at init_std / sqrt(2·n_layers)
+    DsaConfig dsa;
+
+    int64_t qk_head_dim() const { return qk_nope_dim + qk_rope_dim; }
+    int64_t entry_dim() const { return kv_lora_rank + qk_rope_dim; }  // D_k
+    int64_t gate_width() const {
+        return output_gate == "elementwise" ? num_heads * v_head_dim : output_gate == "headwise" ? num_heads : 0;
+    }
+    double scale() const { return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(qk_head_dim())); }
+    void validate(const std::string& where) const;
+};
+
 struct ModelConfig {
     int64_t vocab_size = 258;  // byte tokenizer: 256 bytes + <|endoftext|> + <|pad|>
     int64_t d_model = 256;
@@ -47,14 +90,19 @@ struct ModelConfig {
     double rope_theta = 10000.0;
     bool tie_embeddings = false;
     double init_std = 0.02;
+    std::string attention = "gqa";     // gqa (grouped-query, rotary) | mla (latent; DSA when mla.dsa.topk > 0)
+    std::string output_gate = "none";  // none | headwise | elementwise: sigmoid gate before o_proj
+    MlaConfig mla;
     MoeConfig moe;
 
     int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
+    MlaConfig mla_layer() const;                    // mla with the model's width, heads, rope theta, gate, eps and init
     void validate(const std::string& where) const;  // throws with the offending key
 };
 
 ModelConfig parse_model_config(const Json& section, const std::string& where);
 Json to_json(const ModelConfig& c);
 Json to_json(const MoeConfig& m);
+Json to_json(const MlaConfig& m);
 
 }  // namespace tessera::model

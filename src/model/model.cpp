@@ -6,6 +6,7 @@
 
 #include "core/rng.h"
 #include "model/layers/attention_block.h"
+#include "model/layers/mla_block.h"
 #include "model/layers/mlp_block.h"
 #include "model/layers/moe_block.h"
 #include "ops/cross_entropy.h"
@@ -31,7 +32,13 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
     add_param(param_specs_, inits_, kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
     for (int64_t i = 0; i < cfg_.n_layers; ++i) {
         const std::string prefix = fmt::format("model.layers.{}.", i);
-        blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
+        if (cfg_.attention == "mla") {
+            auto mla = std::make_unique<MlaBlock>(cfg_.mla_layer(), prefix);
+            if (cfg_.mla.dsa.enabled()) dsa_.push_back({i, mla.get(), blocks_.size()});
+            blocks_.push_back(std::move(mla));
+        } else {
+            blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
+        }
         if (cfg_.moe.is_moe_layer(i)) {
             auto moe = std::make_unique<MoeBlock>(cfg_, prefix);
             moe_.push_back({i, moe.get()});
@@ -201,6 +208,15 @@ LossResult Model::forward_backward(StepShape s,
     set_pass({.record = true, .loss_scale = loss_scale});
     forward_trunk(s, ids);
     set_pass({.record = false, .loss_scale = loss_scale});  // recompute forwards do not record
+    if (indexer_warmup()) {  // the trunk is frozen: no LM backward, only each indexer's KL (spec/dsa.md §3.1)
+        LossResult res = head_loss(s, targets, false, loss_scale);
+        for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) {  // backwards: the shared recompute set is the last's
+            const DsaLayer& d = *it;
+            if (recompute_block_[d.block]) blocks_[d.block]->forward(s, x_[d.block], x_[d.block + 1], ws_);
+            d.mla->indexer_backward(s);
+        }
+        return res;
+    }
     LossResult res = head_loss(s, targets, true, loss_scale);
     zero_rows(dres_, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
@@ -238,6 +254,22 @@ void Model::update_moe_bias() {
 std::vector<std::pair<int64_t, MoeLayerStats>> Model::take_moe_stats() {
     std::vector<std::pair<int64_t, MoeLayerStats>> out;
     for (auto& [layer, b] : moe_) out.emplace_back(layer, b->take_stats());
+    return out;
+}
+
+bool Model::indexer_warmup() const { return !dsa_.empty() && cfg_.mla.dsa.warmup(); }
+
+bool Model::trainable(const std::string& param) const {
+    if (!indexer_warmup()) return true;
+    for (auto& d : dsa_) {
+        if (d.mla->is_indexer_param(param)) return true;
+    }
+    return false;
+}
+
+std::vector<std::pair<int64_t, DsaLayerStats>> Model::take_dsa_stats() {
+    std::vector<std::pair<int64_t, DsaLayerStats>> out;
+    for (auto& d : dsa_) out.emplace_back(d.layer, d.mla->take_stats());
     return out;
 }
 

@@ -1,6 +1,6 @@
-// The decoder-only language model: embedding -> N × (attention block, MLP or MoE block) -> RMSNorm -> head,
-// with the cross-entropy loss fused into the head over chunks of tokens, so the full [N, V] logits
-// never exist during training. Tensor names follow Hugging Face Llama checkpoints.
+// The decoder-only language model: embedding -> N × (attention block: GQA or MLA/DSA; MLP or MoE block) ->
+// RMSNorm -> head, with the cross-entropy loss fused into the head over chunks of tokens, so the full
+// [N, V] logits never exist during training. Tensor names follow Hugging Face Llama checkpoints.
 //
 // The model owns no memory: it declares buffer specs (parameters, activations for a step shape,
 // workspace) and binds views into groups the caller allocated from one arena (see train/ and
@@ -14,6 +14,7 @@
 
 #include "model/config.h"
 #include "model/layers/block.h"
+#include "model/layers/mla_block.h"
 #include "model/layers/moe_block.h"
 
 namespace tessera::model {
@@ -64,7 +65,20 @@ class Model {
     void update_moe_bias();
     std::vector<std::pair<int64_t, MoeLayerStats>> take_moe_stats();
 
+    // DSA layers (model.mla.dsa.topk > 0): the indexer KL of this step per layer (layer index, stats).
+    // In the dense warm-up stage only the indexers train: forward_backward skips the LM backward and
+    // trainable() is false for every other parameter (the optimizer leaves them alone).
+    bool has_dsa() const { return !dsa_.empty(); }
+    bool indexer_warmup() const;
+    bool trainable(const std::string& param) const;
+    std::vector<std::pair<int64_t, DsaLayerStats>> take_dsa_stats();
+
   private:
+    struct DsaLayer {
+        int64_t layer;
+        MlaBlock* mla;
+        size_t block;  // index into blocks_
+    };
     void forward_trunk(StepShape s, std::span<const int32_t> ids);
     void set_pass(const PassOptions& o);
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
@@ -73,6 +87,7 @@ class Model {
     ModelConfig cfg_;
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
+    std::vector<DsaLayer> dsa_;
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
     StepShape max_;

@@ -57,6 +57,12 @@ void sparse_attention_backward(const SparseAttentionParams& p,
                                TensorView dq,
                                TensorView dkv);
 
+// The indexer's teacher (spec/dsa.md §3.2): p[t, i] = (1/H) Σ_h exp(scale·q[t,h]·kv[s] − lse[t,h]) for the
+// valid entries s = indices[t, i] (the head mean of the attention probabilities recomputed from lse),
+// 0 at −1 padding and for lonely rows. Shapes as sparse_attention; p [B, T, K].
+void sparse_attention_probs(
+    const SparseAttentionParams& p, TensorView q, TensorView kv, TensorView indices, TensorView lse, TensorView probs);
+
 struct IndexerKlResult {
     double loss = 0.0;  // mean KL over the rows with support
     int64_t rows = 0;   // those rows (N)

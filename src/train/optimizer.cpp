@@ -68,9 +68,14 @@ void AdamW::clip(const BufferGroup& grads, double norm, double max_norm) {
     }
 }
 
-void AdamW::update(const TrainConfig& c, const BufferGroup& params, const BufferGroup& grads, double lr) {
+void AdamW::update(const TrainConfig& c,
+                   const BufferGroup& params,
+                   const BufferGroup& grads,
+                   double lr,
+                   const std::vector<bool>& trainable) {
     ++step_;
     for (size_t t = 0; t < params.size(); ++t) {
+        if (!trainable.empty() && !trainable[t]) continue;
         const ops::AdamWParams p{.lr = lr,
                                  .beta1 = c.beta1,
                                  .beta2 = c.beta2,

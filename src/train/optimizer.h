@@ -24,8 +24,13 @@ class AdamW {
     double grad_norm(const BufferGroup& grads);
     // Scales gradients by min(1, max_norm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_).
     void clip(const BufferGroup& grads, double norm, double max_norm);
-    // One AdamW step of every parameter at learning rate lr.
-    void update(const TrainConfig& c, const BufferGroup& params, const BufferGroup& grads, double lr);
+    // One AdamW step of every trainable parameter at learning rate lr (all, when `trainable` is empty;
+    // frozen ones are left alone: no update, no decay, moments unchanged).
+    void update(const TrainConfig& c,
+                const BufferGroup& params,
+                const BufferGroup& grads,
+                double lr,
+                const std::vector<bool>& trainable = {});
 
   private:
     BufferGroup m_, v_;

@@ -73,6 +73,30 @@ std::string moe_summary(const std::vector<std::pair<int64_t, model::MoeLayerStat
     return line;
 }
 
+// The DSA indexer KL per layer for the JSONL log, and the progress line's share (mean over layers).
+Json dsa_metrics(const std::vector<std::pair<int64_t, model::DsaLayerStats>>& layers) {
+    Json out = Json::array();
+    for (const auto& [layer, s] : layers) out.push_back({{"layer", layer}, {"indexer_kl", s.kl}});
+    return out;
+}
+
+std::string dsa_summary(const std::vector<std::pair<int64_t, model::DsaLayerStats>>& layers) {
+    double sum = 0;
+    for (const auto& [layer, s] : layers) sum += s.kl;
+    return fmt::format("indexer KL {:.4f}", layers.empty() ? 0.0 : sum / double(layers.size()));
+}
+
+// The model section that must not change on --resume: everything but the DSA training stage and KL weight,
+// which move from the dense warm-up to the sparse stage on the same checkpoint (spec/dsa.md §3.1).
+Json fixed_model_json(const model::ModelConfig& m) {
+    Json j = model::to_json(m);
+    if (j.contains("mla")) {
+        j["mla"]["dsa"].erase("stage");
+        j["mla"]["dsa"].erase("kl_coeff");
+    }
+    return j;
+}
+
 Setup resolve_setup(const TrainOptions& o) {
     Setup s;
     if (!o.resume_dir.empty()) {
@@ -86,8 +110,9 @@ Setup resolve_setup(const TrainOptions& o) {
         for (const auto& ov : o.overrides) apply_override(base, ov);
         s.config_json = base;
         s.cfg = parse_run_config(base, where + " with --set");
-        TESSERA_CHECK(model::to_json(before.model) == model::to_json(s.cfg.model),
-                      "--resume: model.* cannot change when resuming from {}", s.checkpoint);
+        TESSERA_CHECK(fixed_model_json(before.model) == fixed_model_json(s.cfg.model),
+                      "--resume: model.* cannot change when resuming from {} (only model.mla.dsa.stage and kl_coeff)",
+                      s.checkpoint);
         s.out_dir = o.out_dir.empty() ? fs::path(s.checkpoint).parent_path().parent_path().string() : o.out_dir;
     } else {
         s.config_json = load_config_json(o.config_path, o.overrides);
@@ -124,9 +149,14 @@ StepResult train_step(model::Model& model,
     r.loss /= double(tc.grad_accum);
     r.grad_norm = opt.grad_norm(rt.grads());
     opt.clip(rt.grads(), r.grad_norm, tc.grad_clip);
-    opt.update(tc, rt.params(), rt.grads(), r.lr);
+    std::vector<bool> trainable;  // empty = all; the DSA warm-up trains only the indexers
+    if (model.indexer_warmup()) {
+        for (const auto& spec : model.param_specs()) trainable.push_back(model.trainable(spec.name));
+    }
+    opt.update(tc, rt.params(), rt.grads(), r.lr, trainable);
     model.update_moe_bias();  // after the step, from the whole step's routing (spec/moe.md §3.1)
     r.moe = model.take_moe_stats();
+    r.dsa = model.take_dsa_stats();
     return r;
 }
 
@@ -241,13 +271,17 @@ TrainSummary train(const TrainOptions& opts) {
                     {"flops_per_s", flops},
                     {"mfu", flops / (gemm_gflops * 1e9)}};
         if (state.step == summary.first_step + 1) rec["arena_peak_bytes"] = rt.arena().stats().peak_bytes_in_use;
-        std::string moe_line;
+        std::string extra_line;
         if (!r.moe.empty()) {
             rec["moe"] = moe_metrics(r.moe);
-            moe_line = moe_summary(r.moe);
+            extra_line = moe_summary(r.moe);
+        }
+        if (!r.dsa.empty()) {
+            rec["dsa"] = dsa_metrics(r.dsa);
+            extra_line += (extra_line.empty() ? "" : ", ") + dsa_summary(r.dsa);
         }
         metrics.write(rec);
-        progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9), moe_line);
+        progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9), extra_line);
         const bool last = state.step == tc.steps;
         if ((tc.eval_interval > 0 && state.step % tc.eval_interval == 0) || last) run_eval(state.step);
         if ((tc.checkpoint_interval > 0 && state.step % tc.checkpoint_interval == 0) || last) {

@@ -34,6 +34,7 @@ struct StepResult {
     double grad_norm = 0;  // before clipping
     double lr = 0;
     std::vector<std::pair<int64_t, model::MoeLayerStats>> moe;  // per MoE layer: routing of this step
+    std::vector<std::pair<int64_t, model::DsaLayerStats>> dsa;  // per DSA layer: the indexer KL of this step
 };
 
 // Fills a micro-batch's ids and targets and returns its step shape (with document boundaries when

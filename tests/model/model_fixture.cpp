@@ -7,10 +7,11 @@
 
 namespace tessera::test {
 
-GoldenModel::GoldenModel(const std::string& case_name, bool recompute)
+GoldenModel::GoldenModel(const std::string& case_name, bool recompute, const std::function<void(Json&)>& edit)
     : file(golden_path("model/" + case_name + ".safetensors")) {
     Json doc = Json::parse(file.metadata().at("config"));
     doc["train"]["recompute"] = recompute;
+    if (edit) edit(doc);
     cfg = train::parse_run_config(doc, "golden " + case_name);
     shape = {cfg.train.batch_size, cfg.train.seq_len};
     model = std::make_unique<model::Model>(cfg.model);
@@ -26,7 +27,7 @@ std::span<const int32_t> GoldenModel::ids(const std::string& name, int64_t index
     return {t.ptr<int32_t>() + index * n, size_t(n)};
 }
 
-std::vector<double> GoldenModel::run_trajectory() {
+std::vector<double> GoldenModel::run_trajectory(std::vector<train::StepResult>* steps) {
     std::vector<int32_t> ids_buf(size_t(shape.tokens())), tgt_buf(size_t(shape.tokens()));
     std::vector<double> losses;
     for (int64_t step = 0; step < cfg.train.steps; ++step) {
@@ -36,7 +37,9 @@ std::vector<double> GoldenModel::run_trajectory() {
             std::copy(st.begin(), st.end(), t.begin());
             return shape;
         };
-        losses.push_back(train::train_step(*model, *rt, *opt, cfg.train, step, batch, ids_buf, tgt_buf).loss);
+        train::StepResult r = train::train_step(*model, *rt, *opt, cfg.train, step, batch, ids_buf, tgt_buf);
+        losses.push_back(r.loss);
+        if (steps) steps->push_back(std::move(r));
     }
     return losses;
 }

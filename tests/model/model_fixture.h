@@ -2,6 +2,7 @@
 // ready for forward/backward and training steps.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,7 +15,10 @@
 namespace tessera::test {
 
 struct GoldenModel {
-    explicit GoldenModel(const std::string& case_name, bool recompute = false);
+    // `edit` may change the golden's run config (JSON) before the model is built.
+    explicit GoldenModel(const std::string& case_name,
+                         bool recompute = false,
+                         const std::function<void(Json&)>& edit = {});
 
     SafetensorsFile file;
     train::RunConfig cfg;
@@ -24,8 +28,8 @@ struct GoldenModel {
     std::unique_ptr<model::ModelRuntime> rt;
 
     std::span<const int32_t> ids(const std::string& name, int64_t index = 0) const;  // one [B·T] batch
-    // Runs the golden 10-step trajectory; returns the losses.
-    std::vector<double> run_trajectory();
+    // Runs the golden 10-step trajectory; returns the losses (and each step's result, when asked).
+    std::vector<double> run_trajectory(std::vector<train::StepResult>* steps = nullptr);
 };
 
 }  // namespace tessera::test

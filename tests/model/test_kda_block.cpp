@@ -6,7 +6,7 @@
 
 #include "core/config_reader.h"
 #include "core/safetensors.h"
-#include "model/block_rig.h"
+#include "model/layers/block_rig.h"
 #include "model/layers/kda_block.h"
 #include "util/test_util.h"
 
@@ -46,7 +46,7 @@ TEST_P(KdaBlockGolden, OutputAndEveryGradientMatchPyTorch) {
     }
     const model::StepShape shape{B, T, cu};
     model::KdaBlock block(cfg, "");
-    test::BlockRig rig(block, {B, T});
+    model::BlockRig rig(block, {B, T});
     for (auto& s : rig.specs) f.load_into("param." + s.name, rig.params.view(s.name));
     Tensor x = f.load("x"), out(DType::f32, x.shape()), dres = f.load("dy");
     block.forward(shape, x, out, rig.ws);

@@ -85,9 +85,11 @@ TEST_P(ModelGolden, DocumentBoundariesKeepDocumentsApart) {
     EXPECT_FALSE(test::all_close(unmasked.view().slice0(split, T), alone, 1e-3, 1e-3)) << "masking changed nothing";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models,
-                         ModelGolden,
-                         ::testing::Values("dense_gqa", "dense_tied_mha", "moe_latent_situ", "moe_capacity"));
+INSTANTIATE_TEST_SUITE_P(
+    Models,
+    ModelGolden,
+    ::testing::Values(
+        "dense_gqa", "dense_tied_mha", "moe_latent_situ", "moe_capacity", "gated_gqa", "dsa_sparse", "mla_nope_moe"));
 
 TEST(ModelInit, ValuesDependOnlyOnSeedNameAndIndex) {
     model::ModelConfig c;

@@ -113,6 +113,27 @@ TEST(Rope, InPlaceEqualsOutOfPlaceAndBackwardInverts) {
     EXPECT_TRUE(test::all_close(back, x, 1e-12, 1e-12));
 }
 
+TEST(Rope, InterleavedIsRotateHalfOnPermutedPairs) {
+    // interleaved pair i = (2i, 2i+1) is rotate-half pair i = (i, i + D/2) after moving 2i -> i, 2i+1 -> i + D/2
+    const int64_t D = 8, half = D / 2;
+    Tensor x = test::randn(DType::f64, Shape{1, 5, 2, D}, 2), xp(DType::f64, x.shape());
+    for (int64_t r = 0; r < 10; ++r) {
+        for (int64_t i = 0; i < half; ++i) {
+            xp.ptr<double>()[r * D + i] = x.ptr<double>()[r * D + 2 * i];
+            xp.ptr<double>()[r * D + i + half] = x.ptr<double>()[r * D + 2 * i + 1];
+        }
+    }
+    Tensor y(DType::f64, x.shape()), yp(DType::f64, x.shape());
+    ops::rope_forward({.theta = 50.0, .offset = 3, .interleaved = true}, x, y);
+    ops::rope_forward({.theta = 50.0, .offset = 3}, xp, yp);
+    for (int64_t r = 0; r < 10; ++r) {
+        for (int64_t i = 0; i < half; ++i) {
+            EXPECT_NEAR(y.ptr<double>()[r * D + 2 * i], yp.ptr<double>()[r * D + i], 1e-14);
+            EXPECT_NEAR(y.ptr<double>()[r * D + 2 * i + 1], yp.ptr<double>()[r * D + i + half], 1e-14);
+        }
+    }
+}
+
 TEST(CrossEntropy, AllRowsIgnoredGivesZeroLossAndNoGradient) {
     Tensor logits = test::randn(DType::f32, Shape{3, 5}, 1), lse(DType::f32, Shape{3}), d(DType::f32, Shape{3, 5});
     auto r = ops::cross_entropy_forward({}, logits, ids({-100, -100, -100}), lse);

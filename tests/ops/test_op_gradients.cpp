@@ -58,6 +58,13 @@ std::vector<GradCase> grad_cases() {
                       return make({{"x", {4, 9}}, {"weight", {9}}}, 3);
                   },
                   {{"y", "dy"}}});
+    cs.push_back({"layernorm",
+                  "layernorm",
+                  {{"eps", "1e-5"}},
+                  [] {
+                      return make({{"x", {4, 9}}, {"weight", {9}}, {"bias", {9}}}, 31);
+                  },
+                  {{"y", "dy"}}});
     cs.push_back({"swiglu", "swiglu", {}, [] { return make({{"gate", {3, 8}}, {"up", {3, 8}}}, 4); }, {{"y", "dy"}}});
     cs.push_back({"cross_entropy",
                   "cross_entropy",
@@ -73,6 +80,13 @@ std::vector<GradCase> grad_cases() {
                   {{"theta", "500"}, {"offset", "3"}},
                   [] {
                       return make({{"x", {2, 5, 3, 8}}}, 6);
+                  },
+                  {{"y", "dy"}}});
+    cs.push_back({"rope_interleaved",
+                  "rope",
+                  {{"theta", "50"}, {"layout", "interleaved"}},
+                  [] {
+                      return make({{"x", {1, 6, 2, 8}}}, 61);
                   },
                   {{"y", "dy"}}});
     for (std::string act : {"silu", "none"}) {

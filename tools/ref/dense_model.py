@@ -1,6 +1,7 @@
 """PyTorch reference of tessera's dense decoder (docs/model.md), written from the model's contract,
-not from the C++ code: embedding -> N x (RMSNorm -> GQA causal attention with rotate-half RoPE ->
-o_proj, RMSNorm -> SwiGLU MLP) -> RMSNorm -> lm_head, Hugging Face Llama tensor names.
+not from the C++ code: embedding -> N x (RMSNorm -> GQA causal attention with rotate-half RoPE and an
+optional sigmoid output gate, or MLA / gated DSA (mla_ref.py) -> o_proj, RMSNorm -> SwiGLU MLP or MoE)
+-> RMSNorm -> lm_head, Hugging Face Llama tensor names.
 
 Also the training step the C++ trainer runs (AdamW with decay on matrices only, global-norm
 clipping, warm-up + cosine schedule), used both for golden files and for the speed comparison.
@@ -10,6 +11,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from mla_ref import mla_attention, param_shapes as mla_param_shapes
 
 
 class RMSNorm(nn.Module):
@@ -47,6 +50,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, self.hkv * self.d, bias=False)
         self.v_proj = nn.Linear(C, self.hkv * self.d, bias=False)
         self.o_proj = nn.Linear(self.h * self.d, C, bias=False)
+        self.gate = c.get("output_gate", "none")
+        if self.gate != "none":
+            self.g_proj = nn.Linear(C, self.h * self.d if self.gate == "elementwise" else self.h, bias=False)
         self.theta = c["rope_theta"]
         self.sdpa = False
 
@@ -66,7 +72,37 @@ class Attention(nn.Module):
             s = (q @ k.transpose(-1, -2)) / math.sqrt(self.d)
             s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
             o = s.softmax(-1) @ v
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.h * self.d))
+        o = o.transpose(1, 2).reshape(B, T, self.h * self.d)
+        if self.gate != "none":
+            g = torch.sigmoid(self.g_proj(x))
+            o = o * (g if self.gate == "elementwise" else g.repeat_interleave(self.d, -1))
+        return self.o_proj(o)
+
+
+def mla_layer_config(c):
+    """The flat layer config of mla_ref from a model config (the model's width, heads, theta, gate, eps)."""
+    m = c["mla"]
+    return dict(m, d_model=c["d_model"], num_heads=c["n_heads"], rope_theta=c["rope_theta"],
+                output_gate=c.get("output_gate", "none"), norm_eps=c["norm_eps"])
+
+
+class MlaAttention(nn.Module):
+    """MLA / gated DSA through mla_ref.mla_attention; parameters under the checkpoint names."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.lc = mla_layer_config(c)
+        self.names = [n for n in mla_param_shapes(self.lc) if n.startswith("self_attn.")]
+        self.params = nn.ParameterList(nn.Parameter(torch.zeros(mla_param_shapes(self.lc)[n])) for n in self.names)
+        self.kl = None
+
+    def named_weights(self):
+        return {n: p for n, p in zip(self.names, self.params)}
+
+    def forward(self, x):
+        B, T, C = x.shape
+        o, self.kl = mla_attention(self.named_weights(), self.lc, x.reshape(B * T, C), T, margin=None)
+        return o.view(B, T, C)
 
 
 class MLP(nn.Module):
@@ -154,7 +190,7 @@ class Layer(nn.Module):
     def __init__(self, c, index=0):
         super().__init__()
         self.input_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
-        self.self_attn = Attention(c)
+        self.self_attn = MlaAttention(c) if c.get("attention", "gqa") == "mla" else Attention(c)
         self.post_attention_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
         moe = c.get("moe", {})
         self.mlp = MoE(c) if moe.get("experts", 0) and index >= moe.get("first_dense", 1) else MLP(c)
@@ -201,8 +237,23 @@ class DenseLM(nn.Module):
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
     def aux_loss(self):
-        """The router losses of the last forward (0 for dense models)."""
-        return sum((m.aux for m in self.moe_layers()), torch.zeros((), dtype=torch.float64))
+        """The router losses and the DSA indexers' kl_coeff·KL of the last forward (0 for dense models)."""
+        aux = sum((m.aux for m in self.moe_layers()), torch.zeros((), dtype=torch.float64))
+        for layer in self.model.layers:
+            if isinstance(layer.self_attn, MlaAttention) and layer.self_attn.kl is not None:
+                aux = aux + layer.self_attn.lc["dsa"]["kl_coeff"] * layer.self_attn.kl
+        return aux
+
+    def checkpoint_params(self):
+        """(checkpoint name, parameter) pairs: MLA parameters under their self_attn.* names."""
+        out = []
+        for n, p in self.named_parameters():
+            if ".self_attn.params." in n:
+                layer = n.split(".self_attn.params.")[0]
+                attn = self.get_submodule(layer + ".self_attn")
+                n = layer + "." + attn.names[int(n.rsplit(".", 1)[1])]
+            out.append((n, p))
+        return out
 
 
 def learning_rate(t, step):

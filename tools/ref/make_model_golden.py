@@ -5,6 +5,7 @@ gradient, and a 10-step training trajectory (losses) from the float64 reference 
 Run: python3 tools/ref/make_model_golden.py
 """
 import json
+import sys
 
 import torch
 
@@ -38,7 +39,31 @@ CASES = {
                      "moe": {"experts": 8, "topk": 2, "ffn_dim": 24, "score": "softmax", "groups": 4,
                              "topk_groups": 2, "capacity_factor": 1.0, "overflow": "reroute", "first_dense": 1,
                              "balance": "sign", "bias_update_rate": 0.02}},
+    # gated attention: GQA with an elementwise sigmoid output gate (Qwen3-Next style)
+    "gated_gqa": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 0,
+                  "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False, "init_std": 0.1,
+                  "output_gate": "elementwise"},
+    # gated DSA (sparse stage, top-6 of 16 tokens) with a headwise gate; the indexer learns from its KL
+    "dsa_sparse": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "head_dim": 0,
+                   "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False, "init_std": 0.1,
+                   "attention": "mla", "output_gate": "headwise",
+                   "mla": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8,
+                           "v_head_dim": 8, "rope": True, "softmax_scale": 0.0, "latent_eps": 1e-6,
+                           "dsa": {"topk": 6, "heads": 4, "head_dim": 16, "rope_dim": 8, "stage": "sparse",
+                                   "kl_coeff": 0.5, "dk_slabs": 4}}},
+    # Kimi K3's full-attention layer: dense gated MLA with NoPE, elementwise gate, no q_lora; MoE from layer 1
+    "mla_nope_moe": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "head_dim": 0,
+                     "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": True,
+                     "init_std": 0.1, "attention": "mla", "output_gate": "elementwise",
+                     "mla": {"q_lora_rank": 0, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 4,
+                             "v_head_dim": 8, "rope": False, "softmax_scale": 0.0, "latent_eps": 1e-6,
+                             "dsa": {"topk": 0, "heads": 4, "head_dim": 32, "rope_dim": 16, "stage": "sparse",
+                                     "kl_coeff": 1.0, "dk_slabs": 4}},
+                     "moe": {"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "score": "sigmoid",
+                             "first_dense": 1, "balance": "sign", "bias_update_rate": 0.01}},
 }
+
+ONLY = set(sys.argv[1:])  # case names to write (default: all)
 
 
 def batch(gen, c, t):
@@ -49,10 +74,12 @@ def batch(gen, c, t):
 
 
 for name, c in CASES.items():
+    if ONLY and name not in ONLY:
+        continue
     gen = torch.Generator().manual_seed(SEED)
     model = DenseLM(c).double()
     with torch.no_grad():
-        for pname, p in model.named_parameters():
+        for pname, p in model.checkpoint_params():
             if pname.endswith("e_score_correction_bias"):
                 p.copy_(0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
             elif p.dim() >= 2:
@@ -60,7 +87,7 @@ for name, c in CASES.items():
             else:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
             p.copy_(p.float().double())  # exactly representable in f32: both sides start equal
-    tensors = {"param." + n: p.detach().float() for n, p in model.named_parameters()}
+    tensors = {"param." + n: p.detach().float() for n, p in model.checkpoint_params()}
     ids, targets = batch(gen, c, TRAIN)
     tensors["ids"], tensors["targets"] = ids, targets
     logits = model(ids.long())
@@ -68,7 +95,7 @@ for name, c in CASES.items():
     (loss + model.aux_loss()).backward()
     tensors["expected.logits"] = logits.detach().reshape(-1, c["vocab_size"])
     tensors["expected.loss"] = loss.detach()
-    for n, p in model.named_parameters():
+    for n, p in model.checkpoint_params():
         tensors["expected.grad." + n] = p.grad.detach() if p.grad is not None else torch.zeros_like(p).detach()
     # trajectory
     opt = make_optimizer(model, TRAIN)

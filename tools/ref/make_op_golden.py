@@ -148,3 +148,21 @@ golden.save("ops/adamw.safetensors",
              "expected.m": st["exp_avg"], "expected.v": st["exp_avg_sq"]},
             SEED, op="adamw", **{"param.lr": 0.01, "param.beta1": 0.8, "param.beta2": 0.95, "param.eps": 1e-6,
                                  "param.weight_decay": 0.1, "param.step": 7})
+
+# layernorm (the DSA indexer's key norm) and interleaved rope (MLA); appended last so that the cases above
+# keep their random streams
+write("layernorm", "layernorm", dict(x=randn(6, 20, scale=2), weight=randn(20), bias=randn(20)),
+      lambda x, weight, bias: {"y": F.layer_norm(x, (20,), weight, bias, 1e-6)}, {"y": "dy"})
+
+
+def rope_interleaved_ref(x, theta, offset):
+    B, T, H, D = x.shape
+    inv_freq = theta ** (-torch.arange(0, D // 2, dtype=f64) * 2.0 / D)
+    ang = (torch.arange(T, dtype=f64) + offset)[:, None] * inv_freq[None, :]
+    cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+
+
+write("rope_interleaved", "rope", dict(x=randn(2, 7, 3, 8)), lambda x: {"y": rope_interleaved_ref(x, 300.0, 2)},
+      {"y": "dy"}, {"theta": 300.0, "offset": 2, "layout": "interleaved"})

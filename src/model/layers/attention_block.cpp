@@ -21,7 +21,11 @@ AttentionBlock::AttentionBlock(const ModelConfig& c, std::string param_prefix)
       HKV_(c.n_kv_heads),
       D_(c.head_dim_or_default()),
       Q_(c.n_heads * c.head_dim_or_default()),
-      KV_(c.n_kv_heads * c.head_dim_or_default()) {}
+      KV_(c.n_kv_heads * c.head_dim_or_default()),
+      G_(c.output_gate == "elementwise" ? Q_
+         : c.output_gate == "headwise"  ? H_
+                                        : 0),
+      W_(Q_ + 2 * KV_ + G_) {}
 
 void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
     const ParamInit w = ParamInit::normal(cfg_.init_std);
@@ -30,6 +34,7 @@ void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<
     add_param(specs, inits, prefix_ + "self_attn.q_proj.weight", Shape{Q_, C_}, w, true);
     add_param(specs, inits, prefix_ + "self_attn.k_proj.weight", Shape{KV_, C_}, w, true);
     add_param(specs, inits, prefix_ + "self_attn.v_proj.weight", Shape{KV_, C_}, w, true);
+    if (G_ > 0) add_param(specs, inits, prefix_ + "self_attn.g_proj.weight", Shape{G_, C_}, w, true);
     add_param(specs, inits, prefix_ + "self_attn.o_proj.weight", Shape{C_, Q_}, out, true);
 }
 
@@ -37,17 +42,22 @@ void AttentionBlock::declare_saved(std::vector<BufferSpec>& specs, const std::st
     const int64_t N = max.tokens();
     specs.push_back({prefix + "ln", DType::f32, Shape{N, C_}});
     specs.push_back({prefix + "rstd", DType::f32, Shape{N}});
-    specs.push_back({prefix + "qkv", DType::f32, Shape{N, Q_ + 2 * KV_}});
+    specs.push_back({prefix + "qkv", DType::f32, Shape{N, W_}});
     specs.push_back({prefix + "o", DType::f32, Shape{N, Q_}});
     specs.push_back({prefix + "lse", DType::f32, Shape{N * H_}});
+    if (G_ > 0) {
+        specs.push_back({prefix + "gate", DType::f32, Shape{N, G_}});
+        specs.push_back({prefix + "y", DType::f32, Shape{N, Q_}});
+    }
 }
 
 void AttentionBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
     const int64_t N = max.tokens();
     specs.push_back({prefix + "dln", DType::f32, Shape{N, C_}});
-    specs.push_back({prefix + "dqkv", DType::f32, Shape{N, Q_ + 2 * KV_}});
+    specs.push_back({prefix + "dqkv", DType::f32, Shape{N, W_}});
     specs.push_back({prefix + "dqk", DType::f32, Shape{N, Q_ + KV_}});
     specs.push_back({prefix + "do", DType::f32, Shape{N, Q_}});
+    if (G_ > 0) specs.push_back({prefix + "dy", DType::f32, Shape{N, Q_}});
 }
 
 size_t AttentionBlock::workspace_bytes(StepShape max, int num_threads) const {
@@ -58,13 +68,11 @@ size_t AttentionBlock::workspace_bytes(StepShape max, int num_threads) const {
 void AttentionBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
     auto bind = [&](const BufferGroup& g, Weights& w) {
         w.norm = g.view(prefix_ + "input_layernorm.weight");
-        TensorView q = g.view(prefix_ + "self_attn.q_proj.weight");
-        TensorView k = g.view(prefix_ + "self_attn.k_proj.weight");
-        TensorView v = g.view(prefix_ + "self_attn.v_proj.weight");
-        auto* end_q = static_cast<std::byte*>(q.data) + q.nbytes();
-        auto* end_k = static_cast<std::byte*>(k.data) + k.nbytes();
-        TESSERA_CHECK(end_q == k.data && end_k == v.data, "{}: q/k/v projections are not adjacent", prefix_);
-        w.qkv = TensorView(q.data, DType::f32, Shape{Q_ + 2 * KV_, C_});
+        std::vector<TensorView> parts{g.view(prefix_ + "self_attn.q_proj.weight"),
+                                      g.view(prefix_ + "self_attn.k_proj.weight"),
+                                      g.view(prefix_ + "self_attn.v_proj.weight")};
+        if (G_ > 0) parts.push_back(g.view(prefix_ + "self_attn.g_proj.weight"));
+        w.qkv = adjacent(parts, C_, prefix_ + "self_attn q/k/v/g projections");
         w.o = g.view(prefix_ + "self_attn.o_proj.weight");
     };
     bind(params, w_);
@@ -78,6 +86,10 @@ void AttentionBlock::bind_saved(const BufferGroup& acts, const std::string& pref
     qkv_ = acts.view(prefix + "qkv");
     o_ = acts.view(prefix + "o");
     lse_ = acts.view(prefix + "lse");
+    if (G_ > 0) {
+        gate_ = acts.view(prefix + "gate");
+        y_ = acts.view(prefix + "y");
+    }
 }
 
 void AttentionBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
@@ -85,6 +97,7 @@ void AttentionBlock::bind_scratch(const BufferGroup& acts, const std::string& pr
     dqkv_ = acts.view(prefix + "dqkv");
     dqk_ = acts.view(prefix + "dqk");
     do_ = acts.view(prefix + "do");
+    if (G_ > 0) dy_ = acts.view(prefix + "dy");
 }
 
 TensorView AttentionBlock::head_view(TensorView rows, StepShape s, int64_t col, int64_t heads) const {
@@ -107,8 +120,9 @@ void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std
     ops::attention_forward({}, head_view(qkv, a, 0, H_), head_view(qkv, a, Q_, HKV_), head_view(qkv, a, Q_ + KV_, HKV_),
                            o.reshape(Shape{a.batch, a.seq, H_, D_}), lse_.prefix(Shape{a.batch, H_, a.seq}), ws,
                            s.cu_seqlens);
+    if (G_ > 0) output_gate_forward(columns(qkv, Q_ + 2 * KV_, G_), o, gate_.slice0(0, N), y_.slice0(0, N));
     residual_copy(x, x_out, N);
-    ops::linear_forward({.accumulate = true}, o, w_.o, {}, x_out.slice0(0, N));
+    ops::linear_forward({.accumulate = true}, G_ > 0 ? y_.slice0(0, N) : o, w_.o, {}, x_out.slice0(0, N));
 }
 
 void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
@@ -116,10 +130,16 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
     const int64_t N = s.tokens();
     TensorView d = dres.slice0(0, N), o = o_.slice0(0, N), qkv = qkv_.slice0(0, N);
     TensorView dO = do_.slice0(0, N), dqk = dqk_.slice0(0, N), dqkv = dqkv_.slice0(0, N), dln = dln_.slice0(0, N);
-    zero_rows(do_, N);
-    ops::linear_backward(d, o, w_.o, dO, g_.o, {});
-    zero_rows(dqk_, N);
     zero_rows(dqkv_, N);
+    if (G_ > 0) {
+        zero_rows(dy_, N);
+        ops::linear_backward(d, y_.slice0(0, N), w_.o, dy_.slice0(0, N), g_.o, {});
+        output_gate_backward(dy_.slice0(0, N), o, gate_.slice0(0, N), dO, columns(dqkv, Q_ + 2 * KV_, G_));
+    } else {
+        zero_rows(do_, N);
+        ops::linear_backward(d, o, w_.o, dO, g_.o, {});
+    }
+    zero_rows(dqk_, N);
     const StepShape a = attention_shape(s);
     ops::attention_backward({}, dO.reshape(Shape{a.batch, a.seq, H_, D_}), head_view(qkv, a, 0, H_),
                             head_view(qkv, a, Q_, HKV_), head_view(qkv, a, Q_ + KV_, HKV_),
@@ -139,7 +159,7 @@ StepShape AttentionBlock::attention_shape(StepShape s) const {
 }
 
 double AttentionBlock::forward_flops_per_token(int64_t seq) const {
-    const double proj = 2.0 * double(C_) * double(Q_ + 2 * KV_) + 2.0 * double(Q_) * double(C_);
+    const double proj = 2.0 * double(C_) * double(W_) + 2.0 * double(Q_) * double(C_);
     const double scores = ops::attention_forward_flops(1, seq, H_, D_, true) / double(seq);
     return proj + scores;
 }

@@ -1,7 +1,9 @@
 // Pre-norm causal self-attention block (Llama layout and tensor names):
-//   x_out = x_in + o_proj(attention(rope(q), rope(k), v)),  [q | k | v] = qkv_proj(rmsnorm(x_in))
-// q_proj, k_proj and v_proj are separate parameters laid out back to back, so one GEMM computes all
-// three through a fused [Q + 2·KV, C] view. Letters: Q = H·D, KV = HKV·D.
+//   x_out = x_in + o_proj(attention(rope(q), rope(k), v) ⊙ σ(z)),  [q | k | v | z] = qkv_proj(rmsnorm(x_in))
+// The sigmoid output gate (gated attention as in Qwen3-Next, arXiv 2505.06708; model.output_gate) is
+// optional: z = g_proj(h) has one value per output element (elementwise) or per head (headwise).
+// q_proj, k_proj, v_proj (and g_proj) are separate parameters laid out back to back, so one GEMM computes
+// all of them through a fused [Q + 2·KV + G, C] view. Letters: Q = H·D, KV = HKV·D, G = gate width.
 #pragma once
 
 #include "model/config.h"
@@ -28,7 +30,7 @@ class AttentionBlock : public Block {
   private:
     struct Weights {
         TensorView norm;  // [C]
-        TensorView qkv;   // [Q + 2KV, C]: q_proj, k_proj, v_proj
+        TensorView qkv;   // [W, C]: q_proj, k_proj, v_proj, g_proj
         TensorView o;     // [C, Q]
     };
     // views of q, k, v inside a [N, Q + 2KV] (or [N, Q + KV]) row buffer, as [B, T, heads, D]
@@ -38,13 +40,13 @@ class AttentionBlock : public Block {
 
     ModelConfig cfg_;
     std::string prefix_;
-    int64_t C_, H_, HKV_, D_, Q_, KV_;
+    int64_t C_, H_, HKV_, D_, Q_, KV_, G_, W_;  // W_ = Q + 2KV + G
     Weights w_, g_;
     bool has_grads_ = false;
-    // saved: ln [N, C], rstd [N], qkv [N, Q+2KV], o [N, Q], lse [B·H·T]
-    TensorView ln_, rstd_, qkv_, o_, lse_;
-    // scratch: dln [N, C], dqkv [N, Q+2KV], dqk [N, Q+KV] (pre-rope), do [N, Q]
-    TensorView dln_, dqkv_, dqk_, do_;
+    // saved: ln [N, C], rstd [N], qkv [N, W], o [N, Q], lse [B·H·T]; gated: gate [N, G], y [N, Q]
+    TensorView ln_, rstd_, qkv_, o_, lse_, gate_, y_;
+    // scratch: dln [N, C], dqkv [N, W], dqk [N, Q+KV] (pre-rope), do [N, Q]; gated: dy [N, Q]
+    TensorView dln_, dqkv_, dqk_, do_, dy_;
 };
 
 }  // namespace tessera::model

@@ -45,4 +45,78 @@ void zero_rows(TensorView t, int64_t rows) {
     std::memset(t.data, 0, size_t(rows * cols) * dtype_size(t.dtype));
 }
 
+TensorView columns(TensorView rows, int64_t col, int64_t width) {
+    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{rows.size(0), width});
+    v.strides[0] = rows.strides[0];
+    return v;
+}
+
+// dst rows += src rows (both [N, width], row-strided)
+void add_rows(TensorView src, TensorView dst) {
+    const int64_t N = src.size(0), width = src.size(1);
+    const float* s = src.ptr<float>();
+    float* d = dst.ptr<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        for (int64_t c = 0; c < width; ++c) d[n * dst.strides[0] + c] += s[n * src.strides[0] + c];
+    }
+}
+
+// dst rows = src rows
+void copy_rows(TensorView src, TensorView dst) {
+    const int64_t N = src.size(0), width = src.size(1);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        std::memcpy(dst.ptr<float>() + n * dst.strides[0], src.ptr<float>() + n * src.strides[0],
+                    size_t(width) * sizeof(float));
+    }
+}
+
+TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what) {
+    int64_t rows = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        if (i) {
+            TESSERA_CHECK(static_cast<std::byte*>(parts[i - 1].data) + parts[i - 1].nbytes() == parts[i].data,
+                          "{}: parameters are not adjacent", what);
+        }
+        rows += parts[i].size(0);
+    }
+    return TensorView(parts[0].data, DType::f32, Shape{rows, cols});
+}
+
+void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y) {
+    const int64_t N = z.size(0), G = z.size(1), per = o.size(1) / G;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        const float* zr = z.ptr<float>() + n * z.strides[0];
+        const float* orow = o.ptr<float>() + n * o.strides[0];
+        float* gr = gate.ptr<float>() + n * gate.strides[0];
+        float* yr = y.ptr<float>() + n * y.strides[0];
+        for (int64_t g = 0; g < G; ++g) {
+            gr[g] = 1.f / (1.f + std::exp(-zr[g]));
+            for (int64_t e = g * per; e < (g + 1) * per; ++e) yr[e] = orow[e] * gr[g];
+        }
+    }
+}
+
+void output_gate_backward(TensorView dy, TensorView o, TensorView gate, TensorView dov, TensorView dz) {
+    const int64_t N = gate.size(0), G = gate.size(1), per = o.size(1) / G;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        const float* dyr = dy.ptr<float>() + n * dy.strides[0];
+        const float* orow = o.ptr<float>() + n * o.strides[0];
+        const float* gr = gate.ptr<float>() + n * gate.strides[0];
+        float* dor = dov.ptr<float>() + n * dov.strides[0];
+        float* dzr = dz.ptr<float>() + n * dz.strides[0];
+        for (int64_t g = 0; g < G; ++g) {
+            float acc = 0.f;
+            for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+                acc += dyr[e] * orow[e];
+                dor[e] = dyr[e] * gr[g];
+            }
+            dzr[g] = acc * gr[g] * (1.f - gr[g]);
+        }
+    }
+}
+
 }  // namespace tessera::model

@@ -85,5 +85,17 @@ void add_param(std::vector<BufferSpec>& specs,
 void residual_copy(TensorView x_in, TensorView x_out, int64_t rows);
 // zero-fill the first `rows` rows of a contiguous [rows_max, cols] buffer
 void zero_rows(TensorView t, int64_t rows);
+// a column block [N, width] of a row-major [N, *] f32 buffer (row-strided view)
+TensorView columns(TensorView rows, int64_t col, int64_t width);
+// dst rows += src rows / dst rows = src rows (both [N, width] f32, row-strided)
+void add_rows(TensorView src, TensorView dst);
+void copy_rows(TensorView src, TensorView dst);
+// The sigmoid output gate of gated attention (arXiv 2505.06708, "G1"): y = o ⊙ σ(z) with one gate per
+// `per` consecutive values of o (per = 1: elementwise; per = head dim: headwise). z, gate [N, G];
+// o, y, dy, dov [N, G·per]; all f32, row-strided. Backward: dov = dy ⊙ γ, dz = γ(1−γ)·Σ dy ⊙ o (written).
+void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y);
+void output_gate_backward(TensorView dy, TensorView o, TensorView gate, TensorView dov, TensorView dz);
+// one [Σ rows, cols] f32 view over parameters declared back to back (checks that they are adjacent)
+TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what);
 
 }  // namespace tessera::model

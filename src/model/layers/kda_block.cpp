@@ -16,41 +16,6 @@
 
 namespace tessera::model {
 
-namespace {
-// dst rows += src rows (both [N, width], row-strided)
-void add_rows(TensorView src, TensorView dst) {
-    const int64_t N = src.size(0), width = src.size(1);
-    const float* s = src.ptr<float>();
-    float* d = dst.ptr<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        for (int64_t c = 0; c < width; ++c) d[n * dst.strides[0] + c] += s[n * src.strides[0] + c];
-    }
-}
-
-// dst rows = src rows
-void copy_rows(TensorView src, TensorView dst) {
-    const int64_t N = src.size(0), width = src.size(1);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        std::memcpy(dst.ptr<float>() + n * dst.strides[0], src.ptr<float>() + n * src.strides[0],
-                    size_t(width) * sizeof(float));
-    }
-}
-
-TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what) {
-    int64_t rows = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-        if (i) {
-            TESSERA_CHECK(static_cast<std::byte*>(parts[i - 1].data) + parts[i - 1].nbytes() == parts[i].data,
-                          "{}: parameters are not adjacent", what);
-        }
-        rows += parts[i].size(0);
-    }
-    return TensorView(parts[0].data, DType::f32, Shape{rows, cols});
-}
-}  // namespace
-
 void KdaConfig::validate(const std::string& where) const {
     auto positive = [&](int64_t v, const char* key) {
         TESSERA_CHECK(v > 0, "{}: {} must be positive, not {}", where, key, v);
@@ -225,12 +190,6 @@ KdaBlock::Acts KdaBlock::bind_acts(const BufferGroup& acts, const std::string& p
 void KdaBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) { a_ = bind_acts(acts, prefix, true); }
 
 void KdaBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) { d_ = bind_acts(acts, prefix, false); }
-
-TensorView KdaBlock::columns(TensorView rows, int64_t col, int64_t width) const {
-    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{rows.size(0), width});
-    v.strides[0] = rows.strides[0];
-    return v;
-}
 
 void KdaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
     const int64_t N = s.tokens(), HK = H_ * K_, HVV = HV_ * V_;

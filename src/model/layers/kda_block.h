@@ -79,7 +79,6 @@ class KdaBlock : public Block {
     void bind_weights(const BufferGroup& g, Weights& w) const;
     Acts bind_acts(const BufferGroup& acts, const std::string& prefix, bool saved) const;
     ops::KdaInputs kda_inputs(StepShape s, const Acts& a) const;
-    TensorView columns(TensorView rows, int64_t col, int64_t width) const;  // a column block of a [N, *] buffer
     bool saves_states(StepShape s) const { return s.cu_seqlens.empty(); }
 
     KdaConfig cfg_;

@@ -8,6 +8,7 @@
 #include "ops/causal_conv1d.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
+#include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
@@ -49,6 +50,17 @@ void run_rmsnorm(OpContext& c) {
     if (c.has("dy")) rmsnorm_backward(p, c.in("dy"), x, w, rstd, c.out_like("dx", x), c.out_like("dweight", w));
 }
 
+void run_layernorm(OpContext& c) {
+    LayerNormParams p{.eps = c.param_f64("eps")};
+    TensorView x = c.in("x"), w = c.in("weight"), b = c.in("bias");
+    TESSERA_CHECK(x.ndim() == 2, "x must be [N, D]");
+    TensorView mean = c.out("mean", x.dtype, Shape{x.size(0)}), rstd = c.out("rstd", x.dtype, Shape{x.size(0)});
+    layernorm_forward(p, x, w, b, c.out_like("y", x), mean, rstd);
+    if (c.has("dy"))
+        layernorm_backward(p, c.in("dy"), x, w, mean, rstd, c.out_like("dx", x), c.out_like("dweight", w),
+                           c.out_like("dbias", b));
+}
+
 void run_swiglu(OpContext& c) {
     TensorView g = c.in("gate"), u = c.in("up");
     swiglu_forward(g, u, c.out_like("y", g));
@@ -75,7 +87,9 @@ void run_cross_entropy(OpContext& c) {
 }
 
 void run_rope(OpContext& c) {
-    RopeParams p{.theta = c.param_f64("theta"), .offset = c.param_i64("offset")};
+    RopeParams p{.theta = c.param_f64("theta"),
+                 .offset = c.param_i64("offset"),
+                 .interleaved = c.param_str("layout") == "interleaved"};
     TensorView x = c.in("x");
     rope_forward(p, x, c.out_like("y", x));
     if (c.has("dy")) rope_backward(p, c.in("dy"), c.out_like("dx", x));
@@ -138,6 +152,13 @@ void register_dense_ops(OpRegistry& r) {
            {"y", "rstd"},
            {"given dy: dx, dweight"},
            run_rmsnorm});
+    r.add({"layernorm",
+           "y = (x − mean(x)) / sqrt(var(x) + eps) · weight + bias",
+           {{"x", "[N, D]"}, {"weight", "[D]"}, {"bias", "[D]"}, {"dy", "[N, D]", true}},
+           {number("eps", "1e-6")},
+           {"y", "mean", "rstd"},
+           {"given dy: dx, dweight, dbias"},
+           run_layernorm});
     r.add({"swiglu",
            "y = silu(gate)·up",
            {{"gate", "[N, F]"}, {"up", "[N, F]"}, {"dy", "[N, F]", true}},
@@ -153,9 +174,11 @@ void register_dense_ops(OpRegistry& r) {
            {"given dloss: dlogits"},
            run_cross_entropy});
     r.add({"rope",
-           "rotary embedding, rotate-half layout",
+           "rotary embedding, rotate-half (Llama) or interleaved (MLA) pairs",
            {{"x", "[B, T, H, D]"}, {"dy", "[B, T, H, D]", true}},
-           {number("theta", "10000"), integer("offset", "0", "position of the first token")},
+           {number("theta", "10000"),
+            integer("offset", "0", "position of the first token"),
+            {"layout", ParamKind::choice, "half", {"half", "interleaved"}, "pairs (i, i+D/2) or (2i, 2i+1)"}},
            {"y"},
            {"given dy: dx"},
            run_rope});

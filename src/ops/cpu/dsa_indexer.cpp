@@ -153,9 +153,16 @@ IndexerKlResult indexer_kl_impl(const IndexerDims& d,
     const int64_t K = sparse ? indices.size(2) : d.T;
     std::vector<double> kl(static_cast<size_t>(d.B * d.T), 0.0);
     std::vector<uint8_t> has_support(static_cast<size_t>(d.B * d.T), 0);
-    // pass 1 (and pass 2 with gradients once N is known): per row, over its support
-    auto row_pass = [&](int64_t b, int64_t t, double g, T* dk_acc, std::vector<int64_t>& sup, std::vector<double>& I,
-                        std::vector<double>& a) {
+    // pass 1 (and pass 2 with gradients once N is known): per row, over its support. The head dot products
+    // a [n, HI] come from row-pointer small GEMMs over the support's keys in place (no gather copies).
+    struct RowScratch {
+        std::vector<int64_t> sup;
+        std::vector<const T*> rows;
+        std::vector<double> I;
+        std::vector<T> qt_t, a, da, tmp;
+    };
+    auto row_pass = [&](int64_t b, int64_t t, double g, T* dk_acc, RowScratch& r) {
+        auto& sup = r.sup;
         sup.clear();
         const T* prow = p.ptr<T>() + (b * d.T + t) * K;
         if (sparse) {
@@ -170,49 +177,55 @@ IndexerKlResult indexer_kl_impl(const IndexerDims& d,
         has_support[size_t(b * d.T + t)] = 1;
         const T* qt = q.ptr<T>() + (b * d.T + t) * d.HI * d.DI;
         const T* wt = w.ptr<T>() + (b * d.T + t) * d.HI;
-        const size_t n = sup.size();
-        I.assign(n, 0.0);
-        a.assign(n * size_t(d.HI), 0.0);
+        const int64_t n = int64_t(sup.size()), HI = d.HI;
+        r.rows.resize(size_t(n));
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t s = sparse ? indices.ptr<int32_t>()[(b * d.T + t) * K + sup[size_t(i)]] : sup[size_t(i)];
+            r.rows[size_t(i)] = k.ptr<T>() + (b * d.T + s) * d.DI;
+        }
+        r.qt_t.resize(size_t(d.DI * HI));
+        cpu::transpose(qt, HI, d.DI, d.DI, r.qt_t.data(), HI);
+        r.a.resize(size_t(n * HI));
+        cpu::small_gemm_rows_nn(n, HI, d.DI, T(1), r.rows.data(), r.qt_t.data(), HI, T(0), r.a.data(), HI);
+        const T* a = r.a.data();
+        r.I.assign(size_t(n), 0.0);
         double m = -INFINITY, psum = 0;
-        for (size_t i = 0; i < n; ++i) {
-            const int64_t s = sparse ? indices.ptr<int32_t>()[(b * d.T + t) * K + sup[i]] : sup[i];
-            const T* ks = k.ptr<T>() + (b * d.T + s) * d.DI;
-            for (int64_t j = 0; j < d.HI; ++j) {
-                T dot = 0;
-                for (int64_t e = 0; e < d.DI; ++e) dot += qt[j * d.DI + e] * ks[e];
-                a[i * size_t(d.HI) + size_t(j)] = double(dot);
-                I[i] += double(wt[j]) * std::max(double(dot), 0.0);
-            }
-            m = std::max(m, I[i]);
-            psum += double(prow[sup[i]]);
+        for (int64_t i = 0; i < n; ++i) {
+            double Ii = 0;
+            for (int64_t j = 0; j < HI; ++j) Ii += double(wt[j]) * std::max(double(a[i * HI + j]), 0.0);
+            r.I[size_t(i)] = Ii;
+            m = std::max(m, Ii);
+            psum += double(prow[sup[size_t(i)]]);
         }
         double z = 0;
-        for (size_t i = 0; i < n; ++i) z += std::exp(I[i] - m);
+        for (int64_t i = 0; i < n; ++i) z += std::exp(r.I[size_t(i)] - m);
         const double lse = m + std::log(z);
         double row_kl = 0;
-        for (size_t i = 0; i < n; ++i) {
-            const double pi = double(prow[sup[i]]);
-            if (pi > 0) row_kl += pi * (std::log(pi) - I[i] + lse);
+        for (int64_t i = 0; i < n; ++i) {
+            const double pi = double(prow[sup[size_t(i)]]);
+            if (pi > 0) row_kl += pi * (std::log(pi) - r.I[size_t(i)] + lse);
         }
         kl[size_t(b * d.T + t)] = row_kl;
         if (g == 0) return;
         T* dqt = dq.ptr<T>() + (b * d.T + t) * d.HI * d.DI;
         T* dwt = dw.ptr<T>() + (b * d.T + t) * d.HI;
-        for (size_t i = 0; i < n; ++i) {
-            const int64_t s = sparse ? indices.ptr<int32_t>()[(b * d.T + t) * K + sup[i]] : sup[i];
-            const double dI = g * (std::exp(I[i] - lse) * psum - double(prow[sup[i]]));
-            const T* ks = k.ptr<T>() + (b * d.T + s) * d.DI;
-            T* dks = dk_acc + s * d.DI;
-            for (int64_t j = 0; j < d.HI; ++j) {
-                const double aj = a[i * size_t(d.HI) + size_t(j)];
+        r.da.resize(size_t(n * HI));
+        for (int64_t i = 0; i < n; ++i) {
+            const double dI = g * (std::exp(r.I[size_t(i)] - lse) * psum - double(prow[sup[size_t(i)]]));
+            for (int64_t j = 0; j < HI; ++j) {
+                const double aj = double(a[i * HI + j]);
                 dwt[j] += T(dI * std::max(aj, 0.0));
-                if (aj <= 0) continue;
-                const T da = T(dI * double(wt[j]));
-                for (int64_t e = 0; e < d.DI; ++e) {
-                    dqt[j * d.DI + e] += da * ks[e];
-                    dks[e] += da * qt[j * d.DI + e];
-                }
+                r.da[size_t(i * HI + j)] = aj > 0 ? T(dI * double(wt[j])) : T(0);
             }
+        }
+        // dq_t += daᵀ · keys;  d(keys) = da · q_t, scattered into this slab's accumulator
+        cpu::small_gemm_tn_rows(HI, d.DI, n, T(1), r.da.data(), HI, r.rows.data(), T(1), dqt, d.DI);
+        r.tmp.resize(size_t(n * d.DI));
+        cpu::small_gemm_nn(n, d.DI, HI, T(1), r.da.data(), HI, qt, d.DI, T(0), r.tmp.data(), d.DI);
+        for (int64_t i = 0; i < n; ++i) {
+            T* dks = dk_acc + (r.rows[size_t(i)] - k.ptr<T>() - b * d.T * d.DI);
+            const T* src = r.tmp.data() + i * d.DI;
+            for (int64_t e = 0; e < d.DI; ++e) dks[e] += src[e];
         }
     };
     auto run = [&](double g) {
@@ -221,13 +234,12 @@ IndexerKlResult indexer_kl_impl(const IndexerDims& d,
             std::fill(acc.begin(), acc.end(), T(0));
 #pragma omp parallel
             {
-                std::vector<int64_t> sup;
-                std::vector<double> I, a;
+                RowScratch scratch;
 #pragma omp for schedule(dynamic)
                 for (int64_t sl = 0; sl < slabs; ++sl) {
                     const int64_t t0 = d.T * sl / slabs, t1 = d.T * (sl + 1) / slabs;
                     T* dk_acc = g != 0 ? acc.data() + sl * d.T * d.DI : nullptr;
-                    for (int64_t t = t0; t < t1; ++t) row_pass(b, t, g, dk_acc, sup, I, a);
+                    for (int64_t t = t0; t < t1; ++t) row_pass(b, t, g, dk_acc, scratch);
                 }
             }
             if (g == 0) continue;

@@ -22,6 +22,8 @@ void check_4d(const TensorView& t, std::string_view what) {
 template <class T>
 void rotate(const RopeParams& p, const TensorView& src, const TensorView& dst, double sign, bool accumulate) {
     const int64_t B = src.size(0), Tn = src.size(1), H = src.size(2), D = src.size(3), half = D / 2;
+    const int64_t second = p.interleaved ? 1 : half,
+                  step = p.interleaved ? 2 : 1;  // pair i = (step·i, step·i + second)
     const T* S = src.ptr<T>();
     T* Dst = dst.ptr<T>();
 #pragma omp parallel
@@ -40,15 +42,16 @@ void rotate(const RopeParams& p, const TensorView& src, const TensorView& dst, d
                     const T* x = S + b * src.strides[0] + t * src.strides[1] + h * src.strides[2];
                     T* y = Dst + b * dst.strides[0] + t * dst.strides[1] + h * dst.strides[2];
                     for (int64_t i = 0; i < half; ++i) {
-                        const T x1 = x[i], x2 = x[i + half];
+                        const int64_t a = step * i, b = a + second;
+                        const T x1 = x[a], x2 = x[b];
                         const T y1 = x1 * cs[i] - x2 * sn[i];
                         const T y2 = x2 * cs[i] + x1 * sn[i];
                         if (accumulate) {
-                            y[i] += y1;
-                            y[i + half] += y2;
+                            y[a] += y1;
+                            y[b] += y2;
                         } else {
-                            y[i] = y1;
-                            y[i + half] = y2;
+                            y[a] = y1;
+                            y[b] = y2;
                         }
                     }
                 }

@@ -112,6 +112,48 @@ void forward_impl(const SparseDims& d,
 }
 
 template <class T>
+void probs_impl(const SparseDims& d,
+                const TensorView& q,
+                const TensorView& kv,
+                const TensorView& indices,
+                const TensorView& lse,
+                const TensorView& probs) {
+    const T scale = T(d.scale), inv_h = T(1.0 / double(d.H));
+#pragma omp parallel
+    {
+        std::vector<const T*> rows(static_cast<size_t>(kBlock));
+        std::vector<int64_t> pos(static_cast<size_t>(kBlock));
+        std::vector<T> qt_t(static_cast<size_t>(d.DK * d.H)), z(static_cast<size_t>(kBlock * d.H));
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
+            const T* kvb = kv.ptr<T>() + bt / d.T * d.T * d.DK;
+            const int32_t* row = indices.ptr<int32_t>() + bt * d.K;
+            const T* lt = lse.ptr<T>() + bt * d.H;
+            T* pt = probs.ptr<T>() + bt * d.K;
+            cpu::transpose(q.ptr<T>() + bt * d.H * d.DK, d.H, d.DK, d.DK, qt_t.data(), d.H);
+            for (int64_t i0 = 0; i0 < d.K; i0 += kBlock) {
+                int64_t nb = 0;
+                for (int64_t i = i0; i < std::min(d.K, i0 + kBlock); ++i) {
+                    pt[i] = T(0);
+                    if (row[i] < 0 || row[i] >= d.T) continue;
+                    pos[size_t(nb)] = i;
+                    rows[size_t(nb++)] = kvb + int64_t(row[i]) * d.DK;
+                }
+                if (nb == 0) continue;
+                cpu::small_gemm_rows_nn(nb, d.H, d.DK, scale, rows.data(), qt_t.data(), d.H, T(0), z.data(), d.H);
+                for (int64_t i = 0; i < nb; ++i) {
+                    T sum = 0;
+                    for (int64_t h = 0; h < d.H; ++h) {
+                        if (!std::isinf(lt[h])) sum += cpu::vexp(z[size_t(i * d.H + h)] - lt[h]);
+                    }
+                    pt[pos[size_t(i)]] = sum * inv_h;
+                }
+            }
+        }
+    }
+}
+
+template <class T>
 void backward_impl(const SparseDims& d,
                    int64_t slabs,
                    const TensorView& dout,
@@ -195,6 +237,18 @@ void sparse_attention_forward(
     const SparseAttentionParams& p, TensorView q, TensorView kv, TensorView indices, TensorView o, TensorView lse) {
     const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) { forward_impl<T>(d, q, kv, indices, o, lse); });
+}
+
+void sparse_attention_probs(
+    const SparseAttentionParams& p, TensorView q, TensorView kv, TensorView indices, TensorView lse, TensorView probs) {
+    TESSERA_CHECK(q.ndim() == 4, "sparse_attention_probs: q must be [B, T, H, DK], not {}", q.shape.str());
+    const int64_t DV = p.dv > 0 ? p.dv : q.size(3);
+    TensorView o(nullptr, q.dtype, Shape{q.size(0), q.size(1), q.size(2), DV});  // shape only, for the checks
+    const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
+    check_shape(probs, indices.shape, "sparse_attention_probs: probs");
+    check_contiguous(probs, "sparse_attention_probs");
+    TESSERA_CHECK(probs.dtype == q.dtype, "sparse_attention_probs: probs must have q's dtype");
+    dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) { probs_impl<T>(d, q, kv, indices, lse, probs); });
 }
 
 void sparse_attention_backward(const SparseAttentionParams& p,

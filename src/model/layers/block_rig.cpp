@@ -1,11 +1,11 @@
 // Single-block rig (see block_rig.h).
-#include "model/block_rig.h"
+#include "model/layers/block_rig.h"
 
 #include <omp.h>
 
-namespace tessera::test {
+namespace tessera::model {
 
-BlockRig::BlockRig(model::Block& b, model::StepShape max) : block(b) {
+BlockRig::BlockRig(Block& b, StepShape max) : block(b) {
     b.declare_params(specs, inits);
     params = BufferGroup("params", specs);
     std::vector<BufferSpec> gspecs = specs;
@@ -25,4 +25,4 @@ BlockRig::BlockRig(model::Block& b, model::StepShape max) : block(b) {
     ws = std::span(workspace.base(), workspace.nbytes());
 }
 
-}  // namespace tessera::test
+}  // namespace tessera::model

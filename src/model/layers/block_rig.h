@@ -1,5 +1,5 @@
 // A single block bound to its own memory (parameters, gradients, saved activations, scratch,
-// workspace), for layer-level tests against golden files.
+// workspace) from one arena: layer-level tests against golden files and layer benchmarks.
 #pragma once
 
 #include <memory>
@@ -7,16 +7,16 @@
 #include "core/arena.h"
 #include "model/layers/block.h"
 
-namespace tessera::test {
+namespace tessera::model {
 
 struct BlockRig {
-    BlockRig(model::Block& block, model::StepShape max);
+    BlockRig(Block& block, StepShape max);
 
-    model::Block& block;
+    Block& block;
     std::vector<BufferSpec> specs;
-    std::vector<model::ParamInit> inits;
+    std::vector<ParamInit> inits;
     BufferGroup params, grads, acts, workspace;
     std::span<std::byte> ws;
 };
 
-}  // namespace tessera::test
+}  // namespace tessera::model

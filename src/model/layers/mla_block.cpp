@@ -1,0 +1,483 @@
+// MLA / gated DSA block forward and backward (data flow: mla_block.h; gradients: spec/dsa.md §3.4–§3.5).
+#include "model/layers/mla_block.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "ops/attention.h"
+#include "ops/dsa.h"
+#include "ops/gemm.h"
+#include "ops/layernorm.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+
+namespace tessera::model {
+
+namespace {
+using ops::Trans;
+
+// a [B, T, heads, width] view of `width` columns starting at `col` of each head (head stride hs) in a
+// row-major [B·T, row] buffer
+TensorView heads_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t hs, int64_t width) {
+    const int64_t row = rows.strides[0];
+    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{s.batch, s.seq, heads, width});
+    v.strides = {s.seq * row, row, hs, 1};
+    return v;
+}
+
+void zero_columns(TensorView t) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < t.size(0); ++n) std::memset(t.ptr<float>() + n * t.strides[0], 0, size_t(t.size(1)) * 4);
+}
+}  // namespace
+
+MlaBlock::MlaBlock(const MlaConfig& c, std::string param_prefix)
+    : cfg_(c),
+      prefix_(std::move(param_prefix)),
+      C_(c.d_model),
+      H_(c.num_heads),
+      RQ_(c.q_lora_rank),
+      RKV_(c.kv_lora_rank),
+      DN_(c.qk_nope_dim),
+      DR_(c.qk_rope_dim),
+      DV_(c.v_head_dim),
+      DQ_(c.qk_head_dim()),
+      DK_(c.entry_dim()),
+      G_(c.gate_width()),
+      HI_(c.dsa.enabled() ? c.dsa.heads : 0),
+      DI_(c.dsa.enabled() ? c.dsa.head_dim : 0) {
+    cfg_.validate(prefix_ + "self_attn");
+    Wq_ = RQ_ > 0 ? RQ_ : H_ * DQ_;
+    col_kv_ = Wq_;
+    col_g_ = col_kv_ + DK_;
+    Wmain_ = col_g_ + G_;
+    col_ik_ = Wmain_;
+    col_iw_ = col_ik_ + DI_;
+    Wh_ = col_iw_ + HI_;
+}
+
+void MlaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
+    const ParamInit w = ParamInit::normal(cfg_.init_std), one = ParamInit::constant(1.0);
+    const ParamInit out = ParamInit::normal(cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers)));
+    const std::string a = prefix_ + "self_attn.";
+    add_param(specs, inits, prefix_ + "input_layernorm.weight", Shape{C_}, one, false);
+    // the projections of h, back to back (one GEMM)
+    add_param(specs, inits, a + (RQ_ > 0 ? "q_a_proj.weight" : "q_proj.weight"), Shape{Wq_, C_}, w, true);
+    add_param(specs, inits, a + "kv_a_proj_with_mqa.weight", Shape{DK_, C_}, w, true);
+    if (G_ > 0) add_param(specs, inits, a + "g_proj.weight", Shape{G_, C_}, w, true);
+    if (HI_ > 0) {
+        add_param(specs, inits, a + "indexer.wk.weight", Shape{DI_, C_}, w, true);
+        add_param(specs, inits, a + "indexer.weights_proj.weight", Shape{HI_, C_}, w, true);
+    }
+    if (RQ_ > 0) {
+        add_param(specs, inits, a + "q_a_layernorm.weight", Shape{RQ_}, one, false);
+        add_param(specs, inits, a + "q_b_proj.weight", Shape{H_ * DQ_, RQ_}, w, true);
+    }
+    add_param(specs, inits, a + "kv_a_layernorm.weight", Shape{RKV_}, one, false);
+    add_param(specs, inits, a + "kv_b_proj.weight", Shape{H_ * (DN_ + DV_), RKV_}, w, true);
+    add_param(specs, inits, a + "o_proj.weight", Shape{C_, H_ * DV_}, out, true);
+    if (HI_ > 0) {
+        add_param(specs, inits, a + "indexer.wq_b.weight", Shape{HI_ * DI_, RQ_ > 0 ? RQ_ : C_}, w, true);
+        add_param(specs, inits, a + "indexer.k_norm.weight", Shape{DI_}, one, false);
+        add_param(specs, inits, a + "indexer.k_norm.bias", Shape{DI_}, ParamInit::constant(0.0), false);
+    }
+}
+
+bool MlaBlock::is_indexer_param(const std::string& name) const {
+    return HI_ > 0 && name.rfind(prefix_ + "self_attn.indexer.", 0) == 0;
+}
+
+int64_t MlaBlock::index_width(StepShape max) const {
+    if (!cfg_.dsa.enabled()) return 0;
+    return cfg_.dsa.warmup() ? max.seq * max.batch : cfg_.dsa.topk;  // packed rows: one sequence of B·T
+}
+
+int64_t MlaBlock::oc_width() const { return cfg_.dsa.enabled() ? RKV_ : DK_; }
+
+void MlaBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    auto add = [&](const char* name, Shape shape, DType dt = DType::f32) {
+        specs.push_back({prefix + name, dt, shape});
+    };
+    add("ln", Shape{N, C_});
+    add("rstd", Shape{N});
+    add("hp", Shape{N, Wh_});
+    if (RQ_ > 0) {
+        add("cq", Shape{N, RQ_});
+        add("cq_rstd", Shape{N});
+        add("q", Shape{N, H_ * DQ_});
+    }
+    add("kv", Shape{N, DK_});
+    add("kv_rstd", Shape{N});
+    add("qhat", Shape{N, H_ * DK_});
+    add("oc", Shape{N, H_ * oc_width()});
+    add("lse", Shape{N * H_});
+    add("y", Shape{N, H_ * DV_});
+    if (G_ > 0) {
+        add("ov", Shape{N, H_ * DV_});
+        add("gate", Shape{N, G_});
+    }
+    if (HI_ > 0) {
+        add("qi", Shape{N, HI_ * DI_});
+        add("ki", Shape{N, DI_});
+        add("wi", Shape{N, HI_});
+        add("ki_mean", Shape{N});
+        add("ki_rstd", Shape{N});
+        add("idx", Shape{N, index_width(max)}, DType::i32);
+    }
+}
+
+void MlaBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    const int64_t N = max.tokens();
+    auto add = [&](const char* name, Shape shape) { specs.push_back({prefix + name, DType::f32, shape}); };
+    add("dln", Shape{N, C_});
+    add("dhp", Shape{N, Wh_});
+    if (RQ_ > 0) {
+        add("dcq", Shape{N, RQ_});
+        add("dq", Shape{N, H_ * DQ_});
+    }
+    add("dkv", Shape{N, DK_});
+    if (!cfg_.dsa.enabled()) add("dv", Shape{N, DK_});
+    add("dqhat", Shape{N, H_ * DK_});
+    add("doc", Shape{N, H_ * oc_width()});
+    add("dy", Shape{N, H_ * DV_});
+    if (G_ > 0) add("dov", Shape{N, H_ * DV_});
+    if (HI_ > 0) {
+        add("p", Shape{N, index_width(max)});  // also the indexer's selected scores in forward
+        add("dqi", Shape{N, HI_ * DI_});
+        add("dki", Shape{N, DI_});
+        add("dwi", Shape{N, HI_});
+        add("dqi_pre", Shape{N, HI_ * DI_});
+        add("dki_pre", Shape{N, DI_});
+    }
+}
+
+size_t MlaBlock::workspace_bytes(StepShape max, int num_threads) const {
+    return cfg_.dsa.enabled() ? 0 : ops::attention_workspace_bytes(DType::f32, max.tokens(), DK_, num_threads);
+}
+
+void MlaBlock::bind_weights(const BufferGroup& g, Weights& w) const {
+    const std::string a = prefix_ + "self_attn.";
+    std::vector<TensorView> h{g.view(a + (RQ_ > 0 ? "q_a_proj.weight" : "q_proj.weight")),
+                              g.view(a + "kv_a_proj_with_mqa.weight")};
+    if (G_ > 0) h.push_back(g.view(a + "g_proj.weight"));
+    if (HI_ > 0) {
+        h.push_back(g.view(a + "indexer.wk.weight"));
+        h.push_back(g.view(a + "indexer.weights_proj.weight"));
+    }
+    w.norm = g.view(prefix_ + "input_layernorm.weight");
+    w.h_proj = adjacent(h, C_, prefix_ + "self_attn projections of h");
+    if (RQ_ > 0) {
+        w.q_norm = g.view(a + "q_a_layernorm.weight");
+        w.q_b = g.view(a + "q_b_proj.weight");
+    }
+    w.kv_norm = g.view(a + "kv_a_layernorm.weight");
+    w.kv_b = g.view(a + "kv_b_proj.weight");
+    w.o = g.view(a + "o_proj.weight");
+    if (HI_ > 0) {
+        w.iq = g.view(a + "indexer.wq_b.weight");
+        w.ik_norm_w = g.view(a + "indexer.k_norm.weight");
+        w.ik_norm_b = g.view(a + "indexer.k_norm.bias");
+    }
+}
+
+void MlaBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
+    bind_weights(params, w_);
+    has_grads_ = grads != nullptr;
+    if (grads) bind_weights(*grads, g_);
+}
+
+void MlaBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
+    auto v = [&](const char* name) {
+        return acts.index_of(prefix + name) >= 0 ? acts.view(prefix + name) : TensorView();
+    };
+    a_ = Acts{v("ln"),      v("rstd"), v("hp"), v("cq"),      v("cq_rstd"), v("q"),    v("kv"),
+              v("kv_rstd"), v("qhat"), v("oc"), v("lse"),     v("ov"),      v("gate"), v("y"),
+              v("qi"),      v("ki"),   v("wi"), v("ki_mean"), v("ki_rstd"), v("idx")};
+}
+
+void MlaBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
+    auto v = [&](const char* name) {
+        return acts.index_of(prefix + name) >= 0 ? acts.view(prefix + name) : TensorView();
+    };
+    d_ = Scratch{v("dln"), v("dhp"), v("dcq"), v("dq"),  v("dkv"), v("dv"),  v("dqhat"),   v("doc"),
+                 v("dy"),  v("dov"), v("p"),   v("dqi"), v("dki"), v("dwi"), v("dqi_pre"), v("dki_pre")};
+}
+
+StepShape MlaBlock::flat(StepShape s) const {
+    return s.cu_seqlens.empty() ? s : StepShape{1, s.tokens(), s.cu_seqlens};
+}
+
+TensorView MlaBlock::q_rows(const Acts& a, int64_t N) const {
+    return RQ_ > 0 ? a.q.slice0(0, N) : columns(a.hp.slice0(0, N), 0, H_ * DQ_);
+}
+
+void MlaBlock::indexer_forward(StepShape s) {
+    const int64_t N = s.tokens();
+    TensorView hp = a_.hp.slice0(0, N);
+    ops::linear_forward({}, RQ_ > 0 ? a_.cq.slice0(0, N) : a_.ln.slice0(0, N), w_.iq, {}, a_.qi.slice0(0, N));
+    ops::layernorm_forward({.eps = cfg_.latent_eps}, columns(hp, col_ik_, DI_), w_.ik_norm_w, w_.ik_norm_b,
+                           a_.ki.slice0(0, N), a_.ki_mean.slice0(0, N), a_.ki_rstd.slice0(0, N));
+    const float wscale = indexer_weight_scale();
+    TensorView wsrc = columns(hp, col_iw_, HI_);
+    float* wi = a_.wi.ptr<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        for (int64_t j = 0; j < HI_; ++j) wi[n * HI_ + j] = wsrc.ptr<float>()[n * wsrc.strides[0] + j] * wscale;
+    }
+    if (cfg_.dsa.rope_dim > 0) {  // rotate-half pairs on the first d_r^I dims (spec/dsa.md §1.2)
+        const ops::RopeParams rope{.theta = cfg_.rope_theta};
+        TensorView qr = heads_view(a_.qi.slice0(0, N), s, 0, HI_, DI_, cfg_.dsa.rope_dim);
+        TensorView kr = heads_view(a_.ki.slice0(0, N), s, 0, 1, DI_, cfg_.dsa.rope_dim);
+        ops::rope_forward(rope, qr, qr);
+        ops::rope_forward(rope, kr, kr);
+    }
+}
+
+void MlaBlock::select(StepShape s) {
+    const int64_t N = s.tokens(), K = a_.idx.size(1);
+    const StepShape f = flat(s);
+    TensorView idx = a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, K});
+    if (!cfg_.dsa.warmup()) {
+        TensorView scores = d_.p.slice0(0, N).reshape(Shape{f.batch, f.seq, K});
+        ops::dsa_indexer_forward({.topk = K}, a_.qi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_, DI_}),
+                                 a_.ki.slice0(0, N).reshape(Shape{f.batch, f.seq, DI_}),
+                                 a_.wi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}), idx, scores, s.cu_seqlens);
+        return;
+    }
+    // warm-up: every candidate [b_t, t], ascending, −1 padded
+    int32_t* out = a_.idx.ptr<int32_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        int64_t start = n - n % s.seq;  // start of n's batch row, or of its document
+        if (!s.cu_seqlens.empty()) {
+            for (size_t i = 0; i + 1 < s.cu_seqlens.size() && s.cu_seqlens[i] <= n; ++i) start = s.cu_seqlens[i];
+        }
+        const int64_t base = s.cu_seqlens.empty() ? n - n % s.seq : 0;  // indices count within the flat row
+        int64_t k = 0;
+        for (int64_t t = start; t <= n; ++t) out[n * K + k++] = int32_t(t - base);
+        for (; k < K; ++k) out[n * K + k] = -1;
+    }
+}
+
+void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    const int64_t N = s.tokens(), OC = oc_width();
+    TensorView x = x_in.slice0(0, N), ln = a_.ln.slice0(0, N), hp = a_.hp.slice0(0, N), kv = a_.kv.slice0(0, N);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, a_.rstd.slice0(0, N));
+    ops::linear_forward({}, ln, w_.h_proj, {}, hp);
+    if (RQ_ > 0) {
+        ops::rmsnorm_forward({.eps = cfg_.latent_eps}, columns(hp, 0, RQ_), w_.q_norm, a_.cq.slice0(0, N),
+                             a_.cq_rstd.slice0(0, N));
+        ops::linear_forward({}, a_.cq.slice0(0, N), w_.q_b, {}, a_.q.slice0(0, N));
+    }
+    TensorView q = q_rows(a_, N);
+    ops::rmsnorm_forward({.eps = cfg_.latent_eps}, columns(hp, col_kv_, RKV_), w_.kv_norm, columns(kv, 0, RKV_),
+                         a_.kv_rstd.slice0(0, N));
+    copy_rows(columns(hp, col_kv_ + RKV_, DR_), columns(kv, RKV_, DR_));
+    if (cfg_.rope && DR_ > 0) {
+        const ops::RopeParams rope{.theta = cfg_.rope_theta, .interleaved = true};
+        TensorView qr = heads_view(q, s, DN_, H_, DQ_, DR_), kr = heads_view(kv, s, RKV_, 1, DK_, DR_);
+        ops::rope_forward(rope, qr, qr);
+        ops::rope_forward(rope, kr, kr);
+    }
+    // absorbed queries: q̂_h = [q^C_h W_UK_h | q^R_h]
+    TensorView qhat = a_.qhat.slice0(0, N);
+    for (int64_t h = 0; h < H_; ++h) {
+        ops::gemm(Trans::N, Trans::N, N, RKV_, DN_, 1.f, q.ptr<float>() + h * DQ_, q.strides[0],
+                  w_.kv_b.ptr<float>() + h * (DN_ + DV_) * RKV_, RKV_, 0.f, qhat.ptr<float>() + h * DK_, H_ * DK_);
+    }
+    for (int64_t h = 0; h < H_; ++h) copy_rows(columns(q, h * DQ_ + DN_, DR_), columns(qhat, h * DK_ + RKV_, DR_));
+
+    const StepShape f = flat(s);
+    TensorView oc = a_.oc.slice0(0, N);
+    if (!cfg_.dsa.enabled()) {
+        TensorView entry(kv.data, DType::f32, Shape{f.batch, f.seq, 1, DK_});
+        ops::attention_forward({.scale = cfg_.scale()}, qhat.reshape(Shape{f.batch, f.seq, H_, DK_}), entry, entry,
+                               oc.reshape(Shape{f.batch, f.seq, H_, DK_}), a_.lse.prefix(Shape{f.batch, H_, f.seq}), ws,
+                               s.cu_seqlens);
+    } else {
+        indexer_forward(s);
+        select(s);
+        ops::sparse_attention_forward(
+            {.scale = cfg_.scale(), .dv = RKV_, .dkv_slabs = cfg_.dsa.dk_slabs},
+            qhat.reshape(Shape{f.batch, f.seq, H_, DK_}), kv.reshape(Shape{f.batch, f.seq, DK_}),
+            a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, a_.idx.size(1)}),
+            oc.reshape(Shape{f.batch, f.seq, H_, RKV_}), a_.lse.prefix(Shape{f.batch, f.seq, H_}));
+    }
+    // o_h = W_UV_h o^C_h
+    TensorView o = G_ > 0 ? a_.ov.slice0(0, N) : a_.y.slice0(0, N);
+    for (int64_t h = 0; h < H_; ++h) {
+        ops::gemm(Trans::N, Trans::T, N, DV_, RKV_, 1.f, oc.ptr<float>() + h * OC, H_ * OC,
+                  w_.kv_b.ptr<float>() + (h * (DN_ + DV_) + DN_) * RKV_, RKV_, 0.f, o.ptr<float>() + h * DV_, H_ * DV_);
+    }
+    if (G_ > 0) output_gate_forward(columns(hp, col_g_, G_), o, a_.gate.slice0(0, N), a_.y.slice0(0, N));
+    residual_copy(x, x_out, N);
+    ops::linear_forward({.accumulate = true}, a_.y.slice0(0, N), w_.o, {}, x_out.slice0(0, N));
+}
+
+void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
+    TESSERA_CHECK(has_grads_, "{}: backward without gradient buffers", prefix_);
+    const int64_t N = s.tokens(), OC = oc_width();
+    const StepShape f = flat(s);
+    TensorView d = dres.slice0(0, N), hp = a_.hp.slice0(0, N), dhp = d_.dhp.slice0(0, N);
+    zero_rows(d_.dy, N);
+    ops::linear_backward(d, a_.y.slice0(0, N), w_.o, d_.dy.slice0(0, N), g_.o, {});
+    zero_rows(d_.dhp, N);
+    TensorView dov = d_.dy.slice0(0, N);
+    if (G_ > 0) {
+        output_gate_backward(dov, a_.ov.slice0(0, N), a_.gate.slice0(0, N), d_.dov.slice0(0, N),
+                             columns(dhp, col_g_, G_));
+        dov = d_.dov.slice0(0, N);
+    }
+    // do^C_h = dô_h W_UV_h;  dW_UV_h += dô_hᵀ o^C_h
+    TensorView oc = a_.oc.slice0(0, N), doc = d_.doc.slice0(0, N);
+    zero_rows(d_.doc, N);
+    for (int64_t h = 0; h < H_; ++h) {
+        const int64_t uv = (h * (DN_ + DV_) + DN_) * RKV_;
+        ops::gemm(Trans::N, Trans::N, N, RKV_, DV_, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_,
+                  w_.kv_b.ptr<float>() + uv, RKV_, 0.f, doc.ptr<float>() + h * OC, H_ * OC);
+        ops::gemm(Trans::T, Trans::N, DV_, RKV_, N, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_, oc.ptr<float>() + h * OC,
+                  H_ * OC, 1.f, g_.kv_b.ptr<float>() + uv, RKV_);
+    }
+    TensorView qhat = a_.qhat.slice0(0, N), dqhat = d_.dqhat.slice0(0, N), kv = a_.kv.slice0(0, N),
+               dkv = d_.dkv.slice0(0, N);
+    zero_rows(d_.dqhat, N);
+    zero_rows(d_.dkv, N);
+    if (!cfg_.dsa.enabled()) {
+        zero_rows(d_.dv, N);
+        TensorView entry(kv.data, DType::f32, Shape{f.batch, f.seq, 1, DK_});
+        ops::attention_backward({.scale = cfg_.scale()}, doc.reshape(Shape{f.batch, f.seq, H_, DK_}),
+                                qhat.reshape(Shape{f.batch, f.seq, H_, DK_}), entry, entry,
+                                oc.reshape(Shape{f.batch, f.seq, H_, DK_}), a_.lse.prefix(Shape{f.batch, H_, f.seq}),
+                                dqhat.reshape(Shape{f.batch, f.seq, H_, DK_}),
+                                dkv.reshape(Shape{f.batch, f.seq, 1, DK_}),
+                                d_.dv.slice0(0, N).reshape(Shape{f.batch, f.seq, 1, DK_}), ws, s.cu_seqlens);
+        add_rows(d_.dv.slice0(0, N), dkv);  // the entry is key and value
+    } else {
+        ops::sparse_attention_backward(
+            {.scale = cfg_.scale(), .dv = RKV_, .dkv_slabs = cfg_.dsa.dk_slabs},
+            doc.reshape(Shape{f.batch, f.seq, H_, RKV_}), qhat.reshape(Shape{f.batch, f.seq, H_, DK_}),
+            kv.reshape(Shape{f.batch, f.seq, DK_}), a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, a_.idx.size(1)}),
+            oc.reshape(Shape{f.batch, f.seq, H_, RKV_}), a_.lse.prefix(Shape{f.batch, f.seq, H_}),
+            dqhat.reshape(Shape{f.batch, f.seq, H_, DK_}), dkv.reshape(Shape{f.batch, f.seq, DK_}));
+    }
+    // q̂ -> q: dq^C_h = dq̂_h[:r_kv] W_UK_hᵀ, dW_UK_h += q^C_hᵀ dq̂_h[:r_kv], dq^R = rope⁻¹(dq̂_h[r_kv:])
+    TensorView q = q_rows(a_, N);
+    TensorView dq = RQ_ > 0 ? d_.dq.slice0(0, N) : columns(dhp, 0, H_ * DQ_);
+    if (RQ_ > 0) zero_rows(d_.dq, N);
+    for (int64_t h = 0; h < H_; ++h) {
+        const int64_t uk = h * (DN_ + DV_) * RKV_;
+        ops::gemm(Trans::N, Trans::T, N, DN_, RKV_, 1.f, dqhat.ptr<float>() + h * DK_, H_ * DK_,
+                  w_.kv_b.ptr<float>() + uk, RKV_, 0.f, dq.ptr<float>() + h * DQ_, dq.strides[0]);
+        ops::gemm(Trans::T, Trans::N, DN_, RKV_, N, 1.f, q.ptr<float>() + h * DQ_, q.strides[0],
+                  dqhat.ptr<float>() + h * DK_, H_ * DK_, 1.f, g_.kv_b.ptr<float>() + uk, RKV_);
+    }
+    TensorView dkr = columns(dhp, col_kv_ + RKV_, DR_);
+    if (cfg_.rope && DR_ > 0) {
+        const ops::RopeParams rope{.theta = cfg_.rope_theta, .interleaved = true};
+        ops::rope_backward(rope, heads_view(dqhat, s, RKV_, H_, DK_, DR_), heads_view(dq, s, DN_, H_, DQ_, DR_));
+        ops::rope_backward(rope, heads_view(dkv, s, RKV_, 1, DK_, DR_), heads_view(dkr, s, 0, 1, DR_, DR_));
+    } else {
+        for (int64_t h = 0; h < H_; ++h)
+            copy_rows(columns(dqhat, h * DK_ + RKV_, DR_), columns(dq, h * DQ_ + DN_, DR_));
+        copy_rows(columns(dkv, RKV_, DR_), dkr);
+    }
+    ops::rmsnorm_backward({.eps = cfg_.latent_eps}, columns(dkv, 0, RKV_), columns(hp, col_kv_, RKV_), w_.kv_norm,
+                          a_.kv_rstd.slice0(0, N), columns(dhp, col_kv_, RKV_), g_.kv_norm);
+    if (RQ_ > 0) {
+        zero_rows(d_.dcq, N);
+        ops::linear_backward(dq, a_.cq.slice0(0, N), w_.q_b, d_.dcq.slice0(0, N), g_.q_b, {});
+        ops::rmsnorm_backward({.eps = cfg_.latent_eps}, d_.dcq.slice0(0, N), columns(hp, 0, RQ_), w_.q_norm,
+                              a_.cq_rstd.slice0(0, N), columns(dhp, 0, RQ_), g_.q_norm);
+    }
+    // the LM loss reaches h through the main projections only; the indexer learns from its KL
+    zero_rows(d_.dln, N);
+    auto rows_of = [&](TensorView w, int64_t r0, int64_t r1) {
+        return TensorView(w.ptr<float>() + r0 * C_, DType::f32, Shape{r1 - r0, C_});
+    };
+    ops::linear_backward(columns(dhp, 0, Wmain_), a_.ln.slice0(0, N), rows_of(w_.h_proj, 0, Wmain_),
+                         d_.dln.slice0(0, N), rows_of(g_.h_proj, 0, Wmain_), {});
+    if (HI_ > 0) indexer_backward(s);
+    ops::rmsnorm_backward({.eps = cfg_.norm_eps}, d_.dln.slice0(0, N), x_in.slice0(0, N), w_.norm, a_.rstd.slice0(0, N),
+                          d, g_.norm);
+}
+
+double MlaBlock::indexer_backward(StepShape s) {
+    TESSERA_CHECK(has_grads_ && HI_ > 0, "{}: indexer_backward needs an indexer and gradient buffers", prefix_);
+    const int64_t N = s.tokens(), K = a_.idx.size(1);
+    const StepShape f = flat(s);
+    TensorView idx = a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, K});
+    TensorView p = d_.p.slice0(0, N).reshape(Shape{f.batch, f.seq, K});
+    // teacher: the head mean of this layer's attention probabilities over the same support (constant)
+    ops::sparse_attention_probs(
+        {.scale = cfg_.scale(), .dv = RKV_}, a_.qhat.slice0(0, N).reshape(Shape{f.batch, f.seq, H_, DK_}),
+        a_.kv.slice0(0, N).reshape(Shape{f.batch, f.seq, DK_}), idx, a_.lse.prefix(Shape{f.batch, f.seq, H_}), p);
+    zero_rows(d_.dqi, N);
+    zero_rows(d_.dki, N);
+    zero_rows(d_.dwi, N);
+    const ops::IndexerKlResult r = ops::indexer_kl(
+        a_.qi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_, DI_}),
+        a_.ki.slice0(0, N).reshape(Shape{f.batch, f.seq, DI_}), a_.wi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}),
+        p, idx, s.cu_seqlens, cfg_.dsa.kl_coeff * pass_.loss_scale,
+        d_.dqi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_, DI_}),
+        d_.dki.slice0(0, N).reshape(Shape{f.batch, f.seq, DI_}),
+        d_.dwi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}), cfg_.dsa.dk_slabs);
+    stats_.kl += r.loss;
+    stats_.passes += 1;
+    // undo the rotation on the first d_r^I dims; the rest passes through
+    TensorView dqi = d_.dqi.slice0(0, N), dki = d_.dki.slice0(0, N);
+    TensorView dqi_pre = d_.dqi_pre.slice0(0, N), dki_pre = d_.dki_pre.slice0(0, N);
+    copy_rows(dqi, dqi_pre);
+    copy_rows(dki, dki_pre);
+    const int64_t RI = cfg_.dsa.rope_dim;
+    if (RI > 0) {
+        const ops::RopeParams rope{.theta = cfg_.rope_theta};
+        for (int64_t j = 0; j < HI_; ++j) zero_columns(columns(dqi_pre, j * DI_, RI));
+        zero_columns(columns(dki_pre, 0, RI));
+        ops::rope_backward(rope, heads_view(dqi, s, 0, HI_, DI_, RI), heads_view(dqi_pre, s, 0, HI_, DI_, RI));
+        ops::rope_backward(rope, heads_view(dki, s, 0, 1, DI_, RI), heads_view(dki_pre, s, 0, 1, DI_, RI));
+    }
+    // inputs detached: only weight gradients
+    TensorView hp = a_.hp.slice0(0, N), dhp = d_.dhp.slice0(0, N), ln = a_.ln.slice0(0, N);
+    ops::linear_backward(dqi_pre, RQ_ > 0 ? a_.cq.slice0(0, N) : ln, w_.iq, {}, g_.iq, {});
+    TensorView dk_raw = columns(dhp, col_ik_, DI_), dw_raw = columns(dhp, col_iw_, HI_);
+    zero_columns(dk_raw);
+    ops::layernorm_backward({.eps = cfg_.latent_eps}, dki_pre, columns(hp, col_ik_, DI_), w_.ik_norm_w,
+                            a_.ki_mean.slice0(0, N), a_.ki_rstd.slice0(0, N), dk_raw, g_.ik_norm_w, g_.ik_norm_b);
+    const float wscale = indexer_weight_scale();
+    const float* dwi = d_.dwi.ptr<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        for (int64_t j = 0; j < HI_; ++j) dw_raw.ptr<float>()[n * dw_raw.strides[0] + j] = dwi[n * HI_ + j] * wscale;
+    }
+    TensorView wrows(w_.h_proj.ptr<float>() + Wmain_ * C_, DType::f32, Shape{Wh_ - Wmain_, C_});
+    TensorView grows(g_.h_proj.ptr<float>() + Wmain_ * C_, DType::f32, Shape{Wh_ - Wmain_, C_});
+    ops::linear_backward(columns(dhp, Wmain_, Wh_ - Wmain_), ln, wrows, {}, grows, {});
+    return r.loss;
+}
+
+DsaLayerStats MlaBlock::take_stats() {
+    DsaLayerStats out = stats_;
+    if (out.passes > 0) out.kl /= double(out.passes);
+    stats_ = {};
+    return out;
+}
+
+double MlaBlock::forward_flops_per_token(int64_t seq) const {
+    const double proj = 2.0 * double(C_) * double(Wh_) + 2.0 * double(RQ_) * double(H_ * DQ_) +
+                        2.0 * double(H_) * double(DN_ + DV_) * double(RKV_) + 2.0 * double(H_ * DV_) * double(C_) +
+                        (HI_ > 0 ? 2.0 * double(RQ_ > 0 ? RQ_ : C_) * double(HI_ * DI_) : 0.0);
+    if (!cfg_.dsa.enabled()) {  // MQA over the entries: scores D_k and values D_k (the last d_r discarded)
+        return proj + ops::attention_forward_flops(1, seq, H_, DK_, true) / double(seq);
+    }
+    // selected pairs per query averaged over the sequence, plus the indexer's causal scoring
+    const double k = double(cfg_.dsa.warmup() ? seq : std::min(cfg_.dsa.topk, seq));
+    const double pairs = cfg_.dsa.warmup() ? (double(seq) + 1) / 2 : k - k * (k - 1) / (2.0 * double(seq));
+    const double scoring = cfg_.dsa.warmup() ? 0.0 : double(HI_ * DI_) * (double(seq) + 1);
+    return proj + ops::sparse_attention_flops(1, H_, DK_, RKV_) * pairs + scoring;
+}
+
+}  // namespace tessera::model
