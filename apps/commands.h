@@ -9,5 +9,7 @@ void add_train_command(CLI::App& app);
 void add_op_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+void add_logits_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
 
 }  // namespace tessera::apps

@@ -57,14 +57,37 @@ std::string ConfigReader::text(const std::string& key, const std::string& def) {
     return v->get<std::string>();
 }
 
+namespace {
+void check_choice(const std::string& v, const std::set<std::string>& choices, const std::string& what) {
+    if (choices.count(v)) return;
+    std::string list;
+    for (auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+    TESSERA_FAIL("{} = \"{}\" must be one of: {}", what, v, list);
+}
+}  // namespace
+
 std::string ConfigReader::choice(const std::string& key, const std::string& def, const std::set<std::string>& choices) {
     std::string v = text(key, def);
-    if (!choices.count(v)) {
-        std::string list;
-        for (auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-        TESSERA_FAIL("{}: {} = \"{}\" must be one of: {}", where_, key_path(key), v, list);
-    }
+    check_choice(v, choices, where_ + ": " + key_path(key));
     return v;
+}
+
+std::vector<std::string> ConfigReader::choice_list(const std::string& key,
+                                                   const std::string& def,
+                                                   const std::set<std::string>& choices) {
+    const Json* v = find(key);
+    if (!v || v->is_string()) return {choice(key, def, choices)};
+    TESSERA_CHECK(v->is_array() && !v->empty(), "{}: {} must be a string or a non-empty list of strings, not {}",
+                  where_, key_path(key), v->dump());
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v->size(); ++i) {
+        const Json& e = (*v)[i];
+        const std::string what = fmt::format("{}: {}[{}]", where_, key_path(key), i);
+        TESSERA_CHECK(e.is_string(), "{} must be a string, not {}", what, e.dump());
+        check_choice(e.get<std::string>(), choices, what);
+        out.push_back(e.get<std::string>());
+    }
+    return out;
 }
 
 const Json& ConfigReader::section(const std::string& key) {

@@ -7,6 +7,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -23,6 +24,10 @@ class ConfigReader {
     std::string text(const std::string& key, const std::string& def);
     // a text value restricted to `choices`
     std::string choice(const std::string& key, const std::string& def, const std::set<std::string>& choices);
+    // one choice (a string) or a list of them (an array of strings)
+    std::vector<std::string> choice_list(const std::string& key,
+                                         const std::string& def,
+                                         const std::set<std::string>& choices);
     bool has(const std::string& key) const { return obj_.contains(key); }
     const Json& section(const std::string& key);  // a nested object (empty if absent)
 

@@ -1,6 +1,8 @@
 // Model config parsing, validation and serialisation.
 #include "model/config.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace tessera::model {
@@ -58,6 +60,23 @@ MlaConfig parse_mla_config(const Json& section, const std::string& where) {
     return c;
 }
 
+KdaConfig parse_kda_config(const Json& section, const std::string& where, int64_t n_heads) {
+    ConfigReader r(section, where);
+    KdaConfig d, c;
+    c.num_heads = r.integer("num_heads", n_heads);
+    c.num_v_heads = r.integer("num_v_heads", d.num_v_heads);
+    c.head_dim = r.integer("head_dim", d.head_dim);
+    c.head_v_dim = r.integer("head_v_dim", d.head_v_dim);
+    c.conv_size = r.integer("conv_size", d.conv_size);
+    c.gate_rank = r.integer("gate_rank", d.gate_rank);
+    c.gate_lower_bound = r.number("gate_lower_bound", d.gate_lower_bound);
+    c.full_rank_output_gate = r.boolean("full_rank_output_gate", d.full_rank_output_gate);
+    c.o_norm_eps = r.number("o_norm_eps", d.o_norm_eps);
+    c.chunk_size = r.integer("chunk_size", d.chunk_size);
+    r.finish();
+    return c;
+}
+
 void validate_moe(const MoeConfig& m, const std::string& where) {
     TESSERA_CHECK(m.experts >= 0, "{}: model.moe.experts must be >= 0 (0 = dense)", where);
     if (m.experts == 0) return;
@@ -96,12 +115,19 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     c.rope_theta = r.number("rope_theta", d.rope_theta);
     c.tie_embeddings = r.boolean("tie_embeddings", d.tie_embeddings);
     c.init_std = r.number("init_std", d.init_std);
-    c.attention = r.choice("attention", d.attention, {"gqa", "mla"});
+    c.attention = r.choice_list("attention", "gqa", {"gqa", "mla", "dsa", "kda", "gdn"});
     c.output_gate = r.choice("output_gate", d.output_gate, {"none", "headwise", "elementwise"});
     if (r.has("mla")) {
-        TESSERA_CHECK(c.attention == "mla", "{}: model.mla is set but model.attention is \"{}\" (set it to \"mla\")",
-                      where, c.attention);
+        TESSERA_CHECK(c.has_layer_type("mla") || c.has_layer_type("dsa"),
+                      "{}: model.mla is set but no layer is \"mla\" or \"dsa\" (model.attention)", where);
         c.mla = parse_mla_config(r.section("mla"), where + ".mla");
+    }
+    if (r.has("kda")) {
+        TESSERA_CHECK(c.has_layer_type("kda") || c.has_layer_type("gdn"),
+                      "{}: model.kda is set but no layer is \"kda\" or \"gdn\" (model.attention)", where);
+        c.kda = parse_kda_config(r.section("kda"), where + ".kda", c.n_heads);
+    } else {
+        c.kda.num_heads = c.n_heads;
     }
     if (r.has("moe")) c.moe = parse_moe_config(r.section("moe"), where + ".moe");
     r.finish();
@@ -120,13 +146,15 @@ void ModelConfig::validate(const std::string& where) const {
     positive(n_kv_heads, "n_kv_heads");
     positive(ffn_dim, "ffn_dim");
     TESSERA_CHECK(head_dim >= 0, "{}: model.head_dim must be >= 0 (0 = d_model / n_heads)", where);
-    TESSERA_CHECK(head_dim > 0 || d_model % n_heads == 0,
-                  "{}: model.d_model {} is not divisible by model.n_heads {}; set model.head_dim", where, d_model,
-                  n_heads);
-    TESSERA_CHECK(n_heads % n_kv_heads == 0, "{}: model.n_heads {} must be a multiple of model.n_kv_heads {}", where,
-                  n_heads, n_kv_heads);
-    TESSERA_CHECK(head_dim_or_default() % 2 == 0 && head_dim_or_default() <= 1024,
-                  "{}: the head dim {} must be even and at most 1024 (rotary pairs)", where, head_dim_or_default());
+    if (has_layer_type("gqa")) {  // the head sizes of grouped-query attention layers
+        TESSERA_CHECK(head_dim > 0 || d_model % n_heads == 0,
+                      "{}: model.d_model {} is not divisible by model.n_heads {}; set model.head_dim", where, d_model,
+                      n_heads);
+        TESSERA_CHECK(n_heads % n_kv_heads == 0, "{}: model.n_heads {} must be a multiple of model.n_kv_heads {}",
+                      where, n_heads, n_kv_heads);
+        TESSERA_CHECK(head_dim_or_default() % 2 == 0 && head_dim_or_default() <= 1024,
+                      "{}: the head dim {} must be even and at most 1024 (rotary pairs)", where, head_dim_or_default());
+    }
     // NOTES: fused q/k/v and gate/up weights are views over adjacent parameters, which needs every
     // weight to fill whole 64-byte lines: d_model a multiple of 16 makes that so.
     TESSERA_CHECK(d_model % 16 == 0, "{}: model.d_model {} must be a multiple of 16", where, d_model);
@@ -134,11 +162,39 @@ void ModelConfig::validate(const std::string& where) const {
     TESSERA_CHECK(rope_theta > 1, "{}: model.rope_theta must be > 1", where);
     TESSERA_CHECK(init_std > 0, "{}: model.init_std must be positive", where);
     validate_moe(moe, where);
-    if (attention == "mla") mla_layer().validate(where + ": model.mla");
+    TESSERA_CHECK(attention.size() == 1 || int64_t(attention.size()) == n_layers,
+                  "{}: model.attention lists {} layer types for model.n_layers = {} (give one type or one per layer)",
+                  where, attention.size(), n_layers);
+    if (has_layer_type("mla")) mla_layer(false).validate(where + ": model.mla");
+    if (has_layer_type("dsa")) {
+        TESSERA_CHECK(mla.dsa.topk > 0, "{}: \"dsa\" layers need model.mla.dsa.topk > 0", where);
+        mla_layer(true).validate(where + ": model.mla");
+    }
+    if (has_layer_type("kda")) kda_layer(false).validate(where + ": model.kda");
+    if (has_layer_type("gdn")) kda_layer(true).validate(where + ": model.kda");
 }
 
-MlaConfig ModelConfig::mla_layer() const {
+bool ModelConfig::has_layer_type(const std::string& type) const {
+    return std::find(attention.begin(), attention.end(), type) != attention.end();
+}
+
+KdaConfig ModelConfig::kda_layer(bool gdn) const {
+    KdaConfig k = kda;
+    k.d_model = d_model;
+    k.norm_eps = norm_eps;
+    k.init_std = init_std;
+    k.n_layers = n_layers;
+    if (gdn) {  // Gated DeltaNet (Qwen3-Next): one decay per head, full-rank SiLU output gate
+        k.scalar_gate = true;
+        k.full_rank_output_gate = true;
+        k.output_gate_activation = ops::GateActivation::silu;
+    }
+    return k;
+}
+
+MlaConfig ModelConfig::mla_layer(bool dsa) const {
     MlaConfig m = mla;
+    if (!dsa) m.dsa.topk = 0;
     m.d_model = d_model;
     m.num_heads = n_heads;
     m.rope_theta = rope_theta;
@@ -147,6 +203,22 @@ MlaConfig ModelConfig::mla_layer() const {
     m.init_std = init_std;
     m.n_layers = n_layers;
     return m;
+}
+
+void KdaConfig::validate(const std::string& where) const {
+    auto positive = [&](int64_t v, const char* key) {
+        TESSERA_CHECK(v > 0, "{}: {} must be positive, not {}", where, key, v);
+    };
+    positive(d_model, "d_model");
+    positive(num_heads, "num_heads");
+    positive(head_dim, "head_dim");
+    positive(conv_size, "conv_size");
+    TESSERA_CHECK(hv() % num_heads == 0, "{}: num_v_heads {} must be a multiple of num_heads {}", where, hv(),
+                  num_heads);
+    TESSERA_CHECK(gate_lower_bound <= 0, "{}: gate_lower_bound must be <= 0 (0 = softplus form)", where);
+    TESSERA_CHECK(chunk_size == 32 || chunk_size == 64, "{}: chunk_size must be 32 or 64", where);
+    TESSERA_CHECK(d_model % 16 == 0 && (num_heads * head_dim) % 16 == 0 && (hv() * v_dim()) % 16 == 0,
+                  "{}: d_model and the q/k and value widths must be multiples of 16", where);
 }
 
 void MlaConfig::validate(const std::string& where) const {
@@ -175,15 +247,36 @@ void MlaConfig::validate(const std::string& where) const {
 }
 
 Json to_json(const ModelConfig& c) {
-    Json j{{"vocab_size", c.vocab_size},   {"d_model", c.d_model},
-           {"n_layers", c.n_layers},       {"n_heads", c.n_heads},
-           {"n_kv_heads", c.n_kv_heads},   {"head_dim", c.head_dim},
-           {"ffn_dim", c.ffn_dim},         {"norm_eps", c.norm_eps},
-           {"rope_theta", c.rope_theta},   {"tie_embeddings", c.tie_embeddings},
-           {"init_std", c.init_std},       {"attention", c.attention},
-           {"output_gate", c.output_gate}, {"moe", to_json(c.moe)}};
-    if (c.attention == "mla") j["mla"] = to_json(c.mla);
+    Json j{{"vocab_size", c.vocab_size},
+           {"d_model", c.d_model},
+           {"n_layers", c.n_layers},
+           {"n_heads", c.n_heads},
+           {"n_kv_heads", c.n_kv_heads},
+           {"head_dim", c.head_dim},
+           {"ffn_dim", c.ffn_dim},
+           {"norm_eps", c.norm_eps},
+           {"rope_theta", c.rope_theta},
+           {"tie_embeddings", c.tie_embeddings},
+           {"init_std", c.init_std},
+           {"attention", c.attention.size() == 1 ? Json(c.attention[0]) : Json(c.attention)},
+           {"output_gate", c.output_gate},
+           {"moe", to_json(c.moe)}};
+    if (c.has_layer_type("mla") || c.has_layer_type("dsa")) j["mla"] = to_json(c.mla);
+    if (c.has_layer_type("kda") || c.has_layer_type("gdn")) j["kda"] = to_json(c.kda);
     return j;
+}
+
+Json to_json(const KdaConfig& k) {
+    return Json{{"num_heads", k.num_heads},
+                {"num_v_heads", k.num_v_heads},
+                {"head_dim", k.head_dim},
+                {"head_v_dim", k.head_v_dim},
+                {"conv_size", k.conv_size},
+                {"gate_rank", k.gate_rank},
+                {"gate_lower_bound", k.gate_lower_bound},
+                {"full_rank_output_gate", k.full_rank_output_gate},
+                {"o_norm_eps", k.o_norm_eps},
+                {"chunk_size", k.chunk_size}};
 }
 
 Json to_json(const MlaConfig& m) {

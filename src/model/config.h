@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config_reader.h"
+#include "ops/gated_rmsnorm.h"
 
 namespace tessera::model {
 
@@ -34,6 +36,33 @@ struct MoeConfig {
     double seq_aux_coeff = 0.0;      // sequence-wise balance loss weight
     double z_loss_coeff = 0.0;       // router z-loss weight
     bool is_moe_layer(int64_t layer) const { return experts > 0 && layer >= first_dense; }
+};
+
+// A KDA or GDN layer (model/layers/kda_block.h). In a model config (the "kda" section) the width,
+// input norm eps, init and layer count come from the model's keys; gdn layers set scalar_gate, a
+// full-rank output gate and SiLU.
+struct KdaConfig {
+    int64_t d_model = 256;
+    int64_t num_heads = 4;    // q/k heads (H)
+    int64_t num_v_heads = 0;  // value heads (HV, a multiple of H); 0 = num_heads
+    int64_t head_dim = 64;    // K
+    int64_t head_v_dim = 0;   // V; 0 = head_dim
+    int64_t conv_size = 4;
+    bool scalar_gate = false;            // GDN: one decay per value head (a_proj), else KDA's per channel
+    int64_t gate_rank = 0;               // rank of the f_a/f_b path; 0 = head_v_dim
+    double gate_lower_bound = 0.0;       // 0: softplus form; < 0: lower-bound form (Kimi K3: −5)
+    bool full_rank_output_gate = false;  // g_proj (Kimi K3, GDN) instead of g_a_proj / g_b_proj
+    ops::GateActivation output_gate_activation = ops::GateActivation::sigmoid;  // silu for GDN
+    double norm_eps = 1e-6;                                                     // the block's input RMSNorm
+    double o_norm_eps = 1e-5;
+    double init_std = 0.02;
+    int64_t n_layers = 1;  // o_proj starts at init_std / sqrt(2·n_layers)
+    int64_t chunk_size = 64;
+
+    int64_t hv() const { return num_v_heads > 0 ? num_v_heads : num_heads; }
+    int64_t v_dim() const { return head_v_dim > 0 ? head_v_dim : head_dim; }
+    int64_t rank() const { return gate_rank > 0 ? gate_rank : v_dim(); }
+    void validate(const std::string& where) const;
 };
 
 // The lightning indexer and the training stage of a DSA layer; topk = 0: a dense MLA layer.
@@ -90,13 +119,22 @@ struct ModelConfig {
     double rope_theta = 10000.0;
     bool tie_embeddings = false;
     double init_std = 0.02;
-    std::string attention = "gqa";     // gqa (grouped-query, rotary) | mla (latent; DSA when mla.dsa.topk > 0)
-    std::string output_gate = "none";  // none | headwise | elementwise: sigmoid gate before o_proj
+    // per layer (one entry = every layer): gqa (grouped-query, rotary) | mla (latent, dense) | dsa (latent +
+    // indexer top-k) | kda | gdn (linear attention)
+    std::vector<std::string> attention{"gqa"};
+    std::string output_gate = "none";  // gqa, mla and dsa layers: none | headwise | elementwise sigmoid gate
     MlaConfig mla;
+    KdaConfig kda;
     MoeConfig moe;
 
     int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
-    MlaConfig mla_layer() const;                    // mla with the model's width, heads, rope theta, gate, eps and init
+    const std::string& layer_type(int64_t layer) const {
+        return attention.size() == 1 ? attention[0] : attention[layer];
+    }
+    bool has_layer_type(const std::string& type) const;
+    MlaConfig mla_layer(
+        bool dsa) const;  // mla with the model's width, heads, rope θ, gate, eps, init; topk 0 unless dsa
+    KdaConfig kda_layer(bool gdn) const;            // kda with the model's width, eps, init and layer count
     void validate(const std::string& where) const;  // throws with the offending key
 };
 
@@ -104,5 +142,6 @@ ModelConfig parse_model_config(const Json& section, const std::string& where);
 Json to_json(const ModelConfig& c);
 Json to_json(const MoeConfig& m);
 Json to_json(const MlaConfig& m);
+Json to_json(const KdaConfig& k);
 
 }  // namespace tessera::model

@@ -6,6 +6,7 @@
 
 #include "core/rng.h"
 #include "model/layers/attention_block.h"
+#include "model/layers/kda_block.h"
 #include "model/layers/mla_block.h"
 #include "model/layers/mlp_block.h"
 #include "model/layers/moe_block.h"
@@ -32,10 +33,13 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
     add_param(param_specs_, inits_, kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
     for (int64_t i = 0; i < cfg_.n_layers; ++i) {
         const std::string prefix = fmt::format("model.layers.{}.", i);
-        if (cfg_.attention == "mla") {
-            auto mla = std::make_unique<MlaBlock>(cfg_.mla_layer(), prefix);
-            if (cfg_.mla.dsa.enabled()) dsa_.push_back({i, mla.get(), blocks_.size()});
+        const std::string& type = cfg_.layer_type(i);
+        if (type == "mla" || type == "dsa") {
+            auto mla = std::make_unique<MlaBlock>(cfg_.mla_layer(type == "dsa"), prefix);
+            if (type == "dsa") dsa_.push_back({i, mla.get(), blocks_.size()});
             blocks_.push_back(std::move(mla));
+        } else if (type == "kda" || type == "gdn") {
+            blocks_.push_back(std::make_unique<KdaBlock>(cfg_.kda_layer(type == "gdn"), prefix));
         } else {
             blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
         }

@@ -60,6 +60,21 @@ TEST(Cli, BadConfigsGiveOneClearLine) {
                           "did you mean \"model.moe.experts\"", "typo in the moe section");
     expect_one_line_error(run_tessera("train --config " + kTiny + moe + " --set model.moe.balance=magic"),
                           "model.moe.balance", "unknown balancing rule");
+    const std::string r = " --out " + d.file("r");
+    expect_one_line_error(run_tessera("train --config " + kTiny + r + " --set 'model.attention=[\"kda\",\"mamba\"]'"),
+                          "model.attention[1] = \"mamba\" must be one of: dsa, gdn, gqa, kda, mla",
+                          "unknown layer type");
+    expect_one_line_error(
+        run_tessera("train --config " + kTiny + r + " --set 'model.attention=[\"kda\",\"gqa\",\"gqa\"]'"),
+        "lists 3 layer types for model.n_layers", "layer list of the wrong length");
+    expect_one_line_error(run_tessera("train --config " + kTiny + r + " --set model.attention=dsa"),
+                          "\"dsa\" layers need model.mla.dsa.topk > 0", "dsa without top-k");
+    expect_one_line_error(run_tessera("train --config " + kTiny + r + " --set model.mla.kv_lora_rank=8"),
+                          "model.mla is set but no layer is", "mla section without mla layers");
+    expect_one_line_error(run_tessera("train --config " + kTiny + r +
+                                      " --set model.attention=dsa --set model.mla.dsa.topk=4 "
+                                      "--set model.mla.dsa.stage=warm"),
+                          "model.mla.dsa.stage", "unknown DSA stage");
 }
 
 TEST(Cli, UsageErrorsExitWithTwo) {
@@ -139,6 +154,47 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
     EXPECT_EQ(again.out, r.out) << "same seed, same sample";
     expect_one_line_error(run_tessera("generate --checkpoint " + d.file("nowhere") + " --prompt x"),
                           "no such directory", "missing checkpoint");
+}
+
+TEST(Cli, LogitsScoreIdsCausallyAndPerRow) {
+    TempDir d;
+    // a hybrid checkpoint (KDA + gated DSA) of two steps
+    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") +
+                                    " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=4"
+                                    " --set model.kda.head_dim=16");
+    ASSERT_EQ(r.status, 0) << r.err;
+    Tensor ids(DType::i64, Shape{2, 12});
+    for (int64_t i = 0; i < 24; ++i) ids.ptr<int64_t>()[i] = (i * 37 + 5) % 258;
+    write_safetensors(d.file("ids.safetensors"), {{"ids", ids}});
+    r = run_tessera("logits --checkpoint " + d.file("run") + " --in " + d.file("ids.safetensors") + " --out " +
+                    d.file("logits.safetensors"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    Tensor both = SafetensorsFile(d.file("logits.safetensors")).load("logits");
+    ASSERT_EQ(both.view().shape, (Shape{2, 12, 258}));
+    // the second row alone (i32 ids, its last token changed): equal logits before the change, causal
+    Tensor row(DType::i32, Shape{1, 12});
+    for (int64_t i = 0; i < 12; ++i) row.ptr<int32_t>()[i] = int32_t(ids.ptr<int64_t>()[12 + i]);
+    row.ptr<int32_t>()[11] = 7;
+    write_safetensors(d.file("row.safetensors"), {{"ids", row}});
+    r = run_tessera("logits --checkpoint " + d.file("run") + " --in " + d.file("row.safetensors") + " --out " +
+                    d.file("row_logits.safetensors"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    Tensor one = SafetensorsFile(d.file("row_logits.safetensors")).load("logits");
+    for (int64_t t = 0; t < 11; ++t) {
+        for (int64_t v = 0; v < 258; ++v) {
+            ASSERT_NEAR(one.ptr<float>()[t * 258 + v], both.ptr<float>()[(12 + t) * 258 + v], 1e-5) << "position " << t;
+        }
+    }
+    double diff = 0;
+    for (int64_t v = 0; v < 258; ++v)
+        diff += std::abs(one.ptr<float>()[11 * 258 + v] - both.ptr<float>()[23 * 258 + v]);
+    EXPECT_GT(diff, 0.0) << "the changed token changes its own logits";
+    row.ptr<int32_t>()[3] = 258;
+    write_safetensors(d.file("bad.safetensors"), {{"ids", row}});
+    expect_one_line_error(run_tessera("logits --checkpoint " + d.file("run") + " --in " + d.file("bad.safetensors") +
+                                      " --out " + d.file("x.safetensors")),
+                          "ids[0, 3] = 258 is outside the vocabulary", "id out of range");
+    EXPECT_FALSE(std::filesystem::exists(d.file("x.safetensors"))) << "no partial output";
 }
 
 }  // namespace

@@ -63,16 +63,48 @@ TEST_P(Resume, ContinuesBitwiseIdentically) {
 const std::string kMoe =
     " --set model.moe.experts=8 --set model.moe.topk=2 --set model.moe.ffn_dim=32"
     " --set model.moe.shared_ffn_dim=32 --set model.moe.bias_update_rate=0.01";
+// KDA : gated DSA hybrid (top-8 of 32 tokens) with packed documents
+const std::string kHybrid =
+    " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=8 --set model.kda.head_dim=16"
+    " --set model.output_gate=headwise";
+std::string run_name(const ::testing::TestParamInfo<std::string>& info) {
+    const std::vector<std::string> names = {"dense", "moe_sign", "moe_quantile", "hybrid_kda_dsa"};
+    return names[info.index];
+}
 INSTANTIATE_TEST_SUITE_P(Runs,
                          Resume,
                          ::testing::Values("",
                                            kMoe + " --set model.moe.balance=sign",
-                                           kMoe + " --set model.moe.balance=quantile --set model.moe.latent_dim=16"),
-                         [](const auto& info) {
-                             return std::string(info.index == 0   ? "dense"
-                                                : info.index == 1 ? "moe_sign"
-                                                                  : "moe_quantile");
-                         });
+                                           kMoe + " --set model.moe.balance=quantile --set model.moe.latent_dim=16",
+                                           kHybrid),
+                         run_name);
+
+TEST(DsaRun, WarmupThenSparseStageOnTheSameRunLogsTheIndexerKl) {
+    TempDir d;
+    const std::string run = d.file("run");
+    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 3 --out " + run + kHybrid +
+                                    " --set model.mla.dsa.stage=dense_warmup");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("indexer KL"), std::string::npos) << r.out;
+    r = run_tessera("train --resume " + run + " --steps 6 --set model.mla.dsa.stage=sparse");
+    ASSERT_EQ(r.status, 0) << r.err;
+    r = run_tessera("train --resume " + run + " --steps 7 --set model.mla.dsa.topk=4");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("model.* cannot change"), std::string::npos) << r.err;
+    std::istringstream in(read_text(run + "/metrics.jsonl"));
+    std::string line;
+    int steps = 0;
+    while (std::getline(in, line)) {
+        Json j = Json::parse(line);
+        if (!j.contains("loss")) continue;
+        ++steps;
+        ASSERT_TRUE(j.contains("dsa")) << line;
+        ASSERT_EQ(j["dsa"].size(), 1u);
+        EXPECT_EQ(j["dsa"][0]["layer"].get<int64_t>(), 1);
+        EXPECT_GT(j["dsa"][0]["indexer_kl"].get<double>(), 0.0);
+    }
+    EXPECT_EQ(steps, 6);
+}
 
 TEST(MoeRun, LogsExpertLoadPerLayerAndMovesTheBias) {
     TempDir d;

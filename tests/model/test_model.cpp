@@ -1,4 +1,5 @@
-// The dense model against the PyTorch reference (tools/ref/dense_model.py, float64): logits, loss
+// The model (dense, MoE, gated attention, MLA/DSA and KDA/GDN hybrids) against the PyTorch reference
+// (tools/ref/dense_model.py, float64): logits, loss
 // and every parameter gradient of one batch, and a 10-step training trajectory; plus invariants:
 // recompute changes nothing (bitwise), initialisation depends only on (seed, name, index), and the
 // arena's high-water mark equals the prediction from the buffer specs.
@@ -14,6 +15,17 @@ namespace tessera {
 namespace {
 
 class ModelGolden : public ::testing::TestWithParam<std::string> {};
+
+// Tolerances against the float64 reference. Models with KDA/GDN layers compare the f32 chunked
+// recurrence with a token-by-token f64 one, under the goldens' strong decays (g ≈ −3.5 per token):
+// step-0 gradients agree to 1.5e-5 (measured) and the AdamW trajectory (lr 1e-2) drifts up to 2.5e-4
+// relative by step 6 (hybrid_gdn_gqa; 3.3e-5 for hybrid_kda_dsa). The discrete choices (DSA top-k,
+// expert routing) have margin-checked gaps in the reference, so this drift cannot flip them.
+bool linear_attention(const test::GoldenModel& g) {
+    return g.cfg.model.has_layer_type("kda") || g.cfg.model.has_layer_type("gdn");
+}
+double grad_tol(const test::GoldenModel& g) { return linear_attention(g) ? 3e-5 : 1e-5; }
+double trajectory_tol(const test::GoldenModel& g) { return linear_attention(g) ? 3e-4 : 1e-5; }
 
 TEST_P(ModelGolden, LogitsMatchPyTorch) {
     test::GoldenModel g(GetParam());
@@ -32,7 +44,7 @@ TEST_P(ModelGolden, LossAndEveryGradientMatchPyTorch) {
     for (const auto& spec : g.model->param_specs()) {
         SCOPED_TRACE(spec.name);
         EXPECT_TRUE(
-            test::rel_rms_close(g.rt->grads().view(spec.name), g.file.load("expected.grad." + spec.name), 1e-5));
+            test::rel_rms_close(g.rt->grads().view(spec.name), g.file.load("expected.grad." + spec.name), grad_tol(g)));
     }
 }
 
@@ -43,7 +55,7 @@ TEST_P(ModelGolden, TenStepTrajectoryMatchesPyTorch) {
     ASSERT_EQ(int64_t(losses.size()), want.numel());
     for (size_t i = 0; i < losses.size(); ++i) {
         const double w = want.ptr<double>()[i];
-        EXPECT_NEAR(losses[i], w, 1e-5 * std::abs(w)) << "step " << i;
+        EXPECT_NEAR(losses[i], w, trajectory_tol(g) * std::abs(w)) << "step " << i;
     }
 }
 
@@ -85,11 +97,17 @@ TEST_P(ModelGolden, DocumentBoundariesKeepDocumentsApart) {
     EXPECT_FALSE(test::all_close(unmasked.view().slice0(split, T), alone, 1e-3, 1e-3)) << "masking changed nothing";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models,
-    ModelGolden,
-    ::testing::Values(
-        "dense_gqa", "dense_tied_mha", "moe_latent_situ", "moe_capacity", "gated_gqa", "dsa_sparse", "mla_nope_moe"));
+INSTANTIATE_TEST_SUITE_P(Models,
+                         ModelGolden,
+                         ::testing::Values("dense_gqa",
+                                           "dense_tied_mha",
+                                           "moe_latent_situ",
+                                           "moe_capacity",
+                                           "gated_gqa",
+                                           "dsa_sparse",
+                                           "mla_nope_moe",
+                                           "hybrid_kda_dsa",
+                                           "hybrid_gdn_gqa"));
 
 TEST(ModelInit, ValuesDependOnlyOnSeedNameAndIndex) {
     model::ModelConfig c;

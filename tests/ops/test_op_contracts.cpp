@@ -19,16 +19,6 @@
 namespace tessera {
 namespace {
 
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-    try {
-        f();
-        ADD_FAILURE() << "expected an error containing '" << needle << "'";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-}
-
 Tensor ids(std::vector<int64_t> v) {
     Tensor t(DType::i64, Shape{int64_t(v.size())});
     std::copy(v.begin(), v.end(), t.ptr<int64_t>());
@@ -37,12 +27,16 @@ Tensor ids(std::vector<int64_t> v) {
 
 TEST(OpErrors, OutOfRangeIdsAndTargetsNameThePosition) {
     Tensor table = test::randn(DType::f32, Shape{5, 3}, 1), y(DType::f32, Shape{3, 3});
-    expect_error([&] { ops::embedding_forward(ids({0, 7, 1}), table, y); }, "ids[1] = 7 is outside the vocabulary");
+    test::expect_error(
+        [&] {
+            ops::embedding_forward(ids({0, 7, 1}), table, y);
+        },
+        "ids[1] = 7 is outside the vocabulary");
     Tensor logits = test::randn(DType::f32, Shape{2, 4}, 2), lse(DType::f32, Shape{2});
-    expect_error([&] { ops::cross_entropy_forward({}, logits, ids({1, 4}), lse); }, "targets[1] = 4");
+    test::expect_error([&] { ops::cross_entropy_forward({}, logits, ids({1, 4}), lse); }, "targets[1] = 4");
     Tensor x = test::randn(DType::f32, Shape{3, 4}, 3), w = test::randn(DType::f32, Shape{2, 5}, 4);
     Tensor out(DType::f32, Shape{3, 2});
-    expect_error([&] { ops::linear_forward({}, x, w, {}, out); }, "do not give y");
+    test::expect_error([&] { ops::linear_forward({}, x, w, {}, out); }, "do not give y");
 }
 
 TEST(OpRunner, ValidatesNamesAndParameters) {
@@ -54,22 +48,22 @@ TEST(OpRunner, ValidatesNamesAndParameters) {
         m.emplace("weight", test::randn(DType::f32, Shape{3}, 2));
         return m;
     };
-    expect_error([&] { ops::run_op(*rms, inputs(), {{"eps", "abc"}}); }, "eps='abc' is not a number");
-    expect_error([&] { ops::run_op(*rms, inputs(), {{"epsilon", "1"}}); }, "unknown parameter \"epsilon\"");
+    test::expect_error([&] { ops::run_op(*rms, inputs(), {{"eps", "abc"}}); }, "eps='abc' is not a number");
+    test::expect_error([&] { ops::run_op(*rms, inputs(), {{"epsilon", "1"}}); }, "unknown parameter \"epsilon\"");
     auto extra = inputs();
     extra.emplace("z", test::randn(DType::f32, Shape{1}, 3));
-    expect_error([&] { ops::run_op(*rms, std::move(extra), {}); }, "unknown input tensor \"z\"");
+    test::expect_error([&] { ops::run_op(*rms, std::move(extra), {}); }, "unknown input tensor \"z\"");
     auto missing = inputs();
     missing.erase("weight");
-    expect_error([&] { ops::run_op(*rms, std::move(missing), {}); }, "missing input tensor \"weight\"");
+    test::expect_error([&] { ops::run_op(*rms, std::move(missing), {}); }, "missing input tensor \"weight\"");
     auto mixed = inputs();
     mixed.erase("weight");
     mixed.emplace("weight", test::randn(DType::f64, Shape{3}, 2));
-    expect_error([&] { ops::run_op(*rms, std::move(mixed), {}); }, "other float inputs are");
+    test::expect_error([&] { ops::run_op(*rms, std::move(mixed), {}); }, "other float inputs are");
     const ops::OpDef* conv = ops::op_registry().find("causal_conv1d");
-    expect_error([&] { ops::run_op(*conv, {}, {{"activation", "gelu"}}); }, "must be one of: silu, none");
+    test::expect_error([&] { ops::run_op(*conv, {}, {{"activation", "gelu"}}); }, "must be one of: silu, none");
     const ops::OpDef* rope = ops::op_registry().find("rope");
-    expect_error([&] { ops::run_op(*rope, {}, {{"offset", "1.5"}}); }, "is not an integer");
+    test::expect_error([&] { ops::run_op(*rope, {}, {{"offset", "1.5"}}); }, "is not an integer");
 }
 
 TEST(OpRunner, ListsEveryOpWithItsNames) {

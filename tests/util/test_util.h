@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "core/check.h"
 #include "core/tensor.h"
 
 namespace tessera::test {
@@ -23,6 +24,17 @@ double to_double(const TensorView& t, int64_t i);  // f32 / f64 / bf16 / int ele
 // ||a - b|| / ||b|| <= tol (relative RMS error; robust for tensors with near-zero entries).
 ::testing::AssertionResult rel_rms_close(const TensorView& actual, const TensorView& expected, double tol);
 ::testing::AssertionResult bitwise_equal(const TensorView& a, const TensorView& b);
+
+// Runs f and expects a tessera::Error whose message contains `needle`.
+template <class F>
+void expect_error(F&& f, const std::string& needle) {
+    try {
+        f();
+        ADD_FAILURE() << "expected an error containing '" << needle << "'";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+}
 
 // A fresh empty directory under the system temp dir, removed by the destructor.
 class TempDir {

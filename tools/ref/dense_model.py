@@ -1,6 +1,6 @@
 """PyTorch reference of tessera's dense decoder (docs/model.md), written from the model's contract,
 not from the C++ code: embedding -> N x (RMSNorm -> GQA causal attention with rotate-half RoPE and an
-optional sigmoid output gate, or MLA / gated DSA (mla_ref.py) -> o_proj, RMSNorm -> SwiGLU MLP or MoE)
+optional sigmoid output gate, MLA / gated DSA (mla_ref.py) or KDA / GDN (kda_block.py) -> o_proj, RMSNorm -> SwiGLU MLP or MoE)
 -> RMSNorm -> lm_head, Hugging Face Llama tensor names.
 
 Also the training step the C++ trainer runs (AdamW with decay on matrices only, global-norm
@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kda_block import kda_attention, param_shapes as kda_param_shapes
 from mla_ref import mla_attention, param_shapes as mla_param_shapes
 
 
@@ -79,29 +80,71 @@ class Attention(nn.Module):
         return self.o_proj(o)
 
 
-def mla_layer_config(c):
+def layer_types(c):
+    a = c.get("attention", "gqa")
+    return [a] * c["n_layers"] if isinstance(a, str) else list(a)
+
+
+def mla_layer_config(c, dsa):
     """The flat layer config of mla_ref from a model config (the model's width, heads, theta, gate, eps)."""
     m = c["mla"]
     return dict(m, d_model=c["d_model"], num_heads=c["n_heads"], rope_theta=c["rope_theta"],
-                output_gate=c.get("output_gate", "none"), norm_eps=c["norm_eps"])
+                output_gate=c.get("output_gate", "none"), norm_eps=c["norm_eps"],
+                dsa=m["dsa"] if dsa else dict(m["dsa"], topk=0))
 
 
-class MlaAttention(nn.Module):
-    """MLA / gated DSA through mla_ref.mla_attention; parameters under the checkpoint names."""
+def kda_layer_config(c, gdn):
+    """The flat layer config of kda_block.py from a model config (defaults resolved like the engine's)."""
+    k = {**dict(conv_size=4, gate_lower_bound=0.0, full_rank_output_gate=False, o_norm_eps=1e-5), **c["kda"]}
+    k.setdefault("num_heads", c["n_heads"])
+    k["num_v_heads"] = k.get("num_v_heads") or k["num_heads"]
+    k["head_v_dim"] = k.get("head_v_dim") or k["head_dim"]
+    k["gate_rank"] = k.get("gate_rank") or k["head_v_dim"]
+    k.update(d_model=c["d_model"], norm_eps=c["norm_eps"], scalar_gate=gdn, output_gate_activation="sigmoid")
+    if gdn:
+        k.update(full_rank_output_gate=True, output_gate_activation="silu")
+    return k
 
-    def __init__(self, c):
+
+class NamedParams(nn.Module):
+    """Parameters under checkpoint names (self_attn.*) from a reference's param_shapes."""
+
+    def __init__(self, shapes):
         super().__init__()
-        self.lc = mla_layer_config(c)
-        self.names = [n for n in mla_param_shapes(self.lc) if n.startswith("self_attn.")]
-        self.params = nn.ParameterList(nn.Parameter(torch.zeros(mla_param_shapes(self.lc)[n])) for n in self.names)
-        self.kl = None
+        self.names = [n for n in shapes if n.startswith("self_attn.")]
+        self.params = nn.ParameterList(nn.Parameter(torch.zeros(shapes[n])) for n in self.names)
 
     def named_weights(self):
         return {n: p for n, p in zip(self.names, self.params)}
 
+
+class MlaAttention(NamedParams):
+    """MLA / gated DSA through mla_ref.mla_attention. `margin`: when set, every top-k selection must have
+    at least this gap at its boundary (golden files: fp32 rounding in the engine cannot flip it)."""
+
+    margin = None
+
+    def __init__(self, c, dsa):
+        self.lc = mla_layer_config(c, dsa)
+        super().__init__(mla_param_shapes(self.lc))
+        self.kl = None
+
     def forward(self, x):
         B, T, C = x.shape
-        o, self.kl = mla_attention(self.named_weights(), self.lc, x.reshape(B * T, C), T, margin=None)
+        o, self.kl = mla_attention(self.named_weights(), self.lc, x.reshape(B * T, C), T, margin=self.margin)
+        return o.view(B, T, C)
+
+
+class KdaAttention(NamedParams):
+    """KDA / GDN through kda_block.kda_attention (each batch row is one sequence)."""
+
+    def __init__(self, c, gdn):
+        self.lc = kda_layer_config(c, gdn)
+        super().__init__(kda_param_shapes(self.lc))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        o = kda_attention(self.named_weights(), self.lc, x.reshape(B * T, C), [b * T for b in range(B)])
         return o.view(B, T, C)
 
 
@@ -154,10 +197,18 @@ class MoE(nn.Module):
         self.aux = 0.0
         self.demand = None
 
+    margin = None  # when set: every token's k-th and (k+1)-th selection scores differ by more (golden files)
+
     def forward(self, x):
         import moe_ref
         B, T, C = x.shape
         m = self.m
+        if self.margin is not None and m.get("groups", 1) == 1:
+            z = x.reshape(B * T, C).detach() @ self.gate.weight.detach().t()
+            p = torch.sigmoid(z) if m.get("score", "sigmoid") == "sigmoid" else torch.softmax(z, -1)
+            top = (p + self.gate.e_score_correction_bias.detach()).sort(-1, descending=True).values
+            gap = float((top[:, m["topk"] - 1] - top[:, m["topk"]]).min())
+            assert gap > self.margin, f"router selection gap {gap} below {self.margin}; pick another seed"
         opt = lambda name: getattr(self, name).weight if hasattr(self, name) else None
         shared = getattr(self, "shared_experts", None)
         out = moe_ref.moe(
@@ -190,7 +241,13 @@ class Layer(nn.Module):
     def __init__(self, c, index=0):
         super().__init__()
         self.input_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
-        self.self_attn = MlaAttention(c) if c.get("attention", "gqa") == "mla" else Attention(c)
+        t = layer_types(c)[index]
+        if t in ("mla", "dsa"):
+            self.self_attn = MlaAttention(c, t == "dsa")
+        elif t in ("kda", "gdn"):
+            self.self_attn = KdaAttention(c, t == "gdn")
+        else:
+            self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
         moe = c.get("moe", {})
         self.mlp = MoE(c) if moe.get("experts", 0) and index >= moe.get("first_dense", 1) else MLP(c)
@@ -248,7 +305,7 @@ class DenseLM(nn.Module):
         """(checkpoint name, parameter) pairs: MLA parameters under their self_attn.* names."""
         out = []
         for n, p in self.named_parameters():
-            if ".self_attn.params." in n:
+            if ".self_attn.params." in n:  # MlaAttention / KdaAttention
                 layer = n.split(".self_attn.params.")[0]
                 attn = self.get_submodule(layer + ".self_attn")
                 n = layer + "." + attn.names[int(n.rsplit(".", 1)[1])]

@@ -49,10 +49,14 @@ def recurrence(q, k, v, g, beta, scale):
 def kda_block(p, c, x, starts):
     """p: dict of parameters (tessera names without the layer prefix); c: config dict;
     x: [N, C] one packed row; starts: document starts (row starts included)."""
+    return x + kda_attention(p, c, rmsnorm(x, p["input_layernorm.weight"], c["norm_eps"]), starts)
+
+
+def kda_attention(p, c, h, starts):
+    """The block without its input norm and residual: h [N, C] (normed) -> o_proj output [N, C]."""
     H, HV, K, V = c["num_heads"], c["num_v_heads"], c["head_dim"], c["head_v_dim"]
-    N = x.shape[0]
+    N = h.shape[0]
     a = "self_attn."
-    h = rmsnorm(x, p["input_layernorm.weight"], c["norm_eps"])
     wqkv = torch.cat([p[a + "q_proj.weight"], p[a + "k_proj.weight"], p[a + "v_proj.weight"]])
     wconv = torch.cat([p[a + "q_conv1d.weight"], p[a + "k_conv1d.weight"], p[a + "v_conv1d.weight"]])
     qkv = causal_conv_silu(h @ wqkv.t(), wconv, starts)
@@ -81,7 +85,7 @@ def kda_block(p, c, x, starts):
     gate = gate.view(N, HV, V)
     act = torch.sigmoid(gate) if c["output_gate_activation"] == "sigmoid" else F.silu(gate)
     y = rmsnorm(o, p[a + "o_norm.weight"], c["o_norm_eps"]) * act
-    return x + y.reshape(N, HV * V) @ p[a + "o_proj.weight"].t()
+    return y.reshape(N, HV * V) @ p[a + "o_proj.weight"].t()
 
 
 def param_shapes(c):

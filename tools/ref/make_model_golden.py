@@ -46,7 +46,7 @@ CASES = {
     # gated DSA (sparse stage, top-6 of 16 tokens) with a headwise gate; the indexer learns from its KL
     "dsa_sparse": {"vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "head_dim": 0,
                    "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False, "init_std": 0.1,
-                   "attention": "mla", "output_gate": "headwise",
+                   "attention": "dsa", "output_gate": "headwise",
                    "mla": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8,
                            "v_head_dim": 8, "rope": True, "softmax_scale": 0.0, "latent_eps": 1e-6,
                            "dsa": {"topk": 6, "heads": 4, "head_dim": 16, "rope_dim": 8, "stage": "sparse",
@@ -61,6 +61,29 @@ CASES = {
                                      "kl_coeff": 1.0, "dk_slabs": 4}},
                      "moe": {"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "score": "sigmoid",
                              "first_dense": 1, "balance": "sign", "bias_update_rate": 0.01}},
+    # a tiny Kimi-K3-with-DSA hybrid: KDA (lower-bound gate, full-rank output gate) : gated DSA = 3 : 1,
+    # Stable LatentMoE with SiTU-GLU and a shared expert from layer 1. Top-12 of 16: later rows select. (With
+    # fewer, the fp32 drift of the KDA layers over the trajectory moves indexer scores across close selection
+    # boundaries after a few steps; dsa_sparse covers small top-k over the whole trajectory.)
+    "hybrid_kda_dsa": {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4, "head_dim": 0,
+                       "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False,
+                       "init_std": 0.1, "attention": ["kda", "kda", "kda", "dsa"], "output_gate": "elementwise",
+                       "kda": {"num_heads": 2, "num_v_heads": 2, "head_dim": 16, "head_v_dim": 16, "conv_size": 4,
+                               "gate_rank": 8, "gate_lower_bound": -5.0, "full_rank_output_gate": True,
+                               "o_norm_eps": 1e-5, "chunk_size": 32},
+                       "mla": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8,
+                               "v_head_dim": 8, "rope": False, "softmax_scale": 0.0, "latent_eps": 1e-6,
+                               "dsa": {"topk": 12, "heads": 4, "head_dim": 16, "rope_dim": 8, "stage": "sparse",
+                                       "kl_coeff": 1.0, "dk_slabs": 4}},
+                       "moe": {"experts": 8, "topk": 2, "ffn_dim": 16, "latent_dim": 16, "latent_norm": True,
+                               "shared_ffn_dim": 16, "score": "sigmoid", "activation": "situ", "first_dense": 1,
+                               "balance": "sign", "bias_update_rate": 0.05}},
+    # Qwen3-Next-like: Gated DeltaNet : gated GQA = 3 : 1 with grouped value heads
+    "hybrid_gdn_gqa": {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 0,
+                       "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": True,
+                       "init_std": 0.1, "attention": ["gdn", "gdn", "gdn", "gqa"], "output_gate": "elementwise",
+                       "kda": {"num_heads": 2, "num_v_heads": 4, "head_dim": 16, "head_v_dim": 8, "conv_size": 4,
+                               "o_norm_eps": 1e-6, "chunk_size": 64}},
 }
 
 ONLY = set(sys.argv[1:])  # case names to write (default: all)
@@ -73,10 +96,14 @@ def batch(gen, c, t):
     return ids, targets
 
 
-for name, c in CASES.items():
-    if ONLY and name not in ONLY:
-        continue
-    gen = torch.Generator().manual_seed(SEED)
+import dense_model  # noqa: E402
+
+dense_model.MlaAttention.margin = 1e-4  # DSA selections and expert choices with a clear gap, so fp32
+dense_model.MoE.margin = 1e-4           # rounding cannot flip them anywhere in the trajectory
+
+
+def write_case(name, c, seed):
+    gen = torch.Generator().manual_seed(seed)
     model = DenseLM(c).double()
     with torch.no_grad():
         for pname, p in model.checkpoint_params():
@@ -109,4 +136,15 @@ for name, c in CASES.items():
     tensors["traj.targets"] = torch.stack(traj_targets)
     tensors["expected.traj.losses"] = torch.tensor(losses, dtype=torch.float64)
     config = {"model": c, "train": TRAIN}
-    golden.save(f"model/{name}.safetensors", tensors, SEED, config=json.dumps(config))
+    golden.save(f"model/{name}.safetensors", tensors, seed, config=json.dumps(config))
+
+
+for name, c in CASES.items():
+    if ONLY and name not in ONLY:
+        continue
+    for attempt in range(20):  # a new seed when a DSA selection boundary is too close to call
+        try:
+            write_case(name, c, SEED + 1000 * attempt)
+            break
+        except AssertionError as e:
+            print(f"{name}: seed {SEED + 1000 * attempt}: {e}")

@@ -69,9 +69,11 @@ def candidates(N, T, cu):
     return (seg[:, None] == seg[None, :]) & (n[None, :] <= n[:, None])
 
 
-def select(I, cand, topk, margin):
+def select(I, cand, topk, margin, amax=None):
     """top-k per row under (I desc, s desc); asserts a gap of `margin` at the boundary so that fp32
-    rounding in the engine cannot change the set."""
+    rounding in the engine cannot change the set. Exact ties (rows of ReLU zeros) are resolved by the
+    index order on both sides; they pass when every tied candidate's largest head dot product `amax`
+    is below -margin (so fp32 also gives exactly 0)."""
     N = I.shape[0]
     sel = torch.zeros(N, N, dtype=torch.bool)
     for t in range(N):
@@ -79,7 +81,11 @@ def select(I, cand, topk, margin):
         order = sorted(cs, key=lambda s: (-float(I[t, s]), -s))
         if len(order) > topk:
             gap = float(I[t, order[topk - 1]] - I[t, order[topk]])
-            assert margin is None or gap > margin, f"row {t}: selection boundary gap {gap} below {margin}; pick another seed"
+            if margin is not None and gap == 0 and amax is not None:
+                tied = [s for s in order if float(I[t, s]) == float(I[t, order[topk]])]
+                worst = max(float(amax[t, s]) for s in tied)
+                assert worst < -margin, f"row {t}: a tied candidate has a head dot product {worst} near 0"
+            assert margin is None or gap == 0 or gap > margin, f"row {t}: selection boundary gap {gap} below {margin}; pick another seed"
         for s in order[:topk]:
             sel[t, s] = True
     return sel
@@ -129,8 +135,10 @@ def mla_attention(P, c, h, T, cu=None, margin=1e-4):
             qi = torch.cat([rope(qi[..., :RI], pos, c["rope_theta"], False), qi[..., RI:]], -1)
             ki = torch.cat([rope(ki[..., :RI], pos, c["rope_theta"], False), ki[..., RI:]], -1)
         wi = (hd @ P[a + "indexer.weights_proj.weight"].T) * (HI * DI) ** -0.5
-        I = torch.einsum("tj,tjs->ts", wi, torch.einsum("tjd,sd->tjs", qi, ki[:, 0]).clamp(min=0))
-        support = cand if d["stage"] == "dense_warmup" else select(I.detach(), cand, d["topk"], margin)
+        dots = torch.einsum("tjd,sd->tjs", qi, ki[:, 0])
+        I = torch.einsum("tj,tjs->ts", wi, dots.clamp(min=0))
+        support = cand if d["stage"] == "dense_warmup" else select(I.detach(), cand, d["topk"], margin,
+                                                                     dots.detach().amax(1))
         z = z.masked_fill(~support[None], float("-inf"))
         prob = torch.softmax(z, -1)
         p = prob.detach().mean(0)  # teacher: head mean, constant

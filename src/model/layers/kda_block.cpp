@@ -16,22 +16,6 @@
 
 namespace tessera::model {
 
-void KdaConfig::validate(const std::string& where) const {
-    auto positive = [&](int64_t v, const char* key) {
-        TESSERA_CHECK(v > 0, "{}: {} must be positive, not {}", where, key, v);
-    };
-    positive(d_model, "d_model");
-    positive(num_heads, "num_heads");
-    positive(head_dim, "head_dim");
-    positive(conv_size, "conv_size");
-    TESSERA_CHECK(hv() % num_heads == 0, "{}: num_v_heads {} must be a multiple of num_heads {}", where, hv(),
-                  num_heads);
-    TESSERA_CHECK(gate_lower_bound <= 0, "{}: gate_lower_bound must be <= 0 (0 = softplus form)", where);
-    TESSERA_CHECK(chunk_size == 32 || chunk_size == 64, "{}: chunk_size must be 32 or 64", where);
-    TESSERA_CHECK(d_model % 16 == 0 && (num_heads * head_dim) % 16 == 0 && (hv() * v_dim()) % 16 == 0,
-                  "{}: d_model and the q/k and value widths must be multiples of 16", where);
-}
-
 KdaBlock::KdaBlock(const KdaConfig& c, std::string param_prefix)
     : cfg_(c),
       prefix_(std::move(param_prefix)),

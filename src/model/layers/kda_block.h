@@ -13,35 +13,11 @@
 // every document start.
 #pragma once
 
+#include "model/config.h"
 #include "model/layers/block.h"
-#include "ops/gated_rmsnorm.h"
 #include "ops/kda.h"
 
 namespace tessera::model {
-
-struct KdaConfig {
-    int64_t d_model = 256;
-    int64_t num_heads = 4;    // q/k heads (H)
-    int64_t num_v_heads = 0;  // value heads (HV, a multiple of H); 0 = num_heads
-    int64_t head_dim = 64;    // K
-    int64_t head_v_dim = 0;   // V; 0 = head_dim
-    int64_t conv_size = 4;
-    bool scalar_gate = false;            // GDN: one decay per value head (a_proj), else KDA's per channel
-    int64_t gate_rank = 0;               // rank of the f_a/f_b path; 0 = head_v_dim
-    double gate_lower_bound = 0.0;       // 0: softplus form; < 0: lower-bound form (Kimi K3: −5)
-    bool full_rank_output_gate = false;  // g_proj (Kimi K3, GDN) instead of g_a_proj / g_b_proj
-    ops::GateActivation output_gate_activation = ops::GateActivation::sigmoid;  // silu for GDN
-    double norm_eps = 1e-6;                                                     // the block's input RMSNorm
-    double o_norm_eps = 1e-5;
-    double init_std = 0.02;
-    int64_t n_layers = 1;  // o_proj starts at init_std / sqrt(2·n_layers)
-    int64_t chunk_size = 64;
-
-    int64_t hv() const { return num_v_heads > 0 ? num_v_heads : num_heads; }
-    int64_t v_dim() const { return head_v_dim > 0 ? head_v_dim : head_dim; }
-    int64_t rank() const { return gate_rank > 0 ? gate_rank : v_dim(); }
-    void validate(const std::string& where) const;
-};
 
 class KdaBlock : public Block {
   public:

@@ -8,14 +8,32 @@
 namespace tessera::ops::cpu {
 
 namespace {
-typedef float v16 __attribute__((vector_size(64)));
+// W floats in one vector register (or a part of one): 16, 8 or 4
+template <int W>
+struct Vec;
+template <>
+struct Vec<16> {
+    typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct Vec<8> {
+    typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct Vec<4> {
+    typedef float type __attribute__((vector_size(16)));
+};
 
-inline v16 load(const float* p) {
-    v16 v;
+template <class V>
+inline V load(const float* p) {
+    V v;
     std::memcpy(&v, p, sizeof v);
     return v;
 }
-inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+template <class V>
+inline void store(float* p, V v) {
+    std::memcpy(p, &v, sizeof v);
+}
 
 // Operand sources (template arguments, so the inner loops have no branches):
 // A element (i, k) of op(A): A[i·lda + k] (plain), A[k·lda + i] (transposed), rows[i][k] (gathered rows);
@@ -49,17 +67,18 @@ struct BRows {
     const T* row(int64_t k) const { return rows[k]; }
 };
 
-// MR rows × NV vectors of 16 columns
-template <int MR, int NV, class A, class B>
+// MR rows × NV vectors of W columns
+template <int MR, int NV, int W = 16, class A, class B>
 inline void tile(
     const A& a, const B& b, int64_t i0, int64_t j0, int64_t K, float alpha, float beta, float* C, int64_t ldc) {
-    v16 acc[MR][NV];
+    using V = typename Vec<W>::type;
+    V acc[MR][NV];
     for (int r = 0; r < MR; ++r)
-        for (int q = 0; q < NV; ++q) acc[r][q] = v16{};
+        for (int q = 0; q < NV; ++q) acc[r][q] = V{};
     for (int64_t k = 0; k < K; ++k) {
         const float* br = b.row(k) + j0;
-        v16 bv[NV];
-        for (int q = 0; q < NV; ++q) bv[q] = load(br + 16 * q);
+        V bv[NV];
+        for (int q = 0; q < NV; ++q) bv[q] = load<V>(br + W * q);
         for (int r = 0; r < MR; ++r) {
             const float x = a.get(i0 + r, k);
             for (int q = 0; q < NV; ++q) acc[r][q] += x * bv[q];
@@ -68,9 +87,9 @@ inline void tile(
     for (int r = 0; r < MR; ++r) {
         float* c = C + (i0 + r) * ldc + j0;
         for (int q = 0; q < NV; ++q) {
-            v16 out = alpha * acc[r][q];
-            if (beta != 0.0f) out += beta * load(c + 16 * q);
-            store(c + 16 * q, out);
+            V out = alpha * acc[r][q];
+            if (beta != 0.0f) out += beta * load<V>(c + W * q);
+            store<V>(c + W * q, out);
         }
     }
 }
@@ -81,6 +100,9 @@ inline void row_block(
     int64_t j = 0;
     for (; j + 32 <= N; j += 32) tile<MR, 2>(a, b, i0, j, K, alpha, beta, C, ldc);
     for (; j + 16 <= N; j += 16) tile<MR, 1>(a, b, i0, j, K, alpha, beta, C, ldc);
+    // narrow products (e.g. the score products of attention over few heads)
+    for (; j + 8 <= N; j += 8) tile<MR, 1, 8>(a, b, i0, j, K, alpha, beta, C, ldc);
+    for (; j + 4 <= N; j += 4) tile<MR, 1, 4>(a, b, i0, j, K, alpha, beta, C, ldc);
     for (; j < N; ++j) {  // column tail
         for (int r = 0; r < MR; ++r) {
             float s = 0;

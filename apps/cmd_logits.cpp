@@ -1,0 +1,53 @@
+// tessera logits: score token ids with a checkpoint: ids [B, T] (i32 or i64) in, logits [B, T, V] (f32) out,
+// from one full forward pass (every batch row its own sequence).
+#include <filesystem>
+
+#include "apps/commands.h"
+#include "core/safetensors.h"
+#include "model/runtime.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+
+namespace tessera::apps {
+
+void add_logits_command(CLI::App& app) {
+    auto* cmd = app.add_subcommand("logits", "Write the logits of token ids under a checkpoint");
+    struct Args {
+        std::string checkpoint, in, out;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
+        ->required();
+    cmd->add_option("--in", a->in, "safetensors file with ids [B, T] (i32 or i64)")->required();
+    cmd->add_option("--out", a->out, "safetensors file to write: logits [B, T, V] (f32)")->required();
+    cmd->callback([a] {
+        const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
+        train::RunConfig cfg = train::parse_run_config(train::load_checkpoint_config(ckpt),
+                                                       (std::filesystem::path(ckpt) / "config.json").string());
+        SafetensorsFile in(a->in);
+        TESSERA_CHECK(in.contains("ids"), "{}: no tensor \"ids\"", a->in);
+        const Tensor raw = in.load("ids");
+        TESSERA_CHECK(raw.view().ndim() == 2 && (raw.view().dtype == DType::i32 || raw.view().dtype == DType::i64),
+                      "{}: ids must be [B, T] i32 or i64, not {} {}", a->in, dtype_name(raw.view().dtype),
+                      raw.view().shape.str());
+        const int64_t B = raw.view().size(0), T = raw.view().size(1), V = cfg.model.vocab_size;
+        TESSERA_CHECK(B > 0 && T > 0, "{}: ids is empty", a->in);
+        std::vector<int32_t> ids(size_t(B * T));
+        for (int64_t i = 0; i < B * T; ++i) {
+            const int64_t v =
+                raw.view().dtype == DType::i32 ? raw.view().ptr<int32_t>()[i] : raw.view().ptr<int64_t>()[i];
+            TESSERA_CHECK(v >= 0 && v < V, "{}: ids[{}, {}] = {} is outside the vocabulary [0, {})", a->in, i / T,
+                          i % T, v, V);
+            ids[size_t(i)] = int32_t(v);
+        }
+        model::Model model(cfg.model);
+        const model::StepShape shape{B, T};
+        model::ModelRuntime rt(model, shape, /*with_grads=*/false, /*recompute=*/false);
+        train::load_groups((std::filesystem::path(ckpt) / "model.safetensors").string(), {&rt.params()});
+        Tensor logits(DType::f32, Shape{B * T, V});
+        model.forward_logits(shape, ids, logits);
+        write_safetensors(a->out, {{"logits", logits.view().reshape(Shape{B, T, V})}}, {{"checkpoint", ckpt}});
+    });
+}
+
+}  // namespace tessera::apps

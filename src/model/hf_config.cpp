@@ -1,0 +1,345 @@
+// Hugging Face config import (see hf_config.h). Field meanings: spec/kimi_k3.md §1 (Kimi), spec/dsa.md §7
+// (DeepSeek-V3.2), the Qwen3-Next model card and config; the files under configs/hf/ are the published ones.
+#include "model/hf_config.h"
+
+#include <cmath>
+#include <set>
+
+#include "core/check.h"
+
+namespace tessera::model {
+
+namespace {
+// Keys of a config object, each marked when read; what is left at the end is reported, not dropped.
+class Keys {
+  public:
+    Keys(const Json& obj, std::string where) : obj_(obj), where_(std::move(where)) {
+        TESSERA_CHECK(obj.is_object(), "{}: a Hugging Face config must be a JSON object", where_);
+    }
+    bool has(const std::string& k) const { return obj_.contains(k) && !obj_.at(k).is_null(); }
+    const Json& get(const std::string& k) {
+        used_.insert(k);
+        TESSERA_CHECK(has(k), "{}: missing key \"{}\"", where_, k);
+        return obj_.at(k);
+    }
+    int64_t integer(const std::string& k) {
+        const Json& v = get(k);
+        TESSERA_CHECK(v.is_number_integer(), "{}: \"{}\" must be an integer, not {}", where_, k, v.dump());
+        return v.get<int64_t>();
+    }
+    int64_t integer_or(const std::string& k, int64_t def) { return has(k) ? integer(k) : (used_.insert(k), def); }
+    double number_or(const std::string& k, double def) {
+        if (!has(k)) return used_.insert(k), def;
+        const Json& v = get(k);
+        TESSERA_CHECK(v.is_number(), "{}: \"{}\" must be a number, not {}", where_, k, v.dump());
+        return v.get<double>();
+    }
+    bool boolean_or(const std::string& k, bool def) {
+        if (!has(k)) return used_.insert(k), def;
+        const Json& v = get(k);
+        TESSERA_CHECK(v.is_boolean(), "{}: \"{}\" must be true or false, not {}", where_, k, v.dump());
+        return v.get<bool>();
+    }
+    std::string text_or(const std::string& k, const std::string& def) {
+        if (!has(k)) return used_.insert(k), def;
+        const Json& v = get(k);
+        TESSERA_CHECK(v.is_string(), "{}: \"{}\" must be a string, not {}", where_, k, v.dump());
+        return v.get<std::string>();
+    }
+    void ignore(std::initializer_list<const char*> ks) {
+        for (const char* k : ks) used_.insert(k);
+    }
+    // keys never read: "key = value (not interpreted)"
+    void report_rest(std::vector<std::string>& out) const {
+        for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+            if (used_.count(it.key()) || it.key().rfind('_', 0) == 0) continue;
+            std::string v = it.value().dump();
+            if (v.size() > 60) v = v.substr(0, 57) + "...";
+            out.push_back(fmt::format("{}: key \"{}\" = {} is not interpreted", where_, it.key(), v));
+        }
+    }
+    const std::string& where() const { return where_; }
+
+  private:
+    const Json& obj_;
+    std::string where_;
+    std::set<std::string> used_;
+};
+
+// Keys that describe tokens, storage, caching or generation, not the architecture.
+void ignore_common(Keys& k) {
+    k.ignore({"architectures", "auto_map", "model_type", "dtype", "torch_dtype", "transformers_version", "use_cache",
+              "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "max_position_embeddings",
+              "model_max_length", "attention_dropout", "output_router_logits", "ignore_index", "ep_size",
+              // transformers PretrainedConfig defaults serialised into nested configs
+              "add_cross_attention", "bad_words_ids", "begin_suppress_tokens", "chunk_size_feed_forward",
+              "cross_attention_hidden_size", "decoder_start_token_id", "diversity_penalty", "do_sample",
+              "early_stopping", "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "finetuning_task",
+              "forced_bos_token_id", "forced_eos_token_id", "id2label", "is_decoder", "is_encoder_decoder", "label2id",
+              "length_penalty", "max_length", "min_length", "no_repeat_ngram_size", "num_beam_groups", "num_beams",
+              "num_return_sequences", "output_attentions", "output_hidden_states", "output_scores", "prefix",
+              "problem_type", "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict",
+              "return_dict_in_generate", "suppress_tokens", "task_specific_params", "temperature", "tf_legacy_loss",
+              "tie_encoder_decoder", "tokenizer_class", "top_k", "top_p", "torchscript", "typical_p", "use_bfloat16"});
+}
+
+void common_shape(Keys& k, ModelConfig& m, std::vector<std::string>& unsupported) {
+    m.vocab_size = k.integer("vocab_size");
+    m.d_model = k.integer("hidden_size");
+    m.n_layers = k.integer("num_hidden_layers");
+    m.n_heads = k.integer("num_attention_heads");
+    m.n_kv_heads = k.integer_or("num_key_value_heads", m.n_heads);
+    m.ffn_dim = k.integer_or("intermediate_size", 0);
+    m.norm_eps = k.number_or("rms_norm_eps", 1e-6);
+    m.init_std = k.number_or("initializer_range", 0.02);
+    m.tie_embeddings = k.boolean_or("tie_word_embeddings", false);
+    m.rope_theta = k.number_or("rope_theta", 10000.0);
+    const std::string act = k.text_or("hidden_act", "silu");
+    TESSERA_CHECK(act == "silu" || act == "situ", "{}: hidden_act \"{}\" is not supported (silu or situ)", k.where(),
+                  act);
+    m.moe.activation = act == "situ" ? "situ" : "swiglu";
+    if (act == "situ") {
+        const double beta = k.number_or("activation_situ_beta", 4.0),
+                     lin = k.number_or("activation_situ_linear_beta", 25.0);
+        if (beta != 4.0 || lin != 25.0) {
+            unsupported.push_back(
+                fmt::format("SiTU betas {} / {} (the engine's SiTU-GLU is fixed at 4 / 25)", beta, lin));
+        }
+        if (k.integer_or("first_k_dense_replace", 0) > 0) {
+            unsupported.push_back(
+                "SiTU-GLU in the dense MLP layers (the engine's dense MLP is SwiGLU; MoE layers use SiTU)");
+        }
+    }
+    const int64_t mtp = k.integer_or("num_nextn_predict_layers", 0);
+    if (mtp > 0)
+        unsupported.push_back(fmt::format("{} multi-token-prediction layer(s) (num_nextn_predict_layers)", mtp));
+    if (k.boolean_or("attention_bias", false)) unsupported.push_back("attention projection biases (attention_bias)");
+}
+
+void mla_shape(Keys& k, ModelConfig& m) {
+    m.mla.q_lora_rank = k.integer_or("q_lora_rank", 0);  // null (Kimi-Linear): q_proj from the input
+    m.mla.kv_lora_rank = k.integer("kv_lora_rank");
+    m.mla.qk_nope_dim = k.integer("qk_nope_head_dim");
+    m.mla.qk_rope_dim = k.integer("qk_rope_head_dim");
+    m.mla.v_head_dim = k.integer("v_head_dim");
+    m.n_kv_heads = m.n_heads;  // MLA has no grouped kv heads
+}
+
+void deepseek_moe(Keys& k, ModelConfig& m, const char* experts, const char* topk, const char* shared) {
+    m.moe.experts = k.integer(experts);
+    m.moe.topk = k.integer(topk);
+    m.moe.ffn_dim = k.integer("moe_intermediate_size");
+    m.moe.shared_ffn_dim = k.integer_or(shared, 0) * m.moe.ffn_dim;
+    m.moe.first_dense = k.integer_or("first_k_dense_replace", 0);
+    m.moe.scaling = k.number_or("routed_scaling_factor", 1.0);
+    m.moe.balance = "sign";  // aux-loss-free (noaux_tc)
+}
+
+void check_moe_layer_freq(Keys& k, std::vector<std::string>& unsupported) {
+    const int64_t freq = k.integer_or("moe_layer_freq", 1);
+    if (freq != 1) unsupported.push_back(fmt::format("MoE on every {}th layer only (moe_layer_freq)", freq));
+}
+
+// Kimi-Linear / Kimi K3 text config (model_type kimi_linear)
+void import_kimi(Keys& k, HfImport& r) {
+    ModelConfig& m = r.model;
+    common_shape(k, m, r.unsupported);
+    mla_shape(k, m);
+    k.ignore({"head_dim"});  // hidden_size / heads: an artefact the model never uses (spec/kimi_k3.md §1.2)
+    m.mla.rope = !k.boolean_or("mla_use_nope", false);
+    m.output_gate = k.boolean_or("mla_use_output_gate", false) ? "elementwise" : "none";
+    if (k.has("rope_scaling")) r.unsupported.push_back("rope_scaling (frequency scaling of MLA's rotary dims)");
+    k.ignore({"rope_scaling"});
+    // KDA
+    Keys lin(k.get("linear_attn_config"), k.where() + ": linear_attn_config");
+    m.kda.num_heads = lin.integer("num_heads");
+    m.kda.head_dim = lin.integer("head_dim");
+    m.kda.conv_size = lin.integer_or("short_conv_kernel_size", 4);
+    m.kda.gate_lower_bound = lin.number_or("gate_lower_bound", 0.0);
+    m.kda.full_rank_output_gate = lin.boolean_or("use_full_rank_gate", false);
+    m.attention.assign(size_t(m.n_layers), "");
+    const bool dsa = k.has("index_topk");
+    for (const char* list : {"kda_layers", "full_attn_layers"}) {
+        const Json& v = lin.get(list);
+        TESSERA_CHECK(v.is_array(), "{}: \"{}\" must be a list of 1-based layer numbers", lin.where(), list);
+        for (const Json& e : v) {
+            TESSERA_CHECK(e.is_number_integer() && e.get<int64_t>() >= 1 && e.get<int64_t>() <= m.n_layers,
+                          "{}: {} entry {} is not a layer number in [1, {}]", lin.where(), list, e.dump(), m.n_layers);
+            std::string& slot = m.attention[size_t(e.get<int64_t>() - 1)];
+            TESSERA_CHECK(slot.empty(), "{}: layer {} is listed twice", lin.where(), e.get<int64_t>());
+            slot = std::string(list) == "kda_layers" ? "kda" : dsa ? "dsa" : "mla";
+        }
+    }
+    for (size_t i = 0; i < m.attention.size(); ++i) {
+        TESSERA_CHECK(!m.attention[i].empty(), "{}: layer {} (1-based) is in neither kda_layers nor full_attn_layers",
+                      lin.where(), i + 1);
+    }
+    lin.report_rest(r.unsupported);
+    if (dsa) {  // the gated DSA variant of the full-attention layers
+        m.mla.dsa.topk = k.integer("index_topk");
+        m.mla.dsa.heads = k.integer("index_n_heads");
+        m.mla.dsa.head_dim = k.integer("index_head_dim");
+        m.mla.dsa.rope_dim = std::min(m.mla.qk_rope_dim, m.mla.dsa.head_dim);
+    }
+    // MoE
+    deepseek_moe(k, m, "num_experts", "num_experts_per_token", "num_shared_experts");
+    m.moe.latent_dim = k.integer_or("routed_expert_hidden_size", 0);
+    m.moe.latent_norm = k.boolean_or("latent_moe_use_norm", false);
+    m.moe.score = k.text_or("moe_router_activation_func", "sigmoid");
+    TESSERA_CHECK(m.moe.score == "sigmoid" || m.moe.score == "softmax",
+                  "{}: moe_router_activation_func \"{}\" is not supported", k.where(), m.moe.score);
+    m.moe.normalize = k.boolean_or("moe_renormalize", true);
+    if (k.boolean_or("use_grouped_topk", false)) {
+        m.moe.groups = k.integer_or("num_expert_group", 1);
+        m.moe.topk_groups = k.integer_or("topk_group", 1);
+    }
+    k.ignore({"num_expert_group", "topk_group"});
+    const std::string method = k.text_or("topk_method", "noaux_tc");
+    if (method != "noaux_tc") r.unsupported.push_back(fmt::format("topk_method \"{}\"", method));
+    check_moe_layer_freq(k, r.unsupported);
+    if (k.has("attn_res_block_size")) {
+        r.unsupported.push_back(fmt::format(
+            "Attention Residuals (attn_res_block_size = {}): the depth mix and its 4 norms/projections per layer "
+            "and 2 at the output are not built; plain residuals are used and those parameters are not counted",
+            k.get("attn_res_block_size").dump()));
+    }
+    if (k.has("quantization_config")) {
+        r.unsupported.push_back(
+            "quantization_config (MXFP4 routed experts, compressed-tensors): loading needs dequantisation");
+    }
+    k.ignore({"quantization_config"});
+}
+
+void import_qwen3_next(Keys& k, HfImport& r) {
+    ModelConfig& m = r.model;
+    common_shape(k, m, r.unsupported);
+    m.head_dim = k.integer_or("head_dim", 0);
+    m.output_gate = "elementwise";  // q_proj carries a per-element gate (packed per head in the checkpoint)
+    const int64_t interval = k.integer("full_attention_interval");
+    TESSERA_CHECK(interval >= 1, "{}: full_attention_interval must be >= 1", k.where());
+    m.attention.clear();
+    for (int64_t i = 0; i < m.n_layers; ++i) m.attention.push_back((i + 1) % interval == 0 ? "gqa" : "gdn");
+    m.kda.num_heads = k.integer("linear_num_key_heads");
+    m.kda.num_v_heads = k.integer("linear_num_value_heads");
+    m.kda.head_dim = k.integer("linear_key_head_dim");
+    m.kda.head_v_dim = k.integer("linear_value_head_dim");
+    m.kda.conv_size = k.integer_or("linear_conv_kernel_dim", 4);
+    const double partial = k.number_or("partial_rotary_factor", 1.0);
+    if (partial != 1.0) {
+        r.unsupported.push_back(fmt::format(
+            "partial rotary embedding (partial_rotary_factor = {}): the engine rotates the whole head", partial));
+    }
+    if (k.has("rope_scaling")) r.unsupported.push_back("rope_scaling");
+    k.ignore({"rope_scaling"});
+    if (k.boolean_or("use_sliding_window", false)) r.unsupported.push_back("sliding-window attention");
+    k.ignore({"sliding_window", "max_window_layers"});
+    m.moe.experts = k.integer("num_experts");
+    m.moe.topk = k.integer("num_experts_per_tok");
+    m.moe.ffn_dim = k.integer("moe_intermediate_size");
+    m.moe.shared_ffn_dim = k.integer_or("shared_expert_intermediate_size", 0);
+    m.moe.score = "softmax";
+    m.moe.normalize = k.boolean_or("norm_topk_prob", true);
+    m.moe.first_dense = 0;
+    m.moe.balance = "frozen";  // Qwen routes without a selection bias
+    const int64_t step = k.integer_or("decoder_sparse_step", 1);
+    if (step != 1) r.unsupported.push_back(fmt::format("MoE on every {}th layer only (decoder_sparse_step)", step));
+    const Json& dense_only = k.get("mlp_only_layers");
+    if (!dense_only.empty()) r.unsupported.push_back("dense MLP layers between MoE layers (mlp_only_layers)");
+    const double aux = k.number_or("router_aux_loss_coef", 0.0);
+    if (aux > 0) {
+        r.unsupported.push_back(fmt::format(
+            "the global load-balancing loss (router_aux_loss_coef = {}): tessera balances with a selection bias or the "
+            "sequence-wise loss",
+            aux));
+    }
+    r.unsupported.push_back("per-head q/k RMSNorm in the attention layers (Qwen3's q_norm, k_norm)");
+    r.unsupported.push_back("zero-centred RMSNorm weights (1 + w)");
+    r.unsupported.push_back("the shared expert's sigmoid gate (shared_expert_gate)");
+}
+
+void import_deepseek_v32(Keys& k, HfImport& r) {
+    ModelConfig& m = r.model;
+    common_shape(k, m, r.unsupported);
+    mla_shape(k, m);
+    m.attention = {"dsa"};
+    m.mla.dsa.topk = k.integer("index_topk");
+    m.mla.dsa.heads = k.integer("index_n_heads");
+    m.mla.dsa.head_dim = k.integer("index_head_dim");
+    m.mla.dsa.rope_dim = std::min(m.mla.qk_rope_dim, m.mla.dsa.head_dim);
+    if (k.has("rope_scaling")) {
+        // YaRN: τ = (d_n + d_r)^-1/2 · mscale², mscale = 0.1·mscale_all_dim·ln(factor) + 1 (spec/dsa.md §1.2)
+        Keys y(k.get("rope_scaling"), k.where() + ": rope_scaling");
+        const std::string type = y.has("type") ? y.text_or("type", "") : y.text_or("rope_type", "");
+        y.ignore({"type", "rope_type"});
+        TESSERA_CHECK(type == "yarn", "{}: only YaRN rope_scaling is known, not \"{}\"", y.where(), type);
+        const double factor = y.number_or("factor", 1.0), all = y.number_or("mscale_all_dim", 0.0);
+        y.ignore({"mscale", "original_max_position_embeddings", "beta_fast", "beta_slow"});
+        const double mscale = factor > 1.0 && all > 0 ? 0.1 * all * std::log(factor) + 1.0 : 1.0;
+        m.mla.softmax_scale = mscale * mscale / std::sqrt(double(m.mla.qk_nope_dim + m.mla.qk_rope_dim));
+        r.unsupported.push_back(fmt::format(
+            "YaRN frequency scaling of the rotary dims (factor {}): the softmax scale's mscale² is applied, the "
+            "rotary frequencies are not rescaled",
+            factor));
+        y.report_rest(r.unsupported);
+    }
+    deepseek_moe(k, m, "n_routed_experts", "num_experts_per_tok", "n_shared_experts");
+    m.moe.score = k.text_or("scoring_func", "sigmoid");
+    m.moe.normalize = k.boolean_or("norm_topk_prob", true);
+    m.moe.groups = k.integer_or("n_group", 1);
+    m.moe.topk_groups = k.integer_or("topk_group", 1);
+    const std::string method = k.text_or("topk_method", "noaux_tc");
+    if (method != "noaux_tc") r.unsupported.push_back(fmt::format("topk_method \"{}\"", method));
+    check_moe_layer_freq(k, r.unsupported);
+    if (k.has("quantization_config")) {
+        r.unsupported.push_back("quantization_config (FP8 block-scaled weights): loading needs dequantisation");
+    }
+    k.ignore({"quantization_config"});
+}
+}  // namespace
+
+bool is_hf_config(const Json& doc) {
+    return doc.is_object() && (doc.contains("model_type") || doc.contains("architectures"));
+}
+
+HfImport import_hf_config(const Json& doc, const std::string& where) {
+    Keys top(doc, where);
+    HfImport r;
+    const std::string type = top.text_or("model_type", "");
+    if (type == "kimi_k3") {
+        r.family = "Kimi K3 (kimi_k3; text model kimi_linear)";
+        top.ignore({"architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id", "dtype",
+                    "ignore_index", "tie_word_embeddings", "transformers_version"});
+        top.ignore({"image_placeholder", "media_placeholder_token_id", "vision_config"});
+        if (doc.contains("vision_config")) {
+            r.unsupported.push_back(
+                "the vision tower and projector (vision_config): text only; their 447M parameters "
+                "are not counted");
+        }
+        Keys text(top.get("text_config"), where + ": text_config");
+        ignore_common(text);
+        import_kimi(text, r);
+        text.report_rest(r.unsupported);
+        r.family = text.has("index_topk") ? "Kimi K3 with gated DSA (kimi_k3)" : r.family;
+    } else if (type == "kimi_linear") {
+        r.family =
+            doc.contains("index_topk") ? "Kimi-Linear with gated DSA (kimi_linear)" : "Kimi-Linear (kimi_linear)";
+        ignore_common(top);
+        import_kimi(top, r);
+    } else if (type == "qwen3_next") {
+        r.family = "Qwen3-Next (qwen3_next)";
+        ignore_common(top);
+        import_qwen3_next(top, r);
+    } else if (type == "deepseek_v32") {
+        r.family = "DeepSeek-V3.2 (deepseek_v32)";
+        ignore_common(top);
+        import_deepseek_v32(top, r);
+    } else {
+        TESSERA_FAIL("{}: model_type \"{}\" is not a supported family (kimi_k3, kimi_linear, qwen3_next, deepseek_v32)",
+                     where, type);
+    }
+    top.report_rest(r.unsupported);
+    r.model.validate(where);
+    return r;
+}
+
+}  // namespace tessera::model

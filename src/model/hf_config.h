@@ -1,0 +1,30 @@
+// Hugging Face config.json -> tessera model config, for the families the engine targets:
+//   kimi_linear (Kimi-Linear: KDA + MLA (NoPE) + MoE),   kimi_k3 (its text_config: KDA with lower-bound gate and
+//   full-rank output gate, gated MLA with NoPE, Stable LatentMoE with SiTU),   qwen3_next (Gated DeltaNet + gated
+//   GQA + MoE),   deepseek_v32 (MLA + DSA indexer on every layer + group-limited MoE).
+// A Kimi config that also carries `index_topk` (with `index_n_heads`, `index_head_dim`) is the gated DSA
+// variant: its full-attention layers become "dsa". Every key of the file is accounted for: mapped,
+// known to be irrelevant to the architecture (token ids, dtype, generation defaults), or listed in
+// `unsupported` with what the engine does not do yet — nothing is silently ignored.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config_reader.h"
+#include "model/config.h"
+
+namespace tessera::model {
+
+struct HfImport {
+    std::string family;  // e.g. "Kimi K3 (kimi_k3)"
+    ModelConfig model;
+    std::vector<std::string> unsupported;  // one line each
+};
+
+// True for a Hugging Face config (it has "model_type" or "architectures"), false for a tessera run config.
+bool is_hf_config(const Json& doc);
+// Throws with the file and key for unknown families, missing keys or contradictions.
+HfImport import_hf_config(const Json& doc, const std::string& where);
+
+}  // namespace tessera::model

@@ -1,0 +1,79 @@
+// Model summaries for `tessera inspect` (see inspect.h).
+#include "model/inspect.h"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "model/model.h"
+
+namespace tessera::model {
+
+namespace {
+std::string human(double v, const char* unit) {
+    const char* prefixes[] = {"", "K", "M", "G", "T", "P"};
+    int i = 0;
+    while (v >= 1000.0 && i < 5) {
+        v /= 1000.0;
+        ++i;
+    }
+    return fmt::format("{:.3g} {}{}", v, prefixes[i], unit);
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
+}  // namespace
+
+ModelSummary summarize(const ModelConfig& c, int64_t seq) {
+    ModelSummary s;
+    s.seq = seq;
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+        const std::string attn = c.layer_type(i), ffn = c.moe.is_moe_layer(i) ? "moe" : "mlp";
+        if (!s.layers.empty() && s.layers.back().attention == attn && s.layers.back().ffn == ffn &&
+            s.layers.back().last == i - 1) {
+            s.layers.back().last = i;
+        } else {
+            s.layers.push_back({i, i, attn, ffn});
+        }
+    }
+    const Model m(c);  // declares parameter specs only; nothing is allocated
+    for (const auto& spec : m.param_specs()) {
+        const int64_t n = spec.shape.numel();
+        s.params += n;
+        if (spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight") s.embedding_params += n;
+        if (spec.name.find(".mlp.experts.") != std::string::npos) s.routed_expert_params += n;
+    }
+    const double routed_share = c.moe.experts > 0 ? double(c.moe.topk) / double(c.moe.experts) : 0.0;
+    s.active_params = double(s.params - s.routed_expert_params) + routed_share * double(s.routed_expert_params);
+    s.forward_flops_per_token = m.forward_flops_per_token(seq);
+    s.train_flops_per_token = 3.0 * s.forward_flops_per_token;
+    return s;
+}
+
+std::string ModelSummary::str() const {
+    std::map<std::string, int64_t> kinds;
+    for (const auto& r : layers) {
+        kinds[r.attention] += r.last - r.first + 1;
+        kinds[r.ffn] += r.last - r.first + 1;
+    }
+    std::string out = "layers:";
+    for (const auto& [k, n] : kinds) out += fmt::format(" {} {},", k, n);
+    out.back() = '\n';
+    for (const auto& r : layers) {
+        const std::string span = r.first == r.last ? fmt::format("{}", r.first) : fmt::format("{}-{}", r.first, r.last);
+        out += fmt::format("  {:>7}  {} + {}\n", span, r.attention, r.ffn);
+    }
+    out += fmt::format("parameters: {} total ({} in embeddings and head, {} in routed experts)\n",
+                       human(double(params), ""), human(double(embedding_params), ""),
+                       human(double(routed_expert_params), ""));
+    out += fmt::format("active parameters per token: {}\n", human(active_params, ""));
+    out += fmt::format("FLOPs per token at sequence {}: forward {}, training {} (3x forward)\n", seq,
+                       human(forward_flops_per_token, "FLOP"), human(train_flops_per_token, "FLOP"));
+    out += fmt::format("weights: {} in bf16, {} in f32\n", gib(2.0 * double(params)), gib(4.0 * double(params)));
+    out += fmt::format(
+        "full AdamW training state (f32 weights, gradients, two moments: 16 B per parameter): {} before "
+        "activations\n",
+        gib(16.0 * double(params)));
+    return out;
+}
+
+}  // namespace tessera::model
