@@ -2,11 +2,13 @@
 // exact parameter accounting of spec/kimi_k3.md §4.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "model/hf_config.h"
 #include "model/inspect.h"
+#include "train/config.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -121,6 +123,29 @@ TEST(HfConfig, BadConfigsNameTheKey) {
     doc = hf("deepseek_v3_2_exp");
     doc["new_feature"] = 1;
     EXPECT_TRUE(mentions(model::import_hf_config(doc, "d.json").unsupported, "\"new_feature\" = 1 is not interpreted"));
+}
+
+TEST(ShippedConfigs, EveryConfigParsesAndEveryHfConfigImports) {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(std::string(TESSERA_SOURCE_DIR) + "/configs")) {
+        if (e.path().extension() != ".json") continue;
+        SCOPED_TRACE(e.path().string());
+        const train::RunConfig c = train::parse_run_config(train::load_config_json(e.path().string(), {}), "cfg");
+        EXPECT_GT(model::summarize(c.model, 256).params, 0);
+        ++n;
+    }
+    EXPECT_GE(n, 5);
+    for (const char* name : {"kimi_k3", "kimi_linear_48b_a3b", "qwen3_next_80b_a3b", "deepseek_v3_2_exp"}) {
+        EXPECT_NO_THROW(model::import_hf_config(hf(name), name)) << name;
+    }
+    // the demo is the hybrid the README describes
+    const train::RunConfig demo = train::parse_run_config(
+        train::load_config_json(std::string(TESSERA_SOURCE_DIR) + "/configs/demo.json", {}), "demo");
+    EXPECT_EQ(demo.model.attention, (std::vector<std::string>{"kda", "kda", "kda", "dsa"}));
+    EXPECT_LT(demo.model.mla.dsa.topk, demo.train.seq_len);
+    EXPECT_GT(demo.model.moe.experts, 16);
+    EXPECT_GT(demo.model.moe.topk, 1);
+    EXPECT_GT(demo.model.moe.shared_ffn_dim, 0);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // DSA invariants beyond the PyTorch golden files (spec/dsa.md §5.3): the selection against a brute-force
 // sort by the total order, thread-count invariance of the selection and of the backward scatter, lonely
-// rows, sparse attention with every candidate selected equal to the dense attention op, and a KL target
-// equal to the student's own distribution giving zero loss and zero gradients.
+// rows, sparse attention with every candidate selected equal to the dense attention op, a KL target
+// equal to the student's own distribution giving zero loss and zero gradients, the π − p form of the KL
+// gradient, and one-token sequences.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -174,6 +175,68 @@ TEST(IndexerKl, TargetEqualToTheStudentGivesZeroLossAndGradient) {
     EXPECT_NEAR(r.loss, 0.0, 1e-14);
     for (const Tensor* g : {&dq, &dk, &dw}) {
         for (int64_t i = 0; i < g->numel(); ++i) ASSERT_NEAR(g->ptr<double>()[i], 0.0, 1e-13);
+    }
+}
+
+TEST(IndexerKl, WeightGradientIsPiMinusPTimesRelu) {
+    // I is linear in w: dL/dw[t,j] = (1/N) Σ_s (π − p)[t,s] · relu(q[t,j]·k[s]) over the support (spec/dsa.md §3.2)
+    const int64_t T = 30, HI = 3, DI = 5, K = 8;
+    IndexerInputs in = indexer_inputs(DType::f64, T, HI, DI, 77);
+    Tensor idx(DType::i32, Shape{1, T, K}), sc(DType::f64, Shape{1, T, K});
+    ops::dsa_indexer_forward({.topk = K}, in.q.view(), in.k.view(), in.w.view(), idx.view(), sc.view());
+    Tensor p = test::uniform(DType::f64, Shape{1, T, K}, 78, 0.1, 1.0);
+    for (int64_t t = 0; t < T; ++t) {  // a target distribution over each row's valid entries
+        double z = 0;
+        for (int64_t i = 0; i < K; ++i) {
+            if (idx.ptr<int32_t>()[t * K + i] < 0) p.ptr<double>()[t * K + i] = 0;
+            z += p.ptr<double>()[t * K + i];
+        }
+        for (int64_t i = 0; i < K; ++i) p.ptr<double>()[t * K + i] /= z;
+    }
+    Tensor dq(DType::f64, in.q.shape()), dk(DType::f64, in.k.shape()), dw(DType::f64, in.w.shape());
+    ops::indexer_kl(in.q.view(), in.k.view(), in.w.view(), p.view(), idx.view(), {}, 1.0, dq.view(), dk.view(),
+                    dw.view());
+    for (int64_t t = 0; t < T; ++t) {
+        double m = -INFINITY, z = 0;  // π = softmax of the selected scores
+        for (int64_t i = 0; i < K; ++i) {
+            if (idx.ptr<int32_t>()[t * K + i] >= 0) m = std::max(m, sc.ptr<double>()[t * K + i]);
+        }
+        for (int64_t i = 0; i < K; ++i) {
+            if (idx.ptr<int32_t>()[t * K + i] >= 0) z += std::exp(sc.ptr<double>()[t * K + i] - m);
+        }
+        double dI_sum = 0;
+        for (int64_t j = 0; j < HI; ++j) {
+            double want = 0;
+            for (int64_t i = 0; i < K; ++i) {
+                const int32_t s = idx.ptr<int32_t>()[t * K + i];
+                if (s < 0) continue;
+                const double pi = std::exp(sc.ptr<double>()[t * K + i] - m) / z, dI = (pi - p.ptr<double>()[t * K + i]);
+                if (j == 0) dI_sum += dI;
+                double a = 0;
+                for (int64_t d = 0; d < DI; ++d)
+                    a += in.q.ptr<double>()[(t * HI + j) * DI + d] * in.k.ptr<double>()[s * DI + d];
+                want += dI * std::max(a, 0.0) / double(T);
+            }
+            EXPECT_NEAR(dw.ptr<double>()[t * HI + j], want, 1e-12) << "t " << t << " head " << j;
+        }
+        EXPECT_NEAR(dI_sum, 0.0, 1e-12) << "Σ_s (π − p) = 0 per row";
+    }
+}
+
+TEST(Dsa, OneTokenSequences) {
+    // T = 1 with top-4: the row selects token 0 and pads; attention returns its value, lse = its score
+    IndexerInputs in = indexer_inputs(DType::f64, 1, 2, 4, 5);
+    Tensor idx(DType::i32, Shape{1, 1, 4}), sc(DType::f64, Shape{1, 1, 4});
+    ops::dsa_indexer_forward({.topk = 4}, in.q.view(), in.k.view(), in.w.view(), idx.view(), sc.view());
+    EXPECT_EQ(std::vector<int32_t>(idx.ptr<int32_t>(), idx.ptr<int32_t>() + 4), (std::vector<int32_t>{0, -1, -1, -1}));
+    Tensor q = test::randn(DType::f64, Shape{1, 1, 3, 6}, 6), kv = test::randn(DType::f64, Shape{1, 1, 6}, 7);
+    Tensor o(DType::f64, Shape{1, 1, 3, 4}), lse(DType::f64, Shape{1, 1, 3});
+    ops::sparse_attention_forward({.scale = 0.5, .dv = 4}, q.view(), kv.view(), idx.view(), o.view(), lse.view());
+    for (int64_t h = 0; h < 3; ++h) {
+        double z = 0;
+        for (int64_t d = 0; d < 6; ++d) z += 0.5 * q.ptr<double>()[h * 6 + d] * kv.ptr<double>()[d];
+        EXPECT_NEAR(lse.ptr<double>()[h], z, 1e-14);
+        for (int64_t e = 0; e < 4; ++e) EXPECT_NEAR(o.ptr<double>()[h * 4 + e], kv.ptr<double>()[e], 1e-14);
     }
 }
 
