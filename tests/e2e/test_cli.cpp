@@ -197,5 +197,23 @@ TEST(Cli, LogitsScoreIdsCausallyAndPerRow) {
     EXPECT_FALSE(std::filesystem::exists(d.file("x.safetensors"))) << "no partial output";
 }
 
+TEST(Cli, InspectSummarisesHuggingFaceAndTesseraConfigs) {
+    TempDir d;
+    test::CliResult r = run_tessera("inspect " TESSERA_SOURCE_DIR "/configs/hf/kimi_k3.json --seq 4096");
+    ASSERT_EQ(r.status, 0) << r.err;
+    for (const char* needle : {"family: Kimi K3", "layers: kda 69, mla 24, mlp 1, moe 92", "2.78 T total",
+                               "active parameters per token: 105 G", "Attention Residuals", "vision tower"}) {
+        EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+    }
+    r = run_tessera("inspect " + kTiny);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("0-1  gqa + mlp"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("not supported yet: nothing"), std::string::npos) << r.out;
+    expect_one_line_error(run_tessera("inspect " + d.file("nowhere.json")), "no such file", "missing path");
+    write_file(d.file("llama.json"), R"({"model_type": "llama", "hidden_size": 64})");
+    expect_one_line_error(run_tessera("inspect " + d.file("llama.json")), "is not a supported family",
+                          "unknown family");
+}
+
 }  // namespace
 }  // namespace tessera
