@@ -117,6 +117,8 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     c.init_std = r.number("init_std", d.init_std);
     c.attention = r.choice_list("attention", "gqa", {"gqa", "mla", "dsa", "kda", "gdn"});
     c.output_gate = r.choice("output_gate", d.output_gate, {"none", "headwise", "elementwise"});
+    c.qk_norm = r.boolean("qk_norm", d.qk_norm);
+    c.rope_dim = r.integer("rope_dim", d.rope_dim);
     if (r.has("mla")) {
         TESSERA_CHECK(c.has_layer_type("mla") || c.has_layer_type("dsa"),
                       "{}: model.mla is set but no layer is \"mla\" or \"dsa\" (model.attention)", where);
@@ -154,6 +156,9 @@ void ModelConfig::validate(const std::string& where) const {
                       where, n_heads, n_kv_heads);
         TESSERA_CHECK(head_dim_or_default() % 2 == 0 && head_dim_or_default() <= 1024,
                       "{}: the head dim {} must be even and at most 1024 (rotary pairs)", where, head_dim_or_default());
+        TESSERA_CHECK(rope_dim >= 0 && rope_dim <= head_dim_or_default() && rope_dim % 2 == 0,
+                      "{}: model.rope_dim {} must be even and at most the head dim {} (0 = all)", where, rope_dim,
+                      head_dim_or_default());
     }
     // NOTES: fused q/k/v and gate/up weights are views over adjacent parameters, which needs every
     // weight to fill whole 64-byte lines: d_model a multiple of 16 makes that so.
@@ -260,6 +265,8 @@ Json to_json(const ModelConfig& c) {
            {"init_std", c.init_std},
            {"attention", c.attention.size() == 1 ? Json(c.attention[0]) : Json(c.attention)},
            {"output_gate", c.output_gate},
+           {"qk_norm", c.qk_norm},
+           {"rope_dim", c.rope_dim},
            {"moe", to_json(c.moe)}};
     if (c.has_layer_type("mla") || c.has_layer_type("dsa")) j["mla"] = to_json(c.mla);
     if (c.has_layer_type("kda") || c.has_layer_type("gdn")) j["kda"] = to_json(c.kda);

@@ -123,6 +123,8 @@ struct ModelConfig {
     // indexer top-k) | kda | gdn (linear attention)
     std::vector<std::string> attention{"gqa"};
     std::string output_gate = "none";  // gqa, mla and dsa layers: none | headwise | elementwise sigmoid gate
+    bool qk_norm = false;              // gqa layers: RMSNorm over each head of q and k (Qwen3)
+    int64_t rope_dim = 0;              // gqa layers: rotated dims per head (partial rotary); 0 = the head dim
     MlaConfig mla;
     KdaConfig kda;
     MoeConfig moe;

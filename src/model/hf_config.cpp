@@ -225,10 +225,8 @@ void import_qwen3_next(Keys& k, HfImport& r) {
     m.kda.head_v_dim = k.integer("linear_value_head_dim");
     m.kda.conv_size = k.integer_or("linear_conv_kernel_dim", 4);
     const double partial = k.number_or("partial_rotary_factor", 1.0);
-    if (partial != 1.0) {
-        r.unsupported.push_back(fmt::format(
-            "partial rotary embedding (partial_rotary_factor = {}): the engine rotates the whole head", partial));
-    }
+    m.rope_dim = int64_t(std::lround(partial * double(m.head_dim_or_default())));
+    m.qk_norm = true;  // Qwen3's per-head q_norm / k_norm
     if (k.has("rope_scaling")) r.unsupported.push_back("rope_scaling");
     k.ignore({"rope_scaling"});
     if (k.boolean_or("use_sliding_window", false)) r.unsupported.push_back("sliding-window attention");
@@ -252,8 +250,7 @@ void import_qwen3_next(Keys& k, HfImport& r) {
             "sequence-wise loss",
             aux));
     }
-    r.unsupported.push_back("per-head q/k RMSNorm in the attention layers (Qwen3's q_norm, k_norm)");
-    r.unsupported.push_back("zero-centred RMSNorm weights (1 + w)");
+    r.unsupported.push_back("zero-centred RMSNorm weights (1 + w): checkpoint import must add 1");
     r.unsupported.push_back("the shared expert's sigmoid gate (shared_expert_gate)");
 }
 

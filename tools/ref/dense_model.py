@@ -54,6 +54,10 @@ class Attention(nn.Module):
         self.gate = c.get("output_gate", "none")
         if self.gate != "none":
             self.g_proj = nn.Linear(C, self.h * self.d if self.gate == "elementwise" else self.h, bias=False)
+        if c.get("qk_norm", False):  # Qwen3: RMSNorm over each head of q and k, before RoPE
+            self.q_norm = RMSNorm(self.d, c["norm_eps"])
+            self.k_norm = RMSNorm(self.d, c["norm_eps"])
+        self.rot = c.get("rope_dim", 0) or self.d  # partial rotary: the first rot dims of each head
         self.theta = c["rope_theta"]
         self.sdpa = False
 
@@ -62,8 +66,12 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.h, self.d)
         k = self.k_proj(x).view(B, T, self.hkv, self.d)
         v = self.v_proj(x).view(B, T, self.hkv, self.d)
-        cos, sin = rope_tables(T, self.d, self.theta, x.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope_tables(T, self.rot, self.theta, x.dtype)
+        r = self.rot
+        q = torch.cat([apply_rope(q[..., :r], cos, sin), q[..., r:]], -1)
+        k = torch.cat([apply_rope(k[..., :r], cos, sin), k[..., r:]], -1)
         rep = self.h // self.hkv
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.sdpa:  # the fast path PyTorch users run (same math)

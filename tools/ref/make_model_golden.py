@@ -78,10 +78,12 @@ CASES = {
                        "moe": {"experts": 8, "topk": 2, "ffn_dim": 16, "latent_dim": 16, "latent_norm": True,
                                "shared_ffn_dim": 16, "score": "sigmoid", "activation": "situ", "first_dense": 1,
                                "balance": "sign", "bias_update_rate": 0.05}},
-    # Qwen3-Next-like: Gated DeltaNet : gated GQA = 3 : 1 with grouped value heads
+    # Qwen3-Next-like: Gated DeltaNet : gated GQA = 3 : 1 with grouped value heads; the GQA layer with
+    # per-head q/k RMSNorm and partial rotary (4 of 8 dims)
     "hybrid_gdn_gqa": {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 0,
                        "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": True,
                        "init_std": 0.1, "attention": ["gdn", "gdn", "gdn", "gqa"], "output_gate": "elementwise",
+                       "qk_norm": True, "rope_dim": 4,
                        "kda": {"num_heads": 2, "num_v_heads": 4, "head_dim": 16, "head_v_dim": 8, "conv_size": 4,
                                "o_norm_eps": 1e-6, "chunk_size": 64}},
 }

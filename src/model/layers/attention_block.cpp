@@ -25,7 +25,14 @@ AttentionBlock::AttentionBlock(const ModelConfig& c, std::string param_prefix)
       G_(c.output_gate == "elementwise" ? Q_
          : c.output_gate == "headwise"  ? H_
                                         : 0),
-      W_(Q_ + 2 * KV_ + G_) {}
+      W_(Q_ + 2 * KV_ + G_),
+      R_(c.rope_dim > 0 ? c.rope_dim : c.head_dim_or_default()) {}
+
+template <class F>
+void AttentionBlock::for_qk_heads(F&& f) const {
+    for (int64_t h = 0; h < H_; ++h) f(h * D_, false, h);
+    for (int64_t h = 0; h < HKV_; ++h) f(Q_ + h * D_, true, H_ + h);
+}
 
 void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
     const ParamInit w = ParamInit::normal(cfg_.init_std);
@@ -36,6 +43,10 @@ void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<
     add_param(specs, inits, prefix_ + "self_attn.v_proj.weight", Shape{KV_, C_}, w, true);
     if (G_ > 0) add_param(specs, inits, prefix_ + "self_attn.g_proj.weight", Shape{G_, C_}, w, true);
     add_param(specs, inits, prefix_ + "self_attn.o_proj.weight", Shape{C_, Q_}, out, true);
+    if (cfg_.qk_norm) {
+        add_param(specs, inits, prefix_ + "self_attn.q_norm.weight", Shape{D_}, ParamInit::constant(1.0), false);
+        add_param(specs, inits, prefix_ + "self_attn.k_norm.weight", Shape{D_}, ParamInit::constant(1.0), false);
+    }
 }
 
 void AttentionBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
@@ -49,6 +60,10 @@ void AttentionBlock::declare_saved(std::vector<BufferSpec>& specs, const std::st
         specs.push_back({prefix + "gate", DType::f32, Shape{N, G_}});
         specs.push_back({prefix + "y", DType::f32, Shape{N, Q_}});
     }
+    if (cfg_.qk_norm) {
+        specs.push_back({prefix + "qk_raw", DType::f32, Shape{N, Q_ + KV_}});
+        specs.push_back({prefix + "qk_rstd", DType::f32, Shape{(H_ + HKV_) * N}});
+    }
 }
 
 void AttentionBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
@@ -58,6 +73,7 @@ void AttentionBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::
     specs.push_back({prefix + "dqk", DType::f32, Shape{N, Q_ + KV_}});
     specs.push_back({prefix + "do", DType::f32, Shape{N, Q_}});
     if (G_ > 0) specs.push_back({prefix + "dy", DType::f32, Shape{N, Q_}});
+    if (cfg_.qk_norm) specs.push_back({prefix + "dqn", DType::f32, Shape{N, Q_ + KV_}});
 }
 
 size_t AttentionBlock::workspace_bytes(StepShape max, int num_threads) const {
@@ -74,6 +90,10 @@ void AttentionBlock::bind_params(const BufferGroup& params, const BufferGroup* g
         if (G_ > 0) parts.push_back(g.view(prefix_ + "self_attn.g_proj.weight"));
         w.qkv = adjacent(parts, C_, prefix_ + "self_attn q/k/v/g projections");
         w.o = g.view(prefix_ + "self_attn.o_proj.weight");
+        if (cfg_.qk_norm) {
+            w.q_norm = g.view(prefix_ + "self_attn.q_norm.weight");
+            w.k_norm = g.view(prefix_ + "self_attn.k_norm.weight");
+        }
     };
     bind(params, w_);
     has_grads_ = grads != nullptr;
@@ -90,6 +110,10 @@ void AttentionBlock::bind_saved(const BufferGroup& acts, const std::string& pref
         gate_ = acts.view(prefix + "gate");
         y_ = acts.view(prefix + "y");
     }
+    if (cfg_.qk_norm) {
+        qk_raw_ = acts.view(prefix + "qk_raw");
+        qk_rstd_ = acts.view(prefix + "qk_rstd");
+    }
 }
 
 void AttentionBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
@@ -98,12 +122,14 @@ void AttentionBlock::bind_scratch(const BufferGroup& acts, const std::string& pr
     dqk_ = acts.view(prefix + "dqk");
     do_ = acts.view(prefix + "do");
     if (G_ > 0) dy_ = acts.view(prefix + "dy");
+    if (cfg_.qk_norm) dqn_ = acts.view(prefix + "dqn");
 }
 
-TensorView AttentionBlock::head_view(TensorView rows, StepShape s, int64_t col, int64_t heads) const {
-    const int64_t width = rows.size(1);
-    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{s.batch, s.seq, heads, D_});
-    v.strides = {s.seq * width, width, D_, 1};
+TensorView AttentionBlock::head_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t width) const {
+    const int64_t row = rows.size(1);
+    TensorView v(static_cast<float*>(rows.data) + col, DType::f32,
+                 Shape{s.batch, s.seq, heads, width > 0 ? width : D_});
+    v.strides = {s.seq * row, row, D_, 1};
     return v;
 }
 
@@ -112,8 +138,16 @@ void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std
     TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N), qkv = qkv_.slice0(0, N), o = o_.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rstd_.slice0(0, N));
     ops::linear_forward({}, ln, w_.qkv, {}, qkv);
+    if (cfg_.qk_norm) {  // RMSNorm over each head of q and k (from a copy: backward needs the inputs)
+        copy_rows(columns(qkv, 0, Q_ + KV_), qk_raw_.slice0(0, N));
+        for_qk_heads([&](int64_t col, bool is_k, int64_t head) {
+            ops::rmsnorm_forward({.eps = cfg_.norm_eps}, columns(qk_raw_.slice0(0, N), col, D_),
+                                 is_k ? w_.k_norm : w_.q_norm, columns(qkv, col, D_),
+                                 TensorView(qk_rstd_.ptr<float>() + head * N, DType::f32, Shape{N}));
+        });
+    }
     const ops::RopeParams rope{.theta = cfg_.rope_theta};  // positions per batch row (relative within documents)
-    TensorView q = head_view(qkv, s, 0, H_), k = head_view(qkv, s, Q_, HKV_);
+    TensorView q = head_view(qkv, s, 0, H_, R_), k = head_view(qkv, s, Q_, HKV_, R_);
     ops::rope_forward(rope, q, q);
     ops::rope_forward(rope, k, k);
     const StepShape a = attention_shape(s);  // one packed row when documents are kept apart
@@ -146,9 +180,25 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
                             o.reshape(Shape{a.batch, a.seq, H_, D_}), lse_.prefix(Shape{a.batch, H_, a.seq}),
                             head_view(dqk, a, 0, H_), head_view(dqk, a, Q_, HKV_), head_view(dqkv, a, Q_ + KV_, HKV_),
                             ws, s.cu_seqlens);
+    // through RoPE (the first R dims of each head; the rest pass), into dqkv or, with qk_norm, into dqn
+    TensorView target = cfg_.qk_norm ? dqn_.slice0(0, N) : dqkv;
+    if (cfg_.qk_norm) zero_rows(dqn_, N);
     const ops::RopeParams rope{.theta = cfg_.rope_theta};
-    ops::rope_backward(rope, head_view(dqk, s, 0, H_), head_view(dqkv, s, 0, H_));
-    ops::rope_backward(rope, head_view(dqk, s, Q_, HKV_), head_view(dqkv, s, Q_, HKV_));
+    ops::rope_backward(rope, head_view(dqk, s, 0, H_, R_), head_view(target, s, 0, H_, R_));
+    ops::rope_backward(rope, head_view(dqk, s, Q_, HKV_, R_), head_view(target, s, Q_, HKV_, R_));
+    if (R_ < D_) {
+        for_qk_heads([&](int64_t col, bool, int64_t) {
+            add_rows(columns(dqk, col + R_, D_ - R_), columns(target, col + R_, D_ - R_));
+        });
+    }
+    if (cfg_.qk_norm) {
+        for_qk_heads([&](int64_t col, bool is_k, int64_t head) {
+            ops::rmsnorm_backward({.eps = cfg_.norm_eps}, columns(target, col, D_),
+                                  columns(qk_raw_.slice0(0, N), col, D_), is_k ? w_.k_norm : w_.q_norm,
+                                  TensorView(qk_rstd_.ptr<float>() + head * N, DType::f32, Shape{N}),
+                                  columns(dqkv, col, D_), is_k ? g_.k_norm : g_.q_norm);
+        });
+    }
     zero_rows(dln_, N);
     ops::linear_backward(dqkv, ln_.slice0(0, N), w_.qkv, dln, g_.qkv, {});
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);

@@ -2,6 +2,8 @@
 //   x_out = x_in + o_proj(attention(rope(q), rope(k), v) ⊙ σ(z)),  [q | k | v | z] = qkv_proj(rmsnorm(x_in))
 // The sigmoid output gate (gated attention as in Qwen3-Next, arXiv 2505.06708; model.output_gate) is
 // optional: z = g_proj(h) has one value per output element (elementwise) or per head (headwise).
+// Qwen3-style options: model.qk_norm (RMSNorm over each head of q and k, weights q_norm / k_norm [D],
+// before RoPE) and model.rope_dim (partial rotary: only the first rope_dim dims of a head rotate).
 // q_proj, k_proj, v_proj (and g_proj) are separate parameters laid out back to back, so one GEMM computes
 // all of them through a fused [Q + 2·KV + G, C] view. Letters: Q = H·D, KV = HKV·D, G = gate width.
 #pragma once
@@ -29,24 +31,32 @@ class AttentionBlock : public Block {
 
   private:
     struct Weights {
-        TensorView norm;  // [C]
-        TensorView qkv;   // [W, C]: q_proj, k_proj, v_proj, g_proj
-        TensorView o;     // [C, Q]
+        TensorView norm;            // [C]
+        TensorView qkv;             // [W, C]: q_proj, k_proj, v_proj, g_proj
+        TensorView o;               // [C, Q]
+        TensorView q_norm, k_norm;  // [D] each (qk_norm)
     };
-    // views of q, k, v inside a [N, Q + 2KV] (or [N, Q + KV]) row buffer, as [B, T, heads, D]
-    TensorView head_view(TensorView rows, StepShape s, int64_t col, int64_t heads) const;
+    // views of q, k, v inside a [N, Q + 2KV] (or [N, Q + KV]) row buffer, as [B, T, heads, width]
+    // (width: the first `width` dims of each head; D by default)
+    TensorView head_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t width = 0) const;
+    // the q/k heads of a [N, *] buffer (q at column 0, k at Q) one at a time: f(head column, is_k, head index)
+    template <class F>
+    void for_qk_heads(F&& f) const;
     // the shape attention runs on: [B, T], or one packed row of B·T tokens with document boundaries
     StepShape attention_shape(StepShape s) const;
 
     ModelConfig cfg_;
     std::string prefix_;
     int64_t C_, H_, HKV_, D_, Q_, KV_, G_, W_;  // W_ = Q + 2KV + G
+    int64_t R_;                                 // rotated dims per head
     Weights w_, g_;
     bool has_grads_ = false;
     // saved: ln [N, C], rstd [N], qkv [N, W], o [N, Q], lse [B·H·T]; gated: gate [N, G], y [N, Q]
-    TensorView ln_, rstd_, qkv_, o_, lse_, gate_, y_;
-    // scratch: dln [N, C], dqkv [N, W], dqk [N, Q+KV] (pre-rope), do [N, Q]; gated: dy [N, Q]
-    TensorView dln_, dqkv_, dqk_, do_, dy_;
+    // qk_norm: qk_raw [N, Q+KV] (q, k before the norms), qk_rstd [(H+HKV)·N] (per head, head-major)
+    TensorView ln_, rstd_, qkv_, o_, lse_, gate_, y_, qk_raw_, qk_rstd_;
+    // scratch: dln [N, C], dqkv [N, W], dqk [N, Q+KV] (pre-rope), do [N, Q]; gated: dy [N, Q];
+    // qk_norm: dqn [N, Q+KV] (gradient of the normed q, k)
+    TensorView dln_, dqkv_, dqk_, do_, dy_, dqn_;
 };
 
 }  // namespace tessera::model
