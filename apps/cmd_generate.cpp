@@ -36,15 +36,16 @@ void add_generate_command(CLI::App& app) {
         train::RunConfig cfg = train::parse_run_config(train::load_checkpoint_config(ckpt),
                                                        (std::filesystem::path(ckpt) / "config.json").string());
         model::Model model(cfg.model);
-        const model::StepShape max{1, cfg.train.seq_len};
-        model::ModelRuntime rt(model, max, /*with_grads=*/false, /*recompute=*/false);
+        const int64_t context = cfg.train.seq_len;  // the length the model was trained at
+        BufferGroup cache("cache", model.cache_specs(1, context));
+        model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false, {&cache});
+        model.bind_cache(cache);
         train::load_groups((std::filesystem::path(ckpt) / "model.safetensors").string(), {&rt.params()});
         std::vector<int32_t> tokens;
         train::ByteTokenizer::encode(a->prompt, tokens);
         if (tokens.empty()) throw Error("--prompt is empty");
-        Tensor logits(DType::f32, Shape{max.seq, cfg.model.vocab_size});
         std::cout << a->prompt << std::flush;
-        model::generate(model, max, tokens, a->p, train::ByteTokenizer::kEndOfText, logits,
+        model::generate(model, context, tokens, a->p, train::ByteTokenizer::kEndOfText,
                         [](int32_t t) { std::cout << train::ByteTokenizer::decode(std::span(&t, 1)) << std::flush; });
         std::cout << '\n';
     });

@@ -247,6 +247,36 @@ void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView
     ops::linear_forward({}, ln_f_.slice0(0, N), head_, {}, logits);
 }
 
+std::vector<BufferSpec> Model::cache_specs(int64_t batch, int64_t max_len) const {
+    TESSERA_CHECK(batch >= 1 && max_len >= 1, "model: decoding caches need batch >= 1 and max_len >= 1");
+    std::vector<BufferSpec> specs;
+    for (size_t j = 0; j < blocks_.size(); ++j) {
+        blocks_[j]->declare_cache(specs, fmt::format("cache.{}.", j), batch, max_len);
+    }
+    for (auto& s : specs) s.kind = BufferKind::workspace;
+    return specs;
+}
+
+void Model::bind_cache(const BufferGroup& cache) {
+    for (size_t j = 0; j < blocks_.size(); ++j) blocks_[j]->bind_cache(cache, fmt::format("cache.{}.", j));
+    decoding_ = true;
+}
+
+void Model::decode_step(int64_t pos, std::span<const int32_t> ids, TensorView logits) {
+    const int64_t B = int64_t(ids.size());
+    TESSERA_CHECK(decoding_, "model: decode_step without bound caches (cache_specs, bind_cache)");
+    TESSERA_CHECK(B >= 1 && B <= max_.tokens(), "model: {} sequences exceed the {} tokens the runtime holds", B,
+                  max_.tokens());
+    check_shape(logits, Shape{B, cfg_.vocab_size}, "model: logits");
+    set_pass({});
+    std::memcpy(ids_.data, ids.data(), size_t(B) * sizeof(int32_t));
+    ops::embedding_forward(ids_.slice0(0, B), embed_, x_[0].slice0(0, B));
+    for (size_t j = 0; j < blocks_.size(); ++j) blocks_[j]->step(B, pos, x_[j], x_[j + 1], ws_);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x_.back().slice0(0, B), norm_f_, ln_f_.slice0(0, B),
+                         rstd_f_.slice0(0, B));
+    ops::linear_forward({}, ln_f_.slice0(0, B), head_, {}, logits);
+}
+
 void Model::set_pass(const PassOptions& o) {
     for (auto& b : blocks_) b->set_pass(o);
 }

@@ -56,6 +56,14 @@ class Model {
     // logits: [B·T, V] f32
     void forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits);
 
+    // Incremental decoding (docs/model.md): the caches for `batch` sequences of up to `max_len` tokens
+    // (a buffer group the caller allocates, e.g. as an extra group of the runtime, then binds), and one
+    // step: ids [batch] at position pos of every sequence (pos = 0 starts new sequences) -> logits
+    // [batch, V]. KV and indexer-key caches grow with pos; KDA/GDN layers keep a fixed-size state.
+    std::vector<BufferSpec> cache_specs(int64_t batch, int64_t max_len) const;
+    void bind_cache(const BufferGroup& cache);
+    void decode_step(int64_t pos, std::span<const int32_t> ids, TensorView logits);
+
     // Model FLOPs per token: forward, and training (3 × forward, recompute not counted).
     double forward_flops_per_token(int64_t seq) const;
 
@@ -88,6 +96,7 @@ class Model {
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
     std::vector<DsaLayer> dsa_;
+    bool decoding_ = false;  // decoding caches bound
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
     StepShape max_;

@@ -34,25 +34,34 @@ int32_t sample_token(std::span<const float> logits, const SampleParams& p, Rng& 
 }
 
 void generate(Model& model,
-              StepShape max,
+              int64_t context,
               std::vector<int32_t>& tokens,
               const SampleParams& p,
               int32_t stop_token,
-              TensorView logits_buffer,
               const std::function<void(int32_t)>& on_token) {
     TESSERA_CHECK(!tokens.empty(), "generate: the prompt is empty");
+    TESSERA_CHECK(context >= 2, "generate: the context must hold at least 2 tokens");
     Rng rng(p.seed, 0x5a3b1eull);
     const int64_t V = model.config().vocab_size;
+    Tensor logits(DType::f32, Shape{1, V});
+    int64_t pos = 0;
+    // decodes tokens[from, end) from position 0
+    auto refill = [&](size_t from) {
+        for (pos = 0; from + size_t(pos) < tokens.size(); ++pos) {
+            model.decode_step(pos, std::span(&tokens[from + size_t(pos)], 1), logits);
+        }
+    };
+    refill(tokens.size() - std::min(tokens.size(), size_t(context)));
     for (int64_t n = 0; n < p.max_new_tokens; ++n) {
-        const int64_t T = std::min<int64_t>(int64_t(tokens.size()), max.seq);
-        std::span<const int32_t> ctx(tokens.data() + tokens.size() - size_t(T), size_t(T));
-        TensorView logits = logits_buffer.prefix(Shape{T, V});
-        model.forward_logits({1, T}, ctx, logits);
-        std::span<const float> last(logits.ptr<float>() + (T - 1) * V, size_t(V));
-        const int32_t next = sample_token(last, p, rng);
+        const int32_t next = sample_token(std::span<const float>(logits.ptr<float>(), size_t(V)), p, rng);
         tokens.push_back(next);
         if (on_token) on_token(next);
-        if (next == stop_token) break;
+        if (next == stop_token || n + 1 == p.max_new_tokens) break;
+        if (pos == context) {
+            refill(tokens.size() - size_t(context / 2));
+        } else {
+            model.decode_step(pos++, std::span(&tokens.back(), 1), logits);
+        }
     }
 }
 

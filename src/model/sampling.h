@@ -1,6 +1,5 @@
-// Autoregressive sampling: temperature, top-k, and greedy decoding (temperature 0). This issue's
-// generation re-runs the model over the context window for each new token; incremental decoding
-// with KV / recurrent-state caches comes with the hybrid model.
+// Autoregressive sampling: temperature, top-k, and greedy decoding (temperature 0), with incremental
+// decoding: each new token is one Model::decode_step over the KV / indexer-key / recurrent-state caches.
 #pragma once
 
 #include <cstdint>
@@ -23,15 +22,15 @@ struct SampleParams {
 // Picks a token from one row of logits; deterministic given the rng position.
 int32_t sample_token(std::span<const float> logits, const SampleParams& p, Rng& rng);
 
-// Extends `tokens` by up to p.max_new_tokens tokens, stopping early at `stop_token` (>= 0).
-// The model must be bound for batch 1 and sequence length >= 1; the context is its last
-// max-seq tokens. on_token is called with each new token (for streaming output).
+// Extends `tokens` by up to p.max_new_tokens tokens, stopping early at `stop_token` (>= 0). The model
+// must have decoding caches bound for batch 1 and `context` tokens; the context is the last `context`
+// tokens: when the caches are full, the last context/2 tokens are decoded again from position 0
+// (a sliding window re-filled in halves). on_token is called with each new token (streaming output).
 void generate(Model& model,
-              StepShape max,
+              int64_t context,
               std::vector<int32_t>& tokens,
               const SampleParams& p,
               int32_t stop_token,
-              TensorView logits_buffer,
               const std::function<void(int32_t)>& on_token);
 
 }  // namespace tessera::model

@@ -133,9 +133,9 @@ TensorView AttentionBlock::head_view(TensorView rows, StepShape s, int64_t col, 
     return v;
 }
 
-void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+void AttentionBlock::project(StepShape s, int64_t pos, TensorView x) {
     const int64_t N = s.tokens();
-    TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N), qkv = qkv_.slice0(0, N), o = o_.slice0(0, N);
+    TensorView ln = ln_.slice0(0, N), qkv = qkv_.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rstd_.slice0(0, N));
     ops::linear_forward({}, ln, w_.qkv, {}, qkv);
     if (cfg_.qk_norm) {  // RMSNorm over each head of q and k (from a copy: backward needs the inputs)
@@ -146,17 +146,65 @@ void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std
                                  TensorView(qk_rstd_.ptr<float>() + head * N, DType::f32, Shape{N}));
         });
     }
-    const ops::RopeParams rope{.theta = cfg_.rope_theta};  // positions per batch row (relative within documents)
+    // positions per batch row (relative within documents), from pos
+    const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos};
     TensorView q = head_view(qkv, s, 0, H_, R_), k = head_view(qkv, s, Q_, HKV_, R_);
     ops::rope_forward(rope, q, q);
     ops::rope_forward(rope, k, k);
+}
+
+void AttentionBlock::finish(int64_t N, TensorView x, TensorView x_out) {
+    TensorView o = o_.slice0(0, N);
+    if (G_ > 0)
+        output_gate_forward(columns(qkv_.slice0(0, N), Q_ + 2 * KV_, G_), o, gate_.slice0(0, N), y_.slice0(0, N));
+    residual_copy(x, x_out, N);
+    ops::linear_forward({.accumulate = true}, G_ > 0 ? y_.slice0(0, N) : o, w_.o, {}, x_out.slice0(0, N));
+}
+
+void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    const int64_t N = s.tokens();
+    TensorView x = x_in.slice0(0, N), qkv = qkv_.slice0(0, N), o = o_.slice0(0, N);
+    project(s, 0, x);
     const StepShape a = attention_shape(s);  // one packed row when documents are kept apart
     ops::attention_forward({}, head_view(qkv, a, 0, H_), head_view(qkv, a, Q_, HKV_), head_view(qkv, a, Q_ + KV_, HKV_),
                            o.reshape(Shape{a.batch, a.seq, H_, D_}), lse_.prefix(Shape{a.batch, H_, a.seq}), ws,
                            s.cu_seqlens);
-    if (G_ > 0) output_gate_forward(columns(qkv, Q_ + 2 * KV_, G_), o, gate_.slice0(0, N), y_.slice0(0, N));
-    residual_copy(x, x_out, N);
-    ops::linear_forward({.accumulate = true}, G_ > 0 ? y_.slice0(0, N) : o, w_.o, {}, x_out.slice0(0, N));
+    finish(N, x, x_out);
+}
+
+void AttentionBlock::declare_cache(std::vector<BufferSpec>& specs,
+                                   const std::string& prefix,
+                                   int64_t batch,
+                                   int64_t max_len) const {
+    specs.push_back({prefix + "k", DType::f32, Shape{batch, max_len, KV_}});
+    specs.push_back({prefix + "v", DType::f32, Shape{batch, max_len, KV_}});
+}
+
+void AttentionBlock::bind_cache(const BufferGroup& cache, const std::string& prefix) {
+    k_cache_ = cache.view(prefix + "k");
+    v_cache_ = cache.view(prefix + "v");
+}
+
+void AttentionBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte>) {
+    const int64_t L = k_cache_.size(1);
+    TESSERA_CHECK(pos < L, "{}: position {} is past the {}-token cache", prefix_, pos, L);
+    TensorView x = x_in.slice0(0, batch), qkv = qkv_.slice0(0, batch), o = o_.slice0(0, batch);
+    project(StepShape{batch, 1}, pos, x);
+    std::vector<const float*> keys(size_t(pos + 1)), values(size_t(pos + 1));
+    for (int64_t b = 0; b < batch; ++b) {
+        const float* row = qkv.ptr<float>() + b * W_;
+        float* kc = k_cache_.ptr<float>() + b * L * KV_;
+        float* vc = v_cache_.ptr<float>() + b * L * KV_;
+        std::copy(row + Q_, row + Q_ + KV_, kc + pos * KV_);
+        std::copy(row + Q_ + KV_, row + Q_ + 2 * KV_, vc + pos * KV_);
+        for (int64_t t = 0; t <= pos; ++t) {
+            keys[size_t(t)] = kc + t * KV_;
+            values[size_t(t)] = vc + t * KV_;
+        }
+        attend_one(row, H_, HKV_, D_, D_, 1.0 / std::sqrt(double(D_)), keys.data(), D_, values.data(), D_, pos + 1,
+                   o.ptr<float>() + b * Q_);
+    }
+    finish(batch, x, x_out);
 }
 
 void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {

@@ -26,6 +26,12 @@ class AttentionBlock : public Block {
     void bind_scratch(const BufferGroup& acts, const std::string& prefix) override;
     void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
+    void declare_cache(std::vector<BufferSpec>& specs,
+                       const std::string& prefix,
+                       int64_t batch,
+                       int64_t max_len) const override;
+    void bind_cache(const BufferGroup& cache, const std::string& prefix) override;
+    void step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     double forward_flops_per_token(int64_t seq) const override;
     std::string kind() const override { return "attention"; }
 
@@ -44,6 +50,10 @@ class AttentionBlock : public Block {
     void for_qk_heads(F&& f) const;
     // the shape attention runs on: [B, T], or one packed row of B·T tokens with document boundaries
     StepShape attention_shape(StepShape s) const;
+    // rmsnorm, the fused projection, q/k norms and RoPE from position pos; and the output gate, o_proj
+    // and residual after attention wrote o
+    void project(StepShape s, int64_t pos, TensorView x);
+    void finish(int64_t N, TensorView x, TensorView x_out);
 
     ModelConfig cfg_;
     std::string prefix_;
@@ -57,6 +67,7 @@ class AttentionBlock : public Block {
     // scratch: dln [N, C], dqkv [N, W], dqk [N, Q+KV] (pre-rope), do [N, Q]; gated: dy [N, Q];
     // qk_norm: dqn [N, Q+KV] (gradient of the normed q, k)
     TensorView dln_, dqkv_, dqk_, do_, dy_, dqn_;
+    TensorView k_cache_, v_cache_;  // decoding: [B, L, KV] each
 };
 
 }  // namespace tessera::model

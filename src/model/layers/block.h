@@ -66,6 +66,19 @@ class Block {
     // dres holds dL/dx_out on entry and dL/dx_in on exit; parameter gradients accumulate.
     virtual void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) = 0;
 
+    // Incremental decoding (generation): per-sequence caches for `batch` sequences of up to `max_len`
+    // tokens, and one step = one new token per sequence at position `pos` (the caches hold positions
+    // < pos; x_in, x_out [batch, C]). Blocks without cross-token state keep the defaults: no cache,
+    // and a step is their forward over `batch` one-token rows.
+    virtual void declare_cache(std::vector<BufferSpec>& specs,
+                               const std::string& prefix,
+                               int64_t batch,
+                               int64_t max_len) const {}
+    virtual void bind_cache(const BufferGroup& cache, const std::string& prefix) {}
+    virtual void step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+        forward(StepShape{batch, 1}, x_in, x_out, ws);
+    }
+
     // Forward FLOPs per token at sequence length `seq` (matmuls and attention scores).
     virtual double forward_flops_per_token(int64_t seq) const = 0;
     // Short kind name shared by blocks that share scratch ("attention", "mlp").
@@ -95,6 +108,21 @@ void copy_rows(TensorView src, TensorView dst);
 // o, y, dy, dov [N, G·per]; all f32, row-strided. Backward: dov = dy ⊙ γ, dz = γ(1−γ)·Σ dy ⊙ o (written).
 void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y);
 void output_gate_backward(TensorView dy, TensorView o, TensorView gate, TensorView dov, TensorView dz);
+// Attention of one query per head over n cached keys (decoding): o[h] = softmax_s(scale·q[h]·key_s)·value_s
+// with head h reading kv head h / (H / HKV). q [H, D] rows, o [H, DV] rows; key_s = keys[s] + kvh·kstride
+// (D values) and value_s = values[s] + kvh·vstride (DV values) for s < n.
+void attend_one(const float* q,
+                int64_t H,
+                int64_t HKV,
+                int64_t D,
+                int64_t DV,
+                double scale,
+                const float* const* keys,
+                int64_t kstride,
+                const float* const* values,
+                int64_t vstride,
+                int64_t n,
+                float* o);
 // one [Σ rows, cols] f32 view over parameters declared back to back (checks that they are adjacent)
 TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what);
 

@@ -175,17 +175,10 @@ void KdaBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) { 
 
 void KdaBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) { d_ = bind_acts(acts, prefix, false); }
 
-void KdaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
-    const int64_t N = s.tokens(), HK = H_ * K_, HVV = HV_ * V_;
-    const bool packed = !s.cu_seqlens.empty();
+void KdaBlock::gates(int64_t N) {
+    const int64_t HK = H_ * K_, HVV = HV_ * V_;
     auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
-    TensorView x = rows(x_in), ln = rows(a_.ln), raw = rows(a_.qkv_raw), qkv = rows(a_.qkv), small = rows(a_.small);
-    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rows(a_.rstd));
-    ops::linear_forward({}, ln, w_.qkv, {}, raw);
-    ops::linear_forward({}, ln, w_.small, {}, small);
-    const Shape conv_shape = packed ? Shape{1, N, Wqkv_} : Shape{s.batch, s.seq, Wqkv_};
-    ops::causal_conv1d_forward({.activation = ops::Activation::silu}, raw.reshape(conv_shape), w_.conv,
-                               qkv.reshape(conv_shape), s.cu_seqlens);
+    TensorView qkv = rows(a_.qkv), small = rows(a_.small);
     for (int64_t h = 0; h < H_; ++h) {
         ops::l2norm_forward({}, columns(qkv, h * K_, K_), columns(rows(a_.qn), h * K_, K_));
         ops::l2norm_forward({}, columns(qkv, HK + h * K_, K_), columns(rows(a_.kn), h * K_, K_));
@@ -216,13 +209,13 @@ void KdaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
             beta.ptr<float>()[n * HV_ + i] = ops::cpu::vsigmoid(small.ptr<float>()[n * Ws_ + R_ + i]);
         }
     }
-    const ops::KdaParams kp{.chunk_size = cfg_.chunk_size};
-    const ops::KdaInputs in = kda_inputs(s, a_);
-    TensorView o = rows(a_.o);
-    TensorView states = saves_states(s) ? a_.states.prefix(ops::kda_saved_states_shape(kp, in)) : TensorView();
-    ops::kda_forward(kp, in, o.reshape(in.v.shape), {}, ws, states);
+}
+
+void KdaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
+    const int64_t HVV = HV_ * V_;
+    auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
+    TensorView small = rows(a_.small), o = rows(a_.o), z = rows(a_.z), y = rows(a_.y);
     // output gate and norm
-    TensorView z = rows(a_.z), y = rows(a_.y);
     if (cfg_.full_rank_output_gate) {
         copy_rows(columns(small, R_ + HV_, HVV), z);
     } else {
@@ -233,6 +226,74 @@ void KdaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
                                y.reshape(Shape{N * HV_, V_}));
     residual_copy(x, x_out, N);
     ops::linear_forward({.accumulate = true}, y, w_.o, {}, rows(x_out));
+}
+
+void KdaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    const int64_t N = s.tokens();
+    const bool packed = !s.cu_seqlens.empty();
+    auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
+    TensorView x = rows(x_in), ln = rows(a_.ln), raw = rows(a_.qkv_raw), qkv = rows(a_.qkv);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rows(a_.rstd));
+    ops::linear_forward({}, ln, w_.qkv, {}, raw);
+    ops::linear_forward({}, ln, w_.small, {}, rows(a_.small));
+    const Shape conv_shape = packed ? Shape{1, N, Wqkv_} : Shape{s.batch, s.seq, Wqkv_};
+    ops::causal_conv1d_forward({.activation = ops::Activation::silu}, raw.reshape(conv_shape), w_.conv,
+                               qkv.reshape(conv_shape), s.cu_seqlens);
+    gates(N);
+    const ops::KdaParams kp{.chunk_size = cfg_.chunk_size};
+    const ops::KdaInputs in = kda_inputs(s, a_);
+    TensorView states = saves_states(s) ? a_.states.prefix(ops::kda_saved_states_shape(kp, in)) : TensorView();
+    ops::kda_forward(kp, in, rows(a_.o).reshape(in.v.shape), {}, ws, states);
+    finish(N, x, x_out);
+}
+
+void KdaBlock::declare_cache(std::vector<BufferSpec>& specs, const std::string& prefix, int64_t batch, int64_t) const {
+    specs.push_back({prefix + "conv", DType::f32, Shape{batch, W_ - 1, Wqkv_}});  // the last W−1 inputs
+    specs.push_back({prefix + "state", DType::f32, Shape{batch, HV_, K_, V_}});
+    specs.push_back({prefix + "state_next", DType::f32, Shape{batch, HV_, K_, V_}});
+}
+
+void KdaBlock::bind_cache(const BufferGroup& cache, const std::string& prefix) {
+    conv_cache_ = cache.view(prefix + "conv");
+    state_ = cache.view(prefix + "state");
+    state_next_ = cache.view(prefix + "state_next");
+}
+
+void KdaBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    const int64_t N = batch;
+    auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
+    TensorView x = rows(x_in), ln = rows(a_.ln), raw = rows(a_.qkv_raw), qkv = rows(a_.qkv);
+    if (pos == 0) {  // a new sequence: empty convolution window and state
+        std::fill(conv_cache_.ptr<float>(), conv_cache_.ptr<float>() + conv_cache_.numel(), 0.f);
+        std::fill(state_.ptr<float>(), state_.ptr<float>() + state_.numel(), 0.f);
+    }
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rows(a_.rstd));
+    ops::linear_forward({}, ln, w_.qkv, {}, raw);
+    ops::linear_forward({}, ln, w_.small, {}, rows(a_.small));
+    // the convolution over the cached W−1 inputs and this one, then the window moves on
+    const float* w = w_.conv.ptr<float>();
+    for (int64_t b = 0; b < N; ++b) {
+        float* win = conv_cache_.ptr<float>() + b * (W_ - 1) * Wqkv_;
+        const float* xt = raw.ptr<float>() + b * Wqkv_;
+        float* y = qkv.ptr<float>() + b * Wqkv_;
+        for (int64_t c = 0; c < Wqkv_; ++c) {
+            float z = w[c * W_ + W_ - 1] * xt[c];
+            for (int64_t j = 0; j < W_ - 1; ++j) z += w[c * W_ + j] * win[j * Wqkv_ + c];
+            y[c] = z * ops::cpu::vsigmoid(z);
+        }
+        if (W_ > 1) {
+            std::copy(win + Wqkv_, win + (W_ - 1) * Wqkv_, win);
+            std::copy(xt, xt + Wqkv_, win + (W_ - 2) * Wqkv_);
+        }
+    }
+    gates(N);
+    // one token of the recurrence from the cached state
+    const ops::KdaParams kp{.chunk_size = cfg_.chunk_size, .mode = ops::KdaMode::recurrent};
+    ops::KdaInputs in = kda_inputs(StepShape{N, 1}, a_);
+    in.h0 = state_;
+    ops::kda_forward(kp, in, rows(a_.o).reshape(in.v.shape), state_next_, ws);
+    std::copy(state_next_.ptr<float>(), state_next_.ptr<float>() + state_.numel(), state_.ptr<float>());
+    finish(N, x, x_out);
 }
 
 void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {

@@ -32,6 +32,13 @@ class KdaBlock : public Block {
     void bind_scratch(const BufferGroup& acts, const std::string& prefix) override;
     void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
+    void declare_cache(std::vector<BufferSpec>& specs,
+                       const std::string& prefix,
+                       int64_t batch,
+                       int64_t max_len) const override;
+    void bind_cache(const BufferGroup& cache, const std::string& prefix) override;
+    // one token: the convolution window and the recurrent state [HV, K, V] carry the past (O(1) in pos)
+    void step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     double forward_flops_per_token(int64_t seq) const override;
     std::string kind() const override { return cfg_.scalar_gate ? "gdn" : "kda"; }
 
@@ -56,6 +63,10 @@ class KdaBlock : public Block {
     Acts bind_acts(const BufferGroup& acts, const std::string& prefix, bool saved) const;
     ops::KdaInputs kda_inputs(StepShape s, const Acts& a) const;
     bool saves_states(StepShape s) const { return s.cu_seqlens.empty(); }
+    // after the convolution: l2-normalised q, k, v, the decays g and β; and the output norm, gate, o_proj
+    // and residual after the recurrence wrote o
+    void gates(int64_t N);
+    void finish(int64_t N, TensorView x, TensorView x_out);
 
     KdaConfig cfg_;
     std::string prefix_;
@@ -63,7 +74,8 @@ class KdaBlock : public Block {
     int64_t Wqkv_, Ws_, Go_;  // widths: [q|k|v], [f_a or a | b | g_a or g], output gate input
     Weights w_, g_;
     bool has_grads_ = false;
-    Acts a_, d_;  // saved activations and their gradients (scratch)
+    Acts a_, d_;                                  // saved activations and their gradients (scratch)
+    TensorView conv_cache_, state_, state_next_;  // decoding: [B, W−1, Wqkv], [B, HV, K, V] × 2
 };
 
 }  // namespace tessera::model

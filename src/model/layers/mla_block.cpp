@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -215,7 +216,7 @@ TensorView MlaBlock::q_rows(const Acts& a, int64_t N) const {
     return RQ_ > 0 ? a.q.slice0(0, N) : columns(a.hp.slice0(0, N), 0, H_ * DQ_);
 }
 
-void MlaBlock::indexer_forward(StepShape s) {
+void MlaBlock::indexer_forward(StepShape s, int64_t pos) {
     const int64_t N = s.tokens();
     TensorView hp = a_.hp.slice0(0, N);
     ops::linear_forward({}, RQ_ > 0 ? a_.cq.slice0(0, N) : a_.ln.slice0(0, N), w_.iq, {}, a_.qi.slice0(0, N));
@@ -229,7 +230,7 @@ void MlaBlock::indexer_forward(StepShape s) {
         for (int64_t j = 0; j < HI_; ++j) wi[n * HI_ + j] = wsrc.ptr<float>()[n * wsrc.strides[0] + j] * wscale;
     }
     if (cfg_.dsa.rope_dim > 0) {  // rotate-half pairs on the first d_r^I dims (spec/dsa.md §1.2)
-        const ops::RopeParams rope{.theta = cfg_.rope_theta};
+        const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos};
         TensorView qr = heads_view(a_.qi.slice0(0, N), s, 0, HI_, DI_, cfg_.dsa.rope_dim);
         TensorView kr = heads_view(a_.ki.slice0(0, N), s, 0, 1, DI_, cfg_.dsa.rope_dim);
         ops::rope_forward(rope, qr, qr);
@@ -263,9 +264,9 @@ void MlaBlock::select(StepShape s) {
     }
 }
 
-void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
-    const int64_t N = s.tokens(), OC = oc_width();
-    TensorView x = x_in.slice0(0, N), ln = a_.ln.slice0(0, N), hp = a_.hp.slice0(0, N), kv = a_.kv.slice0(0, N);
+void MlaBlock::project(StepShape s, int64_t pos, TensorView x) {
+    const int64_t N = s.tokens();
+    TensorView ln = a_.ln.slice0(0, N), hp = a_.hp.slice0(0, N), kv = a_.kv.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, a_.rstd.slice0(0, N));
     ops::linear_forward({}, ln, w_.h_proj, {}, hp);
     if (RQ_ > 0) {
@@ -278,7 +279,7 @@ void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
                          a_.kv_rstd.slice0(0, N));
     copy_rows(columns(hp, col_kv_ + RKV_, DR_), columns(kv, RKV_, DR_));
     if (cfg_.rope && DR_ > 0) {
-        const ops::RopeParams rope{.theta = cfg_.rope_theta, .interleaved = true};
+        const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos, .interleaved = true};
         TensorView qr = heads_view(q, s, DN_, H_, DQ_, DR_), kr = heads_view(kv, s, RKV_, 1, DK_, DR_);
         ops::rope_forward(rope, qr, qr);
         ops::rope_forward(rope, kr, kr);
@@ -290,16 +291,35 @@ void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
                   w_.kv_b.ptr<float>() + h * (DN_ + DV_) * RKV_, RKV_, 0.f, qhat.ptr<float>() + h * DK_, H_ * DK_);
     }
     for (int64_t h = 0; h < H_; ++h) copy_rows(columns(q, h * DQ_ + DN_, DR_), columns(qhat, h * DK_ + RKV_, DR_));
+    if (HI_ > 0) indexer_forward(s, pos);
+}
 
-    const StepShape f = flat(s);
+void MlaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
+    const int64_t OC = oc_width();
     TensorView oc = a_.oc.slice0(0, N);
+    // o_h = W_UV_h o^C_h
+    TensorView o = G_ > 0 ? a_.ov.slice0(0, N) : a_.y.slice0(0, N);
+    for (int64_t h = 0; h < H_; ++h) {
+        ops::gemm(Trans::N, Trans::T, N, DV_, RKV_, 1.f, oc.ptr<float>() + h * OC, H_ * OC,
+                  w_.kv_b.ptr<float>() + (h * (DN_ + DV_) + DN_) * RKV_, RKV_, 0.f, o.ptr<float>() + h * DV_, H_ * DV_);
+    }
+    if (G_ > 0)
+        output_gate_forward(columns(a_.hp.slice0(0, N), col_g_, G_), o, a_.gate.slice0(0, N), a_.y.slice0(0, N));
+    residual_copy(x, x_out, N);
+    ops::linear_forward({.accumulate = true}, a_.y.slice0(0, N), w_.o, {}, x_out.slice0(0, N));
+}
+
+void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    const int64_t N = s.tokens();
+    TensorView x = x_in.slice0(0, N), kv = a_.kv.slice0(0, N), qhat = a_.qhat.slice0(0, N), oc = a_.oc.slice0(0, N);
+    project(s, 0, x);
+    const StepShape f = flat(s);
     if (!cfg_.dsa.enabled()) {
         TensorView entry(kv.data, DType::f32, Shape{f.batch, f.seq, 1, DK_});
         ops::attention_forward({.scale = cfg_.scale()}, qhat.reshape(Shape{f.batch, f.seq, H_, DK_}), entry, entry,
                                oc.reshape(Shape{f.batch, f.seq, H_, DK_}), a_.lse.prefix(Shape{f.batch, H_, f.seq}), ws,
                                s.cu_seqlens);
     } else {
-        indexer_forward(s);
         select(s);
         ops::sparse_attention_forward(
             {.scale = cfg_.scale(), .dv = RKV_, .dkv_slabs = cfg_.dsa.dk_slabs},
@@ -307,15 +327,66 @@ void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
             a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, a_.idx.size(1)}),
             oc.reshape(Shape{f.batch, f.seq, H_, RKV_}), a_.lse.prefix(Shape{f.batch, f.seq, H_}));
     }
-    // o_h = W_UV_h o^C_h
-    TensorView o = G_ > 0 ? a_.ov.slice0(0, N) : a_.y.slice0(0, N);
-    for (int64_t h = 0; h < H_; ++h) {
-        ops::gemm(Trans::N, Trans::T, N, DV_, RKV_, 1.f, oc.ptr<float>() + h * OC, H_ * OC,
-                  w_.kv_b.ptr<float>() + (h * (DN_ + DV_) + DN_) * RKV_, RKV_, 0.f, o.ptr<float>() + h * DV_, H_ * DV_);
+    finish(N, x, x_out);
+}
+
+void MlaBlock::declare_cache(std::vector<BufferSpec>& specs,
+                             const std::string& prefix,
+                             int64_t batch,
+                             int64_t max_len) const {
+    specs.push_back({prefix + "entries", DType::f32, Shape{batch, max_len, DK_}});
+    if (HI_ > 0) specs.push_back({prefix + "index_keys", DType::f32, Shape{batch, max_len, DI_}});
+}
+
+void MlaBlock::bind_cache(const BufferGroup& cache, const std::string& prefix) {
+    entries_ = cache.view(prefix + "entries");
+    if (HI_ > 0) index_keys_ = cache.view(prefix + "index_keys");
+}
+
+void MlaBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte>) {
+    const int64_t L = entries_.size(1), OC = oc_width();
+    TESSERA_CHECK(pos < L, "{}: position {} is past the {}-token cache", prefix_, pos, L);
+    TensorView x = x_in.slice0(0, batch);
+    project(StepShape{batch, 1}, pos, x);
+    std::vector<const float*> rows;
+    std::vector<std::pair<float, int64_t>> scored;
+    std::vector<float> oc(static_cast<size_t>(H_ * RKV_));
+    for (int64_t b = 0; b < batch; ++b) {
+        float* ent = entries_.ptr<float>() + b * L * DK_;
+        const float* kvb = a_.kv.ptr<float>() + b * DK_;
+        std::copy(kvb, kvb + DK_, ent + pos * DK_);
+        rows.clear();
+        if (HI_ == 0) {
+            for (int64_t t = 0; t <= pos; ++t) rows.push_back(ent + t * DK_);
+        } else {  // the indexer's top-k over the cached keys (the same total order as dsa_indexer)
+            float* ik = index_keys_.ptr<float>() + b * L * DI_;
+            std::copy(a_.ki.ptr<float>() + b * DI_, a_.ki.ptr<float>() + (b + 1) * DI_, ik + pos * DI_);
+            const float* qi = a_.qi.ptr<float>() + b * HI_ * DI_;
+            const float* wi = a_.wi.ptr<float>() + b * HI_;
+            scored.clear();
+            for (int64_t t = 0; t <= pos; ++t) {
+                float I = 0;
+                for (int64_t j = 0; j < HI_; ++j) {
+                    float dot = 0;
+                    for (int64_t d = 0; d < DI_; ++d) dot += qi[j * DI_ + d] * ik[t * DI_ + d];
+                    I += wi[j] * std::max(dot, 0.f);
+                }
+                scored.push_back({I, t});
+            }
+            const int64_t n = std::min<int64_t>(cfg_.dsa.topk, pos + 1);
+            std::partial_sort(scored.begin(), scored.begin() + n, scored.end(), [](const auto& u, const auto& v) {
+                return u.first > v.first || (u.first == v.first && u.second > v.second);
+            });
+            scored.resize(size_t(n));
+            std::sort(scored.begin(), scored.end(), [](const auto& u, const auto& v) { return u.second < v.second; });
+            for (const auto& [I, t] : scored) rows.push_back(ent + t * DK_);
+        }
+        attend_one(a_.qhat.ptr<float>() + b * H_ * DK_, H_, 1, DK_, RKV_, cfg_.scale(), rows.data(), 0, rows.data(), 0,
+                   int64_t(rows.size()), oc.data());
+        float* dst = a_.oc.ptr<float>() + b * H_ * OC;
+        for (int64_t h = 0; h < H_; ++h) std::copy(oc.begin() + h * RKV_, oc.begin() + (h + 1) * RKV_, dst + h * OC);
     }
-    if (G_ > 0) output_gate_forward(columns(hp, col_g_, G_), o, a_.gate.slice0(0, N), a_.y.slice0(0, N));
-    residual_copy(x, x_out, N);
-    ops::linear_forward({.accumulate = true}, a_.y.slice0(0, N), w_.o, {}, x_out.slice0(0, N));
+    finish(batch, x, x_out);
 }
 
 void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {

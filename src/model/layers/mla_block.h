@@ -46,6 +46,14 @@ class MlaBlock : public Block {
     void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     // LM-loss backward of the main path; with an indexer, adds the KL gradient of the indexer weights.
     void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
+    void declare_cache(std::vector<BufferSpec>& specs,
+                       const std::string& prefix,
+                       int64_t batch,
+                       int64_t max_len) const override;
+    void bind_cache(const BufferGroup& cache, const std::string& prefix) override;
+    // one token: the entry (and indexer key) join the caches; attention over every cached entry, or over
+    // the indexer's top-k of them
+    void step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     double forward_flops_per_token(int64_t seq) const override;
     std::string kind() const override { return cfg_.dsa.enabled() ? "dsa" : "mla"; }
     void set_pass(const PassOptions& o) override { pass_ = o; }
@@ -77,7 +85,11 @@ class MlaBlock : public Block {
     StepShape flat(StepShape s) const;                  // [B, T], or one packed row when documents are packed
     TensorView q_rows(const Acts& a, int64_t N) const;  // q [N, H·Dq] (its own buffer or columns of hp)
     float indexer_weight_scale() const { return float(1.0 / std::sqrt(double(HI_ * DI_))); }  // (H^I·d^I)^-1/2
-    void indexer_forward(StepShape s);
+    void indexer_forward(StepShape s, int64_t pos);
+    // the projections up to q̂, the entries and the indexer's q, k, w (positions from pos); and W_UV, the
+    // gate, o_proj and the residual after attention wrote oc
+    void project(StepShape s, int64_t pos, TensorView x);
+    void finish(int64_t N, TensorView x, TensorView x_out);
     void select(StepShape s);
 
     MlaConfig cfg_;
@@ -90,6 +102,7 @@ class MlaBlock : public Block {
     Acts a_;
     Scratch d_;
     PassOptions pass_;
+    TensorView entries_, index_keys_;  // decoding caches: [B, L, D_k], [B, L, d^I]
     DsaLayerStats stats_;
 };
 
