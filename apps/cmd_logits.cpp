@@ -4,6 +4,8 @@
 
 #include "apps/commands.h"
 #include "core/safetensors.h"
+#include "model/hf_checkpoint.h"
+#include "model/hf_config.h"
 #include "model/runtime.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -16,21 +18,38 @@ void add_logits_command(CLI::App& app) {
         std::string checkpoint, in, out;
     };
     auto a = std::make_shared<Args>();
-    cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
+    cmd->add_option("--checkpoint", a->checkpoint,
+                    "A checkpoint, a run directory (its latest checkpoint), or a Hugging Face checkpoint directory "
+                    "(Kimi-Linear / Kimi K3 layout)")
         ->required();
     cmd->add_option("--in", a->in, "safetensors file with ids [B, T] (i32 or i64)")->required();
     cmd->add_option("--out", a->out, "safetensors file to write: logits [B, T, V] (f32)")->required();
     cmd->callback([a] {
-        const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
-        train::RunConfig cfg = train::parse_run_config(train::load_checkpoint_config(ckpt),
-                                                       (std::filesystem::path(ckpt) / "config.json").string());
+        // a Hugging Face directory (config.json with a model_type), or a tessera checkpoint
+        const std::filesystem::path hf_config = std::filesystem::path(a->checkpoint) / "config.json";
+        Json hf_doc;
+        if (std::filesystem::exists(hf_config)) {
+            hf_doc = train::load_config_json(hf_config.string(), {});
+        }
+        const bool hf = model::is_hf_config(hf_doc);
+        model::HfImport imported;
+        std::string ckpt = a->checkpoint;
+        if (hf) {
+            imported = model::import_hf_config(hf_doc, hf_config.string());
+        } else {
+            ckpt = train::resolve_checkpoint(a->checkpoint);
+            imported.model = train::parse_run_config(train::load_checkpoint_config(ckpt),
+                                                     (std::filesystem::path(ckpt) / "config.json").string())
+                                 .model;
+        }
+        const model::ModelConfig& mc = imported.model;
         SafetensorsFile in(a->in);
         TESSERA_CHECK(in.contains("ids"), "{}: no tensor \"ids\"", a->in);
         const Tensor raw = in.load("ids");
         TESSERA_CHECK(raw.view().ndim() == 2 && (raw.view().dtype == DType::i32 || raw.view().dtype == DType::i64),
                       "{}: ids must be [B, T] i32 or i64, not {} {}", a->in, dtype_name(raw.view().dtype),
                       raw.view().shape.str());
-        const int64_t B = raw.view().size(0), T = raw.view().size(1), V = cfg.model.vocab_size;
+        const int64_t B = raw.view().size(0), T = raw.view().size(1), V = mc.vocab_size;
         TESSERA_CHECK(B > 0 && T > 0, "{}: ids is empty", a->in);
         std::vector<int32_t> ids(size_t(B * T));
         for (int64_t i = 0; i < B * T; ++i) {
@@ -40,10 +59,15 @@ void add_logits_command(CLI::App& app) {
                           i % T, v, V);
             ids[size_t(i)] = int32_t(v);
         }
-        model::Model model(cfg.model);
+        model::Model model(mc);
         const model::StepShape shape{B, T};
         model::ModelRuntime rt(model, shape, /*with_grads=*/false, /*recompute=*/false);
-        train::load_groups((std::filesystem::path(ckpt) / "model.safetensors").string(), {&rt.params()});
+        if (hf) {
+            model::load_hf_checkpoint(ckpt, model::hf_tensor_map(model.param_specs(), mc, imported.model_type),
+                                      rt.params());
+        } else {
+            train::load_groups((std::filesystem::path(ckpt) / "model.safetensors").string(), {&rt.params()});
+        }
         Tensor logits(DType::f32, Shape{B * T, V});
         model.forward_logits(shape, ids, logits);
         write_safetensors(a->out, {{"logits", logits.view().reshape(Shape{B, T, V})}}, {{"checkpoint", ckpt}});

@@ -11,5 +11,6 @@ void add_generate_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
+void add_export_command(CLI::App& app);
 
 }  // namespace tessera::apps

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
     tessera::apps::add_generate_command(app);
     tessera::apps::add_logits_command(app);
     tessera::apps::add_inspect_command(app);
+    tessera::apps::add_export_command(app);
     tessera::apps::add_op_command(app);
     tessera::apps::add_data_command(app);
     try {

@@ -268,7 +268,10 @@ Json to_json(const ModelConfig& c) {
            {"qk_norm", c.qk_norm},
            {"rope_dim", c.rope_dim},
            {"moe", to_json(c.moe)}};
-    if (c.has_layer_type("mla") || c.has_layer_type("dsa")) j["mla"] = to_json(c.mla);
+    if (c.has_layer_type("mla") || c.has_layer_type("dsa")) {
+        j["mla"] = to_json(c.mla);
+        if (!c.has_layer_type("dsa")) j["mla"].erase("dsa");  // the indexer settings only matter to dsa layers
+    }
     if (c.has_layer_type("kda") || c.has_layer_type("gdn")) j["kda"] = to_json(c.kda);
     return j;
 }

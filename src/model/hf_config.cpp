@@ -294,6 +294,83 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
 }
 }  // namespace
 
+Json export_kimi_linear_config(const ModelConfig& m) {
+    auto need = [](bool ok, const char* what) {
+        TESSERA_CHECK(ok, "this model cannot be written as a Kimi-Linear config: {}", what);
+    };
+    Json kda_layers = Json::array(), full_layers = Json::array();
+    for (int64_t i = 0; i < m.n_layers; ++i) {
+        const std::string& t = m.layer_type(i);
+        need(t == "kda" || t == "mla" || t == "dsa", "only kda, mla and dsa layers exist there");
+        (t == "kda" ? kda_layers : full_layers).push_back(i + 1);  // 1-based
+    }
+    need(!(m.has_layer_type("mla") && m.has_layer_type("dsa")), "full-attention layers are all mla or all dsa");
+    need(m.output_gate != "headwise", "the MLA output gate is elementwise or absent");
+    const KdaConfig& k = m.kda;
+    need(k.hv() == k.num_heads && k.v_dim() == k.head_dim && k.rank() == k.head_dim,
+         "KDA value heads, value dim and gate rank equal the q/k heads and head dim");
+    need(m.moe.experts > 0, "the feed-forward layers are MoE after first_k_dense_replace dense ones");
+    need(m.moe.shared_ffn_dim % m.moe.ffn_dim == 0, "the shared experts' width is a multiple of the expert width");
+    need(m.moe.activation == "swiglu" || m.moe.first_dense == 0, "SiTU applies to the dense MLP layers as well");
+    need(m.moe.capacity_factor == 0 && m.moe.seq_aux_coeff == 0 && m.moe.z_loss_coeff == 0,
+         "routing is dropless without auxiliary losses");
+    need(m.mla.softmax_scale == 0, "the MLA softmax scale is (d_n + d_r)^-1/2");
+    Json lin = {{"num_heads", k.num_heads},
+                {"head_dim", k.head_dim},
+                {"short_conv_kernel_size", k.conv_size},
+                {"kda_layers", kda_layers},
+                {"full_attn_layers", full_layers}};
+    if (k.gate_lower_bound < 0) lin["gate_lower_bound"] = k.gate_lower_bound;
+    if (k.full_rank_output_gate) lin["use_full_rank_gate"] = true;
+    Json j = {{"architectures", {"KimiLinearForCausalLM"}},
+              {"model_type", "kimi_linear"},
+              {"vocab_size", m.vocab_size},
+              {"hidden_size", m.d_model},
+              {"num_hidden_layers", m.n_layers},
+              {"num_attention_heads", m.n_heads},
+              {"num_key_value_heads", m.n_heads},
+              {"intermediate_size", m.ffn_dim},
+              {"rms_norm_eps", m.norm_eps},
+              {"initializer_range", m.init_std},
+              {"tie_word_embeddings", m.tie_embeddings},
+              {"rope_theta", m.rope_theta},
+              {"hidden_act", m.moe.activation == "situ" ? "situ" : "silu"},
+              {"q_lora_rank", m.mla.q_lora_rank > 0 ? Json(m.mla.q_lora_rank) : Json(nullptr)},
+              {"kv_lora_rank", m.mla.kv_lora_rank},
+              {"qk_nope_head_dim", m.mla.qk_nope_dim},
+              {"qk_rope_head_dim", m.mla.qk_rope_dim},
+              {"v_head_dim", m.mla.v_head_dim},
+              {"mla_use_nope", !m.mla.rope},
+              {"mla_use_output_gate", m.output_gate == "elementwise"},
+              {"linear_attn_config", lin},
+              {"num_experts", m.moe.experts},
+              {"num_experts_per_token", m.moe.topk},
+              {"moe_intermediate_size", m.moe.ffn_dim},
+              {"num_shared_experts", m.moe.shared_ffn_dim / m.moe.ffn_dim},
+              {"moe_router_activation_func", m.moe.score},
+              {"moe_renormalize", m.moe.normalize},
+              {"routed_scaling_factor", m.moe.scaling},
+              {"use_grouped_topk", true},
+              {"num_expert_group", m.moe.groups},
+              {"topk_group", m.moe.topk_groups},
+              {"topk_method", "noaux_tc"},
+              {"first_k_dense_replace", m.moe.first_dense},
+              {"moe_layer_freq", 1},
+              {"num_nextn_predict_layers", 0}};
+    if (m.moe.latent_dim > 0) {
+        j["routed_expert_hidden_size"] = m.moe.latent_dim;
+        j["latent_moe_use_norm"] = m.moe.latent_norm;
+    }
+    if (m.has_layer_type("dsa")) {
+        need(m.mla.dsa.rope_dim == std::min(m.mla.qk_rope_dim, m.mla.dsa.head_dim),
+             "the indexer rotates qk_rope_head_dim dims");
+        j["index_topk"] = m.mla.dsa.topk;
+        j["index_n_heads"] = m.mla.dsa.heads;
+        j["index_head_dim"] = m.mla.dsa.head_dim;
+    }
+    return j;
+}
+
 bool is_hf_config(const Json& doc) {
     return doc.is_object() && (doc.contains("model_type") || doc.contains("architectures"));
 }
@@ -302,6 +379,7 @@ HfImport import_hf_config(const Json& doc, const std::string& where) {
     Keys top(doc, where);
     HfImport r;
     const std::string type = top.text_or("model_type", "");
+    r.model_type = type;
     if (type == "kimi_k3") {
         r.family = "Kimi K3 (kimi_k3; text model kimi_linear)";
         top.ignore({"architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id", "dtype",

@@ -17,7 +17,8 @@
 namespace tessera::model {
 
 struct HfImport {
-    std::string family;  // e.g. "Kimi K3 (kimi_k3)"
+    std::string family;      // e.g. "Kimi K3 (kimi_k3)"
+    std::string model_type;  // kimi_k3 | kimi_linear | qwen3_next | deepseek_v32
     ModelConfig model;
     std::vector<std::string> unsupported;  // one line each
 };
@@ -26,5 +27,9 @@ struct HfImport {
 bool is_hf_config(const Json& doc);
 // Throws with the file and key for unknown families, missing keys or contradictions.
 HfImport import_hf_config(const Json& doc, const std::string& where);
+// The Kimi-Linear config.json of a tessera model (kda / mla / dsa layers; the inverse of the import, so
+// importing it gives the same model). Throws naming what the format cannot express (gqa or gdn layers,
+// a headwise gate, KDA with grouped value heads or another gate rank, SiTU with dense MLP layers, ...).
+Json export_kimi_linear_config(const ModelConfig& m);
 
 }  // namespace tessera::model

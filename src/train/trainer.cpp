@@ -90,7 +90,7 @@ std::string dsa_summary(const std::vector<std::pair<int64_t, model::DsaLayerStat
 // which move from the dense warm-up to the sparse stage on the same checkpoint (spec/dsa.md §3.1).
 Json fixed_model_json(const model::ModelConfig& m) {
     Json j = model::to_json(m);
-    if (j.contains("mla")) {
+    if (j.contains("mla") && j["mla"].contains("dsa")) {
         j["mla"]["dsa"].erase("stage");
         j["mla"]["dsa"].erase("kl_coeff");
     }

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/config_reader.h"
+#include "core/file.h"
 #include "core/safetensors.h"
 #include "e2e/cli_util.h"
 #include "ops/linear.h"
@@ -213,6 +215,44 @@ TEST(Cli, InspectSummarisesHuggingFaceAndTesseraConfigs) {
     write_file(d.file("llama.json"), R"({"model_type": "llama", "hidden_size": 64})");
     expect_one_line_error(run_tessera("inspect " + d.file("llama.json")), "is not a supported family",
                           "unknown family");
+}
+
+TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
+    TempDir d;
+    const std::string hybrid =
+        " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
+        " --set model.mla.q_lora_rank=16 --set model.moe.experts=4 --set model.moe.ffn_dim=16"
+        " --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise";
+    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + hybrid);
+    ASSERT_EQ(r.status, 0) << r.err;
+    r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf") + " --shard-mib 1");
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json cfg = Json::parse(read_text(d.file("hf/config.json")));
+    EXPECT_EQ(cfg["model_type"], "kimi_linear");
+    EXPECT_EQ(cfg["linear_attn_config"]["full_attn_layers"], Json::array({3}));
+    EXPECT_EQ(cfg["num_shared_experts"], 2);
+    EXPECT_TRUE(std::filesystem::exists(d.file("hf/model.safetensors.index.json")));
+    Tensor ids(DType::i32, Shape{2, 10});
+    for (int64_t i = 0; i < 20; ++i) ids.ptr<int32_t>()[i] = int32_t((i * 29 + 3) % 258);
+    write_safetensors(d.file("ids.safetensors"), {{"ids", ids}});
+    for (const char* src : {"run", "hf"}) {
+        r = run_tessera("logits --checkpoint " + d.file(src) + " --in " + d.file("ids.safetensors") + " --out " +
+                        d.file(std::string(src) + ".safetensors"));
+        ASSERT_EQ(r.status, 0) << src << ": " << r.err;
+    }
+    Tensor a = SafetensorsFile(d.file("run.safetensors")).load("logits"),
+           b = SafetensorsFile(d.file("hf.safetensors")).load("logits");
+    EXPECT_TRUE(test::bitwise_equal(a, b)) << "the Hugging Face directory holds the same model";
+    r = run_tessera("inspect " + d.file("hf"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("family: Kimi-Linear"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("not supported yet: nothing"), std::string::npos) << r.out;
+    expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf")),
+                          "already exists", "existing output");
+    ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 1 --out " + d.file("gqa")).status, 0);
+    expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("gqa") + " --out " + d.file("hf2")),
+                          "cannot be written as a Kimi-Linear config", "a GQA model");
+    EXPECT_FALSE(std::filesystem::exists(d.file("hf2"))) << "nothing written";
 }
 
 }  // namespace

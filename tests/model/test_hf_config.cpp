@@ -150,5 +150,26 @@ TEST(ShippedConfigs, EveryConfigParsesAndEveryHfConfigImports) {
     EXPECT_GT(demo.model.moe.shared_ffn_dim, 0);
 }
 
+TEST(HfConfig, KimiLinearExportImportsBackToTheSameModel) {
+    for (const char* attention : {R"(["kda", "kda", "kda", "dsa"])", R"(["kda", "mla"])"}) {
+        const model::ModelConfig m = model::parse_model_config(
+            Json::parse(std::string(R"({"vocab_size": 100, "d_model": 64, "n_layers": )") +
+                        (std::string(attention).find("dsa") != std::string::npos ? "4" : "2") +
+                        R"(, "n_heads": 4, "ffn_dim": 96, "attention": )" + attention + R"(,
+                "output_gate": "elementwise",
+                "kda": {"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true},
+                "mla": {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_dim": 16, "qk_rope_dim": 8, "v_head_dim": 16,
+                        "rope": false, "dsa": {"topk": 16, "heads": 2, "head_dim": 16, "rope_dim": 8}},
+                "moe": {"experts": 8, "topk": 2, "ffn_dim": 32, "shared_ffn_dim": 64, "latent_dim": 32,
+                        "latent_norm": true, "groups": 2, "topk_groups": 1}})"),
+            "m");
+        const model::HfImport back = model::import_hf_config(model::export_kimi_linear_config(m), "exported");
+        EXPECT_EQ(model::to_json(back.model), model::to_json(m)) << attention;
+        EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
+    }
+    model::ModelConfig gqa;
+    test::expect_error([&] { model::export_kimi_linear_config(gqa); }, "only kda, mla and dsa layers");
+}
+
 }  // namespace
 }  // namespace tessera

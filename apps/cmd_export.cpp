@@ -1,0 +1,49 @@
+// tessera export-hf: a tessera checkpoint as a Hugging Face Kimi-Linear checkpoint directory: config.json
+// (model_type kimi_linear) and f32 safetensors shards with model.safetensors.index.json, in the published
+// tensor layout (model/hf_checkpoint.h). `tessera logits` and `inspect` read such a directory back.
+#include <filesystem>
+
+#include "apps/commands.h"
+#include "core/file.h"
+#include "model/hf_checkpoint.h"
+#include "model/hf_config.h"
+#include "model/runtime.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+
+namespace tessera::apps {
+
+namespace fs = std::filesystem;
+
+void add_export_command(CLI::App& app) {
+    auto* cmd =
+        app.add_subcommand("export-hf", "Write a checkpoint as a Hugging Face Kimi-Linear checkpoint directory");
+    struct Args {
+        std::string checkpoint, out;
+        int64_t shard_mib = 4096;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
+        ->required();
+    cmd->add_option("--out", a->out, "The directory to create (must not exist or be empty)")->required();
+    cmd->add_option("--shard-mib", a->shard_mib, "Largest shard size in MiB")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->callback([a] {
+        TESSERA_CHECK(!fs::exists(a->out) || (fs::is_directory(a->out) && fs::is_empty(a->out)),
+                      "{} already exists and is not an empty directory", a->out);
+        const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
+        const train::RunConfig cfg =
+            train::parse_run_config(train::load_checkpoint_config(ckpt), (fs::path(ckpt) / "config.json").string());
+        const Json hf = model::export_kimi_linear_config(cfg.model);  // refuses what the format cannot express
+        model::Model model(cfg.model);
+        model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
+        train::load_groups((fs::path(ckpt) / "model.safetensors").string(), {&rt.params()});
+        model::save_hf_checkpoint(a->out, model::hf_tensor_map(model.param_specs(), cfg.model, "kimi_linear"),
+                                  rt.params(), size_t(a->shard_mib) << 20);
+        write_text_atomic((fs::path(a->out) / "config.json").string(), hf.dump(2) + "\n");
+        std::printf("wrote %s (Kimi-Linear layout, %lld parameters)\n", a->out.c_str(), (long long)model.num_params());
+    });
+}
+
+}  // namespace tessera::apps

@@ -1,0 +1,203 @@
+// Hugging Face checkpoint layout of the Kimi family and sharded safetensors I/O (see hf_checkpoint.h).
+#include "model/hf_checkpoint.h"
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "core/check.h"
+#include "core/config_reader.h"
+#include "core/file.h"
+#include "core/mxfp4.h"
+#include "core/safetensors.h"
+
+namespace tessera::model {
+
+namespace fs = std::filesystem;
+
+namespace {
+Shape with_unit_middle(const Shape& s) { return Shape{s[0], 1, s[1]}; }  // [C, W] -> [C, 1, W]
+
+// a view of one stored tensor inside its tessera parameter
+TensorView place(const HfTensor& t, const TensorView& param) {
+    if (t.expert >= 0) return param.slice0(t.expert, t.expert + 1).reshape(t.shape);
+    if (t.pad_to > 0) return param;
+    return param.reshape(t.shape);
+}
+}  // namespace
+
+std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
+                                    const ModelConfig& c,
+                                    const std::string& model_type) {
+    TESSERA_CHECK(model_type == "kimi_linear" || model_type == "kimi_k3",
+                  "Hugging Face weights of {} checkpoints are not supported yet (kimi_linear, kimi_k3)", model_type);
+    const bool k3 = model_type == "kimi_k3";
+    const std::string P = k3 ? "language_model.model." : "model.";
+    std::vector<HfTensor> out;
+    for (const auto& spec : params) {
+        const std::string& n = spec.name;
+        if (n == "lm_head.weight") {
+            out.push_back({n, k3 ? "language_model.lm_head.weight" : n, spec.shape});
+            continue;
+        }
+        TESSERA_CHECK(n.rfind("model.", 0) == 0, "hf_tensor_map: unexpected parameter {}", n);
+        std::string rest = n.substr(6);  // after "model."
+        const std::string layers = "layers.";
+        if (rest.rfind(layers, 0) != 0) {
+            out.push_back({n, P + rest, spec.shape});
+            continue;
+        }
+        const size_t dot = rest.find('.', layers.size());
+        const int64_t layer = std::stoll(rest.substr(layers.size(), dot - layers.size()));
+        const std::string lp = P + rest.substr(0, dot + 1);  // ".../layers.L."
+        const std::string tail = rest.substr(dot + 1);
+        if (c.moe.is_moe_layer(layer) && tail.rfind("mlp.", 0) == 0) {
+            const std::string moe = lp + "block_sparse_moe.";
+            const std::string t = tail.substr(4);
+            const char* w = t == "experts.gate_proj.weight"   ? "w1"
+                            : t == "experts.up_proj.weight"   ? "w3"
+                            : t == "experts.down_proj.weight" ? "w2"
+                                                              : nullptr;
+            if (w) {
+                for (int64_t e = 0; e < spec.shape[0]; ++e) {
+                    out.push_back({n, moe + "experts." + std::to_string(e) + "." + w + ".weight",
+                                   Shape{spec.shape[1], spec.shape[2]}, e});
+                }
+            } else {
+                out.push_back({n, moe + t, spec.shape});
+            }
+        } else if (tail == "self_attn.q_conv1d.weight" || tail == "self_attn.k_conv1d.weight" ||
+                   tail == "self_attn.v_conv1d.weight") {
+            out.push_back({n, lp + tail, with_unit_middle(spec.shape)});
+        } else if (tail == "self_attn.A_log") {
+            if (k3) {
+                const int64_t pad = std::max<int64_t>(128, spec.shape[0]);
+                out.push_back({n, lp + tail, Shape{pad}, -1, pad});
+            } else {
+                out.push_back({n, lp + tail, Shape{1, 1, spec.shape[0], 1}});
+            }
+        } else {
+            out.push_back({n, lp + tail, spec.shape});
+        }
+    }
+    return out;
+}
+
+void save_hf_checkpoint(const std::string& dir,
+                        const std::vector<HfTensor>& map,
+                        const BufferGroup& params,
+                        size_t shard_bytes) {
+    fs::create_directories(dir);
+    std::vector<Tensor> padded;  // owned copies of zero-padded parameters
+    std::vector<NamedTensor> all;
+    for (const auto& t : map) {
+        TensorView p = params.view(t.param);
+        if (t.pad_to > 0) {
+            Tensor z(DType::f32, t.shape);
+            std::fill(z.ptr<float>(), z.ptr<float>() + z.numel(), 0.f);
+            std::copy(p.ptr<float>(), p.ptr<float>() + p.numel(), z.ptr<float>());
+            padded.push_back(std::move(z));
+            all.push_back({t.name, padded.back().view()});
+        } else {
+            all.push_back({t.name, place(t, p)});
+        }
+    }
+    // consecutive tensors into shards of at most shard_bytes (a larger tensor gets a shard of its own)
+    std::vector<std::vector<NamedTensor>> shards(1);
+    size_t bytes = 0, total = 0;
+    for (const auto& nt : all) {
+        const size_t nb = nt.tensor.nbytes();
+        if (bytes > 0 && bytes + nb > shard_bytes) {
+            shards.emplace_back();
+            bytes = 0;
+        }
+        shards.back().push_back(nt);
+        bytes += nb;
+        total += nb;
+    }
+    Json weight_map = Json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+        const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+        write_safetensors((fs::path(dir) / file).string(), shards[i], {{"format", "pt"}});
+        for (const auto& nt : shards[i]) weight_map[nt.name] = file;
+    }
+    const Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+}
+
+void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map, const BufferGroup& params) {
+    const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+    std::map<std::string, std::string> where;  // tensor -> file
+    if (fs::exists(index_path)) {
+        Json index;
+        try {
+            index = Json::parse(read_text(index_path.string()));
+        } catch (const Json::parse_error& e) {
+            TESSERA_FAIL("{}: not valid JSON: {}", index_path.string(), e.what());
+        }
+        TESSERA_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: no \"weight_map\" object",
+                      index_path.string());
+        for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+            where[it.key()] = (fs::path(dir) / it.value().get<std::string>()).string();
+        }
+    } else {
+        const std::string single = (fs::path(dir) / "model.safetensors").string();
+        TESSERA_CHECK(fs::exists(single), "{}: neither model.safetensors.index.json nor model.safetensors", dir);
+        for (const auto& e : SafetensorsFile(single).entries()) where[e.name] = single;
+    }
+    std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+    auto file_of = [&](const std::string& name) -> const SafetensorsFile* {
+        auto it = where.find(name);
+        if (it == where.end()) return nullptr;
+        auto& f = files[it->second];
+        if (!f) f = std::make_unique<SafetensorsFile>(it->second);
+        TESSERA_CHECK(f->contains(name), "{}: the index lists \"{}\" but the file does not hold it", it->second, name);
+        return f.get();
+    };
+    std::set<std::string> used;
+    for (const auto& t : map) {
+        TensorView dst = place(t, params.view(t.param));
+        if (const SafetensorsFile* f = file_of(t.name)) {
+            used.insert(t.name);
+            if (t.pad_to == 0) {
+                f->load_into(t.name, dst);
+                continue;
+            }
+            Tensor full(DType::f32, t.shape);
+            f->load_into(t.name, full.view());
+            for (int64_t i = dst.numel(); i < t.shape[0]; ++i) {
+                TESSERA_CHECK(full.ptr<float>()[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name,
+                              full.ptr<float>()[i], i);
+            }
+            std::copy(full.ptr<float>(), full.ptr<float>() + dst.numel(), dst.ptr<float>());
+            continue;
+        }
+        // MXFP4 routed experts: <name minus ".weight">.weight_packed [out, in/2] + .weight_scale [out, in/32]
+        const std::string base = t.name.substr(0, t.name.size() - std::string("weight").size());
+        const SafetensorsFile* fp = file_of(base + "weight_packed");
+        const SafetensorsFile* fs_ = file_of(base + "weight_scale");
+        TESSERA_CHECK(fp && fs_ && t.shape.ndim == 2, "{}: the checkpoint has no tensor \"{}\" (parameter {})", dir,
+                      t.name, t.param);
+        const Tensor packed = fp->load(base + "weight_packed"), scale = fs_->load(base + "weight_scale");
+        const int64_t rows = t.shape[0], cols = t.shape[1];
+        TESSERA_CHECK(packed.view().dtype == DType::u8 && packed.view().shape == (Shape{rows, cols / 2}) &&
+                          scale.view().dtype == DType::u8 && scale.view().shape == (Shape{rows, cols / 32}),
+                      "{}: MXFP4 tensors of \"{}\" must be u8 [{}, {}] and [{}, {}]", dir, t.name, rows, cols / 2, rows,
+                      cols / 32);
+        dequantize_mxfp4(packed.view().ptr<uint8_t>(), scale.view().ptr<uint8_t>(), rows, cols, dst.ptr<float>(),
+                         t.name);
+        used.insert(base + "weight_packed");
+        used.insert(base + "weight_scale");
+    }
+    std::vector<std::string> unused;
+    for (const auto& [name, file] : where) {
+        if (!used.count(name)) unused.push_back(name);
+    }
+    if (!unused.empty()) {
+        TESSERA_FAIL("{}: {} tensor(s) the model does not use, e.g. \"{}\" (a feature the engine does not build yet?)",
+                     dir, unused.size(), unused.front());
+    }
+}
+
+}  // namespace tessera::model

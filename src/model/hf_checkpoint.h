@@ -1,0 +1,42 @@
+// Hugging Face checkpoints of the Kimi family (kimi_linear, kimi_k3): where each tessera parameter lives
+// in the published tensor layout (spec/kimi_k3.md §5), and loading / saving sharded safetensors with a
+// `model.safetensors.index.json`. Differences from tessera's own layout: the `language_model.` prefix
+// (K3), `block_sparse_moe.` for MoE layers with one w1 (gate) / w3 (up) / w2 (down) tensor per expert
+// instead of grouped [E, ...] tensors, convolution weights [C, 1, W] instead of [C, W], and A_log as
+// [1, 1, HV, 1] (Kimi-Linear) or zero-padded to 128 (K3; a non-zero pad is refused). Routed experts
+// stored as MXFP4 (`weight_packed` + `weight_scale`, K3's release) are dequantised on load.
+// Loading reports a missing tensor, a wrong shape and any tensor the model does not use (never ignored).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/buffer_spec.h"
+#include "model/config.h"
+
+namespace tessera::model {
+
+struct HfTensor {
+    std::string param;    // tessera parameter
+    std::string name;     // Hugging Face tensor
+    Shape shape;          // as stored (dense)
+    int64_t expert = -1;  // >= 0: slice [expert] of a grouped [E, ...] tessera parameter
+    int64_t pad_to = 0;   // > 0: a 1-D parameter stored zero-padded to this length
+};
+
+// The Hugging Face tensors of a model config, in parameter order. model_type: kimi_linear or kimi_k3.
+std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
+                                    const ModelConfig& c,
+                                    const std::string& model_type);
+
+// Writes f32 safetensors shards of at most ~shard_bytes each plus model.safetensors.index.json into dir
+// (created; every file written atomically).
+void save_hf_checkpoint(const std::string& dir,
+                        const std::vector<HfTensor>& map,
+                        const BufferGroup& params,
+                        size_t shard_bytes = size_t(4) << 30);
+// Reads dir (model.safetensors.index.json, or a single model.safetensors) into params (any float dtype
+// on disk is converted).
+void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map, const BufferGroup& params);
+
+}  // namespace tessera::model
