@@ -111,6 +111,7 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     c.n_kv_heads = r.integer("n_kv_heads", c.n_heads);
     c.head_dim = r.integer("head_dim", d.head_dim);
     c.ffn_dim = r.integer("ffn_dim", d.ffn_dim);
+    c.mlp_activation = r.choice("mlp_activation", d.mlp_activation, {"swiglu", "situ"});
     c.norm_eps = r.number("norm_eps", d.norm_eps);
     c.rope_theta = r.number("rope_theta", d.rope_theta);
     c.tie_embeddings = r.boolean("tie_embeddings", d.tie_embeddings);
@@ -259,6 +260,7 @@ Json to_json(const ModelConfig& c) {
            {"n_kv_heads", c.n_kv_heads},
            {"head_dim", c.head_dim},
            {"ffn_dim", c.ffn_dim},
+           {"mlp_activation", c.mlp_activation},
            {"norm_eps", c.norm_eps},
            {"rope_theta", c.rope_theta},
            {"tie_embeddings", c.tie_embeddings},

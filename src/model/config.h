@@ -115,6 +115,7 @@ struct ModelConfig {
     int64_t n_kv_heads = 4;
     int64_t head_dim = 0;  // 0: d_model / n_heads
     int64_t ffn_dim = 768;
+    std::string mlp_activation = "swiglu";  // the dense MLP layers: swiglu | situ (Kimi K3's SiTU-GLU)
     double norm_eps = 1e-6;
     double rope_theta = 10000.0;
     bool tie_embeddings = false;

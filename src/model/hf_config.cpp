@@ -98,16 +98,13 @@ void common_shape(Keys& k, ModelConfig& m, std::vector<std::string>& unsupported
     TESSERA_CHECK(act == "silu" || act == "situ", "{}: hidden_act \"{}\" is not supported (silu or situ)", k.where(),
                   act);
     m.moe.activation = act == "situ" ? "situ" : "swiglu";
+    m.mlp_activation = m.moe.activation;
     if (act == "situ") {
         const double beta = k.number_or("activation_situ_beta", 4.0),
                      lin = k.number_or("activation_situ_linear_beta", 25.0);
         if (beta != 4.0 || lin != 25.0) {
             unsupported.push_back(
                 fmt::format("SiTU betas {} / {} (the engine's SiTU-GLU is fixed at 4 / 25)", beta, lin));
-        }
-        if (k.integer_or("first_k_dense_replace", 0) > 0) {
-            unsupported.push_back(
-                "SiTU-GLU in the dense MLP layers (the engine's dense MLP is SwiGLU; MoE layers use SiTU)");
         }
     }
     const int64_t mtp = k.integer_or("num_nextn_predict_layers", 0);
@@ -311,7 +308,8 @@ Json export_kimi_linear_config(const ModelConfig& m) {
          "KDA value heads, value dim and gate rank equal the q/k heads and head dim");
     need(m.moe.experts > 0, "the feed-forward layers are MoE after first_k_dense_replace dense ones");
     need(m.moe.shared_ffn_dim % m.moe.ffn_dim == 0, "the shared experts' width is a multiple of the expert width");
-    need(m.moe.activation == "swiglu" || m.moe.first_dense == 0, "SiTU applies to the dense MLP layers as well");
+    need(m.moe.activation == m.mlp_activation || m.moe.first_dense == 0,
+         "one activation (hidden_act) for the dense MLP and the experts");
     need(m.moe.capacity_factor == 0 && m.moe.seq_aux_coeff == 0 && m.moe.z_loss_coeff == 0,
          "routing is dropless without auxiliary losses");
     need(m.mla.softmax_scale == 0, "the MLA softmax scale is (d_n + d_r)^-1/2");

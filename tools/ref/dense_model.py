@@ -163,9 +163,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(C, Fd, bias=False)
         self.up_proj = nn.Linear(C, Fd, bias=False)
         self.down_proj = nn.Linear(Fd, C, bias=False)
+        self.activation = c.get("mlp_activation", "swiglu")
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        import moe_ref
+        return self.down_proj(moe_ref.act(self.gate_proj(x), self.up_proj(x), self.activation))
 
 
 class Weight(nn.Module):

@@ -68,6 +68,7 @@ CASES = {
     "hybrid_kda_dsa": {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4, "head_dim": 0,
                        "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": False,
                        "init_std": 0.1, "attention": ["kda", "kda", "kda", "dsa"], "output_gate": "elementwise",
+                       "mlp_activation": "situ",
                        "kda": {"num_heads": 2, "num_v_heads": 2, "head_dim": 16, "head_v_dim": 16, "conv_size": 4,
                                "gate_rank": 8, "gate_lower_bound": -5.0, "full_rank_output_gate": True,
                                "o_norm_eps": 1e-5, "chunk_size": 32},

@@ -1,10 +1,11 @@
-// SwiGLU MLP block forward/backward: rmsnorm -> fused gate/up GEMM -> swiglu -> down_proj.
+// Gated MLP block forward/backward: rmsnorm -> fused gate/up GEMM -> SwiGLU or SiTU-GLU -> down_proj.
 #include "model/layers/mlp_block.h"
 
 #include <cmath>
 
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
+#include "ops/situ_glu.h"
 #include "ops/swiglu.h"
 
 namespace tessera::model {
@@ -75,7 +76,11 @@ void MlpBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N), gu = gu_.slice0(0, N), h = h_.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rstd_.slice0(0, N));
     ops::linear_forward({}, ln, w_.gate_up, {}, gu);
-    ops::swiglu_forward(half(gu, 0), half(gu, F_), h);
+    if (cfg_.mlp_activation == "situ") {
+        ops::situ_glu_forward({}, half(gu, 0), half(gu, F_), h);
+    } else {
+        ops::swiglu_forward(half(gu, 0), half(gu, F_), h);
+    }
     residual_copy(x, x_out, N);
     ops::linear_forward({.accumulate = true}, h, w_.down, {}, x_out.slice0(0, N));
 }
@@ -88,7 +93,11 @@ void MlpBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     zero_rows(dh_, N);
     ops::linear_backward(d, h_.slice0(0, N), w_.down, dh, g_.down, {});
     zero_rows(dgu_, N);
-    ops::swiglu_backward(dh, half(gu, 0), half(gu, F_), half(dgu, 0), half(dgu, F_));
+    if (cfg_.mlp_activation == "situ") {
+        ops::situ_glu_backward({}, dh, half(gu, 0), half(gu, F_), half(dgu, 0), half(dgu, F_));
+    } else {
+        ops::swiglu_backward(dh, half(gu, 0), half(gu, F_), half(dgu, 0), half(dgu, F_));
+    }
     zero_rows(dln_, N);
     ops::linear_backward(dgu, ln_.slice0(0, N), w_.gate_up, dln, g_.gate_up, {});
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);
