@@ -1,5 +1,5 @@
 // tessera export-hf: a tessera checkpoint as a Hugging Face Kimi-Linear checkpoint directory: config.json
-// (model_type kimi_linear) and f32 safetensors shards with model.safetensors.index.json, in the published
+// (model_type kimi_linear) and f32 or bf16 safetensors shards with model.safetensors.index.json, in the published
 // tensor layout (model/hf_checkpoint.h). `tessera logits` and `inspect` read such a directory back.
 #include <filesystem>
 
@@ -21,6 +21,7 @@ void add_export_command(CLI::App& app) {
     struct Args {
         std::string checkpoint, out;
         int64_t shard_mib = 4096;
+        std::string dtype = "f32";
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
@@ -29,6 +30,9 @@ void add_export_command(CLI::App& app) {
     cmd->add_option("--shard-mib", a->shard_mib, "Largest shard size in MiB")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    cmd->add_option("--dtype", a->dtype, "Stored dtype: f32 (exact) or bf16 (rounded)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"f32", "bf16"}));
     cmd->callback([a] {
         TESSERA_CHECK(!fs::exists(a->out) || (fs::is_directory(a->out) && fs::is_empty(a->out)),
                       "{} already exists and is not an empty directory", a->out);
@@ -40,7 +44,8 @@ void add_export_command(CLI::App& app) {
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
         train::load_groups((fs::path(ckpt) / "model.safetensors").string(), {&rt.params()});
         model::save_hf_checkpoint(a->out, model::hf_tensor_map(model.param_specs(), cfg.model, "kimi_linear"),
-                                  rt.params(), size_t(a->shard_mib) << 20);
+                                  rt.params(), size_t(a->shard_mib) << 20,
+                                  a->dtype == "bf16" ? DType::bf16 : DType::f32);
         write_text_atomic((fs::path(a->out) / "config.json").string(), hf.dump(2) + "\n");
         std::printf("wrote %s (Kimi-Linear layout, %lld parameters)\n", a->out.c_str(), (long long)model.num_params());
     });

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/model_source.h"
 #include "model/runtime.h"
 #include "model/sampling.h"
 #include "train/checkpoint.h"
@@ -16,9 +17,11 @@ void add_generate_command(CLI::App& app) {
     struct Args {
         std::string checkpoint, prompt;
         model::SampleParams p;
+        int64_t context = 0;
     };
     auto a = std::make_shared<Args>();
-    cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
+    cmd->add_option("--checkpoint", a->checkpoint,
+                    "A checkpoint, a run directory (its latest checkpoint), or a Hugging Face checkpoint directory")
         ->required();
     cmd->add_option("--prompt", a->prompt, "Text to continue")->required();
     cmd->add_option("--max-new-tokens", a->p.max_new_tokens, "Tokens to generate")
@@ -31,16 +34,18 @@ void add_generate_command(CLI::App& app) {
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--seed", a->p.seed, "Sampling seed")->capture_default_str();
+    cmd->add_option("--context", a->context,
+                    "Tokens the caches hold (0: the trained sequence length; 4096 for Hugging Face directories)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     cmd->callback([a] {
-        const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
-        train::RunConfig cfg = train::parse_run_config(train::load_checkpoint_config(ckpt),
-                                                       (std::filesystem::path(ckpt) / "config.json").string());
-        model::Model model(cfg.model);
-        const int64_t context = cfg.train.seq_len;  // the length the model was trained at
+        const ModelSource src = open_model_source(a->checkpoint);
+        model::Model model(src.config);
+        const int64_t context = a->context > 0 ? a->context : src.context;  // default: the trained length
         BufferGroup cache("cache", model.cache_specs(1, context));
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false, {&cache});
         model.bind_cache(cache);
-        train::load_groups((std::filesystem::path(ckpt) / "model.safetensors").string(), {&rt.params()});
+        src.load(model, rt.params());
         std::vector<int32_t> tokens;
         train::ByteTokenizer::encode(a->prompt, tokens);
         if (tokens.empty()) throw Error("--prompt is empty");

@@ -3,12 +3,9 @@
 #include <filesystem>
 
 #include "apps/commands.h"
+#include "apps/model_source.h"
 #include "core/safetensors.h"
-#include "model/hf_checkpoint.h"
-#include "model/hf_config.h"
 #include "model/runtime.h"
-#include "train/checkpoint.h"
-#include "train/config.h"
 
 namespace tessera::apps {
 
@@ -25,24 +22,8 @@ void add_logits_command(CLI::App& app) {
     cmd->add_option("--in", a->in, "safetensors file with ids [B, T] (i32 or i64)")->required();
     cmd->add_option("--out", a->out, "safetensors file to write: logits [B, T, V] (f32)")->required();
     cmd->callback([a] {
-        // a Hugging Face directory (config.json with a model_type), or a tessera checkpoint
-        const std::filesystem::path hf_config = std::filesystem::path(a->checkpoint) / "config.json";
-        Json hf_doc;
-        if (std::filesystem::exists(hf_config)) {
-            hf_doc = train::load_config_json(hf_config.string(), {});
-        }
-        const bool hf = model::is_hf_config(hf_doc);
-        model::HfImport imported;
-        std::string ckpt = a->checkpoint;
-        if (hf) {
-            imported = model::import_hf_config(hf_doc, hf_config.string());
-        } else {
-            ckpt = train::resolve_checkpoint(a->checkpoint);
-            imported.model = train::parse_run_config(train::load_checkpoint_config(ckpt),
-                                                     (std::filesystem::path(ckpt) / "config.json").string())
-                                 .model;
-        }
-        const model::ModelConfig& mc = imported.model;
+        const ModelSource src = open_model_source(a->checkpoint);
+        const model::ModelConfig& mc = src.config;
         SafetensorsFile in(a->in);
         TESSERA_CHECK(in.contains("ids"), "{}: no tensor \"ids\"", a->in);
         const Tensor raw = in.load("ids");
@@ -62,15 +43,10 @@ void add_logits_command(CLI::App& app) {
         model::Model model(mc);
         const model::StepShape shape{B, T};
         model::ModelRuntime rt(model, shape, /*with_grads=*/false, /*recompute=*/false);
-        if (hf) {
-            model::load_hf_checkpoint(ckpt, model::hf_tensor_map(model.param_specs(), mc, imported.model_type),
-                                      rt.params());
-        } else {
-            train::load_groups((std::filesystem::path(ckpt) / "model.safetensors").string(), {&rt.params()});
-        }
+        src.load(model, rt.params());
         Tensor logits(DType::f32, Shape{B * T, V});
         model.forward_logits(shape, ids, logits);
-        write_safetensors(a->out, {{"logits", logits.view().reshape(Shape{B, T, V})}}, {{"checkpoint", ckpt}});
+        write_safetensors(a->out, {{"logits", logits.view().reshape(Shape{B, T, V})}}, {{"checkpoint", src.path}});
     });
 }
 

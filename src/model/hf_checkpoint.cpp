@@ -87,21 +87,29 @@ std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
 void save_hf_checkpoint(const std::string& dir,
                         const std::vector<HfTensor>& map,
                         const BufferGroup& params,
-                        size_t shard_bytes) {
+                        size_t shard_bytes,
+                        DType dtype) {
+    TESSERA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "save_hf_checkpoint: dtype must be f32 or bf16");
     fs::create_directories(dir);
-    std::vector<Tensor> padded;  // owned copies of zero-padded parameters
+    std::vector<Tensor> owned;  // zero-padded or converted copies
+    owned.reserve(map.size());
     std::vector<NamedTensor> all;
     for (const auto& t : map) {
-        TensorView p = params.view(t.param);
+        TensorView p = params.view(t.param), v = place(t, p);
         if (t.pad_to > 0) {
             Tensor z(DType::f32, t.shape);
             std::fill(z.ptr<float>(), z.ptr<float>() + z.numel(), 0.f);
             std::copy(p.ptr<float>(), p.ptr<float>() + p.numel(), z.ptr<float>());
-            padded.push_back(std::move(z));
-            all.push_back({t.name, padded.back().view()});
-        } else {
-            all.push_back({t.name, place(t, p)});
+            owned.push_back(std::move(z));
+            v = owned.back().view();
         }
+        if (dtype == DType::bf16) {
+            Tensor b(DType::bf16, t.shape);
+            convert(v, b.view());
+            owned.push_back(std::move(b));
+            v = owned.back().view();
+        }
+        all.push_back({t.name, v});
     }
     // consecutive tensors into shards of at most shard_bytes (a larger tensor gets a shard of its own)
     std::vector<std::vector<NamedTensor>> shards(1);

@@ -29,12 +29,13 @@ std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
                                     const ModelConfig& c,
                                     const std::string& model_type);
 
-// Writes f32 safetensors shards of at most ~shard_bytes each plus model.safetensors.index.json into dir
-// (created; every file written atomically).
+// Writes safetensors shards (f32, or bf16 rounded to nearest even) of at most ~shard_bytes each plus
+// model.safetensors.index.json into dir (created; every file written atomically).
 void save_hf_checkpoint(const std::string& dir,
                         const std::vector<HfTensor>& map,
                         const BufferGroup& params,
-                        size_t shard_bytes = size_t(4) << 30);
+                        size_t shard_bytes = size_t(4) << 30,
+                        DType dtype = DType::f32);
 // Reads dir (model.safetensors.index.json, or a single model.safetensors) into params (any float dtype
 // on disk is converted).
 void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map, const BufferGroup& params);

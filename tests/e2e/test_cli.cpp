@@ -247,6 +247,21 @@ TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("family: Kimi-Linear"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("not supported yet: nothing"), std::string::npos) << r.out;
+    r = run_tessera("generate --checkpoint " + d.file("hf") + " --prompt 'ab' --max-new-tokens 8 --context 32");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.rfind("ab", 0), 0u) << r.out;
+    // bf16 shards: the same model up to bf16 rounding of the weights
+    r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf16") + " --dtype bf16");
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json idx = Json::parse(read_text(d.file("hf16/model.safetensors.index.json")));
+    const std::string f = idx["weight_map"]["model.norm.weight"];
+    EXPECT_EQ(SafetensorsFile(d.file("hf16/" + f)).entry("model.norm.weight").dtype, DType::bf16);
+    r = run_tessera("logits --checkpoint " + d.file("hf16") + " --in " + d.file("ids.safetensors") + " --out " +
+                    d.file("hf16.safetensors"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    Tensor c = SafetensorsFile(d.file("hf16.safetensors")).load("logits");
+    EXPECT_TRUE(test::rel_rms_close(c, a, 2e-2));
+    EXPECT_FALSE(test::bitwise_equal(c, a)) << "bf16 rounding changes something";
     expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf")),
                           "already exists", "existing output");
     ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 1 --out " + d.file("gqa")).status, 0);

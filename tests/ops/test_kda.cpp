@@ -21,14 +21,14 @@ struct KdaCase {
     double mask_value = 0.0;
     double gate_scale = 1.0;  // g = gate_scale · logsigmoid(N(0, 1))
     bool h0 = true;
-    std::vector<int64_t> cu;
+    std::vector<int64_t> cu = {};
     uint64_t seed = 1;
 };
 
 // fla-style inputs, float64: q, k = L2(U[0,1)), v = U[0,1), g = logsigmoid(N(0,1)), β = σ(N(0,1))
 struct KdaData {
     Tensor q, k, v, g, beta, h0, dout, dht;
-    std::vector<int64_t> cu;
+    std::vector<int64_t> cu = {};
     int64_t N = 0;
 
     ops::KdaInputs inputs() const { return {q, k, v, g, beta, has_h0() ? h0.view() : TensorView(), cu}; }
