@@ -77,6 +77,8 @@ std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
             } else {
                 out.push_back({n, lp + tail, Shape{1, 1, spec.shape[0], 1}});
             }
+        } else if (c.moe.experts > 0 && tail.rfind("mlp.", 0) == 0) {  // a dense MLP layer of an MoE model
+            out.push_back({n, lp + tail, spec.shape, -1, 0, lp + "block_sparse_moe." + tail.substr(4)});
         } else {
             out.push_back({n, lp + tail, spec.shape});
         }
@@ -152,7 +154,8 @@ void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map
     } else {
         const std::string single = (fs::path(dir) / "model.safetensors").string();
         TESSERA_CHECK(fs::exists(single), "{}: neither model.safetensors.index.json nor model.safetensors", dir);
-        for (const auto& e : SafetensorsFile(single).entries()) where[e.name] = single;
+        const SafetensorsFile file(single);  // named: a temporary would end before the loop
+        for (const auto& e : file.entries()) where[e.name] = single;
     }
     std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
     auto file_of = [&](const std::string& name) -> const SafetensorsFile* {
@@ -166,14 +169,15 @@ void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map
     std::set<std::string> used;
     for (const auto& t : map) {
         TensorView dst = place(t, params.view(t.param));
-        if (const SafetensorsFile* f = file_of(t.name)) {
-            used.insert(t.name);
+        const std::string name = !t.alias.empty() && !where.count(t.name) && where.count(t.alias) ? t.alias : t.name;
+        if (const SafetensorsFile* f = file_of(name)) {
+            used.insert(name);
             if (t.pad_to == 0) {
-                f->load_into(t.name, dst);
+                f->load_into(name, dst);
                 continue;
             }
             Tensor full(DType::f32, t.shape);
-            f->load_into(t.name, full.view());
+            f->load_into(name, full.view());
             for (int64_t i = dst.numel(); i < t.shape[0]; ++i) {
                 TESSERA_CHECK(full.ptr<float>()[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name,
                               full.ptr<float>()[i], i);

@@ -22,6 +22,8 @@ struct HfTensor {
     Shape shape;          // as stored (dense)
     int64_t expert = -1;  // >= 0: slice [expert] of a grouped [E, ...] tessera parameter
     int64_t pad_to = 0;   // > 0: a 1-D parameter stored zero-padded to this length
+    std::string alias;    // another name the tensor may carry (transformers 5 saves dense MLPs of MoE
+                          // models under block_sparse_moe.)
 };
 
 // The Hugging Face tensors of a model config, in parameter order. model_type: kimi_linear or kimi_k3.

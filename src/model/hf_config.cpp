@@ -154,6 +154,7 @@ void import_kimi(Keys& k, HfImport& r) {
     m.kda.conv_size = lin.integer_or("short_conv_kernel_size", 4);
     m.kda.gate_lower_bound = lin.number_or("gate_lower_bound", 0.0);
     m.kda.full_rank_output_gate = lin.boolean_or("use_full_rank_gate", false);
+    m.kda.o_norm_eps = m.norm_eps;  // the gated output norm uses rms_norm_eps (transformers' KimiLinearRMSNormGated)
     m.attention.assign(size_t(m.n_layers), "");
     const bool dsa = k.has("index_topk");
     for (const char* list : {"kda_layers", "full_attn_layers"}) {
@@ -172,6 +173,24 @@ void import_kimi(Keys& k, HfImport& r) {
                       lin.where(), i + 1);
     }
     lin.report_rest(r.unsupported);
+    // transformers 5 re-serialises derived copies of these fields: they must agree
+    auto same = [&](const char* key, const Json& want) {
+        if (!k.has(key)) return k.ignore({key});
+        TESSERA_CHECK(k.get(key) == want, "{}: \"{}\" = {} contradicts the layer settings ({})", k.where(), key,
+                      k.get(key).dump(), want.dump());
+    };
+    Json layer_types = Json::array(), mlp_types = Json::array();
+    for (int64_t i = 0; i < m.n_layers; ++i) {
+        layer_types.push_back(m.attention[size_t(i)] == "kda" ? "linear_attention" : "full_attention");
+        mlp_types.push_back(i < k.integer_or("first_k_dense_replace", 0) ? "dense" : "sparse");
+    }
+    same("layer_types", layer_types);
+    same("mlp_layer_types", mlp_types);
+    same("linear_num_heads", m.kda.num_heads);
+    same("linear_head_dim", m.kda.head_dim);
+    same("linear_conv_kernel_dim", m.kda.conv_size);
+    same("qk_head_dim", m.mla.qk_nope_dim + m.mla.qk_rope_dim);
+    same("pretraining_tp", 1);
     if (dsa) {  // the gated DSA variant of the full-attention layers
         m.mla.dsa.topk = k.integer("index_topk");
         m.mla.dsa.heads = k.integer("index_n_heads");
@@ -313,6 +332,8 @@ Json export_kimi_linear_config(const ModelConfig& m) {
     need(m.moe.capacity_factor == 0 && m.moe.seq_aux_coeff == 0 && m.moe.z_loss_coeff == 0,
          "routing is dropless without auxiliary losses");
     need(m.mla.softmax_scale == 0, "the MLA softmax scale is (d_n + d_r)^-1/2");
+    need(k.o_norm_eps == m.norm_eps,
+         "the KDA output norm uses rms_norm_eps (set model.kda.o_norm_eps = model.norm_eps)");
     Json lin = {{"num_heads", k.num_heads},
                 {"head_dim", k.head_dim},
                 {"short_conv_kernel_size", k.conv_size},

@@ -179,5 +179,23 @@ TEST(HfCheckpoint, MissingAndUnusedTensorsAreNamed) {
                        "qwen3_next checkpoints are not supported yet");
 }
 
+TEST(HfCheckpoint, ATransformersKimiLinearModelGivesTransformersLogits) {
+    // tests/golden/hf/kimi_linear_tiny: written by transformers' KimiLinearForCausalLM.save_pretrained
+    // (tools/ref/make_hf_interop_golden.py), with its own float32 logits for two rows of ids
+    const std::string dir = test::golden_path("hf/kimi_linear_tiny");
+    const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
+    EXPECT_TRUE(hf.unsupported.empty()) << hf.unsupported.front();
+    model::Model m(hf.model);
+    SafetensorsFile golden(test::golden_path("hf/kimi_linear_tiny_logits.safetensors"));
+    const Tensor ids64 = golden.load("ids");
+    const int64_t B = ids64.view().size(0), T = ids64.view().size(1), V = hf.model.vocab_size;
+    model::ModelRuntime rt(m, {B, T}, false, false);
+    model::load_hf_checkpoint(dir, model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type), rt.params());
+    std::vector<int32_t> ids(ids64.view().ptr<int64_t>(), ids64.view().ptr<int64_t>() + B * T);
+    Tensor logits(DType::f32, Shape{B * T, V});
+    m.forward_logits({B, T}, ids, logits);
+    EXPECT_TRUE(test::rel_rms_close(logits, golden.load("expected.logits").view().reshape(Shape{B * T, V}), 1e-4));
+}
+
 }  // namespace
 }  // namespace tessera
