@@ -65,6 +65,13 @@ std::vector<GradCase> grad_cases() {
                       return make({{"x", {4, 9}}, {"weight", {9}}, {"bias", {9}}}, 31);
                   },
                   {{"y", "dy"}}});
+    cs.push_back({"attn_res_mix",
+                  "attn_res_mix",
+                  {{"eps", "1e-5"}},
+                  [] {
+                      return make({{"sources", {3, 4, 10}}, {"gamma", {10}}, {"w", {10}}}, 71);
+                  },
+                  {{"out", "dout"}}});
     cs.push_back({"swiglu", "swiglu", {}, [] { return make({{"gate", {3, 8}}, {"up", {3, 8}}}, 4); }, {{"y", "dy"}}});
     cs.push_back({"cross_entropy",
                   "cross_entropy",

@@ -166,3 +166,15 @@ def rope_interleaved_ref(x, theta, offset):
 
 write("rope_interleaved", "rope", dict(x=randn(2, 7, 3, 8)), lambda x: {"y": rope_interleaved_ref(x, 300.0, 2)},
       {"y": "dy"}, {"theta": 300.0, "offset": 2, "layout": "interleaved"})
+
+
+# Attention Residuals mixing (spec/kimi_k3.md §2.2), written from the formula: softmax over depth of
+# w · RMSNorm_γ(v_i), applied to the raw sources
+def attn_res_mix_ref(sources, gamma, w, eps=1e-6):
+    xh = sources * torch.rsqrt(sources.pow(2).mean(-1, keepdim=True) + eps)
+    p = torch.softmax((xh * gamma * w).sum(-1), 0)  # [S, N]
+    return {"out": (p[..., None] * sources).sum(0), "probs": p.T.contiguous()}
+
+
+write("attn_res_mix", "attn_res_mix", dict(sources=randn(4, 6, 24, scale=2), gamma=randn(24), w=randn(24)),
+      attn_res_mix_ref, {"out": "dout"})

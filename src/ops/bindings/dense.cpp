@@ -4,6 +4,7 @@
 
 #include "ops/adamw.h"
 #include "ops/attention.h"
+#include "ops/attn_res.h"
 #include "ops/bindings/bindings.h"
 #include "ops/causal_conv1d.h"
 #include "ops/cross_entropy.h"
@@ -59,6 +60,18 @@ void run_layernorm(OpContext& c) {
     if (c.has("dy"))
         layernorm_backward(p, c.in("dy"), x, w, mean, rstd, c.out_like("dx", x), c.out_like("dweight", w),
                            c.out_like("dbias", b));
+}
+
+void run_attn_res_mix(OpContext& c) {
+    const AttnResParams p{.eps = c.param_f64("eps")};
+    TensorView src = c.in("sources"), g = c.in("gamma"), w = c.in("w");
+    TESSERA_CHECK(src.ndim() == 3, "sources must be [S, N, C]");
+    TensorView out = c.out("out", src.dtype, Shape{src.size(1), src.size(2)});
+    TensorView probs = c.out("probs", src.dtype, Shape{src.size(1), src.size(0)});
+    attn_res_mix_forward(p, src, g, w, out, probs);
+    if (c.has("dout"))
+        attn_res_mix_backward(p, c.in("dout"), src, g, w, probs, c.out_like("dsources", src), c.out_like("dgamma", g),
+                              c.out_like("dw", w));
 }
 
 void run_swiglu(OpContext& c) {
@@ -159,6 +172,13 @@ void register_dense_ops(OpRegistry& r) {
            {"y", "mean", "rstd"},
            {"given dy: dx, dweight, dbias"},
            run_layernorm});
+    r.add({"attn_res_mix",
+           "Attention Residuals: out = Σ_i softmax_i(w·rmsnorm_γ(v_i))·v_i over S sources per token",
+           {{"sources", "[S, N, C]"}, {"gamma", "[C]"}, {"w", "[C]"}, {"dout", "[N, C]", true}},
+           {number("eps", "1e-6")},
+           {"out", "probs"},
+           {"given dout: dsources, dgamma, dw"},
+           run_attn_res_mix});
     r.add({"swiglu",
            "y = silu(gate)·up",
            {{"gate", "[N, F]"}, {"up", "[N, F]"}, {"dy", "[N, F]", true}},
