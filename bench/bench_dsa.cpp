@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
+#include "bench/bench_util.h"
 #include "model/layers/block_rig.h"
 #include "model/layers/mla_block.h"
 #include "ops/attention.h"
@@ -34,12 +34,7 @@ namespace {
 using namespace tessera;
 using Clock = std::chrono::steady_clock;
 
-Tensor random(Shape s, uint64_t seed, double scale) {
-    Tensor t(DType::f32, s);
-    RandomStream rs{seed, 9};
-    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = float(scale * (2.0 * rs.uniform(uint64_t(i)) - 1.0));
-    return t;
-}
+Tensor random(Shape s, uint64_t seed, double scale) { return bench::random_tensor(s, seed, -scale, scale, 9); }
 
 double seconds(const std::function<void()>& f) {
     auto t0 = Clock::now();

@@ -12,7 +12,7 @@
 #include <map>
 #include <vector>
 
-#include "core/rng.h"
+#include "bench/bench_util.h"
 #include "ops/gemm.h"
 #include "ops/kda.h"
 
@@ -27,12 +27,7 @@ struct KdaProblem {
     ops::KdaGrads grads;
 };
 
-Tensor random(Shape s, uint64_t seed, double lo, double hi) {
-    Tensor t(DType::f32, s);
-    RandomStream rs{seed, 1};
-    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = float(lo + (hi - lo) * rs.uniform(uint64_t(i)));
-    return t;
-}
+Tensor random(Shape s, uint64_t seed, double lo, double hi) { return bench::random_tensor(s, seed, lo, hi, 1); }
 
 void l2(Tensor& t, int64_t d) {
     float* p = t.ptr<float>();

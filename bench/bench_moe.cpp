@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
+#include "bench/bench_util.h"
 #include "ops/gemm.h"
 #include "ops/moe.h"
 #include "ops/moe_balance.h"
@@ -28,12 +28,7 @@ namespace {
 using namespace tessera;
 using Clock = std::chrono::steady_clock;
 
-Tensor random(Shape s, uint64_t seed, double scale) {
-    Tensor t(DType::f32, s);
-    RandomStream rs{seed, 7};
-    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = float(scale * (2.0 * rs.uniform(uint64_t(i)) - 1.0));
-    return t;
-}
+Tensor random(Shape s, uint64_t seed, double scale) { return bench::random_tensor(s, seed, -scale, scale, 7); }
 
 double median_ms(int reps, const std::function<void()>& f) {
     std::vector<double> ms;

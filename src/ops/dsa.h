@@ -27,6 +27,11 @@
 
 namespace tessera::ops {
 
+// The selection order (spec/dsa.md §2.2): a higher score first, ties to the more recent (larger) s.
+inline bool dsa_ranks_before(double score_a, int64_t s_a, double score_b, int64_t s_b) {
+    return score_a > score_b || (score_a == score_b && s_a > s_b);
+}
+
 struct DsaIndexerParams {
     int64_t topk = 2048;
 };

@@ -126,11 +126,7 @@ void AttentionBlock::bind_scratch(const BufferGroup& acts, const std::string& pr
 }
 
 TensorView AttentionBlock::head_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t width) const {
-    const int64_t row = rows.size(1);
-    TensorView v(static_cast<float*>(rows.data) + col, DType::f32,
-                 Shape{s.batch, s.seq, heads, width > 0 ? width : D_});
-    v.strides = {s.seq * row, row, D_, 1};
-    return v;
+    return heads_view(rows, s, col, heads, D_, width > 0 ? width : D_);
 }
 
 void AttentionBlock::project(StepShape s, int64_t pos, TensorView x) {

@@ -46,6 +46,13 @@ void zero_rows(TensorView t, int64_t rows) {
     std::memset(t.data, 0, size_t(rows * cols) * dtype_size(t.dtype));
 }
 
+TensorView heads_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t head_stride, int64_t width) {
+    const int64_t row = rows.strides[0];
+    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{s.batch, s.seq, heads, width});
+    v.strides = {s.seq * row, row, head_stride, 1};
+    return v;
+}
+
 TensorView columns(TensorView rows, int64_t col, int64_t width) {
     TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{rows.size(0), width});
     v.strides[0] = rows.strides[0];

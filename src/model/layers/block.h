@@ -98,6 +98,9 @@ void add_param(std::vector<BufferSpec>& specs,
 void residual_copy(TensorView x_in, TensorView x_out, int64_t rows);
 // zero-fill the first `rows` rows of a contiguous [rows_max, cols] buffer
 void zero_rows(TensorView t, int64_t rows);
+// the first `width` columns of each of `heads` heads (head h at col + h·head_stride) of a row-major
+// [B·T, *] f32 buffer, as a [B, T, heads, width] view
+TensorView heads_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t head_stride, int64_t width);
 // a column block [N, width] of a row-major [N, *] f32 buffer (row-strided view)
 TensorView columns(TensorView rows, int64_t col, int64_t width);
 // dst rows += src rows / dst rows = src rows (both [N, width] f32, row-strided)

@@ -20,15 +20,6 @@ namespace tessera::model {
 namespace {
 using ops::Trans;
 
-// a [B, T, heads, width] view of `width` columns starting at `col` of each head (head stride hs) in a
-// row-major [B·T, row] buffer
-TensorView heads_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t hs, int64_t width) {
-    const int64_t row = rows.strides[0];
-    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{s.batch, s.seq, heads, width});
-    v.strides = {s.seq * row, row, hs, 1};
-    return v;
-}
-
 void zero_columns(TensorView t) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < t.size(0); ++n) std::memset(t.ptr<float>() + n * t.strides[0], 0, size_t(t.size(1)) * 4);
@@ -375,7 +366,7 @@ void MlaBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_ou
             }
             const int64_t n = std::min<int64_t>(cfg_.dsa.topk, pos + 1);
             std::partial_sort(scored.begin(), scored.begin() + n, scored.end(), [](const auto& u, const auto& v) {
-                return u.first > v.first || (u.first == v.first && u.second > v.second);
+                return ops::dsa_ranks_before(u.first, u.second, v.first, v.second);
             });
             scored.resize(size_t(n));
             std::sort(scored.begin(), scored.end(), [](const auto& u, const auto& v) { return u.second < v.second; });

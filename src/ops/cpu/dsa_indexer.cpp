@@ -25,10 +25,7 @@ struct Candidate {
     double score;
     int32_t s;
 };
-// the total order of spec/dsa.md §2.2: higher score first, ties to the more recent token
-inline bool better(const Candidate& a, const Candidate& b) {
-    return a.score > b.score || (a.score == b.score && a.s > b.s);
-}
+inline bool better(const Candidate& a, const Candidate& b) { return dsa_ranks_before(a.score, a.s, b.score, b.s); }
 
 void keep_best(std::vector<Candidate>& c, int64_t k) {
     if (int64_t(c.size()) <= k) return;
