@@ -197,6 +197,17 @@ TEST(Cli, LogitsScoreIdsCausallyAndPerRow) {
                                       " --out " + d.file("x.safetensors")),
                           "ids[0, 3] = 258 is outside the vocabulary", "id out of range");
     EXPECT_FALSE(std::filesystem::exists(d.file("x.safetensors"))) << "no partial output";
+    Tensor flat(DType::i32, Shape{12});
+    write_safetensors(d.file("flat.safetensors"), {{"ids", flat}});
+    expect_one_line_error(run_tessera("logits --checkpoint " + d.file("run") + " --in " + d.file("flat.safetensors") +
+                                      " --out " + d.file("x.safetensors")),
+                          "ids must be [B, T] i32 or i64", "1-D ids");
+    write_safetensors(d.file("noids.safetensors"), {{"tokens", row}});
+    expect_one_line_error(run_tessera("logits --checkpoint " + d.file("run") + " --in " + d.file("noids.safetensors") +
+                                      " --out " + d.file("x.safetensors")),
+                          "no tensor \"ids\"", "missing ids");
+    expect_one_line_error(run_tessera("generate --checkpoint " + d.file("run") + " --prompt ab --context 1"),
+                          "the context must hold at least 2 tokens", "a one-token context");
 }
 
 TEST(Cli, InspectSummarisesHuggingFaceAndTesseraConfigs) {

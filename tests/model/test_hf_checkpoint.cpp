@@ -177,6 +177,36 @@ TEST(HfCheckpoint, MissingAndUnusedTensorsAreNamed) {
                        "1 tensor(s) the model does not use, e.g. \"model.output_attn_res_proj.weight\"");
     test::expect_error([&] { model::hf_tensor_map(a.m.param_specs(), a.m.config(), "qwen3_next"); },
                        "qwen3_next checkpoints are not supported yet");
+    write_text_atomic(d.file("model.safetensors.index.json"), "{\"weight_map\": [");
+    test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.rt.params()); }, "not valid JSON");
+}
+
+TEST(HfCheckpoint, KimiK3LayoutPadsALogAndRefusesANonZeroPad) {
+    test::TempDir d;
+    Rig a(1), b(2);
+    const auto map = model::hf_tensor_map(a.m.param_specs(), a.m.config(), "kimi_k3");
+    EXPECT_EQ(map.front().name.rfind("language_model.model.", 0), 0u) << map.front().name;
+    model::save_hf_checkpoint(d.path(), map, a.rt.params());
+    const Json index = Json::parse(read_text(d.file("model.safetensors.index.json")));
+    const std::string name = "language_model.model.layers.0.self_attn.A_log";
+    const std::string file = d.file(index["weight_map"][name].get<std::string>());
+    Tensor alog = SafetensorsFile(file).load(name);
+    ASSERT_EQ(alog.view().shape, (Shape{128}));
+    for (int64_t i = 2; i < 128; ++i) ASSERT_EQ(alog.ptr<float>()[i], 0.f) << i;  // 2 heads used, zero pad
+    model::load_hf_checkpoint(d.path(), map, b.rt.params());
+    EXPECT_TRUE(test::bitwise_equal(a.rt.params().view("model.layers.0.self_attn.A_log"),
+                                    b.rt.params().view("model.layers.0.self_attn.A_log")));
+    // a non-zero pad means the layout is not what we think: refused
+    SafetensorsFile all(file);
+    std::vector<Tensor> keep;
+    std::vector<NamedTensor> named;
+    for (const auto& e : all.entries()) keep.push_back(all.load(e.name));
+    for (size_t i = 0; i < all.entries().size(); ++i) {
+        if (all.entries()[i].name == name) keep[i].ptr<float>()[7] = 0.5f;
+        named.push_back({all.entries()[i].name, keep[i].view()});
+    }
+    write_safetensors(file, named);
+    test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.rt.params()); }, "pads with 0.5 at 7");
 }
 
 TEST(HfCheckpoint, ATransformersKimiLinearModelGivesTransformersLogits) {

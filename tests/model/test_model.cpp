@@ -84,6 +84,8 @@ TEST_P(ModelGolden, IncrementalDecodingMatchesTheFullForwardAtEveryPosition) {
         // one-token KDA/GDN recurrence vs the chunked form: measured up to 2.6e-6
         EXPECT_TRUE(test::rel_rms_close(step, want, linear_attention(g) ? 1e-5 : 2e-6)) << "position " << pos;
     }
+    std::vector<int32_t> tok(size_t(B), 1);  // every golden model has an attention layer with a bounded cache
+    test::expect_error([&] { m.decode_step(T, tok, step); }, "-token cache");
 }
 
 TEST_P(ModelGolden, RecomputeIsBitwiseIdentical) {
