@@ -120,6 +120,7 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     c.output_gate = r.choice("output_gate", d.output_gate, {"none", "headwise", "elementwise"});
     c.qk_norm = r.boolean("qk_norm", d.qk_norm);
     c.rope_dim = r.integer("rope_dim", d.rope_dim);
+    c.attn_res_block_size = r.integer("attn_res_block_size", d.attn_res_block_size);
     if (r.has("mla")) {
         TESSERA_CHECK(c.has_layer_type("mla") || c.has_layer_type("dsa"),
                       "{}: model.mla is set but no layer is \"mla\" or \"dsa\" (model.attention)", where);
@@ -167,6 +168,8 @@ void ModelConfig::validate(const std::string& where) const {
     TESSERA_CHECK(norm_eps > 0, "{}: model.norm_eps must be positive", where);
     TESSERA_CHECK(rope_theta > 1, "{}: model.rope_theta must be > 1", where);
     TESSERA_CHECK(init_std > 0, "{}: model.init_std must be positive", where);
+    TESSERA_CHECK(attn_res_block_size >= 0, "{}: model.attn_res_block_size must be >= 0 (0 = plain residuals), not {}",
+                  where, attn_res_block_size);
     validate_moe(moe, where);
     TESSERA_CHECK(attention.size() == 1 || int64_t(attention.size()) == n_layers,
                   "{}: model.attention lists {} layer types for model.n_layers = {} (give one type or one per layer)",
@@ -269,6 +272,7 @@ Json to_json(const ModelConfig& c) {
            {"output_gate", c.output_gate},
            {"qk_norm", c.qk_norm},
            {"rope_dim", c.rope_dim},
+           {"attn_res_block_size", c.attn_res_block_size},
            {"moe", to_json(c.moe)}};
     if (c.has_layer_type("mla") || c.has_layer_type("dsa")) {
         j["mla"] = to_json(c.mla);

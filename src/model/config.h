@@ -126,6 +126,8 @@ struct ModelConfig {
     std::string output_gate = "none";  // gqa, mla and dsa layers: none | headwise | elementwise sigmoid gate
     bool qk_norm = false;              // gqa layers: RMSNorm over each head of q and k (Qwen3)
     int64_t rope_dim = 0;              // gqa layers: rotated dims per head (partial rotary); 0 = the head dim
+    // Attention Residuals (Kimi K3; model/attn_res.h): layers per depth block B; 0 = plain residual stream
+    int64_t attn_res_block_size = 0;
     MlaConfig mla;
     KdaConfig kda;
     MoeConfig moe;

@@ -213,17 +213,8 @@ void import_kimi(Keys& k, HfImport& r) {
     const std::string method = k.text_or("topk_method", "noaux_tc");
     if (method != "noaux_tc") r.unsupported.push_back(fmt::format("topk_method \"{}\"", method));
     check_moe_layer_freq(k, r.unsupported);
-    if (k.has("attn_res_block_size")) {
-        r.unsupported.push_back(fmt::format(
-            "Attention Residuals (attn_res_block_size = {}): the depth mix and its 4 norms/projections per layer "
-            "and 2 at the output are not built; plain residuals are used and those parameters are not counted",
-            k.get("attn_res_block_size").dump()));
-    }
-    if (k.has("quantization_config")) {
-        r.unsupported.push_back(
-            "quantization_config (MXFP4 routed experts, compressed-tensors): loading needs dequantisation");
-    }
-    k.ignore({"quantization_config"});
+    m.attn_res_block_size = k.integer_or("attn_res_block_size", 0);
+    k.ignore({"quantization_config"});  // MXFP4 routed experts: dequantised on load (model/hf_checkpoint.h)
 }
 
 void import_qwen3_next(Keys& k, HfImport& r) {
@@ -310,9 +301,9 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
 }
 }  // namespace
 
-Json export_kimi_linear_config(const ModelConfig& m) {
+Json export_kimi_config(const ModelConfig& m) {
     auto need = [](bool ok, const char* what) {
-        TESSERA_CHECK(ok, "this model cannot be written as a Kimi-Linear config: {}", what);
+        TESSERA_CHECK(ok, "this model cannot be written as a Kimi-Linear / Kimi K3 config: {}", what);
     };
     Json kda_layers = Json::array(), full_layers = Json::array();
     for (int64_t i = 0; i < m.n_layers; ++i) {
@@ -387,7 +378,13 @@ Json export_kimi_linear_config(const ModelConfig& m) {
         j["index_n_heads"] = m.mla.dsa.heads;
         j["index_head_dim"] = m.mla.dsa.head_dim;
     }
-    return j;
+    if (m.attn_res_block_size == 0) return j;
+    // Attention Residuals exist only in Kimi K3: its wrapper around the Kimi-Linear text config
+    j["attn_res_block_size"] = m.attn_res_block_size;
+    return {{"architectures", {"KimiK3ForConditionalGeneration"}},
+            {"model_type", "kimi_k3"},
+            {"tie_word_embeddings", m.tie_embeddings},
+            {"text_config", j}};
 }
 
 bool is_hf_config(const Json& doc) {

@@ -28,8 +28,9 @@ bool is_hf_config(const Json& doc);
 // Throws with the file and key for unknown families, missing keys or contradictions.
 HfImport import_hf_config(const Json& doc, const std::string& where);
 // The Kimi-Linear config.json of a tessera model (kda / mla / dsa layers; the inverse of the import, so
-// importing it gives the same model). Throws naming what the format cannot express (gqa or gdn layers,
-// a headwise gate, KDA with grouped value heads or another gate rank, SiTU with dense MLP layers, ...).
-Json export_kimi_linear_config(const ModelConfig& m);
+// importing it gives the same model), or Kimi K3's (model_type kimi_k3, the Kimi-Linear keys under
+// text_config) when the model has Attention Residuals. Throws naming what the format cannot express (gqa
+// or gdn layers, a headwise gate, KDA with grouped value heads or another gate rank, ...).
+Json export_kimi_config(const ModelConfig& m);
 
 }  // namespace tessera::model

@@ -35,6 +35,10 @@ ModelSummary summarize(const ModelConfig& c, int64_t seq) {
             s.layers.push_back({i, i, attn, ffn});
         }
     }
+    const int64_t B = c.attn_res_block_size;
+    s.residuals = B == 0 ? "plain residual stream"
+                         : fmt::format("Attention Residuals, depth blocks of {} layers ({} sources at the output mix)",
+                                       B, (c.n_layers + B - 1) / B + 1);
     const Model m(c);  // declares parameter specs only; nothing is allocated
     for (const auto& spec : m.param_specs()) {
         const int64_t n = spec.shape.numel();
@@ -62,6 +66,7 @@ std::string ModelSummary::str() const {
         const std::string span = r.first == r.last ? fmt::format("{}", r.first) : fmt::format("{}-{}", r.first, r.last);
         out += fmt::format("  {:>7}  {} + {}\n", span, r.attention, r.ffn);
     }
+    out += fmt::format("residuals: {}\n", residuals);
     out += fmt::format("parameters: {} total ({} in embeddings and head, {} in routed experts)\n",
                        human(double(params), ""), human(double(embedding_params), ""),
                        human(double(routed_expert_params), ""));

@@ -17,6 +17,7 @@ struct ModelSummary {
         std::string attention, ffn;   // e.g. "kda", "moe"
     };
     std::vector<LayerRange> layers;
+    std::string residuals;  // "plain" or the Attention Residuals block structure
     int64_t params = 0, embedding_params = 0, routed_expert_params = 0;
     double active_params = 0;  // per token: everything but the routed experts, plus k/E of them
     double forward_flops_per_token = 0, train_flops_per_token = 0;

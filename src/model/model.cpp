@@ -52,6 +52,12 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
         }
     }
     for (auto& b : blocks_) b->declare_params(param_specs_, inits_);
+    if (cfg_.attn_res_block_size > 0) {
+        attn_res_ = std::make_unique<AttnRes>(cfg_.n_layers, cfg_.attn_res_block_size, cfg_.d_model, cfg_.norm_eps,
+                                              cfg_.init_std);
+        attn_res_->declare_params(param_specs_, inits_);
+        for (auto& b : blocks_) b->set_residual(false);
+    }
     add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
     if (!cfg_.tie_embeddings) add_param(param_specs_, inits_, kHead, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
 }
@@ -96,6 +102,7 @@ std::vector<BufferSpec> Model::activation_specs(StepShape max, bool recompute) c
     s.push_back({"head.lse", DType::f32, Shape{R}});
     s.push_back({"scratch.dln_f", DType::f32, Shape{N, C}});
     s.push_back({"scratch.dres", DType::f32, Shape{N, C}});
+    if (attn_res_) attn_res_->declare_acts(s, max);
     return s;
 }
 
@@ -145,6 +152,7 @@ void Model::bind(const BufferGroup& params,
     lse_ = acts.view("head.lse");
     dln_f_ = acts.view("scratch.dln_f");
     dres_ = acts.view("scratch.dres");
+    if (attn_res_) attn_res_->bind(params, grads, acts, x_);
 }
 
 void Model::init_params(const BufferGroup& params, uint64_t seed) const {
@@ -162,6 +170,19 @@ void Model::init_params(const BufferGroup& params, uint64_t seed) const {
     }
 }
 
+template <class Run>
+void Model::run_trunk(int64_t N, Run run) {
+    TensorView last = x_.back();
+    for (size_t j = 0; j < blocks_.size(); ++j) {
+        run(j, block_input(j, N), x_[j + 1]);
+        if (attn_res_) attn_res_->combine(j, N);
+    }
+    if (attn_res_) last = attn_res_->output(N);
+    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, last.slice0(0, N), norm_f_, ln_f_.slice0(0, N), rstd_f_.slice0(0, N));
+}
+
+TensorView Model::block_input(size_t j, int64_t N) { return attn_res_ ? attn_res_->input(j, N) : x_[j]; }
+
 void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
     const int64_t N = s.tokens();
     TESSERA_CHECK(N <= max_.tokens() && s.seq <= max_.seq, "model: step {}x{} exceeds the allocated {}x{}", s.batch,
@@ -169,9 +190,7 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
     TESSERA_CHECK(int64_t(ids.size()) == N, "model: {} ids for {} tokens", ids.size(), N);
     std::memcpy(ids_.data, ids.data(), size_t(N) * sizeof(int32_t));
     ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N));
-    for (size_t j = 0; j < blocks_.size(); ++j) blocks_[j]->forward(s, x_[j], x_[j + 1], ws_);
-    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x_.back().slice0(0, N), norm_f_, ln_f_.slice0(0, N),
-                         rstd_f_.slice0(0, N));
+    run_trunk(N, [&](size_t j, TensorView in, TensorView out) { blocks_[j]->forward(s, in, out, ws_); });
 }
 
 LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale) {
@@ -216,18 +235,33 @@ LossResult Model::forward_backward(StepShape s,
         LossResult res = head_loss(s, targets, false, loss_scale);
         for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) {  // backwards: the shared recompute set is the last's
             const DsaLayer& d = *it;
-            if (recompute_block_[d.block]) blocks_[d.block]->forward(s, x_[d.block], x_[d.block + 1], ws_);
+            if (recompute_block_[d.block]) blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
             d.mla->indexer_backward(s);
         }
         return res;
     }
     LossResult res = head_loss(s, targets, true, loss_scale);
-    zero_rows(dres_, N);
-    ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
-                          rstd_f_.slice0(0, N), dres_.slice0(0, N), d_norm_f_);
+    if (attn_res_) {  // dL/dh, then through the output mix
+        TensorView dh = attn_res_->dmix(N);
+        zero_rows(dh, N);
+        ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), attn_res_->output(N), norm_f_,
+                              rstd_f_.slice0(0, N), dh, d_norm_f_);
+        attn_res_->output_backward(dres_, N);
+    } else {
+        zero_rows(dres_, N);
+        ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
+                              rstd_f_.slice0(0, N), dres_.slice0(0, N), d_norm_f_);
+    }
     for (size_t j = blocks_.size(); j-- > 0;) {
-        if (recompute_block_[j]) blocks_[j]->forward(s, x_[j], x_[j + 1], ws_);
-        blocks_[j]->backward(s, x_[j], dres_, ws_);
+        const TensorView in = block_input(j, N);
+        TensorView d = dres_;
+        if (attn_res_) {
+            attn_res_->begin_backward(dres_, N);
+            d = attn_res_->dmix(N);
+        }
+        if (recompute_block_[j]) blocks_[j]->forward(s, in, x_[j + 1], ws_);
+        blocks_[j]->backward(s, in, d, ws_);
+        if (attn_res_) attn_res_->end_backward(j, dres_, N);
     }
     ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
     return res;
@@ -271,9 +305,7 @@ void Model::decode_step(int64_t pos, std::span<const int32_t> ids, TensorView lo
     set_pass({});
     std::memcpy(ids_.data, ids.data(), size_t(B) * sizeof(int32_t));
     ops::embedding_forward(ids_.slice0(0, B), embed_, x_[0].slice0(0, B));
-    for (size_t j = 0; j < blocks_.size(); ++j) blocks_[j]->step(B, pos, x_[j], x_[j + 1], ws_);
-    ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x_.back().slice0(0, B), norm_f_, ln_f_.slice0(0, B),
-                         rstd_f_.slice0(0, B));
+    run_trunk(B, [&](size_t j, TensorView in, TensorView out) { blocks_[j]->step(B, pos, in, out, ws_); });
     ops::linear_forward({}, ln_f_.slice0(0, B), head_, {}, logits);
 }
 

@@ -1,6 +1,7 @@
 // The decoder-only language model: embedding -> N × (attention block: GQA or MLA/DSA; MLP or MoE block) ->
 // RMSNorm -> head, with the cross-entropy loss fused into the head over chunks of tokens, so the full
-// [N, V] logits never exist during training. Tensor names follow Hugging Face Llama checkpoints.
+// [N, V] logits never exist during training. Tensor names follow Hugging Face Llama checkpoints. With
+// model.attn_res_block_size the residual stream is Kimi K3's Attention Residuals (model/attn_res.h).
 //
 // The model owns no memory: it declares buffer specs (parameters, activations for a step shape,
 // workspace) and binds views into groups the caller allocated from one arena (see train/ and
@@ -12,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "model/attn_res.h"
 #include "model/config.h"
 #include "model/layers/block.h"
 #include "model/layers/mla_block.h"
@@ -88,6 +90,10 @@ class Model {
         size_t block;  // index into blocks_
     };
     void forward_trunk(StepShape s, std::span<const int32_t> ids);
+    // the blocks from the embedding in x[0] to the final norm's output in ln_f; run(j, x_in, x_out) runs block j
+    template <class Run>
+    void run_trunk(int64_t N, Run run);
+    TensorView block_input(size_t j, int64_t N);  // block j's x_in (recomputes an Attention Residuals mix)
     void set_pass(const PassOptions& o);
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
     int64_t head_chunk_rows(int64_t tokens) const;
@@ -96,6 +102,7 @@ class Model {
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
     std::vector<DsaLayer> dsa_;
+    std::unique_ptr<AttnRes> attn_res_;  // null: the plain residual stream
     bool decoding_ = false;  // decoding caches bound
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
@@ -105,7 +112,8 @@ class Model {
     std::vector<bool> recompute_block_;  // re-run forward before backward
     // parameters and gradients
     TensorView embed_, norm_f_, head_, d_embed_, d_norm_f_, d_head_;
-    // activations: residual stream x[0..2L] ([N, C] each), final norm, head chunk buffers
+    // activations: residual stream x[0..2L] ([N, C] each; with Attention Residuals the P states), final norm,
+    // head chunk buffers
     std::vector<TensorView> x_;
     TensorView ids_, targets_, ln_f_, rstd_f_, logits_, dlogits_, lse_, dln_f_, dres_;
     std::span<std::byte> ws_;

@@ -3,11 +3,13 @@
 // pseudo-query against the RMS-normalised sources.
 //   r_i = (mean_d v_i² + eps)^-1/2,  x̂_i = r_i v_i,  score_i = Σ_d w_d γ_d x̂_{i,d},  p = softmax_i(score),
 //   out = Σ_i p_i v_i   (the raw sources, not x̂)
-// Shapes: sources [S, N, C] (source-major), gamma, w [C], out [N, C], p [N, S] (written by forward, read by
-// backward). Backward (spec §2.2): dp_i = ⟨dout, v_i⟩, ds_i = p_i (dp_i − Σ_j p_j dp_j), a_i = ds_i (w ⊙ γ),
+// Shapes: S sources [N, C] each (separate buffers: the model mixes stored activations in place), gamma, w
+// [C], out [N, C], p [N, S] (written by forward, read by backward). Backward (spec §2.2): dp_i = ⟨dout, v_i⟩, ds_i = p_i (dp_i − Σ_j p_j dp_j), a_i = ds_i (w ⊙ γ),
 //   dv_i += p_i dout + r_i (a_i − x̂_i mean_d(a_i ⊙ x̂_i)),  dγ += Σ ds_i (w ⊙ x̂_i),  dw += Σ ds_i (γ ⊙ x̂_i),
 // with dγ and dw reduced over tokens in token order (deterministic). Mixing runs along depth only.
 #pragma once
+
+#include <span>
 
 #include "core/tensor.h"
 
@@ -17,15 +19,20 @@ struct AttnResParams {
     double eps = 1e-6;
 };
 
-void attn_res_mix_forward(
-    const AttnResParams& p, TensorView sources, TensorView gamma, TensorView w, TensorView out, TensorView probs);
+void attn_res_mix_forward(const AttnResParams& p,
+                          std::span<const TensorView> sources,
+                          TensorView gamma,
+                          TensorView w,
+                          TensorView out,
+                          TensorView probs);
+// dsources[i] += dL/dsources[i]; dgamma, dw += their gradients
 void attn_res_mix_backward(const AttnResParams& p,
                            TensorView dout,
-                           TensorView sources,
+                           std::span<const TensorView> sources,
                            TensorView gamma,
                            TensorView w,
                            TensorView probs,
-                           TensorView dsources,
+                           std::span<const TensorView> dsources,
                            TensorView dgamma,
                            TensorView dw);
 

@@ -215,7 +215,9 @@ TEST(Cli, InspectSummarisesHuggingFaceAndTesseraConfigs) {
     test::CliResult r = run_tessera("inspect " TESSERA_SOURCE_DIR "/configs/hf/kimi_k3.json --seq 4096");
     ASSERT_EQ(r.status, 0) << r.err;
     for (const char* needle : {"family: Kimi K3", "layers: kda 69, mla 24, mlp 1, moe 92", "2.78 T total",
-                               "active parameters per token: 105 G", "Attention Residuals", "vision tower"}) {
+                               "active parameters per token: 105 G",
+                               "residuals: Attention Residuals, depth blocks of 12 layers (9 sources at the output mix)",
+                               "vision tower"}) {
         EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
     }
     r = run_tessera("inspect " + kTiny);
@@ -277,8 +279,43 @@ TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
                           "already exists", "existing output");
     ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 1 --out " + d.file("gqa")).status, 0);
     expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("gqa") + " --out " + d.file("hf2")),
-                          "cannot be written as a Kimi-Linear config", "a GQA model");
+                          "cannot be written as a Kimi-Linear / Kimi K3 config", "a GQA model");
     EXPECT_FALSE(std::filesystem::exists(d.file("hf2"))) << "nothing written";
+}
+
+TEST(Cli, ExportHfWritesKimiK3WhenTheModelHasAttentionResiduals) {
+    TempDir d;
+    const std::string k3 =
+        " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
+        " --set model.mla.rope=false --set model.moe.experts=4 --set model.moe.ffn_dim=16"
+        " --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise --set model.kda.o_norm_eps=1e-6"
+        " --set model.kda.gate_lower_bound=-5 --set model.kda.full_rank_output_gate=true"
+        " --set model.attn_res_block_size=2";
+    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + k3);
+    ASSERT_EQ(r.status, 0) << r.err;
+    r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json cfg = Json::parse(read_text(d.file("hf/config.json")));
+    EXPECT_EQ(cfg["model_type"], "kimi_k3");
+    EXPECT_EQ(cfg["text_config"]["attn_res_block_size"], 2);
+    const Json idx = Json::parse(read_text(d.file("hf/model.safetensors.index.json")));
+    for (const char* name : {"language_model.model.layers.2.mlp_res_proj.weight",
+                             "language_model.model.output_attn_res_norm.weight", "language_model.lm_head.weight"}) {
+        EXPECT_TRUE(idx["weight_map"].contains(name)) << name;
+    }
+    Tensor ids(DType::i32, Shape{1, 12});
+    for (int64_t i = 0; i < 12; ++i) ids.ptr<int32_t>()[i] = int32_t((i * 31 + 5) % 258);
+    write_safetensors(d.file("ids.safetensors"), {{"ids", ids}});
+    for (const char* src : {"run", "hf"}) {
+        r = run_tessera("logits --checkpoint " + d.file(src) + " --in " + d.file("ids.safetensors") + " --out " +
+                        d.file(std::string(src) + ".safetensors"));
+        ASSERT_EQ(r.status, 0) << src << ": " << r.err;
+    }
+    EXPECT_TRUE(test::bitwise_equal(SafetensorsFile(d.file("run.safetensors")).load("logits"),
+                                    SafetensorsFile(d.file("hf.safetensors")).load("logits")));
+    r = run_tessera("inspect " + d.file("hf"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("residuals: Attention Residuals, depth blocks of 2 layers"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -47,6 +47,9 @@ TEST(HfCheckpoint, KimiK3NamesAndShapesAreThePublishedOnes) {
         {"language_model.lm_head.weight", Shape{163840, 7168}},
         {"language_model.model.norm.weight", Shape{7168}},
         {P + "0.self_attn.q_conv1d.weight", Shape{12288, 1, 4}},
+        {P + "0.self_attention_res_norm.weight", Shape{7168}},
+        {P + "92.mlp_res_proj.weight", Shape{1, 7168}},
+        {"language_model.model.output_attn_res_proj.weight", Shape{1, 7168}},
         {P + "0.self_attn.A_log", Shape{128}},
         {P + "0.self_attn.f_a_proj.weight", Shape{128, 7168}},
         {P + "0.self_attn.f_b_proj.weight", Shape{12288, 128}},
@@ -77,10 +80,10 @@ TEST(HfCheckpoint, KimiK3NamesAndShapesAreThePublishedOnes) {
         EXPECT_EQ(t->shape, shape) << name;
     }
     for (const auto& t : map) EXPECT_EQ(t.name.find("g_a_proj"), std::string::npos) << t.name;
-    // §5's text tensors less Attention Residuals, with each routed expert's w1/w2/w3 counted dense:
-    // 2 embeddings + norm; per layer 2 norms + g + o; KDA q, k, v, 3 convs, f_a, f_b, b, A_log, dt_bias,
+    // §5's text tensors, with each routed expert's w1/w2/w3 counted dense: 2 embeddings + norm + 2 output
+    // AttnRes; per layer 2 norms + 4 AttnRes + g + o; KDA q, k, v, 3 convs, f_a, f_b, b, A_log, dt_bias,
     // o_norm (12); MLA 6; the dense MLP 3; MoE router, bias, 3 latent, 3 shared (8) + 3·896 experts
-    EXPECT_EQ(map.size(), size_t(3 + 93 * 4 + 69 * 12 + 24 * 6 + 3 + 92 * (8 + 3 * 896)));
+    EXPECT_EQ(map.size(), size_t(5 + 93 * 8 + 69 * 12 + 24 * 6 + 3 + 92 * (8 + 3 * 896)));
 }
 
 struct Rig {

@@ -53,16 +53,15 @@ TEST(HfConfig, KimiK3MapsEveryLayerAndCountsParametersExactly) {
     EXPECT_TRUE(m.moe.latent_norm);
     EXPECT_EQ(m.moe.activation, "situ");
     EXPECT_EQ(m.moe.scaling, 1.0);
+    EXPECT_EQ(m.attn_res_block_size, 12);
     const model::ModelSummary s = model::summarize(m, 4096);
-    // spec/kimi_k3.md §4: text model 2,779,484,476,000 with Attention Residuals (4·d per layer + 2·d at the
-    // output), which the engine does not build yet (listed as unsupported)
-    const int64_t attn_res = 93 * 4 * 7168 + 2 * 7168;
-    EXPECT_EQ(s.params, 2779484476000LL - attn_res);
+    // spec/kimi_k3.md §4: text model 2,779,484,476,000 (Attention Residuals included: 4·d per layer + 2·d)
+    EXPECT_EQ(s.params, 2779484476000LL);
     EXPECT_EQ(s.routed_expert_params, 2722740830208LL);
-    EXPECT_DOUBLE_EQ(s.active_params, double(56743645792LL - attn_res + 92LL * 16 * 33030144));
-    EXPECT_TRUE(mentions(r.unsupported, "Attention Residuals"));
+    EXPECT_DOUBLE_EQ(s.active_params, double(56743645792LL + 92LL * 16 * 33030144));
     EXPECT_TRUE(mentions(r.unsupported, "vision tower"));
-    EXPECT_TRUE(mentions(r.unsupported, "MXFP4"));
+    EXPECT_FALSE(mentions(r.unsupported, "Attention Residuals"));
+    EXPECT_FALSE(mentions(r.unsupported, "MXFP4"));  // dequantised on load
     EXPECT_EQ(m.mlp_activation, "situ");  // layer 0's dense MLP
     EXPECT_FALSE(mentions(r.unsupported, "not interpreted")) << "every key of the published file is accounted for";
 }
@@ -163,12 +162,12 @@ TEST(HfConfig, KimiLinearExportImportsBackToTheSameModel) {
                 "moe": {"experts": 8, "topk": 2, "ffn_dim": 32, "shared_ffn_dim": 64, "latent_dim": 32,
                         "latent_norm": true, "groups": 2, "topk_groups": 1}})"),
             "m");
-        const model::HfImport back = model::import_hf_config(model::export_kimi_linear_config(m), "exported");
+        const model::HfImport back = model::import_hf_config(model::export_kimi_config(m), "exported");
         EXPECT_EQ(model::to_json(back.model), model::to_json(m)) << attention;
         EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
     }
     model::ModelConfig gqa;
-    test::expect_error([&] { model::export_kimi_linear_config(gqa); }, "only kda, mla and dsa layers");
+    test::expect_error([&] { model::export_kimi_config(gqa); }, "only kda, mla and dsa layers");
 }
 
 }  // namespace

@@ -19,15 +19,16 @@ class ModelGolden : public ::testing::TestWithParam<std::string> {};
 
 // Tolerances against the float64 reference. Models with KDA/GDN layers compare the f32 chunked
 // recurrence with a token-by-token f64 one, under the goldens' strong decays (g ≈ −3.5 per token):
-// step-0 gradients agree to 1.0e-5 (measured: hybrid_kda_dsa; 5.1e-6 hybrid_gdn_gqa) and the AdamW
-// trajectory (lr 1e-2) drifts up to 1.3e-4 relative by step 8 (hybrid_kda_dsa; 1.1e-5 hybrid_gdn_gqa).
-// The discrete choices (DSA top-k, expert routing) have margin-checked gaps in the reference, so this
-// drift cannot flip them.
+// step-0 gradients agree to 1.0e-5 (measured: hybrid_kda_dsa; 5.1e-6 hybrid_gdn_gqa). Every 10-step AdamW
+// trajectory agrees to 1e-5 (measured worst: 6.7e-6 hybrid_kda_dsa, 0.4e-6 hybrid_gdn_gqa, 0.2e-6
+// attn_res_mla_moe); those three train at lr 3e-3, since at 1e-2 even PyTorch's own f32 run departs from its
+// f64 run by up to 1e-2 (tools/ref/make_model_golden.py). The discrete choices (DSA top-k, expert routing)
+// have margin-checked gaps in the reference, so the drift cannot flip them.
 bool linear_attention(const test::GoldenModel& g) {
     return g.cfg.model.has_layer_type("kda") || g.cfg.model.has_layer_type("gdn");
 }
 double grad_tol(const test::GoldenModel& g) { return linear_attention(g) ? 3e-5 : 1e-5; }
-double trajectory_tol(const test::GoldenModel& g) { return linear_attention(g) ? 3e-4 : 1e-5; }
+constexpr double kTrajectoryTol = 1e-5;
 
 TEST_P(ModelGolden, LogitsMatchPyTorch) {
     test::GoldenModel g(GetParam());
@@ -57,7 +58,7 @@ TEST_P(ModelGolden, TenStepTrajectoryMatchesPyTorch) {
     ASSERT_EQ(int64_t(losses.size()), want.numel());
     for (size_t i = 0; i < losses.size(); ++i) {
         const double w = want.ptr<double>()[i];
-        EXPECT_NEAR(losses[i], w, trajectory_tol(g) * std::abs(w)) << "step " << i;
+        EXPECT_NEAR(losses[i], w, kTrajectoryTol * std::abs(w)) << "step " << i;
     }
 }
 
@@ -82,8 +83,10 @@ TEST_P(ModelGolden, IncrementalDecodingMatchesTheFullForwardAtEveryPosition) {
                       want.ptr<float>() + b * V);
         }
         m.decode_step(pos, tok, step);
-        // one-token KDA/GDN recurrence vs the chunked form: measured up to 3.4e-6 (others ≤ 1e-6)
-        EXPECT_TRUE(test::rel_rms_close(step, want, linear_attention(g) ? 1e-5 : 2e-6)) << "position " << pos;
+        // one-token KDA/GDN recurrence vs the chunked form: measured up to 3.4e-6; Attention Residuals' depth
+        // softmax amplifies the step's last-bit differences: 2.5e-6 (others ≤ 1e-6)
+        const bool loose = linear_attention(g) || g.cfg.model.attn_res_block_size > 0;
+        EXPECT_TRUE(test::rel_rms_close(step, want, loose ? 1e-5 : 2e-6)) << "position " << pos;
     }
     std::vector<int32_t> tok(size_t(B), 1);  // every golden model has an attention layer with a bounded cache
     test::expect_error([&] { m.decode_step(T, tok, step); }, "-token cache");
@@ -137,7 +140,8 @@ INSTANTIATE_TEST_SUITE_P(Models,
                                            "dsa_sparse",
                                            "mla_nope_moe",
                                            "hybrid_kda_dsa",
-                                           "hybrid_gdn_gqa"));
+                                           "hybrid_gdn_gqa",
+                                           "attn_res_mla_moe"));
 
 TEST(ModelInit, ValuesDependOnlyOnSeedNameAndIndex) {
     model::ModelConfig c;

@@ -1,7 +1,8 @@
 """PyTorch reference of tessera's dense decoder (docs/model.md), written from the model's contract,
 not from the C++ code: embedding -> N x (RMSNorm -> GQA causal attention with rotate-half RoPE and an
 optional sigmoid output gate, MLA / gated DSA (mla_ref.py) or KDA / GDN (kda_block.py) -> o_proj, RMSNorm -> SwiGLU MLP or MoE)
--> RMSNorm -> lm_head, Hugging Face Llama tensor names.
+-> RMSNorm -> lm_head, Hugging Face Llama tensor names. With attn_res_block_size > 0 the residual stream is
+Kimi K3's Attention Residuals (spec/kimi_k3.md 2.2), transcribed from the spec's dataflow.
 
 Also the training step the C++ trainer runs (AdamW with decay on matrices only, global-norm
 clipping, warm-up + cosine schedule), used both for golden files and for the speed comparison.
@@ -247,9 +248,22 @@ class MoE(nn.Module):
         self.gate.e_score_correction_bias += self.m.get("bias_update_rate", 1e-3) * torch.sign(d.mean() - d)
 
 
+def attn_res_mix(sources, norm, proj, eps):
+    """softmax over sources of proj . RMSNorm_norm(v_i), applied to the raw sources (along depth only)"""
+    v = torch.stack(sources)  # [S, B, T, C]
+    xh = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    p = ((xh * norm.weight) @ proj.weight[0]).softmax(0)  # [S, B, T]
+    return (p[..., None] * v).sum(0)
+
+
 class Layer(nn.Module):
     def __init__(self, c, index=0):
         super().__init__()
+        if c.get("attn_res_block_size", 0):
+            C = c["d_model"]
+            self.self_attention_res_norm, self.self_attention_res_proj = Weight(C), Weight(1, C)
+            self.mlp_res_norm, self.mlp_res_proj = Weight(C), Weight(1, C)
+        self.eps = c["norm_eps"]
         self.input_layernorm = RMSNorm(c["d_model"], c["norm_eps"])
         t = layer_types(c)[index]
         if t in ("mla", "dsa"):
@@ -266,6 +280,17 @@ class Layer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_attn_res(self, R, P, restart):
+        """One layer of the Attention Residuals dataflow: R (finished block sums, R[0] = embedding) and P (the
+        partial block sum) in and out; restart: this layer starts a new depth block (l mod B = 0)."""
+        x_a = attn_res_mix(R + [P], self.self_attention_res_norm, self.self_attention_res_proj, self.eps) if R else P
+        if restart:
+            R, P = R + [P], None
+        a = self.self_attn(self.input_layernorm(x_a))
+        P = a if P is None else P + a
+        x_m = attn_res_mix(R + [P], self.mlp_res_norm, self.mlp_res_proj, self.eps)
+        return R, P + self.mlp(self.post_attention_layernorm(x_m))
+
 
 class Inner(nn.Module):
     def __init__(self, c):
@@ -273,6 +298,8 @@ class Inner(nn.Module):
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["d_model"])
         self.layers = nn.ModuleList(Layer(c, i) for i in range(c["n_layers"]))
         self.norm = RMSNorm(c["d_model"], c["norm_eps"])
+        if c.get("attn_res_block_size", 0):
+            self.output_attn_res_norm, self.output_attn_res_proj = Weight(c["d_model"]), Weight(1, c["d_model"])
 
 
 class DenseLM(nn.Module):
@@ -290,8 +317,16 @@ class DenseLM(nn.Module):
 
     def forward(self, ids):
         x = self.model.embed_tokens(ids)
-        for layer in self.model.layers:
-            x = layer(x)
+        B = self.c.get("attn_res_block_size", 0)
+        if B:
+            R, P = [], x
+            for l, layer in enumerate(self.model.layers):
+                R, P = layer.forward_attn_res(R, P, l % B == 0)
+            x = attn_res_mix(R + [P], self.model.output_attn_res_norm, self.model.output_attn_res_proj,
+                             self.c["norm_eps"])
+        else:
+            for layer in self.model.layers:
+                x = layer(x)
         x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
         return x @ w.t()

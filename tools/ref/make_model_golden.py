@@ -79,6 +79,20 @@ CASES = {
                        "moe": {"experts": 8, "topk": 2, "ffn_dim": 16, "latent_dim": 16, "latent_norm": True,
                                "shared_ffn_dim": 16, "score": "sigmoid", "activation": "situ", "first_dense": 1,
                                "balance": "sign", "bias_update_rate": 0.05}},
+    # Kimi K3's residual dataflow: Attention Residuals with depth blocks of 2 over 5 layers (blocks start at
+    # layers 0, 2, 4; the output mix reads 4 sources) around gated NoPE MLA, a SiTU dense layer 0 and Stable
+    # LatentMoE with a shared expert
+    "attn_res_mla_moe": {"vocab_size": 64, "d_model": 32, "n_layers": 5, "n_heads": 2, "n_kv_heads": 2,
+                         "head_dim": 0, "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0,
+                         "tie_embeddings": False, "init_std": 0.1, "attention": "mla", "output_gate": "elementwise",
+                         "mlp_activation": "situ", "attn_res_block_size": 2,
+                         "mla": {"q_lora_rank": 0, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 4,
+                                 "v_head_dim": 8, "rope": False, "softmax_scale": 0.0, "latent_eps": 1e-6,
+                                 "dsa": {"topk": 0, "heads": 4, "head_dim": 32, "rope_dim": 16, "stage": "sparse",
+                                         "kl_coeff": 1.0, "dk_slabs": 4}},
+                         "moe": {"experts": 8, "topk": 2, "ffn_dim": 16, "latent_dim": 16, "latent_norm": True,
+                                 "shared_ffn_dim": 16, "score": "sigmoid", "activation": "situ", "first_dense": 1,
+                                 "balance": "sign", "bias_update_rate": 0.05}},
     # Qwen3-Next-like: Gated DeltaNet : gated GQA = 3 : 1 with grouped value heads; the GQA layer with
     # per-head q/k RMSNorm and partial rotary (4 of 8 dims)
     "hybrid_gdn_gqa": {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 0,
@@ -88,6 +102,11 @@ CASES = {
                        "kda": {"num_heads": 2, "num_v_heads": 4, "head_dim": 16, "head_v_dim": 8, "conv_size": 4,
                                "o_norm_eps": 1e-6, "chunk_size": 64}},
 }
+
+# Cases whose 10-step trajectory at lr 1e-2 is ill-conditioned in fp32: PyTorch's own fp32 run of
+# hybrid_kda_dsa departs from its float64 run by 1e-2 relative by step 7 (attn_res_mla_moe: 3e-3 by step 8;
+# expert choices flip). At lr 3e-3 the same comparison stays within 2e-6, so the engine can be held to 1e-5.
+TRAIN_OVERRIDES = {"hybrid_kda_dsa": {"lr": 3e-3}, "hybrid_gdn_gqa": {"lr": 3e-3}, "attn_res_mla_moe": {"lr": 3e-3}}
 
 ONLY = set(sys.argv[1:])  # case names to write (default: all)
 
@@ -106,6 +125,7 @@ dense_model.MoE.margin = 1e-4           # rounding cannot flip them anywhere in 
 
 
 def write_case(name, c, seed):
+    train = dict(TRAIN, **TRAIN_OVERRIDES.get(name, {}))
     gen = torch.Generator().manual_seed(seed)
     model = DenseLM(c).double()
     with torch.no_grad():
@@ -118,7 +138,7 @@ def write_case(name, c, seed):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
             p.copy_(p.float().double())  # exactly representable in f32: both sides start equal
     tensors = {"param." + n: p.detach().float() for n, p in model.checkpoint_params()}
-    ids, targets = batch(gen, c, TRAIN)
+    ids, targets = batch(gen, c, train)
     tensors["ids"], tensors["targets"] = ids, targets
     logits = model(ids.long())
     loss = model.loss(ids, targets)
@@ -128,17 +148,17 @@ def write_case(name, c, seed):
     for n, p in model.checkpoint_params():
         tensors["expected.grad." + n] = p.grad.detach() if p.grad is not None else torch.zeros_like(p).detach()
     # trajectory
-    opt = make_optimizer(model, TRAIN)
+    opt = make_optimizer(model, train)
     traj_ids, traj_targets, losses = [], [], []
-    for step in range(TRAIN["steps"]):
-        i, tg = batch(gen, c, TRAIN)
+    for step in range(train["steps"]):
+        i, tg = batch(gen, c, train)
         traj_ids.append(i)
         traj_targets.append(tg)
-        losses.append(train_step(model, opt, TRAIN, step, i, tg))
+        losses.append(train_step(model, opt, train, step, i, tg))
     tensors["traj.ids"] = torch.stack(traj_ids)
     tensors["traj.targets"] = torch.stack(traj_targets)
     tensors["expected.traj.losses"] = torch.tensor(losses, dtype=torch.float64)
-    config = {"model": c, "train": TRAIN}
+    config = {"model": c, "train": train}
     golden.save(f"model/{name}.safetensors", tensors, seed, config=json.dumps(config))
 
 

@@ -153,7 +153,7 @@ void AttentionBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     TensorView o = o_.slice0(0, N);
     if (G_ > 0)
         output_gate_forward(columns(qkv_.slice0(0, N), Q_ + 2 * KV_, G_), o, gate_.slice0(0, N), y_.slice0(0, N));
-    residual_copy(x, x_out, N);
+    start_output(x, x_out, N);
     ops::linear_forward({.accumulate = true}, G_ > 0 ? y_.slice0(0, N) : o, w_.o, {}, x_out.slice0(0, N));
 }
 
@@ -245,6 +245,7 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
     }
     zero_rows(dln_, N);
     ops::linear_backward(dqkv, ln_.slice0(0, N), w_.qkv, dln, g_.qkv, {});
+    start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);
 }
 

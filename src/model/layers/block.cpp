@@ -34,10 +34,18 @@ void add_param(std::vector<BufferSpec>& specs,
     inits.push_back(init);
 }
 
-void residual_copy(TensorView x_in, TensorView x_out, int64_t rows) {
+void Block::start_output(TensorView x_in, TensorView x_out, int64_t rows) const {
     TESSERA_CHECK(x_in.is_contiguous() && x_out.is_contiguous() && x_in.size(1) == x_out.size(1),
-                  "residual_copy: mismatched residual buffers");
-    if (x_in.data != x_out.data) std::memcpy(x_out.data, x_in.data, size_t(rows * x_in.size(1)) * sizeof(float));
+                  "block: mismatched residual buffers");
+    if (!residual_) {
+        zero_rows(x_out, rows);
+    } else if (x_in.data != x_out.data) {
+        std::memcpy(x_out.data, x_in.data, size_t(rows * x_in.size(1)) * sizeof(float));
+    }
+}
+
+void Block::start_input_grad(TensorView dres, int64_t rows) const {
+    if (!residual_) zero_rows(dres, rows);
 }
 
 void zero_rows(TensorView t, int64_t rows) {

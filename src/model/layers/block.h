@@ -1,4 +1,5 @@
-// The interface every residual block implements: x_out = x_in + f(x_in). A block declares its
+// The interface every residual block implements: x_out = x_in + f(x_in), or x_out = f(x_in) when the
+// model routes the residual paths itself (Attention Residuals: set_residual(false)). A block declares its
 // parameters, the activations it saves for backward and the scratch its backward uses (buffer
 // specs; see core/buffer_spec.h), binds views into the allocated groups, and runs forward/backward.
 // Shapes: x_in, x_out, dres [N, C] with N = B·T tokens, C = d_model.
@@ -84,6 +85,19 @@ class Block {
     // Short kind name shared by blocks that share scratch ("attention", "mlp").
     virtual std::string kind() const = 0;
     virtual void set_pass(const PassOptions&) {}
+
+    // false: forward writes f(x_in) alone and backward leaves only f's input gradient in dres.
+    void set_residual(bool on) { residual_ = on; }
+
+  protected:
+    // Where every forward starts: x_out = x_in (residual) or 0, for the first `rows` rows.
+    void start_output(TensorView x_in, TensorView x_out, int64_t rows) const;
+    // Called after the last read of dL/dx_out in dres and before the input norm's backward adds dL/dx_in
+    // into it: without the residual, dres restarts at 0.
+    void start_input_grad(TensorView dres, int64_t rows) const;
+
+  private:
+    bool residual_ = true;
 };
 
 // Appends one parameter (f32) and its initialisation.
@@ -94,8 +108,6 @@ void add_param(std::vector<BufferSpec>& specs,
                ParamInit init,
                bool weight_decay);
 
-// x_out = x_in (the residual copy every block starts from)
-void residual_copy(TensorView x_in, TensorView x_out, int64_t rows);
 // zero-fill the first `rows` rows of a contiguous [rows_max, cols] buffer
 void zero_rows(TensorView t, int64_t rows);
 // the first `width` columns of each of `heads` heads (head h at col + h·head_stride) of a row-major

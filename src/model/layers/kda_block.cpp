@@ -224,7 +224,7 @@ void KdaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     const ops::GatedRmsNormParams np{.eps = cfg_.o_norm_eps, .activation = cfg_.output_gate_activation};
     ops::gated_rmsnorm_forward(np, o.reshape(Shape{N * HV_, V_}), z.reshape(Shape{N * HV_, V_}), w_.o_norm,
                                y.reshape(Shape{N * HV_, V_}));
-    residual_copy(x, x_out, N);
+    start_output(x, x_out, N);
     ops::linear_forward({.accumulate = true}, y, w_.o, {}, rows(x_out));
 }
 
@@ -363,6 +363,7 @@ void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     TensorView ln = rows(a_.ln), dln = rows(d_.ln);
     ops::linear_backward(rows(d_.qkv_raw), ln, w_.qkv, dln, g_.qkv, {});
     ops::linear_backward(dsmall, ln, w_.small, dln, g_.small, {});
+    start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, rows(x_in), w_.norm, rows(a_.rstd), rows(dres), g_.norm);
 }
 

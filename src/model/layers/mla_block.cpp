@@ -296,7 +296,7 @@ void MlaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     }
     if (G_ > 0)
         output_gate_forward(columns(a_.hp.slice0(0, N), col_g_, G_), o, a_.gate.slice0(0, N), a_.y.slice0(0, N));
-    residual_copy(x, x_out, N);
+    start_output(x, x_out, N);
     ops::linear_forward({.accumulate = true}, a_.y.slice0(0, N), w_.o, {}, x_out.slice0(0, N));
 }
 
@@ -463,6 +463,7 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     ops::linear_backward(columns(dhp, 0, Wmain_), a_.ln.slice0(0, N), rows_of(w_.h_proj, 0, Wmain_),
                          d_.dln.slice0(0, N), rows_of(g_.h_proj, 0, Wmain_), {});
     if (HI_ > 0) indexer_backward(s);
+    start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, d_.dln.slice0(0, N), x_in.slice0(0, N), w_.norm, a_.rstd.slice0(0, N),
                           d, g_.norm);
 }

@@ -81,7 +81,7 @@ void MlpBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     } else {
         ops::swiglu_forward(half(gu, 0), half(gu, F_), h);
     }
-    residual_copy(x, x_out, N);
+    start_output(x, x_out, N);
     ops::linear_forward({.accumulate = true}, h, w_.down, {}, x_out.slice0(0, N));
 }
 
@@ -100,6 +100,7 @@ void MlpBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     }
     zero_rows(dln_, N);
     ops::linear_backward(dgu, ln_.slice0(0, N), w_.gate_up, dln, g_.gate_up, {});
+    start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);
 }
 

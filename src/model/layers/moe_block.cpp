@@ -136,7 +136,7 @@ void MoeBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     const int64_t N = s.tokens();
     TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, norm_, ln, rstd_.slice0(0, N));
-    residual_copy(x, x_out, N);
+    start_output(x, x_out, N);
     const ops::MoeStats st = ops::moe_forward(p_, w_, ln, x_out.slice0(0, N), true, saved_, scratch_, sequences(s));
     if (!pass_.record) return;
     const int32_t* demand = saved_.demand.ptr<int32_t>();
@@ -162,6 +162,7 @@ void MoeBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     TensorView d = dres.slice0(0, N), dln = dln_.slice0(0, N);
     zero_rows(dln_, N);
     ops::moe_backward(p, w_, ln_.slice0(0, N), d, dln, g_, saved_, scratch_, sequences(s));
+    start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), norm_, rstd_.slice0(0, N), d, d_norm_);
 }
 

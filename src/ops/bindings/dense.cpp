@@ -68,10 +68,16 @@ void run_attn_res_mix(OpContext& c) {
     TESSERA_CHECK(src.ndim() == 3, "sources must be [S, N, C]");
     TensorView out = c.out("out", src.dtype, Shape{src.size(1), src.size(2)});
     TensorView probs = c.out("probs", src.dtype, Shape{src.size(1), src.size(0)});
-    attn_res_mix_forward(p, src, g, w, out, probs);
+    const auto split = [](TensorView t) {  // [S, N, C] -> S views [N, C]
+        std::vector<TensorView> v;
+        for (int64_t i = 0; i < t.size(0); ++i) v.push_back(t.slice0(i, i + 1).reshape(Shape{t.size(1), t.size(2)}));
+        return v;
+    };
+    const std::vector<TensorView> sources = split(src);
+    attn_res_mix_forward(p, sources, g, w, out, probs);
     if (c.has("dout"))
-        attn_res_mix_backward(p, c.in("dout"), src, g, w, probs, c.out_like("dsources", src), c.out_like("dgamma", g),
-                              c.out_like("dw", w));
+        attn_res_mix_backward(p, c.in("dout"), sources, g, w, probs, split(c.out_like("dsources", src)),
+                              c.out_like("dgamma", g), c.out_like("dw", w));
 }
 
 void run_swiglu(OpContext& c) {
