@@ -17,6 +17,7 @@ MoeConfig parse_moe_config(const Json& section, const std::string& where) {
     c.latent_dim = r.integer("latent_dim", d.latent_dim);
     c.latent_norm = r.boolean("latent_norm", d.latent_norm);
     c.shared_ffn_dim = r.integer("shared_ffn_dim", d.shared_ffn_dim);
+    c.shared_expert_gate = r.boolean("shared_expert_gate", d.shared_expert_gate);
     c.score = r.choice("score", d.score, {"softmax", "sigmoid"});
     c.normalize = r.boolean("normalize", d.normalize);
     c.scaling = r.number("scaling", d.scaling);
@@ -85,6 +86,8 @@ void validate_moe(const MoeConfig& m, const std::string& where) {
     TESSERA_CHECK(m.ffn_dim > 0, "{}: model.moe.ffn_dim must be positive (the routed experts' width)", where);
     TESSERA_CHECK(m.latent_dim >= 0 && m.shared_ffn_dim >= 0,
                   "{}: model.moe.latent_dim and shared_ffn_dim must be >= 0", where);
+    TESSERA_CHECK(!m.shared_expert_gate || m.shared_ffn_dim > 0,
+                  "{}: model.moe.shared_expert_gate needs a shared expert (model.moe.shared_ffn_dim > 0)", where);
     TESSERA_CHECK(!m.latent_norm || m.latent_dim > 0, "{}: model.moe.latent_norm needs model.moe.latent_dim > 0",
                   where);
     TESSERA_CHECK(m.groups >= 1 && m.experts % m.groups == 0 && m.topk_groups >= 1 && m.topk_groups <= m.groups,
@@ -321,6 +324,7 @@ Json to_json(const MoeConfig& m) {
                 {"latent_dim", m.latent_dim},
                 {"latent_norm", m.latent_norm},
                 {"shared_ffn_dim", m.shared_ffn_dim},
+                {"shared_expert_gate", m.shared_expert_gate},
                 {"score", m.score},
                 {"normalize", m.normalize},
                 {"scaling", m.scaling},

@@ -12,10 +12,11 @@
 //             the gate scales the activation before the down projection, spec/moe.md §5.3)
 //   combine:  c[n] = Σ_j y_e(row of (n, j)), summed in slot order (no atomics)
 //   latent:   y = (rmsnorm(c)·latent_norm)·W_upᵀ (Stable LatentMoE) or c·W_upᵀ; without latent, y = c
-//   shared:   y += W_sd·act(W_sg x, W_su x) on the full-width x
+//   shared:   y += W_sd·act(W_sg x, W_su x) on the full-width x, optionally scaled per token by
+//             σ(w_ss·x) (Qwen3-Next's shared_expert_gate; applied to the activation before W_sd)
 // act = SwiGLU (silu(gate)·up) or SiTU-GLU (ops/situ_glu.h). Shapes: x, y [N, D]; router_w [E, D];
 // router_bias [E]; w_gate, w_up [E, F, L]; w_down [E, L, F]; latent_down [L, D]; latent_up [D, L];
-// latent_norm [L]; shared_gate, shared_up [FS, D]; shared_down [D, FS].
+// latent_norm [L]; shared_gate, shared_up [FS, D]; shared_down [D, FS]; shared_scale [1, D].
 // Dispatch and combine are separate steps around the expert compute, with the layout (MoeSaved's
 // router and layout views) as the handle that backward reuses: the expert-parallel all-to-all goes
 // between them (spec/moe.md §6).
@@ -55,11 +56,12 @@ struct MoeWeights {
     TensorView w_gate, w_up, w_down;
     TensorView latent_down, latent_up, latent_norm;
     TensorView shared_gate, shared_up, shared_down;
+    TensorView shared_scale;  // optional sigmoid gate of the shared expert's output
 };
 
 struct MoeDims {
     int64_t tokens = 0, d_model = 0, experts = 0, topk = 0, ffn = 0, latent = 0, shared_ffn = 0;
-    bool has_latent = false, has_norm = false, has_shared = false;
+    bool has_latent = false, has_norm = false, has_shared = false, has_shared_scale = false;
     int64_t max_rows() const { return tokens * topk + (kMoeRowAlign - 1) * experts; }
     int64_t capacity(double factor) const;  // rows per expert; 0 = unbounded
 };
@@ -80,7 +82,8 @@ struct MoeSaved {
     TensorView z;               // [N, L]: latent input (latent only)
     TensorView xe, h, a;        // [R, L], [R, 2F], [R, F]: dispatched rows, gate|up, gated activation
     TensorView c, rstd, n;      // [N, L], [N], [N, L]: combined, latent norm (latent only; n with the norm)
-    TensorView sh, sa;          // [N, 2FS], [N, FS]: shared expert (shared only)
+    TensorView sh, sa;          // [N, 2FS], [N, FS]: shared expert (shared only; sa scaled by ss)
+    TensorView ss;              // [N]: σ(w_ss·x) (shared_scale only)
 };
 // Transient buffers of forward and backward (may be shared between layers).
 struct MoeScratch {
@@ -91,6 +94,7 @@ struct MoeScratch {
     TensorView ds, du;       // [N, E]
     TensorView dg;           // [N, K]
     TensorView dsh, dsa;     // [N, 2FS], [N, FS]
+    TensorView dss;          // [N] (shared_scale only)
 };
 
 void moe_saved_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);

@@ -205,6 +205,8 @@ class MoE(nn.Module):
             FS = m["shared_ffn_dim"]
             self.shared_experts = nn.ModuleDict({"gate_proj": Weight(FS, C), "up_proj": Weight(FS, C),
                                                  "down_proj": Weight(C, FS)})
+            if m.get("shared_expert_gate", False):
+                self.shared_expert_gate = Weight(1, C)
         self.aux = 0.0
         self.demand = None
 
@@ -230,6 +232,7 @@ class MoE(nn.Module):
             shared_gate=shared["gate_proj"].weight if shared else None,
             shared_up=shared["up_proj"].weight if shared else None,
             shared_down=shared["down_proj"].weight if shared else None,
+            shared_scale=opt("shared_expert_gate"),
             topk=m["topk"], score=m.get("score", "sigmoid"), normalize=m.get("normalize", True),
             scaling=m.get("scaling", 1.0), groups=m.get("groups", 1), topk_groups=m.get("topk_groups", 1),
             capacity_factor=m.get("capacity_factor", 0.0), overflow=m.get("overflow", "reroute"),

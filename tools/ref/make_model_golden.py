@@ -94,13 +94,16 @@ CASES = {
                                  "shared_ffn_dim": 16, "score": "sigmoid", "activation": "situ", "first_dense": 1,
                                  "balance": "sign", "bias_update_rate": 0.05}},
     # Qwen3-Next-like: Gated DeltaNet : gated GQA = 3 : 1 with grouped value heads; the GQA layer with
-    # per-head q/k RMSNorm and partial rotary (4 of 8 dims)
+    # per-head q/k RMSNorm and partial rotary (4 of 8 dims); MoE in layers 2-3 with a softmax router and a
+    # shared expert scaled by its sigmoid gate
     "hybrid_gdn_gqa": {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 0,
                        "ffn_dim": 48, "norm_eps": 1e-6, "rope_theta": 10000.0, "tie_embeddings": True,
                        "init_std": 0.1, "attention": ["gdn", "gdn", "gdn", "gqa"], "output_gate": "elementwise",
                        "qk_norm": True, "rope_dim": 4,
                        "kda": {"num_heads": 2, "num_v_heads": 4, "head_dim": 16, "head_v_dim": 8, "conv_size": 4,
-                               "o_norm_eps": 1e-6, "chunk_size": 64}},
+                               "o_norm_eps": 1e-6, "chunk_size": 64},
+                       "moe": {"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 24, "score": "softmax",
+                               "shared_expert_gate": True, "first_dense": 2, "balance": "frozen"}},
 }
 
 # Cases whose 10-step trajectory at lr 1e-2 is ill-conditioned in fp32: PyTorch's own fp32 run of

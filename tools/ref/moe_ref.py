@@ -106,7 +106,7 @@ def z_loss(beta, u):
 
 
 def moe(x, router_w, w_gate, w_up, w_down, router_bias=None, latent_down=None, latent_up=None, latent_norm=None,
-        shared_gate=None, shared_up=None, shared_down=None, topk=2, score="softmax", normalize=True, scaling=1.0,
+        shared_gate=None, shared_up=None, shared_down=None, shared_scale=None, topk=2, score="softmax", normalize=True, scaling=1.0,
         groups=1, topk_groups=1, capacity_factor=0.0, overflow="reroute", activation="swiglu", situ_beta=4.0,
         situ_linear_beta=25.0, norm_eps=1e-6, seq_aux_coeff=0.0, z_loss_coeff=0.0, seq_starts=None):
     N = x.shape[0]
@@ -134,7 +134,10 @@ def moe(x, router_w, w_gate, w_up, w_down, router_bias=None, latent_down=None, l
     else:
         y = c
     if shared_gate is not None:
-        y = y + act(x @ shared_gate.T, x @ shared_up.T, activation, situ_beta, situ_linear_beta) @ shared_down.T
+        shared = act(x @ shared_gate.T, x @ shared_up.T, activation, situ_beta, situ_linear_beta) @ shared_down.T
+        if shared_scale is not None:  # Qwen3-Next's shared_expert_gate: sigmoid(w . x) per token
+            shared = torch.sigmoid(x @ shared_scale.T) * shared
+        y = y + shared
     counts = torch.bincount(final[final >= 0].reshape(-1), minlength=E).to(torch.int32)
     demand = torch.bincount(choice.reshape(-1), minlength=E).to(torch.int32)
     aux = torch.zeros((), dtype=x.dtype)

@@ -56,6 +56,7 @@ void MoeBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
         add_param(specs, inits, mlp + "shared_experts.gate_proj.weight", Shape{FS, C_}, w, true);
         add_param(specs, inits, mlp + "shared_experts.up_proj.weight", Shape{FS, C_}, w, true);
         add_param(specs, inits, mlp + "shared_experts.down_proj.weight", Shape{C_, FS}, out, true);
+        if (m_.shared_expert_gate) add_param(specs, inits, mlp + "shared_expert_gate.weight", Shape{1, C_}, w, true);
     }
 }
 
@@ -71,6 +72,7 @@ ops::MoeDims MoeBlock::dims(int64_t tokens) const {
     d.has_latent = m_.latent_dim > 0;
     d.has_norm = m_.latent_norm;
     d.has_shared = m_.shared_ffn_dim > 0;
+    d.has_shared_scale = m_.shared_expert_gate;
     return d;
 }
 
@@ -104,6 +106,7 @@ void MoeBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) 
             w.shared_gate = g.view(mlp + "shared_experts.gate_proj.weight");
             w.shared_up = g.view(mlp + "shared_experts.up_proj.weight");
             w.shared_down = g.view(mlp + "shared_experts.down_proj.weight");
+            if (m_.shared_expert_gate) w.shared_scale = g.view(mlp + "shared_expert_gate.weight");
         }
     };
     bind(params, w_, norm_);

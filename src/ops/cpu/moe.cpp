@@ -188,6 +188,11 @@ MoeDims moe_dims(const MoeParams& p, const MoeWeights& w, int64_t tokens) {
         check_weight(w.shared_up, Shape{d.shared_ffn, d.d_model}, "shared_up");
         check_weight(w.shared_down, Shape{d.d_model, d.shared_ffn}, "shared_down");
     }
+    d.has_shared_scale = w.shared_scale.defined();
+    if (d.has_shared_scale) {
+        TESSERA_CHECK(d.has_shared, "moe: shared_scale needs a shared expert");
+        check_weight(w.shared_scale, Shape{1, d.d_model}, "shared_scale");
+    }
     TESSERA_CHECK(d.max_rows() < (int64_t(1) << 31), "moe: {} expert rows exceed the i32 layout", d.max_rows());
     return d;
 }
@@ -220,6 +225,7 @@ void moe_saved_specs(const MoeDims& d, DType dt, const std::string& prefix, std:
         add("sh", dt, Shape{N, 2 * d.shared_ffn});
         add("sa", dt, Shape{N, d.shared_ffn});
     }
+    if (d.has_shared_scale) add("ss", dt, Shape{N});
 }
 
 void moe_scratch_specs(const MoeDims& d, DType dt, const std::string& prefix, std::vector<BufferSpec>& out) {
@@ -241,6 +247,7 @@ void moe_scratch_specs(const MoeDims& d, DType dt, const std::string& prefix, st
         add("dsh", Shape{N, 2 * d.shared_ffn});
         add("dsa", Shape{N, d.shared_ffn});
     }
+    if (d.has_shared_scale) add("dss", Shape{N});
 }
 
 MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::string& prefix) {
@@ -271,6 +278,7 @@ MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::strin
         s.sh = v("sh");
         s.sa = v("sa");
     }
+    if (d.has_shared_scale) s.ss = v("ss");
     return s;
 }
 
@@ -293,6 +301,7 @@ MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::s
         t.dsh = v("dsh");
         t.dsa = v("dsa");
     }
+    if (d.has_shared_scale) t.dss = v("dss");
     return t;
 }
 
@@ -438,6 +447,48 @@ void moe_experts_backward(
     });
 }
 
+namespace {
+// Qwen3-Next's shared-expert gate: ss = σ(x·w_ssᵀ) per token, then sa ← ss·sa (the scaled activation feeds
+// the down projection, which equals scaling the shared output).
+void shared_scale_forward(TensorView x, TensorView w_ss, TensorView ss, TensorView sa) {
+    const int64_t N = x.size(0), FS = sa.size(1);
+    linear_forward({}, x, w_ss, {}, ss.reshape(Shape{N, 1}));
+    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
+        T *g = ss.ptr<T>(), *a = sa.ptr<T>();
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            g[n] = T(1.0 / (1.0 + std::exp(-double(g[n]))));
+            for (int64_t f = 0; f < FS; ++f) a[n * FS + f] *= g[n];
+        }
+    });
+}
+
+// With sa' = ss·act saved and dsa' = dL/dsa': du = (1 − ss)·⟨dsa', sa'⟩ (= ss(1 − ss)·⟨dsa', act⟩, no division),
+// dsa ← ss·dsa' (the gradient of act), dx += du·w_ss, dw_ss += Σ du·x.
+void shared_scale_backward(TensorView x,
+                           TensorView w_ss,
+                           TensorView ss,
+                           TensorView sa,
+                           TensorView dsa,
+                           TensorView du,
+                           TensorView dx,
+                           TensorView dw_ss) {
+    const int64_t N = x.size(0), FS = sa.size(1);
+    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
+        const T *g = ss.ptr<T>(), *a = sa.ptr<T>();
+        T *d = dsa.ptr<T>(), *u = du.ptr<T>();
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            double dot = 0;
+            for (int64_t f = 0; f < FS; ++f) dot += double(d[n * FS + f]) * double(a[n * FS + f]);
+            u[n] = T((1.0 - double(g[n])) * dot);
+            for (int64_t f = 0; f < FS; ++f) d[n * FS + f] *= g[n];
+        }
+    });
+    linear_backward(du.reshape(Shape{N, 1}), x, w_ss, dx, dw_ss, {});
+}
+}  // namespace
+
 MoeStats moe_forward(const MoeParams& p,
                      const MoeWeights& w,
                      TensorView x,
@@ -473,6 +524,7 @@ MoeStats moe_forward(const MoeParams& p,
         linear_forward({}, x, w.shared_gate, {}, columns(s.sh, N, 0, FS));
         linear_forward({}, x, w.shared_up, {}, columns(s.sh, N, FS, FS));
         act_forward(p, columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), first(s.sa, N));
+        if (d.has_shared_scale) shared_scale_forward(x, w.shared_scale, first(s.ss, N), first(s.sa, N));
         linear_forward({.accumulate = true}, first(s.sa, N), w.shared_down, {}, y);
     }
     return st;
@@ -495,6 +547,10 @@ void moe_backward(const MoeParams& p,
     if (d.has_shared) {
         zero_rows(t.dsa, N);
         linear_backward(dy, first(s.sa, N), w.shared_down, first(t.dsa, N), g.shared_down, {});
+        if (d.has_shared_scale) {
+            shared_scale_backward(x, w.shared_scale, first(s.ss, N), first(s.sa, N), first(t.dsa, N),
+                                  first(t.dss, N), dx, g.shared_scale);
+        }
         zero_rows(t.dsh, N);
         act_backward(p, first(t.dsa, N), columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), columns(t.dsh, N, 0, FS),
                      columns(t.dsh, N, FS, FS));
