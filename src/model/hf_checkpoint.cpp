@@ -22,16 +22,91 @@ Shape with_unit_middle(const Shape& s) { return Shape{s[0], 1, s[1]}; }  // [C, 
 // a view of one stored tensor inside its tessera parameter
 TensorView place(const HfTensor& t, const TensorView& param) {
     if (t.expert >= 0) return param.slice0(t.expert, t.expert + 1).reshape(t.shape);
-    if (t.pad_to > 0) return param;
+    if (t.pad_to > 0 || t.rows.groups > 0) return param;
     return param.reshape(t.shape);
 }
+
+// (layer index, the rest after "model.layers.L.") of a per-layer parameter name, or layer −1
+std::pair<int64_t, std::string> split_layer(const std::string& n) {
+    const std::string layers = "model.layers.";
+    if (n.rfind(layers, 0) != 0) return {-1, n};
+    const size_t dot = n.find('.', layers.size());
+    return {std::stoll(n.substr(layers.size(), dot - layers.size())), n.substr(dot + 1)};
+}
+
+// Qwen3-Next (transformers' Qwen3NextForCausalLM): see hf_checkpoint.h
+std::vector<HfTensor> qwen3_next_map(const std::vector<BufferSpec>& params, const ModelConfig& c) {
+    const KdaConfig k = c.kda_layer(true);
+    const int64_t Hk = k.num_heads, Dk = k.head_dim, r = k.hv() / k.num_heads, Dv = k.v_dim();
+    const int64_t W = 2 * Dk + 2 * r * Dv, C = c.d_model, D = c.head_dim_or_default(), H = c.n_heads;
+    const int64_t qkvz = Hk * W, conv = 2 * Hk * Dk + Hk * r * Dv;
+    std::vector<HfTensor> out;
+    for (const auto& spec : params) {
+        const std::string& n = spec.name;
+        const auto [layer, tail] = split_layer(n);
+        HfTensor t{n, n, spec.shape};
+        auto fused = [&](const std::string& name, Shape stored, int64_t offset, int64_t count, int64_t stride,
+                         int64_t groups) {
+            t.name = name;
+            t.shape = stored;
+            t.rows = {offset, count, stride, groups};
+        };
+        const bool gdn = layer >= 0 && c.layer_type(layer) == "gdn";
+        const std::string lp = fmt::format("model.layers.{}.", layer), la = lp + "linear_attn.";
+        if (n == "model.norm.weight" || tail == "input_layernorm.weight" || tail == "post_attention_layernorm.weight" ||
+            tail == "self_attn.q_norm.weight" || tail == "self_attn.k_norm.weight") {
+            t.offset = 1.f;  // Qwen3NextRMSNorm: x̂·(1 + w)
+        } else if (tail == "mlp.gate.e_score_correction_bias") {
+            continue;  // Qwen routes without a selection bias
+        } else if (tail.rfind("mlp.experts.", 0) == 0) {
+            const std::string proj = tail.substr(std::string("mlp.experts.").size());  // gate_proj.weight ...
+            for (int64_t e = 0; e < spec.shape[0]; ++e) {
+                out.push_back({n, fmt::format("{}mlp.experts.{}.{}", lp, e, proj), Shape{spec.shape[1], spec.shape[2]},
+                               e});
+            }
+            continue;
+        } else if (tail.rfind("mlp.shared_experts.", 0) == 0) {
+            t.name = lp + "mlp.shared_expert." + tail.substr(std::string("mlp.shared_experts.").size());
+        } else if (gdn && tail.rfind("self_attn.", 0) == 0) {
+            const std::string a = tail.substr(std::string("self_attn.").size());
+            if (a == "q_proj.weight") fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 0, Dk, W, Hk);
+            else if (a == "k_proj.weight") fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, Dk, Dk, W, Hk);
+            else if (a == "v_proj.weight") fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 2 * Dk, r * Dv, W, Hk);
+            else if (a == "g_proj.weight") fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 2 * Dk + r * Dv, r * Dv, W, Hk);
+            else if (a == "b_proj.weight") fused(la + "in_proj_ba.weight", Shape{2 * Hk * r, C}, 0, r, 2 * r, Hk);
+            else if (a == "a_proj.weight") fused(la + "in_proj_ba.weight", Shape{2 * Hk * r, C}, r, r, 2 * r, Hk);
+            else if (a == "q_conv1d.weight") fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, 0, Hk * Dk, 0, 1);
+            else if (a == "k_conv1d.weight") fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, Hk * Dk, Hk * Dk, 0, 1);
+            else if (a == "v_conv1d.weight") fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, 2 * Hk * Dk, Hk * r * Dv, 0, 1);
+            else if (a == "o_norm.weight") t.name = la + "norm.weight";
+            else if (a == "o_proj.weight") t.name = la + "out_proj.weight";
+            else t.name = la + a;  // A_log, dt_bias
+        } else if (tail == "self_attn.q_proj.weight") {
+            fused(lp + "self_attn.q_proj.weight", Shape{2 * H * D, C}, 0, D, 2 * D, H);
+        } else if (tail == "self_attn.g_proj.weight") {
+            fused(lp + "self_attn.q_proj.weight", Shape{2 * H * D, C}, D, D, 2 * D, H);
+        }
+        out.push_back(t);
+    }
+    return out;
+}
+
+// Calls f(parameter row, stored row, rows) for each block of rows a fused entry owns.
+template <class F>
+void for_row_blocks(const HfTensor& t, F f) {
+    if (t.rows.groups == 0) return f(int64_t(0), int64_t(0), t.shape[0]);
+    for (int64_t g = 0; g < t.rows.groups; ++g) f(g * t.rows.count, g * t.rows.stride + t.rows.offset, t.rows.count);
+}
+bool is_plain(const HfTensor& t) { return t.rows.groups == 0 && t.pad_to == 0 && t.offset == 0.f; }
 }  // namespace
 
 std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
                                     const ModelConfig& c,
                                     const std::string& model_type) {
+    if (model_type == "qwen3_next") return qwen3_next_map(params, c);
     TESSERA_CHECK(model_type == "kimi_linear" || model_type == "kimi_k3",
-                  "Hugging Face weights of {} checkpoints are not supported yet (kimi_linear, kimi_k3)", model_type);
+                  "Hugging Face weights of {} checkpoints are not supported yet (kimi_linear, kimi_k3, qwen3_next)",
+                  model_type);
     const bool k3 = model_type == "kimi_k3";
     const std::string P = k3 ? "language_model.model." : "model.";
     std::vector<HfTensor> out;
@@ -93,25 +168,41 @@ void save_hf_checkpoint(const std::string& dir,
                         DType dtype) {
     TESSERA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "save_hf_checkpoint: dtype must be f32 or bf16");
     fs::create_directories(dir);
-    std::vector<Tensor> owned;  // zero-padded or converted copies
-    owned.reserve(map.size());
+    std::vector<Tensor> owned;  // assembled (padded, fused, offset) or converted copies
+    owned.reserve(2 * map.size());
     std::vector<NamedTensor> all;
+    std::map<std::string, size_t> assembled;  // stored name -> index in all
     for (const auto& t : map) {
-        TensorView p = params.view(t.param), v = place(t, p);
-        if (t.pad_to > 0) {
+        TensorView p = params.view(t.param);
+        if (is_plain(t)) {
+            all.push_back({t.name, place(t, p)});
+            continue;
+        }
+        auto [it, fresh] = assembled.try_emplace(t.name, all.size());
+        if (fresh) {
             Tensor z(DType::f32, t.shape);
             std::fill(z.ptr<float>(), z.ptr<float>() + z.numel(), 0.f);
-            std::copy(p.ptr<float>(), p.ptr<float>() + p.numel(), z.ptr<float>());
             owned.push_back(std::move(z));
-            v = owned.back().view();
+            all.push_back({t.name, owned.back().view()});
         }
-        if (dtype == DType::bf16) {
-            Tensor b(DType::bf16, t.shape);
-            convert(v, b.view());
+        float* dst = all[it->second].tensor.ptr<float>();
+        const float* src = p.ptr<float>();
+        const int64_t cols = t.pad_to > 0 ? 1 : t.shape.numel() / t.shape[0];
+        if (t.pad_to > 0) {
+            for (int64_t i = 0; i < p.numel(); ++i) dst[i] = src[i] - t.offset;
+            continue;
+        }
+        for_row_blocks(t, [&](int64_t prow, int64_t srow, int64_t rows) {
+            for (int64_t i = 0; i < rows * cols; ++i) dst[srow * cols + i] = src[prow * cols + i] - t.offset;
+        });
+    }
+    if (dtype == DType::bf16) {
+        for (auto& nt : all) {
+            Tensor b(DType::bf16, nt.tensor.shape);
+            convert(nt.tensor, b.view());
             owned.push_back(std::move(b));
-            v = owned.back().view();
+            nt.tensor = owned.back().view();
         }
-        all.push_back({t.name, v});
     }
     // consecutive tensors into shards of at most shard_bytes (a larger tensor gets a shard of its own)
     std::vector<std::vector<NamedTensor>> shards(1);
@@ -172,17 +263,25 @@ void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map
         const std::string name = !t.alias.empty() && !where.count(t.name) && where.count(t.alias) ? t.alias : t.name;
         if (const SafetensorsFile* f = file_of(name)) {
             used.insert(name);
-            if (t.pad_to == 0) {
+            if (is_plain(t)) {
                 f->load_into(name, dst);
                 continue;
             }
             Tensor full(DType::f32, t.shape);
             f->load_into(name, full.view());
-            for (int64_t i = dst.numel(); i < t.shape[0]; ++i) {
-                TESSERA_CHECK(full.ptr<float>()[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name,
-                              full.ptr<float>()[i], i);
+            const float* src = full.ptr<float>();
+            float* out = dst.ptr<float>();
+            if (t.pad_to > 0) {
+                for (int64_t i = dst.numel(); i < t.shape[0]; ++i) {
+                    TESSERA_CHECK(src[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name, src[i], i);
+                }
+                for (int64_t i = 0; i < dst.numel(); ++i) out[i] = src[i] + t.offset;
+                continue;
             }
-            std::copy(full.ptr<float>(), full.ptr<float>() + dst.numel(), dst.ptr<float>());
+            const int64_t cols = t.shape.numel() / t.shape[0];
+            for_row_blocks(t, [&](int64_t prow, int64_t srow, int64_t rows) {
+                for (int64_t i = 0; i < rows * cols; ++i) out[prow * cols + i] = src[srow * cols + i] + t.offset;
+            });
             continue;
         }
         // MXFP4 routed experts: <name minus ".weight">.weight_packed [out, in/2] + .weight_scale [out, in/32]

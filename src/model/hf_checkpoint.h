@@ -1,10 +1,14 @@
-// Hugging Face checkpoints of the Kimi family (kimi_linear, kimi_k3): where each tessera parameter lives
+// Hugging Face checkpoints of the Kimi family (kimi_linear, kimi_k3) and Qwen3-Next (qwen3_next): where each
+// tessera parameter lives
 // in the published tensor layout (spec/kimi_k3.md §5), and loading / saving sharded safetensors with a
 // `model.safetensors.index.json`. Differences from tessera's own layout: the `language_model.` prefix
 // (K3), `block_sparse_moe.` for MoE layers with one w1 (gate) / w3 (up) / w2 (down) tensor per expert
 // instead of grouped [E, ...] tensors, convolution weights [C, 1, W] instead of [C, W], and A_log as
 // [1, 1, HV, 1] (Kimi-Linear) or zero-padded to 128 (K3; a non-zero pad is refused). Routed experts
 // stored as MXFP4 (`weight_packed` + `weight_scale`, K3's release) are dequantised on load.
+// Qwen3-Next fuses projections: in_proj_qkvz holds q, k, v and the output gate z interleaved per key head,
+// in_proj_ba holds b and a per key head, conv1d the q, k, v channels, and the attention q_proj holds
+// [query | gate] per head; its RMSNorm weights (not the gated output norm) are zero-centred (stored w − 1).
 // Loading reports a missing tensor, a wrong shape and any tensor the model does not use (never ignored).
 #pragma once
 
@@ -24,9 +28,16 @@ struct HfTensor {
     int64_t pad_to = 0;   // > 0: a 1-D parameter stored zero-padded to this length
     std::string alias;    // another name the tensor may carry (transformers 5 saves dense MLPs of MoE
                           // models under block_sparse_moe.)
+    // Part of a fused stored tensor (groups > 0): the parameter's rows are, for g < groups, the stored rows
+    // [g·stride + offset, g·stride + offset + count); several parameters then share one stored name.
+    struct Rows {
+        int64_t offset = 0, count = 0, stride = 0, groups = 0;
+    } rows;
+    float offset = 0.f;  // stored = parameter − offset (zero-centred norm weights: 1)
 };
 
-// The Hugging Face tensors of a model config, in parameter order. model_type: kimi_linear or kimi_k3.
+// The Hugging Face tensors of a model config, in parameter order. model_type: kimi_linear, kimi_k3 or
+// qwen3_next (whose checkpoints hold no MoE selection bias: the model's stays zero).
 std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
                                     const ModelConfig& c,
                                     const std::string& model_type);

@@ -222,17 +222,38 @@ void import_qwen3_next(Keys& k, HfImport& r) {
     common_shape(k, m, r.unsupported);
     m.head_dim = k.integer_or("head_dim", 0);
     m.output_gate = "elementwise";  // q_proj carries a per-element gate (packed per head in the checkpoint)
-    const int64_t interval = k.integer("full_attention_interval");
-    TESSERA_CHECK(interval >= 1, "{}: full_attention_interval must be >= 1", k.where());
     m.attention.clear();
-    for (int64_t i = 0; i < m.n_layers; ++i) m.attention.push_back((i + 1) % interval == 0 ? "gqa" : "gdn");
+    if (k.has("layer_types")) {  // transformers 5 writes the map; older configs give the interval
+        const Json& types = k.get("layer_types");
+        TESSERA_CHECK(types.is_array() && int64_t(types.size()) == m.n_layers,
+                      "{}: layer_types must list num_hidden_layers = {} entries", k.where(), m.n_layers);
+        for (const Json& t : types) {
+            TESSERA_CHECK(t == "linear_attention" || t == "full_attention",
+                          "{}: layer_types entry {} is not linear_attention or full_attention", k.where(), t.dump());
+            m.attention.push_back(t == "full_attention" ? "gqa" : "gdn");
+        }
+        k.ignore({"full_attention_interval"});
+    } else {
+        const int64_t interval = k.integer("full_attention_interval");
+        TESSERA_CHECK(interval >= 1, "{}: full_attention_interval must be >= 1", k.where());
+        for (int64_t i = 0; i < m.n_layers; ++i) m.attention.push_back((i + 1) % interval == 0 ? "gqa" : "gdn");
+    }
     m.kda.num_heads = k.integer("linear_num_key_heads");
     m.kda.num_v_heads = k.integer("linear_num_value_heads");
     m.kda.head_dim = k.integer("linear_key_head_dim");
     m.kda.head_v_dim = k.integer("linear_value_head_dim");
     m.kda.conv_size = k.integer_or("linear_conv_kernel_dim", 4);
-    const double partial = k.number_or("partial_rotary_factor", 1.0);
+    double partial = k.number_or("partial_rotary_factor", 1.0);
+    if (k.has("rope_parameters")) {  // transformers 5: {rope_type, rope_theta, partial_rotary_factor}
+        const Json& rp = k.get("rope_parameters");
+        TESSERA_CHECK(rp.is_object(), "{}: rope_parameters must be an object", k.where());
+        m.rope_theta = rp.value("rope_theta", m.rope_theta);
+        partial = rp.value("partial_rotary_factor", partial);
+        const std::string type = rp.value("rope_type", std::string("default"));
+        if (type != "default") r.unsupported.push_back(fmt::format("rope_type \"{}\" (rope_parameters)", type));
+    }
     m.rope_dim = int64_t(std::lround(partial * double(m.head_dim_or_default())));
+    m.kda.o_norm_eps = m.norm_eps;  // the gated output norm uses rms_norm_eps
     m.qk_norm = true;  // Qwen3's per-head q_norm / k_norm
     if (k.has("rope_scaling")) r.unsupported.push_back("rope_scaling");
     k.ignore({"rope_scaling"});
@@ -242,6 +263,7 @@ void import_qwen3_next(Keys& k, HfImport& r) {
     m.moe.topk = k.integer("num_experts_per_tok");
     m.moe.ffn_dim = k.integer("moe_intermediate_size");
     m.moe.shared_ffn_dim = k.integer_or("shared_expert_intermediate_size", 0);
+    m.moe.shared_expert_gate = m.moe.shared_ffn_dim > 0;  // shared_expert_gate: σ(w·x) on the shared output
     m.moe.score = "softmax";
     m.moe.normalize = k.boolean_or("norm_topk_prob", true);
     m.moe.first_dense = 0;
@@ -257,8 +279,6 @@ void import_qwen3_next(Keys& k, HfImport& r) {
             "sequence-wise loss",
             aux));
     }
-    r.unsupported.push_back("zero-centred RMSNorm weights (1 + w): checkpoint import must add 1");
-    r.unsupported.push_back("the shared expert's sigmoid gate (shared_expert_gate)");
 }
 
 void import_deepseek_v32(Keys& k, HfImport& r) {

@@ -97,7 +97,8 @@ TEST(HfConfig, KimiLinearQwen3NextAndDeepSeekV32MapTheirLayers) {
     EXPECT_EQ(qn.model.moe.score, "softmax");
     EXPECT_EQ(qn.model.rope_dim, 64);  // partial_rotary_factor 0.25 of head_dim 256
     EXPECT_TRUE(qn.model.qk_norm);
-    EXPECT_TRUE(mentions(qn.unsupported, "shared expert's sigmoid gate"));
+    EXPECT_TRUE(qn.model.moe.shared_expert_gate);
+    EXPECT_EQ(qn.model.kda.o_norm_eps, qn.model.norm_eps);
     EXPECT_FALSE(mentions(qn.unsupported, "not interpreted"));
 
     const model::HfImport ds = model::import_hf_config(hf("deepseek_v3_2_exp"), "ds.json");

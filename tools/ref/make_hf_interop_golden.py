@@ -1,10 +1,11 @@
-"""Writes tests/golden/hf/kimi_linear_tiny/: a tiny random Kimi-Linear model built with Hugging Face
-transformers' own KimiLinearForCausalLM (its PyTorch reference paths: fla is hidden so the CPU fallbacks
-run), saved with save_pretrained (config.json + model.safetensors in the published layout), plus
-logits.safetensors: token ids and transformers' logits (float32 forward). tessera must load the directory
-and reproduce the logits (tests/model/test_hf_checkpoint.cpp).
+"""Writes tests/golden/hf/<name>/: a tiny random model built with Hugging Face transformers' own
+KimiLinearForCausalLM (kimi_linear_tiny) or Qwen3NextForCausalLM (qwen3_next_tiny), on their PyTorch
+reference paths (fla is hidden so the CPU fallbacks run), saved with save_pretrained (config.json +
+model.safetensors in the published layout), plus <name>_logits.safetensors: token ids and transformers'
+logits (float32 forward). tessera must load the directory and reproduce the logits
+(tests/model/test_hf_checkpoint.cpp).
 
-Run: python3 tools/ref/make_hf_interop_golden.py
+Run: python3 tools/ref/make_hf_interop_golden.py [name ...]
 """
 import os
 import sys
@@ -13,43 +14,65 @@ sys.modules["fla"] = None  # use transformers' PyTorch reference implementations
 
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import KimiLinearConfig, KimiLinearForCausalLM  # noqa: E402
+from transformers import KimiLinearConfig, KimiLinearForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM  # noqa: E402
 
 import golden  # noqa: E402
 
 SEED = 5
-torch.manual_seed(SEED)
-OUT = os.path.join(golden.GOLDEN, "hf", "kimi_linear_tiny")
 
-cfg = KimiLinearConfig(
-    vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
-    intermediate_size=48, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
-    mla_use_nope=True,
-    linear_attn_config={"num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 4, "kda_layers": [1, 2],
-                        "full_attn_layers": [3]},
-    num_experts=4, num_experts_per_token=2, moe_intermediate_size=16, num_shared_experts=1, first_k_dense_replace=1,
-    moe_layer_freq=1, moe_router_activation_func="sigmoid", moe_renormalize=True, routed_scaling_factor=1.0,
-    use_grouped_topk=True, num_expert_group=1, topk_group=1, tie_word_embeddings=False, rms_norm_eps=1e-6,
-    pad_token_id=0, bos_token_id=1, eos_token_id=2)
-model = KimiLinearForCausalLM(cfg).eval()
-with torch.no_grad():
-    for name, p in model.named_parameters():
-        if p.dim() >= 2 and "A_log" not in name:
-            p.copy_(torch.randn_like(p) * 0.2)
-        elif name.endswith("A_log"):
-            p.copy_(torch.rand_like(p) * 1.5)
-        else:
-            p.copy_(1.0 + 0.1 * torch.randn_like(p))
-    for name, b in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            b.copy_(0.05 * torch.randn_like(b))
-os.makedirs(OUT, exist_ok=True)
-model.save_pretrained(OUT)
-ids = torch.randint(0, 64, (2, 20))
-with torch.no_grad():
-    logits = model(ids).logits.double()  # float32 forward (the grouped expert matmul has no float64)
-save_file({"ids": ids.to(torch.int64), "expected.logits": logits.contiguous()},
-          os.path.join(OUT, "..", "kimi_linear_tiny_logits.safetensors"),
-          metadata={"script": "tools/ref/make_hf_interop_golden.py", "seed": str(SEED), "format_version": "1",
-                    "torch": torch.__version__})
-print("wrote", OUT)
+
+def kimi_linear():
+    return KimiLinearForCausalLM(KimiLinearConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
+        intermediate_size=48, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+        mla_use_nope=True,
+        linear_attn_config={"num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 4, "kda_layers": [1, 2],
+                            "full_attn_layers": [3]},
+        num_experts=4, num_experts_per_token=2, moe_intermediate_size=16, num_shared_experts=1, first_k_dense_replace=1,
+        moe_layer_freq=1, moe_router_activation_func="sigmoid", moe_renormalize=True, routed_scaling_factor=1.0,
+        use_grouped_topk=True, num_expert_group=1, topk_group=1, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2))
+
+
+def qwen3_next():
+    """Gated DeltaNet x 3 : gated GQA (q/k norms, partial rotary) with MoE + gated shared expert everywhere;
+    grouped value heads (4 value heads over 2 key heads) exercise the per-key-head packing of in_proj_qkvz."""
+    return Qwen3NextForCausalLM(Qwen3NextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=24, decoder_sparse_step=1, partial_rotary_factor=0.5,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+
+
+def write(name, build):
+    torch.manual_seed(SEED)
+    out = os.path.join(golden.GOLDEN, "hf", name)
+    model = build().eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() >= 2 and "A_log" not in pname:
+                p.copy_(torch.randn_like(p) * 0.2)
+            elif pname.endswith("A_log"):
+                p.copy_(torch.rand_like(p) * 1.5)
+            else:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        for bname, b in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn_like(b))
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out)
+    ids = torch.randint(0, 64, (2, 20))
+    with torch.no_grad():
+        logits = model(ids).logits.double()  # float32 forward (the grouped expert matmul has no float64)
+    save_file({"ids": ids.to(torch.int64), "expected.logits": logits.contiguous()},
+              os.path.join(out, "..", f"{name}_logits.safetensors"),
+              metadata={"script": "tools/ref/make_hf_interop_golden.py", "seed": str(SEED), "format_version": "1",
+                        "torch": torch.__version__})
+    print("wrote", out)
+
+
+CASES = {"kimi_linear_tiny": kimi_linear, "qwen3_next_tiny": qwen3_next}
+for case, fn in CASES.items():
+    if len(sys.argv) == 1 or case in sys.argv[1:]:
+        write(case, fn)
