@@ -34,6 +34,30 @@ std::pair<int64_t, std::string> split_layer(const std::string& n) {
     return {std::stoll(n.substr(layers.size(), dot - layers.size())), n.substr(dot + 1)};
 }
 
+// A grouped [E, ...] expert parameter (tail "mlp.experts.gate_proj.weight") as one stored tensor per expert,
+// "model.layers.L.mlp.experts.E.gate_proj.weight" (Qwen3-Next, DeepSeek-V3.2)
+void per_expert(const BufferSpec& spec, const std::string& lp, const std::string& tail, std::vector<HfTensor>& out) {
+    const std::string proj = tail.substr(std::string("mlp.experts.").size());
+    for (int64_t e = 0; e < spec.shape[0]; ++e) {
+        out.push_back({spec.name, fmt::format("{}mlp.experts.{}.{}", lp, e, proj), Shape{spec.shape[1], spec.shape[2]},
+                       e});
+    }
+}
+
+// DeepSeek-V3.2 (transformers' DeepseekV32ForCausalLM): tessera's names, experts stored one by one
+std::vector<HfTensor> deepseek_v32_map(const std::vector<BufferSpec>& params) {
+    std::vector<HfTensor> out;
+    for (const auto& spec : params) {
+        const auto [layer, tail] = split_layer(spec.name);
+        if (tail.rfind("mlp.experts.", 0) == 0) {
+            per_expert(spec, fmt::format("model.layers.{}.", layer), tail, out);
+        } else {
+            out.push_back({spec.name, spec.name, spec.shape});
+        }
+    }
+    return out;
+}
+
 // Qwen3-Next (transformers' Qwen3NextForCausalLM): see hf_checkpoint.h
 std::vector<HfTensor> qwen3_next_map(const std::vector<BufferSpec>& params, const ModelConfig& c) {
     const KdaConfig k = c.kda_layer(true);
@@ -59,11 +83,7 @@ std::vector<HfTensor> qwen3_next_map(const std::vector<BufferSpec>& params, cons
         } else if (tail == "mlp.gate.e_score_correction_bias") {
             continue;  // Qwen routes without a selection bias
         } else if (tail.rfind("mlp.experts.", 0) == 0) {
-            const std::string proj = tail.substr(std::string("mlp.experts.").size());  // gate_proj.weight ...
-            for (int64_t e = 0; e < spec.shape[0]; ++e) {
-                out.push_back({n, fmt::format("{}mlp.experts.{}.{}", lp, e, proj), Shape{spec.shape[1], spec.shape[2]},
-                               e});
-            }
+            per_expert(spec, lp, tail, out);
             continue;
         } else if (tail.rfind("mlp.shared_experts.", 0) == 0) {
             t.name = lp + "mlp.shared_expert." + tail.substr(std::string("mlp.shared_experts.").size());
@@ -104,8 +124,10 @@ std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
                                     const ModelConfig& c,
                                     const std::string& model_type) {
     if (model_type == "qwen3_next") return qwen3_next_map(params, c);
+    if (model_type == "deepseek_v32") return deepseek_v32_map(params);
     TESSERA_CHECK(model_type == "kimi_linear" || model_type == "kimi_k3",
-                  "Hugging Face weights of {} checkpoints are not supported yet (kimi_linear, kimi_k3, qwen3_next)",
+                  "Hugging Face weights of {} checkpoints are not supported yet (kimi_linear, kimi_k3, qwen3_next, "
+                  "deepseek_v32)",
                   model_type);
     const bool k3 = model_type == "kimi_k3";
     const std::string P = k3 ? "language_model.model." : "model.";

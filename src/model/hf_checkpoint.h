@@ -1,4 +1,5 @@
-// Hugging Face checkpoints of the Kimi family (kimi_linear, kimi_k3) and Qwen3-Next (qwen3_next): where each
+// Hugging Face checkpoints of the Kimi family (kimi_linear, kimi_k3), Qwen3-Next (qwen3_next) and DeepSeek-V3.2
+// (deepseek_v32; tessera uses its names, experts stored one by one): where each
 // tessera parameter lives
 // in the published tensor layout (spec/kimi_k3.md §5), and loading / saving sharded safetensors with a
 // `model.safetensors.index.json`. Differences from tessera's own layout: the `language_model.` prefix

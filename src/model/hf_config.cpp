@@ -113,6 +113,13 @@ void common_shape(Keys& k, ModelConfig& m, std::vector<std::string>& unsupported
     if (k.boolean_or("attention_bias", false)) unsupported.push_back("attention projection biases (attention_bias)");
 }
 
+// a derived copy of a field (transformers 5 re-serialises them): absent, or equal to what the config implies
+void same(Keys& k, const char* key, const Json& want) {
+    if (!k.has(key)) return k.ignore({key});
+    TESSERA_CHECK(k.get(key) == want, "{}: \"{}\" = {} contradicts the layer settings ({})", k.where(), key,
+                  k.get(key).dump(), want.dump());
+}
+
 void mla_shape(Keys& k, ModelConfig& m) {
     m.mla.q_lora_rank = k.integer_or("q_lora_rank", 0);  // null (Kimi-Linear): q_proj from the input
     m.mla.kv_lora_rank = k.integer("kv_lora_rank");
@@ -174,23 +181,18 @@ void import_kimi(Keys& k, HfImport& r) {
     }
     lin.report_rest(r.unsupported);
     // transformers 5 re-serialises derived copies of these fields: they must agree
-    auto same = [&](const char* key, const Json& want) {
-        if (!k.has(key)) return k.ignore({key});
-        TESSERA_CHECK(k.get(key) == want, "{}: \"{}\" = {} contradicts the layer settings ({})", k.where(), key,
-                      k.get(key).dump(), want.dump());
-    };
     Json layer_types = Json::array(), mlp_types = Json::array();
     for (int64_t i = 0; i < m.n_layers; ++i) {
         layer_types.push_back(m.attention[size_t(i)] == "kda" ? "linear_attention" : "full_attention");
         mlp_types.push_back(i < k.integer_or("first_k_dense_replace", 0) ? "dense" : "sparse");
     }
-    same("layer_types", layer_types);
-    same("mlp_layer_types", mlp_types);
-    same("linear_num_heads", m.kda.num_heads);
-    same("linear_head_dim", m.kda.head_dim);
-    same("linear_conv_kernel_dim", m.kda.conv_size);
-    same("qk_head_dim", m.mla.qk_nope_dim + m.mla.qk_rope_dim);
-    same("pretraining_tp", 1);
+    same(k, "layer_types", layer_types);
+    same(k, "mlp_layer_types", mlp_types);
+    same(k, "linear_num_heads", m.kda.num_heads);
+    same(k, "linear_head_dim", m.kda.head_dim);
+    same(k, "linear_conv_kernel_dim", m.kda.conv_size);
+    same(k, "qk_head_dim", m.mla.qk_nope_dim + m.mla.qk_rope_dim);
+    same(k, "pretraining_tp", 1);
     if (dsa) {  // the gated DSA variant of the full-attention layers
         m.mla.dsa.topk = k.integer("index_topk");
         m.mla.dsa.heads = k.integer("index_n_heads");
@@ -290,12 +292,13 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
     m.mla.dsa.heads = k.integer("index_n_heads");
     m.mla.dsa.head_dim = k.integer("index_head_dim");
     m.mla.dsa.rope_dim = std::min(m.mla.qk_rope_dim, m.mla.dsa.head_dim);
-    if (k.has("rope_scaling")) {
-        // YaRN: τ = (d_n + d_r)^-1/2 · mscale², mscale = 0.1·mscale_all_dim·ln(factor) + 1 (spec/dsa.md §1.2)
-        Keys y(k.get("rope_scaling"), k.where() + ": rope_scaling");
-        const std::string type = y.has("type") ? y.text_or("type", "") : y.text_or("rope_type", "");
+    // YaRN: τ = (d_n + d_r)^-1/2 · mscale², mscale = 0.1·mscale_all_dim·ln(factor) + 1 (spec/dsa.md §1.2)
+    auto rope = [&](Keys y, const char* type_key) {
+        const std::string type = y.has("type") ? y.text_or("type", "") : y.text_or("rope_type", "default");
         y.ignore({"type", "rope_type"});
-        TESSERA_CHECK(type == "yarn", "{}: only YaRN rope_scaling is known, not \"{}\"", y.where(), type);
+        m.rope_theta = y.number_or("rope_theta", m.rope_theta);  // transformers 5 keeps it here
+        if (type == "default") return y.report_rest(r.unsupported);
+        TESSERA_CHECK(type == "yarn", "{}: only YaRN {} is known, not \"{}\"", y.where(), type_key, type);
         const double factor = y.number_or("factor", 1.0), all = y.number_or("mscale_all_dim", 0.0);
         y.ignore({"mscale", "original_max_position_embeddings", "beta_fast", "beta_slow"});
         const double mscale = factor > 1.0 && all > 0 ? 0.1 * all * std::log(factor) + 1.0 : 1.0;
@@ -305,8 +308,18 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
             "rotary frequencies are not rescaled",
             factor));
         y.report_rest(r.unsupported);
-    }
+    };
+    if (k.has("rope_scaling")) rope(Keys(k.get("rope_scaling"), k.where() + ": rope_scaling"), "rope_scaling");
+    if (k.has("rope_parameters")) rope(Keys(k.get("rope_parameters"), k.where() + ": rope_parameters"), "rope_type");
+    // transformers 5's derived copies: every layer indexed, dense layers first
+    same(k, "layer_types", Json(std::vector<std::string>(size_t(m.n_layers), "indexed_attention")));
+    same(k, "qk_head_dim", m.mla.qk_nope_dim + m.mla.qk_rope_dim);
+    same(k, "head_dim", m.mla.qk_rope_dim);  // transformers' rotary width
+    if (k.boolean_or("mlp_bias", false)) r.unsupported.push_back("MLP biases (mlp_bias)");
     deepseek_moe(k, m, "n_routed_experts", "num_experts_per_tok", "n_shared_experts");
+    Json mlp_types = Json::array();
+    for (int64_t i = 0; i < m.n_layers; ++i) mlp_types.push_back(i < m.moe.first_dense ? "dense" : "sparse");
+    same(k, "mlp_layer_types", mlp_types);
     m.moe.score = k.text_or("scoring_func", "sigmoid");
     m.moe.normalize = k.boolean_or("norm_topk_prob", true);
     m.moe.groups = k.integer_or("n_group", 1);

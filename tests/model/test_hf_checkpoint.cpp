@@ -178,8 +178,8 @@ TEST(HfCheckpoint, MissingAndUnusedTensorsAreNamed) {
     write_text_atomic(d.file("model.safetensors.index.json"), index.dump());
     test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.rt.params()); },
                        "1 tensor(s) the model does not use, e.g. \"model.output_attn_res_proj.weight\"");
-    test::expect_error([&] { model::hf_tensor_map(a.m.param_specs(), a.m.config(), "deepseek_v32"); },
-                       "deepseek_v32 checkpoints are not supported yet");
+    test::expect_error([&] { model::hf_tensor_map(a.m.param_specs(), a.m.config(), "llama"); },
+                       "llama checkpoints are not supported yet");
     write_text_atomic(d.file("model.safetensors.index.json"), "{\"weight_map\": [");
     test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.rt.params()); }, "not valid JSON");
 }
@@ -215,8 +215,8 @@ TEST(HfCheckpoint, KimiK3LayoutPadsALogAndRefusesANonZeroPad) {
 class TransformersInterop : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
-    // tests/golden/hf/<case>: written by transformers' KimiLinearForCausalLM / Qwen3NextForCausalLM
-    // .save_pretrained (tools/ref/make_hf_interop_golden.py), with its own float32 logits for two rows of ids
+    // tests/golden/hf/<case>: written by transformers' KimiLinearForCausalLM / Qwen3NextForCausalLM /
+    // DeepseekV32ForCausalLM .save_pretrained (tools/ref/make_hf_interop_golden.py), with its own float32 logits for two rows of ids
     const std::string dir = test::golden_path("hf/" + GetParam());
     const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
     for (const auto& u : hf.unsupported) {  // Qwen3-Next's training-only balance loss is the one thing left
@@ -243,7 +243,9 @@ TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, TransformersInterop, ::testing::Values("kimi_linear_tiny", "qwen3_next_tiny"));
+INSTANTIATE_TEST_SUITE_P(Families,
+                         TransformersInterop,
+                         ::testing::Values("kimi_linear_tiny", "qwen3_next_tiny", "deepseek_v32_tiny"));
 
 }  // namespace
 }  // namespace tessera
