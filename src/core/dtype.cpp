@@ -19,6 +19,8 @@ std::string_view dtype_name(DType t) {
             return "u8";
         case DType::u16:
             return "u16";
+        case DType::f8e4m3:
+            return "f8e4m3";
     }
     return "?";
 }
@@ -39,12 +41,14 @@ std::string_view dtype_safetensors_name(DType t) {
             return "U8";
         case DType::u16:
             return "U16";
+        case DType::f8e4m3:
+            return "F8_E4M3";
     }
     return "?";
 }
 
 std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
-    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64, DType::u8, DType::u16}) {
+    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64, DType::u8, DType::u16, DType::f8e4m3}) {
         if (dtype_safetensors_name(t) == name) return t;
     }
     return std::nullopt;

@@ -11,7 +11,8 @@
 
 namespace tessera {
 
-enum class DType : uint8_t { f32, f64, bf16, i32, i64, u8, u16 };
+// f8e4m3: storage only (FP8 checkpoints, core/fp8.h), never computed on
+enum class DType : uint8_t { f32, f64, bf16, i32, i64, u8, u16, f8e4m3 };
 
 constexpr size_t dtype_size(DType t) {
     switch (t) {
@@ -29,6 +30,8 @@ constexpr size_t dtype_size(DType t) {
             return 1;
         case DType::u16:
             return 2;
+        case DType::f8e4m3:
+            return 1;
     }
     return 0;
 }

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/config_reader.h"
 #include "core/file.h"
+#include "core/fp8.h"
 #include "core/mxfp4.h"
 #include "core/safetensors.h"
 
@@ -17,6 +18,8 @@ namespace tessera::model {
 namespace fs = std::filesystem;
 
 namespace {
+constexpr int64_t kFp8Block = 128;  // DeepSeek's weight_block_size
+
 Shape with_unit_middle(const Shape& s) { return Shape{s[0], 1, s[1]}; }  // [C, W] -> [C, 1, W]
 
 // a view of one stored tensor inside its tessera parameter
@@ -285,14 +288,36 @@ void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map
         const std::string name = !t.alias.empty() && !where.count(t.name) && where.count(t.alias) ? t.alias : t.name;
         if (const SafetensorsFile* f = file_of(name)) {
             used.insert(name);
-            if (is_plain(t)) {
+            const bool fp8 = f->entry(name).dtype == DType::f8e4m3;
+            if (is_plain(t) && !fp8) {
                 f->load_into(name, dst);
                 continue;
             }
             Tensor full(DType::f32, t.shape);
-            f->load_into(name, full.view());
+            if (fp8) {  // DeepSeek's block-scaled FP8: <name>_scale_inv per 128 × 128 block
+                const SafetensorsFile* fs_ = file_of(name + "_scale_inv");
+                TESSERA_CHECK(fs_ && t.shape.ndim == 2, "{}: FP8 tensor \"{}\" needs a 2-D shape and \"{}_scale_inv\"",
+                              dir, name, name);
+                const Tensor raw = f->load(name), scale = fs_->load(name + "_scale_inv");
+                const int64_t rows = t.shape[0], cols = t.shape[1], b = kFp8Block;
+                TESSERA_CHECK(raw.view().shape == t.shape, "{}: \"{}\" is {}, the model needs {}", dir, name,
+                              raw.view().shape.str(), t.shape.str());
+                TESSERA_CHECK(scale.view().dtype == DType::f32 &&
+                                  scale.view().shape == (Shape{(rows + b - 1) / b, (cols + b - 1) / b}),
+                              "{}: \"{}_scale_inv\" must be f32 [{}, {}] (blocks of {})", dir, name, (rows + b - 1) / b,
+                              (cols + b - 1) / b, b);
+                dequantize_fp8_blocks(static_cast<const uint8_t*>(raw.view().data), scale.view().ptr<float>(), rows, cols, b,
+                                      full.ptr<float>(), name);
+                used.insert(name + "_scale_inv");
+            } else {
+                f->load_into(name, full.view());
+            }
             const float* src = full.ptr<float>();
             float* out = dst.ptr<float>();
+            if (is_plain(t)) {
+                std::copy(src, src + dst.numel(), out);
+                continue;
+            }
             if (t.pad_to > 0) {
                 for (int64_t i = dst.numel(); i < t.shape[0]; ++i) {
                     TESSERA_CHECK(src[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name, src[i], i);

@@ -327,10 +327,7 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
     const std::string method = k.text_or("topk_method", "noaux_tc");
     if (method != "noaux_tc") r.unsupported.push_back(fmt::format("topk_method \"{}\"", method));
     check_moe_layer_freq(k, r.unsupported);
-    if (k.has("quantization_config")) {
-        r.unsupported.push_back("quantization_config (FP8 block-scaled weights): loading needs dequantisation");
-    }
-    k.ignore({"quantization_config"});
+    k.ignore({"quantization_config"});  // FP8 block-scaled weights: dequantised on load (core/fp8.h)
 }
 }  // namespace
 

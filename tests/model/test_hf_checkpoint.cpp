@@ -160,6 +160,50 @@ TEST(HfCheckpoint, Mxfp4ExpertsAreDequantisedOnLoad) {
     }
 }
 
+TEST(HfCheckpoint, DeepSeekFp8WeightsAreDequantisedOnLoad) {
+    // the transformers-written DeepSeek-V3.2 golden with q_b_proj of layer 1 re-stored as block-scaled FP8:
+    // codes 0x38 + (c % 8) = 1 + (c % 8)/8, negative on odd rows, scale_inv 0.25 for the one 128 × 128 block
+    const std::string src = test::golden_path("hf/deepseek_v32_tiny");
+    const model::HfImport hf = model::import_hf_config(Json::parse(read_text(src + "/config.json")), "config.json");
+    model::Model m(hf.model);
+    model::ModelRuntime rt(m, {1, 1}, false, false);
+    const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
+    const std::string w = "model.layers.1.self_attn.q_b_proj.weight";
+    const SafetensorsFile orig(src + "/model.safetensors");
+    std::vector<Tensor> copies;
+    std::vector<NamedTensor> kept;
+    for (const auto& e : orig.entries()) {
+        if (e.name != w) copies.push_back(orig.load(e.name));
+    }
+    size_t i = 0;
+    for (const auto& e : orig.entries()) {
+        if (e.name != w) kept.push_back({e.name, copies[i++].view()});
+    }
+    const Shape shape = orig.entry(w).shape;
+    Tensor q(DType::f8e4m3, shape), scale(DType::f32, Shape{1, 1});
+    for (int64_t r = 0; r < shape[0]; ++r) {
+        for (int64_t c = 0; c < shape[1]; ++c) {
+            static_cast<uint8_t*>(q.view().data)[r * shape[1] + c] = uint8_t((0x38 + c % 8) | (r % 2 ? 0x80 : 0));
+        }
+    }
+    scale.ptr<float>()[0] = 0.25f;
+    test::TempDir d;
+    std::vector<NamedTensor> fp8 = kept;
+    fp8.push_back({w, q.view()});
+    write_safetensors(d.file("model.safetensors"), fp8);
+    test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, rt.params()); },
+                       "needs a 2-D shape and \"" + w + "_scale_inv\"");
+    fp8.push_back({w + "_scale_inv", scale.view()});
+    write_safetensors(d.file("model.safetensors"), fp8);
+    model::load_hf_checkpoint(d.path(), map, rt.params());
+    const TensorView got = rt.params().view(w);
+    for (int64_t r = 0; r < shape[0]; ++r) {
+        for (int64_t c = 0; c < shape[1]; ++c) {
+            EXPECT_EQ(got.ptr<float>()[r * shape[1] + c], (r % 2 ? -0.25f : 0.25f) * (1.0f + float(c % 8) / 8.0f));
+        }
+    }
+}
+
 TEST(HfCheckpoint, MissingAndUnusedTensorsAreNamed) {
     test::TempDir d;
     Rig a(1), b(2);

@@ -1,6 +1,8 @@
 // Test helpers (see test_util.h).
 #include "util/test_util.h"
 
+#include "core/fp8.h"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -55,6 +57,8 @@ double to_double(const TensorView& t, int64_t i) {
             return static_cast<const uint8_t*>(t.data)[i];
         case DType::u16:
             return static_cast<const uint16_t*>(t.data)[i];
+        case DType::f8e4m3:
+            return e4m3_to_float(static_cast<const uint8_t*>(t.data)[i]);
     }
     return 0;
 }
