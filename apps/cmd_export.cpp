@@ -1,6 +1,7 @@
-// tessera export-hf: a tessera checkpoint as a Hugging Face Kimi-Linear checkpoint directory (Kimi K3's when
-// the model has Attention Residuals): config.json and f32 or bf16 safetensors shards with
-// model.safetensors.index.json, in the published tensor layout (model/hf_checkpoint.h). `tessera logits` and `inspect` read such a directory back.
+// tessera export-hf: a tessera checkpoint as a Hugging Face checkpoint directory of the family its layers
+// imply (Kimi-Linear, Kimi K3 with Attention Residuals, Qwen3-Next, DeepSeek-V3.2; model/hf_config.h):
+// config.json and f32 or bf16 safetensors shards with model.safetensors.index.json, in the published tensor
+// layout (model/hf_checkpoint.h). `tessera logits` and `inspect` read such a directory back.
 #include <filesystem>
 
 #include "apps/commands.h"
@@ -17,7 +18,8 @@ namespace fs = std::filesystem;
 
 void add_export_command(CLI::App& app) {
     auto* cmd =
-        app.add_subcommand("export-hf", "Write a checkpoint as a Hugging Face Kimi-Linear (or Kimi K3) checkpoint directory");
+        app.add_subcommand("export-hf", "Write a checkpoint as a Hugging Face checkpoint directory (Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2, "
+        "by the model's layers)");
     struct Args {
         std::string checkpoint, out;
         int64_t shard_mib = 4096;
@@ -39,7 +41,7 @@ void add_export_command(CLI::App& app) {
         const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
         const train::RunConfig cfg =
             train::parse_run_config(train::load_checkpoint_config(ckpt), (fs::path(ckpt) / "config.json").string());
-        const Json hf = model::export_kimi_config(cfg.model);  // refuses what the format cannot express
+        const Json hf = model::export_hf_config(cfg.model);  // refuses what the format cannot express
         const std::string type = hf.at("model_type").get<std::string>();
         model::Model model(cfg.model);
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
@@ -48,8 +50,8 @@ void add_export_command(CLI::App& app) {
                                   rt.params(), size_t(a->shard_mib) << 20,
                                   a->dtype == "bf16" ? DType::bf16 : DType::f32);
         write_text_atomic((fs::path(a->out) / "config.json").string(), hf.dump(2) + "\n");
-        std::printf("wrote %s (%s layout, %lld parameters)\n", a->out.c_str(),
-                    type == "kimi_k3" ? "Kimi K3" : "Kimi-Linear", (long long)model.num_params());
+        std::printf("wrote %s (%s layout, %lld parameters)\n", a->out.c_str(), type.c_str(),
+                    (long long)model.num_params());
     });
 }
 

@@ -331,7 +331,8 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
 }
 }  // namespace
 
-Json export_kimi_config(const ModelConfig& m) {
+namespace {
+Json export_kimi(const ModelConfig& m) {
     auto need = [](bool ok, const char* what) {
         TESSERA_CHECK(ok, "this model cannot be written as a Kimi-Linear / Kimi K3 config: {}", what);
     };
@@ -415,6 +416,120 @@ Json export_kimi_config(const ModelConfig& m) {
             {"model_type", "kimi_k3"},
             {"tie_word_embeddings", m.tie_embeddings},
             {"text_config", j}};
+}
+
+Json export_qwen3_next(const ModelConfig& m) {
+    auto need = [](bool ok, const char* what) {
+        TESSERA_CHECK(ok, "this model cannot be written as a Qwen3-Next config: {}", what);
+    };
+    Json types = Json::array();
+    for (int64_t i = 0; i < m.n_layers; ++i) {
+        const std::string& t = m.layer_type(i);
+        need(t == "gdn" || t == "gqa", "only gdn and gqa layers exist there");
+        types.push_back(t == "gdn" ? "linear_attention" : "full_attention");
+    }
+    need(m.output_gate == "elementwise" && m.qk_norm, "the attention has an elementwise gate and q/k norms");
+    const KdaConfig& k = m.kda;
+    need(k.gate_lower_bound == 0 && k.o_norm_eps == m.norm_eps,
+         "the GDN decay is the softplus form and its output norm uses rms_norm_eps");
+    const MoeConfig& e = m.moe;
+    need(e.experts > 0 && e.first_dense == 0, "every layer is MoE");
+    need(e.score == "softmax" && e.groups == 1 && e.scaling == 1.0 && e.latent_dim == 0 && e.activation == "swiglu",
+         "the router is a plain softmax top-k over SwiGLU experts");
+    need(e.balance == "frozen", "there is no selection bias (set model.moe.balance = frozen)");
+    need(e.shared_expert_gate == (e.shared_ffn_dim > 0), "a shared expert comes with its sigmoid gate");
+    need(e.capacity_factor == 0 && e.seq_aux_coeff == 0 && e.z_loss_coeff == 0,
+         "routing is dropless without auxiliary losses");
+    const int64_t D = m.head_dim_or_default(), rot = m.rope_dim > 0 ? m.rope_dim : D;
+    return {{"architectures", {"Qwen3NextForCausalLM"}},
+            {"model_type", "qwen3_next"},
+            {"vocab_size", m.vocab_size},
+            {"hidden_size", m.d_model},
+            {"num_hidden_layers", m.n_layers},
+            {"num_attention_heads", m.n_heads},
+            {"num_key_value_heads", m.n_kv_heads},
+            {"head_dim", D},
+            {"intermediate_size", m.ffn_dim},
+            {"rms_norm_eps", m.norm_eps},
+            {"initializer_range", m.init_std},
+            {"tie_word_embeddings", m.tie_embeddings},
+            {"hidden_act", "silu"},
+            {"layer_types", types},
+            {"linear_num_key_heads", k.num_heads},
+            {"linear_num_value_heads", k.hv()},
+            {"linear_key_head_dim", k.head_dim},
+            {"linear_value_head_dim", k.v_dim()},
+            {"linear_conv_kernel_dim", k.conv_size},
+            {"rope_parameters",
+             {{"rope_type", "default"}, {"rope_theta", m.rope_theta}, {"partial_rotary_factor", double(rot) / double(D)}}},
+            {"num_experts", e.experts},
+            {"num_experts_per_tok", e.topk},
+            {"moe_intermediate_size", e.ffn_dim},
+            {"shared_expert_intermediate_size", e.shared_ffn_dim},
+            {"norm_topk_prob", e.normalize},
+            {"decoder_sparse_step", 1},
+            {"mlp_only_layers", Json::array()},
+            {"router_aux_loss_coef", 0.0}};
+}
+
+Json export_deepseek_v32(const ModelConfig& m) {
+    auto need = [](bool ok, const char* what) {
+        TESSERA_CHECK(ok, "this model cannot be written as a DeepSeek-V3.2 config: {}", what);
+    };
+    for (int64_t i = 0; i < m.n_layers; ++i) need(m.layer_type(i) == "dsa", "every layer is dsa");
+    const MlaConfig& a = m.mla;
+    need(m.output_gate == "none" && a.rope && a.q_lora_rank > 0 && a.softmax_scale == 0 && a.latent_eps == 1e-6,
+         "MLA is ungated with RoPE, a q_lora path, the (d_n + d_r)^-1/2 scale and latent norm eps 1e-6");
+    need(a.dsa.rope_dim == std::min(a.qk_rope_dim, a.dsa.head_dim), "the indexer rotates qk_rope_head_dim dims");
+    const MoeConfig& e = m.moe;
+    need(e.experts > 0 && e.score == "sigmoid" && e.latent_dim == 0 && e.activation == "swiglu" &&
+             m.mlp_activation == "swiglu" && !e.shared_expert_gate,
+         "the MoE has a sigmoid router over SwiGLU experts");
+    need(e.shared_ffn_dim % e.ffn_dim == 0, "the shared experts' width is a multiple of the expert width");
+    need(e.capacity_factor == 0 && e.seq_aux_coeff == 0 && e.z_loss_coeff == 0,
+         "routing is dropless without auxiliary losses");
+    return {{"architectures", {"DeepseekV32ForCausalLM"}},
+            {"model_type", "deepseek_v32"},
+            {"vocab_size", m.vocab_size},
+            {"hidden_size", m.d_model},
+            {"num_hidden_layers", m.n_layers},
+            {"num_attention_heads", m.n_heads},
+            {"num_key_value_heads", m.n_heads},
+            {"intermediate_size", m.ffn_dim},
+            {"rms_norm_eps", m.norm_eps},
+            {"initializer_range", m.init_std},
+            {"tie_word_embeddings", m.tie_embeddings},
+            {"hidden_act", "silu"},
+            {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", m.rope_theta}}},
+            {"q_lora_rank", a.q_lora_rank},
+            {"kv_lora_rank", a.kv_lora_rank},
+            {"qk_nope_head_dim", a.qk_nope_dim},
+            {"qk_rope_head_dim", a.qk_rope_dim},
+            {"v_head_dim", a.v_head_dim},
+            {"index_topk", a.dsa.topk},
+            {"index_n_heads", a.dsa.heads},
+            {"index_head_dim", a.dsa.head_dim},
+            {"n_routed_experts", e.experts},
+            {"num_experts_per_tok", e.topk},
+            {"moe_intermediate_size", e.ffn_dim},
+            {"n_shared_experts", e.shared_ffn_dim / e.ffn_dim},
+            {"first_k_dense_replace", e.first_dense},
+            {"routed_scaling_factor", e.scaling},
+            {"norm_topk_prob", e.normalize},
+            {"n_group", e.groups},
+            {"topk_group", e.topk_groups},
+            {"scoring_func", "sigmoid"},
+            {"topk_method", "noaux_tc"},
+            {"num_nextn_predict_layers", 0}};
+}
+}  // namespace
+
+Json export_hf_config(const ModelConfig& m) {
+    if (m.has_layer_type("gdn") || m.has_layer_type("gqa")) return export_qwen3_next(m);
+    if (!m.has_layer_type("kda") && !m.has_layer_type("mla") && m.output_gate == "none" && m.mla.rope) {
+        return export_deepseek_v32(m);
+    }
+    return export_kimi(m);
 }
 
 bool is_hf_config(const Json& doc) {

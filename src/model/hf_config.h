@@ -27,10 +27,11 @@ struct HfImport {
 bool is_hf_config(const Json& doc);
 // Throws with the file and key for unknown families, missing keys or contradictions.
 HfImport import_hf_config(const Json& doc, const std::string& where);
-// The Kimi-Linear config.json of a tessera model (kda / mla / dsa layers; the inverse of the import, so
-// importing it gives the same model), or Kimi K3's (model_type kimi_k3, the Kimi-Linear keys under
-// text_config) when the model has Attention Residuals. Throws naming what the format cannot express (gqa
-// or gdn layers, a headwise gate, KDA with grouped value heads or another gate rank, ...).
-Json export_kimi_config(const ModelConfig& m);
+// The Hugging Face config.json of a tessera model, the inverse of the import (importing it gives the same
+// model), in the family its layers imply: gdn / gqa layers -> Qwen3-Next; every layer dsa, ungated, with
+// RoPE -> DeepSeek-V3.2; otherwise Kimi-Linear (kda / mla / dsa), or Kimi K3 (model_type kimi_k3, the
+// Kimi-Linear keys under text_config) with Attention Residuals. Throws naming what the family's format
+// cannot express (a headwise gate, a selection bias Qwen lacks, KDA with grouped value heads, ...).
+Json export_hf_config(const ModelConfig& m);
 
 }  // namespace tessera::model

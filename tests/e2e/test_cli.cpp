@@ -279,8 +279,36 @@ TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
                           "already exists", "existing output");
     ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 1 --out " + d.file("gqa")).status, 0);
     expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("gqa") + " --out " + d.file("hf2")),
-                          "cannot be written as a Kimi-Linear / Kimi K3 config", "a GQA model");
+                          "cannot be written as a Qwen3-Next config", "a plain GQA model");
     EXPECT_FALSE(std::filesystem::exists(d.file("hf2"))) << "nothing written";
+}
+
+TEST(Cli, ExportHfWritesQwen3NextForAGdnModel) {
+    TempDir d;
+    const std::string qwen =
+        " --set 'model.attention=[\"gdn\",\"gqa\"]' --set model.n_layers=2 --set model.kda.head_dim=16"
+        " --set model.output_gate=elementwise --set model.qk_norm=true --set model.kda.o_norm_eps=1e-6"
+        " --set model.moe.experts=4 --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32"
+        " --set model.moe.shared_expert_gate=true --set model.moe.score=softmax --set model.moe.first_dense=0"
+        " --set model.moe.balance=frozen";
+    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + qwen);
+    ASSERT_EQ(r.status, 0) << r.err;
+    r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(Json::parse(read_text(d.file("hf/config.json")))["model_type"], "qwen3_next");
+    const Json idx = Json::parse(read_text(d.file("hf/model.safetensors.index.json")));
+    EXPECT_TRUE(idx["weight_map"].contains("model.layers.0.linear_attn.in_proj_qkvz.weight"));
+    Tensor ids(DType::i32, Shape{1, 12});
+    for (int64_t i = 0; i < 12; ++i) ids.ptr<int32_t>()[i] = int32_t((i * 37 + 11) % 258);
+    write_safetensors(d.file("ids.safetensors"), {{"ids", ids}});
+    for (const char* src : {"run", "hf"}) {
+        r = run_tessera("logits --checkpoint " + d.file(src) + " --in " + d.file("ids.safetensors") + " --out " +
+                        d.file(std::string(src) + ".safetensors"));
+        ASSERT_EQ(r.status, 0) << src << ": " << r.err;
+    }
+    // zero-centred norms are stored as w − 1 and read back as (w − 1) + 1: equal up to that rounding
+    EXPECT_TRUE(test::rel_rms_close(SafetensorsFile(d.file("run.safetensors")).load("logits"),
+                                    SafetensorsFile(d.file("hf.safetensors")).load("logits"), 1e-6));
 }
 
 TEST(Cli, ExportHfWritesKimiK3WhenTheModelHasAttentionResiduals) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/file.h"
 #include "model/hf_config.h"
 #include "model/inspect.h"
 #include "train/config.h"
@@ -163,12 +164,29 @@ TEST(HfConfig, KimiLinearExportImportsBackToTheSameModel) {
                 "moe": {"experts": 8, "topk": 2, "ffn_dim": 32, "shared_ffn_dim": 64, "latent_dim": 32,
                         "latent_norm": true, "groups": 2, "topk_groups": 1}})"),
             "m");
-        const model::HfImport back = model::import_hf_config(model::export_kimi_config(m), "exported");
+        const model::HfImport back = model::import_hf_config(model::export_hf_config(m), "exported");
         EXPECT_EQ(model::to_json(back.model), model::to_json(m)) << attention;
         EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
     }
-    model::ModelConfig gqa;
-    test::expect_error([&] { model::export_kimi_config(gqa); }, "only kda, mla and dsa layers");
+    model::ModelConfig gqa;  // a gqa layer points to Qwen3-Next, whose attention is gated with q/k norms
+    test::expect_error([&] { model::export_hf_config(gqa); }, "cannot be written as a Qwen3-Next config");
+}
+
+TEST(HfConfig, Qwen3NextAndDeepSeekV32ExportsImportBackToTheSameModel) {
+    // the configs transformers wrote for the interop goldens, imported, exported and imported again
+    for (const char* name : {"qwen3_next_tiny", "deepseek_v32_tiny"}) {
+        const Json doc = Json::parse(read_text(test::golden_path(std::string("hf/") + name + "/config.json")));
+        const model::HfImport hf = model::import_hf_config(doc, name);
+        const Json out = model::export_hf_config(hf.model);
+        EXPECT_EQ(out["model_type"], doc["model_type"]) << name;
+        const model::HfImport back = model::import_hf_config(out, "exported");
+        EXPECT_EQ(model::to_json(back.model), model::to_json(hf.model)) << name;
+        EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
+    }
+    model::ModelConfig qwen = model::import_hf_config(
+        Json::parse(read_text(test::golden_path("hf/qwen3_next_tiny/config.json"))), "q").model;
+    qwen.moe.balance = "sign";
+    test::expect_error([&] { model::export_hf_config(qwen); }, "there is no selection bias");
 }
 
 }  // namespace
