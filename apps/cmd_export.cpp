@@ -17,8 +17,9 @@ namespace tessera::apps {
 namespace fs = std::filesystem;
 
 void add_export_command(CLI::App& app) {
-    auto* cmd =
-        app.add_subcommand("export-hf", "Write a checkpoint as a Hugging Face checkpoint directory (Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2, "
+    auto* cmd = app.add_subcommand(
+        "export-hf",
+        "Write a checkpoint as a Hugging Face checkpoint directory (Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2, "
         "by the model's layers)");
     struct Args {
         std::string checkpoint, out;
@@ -46,9 +47,8 @@ void add_export_command(CLI::App& app) {
         model::Model model(cfg.model);
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
         train::load_groups((fs::path(ckpt) / "model.safetensors").string(), {&rt.params()});
-        model::save_hf_checkpoint(a->out, model::hf_tensor_map(model.param_specs(), cfg.model, type),
-                                  rt.params(), size_t(a->shard_mib) << 20,
-                                  a->dtype == "bf16" ? DType::bf16 : DType::f32);
+        model::save_hf_checkpoint(a->out, model::hf_tensor_map(model.param_specs(), cfg.model, type), rt.params(),
+                                  size_t(a->shard_mib) << 20, a->dtype == "bf16" ? DType::bf16 : DType::f32);
         write_text_atomic((fs::path(a->out) / "config.json").string(), hf.dump(2) + "\n");
         std::printf("wrote %s (%s layout, %lld parameters)\n", a->out.c_str(), type.c_str(),
                     (long long)model.num_params());

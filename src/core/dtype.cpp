@@ -48,7 +48,8 @@ std::string_view dtype_safetensors_name(DType t) {
 }
 
 std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
-    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64, DType::u8, DType::u16, DType::f8e4m3}) {
+    for (DType t :
+         {DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64, DType::u8, DType::u16, DType::f8e4m3}) {
         if (dtype_safetensors_name(t) == name) return t;
     }
     return std::nullopt;

@@ -96,8 +96,7 @@ void AttnRes::mix_backward(const Wiring& wr, const Mix& m, TensorView dres, int6
     for (size_t i = 0; i + 1 < wr.sources.size(); ++i) dsrc.push_back(dr_[size_t(wr.sources[i])].slice0(0, N));
     dsrc.push_back(dres.slice0(0, N));  // the current P
     const TensorView probs(probs_.data, DType::f32, Shape{N, int64_t(wr.sources.size())});
-    ops::attn_res_mix_backward({.eps = eps_}, dout, views(wr.sources, N), m.gamma, m.w, probs, dsrc, m.dgamma,
-                               m.dw);
+    ops::attn_res_mix_backward({.eps = eps_}, dout, views(wr.sources, N), m.gamma, m.w, probs, dsrc, m.dgamma, m.dw);
 }
 
 TensorView AttnRes::input(size_t j, int64_t N) { return mix_forward(wiring_[j], mixes_[j], N); }

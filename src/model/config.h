@@ -18,10 +18,10 @@ namespace tessera::model {
 struct MoeConfig {
     int64_t experts = 0;  // 0: every layer dense
     int64_t topk = 2;
-    int64_t ffn_dim = 0;         // per routed expert (F)
-    int64_t latent_dim = 0;      // LatentMoE width L; 0 = the experts see d_model
-    bool latent_norm = false;    // Stable LatentMoE: RMSNorm over L before the up projection
-    int64_t shared_ffn_dim = 0;  // shared expert width; 0 = none
+    int64_t ffn_dim = 0;              // per routed expert (F)
+    int64_t latent_dim = 0;           // LatentMoE width L; 0 = the experts see d_model
+    bool latent_norm = false;         // Stable LatentMoE: RMSNorm over L before the up projection
+    int64_t shared_ffn_dim = 0;       // shared expert width; 0 = none
     bool shared_expert_gate = false;  // Qwen3-Next: the shared output scaled by σ(w·x) per token
     std::string score = "sigmoid";
     bool normalize = true;

@@ -42,8 +42,8 @@ std::pair<int64_t, std::string> split_layer(const std::string& n) {
 void per_expert(const BufferSpec& spec, const std::string& lp, const std::string& tail, std::vector<HfTensor>& out) {
     const std::string proj = tail.substr(std::string("mlp.experts.").size());
     for (int64_t e = 0; e < spec.shape[0]; ++e) {
-        out.push_back({spec.name, fmt::format("{}mlp.experts.{}.{}", lp, e, proj), Shape{spec.shape[1], spec.shape[2]},
-                       e});
+        out.push_back(
+            {spec.name, fmt::format("{}mlp.experts.{}.{}", lp, e, proj), Shape{spec.shape[1], spec.shape[2]}, e});
     }
 }
 
@@ -92,18 +92,30 @@ std::vector<HfTensor> qwen3_next_map(const std::vector<BufferSpec>& params, cons
             t.name = lp + "mlp.shared_expert." + tail.substr(std::string("mlp.shared_experts.").size());
         } else if (gdn && tail.rfind("self_attn.", 0) == 0) {
             const std::string a = tail.substr(std::string("self_attn.").size());
-            if (a == "q_proj.weight") fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 0, Dk, W, Hk);
-            else if (a == "k_proj.weight") fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, Dk, Dk, W, Hk);
-            else if (a == "v_proj.weight") fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 2 * Dk, r * Dv, W, Hk);
-            else if (a == "g_proj.weight") fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 2 * Dk + r * Dv, r * Dv, W, Hk);
-            else if (a == "b_proj.weight") fused(la + "in_proj_ba.weight", Shape{2 * Hk * r, C}, 0, r, 2 * r, Hk);
-            else if (a == "a_proj.weight") fused(la + "in_proj_ba.weight", Shape{2 * Hk * r, C}, r, r, 2 * r, Hk);
-            else if (a == "q_conv1d.weight") fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, 0, Hk * Dk, 0, 1);
-            else if (a == "k_conv1d.weight") fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, Hk * Dk, Hk * Dk, 0, 1);
-            else if (a == "v_conv1d.weight") fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, 2 * Hk * Dk, Hk * r * Dv, 0, 1);
-            else if (a == "o_norm.weight") t.name = la + "norm.weight";
-            else if (a == "o_proj.weight") t.name = la + "out_proj.weight";
-            else t.name = la + a;  // A_log, dt_bias
+            if (a == "q_proj.weight")
+                fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 0, Dk, W, Hk);
+            else if (a == "k_proj.weight")
+                fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, Dk, Dk, W, Hk);
+            else if (a == "v_proj.weight")
+                fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 2 * Dk, r * Dv, W, Hk);
+            else if (a == "g_proj.weight")
+                fused(la + "in_proj_qkvz.weight", Shape{qkvz, C}, 2 * Dk + r * Dv, r * Dv, W, Hk);
+            else if (a == "b_proj.weight")
+                fused(la + "in_proj_ba.weight", Shape{2 * Hk * r, C}, 0, r, 2 * r, Hk);
+            else if (a == "a_proj.weight")
+                fused(la + "in_proj_ba.weight", Shape{2 * Hk * r, C}, r, r, 2 * r, Hk);
+            else if (a == "q_conv1d.weight")
+                fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, 0, Hk * Dk, 0, 1);
+            else if (a == "k_conv1d.weight")
+                fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, Hk * Dk, Hk * Dk, 0, 1);
+            else if (a == "v_conv1d.weight")
+                fused(la + "conv1d.weight", Shape{conv, 1, k.conv_size}, 2 * Hk * Dk, Hk * r * Dv, 0, 1);
+            else if (a == "o_norm.weight")
+                t.name = la + "norm.weight";
+            else if (a == "o_proj.weight")
+                t.name = la + "out_proj.weight";
+            else
+                t.name = la + a;  // A_log, dt_bias
         } else if (tail == "self_attn.q_proj.weight") {
             fused(lp + "self_attn.q_proj.weight", Shape{2 * H * D, C}, 0, D, 2 * D, H);
         } else if (tail == "self_attn.g_proj.weight") {
@@ -306,8 +318,8 @@ void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map
                                   scale.view().shape == (Shape{(rows + b - 1) / b, (cols + b - 1) / b}),
                               "{}: \"{}_scale_inv\" must be f32 [{}, {}] (blocks of {})", dir, name, (rows + b - 1) / b,
                               (cols + b - 1) / b, b);
-                dequantize_fp8_blocks(static_cast<const uint8_t*>(raw.view().data), scale.view().ptr<float>(), rows, cols, b,
-                                      full.ptr<float>(), name);
+                dequantize_fp8_blocks(static_cast<const uint8_t*>(raw.view().data), scale.view().ptr<float>(), rows,
+                                      cols, b, full.ptr<float>(), name);
                 used.insert(name + "_scale_inv");
             } else {
                 f->load_into(name, full.view());
@@ -320,7 +332,8 @@ void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map
             }
             if (t.pad_to > 0) {
                 for (int64_t i = dst.numel(); i < t.shape[0]; ++i) {
-                    TESSERA_CHECK(src[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name, src[i], i);
+                    TESSERA_CHECK(src[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name, src[i],
+                                  i);
                 }
                 for (int64_t i = 0; i < dst.numel(); ++i) out[i] = src[i] + t.offset;
                 continue;

@@ -103,7 +103,7 @@ class Model {
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
     std::vector<DsaLayer> dsa_;
     std::unique_ptr<AttnRes> attn_res_;  // null: the plain residual stream
-    bool decoding_ = false;  // decoding caches bound
+    bool decoding_ = false;              // decoding caches bound
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
     StepShape max_;

@@ -4,7 +4,8 @@
 //   r_i = (mean_d v_i² + eps)^-1/2,  x̂_i = r_i v_i,  score_i = Σ_d w_d γ_d x̂_{i,d},  p = softmax_i(score),
 //   out = Σ_i p_i v_i   (the raw sources, not x̂)
 // Shapes: S sources [N, C] each (separate buffers: the model mixes stored activations in place), gamma, w
-// [C], out [N, C], p [N, S] (written by forward, read by backward). Backward (spec §2.2): dp_i = ⟨dout, v_i⟩, ds_i = p_i (dp_i − Σ_j p_j dp_j), a_i = ds_i (w ⊙ γ),
+// [C], out [N, C], p [N, S] (written by forward, read by backward). Backward (spec §2.2): dp_i = ⟨dout, v_i⟩, ds_i =
+// p_i (dp_i − Σ_j p_j dp_j), a_i = ds_i (w ⊙ γ),
 //   dv_i += p_i dout + r_i (a_i − x̂_i mean_d(a_i ⊙ x̂_i)),  dγ += Σ ds_i (w ⊙ x̂_i),  dw += Σ ds_i (γ ⊙ x̂_i),
 // with dγ and dw reduced over tokens in token order (deterministic). Mixing runs along depth only.
 #pragma once

@@ -214,10 +214,10 @@ TEST(Cli, InspectSummarisesHuggingFaceAndTesseraConfigs) {
     TempDir d;
     test::CliResult r = run_tessera("inspect " TESSERA_SOURCE_DIR "/configs/hf/kimi_k3.json --seq 4096");
     ASSERT_EQ(r.status, 0) << r.err;
-    for (const char* needle : {"family: Kimi K3", "layers: kda 69, mla 24, mlp 1, moe 92", "2.78 T total",
-                               "active parameters per token: 105 G",
-                               "residuals: Attention Residuals, depth blocks of 12 layers (9 sources at the output mix)",
-                               "vision tower"}) {
+    for (const char* needle :
+         {"family: Kimi K3", "layers: kda 69, mla 24, mlp 1, moe 92", "2.78 T total",
+          "active parameters per token: 105 G",
+          "residuals: Attention Residuals, depth blocks of 12 layers (9 sources at the output mix)", "vision tower"}) {
         EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
     }
     r = run_tessera("inspect " + kTiny);

@@ -260,7 +260,8 @@ class TransformersInterop : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
     // tests/golden/hf/<case>: written by transformers' KimiLinearForCausalLM / Qwen3NextForCausalLM /
-    // DeepseekV32ForCausalLM .save_pretrained (tools/ref/make_hf_interop_golden.py), with its own float32 logits for two rows of ids
+    // DeepseekV32ForCausalLM .save_pretrained (tools/ref/make_hf_interop_golden.py), with its own float32 logits for
+    // two rows of ids
     const std::string dir = test::golden_path("hf/" + GetParam());
     const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
     for (const auto& u : hf.unsupported) {  // Qwen3-Next's training-only balance loss is the one thing left

@@ -63,7 +63,7 @@ TEST(HfConfig, KimiK3MapsEveryLayerAndCountsParametersExactly) {
     EXPECT_TRUE(mentions(r.unsupported, "vision tower"));
     EXPECT_FALSE(mentions(r.unsupported, "Attention Residuals"));
     EXPECT_FALSE(mentions(r.unsupported, "MXFP4"));  // dequantised on load
-    EXPECT_EQ(m.mlp_activation, "situ");  // layer 0's dense MLP
+    EXPECT_EQ(m.mlp_activation, "situ");             // layer 0's dense MLP
     EXPECT_FALSE(mentions(r.unsupported, "not interpreted")) << "every key of the published file is accounted for";
 }
 
@@ -183,8 +183,8 @@ TEST(HfConfig, Qwen3NextAndDeepSeekV32ExportsImportBackToTheSameModel) {
         EXPECT_EQ(model::to_json(back.model), model::to_json(hf.model)) << name;
         EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
     }
-    model::ModelConfig qwen = model::import_hf_config(
-        Json::parse(read_text(test::golden_path("hf/qwen3_next_tiny/config.json"))), "q").model;
+    model::ModelConfig qwen =
+        model::import_hf_config(Json::parse(read_text(test::golden_path("hf/qwen3_next_tiny/config.json"))), "q").model;
     qwen.moe.balance = "sign";
     test::expect_error([&] { model::export_hf_config(qwen); }, "there is no selection bias");
 }

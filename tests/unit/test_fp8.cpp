@@ -13,19 +13,19 @@ namespace {
 
 TEST(Fp8, E4M3DecodesKnownCodes) {
     EXPECT_EQ(e4m3_to_float(0x00), 0.0f);
-    EXPECT_EQ(e4m3_to_float(0x38), 1.0f);              // 0 0111 000
-    EXPECT_EQ(e4m3_to_float(0x3C), 1.5f);              // 0 0111 100
-    EXPECT_EQ(e4m3_to_float(0x40), 2.0f);              // 0 1000 000
-    EXPECT_EQ(e4m3_to_float(0xC0), -2.0f);             // sign bit
-    EXPECT_EQ(e4m3_to_float(0x7E), 448.0f);            // 0 1111 110: the largest finite value
-    EXPECT_EQ(e4m3_to_float(0x01), 0.001953125f);      // subnormal 1/8 · 2^-6
-    EXPECT_EQ(e4m3_to_float(0x08), 0.015625f);         // smallest normal 2^-6
-    EXPECT_TRUE(std::isnan(e4m3_to_float(0x7F)));      // 0 1111 111
+    EXPECT_EQ(e4m3_to_float(0x38), 1.0f);          // 0 0111 000
+    EXPECT_EQ(e4m3_to_float(0x3C), 1.5f);          // 0 0111 100
+    EXPECT_EQ(e4m3_to_float(0x40), 2.0f);          // 0 1000 000
+    EXPECT_EQ(e4m3_to_float(0xC0), -2.0f);         // sign bit
+    EXPECT_EQ(e4m3_to_float(0x7E), 448.0f);        // 0 1111 110: the largest finite value
+    EXPECT_EQ(e4m3_to_float(0x01), 0.001953125f);  // subnormal 1/8 · 2^-6
+    EXPECT_EQ(e4m3_to_float(0x08), 0.015625f);     // smallest normal 2^-6
+    EXPECT_TRUE(std::isnan(e4m3_to_float(0x7F)));  // 0 1111 111
     EXPECT_TRUE(std::isnan(e4m3_to_float(0xFF)));
 }
 
 TEST(Fp8, BlocksOf128TakeTheirOwnScale) {
-    const int64_t rows = 130, cols = 260;  // 2 × 3 blocks, the last ones partial
+    const int64_t rows = 130, cols = 260;               // 2 × 3 blocks, the last ones partial
     std::vector<uint8_t> v(size_t(rows * cols), 0x3C);  // 1.5 everywhere
     const std::vector<float> scale{1, 2, 4, 8, 16, 32};
     std::vector<float> out(v.size());

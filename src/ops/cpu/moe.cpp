@@ -548,8 +548,8 @@ void moe_backward(const MoeParams& p,
         zero_rows(t.dsa, N);
         linear_backward(dy, first(s.sa, N), w.shared_down, first(t.dsa, N), g.shared_down, {});
         if (d.has_shared_scale) {
-            shared_scale_backward(x, w.shared_scale, first(s.ss, N), first(s.sa, N), first(t.dsa, N),
-                                  first(t.dss, N), dx, g.shared_scale);
+            shared_scale_backward(x, w.shared_scale, first(s.ss, N), first(s.sa, N), first(t.dsa, N), first(t.dss, N),
+                                  dx, g.shared_scale);
         }
         zero_rows(t.dsh, N);
         act_backward(p, first(t.dsa, N), columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), columns(t.dsh, N, 0, FS),
