@@ -77,6 +77,10 @@ TEST(Cli, BadConfigsGiveOneClearLine) {
                                       " --set model.attention=dsa --set model.mla.dsa.topk=4 "
                                       "--set model.mla.dsa.stage=warm"),
                           "model.mla.dsa.stage", "unknown DSA stage");
+    expect_one_line_error(run_tessera("train --config " + kTiny + r + " --set model.attn_res_block_size=-1"),
+                          "model.attn_res_block_size must be >= 0", "negative AttnRes block size");
+    expect_one_line_error(run_tessera("train --config " + kTiny + moe + " --set model.moe.shared_expert_gate=true"),
+                          "model.moe.shared_expert_gate needs a shared expert", "shared gate without a shared expert");
 }
 
 TEST(Cli, UsageErrorsExitWithTwo) {
