@@ -86,6 +86,23 @@ TEST(HfCheckpoint, KimiK3NamesAndShapesAreThePublishedOnes) {
     EXPECT_EQ(map.size(), size_t(5 + 93 * 8 + 69 * 12 + 24 * 6 + 3 + 92 * (8 + 3 * 896)));
 }
 
+// Every tensor of a safetensors file but `skip`, as owned copies: tests rewrite a shard around a replaced tensor.
+struct ShardCopy {
+    std::vector<Tensor> copies;
+    std::vector<NamedTensor> named;
+};
+ShardCopy all_but(const SafetensorsFile& file, const std::string& skip) {
+    ShardCopy s;
+    for (const auto& e : file.entries()) {
+        if (e.name != skip) s.copies.push_back(file.load(e.name));
+    }
+    size_t i = 0;
+    for (const auto& e : file.entries()) {
+        if (e.name != skip) s.named.push_back({e.name, s.copies[i++].view()});
+    }
+    return s;
+}
+
 struct Rig {
     explicit Rig(uint64_t seed) : m(tiny_kimi()), rt(m, {1, 1}, false, false) { m.init_params(rt.params(), seed); }
     model::Model m;
@@ -129,17 +146,8 @@ TEST(HfCheckpoint, Mxfp4ExpertsAreDequantisedOnLoad) {
     const std::string w1 = "model.layers.1.block_sparse_moe.experts.2.w1.weight";
     index["weight_map"].erase(w1);
     const std::string shard = index["weight_map"].begin().value();
-    std::vector<NamedTensor> keep;
-    SafetensorsFile old(d.file(shard));
-    std::vector<Tensor> copies;
-    for (const auto& e : old.entries()) {
-        if (e.name == w1) continue;
-        copies.push_back(old.load(e.name));
-    }
-    size_t i = 0;
-    for (const auto& e : old.entries()) {
-        if (e.name != w1) keep.push_back({e.name, copies[i++].view()});
-    }
+    ShardCopy rest = all_but(SafetensorsFile(d.file(shard)), w1);
+    std::vector<NamedTensor>& keep = rest.named;
     Tensor packed(DType::u8, Shape{16, 16}), scale(DType::u8, Shape{16, 1});
     for (int64_t r = 0; r < 16; ++r) {
         scale.view().ptr<uint8_t>()[r] = uint8_t(127 + r - 4);
@@ -170,15 +178,7 @@ TEST(HfCheckpoint, DeepSeekFp8WeightsAreDequantisedOnLoad) {
     const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
     const std::string w = "model.layers.1.self_attn.q_b_proj.weight";
     const SafetensorsFile orig(src + "/model.safetensors");
-    std::vector<Tensor> copies;
-    std::vector<NamedTensor> kept;
-    for (const auto& e : orig.entries()) {
-        if (e.name != w) copies.push_back(orig.load(e.name));
-    }
-    size_t i = 0;
-    for (const auto& e : orig.entries()) {
-        if (e.name != w) kept.push_back({e.name, copies[i++].view()});
-    }
+    const ShardCopy kept = all_but(orig, w);
     const Shape shape = orig.entry(w).shape;
     Tensor q(DType::f8e4m3, shape), scale(DType::f32, Shape{1, 1});
     for (int64_t r = 0; r < shape[0]; ++r) {
@@ -188,7 +188,7 @@ TEST(HfCheckpoint, DeepSeekFp8WeightsAreDequantisedOnLoad) {
     }
     scale.ptr<float>()[0] = 0.25f;
     test::TempDir d;
-    std::vector<NamedTensor> fp8 = kept;
+    std::vector<NamedTensor> fp8 = kept.named;
     fp8.push_back({w, q.view()});
     write_safetensors(d.file("model.safetensors"), fp8);
     test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, rt.params()); },
