@@ -1,10 +1,12 @@
 // Dense matrix multiply on the CPU, row-major: C[M,N] = alpha * op(A) · op(B) + beta * C.
 // f32 runs on oneDNN's sgemm; f64 is a plain reference loop (tests and finite differences).
 //
-// NOTES: we split C into per-thread row (or column) panels ourselves and call the single-threaded
-// sgemm on each panel. Every element then gets the same reduction order whatever the thread count,
-// so results are bitwise identical on 1 or N threads (tests/ops/test_gemm.cpp). Inside an OpenMP
-// parallel region the call runs on the calling thread only. oneDNN 2.x's sgemm takes one packing
+// NOTES: we cut C into a grid of blocks that depends only on (M, N, K) (gemm_grid) and call the
+// single-threaded sgemm on each block; threads take blocks. Every element then gets the same
+// reduction order whatever the thread count (oneDNN's kernels round a row differently for a different
+// block height, so the blocks must not follow the thread count), and results are bitwise identical on
+// 1 or N threads, on every ISA (tests/ops/test_gemm.cpp). Inside an OpenMP parallel region the call
+// runs the same blocks on the calling thread. oneDNN 2.x's sgemm takes one packing
 // buffer per call from posix_memalign (it has no entry point taking caller memory); that is the only
 // heap use of a training step (tests/model/test_no_alloc.cpp).
 #pragma once
@@ -42,6 +44,13 @@ void gemm(Trans ta,
           double beta,
           double* C,
           int64_t ldc);
+
+// The blocks of C that gemm() computes one sgemm call each: rows × cols blocks of block_m × block_n
+// (the last ones cut short), a function of the shape (and of whether A is transposed) only.
+struct GemmGrid {
+    int64_t block_m = 0, block_n = 0, rows = 0, cols = 0;
+};
+GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K);
 
 // The same product computed by oneDNN's own threaded sgemm: the bench's reference point.
 void gemm_onednn_reference(Trans ta,

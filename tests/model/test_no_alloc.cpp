@@ -2,7 +2,7 @@
 // friends are interposed (forwarding to glibc's __libc_* entry points) and counted around training
 // steps, by caller. tessera's own code must make no allocation at all. oneDNN's sgemm takes one
 // packing buffer per call from posix_memalign (it has no caller-memory entry point in 2.x); those
-// are counted apart and must stay within one per GEMM panel call (docs/core.md).
+// are counted apart and must stay within one per GEMM block call (docs/core.md).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -81,8 +81,9 @@ TEST(HotPath, TrainingStepsAfterTheFirstDoNotTouchTheHeap) {
         }
         EXPECT_EQ(g_ours.load() - ours, 0)
             << "heap allocations by tessera in " << steps << " steps (recompute " << recompute << ")";
-        // GEMM calls per step here: 2 layers x (5 forward + 8 backward [+5 recompute]) + head 3, at most 2 panels
-        const long per_step_bound = 2 * (2 * (13 + (recompute ? 5 : 0)) + 3) + 2 * 64 * 2;
+        // GEMM calls per step here: 2 layers x (5 forward + 8 backward [+5 recompute]) + head 3, each at most
+        // 16 blocks (ops::gemm_grid), and the attention's per-head products
+        const long per_step_bound = 16 * (2 * (13 + (recompute ? 5 : 0)) + 3) + 2 * 64 * 2;
         const long packing = g_onednn.load() - onednn;
         std::cout << "oneDNN packing buffers per step (recompute " << recompute << "): " << packing / steps << "\n";
         EXPECT_LE(packing, steps * per_step_bound);

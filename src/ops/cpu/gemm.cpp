@@ -1,4 +1,4 @@
-// CPU GEMM: per-thread panels of oneDNN's sgemm (f32) and a plain loop (f64).
+// CPU GEMM: a fixed grid of blocks of oneDNN's single-threaded sgemm (f32) and a plain loop (f64).
 #include "ops/gemm.h"
 
 #include <dnnl.h>
@@ -36,13 +36,92 @@ void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
     TESSERA_CHECK(ok, "oneDNN sgemm failed for M={} N={} K={}", M, N, K);
 }
 
-// Panel boundary p of n panels over `extent`, rounded to multiples of 16 (one AVX-512 vector of f32).
-int64_t panel_edge(int64_t extent, int p, int n) {
-    if (p >= n) return extent;
-    int64_t e = extent * p / n;
-    return std::min(extent, e / 16 * 16);
+// padded row stride of a copy: whole vectors plus one, never a power of two
+int64_t copy_stride(int64_t width) { return (width + 15) / 16 * 16 + 16; }
+
+// sgemm with op(A) = Aᵀ (the weight gradients dW = dYᵀ·X, K = tokens) on copies of both operands.
+// NOTES: oneDNN's single-threaded AVX2 sgemm reads operands whose row stride is a power of two
+// (d_model = 512, 2048, ...) at half speed (63 vs 120 GFLOP/s per core measured on dW = dYᵀ·X with
+// ldb = 2048, K = 4096; cache-set conflicts while packing). Its own threaded sgemm hides this, our
+// per-block calls did not. So each K chunk of the block's columns of A and rows of B is copied to
+// padded strides first: K·(m + n) moves against K·m·n multiply-adds. The chunks (kCopyK, a function
+// of K only) bound the copies (one buffer per thread, grown once: blocks go to threads in a fixed
+// order, so every step repeats the first one's sizes per thread), and results still do not depend
+// on the thread count.
+dnnl_status_t sgemm_transposed_a_copied(Trans tb,
+                                        const GemmGrid& g,
+                                        int64_t m,
+                                        int64_t n,
+                                        int64_t K,
+                                        float alpha,
+                                        const float* A,
+                                        int64_t lda,
+                                        const float* B,
+                                        int64_t ldb,
+                                        float beta,
+                                        float* C,
+                                        int64_t ldc) {
+    constexpr int64_t kCopyK = 1024;
+    thread_local std::vector<float> copy;
+    const int64_t kc = std::min(K, kCopyK);
+    const int64_t lda_c = copy_stride(m), ldb_c = tb == Trans::N ? copy_stride(n) : copy_stride(kc);
+    const size_t need = size_t(kc * copy_stride(g.block_m) + std::max(kc * copy_stride(g.block_n), g.block_n * ldb_c));
+    if (copy.size() < need) copy.resize(need);
+    float* a = copy.data();
+    float* b = a + kc * copy_stride(g.block_m);
+    dnnl_status_t st = dnnl_success;
+    for (int64_t k0 = 0; st == dnnl_success && (k0 == 0 || k0 < K); k0 += kCopyK) {
+        const int64_t kk = std::min(kCopyK, K - k0);
+        for (int64_t k = 0; k < kk; ++k) std::copy_n(A + (k0 + k) * lda, m, a + k * lda_c);
+        if (tb == Trans::N) {
+            for (int64_t k = 0; k < kk; ++k) std::copy_n(B + (k0 + k) * ldb, n, b + k * ldb_c);
+        } else {
+            for (int64_t j = 0; j < n; ++j) std::copy_n(B + j * ldb + k0, kk, b + j * ldb_c);
+        }
+        st = sgemm(Trans::T, tb, m, n, kk, alpha, a, lda_c, b, ldb_c, k0 == 0 ? beta : 1.0f, C, ldc);
+    }
+    return st;
+}
+
+// Runs fn() with OpenMP (and so oneDNN) limited to the calling thread, unless already inside a
+// parallel region, where oneDNN's sgemm runs on the calling thread by itself.
+template <class Fn>
+auto on_this_thread(Fn fn) {
+    const bool outer = !omp_in_parallel();
+    const int saved = omp_get_max_threads();
+    if (outer) omp_set_num_threads(1);
+    auto r = fn();
+    if (outer) omp_set_num_threads(saved);
+    return r;
 }
 }  // namespace
+
+GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K) {
+    // NOTES: halve the longer block edge until there are kMaxBlocks blocks, an edge would drop below
+    // the minimum, or a block would hold less than kMinWork multiply-adds. Blocks stay large enough
+    // that oneDNN's packing of each block's operands is amortised; the block counts are powers of
+    // two, so 2, 4, 8 or 16 threads share them evenly. With op(A) = Aᵀ (weight gradients, long K)
+    // each block also copies its operands (sgemm_transposed_a_copied): edges of at least 256 keep
+    // that copy small.
+    constexpr int64_t kMaxBlocks = 16, kMinWork = int64_t(1) << 21;
+    const int64_t min_edge = ta == Trans::T ? 256 : 128;
+    int64_t pm = 1, pn = 1;
+    while (pm * pn < kMaxBlocks) {
+        const int64_t em = (M + pm - 1) / pm, en = (N + pn - 1) / pn;
+        const bool rows = em >= en;
+        if ((rows ? em : en) < 2 * min_edge || em * en * std::max<int64_t>(K, 1) / 2 < kMinWork) break;
+        (rows ? pm : pn) *= 2;
+    }
+    auto edge = [](int64_t extent, int64_t parts) {  // multiples of 16 floats (one AVX-512 vector)
+        return parts == 1 ? extent : ((extent + parts - 1) / parts + 15) / 16 * 16;
+    };
+    GemmGrid g;
+    g.block_m = edge(M, pm);
+    g.block_n = edge(N, pn);
+    g.rows = (M + g.block_m - 1) / g.block_m;
+    g.cols = (N + g.block_n - 1) / g.block_n;
+    return g;
+}
 
 void gemm(Trans ta,
           Trans tb,
@@ -58,42 +137,30 @@ void gemm(Trans ta,
           float* C,
           int64_t ldc) {
     if (M == 0 || N == 0) return;
-    const int64_t work = M * N * std::max<int64_t>(K, 1);
-    const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-    const int num_panels = int(std::min<int64_t>(max_threads, std::max<int64_t>(1, work / (64 * 64 * 64))));
-    if (num_panels <= 1) {
-        // NOTES: too small to split: pin oneDNN to this thread (left to itself it would thread even
-        // tiny products, with an extra workspace allocation per call). Restored right after.
-        const bool outer = !omp_in_parallel();
-        const int saved = omp_get_max_threads();
-        if (outer) omp_set_num_threads(1);
-        const dnnl_status_t st = sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        if (outer) omp_set_num_threads(saved);
-        check_status(st == dnnl_success, M, N, K);
+    const GemmGrid g = gemm_grid(ta, M, N, K);
+    const int64_t blocks = g.rows * g.cols;
+    // one block of C: single-threaded sgemm on its rows of op(A) and columns of op(B)
+    auto block = [&](int64_t b) {
+        const int64_t r0 = b / g.cols * g.block_m, c0 = b % g.cols * g.block_n;
+        const int64_t m = std::min(g.block_m, M - r0), n = std::min(g.block_n, N - c0);
+        const float* Bb = tb == Trans::N ? B + c0 : B + c0 * ldb;
+        if (ta == Trans::N)
+            return sgemm(ta, tb, m, n, K, alpha, A + r0 * lda, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
+        return sgemm_transposed_a_copied(tb, g, m, n, K, alpha, A + r0, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
+    };
+    const int threads = omp_in_parallel() ? 1 : int(std::min<int64_t>(omp_get_max_threads(), blocks));
+    if (threads <= 1) {
+        const bool ok = on_this_thread([&] {
+            for (int64_t b = 0; b < blocks; ++b)
+                if (block(b) != dnnl_success) return false;
+            return true;
+        });
+        check_status(ok, M, N, K);
         return;
     }
-    const bool split_rows = M >= N;
     int failed = 0;  // exceptions must not leave an OpenMP region
-#pragma omp parallel num_threads(num_panels) reduction(+ : failed)
-    {
-        const int p = omp_get_thread_num();
-        const int n = omp_get_num_threads();
-        dnnl_status_t st = dnnl_success;
-        if (split_rows) {
-            int64_t r0 = panel_edge(M, p, n), r1 = panel_edge(M, p + 1, n);
-            if (r1 > r0) {
-                const float* Ap = ta == Trans::N ? A + r0 * lda : A + r0;
-                st = sgemm(ta, tb, r1 - r0, N, K, alpha, Ap, lda, B, ldb, beta, C + r0 * ldc, ldc);
-            }
-        } else {
-            int64_t c0 = panel_edge(N, p, n), c1 = panel_edge(N, p + 1, n);
-            if (c1 > c0) {
-                const float* Bp = tb == Trans::N ? B + c0 : B + c0 * ldb;
-                st = sgemm(ta, tb, M, c1 - c0, K, alpha, A, lda, Bp, ldb, beta, C + c0, ldc);
-            }
-        }
-        failed += st != dnnl_success;
-    }
+#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(+ : failed)
+    for (int64_t b = 0; b < blocks; ++b) failed += block(b) != dnnl_success;
     check_status(failed == 0, M, N, K);
 }
 
