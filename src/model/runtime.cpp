@@ -11,12 +11,14 @@
 namespace tessera::model {
 
 namespace {
-// NOTES: the allocator keeps ~22 bytes of bookkeeping per min_block unit; 256-byte units, grown
-// for large arenas so the bookkeeping stays under ~100 MB.
+// NOTES: the allocator keeps ~22 bytes of bookkeeping per min_block unit, and each group is one
+// block, so the unit only bounds rounding waste: pages (4 KiB), grown so there are at most 2^16 units,
+// keep the bookkeeping under 1.5 MiB. 256-byte units cost 23 MiB of it beside a 270 MiB arena, outside
+// the prediction (tests/model/test_memory.cpp).
 size_t min_block_for(const std::vector<BufferGroup*>& groups) {
     size_t total = 0;
     for (auto* g : groups) total += g->nbytes();
-    return std::max<size_t>(256, std::bit_ceil(total >> 22));
+    return std::max<size_t>(4096, std::bit_ceil(total >> 16));
 }
 
 // NOTES: VmHWM of /proc/self/status, not getrusage's ru_maxrss, which Linux carries across exec

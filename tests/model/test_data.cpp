@@ -56,7 +56,9 @@ TEST(Loader, SameSeedSameBatchesAndPositionsResume) {
         b.next_batch(ib, tb);
         ASSERT_EQ(ia, ib) << "step " << step;
         for (int i = 0; i < 64; ++i) {
-            if (i % 16 != 15) ASSERT_EQ(ta[size_t(i)], ia[size_t(i) + 1]);  // targets are the next tokens
+            if (i % 16 != 15) {
+                ASSERT_EQ(ta[size_t(i)], ia[size_t(i) + 1]);  // targets are the next tokens
+            }
         }
     }
     c.next_batch(ib, tb);

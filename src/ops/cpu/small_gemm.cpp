@@ -24,6 +24,18 @@ struct Vec<4> {
     typedef float type __attribute__((vector_size(16)));
 };
 
+// The register tile of the ISA the file is compiled for: MR rows × NV vectors of W floats.
+// NOTES: AVX-512 has 32 zmm registers: 8 × 2 zmm = 16 accumulators + 2 for B (measured ~245 GFLOP/s
+// per core on 64-128-sized operands, where 4 × 64 tiles reached 105-190). AVX2 has 16 ymm: the same
+// tile would need 32 and spill (73% of a dense step's cycles on an AVX2 machine), so 6 × 2 ymm = 12
+// accumulators + 2 for B + 1 broadcast. Each element still sums k in order, so the tile shape never
+// changes a result.
+#if defined(__AVX512F__)
+constexpr int kW = 16, kMR = 8, kNV = 2;
+#else
+constexpr int kW = 8, kMR = 6, kNV = 2;
+#endif
+
 template <class V>
 inline V load(const float* p) {
     V v;
@@ -68,7 +80,7 @@ struct BRows {
 };
 
 // MR rows × NV vectors of W columns
-template <int MR, int NV, int W = 16, class A, class B>
+template <int MR, int NV, int W, class A, class B>
 inline void tile(
     const A& a, const B& b, int64_t i0, int64_t j0, int64_t K, float alpha, float beta, float* C, int64_t ldc) {
     using V = typename Vec<W>::type;
@@ -98,10 +110,12 @@ template <int MR, class A, class B>
 inline void row_block(
     const A& a, const B& b, int64_t i0, int64_t N, int64_t K, float alpha, float beta, float* C, int64_t ldc) {
     int64_t j = 0;
-    for (; j + 32 <= N; j += 32) tile<MR, 2>(a, b, i0, j, K, alpha, beta, C, ldc);
-    for (; j + 16 <= N; j += 16) tile<MR, 1>(a, b, i0, j, K, alpha, beta, C, ldc);
+    for (; j + kW * kNV <= N; j += kW * kNV) tile<MR, kNV, kW>(a, b, i0, j, K, alpha, beta, C, ldc);
+    for (; j + kW <= N; j += kW) tile<MR, 1, kW>(a, b, i0, j, K, alpha, beta, C, ldc);
     // narrow products (e.g. the score products of attention over few heads)
-    for (; j + 8 <= N; j += 8) tile<MR, 1, 8>(a, b, i0, j, K, alpha, beta, C, ldc);
+    if constexpr (kW > 8) {
+        for (; j + 8 <= N; j += 8) tile<MR, 1, 8>(a, b, i0, j, K, alpha, beta, C, ldc);
+    }
     for (; j + 4 <= N; j += 4) tile<MR, 1, 4>(a, b, i0, j, K, alpha, beta, C, ldc);
     for (; j < N; ++j) {  // column tail
         for (int r = 0; r < MR; ++r) {
@@ -113,12 +127,10 @@ inline void row_block(
     }
 }
 
-// NOTES: 8 rows × 32 columns = 16 accumulator registers plus 2 for B: measured ~245 GFLOP/s per core
-// on 64-128-sized operands, where 4 × 64 tiles reached 105-190.
 template <class A, class B>
 void gemm_f32(int64_t M, int64_t N, int64_t K, float alpha, const A& a, const B& b, float beta, float* C, int64_t ldc) {
     int64_t i = 0;
-    for (; i + 8 <= M; i += 8) row_block<8>(a, b, i, N, K, alpha, beta, C, ldc);
+    for (; i + kMR <= M; i += kMR) row_block<kMR>(a, b, i, N, K, alpha, beta, C, ldc);
     for (; i + 4 <= M; i += 4) row_block<4>(a, b, i, N, K, alpha, beta, C, ldc);
     for (; i < M; ++i) row_block<1>(a, b, i, N, K, alpha, beta, C, ldc);
 }

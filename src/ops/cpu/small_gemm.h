@@ -1,9 +1,11 @@
 // Small dense products for the insides of fused kernels (KDA chunks, attention tiles): C = α·A·B + β·C
-// and C = α·Aᵀ·B + β·C, row-major, with register-blocked micro-kernels (8 rows × 32 columns of f32
-// accumulators) written with GCC vector extensions. For the 16–128-sized operands of those kernels
-// this runs ~5x faster than a library sgemm call, which packs both operands and allocates per call
-// (bench: docs/ops.md). Large products go through ops/gemm.h. f64 is a plain loop (the reference path).
-// NOTES: results depend only on the operands, not on threads: each element sums k in order.
+// and C = α·Aᵀ·B + β·C, row-major, with register-blocked micro-kernels (f32 accumulators: 8 rows × 32
+// columns on AVX-512, 6 × 16 on AVX2) written with GCC vector extensions. For the 16–128-sized
+// operands of those kernels this runs like oneDNN's sgemm without its per-call packing and allocation
+// (bench/bench_small_gemm.cpp). Large products go through ops/gemm.h. f64 is a plain loop (the
+// reference path).
+// NOTES: results depend only on the operands, not on threads or the tile shape: each element sums k in
+// order.
 #pragma once
 
 #include <cstdint>
