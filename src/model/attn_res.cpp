@@ -47,6 +47,7 @@ void AttnRes::declare_acts(std::vector<BufferSpec>& specs, StepShape max) const 
     specs.push_back({"attn_res.mix", DType::f32, Shape{N, C_}});
     specs.push_back({"attn_res.dmix", DType::f32, Shape{N, C_}});
     specs.push_back({"attn_res.probs", DType::f32, Shape{N * int64_t(max_sources_)}});
+    specs.push_back({"attn_res.scratch", DType::f32, Shape{ops::attn_res_mix_scratch(N, int64_t(max_sources_), C_)}});
     for (int k : r_entries_) specs.push_back({fmt::format("attn_res.dR.{}", k), DType::f32, Shape{N, C_}});
 }
 
@@ -69,6 +70,7 @@ void AttnRes::bind(const BufferGroup& params,
     mix_ = acts.view("attn_res.mix");
     dmix_ = acts.view("attn_res.dmix");
     probs_ = acts.view("attn_res.probs");
+    scratch_ = acts.view("attn_res.scratch");
     dr_.assign(x_.size(), TensorView());
     for (int k : r_entries_) dr_[size_t(k)] = acts.view(fmt::format("attn_res.dR.{}", k));
 }
@@ -82,7 +84,7 @@ std::vector<TensorView> AttnRes::views(const std::vector<int>& idx, int64_t N) c
 TensorView AttnRes::mix_forward(const Wiring& wr, const Mix& m, int64_t N) {
     if (wr.sources.size() == 1) return x_[size_t(wr.sources[0])];  // one source: the mix is the identity
     const TensorView probs(probs_.data, DType::f32, Shape{N, int64_t(wr.sources.size())});
-    ops::attn_res_mix_forward({.eps = eps_}, views(wr.sources, N), m.gamma, m.w, mix_.slice0(0, N), probs);
+    ops::attn_res_mix_forward({.eps = eps_}, views(wr.sources, N), m.gamma, m.w, mix_.slice0(0, N), probs, scratch_);
     return mix_;
 }
 
@@ -96,7 +98,8 @@ void AttnRes::mix_backward(const Wiring& wr, const Mix& m, TensorView dres, int6
     for (size_t i = 0; i + 1 < wr.sources.size(); ++i) dsrc.push_back(dr_[size_t(wr.sources[i])].slice0(0, N));
     dsrc.push_back(dres.slice0(0, N));  // the current P
     const TensorView probs(probs_.data, DType::f32, Shape{N, int64_t(wr.sources.size())});
-    ops::attn_res_mix_backward({.eps = eps_}, dout, views(wr.sources, N), m.gamma, m.w, probs, dsrc, m.dgamma, m.dw);
+    ops::attn_res_mix_backward({.eps = eps_}, dout, views(wr.sources, N), m.gamma, m.w, probs, dsrc, m.dgamma, m.dw,
+                               scratch_);
 }
 
 TensorView AttnRes::input(size_t j, int64_t N) { return mix_forward(wiring_[j], mixes_[j], N); }

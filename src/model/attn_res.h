@@ -72,7 +72,7 @@ class AttnRes {
     size_t max_sources_ = 1;
     std::vector<Mix> mixes_;
     std::vector<TensorView> x_, dr_;
-    TensorView mix_, dmix_, probs_;
+    TensorView mix_, dmix_, probs_, scratch_;
 };
 
 }  // namespace tessera::model

@@ -8,6 +8,7 @@
 // p_i (dp_i − Σ_j p_j dp_j), a_i = ds_i (w ⊙ γ),
 //   dv_i += p_i dout + r_i (a_i − x̂_i mean_d(a_i ⊙ x̂_i)),  dγ += Σ ds_i (w ⊙ x̂_i),  dw += Σ ds_i (γ ⊙ x̂_i),
 // with dγ and dw reduced over tokens in token order (deterministic). Mixing runs along depth only.
+// At most 64 sources per mix.
 #pragma once
 
 #include <span>
@@ -20,12 +21,17 @@ struct AttnResParams {
     double eps = 1e-6;
 };
 
+// scratch: at least attn_res_mix_scratch(N, S, C) elements of the tensors' dtype (the caller's memory:
+// the op allocates nothing)
+int64_t attn_res_mix_scratch(int64_t N, int64_t S, int64_t C);
+
 void attn_res_mix_forward(const AttnResParams& p,
                           std::span<const TensorView> sources,
                           TensorView gamma,
                           TensorView w,
                           TensorView out,
-                          TensorView probs);
+                          TensorView probs,
+                          TensorView scratch);
 // dsources[i] += dL/dsources[i]; dgamma, dw += their gradients
 void attn_res_mix_backward(const AttnResParams& p,
                            TensorView dout,
@@ -35,6 +41,7 @@ void attn_res_mix_backward(const AttnResParams& p,
                            TensorView probs,
                            std::span<const TensorView> dsources,
                            TensorView dgamma,
-                           TensorView dw);
+                           TensorView dw,
+                           TensorView scratch);
 
 }  // namespace tessera::ops

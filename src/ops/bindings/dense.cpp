@@ -74,10 +74,11 @@ void run_attn_res_mix(OpContext& c) {
         return v;
     };
     const std::vector<TensorView> sources = split(src);
-    attn_res_mix_forward(p, sources, g, w, out, probs);
+    Tensor scratch(src.dtype, Shape{attn_res_mix_scratch(src.size(1), src.size(0), src.size(2))});
+    attn_res_mix_forward(p, sources, g, w, out, probs, scratch);
     if (c.has("dout"))
         attn_res_mix_backward(p, c.in("dout"), sources, g, w, probs, split(c.out_like("dsources", src)),
-                              c.out_like("dgamma", g), c.out_like("dw", w));
+                              c.out_like("dgamma", g), c.out_like("dw", w), scratch);
 }
 
 void run_swiglu(OpContext& c) {
