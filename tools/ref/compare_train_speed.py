@@ -1,11 +1,15 @@
-"""Training throughput of tessera vs the same model in PyTorch eager on the CPU, side by side.
+"""Training throughput of tessera vs the same model in PyTorch on the CPU, side by side.
 
-Alternates rounds (tessera binary, then PyTorch in this process, same thread count), takes the
-median tokens/s over each run's steps after warm-up, and prints a markdown table with the ratio.
-The PyTorch model is tools/ref/dense_model.py with scaled_dot_product_attention, AdamW with the
-same settings, and global-norm clipping: the same work per step.
+Alternates rounds (the tessera binary, then each PyTorch reference in this process, same thread
+count), takes the median tokens/s over each run's steps after warm-up, and prints a markdown table
+with the ratios. References, each the same work per step (AdamW with the same settings, global-norm
+clipping, the warm-up + cosine schedule):
+  project: tools/ref/dense_model.py with scaled_dot_product_attention, eager
+  llama:   Hugging Face transformers' LlamaForCausalLM of the same shapes (SDPA attention), eager
+  llama-compiled (with --compile): the same under torch.compile (inductor; compile time left out
+           with the warm-up steps)
 
-Run: python3 tools/ref/compare_train_speed.py --config configs/bench_dense.json
+Run: python3 tools/ref/compare_train_speed.py --config configs/bench_dense.json [--compile]
 """
 import argparse
 import json
@@ -48,10 +52,47 @@ def run_tessera(binary, config, steps, threads, warmup):
         return statistics.median(rates), peak
 
 
-def run_torch(model_cfg, train_cfg, steps, warmup):
+class LlamaLM(torch.nn.Module):
+    """transformers' LlamaForCausalLM with the bench model's shapes, behind dense_model's loss API."""
+
+    def __init__(self, c, seq_len):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["ffn_dim"],
+                          num_hidden_layers=c["n_layers"], num_attention_heads=c["n_heads"],
+                          num_key_value_heads=c["n_kv_heads"], head_dim=c.get("head_dim") or c["d_model"] // c["n_heads"],
+                          rms_norm_eps=c["norm_eps"], rope_theta=c["rope_theta"],
+                          tie_word_embeddings=c["tie_embeddings"], max_position_embeddings=seq_len,
+                          attention_bias=False, mlp_bias=False, use_cache=False)
+        cfg._attn_implementation = "sdpa"
+        self.lm = LlamaForCausalLM(cfg)
+        self.forward_logits = self.lm
+
+    def loss(self, ids, targets):
+        logits = self.forward_logits(input_ids=ids).logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def aux_loss(self):
+        return 0.0
+
+    def moe_layers(self):
+        return []
+
+
+def make_reference(kind, model_cfg, train_cfg):
     torch.manual_seed(0)
-    model = DenseLM(model_cfg)
-    model.set_sdpa(True)
+    if kind == "project":
+        model = DenseLM(model_cfg)
+        model.set_sdpa(True)
+    else:
+        model = LlamaLM(model_cfg, train_cfg["seq_len"])
+        if kind == "llama-compiled":
+            model.forward_logits = torch.compile(model.lm)
+    return model
+
+
+def run_torch(kind, model_cfg, train_cfg, steps, warmup):
+    model = make_reference(kind, model_cfg, train_cfg)
     opt = make_optimizer(model, train_cfg)
     B, T, V = train_cfg["batch_size"], train_cfg["seq_len"], model_cfg["vocab_size"]
     rates = []
@@ -74,30 +115,41 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the median")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--references", default="project,llama", help="comma-separated: project, llama")
+    ap.add_argument("--compile", action="store_true", help="also llama under torch.compile")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = json.load(open(args.config))
     model_cfg = dict(MODEL_DEFAULTS, **cfg["model"])
     model_cfg.setdefault("n_kv_heads", model_cfg["n_heads"])
     train_cfg = dict(TRAIN_DEFAULTS, **cfg.get("train", {}))
+    refs = [r for r in args.references.split(",") if r] + (["llama-compiled"] if args.compile else [])
     rows = []
     peak = None
     for r in range(args.rounds):
         t, peak = run_tessera(args.tessera, args.config, args.steps, args.threads, args.warmup)
-        p = run_torch(model_cfg, train_cfg, args.steps, args.warmup)
-        rows.append((t, p))
-        print(f"round {r + 1}: tessera {t:,.0f} tok/s, PyTorch {p:,.0f} tok/s, ratio {t / p:.2f}", file=sys.stderr)
+        row = {"tessera": t}
+        for ref in refs:
+            row[ref] = run_torch(ref, model_cfg, train_cfg, args.steps + (3 if ref == "llama-compiled" else 0),
+                                 args.warmup + (3 if ref == "llama-compiled" else 0))
+        rows.append(row)
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in row.items()), file=sys.stderr)
     torch_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     c = model_cfg
+    import platform
     print(f"\nmodel: d={c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads ({c['n_kv_heads']} kv), "
           f"ffn {c['ffn_dim']}, vocab {c['vocab_size']}; batch {train_cfg['batch_size']} x seq {train_cfg['seq_len']}; "
-          f"{args.threads} threads; PyTorch {torch.__version__} eager (SDPA attention)\n")
-    print("| round | tessera tok/s | PyTorch tok/s | ratio |\n|---|---|---|---|")
-    for i, (t, p) in enumerate(rows):
-        print(f"| {i + 1} | {t:,.0f} | {p:,.0f} | {t / p:.2f} |")
-    ratios = [t / p for t, p in rows]
-    print(f"| median | {statistics.median(r[0] for r in rows):,.0f} | {statistics.median(r[1] for r in rows):,.0f} "
-          f"| **{statistics.median(ratios):.2f}** |")
+          f"{args.threads} threads; PyTorch {torch.__version__} (CPU capability {torch.backends.cpu.get_cpu_capability()}), "
+          f"{platform.processor() or platform.machine()}\n")
+    print("| round | tessera tok/s | " + " | ".join(f"{r} tok/s | ratio" for r in refs) + " |")
+    print("|---|---|" + "---|---|" * len(refs))
+    for i, row in enumerate(rows):
+        print(f"| {i + 1} | {row['tessera']:,.0f} | " +
+              " | ".join(f"{row[r]:,.0f} | {row['tessera'] / row[r]:.2f}" for r in refs) + " |")
+    med = lambda k: statistics.median(row[k] for row in rows)  # noqa: E731
+    print(f"| median | {med('tessera'):,.0f} | " +
+          " | ".join(f"{med(r):,.0f} | **{statistics.median(row['tessera'] / row[r] for row in rows):.2f}**"
+                     for r in refs) + " |")
     print(f"\ntessera memory: {peak}\nPyTorch process max RSS: {torch_rss:,.0f} MiB")
 
 
