@@ -18,7 +18,9 @@ struct GemmCase {
 };
 
 TEST(Gemm, MatchesFloat64ReferenceForAllLayouts) {
-    for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{17, 33, 5}, GemmCase{130, 70, 300}, GemmCase{257, 513, 65}}) {
+    // the last two cross the weight-gradient path's 512-wide panels and 1024-long K chunks
+    for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{17, 33, 5}, GemmCase{130, 70, 300}, GemmCase{257, 513, 65},
+                       GemmCase{520, 70, 1100}, GemmCase{40, 530, 1030}}) {
         for (Trans ta : {Trans::N, Trans::T}) {
             for (Trans tb : {Trans::N, Trans::T}) {
                 for (double beta : {0.0, 1.3}) {

@@ -36,20 +36,16 @@ void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
     TESSERA_CHECK(ok, "oneDNN sgemm failed for M={} N={} K={}", M, N, K);
 }
 
-// padded row stride of a copy: whole vectors plus one, never a power of two
-int64_t copy_stride(int64_t width) { return (width + 15) / 16 * 16 + 16; }
-
 // sgemm with op(A) = Aᵀ (the weight gradients dW = dYᵀ·X, K = tokens) on copies of both operands.
 // NOTES: oneDNN's single-threaded AVX2 sgemm reads operands whose row stride is a power of two
 // (d_model = 512, 2048, ...) at half speed (63 vs 120 GFLOP/s per core measured on dW = dYᵀ·X with
 // ldb = 2048, K = 4096; cache-set conflicts while packing). Its own threaded sgemm hides this, our
-// per-block calls did not. So each K chunk of the block's columns of A and rows of B is copied to
-// padded strides first: K·(m + n) moves against K·m·n multiply-adds. The chunks (kCopyK, a function
-// of K only) bound the copies (one buffer per thread, grown once: blocks go to threads in a fixed
-// order, so every step repeats the first one's sizes per thread), and results still do not depend
-// on the thread count.
+// per-block calls did not. So the block runs in panels of at most kPanel × kPanel, and each K chunk
+// of kCopyK of a panel's columns of A and rows of B is copied to padded strides first: K·(m + n) moves
+// against K·m·n multiply-adds. Panels and chunks depend on the shape only, so results still do not
+// depend on the thread count; the copy buffer has one fixed size (4.3 MB per thread, allocated on a
+// thread's first such product, never grown).
 dnnl_status_t sgemm_transposed_a_copied(Trans tb,
-                                        const GemmGrid& g,
                                         int64_t m,
                                         int64_t n,
                                         int64_t K,
@@ -61,24 +57,32 @@ dnnl_status_t sgemm_transposed_a_copied(Trans tb,
                                         float beta,
                                         float* C,
                                         int64_t ldc) {
-    constexpr int64_t kCopyK = 1024;
+    constexpr int64_t kCopyK = 1024, kPanel = 512;
+    // padded strides, never a power of two: rows of a panel's width, or of a K chunk (B transposed)
+    constexpr int64_t kStride = kPanel + 16, kStrideK = kCopyK + 16;
+    const int64_t ldb_c = tb == Trans::N ? kStride : kStrideK;
     thread_local std::vector<float> copy;
-    const int64_t kc = std::min(K, kCopyK);
-    const int64_t lda_c = copy_stride(m), ldb_c = tb == Trans::N ? copy_stride(n) : copy_stride(kc);
-    const size_t need = size_t(kc * copy_stride(g.block_m) + std::max(kc * copy_stride(g.block_n), g.block_n * ldb_c));
-    if (copy.size() < need) copy.resize(need);
+    if (copy.empty()) copy.resize(size_t(kCopyK * kStride + std::max(kCopyK * kStride, kPanel * kStrideK)));
     float* a = copy.data();
-    float* b = a + kc * copy_stride(g.block_m);
+    float* b = a + kCopyK * kStride;
     dnnl_status_t st = dnnl_success;
-    for (int64_t k0 = 0; st == dnnl_success && (k0 == 0 || k0 < K); k0 += kCopyK) {
-        const int64_t kk = std::min(kCopyK, K - k0);
-        for (int64_t k = 0; k < kk; ++k) std::copy_n(A + (k0 + k) * lda, m, a + k * lda_c);
-        if (tb == Trans::N) {
-            for (int64_t k = 0; k < kk; ++k) std::copy_n(B + (k0 + k) * ldb, n, b + k * ldb_c);
-        } else {
-            for (int64_t j = 0; j < n; ++j) std::copy_n(B + j * ldb + k0, kk, b + j * ldb_c);
+    for (int64_t i0 = 0; i0 < m; i0 += kPanel) {
+        const int64_t mi = std::min(kPanel, m - i0);
+        for (int64_t j0 = 0; j0 < n; j0 += kPanel) {
+            const int64_t nj = std::min(kPanel, n - j0);
+            const float* Bj = tb == Trans::N ? B + j0 : B + j0 * ldb;
+            for (int64_t k0 = 0; st == dnnl_success && (k0 == 0 || k0 < K); k0 += kCopyK) {
+                const int64_t kk = std::min(kCopyK, K - k0);
+                for (int64_t k = 0; k < kk; ++k) std::copy_n(A + (k0 + k) * lda + i0, mi, a + k * kStride);
+                if (tb == Trans::N) {
+                    for (int64_t k = 0; k < kk; ++k) std::copy_n(Bj + (k0 + k) * ldb, nj, b + k * ldb_c);
+                } else {
+                    for (int64_t j = 0; j < nj; ++j) std::copy_n(Bj + j * ldb + k0, kk, b + j * ldb_c);
+                }
+                st = sgemm(Trans::T, tb, mi, nj, kk, alpha, a, kStride, b, ldb_c, k0 == 0 ? beta : 1.0f,
+                           C + i0 * ldc + j0, ldc);
+            }
         }
-        st = sgemm(Trans::T, tb, m, n, kk, alpha, a, lda_c, b, ldb_c, k0 == 0 ? beta : 1.0f, C, ldc);
     }
     return st;
 }
@@ -146,7 +150,7 @@ void gemm(Trans ta,
         const float* Bb = tb == Trans::N ? B + c0 : B + c0 * ldb;
         if (ta == Trans::N)
             return sgemm(ta, tb, m, n, K, alpha, A + r0 * lda, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
-        return sgemm_transposed_a_copied(tb, g, m, n, K, alpha, A + r0, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
+        return sgemm_transposed_a_copied(tb, m, n, K, alpha, A + r0, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
     };
     const int threads = omp_in_parallel() ? 1 : int(std::min<int64_t>(omp_get_max_threads(), blocks));
     if (threads <= 1) {
