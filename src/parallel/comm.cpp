@@ -1,0 +1,244 @@
+// The communication API's shared parts (see comm.h): handles, the communication thread, and the
+// fixed-order reductions built on the byte-moving primitives.
+#include "parallel/comm.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "core/check.h"
+
+namespace tessera::parallel {
+
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Handle::State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+};
+
+Handle& Handle::operator=(Handle&& o) noexcept {
+    if (this != &o) {
+        try {
+            if (s_) wait();
+        } catch (...) {
+        }
+        s_ = std::move(o.s_);
+    }
+    return *this;
+}
+
+Handle::~Handle() {
+    try {
+        if (s_) wait();
+    } catch (...) {
+    }
+}
+
+void Handle::wait() {
+    if (!s_) return;
+    std::shared_ptr<State> s = std::move(s_);
+    std::unique_lock lock(s->mu);
+    s->cv.wait(lock, [&] { return s->done; });
+    if (s->error) std::rethrow_exception(s->error);
+}
+
+bool Handle::done() const {
+    if (!s_) return true;
+    std::lock_guard lock(s_->mu);
+    return s_->done;
+}
+
+struct ProgressThread::Impl {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::pair<std::function<void()>, std::shared_ptr<Handle::State>>> queue;
+    bool stop = false;
+    std::thread worker;
+
+    void run() {
+        for (;;) {
+            std::pair<std::function<void()>, std::shared_ptr<Handle::State>> item;
+            {
+                std::unique_lock lock(mu);
+                cv.wait(lock, [&] { return stop || !queue.empty(); });
+                if (queue.empty()) return;  // stop requested and nothing left
+                item = std::move(queue.front());
+                queue.pop_front();
+            }
+            std::exception_ptr error;
+            try {
+                item.first();
+            } catch (...) {
+                error = std::current_exception();
+            }
+            std::lock_guard lock(item.second->mu);
+            item.second->error = error;
+            item.second->done = true;
+            item.second->cv.notify_all();
+        }
+    }
+};
+
+ProgressThread::ProgressThread() : impl_(std::make_unique<Impl>()) {
+    impl_->worker = std::thread([this] { impl_->run(); });
+}
+
+ProgressThread::~ProgressThread() {
+    {
+        std::lock_guard lock(impl_->mu);
+        impl_->stop = true;
+    }
+    impl_->cv.notify_all();
+    impl_->worker.join();
+}
+
+Handle ProgressThread::submit(std::function<void()> job) {
+    auto state = std::make_shared<Handle::State>();
+    {
+        std::lock_guard lock(impl_->mu);
+        TESSERA_CHECK(!impl_->stop, "communication thread: submit after shutdown");
+        impl_->queue.emplace_back(std::move(job), state);
+    }
+    impl_->cv.notify_one();
+    return Handle(state);
+}
+
+namespace {
+// out[i] = Σ_r parts[r·count + i], r = 0, 1, ... in order
+template <class T>
+void sum_in_rank_order(const std::byte* parts, int ranks, int64_t count, void* out) {
+    const T* p = reinterpret_cast<const T*>(parts);
+    T* o = static_cast<T*>(out);
+    std::memcpy(o, p, size_t(count) * sizeof(T));
+    for (int r = 1; r < ranks; ++r) {
+        const T* q = p + int64_t(r) * count;
+        for (int64_t i = 0; i < count; ++i) o[i] += q[i];
+    }
+}
+
+void sum_parts(DType dtype, const std::byte* parts, int ranks, int64_t count, void* out) {
+    switch (dtype) {
+        case DType::f32:
+            return sum_in_rank_order<float>(parts, ranks, count, out);
+        case DType::f64:
+            return sum_in_rank_order<double>(parts, ranks, count, out);
+        case DType::i32:
+            return sum_in_rank_order<int32_t>(parts, ranks, count, out);
+        case DType::i64:
+            return sum_in_rank_order<int64_t>(parts, ranks, count, out);
+        default:
+            TESSERA_FAIL("reduction: dtype {} is not summed (f32, f64, i32, i64)", dtype_name(dtype));
+    }
+}
+}  // namespace
+
+void Comm::account(int64_t bytes, double t0) {
+    if (link_delay_ > 0 && bytes > 0)
+        std::this_thread::sleep_for(std::chrono::duration<double>(link_delay_ * double(bytes)));
+    std::lock_guard lock(stats_mu_);
+    stats_.calls += 1;
+    stats_.bytes_sent += bytes;
+    stats_.seconds += now_seconds() - t0;
+}
+
+void Comm::all_gather_now(std::span<const std::byte> send, std::span<std::byte> recv) {
+    TESSERA_CHECK(recv.size() == send.size() * size_t(size()), "all_gather: receive buffer of {} bytes, needs {} × {}",
+                  recv.size(), size(), send.size());
+    const double t0 = now_seconds();
+    do_all_gather(send, recv);
+    account(int64_t(send.size()) * (size() - 1), t0);
+}
+
+void Comm::all_to_all_v_now(std::span<const std::byte> send,
+                            std::span<const int64_t> send_bytes,
+                            std::span<std::byte> recv,
+                            std::span<const int64_t> recv_bytes) {
+    TESSERA_CHECK(int(send_bytes.size()) == size() && int(recv_bytes.size()) == size(),
+                  "all_to_all_v: {} send and {} receive counts for {} ranks", send_bytes.size(), recv_bytes.size(),
+                  size());
+    int64_t total_send = 0, total_recv = 0;
+    for (int r = 0; r < size(); ++r) {
+        TESSERA_CHECK(send_bytes[size_t(r)] >= 0 && recv_bytes[size_t(r)] >= 0, "all_to_all_v: negative count");
+        total_send += send_bytes[size_t(r)];
+        total_recv += recv_bytes[size_t(r)];
+    }
+    TESSERA_CHECK(total_send <= int64_t(send.size()) && total_recv <= int64_t(recv.size()),
+                  "all_to_all_v: counts need {} / {} bytes, the buffers hold {} / {}", total_send, total_recv,
+                  send.size(), recv.size());
+    const double t0 = now_seconds();
+    do_all_to_all_v(send, send_bytes, recv, recv_bytes);
+    account(total_send - send_bytes[size_t(rank())], t0);
+}
+
+Handle Comm::all_gather_async(std::span<const std::byte> send, std::span<std::byte> recv) {
+    return submit([=, this] { all_gather_now(send, recv); });
+}
+
+Handle Comm::all_to_all_v_async(std::span<const std::byte> send,
+                                std::span<const int64_t> send_bytes,
+                                std::span<std::byte> recv,
+                                std::span<const int64_t> recv_bytes) {
+    // the counts are copied: callers often pass temporaries
+    std::vector<int64_t> sb(send_bytes.begin(), send_bytes.end()), rb(recv_bytes.begin(), recv_bytes.end());
+    return submit([=, this, sb = std::move(sb), rb = std::move(rb)] { all_to_all_v_now(send, sb, recv, rb); });
+}
+
+Handle Comm::broadcast_async(std::span<std::byte> buf, int root) {
+    TESSERA_CHECK(root >= 0 && root < size(), "broadcast: root {} is not a rank of {}", root, size());
+    return submit([=, this] {
+        const double t0 = now_seconds();
+        do_broadcast(buf, root);
+        account(rank() == root ? int64_t(buf.size()) * (size() - 1) : 0, t0);
+    });
+}
+
+Handle Comm::reduce_scatter_async(
+    DType dtype, const void* send, void* recv, int64_t count, std::span<std::byte> scratch) {
+    TESSERA_CHECK(count >= 0, "reduce_scatter: negative count {}", count);
+    const int64_t chunk = count * int64_t(dtype_size(dtype));
+    const int W = size();
+    TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= chunk * W,
+                  "reduce_scatter: scratch of {} bytes, needs {}", scratch.size(), chunk * W);
+    return submit([=, this] {
+        std::vector<std::byte> own;
+        std::span<std::byte> parts = scratch;
+        if (parts.empty()) {
+            own.resize(size_t(chunk * W));
+            parts = own;
+        }
+        const std::vector<int64_t> counts(size_t(W), chunk);
+        all_to_all_v_now({static_cast<const std::byte*>(send), size_t(chunk * W)}, counts,
+                         parts.first(size_t(chunk * W)), counts);
+        sum_parts(dtype, parts.data(), W, count, recv);
+    });
+}
+
+Handle Comm::all_reduce_async(DType dtype, void* buf, int64_t count) {
+    TESSERA_CHECK(count >= 0, "all_reduce: negative count {}", count);
+    return submit([=, this] {
+        const int W = size();
+        const int64_t es = int64_t(dtype_size(dtype)), chunk = (count + W - 1) / W;
+        // padded copy [W · chunk], my reduced chunk, then every chunk gathered back
+        std::vector<std::byte> padded(size_t(W * chunk * es)), parts(padded.size()), mine(size_t(chunk * es));
+        std::memcpy(padded.data(), buf, size_t(count * es));
+        const std::vector<int64_t> counts(size_t(W), chunk * es);
+        all_to_all_v_now(padded, counts, parts, counts);
+        sum_parts(dtype, parts.data(), W, chunk, mine.data());
+        all_gather_now(mine, padded);
+        std::memcpy(buf, padded.data(), size_t(count * es));
+    });
+}
+
+void Comm::barrier() {
+    submit([this] { do_barrier(); }).wait();
+}
+
+}  // namespace tessera::parallel

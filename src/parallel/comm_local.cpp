@@ -1,0 +1,146 @@
+// In-process communicator (see comm_local.h).
+#include "parallel/comm_local.h"
+
+#include <algorithm>
+#include <barrier>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/check.h"
+
+namespace tessera::parallel {
+
+namespace {
+// What the members of one communicator share: a barrier and one slot per member for a collective's
+// arguments (posted, read by the others between two barriers).
+struct Group {
+    explicit Group(int n) : size(n), sync(n), slots(size_t(n)) {}
+    struct Slot {
+        const std::byte* send = nullptr;
+        const int64_t* send_bytes = nullptr;
+        std::byte* recv = nullptr;
+        int color = 0, key = 0;
+    };
+    int size;
+    std::barrier<> sync;
+    std::vector<Slot> slots;
+    std::mutex mu;                                  // guards splits
+    std::map<int, std::shared_ptr<Group>> splits;   // color -> the new group, during a split
+    std::map<int, std::vector<int>> split_members;  // color -> members (ranks here) in new-rank order
+};
+
+class LocalComm final : public Comm {
+  public:
+    LocalComm(std::shared_ptr<Group> g, int rank, std::shared_ptr<ProgressThread> thread)
+        : g_(std::move(g)), rank_(rank), thread_(std::move(thread)) {}
+    int rank() const override { return rank_; }
+    int size() const override { return g_->size; }
+    std::string backend() const override { return "local"; }
+
+    std::unique_ptr<Comm> split(int color, int key) override {
+        std::unique_ptr<Comm> out;
+        submit([&] {
+            Group::Slot& me = g_->slots[size_t(rank_)];
+            me.color = color;
+            me.key = key;
+            g_->sync.arrive_and_wait();
+            if (rank_ == 0) {                                              // one member forms every new group
+                std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, rank)
+                for (int r = 0; r < g_->size; ++r)
+                    by_color[g_->slots[size_t(r)].color].push_back({g_->slots[size_t(r)].key, r});
+                for (auto& [c, members] : by_color) {
+                    std::sort(members.begin(), members.end());
+                    g_->splits[c] = std::make_shared<Group>(int(members.size()));
+                    for (auto& m : members) g_->split_members[c].push_back(m.second);
+                }
+            }
+            g_->sync.arrive_and_wait();
+            const std::vector<int>& members = g_->split_members.at(color);
+            const int new_rank = int(std::find(members.begin(), members.end(), rank_) - members.begin());
+            out = std::make_unique<LocalComm>(g_->splits.at(color), new_rank, thread_);
+            g_->sync.arrive_and_wait();
+            if (rank_ == 0) {
+                g_->splits.clear();
+                g_->split_members.clear();
+            }
+        }).wait();
+        return out;
+    }
+
+  protected:
+    Handle submit(std::function<void()> job) override { return thread_->submit(std::move(job)); }
+
+    void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
+        g_->slots[size_t(rank_)].send = send.data();
+        g_->sync.arrive_and_wait();
+        for (int r = 0; r < g_->size; ++r)
+            std::memcpy(recv.data() + size_t(r) * send.size(), g_->slots[size_t(r)].send, send.size());
+        g_->sync.arrive_and_wait();  // nobody reuses a send buffer before every member read it
+    }
+
+    void do_all_to_all_v(std::span<const std::byte> send,
+                         std::span<const int64_t> send_bytes,
+                         std::span<std::byte> recv,
+                         std::span<const int64_t> recv_bytes) override {
+        g_->slots[size_t(rank_)].send = send.data();
+        g_->slots[size_t(rank_)].send_bytes = send_bytes.data();
+        g_->sync.arrive_and_wait();
+        std::string error;
+        int64_t at = 0;
+        for (int r = 0; r < g_->size; ++r) {
+            const Group::Slot& from = g_->slots[size_t(r)];
+            int64_t offset = 0;
+            for (int q = 0; q < rank_; ++q) offset += from.send_bytes[q];
+            const int64_t n = from.send_bytes[rank_];
+            if (n != recv_bytes[size_t(r)]) {
+                error = fmt::format("all_to_all_v: rank {} sends {} bytes to rank {}, which expects {}", r, n, rank_,
+                                    recv_bytes[size_t(r)]);
+            } else {
+                std::memcpy(recv.data() + at, from.send + offset, size_t(n));
+            }
+            at += recv_bytes[size_t(r)];
+        }
+        g_->sync.arrive_and_wait();
+        TESSERA_CHECK(error.empty(), "{}", error);
+    }
+
+    void do_broadcast(std::span<std::byte> buf, int root) override {
+        if (rank_ == root) g_->slots[size_t(rank_)].send = buf.data();
+        g_->sync.arrive_and_wait();
+        if (rank_ != root) std::memcpy(buf.data(), g_->slots[size_t(root)].send, buf.size());
+        g_->sync.arrive_and_wait();
+    }
+
+    void do_barrier() override { g_->sync.arrive_and_wait(); }
+
+  private:
+    std::shared_ptr<Group> g_;
+    int rank_;
+    std::shared_ptr<ProgressThread> thread_;
+};
+}  // namespace
+
+void run_local(int ranks, const std::function<void(Comm&)>& fn) {
+    TESSERA_CHECK(ranks >= 1, "run_local: {} ranks", ranks);
+    auto world = std::make_shared<Group>(ranks);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+    {
+        std::vector<std::jthread> threads;
+        for (int r = 0; r < ranks; ++r) {
+            threads.emplace_back([&, r] {
+                try {
+                    LocalComm comm(world, r, std::make_shared<ProgressThread>());
+                    fn(comm);
+                } catch (...) {
+                    errors[size_t(r)] = std::current_exception();
+                }
+            });
+        }
+    }
+    for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+}
+
+}  // namespace tessera::parallel

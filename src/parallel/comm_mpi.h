@@ -1,0 +1,24 @@
+// The MPI communicator (OpenMPI from Debian; launched by mpirun or srun). One MpiRuntime per
+// process initialises MPI (threads: serialized; every MPI call runs on the process's communication
+// thread) and finalises it when destroyed.
+#pragma once
+
+#include <memory>
+
+#include "parallel/comm.h"
+
+namespace tessera::parallel {
+
+// True when this process was started by an MPI launcher (mpirun, srun): the environment names a rank.
+bool launched_by_mpi();
+
+class MpiRuntime {
+  public:
+    MpiRuntime();  // MPI_Init_thread; throws when MPI is not usable
+    ~MpiRuntime();
+    MpiRuntime(const MpiRuntime&) = delete;
+    MpiRuntime& operator=(const MpiRuntime&) = delete;
+    std::unique_ptr<Comm> world();  // a communicator over MPI_COMM_WORLD
+};
+
+}  // namespace tessera::parallel

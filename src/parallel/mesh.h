@@ -1,0 +1,32 @@
+// The process mesh: which ranks share what (DESIGN.md, src/parallel/). W = EDP × EP ranks:
+//   data         all W ranks: FSDP shards the dense parameters, gradients and AdamW state over it
+//   expert (EP)  EP consecutive ranks [g·EP, (g+1)·EP): tokens meet their experts by all-to-all here;
+//                each member holds E/EP of every MoE layer's experts
+//   expert-data  the EDP ranks at the same place in their expert group: they hold the same experts and
+//                shard those experts' parameters among themselves
+#pragma once
+
+#include <memory>
+
+#include "parallel/comm.h"
+
+namespace tessera::parallel {
+
+class Mesh {
+  public:
+    // Throws a one-line error when the layout does not fit (W not a multiple of ep).
+    Mesh(std::unique_ptr<Comm> world, int ep);
+    Comm& data() { return *world_; }
+    Comm& expert() { return *expert_; }
+    Comm& expert_data() { return *expert_data_; }
+    int world_size() const { return world_->size(); }
+    int rank() const { return world_->rank(); }
+    int ep() const { return ep_; }
+    int edp() const { return world_->size() / ep_; }
+
+  private:
+    std::unique_ptr<Comm> world_, expert_, expert_data_;
+    int ep_;
+};
+
+}  // namespace tessera::parallel

@@ -1,0 +1,157 @@
+// Communicator checks (see comm_checks.h). Payloads are labelled with the sending rank and position,
+// so a block delivered to the wrong place or rank shows.
+#include "parallel/comm_checks.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "core/check.h"
+#include "parallel/mesh.h"
+
+namespace tessera::test {
+
+using parallel::Comm;
+
+namespace {
+template <class T>
+std::span<const std::byte> bytes(const std::vector<T>& v) {
+    return std::as_bytes(std::span<const T>(v));
+}
+template <class T>
+std::span<std::byte> bytes(std::vector<T>& v) {
+    return std::as_writable_bytes(std::span<T>(v));
+}
+int32_t label(int rank, int64_t i) { return int32_t(rank * 100000 + i); }
+}  // namespace
+
+void check_all_gather(Comm& c) {
+    const int W = c.size(), me = c.rank();
+    std::vector<int32_t> send(7), recv(static_cast<size_t>(7 * W), -1);
+    for (int64_t i = 0; i < 7; ++i) send[size_t(i)] = label(me, i);
+    c.all_gather(bytes(send), bytes(recv));
+    for (int r = 0; r < W; ++r)
+        for (int64_t i = 0; i < 7; ++i) ASSERT_EQ(recv[size_t(r * 7 + i)], label(r, i)) << "from rank " << r;
+}
+
+void check_all_to_all_v_uneven(Comm& c) {
+    const int W = c.size(), me = c.rank();
+    // rank r sends (r + 2q) % 5 elements to rank q (some pairs send nothing); a second round sends
+    // everything to rank 0 (all-to-one)
+    for (int round = 0; round < 2; ++round) {
+        auto n = [&](int r, int q) -> int64_t { return round == 0 ? (r + 2 * q) % 5 : (q == 0 ? 3 + r : 0); };
+        std::vector<int64_t> sb(static_cast<size_t>(W)), rb(static_cast<size_t>(W));
+        std::vector<int32_t> send;
+        for (int q = 0; q < W; ++q) {
+            sb[size_t(q)] = n(me, q) * 4;
+            rb[size_t(q)] = n(q, me) * 4;
+            for (int64_t i = 0; i < n(me, q); ++i) send.push_back(label(me, q * 1000 + i));
+        }
+        std::vector<int32_t> recv(size_t(std::accumulate(rb.begin(), rb.end(), int64_t(0)) / 4), -1);
+        c.all_to_all_v(bytes(send), sb, bytes(recv), rb);
+        size_t at = 0;
+        for (int r = 0; r < W; ++r)
+            for (int64_t i = 0; i < n(r, me); ++i) ASSERT_EQ(recv[at++], label(r, me * 1000 + i)) << "round " << round;
+        ASSERT_EQ(at, recv.size());
+    }
+}
+
+void check_broadcast(Comm& c) {
+    for (int root = 0; root < c.size(); ++root) {
+        std::vector<int32_t> v(5);
+        for (int64_t i = 0; i < 5; ++i) v[size_t(i)] = c.rank() == root ? label(root, i) : -1;
+        c.broadcast(bytes(v), root);
+        for (int64_t i = 0; i < 5; ++i) ASSERT_EQ(v[size_t(i)], label(root, i));
+    }
+}
+
+void check_reductions_sum_in_rank_order(Comm& c) {
+    const int W = c.size(), me = c.rank();
+    // values of very different magnitudes: float addition is not associative on them, so the bits
+    // show the order of the sum
+    auto value = [](int r, int64_t i) {
+        return float(std::ldexp(1.0 + 0.1 * double(i % 7), int(((r * 7 + i) % 9) * 5 - 20)));
+    };
+    const int64_t count = 11;
+    std::vector<float> send(static_cast<size_t>(count * W)), recv(static_cast<size_t>(count));
+    for (int64_t j = 0; j < count * W; ++j) send[size_t(j)] = value(me, j);
+    c.reduce_scatter(DType::f32, send.data(), recv.data(), count);
+    for (int64_t i = 0; i < count; ++i) {
+        float want = 0;  // rank order, starting from rank 0's value
+        for (int r = 0; r < W; ++r) want = r == 0 ? value(r, me * count + i) : want + value(r, me * count + i);
+        ASSERT_EQ(std::memcmp(&recv[size_t(i)], &want, 4), 0)
+            << "element " << i << ": " << recv[size_t(i)] << " vs " << want;
+    }
+    // all-reduce of a count that does not divide by W, in place; and of integers
+    std::vector<float> buf(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) buf[size_t(i)] = value(me, i);
+    c.all_reduce(std::span<float>(buf));
+    for (int64_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < W; ++r) want = r == 0 ? value(r, i) : want + value(r, i);
+        ASSERT_EQ(std::memcmp(&buf[size_t(i)], &want, 4), 0) << "all_reduce element " << i;
+    }
+    EXPECT_EQ(c.all_reduce_sum<int64_t>(int64_t(me) + 1), int64_t(W) * (W + 1) / 2);
+    EXPECT_EQ(c.all_reduce_sum<double>(0.5 * me), 0.25 * W * (W - 1));
+}
+
+void check_async_progresses_while_the_caller_computes(Comm& c) {
+    if (c.size() < 2) return;
+    // rank 1 joins late; rank 0's all-gather is pending meanwhile and rank 0 keeps computing
+    std::vector<int32_t> send(3, c.rank()), recv(static_cast<size_t>(3 * c.size()));
+    if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto t0 = std::chrono::steady_clock::now();
+    parallel::Handle h = c.all_gather_async(bytes(send), bytes(recv));
+    const double issued = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(issued, 0.05) << "issuing a collective blocked the caller";
+    if (c.rank() == 0) {
+        EXPECT_FALSE(h.done()) << "completed before rank 1 joined";
+    }
+    volatile double work = 0;  // the caller's compute, overlapping the collective
+    for (int i = 0; i < 1000000; ++i) work = work + 1e-9 * i;
+    h.wait();
+    for (int r = 0; r < c.size(); ++r) EXPECT_EQ(recv[size_t(3 * r)], r);
+    // the link delay is paid on the communication thread
+    c.set_link_delay(1e-6);  // 1 µs per byte
+    std::vector<std::byte> big(static_cast<size_t>(20000)), all(static_cast<size_t>(20000 * c.size()));
+    const auto t1 = std::chrono::steady_clock::now();
+    c.all_gather(big, all);
+    EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(),
+              0.02 * (c.size() - 1) * 0.9);
+    c.set_link_delay(0);
+    EXPECT_GT(c.stats().bytes_sent, 0);
+}
+
+void check_split_into_mesh_groups(Comm& c) {
+    const int W = c.size();
+    for (int ep : {1, 2, 4}) {
+        if (W % ep != 0) continue;
+        // the mesh takes ownership of a communicator: split one off that spans every rank
+        parallel::Mesh mesh(c.split(0, c.rank()), ep);
+        EXPECT_EQ(mesh.expert().size(), ep);
+        EXPECT_EQ(mesh.expert_data().size(), W / ep);
+        EXPECT_EQ(mesh.expert().rank(), c.rank() % ep);
+        EXPECT_EQ(mesh.expert_data().rank(), c.rank() / ep);
+        // members of my expert group are the consecutive ranks of my block
+        std::vector<int32_t> me{c.rank()}, members(static_cast<size_t>(ep));
+        mesh.expert().all_gather(bytes(me), bytes(members));
+        for (int i = 0; i < ep; ++i) EXPECT_EQ(members[size_t(i)], c.rank() / ep * ep + i);
+        std::vector<int32_t> peers(static_cast<size_t>(W / ep));
+        mesh.expert_data().all_gather(bytes(me), bytes(peers));
+        for (int i = 0; i < W / ep; ++i) EXPECT_EQ(peers[size_t(i)], c.rank() % ep + i * ep);
+    }
+    if (W == 3) {  // a layout that does not fit is a one-line error on every rank
+        try {
+            parallel::Mesh bad(c.split(0, c.rank()), 2);
+            ADD_FAILURE() << "ep 2 over 3 ranks was accepted";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("does not divide the 3 ranks"), std::string::npos) << e.what();
+        }
+    }
+}
+
+}  // namespace tessera::test
