@@ -89,6 +89,19 @@ std::vector<GradCase> grad_cases() {
                       return make({{"x", {2, 5, 3, 8}}}, 6);
                   },
                   {{"y", "dy"}}});
+    cs.push_back({"rope_yarn",
+                  "rope",
+                  {{"theta", "500"},
+                   {"offset", "40"},
+                   {"scaling", "yarn"},
+                   {"factor", "4"},
+                   {"original_max_position", "16"},
+                   {"mscale", "2"},
+                   {"mscale_all_dim", "1"}},
+                  [] {
+                      return make({{"x", {1, 4, 2, 16}}}, 62);
+                  },
+                  {{"y", "dy"}}});
     cs.push_back({"rope_interleaved",
                   "rope",
                   {{"theta", "50"}, {"layout", "interleaved"}},
