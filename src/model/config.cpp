@@ -78,6 +78,24 @@ KdaConfig parse_kda_config(const Json& section, const std::string& where, int64_
     return c;
 }
 
+ops::RopeScaling parse_rope_scaling(const Json& section, const std::string& where) {
+    ConfigReader r(section, where);
+    ops::RopeScaling d, c;
+    c.type = r.choice("type", "yarn", {"none", "yarn"}) == "yarn" ? ops::RopeScaling::Type::yarn
+                                                                  : ops::RopeScaling::Type::none;
+    c.factor = r.number("factor", d.factor);
+    c.original_max_position = r.integer("original_max_position", d.original_max_position);
+    c.beta_fast = r.number("beta_fast", d.beta_fast);
+    c.beta_slow = r.number("beta_slow", d.beta_slow);
+    c.mscale = r.number("mscale", d.mscale);
+    c.mscale_all_dim = r.number("mscale_all_dim", d.mscale_all_dim);
+    c.attention_factor = r.number("attention_factor", d.attention_factor);
+    c.truncate = r.boolean("truncate", d.truncate);
+    r.finish();
+    if (c.type == ops::RopeScaling::Type::none) c = d;  // nothing else applies
+    return c;
+}
+
 void validate_moe(const MoeConfig& m, const std::string& where) {
     TESSERA_CHECK(m.experts >= 0, "{}: model.moe.experts must be >= 0 (0 = dense)", where);
     if (m.experts == 0) return;
@@ -117,6 +135,7 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     c.mlp_activation = r.choice("mlp_activation", d.mlp_activation, {"swiglu", "situ"});
     c.norm_eps = r.number("norm_eps", d.norm_eps);
     c.rope_theta = r.number("rope_theta", d.rope_theta);
+    if (r.has("rope_scaling")) c.rope_scaling = parse_rope_scaling(r.section("rope_scaling"), where + ".rope_scaling");
     c.tie_embeddings = r.boolean("tie_embeddings", d.tie_embeddings);
     c.init_std = r.number("init_std", d.init_std);
     c.attention = r.choice_list("attention", "gqa", {"gqa", "mla", "dsa", "kda", "gdn"});
@@ -170,6 +189,10 @@ void ModelConfig::validate(const std::string& where) const {
     TESSERA_CHECK(d_model % 16 == 0, "{}: model.d_model {} must be a multiple of 16", where, d_model);
     TESSERA_CHECK(norm_eps > 0, "{}: model.norm_eps must be positive", where);
     TESSERA_CHECK(rope_theta > 1, "{}: model.rope_theta must be > 1", where);
+    rope_scaling.validate(where + ": model");
+    TESSERA_CHECK(!rope_scaling.enabled() || has_rotary_dims(),
+                  "{}: model.rope_scaling is set but no layer rotates (a gqa layer, or mla/dsa with model.mla.rope)",
+                  where);
     TESSERA_CHECK(init_std > 0, "{}: model.init_std must be positive", where);
     TESSERA_CHECK(attn_res_block_size >= 0, "{}: model.attn_res_block_size must be >= 0 (0 = plain residuals), not {}",
                   where, attn_res_block_size);
@@ -188,6 +211,11 @@ void ModelConfig::validate(const std::string& where) const {
 
 bool ModelConfig::has_layer_type(const std::string& type) const {
     return std::find(attention.begin(), attention.end(), type) != attention.end();
+}
+
+bool ModelConfig::has_rotary_dims() const {
+    const bool latent = (has_layer_type("mla") || has_layer_type("dsa")) && mla.rope && mla.qk_rope_dim > 0;
+    return has_layer_type("gqa") || latent || (has_layer_type("dsa") && mla.dsa.rope_dim > 0);
 }
 
 KdaConfig ModelConfig::kda_layer(bool gdn) const {
@@ -210,6 +238,7 @@ MlaConfig ModelConfig::mla_layer(bool dsa) const {
     m.d_model = d_model;
     m.num_heads = n_heads;
     m.rope_theta = rope_theta;
+    m.rope_scaling = rope_scaling;
     m.output_gate = output_gate;
     m.norm_eps = norm_eps;
     m.init_std = init_std;
@@ -277,12 +306,25 @@ Json to_json(const ModelConfig& c) {
            {"rope_dim", c.rope_dim},
            {"attn_res_block_size", c.attn_res_block_size},
            {"moe", to_json(c.moe)}};
+    if (c.rope_scaling.enabled()) j["rope_scaling"] = to_json(c.rope_scaling);
     if (c.has_layer_type("mla") || c.has_layer_type("dsa")) {
         j["mla"] = to_json(c.mla);
         if (!c.has_layer_type("dsa")) j["mla"].erase("dsa");  // the indexer settings only matter to dsa layers
     }
     if (c.has_layer_type("kda") || c.has_layer_type("gdn")) j["kda"] = to_json(c.kda);
     return j;
+}
+
+Json to_json(const ops::RopeScaling& s) {
+    return Json{{"type", s.enabled() ? "yarn" : "none"},
+                {"factor", s.factor},
+                {"original_max_position", s.original_max_position},
+                {"beta_fast", s.beta_fast},
+                {"beta_slow", s.beta_slow},
+                {"mscale", s.mscale},
+                {"mscale_all_dim", s.mscale_all_dim},
+                {"attention_factor", s.attention_factor},
+                {"truncate", s.truncate}};
 }
 
 Json to_json(const KdaConfig& k) {
