@@ -1,0 +1,202 @@
+// Hugging Face config export (see hf_config.h): each family's config.json as the inverse of its import in
+// hf_config.cpp, refusing, with the family and the reason, what the format cannot express.
+#include <cmath>
+
+#include "core/check.h"
+#include "model/hf_config.h"
+
+namespace tessera::model {
+
+namespace {
+// Requirements of one family's format: a failed one throws naming the family and what it needs.
+struct Need {
+    const char* family;
+    void operator()(bool ok, const char* what) const {
+        TESSERA_CHECK(ok, "this model cannot be written as a {} config: {}", family, what);
+    }
+    void dropless(const MoeConfig& e) const {
+        (*this)(e.capacity_factor == 0 && e.seq_aux_coeff == 0 && e.z_loss_coeff == 0,
+                "routing is dropless without auxiliary losses");
+    }
+};
+
+// the keys common_shape reads, for an architecture and model type
+Json shape_keys(const ModelConfig& m, const char* architecture, const char* model_type, int64_t kv_heads) {
+    return {{"architectures", {architecture}},
+            {"model_type", model_type},
+            {"vocab_size", m.vocab_size},
+            {"hidden_size", m.d_model},
+            {"num_hidden_layers", m.n_layers},
+            {"num_attention_heads", m.n_heads},
+            {"num_key_value_heads", kv_heads},
+            {"intermediate_size", m.ffn_dim},
+            {"rms_norm_eps", m.norm_eps},
+            {"initializer_range", m.init_std},
+            {"tie_word_embeddings", m.tie_embeddings}};
+}
+
+Json export_kimi(const ModelConfig& m) {
+    const Need need{"Kimi-Linear / Kimi K3"};
+    Json kda_layers = Json::array(), full_layers = Json::array();
+    for (int64_t i = 0; i < m.n_layers; ++i) {
+        const std::string& t = m.layer_type(i);
+        need(t == "kda" || t == "mla" || t == "dsa", "only kda, mla and dsa layers exist there");
+        (t == "kda" ? kda_layers : full_layers).push_back(i + 1);  // 1-based
+    }
+    need(!(m.has_layer_type("mla") && m.has_layer_type("dsa")), "full-attention layers are all mla or all dsa");
+    need(m.output_gate != "headwise", "the MLA output gate is elementwise or absent");
+    const KdaConfig& k = m.kda;
+    need(k.hv() == k.num_heads && k.v_dim() == k.head_dim && k.rank() == k.head_dim,
+         "KDA value heads, value dim and gate rank equal the q/k heads and head dim");
+    need(m.moe.experts > 0, "the feed-forward layers are MoE after first_k_dense_replace dense ones");
+    need(m.moe.shared_ffn_dim % m.moe.ffn_dim == 0, "the shared experts' width is a multiple of the expert width");
+    need(m.moe.activation == m.mlp_activation || m.moe.first_dense == 0,
+         "one activation (hidden_act) for the dense MLP and the experts");
+    need.dropless(m.moe);
+    need(m.mla.softmax_scale == 0, "the MLA softmax scale is (d_n + d_r)^-1/2");
+    need(k.o_norm_eps == m.norm_eps,
+         "the KDA output norm uses rms_norm_eps (set model.kda.o_norm_eps = model.norm_eps)");
+    Json lin = {{"num_heads", k.num_heads},
+                {"head_dim", k.head_dim},
+                {"short_conv_kernel_size", k.conv_size},
+                {"kda_layers", kda_layers},
+                {"full_attn_layers", full_layers}};
+    if (k.gate_lower_bound < 0) lin["gate_lower_bound"] = k.gate_lower_bound;
+    if (k.full_rank_output_gate) lin["use_full_rank_gate"] = true;
+    Json j = shape_keys(m, "KimiLinearForCausalLM", "kimi_linear", m.n_heads);
+    j.update(Json{{"rope_theta", m.rope_theta},
+                  {"hidden_act", m.moe.activation == "situ" ? "situ" : "silu"},
+                  {"q_lora_rank", m.mla.q_lora_rank > 0 ? Json(m.mla.q_lora_rank) : Json(nullptr)},
+                  {"kv_lora_rank", m.mla.kv_lora_rank},
+                  {"qk_nope_head_dim", m.mla.qk_nope_dim},
+                  {"qk_rope_head_dim", m.mla.qk_rope_dim},
+                  {"v_head_dim", m.mla.v_head_dim},
+                  {"mla_use_nope", !m.mla.rope},
+                  {"mla_use_output_gate", m.output_gate == "elementwise"},
+                  {"linear_attn_config", lin},
+                  {"num_experts", m.moe.experts},
+                  {"num_experts_per_token", m.moe.topk},
+                  {"moe_intermediate_size", m.moe.ffn_dim},
+                  {"num_shared_experts", m.moe.shared_ffn_dim / m.moe.ffn_dim},
+                  {"moe_router_activation_func", m.moe.score},
+                  {"moe_renormalize", m.moe.normalize},
+                  {"routed_scaling_factor", m.moe.scaling},
+                  {"use_grouped_topk", true},
+                  {"num_expert_group", m.moe.groups},
+                  {"topk_group", m.moe.topk_groups},
+                  {"topk_method", "noaux_tc"},
+                  {"first_k_dense_replace", m.moe.first_dense},
+                  {"moe_layer_freq", 1},
+                  {"num_nextn_predict_layers", 0}});
+    if (m.moe.latent_dim > 0) {
+        j["routed_expert_hidden_size"] = m.moe.latent_dim;
+        j["latent_moe_use_norm"] = m.moe.latent_norm;
+    }
+    if (m.has_layer_type("dsa")) {
+        need(m.mla.dsa.rope_dim == std::min(m.mla.qk_rope_dim, m.mla.dsa.head_dim),
+             "the indexer rotates qk_rope_head_dim dims");
+        j["index_topk"] = m.mla.dsa.topk;
+        j["index_n_heads"] = m.mla.dsa.heads;
+        j["index_head_dim"] = m.mla.dsa.head_dim;
+    }
+    if (m.attn_res_block_size == 0) return j;
+    // Attention Residuals exist only in Kimi K3: its wrapper around the Kimi-Linear text config
+    j["attn_res_block_size"] = m.attn_res_block_size;
+    return {{"architectures", {"KimiK3ForConditionalGeneration"}},
+            {"model_type", "kimi_k3"},
+            {"tie_word_embeddings", m.tie_embeddings},
+            {"text_config", j}};
+}
+
+Json export_qwen3_next(const ModelConfig& m) {
+    const Need need{"Qwen3-Next"};
+    Json types = Json::array();
+    for (int64_t i = 0; i < m.n_layers; ++i) {
+        const std::string& t = m.layer_type(i);
+        need(t == "gdn" || t == "gqa", "only gdn and gqa layers exist there");
+        types.push_back(t == "gdn" ? "linear_attention" : "full_attention");
+    }
+    need(m.output_gate == "elementwise" && m.qk_norm, "the attention has an elementwise gate and q/k norms");
+    const KdaConfig& k = m.kda;
+    need(k.gate_lower_bound == 0 && k.o_norm_eps == m.norm_eps,
+         "the GDN decay is the softplus form and its output norm uses rms_norm_eps");
+    const MoeConfig& e = m.moe;
+    need(e.experts > 0 && e.first_dense == 0, "every layer is MoE");
+    need(e.score == "softmax" && e.groups == 1 && e.scaling == 1.0 && e.latent_dim == 0 && e.activation == "swiglu",
+         "the router is a plain softmax top-k over SwiGLU experts");
+    need(e.balance == "frozen", "there is no selection bias (set model.moe.balance = frozen)");
+    need(e.shared_expert_gate == (e.shared_ffn_dim > 0), "a shared expert comes with its sigmoid gate");
+    need.dropless(e);
+    const int64_t D = m.head_dim_or_default(), rot = m.rope_dim > 0 ? m.rope_dim : D;
+    Json j = shape_keys(m, "Qwen3NextForCausalLM", "qwen3_next", m.n_kv_heads);
+    j.update(Json{
+        {"head_dim", D},
+        {"hidden_act", "silu"},
+        {"layer_types", types},
+        {"linear_num_key_heads", k.num_heads},
+        {"linear_num_value_heads", k.hv()},
+        {"linear_key_head_dim", k.head_dim},
+        {"linear_value_head_dim", k.v_dim()},
+        {"linear_conv_kernel_dim", k.conv_size},
+        {"rope_parameters",
+         {{"rope_type", "default"}, {"rope_theta", m.rope_theta}, {"partial_rotary_factor", double(rot) / double(D)}}},
+        {"num_experts", e.experts},
+        {"num_experts_per_tok", e.topk},
+        {"moe_intermediate_size", e.ffn_dim},
+        {"shared_expert_intermediate_size", e.shared_ffn_dim},
+        {"norm_topk_prob", e.normalize},
+        {"decoder_sparse_step", 1},
+        {"mlp_only_layers", Json::array()},
+        {"router_aux_loss_coef", 0.0}});
+    return j;
+}
+
+Json export_deepseek_v32(const ModelConfig& m) {
+    const Need need{"DeepSeek-V3.2"};
+    for (int64_t i = 0; i < m.n_layers; ++i) need(m.layer_type(i) == "dsa", "every layer is dsa");
+    const MlaConfig& a = m.mla;
+    need(m.output_gate == "none" && a.rope && a.q_lora_rank > 0 && a.softmax_scale == 0 && a.latent_eps == 1e-6,
+         "MLA is ungated with RoPE, a q_lora path, the (d_n + d_r)^-1/2 scale and latent norm eps 1e-6");
+    need(a.dsa.rope_dim == std::min(a.qk_rope_dim, a.dsa.head_dim), "the indexer rotates qk_rope_head_dim dims");
+    const MoeConfig& e = m.moe;
+    need(e.experts > 0 && e.score == "sigmoid" && e.latent_dim == 0 && e.activation == "swiglu" &&
+             m.mlp_activation == "swiglu" && !e.shared_expert_gate,
+         "the MoE has a sigmoid router over SwiGLU experts");
+    need(e.shared_ffn_dim % e.ffn_dim == 0, "the shared experts' width is a multiple of the expert width");
+    need.dropless(e);
+    Json j = shape_keys(m, "DeepseekV32ForCausalLM", "deepseek_v32", m.n_heads);
+    j.update(Json{{"hidden_act", "silu"},
+                  {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", m.rope_theta}}},
+                  {"q_lora_rank", a.q_lora_rank},
+                  {"kv_lora_rank", a.kv_lora_rank},
+                  {"qk_nope_head_dim", a.qk_nope_dim},
+                  {"qk_rope_head_dim", a.qk_rope_dim},
+                  {"v_head_dim", a.v_head_dim},
+                  {"index_topk", a.dsa.topk},
+                  {"index_n_heads", a.dsa.heads},
+                  {"index_head_dim", a.dsa.head_dim},
+                  {"n_routed_experts", e.experts},
+                  {"num_experts_per_tok", e.topk},
+                  {"moe_intermediate_size", e.ffn_dim},
+                  {"n_shared_experts", e.shared_ffn_dim / e.ffn_dim},
+                  {"first_k_dense_replace", e.first_dense},
+                  {"routed_scaling_factor", e.scaling},
+                  {"norm_topk_prob", e.normalize},
+                  {"n_group", e.groups},
+                  {"topk_group", e.topk_groups},
+                  {"scoring_func", "sigmoid"},
+                  {"topk_method", "noaux_tc"},
+                  {"num_nextn_predict_layers", 0}});
+    return j;
+}
+}  // namespace
+
+Json export_hf_config(const ModelConfig& m) {
+    if (m.has_layer_type("gdn") || m.has_layer_type("gqa")) return export_qwen3_next(m);
+    if (!m.has_layer_type("kda") && !m.has_layer_type("mla") && m.output_gate == "none" && m.mla.rope) {
+        return export_deepseek_v32(m);
+    }
+    return export_kimi(m);
+}
+
+}  // namespace tessera::model
