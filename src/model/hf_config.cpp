@@ -93,7 +93,6 @@ void common_shape(Keys& k, ModelConfig& m, std::vector<std::string>& unsupported
     m.norm_eps = k.number_or("rms_norm_eps", 1e-6);
     m.init_std = k.number_or("initializer_range", 0.02);
     m.tie_embeddings = k.boolean_or("tie_word_embeddings", false);
-    m.rope_theta = k.number_or("rope_theta", 10000.0);
     const std::string act = k.text_or("hidden_act", "silu");
     TESSERA_CHECK(act == "silu" || act == "situ", "{}: hidden_act \"{}\" is not supported (silu or situ)", k.where(),
                   act);
@@ -111,6 +110,56 @@ void common_shape(Keys& k, ModelConfig& m, std::vector<std::string>& unsupported
     if (mtp > 0)
         unsupported.push_back(fmt::format("{} multi-token-prediction layer(s) (num_nextn_predict_layers)", mtp));
     if (k.boolean_or("attention_bias", false)) unsupported.push_back("attention projection biases (attention_bias)");
+}
+
+// The rotary settings of a transformers config into m.rope_theta and m.rope_scaling; returns
+// partial_rotary_factor (default_partial when absent). As transformers' convert_rope_params_to_dict /
+// standardize_rope_params: a non-null `rope_scaling` (older files) replaces `rope_parameters`; the dict's own
+// rope_theta and partial_rotary_factor win over the top-level keys; a yarn dict without
+// original_max_position_embeddings takes the top-level one (which also wins when both exist), else
+// max_position_embeddings; a null factor is max_position_embeddings / original. Types other than default and
+// yarn are unsupported.
+double import_rope(Keys& k, ModelConfig& m, double default_partial, std::vector<std::string>& unsupported) {
+    m.rope_theta = k.number_or("rope_theta", m.rope_theta);
+    double partial = k.number_or("partial_rotary_factor", default_partial);
+    const char* key = k.has("rope_scaling") ? "rope_scaling" : k.has("rope_parameters") ? "rope_parameters" : nullptr;
+    k.ignore({"rope_scaling", "rope_parameters"});
+    if (!key) return partial;
+    Keys y(k.get(key), k.where() + ": " + key);
+    const std::string type = y.has("rope_type") ? y.text_or("rope_type", "") : y.text_or("type", "default");
+    y.ignore({"type", "rope_type"});
+    m.rope_theta = y.number_or("rope_theta", m.rope_theta);
+    partial = y.number_or("partial_rotary_factor", partial);
+    if (type == "default") {
+        y.report_rest(unsupported);
+        return partial;
+    }
+    if (type != "yarn") {
+        unsupported.push_back(fmt::format("rope type \"{}\" ({}): tessera builds default RoPE and YaRN", type, key));
+        y.ignore({"factor", "original_max_position_embeddings"});
+        y.report_rest(unsupported);
+        return partial;
+    }
+    ops::RopeScaling& s = m.rope_scaling;
+    s.type = ops::RopeScaling::Type::yarn;
+    const int64_t max_pos = k.integer_or("max_position_embeddings", 0);
+    s.original_max_position = k.has("original_max_position_embeddings")
+                                  ? k.integer("original_max_position_embeddings")
+                                  : y.integer_or("original_max_position_embeddings", max_pos);
+    y.ignore({"original_max_position_embeddings"});
+    TESSERA_CHECK(s.original_max_position > 0, "{}: yarn needs original_max_position_embeddings", y.where());
+    s.factor = y.has("factor") ? y.number_or("factor", 1.0) : double(max_pos) / double(s.original_max_position);
+    y.ignore({"factor"});
+    auto or_default = [](double v, double def) { return v != 0 ? v : def; };  // transformers: `x or default`
+    s.beta_fast = or_default(y.number_or("beta_fast", 0.0), 32.0);
+    s.beta_slow = or_default(y.number_or("beta_slow", 0.0), 1.0);
+    s.mscale = y.number_or("mscale", 0.0);
+    s.mscale_all_dim = y.number_or("mscale_all_dim", 0.0);
+    s.attention_factor = y.number_or("attention_factor", 0.0);
+    s.truncate = y.boolean_or("truncate", true);
+    s.validate(y.where());
+    y.report_rest(unsupported);
+    return partial;
 }
 
 // a derived copy of a field (transformers 5 re-serialises them): absent, or equal to what the config implies
@@ -152,8 +201,11 @@ void import_kimi(Keys& k, HfImport& r) {
     k.ignore({"head_dim"});  // hidden_size / heads: an artefact the model never uses (spec/kimi_k3.md §1.2)
     m.mla.rope = !k.boolean_or("mla_use_nope", false);
     m.output_gate = k.boolean_or("mla_use_output_gate", false) ? "elementwise" : "none";
-    if (k.has("rope_scaling")) r.unsupported.push_back("rope_scaling (frequency scaling of MLA's rotary dims)");
-    k.ignore({"rope_scaling"});
+    import_rope(k, m, 1.0, r.unsupported);
+    if (m.rope_scaling.enabled()) {  // transformers' Kimi-Linear has no rotary embedding to scale
+        r.unsupported.push_back("YaRN rope scaling on a Kimi config (what the Kimi code makes of it is not built)");
+        m.rope_scaling = {};
+    }
     // KDA
     Keys lin(k.get("linear_attn_config"), k.where() + ": linear_attn_config");
     m.kda.num_heads = lin.integer("num_heads");
@@ -245,20 +297,19 @@ void import_qwen3_next(Keys& k, HfImport& r) {
     m.kda.head_dim = k.integer("linear_key_head_dim");
     m.kda.head_v_dim = k.integer("linear_value_head_dim");
     m.kda.conv_size = k.integer_or("linear_conv_kernel_dim", 4);
-    double partial = k.number_or("partial_rotary_factor", 1.0);
-    if (k.has("rope_parameters")) {  // transformers 5: {rope_type, rope_theta, partial_rotary_factor}
-        const Json& rp = k.get("rope_parameters");
-        TESSERA_CHECK(rp.is_object(), "{}: rope_parameters must be an object", k.where());
-        m.rope_theta = rp.value("rope_theta", m.rope_theta);
-        partial = rp.value("partial_rotary_factor", partial);
-        const std::string type = rp.value("rope_type", std::string("default"));
-        if (type != "default") r.unsupported.push_back(fmt::format("rope_type \"{}\" (rope_parameters)", type));
+    // transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 and rotates int(head_dim · factor) dims
+    const double partial = import_rope(k, m, 0.25, r.unsupported);
+    const int64_t D = m.head_dim_or_default(), rot = int64_t(partial * double(D));
+    if (rot <= 0 || rot % 2 != 0) {
+        r.unsupported.push_back(fmt::format(
+            "partial_rotary_factor {} of head_dim {}: int(head_dim · factor) = {} rotary dims (transformers then "
+            "rotates {} dims at the frequencies of a {}-dim rotation; tessera rotates an even, positive number)",
+            partial, D, rot, rot + rot % 2, rot));
+    } else {
+        m.rope_dim = rot == D ? 0 : rot;
     }
-    m.rope_dim = int64_t(std::lround(partial * double(m.head_dim_or_default())));
     m.kda.o_norm_eps = m.norm_eps;  // the gated output norm uses rms_norm_eps
     m.qk_norm = true;               // Qwen3's per-head q_norm / k_norm
-    if (k.has("rope_scaling")) r.unsupported.push_back("rope_scaling");
-    k.ignore({"rope_scaling"});
     if (k.boolean_or("use_sliding_window", false)) r.unsupported.push_back("sliding-window attention");
     k.ignore({"sliding_window", "max_window_layers"});
     m.moe.experts = k.integer("num_experts");
@@ -292,25 +343,11 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
     m.mla.dsa.heads = k.integer("index_n_heads");
     m.mla.dsa.head_dim = k.integer("index_head_dim");
     m.mla.dsa.rope_dim = std::min(m.mla.qk_rope_dim, m.mla.dsa.head_dim);
-    // YaRN: τ = (d_n + d_r)^-1/2 · mscale², mscale = 0.1·mscale_all_dim·ln(factor) + 1 (spec/dsa.md §1.2)
-    auto rope = [&](Keys y, const char* type_key) {
-        const std::string type = y.has("type") ? y.text_or("type", "") : y.text_or("rope_type", "default");
-        y.ignore({"type", "rope_type"});
-        m.rope_theta = y.number_or("rope_theta", m.rope_theta);  // transformers 5 keeps it here
-        if (type == "default") return y.report_rest(r.unsupported);
-        TESSERA_CHECK(type == "yarn", "{}: only YaRN {} is known, not \"{}\"", y.where(), type_key, type);
-        const double factor = y.number_or("factor", 1.0), all = y.number_or("mscale_all_dim", 0.0);
-        y.ignore({"mscale", "original_max_position_embeddings", "beta_fast", "beta_slow"});
-        const double mscale = factor > 1.0 && all > 0 ? 0.1 * all * std::log(factor) + 1.0 : 1.0;
-        m.mla.softmax_scale = mscale * mscale / std::sqrt(double(m.mla.qk_nope_dim + m.mla.qk_rope_dim));
-        r.unsupported.push_back(fmt::format(
-            "YaRN frequency scaling of the rotary dims (factor {}): the softmax scale's mscale² is applied, the "
-            "rotary frequencies are not rescaled",
-            factor));
-        y.report_rest(r.unsupported);
-    };
-    if (k.has("rope_scaling")) rope(Keys(k.get("rope_scaling"), k.where() + ": rope_scaling"), "rope_scaling");
-    if (k.has("rope_parameters")) rope(Keys(k.get("rope_parameters"), k.where() + ": rope_parameters"), "rope_type");
+    // YaRN on MLA's and the indexer's rope dims; MLA's τ then takes g(factor, mscale_all_dim)² (spec/dsa.md §1.2)
+    const double partial = import_rope(k, m, 1.0, r.unsupported);
+    if (partial != 1.0) {
+        r.unsupported.push_back(fmt::format("partial_rotary_factor {} of the MLA rope dims", partial));
+    }
     // transformers 5's derived copies: every layer indexed, dense layers first
     same(k, "layer_types", Json(std::vector<std::string>(size_t(m.n_layers), "indexed_attention")));
     same(k, "qk_head_dim", m.mla.qk_nope_dim + m.mla.qk_rope_dim);

@@ -35,6 +35,38 @@ Json shape_keys(const ModelConfig& m, const char* architecture, const char* mode
             {"tie_word_embeddings", m.tie_embeddings}};
 }
 
+// transformers 5's rope_parameters: rope_theta, the YaRN fields of model.rope_scaling, and
+// partial_rotary_factor when given
+Json rope_parameters(const ModelConfig& m, double partial = 0) {
+    Json j = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
+    if (partial > 0) j["partial_rotary_factor"] = partial;
+    const ops::RopeScaling& s = m.rope_scaling;
+    if (!s.enabled()) return j;
+    j["rope_type"] = "yarn";
+    j.update(Json{{"factor", s.factor},
+                  {"original_max_position_embeddings", s.original_max_position},
+                  {"beta_fast", s.beta_fast},
+                  {"beta_slow", s.beta_slow},
+                  {"truncate", s.truncate}});
+    if (s.mscale != 0) j["mscale"] = s.mscale;
+    if (s.mscale_all_dim != 0) j["mscale_all_dim"] = s.mscale_all_dim;
+    if (s.attention_factor != 0) j["attention_factor"] = s.attention_factor;
+    return j;
+}
+
+// a partial_rotary_factor f with int(D · f) == rot in double arithmetic (what transformers computes)
+// YaRN's extended context, which transformers checks against factor · original_max_position_embeddings
+void yarn_context(const ModelConfig& m, Json& j) {
+    const ops::RopeScaling& s = m.rope_scaling;
+    if (s.enabled()) j["max_position_embeddings"] = int64_t(std::llround(double(s.original_max_position) * s.factor));
+}
+
+double partial_factor(int64_t rot, int64_t D) {
+    double f = double(rot) / double(D);
+    while (int64_t(f * double(D)) < rot) f = std::nextafter(f, 2.0);
+    return f;
+}
+
 Json export_kimi(const ModelConfig& m) {
     const Need need{"Kimi-Linear / Kimi K3"};
     Json kda_layers = Json::array(), full_layers = Json::array();
@@ -54,6 +86,7 @@ Json export_kimi(const ModelConfig& m) {
          "one activation (hidden_act) for the dense MLP and the experts");
     need.dropless(m.moe);
     need(m.mla.softmax_scale == 0, "the MLA softmax scale is (d_n + d_r)^-1/2");
+    need(!m.rope_scaling.enabled(), "there is no rope scaling (transformers' Kimi-Linear has no rotary embedding)");
     need(k.o_norm_eps == m.norm_eps,
          "the KDA output norm uses rms_norm_eps (set model.kda.o_norm_eps = model.norm_eps)");
     Json lin = {{"num_heads", k.num_heads},
@@ -129,25 +162,24 @@ Json export_qwen3_next(const ModelConfig& m) {
     need.dropless(e);
     const int64_t D = m.head_dim_or_default(), rot = m.rope_dim > 0 ? m.rope_dim : D;
     Json j = shape_keys(m, "Qwen3NextForCausalLM", "qwen3_next", m.n_kv_heads);
-    j.update(Json{
-        {"head_dim", D},
-        {"hidden_act", "silu"},
-        {"layer_types", types},
-        {"linear_num_key_heads", k.num_heads},
-        {"linear_num_value_heads", k.hv()},
-        {"linear_key_head_dim", k.head_dim},
-        {"linear_value_head_dim", k.v_dim()},
-        {"linear_conv_kernel_dim", k.conv_size},
-        {"rope_parameters",
-         {{"rope_type", "default"}, {"rope_theta", m.rope_theta}, {"partial_rotary_factor", double(rot) / double(D)}}},
-        {"num_experts", e.experts},
-        {"num_experts_per_tok", e.topk},
-        {"moe_intermediate_size", e.ffn_dim},
-        {"shared_expert_intermediate_size", e.shared_ffn_dim},
-        {"norm_topk_prob", e.normalize},
-        {"decoder_sparse_step", 1},
-        {"mlp_only_layers", Json::array()},
-        {"router_aux_loss_coef", 0.0}});
+    j.update(Json{{"head_dim", D},
+                  {"hidden_act", "silu"},
+                  {"layer_types", types},
+                  {"linear_num_key_heads", k.num_heads},
+                  {"linear_num_value_heads", k.hv()},
+                  {"linear_key_head_dim", k.head_dim},
+                  {"linear_value_head_dim", k.v_dim()},
+                  {"linear_conv_kernel_dim", k.conv_size},
+                  {"rope_parameters", rope_parameters(m, partial_factor(rot, D))},
+                  {"num_experts", e.experts},
+                  {"num_experts_per_tok", e.topk},
+                  {"moe_intermediate_size", e.ffn_dim},
+                  {"shared_expert_intermediate_size", e.shared_ffn_dim},
+                  {"norm_topk_prob", e.normalize},
+                  {"decoder_sparse_step", 1},
+                  {"mlp_only_layers", Json::array()},
+                  {"router_aux_loss_coef", 0.0}});
+    yarn_context(m, j);
     return j;
 }
 
@@ -166,7 +198,7 @@ Json export_deepseek_v32(const ModelConfig& m) {
     need.dropless(e);
     Json j = shape_keys(m, "DeepseekV32ForCausalLM", "deepseek_v32", m.n_heads);
     j.update(Json{{"hidden_act", "silu"},
-                  {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", m.rope_theta}}},
+                  {"rope_parameters", rope_parameters(m)},
                   {"q_lora_rank", a.q_lora_rank},
                   {"kv_lora_rank", a.kv_lora_rank},
                   {"qk_nope_head_dim", a.qk_nope_dim},
@@ -187,6 +219,7 @@ Json export_deepseek_v32(const ModelConfig& m) {
                   {"scoring_func", "sigmoid"},
                   {"topk_method", "noaux_tc"},
                   {"num_nextn_predict_layers", 0}});
+    yarn_context(m, j);
     return j;
 }
 }  // namespace

@@ -106,9 +106,70 @@ TEST(HfConfig, KimiLinearQwen3NextAndDeepSeekV32MapTheirLayers) {
     EXPECT_EQ(count(ds.model, "dsa"), 61);
     EXPECT_EQ(ds.model.moe.first_dense, 3);
     EXPECT_EQ(ds.model.moe.groups, 8);
-    EXPECT_NEAR(ds.model.mla.softmax_scale, 0.1352, 5e-5);  // 192^-1/2 · 1.3689² (spec/dsa.md §1.2)
+    EXPECT_EQ(ds.model.mla.softmax_scale, 0.0);                   // the default τ, with YaRN's mscale²:
+    EXPECT_NEAR(ds.model.mla_layer(true).scale(), 0.1352, 5e-5);  // 192^-1/2 · 1.3689² (spec/dsa.md §1.2)
+    EXPECT_FALSE(mentions(ds.unsupported, "YaRN"));
     EXPECT_TRUE(mentions(ds.unsupported, "multi-token-prediction"));
     EXPECT_FALSE(mentions(ds.unsupported, "not interpreted"));
+}
+
+TEST(HfConfig, YarnIsReadFromRopeScalingOrRopeParameters) {
+    // the published DeepSeek-V3.2 file: rope_scaling {type yarn, factor 40, original 4096, beta 32 / 1, mscale 1 / 1}
+    const model::ModelConfig ds = model::import_hf_config(hf("deepseek_v3_2_exp"), "ds.json").model;
+    const ops::RopeScaling& y = ds.rope_scaling;
+    EXPECT_TRUE(y.enabled());
+    EXPECT_EQ(y.factor, 40.0);
+    EXPECT_EQ(y.original_max_position, 4096);
+    EXPECT_EQ(y.beta_fast, 32.0);
+    EXPECT_EQ(y.beta_slow, 1.0);
+    EXPECT_EQ(y.mscale, 1.0);
+    EXPECT_EQ(y.mscale_all_dim, 1.0);
+    EXPECT_EQ(y.cos_sin_factor(), 1.0);  // mscale / mscale_all_dim
+    EXPECT_EQ(ds.rope_theta, 10000.0);
+    // transformers 5's rope_parameters; a non-null rope_scaling replaces it (transformers' precedence)
+    Json doc = hf("qwen3_next_80b_a3b");
+    doc.erase("rope_scaling");
+    doc["rope_parameters"] =
+        Json{{"rope_type", "yarn"}, {"factor", 4.0},           {"original_max_position_embeddings", 64},
+             {"rope_theta", 500.0}, {"attention_factor", 0.5}, {"truncate", false}};
+    model::HfImport q = model::import_hf_config(doc, "q.json");
+    EXPECT_TRUE(q.model.rope_scaling.enabled());
+    EXPECT_EQ(q.model.rope_theta, 500.0);  // the dict's own theta wins over the top level's
+    EXPECT_EQ(q.model.rope_scaling.cos_sin_factor(), 0.5);
+    EXPECT_FALSE(q.model.rope_scaling.truncate);
+    EXPECT_EQ(q.model.rope_scaling.beta_fast, 32.0);  // transformers' defaults
+    EXPECT_FALSE(mentions(q.unsupported, "rope"));
+    doc["rope_scaling"] = Json{{"type", "linear"}, {"factor", 2.0}};
+    q = model::import_hf_config(doc, "q.json");
+    EXPECT_FALSE(q.model.rope_scaling.enabled());
+    EXPECT_TRUE(mentions(q.unsupported, "rope type \"linear\" (rope_scaling)"));
+    // without the factor: max_position_embeddings / original_max_position_embeddings
+    doc["rope_scaling"] = Json{{"rope_type", "yarn"}, {"original_max_position_embeddings", 4096}};
+    doc["max_position_embeddings"] = 32768;
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.rope_scaling.factor, 8.0);
+    doc["rope_scaling"]["beta_fast"] = "fast";
+    test::expect_error([&] { model::import_hf_config(doc, "q.json"); },
+                       "q.json: rope_scaling: \"beta_fast\" must be a number");
+}
+
+TEST(HfConfig, Qwen3NextPartialRotaryIsTruncatedAsTransformersDoes) {
+    Json doc = hf("qwen3_next_80b_a3b");
+    doc["head_dim"] = 16;
+    doc["partial_rotary_factor"] = 0.3;  // int(16 · 0.3) = 4
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.rope_dim, 4);
+    doc.erase("partial_rotary_factor");  // Qwen3NextConfig's default is 0.25
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.rope_dim, 4);
+    doc["partial_rotary_factor"] = 1.0;
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.rope_dim, 0);  // every dim
+    doc["head_dim"] = 20;
+    doc["partial_rotary_factor"] = 0.25;  // 5: transformers rotates 6 dims at a 5-dim rotation's frequencies
+    EXPECT_TRUE(mentions(model::import_hf_config(doc, "q.json").unsupported, "int(head_dim · factor) = 5"));
+    // the export writes a factor whose truncated product is the rotary width again (0.58 · 100 = 57.99…)
+    doc["head_dim"] = 100;
+    doc["partial_rotary_factor"] = 0.5;
+    model::ModelConfig m = model::import_hf_config(doc, "q.json").model;
+    m.rope_dim = 58;
+    EXPECT_EQ(model::import_hf_config(model::export_hf_config(m), "back").model.rope_dim, 58);
 }
 
 TEST(HfConfig, BadConfigsNameTheKey) {
@@ -182,6 +243,22 @@ TEST(HfConfig, Qwen3NextAndDeepSeekV32ExportsImportBackToTheSameModel) {
         const model::HfImport back = model::import_hf_config(out, "exported");
         EXPECT_EQ(model::to_json(back.model), model::to_json(hf.model)) << name;
         EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
+        model::ModelConfig yarn = hf.model;  // with YaRN (every field away from its default)
+        yarn.rope_scaling = {.type = ops::RopeScaling::Type::yarn,
+                             .factor = 8.0,
+                             .original_max_position = 512,
+                             .beta_fast = 16.0,
+                             .beta_slow = 2.0,
+                             .mscale = 0.5,
+                             .mscale_all_dim = 0.25,
+                             .attention_factor = 1.5,
+                             .truncate = false};
+        EXPECT_EQ(model::to_json(model::parse_model_config(model::to_json(yarn), "tessera")), model::to_json(yarn));
+        const Json y = model::export_hf_config(yarn);
+        EXPECT_EQ(y["max_position_embeddings"], 4096) << name;
+        const model::HfImport yback = model::import_hf_config(y, "exported");
+        EXPECT_EQ(model::to_json(yback.model), model::to_json(yarn)) << name;
+        EXPECT_TRUE(yback.unsupported.empty()) << yback.unsupported.front();
     }
     model::ModelConfig qwen =
         model::import_hf_config(Json::parse(read_text(test::golden_path("hf/qwen3_next_tiny/config.json"))), "q").model;
