@@ -26,7 +26,13 @@ MoeConfig parse_moe_config(const Json& section, const std::string& where) {
     c.capacity_factor = r.number("capacity_factor", d.capacity_factor);
     c.overflow = r.choice("overflow", d.overflow, {"reroute", "drop"});
     c.activation = r.choice("activation", d.activation, {"swiglu", "situ"});
+    TESSERA_CHECK(!(r.has("first_dense") && r.has("layers")),
+                  "{}: give model.moe.first_dense or model.moe.layers, not both", where);
     c.first_dense = r.integer("first_dense", d.first_dense);
+    if (r.has("layers")) {
+        c.layers = r.choice_list("layers", "moe", {"moe", "dense"});
+        c.first_dense = 0;  // unused with the map
+    }
     c.balance = r.choice("balance", d.balance, {"sign", "quantile", "frozen"});
     c.bias_update_rate = r.number("bias_update_rate", d.bias_update_rate);
     c.seq_aux_coeff = r.number("seq_aux_coeff", d.seq_aux_coeff);
@@ -96,7 +102,7 @@ ops::RopeScaling parse_rope_scaling(const Json& section, const std::string& wher
     return c;
 }
 
-void validate_moe(const MoeConfig& m, const std::string& where) {
+void validate_moe(const MoeConfig& m, int64_t n_layers, const std::string& where) {
     TESSERA_CHECK(m.experts >= 0, "{}: model.moe.experts must be >= 0 (0 = dense)", where);
     if (m.experts == 0) return;
     TESSERA_CHECK(m.topk >= 1 && m.topk <= m.experts, "{}: model.moe.topk {} must be in [1, experts = {}]", where,
@@ -115,6 +121,9 @@ void validate_moe(const MoeConfig& m, const std::string& where) {
                   "{}: model.moe.topk {} exceeds the experts of the kept groups", where, m.topk);
     TESSERA_CHECK(m.capacity_factor >= 0, "{}: model.moe.capacity_factor must be >= 0 (0 = dropless)", where);
     TESSERA_CHECK(m.first_dense >= 0, "{}: model.moe.first_dense must be >= 0", where);
+    TESSERA_CHECK(m.layers.empty() || int64_t(m.layers.size()) == n_layers,
+                  "{}: model.moe.layers lists {} layers for model.n_layers = {} (one \"moe\" or \"dense\" per layer)",
+                  where, m.layers.size(), n_layers);
     TESSERA_CHECK(m.bias_update_rate >= 0 && m.seq_aux_coeff >= 0 && m.z_loss_coeff >= 0,
                   "{}: model.moe.bias_update_rate, seq_aux_coeff and z_loss_coeff must be >= 0", where);
     TESSERA_CHECK(m.balance != "quantile" || m.topk < m.experts,
@@ -196,7 +205,7 @@ void ModelConfig::validate(const std::string& where) const {
     TESSERA_CHECK(init_std > 0, "{}: model.init_std must be positive", where);
     TESSERA_CHECK(attn_res_block_size >= 0, "{}: model.attn_res_block_size must be >= 0 (0 = plain residuals), not {}",
                   where, attn_res_block_size);
-    validate_moe(moe, where);
+    validate_moe(moe, n_layers, where);
     TESSERA_CHECK(attention.size() == 1 || int64_t(attention.size()) == n_layers,
                   "{}: model.attention lists {} layer types for model.n_layers = {} (give one type or one per layer)",
                   where, attention.size(), n_layers);
@@ -359,27 +368,39 @@ Json to_json(const MlaConfig& m) {
                   {"dk_slabs", m.dsa.dk_slabs}}}};
 }
 
+bool MoeConfig::every_layer_moe(int64_t n_layers) const {
+    for (int64_t i = 0; i < n_layers; ++i) {
+        if (!is_moe_layer(i)) return false;
+    }
+    return experts > 0;
+}
+
 Json to_json(const MoeConfig& m) {
-    return Json{{"experts", m.experts},
-                {"topk", m.topk},
-                {"ffn_dim", m.ffn_dim},
-                {"latent_dim", m.latent_dim},
-                {"latent_norm", m.latent_norm},
-                {"shared_ffn_dim", m.shared_ffn_dim},
-                {"shared_expert_gate", m.shared_expert_gate},
-                {"score", m.score},
-                {"normalize", m.normalize},
-                {"scaling", m.scaling},
-                {"groups", m.groups},
-                {"topk_groups", m.topk_groups},
-                {"capacity_factor", m.capacity_factor},
-                {"overflow", m.overflow},
-                {"activation", m.activation},
-                {"first_dense", m.first_dense},
-                {"balance", m.balance},
-                {"bias_update_rate", m.bias_update_rate},
-                {"seq_aux_coeff", m.seq_aux_coeff},
-                {"z_loss_coeff", m.z_loss_coeff}};
+    Json j{{"experts", m.experts},
+           {"topk", m.topk},
+           {"ffn_dim", m.ffn_dim},
+           {"latent_dim", m.latent_dim},
+           {"latent_norm", m.latent_norm},
+           {"shared_ffn_dim", m.shared_ffn_dim},
+           {"shared_expert_gate", m.shared_expert_gate},
+           {"score", m.score},
+           {"normalize", m.normalize},
+           {"scaling", m.scaling},
+           {"groups", m.groups},
+           {"topk_groups", m.topk_groups},
+           {"capacity_factor", m.capacity_factor},
+           {"overflow", m.overflow},
+           {"activation", m.activation},
+           {"balance", m.balance},
+           {"bias_update_rate", m.bias_update_rate},
+           {"seq_aux_coeff", m.seq_aux_coeff},
+           {"z_loss_coeff", m.z_loss_coeff}};
+    if (m.layers.empty()) {
+        j["first_dense"] = m.first_dense;
+    } else {
+        j["layers"] = m.layers;
+    }
+    return j;
 }
 
 }  // namespace tessera::model

@@ -13,9 +13,9 @@
 
 namespace tessera::model {
 
-// The routed feed-forward layers (docs/moe.md): layers from `first_dense` on use a (Latent)MoE block
-// instead of the dense MLP when experts > 0. Balancing and router losses are part of the model config
-// because backward computes the losses' gradients; `balance` = frozen for fine-tuning.
+// The routed feed-forward layers (docs/moe.md): layers from `first_dense` on (or the "moe" entries of
+// `layers`) use a (Latent)MoE block instead of the dense MLP when experts > 0. Balancing and router losses are part of
+// the model config because backward computes the losses' gradients; `balance` = frozen for fine-tuning.
 struct MoeConfig {
     int64_t experts = 0;  // 0: every layer dense
     int64_t topk = 2;
@@ -32,12 +32,16 @@ struct MoeConfig {
     double capacity_factor = 0.0;  // 0 = dropless
     std::string overflow = "reroute";
     std::string activation = "swiglu";
-    int64_t first_dense = 1;         // the first layers keep the dense MLP (first_k_dense_replace)
-    std::string balance = "sign";    // sign | quantile | frozen
-    double bias_update_rate = 1e-3;  // γ of the sign rule
-    double seq_aux_coeff = 0.0;      // sequence-wise balance loss weight
-    double z_loss_coeff = 0.0;       // router z-loss weight
-    bool is_moe_layer(int64_t layer) const { return experts > 0 && layer >= first_dense; }
+    int64_t first_dense = 1;          // the first layers keep the dense MLP (first_k_dense_replace)
+    std::vector<std::string> layers;  // per layer "moe" | "dense" (Qwen3-Next's mlp_only_layers); empty: first_dense
+    std::string balance = "sign";     // sign | quantile | frozen
+    double bias_update_rate = 1e-3;   // γ of the sign rule
+    double seq_aux_coeff = 0.0;       // sequence-wise balance loss weight
+    double z_loss_coeff = 0.0;        // router z-loss weight
+    bool is_moe_layer(int64_t layer) const {
+        return experts > 0 && (layers.empty() ? layer >= first_dense : layers[size_t(layer)] == "moe");
+    }
+    bool every_layer_moe(int64_t n_layers) const;  // experts > 0 and no dense layer
 };
 
 // A KDA or GDN layer (model/layers/kda_block.h). In a model config (the "kda" section) the width,

@@ -2,6 +2,7 @@
 // (DeepSeek-V3.2), the Qwen3-Next model card and config; the files under configs/hf/ are the published ones.
 #include "model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -169,6 +170,15 @@ void same(Keys& k, const char* key, const Json& want) {
                   k.get(key).dump(), want.dump());
 }
 
+// model.moe.first_dense when the dense layers are the first ones, else the per-layer map
+void set_moe_layers(ModelConfig& m, const std::vector<std::string>& layers) {
+    int64_t first = 0;
+    while (first < int64_t(layers.size()) && layers[size_t(first)] == "dense") ++first;
+    const bool prefix = std::all_of(layers.begin() + first, layers.end(), [](const auto& t) { return t == "moe"; });
+    m.moe.first_dense = prefix ? first : 0;
+    m.moe.layers = prefix ? std::vector<std::string>{} : layers;
+}
+
 void mla_shape(Keys& k, ModelConfig& m) {
     m.mla.q_lora_rank = k.integer_or("q_lora_rank", 0);  // null (Kimi-Linear): q_proj from the input
     m.mla.kv_lora_rank = k.integer("kv_lora_rank");
@@ -183,9 +193,29 @@ void deepseek_moe(Keys& k, ModelConfig& m, const char* experts, const char* topk
     m.moe.topk = k.integer(topk);
     m.moe.ffn_dim = k.integer("moe_intermediate_size");
     m.moe.shared_ffn_dim = k.integer_or(shared, 0) * m.moe.ffn_dim;
-    m.moe.first_dense = k.integer_or("first_k_dense_replace", 0);
     m.moe.scaling = k.number_or("routed_scaling_factor", 1.0);
     m.moe.balance = "sign";  // aux-loss-free (noaux_tc)
+}
+
+// Which layers are MoE, as transformers 5 decides: its mlp_layer_types ("dense" | "sparse") when the file has
+// them, else the first first_k_dense_replace layers dense (transformers' default k when the key is absent).
+// A map of that shape becomes model.moe.first_dense, any other model.moe.layers.
+void moe_layers(Keys& k, ModelConfig& m, int64_t default_first_dense) {
+    const int64_t first = std::min(k.integer_or("first_k_dense_replace", default_first_dense), m.n_layers);
+    TESSERA_CHECK(first >= 0, "{}: first_k_dense_replace must be >= 0", k.where());
+    std::vector<std::string> layers;
+    for (int64_t i = 0; i < m.n_layers; ++i) layers.push_back(i < first ? "dense" : "moe");
+    if (k.has("mlp_layer_types")) {
+        const Json& types = k.get("mlp_layer_types");
+        TESSERA_CHECK(types.is_array() && int64_t(types.size()) == m.n_layers,
+                      "{}: mlp_layer_types must list num_hidden_layers = {} entries", k.where(), m.n_layers);
+        for (size_t i = 0; i < types.size(); ++i) {
+            TESSERA_CHECK(types[i] == "dense" || types[i] == "sparse",
+                          "{}: mlp_layer_types entry {} is not dense or sparse", k.where(), types[i].dump());
+            layers[i] = types[i] == "sparse" ? "moe" : "dense";
+        }
+    }
+    set_moe_layers(m, layers);
 }
 
 void check_moe_layer_freq(Keys& k, std::vector<std::string>& unsupported) {
@@ -233,13 +263,11 @@ void import_kimi(Keys& k, HfImport& r) {
     }
     lin.report_rest(r.unsupported);
     // transformers 5 re-serialises derived copies of these fields: they must agree
-    Json layer_types = Json::array(), mlp_types = Json::array();
+    Json layer_types = Json::array();
     for (int64_t i = 0; i < m.n_layers; ++i) {
         layer_types.push_back(m.attention[size_t(i)] == "kda" ? "linear_attention" : "full_attention");
-        mlp_types.push_back(i < k.integer_or("first_k_dense_replace", 0) ? "dense" : "sparse");
     }
     same(k, "layer_types", layer_types);
-    same(k, "mlp_layer_types", mlp_types);
     same(k, "linear_num_heads", m.kda.num_heads);
     same(k, "linear_head_dim", m.kda.head_dim);
     same(k, "linear_conv_kernel_dim", m.kda.conv_size);
@@ -253,6 +281,7 @@ void import_kimi(Keys& k, HfImport& r) {
     }
     // MoE
     deepseek_moe(k, m, "num_experts", "num_experts_per_token", "num_shared_experts");
+    moe_layers(k, m, 1);  // KimiLinearConfig's default first_k_dense_replace
     m.moe.latent_dim = k.integer_or("routed_expert_hidden_size", 0);
     m.moe.latent_norm = k.boolean_or("latent_moe_use_norm", false);
     m.moe.score = k.text_or("moe_router_activation_func", "sigmoid");
@@ -319,12 +348,24 @@ void import_qwen3_next(Keys& k, HfImport& r) {
     m.moe.shared_expert_gate = m.moe.shared_ffn_dim > 0;  // shared_expert_gate: σ(w·x) on the shared output
     m.moe.score = "softmax";
     m.moe.normalize = k.boolean_or("norm_topk_prob", true);
-    m.moe.first_dense = 0;
     m.moe.balance = "frozen";  // Qwen routes without a selection bias
+    // Qwen3NextDecoderLayer: MoE where the layer is not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0
     const int64_t step = k.integer_or("decoder_sparse_step", 1);
-    if (step != 1) r.unsupported.push_back(fmt::format("MoE on every {}th layer only (decoder_sparse_step)", step));
-    const Json& dense_only = k.get("mlp_only_layers");
-    if (!dense_only.empty()) r.unsupported.push_back("dense MLP layers between MoE layers (mlp_only_layers)");
+    TESSERA_CHECK(step >= 1, "{}: decoder_sparse_step must be >= 1, not {}", k.where(), step);
+    std::vector<std::string> layers(size_t(m.n_layers), "moe");
+    for (int64_t i = 0; i < m.n_layers; ++i) layers[size_t(i)] = (i + 1) % step == 0 ? "moe" : "dense";
+    if (k.has("mlp_only_layers")) {
+        const Json& dense = k.get("mlp_only_layers");
+        TESSERA_CHECK(dense.is_array(), "{}: mlp_only_layers must be a list of 0-based layer indices", k.where());
+        for (const Json& e : dense) {
+            TESSERA_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < m.n_layers,
+                          "{}: mlp_only_layers entry {} is not a layer index in [0, {})", k.where(), e.dump(),
+                          m.n_layers);
+            layers[size_t(e.get<int64_t>())] = "dense";
+        }
+    }
+    k.ignore({"mlp_only_layers"});
+    set_moe_layers(m, layers);
     const double aux = k.number_or("router_aux_loss_coef", 0.0);
     if (aux > 0) {
         r.unsupported.push_back(fmt::format(
@@ -354,9 +395,7 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
     same(k, "head_dim", m.mla.qk_rope_dim);  // transformers' rotary width
     if (k.boolean_or("mlp_bias", false)) r.unsupported.push_back("MLP biases (mlp_bias)");
     deepseek_moe(k, m, "n_routed_experts", "num_experts_per_tok", "n_shared_experts");
-    Json mlp_types = Json::array();
-    for (int64_t i = 0; i < m.n_layers; ++i) mlp_types.push_back(i < m.moe.first_dense ? "dense" : "sparse");
-    same(k, "mlp_layer_types", mlp_types);
+    moe_layers(k, m, 3);  // DeepseekV32Config's default first_k_dense_replace
     m.moe.score = k.text_or("scoring_func", "sigmoid");
     m.moe.normalize = k.boolean_or("norm_topk_prob", true);
     m.moe.groups = k.integer_or("n_group", 1);

@@ -61,6 +61,27 @@ void yarn_context(const ModelConfig& m, Json& j) {
     if (s.enabled()) j["max_position_embeddings"] = int64_t(std::llround(double(s.original_max_position) * s.factor));
 }
 
+// first_k_dense_replace, and mlp_layer_types when the dense layers are not just the first ones (transformers 5's
+// Kimi-Linear and DeepSeek-V3.2 follow the list)
+int64_t leading_dense(const ModelConfig& m) {
+    int64_t first = 0;
+    while (first < m.n_layers && !m.moe.is_moe_layer(first)) ++first;
+    return first;
+}
+bool dense_prefix(const ModelConfig& m) {
+    for (int64_t i = leading_dense(m); i < m.n_layers; ++i) {
+        if (!m.moe.is_moe_layer(i)) return false;
+    }
+    return true;
+}
+void mlp_layer_keys(const ModelConfig& m, Json& j) {
+    j["first_k_dense_replace"] = leading_dense(m);
+    if (dense_prefix(m)) return;
+    Json types = Json::array();
+    for (int64_t i = 0; i < m.n_layers; ++i) types.push_back(m.moe.is_moe_layer(i) ? "sparse" : "dense");
+    j["mlp_layer_types"] = types;
+}
+
 double partial_factor(int64_t rot, int64_t D) {
     double f = double(rot) / double(D);
     while (int64_t(f * double(D)) < rot) f = std::nextafter(f, 2.0);
@@ -82,7 +103,8 @@ Json export_kimi(const ModelConfig& m) {
          "KDA value heads, value dim and gate rank equal the q/k heads and head dim");
     need(m.moe.experts > 0, "the feed-forward layers are MoE after first_k_dense_replace dense ones");
     need(m.moe.shared_ffn_dim % m.moe.ffn_dim == 0, "the shared experts' width is a multiple of the expert width");
-    need(m.moe.activation == m.mlp_activation || m.moe.first_dense == 0,
+    need(dense_prefix(m), "the dense MLP layers are the first first_k_dense_replace ones (Kimi's code reads no map)");
+    need(m.moe.activation == m.mlp_activation || m.moe.every_layer_moe(m.n_layers),
          "one activation (hidden_act) for the dense MLP and the experts");
     need.dropless(m.moe);
     need(m.mla.softmax_scale == 0, "the MLA softmax scale is (d_n + d_r)^-1/2");
@@ -118,7 +140,7 @@ Json export_kimi(const ModelConfig& m) {
                   {"num_expert_group", m.moe.groups},
                   {"topk_group", m.moe.topk_groups},
                   {"topk_method", "noaux_tc"},
-                  {"first_k_dense_replace", m.moe.first_dense},
+                  {"first_k_dense_replace", leading_dense(m)},
                   {"moe_layer_freq", 1},
                   {"num_nextn_predict_layers", 0}});
     if (m.moe.latent_dim > 0) {
@@ -154,7 +176,8 @@ Json export_qwen3_next(const ModelConfig& m) {
     need(k.gate_lower_bound == 0 && k.o_norm_eps == m.norm_eps,
          "the GDN decay is the softplus form and its output norm uses rms_norm_eps");
     const MoeConfig& e = m.moe;
-    need(e.experts > 0 && e.first_dense == 0, "every layer is MoE");
+    need(e.experts > 0, "the model has routed experts (num_experts > 0)");
+    need(m.mlp_activation == "swiglu" || e.every_layer_moe(m.n_layers), "the dense MLP layers are SwiGLU");
     need(e.score == "softmax" && e.groups == 1 && e.scaling == 1.0 && e.latent_dim == 0 && e.activation == "swiglu",
          "the router is a plain softmax top-k over SwiGLU experts");
     need(e.balance == "frozen", "there is no selection bias (set model.moe.balance = frozen)");
@@ -177,8 +200,12 @@ Json export_qwen3_next(const ModelConfig& m) {
                   {"shared_expert_intermediate_size", e.shared_ffn_dim},
                   {"norm_topk_prob", e.normalize},
                   {"decoder_sparse_step", 1},
-                  {"mlp_only_layers", Json::array()},
                   {"router_aux_loss_coef", 0.0}});
+    Json dense = Json::array();  // Qwen3NextDecoderLayer: a dense MLP on these layers (0-based)
+    for (int64_t i = 0; i < m.n_layers; ++i) {
+        if (!e.is_moe_layer(i)) dense.push_back(i);
+    }
+    j["mlp_only_layers"] = dense;
     yarn_context(m, j);
     return j;
 }
@@ -211,7 +238,6 @@ Json export_deepseek_v32(const ModelConfig& m) {
                   {"num_experts_per_tok", e.topk},
                   {"moe_intermediate_size", e.ffn_dim},
                   {"n_shared_experts", e.shared_ffn_dim / e.ffn_dim},
-                  {"first_k_dense_replace", e.first_dense},
                   {"routed_scaling_factor", e.scaling},
                   {"norm_topk_prob", e.normalize},
                   {"n_group", e.groups},
@@ -219,6 +245,7 @@ Json export_deepseek_v32(const ModelConfig& m) {
                   {"scoring_func", "sigmoid"},
                   {"topk_method", "noaux_tc"},
                   {"num_nextn_predict_layers", 0}});
+    mlp_layer_keys(m, j);
     yarn_context(m, j);
     return j;
 }

@@ -4,11 +4,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/file.h"
 #include "model/hf_config.h"
 #include "model/inspect.h"
+#include "model/model.h"
 #include "train/config.h"
 #include "util/test_util.h"
 
@@ -170,6 +172,51 @@ TEST(HfConfig, Qwen3NextPartialRotaryIsTruncatedAsTransformersDoes) {
     model::ModelConfig m = model::import_hf_config(doc, "q.json").model;
     m.rope_dim = 58;
     EXPECT_EQ(model::import_hf_config(model::export_hf_config(m), "back").model.rope_dim, 58);
+}
+
+TEST(HfConfig, DenseLayersBetweenMoeLayersFollowTransformers) {
+    // Qwen3-Next: MoE where the layer is not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0
+    Json doc = hf("qwen3_next_80b_a3b");
+    doc["num_hidden_layers"] = 8;
+    doc["decoder_sparse_step"] = 2;
+    doc["mlp_only_layers"] = Json{3};
+    const model::HfImport q = model::import_hf_config(doc, "q.json");
+    EXPECT_EQ(q.model.moe.layers,
+              (std::vector<std::string>{"dense", "moe", "dense", "dense", "dense", "moe", "dense", "moe"}));
+    EXPECT_FALSE(mentions(q.unsupported, "mlp_only_layers"));
+    EXPECT_FALSE(mentions(q.unsupported, "decoder_sparse_step"));
+    const model::Model qm(q.model);  // dense MLP parameters on the dense layers
+    std::set<std::string> names;
+    for (const auto& spec : qm.param_specs()) names.insert(spec.name);
+    EXPECT_TRUE(names.count("model.layers.3.mlp.gate_proj.weight"));
+    EXPECT_TRUE(names.count("model.layers.5.mlp.gate.weight"));
+    EXPECT_TRUE(names.count("model.layers.1.mlp.gate.weight"));
+    EXPECT_FALSE(names.count("model.layers.4.mlp.gate.weight"));
+    Json out = model::export_hf_config(q.model);
+    EXPECT_EQ(out["mlp_only_layers"], (Json{0, 2, 3, 4, 6}));
+    EXPECT_EQ(model::to_json(model::import_hf_config(out, "back").model), model::to_json(q.model));
+    doc["mlp_only_layers"] = Json{8};
+    test::expect_error([&] { model::import_hf_config(doc, "q.json"); }, "mlp_only_layers entry 8 is not a layer index");
+    // DeepSeek-V3.2 / Kimi-Linear: transformers 5's mlp_layer_types decides; without it, first_k_dense_replace
+    // with transformers' defaults (3 and 1)
+    doc = hf("deepseek_v3_2_exp");
+    doc["num_hidden_layers"] = 4;
+    doc.erase("first_k_dense_replace");
+    EXPECT_EQ(model::import_hf_config(doc, "d.json").model.moe.first_dense, 3);
+    doc["mlp_layer_types"] = Json{"dense", "sparse", "dense", "sparse"};
+    const model::ModelConfig d = model::import_hf_config(doc, "d.json").model;
+    EXPECT_EQ(d.moe.layers, (std::vector<std::string>{"dense", "moe", "dense", "moe"}));
+    out = model::export_hf_config(d);
+    EXPECT_EQ(out["mlp_layer_types"], doc["mlp_layer_types"]);
+    EXPECT_EQ(out["first_k_dense_replace"], 1);
+    EXPECT_EQ(model::to_json(model::import_hf_config(out, "back").model), model::to_json(d));
+    doc = hf("kimi_linear_48b_a3b");
+    doc.erase("first_k_dense_replace");
+    EXPECT_EQ(model::import_hf_config(doc, "k.json").model.moe.first_dense, 1);
+    model::ModelConfig k = model::import_hf_config(doc, "k.json").model;
+    k.moe.layers.assign(size_t(k.n_layers), "moe");
+    k.moe.layers[5] = "dense";
+    test::expect_error([&] { model::export_hf_config(k); }, "the dense MLP layers are the first");
 }
 
 TEST(HfConfig, BadConfigsNameTheKey) {
