@@ -36,6 +36,7 @@ MoeConfig parse_moe_config(const Json& section, const std::string& where) {
     c.balance = r.choice("balance", d.balance, {"sign", "quantile", "frozen"});
     c.bias_update_rate = r.number("bias_update_rate", d.bias_update_rate);
     c.seq_aux_coeff = r.number("seq_aux_coeff", d.seq_aux_coeff);
+    c.global_aux_coeff = r.number("global_aux_coeff", d.global_aux_coeff);
     c.z_loss_coeff = r.number("z_loss_coeff", d.z_loss_coeff);
     r.finish();
     return c;
@@ -124,8 +125,9 @@ void validate_moe(const MoeConfig& m, int64_t n_layers, const std::string& where
     TESSERA_CHECK(m.layers.empty() || int64_t(m.layers.size()) == n_layers,
                   "{}: model.moe.layers lists {} layers for model.n_layers = {} (one \"moe\" or \"dense\" per layer)",
                   where, m.layers.size(), n_layers);
-    TESSERA_CHECK(m.bias_update_rate >= 0 && m.seq_aux_coeff >= 0 && m.z_loss_coeff >= 0,
-                  "{}: model.moe.bias_update_rate, seq_aux_coeff and z_loss_coeff must be >= 0", where);
+    TESSERA_CHECK(m.bias_update_rate >= 0 && m.seq_aux_coeff >= 0 && m.global_aux_coeff >= 0 && m.z_loss_coeff >= 0,
+                  "{}: model.moe.bias_update_rate, seq_aux_coeff, global_aux_coeff and z_loss_coeff must be >= 0",
+                  where);
     TESSERA_CHECK(m.balance != "quantile" || m.topk < m.experts,
                   "{}: model.moe.balance = quantile needs topk < experts", where);
 }
@@ -394,6 +396,7 @@ Json to_json(const MoeConfig& m) {
            {"balance", m.balance},
            {"bias_update_rate", m.bias_update_rate},
            {"seq_aux_coeff", m.seq_aux_coeff},
+           {"global_aux_coeff", m.global_aux_coeff},
            {"z_loss_coeff", m.z_loss_coeff}};
     if (m.layers.empty()) {
         j["first_dense"] = m.first_dense;

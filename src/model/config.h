@@ -37,6 +37,7 @@ struct MoeConfig {
     std::string balance = "sign";     // sign | quantile | frozen
     double bias_update_rate = 1e-3;   // γ of the sign rule
     double seq_aux_coeff = 0.0;       // sequence-wise balance loss weight
+    double global_aux_coeff = 0.0;    // global balance loss weight, pooled over the MoE layers (Qwen3-Next's)
     double z_loss_coeff = 0.0;        // router z-loss weight
     bool is_moe_layer(int64_t layer) const {
         return experts > 0 && (layers.empty() ? layer >= first_dense : layers[size_t(layer)] == "moe");

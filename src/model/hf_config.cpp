@@ -366,13 +366,10 @@ void import_qwen3_next(Keys& k, HfImport& r) {
     }
     k.ignore({"mlp_only_layers"});
     set_moe_layers(m, layers);
-    const double aux = k.number_or("router_aux_loss_coef", 0.0);
-    if (aux > 0) {
-        r.unsupported.push_back(fmt::format(
-            "the global load-balancing loss (router_aux_loss_coef = {}): tessera balances with a selection bias or the "
-            "sequence-wise loss",
-            aux));
-    }
+    // Qwen3NextForCausalLM adds router_aux_loss_coef · load_balancing_loss_func only when output_router_logits is
+    // set (the published configs have it false): the global balance loss pooled over the MoE layers (docs/moe.md)
+    const double aux = k.number_or("router_aux_loss_coef", 0.001);  // Qwen3NextConfig's default
+    m.moe.global_aux_coeff = k.boolean_or("output_router_logits", false) ? aux : 0.0;
 }
 
 void import_deepseek_v32(Keys& k, HfImport& r) {

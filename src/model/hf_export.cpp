@@ -14,9 +14,11 @@ struct Need {
     void operator()(bool ok, const char* what) const {
         TESSERA_CHECK(ok, "this model cannot be written as a {} config: {}", family, what);
     }
-    void dropless(const MoeConfig& e) const {
-        (*this)(e.capacity_factor == 0 && e.seq_aux_coeff == 0 && e.z_loss_coeff == 0,
-                "routing is dropless without auxiliary losses");
+    void dropless(const MoeConfig& e, bool global_aux = false) const {
+        (*this)(e.capacity_factor == 0 && e.seq_aux_coeff == 0 && e.z_loss_coeff == 0 &&
+                    (global_aux || e.global_aux_coeff == 0),
+                global_aux ? "routing is dropless with at most the global balance loss (model.moe.global_aux_coeff)"
+                           : "routing is dropless without auxiliary losses");
     }
 };
 
@@ -182,7 +184,7 @@ Json export_qwen3_next(const ModelConfig& m) {
          "the router is a plain softmax top-k over SwiGLU experts");
     need(e.balance == "frozen", "there is no selection bias (set model.moe.balance = frozen)");
     need(e.shared_expert_gate == (e.shared_ffn_dim > 0), "a shared expert comes with its sigmoid gate");
-    need.dropless(e);
+    need.dropless(e, true);
     const int64_t D = m.head_dim_or_default(), rot = m.rope_dim > 0 ? m.rope_dim : D;
     Json j = shape_keys(m, "Qwen3NextForCausalLM", "qwen3_next", m.n_kv_heads);
     j.update(Json{{"head_dim", D},
@@ -200,7 +202,8 @@ Json export_qwen3_next(const ModelConfig& m) {
                   {"shared_expert_intermediate_size", e.shared_ffn_dim},
                   {"norm_topk_prob", e.normalize},
                   {"decoder_sparse_step", 1},
-                  {"router_aux_loss_coef", 0.0}});
+                  {"router_aux_loss_coef", e.global_aux_coeff},
+                  {"output_router_logits", e.global_aux_coeff > 0}});
     Json dense = Json::array();  // Qwen3NextDecoderLayer: a dense MLP on these layers (0-based)
     for (int64_t i = 0; i < m.n_layers; ++i) {
         if (!e.is_moe_layer(i)) dense.push_back(i);

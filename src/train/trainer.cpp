@@ -156,6 +156,7 @@ StepResult train_step(model::Model& model,
     opt.update(tc, rt.params(), rt.grads(), r.lr, trainable);
     model.update_moe_bias();  // after the step, from the whole step's routing (spec/moe.md §3.1)
     r.moe = model.take_moe_stats();
+    r.global_aux_loss = model.take_global_aux_loss();
     r.dsa = model.take_dsa_stats();
     return r;
 }
@@ -274,6 +275,7 @@ TrainSummary train(const TrainOptions& opts) {
         std::string extra_line;
         if (!r.moe.empty()) {
             rec["moe"] = moe_metrics(r.moe);
+            if (cfg.model.moe.global_aux_coeff > 0) rec["global_aux_loss"] = r.global_aux_loss;
             extra_line = moe_summary(r.moe);
         }
         if (!r.dsa.empty()) {

@@ -219,6 +219,23 @@ TEST(HfConfig, DenseLayersBetweenMoeLayersFollowTransformers) {
     test::expect_error([&] { model::export_hf_config(k); }, "the dense MLP layers are the first");
 }
 
+TEST(HfConfig, Qwen3NextRouterAuxLossIsTheGlobalBalanceLossWhenTransformersAddsIt) {
+    Json doc = hf("qwen3_next_80b_a3b");  // router_aux_loss_coef 0.001, output_router_logits false
+    model::HfImport q = model::import_hf_config(doc, "q.json");
+    EXPECT_EQ(q.model.moe.global_aux_coeff, 0.0);  // transformers adds no balance loss then
+    EXPECT_FALSE(mentions(q.unsupported, "router_aux_loss_coef"));
+    doc["output_router_logits"] = true;
+    q = model::import_hf_config(doc, "q.json");
+    EXPECT_EQ(q.model.moe.global_aux_coeff, 0.001);
+    const Json out = model::export_hf_config(q.model);
+    EXPECT_EQ(out["router_aux_loss_coef"], 0.001);
+    EXPECT_EQ(out["output_router_logits"], true);
+    doc.erase("router_aux_loss_coef");  // Qwen3NextConfig's default
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.moe.global_aux_coeff, 0.001);
+    q.model.moe.seq_aux_coeff = 1e-4;
+    test::expect_error([&] { model::export_hf_config(q.model); }, "at most the global balance loss");
+}
+
 TEST(HfConfig, BadConfigsNameTheKey) {
     test::expect_error(
         [] {
