@@ -405,6 +405,16 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
 
 }  // namespace
 
+void require_supported(const HfImport& imported, const std::string& where) {
+    if (imported.unsupported.empty()) return;
+    const size_t more = imported.unsupported.size() - 1;
+    TESSERA_FAIL(
+        "{}: {} uses what tessera does not build: {}{} (`tessera inspect` lists it); refusing to run a "
+        "different model",
+        where, imported.family, imported.unsupported.front(),
+        more ? fmt::format(" (and {} more)", more) : std::string());
+}
+
 bool is_hf_config(const Json& doc) {
     return doc.is_object() && (doc.contains("model_type") || doc.contains("architectures"));
 }

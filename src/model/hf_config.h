@@ -27,6 +27,10 @@ struct HfImport {
 bool is_hf_config(const Json& doc);
 // Throws with the file and key for unknown families, missing keys or contradictions.
 HfImport import_hf_config(const Json& doc, const std::string& where);
+// The gate every command that builds a model from a Hugging Face checkpoint passes (logits, generate; anything
+// opening a model source): any unsupported entry throws one line naming it (and how many more there are), so a
+// feature tessera does not build never yields a silently different model. `inspect` lists them instead.
+void require_supported(const HfImport& imported, const std::string& where);
 // The Hugging Face config.json of a tessera model, the inverse of the import (importing it gives the same
 // model), in the family its layers imply: gdn / gqa layers -> Qwen3-Next; every layer dsa, ungated, with
 // RoPE -> DeepSeek-V3.2; otherwise Kimi-Linear (kda / mla / dsa), or Kimi K3 (model_type kimi_k3, the
