@@ -24,6 +24,7 @@ ModelSource open_model_source(const std::string& path) {
             s.hf = true;
             s.model_type = imported.model_type;
             s.config = imported.model;
+            model::untie_stored_head(path, s.config, s.model_type);  // Kimi: the stored head transformers uses
             return s;
         }
     }

@@ -36,6 +36,13 @@ void require_supported(const HfImport& imported, const std::string& where);
 // RoPE -> DeepSeek-V3.2; otherwise Kimi-Linear (kda / mla / dsa), or Kimi K3 (model_type kimi_k3, the
 // Kimi-Linear keys under text_config) with Attention Residuals. Throws naming what the family's format
 // cannot express (a headwise gate, a selection bias Qwen lacks, KDA with grouped value heads, ...).
-Json export_hf_config(const ModelConfig& m);
+// tokens: the ids written as bos_token_id, eos_token_id and pad_token_id (null when negative or outside the
+// vocabulary: transformers builds its embedding with padding_idx = pad_token_id and refuses one out of range, and
+// warns about bos / eos out of range). A tied model exported as Kimi says tie_word_embeddings = false: transformers'
+// Kimi-Linear never ties, and the export writes the head as its own tensor (model/hf_checkpoint.h).
+struct HfSpecialTokens {
+    int64_t bos = -1, eos = -1, pad = -1;
+};
+Json export_hf_config(const ModelConfig& m, const HfSpecialTokens& tokens = {});
 
 }  // namespace tessera::model

@@ -37,6 +37,15 @@ Json shape_keys(const ModelConfig& m, const char* architecture, const char* mode
             {"tie_word_embeddings", m.tie_embeddings}};
 }
 
+// a special token id, or null when there is none in the vocabulary
+Json token_id(const ModelConfig& m, int64_t id) { return id >= 0 && id < m.vocab_size ? Json(id) : Json(nullptr); }
+
+void token_keys(const ModelConfig& m, const HfSpecialTokens& t, Json& j) {
+    j["bos_token_id"] = token_id(m, t.bos);
+    j["eos_token_id"] = token_id(m, t.eos);
+    j["pad_token_id"] = token_id(m, t.pad);
+}
+
 // transformers 5's rope_parameters: rope_theta, the YaRN fields of model.rope_scaling, and
 // partial_rotary_factor when given
 Json rope_parameters(const ModelConfig& m, double partial = 0) {
@@ -90,7 +99,7 @@ double partial_factor(int64_t rot, int64_t D) {
     return f;
 }
 
-Json export_kimi(const ModelConfig& m) {
+Json export_kimi(const ModelConfig& m, const HfSpecialTokens& tokens) {
     const Need need{"Kimi-Linear / Kimi K3"};
     Json kda_layers = Json::array(), full_layers = Json::array();
     for (int64_t i = 0; i < m.n_layers; ++i) {
@@ -156,16 +165,20 @@ Json export_kimi(const ModelConfig& m) {
         j["index_n_heads"] = m.mla.dsa.heads;
         j["index_head_dim"] = m.mla.dsa.head_dim;
     }
+    j["tie_word_embeddings"] = false;  // a tied model's head is written as lm_head.weight: no loader ties it
+    token_keys(m, tokens, j);
     if (m.attn_res_block_size == 0) return j;
     // Attention Residuals exist only in Kimi K3: its wrapper around the Kimi-Linear text config
     j["attn_res_block_size"] = m.attn_res_block_size;
-    return {{"architectures", {"KimiK3ForConditionalGeneration"}},
-            {"model_type", "kimi_k3"},
-            {"tie_word_embeddings", m.tie_embeddings},
-            {"text_config", j}};
+    Json k3 = {{"architectures", {"KimiK3ForConditionalGeneration"}},
+               {"model_type", "kimi_k3"},
+               {"tie_word_embeddings", false},
+               {"text_config", j}};
+    token_keys(m, tokens, k3);
+    return k3;
 }
 
-Json export_qwen3_next(const ModelConfig& m) {
+Json export_qwen3_next(const ModelConfig& m, const HfSpecialTokens& tokens) {
     const Need need{"Qwen3-Next"};
     Json types = Json::array();
     for (int64_t i = 0; i < m.n_layers; ++i) {
@@ -209,11 +222,12 @@ Json export_qwen3_next(const ModelConfig& m) {
         if (!e.is_moe_layer(i)) dense.push_back(i);
     }
     j["mlp_only_layers"] = dense;
+    token_keys(m, tokens, j);
     yarn_context(m, j);
     return j;
 }
 
-Json export_deepseek_v32(const ModelConfig& m) {
+Json export_deepseek_v32(const ModelConfig& m, const HfSpecialTokens& tokens) {
     const Need need{"DeepSeek-V3.2"};
     for (int64_t i = 0; i < m.n_layers; ++i) need(m.layer_type(i) == "dsa", "every layer is dsa");
     const MlaConfig& a = m.mla;
@@ -249,17 +263,18 @@ Json export_deepseek_v32(const ModelConfig& m) {
                   {"topk_method", "noaux_tc"},
                   {"num_nextn_predict_layers", 0}});
     mlp_layer_keys(m, j);
+    token_keys(m, tokens, j);
     yarn_context(m, j);
     return j;
 }
 }  // namespace
 
-Json export_hf_config(const ModelConfig& m) {
-    if (m.has_layer_type("gdn") || m.has_layer_type("gqa")) return export_qwen3_next(m);
+Json export_hf_config(const ModelConfig& m, const HfSpecialTokens& tokens) {
+    if (m.has_layer_type("gdn") || m.has_layer_type("gqa")) return export_qwen3_next(m, tokens);
     if (!m.has_layer_type("kda") && !m.has_layer_type("mla") && m.output_gate == "none" && m.mla.rope) {
-        return export_deepseek_v32(m);
+        return export_deepseek_v32(m, tokens);
     }
-    return export_kimi(m);
+    return export_kimi(m, tokens);
 }
 
 }  // namespace tessera::model

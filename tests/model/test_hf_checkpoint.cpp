@@ -256,6 +256,77 @@ TEST(HfCheckpoint, KimiK3LayoutPadsALogAndRefusesANonZeroPad) {
     test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.rt.params()); }, "pads with 0.5 at 7");
 }
 
+TEST(HfCheckpoint, TiedKimiModelsWriteTheirHeadAndAcceptItBack) {
+    // transformers' Kimi-Linear never ties lm_head: a tied model is exported with the head as its own tensor (and
+    // the config says tie_word_embeddings = false); a tied checkpoint carrying a head equal to the embedding loads
+    for (const char* type : {"kimi_linear", "kimi_k3"}) {
+        SCOPED_TRACE(type);
+        model::ModelConfig c = tiny_kimi();
+        c.tie_embeddings = true;
+        model::Model m(c);
+        model::ModelRuntime a(m, {1, 1}, false, false), b(m, {1, 1}, false, false);
+        m.init_params(a.params(), 1);
+        const auto map = model::hf_tensor_map(m.param_specs(), c, type);
+        test::TempDir d;
+        model::save_hf_checkpoint(d.path(), map, a.params());
+        const std::string head = std::string(type) == "kimi_k3" ? "language_model.lm_head.weight" : "lm_head.weight";
+        const SafetensorsFile f(d.file("model-00001-of-00001.safetensors"));
+        ASSERT_TRUE(f.contains(head));
+        EXPECT_TRUE(test::bitwise_equal(f.load(head).view(), a.params().view("model.embed_tokens.weight")));
+        model::load_hf_checkpoint(d.path(), map, b.params());  // the stored head is accepted
+        EXPECT_TRUE(test::bitwise_equal(a.params().view("model.embed_tokens.weight"),
+                                        b.params().view("model.embed_tokens.weight")));
+        model::ModelConfig again = c;
+        EXPECT_FALSE(model::untie_stored_head(d.path(), again, type));  // equal: the model stays tied
+        EXPECT_TRUE(again.tie_embeddings);
+        // a different stored head: transformers' Kimi computes with it, so the model is untied and loads it
+        ShardCopy rest = all_but(f, head);
+        Tensor other = f.load(head);
+        other.ptr<float>()[5] += 1.0f;
+        rest.named.push_back({head, other.view()});
+        write_safetensors(d.file("model-00001-of-00001.safetensors"), rest.named);
+        test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.params()); },
+                           "\"" + head + "\" differs from model.embed_tokens.weight although the config ties them");
+        EXPECT_TRUE(model::untie_stored_head(d.path(), again, type));
+        EXPECT_FALSE(again.tie_embeddings);
+        model::Model untied(again);
+        model::ModelRuntime u(untied, {1, 1}, false, false);
+        model::load_hf_checkpoint(d.path(), model::hf_tensor_map(untied.param_specs(), again, type), u.params());
+        EXPECT_TRUE(test::bitwise_equal(u.params().view("lm_head.weight"), other.view()));
+    }
+}
+
+TEST(HfCheckpoint, TiedQwenAndDeepSeekModelsStoreNoHeadAndRefuseADifferentOne) {
+    // transformers ties these families: save_pretrained writes no lm_head, and a stored one must equal the embedding
+    for (const char* name : {"qwen3_next_tiny", "deepseek_v32_tiny"}) {
+        SCOPED_TRACE(name);
+        const std::string src = test::golden_path(std::string("hf/") + name);
+        model::HfImport hf = model::import_hf_config(Json::parse(read_text(src + "/config.json")), "config.json");
+        hf.model.tie_embeddings = true;
+        model::Model m(hf.model);
+        model::ModelRuntime rt(m, {1, 1}, false, false);
+        m.init_params(rt.params(), 3);
+        const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
+        test::TempDir d;
+        model::save_hf_checkpoint(d.path(), map, rt.params());
+        const SafetensorsFile f(d.file("model-00001-of-00001.safetensors"));
+        EXPECT_FALSE(f.contains("lm_head.weight"));
+        EXPECT_FALSE(model::untie_stored_head(d.path(), hf.model, hf.model_type));
+        ShardCopy all = all_but(f, "");
+        Tensor head = f.load("model.embed_tokens.weight");
+        all.named.push_back({"lm_head.weight", head.view()});
+        write_safetensors(d.file("model-00001-of-00001.safetensors"), all.named);
+        Json index = Json::parse(read_text(d.file("model.safetensors.index.json")));
+        index["weight_map"]["lm_head.weight"] = "model-00001-of-00001.safetensors";
+        write_text_atomic(d.file("model.safetensors.index.json"), index.dump());
+        model::load_hf_checkpoint(d.path(), map, rt.params());  // equal: accepted
+        head.ptr<float>()[0] += 1.0f;
+        write_safetensors(d.file("model-00001-of-00001.safetensors"), all.named);
+        test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, rt.params()); },
+                           "\"lm_head.weight\" differs from model.embed_tokens.weight");
+    }
+}
+
 class TransformersInterop : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {

@@ -236,6 +236,27 @@ TEST(HfConfig, Qwen3NextRouterAuxLossIsTheGlobalBalanceLossWhenTransformersAddsI
     test::expect_error([&] { model::export_hf_config(q.model); }, "at most the global balance loss");
 }
 
+TEST(HfConfig, ExportsWriteSpecialTokensInsideTheVocabularyAndKimiNeverTies) {
+    // transformers builds nn.Embedding(vocab, d, padding_idx = pad_token_id) and refuses an id outside it
+    const model::HfSpecialTokens bytes{.bos = 256, .eos = 256, .pad = 257};
+    for (const char* name : {"qwen3_next_tiny", "deepseek_v32_tiny", "kimi_linear_tiny"}) {
+        SCOPED_TRACE(name);
+        model::ModelConfig m =
+            model::import_hf_config(
+                Json::parse(read_text(test::golden_path(std::string("hf/") + name + "/config.json"))), name)
+                .model;
+        Json out = model::export_hf_config(m, bytes);  // vocabulary 64: no such ids
+        EXPECT_TRUE(out["pad_token_id"].is_null() && out["bos_token_id"].is_null() && out["eos_token_id"].is_null());
+        m.vocab_size = 258;  // the byte tokenizer's
+        m.tie_embeddings = true;
+        out = model::export_hf_config(m, bytes);
+        EXPECT_EQ(out["bos_token_id"], 256);
+        EXPECT_EQ(out["eos_token_id"], 256);
+        EXPECT_EQ(out["pad_token_id"], 257);
+        EXPECT_EQ(out["tie_word_embeddings"], std::string(name) != "kimi_linear_tiny");  // Kimi's head is written
+    }
+}
+
 TEST(HfConfig, BadConfigsNameTheKey) {
     test::expect_error(
         [] {
