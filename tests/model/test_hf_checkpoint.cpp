@@ -334,8 +334,10 @@ TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
     // DeepseekV32ForCausalLM .save_pretrained (tools/ref/make_hf_interop_golden.py), with its own float32 logits for
     // two rows of ids
     const std::string dir = test::golden_path("hf/" + GetParam());
-    const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
+    model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
     EXPECT_TRUE(hf.unsupported.empty()) << hf.unsupported.front();
+    // kimi_linear_tied_tiny: tied in its config, yet transformers' Kimi-Linear computes with its stored head
+    EXPECT_EQ(model::untie_stored_head(dir, hf.model, hf.model_type), GetParam() == "kimi_linear_tied_tiny");
     model::Model m(hf.model);
     SafetensorsFile golden(test::golden_path("hf/" + GetParam() + "_logits.safetensors"));
     const Tensor ids64 = golden.load("ids");
@@ -359,7 +361,62 @@ TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Families,
                          TransformersInterop,
-                         ::testing::Values("kimi_linear_tiny", "qwen3_next_tiny", "deepseek_v32_tiny"));
+                         ::testing::Values("kimi_linear_tiny",
+                                           "qwen3_next_tiny",
+                                           "deepseek_v32_tiny",
+                                           "deepseek_v32_yarn_tiny",
+                                           "qwen3_next_yarn_tiny",
+                                           "kimi_linear_tied_tiny"));
+
+TEST(TransformersInterop, Qwen3NextTrainingLossAndGradientsWithTheRouterAuxLossAreTransformers) {
+    // qwen3_next_yarn_tiny (output_router_logits, router_aux_loss_coef 0.05 -> model.moe.global_aux_coeff): the
+    // gradient of transformers' loss + 0.05 · load_balancing_loss_func for labels = ids, every parameter, against
+    // tessera's forward_backward with the same shifted targets
+    const std::string dir = test::golden_path("hf/qwen3_next_yarn_tiny");
+    const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
+    ASSERT_EQ(hf.model.moe.global_aux_coeff, 0.05);
+    model::Model m(hf.model);
+    SafetensorsFile golden(test::golden_path("hf/qwen3_next_yarn_tiny_logits.safetensors"));
+    const Tensor ids64 = golden.load("ids");
+    const int64_t B = ids64.view().size(0), T = ids64.view().size(1);
+    model::ModelRuntime rt(m, {B, T}, /*with_grads=*/true, false);
+    const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
+    model::load_hf_checkpoint(dir, map, rt.params());
+    std::vector<int32_t> ids(size_t(B * T)), targets(size_t(B * T));
+    for (int64_t i = 0; i < B * T; ++i) {
+        ids[size_t(i)] = int32_t(ids64.view().ptr<int64_t>()[i]);
+        targets[size_t(i)] = i % T == T - 1 ? model::Model::kIgnoreIndex : int32_t(ids64.view().ptr<int64_t>()[i + 1]);
+    }
+    rt.grads().zero();
+    const model::LossResult lm = m.forward_backward({B, T}, ids, targets, 1.0);
+    const double aux = m.take_global_aux_loss();
+    EXPECT_NEAR(lm.loss + aux, golden.load("expected.loss").ptr<double>()[0], 1e-5);
+    EXPECT_NEAR(aux, 0.05 * golden.load("expected.aux_loss").ptr<double>()[0], 1e-6);
+    // the gradients in the checkpoint layout (fused tensors assembled; norm offsets do not apply to gradients)
+    std::vector<model::HfTensor> grad_map = map;
+    for (auto& t : grad_map) t.offset = 0.f;
+    test::TempDir d;
+    model::save_hf_checkpoint(d.path(), grad_map, rt.grads());
+    const SafetensorsFile grads(d.file("model-00001-of-00001.safetensors"));
+    int checked = 0;
+    for (const auto& e : grads.entries()) {
+        ASSERT_TRUE(golden.contains("grad." + e.name)) << e.name;
+        EXPECT_TRUE(test::rel_rms_close(grads.load(e.name).view(), golden.load("grad." + e.name).view(), 1e-4))
+            << e.name;
+        ++checked;
+    }
+    EXPECT_GT(checked, 40);
+    // without the aux loss the router gradients differ: the comparison above sees it
+    model::ModelConfig plain = hf.model;
+    plain.moe.global_aux_coeff = 0;
+    model::Model p(plain);
+    model::ModelRuntime prt(p, {B, T}, true, false);
+    model::load_hf_checkpoint(dir, map, prt.params());
+    prt.grads().zero();
+    p.forward_backward({B, T}, ids, targets, 1.0);
+    EXPECT_FALSE(test::rel_rms_close(prt.grads().view("model.layers.1.mlp.gate.weight"),
+                                     rt.grads().view("model.layers.1.mlp.gate.weight"), 1e-3));
+}
 
 }  // namespace
 }  // namespace tessera
