@@ -133,5 +133,42 @@ TEST(HfCli, EveryUnsupportedFeatureStopsLogitsAndGenerate) {
     }
 }
 
+// tests/golden/hf/export/<case> (tools/ref/make_hf_export_golden.py): a tessera checkpoint trained by the binary,
+// the directory export-hf made of it, and the logits transformers computed from that directory after loading every
+// tensor. Exporting the checkpoint again must give the same files (what transformers read is what the exporter
+// writes now), and tessera's logits, from the checkpoint and from the export, must be transformers'.
+class TransformersReadsTheExport : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TransformersReadsTheExport, ReExportedFilesAreTheOnesTransformersReadAndScoreTheSame) {
+    const std::string g = test::golden_path("hf/export/" + GetParam());
+    TempDir d;
+    test::CliResult r = run_tessera("export-hf --checkpoint " + g + "/tessera --out " + d.file("hf"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(Json::parse(read_text(d.file("hf/config.json"))), Json::parse(read_text(g + "/hf/config.json")));
+    const Json mine = Json::parse(read_text(d.file("hf/model.safetensors.index.json")))["weight_map"],
+               theirs = Json::parse(read_text(g + "/hf/model.safetensors.index.json"))["weight_map"];
+    EXPECT_EQ(mine.size(), theirs.size());
+    for (auto it = theirs.begin(); it != theirs.end(); ++it) {
+        ASSERT_TRUE(mine.contains(it.key())) << it.key();
+        const Tensor a = SafetensorsFile(d.file("hf/" + mine[it.key()].get<std::string>())).load(it.key()),
+                     b = SafetensorsFile(g + "/hf/" + it.value().get<std::string>()).load(it.key());
+        EXPECT_TRUE(test::bitwise_equal(a.view(), b.view())) << it.key();
+    }
+    SafetensorsFile golden(g + "_logits.safetensors");
+    write_safetensors(d.file("ids.safetensors"), {{"ids", golden.load("ids").view()}});
+    for (const std::string& source : {g + "/tessera", d.file("hf")}) {
+        r = run_tessera("logits --checkpoint " + source + " --in " + d.file("ids.safetensors") + " --out " +
+                        d.file("logits.safetensors"));
+        ASSERT_EQ(r.status, 0) << r.err;
+        EXPECT_TRUE(test::rel_rms_close(SafetensorsFile(d.file("logits.safetensors")).load("logits").view(),
+                                        golden.load("expected.logits").view(), 1e-4))
+            << source;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families,
+                         TransformersReadsTheExport,
+                         ::testing::Values("kimi_linear_export", "qwen3_next_export", "deepseek_v32_export"));
+
 }  // namespace
 }  // namespace tessera

@@ -192,6 +192,7 @@ def write(name, build):
 CASES = {"kimi_linear_tiny": kimi_linear, "qwen3_next_tiny": qwen3_next, "deepseek_v32_tiny": deepseek_v32,
          "deepseek_v32_yarn_tiny": deepseek_v32_yarn, "qwen3_next_yarn_tiny": qwen3_next_yarn,
          "kimi_linear_tied_tiny": kimi_linear_tied}
-for case, fn in CASES.items():
-    if len(sys.argv) == 1 or case in sys.argv[1:]:
-        write(case, fn)
+if __name__ == "__main__":
+    for case, fn in CASES.items():
+        if len(sys.argv) == 1 or case in sys.argv[1:]:
+            write(case, fn)
