@@ -368,6 +368,35 @@ INSTANTIATE_TEST_SUITE_P(Families,
                                            "qwen3_next_yarn_tiny",
                                            "kimi_linear_tied_tiny"));
 
+TEST(TransformersInterop, DecodingWithYarnGivesTransformersLogitsAtEveryPosition) {
+    // the caches (KV, indexer keys, GDN state) see the same YaRN frequencies as the full forward
+    for (const char* name : {"deepseek_v32_yarn_tiny", "qwen3_next_yarn_tiny"}) {
+        SCOPED_TRACE(name);
+        const std::string dir = test::golden_path(std::string("hf/") + name);
+        const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
+        ASSERT_TRUE(hf.model.rope_scaling.enabled());
+        SafetensorsFile golden(test::golden_path(std::string("hf/") + name + "_logits.safetensors"));
+        const Tensor ids64 = golden.load("ids"), want = golden.load("expected.logits");
+        const int64_t B = ids64.view().size(0), T = ids64.view().size(1), V = hf.model.vocab_size;
+        model::Model m(hf.model);
+        BufferGroup cache("cache", m.cache_specs(B, T));
+        model::ModelRuntime rt(m, {B, 1}, false, false, {&cache});
+        m.bind_cache(cache);
+        model::load_hf_checkpoint(dir, model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type), rt.params());
+        Tensor step(DType::f32, Shape{B, V}), expected(DType::f64, Shape{B, V});
+        for (int64_t pos = 0; pos < T; ++pos) {
+            std::vector<int32_t> tok;
+            for (int64_t b = 0; b < B; ++b) {
+                tok.push_back(int32_t(ids64.view().ptr<int64_t>()[b * T + pos]));
+                const double* row = want.view().ptr<double>() + (b * T + pos) * V;
+                std::copy(row, row + V, expected.ptr<double>() + b * V);
+            }
+            m.decode_step(pos, tok, step);
+            EXPECT_TRUE(test::rel_rms_close(step, expected, 1e-4)) << "position " << pos;
+        }
+    }
+}
+
 TEST(TransformersInterop, Qwen3NextTrainingLossAndGradientsWithTheRouterAuxLossAreTransformers) {
     // qwen3_next_yarn_tiny (output_router_logits, router_aux_loss_coef 0.05 -> model.moe.global_aux_coeff): the
     // gradient of transformers' loss + 0.05 · load_balancing_loss_func for labels = ids, every parameter, against
