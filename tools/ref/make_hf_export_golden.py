@@ -37,7 +37,7 @@ TRAIN = {"seq_len": 32, "batch_size": 4, "steps": 30, "lr": 3e-3, "warmup_steps"
 
 CASES = {
     "kimi_linear_export": (KimiLinearForCausalLM, {
-        "vocab_size": 258, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "tie_embeddings": True,
+        "vocab_size": 258, "d_model": 32, "n_layers": 3, "n_heads": 2, "init_std": 0.15, "ffn_dim": 48, "tie_embeddings": True,
         "attention": ["kda", "kda", "mla"],
         "kda": {"head_dim": 16, "o_norm_eps": 1e-6},
         "mla": {"q_lora_rank": 0, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 8,
@@ -45,7 +45,7 @@ CASES = {
         "moe": {"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "first_dense": 1, "groups": 2,
                 "topk_groups": 1, "scaling": 2.0, "bias_update_rate": 0.01}}),
     "qwen3_next_export": (Qwen3NextForCausalLM, {
-        "vocab_size": 258, "d_model": 32, "n_layers": 4, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,
+        "vocab_size": 258, "d_model": 32, "n_layers": 4, "n_heads": 2, "init_std": 0.15, "n_kv_heads": 1, "head_dim": 16,
         "ffn_dim": 48, "tie_embeddings": True, "attention": ["gdn", "gqa", "gdn", "gqa"],
         "output_gate": "elementwise", "qk_norm": True, "rope_dim": 4, "rope_theta": 500.0,
         "rope_scaling": {"factor": 8.0, "original_max_position": 8, "beta_fast": 4.0, "truncate": False},
@@ -54,7 +54,7 @@ CASES = {
                 "score": "softmax", "balance": "frozen", "layers": ["dense", "moe", "dense", "moe"],
                 "global_aux_coeff": 0.01}}),
     "deepseek_v32_export": (DeepseekV32ForCausalLM, {
-        "vocab_size": 258, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "tie_embeddings": True,
+        "vocab_size": 258, "d_model": 32, "n_layers": 3, "n_heads": 2, "init_std": 0.15, "ffn_dim": 48, "tie_embeddings": True,
         "attention": "dsa", "rope_theta": 100.0,
         "rope_scaling": {"factor": 4.0, "original_max_position": 8, "beta_fast": 8.0, "mscale": 0.8,
                          "mscale_all_dim": 0.5},
