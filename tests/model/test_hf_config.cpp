@@ -111,6 +111,11 @@ TEST(HfConfig, KimiLinearQwen3NextAndDeepSeekV32MapTheirLayers) {
     EXPECT_EQ(ds.model.mla.softmax_scale, 0.0);                   // the default τ, with YaRN's mscale²:
     EXPECT_NEAR(ds.model.mla_layer(true).scale(), 0.1352, 5e-5);  // 192^-1/2 · 1.3689² (spec/dsa.md §1.2)
     EXPECT_FALSE(mentions(ds.unsupported, "YaRN"));
+    EXPECT_NE(
+        model::summarize(ds.model, 4096)
+            .str()
+            .find("positions: RoPE, theta 10000, YaRN x40 of 4096 positions (cos/sin x1, MLA softmax scale x1.874)"),
+        std::string::npos);
     EXPECT_TRUE(mentions(ds.unsupported, "multi-token-prediction"));
     EXPECT_FALSE(mentions(ds.unsupported, "not interpreted"));
 }
