@@ -131,6 +131,11 @@ TEST(HfCli, EveryUnsupportedFeatureStopsLogitsAndGenerate) {
         EXPECT_EQ(listed.status, 0) << listed.err;
         EXPECT_NE(listed.out.find(u.needle), std::string::npos) << listed.out;
     }
+    // train has no Hugging Face source: such a config is named as one, not run as something else
+    const test::CliResult t =
+        run_tessera("train --config " + test::golden_path("hf/qwen3_next_tiny/config.json") + " --out " + d.file("r"));
+    EXPECT_EQ(t.status, 1);
+    EXPECT_NE(t.err.find("is a Hugging Face config: train takes a tessera run config"), std::string::npos) << t.err;
 }
 
 // tests/golden/hf/export/<case> (tools/ref/make_hf_export_golden.py): a tessera checkpoint trained by the binary,
