@@ -59,7 +59,7 @@ struct MoeWeights {
     TensorView w_gate, w_up, w_down;
     TensorView latent_down, latent_up, latent_norm;
     TensorView shared_gate, shared_up, shared_down;
-    TensorView shared_scale;  // optional sigmoid gate of the shared expert's output
+    TensorView shared_scale = {};  // optional sigmoid gate of the shared expert's output
 };
 
 struct MoeDims {
