@@ -11,6 +11,7 @@
 #include "model/runtime.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/data/tokenizer.h"
 
 namespace tessera::apps {
 
@@ -42,7 +43,10 @@ void add_export_command(CLI::App& app) {
         const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
         const train::RunConfig cfg =
             train::parse_run_config(train::load_checkpoint_config(ckpt), (fs::path(ckpt) / "config.json").string());
-        const Json hf = model::export_hf_config(cfg.model);  // refuses what the format cannot express
+        // refuses what the format cannot express; the byte tokenizer's <|endoftext|> and <|pad|> as the special ids
+        const Json hf = model::export_hf_config(cfg.model, {.bos = train::ByteTokenizer::kEndOfText,
+                                                            .eos = train::ByteTokenizer::kEndOfText,
+                                                            .pad = train::ByteTokenizer::kPad});
         const std::string type = hf.at("model_type").get<std::string>();
         model::Model model(cfg.model);
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);

@@ -21,7 +21,8 @@ void add_generate_command(CLI::App& app) {
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("--checkpoint", a->checkpoint,
-                    "A checkpoint, a run directory (its latest checkpoint), or a Hugging Face checkpoint directory")
+                    "A checkpoint, a run directory (its latest checkpoint), or a Hugging Face checkpoint directory "
+                    "(Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2; a feature tessera does not build is an error)")
         ->required();
     cmd->add_option("--prompt", a->prompt, "Text to continue")->required();
     cmd->add_option("--max-new-tokens", a->p.max_new_tokens, "Tokens to generate")

@@ -17,7 +17,7 @@ void add_logits_command(CLI::App& app) {
     auto a = std::make_shared<Args>();
     cmd->add_option("--checkpoint", a->checkpoint,
                     "A checkpoint, a run directory (its latest checkpoint), or a Hugging Face checkpoint directory "
-                    "(Kimi-Linear / Kimi K3 layout)")
+                    "(Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2; a feature tessera does not build is an error)")
         ->required();
     cmd->add_option("--in", a->in, "safetensors file with ids [B, T] (i32 or i64)")->required();
     cmd->add_option("--out", a->out, "safetensors file to write: logits [B, T, V] (f32)")->required();

@@ -19,10 +19,12 @@ ModelSource open_model_source(const std::string& path) {
         const Json doc = train::load_config_json(config.string(), {});
         if (model::is_hf_config(doc)) {
             model::HfImport imported = model::import_hf_config(doc, config.string());
+            model::require_supported(imported, config.string());  // never a silently different model
             s.path = path;
             s.hf = true;
             s.model_type = imported.model_type;
             s.config = imported.model;
+            model::untie_stored_head(path, s.config, s.model_type);  // Kimi: the stored head transformers uses
             return s;
         }
     }

@@ -1,5 +1,6 @@
 // The model behind a --checkpoint argument: a tessera checkpoint or run directory (its latest checkpoint),
-// or a Hugging Face checkpoint directory (config.json with a model_type; Kimi-Linear / Kimi K3 weights).
+// or a Hugging Face checkpoint directory (config.json with a model_type: Kimi-Linear, Kimi K3, Qwen3-Next or
+// DeepSeek-V3.2 weights), refused with one line when its config uses a feature tessera does not build.
 #pragma once
 
 #include <string>

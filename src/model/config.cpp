@@ -26,10 +26,17 @@ MoeConfig parse_moe_config(const Json& section, const std::string& where) {
     c.capacity_factor = r.number("capacity_factor", d.capacity_factor);
     c.overflow = r.choice("overflow", d.overflow, {"reroute", "drop"});
     c.activation = r.choice("activation", d.activation, {"swiglu", "situ"});
+    TESSERA_CHECK(!(r.has("first_dense") && r.has("layers")),
+                  "{}: give model.moe.first_dense or model.moe.layers, not both", where);
     c.first_dense = r.integer("first_dense", d.first_dense);
+    if (r.has("layers")) {
+        c.layers = r.choice_list("layers", "moe", {"moe", "dense"});
+        c.first_dense = 0;  // unused with the map
+    }
     c.balance = r.choice("balance", d.balance, {"sign", "quantile", "frozen"});
     c.bias_update_rate = r.number("bias_update_rate", d.bias_update_rate);
     c.seq_aux_coeff = r.number("seq_aux_coeff", d.seq_aux_coeff);
+    c.global_aux_coeff = r.number("global_aux_coeff", d.global_aux_coeff);
     c.z_loss_coeff = r.number("z_loss_coeff", d.z_loss_coeff);
     r.finish();
     return c;
@@ -78,7 +85,25 @@ KdaConfig parse_kda_config(const Json& section, const std::string& where, int64_
     return c;
 }
 
-void validate_moe(const MoeConfig& m, const std::string& where) {
+ops::RopeScaling parse_rope_scaling(const Json& section, const std::string& where) {
+    ConfigReader r(section, where);
+    ops::RopeScaling d, c;
+    c.type = r.choice("type", "yarn", {"none", "yarn"}) == "yarn" ? ops::RopeScaling::Type::yarn
+                                                                  : ops::RopeScaling::Type::none;
+    c.factor = r.number("factor", d.factor);
+    c.original_max_position = r.integer("original_max_position", d.original_max_position);
+    c.beta_fast = r.number("beta_fast", d.beta_fast);
+    c.beta_slow = r.number("beta_slow", d.beta_slow);
+    c.mscale = r.number("mscale", d.mscale);
+    c.mscale_all_dim = r.number("mscale_all_dim", d.mscale_all_dim);
+    c.attention_factor = r.number("attention_factor", d.attention_factor);
+    c.truncate = r.boolean("truncate", d.truncate);
+    r.finish();
+    if (c.type == ops::RopeScaling::Type::none) c = d;  // nothing else applies
+    return c;
+}
+
+void validate_moe(const MoeConfig& m, int64_t n_layers, const std::string& where) {
     TESSERA_CHECK(m.experts >= 0, "{}: model.moe.experts must be >= 0 (0 = dense)", where);
     if (m.experts == 0) return;
     TESSERA_CHECK(m.topk >= 1 && m.topk <= m.experts, "{}: model.moe.topk {} must be in [1, experts = {}]", where,
@@ -97,8 +122,12 @@ void validate_moe(const MoeConfig& m, const std::string& where) {
                   "{}: model.moe.topk {} exceeds the experts of the kept groups", where, m.topk);
     TESSERA_CHECK(m.capacity_factor >= 0, "{}: model.moe.capacity_factor must be >= 0 (0 = dropless)", where);
     TESSERA_CHECK(m.first_dense >= 0, "{}: model.moe.first_dense must be >= 0", where);
-    TESSERA_CHECK(m.bias_update_rate >= 0 && m.seq_aux_coeff >= 0 && m.z_loss_coeff >= 0,
-                  "{}: model.moe.bias_update_rate, seq_aux_coeff and z_loss_coeff must be >= 0", where);
+    TESSERA_CHECK(m.layers.empty() || int64_t(m.layers.size()) == n_layers,
+                  "{}: model.moe.layers lists {} layers for model.n_layers = {} (one \"moe\" or \"dense\" per layer)",
+                  where, m.layers.size(), n_layers);
+    TESSERA_CHECK(m.bias_update_rate >= 0 && m.seq_aux_coeff >= 0 && m.global_aux_coeff >= 0 && m.z_loss_coeff >= 0,
+                  "{}: model.moe.bias_update_rate, seq_aux_coeff, global_aux_coeff and z_loss_coeff must be >= 0",
+                  where);
     TESSERA_CHECK(m.balance != "quantile" || m.topk < m.experts,
                   "{}: model.moe.balance = quantile needs topk < experts", where);
 }
@@ -117,6 +146,7 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     c.mlp_activation = r.choice("mlp_activation", d.mlp_activation, {"swiglu", "situ"});
     c.norm_eps = r.number("norm_eps", d.norm_eps);
     c.rope_theta = r.number("rope_theta", d.rope_theta);
+    if (r.has("rope_scaling")) c.rope_scaling = parse_rope_scaling(r.section("rope_scaling"), where + ".rope_scaling");
     c.tie_embeddings = r.boolean("tie_embeddings", d.tie_embeddings);
     c.init_std = r.number("init_std", d.init_std);
     c.attention = r.choice_list("attention", "gqa", {"gqa", "mla", "dsa", "kda", "gdn"});
@@ -170,10 +200,14 @@ void ModelConfig::validate(const std::string& where) const {
     TESSERA_CHECK(d_model % 16 == 0, "{}: model.d_model {} must be a multiple of 16", where, d_model);
     TESSERA_CHECK(norm_eps > 0, "{}: model.norm_eps must be positive", where);
     TESSERA_CHECK(rope_theta > 1, "{}: model.rope_theta must be > 1", where);
+    rope_scaling.validate(where + ": model");
+    TESSERA_CHECK(!rope_scaling.enabled() || has_rotary_dims(),
+                  "{}: model.rope_scaling is set but no layer rotates (a gqa layer, or mla/dsa with model.mla.rope)",
+                  where);
     TESSERA_CHECK(init_std > 0, "{}: model.init_std must be positive", where);
     TESSERA_CHECK(attn_res_block_size >= 0, "{}: model.attn_res_block_size must be >= 0 (0 = plain residuals), not {}",
                   where, attn_res_block_size);
-    validate_moe(moe, where);
+    validate_moe(moe, n_layers, where);
     TESSERA_CHECK(attention.size() == 1 || int64_t(attention.size()) == n_layers,
                   "{}: model.attention lists {} layer types for model.n_layers = {} (give one type or one per layer)",
                   where, attention.size(), n_layers);
@@ -188,6 +222,11 @@ void ModelConfig::validate(const std::string& where) const {
 
 bool ModelConfig::has_layer_type(const std::string& type) const {
     return std::find(attention.begin(), attention.end(), type) != attention.end();
+}
+
+bool ModelConfig::has_rotary_dims() const {
+    const bool latent = (has_layer_type("mla") || has_layer_type("dsa")) && mla.rope && mla.qk_rope_dim > 0;
+    return has_layer_type("gqa") || latent || (has_layer_type("dsa") && mla.dsa.rope_dim > 0);
 }
 
 KdaConfig ModelConfig::kda_layer(bool gdn) const {
@@ -210,6 +249,7 @@ MlaConfig ModelConfig::mla_layer(bool dsa) const {
     m.d_model = d_model;
     m.num_heads = n_heads;
     m.rope_theta = rope_theta;
+    m.rope_scaling = rope_scaling;
     m.output_gate = output_gate;
     m.norm_eps = norm_eps;
     m.init_std = init_std;
@@ -277,12 +317,25 @@ Json to_json(const ModelConfig& c) {
            {"rope_dim", c.rope_dim},
            {"attn_res_block_size", c.attn_res_block_size},
            {"moe", to_json(c.moe)}};
+    if (c.rope_scaling.enabled()) j["rope_scaling"] = to_json(c.rope_scaling);
     if (c.has_layer_type("mla") || c.has_layer_type("dsa")) {
         j["mla"] = to_json(c.mla);
         if (!c.has_layer_type("dsa")) j["mla"].erase("dsa");  // the indexer settings only matter to dsa layers
     }
     if (c.has_layer_type("kda") || c.has_layer_type("gdn")) j["kda"] = to_json(c.kda);
     return j;
+}
+
+Json to_json(const ops::RopeScaling& s) {
+    return Json{{"type", s.enabled() ? "yarn" : "none"},
+                {"factor", s.factor},
+                {"original_max_position", s.original_max_position},
+                {"beta_fast", s.beta_fast},
+                {"beta_slow", s.beta_slow},
+                {"mscale", s.mscale},
+                {"mscale_all_dim", s.mscale_all_dim},
+                {"attention_factor", s.attention_factor},
+                {"truncate", s.truncate}};
 }
 
 Json to_json(const KdaConfig& k) {
@@ -317,27 +370,40 @@ Json to_json(const MlaConfig& m) {
                   {"dk_slabs", m.dsa.dk_slabs}}}};
 }
 
+bool MoeConfig::every_layer_moe(int64_t n_layers) const {
+    for (int64_t i = 0; i < n_layers; ++i) {
+        if (!is_moe_layer(i)) return false;
+    }
+    return experts > 0;
+}
+
 Json to_json(const MoeConfig& m) {
-    return Json{{"experts", m.experts},
-                {"topk", m.topk},
-                {"ffn_dim", m.ffn_dim},
-                {"latent_dim", m.latent_dim},
-                {"latent_norm", m.latent_norm},
-                {"shared_ffn_dim", m.shared_ffn_dim},
-                {"shared_expert_gate", m.shared_expert_gate},
-                {"score", m.score},
-                {"normalize", m.normalize},
-                {"scaling", m.scaling},
-                {"groups", m.groups},
-                {"topk_groups", m.topk_groups},
-                {"capacity_factor", m.capacity_factor},
-                {"overflow", m.overflow},
-                {"activation", m.activation},
-                {"first_dense", m.first_dense},
-                {"balance", m.balance},
-                {"bias_update_rate", m.bias_update_rate},
-                {"seq_aux_coeff", m.seq_aux_coeff},
-                {"z_loss_coeff", m.z_loss_coeff}};
+    Json j{{"experts", m.experts},
+           {"topk", m.topk},
+           {"ffn_dim", m.ffn_dim},
+           {"latent_dim", m.latent_dim},
+           {"latent_norm", m.latent_norm},
+           {"shared_ffn_dim", m.shared_ffn_dim},
+           {"shared_expert_gate", m.shared_expert_gate},
+           {"score", m.score},
+           {"normalize", m.normalize},
+           {"scaling", m.scaling},
+           {"groups", m.groups},
+           {"topk_groups", m.topk_groups},
+           {"capacity_factor", m.capacity_factor},
+           {"overflow", m.overflow},
+           {"activation", m.activation},
+           {"balance", m.balance},
+           {"bias_update_rate", m.bias_update_rate},
+           {"seq_aux_coeff", m.seq_aux_coeff},
+           {"global_aux_coeff", m.global_aux_coeff},
+           {"z_loss_coeff", m.z_loss_coeff}};
+    if (m.layers.empty()) {
+        j["first_dense"] = m.first_dense;
+    } else {
+        j["layers"] = m.layers;
+    }
+    return j;
 }
 
 }  // namespace tessera::model

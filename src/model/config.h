@@ -9,12 +9,13 @@
 
 #include "core/config_reader.h"
 #include "ops/gated_rmsnorm.h"
+#include "ops/rope.h"
 
 namespace tessera::model {
 
-// The routed feed-forward layers (docs/moe.md): layers from `first_dense` on use a (Latent)MoE block
-// instead of the dense MLP when experts > 0. Balancing and router losses are part of the model config
-// because backward computes the losses' gradients; `balance` = frozen for fine-tuning.
+// The routed feed-forward layers (docs/moe.md): layers from `first_dense` on (or the "moe" entries of
+// `layers`) use a (Latent)MoE block instead of the dense MLP when experts > 0. Balancing and router losses are part of
+// the model config because backward computes the losses' gradients; `balance` = frozen for fine-tuning.
 struct MoeConfig {
     int64_t experts = 0;  // 0: every layer dense
     int64_t topk = 2;
@@ -31,12 +32,17 @@ struct MoeConfig {
     double capacity_factor = 0.0;  // 0 = dropless
     std::string overflow = "reroute";
     std::string activation = "swiglu";
-    int64_t first_dense = 1;         // the first layers keep the dense MLP (first_k_dense_replace)
-    std::string balance = "sign";    // sign | quantile | frozen
-    double bias_update_rate = 1e-3;  // γ of the sign rule
-    double seq_aux_coeff = 0.0;      // sequence-wise balance loss weight
-    double z_loss_coeff = 0.0;       // router z-loss weight
-    bool is_moe_layer(int64_t layer) const { return experts > 0 && layer >= first_dense; }
+    int64_t first_dense = 1;          // the first layers keep the dense MLP (first_k_dense_replace)
+    std::vector<std::string> layers;  // per layer "moe" | "dense" (Qwen3-Next's mlp_only_layers); empty: first_dense
+    std::string balance = "sign";     // sign | quantile | frozen
+    double bias_update_rate = 1e-3;   // γ of the sign rule
+    double seq_aux_coeff = 0.0;       // sequence-wise balance loss weight
+    double global_aux_coeff = 0.0;    // global balance loss weight, pooled over the MoE layers (Qwen3-Next's)
+    double z_loss_coeff = 0.0;        // router z-loss weight
+    bool is_moe_layer(int64_t layer) const {
+        return experts > 0 && (layers.empty() ? layer >= first_dense : layers[size_t(layer)] == "moe");
+    }
+    bool every_layer_moe(int64_t n_layers) const;  // experts > 0 and no dense layer
 };
 
 // A KDA or GDN layer (model/layers/kda_block.h). In a model config (the "kda" section) the width,
@@ -91,6 +97,7 @@ struct MlaConfig {
     int64_t v_head_dim = 32;   // d_v
     bool rope = true;          // false: NoPE (Kimi K3), the d_r slices stay but are never rotated
     double rope_theta = 10000.0;
+    ops::RopeScaling rope_scaling;     // YaRN on the d_r slices and the indexer's rope dims
     double softmax_scale = 0.0;        // τ; 0 = (d_n + d_r)^-1/2
     std::string output_gate = "none";  // none | headwise | elementwise
     double norm_eps = 1e-6;            // the block's input RMSNorm
@@ -104,7 +111,15 @@ struct MlaConfig {
     int64_t gate_width() const {
         return output_gate == "elementwise" ? num_heads * v_head_dim : output_gate == "headwise" ? num_heads : 0;
     }
-    double scale() const { return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(qk_head_dim())); }
+    // τ: softmax_scale, else (d_n + d_r)^-1/2, times g(factor, mscale_all_dim)² under YaRN with mscale_all_dim
+    // (DeepSeek-V3's MLA; spec/dsa.md §1.2)
+    double scale() const {
+        if (softmax_scale > 0) return softmax_scale;
+        const double m = rope_scaling.enabled() && rope_scaling.mscale_all_dim > 0
+                             ? ops::yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim)
+                             : 1.0;
+        return m * m / std::sqrt(double(qk_head_dim()));
+    }
     void validate(const std::string& where) const;
 };
 
@@ -119,6 +134,7 @@ struct ModelConfig {
     std::string mlp_activation = "swiglu";  // the dense MLP layers: swiglu | situ (Kimi K3's SiTU-GLU)
     double norm_eps = 1e-6;
     double rope_theta = 10000.0;
+    ops::RopeScaling rope_scaling;  // "rope_scaling" section: YaRN on every rotary dim (gqa, mla/dsa, indexer)
     bool tie_embeddings = false;
     double init_std = 0.02;
     // per layer (one entry = every layer): gqa (grouped-query, rotary) | mla (latent, dense) | dsa (latent +
@@ -138,6 +154,7 @@ struct ModelConfig {
         return attention.size() == 1 ? attention[0] : attention[layer];
     }
     bool has_layer_type(const std::string& type) const;
+    bool has_rotary_dims() const;  // a gqa layer, an mla/dsa layer with rope, or a dsa indexer with rope dims
     MlaConfig mla_layer(
         bool dsa) const;  // mla with the model's width, heads, rope θ, gate, eps, init; topk 0 unless dsa
     KdaConfig kda_layer(bool gdn) const;            // kda with the model's width, eps, init and layer count
@@ -149,5 +166,6 @@ Json to_json(const ModelConfig& c);
 Json to_json(const MoeConfig& m);
 Json to_json(const MlaConfig& m);
 Json to_json(const KdaConfig& k);
+Json to_json(const ops::RopeScaling& s);
 
 }  // namespace tessera::model

@@ -1,6 +1,7 @@
 // Hugging Face checkpoint layout of the Kimi family and sharded safetensors I/O (see hf_checkpoint.h).
 #include "model/hf_checkpoint.h"
 
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -133,11 +134,14 @@ void for_row_blocks(const HfTensor& t, F f) {
     for (int64_t g = 0; g < t.rows.groups; ++g) f(g * t.rows.count, g * t.rows.stride + t.rows.offset, t.rows.count);
 }
 bool is_plain(const HfTensor& t) { return t.rows.groups == 0 && t.pad_to == 0 && t.offset == 0.f; }
-}  // namespace
 
-std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
-                                    const ModelConfig& c,
-                                    const std::string& model_type) {
+std::string head_name(const std::string& model_type) {
+    return model_type == "kimi_k3" ? "language_model.lm_head.weight" : "lm_head.weight";
+}
+
+std::vector<HfTensor> family_map(const std::vector<BufferSpec>& params,
+                                 const ModelConfig& c,
+                                 const std::string& model_type) {
     if (model_type == "qwen3_next") return qwen3_next_map(params, c);
     if (model_type == "deepseek_v32") return deepseek_v32_map(params);
     TESSERA_CHECK(model_type == "kimi_linear" || model_type == "kimi_k3",
@@ -197,6 +201,22 @@ std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
     }
     return out;
 }
+}  // namespace
+
+std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
+                                    const ModelConfig& c,
+                                    const std::string& model_type) {
+    std::vector<HfTensor> out = family_map(params, c, model_type);
+    if (c.tie_embeddings) {  // the head a tied checkpoint may carry: written for Kimi, whose loader never ties
+        const bool kimi = model_type == "kimi_linear" || model_type == "kimi_k3";
+        HfTensor head{.param = "model.embed_tokens.weight",
+                      .name = head_name(model_type),
+                      .shape = Shape{c.vocab_size, c.d_model},
+                      .copy = kimi ? HfTensor::Copy::saved : HfTensor::Copy::load_only};
+        out.push_back(head);
+    }
+    return out;
+}
 
 void save_hf_checkpoint(const std::string& dir,
                         const std::vector<HfTensor>& map,
@@ -211,6 +231,7 @@ void save_hf_checkpoint(const std::string& dir,
     std::map<std::string, size_t> assembled;  // stored name -> index in all
     for (const auto& t : map) {
         TensorView p = params.view(t.param);
+        if (t.copy == HfTensor::Copy::load_only) continue;
         if (is_plain(t)) {
             all.push_back({t.name, place(t, p)});
             continue;
@@ -264,9 +285,11 @@ void save_hf_checkpoint(const std::string& dir,
     write_text_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
 }
 
-void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map, const BufferGroup& params) {
+namespace {
+// stored tensor name -> its file, from model.safetensors.index.json or a single model.safetensors
+std::map<std::string, std::string> stored_tensors(const std::string& dir) {
     const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
-    std::map<std::string, std::string> where;  // tensor -> file
+    std::map<std::string, std::string> where;
     if (fs::exists(index_path)) {
         Json index;
         try {
@@ -285,6 +308,39 @@ void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map
         const SafetensorsFile file(single);  // named: a temporary would end before the loop
         for (const auto& e : file.entries()) where[e.name] = single;
     }
+    return where;
+}
+
+// a stored tensor as f32, whatever its float dtype on disk
+Tensor load_f32(const SafetensorsFile& f, const std::string& name) {
+    Tensor raw = f.load(name);
+    if (raw.view().dtype == DType::f32) return raw;
+    Tensor out(DType::f32, raw.view().shape);
+    convert(raw.view(), out.view());
+    return out;
+}
+
+bool same_bits(const TensorView& a, const TensorView& b) {
+    return a.shape == b.shape && std::memcmp(a.data, b.data, size_t(a.nbytes())) == 0;
+}
+}  // namespace
+
+bool untie_stored_head(const std::string& dir, ModelConfig& config, const std::string& model_type) {
+    if (!config.tie_embeddings || (model_type != "kimi_linear" && model_type != "kimi_k3")) return false;
+    const std::map<std::string, std::string> where = stored_tensors(dir);
+    const std::string head = head_name(model_type), embed = model_type == "kimi_k3"
+                                                                ? "language_model.model.embed_tokens.weight"
+                                                                : "model.embed_tokens.weight";
+    if (!where.count(head) || !where.count(embed)) return false;
+    const Tensor h = load_f32(SafetensorsFile(where.at(head)), head),
+                 e = load_f32(SafetensorsFile(where.at(embed)), embed);
+    if (same_bits(h.view(), e.view())) return false;
+    config.tie_embeddings = false;  // transformers' KimiLinearForCausalLM computes with the stored head
+    return true;
+}
+
+void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map, const BufferGroup& params) {
+    const std::map<std::string, std::string> where = stored_tensors(dir);  // tensor -> file
     std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
     auto file_of = [&](const std::string& name) -> const SafetensorsFile* {
         auto it = where.find(name);
@@ -296,6 +352,16 @@ void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map
     };
     std::set<std::string> used;
     for (const auto& t : map) {
+        if (t.copy != HfTensor::Copy::none) {  // a tied head: optional, and then equal to the parameter
+            const SafetensorsFile* f = file_of(t.name);
+            if (!f) continue;
+            const Tensor stored = load_f32(*f, t.name);
+            TESSERA_CHECK(same_bits(stored.view(), params.view(t.param).reshape(t.shape)),
+                          "{}: \"{}\" differs from {} although the config ties them (tie_word_embeddings)", dir, t.name,
+                          t.param);
+            used.insert(t.name);
+            continue;
+        }
         TensorView dst = place(t, params.view(t.param));
         const std::string name = !t.alias.empty() && !where.count(t.name) && where.count(t.alias) ? t.alias : t.name;
         if (const SafetensorsFile* f = file_of(name)) {

@@ -22,19 +22,24 @@
 namespace tessera::model {
 
 struct HfTensor {
-    std::string param;    // tessera parameter
-    std::string name;     // Hugging Face tensor
-    Shape shape;          // as stored (dense)
-    int64_t expert = -1;  // >= 0: slice [expert] of a grouped [E, ...] tessera parameter
-    int64_t pad_to = 0;   // > 0: a 1-D parameter stored zero-padded to this length
-    std::string alias;    // another name the tensor may carry (transformers 5 saves dense MLPs of MoE
-                          // models under block_sparse_moe.)
+    std::string param;       // tessera parameter
+    std::string name;        // Hugging Face tensor
+    Shape shape;             // as stored (dense)
+    int64_t expert = -1;     // >= 0: slice [expert] of a grouped [E, ...] tessera parameter
+    int64_t pad_to = 0;      // > 0: a 1-D parameter stored zero-padded to this length
+    std::string alias = {};  // another name the tensor may carry (transformers 5 saves dense MLPs of MoE
+                             // models under block_sparse_moe.)
     // Part of a fused stored tensor (groups > 0): the parameter's rows are, for g < groups, the stored rows
     // [g·stride + offset, g·stride + offset + count); several parameters then share one stored name.
     struct Rows {
         int64_t offset = 0, count = 0, stride = 0, groups = 0;
-    } rows;
+    } rows = {};
     float offset = 0.f;  // stored = parameter − offset (zero-centred norm weights: 1)
+    // A second stored copy of a parameter (a tied model's lm_head, a copy of the embedding): `saved` copies are
+    // written (transformers' Kimi-Linear never ties its head, so it must find one) and `load_only` ones are not;
+    // on load either may be absent, and when present it must equal the parameter.
+    enum class Copy : uint8_t { none, saved, load_only };
+    Copy copy = Copy::none;
 };
 
 // The Hugging Face tensors of a model config, in parameter order. model_type: kimi_linear, kimi_k3 or
@@ -53,5 +58,10 @@ void save_hf_checkpoint(const std::string& dir,
 // Reads dir (model.safetensors.index.json, or a single model.safetensors) into params (any float dtype
 // on disk is converted).
 void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map, const BufferGroup& params);
+
+// A Kimi checkpoint whose config ties the embeddings but which stores an lm_head different from the embedding
+// (transformers' KimiLinearForCausalLM never ties, and saves its own head) computes with that head: the model is
+// then untied (returns true). Other families tie in transformers: a differing stored head is refused on load.
+bool untie_stored_head(const std::string& dir, ModelConfig& config, const std::string& model_type);
 
 }  // namespace tessera::model

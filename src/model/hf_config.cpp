@@ -2,6 +2,7 @@
 // (DeepSeek-V3.2), the Qwen3-Next model card and config; the files under configs/hf/ are the published ones.
 #include "model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -93,7 +94,6 @@ void common_shape(Keys& k, ModelConfig& m, std::vector<std::string>& unsupported
     m.norm_eps = k.number_or("rms_norm_eps", 1e-6);
     m.init_std = k.number_or("initializer_range", 0.02);
     m.tie_embeddings = k.boolean_or("tie_word_embeddings", false);
-    m.rope_theta = k.number_or("rope_theta", 10000.0);
     const std::string act = k.text_or("hidden_act", "silu");
     TESSERA_CHECK(act == "silu" || act == "situ", "{}: hidden_act \"{}\" is not supported (silu or situ)", k.where(),
                   act);
@@ -113,11 +113,70 @@ void common_shape(Keys& k, ModelConfig& m, std::vector<std::string>& unsupported
     if (k.boolean_or("attention_bias", false)) unsupported.push_back("attention projection biases (attention_bias)");
 }
 
+// The rotary settings of a transformers config into m.rope_theta and m.rope_scaling; returns
+// partial_rotary_factor (default_partial when absent). As transformers' convert_rope_params_to_dict /
+// standardize_rope_params: a non-null `rope_scaling` (older files) replaces `rope_parameters`; the dict's own
+// rope_theta and partial_rotary_factor win over the top-level keys; a yarn dict without
+// original_max_position_embeddings takes the top-level one (which also wins when both exist), else
+// max_position_embeddings; a null factor is max_position_embeddings / original. Types other than default and
+// yarn are unsupported.
+double import_rope(Keys& k, ModelConfig& m, double default_partial, std::vector<std::string>& unsupported) {
+    m.rope_theta = k.number_or("rope_theta", m.rope_theta);
+    double partial = k.number_or("partial_rotary_factor", default_partial);
+    const char* key = k.has("rope_scaling") ? "rope_scaling" : k.has("rope_parameters") ? "rope_parameters" : nullptr;
+    k.ignore({"rope_scaling", "rope_parameters"});
+    if (!key) return partial;
+    Keys y(k.get(key), k.where() + ": " + key);
+    const std::string type = y.has("rope_type") ? y.text_or("rope_type", "") : y.text_or("type", "default");
+    y.ignore({"type", "rope_type"});
+    m.rope_theta = y.number_or("rope_theta", m.rope_theta);
+    partial = y.number_or("partial_rotary_factor", partial);
+    if (type == "default") {
+        y.report_rest(unsupported);
+        return partial;
+    }
+    if (type != "yarn") {
+        unsupported.push_back(fmt::format("rope type \"{}\" ({}): tessera builds default RoPE and YaRN", type, key));
+        y.ignore({"factor", "original_max_position_embeddings"});
+        y.report_rest(unsupported);
+        return partial;
+    }
+    ops::RopeScaling& s = m.rope_scaling;
+    s.type = ops::RopeScaling::Type::yarn;
+    const int64_t max_pos = k.integer_or("max_position_embeddings", 0);
+    s.original_max_position = k.has("original_max_position_embeddings")
+                                  ? k.integer("original_max_position_embeddings")
+                                  : y.integer_or("original_max_position_embeddings", max_pos);
+    y.ignore({"original_max_position_embeddings"});
+    TESSERA_CHECK(s.original_max_position > 0, "{}: yarn needs original_max_position_embeddings", y.where());
+    s.factor = y.has("factor") ? y.number_or("factor", 1.0) : double(max_pos) / double(s.original_max_position);
+    y.ignore({"factor"});
+    auto or_default = [](double v, double def) { return v != 0 ? v : def; };  // transformers: `x or default`
+    s.beta_fast = or_default(y.number_or("beta_fast", 0.0), 32.0);
+    s.beta_slow = or_default(y.number_or("beta_slow", 0.0), 1.0);
+    s.mscale = y.number_or("mscale", 0.0);
+    s.mscale_all_dim = y.number_or("mscale_all_dim", 0.0);
+    s.attention_factor = y.number_or("attention_factor", 0.0);
+    s.truncate = y.boolean_or("truncate", true);
+    s.validate(y.where());
+    y.report_rest(unsupported);
+    return partial;
+}
+
 // a derived copy of a field (transformers 5 re-serialises them): absent, or equal to what the config implies
 void same(Keys& k, const char* key, const Json& want) {
     if (!k.has(key)) return k.ignore({key});
     TESSERA_CHECK(k.get(key) == want, "{}: \"{}\" = {} contradicts the layer settings ({})", k.where(), key,
                   k.get(key).dump(), want.dump());
+}
+
+// model.moe.first_dense when the dense layers are the first ones, else the per-layer map
+void set_moe_layers(ModelConfig& m, const std::vector<std::string>& layers) {
+    int64_t first = 0;
+    while (first < int64_t(layers.size()) && layers[size_t(first)] == "dense") ++first;
+    const bool prefix = std::all_of(layers.begin() + first, layers.end(), [](const auto& t) { return t == "moe"; });
+    m.moe.first_dense = prefix ? first : 0;
+    m.moe.layers = prefix ? std::vector<std::string>{} : layers;
 }
 
 void mla_shape(Keys& k, ModelConfig& m) {
@@ -134,9 +193,29 @@ void deepseek_moe(Keys& k, ModelConfig& m, const char* experts, const char* topk
     m.moe.topk = k.integer(topk);
     m.moe.ffn_dim = k.integer("moe_intermediate_size");
     m.moe.shared_ffn_dim = k.integer_or(shared, 0) * m.moe.ffn_dim;
-    m.moe.first_dense = k.integer_or("first_k_dense_replace", 0);
     m.moe.scaling = k.number_or("routed_scaling_factor", 1.0);
     m.moe.balance = "sign";  // aux-loss-free (noaux_tc)
+}
+
+// Which layers are MoE, as transformers 5 decides: its mlp_layer_types ("dense" | "sparse") when the file has
+// them, else the first first_k_dense_replace layers dense (transformers' default k when the key is absent).
+// A map of that shape becomes model.moe.first_dense, any other model.moe.layers.
+void moe_layers(Keys& k, ModelConfig& m, int64_t default_first_dense) {
+    const int64_t first = std::min(k.integer_or("first_k_dense_replace", default_first_dense), m.n_layers);
+    TESSERA_CHECK(first >= 0, "{}: first_k_dense_replace must be >= 0", k.where());
+    std::vector<std::string> layers;
+    for (int64_t i = 0; i < m.n_layers; ++i) layers.push_back(i < first ? "dense" : "moe");
+    if (k.has("mlp_layer_types")) {
+        const Json& types = k.get("mlp_layer_types");
+        TESSERA_CHECK(types.is_array() && int64_t(types.size()) == m.n_layers,
+                      "{}: mlp_layer_types must list num_hidden_layers = {} entries", k.where(), m.n_layers);
+        for (size_t i = 0; i < types.size(); ++i) {
+            TESSERA_CHECK(types[i] == "dense" || types[i] == "sparse",
+                          "{}: mlp_layer_types entry {} is not dense or sparse", k.where(), types[i].dump());
+            layers[i] = types[i] == "sparse" ? "moe" : "dense";
+        }
+    }
+    set_moe_layers(m, layers);
 }
 
 void check_moe_layer_freq(Keys& k, std::vector<std::string>& unsupported) {
@@ -152,8 +231,11 @@ void import_kimi(Keys& k, HfImport& r) {
     k.ignore({"head_dim"});  // hidden_size / heads: an artefact the model never uses (spec/kimi_k3.md §1.2)
     m.mla.rope = !k.boolean_or("mla_use_nope", false);
     m.output_gate = k.boolean_or("mla_use_output_gate", false) ? "elementwise" : "none";
-    if (k.has("rope_scaling")) r.unsupported.push_back("rope_scaling (frequency scaling of MLA's rotary dims)");
-    k.ignore({"rope_scaling"});
+    import_rope(k, m, 1.0, r.unsupported);
+    if (m.rope_scaling.enabled()) {  // transformers' Kimi-Linear has no rotary embedding to scale
+        r.unsupported.push_back("YaRN rope scaling on a Kimi config (what the Kimi code makes of it is not built)");
+        m.rope_scaling = {};
+    }
     // KDA
     Keys lin(k.get("linear_attn_config"), k.where() + ": linear_attn_config");
     m.kda.num_heads = lin.integer("num_heads");
@@ -181,13 +263,11 @@ void import_kimi(Keys& k, HfImport& r) {
     }
     lin.report_rest(r.unsupported);
     // transformers 5 re-serialises derived copies of these fields: they must agree
-    Json layer_types = Json::array(), mlp_types = Json::array();
+    Json layer_types = Json::array();
     for (int64_t i = 0; i < m.n_layers; ++i) {
         layer_types.push_back(m.attention[size_t(i)] == "kda" ? "linear_attention" : "full_attention");
-        mlp_types.push_back(i < k.integer_or("first_k_dense_replace", 0) ? "dense" : "sparse");
     }
     same(k, "layer_types", layer_types);
-    same(k, "mlp_layer_types", mlp_types);
     same(k, "linear_num_heads", m.kda.num_heads);
     same(k, "linear_head_dim", m.kda.head_dim);
     same(k, "linear_conv_kernel_dim", m.kda.conv_size);
@@ -201,6 +281,7 @@ void import_kimi(Keys& k, HfImport& r) {
     }
     // MoE
     deepseek_moe(k, m, "num_experts", "num_experts_per_token", "num_shared_experts");
+    moe_layers(k, m, 1);  // KimiLinearConfig's default first_k_dense_replace
     m.moe.latent_dim = k.integer_or("routed_expert_hidden_size", 0);
     m.moe.latent_norm = k.boolean_or("latent_moe_use_norm", false);
     m.moe.score = k.text_or("moe_router_activation_func", "sigmoid");
@@ -245,20 +326,19 @@ void import_qwen3_next(Keys& k, HfImport& r) {
     m.kda.head_dim = k.integer("linear_key_head_dim");
     m.kda.head_v_dim = k.integer("linear_value_head_dim");
     m.kda.conv_size = k.integer_or("linear_conv_kernel_dim", 4);
-    double partial = k.number_or("partial_rotary_factor", 1.0);
-    if (k.has("rope_parameters")) {  // transformers 5: {rope_type, rope_theta, partial_rotary_factor}
-        const Json& rp = k.get("rope_parameters");
-        TESSERA_CHECK(rp.is_object(), "{}: rope_parameters must be an object", k.where());
-        m.rope_theta = rp.value("rope_theta", m.rope_theta);
-        partial = rp.value("partial_rotary_factor", partial);
-        const std::string type = rp.value("rope_type", std::string("default"));
-        if (type != "default") r.unsupported.push_back(fmt::format("rope_type \"{}\" (rope_parameters)", type));
+    // transformers' Qwen3NextConfig defaults partial_rotary_factor to 0.25 and rotates int(head_dim · factor) dims
+    const double partial = import_rope(k, m, 0.25, r.unsupported);
+    const int64_t D = m.head_dim_or_default(), rot = int64_t(partial * double(D));
+    if (rot <= 0 || rot % 2 != 0) {
+        r.unsupported.push_back(fmt::format(
+            "partial_rotary_factor {} of head_dim {}: int(head_dim · factor) = {} rotary dims (transformers then "
+            "rotates {} dims at the frequencies of a {}-dim rotation; tessera rotates an even, positive number)",
+            partial, D, rot, rot + rot % 2, rot));
+    } else {
+        m.rope_dim = rot == D ? 0 : rot;
     }
-    m.rope_dim = int64_t(std::lround(partial * double(m.head_dim_or_default())));
     m.kda.o_norm_eps = m.norm_eps;  // the gated output norm uses rms_norm_eps
     m.qk_norm = true;               // Qwen3's per-head q_norm / k_norm
-    if (k.has("rope_scaling")) r.unsupported.push_back("rope_scaling");
-    k.ignore({"rope_scaling"});
     if (k.boolean_or("use_sliding_window", false)) r.unsupported.push_back("sliding-window attention");
     k.ignore({"sliding_window", "max_window_layers"});
     m.moe.experts = k.integer("num_experts");
@@ -268,19 +348,28 @@ void import_qwen3_next(Keys& k, HfImport& r) {
     m.moe.shared_expert_gate = m.moe.shared_ffn_dim > 0;  // shared_expert_gate: σ(w·x) on the shared output
     m.moe.score = "softmax";
     m.moe.normalize = k.boolean_or("norm_topk_prob", true);
-    m.moe.first_dense = 0;
     m.moe.balance = "frozen";  // Qwen routes without a selection bias
+    // Qwen3NextDecoderLayer: MoE where the layer is not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0
     const int64_t step = k.integer_or("decoder_sparse_step", 1);
-    if (step != 1) r.unsupported.push_back(fmt::format("MoE on every {}th layer only (decoder_sparse_step)", step));
-    const Json& dense_only = k.get("mlp_only_layers");
-    if (!dense_only.empty()) r.unsupported.push_back("dense MLP layers between MoE layers (mlp_only_layers)");
-    const double aux = k.number_or("router_aux_loss_coef", 0.0);
-    if (aux > 0) {
-        r.unsupported.push_back(fmt::format(
-            "the global load-balancing loss (router_aux_loss_coef = {}): tessera balances with a selection bias or the "
-            "sequence-wise loss",
-            aux));
+    TESSERA_CHECK(step >= 1, "{}: decoder_sparse_step must be >= 1, not {}", k.where(), step);
+    std::vector<std::string> layers(size_t(m.n_layers), "moe");
+    for (int64_t i = 0; i < m.n_layers; ++i) layers[size_t(i)] = (i + 1) % step == 0 ? "moe" : "dense";
+    if (k.has("mlp_only_layers")) {
+        const Json& dense = k.get("mlp_only_layers");
+        TESSERA_CHECK(dense.is_array(), "{}: mlp_only_layers must be a list of 0-based layer indices", k.where());
+        for (const Json& e : dense) {
+            TESSERA_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < m.n_layers,
+                          "{}: mlp_only_layers entry {} is not a layer index in [0, {})", k.where(), e.dump(),
+                          m.n_layers);
+            layers[size_t(e.get<int64_t>())] = "dense";
+        }
     }
+    k.ignore({"mlp_only_layers"});
+    set_moe_layers(m, layers);
+    // Qwen3NextForCausalLM adds router_aux_loss_coef · load_balancing_loss_func only when output_router_logits is
+    // set (the published configs have it false): the global balance loss pooled over the MoE layers (docs/moe.md)
+    const double aux = k.number_or("router_aux_loss_coef", 0.001);  // Qwen3NextConfig's default
+    m.moe.global_aux_coeff = k.boolean_or("output_router_logits", false) ? aux : 0.0;
 }
 
 void import_deepseek_v32(Keys& k, HfImport& r) {
@@ -292,34 +381,18 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
     m.mla.dsa.heads = k.integer("index_n_heads");
     m.mla.dsa.head_dim = k.integer("index_head_dim");
     m.mla.dsa.rope_dim = std::min(m.mla.qk_rope_dim, m.mla.dsa.head_dim);
-    // YaRN: τ = (d_n + d_r)^-1/2 · mscale², mscale = 0.1·mscale_all_dim·ln(factor) + 1 (spec/dsa.md §1.2)
-    auto rope = [&](Keys y, const char* type_key) {
-        const std::string type = y.has("type") ? y.text_or("type", "") : y.text_or("rope_type", "default");
-        y.ignore({"type", "rope_type"});
-        m.rope_theta = y.number_or("rope_theta", m.rope_theta);  // transformers 5 keeps it here
-        if (type == "default") return y.report_rest(r.unsupported);
-        TESSERA_CHECK(type == "yarn", "{}: only YaRN {} is known, not \"{}\"", y.where(), type_key, type);
-        const double factor = y.number_or("factor", 1.0), all = y.number_or("mscale_all_dim", 0.0);
-        y.ignore({"mscale", "original_max_position_embeddings", "beta_fast", "beta_slow"});
-        const double mscale = factor > 1.0 && all > 0 ? 0.1 * all * std::log(factor) + 1.0 : 1.0;
-        m.mla.softmax_scale = mscale * mscale / std::sqrt(double(m.mla.qk_nope_dim + m.mla.qk_rope_dim));
-        r.unsupported.push_back(fmt::format(
-            "YaRN frequency scaling of the rotary dims (factor {}): the softmax scale's mscale² is applied, the "
-            "rotary frequencies are not rescaled",
-            factor));
-        y.report_rest(r.unsupported);
-    };
-    if (k.has("rope_scaling")) rope(Keys(k.get("rope_scaling"), k.where() + ": rope_scaling"), "rope_scaling");
-    if (k.has("rope_parameters")) rope(Keys(k.get("rope_parameters"), k.where() + ": rope_parameters"), "rope_type");
+    // YaRN on MLA's and the indexer's rope dims; MLA's τ then takes g(factor, mscale_all_dim)² (spec/dsa.md §1.2)
+    const double partial = import_rope(k, m, 1.0, r.unsupported);
+    if (partial != 1.0) {
+        r.unsupported.push_back(fmt::format("partial_rotary_factor {} of the MLA rope dims", partial));
+    }
     // transformers 5's derived copies: every layer indexed, dense layers first
     same(k, "layer_types", Json(std::vector<std::string>(size_t(m.n_layers), "indexed_attention")));
     same(k, "qk_head_dim", m.mla.qk_nope_dim + m.mla.qk_rope_dim);
     same(k, "head_dim", m.mla.qk_rope_dim);  // transformers' rotary width
     if (k.boolean_or("mlp_bias", false)) r.unsupported.push_back("MLP biases (mlp_bias)");
     deepseek_moe(k, m, "n_routed_experts", "num_experts_per_tok", "n_shared_experts");
-    Json mlp_types = Json::array();
-    for (int64_t i = 0; i < m.n_layers; ++i) mlp_types.push_back(i < m.moe.first_dense ? "dense" : "sparse");
-    same(k, "mlp_layer_types", mlp_types);
+    moe_layers(k, m, 3);  // DeepseekV32Config's default first_k_dense_replace
     m.moe.score = k.text_or("scoring_func", "sigmoid");
     m.moe.normalize = k.boolean_or("norm_topk_prob", true);
     m.moe.groups = k.integer_or("n_group", 1);
@@ -330,195 +403,16 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
     k.ignore({"quantization_config"});  // FP8 block-scaled weights: dequantised on load (core/fp8.h)
 }
 
-// Requirements of one family's format: a failed one throws naming the family and what it needs.
-struct Need {
-    const char* family;
-    void operator()(bool ok, const char* what) const {
-        TESSERA_CHECK(ok, "this model cannot be written as a {} config: {}", family, what);
-    }
-    void dropless(const MoeConfig& e) const {
-        (*this)(e.capacity_factor == 0 && e.seq_aux_coeff == 0 && e.z_loss_coeff == 0,
-                "routing is dropless without auxiliary losses");
-    }
-};
-
-// the keys common_shape reads, for an architecture and model type
-Json shape_keys(const ModelConfig& m, const char* architecture, const char* model_type, int64_t kv_heads) {
-    return {{"architectures", {architecture}},
-            {"model_type", model_type},
-            {"vocab_size", m.vocab_size},
-            {"hidden_size", m.d_model},
-            {"num_hidden_layers", m.n_layers},
-            {"num_attention_heads", m.n_heads},
-            {"num_key_value_heads", kv_heads},
-            {"intermediate_size", m.ffn_dim},
-            {"rms_norm_eps", m.norm_eps},
-            {"initializer_range", m.init_std},
-            {"tie_word_embeddings", m.tie_embeddings}};
-}
-
-Json export_kimi(const ModelConfig& m) {
-    const Need need{"Kimi-Linear / Kimi K3"};
-    Json kda_layers = Json::array(), full_layers = Json::array();
-    for (int64_t i = 0; i < m.n_layers; ++i) {
-        const std::string& t = m.layer_type(i);
-        need(t == "kda" || t == "mla" || t == "dsa", "only kda, mla and dsa layers exist there");
-        (t == "kda" ? kda_layers : full_layers).push_back(i + 1);  // 1-based
-    }
-    need(!(m.has_layer_type("mla") && m.has_layer_type("dsa")), "full-attention layers are all mla or all dsa");
-    need(m.output_gate != "headwise", "the MLA output gate is elementwise or absent");
-    const KdaConfig& k = m.kda;
-    need(k.hv() == k.num_heads && k.v_dim() == k.head_dim && k.rank() == k.head_dim,
-         "KDA value heads, value dim and gate rank equal the q/k heads and head dim");
-    need(m.moe.experts > 0, "the feed-forward layers are MoE after first_k_dense_replace dense ones");
-    need(m.moe.shared_ffn_dim % m.moe.ffn_dim == 0, "the shared experts' width is a multiple of the expert width");
-    need(m.moe.activation == m.mlp_activation || m.moe.first_dense == 0,
-         "one activation (hidden_act) for the dense MLP and the experts");
-    need.dropless(m.moe);
-    need(m.mla.softmax_scale == 0, "the MLA softmax scale is (d_n + d_r)^-1/2");
-    need(k.o_norm_eps == m.norm_eps,
-         "the KDA output norm uses rms_norm_eps (set model.kda.o_norm_eps = model.norm_eps)");
-    Json lin = {{"num_heads", k.num_heads},
-                {"head_dim", k.head_dim},
-                {"short_conv_kernel_size", k.conv_size},
-                {"kda_layers", kda_layers},
-                {"full_attn_layers", full_layers}};
-    if (k.gate_lower_bound < 0) lin["gate_lower_bound"] = k.gate_lower_bound;
-    if (k.full_rank_output_gate) lin["use_full_rank_gate"] = true;
-    Json j = shape_keys(m, "KimiLinearForCausalLM", "kimi_linear", m.n_heads);
-    j.update(Json{{"rope_theta", m.rope_theta},
-                  {"hidden_act", m.moe.activation == "situ" ? "situ" : "silu"},
-                  {"q_lora_rank", m.mla.q_lora_rank > 0 ? Json(m.mla.q_lora_rank) : Json(nullptr)},
-                  {"kv_lora_rank", m.mla.kv_lora_rank},
-                  {"qk_nope_head_dim", m.mla.qk_nope_dim},
-                  {"qk_rope_head_dim", m.mla.qk_rope_dim},
-                  {"v_head_dim", m.mla.v_head_dim},
-                  {"mla_use_nope", !m.mla.rope},
-                  {"mla_use_output_gate", m.output_gate == "elementwise"},
-                  {"linear_attn_config", lin},
-                  {"num_experts", m.moe.experts},
-                  {"num_experts_per_token", m.moe.topk},
-                  {"moe_intermediate_size", m.moe.ffn_dim},
-                  {"num_shared_experts", m.moe.shared_ffn_dim / m.moe.ffn_dim},
-                  {"moe_router_activation_func", m.moe.score},
-                  {"moe_renormalize", m.moe.normalize},
-                  {"routed_scaling_factor", m.moe.scaling},
-                  {"use_grouped_topk", true},
-                  {"num_expert_group", m.moe.groups},
-                  {"topk_group", m.moe.topk_groups},
-                  {"topk_method", "noaux_tc"},
-                  {"first_k_dense_replace", m.moe.first_dense},
-                  {"moe_layer_freq", 1},
-                  {"num_nextn_predict_layers", 0}});
-    if (m.moe.latent_dim > 0) {
-        j["routed_expert_hidden_size"] = m.moe.latent_dim;
-        j["latent_moe_use_norm"] = m.moe.latent_norm;
-    }
-    if (m.has_layer_type("dsa")) {
-        need(m.mla.dsa.rope_dim == std::min(m.mla.qk_rope_dim, m.mla.dsa.head_dim),
-             "the indexer rotates qk_rope_head_dim dims");
-        j["index_topk"] = m.mla.dsa.topk;
-        j["index_n_heads"] = m.mla.dsa.heads;
-        j["index_head_dim"] = m.mla.dsa.head_dim;
-    }
-    if (m.attn_res_block_size == 0) return j;
-    // Attention Residuals exist only in Kimi K3: its wrapper around the Kimi-Linear text config
-    j["attn_res_block_size"] = m.attn_res_block_size;
-    return {{"architectures", {"KimiK3ForConditionalGeneration"}},
-            {"model_type", "kimi_k3"},
-            {"tie_word_embeddings", m.tie_embeddings},
-            {"text_config", j}};
-}
-
-Json export_qwen3_next(const ModelConfig& m) {
-    const Need need{"Qwen3-Next"};
-    Json types = Json::array();
-    for (int64_t i = 0; i < m.n_layers; ++i) {
-        const std::string& t = m.layer_type(i);
-        need(t == "gdn" || t == "gqa", "only gdn and gqa layers exist there");
-        types.push_back(t == "gdn" ? "linear_attention" : "full_attention");
-    }
-    need(m.output_gate == "elementwise" && m.qk_norm, "the attention has an elementwise gate and q/k norms");
-    const KdaConfig& k = m.kda;
-    need(k.gate_lower_bound == 0 && k.o_norm_eps == m.norm_eps,
-         "the GDN decay is the softplus form and its output norm uses rms_norm_eps");
-    const MoeConfig& e = m.moe;
-    need(e.experts > 0 && e.first_dense == 0, "every layer is MoE");
-    need(e.score == "softmax" && e.groups == 1 && e.scaling == 1.0 && e.latent_dim == 0 && e.activation == "swiglu",
-         "the router is a plain softmax top-k over SwiGLU experts");
-    need(e.balance == "frozen", "there is no selection bias (set model.moe.balance = frozen)");
-    need(e.shared_expert_gate == (e.shared_ffn_dim > 0), "a shared expert comes with its sigmoid gate");
-    need.dropless(e);
-    const int64_t D = m.head_dim_or_default(), rot = m.rope_dim > 0 ? m.rope_dim : D;
-    Json j = shape_keys(m, "Qwen3NextForCausalLM", "qwen3_next", m.n_kv_heads);
-    j.update(Json{
-        {"head_dim", D},
-        {"hidden_act", "silu"},
-        {"layer_types", types},
-        {"linear_num_key_heads", k.num_heads},
-        {"linear_num_value_heads", k.hv()},
-        {"linear_key_head_dim", k.head_dim},
-        {"linear_value_head_dim", k.v_dim()},
-        {"linear_conv_kernel_dim", k.conv_size},
-        {"rope_parameters",
-         {{"rope_type", "default"}, {"rope_theta", m.rope_theta}, {"partial_rotary_factor", double(rot) / double(D)}}},
-        {"num_experts", e.experts},
-        {"num_experts_per_tok", e.topk},
-        {"moe_intermediate_size", e.ffn_dim},
-        {"shared_expert_intermediate_size", e.shared_ffn_dim},
-        {"norm_topk_prob", e.normalize},
-        {"decoder_sparse_step", 1},
-        {"mlp_only_layers", Json::array()},
-        {"router_aux_loss_coef", 0.0}});
-    return j;
-}
-
-Json export_deepseek_v32(const ModelConfig& m) {
-    const Need need{"DeepSeek-V3.2"};
-    for (int64_t i = 0; i < m.n_layers; ++i) need(m.layer_type(i) == "dsa", "every layer is dsa");
-    const MlaConfig& a = m.mla;
-    need(m.output_gate == "none" && a.rope && a.q_lora_rank > 0 && a.softmax_scale == 0 && a.latent_eps == 1e-6,
-         "MLA is ungated with RoPE, a q_lora path, the (d_n + d_r)^-1/2 scale and latent norm eps 1e-6");
-    need(a.dsa.rope_dim == std::min(a.qk_rope_dim, a.dsa.head_dim), "the indexer rotates qk_rope_head_dim dims");
-    const MoeConfig& e = m.moe;
-    need(e.experts > 0 && e.score == "sigmoid" && e.latent_dim == 0 && e.activation == "swiglu" &&
-             m.mlp_activation == "swiglu" && !e.shared_expert_gate,
-         "the MoE has a sigmoid router over SwiGLU experts");
-    need(e.shared_ffn_dim % e.ffn_dim == 0, "the shared experts' width is a multiple of the expert width");
-    need.dropless(e);
-    Json j = shape_keys(m, "DeepseekV32ForCausalLM", "deepseek_v32", m.n_heads);
-    j.update(Json{{"hidden_act", "silu"},
-                  {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", m.rope_theta}}},
-                  {"q_lora_rank", a.q_lora_rank},
-                  {"kv_lora_rank", a.kv_lora_rank},
-                  {"qk_nope_head_dim", a.qk_nope_dim},
-                  {"qk_rope_head_dim", a.qk_rope_dim},
-                  {"v_head_dim", a.v_head_dim},
-                  {"index_topk", a.dsa.topk},
-                  {"index_n_heads", a.dsa.heads},
-                  {"index_head_dim", a.dsa.head_dim},
-                  {"n_routed_experts", e.experts},
-                  {"num_experts_per_tok", e.topk},
-                  {"moe_intermediate_size", e.ffn_dim},
-                  {"n_shared_experts", e.shared_ffn_dim / e.ffn_dim},
-                  {"first_k_dense_replace", e.first_dense},
-                  {"routed_scaling_factor", e.scaling},
-                  {"norm_topk_prob", e.normalize},
-                  {"n_group", e.groups},
-                  {"topk_group", e.topk_groups},
-                  {"scoring_func", "sigmoid"},
-                  {"topk_method", "noaux_tc"},
-                  {"num_nextn_predict_layers", 0}});
-    return j;
-}
 }  // namespace
 
-Json export_hf_config(const ModelConfig& m) {
-    if (m.has_layer_type("gdn") || m.has_layer_type("gqa")) return export_qwen3_next(m);
-    if (!m.has_layer_type("kda") && !m.has_layer_type("mla") && m.output_gate == "none" && m.mla.rope) {
-        return export_deepseek_v32(m);
-    }
-    return export_kimi(m);
+void require_supported(const HfImport& imported, const std::string& where) {
+    if (imported.unsupported.empty()) return;
+    const size_t more = imported.unsupported.size() - 1;
+    TESSERA_FAIL(
+        "{}: {} uses what tessera does not build: {}{} (`tessera inspect` lists it); refusing to run a "
+        "different model",
+        where, imported.family, imported.unsupported.front(),
+        more ? fmt::format(" (and {} more)", more) : std::string());
 }
 
 bool is_hf_config(const Json& doc) {

@@ -27,11 +27,22 @@ struct HfImport {
 bool is_hf_config(const Json& doc);
 // Throws with the file and key for unknown families, missing keys or contradictions.
 HfImport import_hf_config(const Json& doc, const std::string& where);
+// The gate every command that builds a model from a Hugging Face checkpoint passes (logits, generate; anything
+// opening a model source): any unsupported entry throws one line naming it (and how many more there are), so a
+// feature tessera does not build never yields a silently different model. `inspect` lists them instead.
+void require_supported(const HfImport& imported, const std::string& where);
 // The Hugging Face config.json of a tessera model, the inverse of the import (importing it gives the same
 // model), in the family its layers imply: gdn / gqa layers -> Qwen3-Next; every layer dsa, ungated, with
 // RoPE -> DeepSeek-V3.2; otherwise Kimi-Linear (kda / mla / dsa), or Kimi K3 (model_type kimi_k3, the
 // Kimi-Linear keys under text_config) with Attention Residuals. Throws naming what the family's format
 // cannot express (a headwise gate, a selection bias Qwen lacks, KDA with grouped value heads, ...).
-Json export_hf_config(const ModelConfig& m);
+// tokens: the ids written as bos_token_id, eos_token_id and pad_token_id (null when negative or outside the
+// vocabulary: transformers builds its embedding with padding_idx = pad_token_id and refuses one out of range, and
+// warns about bos / eos out of range). A tied model exported as Kimi says tie_word_embeddings = false: transformers'
+// Kimi-Linear never ties, and the export writes the head as its own tensor (model/hf_checkpoint.h).
+struct HfSpecialTokens {
+    int64_t bos = -1, eos = -1, pad = -1;
+};
+Json export_hf_config(const ModelConfig& m, const HfSpecialTokens& tokens = {});
 
 }  // namespace tessera::model

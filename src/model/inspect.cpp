@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <map>
 
 #include "model/model.h"
@@ -39,6 +40,18 @@ ModelSummary summarize(const ModelConfig& c, int64_t seq) {
     s.residuals = B == 0 ? "plain residual stream"
                          : fmt::format("Attention Residuals, depth blocks of {} layers ({} sources at the output mix)",
                                        B, (c.n_layers + B - 1) / B + 1);
+    s.positions = "none (no layer rotates)";
+    if (c.has_rotary_dims()) {
+        s.positions = fmt::format("RoPE, theta {:g}", c.rope_theta);
+        const ops::RopeScaling& y = c.rope_scaling;
+        if (y.enabled()) {
+            s.positions += fmt::format(", YaRN x{:g} of {} positions (cos/sin x{:.4g}", y.factor,
+                                       y.original_max_position, y.cos_sin_factor());
+            const double mla = c.mla_layer(true).scale() * std::sqrt(double(c.mla.qk_head_dim()));
+            const bool latent = c.has_layer_type("mla") || c.has_layer_type("dsa");
+            s.positions += latent && c.mla.softmax_scale == 0 ? fmt::format(", MLA softmax scale x{:.4g})", mla) : ")";
+        }
+    }
     const Model m(c);  // declares parameter specs only; nothing is allocated
     for (const auto& spec : m.param_specs()) {
         const int64_t n = spec.shape.numel();
@@ -67,6 +80,7 @@ std::string ModelSummary::str() const {
         out += fmt::format("  {:>7}  {} + {}\n", span, r.attention, r.ffn);
     }
     out += fmt::format("residuals: {}\n", residuals);
+    out += fmt::format("positions: {}\n", positions);
     out += fmt::format("parameters: {} total ({} in embeddings and head, {} in routed experts)\n",
                        human(double(params), ""), human(double(embedding_params), ""),
                        human(double(routed_expert_params), ""));

@@ -1,7 +1,8 @@
 // What a model config amounts to, without allocating it: the layer map (layer i -> attention type and
 // feed-forward kind, as ranges), parameter counts (total, embedding, active per token: routed experts
 // count k/E), forward and training FLOPs per token at a sequence length, and the bytes of the weights
-// and of full AdamW training (f32 parameters, gradients and two moments). `tessera inspect` prints it.
+// and of full AdamW training (f32 parameters, gradients and two moments), and the position encoding (RoPE, YaRN).
+// `tessera inspect` prints it.
 #pragma once
 
 #include <string>
@@ -18,6 +19,7 @@ struct ModelSummary {
     };
     std::vector<LayerRange> layers;
     std::string residuals;  // "plain" or the Attention Residuals block structure
+    std::string positions;  // the rotary embedding and its YaRN scaling, or none
     int64_t params = 0, embedding_params = 0, routed_expert_params = 0;
     double active_params = 0;  // per token: everything but the routed experts, plus k/E of them
     double forward_flops_per_token = 0, train_flops_per_token = 0;

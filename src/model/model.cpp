@@ -191,6 +191,36 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
     std::memcpy(ids_.data, ids.data(), size_t(N) * sizeof(int32_t));
     ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N));
     run_trunk(N, [&](size_t j, TensorView in, TensorView out) { blocks_[j]->forward(s, in, out, ws_); });
+    pool_balance_loss();
+}
+
+void Model::pool_balance_loss() {
+    if (cfg_.moe.global_aux_coeff <= 0 || moe_.empty()) return;
+    const size_t E = size_t(cfg_.moe.experts);
+    bal_choices_.assign(E, 0.0);
+    bal_probs_.assign(E, 0.0);
+    bal_grad_.assign(E, 0.0);
+    double rows = 0;
+    for (auto& [layer, b] : moe_) {
+        for (size_t e = 0; e < E; ++e) {
+            bal_choices_[e] += b->balance_choices()[e];
+            bal_probs_[e] += b->balance_prob_sums()[e];
+        }
+        rows += double(b->balance_rows());
+    }
+    const double loss =
+        ops::router_global_aux_loss(cfg_.moe.global_aux_coeff, bal_choices_, bal_probs_, rows, bal_grad_);
+    for (auto& [layer, b] : moe_) b->set_balance_grad(bal_grad_);
+    if (!recording_) return;
+    global_aux_sum_ += loss;
+    ++global_aux_forwards_;
+}
+
+double Model::take_global_aux_loss() {
+    const double mean = global_aux_forwards_ ? global_aux_sum_ / double(global_aux_forwards_) : 0.0;
+    global_aux_sum_ = 0.0;
+    global_aux_forwards_ = 0;
+    return mean;
 }
 
 LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale) {
@@ -310,6 +340,7 @@ void Model::decode_step(int64_t pos, std::span<const int32_t> ids, TensorView lo
 }
 
 void Model::set_pass(const PassOptions& o) {
+    recording_ = o.record;
     for (auto& b : blocks_) b->set_pass(o);
 }
 

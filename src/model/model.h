@@ -74,6 +74,9 @@ class Model {
     bool has_moe() const { return !moe_.empty(); }
     void update_moe_bias();
     std::vector<std::pair<int64_t, MoeLayerStats>> take_moe_stats();
+    // model.moe.global_aux_coeff: the global balance loss pooled over the MoE layers of each forward (its gradient
+    // joins every layer's router in backward); its mean over this step's recorded forwards, then cleared.
+    double take_global_aux_loss();
 
     // DSA layers (model.mla.dsa.topk > 0): the indexer KL of this step per layer (layer index, stats).
     // In the dense warm-up stage only the indexers train: forward_backward skips the LM backward and
@@ -95,6 +98,7 @@ class Model {
     void run_trunk(int64_t N, Run run);
     TensorView block_input(size_t j, int64_t N);  // block j's x_in (recomputes an Attention Residuals mix)
     void set_pass(const PassOptions& o);
+    void pool_balance_loss();  // after a trunk forward: the global balance loss over every MoE layer
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
     int64_t head_chunk_rows(int64_t tokens) const;
 
@@ -117,6 +121,10 @@ class Model {
     std::vector<TensorView> x_;
     TensorView ids_, targets_, ln_f_, rstd_f_, logits_, dlogits_, lse_, dln_f_, dres_;
     std::span<std::byte> ws_;
+    bool recording_ = false;
+    std::vector<double> bal_choices_, bal_probs_, bal_grad_;  // pooled statistics (sized once)
+    double global_aux_sum_ = 0.0;
+    int64_t global_aux_forwards_ = 0;
 };
 
 }  // namespace tessera::model

@@ -48,6 +48,9 @@ struct MoeParams {
     double norm_eps = 1e-6;      // latent_norm
     double seq_aux_coeff = 0.0;  // sequence-wise balance loss weight α (spec/moe.md §3.2)
     double z_loss_coeff = 0.0;   // router z-loss weight β (§3.4)
+    // ∂L/∂ŝ_e of a loss pooled over layers (the global balance loss, ops/router.h), added in backward for every
+    // token; empty = none. The caller computes it from every layer's router_balance_stats.
+    std::span<const double> balance_grad = {};
 };
 
 // The layer's weights (or their gradients); optional ones may be absent (default views).
@@ -56,7 +59,7 @@ struct MoeWeights {
     TensorView w_gate, w_up, w_down;
     TensorView latent_down, latent_up, latent_norm;
     TensorView shared_gate, shared_up, shared_down;
-    TensorView shared_scale;  // optional sigmoid gate of the shared expert's output
+    TensorView shared_scale = {};  // optional sigmoid gate of the shared expert's output
 };
 
 struct MoeDims {

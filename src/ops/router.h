@@ -63,6 +63,23 @@ void router_score_backward(const RouterParams& p, TensorView scores, TensorView 
 // `indices` are the router's choices (before capacity); the gradient goes to dscores.
 double router_seq_aux_loss(
     double alpha, TensorView scores, TensorView indices, std::span<const int64_t> starts, TensorView dscores);
+// Global balance loss (Switch Transformer eqs. 4–6, as transformers' load_balancing_loss_func computes it for
+// Qwen3-Next): the router statistics of every MoE layer of a forward are pooled, then
+//   α · E · Σ_e f_e·P_e,  f_e = c_e / R,  P_e = (Σ_rows ŝ_e) / R,  ŝ = s / Σ_j s_j (= s for softmax),
+// with c_e the router choices of e over all R = tokens × layers rows (Σ_e f_e = k, unlike the sequence-wise
+// loss's E/k normalisation). router_balance_stats adds one layer's c and Σ_rows ŝ; router_global_aux_loss
+// returns the loss and writes grad[e] = ∂L/∂ŝ_e = α·E·c_e / R² (the same for every row of every layer);
+// router_balance_backward adds Σ_rows of that gradient through ŝ = s/Σs into dscores.
+void router_balance_stats(TensorView scores,
+                          TensorView indices,
+                          std::span<double> choices,
+                          std::span<double> prob_sums);
+double router_global_aux_loss(double alpha,
+                              std::span<const double> choices,
+                              std::span<const double> prob_sums,
+                              double rows,
+                              std::span<double> grad);
+void router_balance_backward(std::span<const double> grad, TensorView scores, TensorView dscores);
 // z-loss β·mean_t (log Σ_e exp u_{t,e})²; the gradient goes to dlogits.
 double router_z_loss(double beta, TensorView logits, TensorView dlogits);
 

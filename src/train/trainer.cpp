@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/file.h"
+#include "model/hf_config.h"
 #include "ops/gemm.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
@@ -116,6 +117,10 @@ Setup resolve_setup(const TrainOptions& o) {
         s.out_dir = o.out_dir.empty() ? fs::path(s.checkpoint).parent_path().parent_path().string() : o.out_dir;
     } else {
         s.config_json = load_config_json(o.config_path, o.overrides);
+        TESSERA_CHECK(!model::is_hf_config(s.config_json),
+                      "{} is a Hugging Face config: train takes a tessera run config (docs/config.md); training from "
+                      "Hugging Face weights is not built yet (inspect, logits and generate read such directories)",
+                      o.config_path);
         s.cfg = parse_run_config(s.config_json, o.config_path.empty() ? "demo config" : o.config_path);
         s.out_dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
         TESSERA_CHECK(
@@ -156,6 +161,7 @@ StepResult train_step(model::Model& model,
     opt.update(tc, rt.params(), rt.grads(), r.lr, trainable);
     model.update_moe_bias();  // after the step, from the whole step's routing (spec/moe.md §3.1)
     r.moe = model.take_moe_stats();
+    r.global_aux_loss = model.take_global_aux_loss();
     r.dsa = model.take_dsa_stats();
     return r;
 }
@@ -274,6 +280,7 @@ TrainSummary train(const TrainOptions& opts) {
         std::string extra_line;
         if (!r.moe.empty()) {
             rec["moe"] = moe_metrics(r.moe);
+            if (cfg.model.moe.global_aux_coeff > 0) rec["global_aux_loss"] = r.global_aux_loss;
             extra_line = moe_summary(r.moe);
         }
         if (!r.dsa.empty()) {

@@ -34,6 +34,7 @@ struct StepResult {
     double grad_norm = 0;  // before clipping
     double lr = 0;
     std::vector<std::pair<int64_t, model::MoeLayerStats>> moe;  // per MoE layer: routing of this step
+    double global_aux_loss = 0.0;  // model.moe.global_aux_coeff: the pooled balance loss (mean over micro-batches)
     std::vector<std::pair<int64_t, model::DsaLayerStats>> dsa;  // per DSA layer: the indexer KL of this step
 };
 

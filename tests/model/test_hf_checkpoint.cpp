@@ -256,6 +256,77 @@ TEST(HfCheckpoint, KimiK3LayoutPadsALogAndRefusesANonZeroPad) {
     test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.rt.params()); }, "pads with 0.5 at 7");
 }
 
+TEST(HfCheckpoint, TiedKimiModelsWriteTheirHeadAndAcceptItBack) {
+    // transformers' Kimi-Linear never ties lm_head: a tied model is exported with the head as its own tensor (and
+    // the config says tie_word_embeddings = false); a tied checkpoint carrying a head equal to the embedding loads
+    for (const char* type : {"kimi_linear", "kimi_k3"}) {
+        SCOPED_TRACE(type);
+        model::ModelConfig c = tiny_kimi();
+        c.tie_embeddings = true;
+        model::Model m(c);
+        model::ModelRuntime a(m, {1, 1}, false, false), b(m, {1, 1}, false, false);
+        m.init_params(a.params(), 1);
+        const auto map = model::hf_tensor_map(m.param_specs(), c, type);
+        test::TempDir d;
+        model::save_hf_checkpoint(d.path(), map, a.params());
+        const std::string head = std::string(type) == "kimi_k3" ? "language_model.lm_head.weight" : "lm_head.weight";
+        const SafetensorsFile f(d.file("model-00001-of-00001.safetensors"));
+        ASSERT_TRUE(f.contains(head));
+        EXPECT_TRUE(test::bitwise_equal(f.load(head).view(), a.params().view("model.embed_tokens.weight")));
+        model::load_hf_checkpoint(d.path(), map, b.params());  // the stored head is accepted
+        EXPECT_TRUE(test::bitwise_equal(a.params().view("model.embed_tokens.weight"),
+                                        b.params().view("model.embed_tokens.weight")));
+        model::ModelConfig again = c;
+        EXPECT_FALSE(model::untie_stored_head(d.path(), again, type));  // equal: the model stays tied
+        EXPECT_TRUE(again.tie_embeddings);
+        // a different stored head: transformers' Kimi computes with it, so the model is untied and loads it
+        ShardCopy rest = all_but(f, head);
+        Tensor other = f.load(head);
+        other.ptr<float>()[5] += 1.0f;
+        rest.named.push_back({head, other.view()});
+        write_safetensors(d.file("model-00001-of-00001.safetensors"), rest.named);
+        test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.params()); },
+                           "\"" + head + "\" differs from model.embed_tokens.weight although the config ties them");
+        EXPECT_TRUE(model::untie_stored_head(d.path(), again, type));
+        EXPECT_FALSE(again.tie_embeddings);
+        model::Model untied(again);
+        model::ModelRuntime u(untied, {1, 1}, false, false);
+        model::load_hf_checkpoint(d.path(), model::hf_tensor_map(untied.param_specs(), again, type), u.params());
+        EXPECT_TRUE(test::bitwise_equal(u.params().view("lm_head.weight"), other.view()));
+    }
+}
+
+TEST(HfCheckpoint, TiedQwenAndDeepSeekModelsStoreNoHeadAndRefuseADifferentOne) {
+    // transformers ties these families: save_pretrained writes no lm_head, and a stored one must equal the embedding
+    for (const char* name : {"qwen3_next_tiny", "deepseek_v32_tiny"}) {
+        SCOPED_TRACE(name);
+        const std::string src = test::golden_path(std::string("hf/") + name);
+        model::HfImport hf = model::import_hf_config(Json::parse(read_text(src + "/config.json")), "config.json");
+        hf.model.tie_embeddings = true;
+        model::Model m(hf.model);
+        model::ModelRuntime rt(m, {1, 1}, false, false);
+        m.init_params(rt.params(), 3);
+        const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
+        test::TempDir d;
+        model::save_hf_checkpoint(d.path(), map, rt.params());
+        const SafetensorsFile f(d.file("model-00001-of-00001.safetensors"));
+        EXPECT_FALSE(f.contains("lm_head.weight"));
+        EXPECT_FALSE(model::untie_stored_head(d.path(), hf.model, hf.model_type));
+        ShardCopy all = all_but(f, "");
+        Tensor head = f.load("model.embed_tokens.weight");
+        all.named.push_back({"lm_head.weight", head.view()});
+        write_safetensors(d.file("model-00001-of-00001.safetensors"), all.named);
+        Json index = Json::parse(read_text(d.file("model.safetensors.index.json")));
+        index["weight_map"]["lm_head.weight"] = "model-00001-of-00001.safetensors";
+        write_text_atomic(d.file("model.safetensors.index.json"), index.dump());
+        model::load_hf_checkpoint(d.path(), map, rt.params());  // equal: accepted
+        head.ptr<float>()[0] += 1.0f;
+        write_safetensors(d.file("model-00001-of-00001.safetensors"), all.named);
+        test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, rt.params()); },
+                           "\"lm_head.weight\" differs from model.embed_tokens.weight");
+    }
+}
+
 class TransformersInterop : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
@@ -263,10 +334,10 @@ TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
     // DeepseekV32ForCausalLM .save_pretrained (tools/ref/make_hf_interop_golden.py), with its own float32 logits for
     // two rows of ids
     const std::string dir = test::golden_path("hf/" + GetParam());
-    const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
-    for (const auto& u : hf.unsupported) {  // Qwen3-Next's training-only balance loss is the one thing left
-        EXPECT_NE(u.find("router_aux_loss_coef"), std::string::npos) << u;
-    }
+    model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
+    EXPECT_TRUE(hf.unsupported.empty()) << hf.unsupported.front();
+    // kimi_linear_tied_tiny: tied in its config, yet transformers' Kimi-Linear computes with its stored head
+    EXPECT_EQ(model::untie_stored_head(dir, hf.model, hf.model_type), GetParam() == "kimi_linear_tied_tiny");
     model::Model m(hf.model);
     SafetensorsFile golden(test::golden_path("hf/" + GetParam() + "_logits.safetensors"));
     const Tensor ids64 = golden.load("ids");
@@ -290,7 +361,91 @@ TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Families,
                          TransformersInterop,
-                         ::testing::Values("kimi_linear_tiny", "qwen3_next_tiny", "deepseek_v32_tiny"));
+                         ::testing::Values("kimi_linear_tiny",
+                                           "qwen3_next_tiny",
+                                           "deepseek_v32_tiny",
+                                           "deepseek_v32_yarn_tiny",
+                                           "qwen3_next_yarn_tiny",
+                                           "kimi_linear_tied_tiny"));
+
+TEST(TransformersInterop, DecodingWithYarnGivesTransformersLogitsAtEveryPosition) {
+    // the caches (KV, indexer keys, GDN state) see the same YaRN frequencies as the full forward
+    for (const char* name : {"deepseek_v32_yarn_tiny", "qwen3_next_yarn_tiny"}) {
+        SCOPED_TRACE(name);
+        const std::string dir = test::golden_path(std::string("hf/") + name);
+        const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
+        ASSERT_TRUE(hf.model.rope_scaling.enabled());
+        SafetensorsFile golden(test::golden_path(std::string("hf/") + name + "_logits.safetensors"));
+        const Tensor ids64 = golden.load("ids"), want = golden.load("expected.logits");
+        const int64_t B = ids64.view().size(0), T = ids64.view().size(1), V = hf.model.vocab_size;
+        model::Model m(hf.model);
+        BufferGroup cache("cache", m.cache_specs(B, T));
+        model::ModelRuntime rt(m, {B, 1}, false, false, {&cache});
+        m.bind_cache(cache);
+        model::load_hf_checkpoint(dir, model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type), rt.params());
+        Tensor step(DType::f32, Shape{B, V}), expected(DType::f64, Shape{B, V});
+        for (int64_t pos = 0; pos < T; ++pos) {
+            std::vector<int32_t> tok;
+            for (int64_t b = 0; b < B; ++b) {
+                tok.push_back(int32_t(ids64.view().ptr<int64_t>()[b * T + pos]));
+                const double* row = want.view().ptr<double>() + (b * T + pos) * V;
+                std::copy(row, row + V, expected.ptr<double>() + b * V);
+            }
+            m.decode_step(pos, tok, step);
+            EXPECT_TRUE(test::rel_rms_close(step, expected, 1e-4)) << "position " << pos;
+        }
+    }
+}
+
+TEST(TransformersInterop, Qwen3NextTrainingLossAndGradientsWithTheRouterAuxLossAreTransformers) {
+    // qwen3_next_yarn_tiny (output_router_logits, router_aux_loss_coef 0.05 -> model.moe.global_aux_coeff): the
+    // gradient of transformers' loss + 0.05 · load_balancing_loss_func for labels = ids, every parameter, against
+    // tessera's forward_backward with the same shifted targets
+    const std::string dir = test::golden_path("hf/qwen3_next_yarn_tiny");
+    const model::HfImport hf = model::import_hf_config(Json::parse(read_text(dir + "/config.json")), "config.json");
+    ASSERT_EQ(hf.model.moe.global_aux_coeff, 0.05);
+    model::Model m(hf.model);
+    SafetensorsFile golden(test::golden_path("hf/qwen3_next_yarn_tiny_logits.safetensors"));
+    const Tensor ids64 = golden.load("ids");
+    const int64_t B = ids64.view().size(0), T = ids64.view().size(1);
+    model::ModelRuntime rt(m, {B, T}, /*with_grads=*/true, false);
+    const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
+    model::load_hf_checkpoint(dir, map, rt.params());
+    std::vector<int32_t> ids(size_t(B * T)), targets(size_t(B * T));
+    for (int64_t i = 0; i < B * T; ++i) {
+        ids[size_t(i)] = int32_t(ids64.view().ptr<int64_t>()[i]);
+        targets[size_t(i)] = i % T == T - 1 ? model::Model::kIgnoreIndex : int32_t(ids64.view().ptr<int64_t>()[i + 1]);
+    }
+    rt.grads().zero();
+    const model::LossResult lm = m.forward_backward({B, T}, ids, targets, 1.0);
+    const double aux = m.take_global_aux_loss();
+    EXPECT_NEAR(lm.loss + aux, golden.load("expected.loss").ptr<double>()[0], 1e-5);
+    EXPECT_NEAR(aux, 0.05 * golden.load("expected.aux_loss").ptr<double>()[0], 1e-6);
+    // the gradients in the checkpoint layout (fused tensors assembled; norm offsets do not apply to gradients)
+    std::vector<model::HfTensor> grad_map = map;
+    for (auto& t : grad_map) t.offset = 0.f;
+    test::TempDir d;
+    model::save_hf_checkpoint(d.path(), grad_map, rt.grads());
+    const SafetensorsFile grads(d.file("model-00001-of-00001.safetensors"));
+    int checked = 0;
+    for (const auto& e : grads.entries()) {
+        ASSERT_TRUE(golden.contains("grad." + e.name)) << e.name;
+        EXPECT_TRUE(test::rel_rms_close(grads.load(e.name).view(), golden.load("grad." + e.name).view(), 1e-4))
+            << e.name;
+        ++checked;
+    }
+    EXPECT_GT(checked, 40);
+    // without the aux loss the router gradients differ: the comparison above sees it
+    model::ModelConfig plain = hf.model;
+    plain.moe.global_aux_coeff = 0;
+    model::Model p(plain);
+    model::ModelRuntime prt(p, {B, T}, true, false);
+    model::load_hf_checkpoint(dir, map, prt.params());
+    prt.grads().zero();
+    p.forward_backward({B, T}, ids, targets, 1.0);
+    EXPECT_FALSE(test::rel_rms_close(prt.grads().view("model.layers.1.mlp.gate.weight"),
+                                     rt.grads().view("model.layers.1.mlp.gate.weight"), 1e-3));
+}
 
 }  // namespace
 }  // namespace tessera

@@ -4,11 +4,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/file.h"
 #include "model/hf_config.h"
 #include "model/inspect.h"
+#include "model/model.h"
 #include "train/config.h"
 #include "util/test_util.h"
 
@@ -106,9 +108,158 @@ TEST(HfConfig, KimiLinearQwen3NextAndDeepSeekV32MapTheirLayers) {
     EXPECT_EQ(count(ds.model, "dsa"), 61);
     EXPECT_EQ(ds.model.moe.first_dense, 3);
     EXPECT_EQ(ds.model.moe.groups, 8);
-    EXPECT_NEAR(ds.model.mla.softmax_scale, 0.1352, 5e-5);  // 192^-1/2 · 1.3689² (spec/dsa.md §1.2)
+    EXPECT_EQ(ds.model.mla.softmax_scale, 0.0);                   // the default τ, with YaRN's mscale²:
+    EXPECT_NEAR(ds.model.mla_layer(true).scale(), 0.1352, 5e-5);  // 192^-1/2 · 1.3689² (spec/dsa.md §1.2)
+    EXPECT_FALSE(mentions(ds.unsupported, "YaRN"));
+    EXPECT_NE(
+        model::summarize(ds.model, 4096)
+            .str()
+            .find("positions: RoPE, theta 10000, YaRN x40 of 4096 positions (cos/sin x1, MLA softmax scale x1.874)"),
+        std::string::npos);
     EXPECT_TRUE(mentions(ds.unsupported, "multi-token-prediction"));
     EXPECT_FALSE(mentions(ds.unsupported, "not interpreted"));
+}
+
+TEST(HfConfig, YarnIsReadFromRopeScalingOrRopeParameters) {
+    // the published DeepSeek-V3.2 file: rope_scaling {type yarn, factor 40, original 4096, beta 32 / 1, mscale 1 / 1}
+    const model::ModelConfig ds = model::import_hf_config(hf("deepseek_v3_2_exp"), "ds.json").model;
+    const ops::RopeScaling& y = ds.rope_scaling;
+    EXPECT_TRUE(y.enabled());
+    EXPECT_EQ(y.factor, 40.0);
+    EXPECT_EQ(y.original_max_position, 4096);
+    EXPECT_EQ(y.beta_fast, 32.0);
+    EXPECT_EQ(y.beta_slow, 1.0);
+    EXPECT_EQ(y.mscale, 1.0);
+    EXPECT_EQ(y.mscale_all_dim, 1.0);
+    EXPECT_EQ(y.cos_sin_factor(), 1.0);  // mscale / mscale_all_dim
+    EXPECT_EQ(ds.rope_theta, 10000.0);
+    // transformers 5's rope_parameters; a non-null rope_scaling replaces it (transformers' precedence)
+    Json doc = hf("qwen3_next_80b_a3b");
+    doc.erase("rope_scaling");
+    doc["rope_parameters"] =
+        Json{{"rope_type", "yarn"}, {"factor", 4.0},           {"original_max_position_embeddings", 64},
+             {"rope_theta", 500.0}, {"attention_factor", 0.5}, {"truncate", false}};
+    model::HfImport q = model::import_hf_config(doc, "q.json");
+    EXPECT_TRUE(q.model.rope_scaling.enabled());
+    EXPECT_EQ(q.model.rope_theta, 500.0);  // the dict's own theta wins over the top level's
+    EXPECT_EQ(q.model.rope_scaling.cos_sin_factor(), 0.5);
+    EXPECT_FALSE(q.model.rope_scaling.truncate);
+    EXPECT_EQ(q.model.rope_scaling.beta_fast, 32.0);  // transformers' defaults
+    EXPECT_FALSE(mentions(q.unsupported, "rope"));
+    doc["rope_scaling"] = Json{{"type", "linear"}, {"factor", 2.0}};
+    q = model::import_hf_config(doc, "q.json");
+    EXPECT_FALSE(q.model.rope_scaling.enabled());
+    EXPECT_TRUE(mentions(q.unsupported, "rope type \"linear\" (rope_scaling)"));
+    // without the factor: max_position_embeddings / original_max_position_embeddings
+    doc["rope_scaling"] = Json{{"rope_type", "yarn"}, {"original_max_position_embeddings", 4096}};
+    doc["max_position_embeddings"] = 32768;
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.rope_scaling.factor, 8.0);
+    doc["rope_scaling"]["beta_fast"] = "fast";
+    test::expect_error([&] { model::import_hf_config(doc, "q.json"); },
+                       "q.json: rope_scaling: \"beta_fast\" must be a number");
+}
+
+TEST(HfConfig, Qwen3NextPartialRotaryIsTruncatedAsTransformersDoes) {
+    Json doc = hf("qwen3_next_80b_a3b");
+    doc["head_dim"] = 16;
+    doc["partial_rotary_factor"] = 0.3;  // int(16 · 0.3) = 4
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.rope_dim, 4);
+    doc.erase("partial_rotary_factor");  // Qwen3NextConfig's default is 0.25
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.rope_dim, 4);
+    doc["partial_rotary_factor"] = 1.0;
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.rope_dim, 0);  // every dim
+    doc["head_dim"] = 20;
+    doc["partial_rotary_factor"] = 0.25;  // 5: transformers rotates 6 dims at a 5-dim rotation's frequencies
+    EXPECT_TRUE(mentions(model::import_hf_config(doc, "q.json").unsupported, "int(head_dim · factor) = 5"));
+    // the export writes a factor whose truncated product is the rotary width again (0.58 · 100 = 57.99…)
+    doc["head_dim"] = 100;
+    doc["partial_rotary_factor"] = 0.5;
+    model::ModelConfig m = model::import_hf_config(doc, "q.json").model;
+    m.rope_dim = 58;
+    EXPECT_EQ(model::import_hf_config(model::export_hf_config(m), "back").model.rope_dim, 58);
+}
+
+TEST(HfConfig, DenseLayersBetweenMoeLayersFollowTransformers) {
+    // Qwen3-Next: MoE where the layer is not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0
+    Json doc = hf("qwen3_next_80b_a3b");
+    doc["num_hidden_layers"] = 8;
+    doc["decoder_sparse_step"] = 2;
+    doc["mlp_only_layers"] = Json{3};
+    const model::HfImport q = model::import_hf_config(doc, "q.json");
+    EXPECT_EQ(q.model.moe.layers,
+              (std::vector<std::string>{"dense", "moe", "dense", "dense", "dense", "moe", "dense", "moe"}));
+    EXPECT_FALSE(mentions(q.unsupported, "mlp_only_layers"));
+    EXPECT_FALSE(mentions(q.unsupported, "decoder_sparse_step"));
+    const model::Model qm(q.model);  // dense MLP parameters on the dense layers
+    std::set<std::string> names;
+    for (const auto& spec : qm.param_specs()) names.insert(spec.name);
+    EXPECT_TRUE(names.count("model.layers.3.mlp.gate_proj.weight"));
+    EXPECT_TRUE(names.count("model.layers.5.mlp.gate.weight"));
+    EXPECT_TRUE(names.count("model.layers.1.mlp.gate.weight"));
+    EXPECT_FALSE(names.count("model.layers.4.mlp.gate.weight"));
+    Json out = model::export_hf_config(q.model);
+    EXPECT_EQ(out["mlp_only_layers"], (Json{0, 2, 3, 4, 6}));
+    EXPECT_EQ(model::to_json(model::import_hf_config(out, "back").model), model::to_json(q.model));
+    doc["mlp_only_layers"] = Json{8};
+    test::expect_error([&] { model::import_hf_config(doc, "q.json"); }, "mlp_only_layers entry 8 is not a layer index");
+    // DeepSeek-V3.2 / Kimi-Linear: transformers 5's mlp_layer_types decides; without it, first_k_dense_replace
+    // with transformers' defaults (3 and 1)
+    doc = hf("deepseek_v3_2_exp");
+    doc["num_hidden_layers"] = 4;
+    doc.erase("first_k_dense_replace");
+    EXPECT_EQ(model::import_hf_config(doc, "d.json").model.moe.first_dense, 3);
+    doc["mlp_layer_types"] = Json{"dense", "sparse", "dense", "sparse"};
+    const model::ModelConfig d = model::import_hf_config(doc, "d.json").model;
+    EXPECT_EQ(d.moe.layers, (std::vector<std::string>{"dense", "moe", "dense", "moe"}));
+    out = model::export_hf_config(d);
+    EXPECT_EQ(out["mlp_layer_types"], doc["mlp_layer_types"]);
+    EXPECT_EQ(out["first_k_dense_replace"], 1);
+    EXPECT_EQ(model::to_json(model::import_hf_config(out, "back").model), model::to_json(d));
+    doc = hf("kimi_linear_48b_a3b");
+    doc.erase("first_k_dense_replace");
+    EXPECT_EQ(model::import_hf_config(doc, "k.json").model.moe.first_dense, 1);
+    model::ModelConfig k = model::import_hf_config(doc, "k.json").model;
+    k.moe.layers.assign(size_t(k.n_layers), "moe");
+    k.moe.layers[5] = "dense";
+    test::expect_error([&] { model::export_hf_config(k); }, "the dense MLP layers are the first");
+}
+
+TEST(HfConfig, Qwen3NextRouterAuxLossIsTheGlobalBalanceLossWhenTransformersAddsIt) {
+    Json doc = hf("qwen3_next_80b_a3b");  // router_aux_loss_coef 0.001, output_router_logits false
+    model::HfImport q = model::import_hf_config(doc, "q.json");
+    EXPECT_EQ(q.model.moe.global_aux_coeff, 0.0);  // transformers adds no balance loss then
+    EXPECT_FALSE(mentions(q.unsupported, "router_aux_loss_coef"));
+    doc["output_router_logits"] = true;
+    q = model::import_hf_config(doc, "q.json");
+    EXPECT_EQ(q.model.moe.global_aux_coeff, 0.001);
+    const Json out = model::export_hf_config(q.model);
+    EXPECT_EQ(out["router_aux_loss_coef"], 0.001);
+    EXPECT_EQ(out["output_router_logits"], true);
+    doc.erase("router_aux_loss_coef");  // Qwen3NextConfig's default
+    EXPECT_EQ(model::import_hf_config(doc, "q.json").model.moe.global_aux_coeff, 0.001);
+    q.model.moe.seq_aux_coeff = 1e-4;
+    test::expect_error([&] { model::export_hf_config(q.model); }, "at most the global balance loss");
+}
+
+TEST(HfConfig, ExportsWriteSpecialTokensInsideTheVocabularyAndKimiNeverTies) {
+    // transformers builds nn.Embedding(vocab, d, padding_idx = pad_token_id) and refuses an id outside it
+    const model::HfSpecialTokens bytes{.bos = 256, .eos = 256, .pad = 257};
+    for (const char* name : {"qwen3_next_tiny", "deepseek_v32_tiny", "kimi_linear_tiny"}) {
+        SCOPED_TRACE(name);
+        model::ModelConfig m =
+            model::import_hf_config(
+                Json::parse(read_text(test::golden_path(std::string("hf/") + name + "/config.json"))), name)
+                .model;
+        Json out = model::export_hf_config(m, bytes);  // vocabulary 64: no such ids
+        EXPECT_TRUE(out["pad_token_id"].is_null() && out["bos_token_id"].is_null() && out["eos_token_id"].is_null());
+        m.vocab_size = 258;  // the byte tokenizer's
+        m.tie_embeddings = true;
+        out = model::export_hf_config(m, bytes);
+        EXPECT_EQ(out["bos_token_id"], 256);
+        EXPECT_EQ(out["eos_token_id"], 256);
+        EXPECT_EQ(out["pad_token_id"], 257);
+        EXPECT_EQ(out["tie_word_embeddings"], std::string(name) != "kimi_linear_tiny");  // Kimi's head is written
+    }
 }
 
 TEST(HfConfig, BadConfigsNameTheKey) {
@@ -182,6 +333,22 @@ TEST(HfConfig, Qwen3NextAndDeepSeekV32ExportsImportBackToTheSameModel) {
         const model::HfImport back = model::import_hf_config(out, "exported");
         EXPECT_EQ(model::to_json(back.model), model::to_json(hf.model)) << name;
         EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
+        model::ModelConfig yarn = hf.model;  // with YaRN (every field away from its default)
+        yarn.rope_scaling = {.type = ops::RopeScaling::Type::yarn,
+                             .factor = 8.0,
+                             .original_max_position = 512,
+                             .beta_fast = 16.0,
+                             .beta_slow = 2.0,
+                             .mscale = 0.5,
+                             .mscale_all_dim = 0.25,
+                             .attention_factor = 1.5,
+                             .truncate = false};
+        EXPECT_EQ(model::to_json(model::parse_model_config(model::to_json(yarn), "tessera")), model::to_json(yarn));
+        const Json y = model::export_hf_config(yarn);
+        EXPECT_EQ(y["max_position_embeddings"], 4096) << name;
+        const model::HfImport yback = model::import_hf_config(y, "exported");
+        EXPECT_EQ(model::to_json(yback.model), model::to_json(yarn)) << name;
+        EXPECT_TRUE(yback.unsupported.empty()) << yback.unsupported.front();
     }
     model::ModelConfig qwen =
         model::import_hf_config(Json::parse(read_text(test::golden_path("hf/qwen3_next_tiny/config.json"))), "q").model;

@@ -89,6 +89,19 @@ std::vector<GradCase> grad_cases() {
                       return make({{"x", {2, 5, 3, 8}}}, 6);
                   },
                   {{"y", "dy"}}});
+    cs.push_back({"rope_yarn",
+                  "rope",
+                  {{"theta", "500"},
+                   {"offset", "40"},
+                   {"scaling", "yarn"},
+                   {"factor", "4"},
+                   {"original_max_position", "16"},
+                   {"mscale", "2"},
+                   {"mscale_all_dim", "1"}},
+                  [] {
+                      return make({{"x", {1, 4, 2, 16}}}, 62);
+                  },
+                  {{"y", "dy"}}});
     cs.push_back({"rope_interleaved",
                   "rope",
                   {{"theta", "50"}, {"layout", "interleaved"}},
@@ -237,6 +250,20 @@ std::vector<GradCase> grad_cases() {
                       return m;
                   },
                   {{"y", "dy"}, {"aux_loss", "daux_loss"}}});
+    for (const char* score : {"softmax", "sigmoid"}) {  // the global balance loss (Qwen3-Next's, pooled over N)
+        cs.push_back({std::string("moe_global_aux_") + score,
+                      "moe",
+                      {{"topk", "2"}, {"score", score}, {"global_aux_coeff", "0.5"}},
+                      [] {
+                          return make({{"x", {10, 5}},
+                                       {"router_w", {4, 5}},
+                                       {"w_gate", {4, 3, 5}},
+                                       {"w_up", {4, 3, 5}},
+                                       {"w_down", {4, 5, 3}}},
+                                      29);
+                      },
+                      {{"y", "dy"}, {"aux_loss", "daux_loss"}}});
+    }
     // DSA family: indices fixed (an i32 input); the KL's target p gets no gradient
     auto dsa_indices = [](int64_t T, int64_t K) {
         Tensor idx(DType::i32, Shape{1, T, K});

@@ -6,6 +6,15 @@ model.safetensors in the published layout), plus <name>_logits.safetensors: toke
 logits (float32 forward). tessera must load the directory and reproduce the logits
 (tests/model/test_hf_checkpoint.cpp).
 
+Issue 11's cases: deepseek_v32_yarn_tiny (YaRN with mscale != mscale_all_dim, so the cos/sin attention factor and
+MLA's softmax mscale² both matter, positions past original_max_position_embeddings; a dense layer between MoE
+layers by mlp_layer_types; tied embeddings), qwen3_next_yarn_tiny (YaRN through the older rope_scaling key,
+partial_rotary_factor 0.3 of head_dim 16 = int(4.8) = 4 rotary dims, decoder_sparse_step 2 with mlp_only_layers,
+tied embeddings, router_aux_loss_coef with output_router_logits; its file also holds transformers' loss and every
+parameter gradient of loss + router_aux_loss_coef · aux_loss for labels = ids, "grad.<tensor>"), and
+kimi_linear_tied_tiny (tie_word_embeddings true: transformers' Kimi-Linear still computes with its own stored
+lm_head).
+
 Run: python3 tools/ref/make_hf_interop_golden.py [name ...]
 """
 import os
@@ -58,6 +67,39 @@ def deepseek_v32():
         topk_group=1, num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6, index_topk=6, index_head_dim=16,
         index_n_heads=8, first_k_dense_replace=1, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
         eos_token_id=2))
+
+
+def deepseek_v32_yarn():
+    return DeepseekV32ForCausalLM(DeepseekV32Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1, n_routed_experts=4, routed_scaling_factor=2.5,
+        kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=8, n_group=2,
+        topk_group=1, num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6, index_topk=6, index_head_dim=16,
+        index_n_heads=8, first_k_dense_replace=0, mlp_layer_types=["sparse", "dense", "sparse"],
+        tie_word_embeddings=True, max_position_embeddings=32,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                         "beta_fast": 8.0, "beta_slow": 1.0, "mscale": 0.8, "mscale_all_dim": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2))
+
+
+def qwen3_next_yarn():
+    return Qwen3NextForCausalLM(Qwen3NextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=24, decoder_sparse_step=2, mlp_only_layers=[3],
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        partial_rotary_factor=0.3, rope_theta=500.0, max_position_embeddings=64,
+        rope_scaling={"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8, "beta_fast": 4.0,
+                      "beta_slow": 1.0, "truncate": False},
+        output_router_logits=True, router_aux_loss_coef=0.05,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+
+
+def kimi_linear_tied():
+    model = kimi_linear()
+    model.config.tie_word_embeddings = True  # transformers' Kimi-Linear keeps its own lm_head all the same
+    return model
 
 
 def indexer_gap(model, ids):
@@ -121,14 +163,36 @@ def write(name, build):
     model.save_pretrained(out)
     with torch.no_grad():
         logits = model(ids).logits.double()  # float32 forward (the grouped expert matmul has no float64)
-    save_file({"ids": ids.to(torch.int64), "expected.logits": logits.contiguous()},
+    tensors = {"ids": ids.to(torch.int64), "expected.logits": logits.contiguous()}
+    if model.config.output_router_logits:  # transformers' training loss, with the router aux loss, and its gradients
+        result = model(ids, labels=ids)
+        result.loss.backward()
+        tensors["expected.loss"] = result.loss.detach().double().reshape(1)
+        tensors["expected.aux_loss"] = result.aux_loss.detach().double().reshape(1)
+        for pname, p in model.named_parameters():  # under the names save_pretrained writes
+            g = p.grad.detach().clone()
+            if pname.endswith("mlp.experts.gate_up_proj"):  # [E, 2F, D]: gate rows, then up rows
+                base, F = pname[:-len("gate_up_proj")], g.shape[1] // 2
+                for e in range(g.shape[0]):
+                    tensors[f"grad.{base}{e}.gate_proj.weight"] = g[e, :F].contiguous()
+                    tensors[f"grad.{base}{e}.up_proj.weight"] = g[e, F:].contiguous()
+            elif pname.endswith("mlp.experts.down_proj"):
+                for e in range(g.shape[0]):
+                    tensors[f"grad.{pname[:-len('down_proj')]}{e}.down_proj.weight"] = g[e].contiguous()
+            else:
+                tensors["grad." + pname] = g
+        print(f"{name}: loss {float(result.loss):.6f} (aux {float(result.aux_loss):.6f})")
+    save_file(tensors,
               os.path.join(out, "..", f"{name}_logits.safetensors"),
               metadata={"script": "tools/ref/make_hf_interop_golden.py", "seed": str(seed), "format_version": "1",
                         "torch": torch.__version__})
     print("wrote", out)
 
 
-CASES = {"kimi_linear_tiny": kimi_linear, "qwen3_next_tiny": qwen3_next, "deepseek_v32_tiny": deepseek_v32}
-for case, fn in CASES.items():
-    if len(sys.argv) == 1 or case in sys.argv[1:]:
-        write(case, fn)
+CASES = {"kimi_linear_tiny": kimi_linear, "qwen3_next_tiny": qwen3_next, "deepseek_v32_tiny": deepseek_v32,
+         "deepseek_v32_yarn_tiny": deepseek_v32_yarn, "qwen3_next_yarn_tiny": qwen3_next_yarn,
+         "kimi_linear_tied_tiny": kimi_linear_tied}
+if __name__ == "__main__":
+    for case, fn in CASES.items():
+        if len(sys.argv) == 1 or case in sys.argv[1:]:
+            write(case, fn)

@@ -178,3 +178,70 @@ def attn_res_mix_ref(sources, gamma, w, eps=1e-6):
 
 write("attn_res_mix", "attn_res_mix", dict(sources=randn(4, 6, 24, scale=2), gamma=randn(24), w=randn(24)),
       attn_res_mix_ref, {"out": "dout"})
+
+
+# YaRN rope (issue 11): frequencies written from the paper's formula as transformers 5 applies it, checked here
+# against transformers' own _compute_yarn_parameters (float32) before they are used in float64
+def yarn_inv_freq(D, theta, factor, L0, beta_fast, beta_slow, truncate):
+    def corr(n):
+        return D * math.log(L0 / (n * 2 * math.pi)) / (2 * math.log(theta))
+    lo, hi = corr(beta_fast), corr(beta_slow)
+    if truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, D - 1)
+    if lo == hi:
+        hi += 0.001
+    base = theta ** (-torch.arange(0, D // 2, dtype=f64) * 2.0 / D)
+    ramp = ((torch.arange(D // 2, dtype=f64) - lo) / (hi - lo)).clamp(0, 1)
+    return base * (1 - ramp) + base / factor * ramp
+
+
+def yarn_factor(factor, mscale, mscale_all_dim, attention_factor):
+    def g(s, m):
+        return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+    if attention_factor:
+        return attention_factor
+    return g(factor, mscale) / g(factor, mscale_all_dim) if mscale and mscale_all_dim else g(factor, 1)
+
+
+def check_yarn_against_transformers(D, theta, yarn):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    rp = {"rope_type": "yarn", "rope_theta": theta, "factor": yarn["factor"],
+          "original_max_position_embeddings": yarn["original_max_position"], "beta_fast": yarn["beta_fast"],
+          "beta_slow": yarn["beta_slow"], "truncate": bool(yarn["truncate"])}
+    for k in ("mscale", "mscale_all_dim", "attention_factor"):
+        if yarn[k]:
+            rp[k] = yarn[k]
+    cfg = LlamaConfig(hidden_size=4 * D, num_attention_heads=4, head_dim=D, max_position_embeddings=100000,
+                      rope_parameters=rp)
+    inv, att = ROPE_INIT_FUNCTIONS["yarn"](cfg)
+    ours = yarn_inv_freq(D, theta, yarn["factor"], yarn["original_max_position"], yarn["beta_fast"], yarn["beta_slow"],
+                         yarn["truncate"])
+    assert torch.allclose(inv.double(), ours, rtol=1e-6, atol=0), (inv, ours)
+    assert abs(att - yarn_factor(yarn["factor"], yarn["mscale"], yarn["mscale_all_dim"], yarn["attention_factor"])) < 1e-7
+
+
+def rope_yarn_ref(x, theta, offset, yarn, interleaved):
+    B, T, H, D = x.shape
+    check_yarn_against_transformers(D, theta, yarn)
+    inv_freq = yarn_inv_freq(D, theta, yarn["factor"], yarn["original_max_position"], yarn["beta_fast"],
+                             yarn["beta_slow"], yarn["truncate"])
+    m = yarn_factor(yarn["factor"], yarn["mscale"], yarn["mscale_all_dim"], yarn["attention_factor"])
+    ang = (torch.arange(T, dtype=f64) + offset)[:, None] * inv_freq[None, :]
+    cos, sin = m * ang.cos()[None, :, None, :], m * ang.sin()[None, :, None, :]
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+    a, b = x[..., :D // 2], x[..., D // 2:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+
+
+for case, yarn, interleaved in (
+        ("rope_yarn", dict(factor=8.0, original_max_position=256, beta_fast=8.0, beta_slow=1.0, mscale=1.0,
+                           mscale_all_dim=0.5, attention_factor=0.0, truncate=1), False),
+        ("rope_yarn_interleaved", dict(factor=4.0, original_max_position=128, beta_fast=32.0, beta_slow=2.0,
+                                       mscale=0.0, mscale_all_dim=0.0, attention_factor=1.25, truncate=0), True)):
+    write(case, "rope", dict(x=randn(2, 5, 3, 32)), lambda x: {"y": rope_yarn_ref(x, 10000.0, 1500, yarn, interleaved)},
+          {"y": "dy"}, dict(theta=10000.0, offset=1500, layout="interleaved" if interleaved else "half", scaling="yarn",
+                            **yarn))

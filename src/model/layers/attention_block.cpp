@@ -143,7 +143,7 @@ void AttentionBlock::project(StepShape s, int64_t pos, TensorView x) {
         });
     }
     // positions per batch row (relative within documents), from pos
-    const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos};
+    const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos, .scaling = cfg_.rope_scaling};
     TensorView q = head_view(qkv, s, 0, H_, R_), k = head_view(qkv, s, Q_, HKV_, R_);
     ops::rope_forward(rope, q, q);
     ops::rope_forward(rope, k, k);
@@ -227,7 +227,7 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
     // through RoPE (the first R dims of each head; the rest pass), into dqkv or, with qk_norm, into dqn
     TensorView target = cfg_.qk_norm ? dqn_.slice0(0, N) : dqkv;
     if (cfg_.qk_norm) zero_rows(dqn_, N);
-    const ops::RopeParams rope{.theta = cfg_.rope_theta};
+    const ops::RopeParams rope{.theta = cfg_.rope_theta, .scaling = cfg_.rope_scaling};
     ops::rope_backward(rope, head_view(dqk, s, 0, H_, R_), head_view(target, s, 0, H_, R_));
     ops::rope_backward(rope, head_view(dqk, s, Q_, HKV_, R_), head_view(target, s, Q_, HKV_, R_));
     if (R_ < D_) {

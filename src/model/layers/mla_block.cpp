@@ -221,7 +221,7 @@ void MlaBlock::indexer_forward(StepShape s, int64_t pos) {
         for (int64_t j = 0; j < HI_; ++j) wi[n * HI_ + j] = wsrc.ptr<float>()[n * wsrc.strides[0] + j] * wscale;
     }
     if (cfg_.dsa.rope_dim > 0) {  // rotate-half pairs on the first d_r^I dims (spec/dsa.md §1.2)
-        const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos};
+        const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos, .scaling = cfg_.rope_scaling};
         TensorView qr = heads_view(a_.qi.slice0(0, N), s, 0, HI_, DI_, cfg_.dsa.rope_dim);
         TensorView kr = heads_view(a_.ki.slice0(0, N), s, 0, 1, DI_, cfg_.dsa.rope_dim);
         ops::rope_forward(rope, qr, qr);
@@ -270,7 +270,8 @@ void MlaBlock::project(StepShape s, int64_t pos, TensorView x) {
                          a_.kv_rstd.slice0(0, N));
     copy_rows(columns(hp, col_kv_ + RKV_, DR_), columns(kv, RKV_, DR_));
     if (cfg_.rope && DR_ > 0) {
-        const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos, .interleaved = true};
+        const ops::RopeParams rope{
+            .theta = cfg_.rope_theta, .offset = pos, .interleaved = true, .scaling = cfg_.rope_scaling};
         TensorView qr = heads_view(q, s, DN_, H_, DQ_, DR_), kr = heads_view(kv, s, RKV_, 1, DK_, DR_);
         ops::rope_forward(rope, qr, qr);
         ops::rope_forward(rope, kr, kr);
@@ -439,7 +440,7 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     }
     TensorView dkr = columns(dhp, col_kv_ + RKV_, DR_);
     if (cfg_.rope && DR_ > 0) {
-        const ops::RopeParams rope{.theta = cfg_.rope_theta, .interleaved = true};
+        const ops::RopeParams rope{.theta = cfg_.rope_theta, .interleaved = true, .scaling = cfg_.rope_scaling};
         ops::rope_backward(rope, heads_view(dqhat, s, RKV_, H_, DK_, DR_), heads_view(dq, s, DN_, H_, DQ_, DR_));
         ops::rope_backward(rope, heads_view(dkv, s, RKV_, 1, DK_, DR_), heads_view(dkr, s, 0, 1, DR_, DR_));
     } else {
@@ -497,7 +498,7 @@ double MlaBlock::indexer_backward(StepShape s) {
     copy_rows(dki, dki_pre);
     const int64_t RI = cfg_.dsa.rope_dim;
     if (RI > 0) {
-        const ops::RopeParams rope{.theta = cfg_.rope_theta};
+        const ops::RopeParams rope{.theta = cfg_.rope_theta, .scaling = cfg_.rope_scaling};
         for (int64_t j = 0; j < HI_; ++j) zero_columns(columns(dqi_pre, j * DI_, RI));
         zero_columns(columns(dki_pre, 0, RI));
         ops::rope_backward(rope, heads_view(dqi, s, 0, HI_, DI_, RI), heads_view(dqi_pre, s, 0, HI_, DI_, RI));

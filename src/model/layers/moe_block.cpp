@@ -141,6 +141,12 @@ void MoeBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, norm_, ln, rstd_.slice0(0, N));
     start_output(x, x_out, N);
     const ops::MoeStats st = ops::moe_forward(p_, w_, ln, x_out.slice0(0, N), true, saved_, scratch_, sequences(s));
+    if (m_.global_aux_coeff > 0) {  // this forward's share of the global balance loss, for the model to pool
+        bal_choices_.assign(size_t(m_.experts), 0.0);
+        bal_probs_.assign(size_t(m_.experts), 0.0);
+        ops::router_balance_stats(saved_.scores.slice0(0, N), saved_.choice.slice0(0, N), bal_choices_, bal_probs_);
+        bal_rows_ = N;
+    }
     if (!pass_.record) return;
     const int32_t* demand = saved_.demand.ptr<int32_t>();
     for (int64_t e = 0; e < m_.experts; ++e) demand_[size_t(e)] += demand[e];
@@ -162,6 +168,9 @@ void MoeBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     ops::MoeParams p = p_;  // the router losses count like the LM loss of this micro-batch
     p.seq_aux_coeff *= pass_.loss_scale;
     p.z_loss_coeff *= pass_.loss_scale;
+    bal_scaled_.resize(bal_grad_.size());  // NOTES: sized once; no allocation per step
+    for (size_t e = 0; e < bal_grad_.size(); ++e) bal_scaled_[e] = bal_grad_[e] * pass_.loss_scale;
+    p.balance_grad = bal_scaled_;
     TensorView d = dres.slice0(0, N), dln = dln_.slice0(0, N);
     zero_rows(dln_, N);
     ops::moe_backward(p, w_, ln_.slice0(0, N), d, dln, g_, saved_, scratch_, sequences(s));

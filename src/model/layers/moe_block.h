@@ -43,6 +43,13 @@ class MoeBlock : public Block {
     // After the optimizer step: moves the selection bias by the configured rule from this step's routing.
     void update_bias();
     MoeLayerStats take_stats();  // this step's statistics; clears them
+    // The global balance loss (model.moe.global_aux_coeff; ops/router.h): the last forward's router choices and
+    // Σ_rows ŝ per expert and its token count, which the model pools over its MoE layers, and the pooled loss's
+    // ∂L/∂ŝ that the next backward adds (scaled by the pass's loss scale).
+    std::span<const double> balance_choices() const { return bal_choices_; }
+    std::span<const double> balance_prob_sums() const { return bal_probs_; }
+    int64_t balance_rows() const { return bal_rows_; }
+    void set_balance_grad(std::span<const double> g) { bal_grad_.assign(g.begin(), g.end()); }
     const std::string& prefix() const { return prefix_; }
 
   private:
@@ -68,6 +75,8 @@ class MoeBlock : public Block {
     std::vector<int64_t> demand_;
     int64_t tokens_ = 0, rerouted_ = 0, dropped_ = 0, forwards_ = 0;
     double entropy_sum_ = 0.0, seq_aux_ = 0.0, z_loss_ = 0.0;
+    std::vector<double> bal_choices_, bal_probs_, bal_grad_, bal_scaled_;
+    int64_t bal_rows_ = 0;
     std::unique_ptr<ops::QuantileBalancer> quantile_;
 };
 

@@ -110,6 +110,17 @@ void run_rope(OpContext& c) {
     RopeParams p{.theta = c.param_f64("theta"),
                  .offset = c.param_i64("offset"),
                  .interleaved = c.param_str("layout") == "interleaved"};
+    if (c.param_str("scaling") == "yarn") {
+        p.scaling = {.type = RopeScaling::Type::yarn,
+                     .factor = c.param_f64("factor"),
+                     .original_max_position = c.param_i64("original_max_position"),
+                     .beta_fast = c.param_f64("beta_fast"),
+                     .beta_slow = c.param_f64("beta_slow"),
+                     .mscale = c.param_f64("mscale"),
+                     .mscale_all_dim = c.param_f64("mscale_all_dim"),
+                     .attention_factor = c.param_f64("attention_factor"),
+                     .truncate = c.param_i64("truncate") != 0};
+    }
     TensorView x = c.in("x");
     rope_forward(p, x, c.out_like("y", x));
     if (c.has("dy")) rope_backward(p, c.in("dy"), c.out_like("dx", x));
@@ -205,7 +216,16 @@ void register_dense_ops(OpRegistry& r) {
            {{"x", "[B, T, H, D]"}, {"dy", "[B, T, H, D]", true}},
            {number("theta", "10000"),
             integer("offset", "0", "position of the first token"),
-            {"layout", ParamKind::choice, "half", {"half", "interleaved"}, "pairs (i, i+D/2) or (2i, 2i+1)"}},
+            {"layout", ParamKind::choice, "half", {"half", "interleaved"}, "pairs (i, i+D/2) or (2i, 2i+1)"},
+            {"scaling", ParamKind::choice, "none", {"none", "yarn"}, "frequency scaling (YaRN: docs/ops.md)"},
+            number("factor", "1", "yarn: context extension s"),
+            integer("original_max_position", "4096", "yarn: pre-training context L0"),
+            number("beta_fast", "32", "yarn"),
+            number("beta_slow", "1", "yarn"),
+            number("mscale", "0", "yarn: 0 = unset"),
+            number("mscale_all_dim", "0", "yarn: 0 = unset"),
+            number("attention_factor", "0", "yarn: cos/sin factor; 0 = derived"),
+            integer("truncate", "1", "yarn: 1 = whole-pair correction range")},
            {"y"},
            {"given dy: dx"},
            run_rope});

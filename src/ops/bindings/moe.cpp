@@ -99,7 +99,15 @@ void run_moe(OpContext& c) {
     copy_out("weights", s.gates);
     one_value(c, "rerouted", DType::i64, double(st.rerouted));
     one_value(c, "dropped", DType::i64, double(st.dropped));
-    one_value(c, "aux_loss", x.dtype, st.seq_aux_loss + st.z_loss);
+    // the global balance loss of this one layer: its choices and scores pooled over the N tokens (ops/router.h)
+    const double global_coeff = c.param_f64("global_aux_coeff");
+    std::vector<double> choices(size_t(d.experts)), prob_sums(size_t(d.experts)), balance_grad(size_t(d.experts));
+    double global = 0;
+    if (global_coeff != 0) {
+        router_balance_stats(s.scores.slice0(0, N), s.choice.slice0(0, N), choices, prob_sums);
+        global = router_global_aux_loss(global_coeff, choices, prob_sums, double(N), balance_grad);
+    }
+    one_value(c, "aux_loss", x.dtype, st.seq_aux_loss + st.z_loss + global);
     if (!c.has("dy") && !c.has("daux_loss")) return;
     // The aux losses' gradients are linear in their weights: scale them by the loss's output gradient.
     const double aux_scale = c.has("daux_loss") ? (x.dtype == DType::f32 ? double(c.in("daux_loss").ptr<float>()[0])
@@ -107,6 +115,8 @@ void run_moe(OpContext& c) {
                                                 : 0.0;
     p.seq_aux_coeff *= aux_scale;
     p.z_loss_coeff *= aux_scale;
+    for (double& g : balance_grad) g *= aux_scale;
+    if (global_coeff != 0) p.balance_grad = balance_grad;
     Tensor zero_dy(x.dtype, x.shape);
     TensorView dy = c.has("dy") ? c.in("dy") : zero_dy.view();
     auto grad = [&](const char* name, const TensorView& v) {
@@ -145,6 +155,8 @@ void register_moe_ops(OpRegistry& r) {
     moe_params.push_back({"situ_linear_beta", ParamKind::number, "25", {}, ""});
     moe_params.push_back({"norm_eps", ParamKind::number, "1e-6", {}, "latent_norm"});
     moe_params.push_back({"seq_aux_coeff", ParamKind::number, "0", {}, "sequence-wise balance loss weight"});
+    moe_params.push_back(
+        {"global_aux_coeff", ParamKind::number, "0", {}, "global balance loss weight (pooled over the N tokens)"});
     moe_params.push_back({"z_loss_coeff", ParamKind::number, "0", {}, "router z-loss weight"});
     r.add({"moe",
            "(Latent)MoE layer: router, capacity/re-routing, grouped SwiGLU or SiTU experts, latent projections, "

@@ -589,6 +589,7 @@ void moe_backward(const MoeParams& p,
     const int64_t whole[2] = {0, N};
     if (seq_starts.empty()) seq_starts = whole;
     if (p.seq_aux_coeff != 0) router_seq_aux_loss(p.seq_aux_coeff, scores, first(s.choice, N), seq_starts, ds);
+    if (!p.balance_grad.empty()) router_balance_backward(p.balance_grad, scores, ds);
     zero_rows(t.du, N);
     router_score_backward(p.router, scores, ds, du);
     if (p.z_loss_coeff != 0) router_z_loss(p.z_loss_coeff, first(s.logits, N), du);

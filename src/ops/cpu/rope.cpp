@@ -1,15 +1,65 @@
 // RoPE forward/backward on the CPU: a rotation per (position, pair), cos/sin computed once per
-// position and shared by every batch row and head.
+// position and shared by every batch row and head; the frequencies (plain or YaRN) once per call.
 #include "ops/rope.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <numbers>
 
 #include "ops/cpu/kernel_util.h"
 
 namespace tessera::ops {
 
 using cpu::dispatch_float;
+
+double yarn_mscale(double factor, double mscale) { return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
+
+double RopeScaling::cos_sin_factor() const {
+    if (type == Type::none) return 1.0;
+    if (attention_factor > 0) return attention_factor;
+    if (mscale != 0 && mscale_all_dim != 0) return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
+    return yarn_mscale(factor, 1.0);
+}
+
+void RopeScaling::validate(const std::string& where) const {
+    if (type == Type::none) return;
+    TESSERA_CHECK(std::isfinite(factor) && factor > 0, "{}: rope_scaling.factor must be positive, not {}", where,
+                  factor);
+    TESSERA_CHECK(original_max_position > 0, "{}: rope_scaling.original_max_position must be positive, not {}", where,
+                  original_max_position);
+    TESSERA_CHECK(std::isfinite(beta_fast) && std::isfinite(beta_slow) && beta_fast > 0 && beta_slow > 0,
+                  "{}: rope_scaling.beta_fast and beta_slow must be positive, not {} and {}", where, beta_fast,
+                  beta_slow);
+    TESSERA_CHECK(std::isfinite(mscale) && std::isfinite(mscale_all_dim) && std::isfinite(attention_factor) &&
+                      mscale >= 0 && mscale_all_dim >= 0 && attention_factor >= 0,
+                  "{}: rope_scaling.mscale, mscale_all_dim and attention_factor must be >= 0 (0 = unset)", where);
+}
+
+void rope_inv_freq(const RopeParams& p, int64_t D, std::span<double> out) {
+    const int64_t half = D / 2;
+    TESSERA_CHECK(int64_t(out.size()) == half, "rope_inv_freq: {} slots for {} pairs", out.size(), half);
+    for (int64_t i = 0; i < half; ++i) out[size_t(i)] = std::pow(p.theta, -2.0 * double(i) / double(D));
+    const RopeScaling& y = p.scaling;
+    if (y.type == RopeScaling::Type::none) return;
+    // the pair index where a wavelength fits n rotations into the original context
+    const double d = double(D), base = p.theta, L0 = double(y.original_max_position);
+    auto correction = [&](double n) {
+        return d * std::log(L0 / (n * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+    };
+    double lo = correction(y.beta_fast), hi = correction(y.beta_slow);
+    if (y.truncate) {
+        lo = std::floor(lo);
+        hi = std::ceil(hi);
+    }
+    lo = std::max(lo, 0.0);
+    hi = std::min(hi, d - 1.0);
+    if (lo == hi) hi += 0.001;  // transformers' guard against a zero-width ramp
+    for (int64_t i = 0; i < half; ++i) {
+        const double ramp = std::clamp((double(i) - lo) / (hi - lo), 0.0, 1.0);  // 1: interpolated
+        out[size_t(i)] *= (1.0 - ramp) + ramp / y.factor;
+    }
+}
 
 namespace {
 void check_4d(const TensorView& t, std::string_view what) {
@@ -18,24 +68,26 @@ void check_4d(const TensorView& t, std::string_view what) {
     TESSERA_CHECK(t.size(3) % 2 == 0, "{}: head dim {} must be even", what, t.size(3));
 }
 
-// dst = R(sign·angle) · src, where sign = +1 (forward) or −1 (inverse); accumulate adds into dst.
+// dst = m·R(sign·angle) · src, where sign = +1 (forward) or −1 (transpose); accumulate adds into dst.
 template <class T>
 void rotate(const RopeParams& p, const TensorView& src, const TensorView& dst, double sign, bool accumulate) {
     const int64_t B = src.size(0), Tn = src.size(1), H = src.size(2), D = src.size(3), half = D / 2;
     const int64_t second = p.interleaved ? 1 : half,
                   step = p.interleaved ? 2 : 1;  // pair i = (step·i, step·i + second)
+    std::array<double, 512> inv_freq{};          // NOTES: D/2 <= 512 checked by the callers; stack, not heap
+    rope_inv_freq(p, D, std::span(inv_freq.data(), size_t(half)));
+    const double m = p.scaling.cos_sin_factor();
     const T* S = src.ptr<T>();
     T* Dst = dst.ptr<T>();
 #pragma omp parallel
     {
-        std::array<T, 512> cs{}, sn{};  // NOTES: D/2 <= 512 checked below; stack, not heap
+        std::array<T, 512> cs{}, sn{};
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < Tn; ++t) {
             const double pos = double(p.offset + t);
             for (int64_t i = 0; i < half; ++i) {
-                const double inv_freq = std::pow(p.theta, -2.0 * double(i) / double(D));
-                cs[i] = T(std::cos(pos * inv_freq));
-                sn[i] = T(sign * std::sin(pos * inv_freq));
+                cs[i] = T(m * std::cos(pos * inv_freq[i]));
+                sn[i] = T(sign * m * std::sin(pos * inv_freq[i]));
             }
             for (int64_t b = 0; b < B; ++b) {
                 for (int64_t h = 0; h < H; ++h) {
@@ -66,6 +118,7 @@ void rope_forward(const RopeParams& p, TensorView x, TensorView y) {
     check_4d(y, "rope: y");
     TESSERA_CHECK(x.shape == y.shape, "rope: y {} must be shaped like x {}", y.shape.str(), x.shape.str());
     TESSERA_CHECK(x.size(3) <= 1024, "rope: head dim {} exceeds 1024", x.size(3));
+    p.scaling.validate("rope");
     dispatch_float(x.dtype, "rope", [&]<class T>(T) { rotate<T>(p, x, y, +1.0, false); });
 }
 
@@ -75,6 +128,7 @@ void rope_backward(const RopeParams& p, TensorView dy, TensorView dx) {
     TESSERA_CHECK(dx.shape == dy.shape, "rope: dx {} must be shaped like dy {}", dx.shape.str(), dy.shape.str());
     TESSERA_CHECK(dx.data != dy.data, "rope: dx must not alias dy");
     TESSERA_CHECK(dy.size(3) <= 1024, "rope: head dim {} exceeds 1024", dy.size(3));
+    p.scaling.validate("rope");
     dispatch_float(dy.dtype, "rope", [&]<class T>(T) { rotate<T>(p, dy, dx, -1.0, true); });
 }
 

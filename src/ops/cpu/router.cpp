@@ -276,6 +276,61 @@ double router_seq_aux_loss(
     return loss;
 }
 
+void router_balance_stats(TensorView scores,
+                          TensorView indices,
+                          std::span<double> choices,
+                          std::span<double> prob_sums) {
+    check_router_shapes(scores, indices, {}, "router balance stats");
+    const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
+    TESSERA_CHECK(int64_t(choices.size()) == E && int64_t(prob_sums.size()) == E,
+                  "router balance stats: {} and {} slots for {} experts", choices.size(), prob_sums.size(), E);
+    dispatch_float(scores.dtype, "router", [&]<class T>(T) {
+        for (int64_t t = 0; t < N; ++t) {
+            const int32_t* idx = indices.ptr<int32_t>() + t * K;
+            for (int64_t j = 0; j < K; ++j) {
+                if (idx[j] >= 0) choices[size_t(idx[j])] += 1.0;
+            }
+            const T* s = scores.ptr<T>() + t * E;
+            double z = 0;
+            for (int64_t e = 0; e < E; ++e) z += double(s[e]);
+            for (int64_t e = 0; e < E; ++e) prob_sums[size_t(e)] += double(s[e]) / z;
+        }
+    });
+}
+
+double router_global_aux_loss(double alpha,
+                              std::span<const double> choices,
+                              std::span<const double> prob_sums,
+                              double rows,
+                              std::span<double> grad) {
+    const size_t E = choices.size();
+    TESSERA_CHECK(prob_sums.size() == E && (grad.empty() || grad.size() == E) && rows > 0,
+                  "router global aux loss: {} experts, {} probability sums, {} gradient slots, {} rows", E,
+                  prob_sums.size(), grad.size(), rows);
+    double sum = 0;
+    for (size_t e = 0; e < E; ++e) sum += choices[e] * prob_sums[e];
+    const double c = alpha * double(E) / (rows * rows);
+    for (size_t e = 0; e < grad.size(); ++e) grad[e] = c * choices[e];
+    return c * sum;
+}
+
+void router_balance_backward(std::span<const double> grad, TensorView scores, TensorView dscores) {
+    check_shape(dscores, scores.shape, "router: dscores");
+    const int64_t N = scores.size(0), E = scores.size(1);
+    TESSERA_CHECK(int64_t(grad.size()) == E, "router balance backward: {} gradient slots for {} experts", grad.size(),
+                  E);
+    dispatch_float(scores.dtype, "router", [&]<class T>(T) {
+        for (int64_t t = 0; t < N; ++t) {  // ∂/∂s_j Σ_e g_e s_e/z = (g_j − Σ_e g_e ŝ_e) / z
+            const T* s = scores.ptr<T>() + t * E;
+            T* ds = dscores.ptr<T>() + t * E;
+            double z = 0, gs = 0;
+            for (int64_t e = 0; e < E; ++e) z += double(s[e]);
+            for (int64_t e = 0; e < E; ++e) gs += grad[size_t(e)] * double(s[e]) / z;
+            for (int64_t e = 0; e < E; ++e) ds[e] += T((grad[size_t(e)] - gs) / z);
+        }
+    });
+}
+
 double router_z_loss(double beta, TensorView logits, TensorView dlogits) {
     if (dlogits.defined()) check_shape(dlogits, logits.shape, "router: dlogits");
     double loss = 0;
