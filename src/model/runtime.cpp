@@ -3,10 +3,11 @@
 
 #include <omp.h>
 
+#include <bit>
 #include <cstdlib>
 #include <fstream>
 
-#include <bit>
+#include "ops/gemm.h"
 
 namespace tessera::model {
 
@@ -73,6 +74,7 @@ MemoryReport ModelRuntime::memory_report() const {
         r.predicted_bytes += r.groups.back().block_bytes;
     }
     r.capacity_bytes = arena_->stats().capacity;
+    r.outside_arena_bytes = ops::gemm_copy_buffer_bytes() * size_t(omp_get_max_threads());
     r.process_peak_rss_bytes = process_peak_rss();
     r.arena_peak_bytes = arena_->stats().peak_bytes_in_use;
     return r;
@@ -84,6 +86,7 @@ std::string MemoryReport::str() const {
     s.back() = '\n';
     s += fmt::format("  predicted peak {}, arena high-water mark {} (arena reserves {} of address space)",
                      mib(predicted_bytes), mib(arena_peak_bytes), mib(capacity_bytes));
+    s += fmt::format("; outside it, GEMM copy buffers {}", mib(outside_arena_bytes));
     if (process_peak_rss_bytes) s += fmt::format("; process peak RSS {}", mib(process_peak_rss_bytes));
     return s;
 }

@@ -22,6 +22,7 @@ struct MemoryReport {
     size_t predicted_bytes = 0;         // peak bytes in use, from the buffer specs (sum of block_bytes)
     size_t arena_peak_bytes = 0;        // measured: the arena's high-water mark
     size_t capacity_bytes = 0;          // address space the arena reserves (pages never touched cost nothing)
+    size_t outside_arena_bytes = 0;     // predicted too: the GEMM copy buffers, one per thread
     size_t process_peak_rss_bytes = 0;  // the whole process (libraries, files, allocator caches)
     std::string str() const;            // a small table
 };

@@ -11,6 +11,7 @@
 // heap use of a training step (tests/model/test_no_alloc.cpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tessera::ops {
@@ -51,6 +52,10 @@ struct GemmGrid {
     int64_t block_m = 0, block_n = 0, rows = 0, cols = 0;
 };
 GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K);
+
+// Bytes of the per-thread copy buffer the weight-gradient products (op(A) = Aᵀ) use, outside any
+// arena: allocated on a thread's first such product, one fixed size, never grown.
+size_t gemm_copy_buffer_bytes();
 
 // The same product computed by oneDNN's own threaded sgemm: the bench's reference point.
 void gemm_onednn_reference(Trans ta,

@@ -45,6 +45,11 @@ void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
 // against K·m·n multiply-adds. Panels and chunks depend on the shape only, so results still do not
 // depend on the thread count; the copy buffer has one fixed size (4.3 MB per thread, allocated on a
 // thread's first such product, never grown).
+constexpr int64_t kCopyK = 1024, kPanel = 512;
+// padded strides, never a power of two: rows of a panel's width, or of a K chunk (B transposed)
+constexpr int64_t kStride = kPanel + 16, kStrideK = kCopyK + 16;
+constexpr size_t kCopyElems = size_t(kCopyK * kStride + std::max(kCopyK * kStride, kPanel* kStrideK));
+
 dnnl_status_t sgemm_transposed_a_copied(Trans tb,
                                         int64_t m,
                                         int64_t n,
@@ -57,12 +62,9 @@ dnnl_status_t sgemm_transposed_a_copied(Trans tb,
                                         float beta,
                                         float* C,
                                         int64_t ldc) {
-    constexpr int64_t kCopyK = 1024, kPanel = 512;
-    // padded strides, never a power of two: rows of a panel's width, or of a K chunk (B transposed)
-    constexpr int64_t kStride = kPanel + 16, kStrideK = kCopyK + 16;
     const int64_t ldb_c = tb == Trans::N ? kStride : kStrideK;
     thread_local std::vector<float> copy;
-    if (copy.empty()) copy.resize(size_t(kCopyK * kStride + std::max(kCopyK * kStride, kPanel * kStrideK)));
+    if (copy.empty()) copy.resize(kCopyElems);
     float* a = copy.data();
     float* b = a + kCopyK * kStride;
     dnnl_status_t st = dnnl_success;
@@ -99,6 +101,8 @@ auto on_this_thread(Fn fn) {
     return r;
 }
 }  // namespace
+
+size_t gemm_copy_buffer_bytes() { return kCopyElems * sizeof(float); }
 
 GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K) {
     // NOTES: halve the longer block edge until there are kMaxBlocks blocks, an edge would drop below
