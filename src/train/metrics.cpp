@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/file.h"
+#include "ops/isa.h"
 
 namespace tessera::train {
 
@@ -52,9 +53,9 @@ void Progress::step(
     const bool milestone = step % interval_ == 0 || step == total_;
     if (!tty_ && !milestone) return;
     std::string line =
-        fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.1f}k tok/s | {:.0f}% of GEMM rate | ETA {}", step,
-                    std::to_string(total_).size(), total_, loss, lr, tokens_per_s / 1e3, 100.0 * mfu,
-                    format_duration(ema_step_s_ * double(total_ - step)));
+        fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.1f}k tok/s | {:.0f}% of GEMM rate ({}) | ETA {}",
+                    step, std::to_string(total_).size(), total_, loss, lr, tokens_per_s / 1e3, 100.0 * mfu,
+                    ops::kernel_isa(), format_duration(ema_step_s_ * double(total_ - step)));
     if (!extra.empty()) line += " | " + extra;
     if (tty_) {
         *out_ << "\r\033[K" << line << (milestone ? "\n" : "") << std::flush;

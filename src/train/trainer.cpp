@@ -10,6 +10,7 @@
 #include "core/file.h"
 #include "model/hf_config.h"
 #include "ops/gemm.h"
+#include "ops/isa.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
 #include "train/data/tokenizer.h"
@@ -208,8 +209,8 @@ TrainSummary train(const TrainOptions& opts) {
     note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(), loader.num_train_windows(),
                      loader.num_eval_batches()));
     note(rt.memory_report().str());
-    note(fmt::format("GEMM rate of this machine: {:.0f} GFLOP/s (measured now); run directory: {}", gemm_gflops,
-                     setup.out_dir));
+    note(fmt::format("GEMM rate of this machine: {:.0f} GFLOP/s (measured now; {}); run directory: {}", gemm_gflops,
+                     ops::isa_summary(), setup.out_dir));
     if (!setup.checkpoint.empty()) note(fmt::format("resumed from {} at step {}", setup.checkpoint, state.step));
 
     std::vector<int32_t> ids(size_t(shape.tokens())), targets(size_t(shape.tokens()));
