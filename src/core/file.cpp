@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "core/check.h"
 
@@ -99,12 +98,20 @@ void write_text_atomic(const std::string& path, const std::string& text) {
     write_file_atomic(path, [&](const ByteSink& sink) { sink(std::as_bytes(std::span(text.data(), text.size()))); });
 }
 
-std::string read_text(const std::string& path) {
+std::string read_text(const std::string& path, size_t max_bytes) {
+    std::error_code ec;
+    TESSERA_CHECK(!std::filesystem::is_directory(path, ec), "{}: is a directory, not a file", path);
     std::ifstream in(path, std::ios::binary);
     TESSERA_CHECK(in.good(), "{}: cannot open: {}", path, os_error());
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    std::string text;
+    char buf[1 << 16];
+    while (in) {
+        in.read(buf, sizeof buf);
+        text.append(buf, size_t(in.gcount()));
+        TESSERA_CHECK(text.size() <= max_bytes, "{}: larger than {} bytes; not a file of this kind", path, max_bytes);
+    }
+    TESSERA_CHECK(in.eof(), "{}: read failed: {}", path, os_error());
+    return text;
 }
 
 namespace {

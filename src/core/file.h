@@ -33,7 +33,9 @@ class MappedFile {
 using ByteSink = std::function<void(std::span<const std::byte>)>;
 void write_file_atomic(const std::string& path, const std::function<void(const ByteSink&)>& write);
 void write_text_atomic(const std::string& path, const std::string& text);
-std::string read_text(const std::string& path);
+// The whole file; throws (naming the file) when it cannot be read or holds more than max_bytes (a config
+// named /dev/zero must not eat the memory).
+std::string read_text(const std::string& path, size_t max_bytes = SIZE_MAX);
 void fsync_path(const std::string& path);  // a file or a directory
 
 uint32_t crc32c_update(uint32_t crc, std::span<const std::byte> data);

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/file.h"
 #include "core/safetensors.h"
+#include "train/config.h"
 
 namespace tessera::train {
 
@@ -100,15 +101,15 @@ std::string resolve_checkpoint(const std::string& dir) {
 
 Json load_checkpoint_config(const std::string& ckpt_dir) {
     const std::string path = (fs::path(ckpt_dir) / "config.json").string();
-    Json j = Json::parse(read_text(path), nullptr, false);
-    TESSERA_CHECK(!j.is_discarded() && j.is_object(), "{}: not a valid JSON config (corrupted checkpoint?)", path);
+    Json j = parse_json(read_text(path, kMaxConfigBytes), path);
+    TESSERA_CHECK(j.is_object(), "{}: not a JSON object (corrupted checkpoint?)", path);
     return j;
 }
 
 TrainerState load_trainer_state(const std::string& ckpt_dir) {
     const std::string path = (fs::path(ckpt_dir) / "trainer_state.json").string();
-    Json j = Json::parse(read_text(path), nullptr, false);
-    TESSERA_CHECK(!j.is_discarded() && j.is_object(), "{}: not valid JSON (corrupted checkpoint?)", path);
+    Json j = parse_json(read_text(path, kMaxConfigBytes), path);
+    TESSERA_CHECK(j.is_object(), "{}: not a JSON object (corrupted checkpoint?)", path);
     auto get = [&](const Json& o, const char* key) -> int64_t {
         TESSERA_CHECK(o.contains(key) && o[key].is_number_integer() && o[key].get<int64_t>() >= 0,
                       "{}: missing or invalid \"{}\"", path, key);

@@ -8,7 +8,7 @@
 namespace tessera::train {
 
 RunConfig parse_run_config(const Json& doc, const std::string& where) {
-    TESSERA_CHECK(doc.is_object(), "{}: the config must be a JSON object", where);
+    TESSERA_CHECK(doc.is_object(), "{}: the config must be a JSON object, not {}", where, doc.type_name());
     ConfigReader top(doc, where);
     RunConfig c;
     c.model = model::parse_model_config(top.section("model"), where + ": model");
@@ -102,11 +102,8 @@ Json load_config_json(const std::string& path, const std::vector<std::string>& o
     if (path.empty()) {
         doc = demo_config_json();
     } else {
-        try {
-            doc = Json::parse(read_text(path));
-        } catch (const Json::parse_error& e) {
-            TESSERA_FAIL("{}: not valid JSON: {}", path, e.what());
-        }
+        doc = parse_json(read_text(path, kMaxConfigBytes), path);
+        TESSERA_CHECK(doc.is_object(), "{}: the config must be a JSON object, not {}", path, doc.type_name());
     }
     for (const auto& o : overrides) apply_override(doc, o);
     return doc;

@@ -16,19 +16,11 @@
 namespace tessera {
 namespace {
 
+using test::expect_one_line_error;
 using test::run_tessera;
 using test::TempDir;
 
 const std::string kTiny = TESSERA_TINY_CONFIG;
-
-void expect_one_line_error(const test::CliResult& r, const std::string& needle, const std::string& what) {
-    SCOPED_TRACE(what);
-    EXPECT_NE(r.status, 0);
-    EXPECT_LT(r.status, 128) << "killed by a signal";
-    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "not one line: " << r.err;
-    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-}
 
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 

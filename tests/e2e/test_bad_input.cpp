@@ -1,0 +1,66 @@
+// Bad input tried in bulk (issue 11 §7), from outside the binary: every case ends in one short line on stderr
+// and a non-zero exit; never a crash, a hang, a silently different run or leftovers that block the next one.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/safetensors.h"
+#include "e2e/cli_util.h"
+#include "util/test_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using test::expect_one_line_error;
+using test::run_tessera;
+using test::TempDir;
+
+const std::string kTiny = TESSERA_TINY_CONFIG;
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+std::string nested(int depth) { return std::string(size_t(depth), '[') + std::string(size_t(depth), ']'); }
+
+TEST(BadInput, DeeplyNestedJsonIsRefusedNotACrash) {
+    TempDir d;
+    write_file(d.file("deep.json"), "{\"model\": {\"d_model\": " + nested(300000) + "}}");
+    expect_one_line_error(run_tessera("train --config " + d.file("deep.json") + " --out " + d.file("r")),
+                          "nested deeper than 64 levels", "config");
+    const std::string header =
+        "{\"x\": {\"dtype\": \"F32\", \"shape\": " + nested(300000) + ", \"data_offsets\": [0, 0]}}";
+    std::string file(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(file.data(), &n, 8);
+    write_file(d.file("deep.safetensors"), file + header);
+    expect_one_line_error(
+        run_tessera("op linear --in " + d.file("deep.safetensors") + " --out " + d.file("o.safetensors")),
+        "nested deeper than 64 levels", "safetensors header");
+}
+
+TEST(BadInput, ConfigFilesMustHoldAnObject) {
+    TempDir d;
+    write_file(d.file("null.json"), "null");
+    expect_one_line_error(
+        run_tessera("train --config " + d.file("null.json") + " --set train.steps=1 --out " + d.file("r")),
+        "must be a JSON object, not null", "null config with --set");
+    EXPECT_FALSE(fs::exists(d.file("r")));
+    expect_one_line_error(run_tessera("train --config " + d.path() + " --out " + d.file("r")), "is a directory",
+                          "a directory as config");
+    expect_one_line_error(run_tessera("train --config /dev/zero --out " + d.file("r")), "larger than",
+                          "an endless config");
+}
+
+TEST(BadInput, LongValuesAreEchoedAsExcerpts) {
+    TempDir d;
+    write_file(d.file("long.json"), "{\"train\": {\"lr\": \"" + std::string(1 << 20, 'x') + "\"}}");
+    expect_one_line_error(run_tessera("train --config " + d.file("long.json") + " --out " + d.file("r")),
+                          "train.lr must be a number", "megabyte value", 400);
+    expect_one_line_error(run_tessera("train --config " + kTiny + " --set train.lr=" + std::string(100000, 'y') +
+                                      " --out " + d.file("r")),
+                          "more bytes", "100 kB --set value", 400);
+}
+
+}  // namespace
+}  // namespace tessera
