@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "apps/commands.h"
+#include "apps/options.h"
 #include "core/file.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
@@ -30,9 +31,7 @@ void add_export_command(CLI::App& app) {
     cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
         ->required();
     cmd->add_option("--out", a->out, "The directory to create (must not exist or be empty)")->required();
-    cmd->add_option("--shard-mib", a->shard_mib, "Largest shard size in MiB")
-        ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+    add_int_option(cmd, "--shard-mib", a->shard_mib, 1, int64_t(1) << 20, "Largest shard size in MiB");
     cmd->add_option("--dtype", a->dtype, "Stored dtype: f32 (exact) or bf16 (rounded)")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "bf16"}));

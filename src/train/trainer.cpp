@@ -288,7 +288,7 @@ TrainSummary train(const TrainOptions& opts) {
             checkpoint();
             last_saved = state.step;
         }
-        if (opts.stop && opts.stop->load()) {
+        if (opts.stop && opts.stop->load() && state.step < tc.steps) {  // (at the last step: just finish)
             if (last_saved != state.step) checkpoint();
             summary.stopped_early = true;
             progress.note(fmt::format("stopped at step {}; continue with --resume {}", state.step, setup.out_dir));

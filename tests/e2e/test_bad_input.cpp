@@ -62,5 +62,44 @@ TEST(BadInput, LongValuesAreEchoedAsExcerpts) {
                           "more bytes", "100 kB --set value", 400);
 }
 
+TEST(BadInput, NumericOptionsAreStrict) {
+    TempDir d;
+    const std::string out = " --out " + d.file("r");
+    // saturated to INT64_MAX, this trained forever
+    expect_one_line_error(run_tessera("train --config " + kTiny + " --steps 18446744073709551616" + out),
+                          "--steps: '18446744073709551616' is not an integer in [0, 1000000000000]", "huge --steps");
+    expect_one_line_error(run_tessera("generate --checkpoint x --prompt a --temperature nan"),
+                          "--temperature: 'nan' is not a number in [0, 1000000]", "NaN temperature");
+    // CLI11's own range message printed DBL_MAX with 309 digits
+    expect_one_line_error(run_tessera("generate --checkpoint x --prompt a --temperature 1e400"),
+                          "'1e400' is not a number", "overflowing temperature", 200);
+    expect_one_line_error(run_tessera("generate --checkpoint x --prompt a --seed -1"), "--seed: '-1'",
+                          "negative seed (was 2^64 - 1)");
+    expect_one_line_error(run_tessera("generate --checkpoint x --prompt a --top-k 5x"), "--top-k: '5x'",
+                          "trailing junk");
+    expect_one_line_error(run_tessera("generate --checkpoint x --prompt a --max-new-tokens 0x10"),
+                          "--max-new-tokens: '0x10'", "hexadecimal");
+    expect_one_line_error(run_tessera("inspect " + kTiny + " --seq 0"), "--seq: '0'", "zero sequence");
+    expect_one_line_error(run_tessera("train --threads 100000 --config " + kTiny + out), "--threads: '100000'",
+                          "absurd thread count");
+    // 010 is ten, not octal eight
+    const test::CliResult r = run_tessera("train --config " + kTiny + " --steps 010" + out);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("step 10/10"), std::string::npos) << r.out;
+}
+
+TEST(BadInput, GlobalOptionsAfterTheSubcommand) {
+    // issue 11 §5: `tessera logits --threads 1 ...` was a usage error
+    expect_one_line_error(run_tessera("logits --threads 1 --checkpoint nowhere --in a --out b"), "nowhere: no such",
+                          "--threads after the subcommand");
+    const test::CliResult r = run_tessera("inspect --threads 1 " + kTiny);
+    EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST(BadInput, UsageErrorsEchoLongArgumentsAsExcerpts) {
+    expect_one_line_error(run_tessera("train --bogus " + std::string(100000, 'z')), "not expected", "long argument",
+                          1200);
+}
+
 }  // namespace
 }  // namespace tessera
