@@ -22,6 +22,17 @@ std::string_view buffer_kind_name(BufferKind k) {
     return "?";
 }
 
+namespace {
+constexpr size_t kMaxBytes = size_t(1) << 62;  // far beyond any machine; sums of such sizes cannot wrap
+}  // namespace
+
+size_t BufferSpec::nbytes() const {
+    size_t bytes = 0;
+    TESSERA_CHECK(!__builtin_mul_overflow(size_t(shape.numel()), dtype_size(dtype), &bytes) && bytes <= kMaxBytes,
+                  "buffer {} {} {} is too large", name, dtype_name(dtype), shape.str());
+    return bytes;
+}
+
 BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs)
     : name_(std::move(name)), specs_(std::move(specs)) {
     size_t off = 0;
@@ -30,6 +41,7 @@ BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs)
                       specs_[i].name);
         offsets_.push_back(off);
         off += (specs_[i].nbytes() + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+        TESSERA_CHECK(off <= kMaxBytes, "buffer group {} needs more than 2^62 bytes", name_);
     }
     nbytes_ = off;
 }

@@ -21,7 +21,7 @@ struct BufferSpec {
     Shape shape;
     BufferKind kind = BufferKind::activation;
     bool weight_decay = false;  // parameters only: AdamW decays it
-    size_t nbytes() const { return size_t(shape.numel()) * dtype_size(dtype); }
+    size_t nbytes() const;      // throws when the size does not fit in 2^62 bytes
 };
 
 constexpr size_t kBufferAlign = 64;

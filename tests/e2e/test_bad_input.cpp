@@ -62,6 +62,15 @@ TEST(BadInput, LongValuesAreEchoedAsExcerpts) {
                           "more bytes", "100 kB --set value", 400);
 }
 
+TEST(BadInput, ARunLargerThanTheMachineIsRefusedWithItsSize) {
+    TempDir d;
+    expect_one_line_error(run_tessera("train --config " + kTiny +
+                                      " --set model.vocab_size=16777216 --set model.d_model=131072 --set "
+                                      "model.n_heads=128 --set model.n_kv_heads=128 --out " +
+                                      d.file("r")),
+                          "the model needs 67602.5 GiB of memory (params 16896.2 GiB", "16 TiB of parameters");
+}
+
 TEST(BadInput, NumericOptionsAreStrict) {
     TempDir d;
     const std::string out = " --out " + d.file("r");
