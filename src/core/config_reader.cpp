@@ -150,6 +150,10 @@ void apply_override(Json& doc, const std::string& assignment) {
         if (dot == std::string::npos) {
             check_json_depth(value, "--set " + excerpt(key));
             Json parsed = Json::parse(value, nullptr, /*allow_exceptions=*/false);
+            if (parsed.is_null()) {  // key=null removes the key: its default applies
+                node->erase(part);
+                return;
+            }
             (*node)[part] = parsed.is_discarded() ? Json(value) : parsed;
             return;
         }

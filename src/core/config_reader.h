@@ -41,8 +41,9 @@ class ConfigReader {
 };
 
 // Applies "a.b=value" to doc (a JSON object): value is parsed as JSON (numbers, true/false, quoted strings,
-// arrays; nested at most kMaxJsonDepth levels) and otherwise taken as a plain string (valid UTF-8). Missing
-// sections are created; the strict reader later rejects any key or section it does not know.
+// arrays; nested at most kMaxJsonDepth levels) and otherwise taken as a plain string (valid UTF-8); "a.b=null"
+// removes the key (its default applies: how a derived run drops a key the base config sets). Missing sections
+// are created; the strict reader later rejects any key or section it does not know.
 void apply_override(Json& doc, const std::string& assignment);
 
 // Edit distance, for "did you mean" hints.

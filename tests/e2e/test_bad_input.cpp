@@ -62,6 +62,24 @@ TEST(BadInput, LongValuesAreEchoedAsExcerpts) {
                           "more bytes", "100 kB --set value", 400);
 }
 
+TEST(BadInput, SizesFromConfigsAreBounded) {
+    TempDir d;
+    // 2^62 · d_model wrapped to a small buffer, and the step wrote past it (a segmentation fault)
+    expect_one_line_error(
+        run_tessera("train --config " + kTiny + " --set model.vocab_size=4611686018427387904 --out " + d.file("r")),
+        "model.vocab_size = 4611686018427387904 must be in [1, 16777216]", "vocab 2^62");
+    // negative values meant "the default" for keys whose 0 does
+    expect_one_line_error(run_tessera("train --config " + kTiny +
+                                      " --set model.attention=kda --set model.n_kv_heads=null --set "
+                                      "model.kda.gate_rank=-5 --out " +
+                                      d.file("r")),
+                          "gate_rank must be >= 0", "negative gate rank");
+    // issue 11 §6: a key no layer reads
+    expect_one_line_error(run_tessera("train --config " + kTiny +
+                                      " --set model.attention=kda --set model.qk_norm=true --out " + d.file("r")),
+                          "model.qk_norm is set but no layer is \"gqa\"", "qk_norm without gqa layers");
+}
+
 TEST(BadInput, ARunLargerThanTheMachineIsRefusedWithItsSize) {
     TempDir d;
     expect_one_line_error(run_tessera("train --config " + kTiny +

@@ -157,9 +157,10 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
 TEST(Cli, LogitsScoreIdsCausallyAndPerRow) {
     TempDir d;
     // a hybrid checkpoint (KDA + gated DSA) of two steps
-    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") +
-                                    " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=4"
-                                    " --set model.kda.head_dim=16");
+    test::CliResult r =
+        run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") +
+                    " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=4 --set model.n_kv_heads=null"
+                    " --set model.kda.head_dim=16");
     ASSERT_EQ(r.status, 0) << r.err;
     Tensor ids(DType::i64, Shape{2, 12});
     for (int64_t i = 0; i < 24; ++i) ids.ptr<int64_t>()[i] = (i * 37 + 5) % 258;
@@ -230,7 +231,8 @@ TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
     TempDir d;
     const std::string hybrid =
         " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
-        " --set model.mla.q_lora_rank=16 --set model.moe.experts=4 --set model.moe.ffn_dim=16"
+        " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4 --set "
+        "model.moe.ffn_dim=16"
         " --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise --set model.kda.o_norm_eps=1e-6";
     test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + hybrid);
     ASSERT_EQ(r.status, 0) << r.err;
@@ -286,7 +288,7 @@ TEST(Cli, ExportHfWritesQwen3NextForAGdnModel) {
         " --set model.output_gate=elementwise --set model.qk_norm=true --set model.kda.o_norm_eps=1e-6"
         " --set model.moe.experts=4 --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32"
         " --set model.moe.shared_expert_gate=true --set model.moe.score=softmax --set model.moe.first_dense=0"
-        " --set model.moe.balance=frozen";
+        " --set model.moe.balance=frozen --set model.ffn_dim=null";
     test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + qwen);
     ASSERT_EQ(r.status, 0) << r.err;
     r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf"));
@@ -311,7 +313,7 @@ TEST(Cli, ExportHfWritesKimiK3WhenTheModelHasAttentionResiduals) {
     TempDir d;
     const std::string k3 =
         " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
-        " --set model.mla.rope=false --set model.moe.experts=4 --set model.moe.ffn_dim=16"
+        " --set model.n_kv_heads=null --set model.mla.rope=false --set model.moe.experts=4 --set model.moe.ffn_dim=16"
         " --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise --set model.kda.o_norm_eps=1e-6"
         " --set model.kda.gate_lower_bound=-5 --set model.kda.full_rank_output_gate=true"
         " --set model.attn_res_block_size=2";
