@@ -2,6 +2,7 @@
 #include "core/buffer_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace tessera {
@@ -70,6 +71,37 @@ TensorView BufferGroup::view(const std::string& name) const {
     int i = index_of(name);
     TESSERA_CHECK(i >= 0, "buffer group {} has no buffer \"{}\"", name_, name);
     return view(size_t(i));
+}
+
+namespace {
+// index of the first non-finite element, or -1
+template <class T, class ToFloat>
+int64_t first_non_finite(const T* p, int64_t n, ToFloat to_float) {
+    for (int64_t k = 0; k < n; ++k) {
+        if (!std::isfinite(to_float(p[k]))) return k;
+    }
+    return -1;
+}
+}  // namespace
+
+void check_finite(const BufferGroup& g, const std::string& where) {
+    for (size_t i = 0; i < g.size(); ++i) {
+        const TensorView v = g.view(i);
+        int64_t bad = -1;
+        double value = 0;
+        if (v.dtype == DType::f32) {
+            bad = first_non_finite(v.ptr<float>(), v.numel(), [](float x) { return x; });
+            if (bad >= 0) value = v.ptr<float>()[bad];
+        } else if (v.dtype == DType::f64) {
+            bad = first_non_finite(v.ptr<double>(), v.numel(), [](double x) { return x; });
+            if (bad >= 0) value = v.ptr<double>()[bad];
+        } else if (v.dtype == DType::bf16) {
+            bad = first_non_finite(v.ptr<bf16>(), v.numel(), bf16_to_float);
+            if (bad >= 0) value = bf16_to_float(v.ptr<bf16>()[bad]);
+        }
+        TESSERA_CHECK(bad < 0, "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it",
+                      where, g.specs()[i].name, value, bad);
+    }
 }
 
 size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t min_block) {

@@ -55,6 +55,10 @@ class BufferGroup {
     ArenaBlock block_;
 };
 
+// Throws "<where>: tensor \"name\" holds NaN at index i (...)" for the first non-finite value of a float buffer:
+// loaded weights are checked, so a diverged checkpoint is never scored or trained on without a word.
+void check_finite(const BufferGroup& g, const std::string& where);
+
 // Arena capacity that holds the groups when allocated largest first (buddy_capacity_for).
 size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t min_block);
 // Allocates the groups largest first.
