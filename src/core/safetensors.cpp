@@ -16,9 +16,9 @@ constexpr const char* kChecksumKey = "crc32c";
 std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+SafetensorsLayout parse_safetensors(std::span<const std::byte> bytes, const std::string& path) {
     using nlohmann::json;
-    auto bytes = file_.bytes();
+    SafetensorsLayout out;
     TESSERA_CHECK(bytes.size() >= 8, "{}: not a safetensors file ({} bytes; the 8-byte header length is missing)", path,
                   bytes.size());
     uint64_t header_len = 0;
@@ -32,8 +32,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     const json j = parse_json_unordered(header, path + ": header");
     TESSERA_CHECK(j.is_object(), "{}: header is not a JSON object", path);
 
-    data_ = bytes.data() + 8 + header_len;
-    const size_t data_size = bytes.size() - 8 - header_len;
+    out.data_offset = 8 + header_len;
+    const std::byte* data = bytes.data() + out.data_offset;
+    const size_t data_size = bytes.size() - out.data_offset;
     for (auto it = j.begin(); it != j.end(); ++it) {
         const std::string& name = it.key();
         const json& v = it.value();
@@ -42,7 +43,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
             for (auto m = v.begin(); m != v.end(); ++m) {
                 TESSERA_CHECK(m.value().is_string(), "{}: __metadata__[\"{}\"] is not a string", path,
                               excerpt(m.key()));
-                metadata_[m.key()] = m.value().get<std::string>();
+                out.metadata[m.key()] = m.value().get<std::string>();
             }
             continue;
         }
@@ -83,11 +84,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                       path, shown, end, data_size);
         e.offset = begin;
         e.nbytes = end - begin;
-        entries_.push_back(std::move(e));
+        out.entries.push_back(std::move(e));
     }
     // The tensors must tile the data section exactly, in offset order: no gaps, overlaps or trailing bytes.
     std::vector<const SafetensorsEntry*> by_offset;
-    for (auto& e : entries_) by_offset.push_back(&e);
+    for (auto& e : out.entries) by_offset.push_back(&e);
     std::sort(by_offset.begin(), by_offset.end(),
               [](auto* a, auto* b) { return a->offset != b->offset ? a->offset < b->offset : a->nbytes < b->nbytes; });
     size_t expected = 0;
@@ -98,12 +99,20 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     }
     TESSERA_CHECK(expected == data_size, "{}: the header describes {} bytes of tensor data but the file holds {}{}",
                   path, expected, data_size, expected < data_size ? " (trailing bytes)" : " (truncated file?)");
-    if (auto it = metadata_.find(kChecksumKey); it != metadata_.end()) {
-        uint32_t crc = crc32c(std::span(data_, data_size));
+    if (auto it = out.metadata.find(kChecksumKey); it != out.metadata.end()) {
+        uint32_t crc = crc32c(std::span(data, data_size));
         TESSERA_CHECK(hex32(crc) == it->second,
                       "{}: checksum mismatch (data crc32c {} but the header records {}): the file is corrupted", path,
                       hex32(crc), it->second);
     }
+    return out;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+    SafetensorsLayout layout = parse_safetensors(file_.bytes(), path);
+    entries_ = std::move(layout.entries);
+    metadata_ = std::move(layout.metadata);
+    data_ = file_.bytes().data() + layout.data_offset;
 }
 
 bool SafetensorsFile::contains(const std::string& name) const {

@@ -41,6 +41,9 @@ TEST(Shard, WrittenShardsReadBackAndBadOnesAreRefused) {
     write_safetensors(d.file("novocab.safetensors"), {{"tokens", bad}});
     EXPECT_THROW(train::TokenSource(d.file("novocab.safetensors")), Error);
     EXPECT_THROW(train::TokenSource(d.file("missing")), Error);
+    Tensor ok(DType::u16, Shape{3});
+    write_safetensors(d.file("junk.safetensors"), {{"tokens", ok}}, {{"vocab_size", "258abc"}});
+    test::expect_error([&] { train::TokenSource(d.file("junk.safetensors")); }, "bad vocab_size '258abc'");
 }
 
 TEST(Loader, SameSeedSameBatchesAndPositionsResume) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/json.h"
 #include "train/data/tokenizer.h"
 
 namespace tessera::train {
@@ -67,8 +68,10 @@ TokenSource::TokenSource(const std::string& path) {
                       t.shape.str());
         auto it = shard_->metadata().find("vocab_size");
         TESSERA_CHECK(it != shard_->metadata().end(), "{}: shard metadata lacks vocab_size", path);
-        auto r = std::from_chars(it->second.data(), it->second.data() + it->second.size(), vocab_size_);
-        TESSERA_CHECK(r.ec == std::errc() && vocab_size_ > 0, "{}: bad vocab_size '{}' in metadata", path, it->second);
+        const char* end = it->second.data() + it->second.size();
+        auto r = std::from_chars(it->second.data(), end, vocab_size_);  // the whole text: "258abc" is no number
+        TESSERA_CHECK(r.ec == std::errc() && r.ptr == end && vocab_size_ > 0, "{}: bad vocab_size '{}' in metadata",
+                      path, excerpt(it->second));
         num_tokens_ = t.numel();
         if (t.dtype == DType::u16) {
             u16_ = t.ptr<uint16_t>();
