@@ -51,6 +51,11 @@ int main(int argc, char** argv) {
     } catch (const tessera::apps::Stopped& s) {
         std::fprintf(stderr, "%s\n", s.message.c_str());
         return s.status;
+    } catch (const nlohmann::json::exception& e) {
+        // NOTES: a reader that asked nlohmann for a value of the wrong type (library code should check first and
+        // name the file and key; this is the net under it): no "[json.exception.type_error.302]" prefix
+        print_error("a JSON value has the wrong type or range: " + tessera::json_error_text(e));
+        return 1;
     } catch (const std::bad_alloc&) {
         print_error("out of memory (a size in the config or the input too large for this machine?)");
         return 1;

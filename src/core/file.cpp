@@ -2,12 +2,16 @@
 #include "core/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +59,31 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 
 MappedFile::~MappedFile() {
     if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+namespace {
+std::string host_name() {
+    char buf[HOST_NAME_MAX + 1] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return "host";
+    std::string h(buf);
+    for (char& c : h) {
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';  // the name is part of a file name
+    }
+    return h;
+}
+}  // namespace
+
+std::string writer_tag() { return host_name() + "-" + std::to_string(::getpid()); }
+
+bool writer_is_dead(const std::string& tag) {
+    const size_t dash = tag.rfind('-');
+    const std::string host = dash == std::string::npos ? host_name() : tag.substr(0, dash);
+    const std::string pid_text = dash == std::string::npos ? tag : tag.substr(dash + 1);
+    int pid = 0;
+    const auto r = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+    if (r.ec != std::errc() || r.ptr != pid_text.data() + pid_text.size() || pid <= 0) return false;
+    if (host != host_name() || pid == ::getpid()) return false;
+    return ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 void fsync_path(const std::string& path) {

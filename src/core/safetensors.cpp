@@ -126,6 +126,11 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
     TESSERA_FAIL("{}: no tensor named \"{}\"", path(), excerpt(name));
 }
 
+bool SafetensorsFile::is_aligned(const std::string& name) const {
+    const SafetensorsEntry& e = entry(name);
+    return reinterpret_cast<uintptr_t>(data_ + e.offset) % dtype_size(e.dtype) == 0;
+}
+
 TensorView SafetensorsFile::view(const std::string& name) const {
     const SafetensorsEntry& e = entry(name);
     const std::byte* p = data_ + e.offset;

@@ -40,6 +40,9 @@ class SafetensorsFile {
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
     bool contains(const std::string& name) const;
     const SafetensorsEntry& entry(const std::string& name) const;  // throws if absent
+    // Whether the tensor's bytes in the mapping are aligned for its dtype (files written by this engine and by
+    // the reference library are; view() needs it).
+    bool is_aligned(const std::string& name) const;
     // Read-only view into the mapping (the data must be aligned for its dtype).
     TensorView view(const std::string& name) const;
     Tensor load(const std::string& name) const;  // an owned copy

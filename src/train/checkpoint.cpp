@@ -1,12 +1,9 @@
 // Checkpoint save / load / discovery.
 #include "train/checkpoint.h"
 
-#include <signal.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <charconv>
-#include <climits>
 #include <filesystem>
 #include <regex>
 
@@ -48,31 +45,6 @@ std::optional<int64_t> step_of(const fs::path& p) {
     return step_in_name(p);
 }
 
-std::string host_name() {
-    char buf[HOST_NAME_MAX + 1] = {};
-    if (::gethostname(buf, sizeof buf - 1) != 0) return "host";
-    std::string h(buf);
-    for (char& c : h) {
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';  // the name is part of a file name
-    }
-    return h;
-}
-
-// Temporary names carry the writer: "<host>-<pid>" (older versions: "<pid>").
-std::string writer_tag() { return host_name() + "-" + std::to_string(::getpid()); }
-
-// Whether the writer of a temporary name (its tag after "tmp-" / "old-") is certainly gone: on this host, and no
-// process has its pid. A writer on another host, or a pid in use, may be alive: its files stay.
-bool writer_is_dead(const std::string& tag) {
-    const size_t dash = tag.rfind('-');
-    const std::string host = dash == std::string::npos ? host_name() : tag.substr(0, dash);
-    const std::string pid_text = dash == std::string::npos ? tag : tag.substr(dash + 1);
-    int pid = 0;
-    const auto r = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
-    if (r.ec != std::errc() || r.ptr != pid_text.data() + pid_text.size() || pid <= 0) return false;
-    if (host != host_name() || pid == ::getpid()) return false;
-    return ::kill(pid, 0) != 0 && errno == ESRCH;
-}
 }  // namespace
 
 std::vector<std::string> clean_stale_temporaries(const std::string& run_dir) {

@@ -141,6 +141,8 @@ Setup resolve_setup(const TrainOptions& o) {
         s.config_json = load_config_json(o.config_path, o.overrides);
         s.cfg = parse_run_config(s.config_json, o.config_path.empty() ? "demo config" : o.config_path);
         s.out_dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
+        TESSERA_CHECK(!fs::exists(s.out_dir) || fs::is_directory(s.out_dir), "--out {}: exists and is not a directory",
+                      s.out_dir);
         s.cleaned = clean_stale_temporaries(s.out_dir);
         // NOTES: only a checkpoint makes a run (--resume needs one); what a run that stopped before its first
         // checkpoint left behind (config.json, metrics.jsonl) is replaced, or the same command could never run

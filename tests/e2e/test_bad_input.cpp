@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/config_reader.h"
+#include "core/file.h"
 #include "core/safetensors.h"
 #include "e2e/cli_util.h"
 #include "util/test_util.h"
@@ -121,6 +123,29 @@ TEST(BadInput, GlobalOptionsAfterTheSubcommand) {
                           "--threads after the subcommand");
     const test::CliResult r = run_tessera("inspect --threads 1 " + kTiny);
     EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST(BadInput, EndlessDataFilesAndMisplacedOutputs) {
+    TempDir d;
+    // read forever before: a device is no text file
+    expect_one_line_error(run_tessera("data /dev/zero --out " + d.file("s.safetensors")),
+                          "/dev/zero: not a regular file or a directory", "data from /dev/zero");
+    expect_one_line_error(run_tessera("train --config " + kTiny + " --set data.path=/dev/zero --out " + d.file("r")),
+                          "not a regular file", "training on /dev/zero");
+    write_file(d.file("file"), "x");
+    expect_one_line_error(run_tessera("train --config " + kTiny + " --out " + d.file("file")),
+                          "exists and is not a directory", "--out names a file");
+}
+
+TEST(BadInput, WrongTypesInHuggingFaceConfigsHaveNoLibraryPrefix) {
+    TempDir d;
+    Json cfg = Json::parse(read_text(test::golden_path("hf/qwen3_next_tiny/config.json")));
+    cfg["rope_parameters"]["rope_theta"] = "big";
+    write_file(d.file("config.json"), cfg.dump());
+    const test::CliResult r = run_tessera("inspect " + d.path());
+    expect_one_line_error(r, "a JSON value has the wrong type or range: type must be number, but is string",
+                          "a string rope_theta");
+    EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
 }
 
 TEST(BadInput, UsageErrorsEchoLongArgumentsAsExcerpts) {

@@ -231,9 +231,9 @@ TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
     TempDir d;
     const std::string hybrid =
         " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
-        " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4 --set "
-        "model.moe.ffn_dim=16"
-        " --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise --set model.kda.o_norm_eps=1e-6";
+        " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4"
+        " --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise"
+        " --set model.kda.o_norm_eps=1e-6";
     test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + hybrid);
     ASSERT_EQ(r.status, 0) << r.err;
     r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf") + " --shard-mib 1");

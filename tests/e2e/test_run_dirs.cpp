@@ -134,5 +134,27 @@ TEST(RunDirs, TemporariesOfKilledWritersAreCleanedSafely) {
     EXPECT_TRUE(fs::exists(ck + "step_0000003/model.safetensors"));
 }
 
+TEST(RunDirs, AnExportKilledMidwayBlocksNothing) {
+    TempDir d;
+    const std::string kimi =  // as in Cli.ExportHfWritesAKimiLinearDirectoryThatScoresIdentically
+        " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
+        " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4"
+        " --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise"
+        " --set model.kda.o_norm_eps=1e-6";
+    ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 1 --out " + d.file("run") + kimi).status, 0);
+    // what a killed export leaves: its temporary directory (it used to write into --out itself, which the next
+    // export then refused as "not an empty directory")
+    const std::string stale = d.file("hf.tmp-" + host() + "-" + std::to_string(dead_pid()));
+    fs::create_directories(stale);
+    write_text_atomic(stale + "/model-00001-of-00009.safetensors", "partial");
+    const test::CliResult r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf") + "/");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_FALSE(fs::exists(stale));
+    EXPECT_TRUE(fs::exists(d.file("hf/config.json")));
+    for (const auto& e : fs::directory_iterator(d.path())) {
+        EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
+    }
+}
+
 }  // namespace
 }  // namespace tessera
