@@ -148,6 +148,13 @@ TEST(BadInput, WrongTypesInHuggingFaceConfigsHaveNoLibraryPrefix) {
     EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
 }
 
+TEST(BadInput, OpListTakesNothingElse) {
+    // --set, --in and an op name next to --list were ignored without a word
+    expect_one_line_error(run_tessera("op --list --set eps=1"), "--list takes no op name, --in, --out or --set",
+                          "--list with --set");
+    expect_one_line_error(run_tessera("op rmsnorm --list"), "--list takes no op name", "--list with a name");
+}
+
 TEST(BadInput, UsageErrorsEchoLongArgumentsAsExcerpts) {
     expect_one_line_error(run_tessera("train --bogus " + std::string(100000, 'z')), "not expected", "long argument",
                           1200);
