@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "apps/commands.h"
+#include "apps/options.h"
 #include "core/file.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
@@ -31,14 +32,14 @@ void add_export_command(CLI::App& app) {
     cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
         ->required();
     cmd->add_option("--out", a->out, "The directory to create (must not exist or be empty)")->required();
-    cmd->add_option("--shard-mib", a->shard_mib, "Largest shard size in MiB")
-        ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+    add_int_option(cmd, "--shard-mib", a->shard_mib, 1, int64_t(1) << 20, "Largest shard size in MiB");
     cmd->add_option("--dtype", a->dtype, "Stored dtype: f32 (exact) or bf16 (rounded)")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "bf16"}));
     cmd->callback([a] {
-        TESSERA_CHECK(!fs::exists(a->out) || (fs::is_directory(a->out) && fs::is_empty(a->out)),
+        fs::path out = fs::path(a->out).lexically_normal();
+        if (out.filename().empty()) out = out.parent_path();  // "hf/"
+        TESSERA_CHECK(!fs::exists(out) || (fs::is_directory(out) && fs::is_empty(out)),
                       "{} already exists and is not an empty directory", a->out);
         const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
         const train::RunConfig cfg =
@@ -51,9 +52,28 @@ void add_export_command(CLI::App& app) {
         model::Model model(cfg.model);
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
         train::load_groups((fs::path(ckpt) / "model.safetensors").string(), {&rt.params()});
-        model::save_hf_checkpoint(a->out, model::hf_tensor_map(model.param_specs(), cfg.model, type), rt.params(),
-                                  size_t(a->shard_mib) << 20, a->dtype == "bf16" ? DType::bf16 : DType::f32);
-        write_text_atomic((fs::path(a->out) / "config.json").string(), hf.dump(2) + "\n");
+        // NOTES: written under <out>.tmp-<host>-<pid> and renamed at the end, so an export that fails or is killed
+        // midway leaves no half directory that the next export would refuse; a dead writer's is removed here.
+        const std::string prefix = out.filename().string() + ".tmp-";
+        const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(parent, ec)) {
+            const std::string name = e.path().filename().string();
+            if (name.rfind(prefix, 0) == 0 && writer_is_dead(name.substr(prefix.size()))) fs::remove_all(e.path(), ec);
+        }
+        const fs::path tmp = parent / (prefix + writer_tag());
+        try {
+            model::save_hf_checkpoint(tmp.string(), model::hf_tensor_map(model.param_specs(), cfg.model, type),
+                                      rt.params(), size_t(a->shard_mib) << 20,
+                                      a->dtype == "bf16" ? DType::bf16 : DType::f32);
+            write_text_atomic((tmp / "config.json").string(), hf.dump(2) + "\n");
+            if (fs::exists(out)) fs::remove(out);  // the empty directory it may be
+            fs::rename(tmp, out);
+            fsync_path(parent.string());
+        } catch (...) {
+            fs::remove_all(tmp, ec);
+            throw;
+        }
         std::printf("wrote %s (%s layout, %lld parameters)\n", a->out.c_str(), type.c_str(),
                     (long long)model.num_params());
     });

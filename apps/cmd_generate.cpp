@@ -4,6 +4,7 @@
 
 #include "apps/commands.h"
 #include "apps/model_source.h"
+#include "apps/options.h"
 #include "model/runtime.h"
 #include "model/sampling.h"
 #include "train/checkpoint.h"
@@ -25,20 +26,12 @@ void add_generate_command(CLI::App& app) {
                     "(Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2; a feature tessera does not build is an error)")
         ->required();
     cmd->add_option("--prompt", a->prompt, "Text to continue")->required();
-    cmd->add_option("--max-new-tokens", a->p.max_new_tokens, "Tokens to generate")
-        ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--temperature", a->p.temperature, "Sampling temperature (0 = greedy)")
-        ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--top-k", a->p.top_k, "Sample from the k most likely tokens (0 = all)")
-        ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--seed", a->p.seed, "Sampling seed")->capture_default_str();
-    cmd->add_option("--context", a->context,
-                    "Tokens the caches hold (0: the trained sequence length; 4096 for Hugging Face directories)")
-        ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+    add_int_option(cmd, "--max-new-tokens", a->p.max_new_tokens, 0, int64_t(1) << 30, "Tokens to generate");
+    add_number_option(cmd, "--temperature", a->p.temperature, 0, 1e6, "Sampling temperature (0 = greedy)");
+    add_int_option(cmd, "--top-k", a->p.top_k, 0, INT32_MAX, "Sample from the k most likely tokens (0 = all)");
+    add_uint_option(cmd, "--seed", a->p.seed, "Sampling seed");
+    add_int_option(cmd, "--context", a->context, 0, model::kMaxSeqLen,
+                   "Tokens the caches hold (0: the trained sequence length; 4096 for Hugging Face directories)");
     cmd->callback([a] {
         const ModelSource src = open_model_source(a->checkpoint);
         model::Model model(src.config);

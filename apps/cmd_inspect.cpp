@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/options.h"
 #include "model/hf_config.h"
 #include "model/inspect.h"
 #include "train/config.h"
@@ -22,9 +23,7 @@ void add_inspect_command(CLI::App& app) {
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("path", a->path, "A config JSON file, or a directory holding config.json")->required();
-    cmd->add_option("--seq", a->seq, "Sequence length for the FLOPs per token")
-        ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+    add_int_option(cmd, "--seq", a->seq, 1, model::kMaxSeqLen, "Sequence length for the FLOPs per token");
     cmd->callback([a] {
         std::string file = a->path;
         if (fs::is_directory(file)) file = (fs::path(file) / "config.json").string();

@@ -24,6 +24,8 @@ void add_op_command(CLI::App& app) {
     cmd->callback([a] {
         const ops::OpRegistry& reg = ops::op_registry();
         if (a->list) {
+            if (!a->name.empty() || !a->in.empty() || !a->out.empty() || !a->sets.empty())
+                throw CLI::ValidationError("op", "--list takes no op name, --in, --out or --set");
             for (const auto& op : reg.all()) std::cout << ops::describe_op(op) << "\n";
             return;
         }

@@ -1,21 +1,37 @@
-// tessera train: the training loop (src/train/trainer.h) behind a CLI, with Ctrl-C handling:
-// the first interrupt finishes the step, writes a checkpoint and exits; a second one exits at once.
+// tessera train: the training loop (src/train/trainer.h) behind a CLI, with SIGINT (Ctrl-C) and SIGTERM (what
+// Slurm, Kubernetes and container platforms send before stopping a job) handled alike: the first one finishes
+// the step, writes a checkpoint, says so on stderr and exits 130 (SIGINT) or 143 (SIGTERM); a second one exits
+// at once with the same status.
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/options.h"
 #include "train/trainer.h"
 
 namespace tessera::apps {
 
 namespace {
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};
 
-void on_sigint(int) {
-    if (g_stop.exchange(true)) _exit(130);
+void on_stop_signal(int sig) {
+    int first = 0;
+    if (!g_signal.compare_exchange_strong(first, sig)) _exit(128 + sig);  // the second signal: at once
+    g_stop.store(true);
+}
+
+void install_stop_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
 }
 }  // namespace
 
@@ -24,25 +40,35 @@ void add_train_command(CLI::App& app) {
     auto opts = std::make_shared<train::TrainOptions>();
     auto steps = std::make_shared<int64_t>(0);
     cmd->add_option("--config", opts->config_path, "Run config (JSON: model, train, data; see docs/config.md)");
-    auto* steps_opt = cmd->add_option("--steps", *steps, "Total optimizer steps (overrides train.steps)")
-                          ->check(CLI::NonNegativeNumber);
+    auto* steps_opt =
+        add_int_option(cmd, "--steps", *steps, 0, train::kMaxSteps, "Total optimizer steps (overrides train.steps)");
     cmd->add_option("--out", opts->out_dir, "Run directory for checkpoints and metrics.jsonl (default: runs/<time>)");
     cmd->add_option("--resume", opts->resume_dir, "Continue from the latest checkpoint in this run directory");
     cmd->add_option("--set", opts->overrides, "Override a config value: section.key=value (repeatable)");
+    cmd->footer(
+        "SIGINT (Ctrl-C) or SIGTERM: the step finishes, a checkpoint is written, and train exits 130 or 143; "
+        "continue with --resume.");
     cmd->callback([opts, steps, steps_opt] {
         if (steps_opt->count() > 0) opts->steps = *steps;
         opts->log = &std::cout;
         opts->log_is_tty = isatty(STDOUT_FILENO);
         opts->stop = &g_stop;
-        std::signal(SIGINT, on_sigint);
+        install_stop_handlers();
         train::TrainSummary s = train::train(*opts);
         std::cout << s.memory.str() << '\n';
         if (s.eval_loss) {
             std::cout << fmt::format("final eval loss {:.4f} nats/token ({:.3f} bits per byte)\n", *s.eval_loss,
                                      *s.eval_loss / 0.6931471805599453);
         }
-        std::cout << "last checkpoint: " << s.checkpoint << '\n';
-        if (s.stopped_early) throw CLI::RuntimeError(130);
+        std::cout << "last checkpoint: " << s.checkpoint << '\n' << std::flush;
+        if (s.stopped_early) {
+            const int sig = g_signal.load();
+            const std::string run = std::filesystem::path(s.checkpoint).parent_path().parent_path().string();
+            throw Stopped{128 + sig,
+                          fmt::format("tessera: stopped by {} after step {}, checkpoint {}; continue with "
+                                      "--resume {}",
+                                      sig == SIGTERM ? "SIGTERM" : "SIGINT", s.last_step, s.checkpoint, run)};
+        }
     });
 }
 

@@ -159,11 +159,18 @@ void BuddyAllocator::reset_peak() {
 
 size_t buddy_capacity_for(std::vector<size_t> sizes, size_t min_block) {
     std::sort(sizes.begin(), sizes.end(), std::greater<>());
+    // NOTES: the allocator indexes units with uint32; with at most 2^30 units, the doublings below stay in range
+    // (sizes beyond it ended in an endless loop of candidates that could never be built).
+    constexpr size_t kMaxUnits = size_t(1) << 30;
     size_t units = 0, bound = 0;
     for (size_t s : sizes) {
+        TESSERA_CHECK(s / min_block < kMaxUnits, "arena: an allocation of {} bytes exceeds 2^30 blocks of {} bytes", s,
+                      min_block);
         const size_t u = std::max<size_t>(1, (s + min_block - 1) / min_block);
         units += u;
         bound += std::bit_ceil(u);
+        TESSERA_CHECK(bound <= kMaxUnits, "arena: allocations of {} bytes in all exceed 2^30 blocks of {} bytes",
+                      units * min_block, min_block);
     }
     auto fits = [&](size_t cap_units) {
         BuddyAllocator sim(cap_units * min_block, min_block);

@@ -2,6 +2,7 @@
 #include "core/buffer_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace tessera {
@@ -22,6 +23,17 @@ std::string_view buffer_kind_name(BufferKind k) {
     return "?";
 }
 
+namespace {
+constexpr size_t kMaxBytes = size_t(1) << 62;  // far beyond any machine; sums of such sizes cannot wrap
+}  // namespace
+
+size_t BufferSpec::nbytes() const {
+    size_t bytes = 0;
+    TESSERA_CHECK(!__builtin_mul_overflow(size_t(shape.numel()), dtype_size(dtype), &bytes) && bytes <= kMaxBytes,
+                  "buffer {} {} {} is too large", name, dtype_name(dtype), shape.str());
+    return bytes;
+}
+
 BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs)
     : name_(std::move(name)), specs_(std::move(specs)) {
     size_t off = 0;
@@ -30,6 +42,7 @@ BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs)
                       specs_[i].name);
         offsets_.push_back(off);
         off += (specs_[i].nbytes() + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+        TESSERA_CHECK(off <= kMaxBytes, "buffer group {} needs more than 2^62 bytes", name_);
     }
     nbytes_ = off;
 }
@@ -58,6 +71,37 @@ TensorView BufferGroup::view(const std::string& name) const {
     int i = index_of(name);
     TESSERA_CHECK(i >= 0, "buffer group {} has no buffer \"{}\"", name_, name);
     return view(size_t(i));
+}
+
+namespace {
+// index of the first non-finite element, or -1
+template <class T, class ToFloat>
+int64_t first_non_finite(const T* p, int64_t n, ToFloat to_float) {
+    for (int64_t k = 0; k < n; ++k) {
+        if (!std::isfinite(to_float(p[k]))) return k;
+    }
+    return -1;
+}
+}  // namespace
+
+void check_finite(const BufferGroup& g, const std::string& where) {
+    for (size_t i = 0; i < g.size(); ++i) {
+        const TensorView v = g.view(i);
+        int64_t bad = -1;
+        double value = 0;
+        if (v.dtype == DType::f32) {
+            bad = first_non_finite(v.ptr<float>(), v.numel(), [](float x) { return x; });
+            if (bad >= 0) value = v.ptr<float>()[bad];
+        } else if (v.dtype == DType::f64) {
+            bad = first_non_finite(v.ptr<double>(), v.numel(), [](double x) { return x; });
+            if (bad >= 0) value = v.ptr<double>()[bad];
+        } else if (v.dtype == DType::bf16) {
+            bad = first_non_finite(v.ptr<bf16>(), v.numel(), bf16_to_float);
+            if (bad >= 0) value = bf16_to_float(v.ptr<bf16>()[bad]);
+        }
+        TESSERA_CHECK(bad < 0, "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it",
+                      where, g.specs()[i].name, value, bad);
+    }
 }
 
 size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t min_block) {

@@ -21,7 +21,7 @@ struct BufferSpec {
     Shape shape;
     BufferKind kind = BufferKind::activation;
     bool weight_decay = false;  // parameters only: AdamW decays it
-    size_t nbytes() const { return size_t(shape.numel()) * dtype_size(dtype); }
+    size_t nbytes() const;      // throws when the size does not fit in 2^62 bytes
 };
 
 constexpr size_t kBufferAlign = 64;
@@ -54,6 +54,10 @@ class BufferGroup {
     size_t nbytes_ = 0;
     ArenaBlock block_;
 };
+
+// Throws "<where>: tensor \"name\" holds NaN at index i (...)" for the first non-finite value of a float buffer:
+// loaded weights are checked, so a diverged checkpoint is never scored or trained on without a word.
+void check_finite(const BufferGroup& g, const std::string& where);
 
 // Arena capacity that holds the groups when allocated largest first (buddy_capacity_for).
 size_t predict_arena_bytes(const std::vector<const BufferGroup*>& groups, size_t min_block);

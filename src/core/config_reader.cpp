@@ -29,7 +29,7 @@ const Json* ConfigReader::find(const std::string& key) {
 double ConfigReader::number(const std::string& key, double def) {
     const Json* v = find(key);
     if (!v) return def;
-    TESSERA_CHECK(v->is_number(), "{}: {} must be a number, not {}", where_, key_path(key), v->dump());
+    TESSERA_CHECK(v->is_number(), "{}: {} must be a number, not {}", where_, key_path(key), json_excerpt(*v));
     double x = v->get<double>();
     TESSERA_CHECK(std::isfinite(x), "{}: {} must be finite", where_, key_path(key));
     return x;
@@ -39,21 +39,27 @@ int64_t ConfigReader::integer(const std::string& key, int64_t def) {
     const Json* v = find(key);
     if (!v) return def;
     TESSERA_CHECK(v->is_number_integer() || (v->is_number_float() && v->get<double>() == std::floor(v->get<double>())),
-                  "{}: {} must be an integer, not {}", where_, key_path(key), v->dump());
-    return v->is_number_integer() ? v->get<int64_t>() : int64_t(v->get<double>());
+                  "{}: {} must be an integer, not {}", where_, key_path(key), json_excerpt(*v));
+    // NOTES: 2^63 and above (unsigned in the parser, or a float like 1e30) would wrap or be undefined as int64
+    constexpr double kTwo63 = 9223372036854775808.0;
+    const bool fits = v->is_number_unsigned() ? v->get<uint64_t>() <= uint64_t(INT64_MAX)
+                      : v->is_number_float()  ? v->get<double>() >= -kTwo63 && v->get<double>() < kTwo63
+                                              : true;
+    TESSERA_CHECK(fits, "{}: {} = {} is out of range", where_, key_path(key), json_excerpt(*v));
+    return v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>();
 }
 
 bool ConfigReader::boolean(const std::string& key, bool def) {
     const Json* v = find(key);
     if (!v) return def;
-    TESSERA_CHECK(v->is_boolean(), "{}: {} must be true or false, not {}", where_, key_path(key), v->dump());
+    TESSERA_CHECK(v->is_boolean(), "{}: {} must be true or false, not {}", where_, key_path(key), json_excerpt(*v));
     return v->get<bool>();
 }
 
 std::string ConfigReader::text(const std::string& key, const std::string& def) {
     const Json* v = find(key);
     if (!v) return def;
-    TESSERA_CHECK(v->is_string(), "{}: {} must be a string, not {}", where_, key_path(key), v->dump());
+    TESSERA_CHECK(v->is_string(), "{}: {} must be a string, not {}", where_, key_path(key), json_excerpt(*v));
     return v->get<std::string>();
 }
 
@@ -62,7 +68,7 @@ void check_choice(const std::string& v, const std::set<std::string>& choices, co
     if (choices.count(v)) return;
     std::string list;
     for (auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-    TESSERA_FAIL("{} = \"{}\" must be one of: {}", what, v, list);
+    TESSERA_FAIL("{} = \"{}\" must be one of: {}", what, excerpt(v), list);
 }
 }  // namespace
 
@@ -78,12 +84,12 @@ std::vector<std::string> ConfigReader::choice_list(const std::string& key,
     const Json* v = find(key);
     if (!v || v->is_string()) return {choice(key, def, choices)};
     TESSERA_CHECK(v->is_array() && !v->empty(), "{}: {} must be a string or a non-empty list of strings, not {}",
-                  where_, key_path(key), v->dump());
+                  where_, key_path(key), json_excerpt(*v));
     std::vector<std::string> out;
     for (size_t i = 0; i < v->size(); ++i) {
         const Json& e = (*v)[i];
         const std::string what = fmt::format("{}: {}[{}]", where_, key_path(key), i);
-        TESSERA_CHECK(e.is_string(), "{} must be a string, not {}", what, e.dump());
+        TESSERA_CHECK(e.is_string(), "{} must be a string, not {}", what, json_excerpt(e));
         check_choice(e.get<std::string>(), choices, what);
         out.push_back(e.get<std::string>());
     }
@@ -105,35 +111,56 @@ void ConfigReader::finish() const {
         std::string best;
         size_t best_d = 4;
         for (auto& k : known_) {
+            if (it.key().size() > 64) break;  // no hint for a long key (the distance is quadratic)
             size_t d = edit_distance(it.key(), k);
             if (d < best_d) {
                 best_d = d;
                 best = k;
             }
         }
-        TESSERA_FAIL("{}: unknown key \"{}\"{}", where_, key_path(it.key()),
+        TESSERA_FAIL("{}: unknown key \"{}\"{}", where_, excerpt(key_path(it.key())),
                      best.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", key_path(best)));
     }
 }
 
+namespace {
+bool valid_utf8(std::string_view s) {
+    // NOTES: a value nlohmann cannot dump would make every later message (and the saved config) throw
+    try {
+        (void)Json(s).dump();
+        return true;
+    } catch (const Json::exception&) {
+        return false;
+    }
+}
+}  // namespace
+
 void apply_override(Json& doc, const std::string& assignment) {
     auto eq = assignment.find('=');
-    TESSERA_CHECK(eq != std::string::npos && eq > 0, "--set {}: expected key=value", assignment);
+    TESSERA_CHECK(eq != std::string::npos && eq > 0, "--set {}: expected key=value", excerpt(assignment));
     const std::string key = assignment.substr(0, eq), value = assignment.substr(eq + 1);
+    TESSERA_CHECK(valid_utf8(assignment), "--set {}: not valid UTF-8", excerpt(assignment));
+    TESSERA_CHECK(doc.is_object(), "--set {}: the config is not a JSON object", excerpt(key));
     Json* node = &doc;
     size_t start = 0;
     while (true) {
         size_t dot = key.find('.', start);
         std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-        TESSERA_CHECK(!part.empty(), "--set {}: empty key component", assignment);
+        TESSERA_CHECK(!part.empty(), "--set {}: empty key component", excerpt(assignment));
         if (dot == std::string::npos) {
+            check_json_depth(value, "--set " + excerpt(key));
             Json parsed = Json::parse(value, nullptr, /*allow_exceptions=*/false);
+            if (parsed.is_null()) {  // key=null removes the key: its default applies
+                node->erase(part);
+                return;
+            }
             (*node)[part] = parsed.is_discarded() ? Json(value) : parsed;
             return;
         }
         if (!node->contains(part)) (*node)[part] = Json::object();
         node = &(*node)[part];
-        TESSERA_CHECK(node->is_object(), "--set {}: {} is not a section", assignment, key.substr(0, dot));
+        TESSERA_CHECK(node->is_object(), "--set {}: {} is not a section", excerpt(assignment),
+                      excerpt(key.substr(0, dot)));
         start = dot + 1;
     }
 }

@@ -3,15 +3,13 @@
 // "--set section.key=value" overrides applied to a JSON document before it is read.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <set>
 #include <string>
 #include <vector>
 
-namespace tessera {
+#include "core/json.h"
 
-using Json = nlohmann::ordered_json;
+namespace tessera {
 
 class ConfigReader {
   public:
@@ -42,9 +40,10 @@ class ConfigReader {
     std::set<std::string> known_;
 };
 
-// Applies "a.b=value" to doc: value is parsed as JSON (numbers, true/false, quoted strings, arrays)
-// and otherwise taken as a plain string. Missing sections are created; the strict reader later
-// rejects any key or section it does not know.
+// Applies "a.b=value" to doc (a JSON object): value is parsed as JSON (numbers, true/false, quoted strings,
+// arrays; nested at most kMaxJsonDepth levels) and otherwise taken as a plain string (valid UTF-8); "a.b=null"
+// removes the key (its default applies: how a derived run drops a key the base config sets). Missing sections
+// are created; the strict reader later rejects any key or section it does not know.
 void apply_override(Json& doc, const std::string& assignment);
 
 // Edit distance, for "did you mean" hints.

@@ -2,16 +2,19 @@
 #include "core/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "core/check.h"
 
@@ -58,6 +61,31 @@ MappedFile::~MappedFile() {
     if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
+namespace {
+std::string host_name() {
+    char buf[HOST_NAME_MAX + 1] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return "host";
+    std::string h(buf);
+    for (char& c : h) {
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';  // the name is part of a file name
+    }
+    return h;
+}
+}  // namespace
+
+std::string writer_tag() { return host_name() + "-" + std::to_string(::getpid()); }
+
+bool writer_is_dead(const std::string& tag) {
+    const size_t dash = tag.rfind('-');
+    const std::string host = dash == std::string::npos ? host_name() : tag.substr(0, dash);
+    const std::string pid_text = dash == std::string::npos ? tag : tag.substr(dash + 1);
+    int pid = 0;
+    const auto r = std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+    if (r.ec != std::errc() || r.ptr != pid_text.data() + pid_text.size() || pid <= 0) return false;
+    if (host != host_name() || pid == ::getpid()) return false;
+    return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
 void fsync_path(const std::string& path) {
     Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
     TESSERA_CHECK(f.fd >= 0, "{}: cannot open for fsync: {}", path, os_error());
@@ -99,12 +127,20 @@ void write_text_atomic(const std::string& path, const std::string& text) {
     write_file_atomic(path, [&](const ByteSink& sink) { sink(std::as_bytes(std::span(text.data(), text.size()))); });
 }
 
-std::string read_text(const std::string& path) {
+std::string read_text(const std::string& path, size_t max_bytes) {
+    std::error_code ec;
+    TESSERA_CHECK(!std::filesystem::is_directory(path, ec), "{}: is a directory, not a file", path);
     std::ifstream in(path, std::ios::binary);
     TESSERA_CHECK(in.good(), "{}: cannot open: {}", path, os_error());
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    std::string text;
+    char buf[1 << 16];
+    while (in) {
+        in.read(buf, sizeof buf);
+        text.append(buf, size_t(in.gcount()));
+        TESSERA_CHECK(text.size() <= max_bytes, "{}: larger than {} bytes; not a file of this kind", path, max_bytes);
+    }
+    TESSERA_CHECK(in.eof(), "{}: read failed: {}", path, os_error());
+    return text;
 }
 
 namespace {

@@ -33,7 +33,16 @@ class MappedFile {
 using ByteSink = std::function<void(std::span<const std::byte>)>;
 void write_file_atomic(const std::string& path, const std::function<void(const ByteSink&)>& write);
 void write_text_atomic(const std::string& path, const std::string& text);
-std::string read_text(const std::string& path);
+// The whole file; throws (naming the file) when it cannot be read or holds more than max_bytes (a config
+// named /dev/zero must not eat the memory).
+// Temporary names carry their writer, "<host>-<pid>", so a later process can tell a dead writer's temporaries
+// (removable) from a live one's. writer_is_dead is true only when the writer of a tag ("<host>-<pid>", or an
+// older "<pid>") is certainly gone: on this host, and no process has that pid. Another host's, or a pid in use,
+// may be alive.
+std::string writer_tag();
+bool writer_is_dead(const std::string& tag);
+
+std::string read_text(const std::string& path, size_t max_bytes = SIZE_MAX);
 void fsync_path(const std::string& path);  // a file or a directory
 
 uint32_t crc32c_update(uint32_t crc, std::span<const std::byte> data);

@@ -1,7 +1,7 @@
 // safetensors reading (strict header validation, memory-mapped) and atomic writing.
 #include "core/safetensors.h"
 
-#include <nlohmann/json.hpp>
+#include "core/json.h"
 
 #include <algorithm>
 #include <cstring>
@@ -16,9 +16,9 @@ constexpr const char* kChecksumKey = "crc32c";
 std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+SafetensorsLayout parse_safetensors(std::span<const std::byte> bytes, const std::string& path) {
     using nlohmann::json;
-    auto bytes = file_.bytes();
+    SafetensorsLayout out;
     TESSERA_CHECK(bytes.size() >= 8, "{}: not a safetensors file ({} bytes; the 8-byte header length is missing)", path,
                   bytes.size());
     uint64_t header_len = 0;
@@ -29,78 +29,90 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                   header_len, bytes.size());
     std::string_view header(reinterpret_cast<const char*>(bytes.data()) + 8, header_len);
     TESSERA_CHECK(!header.empty() && header.front() == '{', "{}: header does not start with a JSON object", path);
-    json j = json::parse(header, nullptr, /*allow_exceptions=*/false);
-    TESSERA_CHECK(!j.is_discarded() && j.is_object(), "{}: header is not valid JSON", path);
+    const json j = parse_json_unordered(header, path + ": header");
+    TESSERA_CHECK(j.is_object(), "{}: header is not a JSON object", path);
 
-    data_ = bytes.data() + 8 + header_len;
-    const size_t data_size = bytes.size() - 8 - header_len;
+    out.data_offset = 8 + header_len;
+    const std::byte* data = bytes.data() + out.data_offset;
+    const size_t data_size = bytes.size() - out.data_offset;
     for (auto it = j.begin(); it != j.end(); ++it) {
         const std::string& name = it.key();
         const json& v = it.value();
         if (name == "__metadata__") {
             TESSERA_CHECK(v.is_object(), "{}: __metadata__ must be an object of strings", path);
             for (auto m = v.begin(); m != v.end(); ++m) {
-                TESSERA_CHECK(m.value().is_string(), "{}: __metadata__[\"{}\"] is not a string", path, m.key());
-                metadata_[m.key()] = m.value().get<std::string>();
+                TESSERA_CHECK(m.value().is_string(), "{}: __metadata__[\"{}\"] is not a string", path,
+                              excerpt(m.key()));
+                out.metadata[m.key()] = m.value().get<std::string>();
             }
             continue;
         }
         TESSERA_CHECK(
             v.is_object() && v.size() == 3 && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-            "{}: tensor \"{}\" must have exactly dtype, shape and data_offsets", path, name);
+            "{}: tensor \"{}\" must have exactly dtype, shape and data_offsets", path, excerpt(name));
         SafetensorsEntry e;
         e.name = name;
-        TESSERA_CHECK(v["dtype"].is_string(), "{}: tensor \"{}\": dtype is not a string", path, name);
+        const std::string shown = excerpt(name);
+        TESSERA_CHECK(v["dtype"].is_string(), "{}: tensor \"{}\": dtype is not a string", path, shown);
         auto dt = dtype_from_safetensors_name(v["dtype"].get<std::string>());
-        TESSERA_CHECK(dt.has_value(), "{}: tensor \"{}\": unsupported dtype {}", path, name, v["dtype"].dump());
+        TESSERA_CHECK(dt.has_value(), "{}: tensor \"{}\": unsupported dtype {}", path, shown, json_excerpt(v["dtype"]));
         e.dtype = *dt;
         const json& shape = v["shape"];
         TESSERA_CHECK(shape.is_array() && shape.size() <= size_t(kMaxDims), "{}: tensor \"{}\": bad shape {}", path,
-                      name, shape.dump());
+                      shown, json_excerpt(shape));
         e.shape.ndim = int(shape.size());
         uint64_t numel = 1;
         for (size_t i = 0; i < shape.size(); ++i) {
-            TESSERA_CHECK(shape[i].is_number_unsigned(), "{}: tensor \"{}\": bad shape {}", path, name, shape.dump());
+            TESSERA_CHECK(shape[i].is_number_unsigned(), "{}: tensor \"{}\": bad shape {}", path, shown,
+                          json_excerpt(shape));
             uint64_t d = shape[i].get<uint64_t>();
             TESSERA_CHECK(d < (uint64_t(1) << 40) && (d == 0 || numel <= (uint64_t(1) << 50) / d),
-                          "{}: tensor \"{}\": shape {} is too large", path, name, shape.dump());
+                          "{}: tensor \"{}\": shape {} is too large", path, shown, json_excerpt(shape));
             numel *= d;
             e.shape.dims[i] = int64_t(d);
         }
         const json& off = v["data_offsets"];
         TESSERA_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-                      "{}: tensor \"{}\": data_offsets must be two non-negative integers", path, name);
+                      "{}: tensor \"{}\": data_offsets must be two non-negative integers", path, shown);
         uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-        TESSERA_CHECK(begin <= end, "{}: tensor \"{}\": data_offsets [{}, {}] are reversed", path, name, begin, end);
+        TESSERA_CHECK(begin <= end, "{}: tensor \"{}\": data_offsets [{}, {}] are reversed", path, shown, begin, end);
         TESSERA_CHECK(end - begin == numel * dtype_size(e.dtype),
-                      "{}: tensor \"{}\": {} {} needs {} bytes but data_offsets span {}", path, name,
+                      "{}: tensor \"{}\": {} {} needs {} bytes but data_offsets span {}", path, shown,
                       dtype_name(e.dtype), e.shape.str(), numel * dtype_size(e.dtype), end - begin);
         TESSERA_CHECK(end <= data_size,
                       "{}: tensor \"{}\" ends at byte {} of the data section, which holds only {} (truncated file?)",
-                      path, name, end, data_size);
+                      path, shown, end, data_size);
         e.offset = begin;
         e.nbytes = end - begin;
-        entries_.push_back(std::move(e));
+        out.entries.push_back(std::move(e));
     }
     // The tensors must tile the data section exactly, in offset order: no gaps, overlaps or trailing bytes.
     std::vector<const SafetensorsEntry*> by_offset;
-    for (auto& e : entries_) by_offset.push_back(&e);
+    for (auto& e : out.entries) by_offset.push_back(&e);
     std::sort(by_offset.begin(), by_offset.end(),
               [](auto* a, auto* b) { return a->offset != b->offset ? a->offset < b->offset : a->nbytes < b->nbytes; });
     size_t expected = 0;
     for (auto* e : by_offset) {
         TESSERA_CHECK(e->offset == expected, "{}: tensor \"{}\" starts at byte {} but {} was expected (overlap or gap)",
-                      path, e->name, e->offset, expected);
+                      path, excerpt(e->name), e->offset, expected);
         expected += e->nbytes;
     }
     TESSERA_CHECK(expected == data_size, "{}: the header describes {} bytes of tensor data but the file holds {}{}",
                   path, expected, data_size, expected < data_size ? " (trailing bytes)" : " (truncated file?)");
-    if (auto it = metadata_.find(kChecksumKey); it != metadata_.end()) {
-        uint32_t crc = crc32c(std::span(data_, data_size));
+    if (auto it = out.metadata.find(kChecksumKey); it != out.metadata.end()) {
+        uint32_t crc = crc32c(std::span(data, data_size));
         TESSERA_CHECK(hex32(crc) == it->second,
                       "{}: checksum mismatch (data crc32c {} but the header records {}): the file is corrupted", path,
                       hex32(crc), it->second);
     }
+    return out;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+    SafetensorsLayout layout = parse_safetensors(file_.bytes(), path);
+    entries_ = std::move(layout.entries);
+    metadata_ = std::move(layout.metadata);
+    data_ = file_.bytes().data() + layout.data_offset;
 }
 
 bool SafetensorsFile::contains(const std::string& name) const {
@@ -111,7 +123,12 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
     for (auto& e : entries_) {
         if (e.name == name) return e;
     }
-    TESSERA_FAIL("{}: no tensor named \"{}\"", path(), name);
+    TESSERA_FAIL("{}: no tensor named \"{}\"", path(), excerpt(name));
+}
+
+bool SafetensorsFile::is_aligned(const std::string& name) const {
+    const SafetensorsEntry& e = entry(name);
+    return reinterpret_cast<uintptr_t>(data_ + e.offset) % dtype_size(e.dtype) == 0;
 }
 
 TensorView SafetensorsFile::view(const std::string& name) const {

@@ -21,6 +21,15 @@ struct SafetensorsEntry {
     size_t nbytes = 0;
 };
 
+// What a safetensors file holds, from its bytes (the whole file), validated as SafetensorsFile's constructor
+// does; `path` names it in messages. The entry point the fuzzer calls (tests/fuzz/).
+struct SafetensorsLayout {
+    std::vector<SafetensorsEntry> entries;
+    std::map<std::string, std::string> metadata;
+    size_t data_offset = 0;  // where the data section starts
+};
+SafetensorsLayout parse_safetensors(std::span<const std::byte> bytes, const std::string& path);
+
 class SafetensorsFile {
   public:
     // Maps and validates; throws tessera::Error naming the file and what is wrong with it.
@@ -31,6 +40,9 @@ class SafetensorsFile {
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
     bool contains(const std::string& name) const;
     const SafetensorsEntry& entry(const std::string& name) const;  // throws if absent
+    // Whether the tensor's bytes in the mapping are aligned for its dtype (files written by this engine and by
+    // the reference library are; view() needs it).
+    bool is_aligned(const std::string& name) const;
     // Read-only view into the mapping (the data must be aligned for its dtype).
     TensorView view(const std::string& name) const;
     Tensor load(const std::string& name) const;  // an owned copy

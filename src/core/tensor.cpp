@@ -23,7 +23,12 @@ Shape Shape::from_span(std::span<const int64_t> d) {
 
 int64_t Shape::numel() const {
     int64_t n = 1;
-    for (int i = 0; i < ndim; ++i) n *= dims[i];
+    for (int i = 0; i < ndim; ++i) {
+        // NOTES: sizes come from configs and files; a product that wrapped would size a tiny buffer that a
+        // kernel then writes past, so every product is checked here, where all buffer sizes are computed.
+        TESSERA_CHECK(dims[i] >= 0, "tensor shape {} has a negative dimension", str());
+        TESSERA_CHECK(!__builtin_mul_overflow(n, dims[i], &n), "tensor shape {} has more than 2^63 elements", str());
+    }
     return n;
 }
 
@@ -99,7 +104,9 @@ void check_contiguous(const TensorView& t, std::string_view what) {
 void Tensor::Free::operator()(void* p) const { std::free(p); }
 
 Tensor::Tensor(DType dtype, Shape shape) {
-    size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+    size_t bytes = 0;
+    TESSERA_CHECK(!__builtin_mul_overflow(size_t(shape.numel()), dtype_size(dtype), &bytes) && bytes <= (SIZE_MAX >> 1),
+                  "tensor {} {} is too large", dtype_name(dtype), shape.str());
     size_t padded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, padded == 0 ? 64 : padded);
     TESSERA_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);

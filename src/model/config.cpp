@@ -103,14 +103,23 @@ ops::RopeScaling parse_rope_scaling(const Json& section, const std::string& wher
     return c;
 }
 
+// lo <= v <= hi, or an error naming the key and the range
+void in_range(int64_t v, int64_t lo, int64_t hi, const std::string& where, const std::string& key) {
+    TESSERA_CHECK(v >= lo && v <= hi, "{}: {} = {} must be in [{}, {}]", where, key, v, lo, hi);
+}
+
 void validate_moe(const MoeConfig& m, int64_t n_layers, const std::string& where) {
     TESSERA_CHECK(m.experts >= 0, "{}: model.moe.experts must be >= 0 (0 = dense)", where);
     if (m.experts == 0) return;
+    in_range(m.experts, 0, kMaxExperts, where, "model.moe.experts");
     TESSERA_CHECK(m.topk >= 1 && m.topk <= m.experts, "{}: model.moe.topk {} must be in [1, experts = {}]", where,
                   m.topk, m.experts);
     TESSERA_CHECK(m.ffn_dim > 0, "{}: model.moe.ffn_dim must be positive (the routed experts' width)", where);
     TESSERA_CHECK(m.latent_dim >= 0 && m.shared_ffn_dim >= 0,
                   "{}: model.moe.latent_dim and shared_ffn_dim must be >= 0", where);
+    in_range(m.ffn_dim, 1, kMaxWidth, where, "model.moe.ffn_dim");
+    in_range(m.latent_dim, 0, kMaxWidth, where, "model.moe.latent_dim");
+    in_range(m.shared_ffn_dim, 0, kMaxWidth, where, "model.moe.shared_ffn_dim");
     TESSERA_CHECK(!m.shared_expert_gate || m.shared_ffn_dim > 0,
                   "{}: model.moe.shared_expert_gate needs a shared expert (model.moe.shared_ffn_dim > 0)", where);
     TESSERA_CHECK(!m.latent_norm || m.latent_dim > 0, "{}: model.moe.latent_norm needs model.moe.latent_dim > 0",
@@ -130,6 +139,61 @@ void validate_moe(const MoeConfig& m, int64_t n_layers, const std::string& where
                   where);
     TESSERA_CHECK(m.balance != "quantile" || m.topk < m.experts,
                   "{}: model.moe.balance = quantile needs topk < experts", where);
+}
+// A key no layer of the model reads, set to anything but its default, is an error naming it: a setting that
+// silently changes nothing is a misunderstanding (model.mla without an mla layer was the first such rule).
+// Defaults stay accepted, so configs written by to_json and older checkpoints still load.
+void check_unread_keys(const ModelConfig& c, const std::string& where) {
+    const ModelConfig d;
+    const bool gqa = c.has_layer_type("gqa"), mla = c.has_layer_type("mla"), dsa = c.has_layer_type("dsa");
+    const bool kda = c.has_layer_type("kda"), gdn = c.has_layer_type("gdn");
+    bool any_moe = false, any_dense = false;
+    for (int64_t i = 0; i < c.n_layers; ++i) (c.moe.is_moe_layer(i) ? any_moe : any_dense) = true;
+    auto unread = [&](bool set, const std::string& key, const std::string& why) {
+        TESSERA_CHECK(!set, "{}: model.{} is set but {}; remove it", where, key, why);
+    };
+    const std::string no_gqa = "no layer is \"gqa\" (model.attention)";
+    unread(c.qk_norm != d.qk_norm && !gqa, "qk_norm", no_gqa);
+    unread(c.rope_dim != d.rope_dim && !gqa, "rope_dim", no_gqa);
+    unread(c.head_dim != d.head_dim && !gqa, "head_dim", no_gqa);
+    unread(c.n_kv_heads != c.n_heads && !gqa, "n_kv_heads", no_gqa);
+    unread(c.output_gate != d.output_gate && !gqa && !mla && !dsa, "output_gate",
+           "no layer is \"gqa\", \"mla\" or \"dsa\" (model.attention)");
+    // n_heads: the gqa / mla / dsa heads, else only the default of model.kda.num_heads
+    unread(c.n_heads != d.n_heads && !gqa && !mla && !dsa && c.kda.num_heads != c.n_heads, "n_heads",
+           "no layer is \"gqa\", \"mla\" or \"dsa\" and model.kda.num_heads is set");
+    const bool rotary = gqa || ((mla || dsa) && c.mla.rope) || (dsa && c.mla.dsa.rope_dim > 0);
+    unread(c.rope_theta != d.rope_theta && !rotary, "rope_theta",
+           "no layer rotates (no gqa layer, model.mla.rope "
+           "false or no mla/dsa layer, no dsa indexer rope)");
+    unread(c.ffn_dim != d.ffn_dim && !any_dense, "ffn_dim", "every layer is MoE (model.moe.first_dense = 0)");
+    unread(c.mlp_activation != d.mlp_activation && !any_dense, "mlp_activation",
+           "every layer is MoE (model.moe.first_dense = 0)");
+    if (c.moe.experts > 0) {
+        TESSERA_CHECK(any_moe, "{}: model.moe.first_dense = {} leaves no MoE layer in {} layers", where,
+                      c.moe.first_dense, c.n_layers);
+    }
+    // the moe section: everything but experts is read only by MoE layers; two keys only in some modes
+    const Json moe = to_json(c.moe), moe_default = to_json(MoeConfig{});
+    for (auto it = moe.begin(); it != moe.end(); ++it) {
+        if (it.key() == "experts" || it.value() == moe_default[it.key()]) continue;
+        unread(c.moe.experts == 0, "moe." + it.key(), "model.moe.experts = 0 (no MoE layer)");
+        unread(it.key() == "overflow" && c.moe.capacity_factor == 0, "moe.overflow",
+               "the experts are dropless (model.moe.capacity_factor = 0)");
+        unread(it.key() == "bias_update_rate" && c.moe.balance != "sign", "moe.bias_update_rate",
+               "model.moe.balance is not \"sign\"");
+    }
+    const Json indexer = to_json(c.mla)["dsa"], indexer_default = to_json(MlaConfig{})["dsa"];
+    for (auto it = indexer.begin(); it != indexer.end(); ++it) {
+        unread(it.value() != indexer_default[it.key()] && !dsa, "mla.dsa." + it.key(),
+               "no layer is \"dsa\" (model.attention)");
+    }
+    // gdn layers always have a scalar gate (one decay per value head) and a full-rank output gate
+    const KdaConfig kd;
+    unread(c.kda.gate_rank != kd.gate_rank && gdn && !kda, "kda.gate_rank",
+           "\"gdn\" layers have a scalar gate and no layer is \"kda\"");
+    unread(c.kda.full_rank_output_gate != kd.full_rank_output_gate && gdn && !kda, "kda.full_rank_output_gate",
+           "\"gdn\" layers always have a full-rank output gate and no layer is \"kda\"");
 }
 }  // namespace
 
@@ -169,6 +233,7 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     if (r.has("moe")) c.moe = parse_moe_config(r.section("moe"), where + ".moe");
     r.finish();
     c.validate(where);
+    check_unread_keys(c, where);
     return c;
 }
 
@@ -183,6 +248,13 @@ void ModelConfig::validate(const std::string& where) const {
     positive(n_kv_heads, "n_kv_heads");
     positive(ffn_dim, "ffn_dim");
     TESSERA_CHECK(head_dim >= 0, "{}: model.head_dim must be >= 0 (0 = d_model / n_heads)", where);
+    in_range(vocab_size, 1, kMaxVocab, where, "model.vocab_size");
+    in_range(d_model, 1, kMaxWidth, where, "model.d_model");
+    in_range(n_layers, 1, kMaxCount, where, "model.n_layers");
+    in_range(n_heads, 1, kMaxCount, where, "model.n_heads");
+    in_range(n_kv_heads, 1, kMaxCount, where, "model.n_kv_heads");
+    in_range(ffn_dim, 1, kMaxWidth, where, "model.ffn_dim");
+    in_range(head_dim, 0, kMaxWidth, where, "model.head_dim");
     if (has_layer_type("gqa")) {  // the head sizes of grouped-query attention layers
         TESSERA_CHECK(head_dim > 0 || d_model % n_heads == 0,
                       "{}: model.d_model {} is not divisible by model.n_heads {}; set model.head_dim", where, d_model,
@@ -207,6 +279,7 @@ void ModelConfig::validate(const std::string& where) const {
     TESSERA_CHECK(init_std > 0, "{}: model.init_std must be positive", where);
     TESSERA_CHECK(attn_res_block_size >= 0, "{}: model.attn_res_block_size must be >= 0 (0 = plain residuals), not {}",
                   where, attn_res_block_size);
+    in_range(attn_res_block_size, 0, kMaxCount, where, "model.attn_res_block_size");
     validate_moe(moe, n_layers, where);
     TESSERA_CHECK(attention.size() == 1 || int64_t(attention.size()) == n_layers,
                   "{}: model.attention lists {} layer types for model.n_layers = {} (give one type or one per layer)",
@@ -265,6 +338,17 @@ void KdaConfig::validate(const std::string& where) const {
     positive(num_heads, "num_heads");
     positive(head_dim, "head_dim");
     positive(conv_size, "conv_size");
+    // 0 means "the default" for these three; a negative value silently meant the same
+    TESSERA_CHECK(num_v_heads >= 0, "{}: num_v_heads must be >= 0 (0 = num_heads), not {}", where, num_v_heads);
+    TESSERA_CHECK(head_v_dim >= 0, "{}: head_v_dim must be >= 0 (0 = head_dim), not {}", where, head_v_dim);
+    TESSERA_CHECK(gate_rank >= 0, "{}: gate_rank must be >= 0 (0 = the value head dim), not {}", where, gate_rank);
+    in_range(num_heads, 1, kMaxCount, where, "num_heads");
+    in_range(num_v_heads, 0, kMaxCount, where, "num_v_heads");
+    in_range(head_dim, 1, kMaxWidth, where, "head_dim");
+    in_range(head_v_dim, 0, kMaxWidth, where, "head_v_dim");
+    in_range(gate_rank, 0, kMaxWidth, where, "gate_rank");
+    in_range(conv_size, 1, 1024, where, "conv_size");
+    TESSERA_CHECK(o_norm_eps > 0, "{}: o_norm_eps must be positive", where);
     TESSERA_CHECK(hv() % num_heads == 0, "{}: num_v_heads {} must be a multiple of num_heads {}", where, hv(),
                   num_heads);
     TESSERA_CHECK(gate_lower_bound <= 0, "{}: gate_lower_bound must be <= 0 (0 = softplus form)", where);
@@ -283,6 +367,15 @@ void MlaConfig::validate(const std::string& where) const {
     positive(qk_nope_dim, "qk_nope_dim");
     positive(v_head_dim, "v_head_dim");
     TESSERA_CHECK(q_lora_rank >= 0 && qk_rope_dim >= 0, "{}: q_lora_rank and qk_rope_dim must be >= 0", where);
+    in_range(num_heads, 1, kMaxCount, where, "num_heads");
+    for (const auto& [v, key] : {std::pair{q_lora_rank, "q_lora_rank"}, std::pair{kv_lora_rank, "kv_lora_rank"},
+                                 std::pair{qk_nope_dim, "qk_nope_dim"}, std::pair{qk_rope_dim, "qk_rope_dim"},
+                                 std::pair{v_head_dim, "v_head_dim"}}) {
+        in_range(v, 0, kMaxWidth, where, key);
+    }
+    TESSERA_CHECK(softmax_scale >= 0, "{}: softmax_scale must be >= 0 (0 = (d_n + d_r)^-1/2), not {}", where,
+                  softmax_scale);
+    TESSERA_CHECK(latent_eps > 0, "{}: latent_eps must be positive", where);
     TESSERA_CHECK(!rope || qk_rope_dim % 2 == 0, "{}: qk_rope_dim {} must be even with rope", where, qk_rope_dim);
     TESSERA_CHECK(output_gate == "none" || output_gate == "headwise" || output_gate == "elementwise",
                   "{}: output_gate must be \"none\", \"headwise\" or \"elementwise\", not \"{}\"", where, output_gate);
@@ -291,6 +384,10 @@ void MlaConfig::validate(const std::string& where) const {
     positive(dsa.heads, "dsa.heads");
     positive(dsa.head_dim, "dsa.head_dim");
     positive(dsa.dk_slabs, "dsa.dk_slabs");
+    in_range(dsa.topk, 1, kMaxSeqLen, where, "dsa.topk");
+    in_range(dsa.heads, 1, kMaxCount, where, "dsa.heads");
+    in_range(dsa.head_dim, 1, kMaxWidth, where, "dsa.head_dim");
+    in_range(dsa.dk_slabs, 1, 1024, where, "dsa.dk_slabs");
     TESSERA_CHECK(dsa.rope_dim >= 0 && dsa.rope_dim <= dsa.head_dim && dsa.rope_dim % 2 == 0,
                   "{}: dsa.rope_dim {} must be even and at most dsa.head_dim {}", where, dsa.rope_dim, dsa.head_dim);
     TESSERA_CHECK(dsa.stage == "sparse" || dsa.stage == "dense_warmup",

@@ -13,6 +13,14 @@
 
 namespace tessera::model {
 
+// Upper bounds of the sizes a config may ask for: far above any published model, far below the int64
+// overflow of their products (every buffer size is computed with checked products as well, core/tensor.h).
+constexpr int64_t kMaxVocab = int64_t(1) << 24;  // token ids are int32
+constexpr int64_t kMaxWidth = int64_t(1) << 17;  // d_model, ffn_dim, latent and head widths
+constexpr int64_t kMaxCount = int64_t(1) << 12;  // layers, heads, groups
+constexpr int64_t kMaxExperts = int64_t(1) << 16;
+constexpr int64_t kMaxSeqLen = int64_t(1) << 24;  // tokens in one sequence (the design's 1M context, 16x)
+
 // The routed feed-forward layers (docs/moe.md): layers from `first_dense` on (or the "moe" entries of
 // `layers`) use a (Latent)MoE block instead of the dense MLP when experts > 0. Balancing and router losses are part of
 // the model config because backward computes the losses' gradients; `balance` = frozen for fine-tuning.

@@ -13,6 +13,7 @@
 #include "core/fp8.h"
 #include "core/mxfp4.h"
 #include "core/safetensors.h"
+#include "model/hf_index.h"
 
 namespace tessera::model {
 
@@ -291,16 +292,9 @@ std::map<std::string, std::string> stored_tensors(const std::string& dir) {
     const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
     std::map<std::string, std::string> where;
     if (fs::exists(index_path)) {
-        Json index;
-        try {
-            index = Json::parse(read_text(index_path.string()));
-        } catch (const Json::parse_error& e) {
-            TESSERA_FAIL("{}: not valid JSON: {}", index_path.string(), e.what());
-        }
-        TESSERA_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: no \"weight_map\" object",
-                      index_path.string());
-        for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-            where[it.key()] = (fs::path(dir) / it.value().get<std::string>()).string();
+        const std::string text = read_text(index_path.string(), size_t(256) << 20);
+        for (const auto& [tensor, file] : parse_hf_index(text, index_path.string())) {
+            where[tensor] = (fs::path(dir) / file).string();
         }
     } else {
         const std::string single = (fs::path(dir) / "model.safetensors").string();

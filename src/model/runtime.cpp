@@ -2,6 +2,7 @@
 #include "model/runtime.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cstdlib>
@@ -34,6 +35,27 @@ size_t process_peak_rss() {
 }
 
 std::string mib(size_t b) { return fmt::format("{:.1f} MiB", double(b) / double(1 << 20)); }
+
+size_t physical_memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+}
+
+// Every group is zero-filled on allocation, so a run that needs more than the machine's memory would only
+// swap or be killed: refuse it up front, with the sizes.
+void check_fits_in_memory(const std::vector<BufferGroup*>& groups) {
+    size_t need = 0;
+    std::string parts;
+    for (const BufferGroup* g : groups) {
+        if (__builtin_add_overflow(need, g->nbytes(), &need)) need = SIZE_MAX;
+        parts += fmt::format("{}{} {:.1f} GiB", parts.empty() ? "" : ", ", g->name(), double(g->nbytes()) / 0x1p30);
+    }
+    const size_t have = physical_memory_bytes();
+    TESSERA_CHECK(have == 0 || need <= have,
+                  "the model needs {:.1f} GiB of memory ({}) but this machine has {:.1f} GiB; make the model, the "
+                  "batch or the sequence smaller",
+                  double(need) / 0x1p30, parts, double(have) / 0x1p30);
+}
 }  // namespace
 
 std::vector<BufferSpec> grad_specs(const std::vector<BufferSpec>& params) {
@@ -58,6 +80,7 @@ ModelRuntime::ModelRuntime(
         groups_.push_back(&grads_);
     }
     groups_.insert(groups_.end(), extra.begin(), extra.end());
+    check_fits_in_memory(groups_);
     std::vector<const BufferGroup*> cg(groups_.begin(), groups_.end());
     const size_t min_block = min_block_for(groups_);
     arena_ = std::make_shared<Arena>(predict_arena_bytes(cg, min_block), min_block);

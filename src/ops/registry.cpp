@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "core/json.h"
 #include "ops/bindings/bindings.h"
 
 namespace tessera::ops {
@@ -20,6 +21,12 @@ bool parse_f64(const std::string& s, double& out) {
     const char* end = s.data() + s.size();
     auto r = std::from_chars(s.data(), end, out);
     return r.ec == std::errc() && r.ptr == end && std::isfinite(out);
+}
+
+std::string range_text(const OpParamSpec& p) {
+    if (std::isinf(p.max)) return fmt::format(">= {}", p.min);
+    if (std::isinf(p.min)) return fmt::format("<= {}", p.max);
+    return fmt::format("in [{}, {}]", p.min, p.max);
 }
 
 bool parse_i64(const std::string& s, int64_t& out) {
@@ -132,22 +139,29 @@ std::map<std::string, Tensor> run_op(const OpDef& op,
         values[spec.name] = spec.default_value;
         param_names.push_back(spec.name);
     }
-    for (const auto& [name, value] : params) {
+    for (const auto& param : params) {
+        const std::string &name = param.first, &value = param.second;  // (clang 14 cannot capture a binding)
         auto it = std::find_if(op.params.begin(), op.params.end(), [&](auto& s) { return s.name == name; });
-        TESSERA_CHECK(it != op.params.end(), "op {}: unknown parameter \"{}\" (parameters: {})", op.name, name,
+        TESSERA_CHECK(it != op.params.end(), "op {}: unknown parameter \"{}\" (parameters: {})", op.name, excerpt(name),
                       op.params.empty() ? "none" : join(param_names, ", "));
         double f;
         int64_t i;
         switch (it->kind) {
             case ParamKind::number:
-                TESSERA_CHECK(parse_f64(value, f), "op {}: parameter {}='{}' is not a number", op.name, name, value);
+                TESSERA_CHECK(parse_f64(value, f), "op {}: parameter {}='{}' is not a number", op.name, name,
+                              excerpt(value));
+                TESSERA_CHECK(f >= it->min && f <= it->max, "op {}: parameter {}={} must be {}", op.name, name,
+                              excerpt(value), range_text(*it));
                 break;
             case ParamKind::integer:
-                TESSERA_CHECK(parse_i64(value, i), "op {}: parameter {}='{}' is not an integer", op.name, name, value);
+                TESSERA_CHECK(parse_i64(value, i), "op {}: parameter {}='{}' is not an integer", op.name, name,
+                              excerpt(value));
+                TESSERA_CHECK(double(i) >= it->min && double(i) <= it->max, "op {}: parameter {}={} must be {}",
+                              op.name, name, value, range_text(*it));
                 break;
             case ParamKind::choice:
                 TESSERA_CHECK(std::find(it->choices.begin(), it->choices.end(), value) != it->choices.end(),
-                              "op {}: parameter {}='{}' must be one of: {}", op.name, name, value,
+                              "op {}: parameter {}='{}' must be one of: {}", op.name, name, excerpt(value),
                               join(it->choices, ", "));
                 break;
         }
@@ -162,6 +176,9 @@ std::map<std::string, Tensor> run_op(const OpDef& op,
     for (const auto& spec : op.inputs) {
         TESSERA_CHECK(spec.optional || inputs.count(spec.name), "op {}: missing input tensor \"{}\" {}", op.name,
                       spec.name, spec.shape);
+    }
+    for (const auto& [name, t] : inputs) {  // the kernels divide by their dimensions
+        TESSERA_CHECK(t.numel() > 0, "op {}: input \"{}\" {} is empty", op.name, name, t.shape().str());
     }
     OpContext ctx(std::move(inputs), std::move(values));
     try {

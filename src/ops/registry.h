@@ -3,6 +3,7 @@
 // Registries are the only globals; this one is filled once, on first use.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <span>
@@ -27,6 +28,9 @@ struct OpParamSpec {
     std::string default_value;
     std::vector<std::string> choices;  // ParamKind::choice only
     std::string doc;                   // e.g. "0 = D^-0.5"
+    // number and integer: the accepted range, checked by run_op (a negative scale or dv silently meant "the
+    // default", a huge topk sized a huge output)
+    double min = -HUGE_VAL, max = HUGE_VAL;
 };
 
 // Inputs, parsed parameters and outputs of one op call.

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/buffer_spec.h"
 #include "core/config_reader.h"
@@ -37,11 +38,19 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
 // A checkpoint directory itself, or the latest complete checkpoint under <dir>/checkpoints.
 // Throws if there is none.
 std::string resolve_checkpoint(const std::string& dir);
+// Whether <run_dir>/checkpoints holds a complete checkpoint (a run that --resume can continue).
+bool holds_checkpoint(const std::string& run_dir);
+// Removes what killed writers left in a run directory: checkpoints/.step_N.tmp-<host>-<pid> (incomplete) and
+// config.json / metrics.jsonl .tmp-<pid> files, only when the writer is certainly dead (this host, no such pid);
+// a checkpoints/.step_N.old-... moved aside while its replacement was written goes back to step_N when that
+// replacement never arrived. Returns one line per action.
+std::vector<std::string> clean_stale_temporaries(const std::string& run_dir);
 
 Json load_checkpoint_config(const std::string& ckpt_dir);
+// Validated: its step must match the directory name step_NNNNNNN, optimizer_step must not exceed it.
 TrainerState load_trainer_state(const std::string& ckpt_dir);
-// Loads a file into groups: every tensor of every group must be present with its exact shape,
-// and the file must hold nothing else.
+// Loads a file into groups: every tensor of every group must be present with its exact shape and finite
+// values (a NaN or Inf weight is an error naming the tensor), and the file must hold nothing else.
 void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups);
 
 }  // namespace tessera::train

@@ -8,7 +8,7 @@
 namespace tessera::train {
 
 RunConfig parse_run_config(const Json& doc, const std::string& where) {
-    TESSERA_CHECK(doc.is_object(), "{}: the config must be a JSON object", where);
+    TESSERA_CHECK(doc.is_object(), "{}: the config must be a JSON object, not {}", where, doc.type_name());
     ConfigReader top(doc, where);
     RunConfig c;
     c.model = model::parse_model_config(top.section("model"), where + ": model");
@@ -61,6 +61,31 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(tc.checkpoint_interval >= 0, "train.checkpoint_interval must be >= 0");
     check(tc.log_interval >= 1, "train.log_interval must be >= 1");
     check(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1)");
+    auto bounded = [&](int64_t v, int64_t hi, const char* key) {
+        TESSERA_CHECK(v <= hi, "{}: train.{} = {} must be at most {}", where, key, v, hi);
+    };
+    bounded(tc.seq_len, model::kMaxSeqLen, "seq_len");
+    bounded(tc.batch_size, kMaxBatch, "batch_size");
+    bounded(tc.grad_accum, kMaxBatch, "grad_accum");
+    bounded(tc.steps, kMaxSteps, "steps");
+    bounded(tc.warmup_steps, kMaxSteps, "warmup_steps");
+    bounded(tc.eval_interval, kMaxSteps, "eval_interval");
+    bounded(tc.eval_batches, kMaxBatch, "eval_batches");
+    bounded(tc.checkpoint_interval, kMaxSteps, "checkpoint_interval");
+    bounded(tc.log_interval, kMaxSteps, "log_interval");
+    check(tc.seed <= uint64_t(INT64_MAX), "train.seed must be >= 0");  // read as int64: -1 became 2^64 - 1
+    // keys nothing reads in this configuration (see model/config.cpp): an error unless at their default
+    auto unread = [&](bool set, const std::string& key, const std::string& why) {
+        TESSERA_CHECK(!set, "{}: {} is set but {}; remove it", where, key, why);
+    };
+    unread(tc.decay_fraction != d.decay_fraction && tc.schedule != "wsd", "train.decay_fraction",
+           "train.schedule is not \"wsd\"");
+    unread(tc.min_lr_ratio != d.min_lr_ratio && tc.schedule == "constant", "train.min_lr_ratio",
+           "train.schedule is \"constant\"");
+    unread(tc.eval_batches != d.eval_batches && c.data.val_fraction == 0, "train.eval_batches",
+           "data.val_fraction = 0 (nothing to evaluate)");
+    unread(tc.eval_interval != d.eval_interval && c.data.val_fraction == 0, "train.eval_interval",
+           "data.val_fraction = 0 (nothing to evaluate)");
     return c;
 }
 
@@ -102,11 +127,8 @@ Json load_config_json(const std::string& path, const std::vector<std::string>& o
     if (path.empty()) {
         doc = demo_config_json();
     } else {
-        try {
-            doc = Json::parse(read_text(path));
-        } catch (const Json::parse_error& e) {
-            TESSERA_FAIL("{}: not valid JSON: {}", path, e.what());
-        }
+        doc = parse_json(read_text(path, kMaxConfigBytes), path);
+        TESSERA_CHECK(doc.is_object(), "{}: the config must be a JSON object, not {}", path, doc.type_name());
     }
     for (const auto& o : overrides) apply_override(doc, o);
     return doc;

@@ -52,7 +52,14 @@ Json to_json(const RunConfig& c);
 
 // The built-in demo config (configs/demo.json) as JSON.
 Json demo_config_json();
-// Reads a config file (or the demo config when path is empty) and applies --set overrides.
+// Upper bounds of train.steps (and --steps), batch_size and grad_accum.
+constexpr int64_t kMaxSteps = int64_t(1000000000000);
+constexpr int64_t kMaxBatch = int64_t(1) << 20;
+
+// Config files (run configs, checkpoint configs, Hugging Face config.json) larger than this are refused.
+constexpr size_t kMaxConfigBytes = size_t(16) << 20;
+// Reads a config file (or the demo config when path is empty; it must hold a JSON object) and applies --set
+// overrides.
 Json load_config_json(const std::string& path, const std::vector<std::string>& overrides);
 // The bundled corpus directory (data/corpus in the source tree).
 std::string bundled_corpus_path();

@@ -39,6 +39,7 @@ struct Setup {
     RunConfig cfg;
     std::string checkpoint;  // resuming from, or empty
     std::string out_dir;
+    std::vector<std::string> cleaned;  // what killed runs left, removed or restored (clean_stale_temporaries)
 };
 
 // Per MoE layer: the load metrics of spec/moe.md §9 for the JSONL log.
@@ -99,12 +100,34 @@ Json fixed_model_json(const model::ModelConfig& m) {
     return j;
 }
 
+// A fresh run that fails before its first checkpoint removes what it wrote (config.json, metrics.jsonl, the
+// directory when it made it and nothing else is there): it is not a run --resume could continue.
+class FreshRunGuard {
+  public:
+    FreshRunGuard(std::string dir, bool fresh) : dir_(std::move(dir)), active_(fresh), made_(!fs::exists(dir_)) {}
+    FreshRunGuard(const FreshRunGuard&) = delete;
+    void dismiss() { active_ = false; }
+    ~FreshRunGuard() {
+        if (!active_ || std::uncaught_exceptions() == 0) return;
+        std::error_code ec;
+        fs::remove(fs::path(dir_) / "config.json", ec);
+        fs::remove(fs::path(dir_) / "metrics.jsonl", ec);
+        if (fs::is_empty(fs::path(dir_) / "checkpoints", ec)) fs::remove(fs::path(dir_) / "checkpoints", ec);
+        if (made_ && fs::is_empty(dir_, ec)) fs::remove(dir_, ec);
+    }
+
+  private:
+    std::string dir_;
+    bool active_, made_;
+};
+
 Setup resolve_setup(const TrainOptions& o) {
     Setup s;
     if (!o.resume_dir.empty()) {
         TESSERA_CHECK(
             o.config_path.empty(),
             "--resume takes the config from the checkpoint; drop --config (use --set or --steps for changes)");
+        if (fs::is_directory(fs::path(o.resume_dir) / "checkpoints")) s.cleaned = clean_stale_temporaries(o.resume_dir);
         s.checkpoint = resolve_checkpoint(o.resume_dir);
         Json base = load_checkpoint_config(s.checkpoint);
         const std::string where = (fs::path(s.checkpoint) / "config.json").string();
@@ -124,9 +147,15 @@ Setup resolve_setup(const TrainOptions& o) {
                       o.config_path);
         s.cfg = parse_run_config(s.config_json, o.config_path.empty() ? "demo config" : o.config_path);
         s.out_dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
-        TESSERA_CHECK(
-            !fs::exists(fs::path(s.out_dir) / "checkpoints") && !fs::exists(fs::path(s.out_dir) / "metrics.jsonl"),
-            "{} already holds a run; continue it with --resume {} or choose another --out", s.out_dir, s.out_dir);
+        TESSERA_CHECK(!fs::exists(s.out_dir) || fs::is_directory(s.out_dir), "--out {}: exists and is not a directory",
+                      s.out_dir);
+        s.cleaned = clean_stale_temporaries(s.out_dir);
+        // NOTES: only a checkpoint makes a run (--resume needs one); what a run that stopped before its first
+        // checkpoint left behind (config.json, metrics.jsonl) is replaced, or the same command could never run
+        // again: "already holds a run", and --resume "not a run".
+        TESSERA_CHECK(!holds_checkpoint(s.out_dir),
+                      "{} already holds a run; continue it with --resume {} or choose another --out", s.out_dir,
+                      s.out_dir);
     }
     if (o.steps) {
         TESSERA_CHECK(*o.steps >= 0, "--steps must be >= 0");
@@ -154,6 +183,10 @@ StepResult train_step(model::Model& model,
     }
     r.loss /= double(tc.grad_accum);
     r.grad_norm = opt.grad_norm(rt.grads());
+    // before the update: a non-finite gradient would make every weight NaN, and the next checkpoint with them
+    TESSERA_CHECK(std::isfinite(r.loss) && std::isfinite(r.grad_norm),
+                  "training diverged at step {}: the loss is {}, the gradient norm {} (lower train.lr?)", step + 1,
+                  r.loss, r.grad_norm);
     opt.clip(rt.grads(), r.grad_norm, tc.grad_clip);
     std::vector<bool> trainable;  // empty = all; the DSA warm-up trains only the indexers
     if (model.indexer_warmup()) {
@@ -196,10 +229,18 @@ TrainSummary train(const TrainOptions& opts) {
     } else {
         model.init_params(rt.params(), tc.seed);
     }
+    const bool fresh = setup.checkpoint.empty();
+    FreshRunGuard guard(setup.out_dir, fresh);  // a fresh run that fails before its first checkpoint leaves nothing
     fs::create_directories(setup.out_dir);
+    for (const auto& line : setup.cleaned) note("cleaned up after a killed run: " + line);
+    const fs::path metrics_path = fs::path(setup.out_dir) / "metrics.jsonl";
+    if (fresh && fs::exists(metrics_path)) {
+        note(fmt::format("{} holds no checkpoint: starting over (replacing config.json and metrics.jsonl)",
+                         setup.out_dir));
+        fs::remove(metrics_path);
+    }
     write_text_atomic((fs::path(setup.out_dir) / "config.json").string(), setup.config_json.dump(2) + "\n");
-    MetricsLog metrics((fs::path(setup.out_dir) / "metrics.jsonl").string(),
-                       setup.checkpoint.empty() ? -1 : state.step);
+    MetricsLog metrics(metrics_path.string(), fresh ? -1 : state.step);
 
     const double gemm_gflops = ops::measure_gemm_gflops();
     const double train_flops_per_token = 3.0 * model.forward_flops_per_token(tc.seq_len);
@@ -250,6 +291,7 @@ TrainSummary train(const TrainOptions& opts) {
         summary.checkpoint = save_checkpoint(
             setup.out_dir,
             {.config = setup.config_json, .params = rt.params(), .m = &opt.m(), .v = &opt.v(), .state = state});
+        guard.dismiss();
         progress.note(fmt::format("checkpoint: {}", summary.checkpoint));
     };
 
@@ -296,7 +338,7 @@ TrainSummary train(const TrainOptions& opts) {
             checkpoint();
             last_saved = state.step;
         }
-        if (opts.stop && opts.stop->load()) {
+        if (opts.stop && opts.stop->load() && state.step < tc.steps) {  // (at the last step: just finish)
             if (last_saved != state.step) checkpoint();
             summary.stopped_early = true;
             progress.note(fmt::format("stopped at step {}; continue with --resume {}", state.step, setup.out_dir));

@@ -1,25 +1,78 @@
 // Runs the tessera binary through the shell, capturing its streams in temporary files.
 #include "e2e/cli_util.h"
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "core/file.h"
 #include "util/test_util.h"
 
 namespace tessera::test {
 
+namespace {
+// TESSERA_TEST_BIN: another binary to test (e.g. an older build, to see a new test fail before its fix)
+std::string binary() {
+    const char* other = std::getenv("TESSERA_TEST_BIN");
+    return other && *other ? other : TESSERA_BIN;
+}
+}  // namespace
+
 CliResult run_tessera(const std::string& args) {
     TempDir dir;
-    const std::string cmd =
-        std::string(TESSERA_BIN) + " --threads 2 " + args + " > " + dir.file("out") + " 2> " + dir.file("err");
+    const std::string cmd = binary() + " --threads 2 " + args + " > " + dir.file("out") + " 2> " + dir.file("err");
     const int raw = std::system(cmd.c_str());
     CliResult r;
     r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
     r.out = read_text(dir.file("out"));
     r.err = read_text(dir.file("err"));
     return r;
+}
+
+Background start_tessera(const std::string& args, const std::string& dir) {
+    Background b{-1, dir + "/bg.out", dir + "/bg.err"};
+    const std::string cmd = "exec " + binary() + " --threads 2 " + args + " > " + b.out_file + " 2> " + b.err_file;
+    b.pid = ::fork();
+    if (b.pid == 0) {
+        ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+        ::_exit(127);
+    }
+    return b;
+}
+
+CliResult wait_tessera(const Background& b, double timeout_s, bool* exited_normally) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int raw = 0;
+    while (::waitpid(b.pid, &raw, WNOHANG) == 0) {
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
+            ::kill(b.pid, SIGKILL);
+            ::waitpid(b.pid, &raw, 0);
+            ADD_FAILURE() << "tessera did not end within " << timeout_s << " s";
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    CliResult r;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+    if (exited_normally) *exited_normally = WIFEXITED(raw);
+    r.out = read_text(b.out_file);
+    r.err = read_text(b.err_file);
+    return r;
+}
+
+void expect_one_line_error(const CliResult& r, const std::string& needle, const std::string& what, size_t max_chars) {
+    SCOPED_TRACE(what);
+    EXPECT_NE(r.status, 0);
+    EXPECT_LT(r.status, 128) << "killed by a signal";
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err.substr(0, 2000);
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "not one line: " << r.err.substr(0, 2000);
+    EXPECT_LE(r.err.size(), max_chars) << "too long: " << r.err.substr(0, 2000);
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err.substr(0, 2000);
 }
 
 }  // namespace tessera::test

@@ -16,19 +16,11 @@
 namespace tessera {
 namespace {
 
+using test::expect_one_line_error;
 using test::run_tessera;
 using test::TempDir;
 
 const std::string kTiny = TESSERA_TINY_CONFIG;
-
-void expect_one_line_error(const test::CliResult& r, const std::string& needle, const std::string& what) {
-    SCOPED_TRACE(what);
-    EXPECT_NE(r.status, 0);
-    EXPECT_LT(r.status, 128) << "killed by a signal";
-    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "not one line: " << r.err;
-    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-}
 
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
@@ -165,9 +157,10 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
 TEST(Cli, LogitsScoreIdsCausallyAndPerRow) {
     TempDir d;
     // a hybrid checkpoint (KDA + gated DSA) of two steps
-    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") +
-                                    " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=4"
-                                    " --set model.kda.head_dim=16");
+    test::CliResult r =
+        run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") +
+                    " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=4 --set model.n_kv_heads=null"
+                    " --set model.kda.head_dim=16");
     ASSERT_EQ(r.status, 0) << r.err;
     Tensor ids(DType::i64, Shape{2, 12});
     for (int64_t i = 0; i < 24; ++i) ids.ptr<int64_t>()[i] = (i * 37 + 5) % 258;
@@ -238,8 +231,9 @@ TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
     TempDir d;
     const std::string hybrid =
         " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
-        " --set model.mla.q_lora_rank=16 --set model.moe.experts=4 --set model.moe.ffn_dim=16"
-        " --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise --set model.kda.o_norm_eps=1e-6";
+        " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4"
+        " --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise"
+        " --set model.kda.o_norm_eps=1e-6";
     test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + hybrid);
     ASSERT_EQ(r.status, 0) << r.err;
     r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf") + " --shard-mib 1");
@@ -294,7 +288,7 @@ TEST(Cli, ExportHfWritesQwen3NextForAGdnModel) {
         " --set model.output_gate=elementwise --set model.qk_norm=true --set model.kda.o_norm_eps=1e-6"
         " --set model.moe.experts=4 --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32"
         " --set model.moe.shared_expert_gate=true --set model.moe.score=softmax --set model.moe.first_dense=0"
-        " --set model.moe.balance=frozen";
+        " --set model.moe.balance=frozen --set model.ffn_dim=null";
     test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + qwen);
     ASSERT_EQ(r.status, 0) << r.err;
     r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf"));
@@ -319,7 +313,7 @@ TEST(Cli, ExportHfWritesKimiK3WhenTheModelHasAttentionResiduals) {
     TempDir d;
     const std::string k3 =
         " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
-        " --set model.mla.rope=false --set model.moe.experts=4 --set model.moe.ffn_dim=16"
+        " --set model.n_kv_heads=null --set model.mla.rope=false --set model.moe.experts=4 --set model.moe.ffn_dim=16"
         " --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise --set model.kda.o_norm_eps=1e-6"
         " --set model.kda.gate_lower_bound=-5 --set model.kda.full_rank_output_gate=true"
         " --set model.attn_res_block_size=2";

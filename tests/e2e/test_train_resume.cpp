@@ -63,10 +63,10 @@ TEST_P(Resume, ContinuesBitwiseIdentically) {
 const std::string kMoe =
     " --set model.moe.experts=8 --set model.moe.topk=2 --set model.moe.ffn_dim=32"
     " --set model.moe.shared_ffn_dim=32 --set model.moe.bias_update_rate=0.01";
-// KDA : gated DSA hybrid (top-8 of 32 tokens) with packed documents
+// KDA : gated DSA hybrid (top-8 of 32 tokens) with packed documents (no gqa layer: tiny.json's n_kv_heads dropped)
 const std::string kHybrid =
     " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=8 --set model.kda.head_dim=16"
-    " --set model.output_gate=headwise";
+    " --set model.output_gate=headwise --set model.n_kv_heads=null";
 std::string run_name(const ::testing::TestParamInfo<std::string>& info) {
     const std::vector<std::string> names = {"dense", "moe_sign", "moe_quantile", "hybrid_kda_dsa"};
     return names[info.index];
@@ -75,7 +75,8 @@ INSTANTIATE_TEST_SUITE_P(Runs,
                          Resume,
                          ::testing::Values("",
                                            kMoe + " --set model.moe.balance=sign",
-                                           kMoe + " --set model.moe.balance=quantile --set model.moe.latent_dim=16",
+                                           kMoe + " --set model.moe.balance=quantile --set model.moe.latent_dim=16"
+                                                  " --set model.moe.bias_update_rate=null",
                                            kHybrid),
                          run_name);
 
@@ -110,7 +111,8 @@ TEST(MoeRun, LogsExpertLoadPerLayerAndMovesTheBias) {
     TempDir d;
     const std::string run = d.file("run");
     test::CliResult r = run_tessera("train --config " + kTiny + " --steps 4 --out " + run + kMoe +
-                                    " --set model.moe.first_dense=0 --set model.moe.capacity_factor=1");
+                                    " --set model.moe.first_dense=0 --set model.moe.capacity_factor=1"
+                                    " --set model.ffn_dim=null");
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("experts: max overload"), std::string::npos) << r.out;
     std::istringstream in(read_text(run + "/metrics.jsonl"));

@@ -2,6 +2,7 @@
 // loader (same seed, same batches; resumable position; fixed eval batches), document boundaries.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 
 #include "train/data/loader.h"
@@ -41,6 +42,22 @@ TEST(Shard, WrittenShardsReadBackAndBadOnesAreRefused) {
     write_safetensors(d.file("novocab.safetensors"), {{"tokens", bad}});
     EXPECT_THROW(train::TokenSource(d.file("novocab.safetensors")), Error);
     EXPECT_THROW(train::TokenSource(d.file("missing")), Error);
+    Tensor ok(DType::u16, Shape{3});
+    write_safetensors(d.file("junk.safetensors"), {{"tokens", ok}}, {{"vocab_size", "258abc"}});
+    test::expect_error([&] { train::TokenSource(d.file("junk.safetensors")); }, "bad vocab_size '258abc'");
+    // a valid shard whose data section starts at an odd offset (another writer, no header padding): read a copy
+    // ("not aligned for u16; use load()" before)
+    const std::string header = R"({"tokens":{"dtype":"U16","shape":[3],"data_offsets":[0,6]},)"
+                               R"("__metadata__":{"vocab_size":"258"}})";
+    ASSERT_EQ(header.size() % 2, 1u);
+    std::string bytes(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(bytes.data(), &n, 8);
+    bytes += header + std::string("\x01\x00\x02\x00\x03\x00", 6);
+    std::ofstream(d.file("odd.safetensors"), std::ios::binary) << bytes;
+    train::TokenSource odd(d.file("odd.safetensors"));
+    ASSERT_EQ(odd.size(), 3);
+    EXPECT_EQ(odd[2], 3);
 }
 
 TEST(Loader, SameSeedSameBatchesAndPositionsResume) {

@@ -311,7 +311,11 @@ TEST(HfConfig, KimiLinearExportImportsBackToTheSameModel) {
                 "output_gate": "elementwise",
                 "kda": {"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true, "o_norm_eps": 1e-6},
                 "mla": {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_dim": 16, "qk_rope_dim": 8, "v_head_dim": 16,
-                        "rope": false, "dsa": {"topk": 16, "heads": 2, "head_dim": 16, "rope_dim": 8}},
+                        "rope": false)" +
+                        (std::string(attention).find("dsa") != std::string::npos
+                             ? R"(, "dsa": {"topk": 16, "heads": 2, "head_dim": 16, "rope_dim": 8})"
+                             : "") +
+                        R"(},
                 "moe": {"experts": 8, "topk": 2, "ffn_dim": 32, "shared_ffn_dim": 64, "latent_dim": 32,
                         "latent_norm": true, "groups": 2, "topk_groups": 1}})"),
             "m");

@@ -152,6 +152,21 @@ TEST(MoeScale, E896Top16) {
     EXPECT_TRUE(test::rel_rms_close(out.at("drouter_w"), ref.at("drouter_w"), 1e-4));
 }
 
+TEST(MoeEdge, TheAuxLossGradientMustBeOneValue) {
+    // daux_loss of shape [0] was read at [0], out of bounds; [3] was read as its first value
+    for (const Shape& s : {Shape{3}, Shape{1, 2}}) {
+        Inputs in = moe_inputs(DType::f32, 5, 6, 4, 4, 31);
+        in.emplace("daux_loss", Tensor(DType::f32, s));
+        test::expect_error([&] { run("moe", in, {{"seq_aux_coeff", "0.1"}}); }, "daux_loss must be one f32 value");
+    }
+    Inputs empty = moe_inputs(DType::f32, 5, 6, 4, 4, 31);
+    empty.emplace("daux_loss", Tensor(DType::f32, Shape{0}));
+    test::expect_error([&] { run("moe", empty, {}); }, "op moe: input \"daux_loss\" [0] is empty");
+    Inputs one = moe_inputs(DType::f32, 5, 6, 4, 4, 31);
+    one.emplace("daux_loss", Tensor(DType::f32, Shape{1}));
+    EXPECT_NO_THROW(run("moe", one, {{"seq_aux_coeff", "0.1"}}));
+}
+
 TEST(MoeEdge, OneExpertIsADenseSwiGlu) {
     Inputs in = as_f64(moe_inputs(DType::f32, 5, 6, 1, 4, 21));
     auto out = run("moe", in, {{"topk", "1"}});

@@ -66,6 +66,49 @@ TEST(OpRunner, ValidatesNamesAndParameters) {
     test::expect_error([&] { ops::run_op(*rope, {}, {{"offset", "1.5"}}); }, "is not an integer");
 }
 
+// Parameters have ranges: a negative scale, dv or eps silently meant "the default" (or a NaN), a huge topk sized
+// a huge output.
+TEST(OpRunner, ParametersOutsideTheirRangeAreRefused) {
+    const std::vector<std::tuple<std::string, std::string, std::string, std::string>> cases = {
+        {"sparse_attention", "dv", "-1", "op sparse_attention: parameter dv=-1 must be in [0, 1048576]"},
+        {"sparse_attention", "scale", "-0.5", "parameter scale=-0.5 must be >= 0"},
+        {"attention", "scale", "-1", "parameter scale=-1 must be >= 0"},
+        {"attention", "causal", "2", "parameter causal=2 must be in [0, 1]"},
+        {"rmsnorm", "eps", "-1e-6", "parameter eps=-1e-6 must be >= 0"},
+        {"l2norm", "eps", "-1", "must be >= 0"},
+        {"gated_rmsnorm", "eps", "-1", "must be >= 0"},
+        {"dsa_indexer", "topk", "1099511627776", "parameter topk=1099511627776 must be in [1, 16777216]"},
+        {"dsa_indexer", "topk", "0", "must be in [1, 16777216]"},
+        {"router", "topk", "-2", "must be in [1, 65536]"},
+        {"kda", "chunk_size", "16", "must be in [32, 64]"},
+        {"kda_gate", "lower_bound", "1", "must be <= 0"},
+        {"rope", "theta", "0.5", "must be >= 1"},
+        {"adamw", "beta2", "1", "must be in [0, 0.999999]"},
+        {"moe", "capacity_factor", "-1", "must be in [0, 1000000]"},
+    };
+    for (const auto& [name, param, value, needle] : cases) {
+        SCOPED_TRACE(name + " " + param + "=" + value);
+        test::expect_error([&] { ops::run_op(*ops::op_registry().find(name), {}, {{param, value}}); }, needle);
+    }
+}
+
+TEST(OpRunner, EmptyInputsAndMisshapenGradientsAreRefused) {
+    const ops::OpDef* gate = ops::op_registry().find("kda_gate");
+    std::map<std::string, Tensor> in;  // f [2, 0, 3]: the kernel divided by HV·K = 0
+    in.emplace("f", Tensor(DType::f32, Shape{2, 0, 3}));
+    in.emplace("A_log", Tensor(DType::f32, Shape{0}));
+    in.emplace("dt_bias", Tensor(DType::f32, Shape{0, 3}));
+    test::expect_error([&] { ops::run_op(*gate, std::move(in), {}); }, "is empty");
+    // gated_rmsnorm's backward read dy by x's shape
+    const ops::OpDef* norm = ops::op_registry().find("gated_rmsnorm");
+    std::map<std::string, Tensor> g;
+    g.emplace("x", test::randn(DType::f32, Shape{4, 8}, 1));
+    g.emplace("gate", test::randn(DType::f32, Shape{4, 8}, 2));
+    g.emplace("weight", test::randn(DType::f32, Shape{8}, 3));
+    g.emplace("dy", test::randn(DType::f32, Shape{2, 8}, 4));
+    test::expect_error([&] { ops::run_op(*norm, std::move(g), {}); }, "gate and dy must be shaped like x [4, 8]");
+}
+
 TEST(OpRunner, ListsEveryOpWithItsNames) {
     for (const char* name :
          {"linear", "embedding", "rmsnorm", "swiglu", "cross_entropy", "rope", "causal_conv1d", "attention", "adamw"}) {

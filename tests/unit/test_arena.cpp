@@ -10,6 +10,7 @@
 #include "core/arena.h"
 #include "core/buffer_spec.h"
 #include "core/rng.h"
+#include "util/test_util.h"
 
 namespace tessera {
 namespace {
@@ -65,6 +66,11 @@ TEST(Buddy, CapacityForFindsTheTightestFit) {
     size_t exact = 0;
     for (size_t s : sizes) exact += b.rounded_size(s);
     EXPECT_LE(cap, exact + exact / 4) << "more than 25% above the exact total";
+}
+
+TEST(Buddy, CapacityForSizesBeyondTheIndexRangeIsAnErrorNotAnEndlessSearch) {
+    test::expect_error([] { buddy_capacity_for({size_t(1) << 50}, 256); }, "exceeds 2^30 blocks");
+    test::expect_error([] { buddy_capacity_for({size_t(3) << 36, size_t(3) << 36}, 256); }, "exceed 2^30 blocks");
 }
 
 TEST(Buddy, NonPowerOfTwoCapacityIsSeededAsBinaryDecomposition) {

@@ -3,7 +3,9 @@
 
 #include <cmath>
 
+#include "core/buffer_spec.h"
 #include "core/tensor.h"
+#include "util/test_util.h"
 
 namespace tessera {
 namespace {
@@ -53,6 +55,21 @@ TEST(Tensor, ConvertBetweenFloatTypes) {
     EXPECT_NEAR(c.ptr<double>()[2], 1e-3, 1e-5);
     Tensor i(DType::i32, Shape{3});
     EXPECT_THROW(convert(a, i), Error);
+}
+
+// Sizes from configs and files: a product that wrapped (vocab_size 2^62 · d_model) sized a tiny buffer that the
+// step then wrote past. Every product is checked where sizes are computed.
+TEST(Tensor, SizeProductsAreChecked) {
+    EXPECT_EQ((Shape{int64_t(1) << 31, int64_t(1) << 31}).numel(), int64_t(1) << 62);
+    test::expect_error([] { (Shape{int64_t(1) << 62, 32}).numel(); }, "[4611686018427387904, 32] has more than 2^63");
+    test::expect_error([] { (Shape{4, -1}).numel(); }, "negative dimension");
+    test::expect_error([] { Tensor(DType::f64, Shape{int64_t(1) << 61, 2}); }, "is too large");
+    const BufferSpec big{"w", DType::f32, Shape{int64_t(1) << 31, int64_t(1) << 31}};
+    test::expect_error([&] { big.nbytes(); }, "buffer w f32 [2147483648, 2147483648] is too large");
+    auto quarter = [](const char* name) {  // 2^62 bytes each
+        return BufferSpec{name, DType::f32, Shape{int64_t(1) << 30, int64_t(1) << 30}};
+    };
+    test::expect_error([&] { BufferGroup("params", {quarter("a"), quarter("b")}); }, "more than 2^62 bytes");
 }
 
 }  // namespace

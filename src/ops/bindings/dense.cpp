@@ -18,12 +18,14 @@
 namespace tessera::ops {
 
 namespace {
-OpParamSpec number(std::string name, std::string def, std::string doc = {}) {
-    return {std::move(name), ParamKind::number, std::move(def), {}, std::move(doc)};
+// a parameter and its accepted range [lo, hi]
+OpParamSpec number(std::string name, std::string def, double lo, double hi, std::string doc = {}) {
+    return {std::move(name), ParamKind::number, std::move(def), {}, std::move(doc), lo, hi};
 }
-OpParamSpec integer(std::string name, std::string def, std::string doc = {}) {
-    return {std::move(name), ParamKind::integer, std::move(def), {}, std::move(doc)};
+OpParamSpec integer(std::string name, std::string def, double lo, double hi, std::string doc = {}) {
+    return {std::move(name), ParamKind::integer, std::move(def), {}, std::move(doc), lo, hi};
 }
+constexpr double kInf = HUGE_VAL;
 
 void run_linear(OpContext& c) {
     TensorView x = c.in("x"), w = c.in("w"), b = c.in_or_absent("b");
@@ -179,21 +181,21 @@ void register_dense_ops(OpRegistry& r) {
     r.add({"rmsnorm",
            "y = x / sqrt(mean(x²) + eps) · weight",
            {{"x", "[N, D]"}, {"weight", "[D]"}, {"dy", "[N, D]", true}},
-           {number("eps", "1e-6")},
+           {number("eps", "1e-6", 0, kInf)},
            {"y", "rstd"},
            {"given dy: dx, dweight"},
            run_rmsnorm});
     r.add({"layernorm",
            "y = (x − mean(x)) / sqrt(var(x) + eps) · weight + bias",
            {{"x", "[N, D]"}, {"weight", "[D]"}, {"bias", "[D]"}, {"dy", "[N, D]", true}},
-           {number("eps", "1e-6")},
+           {number("eps", "1e-6", 0, kInf)},
            {"y", "mean", "rstd"},
            {"given dy: dx, dweight, dbias"},
            run_layernorm});
     r.add({"attn_res_mix",
            "Attention Residuals: out = Σ_i softmax_i(w·rmsnorm_γ(v_i))·v_i over S sources per token",
            {{"sources", "[S, N, C]"}, {"gamma", "[C]"}, {"w", "[C]"}, {"dout", "[N, C]", true}},
-           {number("eps", "1e-6")},
+           {number("eps", "1e-6", 0, kInf)},
            {"out", "probs"},
            {"given dout: dsources, dgamma, dw"},
            run_attn_res_mix});
@@ -207,25 +209,25 @@ void register_dense_ops(OpRegistry& r) {
     r.add({"cross_entropy",
            "mean cross-entropy over targets != ignore_index",
            {{"logits", "[N, V]"}, {"targets", "[N] i32|i64"}, {"dloss", "[]", true}},
-           {integer("ignore_index", "-100")},
+           {integer("ignore_index", "-100", -kInf, kInf)},
            {"loss", "lse"},
            {"given dloss: dlogits"},
            run_cross_entropy});
     r.add({"rope",
            "rotary embedding, rotate-half (Llama) or interleaved (MLA) pairs",
            {{"x", "[B, T, H, D]"}, {"dy", "[B, T, H, D]", true}},
-           {number("theta", "10000"),
-            integer("offset", "0", "position of the first token"),
+           {number("theta", "10000", 1, kInf),
+            integer("offset", "0", 0, 1 << 30, "position of the first token"),
             {"layout", ParamKind::choice, "half", {"half", "interleaved"}, "pairs (i, i+D/2) or (2i, 2i+1)"},
             {"scaling", ParamKind::choice, "none", {"none", "yarn"}, "frequency scaling (YaRN: docs/ops.md)"},
-            number("factor", "1", "yarn: context extension s"),
-            integer("original_max_position", "4096", "yarn: pre-training context L0"),
-            number("beta_fast", "32", "yarn"),
-            number("beta_slow", "1", "yarn"),
-            number("mscale", "0", "yarn: 0 = unset"),
-            number("mscale_all_dim", "0", "yarn: 0 = unset"),
-            number("attention_factor", "0", "yarn: cos/sin factor; 0 = derived"),
-            integer("truncate", "1", "yarn: 1 = whole-pair correction range")},
+            number("factor", "1", 1e-6, kInf, "yarn: context extension s"),
+            integer("original_max_position", "4096", 1, 1 << 30, "yarn: pre-training context L0"),
+            number("beta_fast", "32", 1e-6, kInf, "yarn"),
+            number("beta_slow", "1", 1e-6, kInf, "yarn"),
+            number("mscale", "0", 0, kInf, "yarn: 0 = unset"),
+            number("mscale_all_dim", "0", 0, kInf, "yarn: 0 = unset"),
+            number("attention_factor", "0", 0, kInf, "yarn: cos/sin factor; 0 = derived"),
+            integer("truncate", "1", 0, 1, "yarn: 1 = whole-pair correction range")},
            {"y"},
            {"given dy: dx"},
            run_rope});
@@ -243,15 +245,16 @@ void register_dense_ops(OpRegistry& r) {
             {"v", "[B, T, HKV, D]"},
             {"cu_seqlens", "[N+1] i64, B = 1", true},
             {"do", "[B, T, H, D]", true}},
-           {number("scale", "0", "0 = D^-0.5"), integer("causal", "1")},
+           {number("scale", "0", 0, kInf, "0 = D^-0.5"), integer("causal", "1", 0, 1)},
            {"o", "lse"},
            {"given do: dq, dk, dv"},
            run_attention});
     r.add({"adamw",
            "one AdamW step, in the operation order of torch.optim.AdamW",
            {{"param", "[...]"}, {"grad", "[...]"}, {"m", "[...]"}, {"v", "[...]"}},
-           {number("lr", "1e-3"), number("beta1", "0.9"), number("beta2", "0.999"), number("eps", "1e-8"),
-            number("weight_decay", "0.01"), integer("step", "1", "1-based")},
+           {number("lr", "1e-3", 0, kInf), number("beta1", "0.9", 0, 0.999999), number("beta2", "0.999", 0, 0.999999),
+            number("eps", "1e-8", 1e-30, kInf), number("weight_decay", "0.01", 0, kInf),
+            integer("step", "1", 1, 1e15, "1-based")},
            {"param", "m", "v"},
            {},
            run_adamw});

@@ -54,7 +54,7 @@ void register_dsa_ops(OpRegistry& r) {
         {"dsa_indexer",
          "lightning indexer: I = Σ_j w·relu(q_j·k), streaming top-k (ties to the later token), ascending, −1 padded",
          {{"q", "[B, T, HI, DI]"}, {"k", "[B, T, DI]"}, {"w", "[B, T, HI]"}, {"cu_seqlens", "[N+1] i64, B = 1", true}},
-         {{"topk", ParamKind::integer, "2048", {}, "selected tokens per query"}},
+         {{"topk", ParamKind::integer, "2048", {}, "selected tokens per query", 1, 1 << 24}},
          {"indices", "scores"},
          {},
          run_dsa_indexer});
@@ -64,9 +64,9 @@ void register_dsa_ops(OpRegistry& r) {
             {"kv", "[B, T, DK]"},
             {"indices", "[B, T, TOPK] i32, -1 = none"},
             {"do", "[B, T, H, DV]", true}},
-           {{"scale", ParamKind::number, "0", {}, "0 = DK^-0.5"},
-            {"dv", ParamKind::integer, "0", {}, "0 = DK"},
-            {"dkv_slabs", ParamKind::integer, "4", {}, "backward: fixed query slabs of the dkv scatter"}},
+           {{"scale", ParamKind::number, "0", {}, "0 = DK^-0.5", 0, HUGE_VAL},
+            {"dv", ParamKind::integer, "0", {}, "0 = DK", 0, 1 << 20},
+            {"dkv_slabs", ParamKind::integer, "4", {}, "backward: fixed query slabs of the dkv scatter", 1, 1024}},
            {"o", "lse"},
            {"given do: dq, dkv"},
            run_sparse_attention});

@@ -19,12 +19,12 @@ RouterParams router_params(const OpContext& c) {
 }
 
 std::vector<OpParamSpec> router_param_specs() {
-    return {{"topk", ParamKind::integer, "2", {}, "experts per token"},
+    return {{"topk", ParamKind::integer, "2", {}, "experts per token", 1, 1 << 16},
             {"score", ParamKind::choice, "softmax", {"softmax", "sigmoid"}, ""},
-            {"normalize", ParamKind::integer, "1", {}, "1 = gates renormalised over the chosen set"},
+            {"normalize", ParamKind::integer, "1", {}, "1 = gates renormalised over the chosen set", 0, 1},
             {"scaling", ParamKind::number, "1", {}, "routed scaling factor"},
-            {"groups", ParamKind::integer, "1", {}, "expert groups (1 = no group limit)"},
-            {"topk_groups", ParamKind::integer, "1", {}, "groups kept per token"}};
+            {"groups", ParamKind::integer, "1", {}, "expert groups (1 = no group limit)", 1, 1 << 16},
+            {"topk_groups", ParamKind::integer, "1", {}, "groups kept per token", 1, 1 << 16}};
 }
 
 TensorView one_value(OpContext& c, const std::string& name, DType t, double v) {
@@ -110,9 +110,13 @@ void run_moe(OpContext& c) {
     one_value(c, "aux_loss", x.dtype, st.seq_aux_loss + st.z_loss + global);
     if (!c.has("dy") && !c.has("daux_loss")) return;
     // The aux losses' gradients are linear in their weights: scale them by the loss's output gradient.
-    const double aux_scale = c.has("daux_loss") ? (x.dtype == DType::f32 ? double(c.in("daux_loss").ptr<float>()[0])
-                                                                         : c.in("daux_loss").ptr<double>()[0])
-                                                : 0.0;
+    double aux_scale = 0.0;
+    if (c.has("daux_loss")) {  // a scalar: a [0]-shaped one was read out of bounds
+        const TensorView d = c.in("daux_loss");
+        TESSERA_CHECK(d.numel() == 1 && d.dtype == x.dtype, "daux_loss must be one {} value, not {} {}",
+                      dtype_name(x.dtype), dtype_name(d.dtype), d.shape.str());
+        aux_scale = d.dtype == DType::f32 ? double(d.ptr<float>()[0]) : d.ptr<double>()[0];
+    }
     p.seq_aux_coeff *= aux_scale;
     p.z_loss_coeff *= aux_scale;
     for (double& g : balance_grad) g *= aux_scale;
@@ -148,16 +152,17 @@ void register_moe_ops(OpRegistry& r) {
            {"given dweights: dx, dw"},
            run_router});
     std::vector<OpParamSpec> moe_params = router_param_specs();
-    moe_params.push_back({"capacity_factor", ParamKind::number, "0", {}, "0 = dropless"});
+    moe_params.push_back({"capacity_factor", ParamKind::number, "0", {}, "0 = dropless", 0, 1e6});
     moe_params.push_back({"overflow", ParamKind::choice, "reroute", {"reroute", "drop"}, ""});
     moe_params.push_back({"activation", ParamKind::choice, "swiglu", {"swiglu", "situ"}, ""});
-    moe_params.push_back({"situ_beta", ParamKind::number, "4", {}, ""});
-    moe_params.push_back({"situ_linear_beta", ParamKind::number, "25", {}, ""});
-    moe_params.push_back({"norm_eps", ParamKind::number, "1e-6", {}, "latent_norm"});
-    moe_params.push_back({"seq_aux_coeff", ParamKind::number, "0", {}, "sequence-wise balance loss weight"});
+    moe_params.push_back({"situ_beta", ParamKind::number, "4", {}, "", 1e-6, HUGE_VAL});
+    moe_params.push_back({"situ_linear_beta", ParamKind::number, "25", {}, "", 1e-6, HUGE_VAL});
+    moe_params.push_back({"norm_eps", ParamKind::number, "1e-6", {}, "latent_norm", 0, HUGE_VAL});
     moe_params.push_back(
-        {"global_aux_coeff", ParamKind::number, "0", {}, "global balance loss weight (pooled over the N tokens)"});
-    moe_params.push_back({"z_loss_coeff", ParamKind::number, "0", {}, "router z-loss weight"});
+        {"seq_aux_coeff", ParamKind::number, "0", {}, "sequence-wise balance loss weight", 0, HUGE_VAL});
+    moe_params.push_back({"global_aux_coeff", ParamKind::number, "0", {},
+                          "global balance loss weight (pooled over the N tokens)", 0, HUGE_VAL});
+    moe_params.push_back({"z_loss_coeff", ParamKind::number, "0", {}, "router z-loss weight", 0, HUGE_VAL});
     r.add({"moe",
            "(Latent)MoE layer: router, capacity/re-routing, grouped SwiGLU or SiTU experts, latent projections, "
            "shared expert",
@@ -183,7 +188,8 @@ void register_moe_ops(OpRegistry& r) {
     r.add({"situ_glu",
            "Kimi K3 SiTU-GLU: y = [β·tanh(gate/β)·σ(gate)] · [β_lin·tanh(up/β_lin)]",
            {{"gate", "[N, F]"}, {"up", "[N, F]"}, {"dy", "[N, F]", true}},
-           {{"beta", ParamKind::number, "4", {}, ""}, {"linear_beta", ParamKind::number, "25", {}, ""}},
+           {{"beta", ParamKind::number, "4", {}, "", 1e-6, HUGE_VAL},
+            {"linear_beta", ParamKind::number, "25", {}, "", 1e-6, HUGE_VAL}},
            {"y"},
            {"given dy: dgate, dup"},
            run_situ_glu});

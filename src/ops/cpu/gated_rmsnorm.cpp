@@ -58,6 +58,8 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
     cpu::dispatch_float(x.dtype, "gated_rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "gated_rmsnorm: x"), Z = rows_of<T>(gate, "gated_rmsnorm: gate"),
                 DY = rows_of<T>(dy, "gated_rmsnorm: dy");
+        TESSERA_CHECK(Z.rows == X.rows && Z.cols == X.cols && DY.rows == X.rows && DY.cols == X.cols,
+                      "gated_rmsnorm: gate and dy must be shaped like x {}", x.shape.str());
         check_shape(weight, Shape{X.cols}, "gated_rmsnorm: weight");
         const T* W = weight.ptr<T>();
         const int64_t D = X.cols, N = X.rows;
@@ -70,6 +72,9 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
             Rows<T> DX{}, DZ{};
             if (dx.defined()) DX = rows_of<T>(dx, "gated_rmsnorm: dx");
             if (dgate.defined()) DZ = rows_of<T>(dgate, "gated_rmsnorm: dgate");
+            TESSERA_CHECK((!dx.defined() || (DX.rows == N && DX.cols == D)) &&
+                              (!dgate.defined() || (DZ.rows == N && DZ.cols == D)),
+                          "gated_rmsnorm: dx and dgate must be shaped like x {}", x.shape.str());
 #pragma omp parallel for schedule(static)
             for (int64_t n = 0; n < N; ++n) {
                 const T* xr = X.row(n);

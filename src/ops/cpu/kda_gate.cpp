@@ -16,7 +16,8 @@ struct GateDims {
 };
 
 GateDims check(const TensorView& f, const TensorView& A_log, const TensorView& dt_bias) {
-    TESSERA_CHECK(f.ndim() >= 2, "kda_gate: f must be [..., HV, K], not {}", f.shape.str());
+    TESSERA_CHECK(f.ndim() >= 2 && f.size(-1) > 0 && f.size(-2) > 0, "kda_gate: f must be [..., HV, K], not {}",
+                  f.shape.str());
     GateDims d{f.numel() / (f.size(-1) * f.size(-2)), f.size(-2), f.size(-1)};
     check_shape(A_log, Shape{d.HV}, "kda_gate: A_log");
     TESSERA_CHECK(dt_bias.numel() == d.HV * d.K, "kda_gate: dt_bias must hold HV·K = {} values, not {}", d.HV * d.K,

@@ -13,7 +13,8 @@ namespace tessera::ops::cpu {
 // exp(x) = 0 for x < -87.3 (and for -inf), +inf above 88.3, NaN stays NaN.
 inline float vexp(float x) {
     const float hi = 88.3f, lo = -87.33f;  // keeps 2^fx within the f32 exponent range
-    const float xc = x > hi ? hi : (x < lo ? lo : x);
+    // NOTES: NaN clamps to lo (x >= lo is false), so int32_t(fx) below is defined; the NaN comes back at the end
+    const float xc = x > hi ? hi : (x >= lo ? x : lo);
     const float fx = std::floor(xc * 1.44269504088896341f + 0.5f);
     float r = xc - fx * 0.693359375f;
     r = r - fx * -2.12194440e-4f;
@@ -26,8 +27,9 @@ inline float vexp(float x) {
     y = y * r + 5.0000001201e-1f;
     y = y * z + r + 1.0f;
     const float scale = std::bit_cast<float>(uint32_t(int32_t(fx) + 127) << 23);
-    float e = y * scale;  // NaN in x stays NaN through the polynomial
+    float e = y * scale;
     e = x < lo ? 0.0f : e;
+    e = x == x ? e : x;  // NaN stays NaN
     return x > hi ? INFINITY : e;
 }
 inline double vexp(double x) { return std::exp(x); }

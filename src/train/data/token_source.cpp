@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/json.h"
 #include "train/data/tokenizer.h"
 
 namespace tessera::train {
@@ -15,6 +16,9 @@ namespace fs = std::filesystem;
 std::vector<std::string> list_text_files(const std::string& path) {
     std::error_code ec;
     TESSERA_CHECK(fs::exists(path, ec), "{}: no such file or directory", path);
+    // a device or pipe (/dev/zero) would be read forever
+    TESSERA_CHECK(fs::is_directory(path, ec) || fs::is_regular_file(path, ec), "{}: not a regular file or a directory",
+                  path);
     if (!fs::is_directory(path, ec)) return {path};
     std::vector<std::string> files;
     for (auto& e : fs::directory_iterator(path)) {
@@ -61,14 +65,19 @@ TokenSource::TokenSource(const std::string& path) {
     if (fs::path(path).extension() == ".safetensors") {
         shard_.emplace(path);
         TESSERA_CHECK(shard_->contains("tokens"), "{}: not a token shard (no \"tokens\" tensor)", path);
-        TensorView t = shard_->view("tokens");
-        TESSERA_CHECK(t.ndim() == 1 && (t.dtype == DType::u16 || t.dtype == DType::i32),
-                      "{}: \"tokens\" must be a 1-D u16 or i32 tensor, not {} {}", path, dtype_name(t.dtype),
-                      t.shape.str());
+        const SafetensorsEntry& e = shard_->entry("tokens");
+        TESSERA_CHECK(e.shape.ndim == 1 && (e.dtype == DType::u16 || e.dtype == DType::i32),
+                      "{}: \"tokens\" must be a 1-D u16 or i32 tensor, not {} {}", path, dtype_name(e.dtype),
+                      e.shape.str());
+        // a file whose data section is not aligned for the dtype (written by another tool): read a copy
+        const TensorView t =
+            shard_->is_aligned("tokens") ? shard_->view("tokens") : copy_.emplace(shard_->load("tokens")).view();
         auto it = shard_->metadata().find("vocab_size");
         TESSERA_CHECK(it != shard_->metadata().end(), "{}: shard metadata lacks vocab_size", path);
-        auto r = std::from_chars(it->second.data(), it->second.data() + it->second.size(), vocab_size_);
-        TESSERA_CHECK(r.ec == std::errc() && vocab_size_ > 0, "{}: bad vocab_size '{}' in metadata", path, it->second);
+        const char* end = it->second.data() + it->second.size();
+        auto r = std::from_chars(it->second.data(), end, vocab_size_);  // the whole text: "258abc" is no number
+        TESSERA_CHECK(r.ec == std::errc() && r.ptr == end && vocab_size_ > 0, "{}: bad vocab_size '{}' in metadata",
+                      path, excerpt(it->second));
         num_tokens_ = t.numel();
         if (t.dtype == DType::u16) {
             u16_ = t.ptr<uint16_t>();

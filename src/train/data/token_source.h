@@ -33,6 +33,7 @@ class TokenSource {
 
   private:
     std::optional<SafetensorsFile> shard_;
+    std::optional<Tensor> copy_;  // the tokens of a shard whose data is not aligned for their dtype
     std::vector<int32_t> owned_;
     const uint16_t* u16_ = nullptr;
     const int32_t* i32_ = nullptr;

@@ -1,0 +1,74 @@
+// Strict numeric options (see options.h).
+#include "apps/options.h"
+
+#include <charconv>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/json.h"
+
+namespace tessera::apps {
+
+namespace {
+template <class T>
+bool parse_whole(const std::string& s, T& out) {
+    const char* end = s.data() + s.size();
+    auto r = std::from_chars(s.data(), end, out);
+    return r.ec == std::errc() && r.ptr == end;
+}
+
+std::string shown(const std::string& s) { return "'" + excerpt(s, 40) + "'"; }
+}  // namespace
+
+CLI::Option* add_int_option(
+    CLI::App* cmd, const std::string& name, int64_t& target, int64_t lo, int64_t hi, const std::string& description) {
+    return cmd
+        ->add_option_function<std::string>(
+            name,
+            [&target, name, lo, hi](const std::string& s) {
+                int64_t v = 0;
+                if (!parse_whole(s, v) || v < lo || v > hi) {
+                    throw CLI::ValidationError(name, fmt::format("{} is not an integer in [{}, {}]", shown(s), lo, hi));
+                }
+                target = v;
+            },
+            description)
+        ->default_str(std::to_string(target))
+        ->type_name("INT");
+}
+
+CLI::Option* add_uint_option(CLI::App* cmd, const std::string& name, uint64_t& target, const std::string& description) {
+    return cmd
+        ->add_option_function<std::string>(
+            name,
+            [&target, name](const std::string& s) {
+                uint64_t v = 0;
+                if (!parse_whole(s, v)) {
+                    throw CLI::ValidationError(name, fmt::format("{} is not an integer in [0, 2^64)", shown(s)));
+                }
+                target = v;
+            },
+            description)
+        ->default_str(std::to_string(target))
+        ->type_name("UINT");
+}
+
+CLI::Option* add_number_option(
+    CLI::App* cmd, const std::string& name, double& target, double lo, double hi, const std::string& description) {
+    return cmd
+        ->add_option_function<std::string>(
+            name,
+            [&target, name, lo, hi](const std::string& s) {
+                double v = 0;
+                if (!parse_whole(s, v) || !std::isfinite(v) || v < lo || v > hi) {
+                    throw CLI::ValidationError(name, fmt::format("{} is not a number in [{}, {}]", shown(s), lo, hi));
+                }
+                target = v;
+            },
+            description)
+        ->default_str(fmt::format("{}", target))
+        ->type_name("NUMBER");
+}
+
+}  // namespace tessera::apps

@@ -1,0 +1,27 @@
+// Numeric command-line options read strictly: base 10, the whole word, inside a stated range, finite. CLI11's own
+// conversion saturates (--steps 18446744073709551616 became INT64_MAX), reads 010 as octal and -1 as 2^64 − 1,
+// and its range messages print 309-digit bounds; these helpers say "--steps: 18446744073709551616 is not an
+// integer in [0, 1000000000000]" instead.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace tessera::apps {
+
+CLI::Option* add_int_option(
+    CLI::App* cmd, const std::string& name, int64_t& target, int64_t lo, int64_t hi, const std::string& description);
+CLI::Option* add_uint_option(CLI::App* cmd, const std::string& name, uint64_t& target, const std::string& description);
+CLI::Option* add_number_option(
+    CLI::App* cmd, const std::string& name, double& target, double lo, double hi, const std::string& description);
+
+// Stopping on a signal: the command finished cleanly (checkpoint written) and main exits with `status`
+// (130 for SIGINT, 143 for SIGTERM) after printing `message` on stderr.
+struct Stopped {
+    int status = 130;
+    std::string message;
+};
+
+}  // namespace tessera::apps
