@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
 
 install_packages() {
     local missing=()
@@ -62,6 +62,8 @@ case "$cmd" in
         # NOTES: one test at a time: every test process runs OpenMP on all cores, and spinning
         # OpenMP barriers in concurrent processes slow the suite down tenfold.
         ctest --test-dir build-test --output-on-failure
+        # the parsers under libFuzzer + ASan/UBSan for a bounded time (found inputs: tests/fuzz/corpus/)
+        scripts/fuzz.sh --seconds 20
         # The AVX2 + FMA machines: on an AVX-512 machine, the kernels built for x86-64-v3 with oneDNN
         # held to AVX2 run the suite again (results and determinism must not depend on the ISA).
         if grep -qw avx512f /proc/cpuinfo; then

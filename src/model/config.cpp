@@ -2,6 +2,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/check.h"
 
@@ -140,62 +141,90 @@ void validate_moe(const MoeConfig& m, int64_t n_layers, const std::string& where
     TESSERA_CHECK(m.balance != "quantile" || m.topk < m.experts,
                   "{}: model.moe.balance = quantile needs topk < experts", where);
 }
-// A key no layer of the model reads, set to anything but its default, is an error naming it: a setting that
-// silently changes nothing is a misunderstanding (model.mla without an mla layer was the first such rule).
-// Defaults stay accepted, so configs written by to_json and older checkpoints still load.
-void check_unread_keys(const ModelConfig& c, const std::string& where) {
+// Visits every key no layer of the model reads that is set to anything but its default:
+// visit(key, why, reset), where reset() puts the key back to its default.
+template <class Visit>
+void unread_keys(ModelConfig& c, Visit&& visit) {
     const ModelConfig d;
     const bool gqa = c.has_layer_type("gqa"), mla = c.has_layer_type("mla"), dsa = c.has_layer_type("dsa");
     const bool kda = c.has_layer_type("kda"), gdn = c.has_layer_type("gdn");
-    bool any_moe = false, any_dense = false;
-    for (int64_t i = 0; i < c.n_layers; ++i) (c.moe.is_moe_layer(i) ? any_moe : any_dense) = true;
-    auto unread = [&](bool set, const std::string& key, const std::string& why) {
-        TESSERA_CHECK(!set, "{}: model.{} is set but {}; remove it", where, key, why);
+    bool any_dense = false;
+    for (int64_t i = 0; i < c.n_layers; ++i) any_dense |= !c.moe.is_moe_layer(i);
+    auto unread = [&](bool set, const std::string& key, const std::string& why, auto reset) {
+        if (set) visit(key, why, std::function<void()>(reset));
     };
     const std::string no_gqa = "no layer is \"gqa\" (model.attention)";
-    unread(c.qk_norm != d.qk_norm && !gqa, "qk_norm", no_gqa);
-    unread(c.rope_dim != d.rope_dim && !gqa, "rope_dim", no_gqa);
-    unread(c.head_dim != d.head_dim && !gqa, "head_dim", no_gqa);
-    unread(c.n_kv_heads != c.n_heads && !gqa, "n_kv_heads", no_gqa);
+    unread(c.qk_norm != d.qk_norm && !gqa, "qk_norm", no_gqa, [&] { c.qk_norm = d.qk_norm; });
+    unread(c.rope_dim != d.rope_dim && !gqa, "rope_dim", no_gqa, [&] { c.rope_dim = d.rope_dim; });
+    unread(c.head_dim != d.head_dim && !gqa, "head_dim", no_gqa, [&] { c.head_dim = d.head_dim; });
+    unread(c.n_kv_heads != c.n_heads && !gqa, "n_kv_heads", no_gqa, [&] { c.n_kv_heads = c.n_heads; });
     unread(c.output_gate != d.output_gate && !gqa && !mla && !dsa, "output_gate",
-           "no layer is \"gqa\", \"mla\" or \"dsa\" (model.attention)");
+           "no layer is \"gqa\", \"mla\" or \"dsa\" (model.attention)", [&] { c.output_gate = d.output_gate; });
     // n_heads: the gqa / mla / dsa heads, else only the default of model.kda.num_heads
     unread(c.n_heads != d.n_heads && !gqa && !mla && !dsa && c.kda.num_heads != c.n_heads, "n_heads",
-           "no layer is \"gqa\", \"mla\" or \"dsa\" and model.kda.num_heads is set");
+           "no layer is \"gqa\", \"mla\" or \"dsa\" and model.kda.num_heads is set",
+           [&] { c.n_heads = c.n_kv_heads = d.n_heads; });
     const bool rotary = gqa || ((mla || dsa) && c.mla.rope) || (dsa && c.mla.dsa.rope_dim > 0);
     unread(c.rope_theta != d.rope_theta && !rotary, "rope_theta",
            "no layer rotates (no gqa layer, model.mla.rope "
-           "false or no mla/dsa layer, no dsa indexer rope)");
-    unread(c.ffn_dim != d.ffn_dim && !any_dense, "ffn_dim", "every layer is MoE (model.moe.first_dense = 0)");
-    unread(c.mlp_activation != d.mlp_activation && !any_dense, "mlp_activation",
-           "every layer is MoE (model.moe.first_dense = 0)");
-    if (c.moe.experts > 0) {
-        TESSERA_CHECK(any_moe, "{}: model.moe.first_dense = {} leaves no MoE layer in {} layers", where,
-                      c.moe.first_dense, c.n_layers);
-    }
+           "false or no mla/dsa layer, no dsa indexer rope)",
+           [&] { c.rope_theta = d.rope_theta; });
+    const std::string all_moe = "every layer is MoE (model.moe.first_dense = 0)";
+    unread(c.ffn_dim != d.ffn_dim && !any_dense, "ffn_dim", all_moe, [&] { c.ffn_dim = d.ffn_dim; });
+    unread(c.mlp_activation != d.mlp_activation && !any_dense, "mlp_activation", all_moe,
+           [&] { c.mlp_activation = d.mlp_activation; });
     // the moe section: everything but experts is read only by MoE layers; two keys only in some modes
     const Json moe = to_json(c.moe), moe_default = to_json(MoeConfig{});
     for (auto it = moe.begin(); it != moe.end(); ++it) {
         if (it.key() == "experts" || it.value() == moe_default[it.key()]) continue;
-        unread(c.moe.experts == 0, "moe." + it.key(), "model.moe.experts = 0 (no MoE layer)");
+        unread(c.moe.experts == 0, "moe." + it.key(), "model.moe.experts = 0 (no MoE layer)",
+               [&] { c.moe = MoeConfig{}; });
         unread(it.key() == "overflow" && c.moe.capacity_factor == 0, "moe.overflow",
-               "the experts are dropless (model.moe.capacity_factor = 0)");
+               "the experts are dropless (model.moe.capacity_factor = 0)", [&] { c.moe.overflow = d.moe.overflow; });
         unread(it.key() == "bias_update_rate" && c.moe.balance != "sign", "moe.bias_update_rate",
-               "model.moe.balance is not \"sign\"");
+               "model.moe.balance is not \"sign\"", [&] { c.moe.bias_update_rate = d.moe.bias_update_rate; });
     }
     const Json indexer = to_json(c.mla)["dsa"], indexer_default = to_json(MlaConfig{})["dsa"];
     for (auto it = indexer.begin(); it != indexer.end(); ++it) {
         unread(it.value() != indexer_default[it.key()] && !dsa, "mla.dsa." + it.key(),
-               "no layer is \"dsa\" (model.attention)");
+               "no layer is \"dsa\" (model.attention)", [&] { c.mla.dsa = DsaConfig{}; });
     }
     // gdn layers always have a scalar gate (one decay per value head) and a full-rank output gate
     const KdaConfig kd;
     unread(c.kda.gate_rank != kd.gate_rank && gdn && !kda, "kda.gate_rank",
-           "\"gdn\" layers have a scalar gate and no layer is \"kda\"");
+           "\"gdn\" layers have a scalar gate and no layer is \"kda\"", [&] { c.kda.gate_rank = kd.gate_rank; });
     unread(c.kda.full_rank_output_gate != kd.full_rank_output_gate && gdn && !kda, "kda.full_rank_output_gate",
-           "\"gdn\" layers always have a full-rank output gate and no layer is \"kda\"");
+           "\"gdn\" layers always have a full-rank output gate and no layer is \"kda\"",
+           [&] { c.kda.full_rank_output_gate = kd.full_rank_output_gate; });
+}
+
+// A key no layer of the model reads, set to anything but its default, is an error naming it: a setting that
+// silently changes nothing is a misunderstanding (model.mla without an mla layer was the first such rule).
+// Defaults stay accepted, so configs written by to_json and older checkpoints still load.
+void check_unread_keys(const ModelConfig& c, const std::string& where) {
+    ModelConfig copy = c;
+    unread_keys(copy, [&](const std::string& key, const std::string& why, const std::function<void()>&) {
+        TESSERA_FAIL("{}: model.{} is set but {}; remove it", where, key, why);
+    });
+    if (c.moe.experts > 0) {
+        bool any_moe = false;
+        for (int64_t i = 0; i < c.n_layers; ++i) any_moe |= c.moe.is_moe_layer(i);
+        TESSERA_CHECK(any_moe, "{}: model.moe.first_dense = {} leaves no MoE layer in {} layers", where,
+                      c.moe.first_dense, c.n_layers);
+    }
 }
 }  // namespace
+
+void clear_unread_keys(ModelConfig& c) {
+    // a reset can make another key unread (no MoE layer left) or read: repeat until nothing changes
+    for (bool changed = true; changed;) {
+        changed = false;
+        unread_keys(c, [&](const std::string&, const std::string&, const std::function<void()>& reset) {
+            reset();
+            changed = true;
+        });
+    }
+}
 
 ModelConfig parse_model_config(const Json& section, const std::string& where) {
     ConfigReader r(section, where);

@@ -170,6 +170,10 @@ struct ModelConfig {
 };
 
 ModelConfig parse_model_config(const Json& section, const std::string& where);
+// Puts every key no layer of the model reads back to its default (validation refuses such keys set to
+// anything else): for configs derived from another format, e.g. a Hugging Face config's
+// intermediate_size when every layer is MoE.
+void clear_unread_keys(ModelConfig& c);
 Json to_json(const ModelConfig& c);
 Json to_json(const MoeConfig& m);
 Json to_json(const MlaConfig& m);

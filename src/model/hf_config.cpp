@@ -457,6 +457,7 @@ HfImport import_hf_config(const Json& doc, const std::string& where) {
                      where, type);
     }
     top.report_rest(r.unsupported);
+    clear_unread_keys(r.model);  // e.g. intermediate_size when every layer is MoE
     r.model.validate(where);
     return r;
 }
