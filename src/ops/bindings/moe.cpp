@@ -160,8 +160,13 @@ void register_moe_ops(OpRegistry& r) {
     moe_params.push_back({"norm_eps", ParamKind::number, "1e-6", {}, "latent_norm", 0, HUGE_VAL});
     moe_params.push_back(
         {"seq_aux_coeff", ParamKind::number, "0", {}, "sequence-wise balance loss weight", 0, HUGE_VAL});
-    moe_params.push_back({"global_aux_coeff", ParamKind::number, "0", {},
-                          "global balance loss weight (pooled over the N tokens)", 0, HUGE_VAL});
+    moe_params.push_back({"global_aux_coeff",
+                          ParamKind::number,
+                          "0",
+                          {},
+                          "global balance loss weight (pooled over the N tokens)",
+                          0,
+                          HUGE_VAL});
     moe_params.push_back({"z_loss_coeff", ParamKind::number, "0", {}, "router z-loss weight", 0, HUGE_VAL});
     r.add({"moe",
            "(Latent)MoE layer: router, capacity/re-routing, grouped SwiGLU or SiTU experts, latent projections, "
