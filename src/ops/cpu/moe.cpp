@@ -58,8 +58,8 @@ void with_activation(const MoeParams& p, Fn&& f) {
 
 void check_weight(const TensorView& t, const Shape& shape, std::string_view name) {
     TESSERA_CHECK(t.defined(), "moe: {} is required", name);
-    check_shape(t, shape, fmt::format("moe: {}", name));
-    check_contiguous(t, fmt::format("moe: {}", name));
+    check_shape(t, shape, "moe", name);
+    check_contiguous(t, "moe", name);
 }
 
 struct Pairs {  // the (token, slot) arrays of a layout, N·K long

@@ -21,14 +21,14 @@ void check_router_shapes(const TensorView& scores,
                          const TensorView& weights,
                          std::string_view where) {
     TESSERA_CHECK(scores.ndim() == 2, "{}: scores must be [N, E], not {}", where, scores.shape.str());
-    check_contiguous(scores, fmt::format("{}: scores", where));
-    check_dtype(indices, DType::i32, fmt::format("{}: indices", where));
-    check_contiguous(indices, fmt::format("{}: indices", where));
+    check_contiguous(scores, where, "scores");
+    check_dtype(indices, DType::i32, where, "indices");
+    check_contiguous(indices, where, "indices");
     TESSERA_CHECK(indices.ndim() == 2 && indices.size(0) == scores.size(0),
                   "{}: indices must be [N = {}, TOPK], not {}", where, scores.size(0), indices.shape.str());
     if (weights.defined()) {
-        check_shape(weights, indices.shape, fmt::format("{}: weights", where));
-        check_contiguous(weights, fmt::format("{}: weights", where));
+        check_shape(weights, indices.shape, where, "weights");
+        check_contiguous(weights, where, "weights");
     }
 }
 
