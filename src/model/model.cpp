@@ -236,7 +236,7 @@ LossResult Model::forward_backward(StepShape s,
         for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) {  // backwards: the shared recompute set is the last's
             const DsaLayer& d = *it;
             if (recompute_block_[d.block]) blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
-            d.mla->indexer_backward(s);
+            d.mla->indexer_backward(s, ws_);
         }
         return res;
     }
