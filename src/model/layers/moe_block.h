@@ -42,7 +42,7 @@ class MoeBlock : public Block {
 
     // After the optimizer step: moves the selection bias by the configured rule from this step's routing.
     void update_bias();
-    MoeLayerStats take_stats();  // this step's statistics; clears them
+    void take_stats(MoeLayerStats& out);  // this step's statistics (into out, reusing its storage); clears them
     const std::string& prefix() const { return prefix_; }
 
   private:
