@@ -6,8 +6,8 @@
 //  2. dsa_indexer (HI heads × DI) achieved GFLOP/s (2·HI·DI per candidate pair, causal) vs the machine's
 //     GEMM rate measured in the same run.
 //  3. the whole gated DSA layer (MlaBlock: MLA in MQA mode, indexer, top-k, headwise gate, KL backward)
-//     forward+backward time and memory at each T: saved activations + backward scratch (the layer's
-//     share of the arena) and the ops' own slab buffers, all O(T·topk), not O(T²).
+//     forward+backward time and memory at each T: saved activations + backward scratch and the ops'
+//     workspace (slab accumulators, per-thread tiles: the layer's share of the arena), all O(T·topk), not O(T²).
 //   build/bench/bench_dsa [--heads 4] [--lengths 16384,65536] [--indexer-lengths 4096,16384]
 //                         [--layer-lengths 16384,65536]
 #include <omp.h>
@@ -127,22 +127,23 @@ int main(int argc, char** argv) {
         Tensor o(DType::f32, Shape{1, T, H, DV}), lse(DType::f32, Shape{1, T, H}), dq(DType::f32, q.shape()),
             dkv(DType::f32, kv.shape());
         const ops::SparseAttentionParams sp{.dv = DV};
+        std::vector<std::byte> sws(
+            ops::sparse_attention_workspace_bytes(DType::f32, sp, 1, T, H, DK, K, omp_get_max_threads()));
         const double sparse_s = seconds([&] {
-            ops::sparse_attention_forward(sp, q.view(), kv.view(), idx.view(), o.view(), lse.view());
+            ops::sparse_attention_forward(sp, q.view(), kv.view(), idx.view(), o.view(), lse.view(), sws);
             ops::sparse_attention_backward(sp, dout.view(), q.view(), kv.view(), idx.view(), o.view(), lse.view(),
-                                           dq.view(), dkv.view());
+                                           dq.view(), dkv.view(), sws);
         });
         int64_t pairs = 0;
         for (int64_t t = 0; t < T; ++t) pairs += std::min(t + 1, K);
         // forward 2·H·pairs·(DK+DV); backward recomputes scores and adds dP, dq, dk, dv products: ~2.5x
         const double flops = 3.5 * ops::sparse_attention_flops(pairs, H, DK, DV);
-        // inputs, outputs, indices, their gradients, and backward's slab accumulators (+ one [T, H] delta)
-        const double buf_mib =
-            (double(q.view().nbytes() + kv.view().nbytes() + o.view().nbytes() + lse.view().nbytes() +
-                    idx.view().nbytes() + dout.view().nbytes()) *
-                 1.0 +
-             double(q.view().nbytes() + kv.view().nbytes()) + double(sp.dkv_slabs * T * DK * 4 + T * H * 4)) /
-            (1024.0 * 1024.0);
+        // inputs, outputs, indices, their gradients, and the op's workspace (backward's slab accumulators, one
+        // [T, H] delta, per-thread tiles)
+        const double buf_mib = (double(q.view().nbytes() + kv.view().nbytes() + o.view().nbytes() +
+                                       lse.view().nbytes() + idx.view().nbytes() + dout.view().nbytes()) +
+                                double(q.view().nbytes() + kv.view().nbytes()) + double(sws.size())) /
+                               (1024.0 * 1024.0);
         Tensor k4(DType::f32, Shape{1, T, 1, DK});
         std::memcpy(k4.view().data, kv.view().data, kv.view().nbytes());
         Tensor dout4 = random(Shape{1, T, H, DK}, 4, 1.0), o4(DType::f32, Shape{1, T, H, DK}),
@@ -167,8 +168,10 @@ int main(int argc, char** argv) {
         Tensor q = random(Shape{1, T, HI, DI}, 5, 1.0), k = random(Shape{1, T, DI}, 6, 1.0),
                w = random(Shape{1, T, HI}, 7, 1.0);
         Tensor idx(DType::i32, Shape{1, T, K}), sc(DType::f32, Shape{1, T, K});
+        std::vector<std::byte> iws(
+            ops::dsa_indexer_workspace_bytes(DType::f32, 1, T, HI, DI, K, omp_get_max_threads()));
         const double s = seconds(
-            [&] { ops::dsa_indexer_forward({.topk = K}, q.view(), k.view(), w.view(), idx.view(), sc.view()); });
+            [&] { ops::dsa_indexer_forward({.topk = K}, q.view(), k.view(), w.view(), idx.view(), sc.view(), iws); });
         const double flops = 2.0 * double(HI * DI) * double(T) * double(T + 1) / 2.0;
         std::printf("| %lld | %.2f | %.0f | %.0f%% |\n", (long long)T, s, flops / s * 1e-9,
                     100.0 * flops / s * 1e-9 / gemm);
@@ -190,7 +193,7 @@ int main(int argc, char** argv) {
         "\ngated DSA layer forward+backward (d = %lld, H = %lld, q_lora 512, kv_lora 512, d_n/d_r/d_v 128/64/128, "
         "indexer %lld x %lld, topk %lld, headwise gate, sparse stage with the KL backward)\n\n",
         (long long)c.d_model, (long long)H, (long long)HI, (long long)DI, (long long)K);
-    std::printf("| T | s | saved + scratch MiB | op slabs MiB | MiB per token | of which indices |\n");
+    std::printf("| T | s | saved + scratch MiB | workspace MiB | MiB per token | of which indices |\n");
     std::printf("|---|---|---|---|---|---|\n");
     for (int64_t T : llengths) {
         if (T == 0) continue;
@@ -209,13 +212,12 @@ int main(int argc, char** argv) {
             block.forward(shape, x.view(), out.view(), rig.ws);
             block.backward(shape, x.view(), d.view(), rig.ws);
         });
-        // sparse_attention's dkv slabs and indexer_kl's dk slabs (heap, freed after each call): the larger
-        const double slabs = double(c.dsa.dk_slabs * T * c.entry_dim() * 4);
+        // the ops' scratch (slab accumulators, per-thread tiles and candidate lists): the block's workspace
+        const double wsb = double(rig.workspace.nbytes());
         const double idx = double(T * K * 4);
         std::printf("| %lld | %.1f | %.0f | %.0f | %.3f | %.0f%% |\n", (long long)T, s,
-                    double(rig.acts.nbytes()) / 1048576.0, slabs / 1048576.0,
-                    (double(rig.acts.nbytes()) + slabs) / 1048576.0 / double(T),
-                    100.0 * idx / double(rig.acts.nbytes()));
+                    double(rig.acts.nbytes()) / 1048576.0, wsb / 1048576.0,
+                    (double(rig.acts.nbytes()) + wsb) / 1048576.0 / double(T), 100.0 * idx / double(rig.acts.nbytes()));
         std::fflush(stdout);
     }
     return 0;

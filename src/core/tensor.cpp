@@ -101,6 +101,19 @@ void check_contiguous(const TensorView& t, std::string_view what) {
     TESSERA_CHECK(t.is_contiguous(), "{} must be contiguous", what);
 }
 
+void check_shape(const TensorView& t, const Shape& expected, std::string_view where, std::string_view what) {
+    TESSERA_CHECK(t.shape == expected, "{}: {} is {} but {} was expected", where, what, t.shape.str(), expected.str());
+}
+
+void check_dtype(const TensorView& t, DType expected, std::string_view where, std::string_view what) {
+    TESSERA_CHECK(t.dtype == expected, "{}: {} is {} but {} was expected", where, what, dtype_name(t.dtype),
+                  dtype_name(expected));
+}
+
+void check_contiguous(const TensorView& t, std::string_view where, std::string_view what) {
+    TESSERA_CHECK(t.is_contiguous(), "{}: {} must be contiguous", where, what);
+}
+
 void Tensor::Free::operator()(void* p) const { std::free(p); }
 
 Tensor::Tensor(DType dtype, Shape shape) {

@@ -70,6 +70,11 @@ struct TensorView {
 void check_shape(const TensorView& t, const Shape& expected, std::string_view what);
 void check_dtype(const TensorView& t, DType expected, std::string_view what);
 void check_contiguous(const TensorView& t, std::string_view what);
+// The same with the name in two parts, "where: what", joined only when the check fails (hot paths
+// build no strings).
+void check_shape(const TensorView& t, const Shape& expected, std::string_view where, std::string_view what);
+void check_dtype(const TensorView& t, DType expected, std::string_view where, std::string_view what);
+void check_contiguous(const TensorView& t, std::string_view where, std::string_view what);
 
 // Owning host tensor (64-byte aligned). Moves, does not copy implicitly.
 class Tensor {

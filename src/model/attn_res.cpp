@@ -33,6 +33,8 @@ AttnRes::AttnRes(int64_t n_layers, int64_t block_size, int64_t d_model, double e
     out.sources.push_back(p);
     wiring_.push_back(out);
     for (auto& w : wiring_) max_sources_ = std::max(max_sources_, w.sources.size());
+    src_.reserve(max_sources_);
+    dsrc_.reserve(max_sources_);
 }
 
 void AttnRes::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
@@ -75,16 +77,17 @@ void AttnRes::bind(const BufferGroup& params,
     for (int k : r_entries_) dr_[size_t(k)] = acts.view(fmt::format("attn_res.dR.{}", k));
 }
 
-std::vector<TensorView> AttnRes::views(const std::vector<int>& idx, int64_t N) const {
-    std::vector<TensorView> v;
-    for (int k : idx) v.push_back(x_[size_t(k)].slice0(0, N));
-    return v;
+std::span<const TensorView> AttnRes::views(const std::vector<int>& idx, int64_t N, std::vector<TensorView>& out) const {
+    out.clear();
+    for (int k : idx) out.push_back(x_[size_t(k)].slice0(0, N));
+    return out;
 }
 
 TensorView AttnRes::mix_forward(const Wiring& wr, const Mix& m, int64_t N) {
     if (wr.sources.size() == 1) return x_[size_t(wr.sources[0])];  // one source: the mix is the identity
     const TensorView probs(probs_.data, DType::f32, Shape{N, int64_t(wr.sources.size())});
-    ops::attn_res_mix_forward({.eps = eps_}, views(wr.sources, N), m.gamma, m.w, mix_.slice0(0, N), probs, scratch_);
+    ops::attn_res_mix_forward({.eps = eps_}, views(wr.sources, N, src_), m.gamma, m.w, mix_.slice0(0, N), probs,
+                              scratch_);
     return mix_;
 }
 
@@ -94,12 +97,12 @@ void AttnRes::mix_backward(const Wiring& wr, const Mix& m, TensorView dres, int6
         add_rows(dout, dres.slice0(0, N));
         return;
     }
-    std::vector<TensorView> dsrc;
-    for (size_t i = 0; i + 1 < wr.sources.size(); ++i) dsrc.push_back(dr_[size_t(wr.sources[i])].slice0(0, N));
-    dsrc.push_back(dres.slice0(0, N));  // the current P
+    dsrc_.clear();
+    for (size_t i = 0; i + 1 < wr.sources.size(); ++i) dsrc_.push_back(dr_[size_t(wr.sources[i])].slice0(0, N));
+    dsrc_.push_back(dres.slice0(0, N));  // the current P
     const TensorView probs(probs_.data, DType::f32, Shape{N, int64_t(wr.sources.size())});
-    ops::attn_res_mix_backward({.eps = eps_}, dout, views(wr.sources, N), m.gamma, m.w, probs, dsrc, m.dgamma, m.dw,
-                               scratch_);
+    ops::attn_res_mix_backward({.eps = eps_}, dout, views(wr.sources, N, src_), m.gamma, m.w, probs, dsrc_, m.dgamma,
+                               m.dw, scratch_);
 }
 
 TensorView AttnRes::input(size_t j, int64_t N) { return mix_forward(wiring_[j], mixes_[j], N); }

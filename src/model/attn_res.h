@@ -61,7 +61,8 @@ class AttnRes {
     struct Mix {
         TensorView gamma, w, dgamma, dw;
     };
-    std::vector<TensorView> views(const std::vector<int>& idx, int64_t N) const;
+    // the first N rows of x[idx...], in `out` (capacity max_sources_: filled without allocating)
+    std::span<const TensorView> views(const std::vector<int>& idx, int64_t N, std::vector<TensorView>& out) const;
     TensorView mix_forward(const Wiring& wr, const Mix& m, int64_t N);
     void mix_backward(const Wiring& wr, const Mix& m, TensorView dres, int64_t N);
 
@@ -72,6 +73,7 @@ class AttnRes {
     size_t max_sources_ = 1;
     std::vector<Mix> mixes_;
     std::vector<TensorView> x_, dr_;
+    std::vector<TensorView> src_, dsrc_;  // a mix's source views and their gradients, reserved at construction
     TensorView mix_, dmix_, probs_, scratch_;
 };
 

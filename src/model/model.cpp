@@ -60,6 +60,9 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
     }
     add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
     if (!cfg_.tie_embeddings) add_param(param_specs_, inits_, kHead, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
+    if (indexer_warmup()) {
+        for (const auto& spec : param_specs_) trainable_mask_.push_back(trainable(spec.name));
+    }
 }
 
 Model::~Model() = default;
@@ -266,7 +269,7 @@ LossResult Model::forward_backward(StepShape s,
         for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) {  // backwards: the shared recompute set is the last's
             const DsaLayer& d = *it;
             if (recompute_block_[d.block]) blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
-            d.mla->indexer_backward(s);
+            d.mla->indexer_backward(s, ws_);
         }
         return res;
     }
@@ -348,10 +351,15 @@ void Model::update_moe_bias() {
     for (auto& [layer, b] : moe_) b->update_bias();
 }
 
-std::vector<std::pair<int64_t, MoeLayerStats>> Model::take_moe_stats() {
-    std::vector<std::pair<int64_t, MoeLayerStats>> out;
-    for (auto& [layer, b] : moe_) out.emplace_back(layer, b->take_stats());
-    return out;
+std::shared_ptr<const StepStats> Model::take_step_stats() {
+    if (!stats_ || stats_.use_count() > 1) {  // first take, or the caller still holds the last one
+        stats_ = std::make_shared<StepStats>();
+        for (auto& [layer, b] : moe_) stats_->moe.emplace_back(layer, MoeLayerStats{});
+        for (auto& d : dsa_) stats_->dsa.emplace_back(d.layer, DsaLayerStats{});
+    }
+    for (size_t i = 0; i < moe_.size(); ++i) moe_[i].second->take_stats(stats_->moe[i].second);
+    for (size_t i = 0; i < dsa_.size(); ++i) stats_->dsa[i].second = dsa_[i].mla->take_stats();
+    return stats_;
 }
 
 bool Model::indexer_warmup() const { return !dsa_.empty() && cfg_.mla.dsa.warmup(); }
@@ -362,12 +370,6 @@ bool Model::trainable(const std::string& param) const {
         if (d.mla->is_indexer_param(param)) return true;
     }
     return false;
-}
-
-std::vector<std::pair<int64_t, DsaLayerStats>> Model::take_dsa_stats() {
-    std::vector<std::pair<int64_t, DsaLayerStats>> out;
-    for (auto& d : dsa_) out.emplace_back(d.layer, d.mla->take_stats());
-    return out;
 }
 
 double Model::forward_flops_per_token(int64_t seq) const {

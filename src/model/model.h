@@ -21,6 +21,12 @@
 
 namespace tessera::model {
 
+// The per-layer statistics of one optimizer step: MoE routing and the DSA indexer KL (layer index, stats).
+struct StepStats {
+    std::vector<std::pair<int64_t, MoeLayerStats>> moe;
+    std::vector<std::pair<int64_t, DsaLayerStats>> dsa;
+};
+
 struct LossResult {
     double loss = 0.0;  // mean over counted targets
     int64_t count = 0;  // targets that count (not ignore_index)
@@ -70,21 +76,25 @@ class Model {
     double forward_flops_per_token(int64_t seq) const;
 
     // MoE layers: after each optimizer step, move the selection biases (docs/moe.md), then take the
-    // step's routing statistics per layer (layer index, stats); empty for dense models.
+    // step's statistics (routing per MoE layer, the indexer KL per DSA layer; empty lists when the model
+    // has none), which clears them in the blocks. The statistics object is recycled: a take refills the
+    // last one in place when the caller no longer holds it, so a training loop that drops each step's
+    // result allocates nothing here after the first step; one still held is left alone (a fresh one is made).
     bool has_moe() const { return !moe_.empty(); }
     void update_moe_bias();
-    std::vector<std::pair<int64_t, MoeLayerStats>> take_moe_stats();
+    std::shared_ptr<const StepStats> take_step_stats();
     // model.moe.global_aux_coeff: the global balance loss pooled over the MoE layers of each forward (its gradient
     // joins every layer's router in backward); its mean over this step's recorded forwards, then cleared.
     double take_global_aux_loss();
 
-    // DSA layers (model.mla.dsa.topk > 0): the indexer KL of this step per layer (layer index, stats).
-    // In the dense warm-up stage only the indexers train: forward_backward skips the LM backward and
-    // trainable() is false for every other parameter (the optimizer leaves them alone).
+    // DSA layers (model.mla.dsa.topk > 0). In the dense warm-up stage only the indexers train:
+    // forward_backward skips the LM backward and trainable() is false for every other parameter (the
+    // optimizer leaves them alone); trainable_mask() lists trainable() per parameter spec then, and is
+    // empty (all trainable) otherwise.
     bool has_dsa() const { return !dsa_.empty(); }
     bool indexer_warmup() const;
     bool trainable(const std::string& param) const;
-    std::vector<std::pair<int64_t, DsaLayerStats>> take_dsa_stats();
+    const std::vector<bool>& trainable_mask() const { return trainable_mask_; }
 
   private:
     struct DsaLayer {
@@ -110,6 +120,8 @@ class Model {
     bool decoding_ = false;              // decoding caches bound
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
+    std::vector<bool> trainable_mask_;  // empty: every parameter trains
+    std::shared_ptr<StepStats> stats_;  // the last take_step_stats() result, refilled when no one else holds it
     StepShape max_;
     bool recompute_ = false;
     bool has_grads_ = false;

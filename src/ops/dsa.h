@@ -19,6 +19,10 @@
 //   valid selected entries (p, indices [B,T,K]) or, without indices, every candidate s ≤ t
 //   (p [B,T,T], the dense warm-up). Backward: dI = dloss/N·(π·Σp − p) on the support, then through
 //   relu and the weights into dq, dk, dw (accumulated; dk in fixed query slabs like dkv).
+// Workspace: each op takes its scratch from the caller (`workspace`, at least `<op>_workspace_bytes` for
+// the shapes and the number of OpenMP threads it will run on) and allocates nothing: per-thread tiles
+// and candidate lists (the indexer's running top-k holds at most 2·topk per query), and the shared
+// slab accumulators of the backward scatters (slabs·B·T·DK for dkv, slabs·B·T·DI for dk).
 #pragma once
 
 #include <span>
@@ -36,12 +40,17 @@ struct DsaIndexerParams {
     int64_t topk = 2048;
 };
 
+// q [B, T, HI, DI]
+size_t dsa_indexer_workspace_bytes(
+    DType dtype, int64_t B, int64_t T, int64_t HI, int64_t DI, int64_t topk, int threads);
+
 void dsa_indexer_forward(const DsaIndexerParams& p,
                          TensorView q,
                          TensorView k,
                          TensorView w,
                          TensorView indices,
                          TensorView scores,
+                         std::span<std::byte> workspace,
                          std::span<const int64_t> cu_seqlens = {});
 
 struct SparseAttentionParams {
@@ -50,8 +59,17 @@ struct SparseAttentionParams {
     int64_t dkv_slabs = 4;  // backward: fixed query slabs for the dkv scatter (memory slabs·T·DK)
 };
 
-void sparse_attention_forward(
-    const SparseAttentionParams& p, TensorView q, TensorView kv, TensorView indices, TensorView o, TensorView lse);
+// Enough for forward, backward and probs on q [B, T, H, DK], indices [B, T, K].
+size_t sparse_attention_workspace_bytes(
+    DType dtype, const SparseAttentionParams& p, int64_t B, int64_t T, int64_t H, int64_t DK, int64_t K, int threads);
+
+void sparse_attention_forward(const SparseAttentionParams& p,
+                              TensorView q,
+                              TensorView kv,
+                              TensorView indices,
+                              TensorView o,
+                              TensorView lse,
+                              std::span<std::byte> workspace);
 void sparse_attention_backward(const SparseAttentionParams& p,
                                TensorView dout,
                                TensorView q,
@@ -60,18 +78,28 @@ void sparse_attention_backward(const SparseAttentionParams& p,
                                TensorView o,
                                TensorView lse,
                                TensorView dq,
-                               TensorView dkv);
+                               TensorView dkv,
+                               std::span<std::byte> workspace);
 
 // The indexer's teacher (spec/dsa.md §3.2): p[t, i] = (1/H) Σ_h exp(scale·q[t,h]·kv[s] − lse[t,h]) for the
 // valid entries s = indices[t, i] (the head mean of the attention probabilities recomputed from lse),
 // 0 at −1 padding and for lonely rows. Shapes as sparse_attention; p [B, T, K].
-void sparse_attention_probs(
-    const SparseAttentionParams& p, TensorView q, TensorView kv, TensorView indices, TensorView lse, TensorView probs);
+void sparse_attention_probs(const SparseAttentionParams& p,
+                            TensorView q,
+                            TensorView kv,
+                            TensorView indices,
+                            TensorView lse,
+                            TensorView probs,
+                            std::span<std::byte> workspace);
 
 struct IndexerKlResult {
     double loss = 0.0;  // mean KL over the rows with support
     int64_t rows = 0;   // those rows (N)
 };
+
+// q [B, T, HI, DI]; support: the entries per row (TOPK with indices, T dense).
+size_t indexer_kl_workspace_bytes(
+    DType dtype, int64_t B, int64_t T, int64_t HI, int64_t DI, int64_t support, int64_t dk_slabs, int threads);
 
 // Computes the loss; when dq is given, also accumulates dloss·∂loss/∂(q, k, w) into dq, dk, dw.
 IndexerKlResult indexer_kl(TensorView q,
@@ -84,6 +112,7 @@ IndexerKlResult indexer_kl(TensorView q,
                            TensorView dq,
                            TensorView dk,
                            TensorView dw,
+                           std::span<std::byte> workspace,
                            int64_t dk_slabs = 4);
 
 // Forward FLOPs of sparse attention over `pairs` (query, selected key) pairs: 2·H·pairs·(DK + DV).

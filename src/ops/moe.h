@@ -98,6 +98,7 @@ struct MoeScratch {
     TensorView dg;           // [N, K]
     TensorView dsh, dsa;     // [N, 2FS], [N, FS]
     TensorView dss;          // [N] (shared_scale only)
+    TensorView aux;          // [2E] f64: the sequence-wise aux loss's per-sequence f and P
 };
 
 void moe_saved_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);
@@ -110,9 +111,13 @@ struct MoeStats {
     double seq_aux_loss = 0.0, z_loss = 0.0;  // values of the enabled router losses
 };
 
-// Route + capacity + layout (fills the router and layout views of `s`).
-MoeStats moe_route(
-    const MoeParams& p, const MoeWeights& w, TensorView x, const MoeSaved& s, std::span<const int64_t> seq_starts);
+// Route + capacity + layout (fills the router and layout views of `s`; t.aux is needed with seq_aux_coeff).
+MoeStats moe_route(const MoeParams& p,
+                   const MoeWeights& w,
+                   TensorView x,
+                   const MoeSaved& s,
+                   const MoeScratch& t,
+                   std::span<const int64_t> seq_starts);
 // The layout from given final experts and gates (s.expert, s.gates of the first `tokens` tokens):
 // counts, padded offsets, rows, row gates. moe_route ends with it.
 void moe_build_layout(const MoeSaved& s, int64_t tokens);

@@ -36,7 +36,8 @@ class QuantileBalancer {
 
   private:
     int64_t E_, K_, bins_, tokens_ = 0;
-    std::vector<int64_t> hist_;  // [E, bins]
+    std::vector<int64_t> hist_;          // [E, bins]
+    std::vector<double> sel_, top_, b_;  // [E], [K + 1], [E]: scratch of add and update, sized once
 };
 
 // Per-layer load metrics of one step (spec/moe.md §9).
@@ -48,6 +49,8 @@ struct MoeLoad {
     double routing_entropy = 0.0;  // mean over tokens of −Σ_e p log p (p: scores normalised over E)
 };
 MoeLoad moe_load(std::span<const int64_t> load, double routing_entropy);
+// The same into `out`, reusing its load vector (no allocation once it has held as many experts).
+void moe_load(std::span<const int64_t> load, double routing_entropy, MoeLoad& out);
 // Σ over tokens of the routing entropy of scores [N, E] (normalised per token over E).
 double routing_entropy_sum(TensorView scores);
 

@@ -60,9 +60,14 @@ void router_score_backward(const RouterParams& p, TensorView scores, TensorView 
 // (when the gradient view is given).
 // Sequence-wise balance loss over the sequences [starts[i], starts[i+1]) of the N tokens:
 //   α · mean_seq Σ_e f_e·P_e, f_e = E/(k·T_s)·(choices of e in the sequence), P_e = mean_t s_e/Σ_j s_j.
-// `indices` are the router's choices (before capacity); the gradient goes to dscores.
-double router_seq_aux_loss(
-    double alpha, TensorView scores, TensorView indices, std::span<const int64_t> starts, TensorView dscores);
+// `indices` are the router's choices (before capacity); the gradient goes to dscores. scratch: at least
+// 2·E doubles of the caller's (a sequence's f and P).
+double router_seq_aux_loss(double alpha,
+                           TensorView scores,
+                           TensorView indices,
+                           std::span<const int64_t> starts,
+                           TensorView dscores,
+                           std::span<double> scratch);
 // Global balance loss (Switch Transformer eqs. 4–6, as transformers' load_balancing_loss_func computes it for
 // Qwen3-Next): the router statistics of every MoE layer of a forward are pooled, then
 //   α · E · Σ_e f_e·P_e,  f_e = c_e / R,  P_e = (Σ_rows ŝ_e) / R,  ŝ = s / Σ_j s_j (= s for softmax),

@@ -43,7 +43,7 @@ struct Setup {
 };
 
 // Per MoE layer: the load metrics of spec/moe.md §9 for the JSONL log.
-Json moe_metrics(const std::vector<std::pair<int64_t, model::MoeLayerStats>>& layers) {
+Json moe_metrics(std::span<const std::pair<int64_t, model::MoeLayerStats>> layers) {
     Json out = Json::array();
     for (const auto& [layer, s] : layers) {
         out.push_back({{"layer", layer},
@@ -63,7 +63,7 @@ Json moe_metrics(const std::vector<std::pair<int64_t, model::MoeLayerStats>>& la
 }
 
 // The progress line's share: the worst layer's overload and the dead experts over all layers.
-std::string moe_summary(const std::vector<std::pair<int64_t, model::MoeLayerStats>>& layers) {
+std::string moe_summary(std::span<const std::pair<int64_t, model::MoeLayerStats>> layers) {
     double worst = 0;
     int64_t dead = 0, dropped = 0;
     for (const auto& [layer, s] : layers) {
@@ -77,13 +77,13 @@ std::string moe_summary(const std::vector<std::pair<int64_t, model::MoeLayerStat
 }
 
 // The DSA indexer KL per layer for the JSONL log, and the progress line's share (mean over layers).
-Json dsa_metrics(const std::vector<std::pair<int64_t, model::DsaLayerStats>>& layers) {
+Json dsa_metrics(std::span<const std::pair<int64_t, model::DsaLayerStats>> layers) {
     Json out = Json::array();
     for (const auto& [layer, s] : layers) out.push_back({{"layer", layer}, {"indexer_kl", s.kl}});
     return out;
 }
 
-std::string dsa_summary(const std::vector<std::pair<int64_t, model::DsaLayerStats>>& layers) {
+std::string dsa_summary(std::span<const std::pair<int64_t, model::DsaLayerStats>> layers) {
     double sum = 0;
     for (const auto& [layer, s] : layers) sum += s.kl;
     return fmt::format("indexer KL {:.4f}", layers.empty() ? 0.0 : sum / double(layers.size()));
@@ -188,15 +188,12 @@ StepResult train_step(model::Model& model,
                   "training diverged at step {}: the loss is {}, the gradient norm {} (lower train.lr?)", step + 1,
                   r.loss, r.grad_norm);
     opt.clip(rt.grads(), r.grad_norm, tc.grad_clip);
-    std::vector<bool> trainable;  // empty = all; the DSA warm-up trains only the indexers
-    if (model.indexer_warmup()) {
-        for (const auto& spec : model.param_specs()) trainable.push_back(model.trainable(spec.name));
-    }
-    opt.update(tc, rt.params(), rt.grads(), r.lr, trainable);
+    opt.update(tc, rt.params(), rt.grads(), r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
     model.update_moe_bias();  // after the step, from the whole step's routing (spec/moe.md §3.1)
-    r.moe = model.take_moe_stats();
+    r.stats = model.take_step_stats();
+    r.moe = r.stats->moe;
+    r.dsa = r.stats->dsa;
     r.global_aux_loss = model.take_global_aux_loss();
-    r.dsa = model.take_dsa_stats();
     return r;
 }
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <span>
@@ -33,9 +34,12 @@ struct StepResult {
     double loss = 0;       // mean over the step's micro-batches
     double grad_norm = 0;  // before clipping
     double lr = 0;
-    std::vector<std::pair<int64_t, model::MoeLayerStats>> moe;  // per MoE layer: routing of this step
+    // The step's layer statistics (Model::take_step_stats), and views of them that live as long as it:
+    // a result kept past the next step keeps its own statistics (the model then fills a new object).
+    std::shared_ptr<const model::StepStats> stats;
+    std::span<const std::pair<int64_t, model::MoeLayerStats>> moe;  // per MoE layer: routing of this step
+    std::span<const std::pair<int64_t, model::DsaLayerStats>> dsa;  // per DSA layer: the indexer KL of this step
     double global_aux_loss = 0.0;  // model.moe.global_aux_coeff: the pooled balance loss (mean over micro-batches)
-    std::vector<std::pair<int64_t, model::DsaLayerStats>> dsa;  // per DSA layer: the indexer KL of this step
 };
 
 // Fills a micro-batch's ids and targets and returns its step shape (with document boundaries when
@@ -44,7 +48,8 @@ using BatchSource = std::function<model::StepShape(std::span<int32_t> ids, std::
 
 // One optimizer step (0-based `step` for the schedule): zero gradients, forward/backward over
 // grad_accum micro-batches from next_batch, clip, AdamW, then the MoE selection biases move by their
-// balancing rule. The model must be bound to rt.
+// balancing rule. The model must be bound to rt. After the first step it makes no heap allocation in
+// tessera's code when the previous result has been dropped (tests/model/test_no_alloc.cpp).
 StepResult train_step(model::Model& model,
                       model::ModelRuntime& rt,
                       AdamW& opt,

@@ -91,5 +91,79 @@ TEST(HotPath, TrainingStepsAfterTheFirstDoNotTouchTheHeap) {
     }
 }
 
+// Every layer kind: MLA / gated DSA with the indexer, KDA, GDN, gated GQA, MoE (latent, capacity),
+// Attention Residuals. tessera's own code allocates nothing after the first step.
+class HotPathModels : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HotPathModels, TrainingStepsAfterTheFirstMakeNoHeapAllocation) {
+    test::GoldenModel g(GetParam());
+    std::vector<int32_t> ids(size_t(g.shape.tokens())), tgt(size_t(g.shape.tokens()));
+    const train::BatchSource batch = [&](std::span<int32_t> i, std::span<int32_t> t) {
+        auto si = g.ids("ids"), st = g.ids("targets");
+        std::copy(si.begin(), si.end(), i.begin());
+        std::copy(st.begin(), st.end(), t.begin());
+        return g.shape;
+    };
+    train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, 0, batch, ids, tgt);
+    const long ours = g_ours.load();
+    for (int64_t step = 1; step <= 2; ++step)
+        train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, step, batch, ids, tgt);
+    EXPECT_EQ(g_ours.load() - ours, 0) << "heap allocations by tessera in 2 steps";
+}
+
+// The same across the step's other paths: recomputation, packed documents (cu_seqlens: the DSA ops see one
+// row of B·T tokens), gradient accumulation, and the DSA dense warm-up (indices and the KL over every s <= t).
+struct Variant {
+    const char* golden;
+    bool recompute, documents;
+    void (*edit)(Json&);
+};
+
+TEST(HotPath, RecomputeDocumentsAccumulationAndTheDsaWarmupMakeNoHeapAllocation) {
+    const Variant variants[] = {
+        {"attn_res_mla_moe", true, false, nullptr},
+        {"hybrid_kda_dsa", false, true, nullptr},
+        {"hybrid_kda_dsa", true, true, [](Json& d) { d["train"]["grad_accum"] = 2; }},
+        {"dsa_sparse", true, false, [](Json& d) { d["model"]["mla"]["dsa"]["stage"] = "dense_warmup"; }},
+        {"moe_capacity", false, true, [](Json& d) { d["train"]["grad_accum"] = 2; }},
+    };
+    for (const Variant& v : variants) {
+        test::GoldenModel g(v.golden, v.recompute, [&](Json& d) {
+            if (v.edit) v.edit(d);
+        });
+        std::vector<int32_t> ids(size_t(g.shape.tokens())), tgt(size_t(g.shape.tokens()));
+        std::vector<int64_t> cu;  // two documents per row
+        for (int64_t b = 0; b < g.shape.batch; ++b) {
+            cu.push_back(b * g.shape.seq);
+            cu.push_back(b * g.shape.seq + g.shape.seq / 3);
+        }
+        cu.push_back(g.shape.tokens());
+        const train::BatchSource batch = [&](std::span<int32_t> i, std::span<int32_t> t) {
+            auto si = g.ids("ids"), st = g.ids("targets");
+            std::copy(si.begin(), si.end(), i.begin());
+            std::copy(st.begin(), st.end(), t.begin());
+            return v.documents ? model::StepShape{g.shape.batch, g.shape.seq, cu} : g.shape;
+        };
+        train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, 0, batch, ids, tgt);
+        const long ours = g_ours.load();
+        for (int64_t step = 1; step <= 2; ++step)
+            train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, step, batch, ids, tgt);
+        EXPECT_EQ(g_ours.load() - ours, 0) << "heap allocations by tessera in 2 steps of " << v.golden << " (recompute "
+                                           << v.recompute << ", documents " << v.documents << ")";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models,
+                         HotPathModels,
+                         ::testing::Values("attn_res_mla_moe",
+                                           "hybrid_kda_dsa",
+                                           "hybrid_gdn_gqa",
+                                           "dsa_sparse",
+                                           "mla_nope_moe",
+                                           "moe_latent_situ",
+                                           "moe_capacity",
+                                           "gated_gqa"),
+                         [](const auto& info) { return std::string(info.param); });
+
 }  // namespace
 }  // namespace tessera

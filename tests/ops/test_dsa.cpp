@@ -26,6 +26,29 @@ IndexerInputs indexer_inputs(DType t, int64_t T, int64_t HI, int64_t DI, uint64_
             test::randn(t, Shape{1, T, HI}, seed + 2)};
 }
 
+// The ops with a workspace sized for the current thread count.
+void select_topk(int64_t K, const IndexerInputs& in, const Tensor& idx, const Tensor& sc) {
+    const Shape& s = in.q.shape();
+    std::vector<std::byte> ws(
+        ops::dsa_indexer_workspace_bytes(in.q.dtype(), s[0], s[1], s[2], s[3], K, omp_get_max_threads()));
+    ops::dsa_indexer_forward({.topk = K}, in.q.view(), in.k.view(), in.w.view(), idx.view(), sc.view(), ws);
+}
+
+ops::IndexerKlResult kl_with_grads(
+    const IndexerInputs& in, const Tensor& p, const Tensor& idx, const Tensor& dq, const Tensor& dk, const Tensor& dw) {
+    const Shape& s = in.q.shape();
+    std::vector<std::byte> ws(ops::indexer_kl_workspace_bytes(in.q.dtype(), s[0], s[1], s[2], s[3], idx.shape()[2], 4,
+                                                              omp_get_max_threads()));
+    return ops::indexer_kl(in.q.view(), in.k.view(), in.w.view(), p.view(), idx.view(), {}, 1.0, dq.view(), dk.view(),
+                           dw.view(), ws);
+}
+
+std::vector<std::byte> sparse_workspace(const ops::SparseAttentionParams& p, const Tensor& q, const Tensor& idx) {
+    const Shape& s = q.shape();
+    return std::vector<std::byte>(ops::sparse_attention_workspace_bytes(q.dtype(), p, s[0], s[1], s[2], s[3],
+                                                                        idx.shape()[2], omp_get_max_threads()));
+}
+
 TEST(DsaIndexer, SelectionIsTheTopOfTheTotalOrder) {
     const int64_t T = 500, HI = 3, DI = 8, K = 64;
     IndexerInputs in = indexer_inputs(DType::f64, T, HI, DI, 1);
@@ -33,7 +56,7 @@ TEST(DsaIndexer, SelectionIsTheTopOfTheTotalOrder) {
     for (int64_t j = 0; j < HI; ++j)
         for (int64_t d = 0; d < DI; ++d) in.q.ptr<double>()[(450 * HI + j) * DI + d] = 0.0;  // all ties: I = 0
     Tensor idx(DType::i32, Shape{1, T, K}), sc(DType::f64, Shape{1, T, K});
-    ops::dsa_indexer_forward({.topk = K}, in.q.view(), in.k.view(), in.w.view(), idx.view(), sc.view());
+    select_topk(K, in, idx, sc);
     for (int64_t t = 0; t < T; t += 7) {
         std::vector<std::pair<double, int>> all;
         for (int64_t s = 0; s <= t; ++s) {
@@ -68,9 +91,9 @@ TEST(DsaIndexer, SameSelectionOnOneAndTwoThreads) {
         s2(DType::f32, Shape{1, T, K});
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    ops::dsa_indexer_forward({.topk = K}, in.q.view(), in.k.view(), in.w.view(), i1.view(), s1.view());
+    select_topk(K, in, i1, s1);
     omp_set_num_threads(std::max(2, threads));
-    ops::dsa_indexer_forward({.topk = K}, in.q.view(), in.k.view(), in.w.view(), i2.view(), s2.view());
+    select_topk(K, in, i2, s2);
     omp_set_num_threads(threads);
     EXPECT_TRUE(test::bitwise_equal(i1, i2));
     EXPECT_TRUE(test::bitwise_equal(s1, s2));
@@ -86,9 +109,10 @@ SparseRun run_sparse(
     const int64_t DV = p.dv > 0 ? p.dv : q.shape()[3];
     SparseRun r{Tensor(q.dtype(), Shape{B, T, H, DV}), Tensor(q.dtype(), Shape{B, T, H}), Tensor(q.dtype(), q.shape()),
                 Tensor(q.dtype(), kv.shape())};
-    ops::sparse_attention_forward(p, q.view(), kv.view(), idx.view(), r.o.view(), r.lse.view());
+    std::vector<std::byte> ws = sparse_workspace(p, q, idx);
+    ops::sparse_attention_forward(p, q.view(), kv.view(), idx.view(), r.o.view(), r.lse.view(), ws);
     ops::sparse_attention_backward(p, dout.view(), q.view(), kv.view(), idx.view(), r.o.view(), r.lse.view(),
-                                   r.dq.view(), r.dkv.view());
+                                   r.dq.view(), r.dkv.view(), ws);
     return r;
 }
 
@@ -156,7 +180,7 @@ TEST(IndexerKl, TargetEqualToTheStudentGivesZeroLossAndGradient) {
     const int64_t T = 40, HI = 2, DI = 6, K = 10;
     IndexerInputs in = indexer_inputs(DType::f64, T, HI, DI, 41);
     Tensor idx(DType::i32, Shape{1, T, K}), sc(DType::f64, Shape{1, T, K}), p(DType::f64, Shape{1, T, K});
-    ops::dsa_indexer_forward({.topk = K}, in.q.view(), in.k.view(), in.w.view(), idx.view(), sc.view());
+    select_topk(K, in, idx, sc);
     for (int64_t t = 0; t < T; ++t) {  // p = softmax of the selected scores
         double m = -INFINITY, z = 0;
         for (int64_t i = 0; i < K; ++i) {
@@ -169,8 +193,7 @@ TEST(IndexerKl, TargetEqualToTheStudentGivesZeroLossAndGradient) {
         for (int64_t i = 0; i < K; ++i) p.ptr<double>()[t * K + i] /= z;
     }
     Tensor dq(DType::f64, in.q.shape()), dk(DType::f64, in.k.shape()), dw(DType::f64, in.w.shape());
-    const ops::IndexerKlResult r = ops::indexer_kl(in.q.view(), in.k.view(), in.w.view(), p.view(), idx.view(), {}, 1.0,
-                                                   dq.view(), dk.view(), dw.view());
+    const ops::IndexerKlResult r = kl_with_grads(in, p, idx, dq, dk, dw);
     EXPECT_EQ(r.rows, T);
     EXPECT_NEAR(r.loss, 0.0, 1e-14);
     for (const Tensor* g : {&dq, &dk, &dw}) {
@@ -183,7 +206,7 @@ TEST(IndexerKl, WeightGradientIsPiMinusPTimesRelu) {
     const int64_t T = 30, HI = 3, DI = 5, K = 8;
     IndexerInputs in = indexer_inputs(DType::f64, T, HI, DI, 77);
     Tensor idx(DType::i32, Shape{1, T, K}), sc(DType::f64, Shape{1, T, K});
-    ops::dsa_indexer_forward({.topk = K}, in.q.view(), in.k.view(), in.w.view(), idx.view(), sc.view());
+    select_topk(K, in, idx, sc);
     Tensor p = test::uniform(DType::f64, Shape{1, T, K}, 78, 0.1, 1.0);
     for (int64_t t = 0; t < T; ++t) {  // a target distribution over each row's valid entries
         double z = 0;
@@ -194,8 +217,7 @@ TEST(IndexerKl, WeightGradientIsPiMinusPTimesRelu) {
         for (int64_t i = 0; i < K; ++i) p.ptr<double>()[t * K + i] /= z;
     }
     Tensor dq(DType::f64, in.q.shape()), dk(DType::f64, in.k.shape()), dw(DType::f64, in.w.shape());
-    ops::indexer_kl(in.q.view(), in.k.view(), in.w.view(), p.view(), idx.view(), {}, 1.0, dq.view(), dk.view(),
-                    dw.view());
+    kl_with_grads(in, p, idx, dq, dk, dw);
     for (int64_t t = 0; t < T; ++t) {
         double m = -INFINITY, z = 0;  // π = softmax of the selected scores
         for (int64_t i = 0; i < K; ++i) {
@@ -227,11 +249,13 @@ TEST(Dsa, OneTokenSequences) {
     // T = 1 with top-4: the row selects token 0 and pads; attention returns its value, lse = its score
     IndexerInputs in = indexer_inputs(DType::f64, 1, 2, 4, 5);
     Tensor idx(DType::i32, Shape{1, 1, 4}), sc(DType::f64, Shape{1, 1, 4});
-    ops::dsa_indexer_forward({.topk = 4}, in.q.view(), in.k.view(), in.w.view(), idx.view(), sc.view());
+    select_topk(4, in, idx, sc);
     EXPECT_EQ(std::vector<int32_t>(idx.ptr<int32_t>(), idx.ptr<int32_t>() + 4), (std::vector<int32_t>{0, -1, -1, -1}));
     Tensor q = test::randn(DType::f64, Shape{1, 1, 3, 6}, 6), kv = test::randn(DType::f64, Shape{1, 1, 6}, 7);
     Tensor o(DType::f64, Shape{1, 1, 3, 4}), lse(DType::f64, Shape{1, 1, 3});
-    ops::sparse_attention_forward({.scale = 0.5, .dv = 4}, q.view(), kv.view(), idx.view(), o.view(), lse.view());
+    const ops::SparseAttentionParams sp{.scale = 0.5, .dv = 4};
+    std::vector<std::byte> ws = sparse_workspace(sp, q, idx);
+    ops::sparse_attention_forward(sp, q.view(), kv.view(), idx.view(), o.view(), lse.view(), ws);
     for (int64_t h = 0; h < 3; ++h) {
         double z = 0;
         for (int64_t d = 0; d < 6; ++d) z += 0.5 * q.ptr<double>()[h * 6 + d] * kv.ptr<double>()[d];

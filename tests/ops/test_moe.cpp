@@ -283,7 +283,7 @@ TEST(MoeLayout, CombineOfDispatchCountsEachTokenOncePerSlot) {
     BufferGroup g("moe", specs);
     g.allocate(std::make_shared<Arena>(predict_arena_bytes({&g}, 256), 256));
     const ops::MoeSaved s = ops::moe_bind_saved(d, g, "");
-    const ops::MoeStats st = ops::moe_route(p, w, in.at("x").view(), s, {});
+    const ops::MoeStats st = ops::moe_route(p, w, in.at("x").view(), s, {}, {});
     EXPECT_GT(st.dropped, 0);
     Tensor back(DType::f64, Shape{N, D});
     ops::moe_dispatch(s, in.at("x").view(), s.xe);

@@ -148,7 +148,25 @@ void MlaBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
 }
 
 size_t MlaBlock::workspace_bytes(StepShape max, int num_threads) const {
-    return cfg_.dsa.enabled() ? 0 : ops::attention_workspace_bytes(DType::f32, max.tokens(), DK_, num_threads);
+    if (!cfg_.dsa.enabled()) return ops::attention_workspace_bytes(DType::f32, max.tokens(), DK_, num_threads);
+    // the DSA ops' scratch (per-thread tiles and candidate lists, the backward slab accumulators) for either
+    // layout of a step: B rows of T, or one packed row of B·T tokens (documents)
+    const int64_t K = index_width(max);
+    size_t ws = 0;
+    for (const StepShape f : {StepShape{max.batch, max.seq}, StepShape{1, max.tokens()}}) {
+        ws = std::max(
+            {ws,
+             ops::sparse_attention_workspace_bytes(DType::f32, sparse_params(), f.batch, f.seq, H_, DK_, K,
+                                                   num_threads),
+             ops::indexer_kl_workspace_bytes(DType::f32, f.batch, f.seq, HI_, DI_, K, cfg_.dsa.dk_slabs, num_threads)});
+        if (!cfg_.dsa.warmup())
+            ws = std::max(ws, ops::dsa_indexer_workspace_bytes(DType::f32, f.batch, f.seq, HI_, DI_, K, num_threads));
+    }
+    return ws;
+}
+
+ops::SparseAttentionParams MlaBlock::sparse_params() const {
+    return {.scale = cfg_.scale(), .dv = RKV_, .dkv_slabs = cfg_.dsa.dk_slabs};
 }
 
 void MlaBlock::bind_weights(const BufferGroup& g, Weights& w) const {
@@ -229,7 +247,7 @@ void MlaBlock::indexer_forward(StepShape s, int64_t pos) {
     }
 }
 
-void MlaBlock::select(StepShape s) {
+void MlaBlock::select(StepShape s, std::span<std::byte> ws) {
     const int64_t N = s.tokens(), K = a_.idx.size(1);
     const StepShape f = flat(s);
     TensorView idx = a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, K});
@@ -237,7 +255,7 @@ void MlaBlock::select(StepShape s) {
         TensorView scores = d_.p.slice0(0, N).reshape(Shape{f.batch, f.seq, K});
         ops::dsa_indexer_forward({.topk = K}, a_.qi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_, DI_}),
                                  a_.ki.slice0(0, N).reshape(Shape{f.batch, f.seq, DI_}),
-                                 a_.wi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}), idx, scores, s.cu_seqlens);
+                                 a_.wi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}), idx, scores, ws, s.cu_seqlens);
         return;
     }
     // warm-up: every candidate [b_t, t], ascending, −1 padded
@@ -312,12 +330,11 @@ void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
                                oc.reshape(Shape{f.batch, f.seq, H_, DK_}), a_.lse.prefix(Shape{f.batch, H_, f.seq}), ws,
                                s.cu_seqlens);
     } else {
-        select(s);
+        select(s, ws);
         ops::sparse_attention_forward(
-            {.scale = cfg_.scale(), .dv = RKV_, .dkv_slabs = cfg_.dsa.dk_slabs},
-            qhat.reshape(Shape{f.batch, f.seq, H_, DK_}), kv.reshape(Shape{f.batch, f.seq, DK_}),
+            sparse_params(), qhat.reshape(Shape{f.batch, f.seq, H_, DK_}), kv.reshape(Shape{f.batch, f.seq, DK_}),
             a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, a_.idx.size(1)}),
-            oc.reshape(Shape{f.batch, f.seq, H_, RKV_}), a_.lse.prefix(Shape{f.batch, f.seq, H_}));
+            oc.reshape(Shape{f.batch, f.seq, H_, RKV_}), a_.lse.prefix(Shape{f.batch, f.seq, H_}), ws);
     }
     finish(N, x, x_out);
 }
@@ -421,11 +438,10 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
         add_rows(d_.dv.slice0(0, N), dkv);  // the entry is key and value
     } else {
         ops::sparse_attention_backward(
-            {.scale = cfg_.scale(), .dv = RKV_, .dkv_slabs = cfg_.dsa.dk_slabs},
-            doc.reshape(Shape{f.batch, f.seq, H_, RKV_}), qhat.reshape(Shape{f.batch, f.seq, H_, DK_}),
+            sparse_params(), doc.reshape(Shape{f.batch, f.seq, H_, RKV_}), qhat.reshape(Shape{f.batch, f.seq, H_, DK_}),
             kv.reshape(Shape{f.batch, f.seq, DK_}), a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, a_.idx.size(1)}),
             oc.reshape(Shape{f.batch, f.seq, H_, RKV_}), a_.lse.prefix(Shape{f.batch, f.seq, H_}),
-            dqhat.reshape(Shape{f.batch, f.seq, H_, DK_}), dkv.reshape(Shape{f.batch, f.seq, DK_}));
+            dqhat.reshape(Shape{f.batch, f.seq, H_, DK_}), dkv.reshape(Shape{f.batch, f.seq, DK_}), ws);
     }
     // q̂ -> q: dq^C_h = dq̂_h[:r_kv] W_UK_hᵀ, dW_UK_h += q^C_hᵀ dq̂_h[:r_kv], dq^R = rope⁻¹(dq̂_h[r_kv:])
     TensorView q = q_rows(a_, N);
@@ -463,22 +479,22 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     };
     ops::linear_backward(columns(dhp, 0, Wmain_), a_.ln.slice0(0, N), rows_of(w_.h_proj, 0, Wmain_),
                          d_.dln.slice0(0, N), rows_of(g_.h_proj, 0, Wmain_), {});
-    if (HI_ > 0) indexer_backward(s);
+    if (HI_ > 0) indexer_backward(s, ws);
     start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, d_.dln.slice0(0, N), x_in.slice0(0, N), w_.norm, a_.rstd.slice0(0, N),
                           d, g_.norm);
 }
 
-double MlaBlock::indexer_backward(StepShape s) {
+double MlaBlock::indexer_backward(StepShape s, std::span<std::byte> ws) {
     TESSERA_CHECK(has_grads_ && HI_ > 0, "{}: indexer_backward needs an indexer and gradient buffers", prefix_);
     const int64_t N = s.tokens(), K = a_.idx.size(1);
     const StepShape f = flat(s);
     TensorView idx = a_.idx.slice0(0, N).reshape(Shape{f.batch, f.seq, K});
     TensorView p = d_.p.slice0(0, N).reshape(Shape{f.batch, f.seq, K});
     // teacher: the head mean of this layer's attention probabilities over the same support (constant)
-    ops::sparse_attention_probs(
-        {.scale = cfg_.scale(), .dv = RKV_}, a_.qhat.slice0(0, N).reshape(Shape{f.batch, f.seq, H_, DK_}),
-        a_.kv.slice0(0, N).reshape(Shape{f.batch, f.seq, DK_}), idx, a_.lse.prefix(Shape{f.batch, f.seq, H_}), p);
+    ops::sparse_attention_probs(sparse_params(), a_.qhat.slice0(0, N).reshape(Shape{f.batch, f.seq, H_, DK_}),
+                                a_.kv.slice0(0, N).reshape(Shape{f.batch, f.seq, DK_}), idx,
+                                a_.lse.prefix(Shape{f.batch, f.seq, H_}), p, ws);
     zero_rows(d_.dqi, N);
     zero_rows(d_.dki, N);
     zero_rows(d_.dwi, N);
@@ -488,7 +504,7 @@ double MlaBlock::indexer_backward(StepShape s) {
         p, idx, s.cu_seqlens, cfg_.dsa.kl_coeff * pass_.loss_scale,
         d_.dqi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_, DI_}),
         d_.dki.slice0(0, N).reshape(Shape{f.batch, f.seq, DI_}),
-        d_.dwi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}), cfg_.dsa.dk_slabs);
+        d_.dwi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}), ws, cfg_.dsa.dk_slabs);
     stats_.kl += r.loss;
     stats_.passes += 1;
     // undo the rotation on the first d_r^I dims; the rest passes through

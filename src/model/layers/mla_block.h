@@ -23,6 +23,7 @@
 
 #include "model/config.h"
 #include "model/layers/block.h"
+#include "ops/dsa.h"
 
 namespace tessera::model {
 
@@ -59,8 +60,9 @@ class MlaBlock : public Block {
     void set_pass(const PassOptions& o) override { pass_ = o; }
 
     // The indexer's KL loss and its gradient into the indexer weights only (after forward; the warm-up
-    // stage runs this instead of backward). Returns the mean KL per row of this pass.
-    double indexer_backward(StepShape s);
+    // stage runs this instead of backward; ws: the workspace forward and backward get). Returns the mean KL
+    // per row of this pass.
+    double indexer_backward(StepShape s, std::span<std::byte> ws);
     bool is_indexer_param(const std::string& name) const;
     DsaLayerStats take_stats();
     const MlaConfig& config() const { return cfg_; }
@@ -83,6 +85,7 @@ class MlaBlock : public Block {
     int64_t index_width(StepShape max) const;           // K of the saved indices: topk, or T in the warm-up
     int64_t oc_width() const;                           // per-head width of oc: D_k (dense) or r_kv (DSA)
     StepShape flat(StepShape s) const;                  // [B, T], or one packed row when documents are packed
+    ops::SparseAttentionParams sparse_params() const;   // the sparse attention of DSA layers
     TensorView q_rows(const Acts& a, int64_t N) const;  // q [N, H·Dq] (its own buffer or columns of hp)
     float indexer_weight_scale() const { return float(1.0 / std::sqrt(double(HI_ * DI_))); }  // (H^I·d^I)^-1/2
     void indexer_forward(StepShape s, int64_t pos);
@@ -90,7 +93,7 @@ class MlaBlock : public Block {
     // gate, o_proj and the residual after attention wrote oc
     void project(StepShape s, int64_t pos, TensorView x);
     void finish(int64_t N, TensorView x, TensorView x_out);
-    void select(StepShape s);
+    void select(StepShape s, std::span<std::byte> ws);
 
     MlaConfig cfg_;
     std::string prefix_;

@@ -186,9 +186,8 @@ void MoeBlock::update_bias() {
     if (rule_ == ops::BalanceRule::quantile) quantile_->update(bias);
 }
 
-MoeLayerStats MoeBlock::take_stats() {
-    MoeLayerStats st;
-    st.load = ops::moe_load(demand_, tokens_ ? entropy_sum_ / double(tokens_) : 0.0);
+void MoeBlock::take_stats(MoeLayerStats& st) {
+    ops::moe_load(demand_, tokens_ ? entropy_sum_ / double(tokens_) : 0.0, st.load);
     st.tokens = tokens_;
     st.rerouted = rerouted_;
     st.dropped = dropped_;
@@ -200,7 +199,6 @@ MoeLayerStats MoeBlock::take_stats() {
     std::fill(demand_.begin(), demand_.end(), 0);
     tokens_ = rerouted_ = dropped_ = forwards_ = 0;
     entropy_sum_ = seq_aux_ = z_loss_ = 0.0;
-    return st;
 }
 
 }  // namespace tessera::model

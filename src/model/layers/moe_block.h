@@ -42,7 +42,7 @@ class MoeBlock : public Block {
 
     // After the optimizer step: moves the selection bias by the configured rule from this step's routing.
     void update_bias();
-    MoeLayerStats take_stats();  // this step's statistics; clears them
+    void take_stats(MoeLayerStats& out);  // this step's statistics (into out, reusing its storage); clears them
     // The global balance loss (model.moe.global_aux_coeff; ops/router.h): the last forward's router choices and
     // Σ_rows ŝ per expert and its token count, which the model pools over its MoE layers, and the pooled loss's
     // ∂L/∂ŝ that the next backward adds (scaled by the pass's loss scale).

@@ -1,6 +1,11 @@
-// Op-runner bindings of the DSA family: dsa_indexer, sparse_attention, indexer_kl (docs/dsa.md).
-#include "ops/dsa.h"
+// Op-runner bindings of the DSA family: dsa_indexer, sparse_attention, indexer_kl (docs/dsa.md). The
+// runner is not a hot path: each op's workspace is a vector of its own.
+#include <omp.h>
+
+#include <vector>
+
 #include "ops/bindings/bindings.h"
+#include "ops/dsa.h"
 
 namespace tessera::ops {
 
@@ -15,7 +20,9 @@ void run_dsa_indexer(OpContext& c) {
     TensorView q = c.in("q"), k = c.in("k"), w = c.in("w");
     TESSERA_CHECK(q.ndim() == 4, "q must be [B, T, HI, DI]");
     const Shape out{q.size(0), q.size(1), p.topk};
-    dsa_indexer_forward(p, q, k, w, c.out("indices", DType::i32, out), c.out("scores", q.dtype, out),
+    std::vector<std::byte> ws(dsa_indexer_workspace_bytes(q.dtype, q.size(0), q.size(1), q.size(2), q.size(3), p.topk,
+                                                          omp_get_max_threads()));
+    dsa_indexer_forward(p, q, k, w, c.out("indices", DType::i32, out), c.out("scores", q.dtype, out), ws,
                         c.index_span("cu_seqlens"));
 }
 
@@ -27,19 +34,26 @@ void run_sparse_attention(OpContext& c) {
     const int64_t DV = p.dv > 0 ? p.dv : q.size(3);
     TensorView o = c.out("o", q.dtype, Shape{q.size(0), q.size(1), q.size(2), DV});
     TensorView lse = c.out("lse", q.dtype, Shape{q.size(0), q.size(1), q.size(2)});
-    sparse_attention_forward(p, q, kv, idx, o, lse);
+    TESSERA_CHECK(idx.ndim() == 3, "indices must be [B, T, TOPK]");
+    std::vector<std::byte> ws(sparse_attention_workspace_bytes(q.dtype, p, q.size(0), q.size(1), q.size(2), q.size(3),
+                                                               idx.size(2), omp_get_max_threads()));
+    sparse_attention_forward(p, q, kv, idx, o, lse, ws);
     if (c.has("do"))
-        sparse_attention_backward(p, c.in("do"), q, kv, idx, o, lse, c.out_like("dq", q), c.out_like("dkv", kv));
+        sparse_attention_backward(p, c.in("do"), q, kv, idx, o, lse, c.out_like("dq", q), c.out_like("dkv", kv), ws);
 }
 
 void run_indexer_kl(OpContext& c) {
     TensorView q = c.in("q"), k = c.in("k"), w = c.in("w"), p = c.in("p");
     const bool backward = c.has("dloss");
     const double dloss = backward ? scalar(c.in("dloss"), "dloss") : 0.0;
+    const TensorView idx = c.in_or_absent("indices");
+    TESSERA_CHECK(q.ndim() == 4, "q must be [B, T, HI, DI]");
+    const int64_t support = idx.defined() && idx.ndim() == 3 ? idx.size(2) : q.size(1);
+    std::vector<std::byte> ws(indexer_kl_workspace_bytes(q.dtype, q.size(0), q.size(1), q.size(2), q.size(3), support,
+                                                         4, omp_get_max_threads()));
     const IndexerKlResult r =
-        indexer_kl(q, k, w, p, c.in_or_absent("indices"), c.index_span("cu_seqlens"), dloss,
-                   backward ? c.out_like("dq", q) : TensorView(), backward ? c.out_like("dk", k) : TensorView(),
-                   backward ? c.out_like("dw", w) : TensorView());
+        indexer_kl(q, k, w, p, idx, c.index_span("cu_seqlens"), dloss, backward ? c.out_like("dq", q) : TensorView(),
+                   backward ? c.out_like("dk", k) : TensorView(), backward ? c.out_like("dw", w) : TensorView(), ws);
     TensorView loss = c.out("loss", q.dtype, Shape{});
     if (q.dtype == DType::f64) {
         *loss.ptr<double>() = r.loss;

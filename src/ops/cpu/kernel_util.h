@@ -90,23 +90,62 @@ struct Segments {
     }
 };
 
-// Workspace carving: successive aligned slices of a byte span.
+// Workspace carving: successive 64-byte aligned slices of a byte span. A measuring cursor (no span)
+// hands out null pointers and only counts, so one carving function gives both an op's layout and its
+// `<op>_workspace_bytes`: the size and the use cannot disagree.
 class WorkspaceCursor {
   public:
     explicit WorkspaceCursor(std::span<std::byte> ws) : ws_(ws) {}
+    static WorkspaceCursor measuring() {
+        WorkspaceCursor c({});
+        c.measuring_ = true;
+        return c;
+    }
     template <class T>
     T* take(size_t count) {
-        size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
+        return static_cast<T*>(static_cast<void*>(take_bytes(count * sizeof(T))));
+    }
+    std::byte* take_bytes(size_t n) {
+        const size_t bytes = (n + 63) / 64 * 64;
+        if (measuring_) {
+            used_ += bytes;
+            return nullptr;
+        }
         TESSERA_CHECK(used_ + bytes <= ws_.size(), "workspace of {} bytes is too small (need more than {})", ws_.size(),
                       used_ + bytes);
-        T* p = reinterpret_cast<T*>(ws_.data() + used_);
+        std::byte* p = ws_.data() + used_;
         used_ += bytes;
         return p;
     }
+    size_t used() const { return used_; }
 
   private:
     std::span<std::byte> ws_;
     size_t used_ = 0;
+    bool measuring_ = false;
+};
+
+// Bytes of a scratch layout: `carve(cursor)` takes its slices from a measuring cursor.
+template <class Carve>
+size_t measure_scratch(Carve&& carve) {
+    WorkspaceCursor c = WorkspaceCursor::measuring();
+    carve(c);
+    return c.used();
+}
+
+// A workspace split into a shared head of `shared` bytes and one slice of `per_thread` bytes per thread
+// (for parallel regions of `threads` threads); checks that the span holds them all.
+struct ThreadSlices {
+    std::span<std::byte> ws;
+    size_t shared = 0, per_thread = 0;
+    ThreadSlices(std::span<std::byte> w, size_t shared_bytes, size_t per_thread_bytes, int threads, const char* op)
+        : ws(w), shared(shared_bytes), per_thread(per_thread_bytes) {
+        TESSERA_CHECK(ws.size() >= shared + per_thread * size_t(threads),
+                      "{}: workspace of {} bytes < {} needed for {} threads (see its _workspace_bytes)", op, ws.size(),
+                      shared + per_thread * size_t(threads), threads);
+    }
+    std::span<std::byte> head() const { return ws.first(shared); }
+    std::span<std::byte> thread(int tid) const { return ws.subspan(shared + per_thread * size_t(tid), per_thread); }
 };
 
 }  // namespace tessera::ops::cpu

@@ -30,6 +30,11 @@ void zero_rows(TensorView buf, int64_t rows) {
     if (rows > 0) std::memset(buf.data, 0, size_t(rows) * size_t(buf.nbytes() / size_t(buf.size(0))));
 }
 TensorView first(TensorView t, int64_t rows) { return t.defined() ? t.slice0(0, rows) : t; }
+std::span<double> aux_scratch(const MoeScratch& t, const MoeDims& d) {
+    TESSERA_CHECK(t.aux.defined() && t.aux.numel() >= 2 * d.experts,
+                  "moe: the sequence-wise aux loss needs the scratch's aux buffer of 2·E doubles");
+    return {t.aux.ptr<double>(), size_t(2 * d.experts)};
+}
 
 void act_forward(const MoeParams& p, TensorView gate, TensorView up, TensorView y) {
     if (p.activation == ExpertActivation::situ) {
@@ -58,8 +63,8 @@ void with_activation(const MoeParams& p, Fn&& f) {
 
 void check_weight(const TensorView& t, const Shape& shape, std::string_view name) {
     TESSERA_CHECK(t.defined(), "moe: {} is required", name);
-    check_shape(t, shape, fmt::format("moe: {}", name));
-    check_contiguous(t, fmt::format("moe: {}", name));
+    check_shape(t, shape, "moe", name);
+    check_contiguous(t, "moe", name);
 }
 
 struct Pairs {  // the (token, slot) arrays of a layout, N·K long
@@ -248,6 +253,7 @@ void moe_scratch_specs(const MoeDims& d, DType dt, const std::string& prefix, st
         add("dsa", Shape{N, d.shared_ffn});
     }
     if (d.has_shared_scale) add("dss", Shape{N});
+    out.push_back({prefix + "aux", DType::f64, Shape{2 * E}});
 }
 
 MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::string& prefix) {
@@ -302,11 +308,16 @@ MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::s
         t.dsa = v("dsa");
     }
     if (d.has_shared_scale) t.dss = v("dss");
+    t.aux = v("aux");
     return t;
 }
 
-MoeStats moe_route(
-    const MoeParams& p, const MoeWeights& w, TensorView x, const MoeSaved& s, std::span<const int64_t> seq_starts) {
+MoeStats moe_route(const MoeParams& p,
+                   const MoeWeights& w,
+                   TensorView x,
+                   const MoeSaved& s,
+                   const MoeScratch& t,
+                   std::span<const int64_t> seq_starts) {
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     TESSERA_CHECK(x.ndim() == 2 && x.size(1) == d.d_model, "moe: x must be [N, D = {}], not {}", d.d_model,
@@ -327,7 +338,8 @@ MoeStats moe_route(
     });
     const int64_t whole[2] = {0, N};
     if (seq_starts.empty()) seq_starts = whole;
-    if (p.seq_aux_coeff > 0) st.seq_aux_loss = router_seq_aux_loss(p.seq_aux_coeff, scores, choice, seq_starts, {});
+    if (p.seq_aux_coeff > 0)
+        st.seq_aux_loss = router_seq_aux_loss(p.seq_aux_coeff, scores, choice, seq_starts, {}, aux_scratch(t, d));
     if (p.z_loss_coeff > 0) st.z_loss = router_z_loss(p.z_loss_coeff, logits, {});
     return st;
 }
@@ -500,7 +512,7 @@ MoeStats moe_forward(const MoeParams& p,
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(y, x.shape, "moe: y");
-    MoeStats st = moe_route(p, w, x, s, seq_starts);
+    MoeStats st = moe_route(p, w, x, s, t, seq_starts);
     const int64_t FS = d.shared_ffn;
     TensorView src = x;
     if (d.has_latent) {
@@ -588,7 +600,8 @@ void moe_backward(const MoeParams& p,
     router_weights_backward(p.router, first(t.dg, N), scores, first(s.expert, N), ds);
     const int64_t whole[2] = {0, N};
     if (seq_starts.empty()) seq_starts = whole;
-    if (p.seq_aux_coeff != 0) router_seq_aux_loss(p.seq_aux_coeff, scores, first(s.choice, N), seq_starts, ds);
+    if (p.seq_aux_coeff != 0)
+        router_seq_aux_loss(p.seq_aux_coeff, scores, first(s.choice, N), seq_starts, ds, aux_scratch(t, d));
     if (!p.balance_grad.empty()) router_balance_backward(p.balance_grad, scores, ds);
     zero_rows(t.du, N);
     router_score_backward(p.router, scores, ds, du);

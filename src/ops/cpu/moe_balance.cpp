@@ -36,7 +36,13 @@ void balance_sign_update(std::span<const int64_t> load, double gamma, std::span<
 }
 
 QuantileBalancer::QuantileBalancer(int64_t experts, int64_t topk, int64_t bins)
-    : E_(experts), K_(topk), bins_(bins), hist_(size_t(experts * bins), 0) {
+    : E_(experts),
+      K_(topk),
+      bins_(bins),
+      hist_(size_t(experts * bins), 0),
+      sel_(size_t(experts)),
+      top_(size_t(topk + 1)),
+      b_(size_t(experts)) {
     TESSERA_CHECK(topk < experts, "quantile balancing needs topk < experts (topk = {}, experts = {})", topk, experts);
 }
 
@@ -44,7 +50,7 @@ void QuantileBalancer::add(TensorView scores, std::span<const float> bias) {
     TESSERA_CHECK(scores.ndim() == 2 && scores.size(1) == E_, "quantile balancing: scores must be [N, {}]", E_);
     cpu::dispatch_float(scores.dtype, "quantile balancing", [&]<class T>(T) {
         cpu::Rows<T> S = cpu::rows_of<T>(scores, "quantile balancing: scores");
-        std::vector<double> sel(static_cast<size_t>(E_)), top(static_cast<size_t>(K_ + 1));
+        std::vector<double>&sel = sel_, &top = top_;
         for (int64_t n = 0; n < S.rows; ++n) {
             const T* s = S.row(n);
             for (int64_t e = 0; e < E_; ++e) sel[size_t(e)] = double(s[e]) + double(bias[size_t(e)]);
@@ -65,7 +71,7 @@ void QuantileBalancer::update(std::span<float> bias) {
     if (tokens_ == 0) return;
     const double q = 1.0 - double(K_) / double(E_), width = 2.0 * kRange / double(bins_);
     const double rank = q * double(tokens_);  // margins below the quantile
-    std::vector<double> b(static_cast<size_t>(E_));
+    std::vector<double>& b = b_;
     for (int64_t e = 0; e < E_; ++e) {
         const int64_t* h = hist_.data() + e * bins_;
         double below = 0;
@@ -83,7 +89,14 @@ void QuantileBalancer::update(std::span<float> bias) {
 
 MoeLoad moe_load(std::span<const int64_t> load, double routing_entropy) {
     MoeLoad m;
+    moe_load(load, routing_entropy, m);
+    return m;
+}
+
+void moe_load(std::span<const int64_t> load, double routing_entropy, MoeLoad& m) {
     m.load.assign(load.begin(), load.end());
+    m.overload = m.load_entropy = 0.0;
+    m.dead = 0;
     m.routing_entropy = routing_entropy;
     const double E = double(load.size());
     int64_t total = 0, mx = 0;
@@ -92,14 +105,13 @@ MoeLoad moe_load(std::span<const int64_t> load, double routing_entropy) {
         mx = std::max(mx, c);
         m.dead += c == 0;
     }
-    if (total == 0) return m;
+    if (total == 0) return;
     m.overload = double(mx) * E / double(total);
     double h = 0;
     for (int64_t c : load) {
         if (c > 0) h -= double(c) / double(total) * std::log(double(c) / double(total));
     }
     m.load_entropy = E > 1 ? h / std::log(E) : 1.0;
-    return m;
 }
 
 double routing_entropy_sum(TensorView scores) {

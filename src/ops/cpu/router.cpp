@@ -2,7 +2,6 @@
 #include "ops/router.h"
 
 #include <cmath>
-#include <vector>
 
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
@@ -21,14 +20,14 @@ void check_router_shapes(const TensorView& scores,
                          const TensorView& weights,
                          std::string_view where) {
     TESSERA_CHECK(scores.ndim() == 2, "{}: scores must be [N, E], not {}", where, scores.shape.str());
-    check_contiguous(scores, fmt::format("{}: scores", where));
-    check_dtype(indices, DType::i32, fmt::format("{}: indices", where));
-    check_contiguous(indices, fmt::format("{}: indices", where));
+    check_contiguous(scores, where, "scores");
+    check_dtype(indices, DType::i32, where, "indices");
+    check_contiguous(indices, where, "indices");
     TESSERA_CHECK(indices.ndim() == 2 && indices.size(0) == scores.size(0),
                   "{}: indices must be [N = {}, TOPK], not {}", where, scores.size(0), indices.shape.str());
     if (weights.defined()) {
-        check_shape(weights, indices.shape, fmt::format("{}: weights", where));
-        check_contiguous(weights, fmt::format("{}: weights", where));
+        check_shape(weights, indices.shape, where, "weights");
+        check_contiguous(weights, where, "weights");
     }
 }
 
@@ -233,17 +232,23 @@ void router_score_backward(const RouterParams& p, TensorView scores, TensorView 
     });
 }
 
-double router_seq_aux_loss(
-    double alpha, TensorView scores, TensorView indices, std::span<const int64_t> starts, TensorView dscores) {
+double router_seq_aux_loss(double alpha,
+                           TensorView scores,
+                           TensorView indices,
+                           std::span<const int64_t> starts,
+                           TensorView dscores,
+                           std::span<double> scratch) {
     check_router_shapes(scores, indices, {}, "router seq aux loss");
     if (dscores.defined()) check_shape(dscores, scores.shape, "router: dscores");
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     TESSERA_CHECK(starts.size() >= 2 && starts.front() == 0 && starts.back() == N,
                   "router seq aux loss: sequence starts must run from 0 to N = {}", N);
+    TESSERA_CHECK(scratch.size() >= size_t(2 * E), "router seq aux loss: scratch of {} doubles < 2·E = {}",
+                  scratch.size(), 2 * E);
     const double nseq = double(starts.size() - 1);
     double loss = 0;
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
-        std::vector<double> f(static_cast<size_t>(E)), P(static_cast<size_t>(E));
+        const std::span<double> f = scratch.first(size_t(E)), P = scratch.subspan(size_t(E), size_t(E));
         for (size_t q = 0; q + 1 < starts.size(); ++q) {
             const int64_t a = starts[q], b = starts[q + 1], Ts = b - a;
             std::fill(f.begin(), f.end(), 0.0);
