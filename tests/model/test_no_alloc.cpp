@@ -126,6 +126,12 @@ TEST(HotPath, RecomputeDocumentsAccumulationAndTheDsaWarmupMakeNoHeapAllocation)
         {"hybrid_kda_dsa", true, true, [](Json& d) { d["train"]["grad_accum"] = 2; }},
         {"dsa_sparse", true, false, [](Json& d) { d["model"]["mla"]["dsa"]["stage"] = "dense_warmup"; }},
         {"moe_capacity", false, true, [](Json& d) { d["train"]["grad_accum"] = 2; }},
+        // quantile balancing moves routing, so expert segments (the weight gradients' K) change every step
+        {"moe_latent_situ", false, false,
+         [](Json& d) {
+             d["model"]["moe"]["balance"] = "quantile";
+             d["model"]["moe"].erase("bias_update_rate");
+         }},
     };
     for (const Variant& v : variants) {
         test::GoldenModel g(v.golden, v.recompute, [&](Json& d) {
