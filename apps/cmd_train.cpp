@@ -4,13 +4,18 @@
 // at once with the same status.
 #include <unistd.h>
 
+#include <omp.h>
+
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include "apps/commands.h"
 #include "apps/options.h"
+#include "parallel/comm_mpi.h"
 #include "train/trainer.h"
 
 namespace tessera::apps {
@@ -47,27 +52,51 @@ void add_train_command(CLI::App& app) {
     cmd->add_option("--set", opts->overrides, "Override a config value: section.key=value (repeatable)");
     cmd->footer(
         "SIGINT (Ctrl-C) or SIGTERM: the step finishes, a checkpoint is written, and train exits 130 or 143; "
-        "continue with --resume.");
+        "continue with --resume.\nSeveral processes: mpirun -n W tessera train ... (or srun): the W ranks share "
+        "train.batch_size and shard the optimizer state (docs/parallel.md).");
     cmd->callback([opts, steps, steps_opt] {
         if (steps_opt->count() > 0) opts->steps = *steps;
-        opts->log = &std::cout;
+        // under mpirun / srun: one rank per process; the ranks on this host share its cores
+        std::unique_ptr<parallel::MpiRuntime> mpi;
+        std::unique_ptr<parallel::Comm> world;
+        if (parallel::launched_by_mpi()) {
+            mpi = std::make_unique<parallel::MpiRuntime>();
+            world = mpi->world();
+            opts->comm = world.get();
+            const int share = std::max(1, int(std::thread::hardware_concurrency()) / parallel::local_ranks());
+            if (!std::getenv("OMP_NUM_THREADS") && omp_get_max_threads() > share) omp_set_num_threads(share);
+        }
+        const bool lead = !world || world->rank() == 0;
+        opts->log = lead ? &std::cout : nullptr;
         opts->log_is_tty = isatty(STDOUT_FILENO);
         opts->stop = &g_stop;
         install_stop_handlers();
-        train::TrainSummary s = train::train(*opts);
-        std::cout << s.memory.str() << '\n';
-        if (s.eval_loss) {
-            std::cout << fmt::format("final eval loss {:.4f} nats/token ({:.3f} bits per byte)\n", *s.eval_loss,
-                                     *s.eval_loss / 0.6931471805599453);
+        train::TrainSummary s;
+        try {
+            s = train::train(*opts);
+        } catch (const std::exception& e) {
+            if (!world || world->size() == 1) throw;
+            // the other ranks may wait in a collective this one will never join: end the job
+            std::fprintf(stderr, "error: (rank %d) %s\n", world->rank(), e.what());
+            std::fflush(stderr);
+            mpi->abort(1);
         }
-        std::cout << "last checkpoint: " << s.checkpoint << '\n' << std::flush;
+        if (lead) {
+            std::cout << s.memory.str() << '\n';
+            if (s.eval_loss) {
+                std::cout << fmt::format("final eval loss {:.4f} nats/token ({:.3f} bits per byte)\n", *s.eval_loss,
+                                         *s.eval_loss / 0.6931471805599453);
+            }
+            std::cout << "last checkpoint: " << s.checkpoint << '\n' << std::flush;
+        }
         if (s.stopped_early) {
             const int sig = g_signal.load();
             const std::string run = std::filesystem::path(s.checkpoint).parent_path().parent_path().string();
             throw Stopped{128 + sig,
-                          fmt::format("tessera: stopped by {} after step {}, checkpoint {}; continue with "
-                                      "--resume {}",
-                                      sig == SIGTERM ? "SIGTERM" : "SIGINT", s.last_step, s.checkpoint, run)};
+                          lead ? fmt::format("tessera: stopped by {} after step {}, checkpoint {}; continue with "
+                                             "--resume {}",
+                                             sig == SIGTERM ? "SIGTERM" : "SIGINT", s.last_step, s.checkpoint, run)
+                               : ""};
         }
     });
 }

@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
         print_error(e.what(), " (see 'tessera --help')");
         return 2;
     } catch (const tessera::apps::Stopped& s) {
-        std::fprintf(stderr, "%s\n", s.message.c_str());
+        if (!s.message.empty()) std::fprintf(stderr, "%s\n", s.message.c_str());
         return s.status;
     } catch (const nlohmann::json::exception& e) {
         // NOTES: a reader that asked nlohmann for a value of the wrong type (library code should check first and

@@ -347,8 +347,8 @@ void Model::set_pass(const PassOptions& o) {
     for (auto& b : blocks_) b->set_pass(o);
 }
 
-void Model::update_moe_bias() {
-    for (auto& [layer, b] : moe_) b->update_bias();
+void Model::update_moe_bias(const std::function<void(std::span<int64_t>)>& sum_over_ranks) {
+    for (auto& [layer, b] : moe_) b->update_bias(sum_over_ranks);
 }
 
 std::shared_ptr<const StepStats> Model::take_step_stats() {

@@ -9,6 +9,7 @@
 // block kind refilled by re-running the block's forward before its backward (bitwise identical).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -75,13 +76,14 @@ class Model {
     // Model FLOPs per token: forward, and training (3 × forward, recompute not counted).
     double forward_flops_per_token(int64_t seq) const;
 
-    // MoE layers: after each optimizer step, move the selection biases (docs/moe.md), then take the
-    // step's statistics (routing per MoE layer, the indexer KL per DSA layer; empty lists when the model
-    // has none), which clears them in the blocks. The statistics object is recycled: a take refills the
-    // last one in place when the caller no longer holds it, so a training loop that drops each step's
-    // result allocates nothing here after the first step; one still held is left alone (a fresh one is made).
+    // MoE layers: after each optimizer step, move the selection biases (docs/moe.md; sum_over_ranks, when set,
+    // sums each layer's expert counts over the data-parallel ranks first, so every rank moves them alike), then take
+    // the step's statistics (routing per MoE layer, the indexer KL per DSA layer; empty lists when the model has none),
+    // which clears them in the blocks. The statistics object is recycled: a take refills the last one in place when the
+    // caller no longer holds it, so a training loop that drops each step's result allocates nothing here after the
+    // first step; one still held is left alone (a fresh one is made).
     bool has_moe() const { return !moe_.empty(); }
-    void update_moe_bias();
+    void update_moe_bias(const std::function<void(std::span<int64_t>)>& sum_over_ranks = {});
     std::shared_ptr<const StepStats> take_step_stats();
     // model.moe.global_aux_coeff: the global balance loss pooled over the MoE layers of each forward (its gradient
     // joins every layer's router in backward); its mean over this step's recorded forwards, then cleared.

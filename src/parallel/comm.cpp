@@ -2,6 +2,7 @@
 // fixed-order reductions built on the byte-moving primitives.
 #include "parallel/comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -201,10 +202,12 @@ Handle Comm::broadcast_async(std::span<std::byte> buf, int root) {
 }
 
 Handle Comm::reduce_scatter_async(
-    DType dtype, const void* send, void* recv, int64_t count, std::span<std::byte> scratch) {
-    TESSERA_CHECK(count >= 0, "reduce_scatter: negative count {}", count);
-    const int64_t chunk = count * int64_t(dtype_size(dtype));
+    DType dtype, const void* send, void* recv, int64_t count, std::span<std::byte> scratch, int64_t send_count) {
     const int W = size();
+    if (send_count < 0) send_count = count * W;
+    TESSERA_CHECK(count >= 0 && send_count <= count * W, "reduce_scatter: {} elements sent for {} chunks of {}",
+                  send_count, W, count);
+    const int64_t es = int64_t(dtype_size(dtype)), chunk = count * es;
     TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= chunk * W,
                   "reduce_scatter: scratch of {} bytes, needs {}", scratch.size(), chunk * W);
     return submit([=, this] {
@@ -214,10 +217,15 @@ Handle Comm::reduce_scatter_async(
             own.resize(size_t(chunk * W));
             parts = own;
         }
-        const std::vector<int64_t> counts(size_t(W), chunk);
-        all_to_all_v_now({static_cast<const std::byte*>(send), size_t(chunk * W)}, counts,
-                         parts.first(size_t(chunk * W)), counts);
-        sum_parts(dtype, parts.data(), W, count, recv);
+        // chunk r holds the elements [r·count, (r+1)·count) that exist; mine arrives as W blocks of `have` elements
+        auto present = [&](int r) { return std::clamp<int64_t>(send_count - int64_t(r) * count, 0, count); };
+        std::vector<int64_t> send_bytes(static_cast<size_t>(W)),
+            recv_bytes(static_cast<size_t>(W), present(rank()) * es);
+        for (int r = 0; r < W; ++r) send_bytes[size_t(r)] = present(r) * es;
+        all_to_all_v_now({static_cast<const std::byte*>(send), size_t(send_count * es)}, send_bytes, parts, recv_bytes);
+        const int64_t have = present(rank());
+        sum_parts(dtype, parts.data(), W, have, recv);
+        std::memset(static_cast<std::byte*>(recv) + have * es, 0, size_t((count - have) * es));
     });
 }
 
@@ -235,6 +243,14 @@ Handle Comm::all_reduce_async(DType dtype, void* buf, int64_t count) {
         all_gather_now(mine, padded);
         std::memcpy(buf, padded.data(), size_t(count * es));
     });
+}
+
+std::string Comm::broadcast_text(const std::string& text, int root) {
+    int64_t n = int64_t(text.size());
+    broadcast(std::as_writable_bytes(std::span(&n, 1)), root);
+    std::string out = rank() == root ? text : std::string(size_t(n), '\0');
+    broadcast(std::as_writable_bytes(std::span(out.data(), out.size())), root);
+    return out;
 }
 
 void Comm::barrier() {

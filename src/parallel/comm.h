@@ -76,8 +76,14 @@ class Comm {
     Handle broadcast_async(std::span<std::byte> buf, int root);
     // send holds size() chunks of `count` elements; recv = Σ_r chunk[rank()] of rank r, summed in rank
     // order (f32, f64, i32, i64). scratch: size()·count elements of the dtype, or empty to allocate.
-    Handle reduce_scatter_async(
-        DType dtype, const void* send, void* recv, int64_t count, std::span<std::byte> scratch = {});
+    // send_count: the elements send really holds when fewer (≥ 0; the missing tail counts as zeros, so a
+    // buffer need not be padded to size()·count); −1 = size()·count.
+    Handle reduce_scatter_async(DType dtype,
+                                const void* send,
+                                void* recv,
+                                int64_t count,
+                                std::span<std::byte> scratch = {},
+                                int64_t send_count = -1);
     // In place, summed in rank order. count need not divide by size() (the last chunk is padded).
     Handle all_reduce_async(DType dtype, void* buf, int64_t count);
     void barrier();
@@ -91,8 +97,8 @@ class Comm {
         all_to_all_v_async(send, send_bytes, recv, recv_bytes).wait();
     }
     void broadcast(std::span<std::byte> buf, int root) { broadcast_async(buf, root).wait(); }
-    void reduce_scatter(DType dtype, const void* send, void* recv, int64_t count) {
-        reduce_scatter_async(dtype, send, recv, count).wait();
+    void reduce_scatter(DType dtype, const void* send, void* recv, int64_t count, int64_t send_count = -1) {
+        reduce_scatter_async(dtype, send, recv, count, {}, send_count).wait();
     }
     void all_reduce(DType dtype, void* buf, int64_t count) { all_reduce_async(dtype, buf, count).wait(); }
     template <class T>
@@ -104,6 +110,9 @@ class Comm {
         all_reduce(std::span<T>(&v, 1));
         return v;
     }
+
+    // Root's text on every rank (its length first, then its bytes). Collective.
+    std::string broadcast_text(const std::string& text, int root);
 
     // The ranks with the same color form a new communicator, ordered by key (then by rank here).
     // Collective over this communicator.

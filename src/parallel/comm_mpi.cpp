@@ -115,6 +115,21 @@ MpiRuntime::~MpiRuntime() {
     MPI_Finalize();
 }
 
+void MpiRuntime::abort(int status) {
+    MPI_Abort(MPI_COMM_WORLD, status);
+    std::_Exit(status);  // (MPI_Abort does not return)
+}
+
+int local_ranks() {
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+        if (const char* s = std::getenv(v)) {
+            const int n = std::atoi(s);
+            if (n > 0) return n;
+        }
+    }
+    return 1;
+}
+
 std::unique_ptr<Comm> MpiRuntime::world() { return std::make_unique<MpiComm>(MPI_COMM_WORLD); }
 
 }  // namespace tessera::parallel

@@ -12,6 +12,9 @@ namespace tessera::parallel {
 // True when this process was started by an MPI launcher (mpirun, srun): the environment names a rank.
 bool launched_by_mpi();
 
+// The ranks of this job on this host, from the launcher's environment (1 when it does not say).
+int local_ranks();
+
 class MpiRuntime {
   public:
     MpiRuntime();  // MPI_Init_thread; throws when MPI is not usable
@@ -19,6 +22,8 @@ class MpiRuntime {
     MpiRuntime(const MpiRuntime&) = delete;
     MpiRuntime& operator=(const MpiRuntime&) = delete;
     std::unique_ptr<Comm> world();  // a communicator over MPI_COMM_WORLD
+    // Ends every process of the job (after one rank failed: the others may be waiting in a collective).
+    [[noreturn]] void abort(int status);
 };
 
 }  // namespace tessera::parallel

@@ -17,13 +17,38 @@ namespace tessera::train {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr int kFormat = 1;
+constexpr int kFormat = 2;  // 2: optimizer state in per-rank range files
 
 // Tensors of a group under their spec names (optimizer state is named "m.<param>" in its group).
 std::vector<NamedTensor> named(const BufferGroup& g) {
     std::vector<NamedTensor> out;
     for (size_t i = 0; i < g.size(); ++i) out.push_back({g.specs()[i].name, g.view(i)});
     return out;
+}
+
+// Thrown on the ranks that succeeded when another rank failed a collective step (that rank reports why).
+struct CollectiveFailure : Error {
+    using Error::Error;
+};
+
+// Every rank says whether its part succeeded; when one did not, the others throw CollectiveFailure (the
+// failing rank goes on with its own error). Collective.
+void agree(parallel::Comm& comm, bool ok) {
+    if (comm.all_reduce_sum<int64_t>(ok ? 0 : 1) > 0 && ok)
+        throw CollectiveFailure("checkpoint: another rank failed to write its part (see its error)");
+}
+
+std::string optimizer_file(int rank, int world) {
+    return fmt::format("optimizer-{:05d}-of-{:05d}.safetensors", rank, world);
+}
+
+void write_optimizer(const fs::path& dir, const AdamW& opt, int64_t step, int rank, int world) {
+    const parallel::FlatShard& r = opt.shard();
+    write_safetensors((dir / optimizer_file(rank, world)).string(), {{"m", opt.m().view(0)}, {"v", opt.v().view(0)}},
+                      {{"optimizer", "adamw"},
+                       {"step", std::to_string(step)},
+                       {"first", std::to_string(r.lo)},
+                       {"total", std::to_string(r.total)}});
 }
 
 // The step a directory name step_NNNNNNN stands for, or nothing for another name.
@@ -91,24 +116,28 @@ bool holds_checkpoint(const std::string& run_dir) {
     return false;
 }
 
-std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c) {
+std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c, parallel::Comm* comm) {
+    const int W = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     const fs::path root = fs::path(run_dir) / "checkpoints";
-    fs::create_directories(root);
     const std::string name = fmt::format("step_{:07d}", c.state.step);
     const fs::path final_dir = root / name;
-    const fs::path tmp = root / fmt::format(".{}.tmp-{}", name, writer_tag());
+    fs::path tmp = root / fmt::format(".{}.tmp-{}", name, writer_tag());
     std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp);
+    if (rank == 0) {
+        fs::create_directories(root);
+        fs::remove_all(tmp, ec);
+        fs::create_directories(tmp);
+    }
+    if (W > 1) tmp = comm->broadcast_text(tmp.string(), 0);  // rank 0's, made before anyone writes into it
     try {
+        if (c.opt) write_optimizer(tmp, *c.opt, c.state.optimizer_step, rank, W);
+        if (W > 1) agree(*comm, true);  // every rank's range is on disk
+        if (rank != 0) {
+            agree(*comm, true);  // rank 0 renamed the directory (or failed)
+            return final_dir.string();
+        }
         write_text_atomic((tmp / "config.json").string(), c.config.dump(2) + "\n");
         write_safetensors((tmp / "model.safetensors").string(), named(c.params), {{"format", "tessera"}});
-        if (c.m && c.v) {
-            std::vector<NamedTensor> opt = named(*c.m);
-            for (auto& t : named(*c.v)) opt.push_back(t);
-            write_safetensors((tmp / "optimizer.safetensors").string(), opt,
-                              {{"optimizer", "adamw"}, {"step", std::to_string(c.state.optimizer_step)}});
-        }
         Json st = {{"format", kFormat},
                    {"step", c.state.step},
                    {"optimizer_step", c.state.optimizer_step},
@@ -125,11 +154,17 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
             fs::rename(tmp, final_dir);
         }
         fsync_path(root.string());
+        if (W > 1) agree(*comm, true);
     } catch (const fs::filesystem_error& e) {
-        fs::remove_all(tmp, ec);
+        if (rank == 0) fs::remove_all(tmp, ec);
+        if (W > 1) agree(*comm, false);
         TESSERA_FAIL("checkpoint {}: {}", final_dir.string(), e.what());
+    } catch (const CollectiveFailure&) {
+        if (rank == 0) fs::remove_all(tmp, ec);
+        throw;
     } catch (...) {
-        fs::remove_all(tmp, ec);
+        if (rank == 0) fs::remove_all(tmp, ec);
+        if (W > 1) agree(*comm, false);
         throw;
     }
     return final_dir.string();
@@ -211,6 +246,59 @@ void load_groups(const std::string& file, const std::vector<const BufferGroup*>&
             TESSERA_CHECK(known, "{}: unexpected tensor \"{}\" (a checkpoint of another model?)", file, e.name);
         }
     }
+}
+
+}  // namespace tessera::train
+
+namespace tessera::train {
+
+void load_optimizer(const std::string& ckpt_dir, AdamW& opt) {
+    // the files of the W ranks that wrote the checkpoint
+    const std::regex re(R"(optimizer-(\d{5})-of-(\d{5})\.safetensors)");
+    int world = 0;
+    for (const auto& e : fs::directory_iterator(ckpt_dir)) {
+        std::smatch m;
+        const std::string name = e.path().filename().string();
+        if (!std::regex_match(name, m, re)) continue;
+        const int w = std::stoi(m[2].str());
+        TESSERA_CHECK(world == 0 || w == world, "{}: optimizer files of {} and {} ranks (corrupted?)", ckpt_dir, world,
+                      w);
+        world = w;
+    }
+    TESSERA_CHECK(world > 0, "{}: no optimizer-RRRRR-of-WWWWW.safetensors (corrupted, or written by an older tessera?)",
+                  ckpt_dir);
+    const parallel::FlatShard& mine = opt.shard();
+    float* m = opt.m().view(0).ptr<float>();
+    float* v = opt.v().view(0).ptr<float>();
+    for (int r = 0; r < world; ++r) {
+        const std::string path = (fs::path(ckpt_dir) / optimizer_file(r, world)).string();
+        TESSERA_CHECK(fs::exists(path), "{}: missing (the checkpoint holds the optimizer files of {} ranks)", path,
+                      world);
+        const parallel::FlatShard theirs(mine.total, r, world, AdamW::kChunk);
+        SafetensorsFile f(path);
+        const auto& meta = f.metadata();
+        auto number = [&](const char* key) {
+            auto it = meta.find(key);
+            int64_t x = -1;
+            if (it != meta.end()) std::from_chars(it->second.data(), it->second.data() + it->second.size(), x);
+            return x;
+        };
+        TESSERA_CHECK(number("total") == mine.total && number("first") == theirs.lo,
+                      "{}: holds elements from {} of {}, expected from {} of {} (a checkpoint of another model?)", path,
+                      number("first"), number("total"), theirs.lo, mine.total);
+        for (const char* t : {"m", "v"}) {
+            TESSERA_CHECK(f.contains(t) && f.entry(t).shape == Shape{theirs.size()} && f.entry(t).dtype == DType::f32,
+                          "{}: tensor \"{}\" must be f32 [{}]", path, t, theirs.size());
+        }
+        TESSERA_CHECK(f.entries().size() == 2, "{}: unexpected tensors besides \"m\" and \"v\"", path);
+        const int64_t lo = std::max(theirs.lo, mine.lo), hi = std::min(theirs.hi, mine.hi);
+        if (lo >= hi) continue;
+        const Tensor fm = f.load("m"), fv = f.load("v");
+        std::copy_n(fm.view().ptr<float>() + (lo - theirs.lo), hi - lo, m + (lo - mine.lo));
+        std::copy_n(fv.view().ptr<float>() + (lo - theirs.lo), hi - lo, v + (lo - mine.lo));
+    }
+    check_finite(opt.m(), ckpt_dir);
+    check_finite(opt.v(), ckpt_dir);
 }
 
 }  // namespace tessera::train

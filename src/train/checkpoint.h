@@ -1,10 +1,13 @@
 // Checkpoints: a directory <run>/checkpoints/step_NNNNNNN/ holding
 //   config.json          the full run config
 //   model.safetensors    parameters under their Hugging Face names
-//   optimizer.safetensors  AdamW moments "m.<name>", "v.<name>"
+//   optimizer-RRRRR-of-WWWWW.safetensors  AdamW moments "m", "v" of rank R's range of the flat
+//                        parameter space (train/optimizer.h), one file per rank of the W that trained
 //   trainer_state.json   step, optimizer step, data position, format version
 // written under a temporary name, fsync'd, then renamed into place: a crash mid-write leaves the
-// previous checkpoints intact. Loading validates every file and tensor and names what is wrong.
+// previous checkpoints intact. With several ranks every rank writes its optimizer file into rank 0's
+// temporary directory and rank 0 renames it when all have finished. The ranges are re-cut on loading,
+// so a run resumes on any number of ranks. Loading validates every file and tensor and names what is wrong.
 #pragma once
 
 #include <optional>
@@ -13,7 +16,9 @@
 
 #include "core/buffer_spec.h"
 #include "core/config_reader.h"
+#include "parallel/comm.h"
 #include "train/data/loader.h"
+#include "train/optimizer.h"
 
 namespace tessera::train {
 
@@ -27,13 +32,13 @@ struct TrainerState {
 struct CheckpointContents {
     const Json& config;
     const BufferGroup& params;
-    const BufferGroup* m = nullptr;  // optimizer state (absent for export-only checkpoints)
-    const BufferGroup* v = nullptr;
+    const AdamW* opt = nullptr;  // this rank's optimizer range (absent for export-only checkpoints)
     TrainerState state;
 };
 
-// Writes <run_dir>/checkpoints/step_<step>/ atomically; returns its path.
-std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c);
+// Writes <run_dir>/checkpoints/step_<step>/ atomically; returns its path. With a communicator of several
+// ranks: collective, every rank passes its own optimizer range (the parameters are rank 0's to write).
+std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c, parallel::Comm* comm = nullptr);
 
 // A checkpoint directory itself, or the latest complete checkpoint under <dir>/checkpoints.
 // Throws if there is none.
@@ -52,5 +57,8 @@ TrainerState load_trainer_state(const std::string& ckpt_dir);
 // Loads a file into groups: every tensor of every group must be present with its exact shape and finite
 // values (a NaN or Inf weight is an error naming the tensor), and the file must hold nothing else.
 void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups);
+// This rank's range of the optimizer moments from a checkpoint's optimizer files, whatever number of ranks
+// wrote them.
+void load_optimizer(const std::string& ckpt_dir, AdamW& opt);
 
 }  // namespace tessera::train

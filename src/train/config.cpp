@@ -18,7 +18,11 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     tc.seq_len = t.integer("seq_len", d.seq_len);
     tc.batch_size = t.integer("batch_size", d.batch_size);
     tc.steps = t.integer("steps", d.steps);
-    tc.grad_accum = t.integer("grad_accum", d.grad_accum);
+    TESSERA_CHECK(!t.has("grad_accum"),
+                  "{}: train.grad_accum is gone: train.batch_size is the global batch (sequences per optimizer step) "
+                  "and train.micro_batch_size the sequences per forward on each rank; accumulation follows",
+                  where);
+    tc.micro_batch_size = t.integer("micro_batch_size", d.micro_batch_size);
     tc.lr = t.number("lr", d.lr);
     tc.min_lr_ratio = t.number("min_lr_ratio", d.min_lr_ratio);
     tc.warmup_steps = t.integer("warmup_steps", d.warmup_steps);
@@ -47,7 +51,10 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(tc.seq_len > 0, "train.seq_len must be positive");
     check(tc.batch_size > 0, "train.batch_size must be positive");
     check(tc.steps >= 0, "train.steps must be >= 0");
-    check(tc.grad_accum >= 1, "train.grad_accum must be >= 1");
+    check(tc.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 = batch_size / ranks)");
+    check(tc.micro_batch_size == 0 || tc.batch_size % tc.micro_batch_size == 0,
+          fmt::format("train.batch_size {} is not a multiple of train.micro_batch_size {}", tc.batch_size,
+                      tc.micro_batch_size));
     check(tc.lr > 0, "train.lr must be positive");
     check(tc.min_lr_ratio >= 0 && tc.min_lr_ratio <= 1, "train.min_lr_ratio must be in [0, 1]");
     check(tc.warmup_steps >= 0, "train.warmup_steps must be >= 0");
@@ -66,7 +73,6 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     };
     bounded(tc.seq_len, model::kMaxSeqLen, "seq_len");
     bounded(tc.batch_size, kMaxBatch, "batch_size");
-    bounded(tc.grad_accum, kMaxBatch, "grad_accum");
     bounded(tc.steps, kMaxSteps, "steps");
     bounded(tc.warmup_steps, kMaxSteps, "warmup_steps");
     bounded(tc.eval_interval, kMaxSteps, "eval_interval");
@@ -94,7 +100,7 @@ Json to_json(const RunConfig& c) {
     Json train = {{"seq_len", t.seq_len},
                   {"batch_size", t.batch_size},
                   {"steps", t.steps},
-                  {"grad_accum", t.grad_accum},
+                  {"micro_batch_size", t.micro_batch_size},
                   {"lr", t.lr},
                   {"min_lr_ratio", t.min_lr_ratio},
                   {"warmup_steps", t.warmup_steps},
@@ -115,6 +121,17 @@ Json to_json(const RunConfig& c) {
         {"path", c.data.path}, {"val_fraction", c.data.val_fraction}, {"mask_documents", c.data.mask_documents}};
     return Json{{"model", model::to_json(c.model)}, {"train", train}, {"data", data}};
 }
+
+int64_t TrainConfig::micro_batch(int ranks) const {
+    const int64_t micro = micro_batch_size ? micro_batch_size : batch_size / ranks;
+    TESSERA_CHECK(micro >= 1 && batch_size % (micro * ranks) == 0,
+                  "train.batch_size {} does not split over {} ranks{}: it must be a multiple of ranks x "
+                  "micro_batch_size",
+                  batch_size, ranks, micro_batch_size ? fmt::format(" in micro-batches of {}", micro_batch_size) : "");
+    return micro;
+}
+
+int64_t TrainConfig::accumulation(int ranks) const { return batch_size / (micro_batch(ranks) * ranks); }
 
 Json demo_config_json() {
     Json j = Json::parse(kDemoConfigJson, nullptr, false);

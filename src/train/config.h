@@ -13,9 +13,9 @@ namespace tessera::train {
 
 struct TrainConfig {
     int64_t seq_len = 256;
-    int64_t batch_size = 16;
+    int64_t batch_size = 16;  // global: sequences per optimizer step, whatever the number of ranks
     int64_t steps = 1000;
-    int64_t grad_accum = 1;  // micro-batches per optimizer step
+    int64_t micro_batch_size = 0;  // sequences per forward/backward on each rank; 0 = batch_size / ranks
     double lr = 3e-3;
     double min_lr_ratio = 0.1;  // floor of the decay, as a fraction of lr
     int64_t warmup_steps = 50;
@@ -32,6 +32,11 @@ struct TrainConfig {
     int64_t log_interval = 10;
     uint64_t seed = 1234;
     bool recompute = false;  // recompute block activations in backward
+
+    // On `ranks` data-parallel ranks: the sequences of one forward (the micro-batch), and the micro-batches
+    // each rank accumulates per optimizer step. One-line error when batch_size does not split so.
+    int64_t micro_batch(int ranks) const;
+    int64_t accumulation(int ranks) const;
 };
 
 struct DataConfig {
@@ -52,7 +57,7 @@ Json to_json(const RunConfig& c);
 
 // The built-in demo config (configs/demo.json) as JSON.
 Json demo_config_json();
-// Upper bounds of train.steps (and --steps), batch_size and grad_accum.
+// Upper bounds of train.steps (and --steps) and batch_size.
 constexpr int64_t kMaxSteps = int64_t(1000000000000);
 constexpr int64_t kMaxBatch = int64_t(1) << 20;
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <numbers>
+#include <optional>
 
 #include "core/check.h"
 #include "core/file.h"
@@ -121,13 +122,15 @@ class FreshRunGuard {
     bool active_, made_;
 };
 
-Setup resolve_setup(const TrainOptions& o) {
+// lead: the rank that writes (rank 0): only it cleans up after killed runs.
+Setup resolve_setup(const TrainOptions& o, bool lead) {
     Setup s;
     if (!o.resume_dir.empty()) {
         TESSERA_CHECK(
             o.config_path.empty(),
             "--resume takes the config from the checkpoint; drop --config (use --set or --steps for changes)");
-        if (fs::is_directory(fs::path(o.resume_dir) / "checkpoints")) s.cleaned = clean_stale_temporaries(o.resume_dir);
+        if (lead && fs::is_directory(fs::path(o.resume_dir) / "checkpoints"))
+            s.cleaned = clean_stale_temporaries(o.resume_dir);
         s.checkpoint = resolve_checkpoint(o.resume_dir);
         Json base = load_checkpoint_config(s.checkpoint);
         const std::string where = (fs::path(s.checkpoint) / "config.json").string();
@@ -149,7 +152,7 @@ Setup resolve_setup(const TrainOptions& o) {
         s.out_dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
         TESSERA_CHECK(!fs::exists(s.out_dir) || fs::is_directory(s.out_dir), "--out {}: exists and is not a directory",
                       s.out_dir);
-        s.cleaned = clean_stale_temporaries(s.out_dir);
+        if (lead) s.cleaned = clean_stale_temporaries(s.out_dir);
         // NOTES: only a checkpoint makes a run (--resume needs one); what a run that stopped before its first
         // checkpoint left behind (config.json, metrics.jsonl) is replaced, or the same command could never run
         // again: "already holds a run", and --resume "not a run".
@@ -169,27 +172,39 @@ Setup resolve_setup(const TrainOptions& o) {
 StepResult train_step(model::Model& model,
                       model::ModelRuntime& rt,
                       AdamW& opt,
+                      GradientSum& grads,
                       const TrainConfig& tc,
                       int64_t step,
                       const BatchSource& next_batch,
                       std::span<int32_t> ids,
-                      std::span<int32_t> targets) {
+                      std::span<int32_t> targets,
+                      parallel::Comm* comm) {
     StepResult r;
     r.lr = learning_rate(tc, step);
-    rt.grads().zero();
-    for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
+    const int64_t micros = grads.accumulation(), ranks = comm ? comm->size() : 1;
+    const double scale = 1.0 / double(micros * ranks);  // the step's loss: the mean over every micro-batch
+    for (int64_t micro = 0; micro < micros; ++micro) {
+        grads.before(micro, rt.grads());
         const model::StepShape shape = next_batch(ids, targets);
-        r.loss += model.forward_backward(shape, ids, targets, 1.0 / double(tc.grad_accum)).loss;
+        r.loss += model.forward_backward(shape, ids, targets, scale).loss;
+        grads.after(micro, rt.grads());
     }
-    r.loss /= double(tc.grad_accum);
-    r.grad_norm = opt.grad_norm(rt.grads());
+    if (ranks > 1) r.loss = comm->all_reduce_sum(r.loss);  // in rank order, as one rank would add them
+    r.loss /= double(micros * ranks);
+    const std::span<float> g = grads.finish(rt.grads());  // this rank's range of the summed gradient
+    r.grad_norm = opt.grad_norm(g);
     // before the update: a non-finite gradient would make every weight NaN, and the next checkpoint with them
     TESSERA_CHECK(std::isfinite(r.loss) && std::isfinite(r.grad_norm),
                   "training diverged at step {}: the loss is {}, the gradient norm {} (lower train.lr?)", step + 1,
                   r.loss, r.grad_norm);
-    opt.clip(rt.grads(), r.grad_norm, tc.grad_clip);
-    opt.update(tc, rt.params(), rt.grads(), r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
-    model.update_moe_bias();  // after the step, from the whole step's routing (spec/moe.md §3.1)
+    opt.clip(g, r.grad_norm, tc.grad_clip);
+    opt.update(tc, rt.params(), g, r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
+    opt.share_params(rt.params());
+    // after the step, from the whole step's routing (spec/moe.md §3.1), summed over ranks
+    if (ranks > 1)
+        model.update_moe_bias([comm](std::span<int64_t> counts) { comm->all_reduce(counts); });
+    else
+        model.update_moe_bias();
     r.stats = model.take_step_stats();
     r.moe = r.stats->moe;
     r.dsa = r.stats->dsa;
@@ -198,28 +213,40 @@ StepResult train_step(model::Model& model,
 }
 
 TrainSummary train(const TrainOptions& opts) {
-    Setup setup = resolve_setup(opts);
+    parallel::Comm* comm = opts.comm && opts.comm->size() > 1 ? opts.comm : nullptr;
+    const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    const bool lead = rank == 0;  // logs, writes metrics and the run directory
+    std::ostream* log = lead ? opts.log : nullptr;
+    Setup setup = resolve_setup(opts, lead);
+    if (comm) setup.out_dir = comm->broadcast_text(setup.out_dir, 0);  // a default name has rank 0's clock
     const RunConfig& cfg = setup.cfg;
     const TrainConfig& tc = cfg.train;
     auto note = [&](const std::string& s) {
-        if (opts.log) *opts.log << s << '\n' << std::flush;
+        if (log) *log << s << '\n' << std::flush;
     };
+    const int64_t micro = tc.micro_batch(ranks), accumulation = tc.accumulation(ranks);
+    TESSERA_CHECK(ranks == 1 || cfg.model.moe.balance != "quantile",
+                  "model.moe.balance = \"quantile\" is not built for several ranks yet (its quantiles are per rank); "
+                  "use \"sign\"");
 
     const std::string data_path = cfg.data.path.empty() ? bundled_corpus_path() : cfg.data.path;
     TokenSource tokens(data_path);
     TESSERA_CHECK(tokens.vocab_size() <= cfg.model.vocab_size, "data {} uses {} token ids but model.vocab_size is {}",
                   data_path, tokens.vocab_size(), cfg.model.vocab_size);
-    DataLoader loader(tokens, tc.seq_len, tc.batch_size, cfg.data.val_fraction, tc.seed);
+    DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {rank, ranks, accumulation});
 
     model::Model model(cfg.model);
-    AdamW opt(model.param_specs());
-    const model::StepShape shape{tc.batch_size, tc.seq_len};
-    model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, {&opt.m(), &opt.v()});
+    AdamW opt(model.param_specs(), comm);
+    GradientSum grad_sum(model.param_specs(), opt.shard(), accumulation, comm);
+    const model::StepShape shape{micro, tc.seq_len};
+    std::vector<BufferGroup*> extra = {&opt.m(), &opt.v()};
+    for (BufferGroup* g : grad_sum.groups()) extra.push_back(g);
+    model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, extra);
 
     TrainerState state;
     if (!setup.checkpoint.empty()) {
         load_groups((fs::path(setup.checkpoint) / "model.safetensors").string(), {&rt.params()});
-        load_groups((fs::path(setup.checkpoint) / "optimizer.safetensors").string(), {&opt.m(), &opt.v()});
+        load_optimizer(setup.checkpoint, opt);
         state = load_trainer_state(setup.checkpoint);
         loader.set_position(state.data);
         opt.set_step(state.optimizer_step);
@@ -227,27 +254,38 @@ TrainSummary train(const TrainOptions& opts) {
         model.init_params(rt.params(), tc.seed);
     }
     const bool fresh = setup.checkpoint.empty();
-    FreshRunGuard guard(setup.out_dir, fresh);  // a fresh run that fails before its first checkpoint leaves nothing
-    fs::create_directories(setup.out_dir);
-    for (const auto& line : setup.cleaned) note("cleaned up after a killed run: " + line);
-    const fs::path metrics_path = fs::path(setup.out_dir) / "metrics.jsonl";
-    if (fresh && fs::exists(metrics_path)) {
-        note(fmt::format("{} holds no checkpoint: starting over (replacing config.json and metrics.jsonl)",
-                         setup.out_dir));
-        fs::remove(metrics_path);
+    // a fresh run that fails before its first checkpoint leaves nothing
+    FreshRunGuard guard(setup.out_dir, fresh && lead);
+    std::optional<MetricsLog> metrics;
+    if (lead) {
+        fs::create_directories(setup.out_dir);
+        for (const auto& line : setup.cleaned) note("cleaned up after a killed run: " + line);
+        const fs::path metrics_path = fs::path(setup.out_dir) / "metrics.jsonl";
+        if (fresh && fs::exists(metrics_path)) {
+            note(fmt::format("{} holds no checkpoint: starting over (replacing config.json and metrics.jsonl)",
+                             setup.out_dir));
+            fs::remove(metrics_path);
+        }
+        write_text_atomic((fs::path(setup.out_dir) / "config.json").string(), setup.config_json.dump(2) + "\n");
+        metrics.emplace(metrics_path.string(), fresh ? -1 : state.step);
     }
-    write_text_atomic((fs::path(setup.out_dir) / "config.json").string(), setup.config_json.dump(2) + "\n");
-    MetricsLog metrics(metrics_path.string(), fresh ? -1 : state.step);
 
-    const double gemm_gflops = ops::measure_gemm_gflops();
+    // every rank measures its own threads (side by side, as they train); the job's rate is W times that
+    const double gemm_gflops = ops::measure_gemm_gflops() * ranks;
     const double train_flops_per_token = 3.0 * model.forward_flops_per_token(tc.seq_len);
-    const int64_t tokens_per_step = tc.batch_size * tc.seq_len * tc.grad_accum;
+    const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
     note(fmt::format("tessera: {} parameters ({} layers, d_model {}), {} tokens per step, {} steps", model.num_params(),
                      cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));
+    if (comm)
+        note(
+            fmt::format("{} ranks ({}): each runs {} micro-batch{} of {} sequences per step and keeps 1/{} of the "
+                        "optimizer state; memory below is per rank",
+                        ranks, comm->backend(), accumulation, accumulation == 1 ? "" : "es", micro, ranks));
     note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(), loader.num_train_windows(),
                      loader.num_eval_batches()));
     note(rt.memory_report().str());
-    note(fmt::format("GEMM rate of this machine: {:.0f} GFLOP/s (measured now; {}); run directory: {}", gemm_gflops,
+    note(fmt::format("GEMM rate of {}: {:.0f} GFLOP/s (measured now; {}); run directory: {}",
+                     ranks > 1 ? fmt::format("the {} ranks", ranks) : std::string("this machine"), gemm_gflops,
                      ops::isa_summary(), setup.out_dir));
     if (!setup.checkpoint.empty()) note(fmt::format("resumed from {} at step {}", setup.checkpoint, state.step));
 
@@ -258,27 +296,35 @@ TrainSummary train(const TrainOptions& opts) {
         const int64_t n = document_starts(i, shape.batch, shape.seq, ByteTokenizer::kEndOfText, cu);
         return model::StepShape{shape.batch, shape.seq, std::span<const int64_t>(cu.data(), size_t(n))};
     };
+    // The ranks share the evaluation batches (batch i on rank i mod W); the per-batch sums are added in batch
+    // order, so the result does not depend on the number of ranks.
+    std::vector<double> eval_parts(size_t(2 * std::min(tc.eval_batches, loader.num_eval_batches())));
     auto evaluate = [&]() -> std::optional<double> {
-        const int64_t n = std::min(tc.eval_batches, loader.num_eval_batches());
+        const int64_t n = int64_t(eval_parts.size() / 2);
         if (n == 0) return std::nullopt;
-        double sum = 0;
-        int64_t count = 0;
-        for (int64_t i = 0; i < n; ++i) {
+        std::fill(eval_parts.begin(), eval_parts.end(), 0.0);
+        for (int64_t i = rank; i < n; i += ranks) {
             loader.eval_batch(i, ids, targets);
             model::LossResult r = model.forward_loss(shape_of(ids), ids, targets);
-            sum += r.loss * double(r.count);
-            count += r.count;
+            eval_parts[size_t(2 * i)] = r.loss * double(r.count);
+            eval_parts[size_t(2 * i + 1)] = double(r.count);
         }
-        return count ? std::optional(sum / double(count)) : std::nullopt;
+        if (comm) comm->all_reduce(std::span(eval_parts));  // one non-zero term per element: exact
+        double sum = 0, count = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            sum += eval_parts[size_t(2 * i)];
+            count += eval_parts[size_t(2 * i + 1)];
+        }
+        return count > 0 ? std::optional(sum / count) : std::nullopt;
     };
     TrainSummary summary;
     summary.first_step = state.step;
-    Progress progress(opts.log, opts.log_is_tty, tc.steps, tc.log_interval);
+    Progress progress(log, opts.log_is_tty, tc.steps, tc.log_interval);
     auto run_eval = [&](int64_t step) {
         summary.eval_loss = evaluate();
         if (!summary.eval_loss) return;
         const double bpb = *summary.eval_loss / std::numbers::ln2;
-        metrics.write({{"step", step}, {"eval_loss", *summary.eval_loss}, {"eval_bpb", bpb}});
+        if (metrics) metrics->write({{"step", step}, {"eval_loss", *summary.eval_loss}, {"eval_bpb", bpb}});
         progress.note(
             fmt::format("eval at step {}: loss {:.4f} ({:.3f} bits per byte)", step, *summary.eval_loss, bpb));
     };
@@ -286,8 +332,7 @@ TrainSummary train(const TrainOptions& opts) {
         state.optimizer_step = opt.step();
         state.data = loader.position();
         summary.checkpoint = save_checkpoint(
-            setup.out_dir,
-            {.config = setup.config_json, .params = rt.params(), .m = &opt.m(), .v = &opt.v(), .state = state});
+            setup.out_dir, {.config = setup.config_json, .params = rt.params(), .opt = &opt, .state = state}, comm);
         guard.dismiss();
         progress.note(fmt::format("checkpoint: {}", summary.checkpoint));
     };
@@ -299,7 +344,7 @@ TrainSummary train(const TrainOptions& opts) {
     };
     while (state.step < tc.steps) {
         const auto t0 = Clock::now();
-        const StepResult r = train_step(model, rt, opt, tc, state.step, next_batch, ids, targets);
+        const StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, comm);
         const double loss = r.loss, lr = r.lr, norm = r.grad_norm;
         state.step++;
         state.tokens_seen += tokens_per_step;
@@ -327,7 +372,7 @@ TrainSummary train(const TrainOptions& opts) {
             rec["dsa"] = dsa_metrics(r.dsa);
             extra_line += (extra_line.empty() ? "" : ", ") + dsa_summary(r.dsa);
         }
-        metrics.write(rec);
+        if (metrics) metrics->write(rec);
         progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9), extra_line);
         const bool last = state.step == tc.steps;
         if ((tc.eval_interval > 0 && state.step % tc.eval_interval == 0) || last) run_eval(state.step);
@@ -335,7 +380,10 @@ TrainSummary train(const TrainOptions& opts) {
             checkpoint();
             last_saved = state.step;
         }
-        if (opts.stop && opts.stop->load() && state.step < tc.steps) {  // (at the last step: just finish)
+        // every rank stops at the same step (a signal may reach them at different times)
+        bool stop = opts.stop && opts.stop->load();
+        if (comm) stop = comm->all_reduce_sum<int64_t>(stop ? 1 : 0) > 0;
+        if (stop && state.step < tc.steps) {  // (at the last step: just finish)
             if (last_saved != state.step) checkpoint();
             summary.stopped_early = true;
             progress.note(fmt::format("stopped at step {}; continue with --resume {}", state.step, setup.out_dir));

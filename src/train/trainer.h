@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "model/runtime.h"
+#include "parallel/comm.h"
 #include "train/config.h"
+#include "train/grad_sum.h"
 #include "train/optimizer.h"
 
 namespace tessera::train {
@@ -28,10 +30,13 @@ struct TrainOptions {
     std::ostream* log = nullptr;         // progress and notes; null = silent
     bool log_is_tty = false;
     const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): checkpoint and return early
+    // The data group (null: one process). Rank 0 logs, writes metrics and the shared checkpoint files; every
+    // rank must pass the same options.
+    parallel::Comm* comm = nullptr;
 };
 
 struct StepResult {
-    double loss = 0;       // mean over the step's micro-batches
+    double loss = 0;       // mean over the step's micro-batches (of every rank)
     double grad_norm = 0;  // before clipping
     double lr = 0;
     // The step's layer statistics (Model::take_step_stats), and views of them that live as long as it:
@@ -46,18 +51,22 @@ struct StepResult {
 // they are kept apart).
 using BatchSource = std::function<model::StepShape(std::span<int32_t> ids, std::span<int32_t> targets)>;
 
-// One optimizer step (0-based `step` for the schedule): zero gradients, forward/backward over
-// grad_accum micro-batches from next_batch, clip, AdamW, then the MoE selection biases move by their
-// balancing rule. The model must be bound to rt. After the first step it makes no heap allocation in
-// tessera's code when the previous result has been dropped (tests/model/test_no_alloc.cpp).
+// One optimizer step (0-based `step` for the schedule): forward/backward over grads.accumulation()
+// micro-batches from next_batch, their gradient summed over micro-batches and ranks (GradientSum), clip by
+// the global norm, AdamW on this rank's range and the ranges shared, then the MoE selection biases move by
+// their balancing rule from the routing counts of every rank. The model must be bound to rt. After the first
+// step it makes no heap allocation in tessera's code when the previous result has been dropped (one
+// process; tests/model/test_no_alloc.cpp).
 StepResult train_step(model::Model& model,
                       model::ModelRuntime& rt,
                       AdamW& opt,
+                      GradientSum& grads,
                       const TrainConfig& tc,
                       int64_t step,
                       const BatchSource& next_batch,
                       std::span<int32_t> ids,
-                      std::span<int32_t> targets);
+                      std::span<int32_t> targets,
+                      parallel::Comm* comm = nullptr);
 
 struct TrainSummary {
     int64_t first_step = 0;  // steps run by this call: [first_step, last_step)

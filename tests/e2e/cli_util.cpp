@@ -21,11 +21,10 @@ std::string binary() {
     const char* other = std::getenv("TESSERA_TEST_BIN");
     return other && *other ? other : TESSERA_BIN;
 }
-}  // namespace
 
-CliResult run_tessera(const std::string& args) {
+CliResult run_command(const std::string& command_line) {
     TempDir dir;
-    const std::string cmd = binary() + " --threads 2 " + args + " > " + dir.file("out") + " 2> " + dir.file("err");
+    const std::string cmd = command_line + " > " + dir.file("out") + " 2> " + dir.file("err");
     const int raw = std::system(cmd.c_str());
     CliResult r;
     r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
@@ -33,6 +32,16 @@ CliResult run_tessera(const std::string& args) {
     r.err = read_text(dir.file("err"));
     return r;
 }
+}  // namespace
+
+CliResult run_tessera(const std::string& args) { return run_command(binary() + " --threads 2 " + args); }
+
+#ifdef TESSERA_MPIEXEC
+CliResult run_tessera_mpi(int ranks, const std::string& args) {
+    return run_command(std::string(TESSERA_MPIEXEC) + " --allow-run-as-root --oversubscribe -n " +
+                       std::to_string(ranks) + " -x OMP_NUM_THREADS=1 " + binary() + " " + args);
+}
+#endif
 
 Background start_tessera(const std::string& args, const std::string& dir) {
     Background b{-1, dir + "/bg.out", dir + "/bg.err"};

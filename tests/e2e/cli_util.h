@@ -10,8 +10,20 @@ struct CliResult {
     std::string out, err;
 };
 
+// --set options that turn tests/e2e/tiny.json into a tiny MoE model (8 experts, top-2; add a balance rule) and
+// into a KDA : gated DSA hybrid (top-8 of 32 tokens; no gqa layer, so tiny.json's n_kv_heads is dropped).
+inline const std::string kTinyMoe =
+    " --set model.moe.experts=8 --set model.moe.topk=2 --set model.moe.ffn_dim=32"
+    " --set model.moe.shared_ffn_dim=32 --set model.moe.bias_update_rate=0.01";
+inline const std::string kTinyHybrid =
+    " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=8 --set model.kda.head_dim=16"
+    " --set model.output_gate=headwise --set model.n_kv_heads=null";
+
 // args: shell words appended to the binary path (quote them yourself).
 CliResult run_tessera(const std::string& args);
+
+// args run by `ranks` processes under mpirun (one OpenMP thread each: the ranks share this machine's cores).
+CliResult run_tessera_mpi(int ranks, const std::string& args);
 
 // A tessera process in the background (stdout and stderr to out_file and err_file), for signal tests.
 struct Background {

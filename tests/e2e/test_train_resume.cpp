@@ -60,13 +60,6 @@ TEST_P(Resume, ContinuesBitwiseIdentically) {
               read_text(part + "/checkpoints/step_0000012/model.safetensors"));
 }
 
-const std::string kMoe =
-    " --set model.moe.experts=8 --set model.moe.topk=2 --set model.moe.ffn_dim=32"
-    " --set model.moe.shared_ffn_dim=32 --set model.moe.bias_update_rate=0.01";
-// KDA : gated DSA hybrid (top-8 of 32 tokens) with packed documents (no gqa layer: tiny.json's n_kv_heads dropped)
-const std::string kHybrid =
-    " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=8 --set model.kda.head_dim=16"
-    " --set model.output_gate=headwise --set model.n_kv_heads=null";
 std::string run_name(const ::testing::TestParamInfo<std::string>& info) {
     const std::vector<std::string> names = {"dense", "moe_sign", "moe_quantile", "hybrid_kda_dsa"};
     return names[info.index];
@@ -74,16 +67,17 @@ std::string run_name(const ::testing::TestParamInfo<std::string>& info) {
 INSTANTIATE_TEST_SUITE_P(Runs,
                          Resume,
                          ::testing::Values("",
-                                           kMoe + " --set model.moe.balance=sign",
-                                           kMoe + " --set model.moe.balance=quantile --set model.moe.latent_dim=16"
-                                                  " --set model.moe.bias_update_rate=null",
-                                           kHybrid),
+                                           test::kTinyMoe + " --set model.moe.balance=sign",
+                                           test::kTinyMoe +
+                                               " --set model.moe.balance=quantile --set model.moe.latent_dim=16"
+                                               " --set model.moe.bias_update_rate=null",
+                                           test::kTinyHybrid),
                          run_name);
 
 TEST(DsaRun, WarmupThenSparseStageOnTheSameRunLogsTheIndexerKl) {
     TempDir d;
     const std::string run = d.file("run");
-    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 3 --out " + run + kHybrid +
+    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 3 --out " + run + test::kTinyHybrid +
                                     " --set model.mla.dsa.stage=dense_warmup");
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("indexer KL"), std::string::npos) << r.out;
@@ -110,7 +104,7 @@ TEST(DsaRun, WarmupThenSparseStageOnTheSameRunLogsTheIndexerKl) {
 TEST(MoeRun, LogsExpertLoadPerLayerAndMovesTheBias) {
     TempDir d;
     const std::string run = d.file("run");
-    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 4 --out " + run + kMoe +
+    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 4 --out " + run + test::kTinyMoe +
                                     " --set model.moe.first_dense=0 --set model.moe.capacity_factor=1"
                                     " --set model.ffn_dim=null");
     ASSERT_EQ(r.status, 0) << r.err;

@@ -14,11 +14,13 @@ GoldenModel::GoldenModel(const std::string& case_name, bool recompute, const std
     const Json golden_model = doc["model"];
     if (edit) edit(doc);
     cfg = train::parse_run_config(doc, "golden " + case_name);
-    shape = {cfg.train.batch_size, cfg.train.seq_len};
+    shape = {cfg.train.micro_batch(1), cfg.train.seq_len};
     model = std::make_unique<model::Model>(cfg.model);
     opt = std::make_unique<train::AdamW>(model->param_specs());
-    rt = std::make_unique<model::ModelRuntime>(*model, shape, true, recompute,
-                                               std::vector<BufferGroup*>{&opt->m(), &opt->v()});
+    grads = std::make_unique<train::GradientSum>(model->param_specs(), opt->shard(), cfg.train.accumulation(1));
+    std::vector<BufferGroup*> extra{&opt->m(), &opt->v()};
+    for (BufferGroup* g : grads->groups()) extra.push_back(g);
+    rt = std::make_unique<model::ModelRuntime>(*model, shape, true, recompute, extra);
     if (doc["model"] != golden_model) {  // the golden's parameters do not fit an edited model
         model->init_params(rt->params(), 1);
         return;
@@ -42,7 +44,7 @@ std::vector<double> GoldenModel::run_trajectory(std::vector<train::StepResult>* 
             std::copy(st.begin(), st.end(), t.begin());
             return shape;
         };
-        train::StepResult r = train::train_step(*model, *rt, *opt, cfg.train, step, batch, ids_buf, tgt_buf);
+        train::StepResult r = train::train_step(*model, *rt, *opt, *grads, cfg.train, step, batch, ids_buf, tgt_buf);
         losses.push_back(r.loss);
         if (steps) steps->push_back(std::move(r));
     }

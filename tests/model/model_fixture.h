@@ -26,6 +26,7 @@ struct GoldenModel {
     model::StepShape shape;
     std::unique_ptr<model::Model> model;
     std::unique_ptr<train::AdamW> opt;
+    std::unique_ptr<train::GradientSum> grads;
     std::unique_ptr<model::ModelRuntime> rt;
 
     std::span<const int32_t> ids(const std::string& name, int64_t index = 0) const;  // one [B·T] batch

@@ -94,6 +94,39 @@ TEST(Loader, SameSeedSameBatchesAndPositionsResume) {
     EXPECT_EQ(ia[0], int32_t(text[size_t(2700)]));  // eval reads the held-out tail in order
 }
 
+// W ranks with A micro-batches each read, rank-major, what one loader with W·A micro-batches reads, across
+// epoch boundaries, and their position between steps is that loader's.
+TEST(Loader, RanksShareEachStepsWindowsRankMajor) {
+    test::TempDir d;
+    std::string text;
+    for (int i = 0; i < 3000; ++i) text += char('a' + (i * 7) % 26);
+    std::ofstream(d.file("t.txt")) << text;
+    train::TokenSource src(d.file("t.txt"));
+    const int W = 3, A = 2, mb = 2, T = 16;  // 168 training windows: an epoch ends inside a step
+    train::DataLoader one(src, T, mb, 0.1, 7, {0, 1, W * A});
+    std::vector<train::DataLoader> ranks;
+    for (int r = 0; r < W; ++r) ranks.emplace_back(src, T, mb, 0.1, 7, train::DataShard{r, W, A});
+    std::vector<int32_t> i1(mb * T), t1(mb * T), ir(mb * T), tr(mb * T);
+    for (int step = 0; step < 40; ++step) {
+        std::vector<std::vector<int32_t>> want;
+        for (int k = 0; k < W * A; ++k) {
+            one.next_batch(i1, t1);
+            want.push_back(i1);
+        }
+        for (int r = 0; r < W; ++r) {
+            for (int m = 0; m < A; ++m) {
+                ranks[size_t(r)].next_batch(ir, tr);
+                ASSERT_EQ(ir, want[size_t(r * A + m)]) << "step " << step << " rank " << r << " micro " << m;
+            }
+        }
+    }
+    // the position between steps is the single loader's (the last rank never reads past its share)
+    EXPECT_EQ(ranks[W - 1].position().epoch, one.position().epoch);
+    EXPECT_EQ(ranks[W - 1].position().cursor, one.position().cursor);
+    ranks[0].next_batch(ir, tr);
+    EXPECT_THROW(ranks[0].position(), Error) << "mid-step: no position to save";
+}
+
 TEST(Loader, DocumentStartsFollowEndOfTextTokens) {
     const int32_t E = ByteTokenizer::kEndOfText;
     const std::vector<int32_t> ids = {1, E, 2, 3, /*row 2*/ E, 4, 5, E};

@@ -74,7 +74,7 @@ TEST_P(ProcessMemory, GrowsByThePredictionWhenTraining) {
         return g.shape;
     };
     for (int64_t step = 0; step < 2; ++step)
-        train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, step, batch, ids, tgt);
+        train::train_step(*g.model, *g.rt, *g.opt, *g.grads, g.cfg.train, step, batch, ids, tgt);
     const model::MemoryReport m = g.rt->memory_report();
     const double grown = double(proc_status_bytes("VmHWM") - base),
                  predicted = double(m.predicted_bytes + m.outside_arena_bytes);

@@ -73,11 +73,12 @@ TEST(HotPath, TrainingStepsAfterTheFirstDoNotTouchTheHeap) {
             std::copy(st.begin(), st.end(), t.begin());
             return g.shape;
         };
-        train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, 0, batch, ids, tgt);  // first step: may allocate
+        train::train_step(*g.model, *g.rt, *g.opt, *g.grads, g.cfg.train, 0, batch, ids,
+                          tgt);  // first step: may allocate
         const long ours = g_ours.load(), onednn = g_onednn.load();
         const int steps = 3;
         for (int64_t step = 1; step <= steps; ++step) {
-            train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, step, batch, ids, tgt);
+            train::train_step(*g.model, *g.rt, *g.opt, *g.grads, g.cfg.train, step, batch, ids, tgt);
         }
         EXPECT_EQ(g_ours.load() - ours, 0)
             << "heap allocations by tessera in " << steps << " steps (recompute " << recompute << ")";
@@ -104,10 +105,10 @@ TEST_P(HotPathModels, TrainingStepsAfterTheFirstMakeNoHeapAllocation) {
         std::copy(st.begin(), st.end(), t.begin());
         return g.shape;
     };
-    train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, 0, batch, ids, tgt);
+    train::train_step(*g.model, *g.rt, *g.opt, *g.grads, g.cfg.train, 0, batch, ids, tgt);
     const long ours = g_ours.load();
     for (int64_t step = 1; step <= 2; ++step)
-        train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, step, batch, ids, tgt);
+        train::train_step(*g.model, *g.rt, *g.opt, *g.grads, g.cfg.train, step, batch, ids, tgt);
     EXPECT_EQ(g_ours.load() - ours, 0) << "heap allocations by tessera in 2 steps";
 }
 
@@ -123,9 +124,11 @@ TEST(HotPath, RecomputeDocumentsAccumulationAndTheDsaWarmupMakeNoHeapAllocation)
     const Variant variants[] = {
         {"attn_res_mla_moe", true, false, nullptr},
         {"hybrid_kda_dsa", false, true, nullptr},
-        {"hybrid_kda_dsa", true, true, [](Json& d) { d["train"]["grad_accum"] = 2; }},
+        {"hybrid_kda_dsa", true, true,
+         [](Json& d) { d["train"]["micro_batch_size"] = d["train"]["batch_size"].get<int64_t>() / 2; }},
         {"dsa_sparse", true, false, [](Json& d) { d["model"]["mla"]["dsa"]["stage"] = "dense_warmup"; }},
-        {"moe_capacity", false, true, [](Json& d) { d["train"]["grad_accum"] = 2; }},
+        {"moe_capacity", false, true,
+         [](Json& d) { d["train"]["micro_batch_size"] = d["train"]["batch_size"].get<int64_t>() / 2; }},
         // quantile balancing moves routing, so expert segments (the weight gradients' K) change every step
         {"moe_latent_situ", false, false,
          [](Json& d) {
@@ -150,10 +153,10 @@ TEST(HotPath, RecomputeDocumentsAccumulationAndTheDsaWarmupMakeNoHeapAllocation)
             std::copy(st.begin(), st.end(), t.begin());
             return v.documents ? model::StepShape{g.shape.batch, g.shape.seq, cu} : g.shape;
         };
-        train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, 0, batch, ids, tgt);
+        train::train_step(*g.model, *g.rt, *g.opt, *g.grads, g.cfg.train, 0, batch, ids, tgt);
         const long ours = g_ours.load();
         for (int64_t step = 1; step <= 2; ++step)
-            train::train_step(*g.model, *g.rt, *g.opt, g.cfg.train, step, batch, ids, tgt);
+            train::train_step(*g.model, *g.rt, *g.opt, *g.grads, g.cfg.train, step, batch, ids, tgt);
         EXPECT_EQ(g_ours.load() - ours, 0) << "heap allocations by tessera in 2 steps of " << v.golden << " (recompute "
                                            << v.recompute << ", documents " << v.documents << ")";
     }

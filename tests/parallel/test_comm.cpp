@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "parallel/comm_checks.h"
 #include "parallel/comm_local.h"
+#include "parallel/shard.h"
 
 namespace tessera {
 namespace {
@@ -36,6 +37,28 @@ TEST(LocalComm, MismatchedCountsAreAnErrorNotAHang) {
                 c.all_to_all_v(send, sb, recv, rb);
             }),
         Error);
+}
+
+// ZeRO's cut of a flat buffer: consecutive ranges tiling [0, N), whole quanta except where N ends, the same
+// cut from every rank's view.
+TEST(FlatShard, RangesTileTheBufferInWholeQuanta) {
+    for (int64_t n : {0, 1, 63, 64, 65, 640, 1000}) {
+        for (int world : {1, 2, 3, 4, 7}) {
+            int64_t next = 0;
+            for (int r = 0; r < world; ++r) {
+                const parallel::FlatShard s(n, r, world, 64);
+                ASSERT_EQ(s.lo, next) << n << " / " << world << " rank " << r;
+                ASSERT_EQ(s.per_rank % 64, 0);
+                ASSERT_TRUE(s.hi == n || s.size() == s.per_rank) << "only the end cuts a range short";
+                ASSERT_EQ(s.lo_of(r), s.lo);
+                ASSERT_EQ(parallel::FlatShard(n, 0, world, 64).hi_of(r), s.hi);
+                next = s.hi;
+            }
+            EXPECT_EQ(next, n);
+            EXPECT_LT(parallel::FlatShard(n, 0, world, 64).per_rank, n / world + 64 + 1) << "balanced within a quantum";
+        }
+    }
+    EXPECT_THROW(parallel::FlatShard(10, 2, 2, 64), Error);
 }
 
 }  // namespace

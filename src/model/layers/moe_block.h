@@ -10,6 +10,9 @@
 // entropy; update_bias() applies the balancing rule to them and take_stats() hands them out.
 #pragma once
 
+#include <functional>
+#include <span>
+
 #include "model/config.h"
 #include "model/layers/block.h"
 #include "ops/moe.h"
@@ -40,8 +43,9 @@ class MoeBlock : public Block {
     std::string kind() const override { return "moe"; }
     void set_pass(const PassOptions& o) override { pass_ = o; }
 
-    // After the optimizer step: moves the selection bias by the configured rule from this step's routing.
-    void update_bias();
+    // After the optimizer step: moves the selection bias by the configured rule from this step's routing;
+    // sum_over_ranks (when set) first turns this rank's expert counts into every rank's.
+    void update_bias(const std::function<void(std::span<int64_t>)>& sum_over_ranks);
     void take_stats(MoeLayerStats& out);  // this step's statistics (into out, reusing its storage); clears them
     // The global balance loss (model.moe.global_aux_coeff; ops/router.h): the last forward's router choices and
     // Σ_rows ŝ per expert and its token count, which the model pools over its MoE layers, and the pooled loss's

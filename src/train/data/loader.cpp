@@ -8,9 +8,12 @@
 
 namespace tessera::train {
 
-DataLoader::DataLoader(const TokenSource& tokens, int64_t seq_len, int64_t batch, double val_fraction, uint64_t seed)
-    : tokens_(tokens), seq_len_(seq_len), batch_(batch), seed_(seed) {
+DataLoader::DataLoader(
+    const TokenSource& tokens, int64_t seq_len, int64_t batch, double val_fraction, uint64_t seed, DataShard shard)
+    : tokens_(tokens), seq_len_(seq_len), batch_(batch), seed_(seed), shard_(shard) {
     TESSERA_CHECK(seq_len > 0 && batch > 0, "data: seq_len and batch_size must be positive");
+    TESSERA_CHECK(shard.world >= 1 && shard.rank >= 0 && shard.rank < shard.world && shard.accumulation >= 1,
+                  "data: rank {} of {} with {} micro-batches per step", shard.rank, shard.world, shard.accumulation);
     TESSERA_CHECK(val_fraction >= 0 && val_fraction < 1, "data: val_fraction must be in [0, 1), not {}", val_fraction);
     const int64_t n = tokens.size();
     train_tokens_ = int64_t(double(n) * (1.0 - val_fraction));
@@ -36,7 +39,26 @@ void DataLoader::set_position(LoaderPosition p) {
     TESSERA_CHECK(p.epoch >= 0 && p.cursor >= 0 && p.cursor <= int64_t(order_.size()),
                   "data: position (epoch {}, cursor {}) is out of range", p.epoch, p.cursor);
     pos_ = p;
+    micro_ = 0;
     shuffle_epoch();
+}
+
+LoaderPosition DataLoader::position() const {
+    TESSERA_CHECK(micro_ == 0, "data: the position is taken between steps ({} of {} micro-batches read)", micro_,
+                  shard_.accumulation);
+    return pos_;
+}
+
+int64_t DataLoader::next_window() {
+    if (pos_.cursor == int64_t(order_.size())) {
+        pos_ = {pos_.epoch + 1, 0};
+        shuffle_epoch();
+    }
+    return order_[size_t(pos_.cursor++)];
+}
+
+void DataLoader::skip(int64_t windows) {
+    for (int64_t i = 0; i < windows; ++i) next_window();
 }
 
 void DataLoader::read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets) const {
@@ -49,14 +71,15 @@ void DataLoader::read_window(int64_t start, std::span<int32_t> ids, std::span<in
 void DataLoader::next_batch(std::span<int32_t> ids, std::span<int32_t> targets) {
     TESSERA_CHECK(int64_t(ids.size()) == batch_ * seq_len_ && ids.size() == targets.size(),
                   "data: batch buffers must hold {} tokens", batch_ * seq_len_);
+    const int64_t per_rank = shard_.accumulation * batch_;
+    if (micro_ == 0) skip(shard_.rank * per_rank);  // the lower ranks' share of this step
     for (int64_t b = 0; b < batch_; ++b) {
-        if (pos_.cursor == int64_t(order_.size())) {
-            pos_ = {pos_.epoch + 1, 0};
-            shuffle_epoch();
-        }
-        const int64_t w = order_[size_t(pos_.cursor++)];
-        read_window(w * seq_len_, ids.subspan(size_t(b * seq_len_), size_t(seq_len_)),
+        read_window(next_window() * seq_len_, ids.subspan(size_t(b * seq_len_), size_t(seq_len_)),
                     targets.subspan(size_t(b * seq_len_), size_t(seq_len_)));
+    }
+    if (++micro_ == shard_.accumulation) {
+        skip((shard_.world - 1 - shard_.rank) * per_rank);  // the higher ranks' share
+        micro_ = 0;
     }
 }
 

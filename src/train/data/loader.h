@@ -4,6 +4,11 @@
 // next token as the last target), visited in a fresh Philox permutation every epoch; the whole
 // state is (epoch, cursor), saved in checkpoints. Evaluation reads the first windows of the
 // validation split in order, the same every time.
+//
+// Data parallelism: one optimizer step reads world × accumulation micro-batches of `batch` windows from
+// the one window sequence, rank-major (rank r's micro-batch m is the step's (r·accumulation + m)-th), so W
+// ranks together read exactly what one rank accumulating W·accumulation micro-batches reads, and the
+// position (kept between steps) does not depend on the number of ranks.
 #pragma once
 
 #include <cstdint>
@@ -19,22 +24,36 @@ struct LoaderPosition {
     int64_t cursor = 0;  // windows consumed in this epoch
 };
 
+// This rank's share of each step's windows.
+struct DataShard {
+    int rank = 0, world = 1;
+    int64_t accumulation = 1;  // micro-batches per rank per optimizer step
+};
+
 class DataLoader {
   public:
-    DataLoader(const TokenSource& tokens, int64_t seq_len, int64_t batch, double val_fraction, uint64_t seed);
+    DataLoader(const TokenSource& tokens,
+               int64_t seq_len,
+               int64_t batch,
+               double val_fraction,
+               uint64_t seed,
+               DataShard shard = {});
 
-    // ids, targets: [batch · seq_len]
+    // This rank's next micro-batch. ids, targets: [batch · seq_len]
     void next_batch(std::span<int32_t> ids, std::span<int32_t> targets);
     // The i-th evaluation batch (i < num_eval_batches()).
     void eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets) const;
     int64_t num_eval_batches() const { return num_val_windows_ / batch_; }
     int64_t num_train_windows() const { return int64_t(order_.size()); }
 
-    LoaderPosition position() const { return pos_; }
+    // between optimizer steps (after every micro-batch of a step was read)
+    LoaderPosition position() const;
     void set_position(LoaderPosition p);
 
   private:
     void shuffle_epoch();
+    int64_t next_window();  // the next window of the sequence (a new epoch after the last)
+    void skip(int64_t windows);
     void read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets) const;
 
     const TokenSource& tokens_;
@@ -44,6 +63,8 @@ class DataLoader {
     int64_t num_val_windows_ = 0;
     std::vector<int64_t> order_;  // window index permutation of the current epoch
     LoaderPosition pos_;
+    DataShard shard_;
+    int64_t micro_ = 0;  // micro-batches of the current step read by this rank
 };
 
 // Document boundaries of a batch of `batch` rows of `seq` tokens: the start of every row and the

@@ -1,0 +1,34 @@
+// How ZeRO shards a buffer group over the data group: its flat element space [0, N) (every buffer at
+// its offset, alignment gaps included) cut into W consecutive ranges of `per_rank` elements, a multiple
+// of the quantum so that fixed-size reduction chunks (the gradient norm's) never straddle two ranks.
+// The last ranges may be short or empty. The cut depends only on (N, W, quantum), so a checkpoint's
+// shards can be re-cut for another world size.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/check.h"
+
+namespace tessera::parallel {
+
+struct FlatShard {
+    int64_t total = 0;       // N: elements of the flat space
+    int64_t per_rank = 0;    // elements per range (a multiple of the quantum)
+    int64_t lo = 0, hi = 0;  // this rank's range
+
+    FlatShard() = default;
+    FlatShard(int64_t n, int rank, int world, int64_t quantum) : total(n) {
+        TESSERA_CHECK(n >= 0 && world >= 1 && rank >= 0 && rank < world && quantum >= 1,
+                      "FlatShard: {} elements, rank {} of {}, quantum {}", n, rank, world, quantum);
+        const int64_t quanta = (n + quantum - 1) / quantum;
+        per_rank = (quanta + world - 1) / world * quantum;
+        lo = std::min(n, int64_t(rank) * per_rank);
+        hi = std::min(n, lo + per_rank);
+    }
+    int64_t size() const { return hi - lo; }
+    int64_t lo_of(int r) const { return std::min(total, int64_t(r) * per_rank); }
+    int64_t hi_of(int r) const { return std::min(total, lo_of(r) + per_rank); }
+};
+
+}  // namespace tessera::parallel

@@ -1,0 +1,119 @@
+// Data-parallel training under mpirun (label mpi): W ranks sharing the global batch give the bits of one
+// process accumulating the same W micro-batches (losses, evaluation, final parameters), for a dense model,
+// an MoE model whose selection bias moves by every rank's expert counts, and the KDA : gated DSA hybrid; a
+// checkpoint written by one number of ranks resumes on another; layouts that do not fit are one-line errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "core/config_reader.h"
+#include "core/file.h"
+#include "e2e/cli_util.h"
+#include "util/test_util.h"
+
+namespace tessera {
+namespace {
+
+using test::run_tessera;
+using test::run_tessera_mpi;
+using test::TempDir;
+namespace fs = std::filesystem;
+
+const std::string kTiny = TESSERA_TINY_CONFIG;  // batch_size 4, 12 steps, checkpoints at 6 and 12
+
+// "loss" and "eval_loss" fields of the steps after `after`, by (key, step), exactly as written (shortest
+// round-trip text: equal text = equal bits)
+std::map<std::pair<std::string, int64_t>, std::string> losses(const std::string& run_dir, int64_t after = 0) {
+    std::map<std::pair<std::string, int64_t>, std::string> out;
+    std::istringstream in(read_text(run_dir + "/metrics.jsonl"));
+    std::string line;
+    while (std::getline(in, line)) {
+        Json j = Json::parse(line);
+        const int64_t step = j["step"].get<int64_t>();
+        for (const char* key : {"loss", "eval_loss"})
+            if (j.contains(key) && step > after) out[{key, step}] = j[key].dump();
+    }
+    return out;
+}
+
+std::string final_model(const std::string& run_dir) {
+    return read_text(run_dir + "/checkpoints/step_0000012/model.safetensors");
+}
+
+struct Layout {
+    const char* name;
+    int ranks;
+    std::string sets;
+};
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
+class DataParallel : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(DataParallel, EqualsOneProcessAccumulatingTheSameMicroBatches) {
+    const Layout& p = GetParam();
+    TempDir d;
+    const std::string one = d.file("one"), many = d.file("many");
+    const std::string micro = std::to_string(4 / p.ranks);
+    test::CliResult a =
+        run_tessera("train --config " + kTiny + " --out " + one + " --set train.micro_batch_size=" + micro + p.sets);
+    ASSERT_EQ(a.status, 0) << a.err;
+    test::CliResult b = run_tessera_mpi(p.ranks, "train --config " + kTiny + " --out " + many + p.sets);
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    EXPECT_NE(b.out.find(std::to_string(p.ranks) + " ranks (mpi)"), std::string::npos) << b.out;
+    const auto la = losses(one), lb = losses(many);
+    ASSERT_EQ(la.size(), 14u);  // 12 steps, 2 evaluations
+    EXPECT_EQ(la, lb);
+    EXPECT_TRUE(final_model(one) == final_model(many)) << "the final parameters differ";
+    // one optimizer file per rank, each a range of the moments
+    for (int r = 0; r < p.ranks; ++r) {
+        EXPECT_TRUE(fs::exists(
+            fmt::format("{}/checkpoints/step_0000012/optimizer-{:05d}-of-{:05d}.safetensors", many, r, p.ranks)));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Runs,
+                         DataParallel,
+                         ::testing::Values(Layout{"dense_2", 2, ""},
+                                           Layout{"dense_4", 4, ""},
+                                           Layout{"moe_sign_2", 2, test::kTinyMoe + " --set model.moe.balance=sign"},
+                                           Layout{"hybrid_kda_dsa_2", 2, test::kTinyHybrid}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The optimizer ranges are re-cut on loading: 2 ranks -> 1 and 1 -> 2 continue the uninterrupted run's bits.
+TEST(DataParallelCheckpoint, ResumesOnAnotherNumberOfRanks) {
+    TempDir d;
+    const std::string ref = d.file("ref"), two = d.file("two"), one = d.file("one");
+    const std::string micro = " --set train.micro_batch_size=2";  // the same micro-batches on 1 and 2 ranks
+    ASSERT_EQ(run_tessera("train --config " + kTiny + " --out " + ref + micro).status, 0);
+    for (const auto& [from, to] : {std::pair{2, 1}, std::pair{1, 2}}) {
+        // the step-6 checkpoint of a run on `from` ranks, continued on `to`
+        const std::string full = d.file(fmt::format("full{}", from)), run = d.file(fmt::format("from{}to{}", from, to));
+        const std::string args = "train --config " + kTiny + " --out " + full + micro;
+        test::CliResult a = from == 1 ? run_tessera(args) : run_tessera_mpi(from, args);
+        ASSERT_EQ(a.status, 0) << a.err;
+        fs::create_directories(run + "/checkpoints");
+        fs::copy(full + "/checkpoints/step_0000006", run + "/checkpoints/step_0000006");
+        const std::string rest = "train --resume " + run;
+        test::CliResult b = to == 1 ? run_tessera(rest) : run_tessera_mpi(to, rest);
+        ASSERT_EQ(b.status, 0) << b.out << b.err;
+        EXPECT_EQ(losses(ref, 6), losses(run)) << from << " -> " << to << " ranks (steps 7-12)";
+        EXPECT_TRUE(final_model(ref) == final_model(run)) << from << " -> " << to << " ranks";
+    }
+}
+
+TEST(DataParallelErrors, LayoutsThatDoNotFitAreOneLineErrors) {
+    TempDir d;
+    test::CliResult r = run_tessera_mpi(3, "train --config " + kTiny + " --out " + d.file("a"));
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("train.batch_size 4 does not split over 3 ranks"), std::string::npos) << r.err;
+    r = run_tessera_mpi(2, "train --config " + kTiny + " --out " + d.file("b") + test::kTinyMoe +
+                               " --set model.moe.balance=quantile --set model.moe.bias_update_rate=null");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("quantile\" is not built for several ranks"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(d.file("a") + "/config.json")) << "a failed start leaves nothing";
+}
+
+}  // namespace
+}  // namespace tessera
