@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vec_math.h"
@@ -19,21 +20,11 @@ void zero(T* p, int64_t n) {
     std::fill(p, p + n, T(0));
 }
 
-// The diagonal sub-block's pairs j ≤ r in [n0, n0 + kSub): calls visit(r, j, acc) with
-// acc[c] = Σ_{j<i≤r} g[i][c] (so exp(acc) = exp(G[r] − G[j])), j outer, r inner.
-template <class T, class F>
-void diagonal_pairs(const ChunkState<T>& s, int64_t K, int64_t n0, T* acc, F&& visit) {
-    for (int64_t j = n0; j < n0 + kSub; ++j) {
-        std::fill(acc, acc + K, T(0));
-        for (int64_t r = j; r < n0 + kSub; ++r) {
-            if (r > j) {
-                const T* gr = s.g + r * K;
-#pragma omp simd
-                for (int64_t c = 0; c < K; ++c) acc[c] += gr[c];
-            }
-            visit(r, j, acc);
-        }
-    }
+// x, or 0 below the smallest normal number, as exp underflows (keeps subnormals out of the products;
+// NaN stays NaN)
+template <class T>
+inline T flush_tiny(T x) {
+    return x < std::numeric_limits<T>::min() ? T(0) : x;
 }
 
 // Factors of the off-diagonal block of row block n0 > 0: a[r] = exp(G[n0 + r] − G[n0]) for the kSub
@@ -65,10 +56,10 @@ void offdiagonal_factors(const ChunkState<T>& s, int64_t K, int64_t n0, T* a, T*
 
 int64_t chunk_state_elems(const Dims& d) {
     const int64_t CK = d.C * d.K, CV = d.C * d.V, CC = d.C * d.C;
-    return 10 * CK + 3 * CV + 3 * CC + d.C + d.K;
+    return 11 * CK + 3 * CV + 3 * CC + d.C + d.K;
 }
 
-// prepare: sub-block factors a, Qa, Ka [kSub, K] and Bk [C, K];
+// prepare: sub-block factors a, Qa, Ka [kSub, K], b, Bk, BkT [C, K] and L [C, C];
 // backward: dAqk, dT, dM [C, C], tmp [max(C·C, C·K)]; dQg, dKend, dW, dKb, dQ, dK, dG, Rq, Rk, Ck,
 // Bk [C, K]; dVb [C, V]; dgamma [K]; dbeta [C]; a, Qa, Ka [kSub, K]
 int64_t scratch_elems(const Dims& d) {
@@ -89,6 +80,7 @@ ChunkState<T> carve_chunk_state(T* p, const Dims& d) {
     s.Q = take(CK);
     s.Kc = take(CK);
     s.g = take(CK);
+    s.eg = take(CK);
     s.G = take(CK);
     s.endfac = take(CK);
     s.eG = take(CK);
@@ -108,27 +100,41 @@ ChunkState<T> carve_chunk_state(T* p, const Dims& d) {
 }
 
 // Fills the E-weighted products of rows [n0, n0 + kSub) against all earlier columns:
-// Aqk[r, j] = Σ Q[r]·K[j]·E[r,j] (j ≤ r), M[r, j] = Σ K[r]·K[j]·E[r,j] (j < r).
+// Aqk[r, j] = Σ Q[r]·K[j]·E[r,j] (j ≤ r), M[r, j] = Σ K[r]·K[j]·E[r,j] (j < r). On the diagonal
+// sub-block e carries E[r, j] = E[r − 1, j]·exp(g[r]) down the column j.
 template <class T>
 static void ek_products(
-    const Dims& d, const ChunkState<T>& s, int64_t n0, T* a, T* b, T* Bk, T* BkT, T* Qa, T* Ka, T* acc) {
+    const Dims& d, const ChunkState<T>& s, int64_t n0, T* a, T* b, T* Bk, T* BkT, T* Qa, T* Ka, T* e) {
     const int64_t C = d.C, K = d.K;
-    diagonal_pairs(s, K, n0, acc, [&](int64_t r, int64_t j, const T* lg) {
-        const T* Qr = s.Q + r * K;
-        const T* Kr = s.Kc + r * K;
+    for (int64_t j = n0; j < n0 + kSub; ++j) {
         const T* Kj = s.Kc + j * K;
-        T aq = 0, am = 0;
-#pragma omp simd reduction(+ : aq, am)
+        const T* Qj = s.Q + j * K;
+        T aq = 0;
+#pragma omp simd reduction(+ : aq)
         for (int64_t c = 0; c < K; ++c) {
-            const T e = vexp(lg[c]);
-            aq += Qr[c] * Kj[c] * e;
-            am += Kr[c] * Kj[c] * e;
+            e[c] = T(1);
+            aq += Qj[c] * Kj[c];
         }
-        s.Aqk[r * C + j] = aq;
-        s.M[r * C + j] = j < r ? am : T(0);
-    });
+        s.Aqk[j * C + j] = aq;
+        for (int64_t r = j + 1; r < n0 + kSub; ++r) {
+            const T* Qr = s.Q + r * K;
+            const T* Kr = s.Kc + r * K;
+            const T* egr = s.eg + r * K;
+            T q = 0, m = 0;
+#pragma omp simd reduction(+ : q, m)
+            for (int64_t c = 0; c < K; ++c) {
+                const T x = flush_tiny(e[c] * egr[c]);
+                e[c] = x;
+                const T kx = Kj[c] * x;
+                q += Qr[c] * kx;
+                m += Kr[c] * kx;
+            }
+            s.Aqk[r * C + j] = q;
+            s.M[r * C + j] = m;
+        }
+    }
     if (n0 == 0) return;
-    offdiagonal_factors(s, K, n0, a, b, acc);
+    offdiagonal_factors(s, K, n0, a, b, e);
     for (int64_t i = 0; i < kSub * K; ++i) {
         Qa[i] = s.Q[n0 * K + i] * a[i];
         Ka[i] = s.Kc[n0 * K + i] * a[i];
@@ -138,6 +144,33 @@ static void ek_products(
     transpose(Bk, n0, K, K, BkT, n0);
     small_gemm_nn(kSub, n0, K, T(1), Qa, K, BkT, n0, T(0), s.Aqk + n0 * C, C);
     small_gemm_nn(kSub, n0, K, T(1), Ka, K, BkT, n0, T(0), s.M + n0 * C, C);
+}
+
+// Tinv = (I + L)^-1 with L = Diag(β)·M strictly lower, by row blocks of kSub: the block's columns
+// left of it are one product, Tinv[blk, :b0] = −L[blk, :b0]·Tinv[:b0, :b0]; then forward
+// substitution inside the block, Tinv[r, :r] −= L[r, l]·Tinv[l, :r] for b0 ≤ l < r. L: [C, C] scratch.
+template <class T>
+static void invert_unit_lower(const Dims& d, const ChunkState<T>& s, T* L) {
+    const int64_t C = d.C;
+    for (int64_t r = 0; r < C; ++r) {
+        const T b = s.beta[r];
+#pragma omp simd
+        for (int64_t l = 0; l < C; ++l) L[r * C + l] = b * s.M[r * C + l];  // M is 0 on and above the diagonal
+    }
+    zero(s.Tinv, C * C);
+    for (int64_t b0 = 0; b0 < C; b0 += kSub) {
+        if (b0) small_gemm_nn(kSub, b0, b0, T(-1), L + b0 * C, C, s.Tinv, C, T(0), s.Tinv + b0 * C, C);
+        for (int64_t r = b0; r < b0 + kSub; ++r) {
+            T* Tr = s.Tinv + r * C;
+            Tr[r] = 1;
+            for (int64_t l = b0; l < r; ++l) {
+                const T Lrl = L[r * C + l];
+                const T* Tl = s.Tinv + l * C;
+#pragma omp simd
+                for (int64_t j = 0; j <= l; ++j) Tr[j] -= Lrl * Tl[j];
+            }
+        }
+    }
 }
 
 template <class T>
@@ -183,6 +216,7 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
         const T b = s.beta[r];
 #pragma omp simd
         for (int64_t c = 0; c < K; ++c) {
+            s.eg[r * K + c] = vexp(s.g[r * K + c]);
             eG[c] = vexp(G[c]);
             s.Qg[r * K + c] = s.Q[r * K + c] * eG[c];
             s.Kb[r * K + c] = b * s.Kc[r * K + c] * eG[c];
@@ -214,20 +248,7 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
     T* BkT = Bk + C * K;
     for (int64_t n0 = 0; n0 < C; n0 += kSub) ek_products(d, s, n0, a, b, Bk, BkT, Qa, Ka, acc);
 
-    // Tinv = (I + L)^-1 with L = Diag(β)·M strictly lower: forward substitution, row by row
-    zero(s.Tinv, C * C);
-    for (int64_t r = 0; r < C; ++r) {
-        T* Tr = s.Tinv + r * C;
-        Tr[r] = 1;
-        const T br = s.beta[r];
-        if (br == T(0)) continue;
-        for (int64_t l = 0; l < r; ++l) {
-            const T Lrl = br * s.M[r * C + l];
-            if (Lrl == T(0)) continue;
-            const T* Tl = s.Tinv + l * C;
-            for (int64_t j = 0; j <= l; ++j) Tr[j] -= Lrl * Tl[j];
-        }
-    }
+    invert_unit_lower(d, s, BkT + C * K);
     small_gemm_nn(C, K, C, T(1), s.Tinv, C, s.Kb, K, T(0), s.W, K);
     small_gemm_nn(C, V, C, T(1), s.Tinv, C, s.Vb, V, T(0), s.U, V);
 }
@@ -377,34 +398,39 @@ void chunk_backward(const Dims& d,
     zero(Rk, CK);
     zero(Ck, CK);
     for (int64_t n0 = 0; n0 < C; n0 += kSub) {
-        diagonal_pairs(s, K, n0, lacc, [&](int64_t r, int64_t j, const T* lg) {
-            const T wq = dAqk[r * C + j], wm = dM[r * C + j];
-            if (wq == T(0) && wm == T(0)) return;
+        // diagonal sub-block: lacc carries E[r, j] = E[r − 1, j]·exp(g[r]) down the column j
+        for (int64_t j = n0; j < n0 + kSub; ++j) {
             const T* Kj = s.Kc + j * K;
-            const T* Kr = s.Kc + r * K;
-            const T* Qr = s.Q + r * K;
-            if (r == j) {
-                // NOTES: E[r,r] = 1 does not depend on G: these terms go to dq and dk only. Through Rq/Ck
-                // they would enter dG[r] twice with opposite signs, and the rounding of that cancellation
-                // is far larger than dg itself under strong decay.
-#pragma omp simd
-                for (int64_t c = 0; c < K; ++c) {
-                    dQ[r * K + c] += wq * Kj[c];
-                    dK[r * K + c] += wq * Qr[c];
-                }
-                return;
-            }
-            T* rq = Rq + r * K;
-            T* rk = Rk + r * K;
+            const T* Qj = s.Q + j * K;
+            const T wd = dAqk[j * C + j];
+            // NOTES: E[j,j] = 1 does not depend on G: these terms go to dq and dk only. Through Rq/Ck
+            // they would enter dG[j] twice with opposite signs, and the rounding of that cancellation
+            // is far larger than dg itself under strong decay.
             T* ck = Ck + j * K;
 #pragma omp simd
             for (int64_t c = 0; c < K; ++c) {
-                const T e = vexp(lg[c]);
-                rq[c] += wq * Kj[c] * e;
-                rk[c] += wm * Kj[c] * e;
-                ck[c] += (wm * Kr[c] + wq * Qr[c]) * e;
+                dQ[j * K + c] += wd * Kj[c];
+                dK[j * K + c] += wd * Qj[c];
+                lacc[c] = T(1);
             }
-        });
+            for (int64_t r = j + 1; r < n0 + kSub; ++r) {
+                const T wq = dAqk[r * C + j], wm = dM[r * C + j];
+                const T* Kr = s.Kc + r * K;
+                const T* Qr = s.Q + r * K;
+                const T* egr = s.eg + r * K;
+                T* rq = Rq + r * K;
+                T* rk = Rk + r * K;
+#pragma omp simd
+                for (int64_t c = 0; c < K; ++c) {
+                    const T x = flush_tiny(lacc[c] * egr[c]);
+                    lacc[c] = x;
+                    const T kx = Kj[c] * x;
+                    rq[c] += wq * kx;
+                    rk[c] += wm * kx;
+                    ck[c] += (wm * Kr[c] + wq * Qr[c]) * x;
+                }
+            }
+        }
         if (n0 == 0) continue;
         offdiagonal_factors(s, K, n0, a, bfac, lacc);
         for (int64_t i = 0; i < kSub * K; ++i) {

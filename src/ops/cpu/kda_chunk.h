@@ -4,11 +4,13 @@
 //
 // Numerical safety (spec §3.4): every exponent is G[r] − G[j] with j ≤ r, G[last] − G[r] or G[r],
 // all ≤ 0. Off-diagonal 16-row sub-blocks factor exp(G[r] − G[j]) = exp(G[r] − G[n])·exp(G[n] − G[j])
-// with n the first row of the row block (both factors ≤ 1, bit-causal); diagonal sub-blocks
-// evaluate exp(G[r] − G[j]) directly.
+// with n the first row of the row block (both factors ≤ 1, bit-causal); diagonal sub-blocks take
+// E[r, j] = E[r − 1, j]·exp(g[r]), a running product of factors ≤ 1 (bit-causal too).
 // NOTES: those exponents are sums of the raw gates over (j, r], accumulated from the nearer end,
 // never differences of the chunk's prefix sums: after a gate of −1000 the prefix sums are ~−1000
-// and their differences would keep only ~4 digits in f32.
+// and their differences would keep only ~4 digits in f32. The diagonal products' relative error
+// grows with r − j (≤ 15 roundings), not with the size of the exponent; products below the
+// smallest normal are flushed to 0 as exp's own underflow is.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,7 @@ struct ChunkState {
     T* Kc;      // [C, K]
     T* Vc;      // [C, V]
     T* g;       // [C, K] the raw gates (zero-padded)
+    T* eg;      // [C, K] exp(g): the per-row factors of the diagonal sub-blocks' E
     T* G;       // [C, K] chunk-local inclusive cumsum of g
     T* endfac;  // [C, K] exp(G[last] − G[r]) = exp(Σ_{i>r} g_i)
     T* eG;      // [C, K] exp(G)
