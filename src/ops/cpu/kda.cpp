@@ -60,7 +60,9 @@ WorkSizes work_sizes(const KdaParams& p, const Layout& L, bool backward, int thr
     WorkSizes w;
     w.threads = threads;
     const int64_t KV = L.K * L.V;
-    if (backward) w.gva = 2 * r16(L.tokens * L.HV * L.K);
+    // per-value-head dq, dk (summed over each q/k head's group afterwards); the chunked backward
+    // writes straight into dq and dk when every q/k head has one value head
+    if (backward && (L.G > 1 || p.mode == KdaMode::recurrent)) w.gva = 2 * r16(L.tokens * L.HV * L.K);
     if (p.mode == KdaMode::recurrent) {
         // per thread: the running state and a [V] vector; backward adds every state of the sequence,
         // dS and S' [K, V] and two [V] vectors
@@ -112,8 +114,8 @@ Work<T> carve(const WorkSizes& n, std::span<std::byte> ws) {
     p += n.running;
     w.store = p;
     p += n.store;
-    w.dqv = p;
-    w.dkv = p + n.gva / 2;
+    w.dqv = n.gva ? p : nullptr;
+    w.dkv = n.gva ? p + n.gva / 2 : nullptr;
     p += n.gva;
     w.rec = p;
     return w;  // rec: threads × n.rec
@@ -219,7 +221,7 @@ void kda_backward(const KdaParams& p,
     cpu::dispatch_float(in.q.dtype, "kda", [&]<class T>(T) {
         const Problem<T> P = problem<T>(p, in, L, saved_states);
         const Work<T> w = carve<T>(work_sizes(p, L, true, omp_get_max_threads(), saved_states.defined()), ws);
-        std::fill(w.dqv, w.dqv + w.n.gva, T(0));
+        if (w.dqv) std::fill(w.dqv, w.dqv + w.n.gva, T(0));
         const T* dO = dout.defined() ? dout.ptr<T>() : nullptr;
         const T* dS = dht.defined() ? dht.ptr<T>() : nullptr;
         if (p.mode == KdaMode::recurrent) {
@@ -227,8 +229,10 @@ void kda_backward(const KdaParams& p,
         } else {
             chunk_backward_all(P, dO, dS, grads, w);
         }
-        reduce_value_heads(L, w.dqv, grads.dq);
-        reduce_value_heads(L, w.dkv, grads.dk);
+        if (w.dqv) {
+            reduce_value_heads(L, w.dqv, grads.dq);
+            reduce_value_heads(L, w.dkv, grads.dk);
+        }
     });
 }
 

@@ -259,14 +259,15 @@ void pseudo_values(const Dims& d, const ChunkState<T>& s, const T* S_n) {
 }
 
 template <class T>
-void state_step(const Dims& d, const ChunkState<T>& s, T* S) {
+void state_step(const Dims& d, const ChunkState<T>& s, const T* S_n, T* S_next) {
     const int64_t C = d.C, K = d.K, V = d.V;
-    pseudo_values(d, s, S);
+    pseudo_values(d, s, S_n);
     for (int64_t c = 0; c < K; ++c) {
         const T gm = s.gamma[c];
-        for (int64_t v = 0; v < V; ++v) S[c * V + v] *= gm;
+#pragma omp simd
+        for (int64_t v = 0; v < V; ++v) S_next[c * V + v] = gm * S_n[c * V + v];
     }
-    small_gemm_tn(K, V, C, T(1), s.Kend, K, s.U, V, T(1), S, V);
+    small_gemm_tn(K, V, C, T(1), s.Kend, K, s.U, V, T(1), S_next, V);
 }
 
 template <class T>
@@ -277,16 +278,17 @@ void chunk_output(const Dims& d, const ChunkState<T>& s, const T* S_n, T* o, int
 }
 
 template <class T>
-void dstate_step(const Dims& d, const ChunkState<T>& s, const T* dO, T* dVp, T* dS) {
+void dstate_step(const Dims& d, const ChunkState<T>& s, const T* dO, T* dVp, const T* dS_next, T* dS_n) {
     const int64_t C = d.C, K = d.K, V = d.V;
     small_gemm_tn(C, V, C, T(1), s.Aqk, C, dO, V, T(0), dVp, V);
-    small_gemm_nn(C, V, K, T(1), s.Kend, K, dS, V, T(1), dVp, V);
+    small_gemm_nn(C, V, K, T(1), s.Kend, K, dS_next, V, T(1), dVp, V);
     for (int64_t c = 0; c < K; ++c) {
         const T gm = s.gamma[c];
-        for (int64_t v = 0; v < V; ++v) dS[c * V + v] *= gm;
+#pragma omp simd
+        for (int64_t v = 0; v < V; ++v) dS_n[c * V + v] = gm * dS_next[c * V + v];
     }
-    small_gemm_tn(K, V, C, T(1), s.Qg, K, dO, V, T(1), dS, V);
-    small_gemm_tn(K, V, C, T(-1), s.W, K, dVp, V, T(1), dS, V);
+    small_gemm_tn(K, V, C, T(1), s.Qg, K, dO, V, T(1), dS_n, V);
+    small_gemm_tn(K, V, C, T(-1), s.W, K, dVp, V, T(1), dS_n, V);
 }
 
 template <class T>
@@ -350,6 +352,7 @@ void chunk_backward(const Dims& d,
     small_gemm_nn(C, K, V, T(1), s.U, V, dSnT, K, T(0), dKend, K);  // dKend = V'·dS_{n+1}ᵀ
     for (int64_t c = 0; c < K; ++c) {
         T acc = 0;
+#pragma omp simd reduction(+ : acc)
         for (int64_t v = 0; v < V; ++v) acc += dS_next[c * V + v] * S_n[c * V + v];
         dgamma[c] = acc;
     }
@@ -477,12 +480,15 @@ void chunk_backward(const Dims& d,
         for (int64_t c = 0; c < K; ++c) dG[r * K + c] += dG[(r + 1) * K + c];
     }
     for (int64_t r = 0; r < rows; ++r) {
-        T* dq = out.dq + r * out.dq_stride;
-        T* dk = out.dk + r * out.dq_stride;
+        if (out.dq) {
+            T* dq = out.dq + r * out.dq_stride;
 #pragma omp simd
-        for (int64_t c = 0; c < K; ++c) {
-            dq[c] += scale * dQ[r * K + c];
-            dk[c] += dK[r * K + c];
+            for (int64_t c = 0; c < K; ++c) dq[c] += scale * dQ[r * K + c];
+        }
+        if (out.dk) {
+            T* dk = out.dk + r * out.dq_stride;
+#pragma omp simd
+            for (int64_t c = 0; c < K; ++c) dk[c] += dK[r * K + c];
         }
         if (out.dg) {
             T* dg = out.dg + r * out.dg_stride;
@@ -503,9 +509,9 @@ void chunk_backward(const Dims& d,
     template ChunkState<T> carve_chunk_state<T>(T*, const Dims&);                                                 \
     template void prepare_chunk<T>(const Dims&, const ChunkInput<T>&, T, const ChunkState<T>&, T*);               \
     template void pseudo_values<T>(const Dims&, const ChunkState<T>&, const T*);                                  \
-    template void state_step<T>(const Dims&, const ChunkState<T>&, T*);                                           \
+    template void state_step<T>(const Dims&, const ChunkState<T>&, const T*, T*);                                 \
     template void chunk_output<T>(const Dims&, const ChunkState<T>&, const T*, T*, int64_t, int64_t);             \
-    template void dstate_step<T>(const Dims&, const ChunkState<T>&, const T*, T*, T*);                            \
+    template void dstate_step<T>(const Dims&, const ChunkState<T>&, const T*, T*, const T*, T*);                  \
     template void chunk_backward<T>(const Dims&, const ChunkState<T>&, T, const T*, const T*, const T*, const T*, \
                                     const ChunkGrads<T>&, int64_t, T*);
 TESSERA_KDA_INSTANTIATE(float)

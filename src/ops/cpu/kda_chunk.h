@@ -69,21 +69,21 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
 // U ← V' = U − W·S_n (the pseudo-values, given the state entering the chunk).
 template <class T>
 void pseudo_values(const Dims& d, const ChunkState<T>& s, const T* S_n);
-// Sequential state step: pseudo_values, then S ← Diag(γ)·S + Kendᵀ·V'.
+// Sequential state step: pseudo_values(S_n), then S_{n+1} = Diag(γ)·S_n + Kendᵀ·V' (S_next may be S_n).
 template <class T>
-void state_step(const Dims& d, const ChunkState<T>& s, T* S);
+void state_step(const Dims& d, const ChunkState<T>& s, const T* S_n, T* S_next);
 
 // O = Qg·S_n + Aqk·V' for the chunk's valid rows, written with row stride o_stride.
 template <class T>
 void chunk_output(const Dims& d, const ChunkState<T>& s, const T* S_n, T* o, int64_t o_stride, int64_t rows);
 
-// Sequential backward state step: dV' = Aqkᵀ·dO + Kend·dS;  dS ← Qgᵀ·dO + Diag(γ)·dS − Wᵀ·dV'.
-// dO: [C, V] (zero-padded rows); dS: [K, V] (dS_{n+1} on entry, dS_n on exit).
+// Sequential backward state step: dV' = Aqkᵀ·dO + Kend·dS_{n+1};
+// dS_n = Qgᵀ·dO + Diag(γ)·dS_{n+1} − Wᵀ·dV'. dO: [C, V] (zero-padded rows); dS_n may be dS_{n+1}.
 template <class T>
-void dstate_step(const Dims& d, const ChunkState<T>& s, const T* dO, T* dVp, T* dS);
+void dstate_step(const Dims& d, const ChunkState<T>& s, const T* dO, T* dVp, const T* dS_next, T* dS_n);
 
 // Per-chunk gradients given S_n (state entering the chunk), V' (in s.U), dV', dS_{n+1} and dO.
-// Accumulates into dq/dk ([rows, K] at q_stride: the per-value-head buffers), dv, dg, dbeta.
+// Accumulates into dq/dk ([rows, K] at dq_stride), dv, dg, dbeta; absent (null) ones are skipped.
 template <class T>
 struct ChunkGrads {
     T *dq, *dk, *dv, *dg, *dbeta;

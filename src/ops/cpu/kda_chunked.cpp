@@ -13,7 +13,9 @@ namespace tessera::ops::cpu::kda {
 namespace {
 
 // The per-chunk steps, shared by both schedules. A slot holds a ChunkState, then S_n [K, V] and, in
-// backward, dO [C, V], dV' [C, V] and dS_{n+1} [K, V].
+// backward, dO [C, V], dV' [C, V] and dS_{n+1} [K, V]. The per-unit schedule uses the slot's S_n and
+// dS_{n+1} as the second buffer of a pair (states are stepped out of place, never copied); the
+// windowed one keeps there the copies its later parallel phase reads.
 template <class T>
 struct Steps {
     const Problem<T>& P;
@@ -21,7 +23,7 @@ struct Steps {
     Dims d;
     int64_t KV, CV, state_elems;
     const T* dout = nullptr;
-    T *dv = nullptr, *dg = nullptr, *dbeta = nullptr;
+    T *dq = nullptr, *dk = nullptr, *dv = nullptr, *dg = nullptr, *dbeta = nullptr;  // dq, dk: [tokens, HV, K]
 
     Steps(const Problem<T>& p, const Work<T>& work)
         : P(p), w(work), d(dims(p.L)), KV(p.L.K * p.L.V), CV(p.L.C * p.L.V), state_elems(chunk_state_elems(d)) {}
@@ -35,16 +37,17 @@ struct Steps {
     void prepare(T* slot, int64_t unit, int64_t c) const {
         prepare_chunk(d, P.input(unit, c), P.scale, state(slot), w.thread_scratch());
     }
-    // keeps S_n in the slot (and the saved states), then advances S past the chunk
+    // where S_n is kept for the chunk's output: the saved states, or the slot
+    T* entering(T* slot, int64_t unit, int64_t c) const { return P.saved ? P.saved_state(unit, c) : S_n(slot); }
+    // windowed schedule: keeps S_n for the output, then advances S past the chunk
     void advance(T* slot, int64_t unit, int64_t c, T* S) const {
-        std::memcpy(S_n(slot), S, size_t(KV) * sizeof(T));
-        if (P.saved) std::memcpy(P.saved_state(unit, c), S, size_t(KV) * sizeof(T));
-        state_step(d, state(slot), S);
+        T* Sn = entering(slot, unit, c);
+        std::memcpy(Sn, S, size_t(KV) * sizeof(T));
+        state_step(d, state(slot), Sn, S);
     }
-    void output(T* slot, int64_t unit, int64_t c, T* o) const {
+    void output(T* slot, int64_t unit, int64_t c, const T* Sn, T* o) const {
         const int64_t t = P.first_token(unit, c);
-        chunk_output(d, state(slot), S_n(slot), o + (t * P.L.HV + P.head_of(unit)) * P.L.V, P.L.HV * P.L.V,
-                     P.rows(unit, c));
+        chunk_output(d, state(slot), Sn, o + (t * P.L.HV + P.head_of(unit)) * P.L.V, P.L.HV * P.L.V, P.rows(unit, c));
     }
     // backward: recompute the chunk, V' from S_n, and gather dO (zero-padded)
     void backward_prepare(T* slot, int64_t unit, int64_t c, const T* Sn) const {
@@ -58,16 +61,16 @@ struct Steps {
             std::memcpy(g + r * P.L.V, dout + ((t + r) * P.L.HV + i) * P.L.V, size_t(P.L.V) * sizeof(T));
         }
     }
-    // dS_{n+1} → dS_n, keeping dS_{n+1} and dV' in the slot
+    // windowed schedule: dS_{n+1} → dS_n, keeping dS_{n+1} and dV' in the slot
     void backward_state(T* slot, T* dS) const {
         std::memcpy(dS_next(slot), dS, size_t(KV) * sizeof(T));
-        dstate_step(d, state(slot), dO(slot), dVp(slot), dS);
+        dstate_step(d, state(slot), dO(slot), dVp(slot), dS_next(slot), dS);
     }
-    void backward_local(T* slot, int64_t unit, int64_t c, const T* Sn) const {
+    void backward_local(T* slot, int64_t unit, int64_t c, const T* Sn, const T* dSn) const {
         const Layout& L = P.L;
         const int64_t t = P.first_token(unit, c), i = P.head_of(unit);
-        const ChunkGrads<T> out{w.dqv + (t * L.HV + i) * L.K,
-                                w.dkv + (t * L.HV + i) * L.K,
+        const ChunkGrads<T> out{dq ? dq + (t * L.HV + i) * L.K : nullptr,
+                                dk ? dk + (t * L.HV + i) * L.K : nullptr,
                                 dv ? dv + (t * L.HV + i) * L.V : nullptr,
                                 dg ? dg + (t * L.HV + i) * L.K : nullptr,
                                 dbeta ? dbeta + t * L.HV + i : nullptr,
@@ -75,8 +78,7 @@ struct Steps {
                                 L.HV * L.V,
                                 L.HV * L.K,
                                 L.HV};
-        chunk_backward(d, state(slot), P.scale, Sn, dVp(slot), dS_next(slot), dO(slot), out, P.rows(unit, c),
-                       w.thread_scratch());
+        chunk_backward(d, state(slot), P.scale, Sn, dVp(slot), dSn, dO(slot), out, P.rows(unit, c), w.thread_scratch());
     }
 };
 
@@ -94,17 +96,25 @@ void chunk_forward(const Problem<T>& P, T* o, T* ht, const Work<T>& w) {
 #pragma omp parallel num_threads(threads)
         {
             T* slot = w.slot(omp_get_thread_num());
-            T* S = w.running + omp_get_thread_num() * KV;
+            T* const pair[2] = {w.running + omp_get_thread_num() * KV, st.S_n(slot)};
 #pragma omp for schedule(dynamic)
             for (int64_t unit = 0; unit < L.units(); ++unit) {
                 err.run([&] {
+                    const int64_t chunks = L.chunks(P.seq_of(unit));
+                    // S_n lives in the saved states when there are any, else in the pair; S_{n+1} is
+                    // written where the next chunk (or ht) wants it
+                    T* S = P.saved && chunks > 0 ? P.saved_state(unit, 0) : pair[0];
                     P.init_state(unit, S);
-                    for (int64_t c = 0; c < L.chunks(P.seq_of(unit)); ++c) {
+                    for (int64_t c = 0; c < chunks; ++c) {
+                        T* next = c + 1 < chunks ? (P.saved ? P.saved_state(unit, c + 1) : nullptr)
+                                                 : (ht ? ht + unit * KV : nullptr);
+                        if (!next) next = S == pair[0] ? pair[1] : pair[0];
                         st.prepare(slot, unit, c);
-                        st.advance(slot, unit, c, S);
-                        st.output(slot, unit, c, o);
+                        state_step(st.d, st.state(slot), S, next);
+                        st.output(slot, unit, c, S, o);
+                        S = next;
                     }
-                    if (ht) std::memcpy(ht + unit * KV, S, size_t(KV) * sizeof(T));
+                    if (ht && chunks == 0) std::memcpy(ht + unit * KV, S, size_t(KV) * sizeof(T));
                 });
             }
         }
@@ -143,7 +153,12 @@ void chunk_forward(const Problem<T>& P, T* o, T* ht, const Work<T>& w) {
 #pragma omp for schedule(dynamic)
                 for (int64_t item = 0; item < items; ++item) {
                     int64_t unit, c;
-                    if (valid(item, unit, c)) err.run([&] { st.output(w.slot(item), unit, c, o); });
+                    if (valid(item, unit, c)) {
+                        err.run([&] {
+                            T* slot = w.slot(item);
+                            st.output(slot, unit, c, st.entering(slot, unit, c), o);
+                        });
+                    }
                 }
             }
             err.rethrow();
@@ -162,6 +177,13 @@ void chunk_backward_all(const Problem<T>& P, const T* dout, const T* dht, const 
     st.dv = G.dv.defined() ? G.dv.template ptr<T>() : nullptr;
     st.dg = G.dg.defined() ? G.dg.template ptr<T>() : nullptr;
     st.dbeta = G.dbeta.defined() ? G.dbeta.template ptr<T>() : nullptr;
+    if (w.dqv) {  // grouped value heads: per-value-head buffers, summed by the caller
+        st.dq = w.dqv;
+        st.dk = w.dkv;
+    } else {  // one value head per q/k head: straight into dq and dk
+        st.dq = G.dq.defined() ? G.dq.template ptr<T>() : nullptr;
+        st.dk = G.dk.defined() ? G.dk.template ptr<T>() : nullptr;
+    }
     T* dh0 = G.dh0.defined() ? G.dh0.template ptr<T>() : nullptr;
     const int64_t KV = st.KV;
     auto init_dstate = [&](int64_t unit, T* dS) {
@@ -177,26 +199,28 @@ void chunk_backward_all(const Problem<T>& P, const T* dout, const T* dht, const 
         {
             const int me = omp_get_thread_num();
             T* slot = w.slot(me);
-            T* dS = w.running + me * KV;
+            T* const pair[2] = {w.running + me * KV, st.dS_next(slot)};
             T* store = w.store + me * L.max_chunks * KV;
 #pragma omp for schedule(dynamic)
             for (int64_t unit = 0; unit < L.units(); ++unit) {
                 err.run([&] {
                     const int64_t chunks = L.chunks(P.seq_of(unit));
                     auto Sn = [&](int64_t c) { return P.saved ? P.saved_state(unit, c) : store + c * KV; };
-                    if (!P.saved) {  // the state entering every chunk
-                        P.init_state(unit, dS);
-                        for (int64_t c = 0; c < chunks; ++c) {
-                            std::memcpy(store + c * KV, dS, size_t(KV) * sizeof(T));
+                    if (!P.saved && chunks > 0) {  // the state entering every chunk (the last one's exit is not needed)
+                        P.init_state(unit, Sn(0));
+                        for (int64_t c = 0; c + 1 < chunks; ++c) {
                             st.prepare(slot, unit, c);
-                            state_step(st.d, st.state(slot), dS);
+                            state_step(st.d, st.state(slot), Sn(c), Sn(c + 1));
                         }
                     }
+                    T* dS = pair[0];  // dS_{n+1}; dS_n goes to the other buffer of the pair
                     init_dstate(unit, dS);
                     for (int64_t c = chunks - 1; c >= 0; --c) {
+                        T* dSn = dS == pair[0] ? pair[1] : pair[0];
                         st.backward_prepare(slot, unit, c, Sn(c));
-                        st.backward_state(slot, dS);
-                        st.backward_local(slot, unit, c, Sn(c));
+                        dstate_step(st.d, st.state(slot), st.dO(slot), st.dVp(slot), dS, dSn);
+                        st.backward_local(slot, unit, c, Sn(c), dS);
+                        dS = dSn;
                     }
                     if (dh0) {
                         for (int64_t n = 0; n < KV; ++n) dh0[unit * KV + n] += dS[n];
@@ -238,7 +262,7 @@ void chunk_backward_all(const Problem<T>& P, const T* dout, const T* dht, const 
                         err.run([&] {
                             T* S = w.running + u * KV;
                             std::memcpy(Sn(u, c), S, size_t(KV) * sizeof(T));
-                            state_step(st.d, st.state(w.slot(u * sch.window + j)), S);
+                            state_step(st.d, st.state(w.slot(u * sch.window + j)), Sn(u, c), S);
                         });
                     }
                 }
@@ -270,7 +294,10 @@ void chunk_backward_all(const Problem<T>& P, const T* dout, const T* dht, const 
                 for (int64_t item = 0; item < items; ++item) {
                     int64_t unit, c;
                     if (valid(w0, item, unit, c)) {
-                        err.run([&] { st.backward_local(w.slot(item), unit, c, Sn(item / sch.window, c)); });
+                        err.run([&] {
+                            T* slot = w.slot(item);
+                            st.backward_local(slot, unit, c, Sn(item / sch.window, c), st.dS_next(slot));
+                        });
                     }
                 }
             }

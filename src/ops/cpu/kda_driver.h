@@ -128,7 +128,8 @@ struct Problem {
 template <class T>
 struct Work {
     WorkSizes n;
-    T *slots, *scratch, *running, *store, *dqv, *dkv, *rec;
+    T *slots, *scratch, *running, *store, *rec;
+    T *dqv, *dkv;  // per-value-head dq, dk [tokens, HV, K]; null when the chunked backward needs none
 
     T* slot(int64_t i) const { return slots + i * n.slot; }
     T* thread_scratch() const { return scratch + omp_get_thread_num() * n.scratch; }
