@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
+#include "ops/cpu/simd.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vec_math.h"
 
@@ -99,6 +101,40 @@ ChunkState<T> carve_chunk_state(T* p, const Dims& d) {
     return s;
 }
 
+// One row r of a diagonal sub-block against its column j: advances e from E[r − 1, j] to
+// E[r, j] = E[r − 1, j]·exp(g[r]) and sets q = Σ Q[r]·K[j]·E[r, j], m = Σ K[r]·K[j]·E[r, j].
+template <class T>
+static inline void diagonal_pair(int64_t K, const T* Qr, const T* Kr, const T* Kj, const T* egr, T* e, T& q, T& m) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (K % simd::kW == 0) {  // explicit vectors: the omp reduction below ends in scalar adds
+            using simd::vf;
+            const vf tiny = simd::splat(std::numeric_limits<float>::min());
+            vf aq{}, am{};
+            for (int64_t c = 0; c < K; c += simd::kW) {
+                vf x = simd::load(e + c) * simd::load(egr + c);
+                x = x < tiny ? vf{} : x;
+                simd::store(e + c, x);
+                const vf kx = simd::load(Kj + c) * x;
+                aq += simd::load(Qr + c) * kx;
+                am += simd::load(Kr + c) * kx;
+            }
+            simd::hsum2(aq, am, q, m);
+            return;
+        }
+    }
+    T aq = 0, am = 0;
+#pragma omp simd reduction(+ : aq, am)
+    for (int64_t c = 0; c < K; ++c) {
+        const T x = flush_tiny(e[c] * egr[c]);
+        e[c] = x;
+        const T kx = Kj[c] * x;
+        aq += Qr[c] * kx;
+        am += Kr[c] * kx;
+    }
+    q = aq;
+    m = am;
+}
+
 // Fills the E-weighted products of rows [n0, n0 + kSub) against all earlier columns:
 // Aqk[r, j] = Σ Q[r]·K[j]·E[r,j] (j ≤ r), M[r, j] = Σ K[r]·K[j]·E[r,j] (j < r). On the diagonal
 // sub-block e carries E[r, j] = E[r − 1, j]·exp(g[r]) down the column j.
@@ -117,20 +153,7 @@ static void ek_products(
         }
         s.Aqk[j * C + j] = aq;
         for (int64_t r = j + 1; r < n0 + kSub; ++r) {
-            const T* Qr = s.Q + r * K;
-            const T* Kr = s.Kc + r * K;
-            const T* egr = s.eg + r * K;
-            T q = 0, m = 0;
-#pragma omp simd reduction(+ : q, m)
-            for (int64_t c = 0; c < K; ++c) {
-                const T x = flush_tiny(e[c] * egr[c]);
-                e[c] = x;
-                const T kx = Kj[c] * x;
-                q += Qr[c] * kx;
-                m += Kr[c] * kx;
-            }
-            s.Aqk[r * C + j] = q;
-            s.M[r * C + j] = m;
+            diagonal_pair(K, s.Q + r * K, s.Kc + r * K, Kj, s.eg + r * K, e, s.Aqk[r * C + j], s.M[r * C + j]);
         }
     }
     if (n0 == 0) return;
