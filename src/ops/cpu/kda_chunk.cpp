@@ -30,35 +30,31 @@ inline T flush_tiny(T x) {
 }
 
 // Factors of the off-diagonal block of row block n0 > 0: a[r] = exp(G[n0 + r] − G[n0]) for the kSub
-// rows of the block, b[j] = exp(G[n0] − G[j]) for j < n0, each from a running sum of the raw gates.
+// rows of the block, b[j] = exp(G[n0] − G[j]) for j < n0, each a running product of exp(g).
 template <class T>
-void offdiagonal_factors(const ChunkState<T>& s, int64_t K, int64_t n0, T* a, T* b, T* acc) {
-    std::fill(acc, acc + K, T(0));
-    for (int64_t r = 0; r < kSub; ++r) {
-        const T* gr = s.g + (n0 + r) * K;
+void offdiagonal_factors(const ChunkState<T>& s, int64_t K, int64_t n0, T* a, T* b) {
+    std::fill(a, a + K, T(1));
+    for (int64_t r = 1; r < kSub; ++r) {
+        const T* eg = s.eg + (n0 + r) * K;
+        const T* ap = a + (r - 1) * K;
         T* ar = a + r * K;
 #pragma omp simd
-        for (int64_t c = 0; c < K; ++c) {
-            acc[c] += r ? gr[c] : T(0);
-            ar[c] = vexp(acc[c]);
-        }
+        for (int64_t c = 0; c < K; ++c) ar[c] = flush_tiny(ap[c] * eg[c]);
     }
-    std::fill(acc, acc + K, T(0));
-    for (int64_t j = n0 - 1; j >= 0; --j) {
-        const T* gn = s.g + (j + 1) * K;
+    std::memcpy(b + (n0 - 1) * K, s.eg + n0 * K, size_t(K) * sizeof(T));
+    for (int64_t j = n0 - 2; j >= 0; --j) {
+        const T* eg = s.eg + (j + 1) * K;
+        const T* bn = b + (j + 1) * K;
         T* bj = b + j * K;
 #pragma omp simd
-        for (int64_t c = 0; c < K; ++c) {
-            acc[c] += gn[c];
-            bj[c] = vexp(acc[c]);
-        }
+        for (int64_t c = 0; c < K; ++c) bj[c] = flush_tiny(bn[c] * eg[c]);
     }
 }
 }  // namespace
 
 int64_t chunk_state_elems(const Dims& d) {
     const int64_t CK = d.C * d.K, CV = d.C * d.V, CC = d.C * d.C;
-    return 11 * CK + 3 * CV + 3 * CC + d.C + d.K;
+    return 10 * CK + 3 * CV + 3 * CC + d.C + d.K;
 }
 
 // prepare: sub-block factors a, Qa, Ka [kSub, K], b, Bk, BkT [C, K] and L [C, C];
@@ -83,7 +79,6 @@ ChunkState<T> carve_chunk_state(T* p, const Dims& d) {
     s.Kc = take(CK);
     s.g = take(CK);
     s.eg = take(CK);
-    s.G = take(CK);
     s.endfac = take(CK);
     s.eG = take(CK);
     s.Kb = take(CK);
@@ -157,7 +152,7 @@ static void ek_products(
         }
     }
     if (n0 == 0) return;
-    offdiagonal_factors(s, K, n0, a, b, e);
+    offdiagonal_factors(s, K, n0, a, b);
     for (int64_t i = 0; i < kSub * K; ++i) {
         Qa[i] = s.Q[n0 * K + i] * a[i];
         Ka[i] = s.Kc[n0 * K + i] * a[i];
@@ -202,26 +197,17 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
     for (int64_t r = 0; r < C; ++r) {
         T* Q = s.Q + r * K;
         T* Kc = s.Kc + r * K;
-        T* G = s.G + r * K;
         T* Vc = s.Vc + r * V;
         if (r < in.rows) {
             const T* q = in.q + r * in.q_stride;
             const T* k = in.k + r * in.q_stride;
-            const T* g = in.g + r * in.g_stride;
             const T* v = in.v + r * in.v_stride;
-            const T* Gp = r ? s.G + (r - 1) * K : nullptr;
 #pragma omp simd
             for (int64_t c = 0; c < K; ++c) {
                 Q[c] = scale * q[c];
                 Kc[c] = k[c];
             }
-            std::memcpy(s.g + r * K, g, size_t(K) * sizeof(T));
-            if (Gp) {
-#pragma omp simd
-                for (int64_t c = 0; c < K; ++c) G[c] = Gp[c] + g[c];
-            } else {
-                std::memcpy(G, g, size_t(K) * sizeof(T));
-            }
+            std::memcpy(s.g + r * K, in.g + r * in.g_stride, size_t(K) * sizeof(T));
             std::memcpy(Vc, v, size_t(V) * sizeof(T));
             s.beta[r] = in.beta[r * in.beta_stride];
         } else {  // zero padding is exact: g = 0 keeps G, β = 0 and q = k = v = 0 add nothing
@@ -229,18 +215,25 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
             zero(Kc, K);
             zero(Vc, V);
             zero(s.g + r * K, K);
-            std::memcpy(G, s.G + (r - 1) * K, size_t(K) * sizeof(T));
             s.beta[r] = 0;
         }
     }
+    // exp(G[r]) = Π_{i≤r} exp(g[i]): running products (factors ≤ 1, flushed to 0 below the smallest
+    // normal as exp underflows)
     for (int64_t r = 0; r < C; ++r) {
-        const T* G = s.G + r * K;
+        T* eg = s.eg + r * K;
         T* eG = s.eG + r * K;
+#pragma omp simd
+        for (int64_t c = 0; c < K; ++c) eg[c] = vexp(s.g[r * K + c]);
+        if (r == 0) {
+            std::memcpy(eG, eg, size_t(K) * sizeof(T));
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < K; ++c) eG[c] = flush_tiny(eG[c - K] * eg[c]);
+        }
         const T b = s.beta[r];
 #pragma omp simd
         for (int64_t c = 0; c < K; ++c) {
-            s.eg[r * K + c] = vexp(s.g[r * K + c]);
-            eG[c] = vexp(G[c]);
             s.Qg[r * K + c] = s.Q[r * K + c] * eG[c];
             s.Kb[r * K + c] = b * s.Kc[r * K + c] * eG[c];
         }
@@ -248,18 +241,16 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
         for (int64_t c = 0; c < V; ++c) s.Vb[r * V + c] = b * s.Vc[r * V + c];
     }
     for (int64_t c = 0; c < K; ++c) s.gamma[c] = s.eG[(C - 1) * K + c];
-    // Kend = K·exp(Σ_{i>r} g_i), the running sum taken from the chunk's end
-    T* acc = scratch;
-    std::fill(acc, acc + K, T(0));
-    for (int64_t r = C - 1; r >= 0; --r) {
+    // Kend = K·exp(G[last] − G[r]), exp(G[last] − G[r]) = Π_{i>r} exp(g[i]) taken from the chunk's end
+    std::fill(s.endfac + (C - 1) * K, s.endfac + C * K, T(1));
+    for (int64_t r = C - 2; r >= 0; --r) {
         T* f = s.endfac + r * K;
+        const T* egn = s.eg + (r + 1) * K;
 #pragma omp simd
-        for (int64_t c = 0; c < K; ++c) {
-            f[c] = vexp(acc[c]);
-            s.Kend[r * K + c] = s.Kc[r * K + c] * f[c];
-            acc[c] += s.g[r * K + c];
-        }
+        for (int64_t c = 0; c < K; ++c) f[c] = flush_tiny(f[c + K] * egn[c]);
     }
+#pragma omp simd
+    for (int64_t i = 0; i < C * K; ++i) s.Kend[i] = s.Kc[i] * s.endfac[i];
 
     zero(s.M, C * C);
     zero(s.Aqk, C * C);
@@ -269,7 +260,7 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
     T* b = Ka + kSub * K;
     T* Bk = b + C * K;
     T* BkT = Bk + C * K;
-    for (int64_t n0 = 0; n0 < C; n0 += kSub) ek_products(d, s, n0, a, b, Bk, BkT, Qa, Ka, acc);
+    for (int64_t n0 = 0; n0 < C; n0 += kSub) ek_products(d, s, n0, a, b, Bk, BkT, Qa, Ka, scratch);
 
     invert_unit_lower(d, s, BkT + C * K);
     small_gemm_nn(C, K, C, T(1), s.Tinv, C, s.Kb, K, T(0), s.W, K);
@@ -458,7 +449,7 @@ void chunk_backward(const Dims& d,
             }
         }
         if (n0 == 0) continue;
-        offdiagonal_factors(s, K, n0, a, bfac, lacc);
+        offdiagonal_factors(s, K, n0, a, bfac);
         for (int64_t i = 0; i < kSub * K; ++i) {
             Qa[i] = s.Q[n0 * K + i] * a[i];
             Ka[i] = s.Kc[n0 * K + i] * a[i];

@@ -2,15 +2,15 @@
 // output, and the per-chunk backward of ../shared/spec/kda.md §3.1–3.2, for one (sequence, value
 // head) chunk of C rows (a partial last chunk is zero-padded: g = β = q = k = v = 0 is exact).
 //
-// Numerical safety (spec §3.4): every exponent is G[r] − G[j] with j ≤ r, G[last] − G[r] or G[r],
-// all ≤ 0. Off-diagonal 16-row sub-blocks factor exp(G[r] − G[j]) = exp(G[r] − G[n])·exp(G[n] − G[j])
+// Numerical safety (spec §3.4): every decay factor is exp of G[r] − G[j] with j ≤ r, G[last] − G[r]
+// or G[r], all ≤ 0, and is formed as a running product of exp(g) (one exp per gate), never as exp of
+// a difference. Off-diagonal 16-row sub-blocks factor exp(G[r] − G[j]) = exp(G[r] − G[n])·exp(G[n] − G[j])
 // with n the first row of the row block (both factors ≤ 1, bit-causal); diagonal sub-blocks take
-// E[r, j] = E[r − 1, j]·exp(g[r]), a running product of factors ≤ 1 (bit-causal too).
-// NOTES: those exponents are sums of the raw gates over (j, r], accumulated from the nearer end,
-// never differences of the chunk's prefix sums: after a gate of −1000 the prefix sums are ~−1000
-// and their differences would keep only ~4 digits in f32. The diagonal products' relative error
-// grows with r − j (≤ 15 roundings), not with the size of the exponent; products below the
-// smallest normal are flushed to 0 as exp's own underflow is.
+// E[r, j] = E[r − 1, j]·exp(g[r]) (bit-causal too).
+// NOTES: differences of the chunk's prefix sums would be inexact: after a gate of −1000 the prefix
+// sums are ~−1000 and their differences would keep only ~4 digits in f32. A product's relative error
+// grows with its number of factors (≤ 63 roundings), not with the size of the exponent; products
+// below the smallest normal are flushed to 0 as exp's own underflow is (no subnormals).
 #pragma once
 
 #include <cstdint>
@@ -35,9 +35,8 @@ struct ChunkState {
     T* Vc;      // [C, V]
     T* g;       // [C, K] the raw gates (zero-padded)
     T* eg;      // [C, K] exp(g): the per-row factors of the diagonal sub-blocks' E
-    T* G;       // [C, K] chunk-local inclusive cumsum of g
     T* endfac;  // [C, K] exp(G[last] − G[r]) = exp(Σ_{i>r} g_i)
-    T* eG;      // [C, K] exp(G)
+    T* eG;      // [C, K] exp(G), G the chunk-local inclusive cumsum of g
     T* beta;    // [C]
     T* M;       // [C, C] strictly lower: Σ_d K[r]K[j]E[r,j]   (before β)
     T* Aqk;     // [C, C] lower incl. diagonal: Σ_d Q[r]K[j]E[r,j]
