@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
+#include "ops/cpu/simd.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vec_math.h"
 
@@ -19,46 +22,32 @@ void zero(T* p, int64_t n) {
     std::fill(p, p + n, T(0));
 }
 
-// The diagonal sub-block's pairs j ≤ r in [n0, n0 + kSub): calls visit(r, j, acc) with
-// acc[c] = Σ_{j<i≤r} g[i][c] (so exp(acc) = exp(G[r] − G[j])), j outer, r inner.
-template <class T, class F>
-void diagonal_pairs(const ChunkState<T>& s, int64_t K, int64_t n0, T* acc, F&& visit) {
-    for (int64_t j = n0; j < n0 + kSub; ++j) {
-        std::fill(acc, acc + K, T(0));
-        for (int64_t r = j; r < n0 + kSub; ++r) {
-            if (r > j) {
-                const T* gr = s.g + r * K;
-#pragma omp simd
-                for (int64_t c = 0; c < K; ++c) acc[c] += gr[c];
-            }
-            visit(r, j, acc);
-        }
-    }
+// x, or 0 below the smallest normal number, as exp underflows (keeps subnormals out of the products;
+// NaN stays NaN)
+template <class T>
+inline T flush_tiny(T x) {
+    return x < std::numeric_limits<T>::min() ? T(0) : x;
 }
 
 // Factors of the off-diagonal block of row block n0 > 0: a[r] = exp(G[n0 + r] − G[n0]) for the kSub
-// rows of the block, b[j] = exp(G[n0] − G[j]) for j < n0, each from a running sum of the raw gates.
+// rows of the block, b[j] = exp(G[n0] − G[j]) for j < n0, each a running product of exp(g).
 template <class T>
-void offdiagonal_factors(const ChunkState<T>& s, int64_t K, int64_t n0, T* a, T* b, T* acc) {
-    std::fill(acc, acc + K, T(0));
-    for (int64_t r = 0; r < kSub; ++r) {
-        const T* gr = s.g + (n0 + r) * K;
+void offdiagonal_factors(const ChunkState<T>& s, int64_t K, int64_t n0, T* a, T* b) {
+    std::fill(a, a + K, T(1));
+    for (int64_t r = 1; r < kSub; ++r) {
+        const T* eg = s.eg + (n0 + r) * K;
+        const T* ap = a + (r - 1) * K;
         T* ar = a + r * K;
 #pragma omp simd
-        for (int64_t c = 0; c < K; ++c) {
-            acc[c] += r ? gr[c] : T(0);
-            ar[c] = vexp(acc[c]);
-        }
+        for (int64_t c = 0; c < K; ++c) ar[c] = flush_tiny(ap[c] * eg[c]);
     }
-    std::fill(acc, acc + K, T(0));
-    for (int64_t j = n0 - 1; j >= 0; --j) {
-        const T* gn = s.g + (j + 1) * K;
+    std::memcpy(b + (n0 - 1) * K, s.eg + n0 * K, size_t(K) * sizeof(T));
+    for (int64_t j = n0 - 2; j >= 0; --j) {
+        const T* eg = s.eg + (j + 1) * K;
+        const T* bn = b + (j + 1) * K;
         T* bj = b + j * K;
 #pragma omp simd
-        for (int64_t c = 0; c < K; ++c) {
-            acc[c] += gn[c];
-            bj[c] = vexp(acc[c]);
-        }
+        for (int64_t c = 0; c < K; ++c) bj[c] = flush_tiny(bn[c] * eg[c]);
     }
 }
 }  // namespace
@@ -68,7 +57,7 @@ int64_t chunk_state_elems(const Dims& d) {
     return 10 * CK + 3 * CV + 3 * CC + d.C + d.K;
 }
 
-// prepare: sub-block factors a, Qa, Ka [kSub, K] and Bk [C, K];
+// prepare: sub-block factors a, Qa, Ka [kSub, K], b, Bk, BkT [C, K] and L [C, C];
 // backward: dAqk, dT, dM [C, C], tmp [max(C·C, C·K)]; dQg, dKend, dW, dKb, dQ, dK, dG, Rq, Rk, Ck,
 // Bk [C, K]; dVb [C, V]; dgamma [K]; dbeta [C]; a, Qa, Ka [kSub, K]
 int64_t scratch_elems(const Dims& d) {
@@ -89,7 +78,7 @@ ChunkState<T> carve_chunk_state(T* p, const Dims& d) {
     s.Q = take(CK);
     s.Kc = take(CK);
     s.g = take(CK);
-    s.G = take(CK);
+    s.eg = take(CK);
     s.endfac = take(CK);
     s.eG = take(CK);
     s.Kb = take(CK);
@@ -107,28 +96,63 @@ ChunkState<T> carve_chunk_state(T* p, const Dims& d) {
     return s;
 }
 
+// One row r of a diagonal sub-block against its column j: advances e from E[r − 1, j] to
+// E[r, j] = E[r − 1, j]·exp(g[r]) and sets q = Σ Q[r]·K[j]·E[r, j], m = Σ K[r]·K[j]·E[r, j].
+template <class T>
+static inline void diagonal_pair(int64_t K, const T* Qr, const T* Kr, const T* Kj, const T* egr, T* e, T& q, T& m) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (K % simd::kW == 0) {  // explicit vectors: the omp reduction below ends in scalar adds
+            using simd::vf;
+            const vf tiny = simd::splat(std::numeric_limits<float>::min());
+            vf aq{}, am{};
+            for (int64_t c = 0; c < K; c += simd::kW) {
+                vf x = simd::load(e + c) * simd::load(egr + c);
+                x = x < tiny ? vf{} : x;
+                simd::store(e + c, x);
+                const vf kx = simd::load(Kj + c) * x;
+                aq += simd::load(Qr + c) * kx;
+                am += simd::load(Kr + c) * kx;
+            }
+            simd::hsum2(aq, am, q, m);
+            return;
+        }
+    }
+    T aq = 0, am = 0;
+#pragma omp simd reduction(+ : aq, am)
+    for (int64_t c = 0; c < K; ++c) {
+        const T x = flush_tiny(e[c] * egr[c]);
+        e[c] = x;
+        const T kx = Kj[c] * x;
+        aq += Qr[c] * kx;
+        am += Kr[c] * kx;
+    }
+    q = aq;
+    m = am;
+}
+
 // Fills the E-weighted products of rows [n0, n0 + kSub) against all earlier columns:
-// Aqk[r, j] = Σ Q[r]·K[j]·E[r,j] (j ≤ r), M[r, j] = Σ K[r]·K[j]·E[r,j] (j < r).
+// Aqk[r, j] = Σ Q[r]·K[j]·E[r,j] (j ≤ r), M[r, j] = Σ K[r]·K[j]·E[r,j] (j < r). On the diagonal
+// sub-block e carries E[r, j] = E[r − 1, j]·exp(g[r]) down the column j.
 template <class T>
 static void ek_products(
-    const Dims& d, const ChunkState<T>& s, int64_t n0, T* a, T* b, T* Bk, T* BkT, T* Qa, T* Ka, T* acc) {
+    const Dims& d, const ChunkState<T>& s, int64_t n0, T* a, T* b, T* Bk, T* BkT, T* Qa, T* Ka, T* e) {
     const int64_t C = d.C, K = d.K;
-    diagonal_pairs(s, K, n0, acc, [&](int64_t r, int64_t j, const T* lg) {
-        const T* Qr = s.Q + r * K;
-        const T* Kr = s.Kc + r * K;
+    for (int64_t j = n0; j < n0 + kSub; ++j) {
         const T* Kj = s.Kc + j * K;
-        T aq = 0, am = 0;
-#pragma omp simd reduction(+ : aq, am)
+        const T* Qj = s.Q + j * K;
+        T aq = 0;
+#pragma omp simd reduction(+ : aq)
         for (int64_t c = 0; c < K; ++c) {
-            const T e = vexp(lg[c]);
-            aq += Qr[c] * Kj[c] * e;
-            am += Kr[c] * Kj[c] * e;
+            e[c] = T(1);
+            aq += Qj[c] * Kj[c];
         }
-        s.Aqk[r * C + j] = aq;
-        s.M[r * C + j] = j < r ? am : T(0);
-    });
+        s.Aqk[j * C + j] = aq;
+        for (int64_t r = j + 1; r < n0 + kSub; ++r) {
+            diagonal_pair(K, s.Q + r * K, s.Kc + r * K, Kj, s.eg + r * K, e, s.Aqk[r * C + j], s.M[r * C + j]);
+        }
+    }
     if (n0 == 0) return;
-    offdiagonal_factors(s, K, n0, a, b, acc);
+    offdiagonal_factors(s, K, n0, a, b);
     for (int64_t i = 0; i < kSub * K; ++i) {
         Qa[i] = s.Q[n0 * K + i] * a[i];
         Ka[i] = s.Kc[n0 * K + i] * a[i];
@@ -140,32 +164,50 @@ static void ek_products(
     small_gemm_nn(kSub, n0, K, T(1), Ka, K, BkT, n0, T(0), s.M + n0 * C, C);
 }
 
+// Tinv = (I + L)^-1 with L = Diag(β)·M strictly lower, by row blocks of kSub: the block's columns
+// left of it are one product, Tinv[blk, :b0] = −L[blk, :b0]·Tinv[:b0, :b0]; then forward
+// substitution inside the block, Tinv[r, :r] −= L[r, l]·Tinv[l, :r] for b0 ≤ l < r. L: [C, C] scratch.
+template <class T>
+static void invert_unit_lower(const Dims& d, const ChunkState<T>& s, T* L) {
+    const int64_t C = d.C;
+    for (int64_t r = 0; r < C; ++r) {
+        const T b = s.beta[r];
+#pragma omp simd
+        for (int64_t l = 0; l < C; ++l) L[r * C + l] = b * s.M[r * C + l];  // M is 0 on and above the diagonal
+    }
+    zero(s.Tinv, C * C);
+    for (int64_t b0 = 0; b0 < C; b0 += kSub) {
+        if (b0) small_gemm_nn(kSub, b0, b0, T(-1), L + b0 * C, C, s.Tinv, C, T(0), s.Tinv + b0 * C, C);
+        for (int64_t r = b0; r < b0 + kSub; ++r) {
+            T* Tr = s.Tinv + r * C;
+            Tr[r] = 1;
+            for (int64_t l = b0; l < r; ++l) {
+                const T Lrl = L[r * C + l];
+                const T* Tl = s.Tinv + l * C;
+#pragma omp simd
+                for (int64_t j = 0; j <= l; ++j) Tr[j] -= Lrl * Tl[j];
+            }
+        }
+    }
+}
+
 template <class T>
 void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkState<T>& s, T* scratch) {
     const int64_t C = d.C, K = d.K, V = d.V;
     for (int64_t r = 0; r < C; ++r) {
         T* Q = s.Q + r * K;
         T* Kc = s.Kc + r * K;
-        T* G = s.G + r * K;
         T* Vc = s.Vc + r * V;
         if (r < in.rows) {
             const T* q = in.q + r * in.q_stride;
             const T* k = in.k + r * in.q_stride;
-            const T* g = in.g + r * in.g_stride;
             const T* v = in.v + r * in.v_stride;
-            const T* Gp = r ? s.G + (r - 1) * K : nullptr;
 #pragma omp simd
             for (int64_t c = 0; c < K; ++c) {
                 Q[c] = scale * q[c];
                 Kc[c] = k[c];
             }
-            std::memcpy(s.g + r * K, g, size_t(K) * sizeof(T));
-            if (Gp) {
-#pragma omp simd
-                for (int64_t c = 0; c < K; ++c) G[c] = Gp[c] + g[c];
-            } else {
-                std::memcpy(G, g, size_t(K) * sizeof(T));
-            }
+            std::memcpy(s.g + r * K, in.g + r * in.g_stride, size_t(K) * sizeof(T));
             std::memcpy(Vc, v, size_t(V) * sizeof(T));
             s.beta[r] = in.beta[r * in.beta_stride];
         } else {  // zero padding is exact: g = 0 keeps G, β = 0 and q = k = v = 0 add nothing
@@ -173,17 +215,25 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
             zero(Kc, K);
             zero(Vc, V);
             zero(s.g + r * K, K);
-            std::memcpy(G, s.G + (r - 1) * K, size_t(K) * sizeof(T));
             s.beta[r] = 0;
         }
     }
+    // exp(G[r]) = Π_{i≤r} exp(g[i]): running products (factors ≤ 1, flushed to 0 below the smallest
+    // normal as exp underflows)
     for (int64_t r = 0; r < C; ++r) {
-        const T* G = s.G + r * K;
+        T* eg = s.eg + r * K;
         T* eG = s.eG + r * K;
+#pragma omp simd
+        for (int64_t c = 0; c < K; ++c) eg[c] = vexp(s.g[r * K + c]);
+        if (r == 0) {
+            std::memcpy(eG, eg, size_t(K) * sizeof(T));
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < K; ++c) eG[c] = flush_tiny(eG[c - K] * eg[c]);
+        }
         const T b = s.beta[r];
 #pragma omp simd
         for (int64_t c = 0; c < K; ++c) {
-            eG[c] = vexp(G[c]);
             s.Qg[r * K + c] = s.Q[r * K + c] * eG[c];
             s.Kb[r * K + c] = b * s.Kc[r * K + c] * eG[c];
         }
@@ -191,18 +241,16 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
         for (int64_t c = 0; c < V; ++c) s.Vb[r * V + c] = b * s.Vc[r * V + c];
     }
     for (int64_t c = 0; c < K; ++c) s.gamma[c] = s.eG[(C - 1) * K + c];
-    // Kend = K·exp(Σ_{i>r} g_i), the running sum taken from the chunk's end
-    T* acc = scratch;
-    std::fill(acc, acc + K, T(0));
-    for (int64_t r = C - 1; r >= 0; --r) {
+    // Kend = K·exp(G[last] − G[r]), exp(G[last] − G[r]) = Π_{i>r} exp(g[i]) taken from the chunk's end
+    std::fill(s.endfac + (C - 1) * K, s.endfac + C * K, T(1));
+    for (int64_t r = C - 2; r >= 0; --r) {
         T* f = s.endfac + r * K;
+        const T* egn = s.eg + (r + 1) * K;
 #pragma omp simd
-        for (int64_t c = 0; c < K; ++c) {
-            f[c] = vexp(acc[c]);
-            s.Kend[r * K + c] = s.Kc[r * K + c] * f[c];
-            acc[c] += s.g[r * K + c];
-        }
+        for (int64_t c = 0; c < K; ++c) f[c] = flush_tiny(f[c + K] * egn[c]);
     }
+#pragma omp simd
+    for (int64_t i = 0; i < C * K; ++i) s.Kend[i] = s.Kc[i] * s.endfac[i];
 
     zero(s.M, C * C);
     zero(s.Aqk, C * C);
@@ -212,22 +260,9 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
     T* b = Ka + kSub * K;
     T* Bk = b + C * K;
     T* BkT = Bk + C * K;
-    for (int64_t n0 = 0; n0 < C; n0 += kSub) ek_products(d, s, n0, a, b, Bk, BkT, Qa, Ka, acc);
+    for (int64_t n0 = 0; n0 < C; n0 += kSub) ek_products(d, s, n0, a, b, Bk, BkT, Qa, Ka, scratch);
 
-    // Tinv = (I + L)^-1 with L = Diag(β)·M strictly lower: forward substitution, row by row
-    zero(s.Tinv, C * C);
-    for (int64_t r = 0; r < C; ++r) {
-        T* Tr = s.Tinv + r * C;
-        Tr[r] = 1;
-        const T br = s.beta[r];
-        if (br == T(0)) continue;
-        for (int64_t l = 0; l < r; ++l) {
-            const T Lrl = br * s.M[r * C + l];
-            if (Lrl == T(0)) continue;
-            const T* Tl = s.Tinv + l * C;
-            for (int64_t j = 0; j <= l; ++j) Tr[j] -= Lrl * Tl[j];
-        }
-    }
+    invert_unit_lower(d, s, BkT + C * K);
     small_gemm_nn(C, K, C, T(1), s.Tinv, C, s.Kb, K, T(0), s.W, K);
     small_gemm_nn(C, V, C, T(1), s.Tinv, C, s.Vb, V, T(0), s.U, V);
 }
@@ -238,14 +273,15 @@ void pseudo_values(const Dims& d, const ChunkState<T>& s, const T* S_n) {
 }
 
 template <class T>
-void state_step(const Dims& d, const ChunkState<T>& s, T* S) {
+void state_step(const Dims& d, const ChunkState<T>& s, const T* S_n, T* S_next) {
     const int64_t C = d.C, K = d.K, V = d.V;
-    pseudo_values(d, s, S);
+    pseudo_values(d, s, S_n);
     for (int64_t c = 0; c < K; ++c) {
         const T gm = s.gamma[c];
-        for (int64_t v = 0; v < V; ++v) S[c * V + v] *= gm;
+#pragma omp simd
+        for (int64_t v = 0; v < V; ++v) S_next[c * V + v] = gm * S_n[c * V + v];
     }
-    small_gemm_tn(K, V, C, T(1), s.Kend, K, s.U, V, T(1), S, V);
+    small_gemm_tn(K, V, C, T(1), s.Kend, K, s.U, V, T(1), S_next, V);
 }
 
 template <class T>
@@ -256,16 +292,17 @@ void chunk_output(const Dims& d, const ChunkState<T>& s, const T* S_n, T* o, int
 }
 
 template <class T>
-void dstate_step(const Dims& d, const ChunkState<T>& s, const T* dO, T* dVp, T* dS) {
+void dstate_step(const Dims& d, const ChunkState<T>& s, const T* dO, T* dVp, const T* dS_next, T* dS_n) {
     const int64_t C = d.C, K = d.K, V = d.V;
     small_gemm_tn(C, V, C, T(1), s.Aqk, C, dO, V, T(0), dVp, V);
-    small_gemm_nn(C, V, K, T(1), s.Kend, K, dS, V, T(1), dVp, V);
+    small_gemm_nn(C, V, K, T(1), s.Kend, K, dS_next, V, T(1), dVp, V);
     for (int64_t c = 0; c < K; ++c) {
         const T gm = s.gamma[c];
-        for (int64_t v = 0; v < V; ++v) dS[c * V + v] *= gm;
+#pragma omp simd
+        for (int64_t v = 0; v < V; ++v) dS_n[c * V + v] = gm * dS_next[c * V + v];
     }
-    small_gemm_tn(K, V, C, T(1), s.Qg, K, dO, V, T(1), dS, V);
-    small_gemm_tn(K, V, C, T(-1), s.W, K, dVp, V, T(1), dS, V);
+    small_gemm_tn(K, V, C, T(1), s.Qg, K, dO, V, T(1), dS_n, V);
+    small_gemm_tn(K, V, C, T(-1), s.W, K, dVp, V, T(1), dS_n, V);
 }
 
 template <class T>
@@ -329,6 +366,7 @@ void chunk_backward(const Dims& d,
     small_gemm_nn(C, K, V, T(1), s.U, V, dSnT, K, T(0), dKend, K);  // dKend = V'·dS_{n+1}ᵀ
     for (int64_t c = 0; c < K; ++c) {
         T acc = 0;
+#pragma omp simd reduction(+ : acc)
         for (int64_t v = 0; v < V; ++v) acc += dS_next[c * V + v] * S_n[c * V + v];
         dgamma[c] = acc;
     }
@@ -377,36 +415,41 @@ void chunk_backward(const Dims& d,
     zero(Rk, CK);
     zero(Ck, CK);
     for (int64_t n0 = 0; n0 < C; n0 += kSub) {
-        diagonal_pairs(s, K, n0, lacc, [&](int64_t r, int64_t j, const T* lg) {
-            const T wq = dAqk[r * C + j], wm = dM[r * C + j];
-            if (wq == T(0) && wm == T(0)) return;
+        // diagonal sub-block: lacc carries E[r, j] = E[r − 1, j]·exp(g[r]) down the column j
+        for (int64_t j = n0; j < n0 + kSub; ++j) {
             const T* Kj = s.Kc + j * K;
-            const T* Kr = s.Kc + r * K;
-            const T* Qr = s.Q + r * K;
-            if (r == j) {
-                // NOTES: E[r,r] = 1 does not depend on G: these terms go to dq and dk only. Through Rq/Ck
-                // they would enter dG[r] twice with opposite signs, and the rounding of that cancellation
-                // is far larger than dg itself under strong decay.
-#pragma omp simd
-                for (int64_t c = 0; c < K; ++c) {
-                    dQ[r * K + c] += wq * Kj[c];
-                    dK[r * K + c] += wq * Qr[c];
-                }
-                return;
-            }
-            T* rq = Rq + r * K;
-            T* rk = Rk + r * K;
+            const T* Qj = s.Q + j * K;
+            const T wd = dAqk[j * C + j];
+            // NOTES: E[j,j] = 1 does not depend on G: these terms go to dq and dk only. Through Rq/Ck
+            // they would enter dG[j] twice with opposite signs, and the rounding of that cancellation
+            // is far larger than dg itself under strong decay.
             T* ck = Ck + j * K;
 #pragma omp simd
             for (int64_t c = 0; c < K; ++c) {
-                const T e = vexp(lg[c]);
-                rq[c] += wq * Kj[c] * e;
-                rk[c] += wm * Kj[c] * e;
-                ck[c] += (wm * Kr[c] + wq * Qr[c]) * e;
+                dQ[j * K + c] += wd * Kj[c];
+                dK[j * K + c] += wd * Qj[c];
+                lacc[c] = T(1);
             }
-        });
+            for (int64_t r = j + 1; r < n0 + kSub; ++r) {
+                const T wq = dAqk[r * C + j], wm = dM[r * C + j];
+                const T* Kr = s.Kc + r * K;
+                const T* Qr = s.Q + r * K;
+                const T* egr = s.eg + r * K;
+                T* rq = Rq + r * K;
+                T* rk = Rk + r * K;
+#pragma omp simd
+                for (int64_t c = 0; c < K; ++c) {
+                    const T x = flush_tiny(lacc[c] * egr[c]);
+                    lacc[c] = x;
+                    const T kx = Kj[c] * x;
+                    rq[c] += wq * kx;
+                    rk[c] += wm * kx;
+                    ck[c] += (wm * Kr[c] + wq * Qr[c]) * x;
+                }
+            }
+        }
         if (n0 == 0) continue;
-        offdiagonal_factors(s, K, n0, a, bfac, lacc);
+        offdiagonal_factors(s, K, n0, a, bfac);
         for (int64_t i = 0; i < kSub * K; ++i) {
             Qa[i] = s.Q[n0 * K + i] * a[i];
             Ka[i] = s.Kc[n0 * K + i] * a[i];
@@ -451,12 +494,15 @@ void chunk_backward(const Dims& d,
         for (int64_t c = 0; c < K; ++c) dG[r * K + c] += dG[(r + 1) * K + c];
     }
     for (int64_t r = 0; r < rows; ++r) {
-        T* dq = out.dq + r * out.dq_stride;
-        T* dk = out.dk + r * out.dq_stride;
+        if (out.dq) {
+            T* dq = out.dq + r * out.dq_stride;
 #pragma omp simd
-        for (int64_t c = 0; c < K; ++c) {
-            dq[c] += scale * dQ[r * K + c];
-            dk[c] += dK[r * K + c];
+            for (int64_t c = 0; c < K; ++c) dq[c] += scale * dQ[r * K + c];
+        }
+        if (out.dk) {
+            T* dk = out.dk + r * out.dq_stride;
+#pragma omp simd
+            for (int64_t c = 0; c < K; ++c) dk[c] += dK[r * K + c];
         }
         if (out.dg) {
             T* dg = out.dg + r * out.dg_stride;
@@ -477,9 +523,9 @@ void chunk_backward(const Dims& d,
     template ChunkState<T> carve_chunk_state<T>(T*, const Dims&);                                                 \
     template void prepare_chunk<T>(const Dims&, const ChunkInput<T>&, T, const ChunkState<T>&, T*);               \
     template void pseudo_values<T>(const Dims&, const ChunkState<T>&, const T*);                                  \
-    template void state_step<T>(const Dims&, const ChunkState<T>&, T*);                                           \
+    template void state_step<T>(const Dims&, const ChunkState<T>&, const T*, T*);                                 \
     template void chunk_output<T>(const Dims&, const ChunkState<T>&, const T*, T*, int64_t, int64_t);             \
-    template void dstate_step<T>(const Dims&, const ChunkState<T>&, const T*, T*, T*);                            \
+    template void dstate_step<T>(const Dims&, const ChunkState<T>&, const T*, T*, const T*, T*);                  \
     template void chunk_backward<T>(const Dims&, const ChunkState<T>&, T, const T*, const T*, const T*, const T*, \
                                     const ChunkGrads<T>&, int64_t, T*);
 TESSERA_KDA_INSTANTIATE(float)

@@ -2,13 +2,15 @@
 // output, and the per-chunk backward of ../shared/spec/kda.md §3.1–3.2, for one (sequence, value
 // head) chunk of C rows (a partial last chunk is zero-padded: g = β = q = k = v = 0 is exact).
 //
-// Numerical safety (spec §3.4): every exponent is G[r] − G[j] with j ≤ r, G[last] − G[r] or G[r],
-// all ≤ 0. Off-diagonal 16-row sub-blocks factor exp(G[r] − G[j]) = exp(G[r] − G[n])·exp(G[n] − G[j])
-// with n the first row of the row block (both factors ≤ 1, bit-causal); diagonal sub-blocks
-// evaluate exp(G[r] − G[j]) directly.
-// NOTES: those exponents are sums of the raw gates over (j, r], accumulated from the nearer end,
-// never differences of the chunk's prefix sums: after a gate of −1000 the prefix sums are ~−1000
-// and their differences would keep only ~4 digits in f32.
+// Numerical safety (spec §3.4): every decay factor is exp of G[r] − G[j] with j ≤ r, G[last] − G[r]
+// or G[r], all ≤ 0, and is formed as a running product of exp(g) (one exp per gate), never as exp of
+// a difference. Off-diagonal 16-row sub-blocks factor exp(G[r] − G[j]) = exp(G[r] − G[n])·exp(G[n] − G[j])
+// with n the first row of the row block (both factors ≤ 1, bit-causal); diagonal sub-blocks take
+// E[r, j] = E[r − 1, j]·exp(g[r]) (bit-causal too).
+// NOTES: differences of the chunk's prefix sums would be inexact: after a gate of −1000 the prefix
+// sums are ~−1000 and their differences would keep only ~4 digits in f32. A product's relative error
+// grows with its number of factors (≤ 63 roundings), not with the size of the exponent; products
+// below the smallest normal are flushed to 0 as exp's own underflow is (no subnormals).
 #pragma once
 
 #include <cstdint>
@@ -32,9 +34,9 @@ struct ChunkState {
     T* Kc;      // [C, K]
     T* Vc;      // [C, V]
     T* g;       // [C, K] the raw gates (zero-padded)
-    T* G;       // [C, K] chunk-local inclusive cumsum of g
+    T* eg;      // [C, K] exp(g): the per-row factors of the diagonal sub-blocks' E
     T* endfac;  // [C, K] exp(G[last] − G[r]) = exp(Σ_{i>r} g_i)
-    T* eG;      // [C, K] exp(G)
+    T* eG;      // [C, K] exp(G), G the chunk-local inclusive cumsum of g
     T* beta;    // [C]
     T* M;       // [C, C] strictly lower: Σ_d K[r]K[j]E[r,j]   (before β)
     T* Aqk;     // [C, C] lower incl. diagonal: Σ_d Q[r]K[j]E[r,j]
@@ -66,21 +68,21 @@ void prepare_chunk(const Dims& d, const ChunkInput<T>& in, T scale, const ChunkS
 // U ← V' = U − W·S_n (the pseudo-values, given the state entering the chunk).
 template <class T>
 void pseudo_values(const Dims& d, const ChunkState<T>& s, const T* S_n);
-// Sequential state step: pseudo_values, then S ← Diag(γ)·S + Kendᵀ·V'.
+// Sequential state step: pseudo_values(S_n), then S_{n+1} = Diag(γ)·S_n + Kendᵀ·V' (S_next may be S_n).
 template <class T>
-void state_step(const Dims& d, const ChunkState<T>& s, T* S);
+void state_step(const Dims& d, const ChunkState<T>& s, const T* S_n, T* S_next);
 
 // O = Qg·S_n + Aqk·V' for the chunk's valid rows, written with row stride o_stride.
 template <class T>
 void chunk_output(const Dims& d, const ChunkState<T>& s, const T* S_n, T* o, int64_t o_stride, int64_t rows);
 
-// Sequential backward state step: dV' = Aqkᵀ·dO + Kend·dS;  dS ← Qgᵀ·dO + Diag(γ)·dS − Wᵀ·dV'.
-// dO: [C, V] (zero-padded rows); dS: [K, V] (dS_{n+1} on entry, dS_n on exit).
+// Sequential backward state step: dV' = Aqkᵀ·dO + Kend·dS_{n+1};
+// dS_n = Qgᵀ·dO + Diag(γ)·dS_{n+1} − Wᵀ·dV'. dO: [C, V] (zero-padded rows); dS_n may be dS_{n+1}.
 template <class T>
-void dstate_step(const Dims& d, const ChunkState<T>& s, const T* dO, T* dVp, T* dS);
+void dstate_step(const Dims& d, const ChunkState<T>& s, const T* dO, T* dVp, const T* dS_next, T* dS_n);
 
 // Per-chunk gradients given S_n (state entering the chunk), V' (in s.U), dV', dS_{n+1} and dO.
-// Accumulates into dq/dk ([rows, K] at q_stride: the per-value-head buffers), dv, dg, dbeta.
+// Accumulates into dq/dk ([rows, K] at dq_stride), dv, dg, dbeta; absent (null) ones are skipped.
 template <class T>
 struct ChunkGrads {
     T *dq, *dk, *dv, *dg, *dbeta;
