@@ -15,13 +15,19 @@ namespace tessera {
 enum class BufferKind : uint8_t { param, grad, optimizer, activation, workspace };
 std::string_view buffer_kind_name(BufferKind k);
 
+// How a parameter (and its gradient and optimizer state) is spread over ranks: the same values on every
+// rank of the data group (replicated; ZeRO shards the optimizer state), or one slice of the experts per
+// rank of the expert group, the same on every rank of the expert-data group (parallel/mesh.h).
+enum class Sharding : uint8_t { replicated, expert };
+
 struct BufferSpec {
     std::string name;
     DType dtype = DType::f32;
     Shape shape;
     BufferKind kind = BufferKind::activation;
-    bool weight_decay = false;  // parameters only: AdamW decays it
-    size_t nbytes() const;      // throws when the size does not fit in 2^62 bytes
+    bool weight_decay = false;                 // parameters only: AdamW decays it
+    Sharding sharding = Sharding::replicated;  // parameters only
+    size_t nbytes() const;                     // throws when the size does not fit in 2^62 bytes
 };
 
 constexpr size_t kBufferAlign = 64;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "core/rng.h"
 #include "model/layers/attention_block.h"
@@ -27,7 +28,7 @@ std::string shared_prefix(const Block& b) { return "recompute." + b.kind() + "."
 std::string scratch_prefix(const Block& b) { return "scratch." + b.kind() + "."; }
 }  // namespace
 
-Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
+Model::Model(ModelConfig cfg, parallel::Comm* expert_group) : cfg_(std::move(cfg)) {
     cfg_.validate("model");
     const ParamInit w = ParamInit::normal(cfg_.init_std);
     add_param(param_specs_, inits_, kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
@@ -44,7 +45,7 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
             blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
         }
         if (cfg_.moe.is_moe_layer(i)) {
-            auto moe = std::make_unique<MoeBlock>(cfg_, prefix);
+            auto moe = std::make_unique<MoeBlock>(cfg_, prefix, expert_group);
             moe_.push_back({i, moe.get()});
             blocks_.push_back(std::move(moe));
         } else {
@@ -60,12 +61,29 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
     }
     add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
     if (!cfg_.tie_embeddings) add_param(param_specs_, inits_, kHead, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
+    // expert-sharded parameters last: the flat parameter space is [replicated | expert] (train/optimizer.h)
+    std::vector<size_t> order(param_specs_.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::stable_partition(order.begin(), order.end(),
+                          [&](size_t i) { return param_specs_[i].sharding == Sharding::replicated; });
+    std::vector<BufferSpec> specs;
+    std::vector<ParamInit> inits;
+    for (size_t i : order) {
+        specs.push_back(param_specs_[i]);
+        inits.push_back(inits_[i]);
+    }
+    param_specs_ = std::move(specs);
+    inits_ = std::move(inits);
     if (indexer_warmup()) {
         for (const auto& spec : param_specs_) trainable_mask_.push_back(trainable(spec.name));
     }
 }
 
 Model::~Model() = default;
+
+std::pair<int64_t, int64_t> Model::local_experts() const {
+    return moe_.empty() ? std::pair{int64_t(0), cfg_.moe.experts} : moe_.front().second->local_experts();
+}
 
 int64_t Model::num_params() const {
     int64_t n = 0;
@@ -166,9 +184,11 @@ void Model::init_params(const BufferGroup& params, uint64_t seed) const {
         const ParamInit init = inits_[i];
         const RandomStream rs{seed, hash_name(param_specs_[i].name)};
         const bool uniform = init.kind != ParamInit::Kind::normal;
+        const int64_t at = init.element_offset;
 #pragma omp parallel for schedule(static)
         for (int64_t e = 0; e < n; ++e) {
-            p[e] = float(uniform ? init.value(rs.uniform(uint64_t(e)), 0.0) : init.value(0.0, rs.normal(uint64_t(e))));
+            const uint64_t k = uint64_t(at + e);
+            p[e] = float(uniform ? init.value(rs.uniform(k), 0.0) : init.value(0.0, rs.normal(k)));
         }
     }
 }

@@ -19,6 +19,7 @@
 #include "model/layers/block.h"
 #include "model/layers/mla_block.h"
 #include "model/layers/moe_block.h"
+#include "parallel/comm.h"
 
 namespace tessera::model {
 
@@ -37,11 +38,17 @@ class Model {
   public:
     static constexpr int32_t kIgnoreIndex = -100;
 
-    explicit Model(ModelConfig cfg);
+    // expert_group: the ranks among which each MoE layer's experts are spread (expert parallelism,
+    // parallel/ep.h); null or one rank: every expert here.
+    explicit Model(ModelConfig cfg, parallel::Comm* expert_group = nullptr);
     ~Model();
 
     const ModelConfig& config() const { return cfg_; }
+    // Parameter specs, the expert-sharded ones (Sharding::expert) last.
     const std::vector<BufferSpec>& param_specs() const { return param_specs_; }
+    // Expert parallelism: the experts of each MoE layer whose weights are here, [first, first + count)
+    // of model.moe.experts (all of them without it).
+    std::pair<int64_t, int64_t> local_experts() const;
     std::vector<BufferSpec> activation_specs(StepShape max, bool recompute) const;
     size_t workspace_bytes(StepShape max, int num_threads) const;
     int64_t num_params() const;

@@ -39,6 +39,24 @@ enum class ExpertActivation : uint8_t { swiglu, situ };
 // no padding (padding measured 1-5% slower at E = 64-896); GPU tile schemes set their own.
 constexpr int64_t kMoeRowAlign = 1;
 
+struct MoeParams;
+struct MoeWeights;
+struct MoeSaved;
+struct MoeScratch;
+
+// The expert compute between dispatch and combine when the experts are not all here: forward turns the
+// dispatched rows (s.xe, s.row_gate in the layout s.offsets) into t.ye; backward turns t.ye (holding dye)
+// into t.dxe, t.row_dot and the gradients of the local experts' weights. Expert parallelism implements
+// it (parallel/ep.h: the all-to-all goes inside); null = moe_experts_forward / _backward, every expert here.
+class MoeExpertStage {
+  public:
+    virtual ~MoeExpertStage() = default;
+    virtual int64_t local_experts() const = 0;  // experts whose weights are here (w_gate [local, F, L])
+    virtual void forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t) const = 0;
+    virtual void backward(
+        const MoeParams& p, const MoeWeights& w, const MoeWeights& g, const MoeSaved& s, const MoeScratch& t) const = 0;
+};
+
 struct MoeParams {
     RouterParams router;
     double capacity_factor = 0.0;  // 0 = dropless
@@ -51,6 +69,7 @@ struct MoeParams {
     // ∂L/∂ŝ_e of a loss pooled over layers (the global balance loss, ops/router.h), added in backward for every
     // token; empty = none. The caller computes it from every layer's router_balance_stats.
     std::span<const double> balance_grad = {};
+    const MoeExpertStage* stage = nullptr;  // null: every expert's weights are here
 };
 
 // The layer's weights (or their gradients); optional ones may be absent (default views).
@@ -65,6 +84,8 @@ struct MoeWeights {
 struct MoeDims {
     int64_t tokens = 0, d_model = 0, experts = 0, topk = 0, ffn = 0, latent = 0, shared_ffn = 0;
     bool has_latent = false, has_norm = false, has_shared = false, has_shared_scale = false;
+    int64_t local_experts = 0;     // experts whose weights are here (= experts without an expert stage)
+    bool expert_rows_here = true;  // the expert compute's rows (h, a and their gradients) live here, not in a stage
     int64_t max_rows() const { return tokens * topk + (kMoeRowAlign - 1) * experts; }
     int64_t capacity(double factor) const;  // rows per expert; 0 = unbounded
 };

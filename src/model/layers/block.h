@@ -32,6 +32,7 @@ struct ParamInit {
     };
     Kind kind = Kind::normal;
     double a = 0.0, b = 0.0;
+    int64_t element_offset = 0;  // a slice of a larger tensor (one rank's experts): its first element's index there
 
     static ParamInit normal(double std) { return {Kind::normal, std, 0.0}; }
     static ParamInit constant(double value) { return {Kind::constant, value, 0.0}; }

@@ -9,7 +9,7 @@
 
 namespace tessera::model {
 
-MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix)
+MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Comm* expert_group)
     : cfg_(c),
       m_(c.moe),
       prefix_(std::move(param_prefix)),
@@ -32,19 +32,39 @@ MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix)
     if (rule_ == ops::BalanceRule::quantile) {
         quantile_ = std::make_unique<ops::QuantileBalancer>(m_.experts, m_.topk);
     }
+    if (expert_group && expert_group->size() > 1) {
+        TESSERA_CHECK(m_.capacity_factor == 0,
+                      "model.moe.capacity_factor {} with expert parallelism: capacity is not built across ranks yet "
+                      "(use 0, dropless)",
+                      m_.capacity_factor);
+        ep_ = std::make_unique<parallel::ExpertParallelStage>(
+            *expert_group, parallel::EpDims{.experts = m_.experts, .topk = m_.topk, .latent = L_, .ffn = m_.ffn_dim});
+        p_.stage = ep_.get();
+    }
+}
+
+std::pair<int64_t, int64_t> MoeBlock::local_experts() const {
+    return ep_ ? std::pair{ep_->first_expert(), ep_->local_experts()} : std::pair{int64_t(0), m_.experts};
 }
 
 void MoeBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
     const int64_t E = m_.experts, F = m_.ffn_dim, FS = m_.shared_ffn_dim;
+    const auto [first, El] = local_experts();
     const ParamInit w = ParamInit::normal(cfg_.init_std);
     const ParamInit out = ParamInit::normal(cfg_.init_std / std::sqrt(2.0 * double(cfg_.n_layers)));
     const std::string mlp = prefix_ + "mlp.";
     add_param(specs, inits, prefix_ + "post_attention_layernorm.weight", Shape{C_}, ParamInit::constant(1.0), false);
     add_param(specs, inits, mlp + "gate.weight", Shape{E, C_}, w, true);
     add_param(specs, inits, mlp + "gate.e_score_correction_bias", Shape{E}, ParamInit::constant(0.0), false);
-    add_param(specs, inits, mlp + "experts.gate_proj.weight", Shape{E, F, L_}, w, true);
-    add_param(specs, inits, mlp + "experts.up_proj.weight", Shape{E, F, L_}, w, true);
-    add_param(specs, inits, mlp + "experts.down_proj.weight", Shape{E, L_, F}, m_.latent_dim > 0 ? w : out, true);
+    // the routed experts: this rank's slice of [E, ...] (expert parallelism), initialised as that slice of the whole
+    const size_t experts_from = specs.size();
+    add_param(specs, inits, mlp + "experts.gate_proj.weight", Shape{El, F, L_}, w, true);
+    add_param(specs, inits, mlp + "experts.up_proj.weight", Shape{El, F, L_}, w, true);
+    add_param(specs, inits, mlp + "experts.down_proj.weight", Shape{El, L_, F}, m_.latent_dim > 0 ? w : out, true);
+    for (size_t i = experts_from; i < specs.size(); ++i) {
+        specs[i].sharding = Sharding::expert;
+        inits[i].element_offset = first * F * L_;
+    }
     if (m_.latent_dim > 0) {
         add_param(specs, inits, mlp + "routed_expert_down_proj.weight", Shape{L_, C_}, w, true);
         add_param(specs, inits, mlp + "routed_expert_up_proj.weight", Shape{C_, L_}, out, true);
@@ -73,6 +93,8 @@ ops::MoeDims MoeBlock::dims(int64_t tokens) const {
     d.has_norm = m_.latent_norm;
     d.has_shared = m_.shared_ffn_dim > 0;
     d.has_shared_scale = m_.shared_expert_gate;
+    d.local_experts = local_experts().second;
+    d.expert_rows_here = ep_ == nullptr;
     return d;
 }
 
@@ -81,11 +103,13 @@ void MoeBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& 
     specs.push_back({prefix + "ln", DType::f32, Shape{N, C_}});
     specs.push_back({prefix + "rstd", DType::f32, Shape{N}});
     ops::moe_saved_specs(dims(N), DType::f32, prefix + "layer.", specs);
+    if (ep_) ep_->saved_specs(prefix + "ep.", N, specs);
 }
 
 void MoeBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
     specs.push_back({prefix + "dln", DType::f32, Shape{max.tokens(), C_}});
     ops::moe_scratch_specs(dims(max.tokens()), DType::f32, prefix + "layer.", specs);
+    if (ep_) ep_->scratch_specs(prefix + "ep.", max.tokens(), specs);
 }
 
 void MoeBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
@@ -121,11 +145,13 @@ void MoeBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
     ln_ = acts.view(prefix + "ln");
     rstd_ = acts.view(prefix + "rstd");
     saved_ = ops::moe_bind_saved(dims(1), acts, prefix + "layer.");
+    if (ep_) ep_->bind_saved(acts, prefix + "ep.");
 }
 
 void MoeBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
     dln_ = acts.view(prefix + "dln");
     scratch_ = ops::moe_bind_scratch(dims(1), acts, prefix + "layer.");
+    if (ep_) ep_->bind_scratch(acts, prefix + "ep.");
 }
 
 std::span<const int64_t> MoeBlock::sequences(StepShape s) {

@@ -17,6 +17,7 @@
 #include "model/layers/block.h"
 #include "ops/moe.h"
 #include "ops/moe_balance.h"
+#include "parallel/ep.h"
 
 namespace tessera::model {
 
@@ -29,7 +30,9 @@ struct MoeLayerStats {
 
 class MoeBlock : public Block {
   public:
-    MoeBlock(const ModelConfig& c, std::string param_prefix);
+    // expert_group of more than one rank: expert parallelism, this rank holding experts
+    // [rank·E/EP, (rank+1)·E/EP) (parallel/ep.h); dropless routing only, for now.
+    MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Comm* expert_group = nullptr);
 
     void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
     void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
@@ -55,6 +58,7 @@ class MoeBlock : public Block {
     int64_t balance_rows() const { return bal_rows_; }
     void set_balance_grad(std::span<const double> g) { bal_grad_.assign(g.begin(), g.end()); }
     const std::string& prefix() const { return prefix_; }
+    std::pair<int64_t, int64_t> local_experts() const;  // [first, first + count) of the layer's experts
 
   private:
     ops::MoeDims dims(int64_t tokens) const;
@@ -82,6 +86,7 @@ class MoeBlock : public Block {
     std::vector<double> bal_choices_, bal_probs_, bal_grad_, bal_scaled_;
     int64_t bal_rows_ = 0;
     std::unique_ptr<ops::QuantileBalancer> quantile_;
+    std::unique_ptr<parallel::ExpertParallelStage> ep_;  // null: every expert here
 };
 
 }  // namespace tessera::model

@@ -173,9 +173,11 @@ MoeDims moe_dims(const MoeParams& p, const MoeWeights& w, int64_t tokens) {
     d.ffn = w.w_gate.size(1);
     d.has_latent = w.latent_down.defined();
     d.latent = d.has_latent ? w.latent_down.size(0) : d.d_model;
-    check_weight(w.w_gate, Shape{d.experts, d.ffn, d.latent}, "w_gate");
-    check_weight(w.w_up, Shape{d.experts, d.ffn, d.latent}, "w_up");
-    check_weight(w.w_down, Shape{d.experts, d.latent, d.ffn}, "w_down");
+    d.local_experts = p.stage ? p.stage->local_experts() : d.experts;
+    d.expert_rows_here = p.stage == nullptr;
+    check_weight(w.w_gate, Shape{d.local_experts, d.ffn, d.latent}, "w_gate");
+    check_weight(w.w_up, Shape{d.local_experts, d.ffn, d.latent}, "w_up");
+    check_weight(w.w_down, Shape{d.local_experts, d.latent, d.ffn}, "w_down");
     if (d.has_latent) {
         check_weight(w.latent_down, Shape{d.latent, d.d_model}, "latent_down");
         check_weight(w.latent_up, Shape{d.d_model, d.latent}, "latent_up");
@@ -216,8 +218,10 @@ void moe_saved_specs(const MoeDims& d, DType dt, const std::string& prefix, std:
     add("demand", DType::i32, Shape{E});
     add("row_gate", dt, Shape{R});
     add("xe", dt, Shape{R, L});
-    add("h", dt, Shape{R, 2 * F});
-    add("a", dt, Shape{R, F});
+    if (d.expert_rows_here) {
+        add("h", dt, Shape{R, 2 * F});
+        add("a", dt, Shape{R, F});
+    }
     if (d.has_latent) {
         add("z", dt, Shape{N, L});
         add("c", dt, Shape{N, L});
@@ -237,8 +241,10 @@ void moe_scratch_specs(const MoeDims& d, DType dt, const std::string& prefix, st
     const int64_t N = d.tokens, E = d.experts, K = d.topk, R = d.max_rows(), L = d.latent, F = d.ffn;
     auto add = [&](const char* name, Shape s) { out.push_back({prefix + name, dt, s}); };
     add("ye", Shape{R, L});
-    add("dh", Shape{R, 2 * F});
-    add("da", Shape{R, F});
+    if (d.expert_rows_here) {
+        add("dh", Shape{R, 2 * F});
+        add("da", Shape{R, F});
+    }
     add("dxe", Shape{R, L});
     add("row_dot", Shape{R});
     add("ds", Shape{N, E});
@@ -270,8 +276,10 @@ MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::strin
     s.demand = v("demand");
     s.row_gate = v("row_gate");
     s.xe = v("xe");
-    s.h = v("h");
-    s.a = v("a");
+    if (d.expert_rows_here) {
+        s.h = v("h");
+        s.a = v("a");
+    }
     if (d.has_latent) {
         s.z = v("z");
         s.c = v("c");
@@ -292,8 +300,10 @@ MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::s
     auto v = [&](const char* name) { return g.view(prefix + name); };
     MoeScratch t;
     t.ye = v("ye");
-    t.dh = v("dh");
-    t.da = v("da");
+    if (d.expert_rows_here) {
+        t.dh = v("dh");
+        t.da = v("da");
+    }
     t.dxe = v("dxe");
     t.row_dot = v("row_dot");
     t.ds = v("ds");
@@ -520,7 +530,10 @@ MoeStats moe_forward(const MoeParams& p,
         linear_forward({}, x, w.latent_down, {}, src);
     }
     moe_dispatch(s, src, s.xe);
-    moe_experts_forward(p, w, s, t);
+    if (p.stage)
+        p.stage->forward(p, w, s, t);
+    else
+        moe_experts_forward(p, w, s, t);
     if (d.has_latent) {
         TensorView c = first(s.c, N);
         moe_combine(s, t.ye, c, false);
@@ -582,7 +595,10 @@ void moe_backward(const MoeParams& p,
         }
     }
     moe_dispatch(s, dsrc, t.ye);  // the backward of combine: dye
-    moe_experts_backward(p, w, g, s, t);
+    if (p.stage)
+        p.stage->backward(p, w, g, s, t);
+    else
+        moe_experts_backward(p, w, g, s, t);
     const int32_t* row = s.row.ptr<int32_t>();
     dispatch_float(x.dtype, "moe", [&]<class T>(T) {  // gate gradients per (token, slot)
         const T* dot = t.row_dot.ptr<T>();
