@@ -5,12 +5,12 @@
 
 namespace tessera::parallel {
 
-Mesh::Mesh(std::unique_ptr<Comm> world, int ep) : world_(std::move(world)), ep_(ep) {
-    const int W = world_->size(), r = world_->rank();
+Mesh::Mesh(Comm& world, int ep) : world_(world), ep_(ep) {
+    const int W = world_.size(), r = world_.rank();
     TESSERA_CHECK(ep >= 1 && W % ep == 0,
                   "parallel.ep = {} does not divide the {} ranks (world size must be a multiple)", ep, W);
-    expert_ = world_->split(r / ep, r % ep);
-    expert_data_ = world_->split(r % ep, r / ep);
+    expert_ = world_.split(r / ep, r % ep);
+    expert_data_ = world_.split(r % ep, r / ep);
 }
 
 }  // namespace tessera::parallel

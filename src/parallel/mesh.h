@@ -14,18 +14,20 @@ namespace tessera::parallel {
 
 class Mesh {
   public:
-    // Throws a one-line error when the layout does not fit (W not a multiple of ep).
-    Mesh(std::unique_ptr<Comm> world, int ep);
-    Comm& data() { return *world_; }
-    Comm& expert() { return *expert_; }
-    Comm& expert_data() { return *expert_data_; }
-    int world_size() const { return world_->size(); }
-    int rank() const { return world_->rank(); }
+    // Throws a one-line error when the layout does not fit (W not a multiple of ep). world: borrowed, it
+    // must outlive the mesh.
+    Mesh(Comm& world, int ep);
+    Comm& data() const { return world_; }
+    Comm& expert() const { return *expert_; }
+    Comm& expert_data() const { return *expert_data_; }
+    int world_size() const { return world_.size(); }
+    int rank() const { return world_.rank(); }
     int ep() const { return ep_; }
-    int edp() const { return world_->size() / ep_; }
+    int edp() const { return world_.size() / ep_; }
 
   private:
-    std::unique_ptr<Comm> world_, expert_, expert_data_;
+    Comm& world_;
+    std::unique_ptr<Comm> expert_, expert_data_;
     int ep_;
 };
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "parallel/comm.h"
 
 namespace tessera::parallel {
 
@@ -29,6 +30,15 @@ struct FlatShard {
     int64_t size() const { return hi - lo; }
     int64_t lo_of(int r) const { return std::min(total, int64_t(r) * per_rank); }
     int64_t hi_of(int r) const { return std::min(total, lo_of(r) + per_rank); }
+};
+
+// One region of a buffer group's flat element space, cut over the ranks that share it.
+struct ShardedRegion {
+    int64_t base = 0;      // the region's first element in the flat space
+    FlatShard shard;       // this rank's range, relative to base
+    Comm* comm = nullptr;  // the ranks that share the region (null: this rank alone)
+    int64_t lo() const { return base + shard.lo; }
+    int64_t hi() const { return base + shard.hi; }
 };
 
 }  // namespace tessera::parallel

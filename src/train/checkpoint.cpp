@@ -3,9 +3,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <regex>
+#include <set>
+#include <sstream>
 
 #include "core/check.h"
 #include "core/file.h"
@@ -42,13 +47,46 @@ std::string optimizer_file(int rank, int world) {
     return fmt::format("optimizer-{:05d}-of-{:05d}.safetensors", rank, world);
 }
 
+// m and v of this rank's ranges, and their pieces as metadata: "name whole_offset length offset" per line (offset:
+// where the piece starts in m and v; the elements between pieces are alignment gaps).
 void write_optimizer(const fs::path& dir, const AdamW& opt, int64_t step, int rank, int world) {
-    const parallel::FlatShard& r = opt.shard();
+    std::string pieces;
+    for (const StatePiece& p : opt.pieces())
+        pieces +=
+            fmt::format("{} {} {} {}\n", opt.param_specs()[p.param].name, p.whole_offset, p.length, p.state_offset);
     write_safetensors((dir / optimizer_file(rank, world)).string(), {{"m", opt.m().view(0)}, {"v", opt.v().view(0)}},
-                      {{"optimizer", "adamw"},
-                       {"step", std::to_string(step)},
-                       {"first", std::to_string(r.lo)},
-                       {"total", std::to_string(r.total)}});
+                      {{"optimizer", "adamw"}, {"step", std::to_string(step)}, {"pieces", pieces}});
+}
+
+// The parameters as model.safetensors holds them: every expert of every MoE layer. With expert parallelism
+// the expert ranks of the first expert-data replica send their slices to rank 0 (collective over them).
+std::vector<NamedTensor> whole_params(const BufferGroup& params,
+                                      const parallel::Mesh* mesh,
+                                      std::vector<Tensor>& storage) {
+    std::vector<NamedTensor> out = named(params);
+    if (!mesh || mesh->ep() == 1 || mesh->expert_data().rank() != 0) return out;
+    parallel::Comm& ep = mesh->expert();
+    const int P = ep.size();
+    storage.reserve(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+        if (params.specs()[i].sharding != Sharding::expert) continue;
+        const TensorView slice = out[i].tensor;
+        const int64_t bytes = int64_t(slice.nbytes());
+        Shape whole = slice.shape;
+        whole[0] *= P;
+        std::vector<int64_t> sb(size_t(P), 0), rb(size_t(P), ep.rank() == 0 ? bytes : 0);
+        sb[0] = bytes;
+        Tensor t = ep.rank() == 0 ? Tensor(slice.dtype, whole) : Tensor();
+        ep.all_to_all_v(
+            {static_cast<const std::byte*>(slice.data), size_t(bytes)}, sb,
+            {ep.rank() == 0 ? static_cast<std::byte*>(t.view().data) : nullptr, size_t(ep.rank() == 0 ? bytes * P : 0)},
+            rb);
+        if (ep.rank() == 0) {
+            storage.push_back(std::move(t));
+            out[i].tensor = storage.back().view();
+        }
+    }
+    return out;
 }
 
 // The step a directory name step_NNNNNNN stands for, or nothing for another name.
@@ -116,7 +154,8 @@ bool holds_checkpoint(const std::string& run_dir) {
     return false;
 }
 
-std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c, parallel::Comm* comm) {
+std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c, const parallel::Mesh* mesh) {
+    parallel::Comm* comm = mesh ? &mesh->data() : nullptr;
     const int W = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     const fs::path root = fs::path(run_dir) / "checkpoints";
     const std::string name = fmt::format("step_{:07d}", c.state.step);
@@ -131,13 +170,15 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
     if (W > 1) tmp = comm->broadcast_text(tmp.string(), 0);  // rank 0's, made before anyone writes into it
     try {
         if (c.opt) write_optimizer(tmp, *c.opt, c.state.optimizer_step, rank, W);
+        std::vector<Tensor> gathered;  // rank 0: the other ranks' experts
+        const std::vector<NamedTensor> params = whole_params(c.params, mesh, gathered);
         if (W > 1) agree(*comm, true);  // every rank's range is on disk
         if (rank != 0) {
             agree(*comm, true);  // rank 0 renamed the directory (or failed)
             return final_dir.string();
         }
         write_text_atomic((tmp / "config.json").string(), c.config.dump(2) + "\n");
-        write_safetensors((tmp / "model.safetensors").string(), named(c.params), {{"format", "tessera"}});
+        write_safetensors((tmp / "model.safetensors").string(), params, {{"format", "tessera"}});
         Json st = {{"format", kFormat},
                    {"step", c.state.step},
                    {"optimizer_step", c.state.optimizer_step},
@@ -227,14 +268,26 @@ TrainerState load_trainer_state(const std::string& ckpt_dir) {
     return s;
 }
 
-void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups) {
+void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups, ExpertSlice experts) {
     SafetensorsFile f(file);
     size_t expected = 0;
     for (const BufferGroup* g : groups) {
         for (size_t i = 0; i < g->size(); ++i) {
-            const std::string& name = g->specs()[i].name;
-            TESSERA_CHECK(f.contains(name), "{}: missing tensor \"{}\"", file, name);
-            f.load_into(name, g->view(i));
+            const BufferSpec& spec = g->specs()[i];
+            TESSERA_CHECK(f.contains(spec.name), "{}: missing tensor \"{}\"", file, spec.name);
+            if (spec.sharding != Sharding::expert || experts.total == 0) {
+                f.load_into(spec.name, g->view(i));
+                continue;
+            }
+            // this rank's experts [first, first + count) of the whole tensor
+            Shape whole = spec.shape;
+            whole[0] = experts.total;
+            const SafetensorsEntry& e = f.entry(spec.name);
+            TESSERA_CHECK(e.shape == whole && e.dtype == spec.dtype, "{}: tensor \"{}\" is {} {}, expected {} {}", file,
+                          spec.name, dtype_name(e.dtype), e.shape.str(), dtype_name(spec.dtype), whole.str());
+            const Tensor t = f.load(spec.name);
+            const TensorView part = t.view().slice0(experts.first, experts.first + spec.shape[0]);
+            std::memcpy(g->view(i).data, part.data, part.nbytes());
         }
         expected += g->size();
         check_finite(*g, file);
@@ -267,36 +320,59 @@ void load_optimizer(const std::string& ckpt_dir, AdamW& opt) {
     }
     TESSERA_CHECK(world > 0, "{}: no optimizer-RRRRR-of-WWWWW.safetensors (corrupted, or written by an older tessera?)",
                   ckpt_dir);
-    const parallel::FlatShard& mine = opt.shard();
+    // my pieces by parameter name: (whole offset, length, offset in m and v)
+    std::map<std::string, std::vector<const StatePiece*>> mine;
+    int64_t wanted = 0, found = 0;
+    for (const StatePiece& p : opt.pieces()) {
+        mine[opt.param_specs()[p.param].name].push_back(&p);
+        wanted += p.length;
+    }
+    std::set<std::string> known;
+    for (const BufferSpec& spec : opt.param_specs()) known.insert(spec.name);
     float* m = opt.m().view(0).ptr<float>();
     float* v = opt.v().view(0).ptr<float>();
     for (int r = 0; r < world; ++r) {
         const std::string path = (fs::path(ckpt_dir) / optimizer_file(r, world)).string();
         TESSERA_CHECK(fs::exists(path), "{}: missing (the checkpoint holds the optimizer files of {} ranks)", path,
                       world);
-        const parallel::FlatShard theirs(mine.total, r, world, AdamW::kChunk);
         SafetensorsFile f(path);
-        const auto& meta = f.metadata();
-        auto number = [&](const char* key) {
-            auto it = meta.find(key);
-            int64_t x = -1;
-            if (it != meta.end()) std::from_chars(it->second.data(), it->second.data() + it->second.size(), x);
-            return x;
-        };
-        TESSERA_CHECK(number("total") == mine.total && number("first") == theirs.lo,
-                      "{}: holds elements from {} of {}, expected from {} of {} (a checkpoint of another model?)", path,
-                      number("first"), number("total"), theirs.lo, mine.total);
+        int64_t n = -1;
         for (const char* t : {"m", "v"}) {
-            TESSERA_CHECK(f.contains(t) && f.entry(t).shape == Shape{theirs.size()} && f.entry(t).dtype == DType::f32,
-                          "{}: tensor \"{}\" must be f32 [{}]", path, t, theirs.size());
+            TESSERA_CHECK(f.contains(t) && f.entry(t).dtype == DType::f32 && f.entry(t).shape.ndim == 1 &&
+                              (n < 0 || f.entry(t).shape[0] == n),
+                          "{}: tensor \"{}\" must be f32 [n] like its twin", path, t);
+            n = f.entry(t).shape[0];
         }
         TESSERA_CHECK(f.entries().size() == 2, "{}: unexpected tensors besides \"m\" and \"v\"", path);
-        const int64_t lo = std::max(theirs.lo, mine.lo), hi = std::min(theirs.hi, mine.hi);
-        if (lo >= hi) continue;
+        const auto it = f.metadata().find("pieces");
+        TESSERA_CHECK(it != f.metadata().end(), "{}: no \"pieces\" metadata (corrupted?)", path);
         const Tensor fm = f.load("m"), fv = f.load("v");
-        std::copy_n(fm.view().ptr<float>() + (lo - theirs.lo), hi - lo, m + (lo - mine.lo));
-        std::copy_n(fv.view().ptr<float>() + (lo - theirs.lo), hi - lo, v + (lo - mine.lo));
+        std::istringstream lines(it->second);
+        std::string name;
+        int64_t whole = 0, length = 0, at = 0;  // at: the piece's offset in the file's m and v
+        while (lines >> name >> whole >> length >> at) {
+            TESSERA_CHECK(whole >= 0 && length > 0 && at >= 0 && at + length <= n,
+                          "{}: piece {} {} {} {} is out of range (corrupted?)", path, name, whole, length, at);
+            const auto mp = mine.find(name);
+            TESSERA_CHECK(mp != mine.end() || known.count(name),
+                          "{}: moments of \"{}\", which this model does not have", path, name);
+            if (mp != mine.end()) {
+                for (const StatePiece* p : mp->second) {  // copy the overlap of the two pieces
+                    const int64_t lo = std::max(whole, p->whole_offset),
+                                  hi = std::min(whole + length, p->whole_offset + p->length);
+                    if (lo >= hi) continue;
+                    std::copy_n(fm.ptr<float>() + at + (lo - whole), hi - lo,
+                                m + p->state_offset + (lo - p->whole_offset));
+                    std::copy_n(fv.ptr<float>() + at + (lo - whole), hi - lo,
+                                v + p->state_offset + (lo - p->whole_offset));
+                    found += hi - lo;
+                }
+            }
+        }
+        TESSERA_CHECK(lines.eof(), "{}: unreadable \"pieces\" metadata (corrupted?)", path);
     }
+    TESSERA_CHECK(found == wanted, "{}: the optimizer files hold {} of the {} moments this rank needs (corrupted?)",
+                  ckpt_dir, found, wanted);
     check_finite(opt.m(), ckpt_dir);
     check_finite(opt.v(), ckpt_dir);
 }

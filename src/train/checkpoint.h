@@ -1,8 +1,9 @@
 // Checkpoints: a directory <run>/checkpoints/step_NNNNNNN/ holding
 //   config.json          the full run config
 //   model.safetensors    parameters under their Hugging Face names
-//   optimizer-RRRRR-of-WWWWW.safetensors  AdamW moments "m", "v" of rank R's range of the flat
-//                        parameter space (train/optimizer.h), one file per rank of the W that trained
+//   optimizer-RRRRR-of-WWWWW.safetensors  AdamW moments "m", "v" of rank R's ranges (train/optimizer.h),
+//                        one file per rank of the W that trained, metadata "pieces": which elements of
+//                        which whole parameter each stretch of m and v holds
 //   trainer_state.json   step, optimizer step, data position, format version
 // written under a temporary name, fsync'd, then renamed into place: a crash mid-write leaves the
 // previous checkpoints intact. With several ranks every rank writes its optimizer file into rank 0's
@@ -16,7 +17,7 @@
 
 #include "core/buffer_spec.h"
 #include "core/config_reader.h"
-#include "parallel/comm.h"
+#include "parallel/mesh.h"
 #include "train/data/loader.h"
 #include "train/optimizer.h"
 
@@ -36,9 +37,12 @@ struct CheckpointContents {
     TrainerState state;
 };
 
-// Writes <run_dir>/checkpoints/step_<step>/ atomically; returns its path. With a communicator of several
-// ranks: collective, every rank passes its own optimizer range (the parameters are rank 0's to write).
-std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c, parallel::Comm* comm = nullptr);
+// Writes <run_dir>/checkpoints/step_<step>/ atomically; returns its path. With a mesh of several ranks:
+// collective, every rank passes its own optimizer ranges; rank 0 writes the parameters, with expert
+// parallelism after gathering every rank's experts (the file always holds whole tensors).
+std::string save_checkpoint(const std::string& run_dir,
+                            const CheckpointContents& c,
+                            const parallel::Mesh* mesh = nullptr);
 
 // A checkpoint directory itself, or the latest complete checkpoint under <dir>/checkpoints.
 // Throws if there is none.
@@ -56,9 +60,14 @@ Json load_checkpoint_config(const std::string& ckpt_dir);
 TrainerState load_trainer_state(const std::string& ckpt_dir);
 // Loads a file into groups: every tensor of every group must be present with its exact shape and finite
 // values (a NaN or Inf weight is an error naming the tensor), and the file must hold nothing else.
-void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups);
-// This rank's range of the optimizer moments from a checkpoint's optimizer files, whatever number of ranks
-// wrote them.
+// Expert parallelism: the experts [first, first + count) of `total` a rank holds; expert-sharded parameters
+// (Sharding::expert) are read as that slice of the file's whole tensor (total 0: whole tensors everywhere).
+struct ExpertSlice {
+    int64_t first = 0, total = 0;
+};
+void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups, ExpertSlice experts = {});
+// This rank's pieces of the optimizer moments (AdamW::pieces) from a checkpoint's optimizer files, whatever
+// number of ranks and EP degree wrote them: each file names its pieces by parameter and whole-tensor offset.
 void load_optimizer(const std::string& ckpt_dir, AdamW& opt);
 
 }  // namespace tessera::train

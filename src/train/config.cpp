@@ -45,6 +45,9 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     c.data.val_fraction = dr.number("val_fraction", c.data.val_fraction);
     c.data.mask_documents = dr.boolean("mask_documents", c.data.mask_documents);
     dr.finish();
+    ConfigReader pr(top.section("parallel"), where + ": parallel");
+    c.parallel.ep = pr.integer("ep", c.parallel.ep);
+    pr.finish();
     top.finish();
 
     auto check = [&](bool ok, const std::string& what) { TESSERA_CHECK(ok, "{}: {}", where, what); };
@@ -68,6 +71,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(tc.checkpoint_interval >= 0, "train.checkpoint_interval must be >= 0");
     check(tc.log_interval >= 1, "train.log_interval must be >= 1");
     check(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1)");
+    check(c.parallel.ep >= 1 && c.parallel.ep <= (int64_t(1) << 16), "parallel.ep must be in [1, 65536]");
     auto bounded = [&](int64_t v, int64_t hi, const char* key) {
         TESSERA_CHECK(v <= hi, "{}: train.{} = {} must be at most {}", where, key, v, hi);
     };
@@ -92,6 +96,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
            "data.val_fraction = 0 (nothing to evaluate)");
     unread(tc.eval_interval != d.eval_interval && c.data.val_fraction == 0, "train.eval_interval",
            "data.val_fraction = 0 (nothing to evaluate)");
+    unread(c.parallel.ep != 1 && c.model.moe.experts == 0, "parallel.ep", "the model has no MoE layers");
     return c;
 }
 
@@ -119,7 +124,8 @@ Json to_json(const RunConfig& c) {
                   {"recompute", t.recompute}};
     Json data = {
         {"path", c.data.path}, {"val_fraction", c.data.val_fraction}, {"mask_documents", c.data.mask_documents}};
-    return Json{{"model", model::to_json(c.model)}, {"train", train}, {"data", data}};
+    return Json{
+        {"model", model::to_json(c.model)}, {"train", train}, {"data", data}, {"parallel", {{"ep", c.parallel.ep}}}};
 }
 
 int64_t TrainConfig::micro_batch(int ranks) const {

@@ -45,10 +45,17 @@ struct DataConfig {
     bool mask_documents = true;  // documents packed in a row never see each other
 };
 
+// How the ranks of an mpirun / srun job split the work (docs/parallel.md). Every rank is a data-parallel
+// rank; ep > 1 also spreads each MoE layer's experts over groups of ep consecutive ranks.
+struct ParallelConfig {
+    int64_t ep = 1;  // expert parallelism: ranks per expert group (divides the world size and the experts)
+};
+
 struct RunConfig {
     model::ModelConfig model;
     TrainConfig train;
     DataConfig data;
+    ParallelConfig parallel;
 };
 
 // Parses and validates; `where` names the source in messages (a file name).

@@ -1,61 +1,85 @@
-// AdamW over the parameter group, sharded ZeRO-style over the data group: each rank keeps the first and
-// second moments of one range of the group's flat f32 elements (parallel/shard.h; all of them on one
-// rank) and updates that range of the parameters from the same range of the summed gradient. The
-// moments are buffer groups (kind optimizer), so they are sized, allocated and checkpointed like
-// everything else. Weight decay applies to parameters whose spec says so (matrices, not norms).
-// Global-norm gradient clipping reduces in a fixed order: Σ g² per fixed chunk of kChunk flat elements,
-// the chunk sums added in order (gathered from every rank first), so the norm has the same bits on any
-// thread count and any number of ranks.
+// AdamW over the parameter group, sharded ZeRO-style: the group's flat f32 element space is
+// [replicated | expert] (Model::param_specs orders the expert-sharded parameters last); each region is cut
+// into ranges over the ranks that hold the same values (the data group for the replicated parameters, the
+// expert-data group for this rank's experts; parallel/shard.h), and each rank keeps the first and second
+// moments of its two ranges only, updating those ranges of the parameters from the same ranges of the
+// summed gradient (GradientSum). The moments are buffer groups (kind optimizer), so they are sized,
+// allocated and checkpointed like everything else. Weight decay applies to parameters whose spec says so
+// (matrices, not norms). Global-norm gradient clipping reduces in a fixed order: Σ g² per fixed chunk of
+// kChunk elements of a region, the chunk sums of each region gathered and added in order, the expert
+// region's sums of the EP ranks added in rank order, so the norm has the same bits on any thread count and
+// any number of data-parallel ranks.
 #pragma once
 
+#include <array>
 #include <span>
 #include <vector>
 
 #include "core/buffer_spec.h"
-#include "parallel/comm.h"
+#include "parallel/mesh.h"
 #include "parallel/shard.h"
 #include "train/config.h"
 
 namespace tessera::train {
 
+// This rank's range of each region of the summed gradient: [replicated, expert].
+struct GradRanges {
+    std::array<std::span<float>, 2> region;
+};
+
+// A piece of one parameter's moments held here: elements [whole_offset, whole_offset + length) of the whole
+// tensor (all experts, under expert parallelism) at state_offset in m and v. A rank's pieces name its state
+// independently of the layout, so a checkpoint's moments re-cut for any number of ranks and EP degree.
+struct StatePiece {
+    size_t param = 0;  // index into the parameter specs
+    int64_t whole_offset = 0, state_offset = 0, length = 0;
+    int64_t flat_offset = 0;  // where the piece starts in this rank's flat parameter space
+};
+
 class AdamW {
   public:
     static constexpr int64_t kChunk = int64_t(1) << 16;
+    enum Region { replicated = 0, expert = 1 };
 
-    // The moments of this rank's range of the parameter group (comm null or one rank: all of it).
-    AdamW(const std::vector<BufferSpec>& param_specs, parallel::Comm* comm = nullptr);
+    // mesh null (one process): every element here. first_expert: the first of the experts whose (sliced)
+    // parameters are here, with expert parallelism.
+    AdamW(const std::vector<BufferSpec>& param_specs, const parallel::Mesh* mesh = nullptr, int64_t first_expert = 0);
 
     BufferGroup& m() { return m_; }
     BufferGroup& v() { return v_; }
     const BufferGroup& m() const { return m_; }
     const BufferGroup& v() const { return v_; }
-    const parallel::FlatShard& shard() const { return shard_; }
+    // m and v hold this rank's range of the replicated region, then its range of the expert region
+    const std::array<parallel::ShardedRegion, 2>& regions() const { return regions_; }
+    const std::vector<StatePiece>& pieces() const { return pieces_; }
+    const std::vector<BufferSpec>& param_specs() const { return specs_; }
     int64_t step() const { return step_; }
     void set_step(int64_t s) { step_ = s; }
 
-    // L2 norm of the whole gradient from this rank's range of it (grad: shard().size() floats, the summed
-    // gradient of the range); collective over the communicator.
-    double grad_norm(std::span<const float> grad);
-    // Scales the range's gradient by min(1, max_norm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_).
-    void clip(std::span<float> grad, double norm, double max_norm) const;
-    // One AdamW step of this rank's range of every trainable parameter at learning rate lr (all, when
-    // `trainable` is empty; frozen ones are left alone: no update, no decay, moments unchanged). Other
-    // ranges of params are the other ranks' to update (share_params brings them here).
+    // L2 norm of the whole gradient from this rank's ranges of it; collective over the mesh.
+    double grad_norm(const GradRanges& g);
+    // Scales the ranges by min(1, max_norm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_).
+    void clip(const GradRanges& g, double norm, double max_norm) const;
+    // One AdamW step of this rank's ranges of every trainable parameter at learning rate lr (all, when
+    // `trainable` is empty; frozen ones are left alone: no update, no decay, moments unchanged).
     void update(const TrainConfig& c,
                 const BufferGroup& params,
-                std::span<const float> grad,
+                const GradRanges& g,
                 double lr,
                 const std::vector<bool>& trainable = {});
-    // After update on every rank: each rank's range of the parameters to every other rank (collective).
+    // After update on every rank: each rank's ranges of the parameters to the others of its groups (collective).
     void share_params(const BufferGroup& params) const;
 
   private:
-    parallel::Comm* comm_;
-    parallel::FlatShard shard_;
+    double region_sum_of_squares(int region, std::span<const float> g);
+
+    std::array<parallel::ShardedRegion, 2> regions_;
+    parallel::Comm* expert_ = nullptr;  // the EP ranks (their expert regions differ), null without EP
     std::vector<BufferSpec> specs_;
-    std::vector<size_t> offsets_;  // flat element offset of each parameter
+    std::vector<int64_t> offsets_;  // flat element offset of each parameter
+    std::vector<StatePiece> pieces_;
     BufferGroup m_, v_;
-    std::vector<double> mine_, partial_;  // Σ g² per chunk: this rank's, every rank's (sized once)
+    std::array<std::vector<double>, 2> mine_, partial_;  // Σ g² per chunk: this rank's, every rank's (sized once)
     int64_t step_ = 0;
 };
 

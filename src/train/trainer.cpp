@@ -191,7 +191,7 @@ StepResult train_step(model::Model& model,
     }
     if (ranks > 1) r.loss = comm->all_reduce_sum(r.loss);  // in rank order, as one rank would add them
     r.loss /= double(micros * ranks);
-    const std::span<float> g = grads.finish(rt.grads());  // this rank's range of the summed gradient
+    const GradRanges g = grads.finish(rt.grads());  // this rank's ranges of the summed gradient
     r.grad_norm = opt.grad_norm(g);
     // before the update: a non-finite gradient would make every weight NaN, and the next checkpoint with them
     TESSERA_CHECK(std::isfinite(r.loss) && std::isfinite(r.grad_norm),
@@ -225,6 +225,13 @@ TrainSummary train(const TrainOptions& opts) {
         if (log) *log << s << '\n' << std::flush;
     };
     const int64_t micro = tc.micro_batch(ranks), accumulation = tc.accumulation(ranks);
+    TESSERA_CHECK(cfg.parallel.ep == 1 || ranks > 1,
+                  "parallel.ep = {} needs several ranks (mpirun -n W, W a multiple of "
+                  "it)",
+                  cfg.parallel.ep);
+    std::optional<parallel::Mesh> mesh;  // one-line error when W is not a multiple of parallel.ep
+    if (comm) mesh.emplace(*comm, int(cfg.parallel.ep));
+    const parallel::Mesh* m = mesh ? &*mesh : nullptr;
     TESSERA_CHECK(ranks == 1 || cfg.model.moe.balance != "quantile",
                   "model.moe.balance = \"quantile\" is not built for several ranks yet (its quantiles are per rank); "
                   "use \"sign\"");
@@ -235,9 +242,9 @@ TrainSummary train(const TrainOptions& opts) {
                   data_path, tokens.vocab_size(), cfg.model.vocab_size);
     DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {rank, ranks, accumulation});
 
-    model::Model model(cfg.model);
-    AdamW opt(model.param_specs(), comm);
-    GradientSum grad_sum(model.param_specs(), opt.shard(), accumulation, comm);
+    model::Model model(cfg.model, m ? &m->expert() : nullptr);
+    AdamW opt(model.param_specs(), m, model.local_experts().first);
+    GradientSum grad_sum(model.param_specs(), opt, accumulation);
     const model::StepShape shape{micro, tc.seq_len};
     std::vector<BufferGroup*> extra = {&opt.m(), &opt.v()};
     for (BufferGroup* g : grad_sum.groups()) extra.push_back(g);
@@ -245,7 +252,9 @@ TrainSummary train(const TrainOptions& opts) {
 
     TrainerState state;
     if (!setup.checkpoint.empty()) {
-        load_groups((fs::path(setup.checkpoint) / "model.safetensors").string(), {&rt.params()});
+        const auto [first_expert, local] = model.local_experts();
+        load_groups((fs::path(setup.checkpoint) / "model.safetensors").string(), {&rt.params()},
+                    {first_expert, m && m->ep() > 1 ? cfg.model.moe.experts : 0});
         load_optimizer(setup.checkpoint, opt);
         state = load_trainer_state(setup.checkpoint);
         loader.set_position(state.data);
@@ -278,9 +287,12 @@ TrainSummary train(const TrainOptions& opts) {
                      cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));
     if (comm)
         note(
-            fmt::format("{} ranks ({}): each runs {} micro-batch{} of {} sequences per step and keeps 1/{} of the "
-                        "optimizer state; memory below is per rank",
-                        ranks, comm->backend(), accumulation, accumulation == 1 ? "" : "es", micro, ranks));
+            fmt::format("{} ranks ({}): each runs {} micro-batch{} of {} sequences per step{}; optimizer state and "
+                        "summed gradients sharded; memory below is per rank",
+                        ranks, comm->backend(), accumulation, accumulation == 1 ? "" : "es", micro,
+                        m->ep() > 1 ? fmt::format(", holds {} of {} experts per MoE layer (parallel.ep {})",
+                                                  model.local_experts().second, cfg.model.moe.experts, m->ep())
+                                    : std::string()));
     note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(), loader.num_train_windows(),
                      loader.num_eval_batches()));
     note(rt.memory_report().str());
@@ -303,9 +315,13 @@ TrainSummary train(const TrainOptions& opts) {
         const int64_t n = int64_t(eval_parts.size() / 2);
         if (n == 0) return std::nullopt;
         std::fill(eval_parts.begin(), eval_parts.end(), 0.0);
-        for (int64_t i = rank; i < n; i += ranks) {
-            loader.eval_batch(i, ids, targets);
+        // with expert parallelism every rank of an expert group must run each forward (its experts serve the
+        // others): ranks without a batch of their own in the last round run one whose result they drop
+        const bool lockstep = m && m->ep() > 1;
+        for (int64_t i = rank; i < (lockstep ? (n + ranks - 1) / ranks * ranks : n); i += ranks) {
+            loader.eval_batch(i % n, ids, targets);
             model::LossResult r = model.forward_loss(shape_of(ids), ids, targets);
+            if (i >= n) continue;
             eval_parts[size_t(2 * i)] = r.loss * double(r.count);
             eval_parts[size_t(2 * i + 1)] = double(r.count);
         }
@@ -332,7 +348,7 @@ TrainSummary train(const TrainOptions& opts) {
         state.optimizer_step = opt.step();
         state.data = loader.position();
         summary.checkpoint = save_checkpoint(
-            setup.out_dir, {.config = setup.config_json, .params = rt.params(), .opt = &opt, .state = state}, comm);
+            setup.out_dir, {.config = setup.config_json, .params = rt.params(), .opt = &opt, .state = state}, m);
         guard.dismiss();
         progress.note(fmt::format("checkpoint: {}", summary.checkpoint));
     };

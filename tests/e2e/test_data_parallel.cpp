@@ -103,6 +103,89 @@ TEST(DataParallelCheckpoint, ResumesOnAnotherNumberOfRanks) {
     }
 }
 
+// step -> the routing loads of every MoE layer, as written
+std::map<int64_t, std::string> loads(const std::string& run_dir) {
+    std::map<int64_t, std::string> out;
+    std::istringstream in(read_text(run_dir + "/metrics.jsonl"));
+    std::string line;
+    while (std::getline(in, line)) {
+        Json j = Json::parse(line);
+        if (!j.contains("moe")) continue;
+        std::string l;
+        for (const Json& layer : j["moe"]) l += layer["load"].dump();
+        out[j["step"].get<int64_t>()] = l;
+    }
+    return out;
+}
+
+void expect_close_losses(const std::string& a, const std::string& b, int64_t after = 0) {
+    const auto la = losses(a, after), lb = losses(b, after);
+    ASSERT_EQ(la.size(), lb.size());
+    for (const auto& [key, value] : la) {
+        const double x = std::stod(value), y = std::stod(lb.at(key));
+        EXPECT_NEAR(x, y, 1e-5 * std::abs(x)) << key.first << " at step " << key.second;
+    }
+}
+
+const std::string kMoeSign = test::kTinyMoe + " --set model.moe.balance=sign";
+
+// Expert parallelism: ep ranks per expert group, each holding experts/ep experts of every MoE layer; with
+// W = 4 and ep = 2 two expert-data replicas. Against one process accumulating the same micro-batches: the same
+// routing counts every step and losses within 1e-5; the same layout twice: the same bits.
+TEST(ExpertParallelTraining, MatchesOneProcessAndRepeatsBitwise) {
+    TempDir d;
+    // one process on the micro-batches of 2 ranks (2 sequences) and of 4 ranks (1 sequence)
+    std::map<int, std::string> one;
+    for (int ranks : {2, 4}) {
+        one[ranks] = d.file(fmt::format("one{}", ranks));
+        ASSERT_EQ(run_tessera("train --config " + kTiny + " --out " + one[ranks] +
+                              " --set train.micro_batch_size=" + std::to_string(4 / ranks) + kMoeSign)
+                      .status,
+                  0);
+    }
+    for (const auto& [ranks, ep] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
+        const std::string run = d.file(fmt::format("w{}ep{}", ranks, ep));
+        const std::string args = "train --config " + kTiny + kMoeSign + " --set parallel.ep=" + std::to_string(ep);
+        test::CliResult r = run_tessera_mpi(ranks, args + " --out " + run);
+        ASSERT_EQ(r.status, 0) << r.out << r.err;
+        EXPECT_NE(r.out.find(fmt::format("holds {} of 8 experts", 8 / ep)), std::string::npos) << r.out;
+        expect_close_losses(one[ranks], run);
+        EXPECT_EQ(loads(one[ranks]), loads(run)) << "routing counts, " << ranks << " ranks, ep " << ep;
+        if (ranks == 4 && ep == 2) {
+            const std::string again = run + "-again";
+            ASSERT_EQ(run_tessera_mpi(ranks, args + " --out " + again).status, 0);
+            EXPECT_EQ(losses(run), losses(again)) << "the same layout twice";
+            EXPECT_TRUE(final_model(run) == final_model(again));
+        }
+    }
+}
+
+// Expert parallelism's checkpoints hold whole expert tensors and named pieces of the moments: ep 2 resumes on
+// ep 2 bitwise, and on one process and on ep 4 within 1e-5.
+TEST(ExpertParallelTraining, ResumesOnAnotherExpertLayout) {
+    TempDir d;
+    const std::string full = d.file("full");
+    const std::string micro = " --set train.micro_batch_size=1";
+    ASSERT_EQ(
+        run_tessera_mpi(4, "train --config " + kTiny + " --out " + full + micro + kMoeSign + " --set parallel.ep=2")
+            .status,
+        0);
+    for (const auto& [ranks, ep] : {std::pair{4, 2}, std::pair{1, 1}, std::pair{4, 4}}) {
+        const std::string run = d.file(fmt::format("to_w{}ep{}", ranks, ep));
+        fs::create_directories(run + "/checkpoints");
+        fs::copy(full + "/checkpoints/step_0000006", run + "/checkpoints/step_0000006");
+        const std::string rest = "train --resume " + run + " --set parallel.ep=" + std::to_string(ep);
+        test::CliResult r = ranks == 1 ? run_tessera(rest) : run_tessera_mpi(ranks, rest);
+        ASSERT_EQ(r.status, 0) << r.out << r.err;
+        if (ep == 2) {
+            EXPECT_EQ(losses(full, 6), losses(run)) << "the same layout: the same bits";
+            EXPECT_TRUE(final_model(full) == final_model(run));
+        } else {
+            expect_close_losses(full, run, 6);
+        }
+    }
+}
+
 TEST(DataParallelErrors, LayoutsThatDoNotFitAreOneLineErrors) {
     TempDir d;
     test::CliResult r = run_tessera_mpi(3, "train --config " + kTiny + " --out " + d.file("a"));
@@ -113,6 +196,16 @@ TEST(DataParallelErrors, LayoutsThatDoNotFitAreOneLineErrors) {
     EXPECT_NE(r.status, 0);
     EXPECT_NE(r.err.find("quantile\" is not built for several ranks"), std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(d.file("a") + "/config.json")) << "a failed start leaves nothing";
+    r = run_tessera_mpi(2, "train --config " + kTiny + " --out " + d.file("c") + kMoeSign + " --set parallel.ep=3");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("parallel.ep = 3 does not divide the 2 ranks"), std::string::npos) << r.err;
+    r = run_tessera_mpi(4, "train --config " + kTiny + " --out " + d.file("d") + kMoeSign +
+                               " --set model.moe.experts=6 --set parallel.ep=4");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("6 experts do not divide over 4 ranks"), std::string::npos) << r.err;
+    r = run_tessera("train --config " + kTiny + " --out " + d.file("e") + kMoeSign + " --set parallel.ep=2");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("parallel.ep = 2 needs several ranks"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -140,8 +140,7 @@ void check_split_into_mesh_groups(Comm& c) {
     const int W = c.size();
     for (int ep : {1, 2, 4}) {
         if (W % ep != 0) continue;
-        // the mesh takes ownership of a communicator: split one off that spans every rank
-        parallel::Mesh mesh(c.split(0, c.rank()), ep);
+        parallel::Mesh mesh(c, ep);
         EXPECT_EQ(mesh.expert().size(), ep);
         EXPECT_EQ(mesh.expert_data().size(), W / ep);
         EXPECT_EQ(mesh.expert().rank(), c.rank() % ep);
@@ -156,7 +155,7 @@ void check_split_into_mesh_groups(Comm& c) {
     }
     if (W == 3) {  // a layout that does not fit is a one-line error on every rank
         try {
-            parallel::Mesh bad(c.split(0, c.rank()), 2);
+            parallel::Mesh bad(c, 2);
             ADD_FAILURE() << "ep 2 over 3 ranks was accepted";
         } catch (const Error& e) {
             EXPECT_NE(std::string(e.what()).find("does not divide the 3 ranks"), std::string::npos) << e.what();
