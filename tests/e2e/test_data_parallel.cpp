@@ -186,6 +186,19 @@ TEST(ExpertParallelTraining, ResumesOnAnotherExpertLayout) {
     }
 }
 
+// tessera launch starts mpirun itself (threads per rank, root, oversubscription) and trains like mpirun does
+TEST(Launch, RunsTheCommandAsRanks) {
+    TempDir d;
+    test::CliResult r = run_tessera("launch -n 2 -- train --config " + kTiny + " --out " + d.file("a"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("2 ranks (mpi)"), std::string::npos) << r.out;
+    const std::string mpi = d.file("b");
+    ASSERT_EQ(run_tessera_mpi(2, "train --config " + kTiny + " --out " + mpi).status, 0);
+    EXPECT_EQ(losses(d.file("a")), losses(mpi));
+    r = run_tessera("launch -n 2");
+    EXPECT_EQ(r.status, 2) << "no command: a usage error";
+}
+
 TEST(DataParallelErrors, LayoutsThatDoNotFitAreOneLineErrors) {
     TempDir d;
     test::CliResult r = run_tessera_mpi(3, "train --config " + kTiny + " --out " + d.file("a"));
