@@ -54,6 +54,7 @@ Json moe_metrics(std::span<const std::pair<int64_t, model::MoeLayerStats>> layer
                        {"routing_entropy", s.load.routing_entropy},
                        {"rerouted", s.rerouted},
                        {"dropped", s.dropped},
+                       {"a2a_bytes", s.a2a_bytes},
                        {"seq_aux_loss", s.seq_aux_loss},
                        {"z_loss", s.z_loss},
                        {"bias_min", s.bias_min},

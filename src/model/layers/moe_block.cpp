@@ -178,6 +178,7 @@ void MoeBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     for (int64_t e = 0; e < m_.experts; ++e) demand_[size_t(e)] += demand[e];
     tokens_ += N;
     rerouted_ += st.rerouted;
+    if (ep_) a2a_bytes_ += ep_->last_forward_bytes();
     dropped_ += st.dropped;
     seq_aux_ += st.seq_aux_loss;
     z_loss_ += st.z_loss;
@@ -218,13 +219,14 @@ void MoeBlock::take_stats(MoeLayerStats& st) {
     st.tokens = tokens_;
     st.rerouted = rerouted_;
     st.dropped = dropped_;
+    st.a2a_bytes = a2a_bytes_;
     st.seq_aux_loss = forwards_ ? seq_aux_ / double(forwards_) : 0.0;
     st.z_loss = forwards_ ? z_loss_ / double(forwards_) : 0.0;
     const float* b = w_.router_bias.ptr<float>();
     st.bias_min = *std::min_element(b, b + m_.experts);
     st.bias_max = *std::max_element(b, b + m_.experts);
     std::fill(demand_.begin(), demand_.end(), 0);
-    tokens_ = rerouted_ = dropped_ = forwards_ = 0;
+    tokens_ = rerouted_ = dropped_ = forwards_ = a2a_bytes_ = 0;
     entropy_sum_ = seq_aux_ = z_loss_ = 0.0;
 }
 

@@ -24,6 +24,7 @@ namespace tessera::model {
 struct MoeLayerStats {
     ops::MoeLoad load;
     int64_t tokens = 0, rerouted = 0, dropped = 0;
+    int64_t a2a_bytes = 0;  // expert parallelism: bytes this rank's forwards sent to other ranks (backward: the same)
     double seq_aux_loss = 0.0, z_loss = 0.0;  // means over the recorded forwards
     float bias_min = 0.f, bias_max = 0.f;
 };
@@ -81,7 +82,7 @@ class MoeBlock : public Block {
     std::vector<int64_t> starts_;
     // this step's statistics
     std::vector<int64_t> demand_;
-    int64_t tokens_ = 0, rerouted_ = 0, dropped_ = 0, forwards_ = 0;
+    int64_t tokens_ = 0, rerouted_ = 0, dropped_ = 0, forwards_ = 0, a2a_bytes_ = 0;
     double entropy_sum_ = 0.0, seq_aux_ = 0.0, z_loss_ = 0.0;
     std::vector<double> bal_choices_, bal_probs_, bal_grad_, bal_scaled_;
     int64_t bal_rows_ = 0;
