@@ -28,7 +28,7 @@ std::string shared_prefix(const Block& b) { return "recompute." + b.kind() + "."
 std::string scratch_prefix(const Block& b) { return "scratch." + b.kind() + "."; }
 }  // namespace
 
-Model::Model(ModelConfig cfg, parallel::Comm* expert_group) : cfg_(std::move(cfg)) {
+Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) : cfg_(std::move(cfg)) {
     cfg_.validate("model");
     const ParamInit w = ParamInit::normal(cfg_.init_std);
     add_param(param_specs_, inits_, kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
@@ -45,7 +45,7 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group) : cfg_(std::move(cfg
             blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
         }
         if (cfg_.moe.is_moe_layer(i)) {
-            auto moe = std::make_unique<MoeBlock>(cfg_, prefix, expert_group);
+            auto moe = std::make_unique<MoeBlock>(cfg_, prefix, expert_group, ep_chunks);
             moe_.push_back({i, moe.get()});
             blocks_.push_back(std::move(moe));
         } else {

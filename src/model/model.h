@@ -40,7 +40,8 @@ class Model {
 
     // expert_group: the ranks among which each MoE layer's experts are spread (expert parallelism,
     // parallel/ep.h); null or one rank: every expert here.
-    explicit Model(ModelConfig cfg, parallel::Comm* expert_group = nullptr);
+    // ep_chunks: the local experts in this many groups whose exchanges overlap the previous group's compute.
+    explicit Model(ModelConfig cfg, parallel::Comm* expert_group = nullptr, int64_t ep_chunks = 1);
     ~Model();
 
     const ModelConfig& config() const { return cfg_; }

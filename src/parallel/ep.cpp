@@ -1,6 +1,7 @@
 // Expert parallelism's exchange around the local experts (see ep.h).
 #include "parallel/ep.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
@@ -12,11 +13,12 @@ ExpertParallelStage::ExpertParallelStage(Comm& expert_group, EpDims dims) : comm
     TESSERA_CHECK(d_.experts % W == 0, "expert parallelism: {} experts do not divide over {} ranks (parallel.ep)",
                   d_.experts, W);
     local_ = d_.experts / W;
-    send_bytes_.resize(size_t(W));
-    recv_bytes_.resize(size_t(W));
+    const int64_t nc = std::clamp<int64_t>(d_.chunks, 1, local_);
+    for (int64_t c = 0; c <= nc; ++c) chunk_.push_back(c * local_ / nc);
     seg_send_.assign(size_t(W), local_ * int64_t(sizeof(int32_t)));
     seg_recv_ = seg_send_;
     seg_.resize(size_t(d_.experts));
+    chunk_offsets_.resize(size_t(local_ + 1));
 }
 
 void ExpertParallelStage::saved_specs(const std::string& prefix, int64_t tokens, std::vector<BufferSpec>& out) const {
@@ -37,7 +39,9 @@ void ExpertParallelStage::scratch_specs(const std::string& prefix, int64_t token
     out.push_back({prefix + "da", DType::f32, Shape{R, F}});
     out.push_back({prefix + "dxe", DType::f32, Shape{R, L}});
     out.push_back({prefix + "row_dot", DType::f32, Shape{R}});
-    out.push_back({prefix + "stage", DType::f32, Shape{R, L}});
+    // rows in flight, source-major: L-wide rows then one float per row (gates, gate gradients)
+    out.push_back({prefix + "stage", DType::f32, Shape{R, L + 1}});
+    out.push_back({prefix + "pack", DType::f32, Shape{tokens * d_.topk, L + 1}});
 }
 
 void ExpertParallelStage::bind_saved(const BufferGroup& g, const std::string& sp) {
@@ -57,27 +61,7 @@ void ExpertParallelStage::bind_scratch(const BufferGroup& g, const std::string& 
     dxe_ = g.view(tp + "dxe");
     row_dot_ = g.view(tp + "row_dot");
     stage_ = g.view(tp + "stage");
-}
-
-ops::MoeSaved ExpertParallelStage::local_saved() const {
-    ops::MoeSaved s;
-    s.offsets = offsets_;
-    s.counts = counts_;
-    s.xe = xe_;
-    s.h = h_;
-    s.a = a_;
-    s.row_gate = row_gate_;
-    return s;
-}
-
-ops::MoeScratch ExpertParallelStage::local_scratch() const {
-    ops::MoeScratch t;
-    t.ye = ye_;
-    t.dh = dh_;
-    t.da = da_;
-    t.dxe = dxe_;
-    t.row_dot = row_dot_;
-    return t;
+    pack_ = g.view(tp + "pack");
 }
 
 void ExpertParallelStage::exchange_counts(const ops::MoeSaved& s) const {
@@ -101,79 +85,158 @@ void ExpertParallelStage::exchange_counts(const ops::MoeSaved& s) const {
                   lo[local_], comm_.rank(), xe_.size(0));
 }
 
-namespace {
-// Copies between the source-major rows as exchanged (source r: its rows for local experts 0, 1, ... in order)
-// and the expert-major local layout (expert e: the rows from source 0, 1, ...); to_local chooses the direction.
-void regroup(
-    const int32_t* rc, int W, int64_t local, int64_t cols, float* source_major, float* expert_major, bool to_local) {
-    // start of (r, e) in the source-major buffer and in the expert-major one
-    std::vector<int64_t> src(size_t(W) * size_t(local)), dst(src.size());
-    int64_t at = 0;
-    for (int r = 0; r < W; ++r)
-        for (int64_t e = 0; e < local; ++e) {
-            src[size_t(r * local + e)] = at;
-            at += rc[r * local + e];
+ops::MoeSaved ExpertParallelStage::chunk_saved(int64_t c) const {
+    const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1];
+    const int32_t* lo = offsets_.ptr<int32_t>();
+    for (int64_t e = e0; e <= e1; ++e) chunk_offsets_[size_t(e - e0)] = lo[e] - lo[e0];
+    const int64_t r0 = lo[e0], r1 = lo[e1];
+    ops::MoeSaved s;
+    s.offsets = TensorView(chunk_offsets_.data(), DType::i32, Shape{e1 - e0 + 1});
+    s.counts = counts_.slice0(e0, e1);
+    s.xe = xe_.slice0(r0, r1);
+    s.h = h_.slice0(r0, r1);
+    s.a = a_.slice0(r0, r1);
+    s.row_gate = row_gate_.slice0(r0, r1);
+    return s;
+}
+
+ops::MoeScratch ExpertParallelStage::chunk_scratch(int64_t c) const {
+    const int32_t* lo = offsets_.ptr<int32_t>();
+    const int64_t r0 = lo[chunk_[size_t(c)]], r1 = lo[chunk_[size_t(c) + 1]];
+    ops::MoeScratch t;
+    t.ye = ye_.slice0(r0, r1);
+    t.dh = dh_.slice0(r0, r1);
+    t.da = da_.slice0(r0, r1);
+    t.dxe = dxe_.slice0(r0, r1);
+    t.row_dot = row_dot_.slice0(r0, r1);
+    return t;
+}
+
+ops::MoeWeights ExpertParallelStage::chunk_weights(const ops::MoeWeights& w, int64_t c) const {
+    const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1];
+    ops::MoeWeights out;
+    out.w_gate = w.w_gate.slice0(e0, e1);
+    out.w_up = w.w_up.slice0(e0, e1);
+    out.w_down = w.w_down.slice0(e0, e1);
+    return out;
+}
+
+template <class Work>
+void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
+                                   const std::vector<std::pair<const float*, float*>>& out,
+                                   const std::vector<int64_t>& out_cols,
+                                   Work&& work,
+                                   const std::vector<std::pair<const float*, float*>>& back,
+                                   const std::vector<int64_t>& back_cols) const {
+    const int W = comm_.size(), me = comm_.rank();
+    const int64_t nc = chunks(), L = d_.latent;
+    const int32_t* off = s.offsets.ptr<int32_t>();  // the home layout: expert-contiguous
+    const int32_t* rc = recv_counts_.ptr<int32_t>();
+    const int32_t* lo = offsets_.ptr<int32_t>();  // the local layout: expert-major
+    // rows of chunk c to / from each rank, and where the chunk starts in pack (home side) and stage (expert side)
+    std::vector<int64_t> send(size_t(nc * W)), recv(size_t(nc * W)), pack_at(size_t(nc + 1)), stage_at(size_t(nc + 1));
+    for (int64_t c = 0; c < nc; ++c) {
+        const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1];
+        int64_t ps = 0, rs = 0;
+        for (int q = 0; q < W; ++q) {
+            send[size_t(c * W + q)] = off[q * local_ + e1] - off[q * local_ + e0];
+            int64_t n = 0;
+            for (int64_t e = e0; e < e1; ++e) n += rc[q * local_ + e];
+            recv[size_t(c * W + q)] = n;
+            ps += send[size_t(c * W + q)];
+            rs += n;
         }
-    at = 0;
-    for (int64_t e = 0; e < local; ++e)
-        for (int r = 0; r < W; ++r) {
-            dst[size_t(r * local + e)] = at;
-            at += rc[r * local + e];
+        pack_at[size_t(c + 1)] = pack_at[size_t(c)] + ps;
+        stage_at[size_t(c + 1)] = stage_at[size_t(c)] + rs;
+    }
+    // area i of a staging buffer: L-wide rows (i = 0) or one float per row (i = 1)
+    auto area = [&](const TensorView& buf, size_t i) { return buf.ptr<float>() + (i == 0 ? 0 : buf.size(0) * L); };
+    auto bytes = [&](int64_t c, const std::vector<int64_t>& rows, int64_t cols) {
+        std::vector<int64_t> b(static_cast<size_t>(W));
+        for (int q = 0; q < W; ++q) b[size_t(q)] = rows[size_t(c * W + q)] * cols * int64_t(sizeof(float));
+        return b;
+    };
+    // home rows of chunk c <-> pack (destination-major)
+    auto home_copy = [&](int64_t c, int64_t cols, float* home, float* packed, bool to_pack) {
+        const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1];
+        int64_t at = pack_at[size_t(c)];
+        for (int q = 0; q < W; ++q) {
+            const int64_t r0 = off[q * local_ + e0], n = off[q * local_ + e1] - r0;
+            float* a = home + r0 * cols;
+            float* b = packed + at * cols;
+            std::memcpy(to_pack ? b : a, to_pack ? a : b, size_t(n * cols) * sizeof(float));
+            at += n;
         }
-    const int64_t pairs = int64_t(W) * local;
+    };
+    // stage rows of chunk c (source-major: source r's rows for experts e0..e1 in order) <-> local (expert-major)
+    auto local_copy = [&](int64_t c, int64_t cols, float* staged, float* local, bool to_local) {
+        const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1], ne = e1 - e0;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < pairs; ++i) {
-        const size_t n = size_t(rc[i]) * size_t(cols) * sizeof(float);
-        float* a = source_major + src[size_t(i)] * cols;
-        float* b = expert_major + dst[size_t(i)] * cols;
-        if (to_local)
-            std::memcpy(b, a, n);
-        else
-            std::memcpy(a, b, n);
+        for (int64_t i = 0; i < int64_t(W) * ne; ++i) {
+            const int r = int(i / ne);
+            const int64_t e = e0 + i % ne;
+            int64_t src = stage_at[size_t(c)], dst = lo[e];
+            for (int q = 0; q < r; ++q) {
+                for (int64_t x = e0; x < e1; ++x) src += rc[q * local_ + x];
+                dst += rc[q * local_ + e];
+            }
+            for (int64_t x = e0; x < e; ++x) src += rc[r * local_ + x];
+            const size_t n = size_t(rc[r * local_ + e] * cols) * sizeof(float);
+            float* a = staged + src * cols;
+            float* b = local + dst * cols;
+            std::memcpy(to_local ? b : a, to_local ? a : b, n);
+        }
+    };
+    const CommStats before = comm_.stats();
+    double waited = 0;
+    auto wait = [&](Handle& h) {
+        const double t0 = now_seconds();
+        h.wait();
+        waited += now_seconds() - t0;
+    };
+    int64_t sent = 0;
+    // chunk c of area i, `cols` floats per row, from one side's buffer to the other's (out: pack -> stage)
+    auto exchange = [&](int64_t c, size_t i, int64_t cols, bool out) {
+        const TensorView& from = out ? pack_ : stage_;
+        const TensorView& to = out ? stage_ : pack_;
+        const std::vector<int64_t>& from_at = out ? pack_at : stage_at;
+        const std::vector<int64_t>& to_at = out ? stage_at : pack_at;
+        const auto sb = bytes(c, out ? send : recv, cols), rb = bytes(c, out ? recv : send, cols);
+        for (int q = 0; q < W; ++q) sent += q == me ? 0 : sb[size_t(q)];
+        auto rows = [&](const TensorView& buf, const std::vector<int64_t>& at) {
+            return std::span(area(buf, i) + at[size_t(c)] * cols, size_t((at[size_t(c) + 1] - at[size_t(c)]) * cols));
+        };
+        return comm_.all_to_all_v_async(std::as_bytes(rows(from, from_at)), sb, std::as_writable_bytes(rows(to, to_at)),
+                                        rb);
+    };
+    std::vector<Handle> outgoing, returning;
+    // every chunk's rows on their way out (the communication thread takes them in order)
+    for (int64_t c = 0; c < nc; ++c) {
+        for (size_t i = 0; i < out.size(); ++i) {
+            home_copy(c, out_cols[i], const_cast<float*>(out[i].first), area(pack_, i), true);
+            outgoing.push_back(exchange(c, i, out_cols[i], true));
+        }
     }
-}
-}  // namespace
-
-void ExpertParallelStage::to_experts(const ops::MoeSaved& s, const float* rows, int64_t cols, float* local) const {
-    const int W = comm_.size();
-    const int32_t* off = s.offsets.ptr<int32_t>();
-    const int32_t* rc = recv_counts_.ptr<int32_t>();
-    const int64_t row_bytes = cols * int64_t(sizeof(float));
-    int64_t total_send = 0, total_recv = 0;
-    for (int q = 0; q < W; ++q) {
-        send_bytes_[size_t(q)] = int64_t(off[(q + 1) * local_] - off[q * local_]) * row_bytes;
-        int64_t n = 0;
-        for (int64_t e = 0; e < local_; ++e) n += rc[q * local_ + e];
-        recv_bytes_[size_t(q)] = n * row_bytes;
-        total_send += send_bytes_[size_t(q)];
-        total_recv += recv_bytes_[size_t(q)];
+    for (int64_t c = 0; c < nc; ++c) {
+        for (size_t i = 0; i < out.size(); ++i) {
+            wait(outgoing[size_t(c) * out.size() + i]);
+            local_copy(c, out_cols[i], area(stage_, i), out[i].second, true);
+        }
+        work(c);
+        for (size_t j = 0; j < back.size(); ++j) {  // chunk c's results home, while chunk c + 1 computes
+            local_copy(c, back_cols[j], area(stage_, j), const_cast<float*>(back[j].first), false);
+            returning.push_back(exchange(c, j, back_cols[j], false));
+        }
     }
-    float* stage = stage_.ptr<float>();
-    comm_.all_to_all_v({reinterpret_cast<const std::byte*>(rows), size_t(total_send)}, send_bytes_,
-                       {reinterpret_cast<std::byte*>(stage), size_t(total_recv)}, recv_bytes_);
-    regroup(rc, W, local_, cols, stage, local, true);
-    last_bytes_ += total_send - send_bytes_[size_t(comm_.rank())];
-}
-
-void ExpertParallelStage::from_experts(const ops::MoeSaved& s, const float* local, int64_t cols, float* rows) const {
-    const int W = comm_.size();
-    const int32_t* off = s.offsets.ptr<int32_t>();
-    const int32_t* rc = recv_counts_.ptr<int32_t>();
-    const int64_t row_bytes = cols * int64_t(sizeof(float));
-    int64_t total_send = 0, total_recv = 0;
-    for (int q = 0; q < W; ++q) {
-        int64_t n = 0;
-        for (int64_t e = 0; e < local_; ++e) n += rc[q * local_ + e];
-        send_bytes_[size_t(q)] = n * row_bytes;  // back to where they came from
-        recv_bytes_[size_t(q)] = int64_t(off[(q + 1) * local_] - off[q * local_]) * row_bytes;
-        total_send += send_bytes_[size_t(q)];
-        total_recv += recv_bytes_[size_t(q)];
+    for (int64_t c = 0; c < nc; ++c) {
+        for (size_t j = 0; j < back.size(); ++j) {
+            wait(returning[size_t(c) * back.size() + j]);
+            home_copy(c, back_cols[j], back[j].second, area(pack_, j), false);
+        }
     }
-    float* stage = stage_.ptr<float>();
-    regroup(rc, W, local_, cols, stage, const_cast<float*>(local), false);
-    comm_.all_to_all_v({reinterpret_cast<const std::byte*>(stage), size_t(total_send)}, send_bytes_,
-                       {reinterpret_cast<std::byte*>(rows), size_t(total_recv)}, recv_bytes_);
-    last_bytes_ += total_send - send_bytes_[size_t(comm_.rank())];
+    last_bytes_ += sent;
+    times_.exposed += waited;
+    times_.communication += comm_.stats().seconds - before.seconds;
 }
 
 void ExpertParallelStage::forward(const ops::MoeParams& p,
@@ -181,11 +244,13 @@ void ExpertParallelStage::forward(const ops::MoeParams& p,
                                   const ops::MoeSaved& s,
                                   const ops::MoeScratch& t) const {
     last_bytes_ = 0;
+    const double t0 = now_seconds();
     exchange_counts(s);
-    to_experts(s, s.xe.ptr<float>(), d_.latent, xe_.ptr<float>());
-    to_experts(s, s.row_gate.ptr<float>(), 1, row_gate_.ptr<float>());
-    ops::moe_experts_forward(p, w, local_saved(), local_scratch());
-    from_experts(s, ye_.ptr<float>(), d_.latent, t.ye.ptr<float>());
+    times_.exposed += now_seconds() - t0;  // small, and never hidden
+    pipeline(s, {{s.xe.ptr<float>(), xe_.ptr<float>()}, {s.row_gate.ptr<float>(), row_gate_.ptr<float>()}},
+             {d_.latent, 1},
+             [&](int64_t c) { ops::moe_experts_forward(p, chunk_weights(w, c), chunk_saved(c), chunk_scratch(c)); },
+             {{ye_.ptr<float>(), t.ye.ptr<float>()}}, {d_.latent});
 }
 
 void ExpertParallelStage::backward(const ops::MoeParams& p,
@@ -193,10 +258,14 @@ void ExpertParallelStage::backward(const ops::MoeParams& p,
                                    const ops::MoeWeights& g,
                                    const ops::MoeSaved& s,
                                    const ops::MoeScratch& t) const {
-    to_experts(s, t.ye.ptr<float>(), d_.latent, ye_.ptr<float>());  // dye
-    ops::moe_experts_backward(p, w, g, local_saved(), local_scratch());
-    from_experts(s, dxe_.ptr<float>(), d_.latent, t.dxe.ptr<float>());
-    from_experts(s, row_dot_.ptr<float>(), 1, t.row_dot.ptr<float>());
+    const int64_t sent = last_bytes_;
+    pipeline(
+        s, {{t.ye.ptr<float>(), ye_.ptr<float>()}}, {d_.latent},  // dye out
+        [&](int64_t c) {
+            ops::moe_experts_backward(p, chunk_weights(w, c), chunk_weights(g, c), chunk_saved(c), chunk_scratch(c));
+        },
+        {{dxe_.ptr<float>(), t.dxe.ptr<float>()}, {row_dot_.ptr<float>(), t.row_dot.ptr<float>()}}, {d_.latent, 1});
+    last_bytes_ = sent;  // the metric counts the forward's bytes
 }
 
 }  // namespace tessera::parallel

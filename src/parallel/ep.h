@@ -25,6 +25,16 @@ namespace tessera::parallel {
 
 struct EpDims {
     int64_t experts = 0, topk = 0, latent = 0, ffn = 0;
+    // Overlap: the local experts in this many groups, each group's rows exchanged on the communication thread
+    // while the previous group's experts compute (dispatch(c+1) ‖ experts(c) ‖ combine(c−1), spec/moe.md §7);
+    // 1 = exchange everything, then compute. The results do not depend on it.
+    int64_t chunks = 1;
+};
+
+// Seconds of a layer's exchanges: how long the calling thread waited for them (exposed), and how long the
+// communication thread spent in them (link delay included).
+struct EpTimes {
+    double exposed = 0.0, communication = 0.0;
 };
 
 class ExpertParallelStage final : public ops::MoeExpertStage {
@@ -34,6 +44,7 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
 
     int64_t local_experts() const override { return local_; }
     int64_t first_expert() const { return int64_t(comm_.rank()) * local_; }
+    int64_t chunks() const { return int64_t(chunk_.size()) - 1; }
     // rows that can reach this rank when each rank routes at most `tokens` tokens
     int64_t max_rows(int64_t tokens) const { return int64_t(comm_.size()) * tokens * d_.topk; }
 
@@ -54,29 +65,44 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
                   const ops::MoeSaved& s,
                   const ops::MoeScratch& t) const override;
 
-    // Bytes this rank sent to other ranks in the last forward's row exchange (both directions, rows and gates).
+    // Bytes this rank sent to other ranks in the last forward's row exchange (rows and gates, out and back).
     int64_t last_forward_bytes() const { return last_bytes_; }
+    // The exchanges' times since the last take (forwards, recomputed forwards and backwards).
+    EpTimes take_times() const {
+        const EpTimes t = times_;
+        times_ = {};
+        return t;
+    }
 
   private:
-    // rows [.., cols] of the global layout -> the owners, regrouped expert-major into `local`
-    void to_experts(const ops::MoeSaved& s, const float* rows, int64_t cols, float* local) const;
-    // expert-major local rows [.., cols] -> home, into the global layout `rows`
-    void from_experts(const ops::MoeSaved& s, const float* local, int64_t cols, float* rows) const;
+    struct Flow;                                         // one direction of one chunk's exchange
     void exchange_counts(const ops::MoeSaved& s) const;  // forward: fills the layer's layout handle
-    ops::MoeSaved local_saved() const;
-    ops::MoeScratch local_scratch() const;
+    // The expert groups' exchanges, pipelined: out(c) sends chunk c's rows of `home` (global layout, cols wide)
+    // to their experts (expert-major into `local`); work(c) computes; back(c) brings `local_out` rows home.
+    template <class Work>
+    void pipeline(const ops::MoeSaved& s,
+                  const std::vector<std::pair<const float*, float*>>& out,
+                  const std::vector<int64_t>& out_cols,
+                  Work&& work,
+                  const std::vector<std::pair<const float*, float*>>& back,
+                  const std::vector<int64_t>& back_cols) const;
+    ops::MoeSaved chunk_saved(int64_t c) const;
+    ops::MoeScratch chunk_scratch(int64_t c) const;
+    ops::MoeWeights chunk_weights(const ops::MoeWeights& w, int64_t c) const;
 
     Comm& comm_;
     EpDims d_;
     int64_t local_;
+    std::vector<int64_t> chunk_;  // local experts [chunk_[c], chunk_[c + 1]) form group c
     // the layer's layout handle: rows from source rank r for local expert e at recv_counts[r·local + e]
     TensorView recv_counts_, offsets_, counts_;
     TensorView xe_, h_, a_, row_gate_;         // saved: the local rows, expert-major
     TensorView ye_, dh_, da_, dxe_, row_dot_;  // scratch
-    TensorView stage_;                         // scratch: rows as received, source-major
-    mutable std::vector<int64_t> send_bytes_, recv_bytes_, seg_send_, seg_recv_;
-    mutable std::vector<int32_t> seg_;  // padded segment size per expert (sent in forward)
+    TensorView stage_, pack_;                  // scratch: rows as exchanged (source-major), on either side
+    mutable std::vector<int64_t> seg_send_, seg_recv_;
+    mutable std::vector<int32_t> seg_, chunk_offsets_;  // padded segment size per expert; one group's offsets
     mutable int64_t last_bytes_ = 0;
+    mutable EpTimes times_;
 };
 
 }  // namespace tessera::parallel

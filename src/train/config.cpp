@@ -1,6 +1,8 @@
 // Run config parsing, validation and serialisation.
 #include "train/config.h"
 
+#include <cmath>
+
 #include "core/check.h"
 #include "core/file.h"
 #include "train/demo_config.h"
@@ -47,6 +49,8 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     dr.finish();
     ConfigReader pr(top.section("parallel"), where + ": parallel");
     c.parallel.ep = pr.integer("ep", c.parallel.ep);
+    c.parallel.ep_chunks = pr.integer("ep_chunks", c.parallel.ep_chunks);
+    c.parallel.link_delay_ns_per_byte = pr.number("link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte);
     pr.finish();
     top.finish();
 
@@ -72,6 +76,10 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(tc.log_interval >= 1, "train.log_interval must be >= 1");
     check(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1)");
     check(c.parallel.ep >= 1 && c.parallel.ep <= (int64_t(1) << 16), "parallel.ep must be in [1, 65536]");
+    check(c.parallel.ep_chunks >= 1 && c.parallel.ep_chunks <= 1024, "parallel.ep_chunks must be in [1, 1024]");
+    check(std::isfinite(c.parallel.link_delay_ns_per_byte) && c.parallel.link_delay_ns_per_byte >= 0 &&
+              c.parallel.link_delay_ns_per_byte <= 1e6,
+          "parallel.link_delay_ns_per_byte must be in [0, 1e6]");
     auto bounded = [&](int64_t v, int64_t hi, const char* key) {
         TESSERA_CHECK(v <= hi, "{}: train.{} = {} must be at most {}", where, key, v, hi);
     };
@@ -124,8 +132,13 @@ Json to_json(const RunConfig& c) {
                   {"recompute", t.recompute}};
     Json data = {
         {"path", c.data.path}, {"val_fraction", c.data.val_fraction}, {"mask_documents", c.data.mask_documents}};
-    return Json{
-        {"model", model::to_json(c.model)}, {"train", train}, {"data", data}, {"parallel", {{"ep", c.parallel.ep}}}};
+    return Json{{"model", model::to_json(c.model)},
+                {"train", train},
+                {"data", data},
+                {"parallel",
+                 {{"ep", c.parallel.ep},
+                  {"ep_chunks", c.parallel.ep_chunks},
+                  {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte}}}};
 }
 
 int64_t TrainConfig::micro_batch(int ranks) const {

@@ -55,6 +55,8 @@ Json moe_metrics(std::span<const std::pair<int64_t, model::MoeLayerStats>> layer
                        {"rerouted", s.rerouted},
                        {"dropped", s.dropped},
                        {"a2a_bytes", s.a2a_bytes},
+                       {"a2a_seconds", s.a2a_seconds},
+                       {"a2a_exposed_seconds", s.a2a_exposed_seconds},
                        {"seq_aux_loss", s.seq_aux_loss},
                        {"z_loss", s.z_loss},
                        {"bias_min", s.bias_min},
@@ -232,6 +234,7 @@ TrainSummary train(const TrainOptions& opts) {
                   cfg.parallel.ep);
     std::optional<parallel::Mesh> mesh;  // one-line error when W is not a multiple of parallel.ep
     if (comm) mesh.emplace(*comm, int(cfg.parallel.ep));
+    if (mesh) mesh->expert().set_link_delay(cfg.parallel.link_delay_ns_per_byte * 1e-9);
     const parallel::Mesh* m = mesh ? &*mesh : nullptr;
     TESSERA_CHECK(ranks == 1 || cfg.model.moe.balance != "quantile",
                   "model.moe.balance = \"quantile\" is not built for several ranks yet (its quantiles are per rank); "
@@ -243,7 +246,7 @@ TrainSummary train(const TrainOptions& opts) {
                   data_path, tokens.vocab_size(), cfg.model.vocab_size);
     DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {rank, ranks, accumulation});
 
-    model::Model model(cfg.model, m ? &m->expert() : nullptr);
+    model::Model model(cfg.model, m ? &m->expert() : nullptr, cfg.parallel.ep_chunks);
     AdamW opt(model.param_specs(), m, model.local_experts().first);
     GradientSum grad_sum(model.param_specs(), opt, accumulation);
     const model::StepShape shape{micro, tc.seq_len};

@@ -122,6 +122,25 @@ TEST(ExpertParallel, EqualsTheWholeLayerOnEveryRanksTokens) {
                     << name << ", rank " << r << " of " << W;
             }
             EXPECT_GT(stage.last_forward_bytes(), 0);
+            // overlapped in groups of local experts (uneven groups with 3): the same bits
+            for (int64_t chunks : {2, 3}) {
+                if (chunks > El) continue;
+                Layer again = full_layer();
+                parallel::ExpertParallelStage staged(
+                    c, {.experts = E, .topk = K, .latent = L, .ffn = F, .chunks = chunks});
+                ops::MoeWeights w2 = again.w, g2 = again.g;
+                for (auto [wv, gv] :
+                     {std::pair{&w2.w_gate, &g2.w_gate}, {&w2.w_up, &g2.w_up}, {&w2.w_down, &g2.w_down}}) {
+                    *wv = wv->slice0(e0, e0 + El);
+                    *gv = gv->slice0(e0, e0 + El);
+                }
+                const Result r2 =
+                    run_layer(again, w2, g2, tokens(r), test::randn(DType::f32, Shape{N, D}, 200 + r), &staged);
+                EXPECT_TRUE(test::bitwise_equal(r2.y.view(), got.y.view())) << chunks << " groups";
+                EXPECT_TRUE(test::bitwise_equal(r2.dx.view(), got.dx.view())) << chunks << " groups";
+                EXPECT_TRUE(test::bitwise_equal(again.t.at("dw_down").view(), mine.t.at("dw_down").view()));
+                EXPECT_TRUE(test::bitwise_equal(again.t.at("drouter_w").view(), mine.t.at("drouter_w").view()));
+            }
         });
         // the router's gradient on each rank is its own tokens' (compared above through dx); the latent ones too
     }

@@ -9,7 +9,7 @@
 
 namespace tessera::model {
 
-MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Comm* expert_group)
+MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Comm* expert_group, int64_t ep_chunks)
     : cfg_(c),
       m_(c.moe),
       prefix_(std::move(param_prefix)),
@@ -38,7 +38,9 @@ MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Com
                       "(use 0, dropless)",
                       m_.capacity_factor);
         ep_ = std::make_unique<parallel::ExpertParallelStage>(
-            *expert_group, parallel::EpDims{.experts = m_.experts, .topk = m_.topk, .latent = L_, .ffn = m_.ffn_dim});
+            *expert_group,
+            parallel::EpDims{
+                .experts = m_.experts, .topk = m_.topk, .latent = L_, .ffn = m_.ffn_dim, .chunks = ep_chunks});
         p_.stage = ep_.get();
     }
 }
@@ -220,6 +222,11 @@ void MoeBlock::take_stats(MoeLayerStats& st) {
     st.rerouted = rerouted_;
     st.dropped = dropped_;
     st.a2a_bytes = a2a_bytes_;
+    if (ep_) {
+        const parallel::EpTimes t = ep_->take_times();
+        st.a2a_seconds = t.communication;
+        st.a2a_exposed_seconds = t.exposed;
+    }
     st.seq_aux_loss = forwards_ ? seq_aux_ / double(forwards_) : 0.0;
     st.z_loss = forwards_ ? z_loss_ / double(forwards_) : 0.0;
     const float* b = w_.router_bias.ptr<float>();

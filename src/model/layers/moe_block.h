@@ -25,7 +25,8 @@ struct MoeLayerStats {
     ops::MoeLoad load;
     int64_t tokens = 0, rerouted = 0, dropped = 0;
     int64_t a2a_bytes = 0;  // expert parallelism: bytes this rank's forwards sent to other ranks (backward: the same)
-    double seq_aux_loss = 0.0, z_loss = 0.0;  // means over the recorded forwards
+    double a2a_seconds = 0.0, a2a_exposed_seconds = 0.0;  // the exchanges on the communication thread; waited for
+    double seq_aux_loss = 0.0, z_loss = 0.0;              // means over the recorded forwards
     float bias_min = 0.f, bias_max = 0.f;
 };
 
@@ -33,7 +34,10 @@ class MoeBlock : public Block {
   public:
     // expert_group of more than one rank: expert parallelism, this rank holding experts
     // [rank·E/EP, (rank+1)·E/EP) (parallel/ep.h); dropless routing only, for now.
-    MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Comm* expert_group = nullptr);
+    MoeBlock(const ModelConfig& c,
+             std::string param_prefix,
+             parallel::Comm* expert_group = nullptr,
+             int64_t ep_chunks = 1);
 
     void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
     void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
