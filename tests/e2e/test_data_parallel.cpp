@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <regex>
 #include <sstream>
 
 #include "core/config_reader.h"
@@ -151,6 +152,19 @@ TEST(ExpertParallelTraining, MatchesOneProcessAndRepeatsBitwise) {
         EXPECT_NE(r.out.find(fmt::format("holds {} of 8 experts", 8 / ep)), std::string::npos) << r.out;
         expect_close_losses(one[ranks], run);
         EXPECT_EQ(loads(one[ranks]), loads(run)) << "routing counts, " << ranks << " ranks, ep " << ep;
+        if (ranks == 2) {  // with a capacity: each rank's micro-batch decides its drops, as one process does
+            const std::string cap = " --set model.moe.capacity_factor=1.0 --set model.moe.overflow=drop";
+            const std::string one_cap = d.file("one_cap"), ep_cap = d.file("ep_cap");
+            ASSERT_EQ(run_tessera("train --config " + kTiny + " --out " + one_cap + " --set train.micro_batch_size=2" +
+                                  kMoeSign + cap)
+                          .status,
+                      0);
+            ASSERT_EQ(run_tessera_mpi(ranks, args + cap + " --out " + ep_cap).status, 0);
+            expect_close_losses(one_cap, ep_cap);
+            EXPECT_EQ(loads(one_cap), loads(ep_cap)) << "routing counts with a capacity";
+            EXPECT_TRUE(std::regex_search(read_text(ep_cap + "/metrics.jsonl"), std::regex("\"dropped\":[1-9]")))
+                << "the capacity dropped nothing: the test shows nothing";
+        }
         if (ranks == 4 && ep == 2) {
             const std::string again = run + "-again";
             // without overlap (the exchange of all local experts at once): the same bits

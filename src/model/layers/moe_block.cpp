@@ -33,10 +33,8 @@ MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Com
         quantile_ = std::make_unique<ops::QuantileBalancer>(m_.experts, m_.topk);
     }
     if (expert_group && expert_group->size() > 1) {
-        TESSERA_CHECK(m_.capacity_factor == 0,
-                      "model.moe.capacity_factor {} with expert parallelism: capacity is not built across ranks yet "
-                      "(use 0, dropless)",
-                      m_.capacity_factor);
+        // NOTES: capacity stays a decision of each rank over its own micro-batch (⌈c·N·k/E⌉ rows per expert from
+        // this rank), as one process decides per micro-batch: expert parallelism does not change the routing.
         ep_ = std::make_unique<parallel::ExpertParallelStage>(
             *expert_group,
             parallel::EpDims{

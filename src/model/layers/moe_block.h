@@ -33,7 +33,7 @@ struct MoeLayerStats {
 class MoeBlock : public Block {
   public:
     // expert_group of more than one rank: expert parallelism, this rank holding experts
-    // [rank·E/EP, (rank+1)·E/EP) (parallel/ep.h); dropless routing only, for now.
+    // [rank·E/EP, (rank+1)·E/EP) (parallel/ep.h).
     MoeBlock(const ModelConfig& c,
              std::string param_prefix,
              parallel::Comm* expert_group = nullptr,
