@@ -214,6 +214,25 @@ TEST(Launch, RunsTheCommandAsRanks) {
     EXPECT_EQ(r.status, 2) << "no command: a usage error";
 }
 
+// The batch and layout keys, read strictly in one process too
+TEST(DataParallelErrors, BatchAndLayoutKeysAreOneLineErrors) {
+    TempDir d;
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {" --set train.grad_accum=2", "train.grad_accum is gone: train.batch_size is the global batch"},
+        {" --set train.micro_batch_size=3", "train.batch_size 4 is not a multiple of train.micro_batch_size 3"},
+        {" --set parallel.ep=2", "parallel.ep is set but the model has no MoE layers"},
+        {" --set parallel.ep_chunks=0", "parallel.ep_chunks must be in [1, 1024]"},
+        {" --set parallel.link_delay_ns_per_byte=-1", "parallel.link_delay_ns_per_byte must be in [0, 1e6]"},
+    };
+    for (const auto& [set, message] : cases) {
+        test::CliResult r = run_tessera("train --config " + kTiny + " --out " + d.file("x") + set);
+        EXPECT_EQ(r.status, 1) << set;
+        EXPECT_NE(r.err.find(message), std::string::npos) << set << ": " << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        EXPECT_FALSE(fs::exists(d.file("x"))) << set;
+    }
+}
+
 TEST(DataParallelErrors, LayoutsThatDoNotFitAreOneLineErrors) {
     TempDir d;
     test::CliResult r = run_tessera_mpi(3, "train --config " + kTiny + " --out " + d.file("a"));
