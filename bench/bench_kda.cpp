@@ -12,6 +12,7 @@
 #include <map>
 #include <vector>
 
+#include "bench/bench_report.h"
 #include "bench/bench_util.h"
 #include "ops/gemm.h"
 #include "ops/kda.h"
@@ -81,25 +82,12 @@ BENCHMARK(BM_kda)
     ->UseRealTime()
     ->MinTime(1.0);
 
-class Collector : public benchmark::ConsoleReporter {
-  public:
-    std::map<std::string, std::map<std::string, double>> v;
-    void ReportRuns(const std::vector<Run>& runs) override {
-        for (const auto& r : runs) {
-            if (r.run_type == Run::RT_Aggregate && r.aggregate_name != "median") continue;
-            for (auto& [k, c] : r.counters) v[r.run_name.str()][k] = c.value;
-            v[r.run_name.str()]["ms"] = r.GetAdjustedRealTime();
-        }
-        ConsoleReporter::ReportRuns(runs);
-    }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
     benchmark::Initialize(&argc, argv);
     const double gemm = tessera::ops::measure_gemm_gflops(1024, 1.0);
-    Collector c;
+    tessera::bench::MedianCollector c;
     benchmark::RunSpecifiedBenchmarks(&c);
     const double gemm_after = tessera::ops::measure_gemm_gflops(1024, 1.0);
     std::printf("\nGEMM rate (best of 1 s of 1024³ sgemm), before / after: %.0f / %.0f GFLOP/s\n\n", gemm, gemm_after);

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/bench_report.h"
 #include "core/tensor.h"
 #include "ops/gemm.h"
 #include "ops/linear.h"
@@ -89,36 +90,22 @@ void shape_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_tessera_linear)->Apply(shape_args);
 BENCHMARK(BM_onednn_sgemm)->Apply(shape_args);
 
-// Collects medians (or single runs) of GFLOP/s by benchmark name.
-class Collector : public benchmark::ConsoleReporter {
-  public:
-    std::map<std::string, double> rate;
-    void ReportRuns(const std::vector<Run>& runs) override {
-        for (const auto& r : runs) {
-            if (r.run_type == Run::RT_Aggregate && r.aggregate_name != "median") continue;
-            auto it = r.counters.find("GFLOP/s");
-            if (it != r.counters.end()) rate[r.run_name.str()] = it->second.value;
-        }
-        ConsoleReporter::ReportRuns(runs);
-    }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
     benchmark::Initialize(&argc, argv);
-    Collector c;
+    tessera::bench::MedianCollector c;
     benchmark::RunSpecifiedBenchmarks(&c);
     std::printf(
         "\n| linear N x IN -> OUT | pass | tessera GFLOP/s | oneDNN sgemm GFLOP/s | ratio |\n|---|---|---|---|---|\n");
     for (size_t i = 0; i < kShapes.size(); ++i) {
         for (int pass = 0; pass < 2; ++pass) {
             const std::string args = fmt::format("/{}/{}/real_time", i, pass);
-            auto t = c.rate.find("BM_tessera_linear" + args), o = c.rate.find("BM_onednn_sgemm" + args);
-            if (t == c.rate.end() || o == c.rate.end()) continue;
+            const double *t = c.find("BM_tessera_linear" + args, "GFLOP/s"),
+                         *o = c.find("BM_onednn_sgemm" + args, "GFLOP/s");
+            if (!t || !o) continue;
             std::printf("| %ld x %ld -> %ld | %s | %.0f | %.0f | %.2f |\n", long(kShapes[i].n), long(kShapes[i].in),
-                        long(kShapes[i].out), pass ? "backward" : "forward", t->second, o->second,
-                        t->second / o->second);
+                        long(kShapes[i].out), pass ? "backward" : "forward", *t, *o, *t / *o);
         }
     }
     benchmark::Shutdown();

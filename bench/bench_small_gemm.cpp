@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/bench_report.h"
 #include "bench/bench_util.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/isa.h"
@@ -58,7 +59,7 @@ void BM_small_gemm(benchmark::State& st) {
         benchmark::DoNotOptimize(C.ptr<float>());
     }
     st.counters["GFLOP/s"] =
-        benchmark::Counter(2.0 * double(c.M * c.N * c.K), benchmark::Counter::kIsIterationInvariantRate);
+        benchmark::Counter(2.0 * double(c.M * c.N * c.K) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_onednn_sgemm(benchmark::State& st) {
@@ -73,7 +74,7 @@ void BM_onednn_sgemm(benchmark::State& st) {
         benchmark::DoNotOptimize(C.ptr<float>());
     }
     st.counters["GFLOP/s"] =
-        benchmark::Counter(2.0 * double(c.M * c.N * c.K), benchmark::Counter::kIsIterationInvariantRate);
+        benchmark::Counter(2.0 * double(c.M * c.N * c.K) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void cases(benchmark::internal::Benchmark* b) {
@@ -83,35 +84,22 @@ void cases(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_small_gemm)->Apply(cases);
 BENCHMARK(BM_onednn_sgemm)->Apply(cases);
 
-class Collector : public benchmark::ConsoleReporter {
-  public:
-    std::map<std::string, double> rate;
-    void ReportRuns(const std::vector<Run>& runs) override {
-        for (const auto& r : runs) {
-            if (r.run_type == Run::RT_Aggregate && r.aggregate_name != "median") continue;
-            auto it = r.counters.find("GFLOP/s");
-            if (it != r.counters.end()) rate[r.run_name.str()] = it->second.value / 1e9;
-        }
-        ConsoleReporter::ReportRuns(runs);
-    }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
     omp_set_num_threads(1);  // one thread each: these products run inside the kernels' parallel loops
     benchmark::Initialize(&argc, argv);
-    Collector c;
+    tessera::bench::MedianCollector c;
     benchmark::RunSpecifiedBenchmarks(&c);
     std::printf("\nISA: %s (kernels), oneDNN %s\n\n", tessera::ops::kernel_isa(), tessera::ops::onednn_isa().c_str());
     std::printf("| product | M x N x K | small_gemm GFLOP/s | oneDNN sgemm GFLOP/s | ratio |\n|---|---|---|---|---|\n");
     for (size_t i = 0; i < kCases.size(); ++i) {
         const std::string arg = fmt::format("/{}/real_time", i);
-        auto s = c.rate.find("BM_small_gemm" + arg), o = c.rate.find("BM_onednn_sgemm" + arg);
-        if (s == c.rate.end() || o == c.rate.end()) continue;
+        const double *s = c.find("BM_small_gemm" + arg, "GFLOP/s"), *o = c.find("BM_onednn_sgemm" + arg, "GFLOP/s");
+        if (!s || !o) continue;
         const Case& k = kCases[i];
         std::printf("| %s | %ld x %ld x %ld%s | %.0f | %.0f | %.2f |\n", k.what, long(k.M), long(k.N), long(k.K),
-                    k.a_transposed ? " (Aᵀ)" : "", s->second, o->second, s->second / o->second);
+                    k.a_transposed ? " (Aᵀ)" : "", *s, *o, *s / *o);
     }
     benchmark::Shutdown();
     return 0;
