@@ -21,47 +21,49 @@ ExpertParallelStage::ExpertParallelStage(Comm& expert_group, EpDims dims) : comm
     chunk_offsets_.resize(size_t(local_ + 1));
 }
 
-void ExpertParallelStage::saved_specs(const std::string& prefix, int64_t tokens, std::vector<BufferSpec>& out) const {
+// Every buffer of the stage once: its name, where it binds, its spec for `tokens` routed per rank.
+struct ExpertParallelStage::Buffer {
+    const char* name;
+    TensorView ExpertParallelStage::*view;
+    DType dtype;
+    Shape shape;
+};
+
+std::vector<ExpertParallelStage::Buffer> ExpertParallelStage::buffers(bool saved, int64_t tokens) const {
     const int64_t R = max_rows(tokens), L = d_.latent, F = d_.ffn;
-    out.push_back({prefix + "recv_counts", DType::i32, Shape{int64_t(comm_.size()) * local_}});
-    out.push_back({prefix + "offsets", DType::i32, Shape{local_ + 1}});
-    out.push_back({prefix + "counts", DType::i32, Shape{local_}});
-    out.push_back({prefix + "xe", DType::f32, Shape{R, L}});
-    out.push_back({prefix + "h", DType::f32, Shape{R, 2 * F}});
-    out.push_back({prefix + "a", DType::f32, Shape{R, F}});
-    out.push_back({prefix + "row_gate", DType::f32, Shape{R}});
+    using S = ExpertParallelStage;
+    if (saved)  // per layer, kept for backward: the layout handle and the local rows
+        return {{"recv_counts", &S::recv_counts_, DType::i32, Shape{int64_t(comm_.size()) * local_}},
+                {"offsets", &S::offsets_, DType::i32, Shape{local_ + 1}},
+                {"counts", &S::counts_, DType::i32, Shape{local_}},
+                {"xe", &S::xe_, DType::f32, Shape{R, L}},
+                {"h", &S::h_, DType::f32, Shape{R, 2 * F}},
+                {"a", &S::a_, DType::f32, Shape{R, F}},
+                {"row_gate", &S::row_gate_, DType::f32, Shape{R}}};
+    // transients; stage and pack: rows in flight, source-major, L-wide then one float per row (gates)
+    return {{"ye", &S::ye_, DType::f32, Shape{R, L}},
+            {"dh", &S::dh_, DType::f32, Shape{R, 2 * F}},
+            {"da", &S::da_, DType::f32, Shape{R, F}},
+            {"dxe", &S::dxe_, DType::f32, Shape{R, L}},
+            {"row_dot", &S::row_dot_, DType::f32, Shape{R}},
+            {"stage", &S::stage_, DType::f32, Shape{R, L + 1}},
+            {"pack", &S::pack_, DType::f32, Shape{tokens * d_.topk, L + 1}}};
+}
+
+void ExpertParallelStage::saved_specs(const std::string& prefix, int64_t tokens, std::vector<BufferSpec>& out) const {
+    for (const Buffer& b : buffers(true, tokens)) out.push_back({prefix + b.name, b.dtype, b.shape});
 }
 
 void ExpertParallelStage::scratch_specs(const std::string& prefix, int64_t tokens, std::vector<BufferSpec>& out) const {
-    const int64_t R = max_rows(tokens), L = d_.latent, F = d_.ffn;
-    out.push_back({prefix + "ye", DType::f32, Shape{R, L}});
-    out.push_back({prefix + "dh", DType::f32, Shape{R, 2 * F}});
-    out.push_back({prefix + "da", DType::f32, Shape{R, F}});
-    out.push_back({prefix + "dxe", DType::f32, Shape{R, L}});
-    out.push_back({prefix + "row_dot", DType::f32, Shape{R}});
-    // rows in flight, source-major: L-wide rows then one float per row (gates, gate gradients)
-    out.push_back({prefix + "stage", DType::f32, Shape{R, L + 1}});
-    out.push_back({prefix + "pack", DType::f32, Shape{tokens * d_.topk, L + 1}});
+    for (const Buffer& b : buffers(false, tokens)) out.push_back({prefix + b.name, b.dtype, b.shape});
 }
 
-void ExpertParallelStage::bind_saved(const BufferGroup& g, const std::string& sp) {
-    recv_counts_ = g.view(sp + "recv_counts");
-    offsets_ = g.view(sp + "offsets");
-    counts_ = g.view(sp + "counts");
-    xe_ = g.view(sp + "xe");
-    h_ = g.view(sp + "h");
-    a_ = g.view(sp + "a");
-    row_gate_ = g.view(sp + "row_gate");
+void ExpertParallelStage::bind_saved(const BufferGroup& g, const std::string& prefix) {
+    for (const Buffer& b : buffers(true, 1)) this->*b.view = g.view(prefix + b.name);
 }
 
-void ExpertParallelStage::bind_scratch(const BufferGroup& g, const std::string& tp) {
-    ye_ = g.view(tp + "ye");
-    dh_ = g.view(tp + "dh");
-    da_ = g.view(tp + "da");
-    dxe_ = g.view(tp + "dxe");
-    row_dot_ = g.view(tp + "row_dot");
-    stage_ = g.view(tp + "stage");
-    pack_ = g.view(tp + "pack");
+void ExpertParallelStage::bind_scratch(const BufferGroup& g, const std::string& prefix) {
+    for (const Buffer& b : buffers(false, 1)) this->*b.view = g.view(prefix + b.name);
 }
 
 void ExpertParallelStage::exchange_counts(const ops::MoeSaved& s) const {

@@ -75,7 +75,8 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     }
 
   private:
-    struct Flow;                                         // one direction of one chunk's exchange
+    struct Buffer;
+    std::vector<Buffer> buffers(bool saved, int64_t tokens) const;
     void exchange_counts(const ops::MoeSaved& s) const;  // forward: fills the layer's layout handle
     // The expert groups' exchanges, pipelined: out(c) sends chunk c's rows of `home` (global layout, cols wide)
     // to their experts (expert-major into `local`); work(c) computes; back(c) brings `local_out` rows home.
