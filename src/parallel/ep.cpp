@@ -171,21 +171,32 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
         }
     };
     // stage rows of chunk c (source-major: source r's rows for experts e0..e1 in order) <-> local (expert-major)
+    // where the rows of (source r, local expert e) start: in stage (source-major within their chunk) and in the
+    // local layout (expert-major); computed once per call
+    std::vector<int64_t> staged_at(size_t(W * local_)), local_at(size_t(W * local_));
+    for (int64_t c = 0; c < nc; ++c) {
+        int64_t at = stage_at[size_t(c)];
+        for (int q = 0; q < W; ++q)
+            for (int64_t e = chunk_[size_t(c)]; e < chunk_[size_t(c) + 1]; ++e) {
+                staged_at[size_t(q * local_ + e)] = at;
+                at += rc[q * local_ + e];
+            }
+    }
+    for (int64_t e = 0; e < local_; ++e) {
+        int64_t at = lo[e];
+        for (int q = 0; q < W; ++q) {
+            local_at[size_t(q * local_ + e)] = at;
+            at += rc[q * local_ + e];
+        }
+    }
     auto local_copy = [&](int64_t c, int64_t cols, float* staged, float* local, bool to_local) {
-        const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1], ne = e1 - e0;
+        const int64_t e0 = chunk_[size_t(c)], ne = chunk_[size_t(c) + 1] - e0;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < int64_t(W) * ne; ++i) {
-            const int r = int(i / ne);
-            const int64_t e = e0 + i % ne;
-            int64_t src = stage_at[size_t(c)], dst = lo[e];
-            for (int q = 0; q < r; ++q) {
-                for (int64_t x = e0; x < e1; ++x) src += rc[q * local_ + x];
-                dst += rc[q * local_ + e];
-            }
-            for (int64_t x = e0; x < e; ++x) src += rc[r * local_ + x];
-            const size_t n = size_t(rc[r * local_ + e] * cols) * sizeof(float);
-            float* a = staged + src * cols;
-            float* b = local + dst * cols;
+            const size_t k = size_t(i / ne * local_ + e0 + i % ne);  // (source, expert)
+            float* a = staged + staged_at[k] * cols;
+            float* b = local + local_at[k] * cols;
+            const size_t n = size_t(rc[k] * cols) * sizeof(float);
             std::memcpy(to_local ? b : a, to_local ? a : b, n);
         }
     };
