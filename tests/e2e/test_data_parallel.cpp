@@ -227,6 +227,33 @@ TEST(Launch, RunsTheCommandAsRanks) {
     EXPECT_EQ(r.status, 2) << "no command: a usage error";
 }
 
+// A checkpoint whose optimizer files do not add up is refused in one line: a rank's file missing, files of two
+// layouts mixed, files that do not hold the moments
+TEST(DataParallelCheckpoint, RefusesOptimizerFilesThatDoNotAddUp) {
+    TempDir d;
+    const std::string run = d.file("run");
+    ASSERT_EQ(run_tessera_mpi(2, "train --config " + kTiny + " --steps 6 --out " + run).status, 0);
+    const std::string ckpt = run + "/checkpoints/step_0000006/";
+    const std::string r0 = ckpt + "optimizer-00000-of-00002.safetensors",
+                      r1 = ckpt + "optimizer-00001-of-00002.safetensors";
+    auto resume = [&](const std::string& needle) {
+        test::CliResult r = run_tessera("train --resume " + run + " --steps 8");
+        EXPECT_EQ(r.status, 1);
+        EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    };
+    fs::rename(r1, d.file("kept"));
+    resume("optimizer-00001-of-00002.safetensors: missing (the checkpoint holds the optimizer files of 2 ranks)");
+    fs::copy_file(r0, ckpt + "optimizer-00000-of-00001.safetensors");
+    resume("optimizer files of 2 and 1 ranks");
+    // one file, rank 1's of the two (the tiny model's moments fit in rank 0's first 64K-element range: rank 1's
+    // range is empty)
+    fs::remove(r0);
+    fs::remove(ckpt + "optimizer-00000-of-00001.safetensors");
+    fs::rename(d.file("kept"), ckpt + "optimizer-00000-of-00001.safetensors");
+    resume("the optimizer files hold 0 of the");
+}
+
 // The batch and layout keys, read strictly in one process too
 TEST(DataParallelErrors, BatchAndLayoutKeysAreOneLineErrors) {
     TempDir d;
