@@ -113,28 +113,32 @@ Handle ProgressThread::submit(std::function<void()> job) {
 }
 
 namespace {
-// out[i] = Σ_r parts[r·count + i], r = 0, 1, ... in order
+// out[i] = Σ_r parts[r·count + i], r = 0, 1, ... in order (accumulate: out[i] + parts[i] + ...)
 template <class T>
-void sum_in_rank_order(const std::byte* parts, int ranks, int64_t count, void* out) {
+void sum_in_rank_order(const std::byte* parts, int ranks, int64_t count, void* out, bool accumulate) {
     const T* p = reinterpret_cast<const T*>(parts);
     T* o = static_cast<T*>(out);
-    std::memcpy(o, p, size_t(count) * sizeof(T));
+    if (accumulate) {
+        for (int64_t i = 0; i < count; ++i) o[i] += p[i];
+    } else {
+        std::memcpy(o, p, size_t(count) * sizeof(T));
+    }
     for (int r = 1; r < ranks; ++r) {
         const T* q = p + int64_t(r) * count;
         for (int64_t i = 0; i < count; ++i) o[i] += q[i];
     }
 }
 
-void sum_parts(DType dtype, const std::byte* parts, int ranks, int64_t count, void* out) {
+void sum_parts(DType dtype, const std::byte* parts, int ranks, int64_t count, void* out, bool accumulate = false) {
     switch (dtype) {
         case DType::f32:
-            return sum_in_rank_order<float>(parts, ranks, count, out);
+            return sum_in_rank_order<float>(parts, ranks, count, out, accumulate);
         case DType::f64:
-            return sum_in_rank_order<double>(parts, ranks, count, out);
+            return sum_in_rank_order<double>(parts, ranks, count, out, accumulate);
         case DType::i32:
-            return sum_in_rank_order<int32_t>(parts, ranks, count, out);
+            return sum_in_rank_order<int32_t>(parts, ranks, count, out, accumulate);
         case DType::i64:
-            return sum_in_rank_order<int64_t>(parts, ranks, count, out);
+            return sum_in_rank_order<int64_t>(parts, ranks, count, out, accumulate);
         default:
             TESSERA_FAIL("reduction: dtype {} is not summed (f32, f64, i32, i64)", dtype_name(dtype));
     }
@@ -150,11 +154,20 @@ void Comm::account(int64_t bytes, double t0) {
     stats_.seconds += now_seconds() - t0;
 }
 
-void Comm::all_gather_now(std::span<const std::byte> send, std::span<std::byte> recv) {
-    TESSERA_CHECK(recv.size() == send.size() * size_t(size()), "all_gather: receive buffer of {} bytes, needs {} × {}",
-                  recv.size(), size(), send.size());
+void Comm::all_gather_now(std::span<const std::byte> send,
+                          std::span<std::byte> recv,
+                          std::span<const int64_t> recv_bytes) {
+    TESSERA_CHECK(int(recv_bytes.size()) == size(), "all_gather: {} counts for {} ranks", recv_bytes.size(), size());
+    int64_t total = 0;
+    for (int64_t b : recv_bytes) {
+        TESSERA_CHECK(b >= 0, "all_gather: negative count");
+        total += b;
+    }
+    TESSERA_CHECK(int64_t(send.size()) == recv_bytes[size_t(rank())] && total <= int64_t(recv.size()),
+                  "all_gather: sends {} bytes and receives {} into {}, the counts say {} and {}", send.size(), total,
+                  recv.size(), recv_bytes[size_t(rank())], total);
     const double t0 = now_seconds();
-    do_all_gather(send, recv);
+    do_all_gather_v(send, recv, recv_bytes);
     account(int64_t(send.size()) * (size() - 1), t0);
 }
 
@@ -180,7 +193,16 @@ void Comm::all_to_all_v_now(std::span<const std::byte> send,
 }
 
 Handle Comm::all_gather_async(std::span<const std::byte> send, std::span<std::byte> recv) {
-    return submit([=, this] { all_gather_now(send, recv); });
+    TESSERA_CHECK(recv.size() == send.size() * size_t(size()), "all_gather: receive buffer of {} bytes, needs {} × {}",
+                  recv.size(), size(), send.size());
+    return all_gather_v_async(send, recv, std::vector<int64_t>(size_t(size()), int64_t(send.size())));
+}
+
+Handle Comm::all_gather_v_async(std::span<const std::byte> send,
+                                std::span<std::byte> recv,
+                                std::span<const int64_t> recv_bytes) {
+    std::vector<int64_t> rb(recv_bytes.begin(), recv_bytes.end());
+    return submit([=, this, rb = std::move(rb)] { all_gather_now(send, recv, rb); });
 }
 
 Handle Comm::all_to_all_v_async(std::span<const std::byte> send,
@@ -201,30 +223,64 @@ Handle Comm::broadcast_async(std::span<std::byte> buf, int root) {
     });
 }
 
+void Comm::reduce_scatter_now(DType dtype,
+                              const void* send,
+                              std::span<const int64_t> send_counts,
+                              void* recv,
+                              int64_t recv_count,
+                              bool accumulate,
+                              std::span<std::byte> scratch) {
+    const int W = size();
+    const int64_t es = int64_t(dtype_size(dtype));
+    std::vector<std::byte> own;
+    if (scratch.empty()) {
+        own.resize(size_t(recv_count * es * W));
+        scratch = own;
+    }
+    std::vector<int64_t> send_bytes(static_cast<size_t>(W)), recv_bytes(static_cast<size_t>(W), recv_count * es);
+    int64_t total = 0;
+    for (int r = 0; r < W; ++r) {
+        send_bytes[size_t(r)] = send_counts[size_t(r)] * es;
+        total += send_bytes[size_t(r)];
+    }
+    all_to_all_v_now({static_cast<const std::byte*>(send), size_t(total)}, send_bytes, scratch, recv_bytes);
+    sum_parts(dtype, scratch.data(), W, recv_count, recv, accumulate);
+}
+
+Handle Comm::reduce_scatter_v_async(DType dtype,
+                                    const void* send,
+                                    std::span<const int64_t> send_counts,
+                                    void* recv,
+                                    int64_t recv_count,
+                                    bool accumulate,
+                                    std::span<std::byte> scratch) {
+    const int W = size();
+    TESSERA_CHECK(int(send_counts.size()) == W && recv_count >= 0 && send_counts[size_t(rank())] == recv_count,
+                  "reduce_scatter: {} counts for {} ranks, {} elements kept here and {} received", send_counts.size(),
+                  W, send_counts.size() == size_t(W) ? send_counts[size_t(rank())] : -1, recv_count);
+    const int64_t need = recv_count * int64_t(dtype_size(dtype)) * W;
+    TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= need, "reduce_scatter: scratch of {} bytes, needs {}",
+                  scratch.size(), need);
+    std::vector<int64_t> sc(send_counts.begin(), send_counts.end());
+    return submit(
+        [=, this, sc = std::move(sc)] { reduce_scatter_now(dtype, send, sc, recv, recv_count, accumulate, scratch); });
+}
+
 Handle Comm::reduce_scatter_async(
     DType dtype, const void* send, void* recv, int64_t count, std::span<std::byte> scratch, int64_t send_count) {
     const int W = size();
     if (send_count < 0) send_count = count * W;
     TESSERA_CHECK(count >= 0 && send_count <= count * W, "reduce_scatter: {} elements sent for {} chunks of {}",
                   send_count, W, count);
-    const int64_t es = int64_t(dtype_size(dtype)), chunk = count * es;
-    TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= chunk * W,
-                  "reduce_scatter: scratch of {} bytes, needs {}", scratch.size(), chunk * W);
-    return submit([=, this] {
-        std::vector<std::byte> own;
-        std::span<std::byte> parts = scratch;
-        if (parts.empty()) {
-            own.resize(size_t(chunk * W));
-            parts = own;
-        }
-        // chunk r holds the elements [r·count, (r+1)·count) that exist; mine arrives as W blocks of `have` elements
-        auto present = [&](int r) { return std::clamp<int64_t>(send_count - int64_t(r) * count, 0, count); };
-        std::vector<int64_t> send_bytes(static_cast<size_t>(W)),
-            recv_bytes(static_cast<size_t>(W), present(rank()) * es);
-        for (int r = 0; r < W; ++r) send_bytes[size_t(r)] = present(r) * es;
-        all_to_all_v_now({static_cast<const std::byte*>(send), size_t(send_count * es)}, send_bytes, parts, recv_bytes);
-        const int64_t have = present(rank());
-        sum_parts(dtype, parts.data(), W, have, recv);
+    const int64_t es = int64_t(dtype_size(dtype));
+    TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= count * es * W,
+                  "reduce_scatter: scratch of {} bytes, needs {}", scratch.size(), count * es * W);
+    // chunk r holds the elements [r·count, (r+1)·count) that exist; the missing tail of this rank's is zeros
+    std::vector<int64_t> present(static_cast<size_t>(W));
+    for (int r = 0; r < W; ++r) present[size_t(r)] = std::clamp<int64_t>(send_count - int64_t(r) * count, 0, count);
+    return submit([=, this, present = std::move(present)] {
+        const int64_t have = present[size_t(rank())];
+        reduce_scatter_now(dtype, send, present, recv, have, false, scratch);
         std::memset(static_cast<std::byte*>(recv) + have * es, 0, size_t((count - have) * es));
     });
 }
@@ -240,7 +296,7 @@ Handle Comm::all_reduce_async(DType dtype, void* buf, int64_t count) {
         const std::vector<int64_t> counts(size_t(W), chunk * es);
         all_to_all_v_now(padded, counts, parts, counts);
         sum_parts(dtype, parts.data(), W, chunk, mine.data());
-        all_gather_now(mine, padded);
+        all_gather_now(mine, padded, counts);
         std::memcpy(buf, padded.data(), size_t(count * es));
     });
 }

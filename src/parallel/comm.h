@@ -66,6 +66,11 @@ class Comm {
 
     // recv holds size() blocks of send.size() bytes, rank order.
     Handle all_gather_async(std::span<const std::byte> send, std::span<std::byte> recv);
+    // recv holds size() consecutive blocks, recv_bytes[r] from rank r (the same counts on every rank; send holds
+    // recv_bytes[rank()] bytes). FSDP gathers a block's parameters from the ranks' uneven pieces this way.
+    Handle all_gather_v_async(std::span<const std::byte> send,
+                              std::span<std::byte> recv,
+                              std::span<const int64_t> recv_bytes);
     // send: blocks of send_bytes[r] bytes for rank r, consecutive; recv: blocks of recv_bytes[r] from rank r.
     // The counts must agree pairwise (send_bytes[r] on rank q = recv_bytes[q] on rank r); exchange them
     // first with all_gather or an all-to-all of fixed-size counts.
@@ -84,12 +89,27 @@ class Comm {
                                 int64_t count,
                                 std::span<std::byte> scratch = {},
                                 int64_t send_count = -1);
+    // The uneven form: send holds size() consecutive blocks, send_counts[r] elements for rank r (so rank r's
+    // block must have rank r's recv_count elements); recv (recv_count elements) = Σ_r rank r's block for this
+    // rank, in rank order. accumulate: the blocks are added to recv's values in rank order (recv + b_0 + b_1
+    // + ...) instead of replacing them, so summing micro-batch after micro-batch this way gives the bits of one
+    // rank adding every micro-batch in turn. scratch: Σ recv_count·size() elements, or empty to allocate.
+    Handle reduce_scatter_v_async(DType dtype,
+                                  const void* send,
+                                  std::span<const int64_t> send_counts,
+                                  void* recv,
+                                  int64_t recv_count,
+                                  bool accumulate,
+                                  std::span<std::byte> scratch = {});
     // In place, summed in rank order. count need not divide by size() (the last chunk is padded).
     Handle all_reduce_async(DType dtype, void* buf, int64_t count);
     void barrier();
 
     // blocking forms
     void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) { all_gather_async(send, recv).wait(); }
+    void all_gather_v(std::span<const std::byte> send, std::span<std::byte> recv, std::span<const int64_t> recv_bytes) {
+        all_gather_v_async(send, recv, recv_bytes).wait();
+    }
     void all_to_all_v(std::span<const std::byte> send,
                       std::span<const int64_t> send_bytes,
                       std::span<std::byte> recv,
@@ -128,7 +148,10 @@ class Comm {
 
   protected:
     // The byte-moving primitives, run on the communication thread (blocking there).
-    virtual void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
+    // recv: recv_bytes[r] bytes from rank r, consecutive
+    virtual void do_all_gather_v(std::span<const std::byte> send,
+                                 std::span<std::byte> recv,
+                                 std::span<const int64_t> recv_bytes) = 0;
     virtual void do_all_to_all_v(std::span<const std::byte> send,
                                  std::span<const int64_t> send_bytes,
                                  std::span<std::byte> recv,
@@ -146,7 +169,16 @@ class Comm {
                           std::span<const int64_t> send_bytes,
                           std::span<std::byte> recv,
                           std::span<const int64_t> recv_bytes);
-    void all_gather_now(std::span<const std::byte> send, std::span<std::byte> recv);
+    void all_gather_now(std::span<const std::byte> send,
+                        std::span<std::byte> recv,
+                        std::span<const int64_t> recv_bytes);
+    void reduce_scatter_now(DType dtype,
+                            const void* send,
+                            std::span<const int64_t> send_counts,
+                            void* recv,
+                            int64_t recv_count,
+                            bool accumulate,
+                            std::span<std::byte> scratch);
     double link_delay_ = 0.0;
     mutable std::mutex stats_mu_;  // written on the communication thread, read by callers
     CommStats stats_;

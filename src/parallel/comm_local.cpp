@@ -72,11 +72,17 @@ class LocalComm final : public Comm {
   protected:
     Handle submit(std::function<void()> job) override { return thread_->submit(std::move(job)); }
 
-    void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    void do_all_gather_v(std::span<const std::byte> send,
+                         std::span<std::byte> recv,
+                         std::span<const int64_t> recv_bytes) override {
         g_->slots[size_t(rank_)].send = send.data();
         g_->sync.arrive_and_wait();
-        for (int r = 0; r < g_->size; ++r)
-            std::memcpy(recv.data() + size_t(r) * send.size(), g_->slots[size_t(r)].send, send.size());
+        size_t at = 0;
+        for (int r = 0; r < g_->size; ++r) {
+            const size_t n = size_t(recv_bytes[size_t(r)]);
+            if (n) std::memcpy(recv.data() + at, g_->slots[size_t(r)].send, n);
+            at += n;
+        }
         g_->sync.arrive_and_wait();  // nobody reuses a send buffer before every member read it
     }
 

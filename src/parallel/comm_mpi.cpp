@@ -52,9 +52,20 @@ class MpiComm final : public Comm {
   protected:
     Handle submit(std::function<void()> job) override { return progress_thread()->submit(std::move(job)); }
 
-    void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) override {
-        const int n = as_count(int64_t(send.size()), "all_gather");
-        check_mpi(MPI_Allgather(send.data(), n, MPI_BYTE, recv.data(), n, MPI_BYTE, comm_), "MPI_Allgather");
+    void do_all_gather_v(std::span<const std::byte> send,
+                         std::span<std::byte> recv,
+                         std::span<const int64_t> recv_bytes) override {
+        const size_t n = static_cast<size_t>(size_);
+        std::vector<int> rc(n), rd(n);
+        int64_t at = 0;
+        for (int r = 0; r < size_; ++r) {
+            rc[size_t(r)] = as_count(recv_bytes[size_t(r)], "all_gather");
+            rd[size_t(r)] = as_count(at, "all_gather offset");
+            at += recv_bytes[size_t(r)];
+        }
+        check_mpi(MPI_Allgatherv(send.data(), as_count(int64_t(send.size()), "all_gather"), MPI_BYTE, recv.data(),
+                                 rc.data(), rd.data(), MPI_BYTE, comm_),
+                  "MPI_Allgatherv");
     }
 
     void do_all_to_all_v(std::span<const std::byte> send,

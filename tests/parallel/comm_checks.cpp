@@ -38,6 +38,20 @@ void check_all_gather(Comm& c) {
         for (int64_t i = 0; i < 7; ++i) ASSERT_EQ(recv[size_t(r * 7 + i)], label(r, i)) << "from rank " << r;
 }
 
+void check_all_gather_uneven(Comm& c) {
+    const int W = c.size(), me = c.rank();
+    auto n = [](int r) -> int64_t { return (r * 3 + 1) % 4; };  // rank 2 of 4 sends nothing
+    std::vector<int64_t> rb(static_cast<size_t>(W));
+    for (int r = 0; r < W; ++r) rb[size_t(r)] = n(r) * 4;
+    std::vector<int32_t> send(static_cast<size_t>(n(me)));
+    for (int64_t i = 0; i < n(me); ++i) send[size_t(i)] = label(me, i);
+    std::vector<int32_t> recv(size_t(std::accumulate(rb.begin(), rb.end(), int64_t(0)) / 4), -1);
+    c.all_gather_v(bytes(send), bytes(recv), rb);
+    size_t at = 0;
+    for (int r = 0; r < W; ++r)
+        for (int64_t i = 0; i < n(r); ++i) ASSERT_EQ(recv[at++], label(r, i)) << "from rank " << r;
+}
+
 void check_all_to_all_v_uneven(Comm& c) {
     const int W = c.size(), me = c.rank();
     // rank r sends (r + 2q) % 5 elements to rank q (some pairs send nothing); a second round sends
@@ -95,6 +109,29 @@ void check_reductions_sum_in_rank_order(Comm& c) {
         for (int r = 0; r < W; ++r) want = r == 0 ? value(r, j) : want + value(r, j);
         if (j >= short_count) want = 0;
         ASSERT_EQ(std::memcmp(&recv[size_t(i)], &want, 4), 0) << "short send, element " << i;
+    }
+    // uneven blocks (FSDP's pieces of a unit), added to what recv holds: recv + b_0 + b_1 + ... in rank order
+    auto piece = [](int q) -> int64_t { return (q * 5 + 2) % 6; };
+    std::vector<int64_t> counts(static_cast<size_t>(W));
+    int64_t before = 0;  // elements of the blocks for lower ranks
+    for (int q = 0; q < W; ++q) {
+        counts[size_t(q)] = piece(q);
+        if (q < me) before += piece(q);
+    }
+    std::vector<float> acc(static_cast<size_t>(piece(me)));
+    for (int64_t i = 0; i < piece(me); ++i) acc[size_t(i)] = value(W, i);
+    for (bool accumulate : {true, false}) {
+        std::vector<float> out = acc;
+        c.reduce_scatter_v_async(DType::f32, send.data(), counts, out.data(), piece(me), accumulate).wait();
+        for (int64_t i = 0; i < piece(me); ++i) {
+            float want = accumulate ? acc[size_t(i)] : 0.0f;
+            for (int r = 0; r < W; ++r) {
+                const float v = value(r, before + i);
+                want = (r == 0 && !accumulate) ? v : want + v;
+            }
+            ASSERT_EQ(std::memcmp(&out[size_t(i)], &want, 4), 0)
+                << (accumulate ? "accumulating" : "replacing") << ", element " << i;
+        }
     }
     // all-reduce of a count that does not divide by W, in place; and of integers
     std::vector<float> buf(static_cast<size_t>(count));

@@ -8,9 +8,10 @@
 namespace tessera::test {
 
 void check_all_gather(parallel::Comm& c);
+void check_all_gather_uneven(parallel::Comm& c);    // uneven and empty blocks
 void check_all_to_all_v_uneven(parallel::Comm& c);  // uneven, empty and all-to-one loads
 void check_broadcast(parallel::Comm& c);
-void check_reductions_sum_in_rank_order(parallel::Comm& c);
+void check_reductions_sum_in_rank_order(parallel::Comm& c);  // incl. uneven blocks, accumulating
 void check_async_progresses_while_the_caller_computes(parallel::Comm& c);
 void check_split_into_mesh_groups(parallel::Comm& c);
 

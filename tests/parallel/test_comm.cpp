@@ -13,6 +13,7 @@ namespace {
 class LocalComm : public ::testing::TestWithParam<int> {};
 
 TEST_P(LocalComm, AllGather) { parallel::run_local(GetParam(), test::check_all_gather); }
+TEST_P(LocalComm, AllGatherUneven) { parallel::run_local(GetParam(), test::check_all_gather_uneven); }
 TEST_P(LocalComm, AllToAllVUnevenEmptyAndAllToOne) { parallel::run_local(GetParam(), test::check_all_to_all_v_uneven); }
 TEST_P(LocalComm, Broadcast) { parallel::run_local(GetParam(), test::check_broadcast); }
 TEST_P(LocalComm, ReductionsSumInRankOrder) {

@@ -11,6 +11,7 @@ namespace {
 parallel::Comm* g_world = nullptr;
 
 TEST(MpiComm, AllGather) { test::check_all_gather(*g_world); }
+TEST(MpiComm, AllGatherUneven) { test::check_all_gather_uneven(*g_world); }
 TEST(MpiComm, AllToAllVUnevenEmptyAndAllToOne) { test::check_all_to_all_v_uneven(*g_world); }
 TEST(MpiComm, Broadcast) { test::check_broadcast(*g_world); }
 TEST(MpiComm, ReductionsSumInRankOrder) { test::check_reductions_sum_in_rank_order(*g_world); }
