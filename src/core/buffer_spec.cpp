@@ -47,6 +47,19 @@ BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs)
     nbytes_ = off;
 }
 
+BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs, std::vector<size_t> offsets, size_t nbytes)
+    : name_(std::move(name)), specs_(std::move(specs)), offsets_(std::move(offsets)), nbytes_(nbytes) {
+    TESSERA_CHECK(offsets_.size() == specs_.size(), "buffer group {}: {} offsets for {} buffers", name_,
+                  offsets_.size(), specs_.size());
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        TESSERA_CHECK(index_.emplace(specs_[i].name, i).second, "buffer group {}: \"{}\" declared twice", name_,
+                      specs_[i].name);
+        TESSERA_CHECK(offsets_[i] % kBufferAlign == 0 && offsets_[i] + specs_[i].nbytes() <= nbytes_,
+                      "buffer group {}: \"{}\" at {} does not fit in {} bytes aligned", name_, specs_[i].name,
+                      offsets_[i], nbytes_);
+    }
+}
+
 int BufferGroup::index_of(const std::string& name) const {
     auto it = index_.find(name);
     return it == index_.end() ? -1 : int(it->second);

@@ -15,19 +15,23 @@ namespace tessera {
 enum class BufferKind : uint8_t { param, grad, optimizer, activation, workspace };
 std::string_view buffer_kind_name(BufferKind k);
 
-// How a parameter (and its gradient and optimizer state) is spread over ranks: the same values on every
-// rank of the data group (replicated; ZeRO shards the optimizer state), or one slice of the experts per
-// rank of the expert group, the same on every rank of the expert-data group (parallel/mesh.h).
-enum class Sharding : uint8_t { replicated, expert };
+// How a parameter (and its gradient and optimizer state) is spread over ranks (parallel/mesh.h):
+//   replicated  the same values on every rank of the data group, always whole there (ZeRO shards only its
+//               optimizer state): what is read outside its block's compute, e.g. the MoE selection bias
+//   data        the same values on every rank of the data group; with FSDP (train/fsdp.h) each rank holds a
+//               range and a block's parameters are gathered for its compute, without it like replicated
+//   expert      one slice of the experts per rank of the expert group, the same on every rank of the
+//               expert-data group
+enum class Sharding : uint8_t { replicated, data, expert };
 
 struct BufferSpec {
     std::string name;
     DType dtype = DType::f32;
     Shape shape;
     BufferKind kind = BufferKind::activation;
-    bool weight_decay = false;                 // parameters only: AdamW decays it
-    Sharding sharding = Sharding::replicated;  // parameters only
-    size_t nbytes() const;                     // throws when the size does not fit in 2^62 bytes
+    bool weight_decay = false;           // parameters only: AdamW decays it
+    Sharding sharding = Sharding::data;  // parameters only
+    size_t nbytes() const;               // throws when the size does not fit in 2^62 bytes
 };
 
 constexpr size_t kBufferAlign = 64;
@@ -37,6 +41,9 @@ class BufferGroup {
   public:
     BufferGroup() = default;
     BufferGroup(std::string name, std::vector<BufferSpec> specs);
+    // Buffers at given (kBufferAlign-aligned) offsets in a block of nbytes; they may share bytes (FSDP's
+    // gather slots hold one block's parameters at a time, train/fsdp.h).
+    BufferGroup(std::string name, std::vector<BufferSpec> specs, std::vector<size_t> offsets, size_t nbytes);
 
     const std::string& name() const { return name_; }
     size_t nbytes() const { return nbytes_; }

@@ -42,6 +42,8 @@ void AttnRes::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamIn
         add_param(specs, inits, w.param + "_res_norm.weight", Shape{C_}, ParamInit::constant(1.0), false);
         add_param(specs, inits, w.param + "_res_proj.weight", Shape{1, C_}, ParamInit::normal(init_std_), true);
     }
+    // read between the blocks, outside any one block's compute: whole on every rank (no FSDP gathers)
+    for (size_t i = specs.size() - 2 * wiring_.size(); i < specs.size(); ++i) specs[i].sharding = Sharding::replicated;
 }
 
 void AttnRes::declare_acts(std::vector<BufferSpec>& specs, StepShape max) const {

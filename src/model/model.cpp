@@ -23,6 +23,9 @@ const std::string kEmbed = "model.embed_tokens.weight";
 const std::string kNormF = "model.norm.weight";
 const std::string kHead = "lm_head.weight";
 
+// who uses a parameter (its FSDP unit): a block's index, or one of these
+constexpr int kEmbedOwner = -1, kHeadOwner = -2, kBetweenBlocks = -3;
+
 std::string saved_prefix(int64_t block, const Block& b) { return fmt::format("saved.{}.{}.", block, b.kind()); }
 std::string shared_prefix(const Block& b) { return "recompute." + b.kind() + "."; }
 std::string scratch_prefix(const Block& b) { return "scratch." + b.kind() + "."; }
@@ -30,8 +33,15 @@ std::string scratch_prefix(const Block& b) { return "scratch." + b.kind() + ".";
 
 Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) : cfg_(std::move(cfg)) {
     cfg_.validate("model");
+    const int embed_owner = cfg_.tie_embeddings ? kHeadOwner : kEmbedOwner;
+    std::vector<int> owner;
+    auto owned = [&](int who) { owner.resize(param_specs_.size(), who); };
     const ParamInit w = ParamInit::normal(cfg_.init_std);
     add_param(param_specs_, inits_, kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
+    owned(embed_owner);
+    add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
+    if (!cfg_.tie_embeddings) add_param(param_specs_, inits_, kHead, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
+    owned(kHeadOwner);
     for (int64_t i = 0; i < cfg_.n_layers; ++i) {
         const std::string prefix = fmt::format("model.layers.{}.", i);
         const std::string& type = cfg_.layer_type(i);
@@ -52,31 +62,82 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) :
             blocks_.push_back(std::make_unique<MlpBlock>(cfg_, prefix));
         }
     }
-    for (auto& b : blocks_) b->declare_params(param_specs_, inits_);
+    for (size_t j = 0; j < blocks_.size(); ++j) {
+        blocks_[j]->declare_params(param_specs_, inits_);
+        owned(int(j));
+    }
     if (cfg_.attn_res_block_size > 0) {
         attn_res_ = std::make_unique<AttnRes>(cfg_.n_layers, cfg_.attn_res_block_size, cfg_.d_model, cfg_.norm_eps,
                                               cfg_.init_std);
         attn_res_->declare_params(param_specs_, inits_);
+        owned(kBetweenBlocks);
         for (auto& b : blocks_) b->set_residual(false);
     }
-    add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
-    if (!cfg_.tie_embeddings) add_param(param_specs_, inits_, kHead, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
-    // expert-sharded parameters last: the flat parameter space is [replicated | expert] (train/optimizer.h)
+    // the flat parameter space is [replicated | data | expert] (train/optimizer.h), each unit's data contiguous
     std::vector<size_t> order(param_specs_.size());
     std::iota(order.begin(), order.end(), size_t(0));
-    std::stable_partition(order.begin(), order.end(),
-                          [&](size_t i) { return param_specs_[i].sharding == Sharding::replicated; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return param_specs_[a].sharding < param_specs_[b].sharding; });
     std::vector<BufferSpec> specs;
     std::vector<ParamInit> inits;
+    std::vector<int> owners;
     for (size_t i : order) {
         specs.push_back(param_specs_[i]);
         inits.push_back(inits_[i]);
+        owners.push_back(owner[i]);
     }
     param_specs_ = std::move(specs);
     inits_ = std::move(inits);
+    make_units(owners);
     if (indexer_warmup()) {
         for (const auto& spec : param_specs_) trainable_mask_.push_back(trainable(spec.name));
     }
+}
+
+void Model::make_units(const std::vector<int>& owner) {
+    block_unit_.assign(blocks_.size(), -1);
+    embed_unit_ = head_unit_ = -1;
+    for (size_t i = 0; i < param_specs_.size(); ++i) {
+        if (param_specs_[i].sharding != Sharding::data) continue;
+        const int who = owner[i];
+        if (!units_.empty() && units_.back().last == i && owner[units_.back().first] == who) {
+            units_.back().last = i + 1;
+            continue;
+        }
+        const int u = int(units_.size());
+        int& unit = who == kEmbedOwner ? embed_unit_ : who == kHeadOwner ? head_unit_ : block_unit_.at(size_t(who));
+        TESSERA_CHECK(unit == -1, "model: the parameters of one block are not adjacent ({})", param_specs_[i].name);
+        unit = u;
+        units_.push_back({i, i + 1, who >= 0 ? 1 + who % 2 : 0});
+    }
+    if (cfg_.tie_embeddings) embed_unit_ = head_unit_;
+    TESSERA_CHECK(embed_unit_ >= 0 && head_unit_ >= 0, "model: no embedding or head parameters");
+    for (int& u : block_unit_) TESSERA_CHECK(u >= 0, "model: a block without parameters");
+    // the passes' visits, in the order forward_loss / forward_backward make them
+    eval_plan_ = {{embed_unit_, false}};
+    for (int u : block_unit_) eval_plan_.push_back({u, false});
+    eval_plan_.push_back({head_unit_, false});
+    train_plan_.assign(eval_plan_.begin(), eval_plan_.end() - 1);
+    train_plan_.push_back({head_unit_, true});
+    for (size_t j = blocks_.size(); j-- > 0;) train_plan_.push_back({block_unit_[j], true});
+    train_plan_.push_back({embed_unit_, true});
+    warmup_plan_ = eval_plan_;
+    for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) warmup_plan_.push_back({block_unit_[it->block], true});
+}
+
+template <class F>
+void Model::visit(int unit, bool backward, F&& f) {
+    if (hooks_) hooks_->enter({unit, backward});
+    f();
+    if (hooks_) hooks_->leave({unit, backward});
+}
+
+void Model::begin_pass(const std::vector<UnitVisit>& plan) {
+    if (hooks_) hooks_->begin(plan);
+}
+
+void Model::end_pass() {
+    if (hooks_) hooks_->end();
 }
 
 Model::~Model() = default;
@@ -176,8 +237,8 @@ void Model::bind(const BufferGroup& params,
     if (attn_res_) attn_res_->bind(params, grads, acts, x_);
 }
 
-void Model::init_params(const BufferGroup& params, uint64_t seed) const {
-    for (size_t i = 0; i < param_specs_.size(); ++i) {
+void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, size_t last) const {
+    for (size_t i = first; i < std::min(last, param_specs_.size()); ++i) {
         TensorView v = params.view(param_specs_[i].name);
         float* p = v.ptr<float>();
         const int64_t n = v.numel();
@@ -195,12 +256,14 @@ void Model::init_params(const BufferGroup& params, uint64_t seed) const {
 
 template <class Run>
 void Model::run_trunk(int64_t N, Run run) {
-    TensorView last = x_.back();
     for (size_t j = 0; j < blocks_.size(); ++j) {
         run(j, block_input(j, N), x_[j + 1]);
         if (attn_res_) attn_res_->combine(j, N);
     }
-    if (attn_res_) last = attn_res_->output(N);
+}
+
+void Model::final_norm(int64_t N) {
+    const TensorView last = attn_res_ ? attn_res_->output(N) : x_.back();
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, last.slice0(0, N), norm_f_, ln_f_.slice0(0, N), rstd_f_.slice0(0, N));
 }
 
@@ -212,8 +275,10 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
                   s.seq, max_.batch, max_.seq);
     TESSERA_CHECK(int64_t(ids.size()) == N, "model: {} ids for {} tokens", ids.size(), N);
     std::memcpy(ids_.data, ids.data(), size_t(N) * sizeof(int32_t));
-    ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N));
-    run_trunk(N, [&](size_t j, TensorView in, TensorView out) { blocks_[j]->forward(s, in, out, ws_); });
+    visit(embed_unit_, false, [&] { ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N)); });
+    run_trunk(N, [&](size_t j, TensorView in, TensorView out) {
+        visit(block_unit_[j], false, [&] { blocks_[j]->forward(s, in, out, ws_); });
+    });
     pool_balance_loss();
 }
 
@@ -250,6 +315,7 @@ LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool 
     const int64_t N = s.tokens(), R = head_chunk_rows(N);
     TESSERA_CHECK(int64_t(targets.size()) == N, "model: {} targets for {} tokens", targets.size(), N);
     std::memcpy(targets_.data, targets.data(), size_t(N) * sizeof(int32_t));
+    final_norm(N);
     int64_t total = 0;
     for (int32_t t : targets) total += t != kIgnoreIndex;
     LossResult res;
@@ -281,30 +347,39 @@ LossResult Model::forward_backward(StepShape s,
                                    double loss_scale) {
     TESSERA_CHECK(has_grads_, "model: forward_backward needs gradient buffers");
     const int64_t N = s.tokens();
+    const bool warmup = indexer_warmup();
+    begin_pass(warmup ? warmup_plan_ : train_plan_);
     set_pass({.record = true, .loss_scale = loss_scale});
     forward_trunk(s, ids);
     set_pass({.record = false, .loss_scale = loss_scale});  // recompute forwards do not record
-    if (indexer_warmup()) {  // the trunk is frozen: no LM backward, only each indexer's KL (spec/dsa.md §3.1)
-        LossResult res = head_loss(s, targets, false, loss_scale);
+    LossResult res;
+    if (warmup) {  // the trunk is frozen: no LM backward, only each indexer's KL (spec/dsa.md §3.1)
+        visit(head_unit_, false, [&] { res = head_loss(s, targets, false, loss_scale); });
         for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) {  // backwards: the shared recompute set is the last's
             const DsaLayer& d = *it;
-            if (recompute_block_[d.block]) blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
-            d.mla->indexer_backward(s, ws_);
+            visit(block_unit_[d.block], true, [&] {
+                if (recompute_block_[d.block])
+                    blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
+                d.mla->indexer_backward(s, ws_);
+            });
         }
+        end_pass();
         return res;
     }
-    LossResult res = head_loss(s, targets, true, loss_scale);
-    if (attn_res_) {  // dL/dh, then through the output mix
-        TensorView dh = attn_res_->dmix(N);
-        zero_rows(dh, N);
-        ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), attn_res_->output(N), norm_f_,
-                              rstd_f_.slice0(0, N), dh, d_norm_f_);
-        attn_res_->output_backward(dres_, N);
-    } else {
-        zero_rows(dres_, N);
-        ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
-                              rstd_f_.slice0(0, N), dres_.slice0(0, N), d_norm_f_);
-    }
+    visit(head_unit_, true, [&] {
+        res = head_loss(s, targets, true, loss_scale);
+        if (attn_res_) {  // dL/dh, then through the output mix
+            TensorView dh = attn_res_->dmix(N);
+            zero_rows(dh, N);
+            ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), attn_res_->output(N), norm_f_,
+                                  rstd_f_.slice0(0, N), dh, d_norm_f_);
+            attn_res_->output_backward(dres_, N);
+        } else {
+            zero_rows(dres_, N);
+            ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
+                                  rstd_f_.slice0(0, N), dres_.slice0(0, N), d_norm_f_);
+        }
+    });
     for (size_t j = blocks_.size(); j-- > 0;) {
         const TensorView in = block_input(j, N);
         TensorView d = dres_;
@@ -312,26 +387,38 @@ LossResult Model::forward_backward(StepShape s,
             attn_res_->begin_backward(dres_, N);
             d = attn_res_->dmix(N);
         }
-        if (recompute_block_[j]) blocks_[j]->forward(s, in, x_[j + 1], ws_);
-        blocks_[j]->backward(s, in, d, ws_);
+        visit(block_unit_[j], true, [&] {
+            if (recompute_block_[j]) blocks_[j]->forward(s, in, x_[j + 1], ws_);
+            blocks_[j]->backward(s, in, d, ws_);
+        });
         if (attn_res_) attn_res_->end_backward(j, dres_, N);
     }
-    ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
+    visit(embed_unit_, true, [&] { ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_); });
+    end_pass();
     return res;
 }
 
 LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets) {
+    begin_pass(eval_plan_);
     set_pass({});
     forward_trunk(s, ids);
-    return head_loss(s, targets, false, 1.0);
+    LossResult res;
+    visit(head_unit_, false, [&] { res = head_loss(s, targets, false, 1.0); });
+    end_pass();
+    return res;
 }
 
 void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits) {
     const int64_t N = s.tokens();
     check_shape(logits, Shape{N, cfg_.vocab_size}, "model: logits");
+    begin_pass(eval_plan_);
     set_pass({});
     forward_trunk(s, ids);
-    ops::linear_forward({}, ln_f_.slice0(0, N), head_, {}, logits);
+    visit(head_unit_, false, [&] {
+        final_norm(N);
+        ops::linear_forward({}, ln_f_.slice0(0, N), head_, {}, logits);
+    });
+    end_pass();
 }
 
 std::vector<BufferSpec> Model::cache_specs(int64_t batch, int64_t max_len) const {
@@ -352,6 +439,7 @@ void Model::bind_cache(const BufferGroup& cache) {
 void Model::decode_step(int64_t pos, std::span<const int32_t> ids, TensorView logits) {
     const int64_t B = int64_t(ids.size());
     TESSERA_CHECK(decoding_, "model: decode_step without bound caches (cache_specs, bind_cache)");
+    TESSERA_CHECK(!hooks_, "model: decoding with sharded parameters (FSDP) is not supported");
     TESSERA_CHECK(B >= 1 && B <= max_.tokens(), "model: {} sequences exceed the {} tokens the runtime holds", B,
                   max_.tokens());
     check_shape(logits, Shape{B, cfg_.vocab_size}, "model: logits");
@@ -359,6 +447,7 @@ void Model::decode_step(int64_t pos, std::span<const int32_t> ids, TensorView lo
     std::memcpy(ids_.data, ids.data(), size_t(B) * sizeof(int32_t));
     ops::embedding_forward(ids_.slice0(0, B), embed_, x_[0].slice0(0, B));
     run_trunk(B, [&](size_t j, TensorView in, TensorView out) { blocks_[j]->step(B, pos, in, out, ws_); });
+    final_norm(B);
     ops::linear_forward({}, ln_f_.slice0(0, B), head_, {}, logits);
 }
 

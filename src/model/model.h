@@ -29,6 +29,33 @@ struct StepStats {
     std::vector<std::pair<int64_t, DsaLayerStats>> dsa;
 };
 
+// FSDP (train/fsdp.h): the parameters of Sharding::data are cut into units, one per block plus the embedding
+// and the head (final norm and output projection; with tied embeddings one unit holds the embedding and the
+// final norm). A unit is a run of consecutive parameter specs [first, last); slot: which of the gather
+// buffers holds it while it is in use (0 for the embedding and head, 1 and 2 alternating over the blocks), so
+// consecutive visits never share a slot.
+struct ParamUnit {
+    size_t first = 0, last = 0;
+    int slot = 0;
+};
+struct UnitVisit {
+    int unit = 0;
+    bool backward = false;  // gradients are computed during the visit
+    bool operator==(const UnitVisit&) const = default;
+};
+
+// What the model tells whoever keeps its units' parameters: each pass announces its visits in order, then
+// makes them (enter: the unit's parameters must be in place; leave: done with them, and after a backward
+// visit its gradients are complete for this pass until the unit's next backward visit).
+class ParamHooks {
+  public:
+    virtual ~ParamHooks() = default;
+    virtual void begin(std::span<const UnitVisit> plan) = 0;
+    virtual void enter(UnitVisit v) = 0;
+    virtual void leave(UnitVisit v) = 0;
+    virtual void end() = 0;
+};
+
 struct LossResult {
     double loss = 0.0;  // mean over counted targets
     int64_t count = 0;  // targets that count (not ignore_index)
@@ -45,8 +72,12 @@ class Model {
     ~Model();
 
     const ModelConfig& config() const { return cfg_; }
-    // Parameter specs, the expert-sharded ones (Sharding::expert) last.
+    // Parameter specs in the order [replicated | data (unit by unit) | expert] of their Sharding.
     const std::vector<BufferSpec>& param_specs() const { return param_specs_; }
+    const std::vector<ParamUnit>& param_units() const { return units_; }
+    // FSDP: the hooks every training and evaluation pass calls around each unit's use (null: none). Not for
+    // decoding (decode_step refuses while hooks are set).
+    void set_param_hooks(ParamHooks* h) { hooks_ = h; }
     // Expert parallelism: the experts of each MoE layer whose weights are here, [first, first + count)
     // of model.moe.experts (all of them without it).
     std::pair<int64_t, int64_t> local_experts() const;
@@ -61,8 +92,9 @@ class Model {
               std::span<std::byte> workspace,
               StepShape max,
               bool recompute);
-    // Initial values from (seed, parameter name, element index) only (see ParamInit).
-    void init_params(const BufferGroup& params, uint64_t seed) const;
+    // Initial values from (seed, parameter name, element index) only (see ParamInit), of the specs
+    // [first, last) (all by default).
+    void init_params(const BufferGroup& params, uint64_t seed, size_t first = 0, size_t last = SIZE_MAX) const;
 
     // ids, targets: [B·T] token ids. Accumulates parameter gradients of loss_scale · mean loss.
     LossResult forward_backward(StepShape s,
@@ -117,6 +149,13 @@ class Model {
     template <class Run>
     void run_trunk(int64_t N, Run run);
     TensorView block_input(size_t j, int64_t N);  // block j's x_in (recomputes an Attention Residuals mix)
+    void final_norm(int64_t N);                   // the last residual state -> ln_f
+    void make_units(const std::vector<int>& owner);
+    // runs f between the hooks' enter and leave of the visit (f alone without hooks)
+    template <class F>
+    void visit(int unit, bool backward, F&& f);
+    void begin_pass(const std::vector<UnitVisit>& plan);
+    void end_pass();
     void set_pass(const PassOptions& o);
     void pool_balance_loss();  // after a trunk forward: the global balance loss over every MoE layer
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
@@ -131,6 +170,11 @@ class Model {
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
     std::vector<bool> trainable_mask_;  // empty: every parameter trains
+    std::vector<ParamUnit> units_;
+    std::vector<int> block_unit_;         // the unit of each block
+    int embed_unit_ = 0, head_unit_ = 0;  // the same unit with tied embeddings
+    std::vector<UnitVisit> eval_plan_, train_plan_, warmup_plan_;
+    ParamHooks* hooks_ = nullptr;
     std::shared_ptr<StepStats> stats_;  // the last take_step_stats() result, refilled when no one else holds it
     StepShape max_;
     bool recompute_ = false;

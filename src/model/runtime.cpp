@@ -64,11 +64,15 @@ std::vector<BufferSpec> grad_specs(const std::vector<BufferSpec>& params) {
     return g;
 }
 
-ModelRuntime::ModelRuntime(
-    Model& model, StepShape max, bool with_grads, bool recompute, std::vector<BufferGroup*> extra)
+ModelRuntime::ModelRuntime(Model& model,
+                           StepShape max,
+                           bool with_grads,
+                           bool recompute,
+                           std::vector<BufferGroup*> extra,
+                           ParamPlacement* placement)
     : model_(model),
       max_(max),
-      params_("params", model.param_specs()),
+      params_(placement ? std::move(placement->params) : BufferGroup("params", model.param_specs())),
       acts_("activations", model.activation_specs(max, recompute)),
       workspace_("workspace",
                  {{"workspace", DType::u8,
@@ -76,7 +80,7 @@ ModelRuntime::ModelRuntime(
                    BufferKind::workspace}}) {
     groups_ = {&params_, &acts_, &workspace_};
     if (with_grads) {
-        grads_ = BufferGroup("grads", grad_specs(model.param_specs()));
+        grads_ = placement ? std::move(placement->grads) : BufferGroup("grads", grad_specs(model.param_specs()));
         groups_.push_back(&grads_);
     }
     groups_.insert(groups_.end(), extra.begin(), extra.end());

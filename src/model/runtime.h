@@ -27,9 +27,20 @@ struct MemoryReport {
     std::string str() const;            // a small table
 };
 
+// The parameter and gradient groups when they are not simply the parameter specs packed back to back:
+// FSDP places each block's parameters in a gather slot (train/fsdp.h).
+struct ParamPlacement {
+    BufferGroup params, grads;
+};
+
 class ModelRuntime {
   public:
-    ModelRuntime(Model& model, StepShape max, bool with_grads, bool recompute, std::vector<BufferGroup*> extra = {});
+    ModelRuntime(Model& model,
+                 StepShape max,
+                 bool with_grads,
+                 bool recompute,
+                 std::vector<BufferGroup*> extra = {},
+                 ParamPlacement* placement = nullptr);
 
     Model& model() { return model_; }
     BufferGroup& params() { return params_; }

@@ -48,6 +48,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     c.data.mask_documents = dr.boolean("mask_documents", c.data.mask_documents);
     dr.finish();
     ConfigReader pr(top.section("parallel"), where + ": parallel");
+    c.parallel.fsdp = pr.boolean("fsdp", c.parallel.fsdp);
     c.parallel.ep = pr.integer("ep", c.parallel.ep);
     c.parallel.ep_chunks = pr.integer("ep_chunks", c.parallel.ep_chunks);
     c.parallel.link_delay_ns_per_byte = pr.number("link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte);
@@ -136,7 +137,8 @@ Json to_json(const RunConfig& c) {
                 {"train", train},
                 {"data", data},
                 {"parallel",
-                 {{"ep", c.parallel.ep},
+                 {{"fsdp", c.parallel.fsdp},
+                  {"ep", c.parallel.ep},
                   {"ep_chunks", c.parallel.ep_chunks},
                   {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte}}}};
 }

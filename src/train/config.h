@@ -48,6 +48,9 @@ struct DataConfig {
 // How the ranks of an mpirun / srun job split the work (docs/parallel.md). Every rank is a data-parallel
 // rank; ep > 1 also spreads each MoE layer's experts over groups of ep consecutive ranks.
 struct ParallelConfig {
+    // FSDP / ZeRO-3 (train/fsdp.h): each rank keeps a range of the dense parameters and gathers each block's
+    // just before use; false: ZeRO-2 (whole parameters on every rank, sharded optimizer state)
+    bool fsdp = true;
     int64_t ep = 1;         // expert parallelism: ranks per expert group (divides the world size and the experts)
     int64_t ep_chunks = 2;  // overlap: expert groups per rank whose exchanges pipeline with compute (1 = none)
     double link_delay_ns_per_byte = 0.0;  // test and bench option: the expert group's links made this much slower

@@ -1,10 +1,12 @@
 // How a step's gradient is summed, in one fixed order whatever the number of ranks and threads: each
-// micro-batch's gradient is computed into zeroed buffers and added to the step's sum in micro-batch order
-// (the ops' own accumulation into a gradient never mixes two micro-batches), then the ranks' sums are
-// added in rank order by reduce-scatters that leave each rank its ranges of the result (the optimizer's
-// ranges: the replicated region over the data group, the expert region over the expert-data group;
-// train/optimizer.h). So W ranks with one micro-batch each give the bits of one rank accumulating the
-// same W micro-batches.
+// micro-batch's gradient is computed into zeroed buffers (the ops' own accumulation into a gradient never
+// mixes two micro-batches), then added to the step's sum: rank r's micro-batch m is the step's
+// (m·W + r)-th (train/data/loader.h), and the ranks' gradients of micro-batch m are added to the sum in rank
+// order by a reduce-scatter that leaves each rank its ranges of it (the optimizer's ranges: the replicated
+// and data regions over the data group, the expert region over the expert-data group; train/optimizer.h).
+// So the sum is g_0 + g_1 + g_2 + ... in the step's micro-batch order, the bits of one rank accumulating
+// every micro-batch, on any number of ranks. With FSDP the data region is reduce-scattered block by block
+// during backward (train/fsdp.h) into the same ranges, the same way.
 #pragma once
 
 #include <vector>
@@ -16,25 +18,35 @@ namespace tessera::train {
 
 class GradientSum {
   public:
-    // accumulation: micro-batches per step on this rank; the ranges are the optimizer's.
-    GradientSum(const std::vector<BufferSpec>& param_specs, const AdamW& opt, int64_t accumulation);
+    // accumulation: micro-batches per step on this rank; the ranges are the optimizer's. fsdp: the data
+    // region's gradients are reduced by FSDP (reduce_into), not here.
+    GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp = false);
 
-    // The buffers it needs, for the runtime to allocate with the rest: the step's sum when it accumulates
-    // more than one micro-batch, this rank's ranges of the reduced sum when ranks share a region.
+    // The buffers it needs, for the runtime to allocate with the rest: this rank's ranges of the sums of the
+    // regions it shares with other ranks, the step's sum of the others when it accumulates micro-batches.
     std::vector<BufferGroup*> groups();
     int64_t accumulation() const { return accumulation_; }
 
-    // Before micro-batch `micro` (0-based): clears the model's gradients; after it: adds them to the sum.
+    // Before micro-batch `micro` (0-based): clears the model's gradients; after it: adds them to the sum
+    // (collective for the shared regions).
     void before(int64_t micro, const BufferGroup& grads);
     void after(int64_t micro, const BufferGroup& grads);
-    // After the last micro-batch: this rank's ranges of the step's gradient summed over ranks (collective).
+    // After the last micro-batch: this rank's ranges of the step's gradient.
     GradRanges finish(const BufferGroup& grads);
 
+    // FSDP: this rank's range of the data region's sum, and whether this micro-batch adds to it (false for
+    // the first, which replaces it).
+    std::span<float> data_range();
+    bool adding() const { return micro_ > 0; }
+
   private:
-    std::array<parallel::ShardedRegion, 2> regions_;
-    int64_t total_;  // flat elements
+    const AdamW& opt_;
+    std::array<parallel::ShardedRegion, AdamW::kRegions> regions_;
     int64_t accumulation_;
-    BufferGroup sum_, mine_;
+    bool fsdp_;
+    int64_t micro_ = 0;
+    // per region: this rank's range of the sum (shared regions), or the step's sum (local, accumulating)
+    std::array<BufferGroup, AdamW::kRegions> sum_;
 };
 
 }  // namespace tessera::train

@@ -16,26 +16,35 @@ parallel::Comm* shared(parallel::Comm& c) { return c.size() > 1 ? &c : nullptr; 
 AdamW::AdamW(const std::vector<BufferSpec>& params, const parallel::Mesh* mesh, int64_t first_expert) : specs_(params) {
     const BufferGroup layout("params", params);  // offsets only: nothing is allocated
     const int64_t total = int64_t(layout.nbytes() / sizeof(float));
-    int64_t expert_base = total;  // the expert-sharded parameters come last
+    std::array<int64_t, kRegions + 1> bound;  // region r is [bound[r], bound[r + 1]): its first parameter's offset
+    bound.fill(total);
+    auto region_of = [](Sharding s) {
+        return s == Sharding::expert ? expert : s == Sharding::data ? data : replicated;
+    };
+    int last = 0;
+    first_spec_.fill(params.size());
     for (size_t t = 0; t < params.size(); ++t) {
         TESSERA_CHECK(params[t].dtype == DType::f32, "AdamW: parameter {} is {}, not f32", params[t].name,
                       dtype_name(params[t].dtype));
         offsets_.push_back(int64_t(layout.offset(t) / sizeof(float)));
-        if (params[t].sharding == Sharding::expert) {
-            if (expert_base == total) expert_base = offsets_.back();
-        } else {
-            TESSERA_CHECK(expert_base == total, "AdamW: parameter {} follows an expert-sharded one", params[t].name);
-        }
+        const int r = region_of(params[t].sharding);
+        TESSERA_CHECK(r >= last, "AdamW: parameter {} is out of the [replicated | data | expert] order",
+                      params[t].name);
+        for (int q = 0; q <= r; ++q) bound[size_t(q)] = std::min(bound[size_t(q)], offsets_.back());
+        first_spec_[size_t(r)] = std::min(first_spec_[size_t(r)], t);
+        last = r;
     }
-    parallel::Comm* data = mesh ? shared(mesh->data()) : nullptr;
+    parallel::Comm* dp = mesh ? shared(mesh->data()) : nullptr;
     parallel::Comm* expert_data = mesh ? shared(mesh->expert_data()) : nullptr;
     expert_ = mesh ? shared(mesh->expert()) : nullptr;
-    auto cut = [](int64_t base, int64_t n, parallel::Comm* c) {
-        return parallel::ShardedRegion{base, parallel::FlatShard(n, c ? c->rank() : 0, c ? c->size() : 1, kChunk), c};
-    };
-    regions_[replicated] = cut(0, expert_base, data);
-    regions_[expert] = cut(expert_base, total - expert_base, expert_data);
-    const int64_t n = regions_[replicated].shard.size() + regions_[expert].shard.size();
+    int64_t n = 0;
+    for (size_t r = 0; r < kRegions; ++r) {
+        parallel::Comm* c = r == expert ? expert_data : dp;
+        regions_[r] = {bound[r],
+                       parallel::FlatShard(bound[r + 1] - bound[r], c ? c->rank() : 0, c ? c->size() : 1, kChunk), c};
+        state_at_[r] = n;
+        n += regions_[r].shard.size();
+    }
     auto state = [&](const char* name) {
         return BufferGroup(
             std::string("adamw.") + name,
@@ -44,20 +53,35 @@ AdamW::AdamW(const std::vector<BufferSpec>& params, const parallel::Mesh* mesh, 
     m_ = state("m");
     v_ = state("v");
     for (size_t t = 0; t < params.size(); ++t) {  // the pieces of each parameter held here
-        const bool ex = params[t].sharding == Sharding::expert;
-        const parallel::ShardedRegion& reg = regions_[ex ? expert : replicated];
-        const int64_t b = offsets_[t], n = params[t].shape.numel(), e0 = std::max(b, reg.lo()),
-                      e1 = std::min(b + n, reg.hi());
+        const int r = region_of(params[t].sharding);
+        const parallel::ShardedRegion& reg = regions_[size_t(r)];
+        const int64_t b = offsets_[t], len = params[t].shape.numel(), e0 = std::max(b, reg.lo()),
+                      e1 = std::min(b + len, reg.hi());
         if (e0 >= e1) continue;
-        const int64_t slice_at = ex ? first_expert * (n / params[t].shape[0]) : 0;  // the slice in the whole tensor
-        pieces_.push_back(
-            {t, slice_at + (e0 - b), (e0 - reg.lo()) + (ex ? regions_[replicated].shard.size() : 0), e1 - e0, e0});
+        const bool ex = r == expert;
+        const int64_t slice_at = ex ? first_expert * (len / params[t].shape[0]) : 0;  // the slice in the whole tensor
+        pieces_.push_back({t, slice_at + (e0 - b), state_at_[size_t(r)] + (e0 - reg.lo()), e1 - e0, e0, r});
     }
-    for (int r : {replicated, expert}) {
-        const parallel::ShardedRegion& g = regions_[size_t(r)];
-        mine_[size_t(r)].resize(size_t(g.shard.per_rank / kChunk));
-        partial_[size_t(r)].resize(mine_[size_t(r)].size() * size_t(g.comm ? g.comm->size() : 1));
+    for (size_t r = 0; r < kRegions; ++r) {
+        const parallel::ShardedRegion& g = regions_[r];
+        mine_[r].resize(size_t(g.shard.per_rank / kChunk));
+        partial_[r].resize(mine_[r].size() * size_t(g.comm ? g.comm->size() : 1));
     }
+}
+
+float* AdamW::region_base(const BufferGroup& g, size_t r) const {
+    TESSERA_CHECK(g.size() == specs_.size(), "AdamW: a group of {} parameters, expected {}", g.size(), specs_.size());
+    return first_spec_[r] < specs_.size() ? g.view(first_spec_[r]).ptr<float>() : nullptr;
+}
+
+ParamRanges AdamW::ranges_of(const BufferGroup& params) const {
+    ParamRanges p;
+    for (size_t r = 0; r < kRegions; ++r) {
+        float* base = region_base(params, r);
+        p.region[r] =
+            base ? std::span<float>(base + regions_[r].shard.lo, size_t(regions_[r].shard.size())) : std::span<float>();
+    }
+    return p;
 }
 
 double AdamW::region_sum_of_squares(int r, std::span<const float> grad) {
@@ -86,7 +110,8 @@ double AdamW::region_sum_of_squares(int r, std::span<const float> grad) {
 }
 
 double AdamW::grad_norm(const GradRanges& g) {
-    const double dense = region_sum_of_squares(replicated, g.region[replicated]);
+    const double dense =
+        region_sum_of_squares(replicated, g.region[replicated]) + region_sum_of_squares(data, g.region[data]);
     double experts = region_sum_of_squares(expert, g.region[expert]);
     if (expert_) {  // each EP rank's experts: their sums added in EP rank order
         std::vector<double> each(size_t(expert_->size()));
@@ -111,21 +136,20 @@ void AdamW::clip(const GradRanges& g, double norm, double max_norm) const {
 }
 
 void AdamW::update(const TrainConfig& c,
-                   const BufferGroup& params,
+                   const ParamRanges& params,
                    const GradRanges& g,
                    double lr,
                    const std::vector<bool>& trainable) {
-    TESSERA_CHECK(params.size() == specs_.size(), "AdamW::update: {} parameters, expected {}", params.size(),
-                  specs_.size());
     ++step_;
-    float* base = reinterpret_cast<float*>(params.base());
     float* m = m_.view(0).ptr<float>();
     float* v = v_.view(0).ptr<float>();
-    const int64_t replicated_here = regions_[replicated].shard.size();
+    for (size_t r = 0; r < kRegions; ++r)
+        TESSERA_CHECK(int64_t(params.region[r].size()) == regions_[r].shard.size(),
+                      "AdamW::update: {} parameter elements for a range of {}", params.region[r].size(),
+                      regions_[r].shard.size());
     for (const StatePiece& piece : pieces_) {
         const BufferSpec& spec = specs_[piece.param];
         if (!trainable.empty() && !trainable[piece.param]) continue;
-        const bool ex = spec.sharding == Sharding::expert;
         const ops::AdamWParams p{.lr = lr,
                                  .beta1 = c.beta1,
                                  .beta2 = c.beta2,
@@ -133,21 +157,23 @@ void AdamW::update(const TrainConfig& c,
                                  .weight_decay = spec.weight_decay ? c.weight_decay : 0.0,
                                  .step = step_};
         const Shape s{piece.length};
-        const int64_t k = piece.state_offset - (ex ? replicated_here : 0);  // within the region's gradient range
-        ops::adamw_update(p, TensorView(base + piece.flat_offset, DType::f32, s),
-                          TensorView(g.region[ex ? expert : replicated].data() + k, DType::f32, s),
+        const size_t r = size_t(piece.region);
+        const int64_t k = piece.flat_offset - regions_[r].lo();  // within the region's ranges
+        ops::adamw_update(p, TensorView(params.region[r].data() + k, DType::f32, s),
+                          TensorView(g.region[r].data() + k, DType::f32, s),
                           TensorView(m + piece.state_offset, DType::f32, s),
                           TensorView(v + piece.state_offset, DType::f32, s));
     }
 }
 
-void AdamW::share_params(const BufferGroup& params) const {
-    float* base = reinterpret_cast<float*>(params.base());
+void AdamW::share_params(const BufferGroup& params, bool with_data) const {
     std::vector<parallel::Handle> pending;
-    for (const parallel::ShardedRegion& reg : regions_) {
-        if (!reg.comm) continue;
+    for (size_t r = 0; r < kRegions; ++r) {
+        const parallel::ShardedRegion& reg = regions_[r];
+        float* base = region_base(params, r);
+        if (!reg.comm || !base || (r == data && !with_data)) continue;
         for (int q = 0; q < reg.comm->size(); ++q) {
-            const int64_t lo = reg.base + reg.shard.lo_of(q), hi = reg.base + reg.shard.hi_of(q);
+            const int64_t lo = reg.shard.lo_of(q), hi = reg.shard.hi_of(q);
             pending.push_back(
                 reg.comm->broadcast_async(std::as_writable_bytes(std::span(base + lo, size_t(hi - lo))), q));
         }

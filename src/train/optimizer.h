@@ -1,9 +1,10 @@
 // AdamW over the parameter group, sharded ZeRO-style: the group's flat f32 element space is
-// [replicated | expert] (Model::param_specs orders the expert-sharded parameters last); each region is cut
-// into ranges over the ranks that hold the same values (the data group for the replicated parameters, the
-// expert-data group for this rank's experts; parallel/shard.h), and each rank keeps the first and second
-// moments of its two ranges only, updating those ranges of the parameters from the same ranges of the
-// summed gradient (GradientSum). The moments are buffer groups (kind optimizer), so they are sized,
+// [replicated | data | expert] (Model::param_specs orders the parameters by their Sharding); each region is
+// cut into ranges over the ranks that hold the same values (the data group for the replicated and data
+// parameters, the expert-data group for this rank's experts; parallel/shard.h), and each rank keeps the
+// first and second moments of its three ranges only, updating those ranges of the parameters from the same
+// ranges of the summed gradient (GradientSum). With FSDP the data region's range is all a rank holds of those
+// parameters (train/fsdp.h). The moments are buffer groups (kind optimizer), so they are sized,
 // allocated and checkpointed like everything else. Weight decay applies to parameters whose spec says so
 // (matrices, not norms). Global-norm gradient clipping reduces in a fixed order: Σ g² per fixed chunk of
 // kChunk elements of a region, the chunk sums of each region gathered and added in order, the expert
@@ -22,9 +23,12 @@
 
 namespace tessera::train {
 
-// This rank's range of each region of the summed gradient: [replicated, expert].
+// This rank's range of each region of the summed gradient, and of the parameters: [replicated, data, expert].
 struct GradRanges {
-    std::array<std::span<float>, 2> region;
+    std::array<std::span<float>, 3> region;
+};
+struct ParamRanges {
+    std::array<std::span<float>, 3> region;
 };
 
 // A piece of one parameter's moments held here: elements [whole_offset, whole_offset + length) of the whole
@@ -33,13 +37,15 @@ struct GradRanges {
 struct StatePiece {
     size_t param = 0;  // index into the parameter specs
     int64_t whole_offset = 0, state_offset = 0, length = 0;
-    int64_t flat_offset = 0;  // where the piece starts in this rank's flat parameter space
+    int64_t flat_offset = 0;  // where the piece starts in the flat parameter space
+    int region = 0;           // AdamW::Region
 };
 
 class AdamW {
   public:
     static constexpr int64_t kChunk = int64_t(1) << 16;
-    enum Region { replicated = 0, expert = 1 };
+    enum Region { replicated = 0, data = 1, expert = 2 };
+    static constexpr size_t kRegions = 3;
 
     // mesh null (one process): every element here. first_expert: the first of the experts whose (sliced)
     // parameters are here, with expert parallelism.
@@ -49,8 +55,13 @@ class AdamW {
     BufferGroup& v() { return v_; }
     const BufferGroup& m() const { return m_; }
     const BufferGroup& v() const { return v_; }
-    // m and v hold this rank's range of the replicated region, then its range of the expert region
-    const std::array<parallel::ShardedRegion, 2>& regions() const { return regions_; }
+    // m and v hold this rank's range of each region in turn
+    const std::array<parallel::ShardedRegion, kRegions>& regions() const { return regions_; }
+    // Where region r starts in a group of param_specs() (whole, or placed by FSDP with the data region
+    // elsewhere: the replicated and expert regions are laid out alike in both); null for an empty region.
+    float* region_base(const BufferGroup& g, size_t r) const;
+    // this rank's ranges of the parameters of a group of param_specs()
+    ParamRanges ranges_of(const BufferGroup& params) const;
     const std::vector<StatePiece>& pieces() const { return pieces_; }
     const std::vector<BufferSpec>& param_specs() const { return specs_; }
     int64_t step() const { return step_; }
@@ -63,23 +74,27 @@ class AdamW {
     // One AdamW step of this rank's ranges of every trainable parameter at learning rate lr (all, when
     // `trainable` is empty; frozen ones are left alone: no update, no decay, moments unchanged).
     void update(const TrainConfig& c,
-                const BufferGroup& params,
+                const ParamRanges& params,
                 const GradRanges& g,
                 double lr,
                 const std::vector<bool>& trainable = {});
-    // After update on every rank: each rank's ranges of the parameters to the others of its groups (collective).
-    void share_params(const BufferGroup& params) const;
+    // After update on every rank: each rank's ranges of the parameters to the others of its groups (collective);
+    // with_data false: not the data region (FSDP keeps only ranges of it).
+    void share_params(const BufferGroup& params, bool with_data = true) const;
 
   private:
     double region_sum_of_squares(int region, std::span<const float> g);
 
-    std::array<parallel::ShardedRegion, 2> regions_;
-    parallel::Comm* expert_ = nullptr;  // the EP ranks (their expert regions differ), null without EP
+    std::array<parallel::ShardedRegion, kRegions> regions_;
+    std::array<int64_t, kRegions> state_at_{};   // where each region's range starts in m and v
+    std::array<size_t, kRegions> first_spec_{};  // each region's first parameter (specs_.size(): empty)
+    parallel::Comm* expert_ = nullptr;           // the EP ranks (their expert regions differ), null without EP
     std::vector<BufferSpec> specs_;
     std::vector<int64_t> offsets_;  // flat element offset of each parameter
     std::vector<StatePiece> pieces_;
     BufferGroup m_, v_;
-    std::array<std::vector<double>, 2> mine_, partial_;  // Σ g² per chunk: this rank's, every rank's (sized once)
+    std::array<std::vector<double>, kRegions> mine_,
+        partial_;  // Σ g² per chunk: this rank's, every rank's (sized once)
     int64_t step_ = 0;
 };
 

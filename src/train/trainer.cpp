@@ -181,7 +181,8 @@ StepResult train_step(model::Model& model,
                       const BatchSource& next_batch,
                       std::span<int32_t> ids,
                       std::span<int32_t> targets,
-                      parallel::Comm* comm) {
+                      parallel::Comm* comm,
+                      Fsdp* fsdp) {
     StepResult r;
     r.lr = learning_rate(tc, step);
     const int64_t micros = grads.accumulation(), ranks = comm ? comm->size() : 1;
@@ -201,8 +202,11 @@ StepResult train_step(model::Model& model,
                   "training diverged at step {}: the loss is {}, the gradient norm {} (lower train.lr?)", step + 1,
                   r.loss, r.grad_norm);
     opt.clip(g, r.grad_norm, tc.grad_clip);
-    opt.update(tc, rt.params(), g, r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
-    opt.share_params(rt.params());
+    ParamRanges p = opt.ranges_of(rt.params());
+    if (fsdp) p.region[AdamW::data] = fsdp->shard();
+    opt.update(tc, p, g, r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
+    opt.share_params(rt.params(), /*with_data=*/!fsdp);
+    if (fsdp) fsdp->invalidate();
     // after the step, from the whole step's routing (spec/moe.md §3.1), summed over ranks
     if (ranks > 1)
         model.update_moe_bias([comm](std::span<int64_t> counts) { comm->all_reduce(counts); });
@@ -248,21 +252,45 @@ TrainSummary train(const TrainOptions& opts) {
 
     model::Model model(cfg.model, m ? &m->expert() : nullptr, cfg.parallel.ep_chunks);
     AdamW opt(model.param_specs(), m, model.local_experts().first);
-    GradientSum grad_sum(model.param_specs(), opt, accumulation);
+    const bool sharded = m && cfg.parallel.fsdp;
+    GradientSum grad_sum(opt, accumulation, sharded);
+    std::optional<Fsdp> fsdp;
+    if (sharded) fsdp.emplace(model, opt, grad_sum);
     const model::StepShape shape{micro, tc.seq_len};
     std::vector<BufferGroup*> extra = {&opt.m(), &opt.v()};
     for (BufferGroup* g : grad_sum.groups()) extra.push_back(g);
-    model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, extra);
+    std::optional<model::ParamPlacement> placement;
+    if (fsdp) {
+        for (BufferGroup* g : fsdp->groups()) extra.push_back(g);
+        placement = fsdp->placement();
+    }
+    model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, extra, placement ? &*placement : nullptr);
+    if (fsdp) {
+        fsdp->bind(rt.params(), rt.grads());
+        model.set_param_hooks(&*fsdp);
+    }
+    // with FSDP, loading and saving go through whole parameters (on every rank while loading, on rank 0 while
+    // saving); per-rank parameter files would avoid them
+    auto whole_params = [&] {
+        auto g = std::make_unique<BufferGroup>("params", model.param_specs());
+        const std::vector<const BufferGroup*> gs{g.get()};
+        g->allocate(std::make_shared<Arena>(predict_arena_bytes(gs, 4096), 4096));
+        return g;
+    };
 
     TrainerState state;
     if (!setup.checkpoint.empty()) {
         const auto [first_expert, local] = model.local_experts();
-        load_groups((fs::path(setup.checkpoint) / "model.safetensors").string(), {&rt.params()},
+        std::unique_ptr<BufferGroup> whole = fsdp ? whole_params() : nullptr;
+        load_groups((fs::path(setup.checkpoint) / "model.safetensors").string(), {whole ? whole.get() : &rt.params()},
                     {first_expert, m && m->ep() > 1 ? cfg.model.moe.experts : 0});
+        if (fsdp) fsdp->load(*whole);
         load_optimizer(setup.checkpoint, opt);
         state = load_trainer_state(setup.checkpoint);
         loader.set_position(state.data);
         opt.set_step(state.optimizer_step);
+    } else if (fsdp) {
+        fsdp->init(model, tc.seed);
     } else {
         model.init_params(rt.params(), tc.seed);
     }
@@ -291,12 +319,14 @@ TrainSummary train(const TrainOptions& opts) {
                      cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));
     if (comm)
         note(
-            fmt::format("{} ranks ({}): each runs {} micro-batch{} of {} sequences per step{}; optimizer state and "
-                        "summed gradients sharded; memory below is per rank",
+            fmt::format("{} ranks ({}): each runs {} micro-batch{} of {} sequences per step{}; {}; memory below is "
+                        "per rank",
                         ranks, comm->backend(), accumulation, accumulation == 1 ? "" : "es", micro,
                         m->ep() > 1 ? fmt::format(", holds {} of {} experts per MoE layer (parallel.ep {})",
                                                   model.local_experts().second, cfg.model.moe.experts, m->ep())
-                                    : std::string()));
+                                    : std::string(),
+                        fsdp ? "parameters, gradients and optimizer state sharded (FSDP)"
+                             : "optimizer state and summed gradients sharded (ZeRO-2)"));
     note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(), loader.num_train_windows(),
                      loader.num_eval_batches()));
     note(rt.memory_report().str());
@@ -320,8 +350,9 @@ TrainSummary train(const TrainOptions& opts) {
         if (n == 0) return std::nullopt;
         std::fill(eval_parts.begin(), eval_parts.end(), 0.0);
         // with expert parallelism every rank of an expert group must run each forward (its experts serve the
-        // others): ranks without a batch of their own in the last round run one whose result they drop
-        const bool lockstep = m && m->ep() > 1;
+        // others), with FSDP every rank (each forward gathers from all): ranks without a batch of their own in
+        // the last round run one whose result they drop
+        const bool lockstep = m && (m->ep() > 1 || fsdp);  // FSDP: every rank gathers each block's parameters
         for (int64_t i = rank; i < (lockstep ? (n + ranks - 1) / ranks * ranks : n); i += ranks) {
             loader.eval_batch(i % n, ids, targets);
             model::LossResult r = model.forward_loss(shape_of(ids), ids, targets);
@@ -351,8 +382,11 @@ TrainSummary train(const TrainOptions& opts) {
     auto checkpoint = [&]() {
         state.optimizer_step = opt.step();
         state.data = loader.position();
+        std::unique_ptr<BufferGroup> whole = fsdp && lead ? whole_params() : nullptr;
+        if (fsdp) fsdp->gather_whole(whole.get());
         summary.checkpoint = save_checkpoint(
-            setup.out_dir, {.config = setup.config_json, .params = rt.params(), .opt = &opt, .state = state}, m);
+            setup.out_dir,
+            {.config = setup.config_json, .params = whole ? *whole : rt.params(), .opt = &opt, .state = state}, m);
         guard.dismiss();
         progress.note(fmt::format("checkpoint: {}", summary.checkpoint));
     };
@@ -362,9 +396,12 @@ TrainSummary train(const TrainOptions& opts) {
         loader.next_batch(i, t);
         return shape_of(i);
     };
+    FsdpStats fsdp_last = fsdp ? fsdp->stats() : FsdpStats{};
     while (state.step < tc.steps) {
+        if (fsdp) fsdp_last = fsdp->stats();  // (evaluation and checkpoints between steps gather too)
         const auto t0 = Clock::now();
-        const StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, comm);
+        const StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, comm,
+                                        fsdp ? &*fsdp : nullptr);
         const double loss = r.loss, lr = r.lr, norm = r.grad_norm;
         state.step++;
         state.tokens_seen += tokens_per_step;
@@ -391,6 +428,14 @@ TrainSummary train(const TrainOptions& opts) {
         if (!r.dsa.empty()) {
             rec["dsa"] = dsa_metrics(r.dsa);
             extra_line += (extra_line.empty() ? "" : ", ") + dsa_summary(r.dsa);
+        }
+        if (fsdp) {  // this step's gathers and reductions, and how long compute waited for them
+            const FsdpStats now = fsdp->stats();
+            rec["fsdp"] = {{"gathers", now.gathers - fsdp_last.gathers},
+                           {"gathered_bytes", now.gathered_bytes - fsdp_last.gathered_bytes},
+                           {"reductions", now.reductions - fsdp_last.reductions},
+                           {"wait_seconds", now.wait_seconds - fsdp_last.wait_seconds}};
+            fsdp_last = now;
         }
         if (metrics) metrics->write(rec);
         progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9), extra_line);

@@ -16,6 +16,7 @@
 #include "model/runtime.h"
 #include "parallel/comm.h"
 #include "train/config.h"
+#include "train/fsdp.h"
 #include "train/grad_sum.h"
 #include "train/optimizer.h"
 
@@ -54,7 +55,8 @@ using BatchSource = std::function<model::StepShape(std::span<int32_t> ids, std::
 // One optimizer step (0-based `step` for the schedule): forward/backward over grads.accumulation()
 // micro-batches from next_batch, their gradient summed over micro-batches and ranks (GradientSum), clip by
 // the global norm, AdamW on this rank's range and the ranges shared, then the MoE selection biases move by
-// their balancing rule from the routing counts of every rank. The model must be bound to rt. After the first
+// their balancing rule from the routing counts of every rank. fsdp: the model's dense parameters are sharded
+// (train/fsdp.h; its hooks set on the model, rt holding its placement). The model must be bound to rt. After the first
 // step it makes no heap allocation in tessera's code when the previous result has been dropped (one
 // process; tests/model/test_no_alloc.cpp).
 StepResult train_step(model::Model& model,
@@ -66,7 +68,8 @@ StepResult train_step(model::Model& model,
                       const BatchSource& next_batch,
                       std::span<int32_t> ids,
                       std::span<int32_t> targets,
-                      parallel::Comm* comm = nullptr);
+                      parallel::Comm* comm = nullptr,
+                      Fsdp* fsdp = nullptr);
 
 struct TrainSummary {
     int64_t first_step = 0;  // steps run by this call: [first_step, last_step)

@@ -1,6 +1,8 @@
 // Data-parallel training under mpirun (label mpi): W ranks sharing the global batch give the bits of one
-// process accumulating the same W micro-batches (losses, evaluation, final parameters), for a dense model,
-// an MoE model whose selection bias moves by every rank's expert counts, and the KDA : gated DSA hybrid; a
+// process accumulating the same micro-batches (losses, evaluation, final parameters), with FSDP (the default)
+// and ZeRO-2, one or two micro-batches per rank, for a dense model, tied embeddings with Attention Residuals,
+// an MoE model whose selection bias moves by every rank's expert counts, and the KDA : gated DSA hybrid (both
+// DSA stages); a
 // checkpoint written by one number of ranks resumes on another; layouts that do not fit are one-line errors.
 #include <gtest/gtest.h>
 
@@ -47,6 +49,7 @@ struct Layout {
     const char* name;
     int ranks;
     std::string sets;
+    int micro = 0;  // sequences per forward on every rank and in the one process (0: the batch of 4 over the ranks)
 };
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
@@ -57,13 +60,14 @@ TEST_P(DataParallel, EqualsOneProcessAccumulatingTheSameMicroBatches) {
     const Layout& p = GetParam();
     TempDir d;
     const std::string one = d.file("one"), many = d.file("many");
-    const std::string micro = std::to_string(4 / p.ranks);
-    test::CliResult a =
-        run_tessera("train --config " + kTiny + " --out " + one + " --set train.micro_batch_size=" + micro + p.sets);
+    const std::string micro = " --set train.micro_batch_size=" + std::to_string(p.micro ? p.micro : 4 / p.ranks);
+    test::CliResult a = run_tessera("train --config " + kTiny + " --out " + one + micro + p.sets);
     ASSERT_EQ(a.status, 0) << a.err;
-    test::CliResult b = run_tessera_mpi(p.ranks, "train --config " + kTiny + " --out " + many + p.sets);
+    test::CliResult b = run_tessera_mpi(p.ranks, "train --config " + kTiny + " --out " + many + micro + p.sets);
     ASSERT_EQ(b.status, 0) << b.out << b.err;
     EXPECT_NE(b.out.find(std::to_string(p.ranks) + " ranks (mpi)"), std::string::npos) << b.out;
+    const bool zero2 = p.sets.find("parallel.fsdp=false") != std::string::npos;
+    EXPECT_NE(b.out.find(zero2 ? "(ZeRO-2)" : "(FSDP)"), std::string::npos) << b.out;
     const auto la = losses(one), lb = losses(many);
     ASSERT_EQ(la.size(), 14u);  // 12 steps, 2 evaluations
     EXPECT_EQ(la, lb);
@@ -75,13 +79,23 @@ TEST_P(DataParallel, EqualsOneProcessAccumulatingTheSameMicroBatches) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Runs,
-                         DataParallel,
-                         ::testing::Values(Layout{"dense_2", 2, ""},
-                                           Layout{"dense_4", 4, ""},
-                                           Layout{"moe_sign_2", 2, test::kTinyMoe + " --set model.moe.balance=sign"},
-                                           Layout{"hybrid_kda_dsa_2", 2, test::kTinyHybrid}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Runs,
+    DataParallel,
+    ::testing::Values(Layout{"dense_2", 2, ""},
+                      Layout{"dense_4", 4, ""},
+                      // two micro-batches per rank: rank r's m-th is the one process's (2m + r)-th
+                      Layout{"dense_2_accumulating", 2, "", 1},
+                      Layout{"dense_2_zero2", 2, " --set parallel.fsdp=false"},
+                      Layout{"dense_2_zero2_accumulating", 2, " --set parallel.fsdp=false", 1},
+                      // one FSDP unit holds the embedding and the final norm; Attention Residuals stay whole
+                      Layout{"tied_attn_res_4", 4,
+                             " --set model.tie_embeddings=true --set model.attn_res_block_size=1"},
+                      Layout{"moe_sign_2", 2, test::kTinyMoe + " --set model.moe.balance=sign"},
+                      Layout{"hybrid_kda_dsa_2", 2, test::kTinyHybrid},
+                      // only the indexers train: the other units' gradient ranges are zeros
+                      Layout{"dsa_warmup_2", 2, test::kTinyHybrid + " --set model.mla.dsa.stage=dense_warmup"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // The optimizer ranges are re-cut on loading: 2 ranks -> 1 and 1 -> 2 continue the uninterrupted run's bits.
 TEST(DataParallelCheckpoint, ResumesOnAnotherNumberOfRanks) {

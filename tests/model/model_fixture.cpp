@@ -17,7 +17,7 @@ GoldenModel::GoldenModel(const std::string& case_name, bool recompute, const std
     shape = {cfg.train.micro_batch(1), cfg.train.seq_len};
     model = std::make_unique<model::Model>(cfg.model);
     opt = std::make_unique<train::AdamW>(model->param_specs());
-    grads = std::make_unique<train::GradientSum>(model->param_specs(), *opt, cfg.train.accumulation(1));
+    grads = std::make_unique<train::GradientSum>(*opt, cfg.train.accumulation(1));
     std::vector<BufferGroup*> extra{&opt->m(), &opt->v()};
     for (BufferGroup* g : grads->groups()) extra.push_back(g);
     rt = std::make_unique<model::ModelRuntime>(*model, shape, true, recompute, extra);

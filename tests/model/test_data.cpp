@@ -94,9 +94,10 @@ TEST(Loader, SameSeedSameBatchesAndPositionsResume) {
     EXPECT_EQ(ia[0], int32_t(text[size_t(2700)]));  // eval reads the held-out tail in order
 }
 
-// W ranks with A micro-batches each read, rank-major, what one loader with W·A micro-batches reads, across
-// epoch boundaries, and their position between steps is that loader's.
-TEST(Loader, RanksShareEachStepsWindowsRankMajor) {
+// W ranks with A micro-batches each read what one loader with W·A micro-batches reads, micro-batch-major
+// (rank r's micro-batch m is the single loader's m·W + r), across epoch boundaries, and their position
+// between steps is that loader's.
+TEST(Loader, RanksShareEachStepsWindowsMicroBatchMajor) {
     test::TempDir d;
     std::string text;
     for (int i = 0; i < 3000; ++i) text += char('a' + (i * 7) % 26);
@@ -116,7 +117,7 @@ TEST(Loader, RanksShareEachStepsWindowsRankMajor) {
         for (int r = 0; r < W; ++r) {
             for (int m = 0; m < A; ++m) {
                 ranks[size_t(r)].next_batch(ir, tr);
-                ASSERT_EQ(ir, want[size_t(r * A + m)]) << "step " << step << " rank " << r << " micro " << m;
+                ASSERT_EQ(ir, want[size_t(m * W + r)]) << "step " << step << " rank " << r << " micro " << m;
             }
         }
     }

@@ -56,6 +56,7 @@ void MoeBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
     add_param(specs, inits, prefix_ + "post_attention_layernorm.weight", Shape{C_}, ParamInit::constant(1.0), false);
     add_param(specs, inits, mlp + "gate.weight", Shape{E, C_}, w, true);
     add_param(specs, inits, mlp + "gate.e_score_correction_bias", Shape{E}, ParamInit::constant(0.0), false);
+    specs.back().sharding = Sharding::replicated;  // moved after the step, outside the block's compute: stays whole
     // the routed experts: this rank's slice of [E, ...] (expert parallelism), initialised as that slice of the whole
     const size_t experts_from = specs.size();
     add_param(specs, inits, mlp + "experts.gate_proj.weight", Shape{El, F, L_}, w, true);

@@ -71,16 +71,13 @@ void DataLoader::read_window(int64_t start, std::span<int32_t> ids, std::span<in
 void DataLoader::next_batch(std::span<int32_t> ids, std::span<int32_t> targets) {
     TESSERA_CHECK(int64_t(ids.size()) == batch_ * seq_len_ && ids.size() == targets.size(),
                   "data: batch buffers must hold {} tokens", batch_ * seq_len_);
-    const int64_t per_rank = shard_.accumulation * batch_;
-    if (micro_ == 0) skip(shard_.rank * per_rank);  // the lower ranks' share of this step
+    skip(shard_.rank * batch_);  // the lower ranks' share of this round of micro-batches
     for (int64_t b = 0; b < batch_; ++b) {
         read_window(next_window() * seq_len_, ids.subspan(size_t(b * seq_len_), size_t(seq_len_)),
                     targets.subspan(size_t(b * seq_len_), size_t(seq_len_)));
     }
-    if (++micro_ == shard_.accumulation) {
-        skip((shard_.world - 1 - shard_.rank) * per_rank);  // the higher ranks' share
-        micro_ = 0;
-    }
+    skip((shard_.world - 1 - shard_.rank) * batch_);  // the higher ranks' share
+    if (++micro_ == shard_.accumulation) micro_ = 0;
 }
 
 void DataLoader::eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets) const {

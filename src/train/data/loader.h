@@ -6,7 +6,8 @@
 // validation split in order, the same every time.
 //
 // Data parallelism: one optimizer step reads world × accumulation micro-batches of `batch` windows from
-// the one window sequence, rank-major (rank r's micro-batch m is the step's (r·accumulation + m)-th), so W
+// the one window sequence, micro-batch-major (rank r's micro-batch m is the step's (m·world + r)-th, so
+// the ranks' gradients of one round add up in the order one rank would add them; train/grad_sum.h), so W
 // ranks together read exactly what one rank accumulating W·accumulation micro-batches reads, and the
 // position (kept between steps) does not depend on the number of ranks.
 #pragma once
