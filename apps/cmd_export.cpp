@@ -51,7 +51,7 @@ void add_export_command(CLI::App& app) {
         const std::string type = hf.at("model_type").get<std::string>();
         model::Model model(cfg.model);
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
-        train::load_groups((fs::path(ckpt) / "model.safetensors").string(), {&rt.params()});
+        train::load_params(ckpt, rt.params());
         // NOTES: written under <out>.tmp-<host>-<pid> and renamed at the end, so an export that fails or is killed
         // midway leaves no half directory that the next export would refuse; a dead writer's is removed here.
         const std::string prefix = out.filename().string() + ".tmp-";

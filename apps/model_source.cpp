@@ -39,9 +39,9 @@ ModelSource open_model_source(const std::string& path) {
 void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
     if (hf) {
         model::load_hf_checkpoint(path, model::hf_tensor_map(m.param_specs(), config, model_type), params);
-        check_finite(params, path);  // (tessera checkpoints: load_groups checks)
+        check_finite(params, path);  // (tessera checkpoints: load_params checks)
     } else {
-        train::load_groups((fs::path(path) / "model.safetensors").string(), {&params});
+        train::load_params(path, params);
     }
 }
 

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -22,7 +24,9 @@ namespace tessera::train {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr int kFormat = 2;  // 2: optimizer state in per-rank range files
+// 2: optimizer state in per-rank range files; 3: so are the parameters of a multi-rank run (model-RRRRR-of-WWWWW)
+constexpr int kFormat = 3;
+constexpr int kOldestFormat = 2;
 
 // Tensors of a group under their spec names (optimizer state is named "m.<param>" in its group).
 std::vector<NamedTensor> named(const BufferGroup& g) {
@@ -47,46 +51,35 @@ std::string optimizer_file(int rank, int world) {
     return fmt::format("optimizer-{:05d}-of-{:05d}.safetensors", rank, world);
 }
 
-// m and v of this rank's ranges, and their pieces as metadata: "name whole_offset length offset" per line (offset:
-// where the piece starts in m and v; the elements between pieces are alignment gaps).
-void write_optimizer(const fs::path& dir, const AdamW& opt, int64_t step, int rank, int world) {
+std::string model_file(int rank, int world) { return fmt::format("model-{:05d}-of-{:05d}.safetensors", rank, world); }
+
+// This rank's pieces as metadata: "name whole_offset length offset" per line (offset: where the piece starts in
+// the file's flat tensors, laid out as m and v; the elements between pieces are alignment gaps).
+std::string pieces_text(const AdamW& opt) {
     std::string pieces;
     for (const StatePiece& p : opt.pieces())
         pieces +=
             fmt::format("{} {} {} {}\n", opt.param_specs()[p.param].name, p.whole_offset, p.length, p.state_offset);
-    write_safetensors((dir / optimizer_file(rank, world)).string(), {{"m", opt.m().view(0)}, {"v", opt.v().view(0)}},
-                      {{"optimizer", "adamw"}, {"step", std::to_string(step)}, {"pieces", pieces}});
+    return pieces;
 }
 
-// The parameters as model.safetensors holds them: every expert of every MoE layer. With expert parallelism
-// the expert ranks of the first expert-data replica send their slices to rank 0 (collective over them).
-std::vector<NamedTensor> whole_params(const BufferGroup& params,
-                                      const parallel::Mesh* mesh,
-                                      std::vector<Tensor>& storage) {
-    std::vector<NamedTensor> out = named(params);
-    if (!mesh || mesh->ep() == 1 || mesh->expert_data().rank() != 0) return out;
-    parallel::Comm& ep = mesh->expert();
-    const int P = ep.size();
-    storage.reserve(out.size());
-    for (size_t i = 0; i < out.size(); ++i) {
-        if (params.specs()[i].sharding != Sharding::expert) continue;
-        const TensorView slice = out[i].tensor;
-        const int64_t bytes = int64_t(slice.nbytes());
-        Shape whole = slice.shape;
-        whole[0] *= P;
-        std::vector<int64_t> sb(size_t(P), 0), rb(size_t(P), ep.rank() == 0 ? bytes : 0);
-        sb[0] = bytes;
-        Tensor t = ep.rank() == 0 ? Tensor(slice.dtype, whole) : Tensor();
-        ep.all_to_all_v(
-            {static_cast<const std::byte*>(slice.data), size_t(bytes)}, sb,
-            {ep.rank() == 0 ? static_cast<std::byte*>(t.view().data) : nullptr, size_t(ep.rank() == 0 ? bytes * P : 0)},
-            rb);
-        if (ep.rank() == 0) {
-            storage.push_back(std::move(t));
-            out[i].tensor = storage.back().view();
-        }
+// m and v of this rank's ranges, with their pieces.
+void write_optimizer(const fs::path& dir, const AdamW& opt, int64_t step, int rank, int world) {
+    write_safetensors((dir / optimizer_file(rank, world)).string(), {{"m", opt.m().view(0)}, {"v", opt.v().view(0)}},
+                      {{"optimizer", "adamw"}, {"step", std::to_string(step)}, {"pieces", pieces_text(opt)}});
+}
+
+// Several ranks: this rank's ranges of the parameters, laid out as its moments (the same pieces).
+void write_model_ranges(const fs::path& dir, const AdamW& opt, const ParamRanges& ranges, int rank, int world) {
+    Tensor flat(DType::f32, opt.m().specs()[0].shape);
+    float* out = flat.view().ptr<float>();
+    std::fill_n(out, flat.view().numel(), 0.0f);
+    for (const StatePiece& p : opt.pieces()) {
+        const std::span<const float> r = ranges.region[size_t(p.region)];
+        std::copy_n(r.data() + (p.flat_offset - opt.regions()[size_t(p.region)].lo()), p.length, out + p.state_offset);
     }
-    return out;
+    write_safetensors((dir / model_file(rank, world)).string(), {{"params", flat.view()}},
+                      {{"format", "tessera ranges"}, {"pieces", pieces_text(opt)}});
 }
 
 // The step a directory name step_NNNNNNN stands for, or nothing for another name.
@@ -169,16 +162,15 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
     }
     if (W > 1) tmp = comm->broadcast_text(tmp.string(), 0);  // rank 0's, made before anyone writes into it
     try {
-        if (c.opt) write_optimizer(tmp, *c.opt, c.state.optimizer_step, rank, W);
-        std::vector<Tensor> gathered;  // rank 0: the other ranks' experts
-        const std::vector<NamedTensor> params = whole_params(c.params, mesh, gathered);
-        if (W > 1) agree(*comm, true);  // every rank's range is on disk
+        write_optimizer(tmp, c.opt, c.state.optimizer_step, rank, W);
+        if (W > 1) write_model_ranges(tmp, c.opt, c.ranges, rank, W);
+        if (W > 1) agree(*comm, true);  // every rank's ranges are on disk
         if (rank != 0) {
             agree(*comm, true);  // rank 0 renamed the directory (or failed)
             return final_dir.string();
         }
         write_text_atomic((tmp / "config.json").string(), c.config.dump(2) + "\n");
-        write_safetensors((tmp / "model.safetensors").string(), params, {{"format", "tessera"}});
+        if (W == 1) write_safetensors((tmp / "model.safetensors").string(), named(c.params), {{"format", "tessera"}});
         Json st = {{"format", kFormat},
                    {"step", c.state.step},
                    {"optimizer_step", c.state.optimizer_step},
@@ -247,8 +239,9 @@ TrainerState load_trainer_state(const std::string& ckpt_dir) {
                       "{}: missing or invalid \"{}\"", path, key);
         return o[key].get<int64_t>();
     };
-    TESSERA_CHECK(get(j, "format") == kFormat, "{}: checkpoint format {} is not supported (expected {})", path,
-                  get(j, "format"), kFormat);
+    TESSERA_CHECK(get(j, "format") >= kOldestFormat && get(j, "format") <= kFormat,
+                  "{}: checkpoint format {} is not supported (this tessera reads {} to {})", path, get(j, "format"),
+                  kOldestFormat, kFormat);
     TrainerState s;
     s.step = get(j, "step");
     s.optimizer_step = get(j, "optimizer_step");
@@ -268,37 +261,117 @@ TrainerState load_trainer_state(const std::string& ckpt_dir) {
     return s;
 }
 
-void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups, ExpertSlice experts) {
-    SafetensorsFile f(file);
-    size_t expected = 0;
-    for (const BufferGroup* g : groups) {
-        for (size_t i = 0; i < g->size(); ++i) {
-            const BufferSpec& spec = g->specs()[i];
-            TESSERA_CHECK(f.contains(spec.name), "{}: missing tensor \"{}\"", file, spec.name);
-            if (spec.sharding != Sharding::expert || experts.total == 0) {
-                f.load_into(spec.name, g->view(i));
-                continue;
-            }
-            // this rank's experts [first, first + count) of the whole tensor
-            Shape whole = spec.shape;
-            whole[0] = experts.total;
-            const SafetensorsEntry& e = f.entry(spec.name);
-            TESSERA_CHECK(e.shape == whole && e.dtype == spec.dtype, "{}: tensor \"{}\" is {} {}, expected {} {}", file,
-                          spec.name, dtype_name(e.dtype), e.shape.str(), dtype_name(spec.dtype), whole.str());
-            const Tensor t = f.load(spec.name);
-            const TensorView part = t.view().slice0(experts.first, experts.first + spec.shape[0]);
-            std::memcpy(g->view(i).data, part.data, part.nbytes());
-        }
-        expected += g->size();
-        check_finite(*g, file);
-    }
-    if (f.entries().size() != expected) {
+void load_params(const std::string& ckpt_dir,
+                 const std::vector<BufferSpec>& specs,
+                 const std::vector<ParamTarget>& targets,
+                 ExpertSlice experts) {
+    // what the checkpoint holds: pieces (name, whole offset, length, data) of whole tensors, read in place from
+    // model.safetensors (one process wrote it) or from the ranks' model-RRRRR-of-WWWWW files (several did)
+    struct Source {
+        int64_t whole_offset, length;
+        const float* data;
+    };
+    std::map<std::string, std::vector<Source>> sources;
+    std::map<std::string, size_t> spec_of;
+    for (size_t i = 0; i < specs.size(); ++i) spec_of[specs[i].name] = i;
+    auto whole_numel = [&](size_t i) {
+        const BufferSpec& spec = specs[i];
+        return spec.sharding == Sharding::expert && experts.total > 0
+                   ? spec.shape.numel() / spec.shape[0] * experts.total
+                   : spec.shape.numel();
+    };
+    auto known = [&](const std::string& file, const std::string& name) {
+        const auto it = spec_of.find(name);
+        TESSERA_CHECK(it != spec_of.end(), "{}: unexpected tensor \"{}\" (a checkpoint of another model?)", file, name);
+        return it->second;
+    };
+    std::vector<std::unique_ptr<SafetensorsFile>> files;
+    const fs::path whole = fs::path(ckpt_dir) / "model.safetensors";
+    if (fs::exists(whole)) {
+        files.push_back(std::make_unique<SafetensorsFile>(whole.string()));
+        const SafetensorsFile& f = *files.back();
         for (const auto& e : f.entries()) {
-            bool known = false;
-            for (const BufferGroup* g : groups) known = known || g->index_of(e.name) >= 0;
-            TESSERA_CHECK(known, "{}: unexpected tensor \"{}\" (a checkpoint of another model?)", file, e.name);
+            const size_t i = known(whole.string(), e.name);
+            Shape want = specs[i].shape;
+            if (specs[i].sharding == Sharding::expert && experts.total > 0) want[0] = experts.total;
+            TESSERA_CHECK(e.shape == want && e.dtype == specs[i].dtype, "{}: tensor \"{}\" is {} {}, expected {} {}",
+                          whole.string(), e.name, dtype_name(e.dtype), e.shape.str(), dtype_name(specs[i].dtype),
+                          want.str());
+            sources[e.name].push_back({0, whole_numel(i), f.view(e.name).ptr<float>()});
+        }
+    } else {
+        static const std::regex re(R"(model-(\d{5})-of-(\d{5})\.safetensors)");
+        int world = 0, seen = 0;
+        for (const auto& e : fs::directory_iterator(ckpt_dir)) {
+            std::smatch m;
+            const std::string name = e.path().filename().string();
+            if (!std::regex_match(name, m, re)) continue;
+            const int w = std::stoi(m[2].str());
+            TESSERA_CHECK(world == 0 || w == world, "{}: model files of {} and {} ranks (corrupted?)", ckpt_dir, world,
+                          w);
+            world = w;
+            ++seen;
+        }
+        TESSERA_CHECK(world > 0, "{}: neither model.safetensors nor model-RRRRR-of-WWWWW.safetensors (corrupted?)",
+                      ckpt_dir);
+        TESSERA_CHECK(seen == world, "{}: {} of the {} ranks' model files (corrupted?)", ckpt_dir, seen, world);
+        for (int r = 0; r < world; ++r) {
+            const std::string path = (fs::path(ckpt_dir) / model_file(r, world)).string();
+            TESSERA_CHECK(fs::exists(path), "{}: missing (the checkpoint holds the model files of {} ranks)", path,
+                          world);
+            files.push_back(std::make_unique<SafetensorsFile>(path));
+            const SafetensorsFile& f = *files.back();
+            TESSERA_CHECK(f.entries().size() == 1 && f.contains("params") && f.entry("params").dtype == DType::f32 &&
+                              f.entry("params").shape.ndim == 1,
+                          "{}: must hold one f32 tensor \"params\" (corrupted?)", path);
+            const int64_t n = f.entry("params").shape[0];
+            const float* data = f.view("params").ptr<float>();
+            const auto it = f.metadata().find("pieces");
+            TESSERA_CHECK(it != f.metadata().end(), "{}: no \"pieces\" metadata (corrupted?)", path);
+            std::istringstream lines(it->second);
+            std::string name;
+            int64_t w0 = 0, length = 0, at = 0;
+            while (lines >> name >> w0 >> length >> at) {
+                const size_t i = known(path, name);
+                TESSERA_CHECK(w0 >= 0 && length > 0 && at >= 0 && at + length <= n && w0 + length <= whole_numel(i),
+                              "{}: piece {} {} {} {} is out of range (corrupted?)", path, name, w0, length, at);
+                sources[name].push_back({w0, length, data + at});
+            }
+            TESSERA_CHECK(lines.eof(), "{}: unreadable \"pieces\" metadata (corrupted?)", path);
         }
     }
+    for (const ParamTarget& t : targets) {  // each wanted stretch from the pieces that overlap it
+        const std::string& name = specs[t.param].name;
+        int64_t found = 0;
+        for (const Source& src : sources[name]) {
+            const int64_t lo = std::max(src.whole_offset, t.whole_offset),
+                          hi = std::min(src.whole_offset + src.length, t.whole_offset + t.length);
+            if (lo >= hi) continue;
+            std::copy_n(src.data + (lo - src.whole_offset), hi - lo, t.dst + (lo - t.whole_offset));
+            found += hi - lo;
+        }
+        TESSERA_CHECK(found == t.length,
+                      "{}: the model files hold {} of the {} elements of \"{}\" wanted here (missing "
+                      "or corrupted?)",
+                      ckpt_dir, found, t.length, name);
+        const float* bad = std::find_if(t.dst, t.dst + t.length, [](float x) { return !std::isfinite(x); });
+        TESSERA_CHECK(bad == t.dst + t.length,
+                      "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it",
+                      ckpt_dir, name, *bad, t.whole_offset + (bad - t.dst));
+    }
+}
+
+void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts) {
+    std::vector<ParamTarget> targets;
+    for (size_t i = 0; i < params.size(); ++i) {
+        const BufferSpec& spec = params.specs()[i];
+        TESSERA_CHECK(spec.dtype == DType::f32, "checkpoint: parameter {} is {}, not f32", spec.name,
+                      dtype_name(spec.dtype));
+        const int64_t n = spec.shape.numel();
+        const bool slice = spec.sharding == Sharding::expert && experts.total > 0;
+        targets.push_back({i, slice ? experts.first * (n / spec.shape[0]) : 0, n, params.view(i).ptr<float>()});
+    }
+    load_params(ckpt_dir, params.specs(), targets, experts);
 }
 
 }  // namespace tessera::train

@@ -1,14 +1,18 @@
 // Checkpoints: a directory <run>/checkpoints/step_NNNNNNN/ holding
 //   config.json          the full run config
-//   model.safetensors    parameters under their Hugging Face names
+//   model.safetensors    parameters under their Hugging Face names (a run of one process)
+//   model-RRRRR-of-WWWWW.safetensors  a run of W ranks: rank R's ranges of the parameters, one f32 tensor
+//                        "params" laid out as its optimizer file's moments, with the same "pieces" metadata
 //   optimizer-RRRRR-of-WWWWW.safetensors  AdamW moments "m", "v" of rank R's ranges (train/optimizer.h),
 //                        one file per rank of the W that trained, metadata "pieces": which elements of
 //                        which whole parameter each stretch of m and v holds
 //   trainer_state.json   step, optimizer step, data position, format version
 // written under a temporary name, fsync'd, then renamed into place: a crash mid-write leaves the
-// previous checkpoints intact. With several ranks every rank writes its optimizer file into rank 0's
-// temporary directory and rank 0 renames it when all have finished. The ranges are re-cut on loading,
-// so a run resumes on any number of ranks. Loading validates every file and tensor and names what is wrong.
+// previous checkpoints intact. With several ranks every rank writes its model and optimizer files into
+// rank 0's temporary directory and rank 0 renames it when all have finished: no rank ever holds more than
+// its own ranges (FSDP's dense parameters stay sharded, experts stay on their ranks). The ranges are
+// re-cut on loading, so a run resumes on any number of ranks and EP degree, and export-hf, logits and
+// generate read either layout. Loading validates every file and tensor and names what is wrong.
 #pragma once
 
 #include <optional>
@@ -32,14 +36,14 @@ struct TrainerState {
 
 struct CheckpointContents {
     const Json& config;
-    const BufferGroup& params;
-    const AdamW* opt = nullptr;  // this rank's optimizer range (absent for export-only checkpoints)
+    const BufferGroup& params;  // one process: written whole as model.safetensors
+    const AdamW& opt;           // this rank's moments
+    ParamRanges ranges;         // several ranks: this rank's ranges of the parameters (the optimizer's)
     TrainerState state;
 };
 
 // Writes <run_dir>/checkpoints/step_<step>/ atomically; returns its path. With a mesh of several ranks:
-// collective, every rank passes its own optimizer ranges; rank 0 writes the parameters, with expert
-// parallelism after gathering every rank's experts (the file always holds whole tensors).
+// collective, every rank writes its own ranges of the parameters and moments.
 std::string save_checkpoint(const std::string& run_dir,
                             const CheckpointContents& c,
                             const parallel::Mesh* mesh = nullptr);
@@ -58,14 +62,26 @@ std::vector<std::string> clean_stale_temporaries(const std::string& run_dir);
 Json load_checkpoint_config(const std::string& ckpt_dir);
 // Validated: its step must match the directory name step_NNNNNNN, optimizer_step must not exceed it.
 TrainerState load_trainer_state(const std::string& ckpt_dir);
-// Loads a file into groups: every tensor of every group must be present with its exact shape and finite
-// values (a NaN or Inf weight is an error naming the tensor), and the file must hold nothing else.
 // Expert parallelism: the experts [first, first + count) of `total` a rank holds; expert-sharded parameters
-// (Sharding::expert) are read as that slice of the file's whole tensor (total 0: whole tensors everywhere).
+// (Sharding::expert) are that slice of the whole tensor (total 0: whole tensors everywhere).
 struct ExpertSlice {
     int64_t first = 0, total = 0;
 };
-void load_groups(const std::string& file, const std::vector<const BufferGroup*>& groups, ExpertSlice experts = {});
+// Elements [whole_offset, whole_offset + length) of the whole tensor of parameter spec `param`, into dst.
+struct ParamTarget {
+    size_t param = 0;
+    int64_t whole_offset = 0, length = 0;
+    float* dst = nullptr;
+};
+// Reads the targets from a checkpoint's parameters, whichever layout wrote them (model.safetensors, or the
+// model files of any number of ranks): every target must be covered, every stored tensor must be one of the
+// specs with its whole shape, and the values finite (a NaN or Inf weight is an error naming the tensor).
+void load_params(const std::string& ckpt_dir,
+                 const std::vector<BufferSpec>& specs,
+                 const std::vector<ParamTarget>& targets,
+                 ExpertSlice experts = {});
+// Every parameter of a group (whole, or this rank's expert slice).
+void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts = {});
 // This rank's pieces of the optimizer moments (AdamW::pieces) from a checkpoint's optimizer files, whatever
 // number of ranks and EP degree wrote them: each file names its pieces by parameter and whole-tensor offset.
 void load_optimizer(const std::string& ckpt_dir, AdamW& opt);

@@ -217,30 +217,4 @@ void Fsdp::init(const model::Model& model, uint64_t seed) {
     }
 }
 
-void Fsdp::load(const BufferGroup& whole) {
-    TESSERA_CHECK(whole.size() == specs_.size() && whole.nbytes() == BufferGroup("params", specs_).nbytes(),
-                  "FSDP: loading from a group that is not the model's parameters");
-    invalidate();
-    for (size_t i = 0; i < specs_.size(); ++i) {
-        if (specs_[i].sharding == Sharding::data) continue;
-        std::memcpy(params_->view(i).data, whole.view(i).data, specs_[i].nbytes());
-    }
-    const float* flat = reinterpret_cast<const float*>(whole.base());
-    std::copy_n(flat + region_base_ + cut_.lo, cut_.size(), shard().data());
-}
-
-void Fsdp::gather_whole(const BufferGroup* whole) {
-    float* flat = whole ? reinterpret_cast<float*>(whole->base()) : nullptr;
-    for (size_t k = 0; k < units_.size(); ++k) {
-        const Unit& u = units_[k];
-        ensure(int(k));
-        if (flat) std::copy_n(slot_params(u.slot), u.hi - u.lo, flat + region_base_ + u.lo);
-    }
-    if (!whole) return;
-    for (size_t i = 0; i < specs_.size(); ++i) {
-        if (specs_[i].sharding == Sharding::data) continue;
-        std::memcpy(whole->view(i).data, params_->view(i).data, specs_[i].nbytes());
-    }
-}
-
 }  // namespace tessera::train

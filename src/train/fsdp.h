@@ -51,13 +51,8 @@ class Fsdp final : public model::ParamHooks {
     std::span<float> shard();  // this rank's range of the data parameters (the optimizer updates it)
     // The parameters changed (optimizer step, load): every slot is stale.
     void invalidate();
-    // Initial values (Model::init_params, unit by unit through a slot) / values of whole parameters (a group of
-    // the parameter specs packed back to back, e.g. a loaded checkpoint).
+    // Initial values (Model::init_params, unit by unit through a slot; a checkpoint loads straight into shard()).
     void init(const model::Model& model, uint64_t seed);
-    void load(const BufferGroup& whole);
-    // Collective: every unit gathered in turn; `whole` (a group like load's, on the rank that wants it, null on
-    // the others) receives every parameter.
-    void gather_whole(const BufferGroup* whole);
     FsdpStats stats() const { return stats_; }
 
     // model::ParamHooks

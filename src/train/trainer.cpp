@@ -172,6 +172,12 @@ Setup resolve_setup(const TrainOptions& o, bool lead) {
 }
 }  // namespace
 
+ParamRanges param_ranges(const AdamW& opt, model::ModelRuntime& rt, Fsdp* fsdp) {
+    ParamRanges p = opt.ranges_of(rt.params());
+    if (fsdp) p.region[AdamW::data] = fsdp->shard();
+    return p;
+}
+
 StepResult train_step(model::Model& model,
                       model::ModelRuntime& rt,
                       AdamW& opt,
@@ -202,9 +208,7 @@ StepResult train_step(model::Model& model,
                   "training diverged at step {}: the loss is {}, the gradient norm {} (lower train.lr?)", step + 1,
                   r.loss, r.grad_norm);
     opt.clip(g, r.grad_norm, tc.grad_clip);
-    ParamRanges p = opt.ranges_of(rt.params());
-    if (fsdp) p.region[AdamW::data] = fsdp->shard();
-    opt.update(tc, p, g, r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
+    opt.update(tc, param_ranges(opt, rt, fsdp), g, r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
     opt.share_params(rt.params(), /*with_data=*/!fsdp);
     if (fsdp) fsdp->invalidate();
     // after the step, from the whole step's routing (spec/moe.md §3.1), summed over ranks
@@ -269,22 +273,31 @@ TrainSummary train(const TrainOptions& opts) {
         fsdp->bind(rt.params(), rt.grads());
         model.set_param_hooks(&*fsdp);
     }
-    // with FSDP, loading and saving go through whole parameters (on every rank while loading, on rank 0 while
-    // saving); per-rank parameter files would avoid them
-    auto whole_params = [&] {
-        auto g = std::make_unique<BufferGroup>("params", model.param_specs());
-        const std::vector<const BufferGroup*> gs{g.get()};
-        g->allocate(std::make_shared<Arena>(predict_arena_bytes(gs, 4096), 4096));
-        return g;
-    };
 
     TrainerState state;
     if (!setup.checkpoint.empty()) {
         const auto [first_expert, local] = model.local_experts();
-        std::unique_ptr<BufferGroup> whole = fsdp ? whole_params() : nullptr;
-        load_groups((fs::path(setup.checkpoint) / "model.safetensors").string(), {whole ? whole.get() : &rt.params()},
-                    {first_expert, m && m->ep() > 1 ? cfg.model.moe.experts : 0});
-        if (fsdp) fsdp->load(*whole);
+        const ExpertSlice slice{first_expert, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
+        if (fsdp) {  // this rank's range of the dense parameters, the others whole (experts: this rank's)
+            std::vector<ParamTarget> targets;
+            const std::span<float> shard = fsdp->shard();
+            const int64_t lo = opt.regions()[AdamW::data].lo();
+            for (const StatePiece& p : opt.pieces())
+                if (p.region == AdamW::data)
+                    targets.push_back({p.param, p.whole_offset, p.length, shard.data() + (p.flat_offset - lo)});
+            for (size_t i = 0; i < model.param_specs().size(); ++i) {
+                const BufferSpec& spec = model.param_specs()[i];
+                if (spec.sharding == Sharding::data) continue;
+                const int64_t n = spec.shape.numel();
+                const bool sliced = spec.sharding == Sharding::expert && slice.total > 0;
+                targets.push_back(
+                    {i, sliced ? slice.first * (n / spec.shape[0]) : 0, n, rt.params().view(i).ptr<float>()});
+            }
+            load_params(setup.checkpoint, model.param_specs(), targets, slice);
+            fsdp->invalidate();
+        } else {
+            load_params(setup.checkpoint, rt.params(), slice);
+        }
         load_optimizer(setup.checkpoint, opt);
         state = load_trainer_state(setup.checkpoint);
         loader.set_position(state.data);
@@ -382,11 +395,13 @@ TrainSummary train(const TrainOptions& opts) {
     auto checkpoint = [&]() {
         state.optimizer_step = opt.step();
         state.data = loader.position();
-        std::unique_ptr<BufferGroup> whole = fsdp && lead ? whole_params() : nullptr;
-        if (fsdp) fsdp->gather_whole(whole.get());
-        summary.checkpoint = save_checkpoint(
-            setup.out_dir,
-            {.config = setup.config_json, .params = whole ? *whole : rt.params(), .opt = &opt, .state = state}, m);
+        summary.checkpoint = save_checkpoint(setup.out_dir,
+                                             {.config = setup.config_json,
+                                              .params = rt.params(),
+                                              .opt = opt,
+                                              .ranges = param_ranges(opt, rt, fsdp ? &*fsdp : nullptr),
+                                              .state = state},
+                                             m);
         guard.dismiss();
         progress.note(fmt::format("checkpoint: {}", summary.checkpoint));
     };

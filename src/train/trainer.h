@@ -71,6 +71,9 @@ StepResult train_step(model::Model& model,
                       parallel::Comm* comm = nullptr,
                       Fsdp* fsdp = nullptr);
 
+// This rank's ranges of the parameters (the optimizer's), from the runtime's group or, with FSDP, its shard.
+ParamRanges param_ranges(const AdamW& opt, model::ModelRuntime& rt, Fsdp* fsdp);
+
 struct TrainSummary {
     int64_t first_step = 0;  // steps run by this call: [first_step, last_step)
     int64_t last_step = 0;

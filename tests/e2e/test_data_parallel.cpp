@@ -13,7 +13,11 @@
 
 #include "core/config_reader.h"
 #include "core/file.h"
+#include "core/safetensors.h"
 #include "e2e/cli_util.h"
+#include "model/model.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -41,8 +45,29 @@ std::map<std::pair<std::string, int64_t>, std::string> losses(const std::string&
     return out;
 }
 
+// The final checkpoint's parameters, whole, as read back by the library from whichever layout wrote them
+// (one process: model.safetensors; W ranks: each rank's model-RRRRR-of-WWWWW ranges)
 std::string final_model(const std::string& run_dir) {
-    return read_text(run_dir + "/checkpoints/step_0000012/model.safetensors");
+    const std::string ckpt = run_dir + "/checkpoints/step_0000012";
+    const train::RunConfig cfg = train::parse_run_config(train::load_checkpoint_config(ckpt), ckpt);
+    model::Model m(cfg.model);
+    BufferGroup g("params", m.param_specs());
+    const std::vector<const BufferGroup*> gs{&g};
+    g.allocate(std::make_shared<Arena>(predict_arena_bytes(gs, 4096), 4096));
+    train::load_params(ckpt, g);
+    return std::string(reinterpret_cast<const char*>(g.base()), g.nbytes());
+}
+
+// `tessera logits` on a run's final checkpoint: the logits tensor's bytes
+std::string final_logits(const std::string& run_dir, const std::string& ids_file) {
+    const std::string out = run_dir + "/logits.safetensors";
+    test::CliResult r =
+        run_tessera("logits --checkpoint " + run_dir + "/checkpoints/step_0000012 --in " + ids_file + " --out " + out);
+    EXPECT_EQ(r.status, 0) << r.err;
+    if (r.status != 0) return {};
+    const SafetensorsFile f(out);
+    const TensorView v = f.view("logits");
+    return std::string(static_cast<const char*>(v.data), v.nbytes());
 }
 
 struct Layout {
@@ -72,11 +97,20 @@ TEST_P(DataParallel, EqualsOneProcessAccumulatingTheSameMicroBatches) {
     ASSERT_EQ(la.size(), 14u);  // 12 steps, 2 evaluations
     EXPECT_EQ(la, lb);
     EXPECT_TRUE(final_model(one) == final_model(many)) << "the final parameters differ";
-    // one optimizer file per rank, each a range of the moments
+    // one model and one optimizer file per rank, each its ranges of the parameters and moments; nothing whole
     for (int r = 0; r < p.ranks; ++r) {
-        EXPECT_TRUE(fs::exists(
-            fmt::format("{}/checkpoints/step_0000012/optimizer-{:05d}-of-{:05d}.safetensors", many, r, p.ranks)));
+        for (const char* kind : {"model", "optimizer"})
+            EXPECT_TRUE(fs::exists(
+                fmt::format("{}/checkpoints/step_0000012/{}-{:05d}-of-{:05d}.safetensors", many, kind, r, p.ranks)));
     }
+    EXPECT_FALSE(fs::exists(many + "/checkpoints/step_0000012/model.safetensors"));
+    // the sharded checkpoint serves inference like the one-process one
+    std::vector<int32_t> ids(2 * 16);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 11) % 256);
+    write_safetensors(d.file("ids.safetensors"), {{"ids", TensorView(ids.data(), DType::i32, Shape{2, 16})}});
+    const std::string logits_one = final_logits(one, d.file("ids.safetensors"));
+    EXPECT_FALSE(logits_one.empty());
+    EXPECT_TRUE(logits_one == final_logits(many, d.file("ids.safetensors"))) << "logits of the two checkpoints differ";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -266,6 +300,35 @@ TEST(DataParallelCheckpoint, RefusesOptimizerFilesThatDoNotAddUp) {
     fs::remove(ckpt + "optimizer-00000-of-00001.safetensors");
     fs::rename(d.file("kept"), ckpt + "optimizer-00000-of-00001.safetensors");
     resume("the optimizer files hold 0 of the");
+}
+
+// The parameters of a multi-rank checkpoint are the ranks' model files: one missing, two layouts mixed, or
+// files whose pieces do not cover the model are one-line errors for training and inference alike.
+TEST(DataParallelCheckpoint, RefusesModelFilesThatDoNotAddUp) {
+    TempDir d;
+    const std::string run = d.file("run");
+    ASSERT_EQ(run_tessera_mpi(2, "train --config " + kTiny + " --steps 6 --out " + run).status, 0);
+    const std::string ckpt = run + "/checkpoints/step_0000006/";
+    const std::string r0 = ckpt + "model-00000-of-00002.safetensors", r1 = ckpt + "model-00001-of-00002.safetensors";
+    auto refused = [&](const std::string& needle) {
+        std::vector<int32_t> ids(8, 5);
+        write_safetensors(d.file("ids.safetensors"), {{"ids", TensorView(ids.data(), DType::i32, Shape{1, 8})}});
+        for (const std::string& cmd : {"train --resume " + run + " --steps 8",
+                                       "logits --checkpoint " + ckpt + " --in " + d.file("ids.safetensors") +
+                                           " --out " + d.file("l.safetensors")}) {
+            test::CliResult r = run_tessera(cmd);
+            EXPECT_EQ(r.status, 1) << cmd;
+            EXPECT_NE(r.err.find(needle), std::string::npos) << cmd << ": " << r.err;
+            EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        }
+    };
+    fs::rename(r1, d.file("kept"));
+    refused("1 of the 2 ranks' model files");
+    fs::copy_file(r0, ckpt + "model-00000-of-00001.safetensors");
+    refused("model files of 2 and 1 ranks");
+    fs::remove(ckpt + "model-00000-of-00001.safetensors");
+    fs::copy_file(r0, r1);  // rank 0's ranges twice: every element it holds found twice
+    refused("the model files hold");
 }
 
 // The batch and layout keys, read strictly in one process too
