@@ -117,7 +117,8 @@ class Model {
     double forward_flops_per_token(int64_t seq) const;
 
     // MoE layers: after each optimizer step, move the selection biases (docs/moe.md; sum_over_ranks, when set,
-    // sums each layer's expert counts over the data-parallel ranks first, so every rank moves them alike), then take
+    // sums each layer's expert counts and quantile histograms over the data-parallel ranks first, so every rank moves
+    // them alike), then take
     // the step's statistics (routing per MoE layer, the indexer KL per DSA layer; empty lists when the model has none),
     // which clears them in the blocks. The statistics object is recycled: a take refills the last one in place when the
     // caller no longer holds it, so a training loop that drops each step's result allocates nothing here after the

@@ -32,11 +32,14 @@ class QuantileBalancer {
     // [N, E] unbiased router scores of one micro-batch and the bias it was routed with
     void add(TensorView scores, std::span<const float> bias);
     void update(std::span<float> bias);  // moves the bias by the histograms' quantiles, then clears them
-    int64_t tokens() const { return tokens_; }
+    int64_t tokens() const { return hist_.back(); }
+    // The histograms and the token count (integers): several ranks add theirs element-wise before update, and
+    // all then move the bias as one process seeing every token would.
+    std::span<int64_t> counts() { return hist_; }
 
   private:
-    int64_t E_, K_, bins_, tokens_ = 0;
-    std::vector<int64_t> hist_;          // [E, bins]
+    int64_t E_, K_, bins_;
+    std::vector<int64_t> hist_;          // [E, bins], then the token count
     std::vector<double> sel_, top_, b_;  // [E], [K + 1], [E]: scratch of add and update, sized once
 };
 

@@ -244,9 +244,6 @@ TrainSummary train(const TrainOptions& opts) {
     if (comm) mesh.emplace(*comm, int(cfg.parallel.ep));
     if (mesh) mesh->expert().set_link_delay(cfg.parallel.link_delay_ns_per_byte * 1e-9);
     const parallel::Mesh* m = mesh ? &*mesh : nullptr;
-    TESSERA_CHECK(ranks == 1 || cfg.model.moe.balance != "quantile",
-                  "model.moe.balance = \"quantile\" is not built for several ranks yet (its quantiles are per rank); "
-                  "use \"sign\"");
 
     const std::string data_path = cfg.data.path.empty() ? bundled_corpus_path() : cfg.data.path;
     TokenSource tokens(data_path);

@@ -209,7 +209,10 @@ void MoeBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
 double MoeBlock::forward_flops_per_token(int64_t) const { return ops::moe_forward_flops_per_token(dims(1)); }
 
 void MoeBlock::update_bias(const std::function<void(std::span<int64_t>)>& sum_over_ranks) {
-    if (sum_over_ranks) sum_over_ranks(demand_);
+    if (sum_over_ranks) {
+        sum_over_ranks(demand_);
+        if (rule_ == ops::BalanceRule::quantile) sum_over_ranks(quantile_->counts());
+    }
     std::span<float> bias(w_.router_bias.ptr<float>(), size_t(m_.experts));
     if (rule_ == ops::BalanceRule::sign && forwards_ > 0) ops::balance_sign_update(demand_, m_.bias_update_rate, bias);
     if (rule_ == ops::BalanceRule::quantile) quantile_->update(bias);

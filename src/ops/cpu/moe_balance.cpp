@@ -39,7 +39,7 @@ QuantileBalancer::QuantileBalancer(int64_t experts, int64_t topk, int64_t bins)
     : E_(experts),
       K_(topk),
       bins_(bins),
-      hist_(size_t(experts * bins), 0),
+      hist_(size_t(experts * bins + 1), 0),
       sel_(size_t(experts)),
       top_(size_t(topk + 1)),
       b_(size_t(experts)) {
@@ -62,15 +62,15 @@ void QuantileBalancer::add(TensorView scores, std::span<const float> bias) {
                 ++hist_[size_t(e * bins_ + b)];
             }
         }
-        tokens_ += S.rows;
+        hist_.back() += S.rows;
     });
 }
 
 void QuantileBalancer::update(std::span<float> bias) {
     TESSERA_CHECK(int64_t(bias.size()) == E_, "quantile balancing: {} biases for {} experts", bias.size(), E_);
-    if (tokens_ == 0) return;
+    if (tokens() == 0) return;
     const double q = 1.0 - double(K_) / double(E_), width = 2.0 * kRange / double(bins_);
-    const double rank = q * double(tokens_);  // margins below the quantile
+    const double rank = q * double(tokens());  // margins below the quantile
     std::vector<double>& b = b_;
     for (int64_t e = 0; e < E_; ++e) {
         const int64_t* h = hist_.data() + e * bins_;
@@ -84,7 +84,6 @@ void QuantileBalancer::update(std::span<float> bias) {
     for (int64_t e = 0; e < E_; ++e) mean += b[size_t(e)] / double(E_);
     for (int64_t e = 0; e < E_; ++e) bias[size_t(e)] = float(b[size_t(e)] - mean);
     std::fill(hist_.begin(), hist_.end(), 0);
-    tokens_ = 0;
 }
 
 MoeLoad moe_load(std::span<const int64_t> load, double routing_entropy) {
