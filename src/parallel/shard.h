@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "core/check.h"
 #include "parallel/comm.h"
@@ -30,6 +31,13 @@ struct FlatShard {
     int64_t size() const { return hi - lo; }
     int64_t lo_of(int r) const { return std::min(total, int64_t(r) * per_rank); }
     int64_t hi_of(int r) const { return std::min(total, lo_of(r) + per_rank); }
+    // How many of the elements [a, b) each rank holds (rank order: the parts tile [a, b)).
+    std::vector<int64_t> parts(int64_t a, int64_t b, int world) const {
+        std::vector<int64_t> n(static_cast<size_t>(world));
+        for (int r = 0; r < world; ++r)
+            n[size_t(r)] = std::max<int64_t>(0, std::min(b, hi_of(r)) - std::max(a, lo_of(r)));
+        return n;
+    }
 };
 
 // One region of a buffer group's flat element space, cut over the ranks that share it.

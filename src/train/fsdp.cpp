@@ -40,8 +40,7 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
         u.hi = (end + kAlignElems - 1) / kAlignElems * kAlignElems - region_base_;
         TESSERA_CHECK(u.lo >= 0 && u.hi <= cut_.total, "FSDP: unit {} .. {} outside the data region",
                       specs_[pu.first].name, specs_[pu.last - 1].name);
-        for (int q = 0; q < W; ++q)
-            u.piece.push_back(std::max<int64_t>(0, std::min(u.hi, cut_.hi_of(q)) - std::max(u.lo, cut_.lo_of(q))));
+        u.piece = cut_.parts(u.lo, u.hi, W);
         u.mine_lo = std::clamp(u.lo, cut_.lo, cut_.hi);
         u.mine = u.piece[size_t(comm_.rank())];
         slot_bytes_[size_t(u.slot)] = std::max(slot_bytes_[size_t(u.slot)], size_t(u.hi - u.lo) * sizeof(float));

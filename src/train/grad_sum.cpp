@@ -1,6 +1,7 @@
 // The step's gradient sum (see grad_sum.h).
 #include "train/grad_sum.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
@@ -17,6 +18,7 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
     : opt_(opt), regions_(opt.regions()), accumulation_(accumulation), fsdp_(fsdp) {
     TESSERA_CHECK(accumulation >= 1, "GradientSum: {} micro-batches per step", accumulation);
     TESSERA_CHECK(!fsdp || regions_[AdamW::data].comm, "GradientSum: FSDP without ranks to shard over");
+    int64_t scratch_elems = 0;
     for (size_t r = 0; r < AdamW::kRegions; ++r) {
         const parallel::ShardedRegion& reg = regions_[r];
         // shared: the reduce-scatters write whole ranges; local: the sum of micro-batches, when there are several
@@ -25,19 +27,33 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
         const std::string name = fmt::format("grad.{}.{}", reg.comm ? "range" : "sum", kRegionName[r]);
         sum_[r] = BufferGroup(
             name, {BufferSpec{.name = name, .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::grad}});
+        if (reg.comm && !(fsdp && r == AdamW::data))
+            scratch_elems = std::max(scratch_elems, stretch_ * reg.comm->size());
     }
+    if (scratch_elems > 0)
+        scratch_ = BufferGroup("grad.scratch", {BufferSpec{.name = "grad.scratch",
+                                                           .dtype = DType::f32,
+                                                           .shape = Shape{scratch_elems},
+                                                           .kind = BufferKind::workspace}});
 }
 
 std::vector<BufferGroup*> GradientSum::groups() {
     std::vector<BufferGroup*> g;
     for (auto& s : sum_)
         if (s.size() > 0) g.push_back(&s);
+    if (scratch_.size() > 0) g.push_back(&scratch_);
     return g;
 }
 
 void GradientSum::before(int64_t micro, const BufferGroup& grads) {
+    wait();  // the last micro-batch's reductions read the gradients
     micro_ = micro;
     grads.zero();
+}
+
+void GradientSum::wait() {
+    for (auto& h : pending_) h.wait();
+    pending_.clear();
 }
 
 void GradientSum::after(int64_t micro, const BufferGroup& grads) {
@@ -46,10 +62,17 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
         const parallel::ShardedRegion& reg = regions_[r];
         const float* g = opt_.region_base(grads, r);
         if (!g || (fsdp_ && r == AdamW::data)) continue;
-        if (reg.comm) {  // this micro-batch of every rank, in rank order, onto the ranges
-            std::vector<int64_t> counts(static_cast<size_t>(reg.comm->size()));
-            for (int q = 0; q < reg.comm->size(); ++q) counts[size_t(q)] = reg.shard.hi_of(q) - reg.shard.lo_of(q);
-            reg.comm->reduce_scatter_v_async(DType::f32, g, counts, first(sum_[r]), reg.shard.size(), micro > 0).wait();
+        if (reg.comm) {  // this micro-batch of every rank, in rank order, onto the ranges, a stretch at a time
+            const int W = reg.comm->size();
+            for (int64_t a = 0; a < reg.shard.total; a += stretch_) {
+                const int64_t b = std::min(reg.shard.total, a + stretch_);
+                const std::vector<int64_t> parts = reg.shard.parts(a, b, W);
+                float* recv = first(sum_[r]) + (std::clamp(a, reg.shard.lo, reg.shard.hi) - reg.shard.lo);
+                const TensorView scratch = scratch_.view(0);
+                pending_.push_back(reg.comm->reduce_scatter_v_async(
+                    DType::f32, g + a, parts, recv, parts[size_t(reg.comm->rank())], micro > 0,
+                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes())));
+            }
             continue;
         }
         if (accumulation_ == 1) continue;  // the model's gradients are the sum
@@ -65,6 +88,7 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
 }
 
 GradRanges GradientSum::finish(const BufferGroup& grads) {
+    wait();
     GradRanges out;
     for (size_t r = 0; r < AdamW::kRegions; ++r) {
         const parallel::ShardedRegion& reg = regions_[r];

@@ -23,7 +23,8 @@ class GradientSum {
     GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp = false);
 
     // The buffers it needs, for the runtime to allocate with the rest: this rank's ranges of the sums of the
-    // regions it shares with other ranks, the step's sum of the others when it accumulates micro-batches.
+    // regions it shares with other ranks, the step's sum of the others when it accumulates micro-batches, and
+    // the reductions' receive scratch.
     std::vector<BufferGroup*> groups();
     int64_t accumulation() const { return accumulation_; }
 
@@ -45,8 +46,15 @@ class GradientSum {
     int64_t accumulation_;
     bool fsdp_;
     int64_t micro_ = 0;
+    void wait();  // for the reductions in flight
     // per region: this rank's range of the sum (shared regions), or the step's sum (local, accumulating)
     std::array<BufferGroup, AdamW::kRegions> sum_;
+    // NOTES: a shared region is reduced in stretches of this many elements, so the receive scratch (W pieces
+    // of a stretch) stays small; the stretches queue on the communication thread, which runs them in turn
+    // with one scratch.
+    static constexpr int64_t stretch_ = int64_t(1) << 20;
+    BufferGroup scratch_;
+    std::vector<parallel::Handle> pending_;
 };
 
 }  // namespace tessera::train
