@@ -51,6 +51,8 @@ std::string optimizer_file(int rank, int world) {
     return fmt::format("optimizer-{:05d}-of-{:05d}.safetensors", rank, world);
 }
 
+constexpr const char* kModelIndex = "model.index.json";
+
 std::string model_file(int rank, int world) { return fmt::format("model-{:05d}-of-{:05d}.safetensors", rank, world); }
 
 // This rank's pieces as metadata: "name whole_offset length offset" per line (offset: where the piece starts in
@@ -67,6 +69,22 @@ std::string pieces_text(const AdamW& opt) {
 void write_optimizer(const fs::path& dir, const AdamW& opt, int64_t step, int rank, int world) {
     write_safetensors((dir / optimizer_file(rank, world)).string(), {{"m", opt.m().view(0)}, {"v", opt.v().view(0)}},
                       {{"optimizer", "adamw"}, {"step", std::to_string(step)}, {"pieces", pieces_text(opt)}});
+}
+
+// Several ranks: what the rank files hold together, for readers and tools: the files, and every tensor's whole
+// shape (all experts).
+void write_model_index(const fs::path& dir, const std::vector<BufferSpec>& specs, ExpertSlice experts, int world) {
+    Json files = Json::array(), tensors = Json::object();
+    for (int r = 0; r < world; ++r) files.push_back(model_file(r, world));
+    for (const BufferSpec& spec : specs) {
+        Shape whole = spec.shape;
+        if (spec.sharding == Sharding::expert && experts.total > 0) whole[0] = experts.total;
+        Json shape = Json::array();
+        for (int i = 0; i < whole.ndim; ++i) shape.push_back(whole[i]);
+        tensors[spec.name] = {{"dtype", dtype_name(spec.dtype)}, {"shape", shape}};
+    }
+    const Json index = {{"format", "tessera ranges"}, {"files", files}, {"tensors", tensors}};
+    write_text_atomic((dir / kModelIndex).string(), index.dump(2) + "\n");
 }
 
 // Several ranks: this rank's ranges of the parameters, laid out as its moments (the same pieces).
@@ -171,6 +189,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
         }
         write_text_atomic((tmp / "config.json").string(), c.config.dump(2) + "\n");
         if (W == 1) write_safetensors((tmp / "model.safetensors").string(), named(c.params), {{"format", "tessera"}});
+        if (W > 1) write_model_index(tmp, c.opt.param_specs(), c.experts, W);
         Json st = {{"format", kFormat},
                    {"step", c.state.step},
                    {"optimizer_step", c.state.optimizer_step},
@@ -300,21 +319,28 @@ void load_params(const std::string& ckpt_dir,
             sources[e.name].push_back({0, whole_numel(i), f.view(e.name).ptr<float>()});
         }
     } else {
-        static const std::regex re(R"(model-(\d{5})-of-(\d{5})\.safetensors)");
-        int world = 0, seen = 0;
-        for (const auto& e : fs::directory_iterator(ckpt_dir)) {
-            std::smatch m;
-            const std::string name = e.path().filename().string();
-            if (!std::regex_match(name, m, re)) continue;
-            const int w = std::stoi(m[2].str());
-            TESSERA_CHECK(world == 0 || w == world, "{}: model files of {} and {} ranks (corrupted?)", ckpt_dir, world,
-                          w);
-            world = w;
-            ++seen;
+        // the index names the files and every tensor's whole shape, which must be the model's
+        const std::string index_path = (fs::path(ckpt_dir) / kModelIndex).string();
+        TESSERA_CHECK(fs::exists(index_path), "{}: neither model.safetensors nor {} (corrupted?)", ckpt_dir,
+                      kModelIndex);
+        const Json index = parse_json(read_text(index_path, kMaxConfigBytes), index_path);
+        TESSERA_CHECK(index.is_object() && index.value("format", "") == "tessera ranges" && index.contains("files") &&
+                          index["files"].is_array() && !index["files"].empty() && index.contains("tensors") &&
+                          index["tensors"].is_object(),
+                      "{}: not a tessera model index (corrupted?)", index_path);
+        const int world = int(index["files"].size());
+        for (int r = 0; r < world; ++r)
+            TESSERA_CHECK(index["files"][size_t(r)] == model_file(r, world), "{}: file {} should be {} (corrupted?)",
+                          index_path, r, model_file(r, world));
+        for (const auto& [name, t] : index["tensors"].items()) {
+            const size_t i = known(index_path, name);
+            Shape want = specs[i].shape;
+            if (specs[i].sharding == Sharding::expert && experts.total > 0) want[0] = experts.total;
+            Json shape = Json::array();
+            for (int d = 0; d < want.ndim; ++d) shape.push_back(want[d]);
+            TESSERA_CHECK(t.is_object() && t.value("shape", Json()) == shape, "{}: tensor \"{}\" is {}, expected {}",
+                          index_path, name, t.is_object() ? t.value("shape", Json()).dump() : t.dump(), shape.dump());
         }
-        TESSERA_CHECK(world > 0, "{}: neither model.safetensors nor model-RRRRR-of-WWWWW.safetensors (corrupted?)",
-                      ckpt_dir);
-        TESSERA_CHECK(seen == world, "{}: {} of the {} ranks' model files (corrupted?)", ckpt_dir, seen, world);
         for (int r = 0; r < world; ++r) {
             const std::string path = (fs::path(ckpt_dir) / model_file(r, world)).string();
             TESSERA_CHECK(fs::exists(path), "{}: missing (the checkpoint holds the model files of {} ranks)", path,

@@ -3,6 +3,7 @@
 //   model.safetensors    parameters under their Hugging Face names (a run of one process)
 //   model-RRRRR-of-WWWWW.safetensors  a run of W ranks: rank R's ranges of the parameters, one f32 tensor
 //                        "params" laid out as its optimizer file's moments, with the same "pieces" metadata
+//   model.index.json     a run of W ranks: the W model files and every tensor's whole shape
 //   optimizer-RRRRR-of-WWWWW.safetensors  AdamW moments "m", "v" of rank R's ranges (train/optimizer.h),
 //                        one file per rank of the W that trained, metadata "pieces": which elements of
 //                        which whole parameter each stretch of m and v holds
@@ -34,11 +35,18 @@ struct TrainerState {
     int64_t tokens_seen = 0;
 };
 
+// Expert parallelism: the experts [first, first + count) of `total` a rank holds; expert-sharded parameters
+// (Sharding::expert) are that slice of the whole tensor (total 0: whole tensors everywhere).
+struct ExpertSlice {
+    int64_t first = 0, total = 0;
+};
+
 struct CheckpointContents {
     const Json& config;
     const BufferGroup& params;  // one process: written whole as model.safetensors
     const AdamW& opt;           // this rank's moments
     ParamRanges ranges;         // several ranks: this rank's ranges of the parameters (the optimizer's)
+    ExpertSlice experts;        // expert parallelism: this rank's experts (for the index's whole shapes)
     TrainerState state;
 };
 
@@ -62,11 +70,6 @@ std::vector<std::string> clean_stale_temporaries(const std::string& run_dir);
 Json load_checkpoint_config(const std::string& ckpt_dir);
 // Validated: its step must match the directory name step_NNNNNNN, optimizer_step must not exceed it.
 TrainerState load_trainer_state(const std::string& ckpt_dir);
-// Expert parallelism: the experts [first, first + count) of `total` a rank holds; expert-sharded parameters
-// (Sharding::expert) are that slice of the whole tensor (total 0: whole tensors everywhere).
-struct ExpertSlice {
-    int64_t first = 0, total = 0;
-};
 // Elements [whole_offset, whole_offset + length) of the whole tensor of parameter spec `param`, into dst.
 struct ParamTarget {
     size_t param = 0;

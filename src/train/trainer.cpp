@@ -271,10 +271,9 @@ TrainSummary train(const TrainOptions& opts) {
         model.set_param_hooks(&*fsdp);
     }
 
+    const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
     TrainerState state;
     if (!setup.checkpoint.empty()) {
-        const auto [first_expert, local] = model.local_experts();
-        const ExpertSlice slice{first_expert, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
         if (fsdp) {  // this rank's range of the dense parameters, the others whole (experts: this rank's)
             std::vector<ParamTarget> targets;
             const std::span<float> shard = fsdp->shard();
@@ -397,6 +396,7 @@ TrainSummary train(const TrainOptions& opts) {
                                               .params = rt.params(),
                                               .opt = opt,
                                               .ranges = param_ranges(opt, rt, fsdp ? &*fsdp : nullptr),
+                                              .experts = slice,
                                               .state = state},
                                              m);
         guard.dismiss();

@@ -103,6 +103,7 @@ TEST_P(DataParallel, EqualsOneProcessAccumulatingTheSameMicroBatches) {
             EXPECT_TRUE(fs::exists(
                 fmt::format("{}/checkpoints/step_0000012/{}-{:05d}-of-{:05d}.safetensors", many, kind, r, p.ranks)));
     }
+    EXPECT_TRUE(fs::exists(many + "/checkpoints/step_0000012/model.index.json"));
     EXPECT_FALSE(fs::exists(many + "/checkpoints/step_0000012/model.safetensors"));
     // the sharded checkpoint serves inference like the one-process one
     std::vector<int32_t> ids(2 * 16);
@@ -243,24 +244,31 @@ TEST(ExpertParallelTraining, MatchesOneProcessAndRepeatsBitwise) {
 // ep 2 bitwise, and on one process and on ep 4 within 1e-5.
 TEST(ExpertParallelTraining, ResumesOnAnotherExpertLayout) {
     TempDir d;
-    const std::string full = d.file("full");
     const std::string micro = " --set train.micro_batch_size=1";
-    ASSERT_EQ(
-        run_tessera_mpi(4, "train --config " + kTiny + " --out " + full + micro + kMoeSign + " --set parallel.ep=2")
-            .status,
-        0);
-    for (const auto& [ranks, ep] : {std::pair{4, 2}, std::pair{1, 1}, std::pair{4, 4}}) {
-        const std::string run = d.file(fmt::format("to_w{}ep{}", ranks, ep));
-        fs::create_directories(run + "/checkpoints");
-        fs::copy(full + "/checkpoints/step_0000006", run + "/checkpoints/step_0000006");
-        const std::string rest = "train --resume " + run + " --set parallel.ep=" + std::to_string(ep);
-        test::CliResult r = ranks == 1 ? run_tessera(rest) : run_tessera_mpi(ranks, rest);
-        ASSERT_EQ(r.status, 0) << r.out << r.err;
-        if (ep == 2) {
-            EXPECT_EQ(losses(full, 6), losses(run)) << "the same layout: the same bits";
-            EXPECT_TRUE(final_model(full) == final_model(run));
-        } else {
-            expect_close_losses(full, run, 6);
+    auto train = [&](int ranks, int ep, const std::string& args) {
+        const std::string cmd = args + micro + kMoeSign + " --set parallel.ep=" + std::to_string(ep);
+        return ranks == 1 ? run_tessera(cmd) : run_tessera_mpi(ranks, cmd);
+    };
+    // the step-6 checkpoints of runs at W 4 / ep 4, W 4 / ep 2 (two expert-data replicas) and one process,
+    // continued on other layouts: the same layout gives the same bits, another within 1e-5 of the whole run
+    const std::vector<std::pair<int, int>> sources = {{4, 4}, {4, 2}, {1, 1}};
+    const std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> targets = {
+        {{4, 4}, {{4, 4}, {2, 2}, {1, 1}}}, {{4, 2}, {{4, 2}, {4, 4}}}, {{1, 1}, {{2, 2}, {4, 4}}}};
+    for (const auto& [w, ep] : sources) {
+        const std::string full = d.file(fmt::format("full_w{}ep{}", w, ep));
+        ASSERT_EQ(train(w, ep, "train --config " + kTiny + " --out " + full).status, 0);
+        for (const auto& [ranks, to_ep] : targets.at({w, ep})) {
+            const std::string run = d.file(fmt::format("w{}ep{}_to_w{}ep{}", w, ep, ranks, to_ep));
+            fs::create_directories(run + "/checkpoints");
+            fs::copy(full + "/checkpoints/step_0000006", run + "/checkpoints/step_0000006");
+            test::CliResult r = train(ranks, to_ep, "train --resume " + run);
+            ASSERT_EQ(r.status, 0) << r.out << r.err;
+            if (ranks == w && to_ep == ep) {
+                EXPECT_EQ(losses(full, 6), losses(run)) << "the same layout: the same bits";
+                EXPECT_TRUE(final_model(full) == final_model(run));
+            } else {
+                expect_close_losses(full, run, 6);
+            }
         }
     }
 }
@@ -305,8 +313,9 @@ TEST(DataParallelCheckpoint, RefusesOptimizerFilesThatDoNotAddUp) {
     resume("the optimizer files hold 0 of the");
 }
 
-// The parameters of a multi-rank checkpoint are the ranks' model files: one missing, two layouts mixed, or
-// files whose pieces do not cover the model are one-line errors for training and inference alike.
+// The parameters of a multi-rank checkpoint are the ranks' model files and their index: a file missing, pieces
+// that do not cover the model exactly once, an index that disagrees with the model or is gone are one-line
+// errors for training and inference alike.
 TEST(DataParallelCheckpoint, RefusesModelFilesThatDoNotAddUp) {
     TempDir d;
     const std::string run = d.file("run");
@@ -326,12 +335,20 @@ TEST(DataParallelCheckpoint, RefusesModelFilesThatDoNotAddUp) {
         }
     };
     fs::rename(r1, d.file("kept"));
-    refused("1 of the 2 ranks' model files");
-    fs::copy_file(r0, ckpt + "model-00000-of-00001.safetensors");
-    refused("model files of 2 and 1 ranks");
-    fs::remove(ckpt + "model-00000-of-00001.safetensors");
+    refused("model-00001-of-00002.safetensors: missing (the checkpoint holds the model files of 2 ranks)");
     fs::copy_file(r0, r1);  // rank 0's ranges twice: every element it holds found twice
     refused("the model files hold");
+    fs::remove(r1);
+    fs::rename(d.file("kept"), r1);
+    const std::string index = ckpt + "model.index.json", text = read_text(index);
+    Json j = Json::parse(text);
+    j["tensors"]["model.norm.weight"]["shape"] = {7};
+    write_text_atomic(index, j.dump());
+    refused("tensor \"model.norm.weight\" is [7], expected [32]");
+    fs::remove(index);
+    refused("neither model.safetensors nor model.index.json");
+    write_text_atomic(index, text);
+    EXPECT_EQ(run_tessera("train --resume " + run + " --steps 8").status, 0) << "restored: the checkpoint loads";
 }
 
 // The batch and layout keys, read strictly in one process too
