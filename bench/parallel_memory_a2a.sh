@@ -29,7 +29,7 @@ run() {  # ranks ep fsdp [--set ...] -> the run directory and its log
 }
 moe=$(python3 -c "import json,sys; print(1 if json.load(open(sys.argv[1]))['model'].get('moe',{}).get('experts',0) else 0)" "$cfg")
 layouts="1:1:false 2:1:false 2:1:true 4:1:false 4:1:true"
-[ "$moe" = 1 ] && layouts="$layouts 2:2:true 4:4:true"
+[ "$moe" = 1 ] && layouts="$layouts 2:2:true 4:2:true 4:2:false 4:4:true"
 echo "| ranks | ep | FSDP | params (incl. gather slots) MiB | param range MiB | grads MiB | grad ranges MiB | optimizer MiB | predicted peak MiB | arena high-water MiB | process peak RSS MiB | a2a bytes/token/layer (measured) | formula |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for layout in $layouts; do

@@ -108,7 +108,15 @@ void Model::make_units(const std::vector<int>& owner) {
         int& unit = who == kEmbedOwner ? embed_unit_ : who == kHeadOwner ? head_unit_ : block_unit_.at(size_t(who));
         TESSERA_CHECK(unit == -1, "model: the parameters of one block are not adjacent ({})", param_specs_[i].name);
         unit = u;
-        units_.push_back({i, i + 1, who >= 0 ? 1 + who % 2 : 0});
+        units_.push_back({.first = i, .last = i + 1, .slot = who >= 0 ? 1 + who % 2 : 0});
+    }
+    for (size_t i = 0; i < param_specs_.size(); ++i) {  // each MoE block's experts join its unit
+        if (param_specs_[i].sharding != Sharding::expert) continue;
+        ParamUnit& u = units_.at(size_t(block_unit_.at(size_t(owner[i]))));
+        if (u.expert_first == u.expert_last) u.expert_first = u.expert_last = i;
+        TESSERA_CHECK(u.expert_last == i, "model: the experts of one block are not adjacent ({})",
+                      param_specs_[i].name);
+        u.expert_last = i + 1;
     }
     if (cfg_.tie_embeddings) embed_unit_ = head_unit_;
     TESSERA_CHECK(embed_unit_ >= 0 && head_unit_ >= 0, "model: no embedding or head parameters");

@@ -31,11 +31,13 @@ struct StepStats {
 
 // FSDP (train/fsdp.h): the parameters of Sharding::data are cut into units, one per block plus the embedding
 // and the head (final norm and output projection; with tied embeddings one unit holds the embedding and the
-// final norm). A unit is a run of consecutive parameter specs [first, last); slot: which of the gather
+// final norm). A unit is a run of consecutive parameter specs [first, last), plus an MoE block's expert
+// parameters [expert_first, expert_last) (also consecutive, in the expert region); slot: which of the gather
 // buffers holds it while it is in use (0 for the embedding and head, 1 and 2 alternating over the blocks), so
 // consecutive visits never share a slot.
 struct ParamUnit {
     size_t first = 0, last = 0;
+    size_t expert_first = 0, expert_last = 0;  // an MoE block's experts (Sharding::expert), or empty
     int slot = 0;
 };
 struct UnitVisit {

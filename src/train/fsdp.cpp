@@ -13,44 +13,68 @@ constexpr int64_t kAlignElems = int64_t(kBufferAlign / sizeof(float));
 
 size_t align_up(size_t b) { return (b + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }
 
-parallel::Comm& data_group(const AdamW& opt) {
-    parallel::Comm* c = opt.regions()[AdamW::data].comm;
-    TESSERA_CHECK(c != nullptr, "FSDP needs several data-parallel ranks");
-    return *c;
+void wait_all(std::vector<parallel::Handle>& hs) {
+    for (auto& h : hs) h.wait();
+    hs.clear();
 }
 }  // namespace
 
 Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
-    : specs_(model.param_specs()),
-      grads_(grads),
-      comm_(data_group(opt)),
-      cut_(opt.regions()[AdamW::data].shard),
-      region_base_(opt.regions()[AdamW::data].base) {
+    : specs_(model.param_specs()), grads_(grads) {
+    TESSERA_CHECK(opt.regions()[AdamW::data].comm != nullptr, "FSDP needs several data-parallel ranks");
+    for (int r : {AdamW::data, AdamW::expert}) {  // the experts too when replicas share them (W / ep > 1)
+        const parallel::ShardedRegion& reg = opt.regions()[size_t(r)];
+        Region& g = regions_[size_t(r)];
+        g.comm = reg.comm;
+        g.cut = reg.shard;
+        g.base = reg.base;
+        if (!g.comm) continue;
+        const std::string name = r == AdamW::data ? "params.shard.data" : "params.shard.expert";
+        g.shard = BufferGroup(name, {BufferSpec{.name = name,
+                                                .dtype = DType::f32,
+                                                .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
+                                                .kind = BufferKind::param}});
+    }
     const BufferGroup layout("params", specs_);  // offsets only
     for (size_t i = 0; i < specs_.size(); ++i) flat_.push_back(layout.offset(i) / sizeof(float));
-    const int W = comm_.size();
+    auto held = [&](size_t i) {
+        return specs_[i].sharding == Sharding::data || (specs_[i].sharding == Sharding::expert && holds(AdamW::expert));
+    };
+    int64_t scratch = 1;  // elements
     for (const model::ParamUnit& pu : model.param_units()) {
-        Unit u;
-        u.first = pu.first;
-        u.last = pu.last;
-        u.slot = pu.slot;
         TESSERA_CHECK(pu.slot >= 0 && pu.slot < kSlots && pu.first < pu.last, "FSDP: unit with slot {}", pu.slot);
-        const int64_t end = int64_t(flat_[pu.last - 1]) + specs_[pu.last - 1].shape.numel();
-        u.lo = int64_t(flat_[pu.first]) - region_base_;
-        u.hi = (end + kAlignElems - 1) / kAlignElems * kAlignElems - region_base_;
-        TESSERA_CHECK(u.lo >= 0 && u.hi <= cut_.total, "FSDP: unit {} .. {} outside the data region",
-                      specs_[pu.first].name, specs_[pu.last - 1].name);
-        u.piece = cut_.parts(u.lo, u.hi, W);
-        u.mine_lo = std::clamp(u.lo, cut_.lo, cut_.hi);
-        u.mine = u.piece[size_t(comm_.rank())];
-        slot_bytes_[size_t(u.slot)] = std::max(slot_bytes_[size_t(u.slot)], size_t(u.hi - u.lo) * sizeof(float));
+        Unit u;
+        u.slot = pu.slot;
+        std::vector<std::pair<size_t, size_t>> ranges = {{pu.first, pu.last}};
+        if (pu.expert_first < pu.expert_last && holds(AdamW::expert))
+            ranges.push_back({pu.expert_first, pu.expert_last});
+        for (const auto& [first, last] : ranges) {
+            Part p;
+            p.region = specs_[first].sharding == Sharding::expert ? AdamW::expert : AdamW::data;
+            const Region& g = regions_[size_t(p.region)];
+            const int64_t end = int64_t(flat_[last - 1]) + specs_[last - 1].shape.numel();
+            p.lo = int64_t(flat_[first]) - g.base;
+            p.hi = (end + kAlignElems - 1) / kAlignElems * kAlignElems - g.base;
+            TESSERA_CHECK(p.lo >= 0 && p.hi <= g.cut.total, "FSDP: unit {} .. {} outside its region",
+                          specs_[first].name, specs_[last - 1].name);
+            p.piece = g.cut.parts(p.lo, p.hi, g.comm->size());
+            p.mine_lo = std::clamp(p.lo, g.cut.lo, g.cut.hi);
+            p.mine = p.piece[size_t(g.comm->rank())];
+            p.at = u.bytes;
+            u.bytes = align_up(u.bytes + size_t(p.hi - p.lo) * sizeof(float));
+            // a reduce-scatter receives a piece from every rank of the group
+            scratch = std::max(scratch, p.mine * g.comm->size());
+            u.parts.push_back(std::move(p));
+            u.specs.push_back({first, last});
+        }
+        slot_bytes_[size_t(u.slot)] = std::max(slot_bytes_[size_t(u.slot)], u.bytes);
         units_.push_back(std::move(u));
     }
-    // placed groups: replicated and expert parameters packed as usual, then the three slots
+    // placed groups: what FSDP does not hold packed as usual, then the three slots
     std::vector<size_t> offsets(specs_.size(), 0);
     size_t at = 0;
     for (size_t i = 0; i < specs_.size(); ++i) {
-        if (specs_[i].sharding == Sharding::data) continue;
+        if (held(i)) continue;
         offsets[i] = at;
         at = align_up(at + specs_[i].nbytes());
     }
@@ -59,22 +83,19 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
         at = align_up(at + slot_bytes_[size_t(s)]);
     }
     for (const Unit& u : units_) {
-        for (size_t i = u.first; i < u.last; ++i) {
-            TESSERA_CHECK(specs_[i].sharding == Sharding::data, "FSDP: unit holds {}, which is not Sharding::data",
-                          specs_[i].name);
-            offsets[i] = slot_at_[size_t(u.slot)] + (flat_[i] - size_t(region_base_ + u.lo)) * sizeof(float);
+        for (size_t k = 0; k < u.parts.size(); ++k) {
+            const Part& p = u.parts[k];
+            const int64_t base = regions_[size_t(p.region)].base + p.lo;
+            for (size_t i = u.specs[k].first; i < u.specs[k].second; ++i) {
+                TESSERA_CHECK(held(i), "FSDP: unit holds {}, which it does not shard", specs_[i].name);
+                offsets[i] = slot_at_[size_t(u.slot)] + p.at + (flat_[i] - size_t(base)) * sizeof(float);
+            }
         }
     }
     placement_.params = BufferGroup("params", specs_, offsets, std::max<size_t>(at, kBufferAlign));
     placement_.grads = BufferGroup("grads", model::grad_specs(specs_), offsets, std::max<size_t>(at, kBufferAlign));
-    shard_ = BufferGroup("params.shard", {BufferSpec{.name = "params.shard",
-                                                     .dtype = DType::f32,
-                                                     .shape = Shape{std::max<int64_t>(1, cut_.per_rank)},
-                                                     .kind = BufferKind::param}});
-    // a unit's reduce-scatter receives W pieces of this rank's share of it; one buffer serves them all, since
-    // every collective of the process runs on its one communication thread, in turn (parallel/comm.h)
-    int64_t scratch = 1;
-    for (const Unit& u : units_) scratch = std::max(scratch, u.mine * W);
+    // one scratch serves every reduce-scatter, since every collective of the process runs on its one
+    // communication thread, in turn (parallel/comm.h)
     scratch_ = BufferGroup(
         "fsdp.scratch",
         {BufferSpec{
@@ -85,7 +106,12 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
 
 model::ParamPlacement Fsdp::placement() { return std::move(placement_); }
 
-std::vector<BufferGroup*> Fsdp::groups() { return {&shard_, &scratch_}; }
+std::vector<BufferGroup*> Fsdp::groups() {
+    std::vector<BufferGroup*> g = {&scratch_};
+    for (Region& r : regions_)
+        if (r.comm) g.push_back(&r.shard);
+    return g;
+}
 
 void Fsdp::bind(const BufferGroup& params, const BufferGroup& grads) {
     TESSERA_CHECK(params.size() == specs_.size() && grads.size() == specs_.size(),
@@ -95,28 +121,29 @@ void Fsdp::bind(const BufferGroup& params, const BufferGroup& grads) {
     grads_group_ = &grads;
 }
 
-std::span<float> Fsdp::shard() { return {shard_.view(0).ptr<float>(), size_t(cut_.size())}; }
-
-float* Fsdp::slot_params(int slot) const { return reinterpret_cast<float*>(params_->base() + slot_at_[size_t(slot)]); }
-
-float* Fsdp::slot_grads(int slot) const {
-    return reinterpret_cast<float*>(grads_group_->base() + slot_at_[size_t(slot)]);
+std::span<float> Fsdp::shard(int region) {
+    Region& g = regions_[size_t(region)];
+    TESSERA_CHECK(g.comm, "FSDP: region {} is not sharded", region);
+    return {g.shard.view(0).ptr<float>(), size_t(g.cut.size())};
 }
 
+float* Fsdp::mine(const Part& p) { return shard(p.region).data() + (p.mine_lo - regions_[size_t(p.region)].cut.lo); }
+
 void Fsdp::gather(int unit) {
-    const Unit& u = units_[size_t(unit)];
+    Unit& u = units_[size_t(unit)];
     const int s = u.slot;
-    gather_h_[size_t(s)].wait();
+    wait_all(gather_h_[size_t(s)]);
     occupant_[size_t(s)] = -1;
     incoming_[size_t(s)] = unit;
-    std::vector<int64_t> bytes(u.piece.size());
-    for (size_t q = 0; q < bytes.size(); ++q) bytes[q] = u.piece[q] * int64_t(sizeof(float));
-    const float* mine = shard().data() + (u.mine_lo - cut_.lo);
-    gather_h_[size_t(s)] =
-        comm_.all_gather_v_async(std::as_bytes(std::span(mine, size_t(u.mine))),
-                                 std::as_writable_bytes(std::span(slot_params(s), size_t(u.hi - u.lo))), bytes);
+    for (const Part& p : u.parts) {
+        std::vector<int64_t> bytes(p.piece.size());
+        for (size_t q = 0; q < bytes.size(); ++q) bytes[q] = p.piece[q] * int64_t(sizeof(float));
+        gather_h_[size_t(s)].push_back(regions_[size_t(p.region)].comm->all_gather_v_async(
+            std::as_bytes(std::span(mine(p), size_t(p.mine))),
+            std::span(slot_params(s) + p.at, size_t(p.hi - p.lo) * sizeof(float)), bytes));
+        stats_.gathered_bytes += (p.hi - p.lo - p.mine) * int64_t(sizeof(float));
+    }
     stats_.gathers += 1;
-    stats_.gathered_bytes += (u.hi - u.lo - u.mine) * int64_t(sizeof(float));
 }
 
 void Fsdp::ensure(int unit) {
@@ -124,7 +151,7 @@ void Fsdp::ensure(int unit) {
     if (occupant_[size_t(s)] == unit) return;
     if (incoming_[size_t(s)] != unit) gather(unit);
     const double t0 = parallel::now_seconds();
-    gather_h_[size_t(s)].wait();
+    wait_all(gather_h_[size_t(s)]);
     stats_.wait_seconds += parallel::now_seconds() - t0;
     occupant_[size_t(s)] = unit;
     incoming_[size_t(s)] = -1;
@@ -132,7 +159,7 @@ void Fsdp::ensure(int unit) {
 
 void Fsdp::invalidate() {
     for (int s = 0; s < kSlots; ++s) {
-        gather_h_[size_t(s)].wait();
+        wait_all(gather_h_[size_t(s)]);
         occupant_[size_t(s)] = incoming_[size_t(s)] = -1;
     }
 }
@@ -168,10 +195,9 @@ void Fsdp::enter(model::UnitVisit v) {
     ensure(v.unit);
     if (zero_at_[cursor_]) {  // the slot's gradients start at zero (after the last unit's reduction read them)
         const double t0 = parallel::now_seconds();
-        reduce_h_[size_t(s)].wait();
+        wait_all(reduce_h_[size_t(s)]);
         stats_.wait_seconds += parallel::now_seconds() - t0;
-        const Unit& u = units_[size_t(v.unit)];
-        std::memset(slot_grads(s), 0, size_t(u.hi - u.lo) * sizeof(float));
+        std::memset(slot_grads(s), 0, units_[size_t(v.unit)].bytes);
     }
     if (cursor_ + 1 < plan_.size()) {  // prefetch the next visit's unit into its slot (another than this one's)
         const int n = plan_[cursor_ + 1].unit, ns = units_[size_t(n)].slot;
@@ -185,11 +211,14 @@ void Fsdp::leave(model::UnitVisit v) {
     if (reduce_at_[cursor_]) {  // the unit's gradient of this micro-batch, onto the ranges, in rank order
         const Unit& u = units_[size_t(v.unit)];
         const int s = u.slot;
-        float* recv = grads_.data_range().data() + (u.mine_lo - cut_.lo);
         const TensorView scratch = scratch_.view(0);
-        reduce_h_[size_t(s)] =
-            comm_.reduce_scatter_v_async(DType::f32, slot_grads(s), u.piece, recv, u.mine, grads_.adding(),
-                                         std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()));
+        for (const Part& p : u.parts) {
+            const Region& g = regions_[size_t(p.region)];
+            float* recv = grads_.range(p.region).data() + (p.mine_lo - g.cut.lo);
+            reduce_h_[size_t(s)].push_back(
+                g.comm->reduce_scatter_v_async(DType::f32, slot_grads(s) + p.at, p.piece, recv, p.mine, grads_.adding(),
+                                               std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes())));
+        }
         stats_.reductions += 1;
     }
     ++cursor_;
@@ -198,22 +227,48 @@ void Fsdp::leave(model::UnitVisit v) {
 void Fsdp::end() {
     TESSERA_CHECK(cursor_ == plan_.size(), "FSDP: a pass ended after {} of its {} visits", cursor_, plan_.size());
     const double t0 = parallel::now_seconds();
-    for (auto& h : reduce_h_) h.wait();
+    for (auto& hs : reduce_h_) wait_all(hs);
     stats_.wait_seconds += parallel::now_seconds() - t0;
 }
 
 void Fsdp::init(const model::Model& model, uint64_t seed) {
     invalidate();
+    std::vector<bool> in_unit(specs_.size(), false);
+    for (const Unit& u : units_)
+        for (const auto& [first, last] : u.specs)
+            std::fill(in_unit.begin() + long(first), in_unit.begin() + long(last), true);
     for (size_t i = 0; i < specs_.size(); ++i)
-        if (specs_[i].sharding != Sharding::data) model.init_params(*params_, seed, i, i + 1);
-    for (size_t k = 0; k < units_.size(); ++k) {  // each unit whole in its slot, this rank's piece kept
+        if (!in_unit[i]) model.init_params(*params_, seed, i, i + 1);
+    for (size_t k = 0; k < units_.size(); ++k) {  // each unit whole in its slot, this rank's pieces kept
         const Unit& u = units_[k];
-        float* slot = slot_params(u.slot);
-        std::fill_n(slot, u.hi - u.lo, 0.0f);
-        model.init_params(*params_, seed, u.first, u.last);
-        std::copy_n(slot + (u.mine_lo - u.lo), u.mine, shard().data() + (u.mine_lo - cut_.lo));
+        std::memset(slot_params(u.slot), 0, u.bytes);
+        for (size_t j = 0; j < u.parts.size(); ++j) {
+            const Part& p = u.parts[j];
+            model.init_params(*params_, seed, u.specs[j].first, u.specs[j].second);
+            const float* slot = reinterpret_cast<const float*>(slot_params(u.slot) + p.at);
+            std::copy_n(slot + (p.mine_lo - p.lo), p.mine, mine(p));
+        }
         occupant_[size_t(u.slot)] = int(k);
     }
+}
+
+std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup& params, ExpertSlice experts) {
+    std::vector<ParamTarget> targets;
+    for (const StatePiece& p : opt.pieces()) {  // this rank's ranges of what FSDP holds
+        if (!holds(p.region)) continue;
+        const Region& g = regions_[size_t(p.region)];
+        targets.push_back(
+            {p.param, p.whole_offset, p.length, shard(p.region).data() + (p.flat_offset - g.base - g.cut.lo)});
+    }
+    for (size_t i = 0; i < specs_.size(); ++i) {  // the rest whole (experts: this rank's slice)
+        const BufferSpec& spec = specs_[i];
+        const bool expert = spec.sharding == Sharding::expert;
+        if (spec.sharding == Sharding::data || (expert && holds(AdamW::expert))) continue;
+        const int64_t n = spec.shape.numel();
+        const bool sliced = expert && experts.total > 0;
+        targets.push_back({i, sliced ? experts.first * (n / spec.shape[0]) : 0, n, params.view(i).ptr<float>()});
+    }
+    return targets;
 }
 
 }  // namespace tessera::train

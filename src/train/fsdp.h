@@ -1,19 +1,22 @@
-// FSDP / ZeRO-3 (DESIGN.md principle 5, spec/scale.md): the dense parameters (Sharding::data) are held as
-// ranges, not whole. The data region of the flat parameter space is cut over the data group exactly as the
-// optimizer cuts it (parallel/shard.h), so a rank's range of the parameters, of the summed gradient and of
-// the AdamW moments are the same elements, and the optimizer updates the range in place. Each unit of the
-// model (a block, the embedding, the head; model/model.h) is gathered from the ranks' pieces of it
-// (all-gather-v) into a gather slot just before use, the next unit's gather issued when a unit is entered so
-// it arrives while this one computes, and overwritten when a later unit needs the slot (three slots: the
-// embedding and head, and two alternating over the blocks). In backward each unit's gradient is computed
-// into the slot's gradient buffer and reduce-scattered onto the ranges (rank order, added to the previous
-// micro-batches' sum: train/grad_sum.h) as soon as the unit is done, while the next unit computes.
-// Parameters outside the units (Sharding::replicated: the MoE selection bias, Attention Residuals) and the
-// experts (Sharding::expert, sharded by expert parallelism) stay whole where they live.
+// FSDP / ZeRO-3 (DESIGN.md principle 5, spec/scale.md): parameters are held as ranges, not whole. The dense
+// parameters (Sharding::data) are cut over the data group, and with expert parallelism over several
+// expert-data replicas (W / ep > 1) the experts (Sharding::expert) are cut over the expert-data group,
+// exactly as the optimizer cuts those regions (parallel/shard.h): a rank's range of the parameters, of the
+// summed gradient and of the AdamW moments are the same elements, and the optimizer updates the range in
+// place. Each unit of the model (a block with its experts, the embedding, the head; model/model.h) is
+// gathered from the ranks' pieces of it (all-gather-v over each part's group) into a gather slot just before
+// use, the next unit's gather issued when a unit is entered so it arrives while this one computes, and
+// overwritten when a later unit needs the slot (three slots: the embedding and head, and two alternating
+// over the blocks). In backward each unit's gradient is computed into the slot's gradient buffer and
+// reduce-scattered onto the ranges (rank order, added to the previous micro-batches' sum: train/grad_sum.h)
+// as soon as the unit is done, while the next unit computes. Parameters outside the units
+// (Sharding::replicated: the MoE selection bias, Attention Residuals), and the experts when each EP rank's
+// experts live on that rank alone, stay whole where they live. A unit no pass ever reduces (the DSA warm-up
+// trains the indexers only) keeps a zero gradient range.
 //
-// Memory per rank: the replicated and expert parameters and gradients, 1/W of the dense parameters, of their
-// summed gradient and moments, three gathered units of parameters and gradients, and the scratch of one unit's
-// reduce-scatter (W pieces of this rank's share of the largest unit).
+// Memory per rank: the replicated (and unsharded expert) parameters and gradients, 1/W of the dense
+// parameters (1/(W/ep) of this rank's experts), of their summed gradient and moments, three gathered units of
+// parameters and gradients, and the scratch of one unit's reduce-scatter.
 #pragma once
 
 #include <array>
@@ -22,6 +25,7 @@
 #include "model/model.h"
 #include "model/runtime.h"
 #include "parallel/comm.h"
+#include "train/checkpoint.h"
 #include "train/grad_sum.h"
 #include "train/optimizer.h"
 
@@ -37,22 +41,26 @@ class Fsdp final : public model::ParamHooks {
   public:
     static constexpr int kSlots = 3;
 
-    // The model's units over the optimizer's data region (its communicator: the data group); the gradient
-    // ranges are grads'.
+    // The model's units over the optimizer's regions; the gradient ranges are grads'.
     Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads);
 
     // For the runtime: the parameter and gradient groups with the units in their slots (taken once), and
-    // the groups FSDP itself needs (this rank's range of the data parameters, reduce-scatter scratch).
+    // the groups FSDP itself needs (this rank's ranges of the sharded parameters, reduce-scatter scratch).
     model::ParamPlacement placement();
     std::vector<BufferGroup*> groups();
     // After allocation: the runtime's parameter and gradient groups (placement()'s).
     void bind(const BufferGroup& params, const BufferGroup& grads);
 
-    std::span<float> shard();  // this rank's range of the data parameters (the optimizer updates it)
+    // Whether FSDP holds a region (AdamW::Region) as ranges; this rank's range of its parameters.
+    bool holds(int region) const { return regions_[size_t(region)].comm != nullptr; }
+    std::span<float> shard(int region);
     // The parameters changed (optimizer step, load): every slot is stale.
     void invalidate();
-    // Initial values (Model::init_params, unit by unit through a slot; a checkpoint loads straight into shard()).
+    // Initial values (Model::init_params, unit by unit through a slot).
     void init(const model::Model& model, uint64_t seed);
+    // What a checkpoint load must fill: this rank's ranges of the regions FSDP holds, the rest whole (experts:
+    // this rank's slice); invalidate() afterwards.
+    std::vector<ParamTarget> load_targets(const AdamW& opt, const BufferGroup& params, ExpertSlice experts);
     FsdpStats stats() const { return stats_; }
 
     // model::ParamHooks
@@ -62,32 +70,44 @@ class Fsdp final : public model::ParamHooks {
     void end() override;
 
   private:
+    struct Region {
+        parallel::Comm* comm = nullptr;  // null: not held by FSDP
+        parallel::FlatShard cut;         // the region over comm
+        int64_t base = 0;                // its first element in the flat space
+        BufferGroup shard;               // this rank's range
+    };
+    // A unit's stretch of one region, at `at` bytes into its slot.
+    struct Part {
+        int region = 0;
+        int64_t lo = 0, hi = 0;         // elements of the region
+        std::vector<int64_t> piece;     // elements on each rank of the region's group
+        int64_t mine_lo = 0, mine = 0;  // this rank's piece: first element, length
+        size_t at = 0;
+    };
     struct Unit {
-        int64_t lo = 0, hi = 0;  // elements [lo, hi) of the data region
         int slot = 0;
-        size_t first = 0, last = 0;     // parameter specs
-        std::vector<int64_t> piece;     // elements of the unit on each rank (rank order)
-        int64_t mine_lo = 0, mine = 0;  // this rank's piece: first element (region) and length
+        std::vector<std::pair<size_t, size_t>> specs;  // spec ranges in the slot
+        std::vector<Part> parts;
+        size_t bytes = 0;  // in the slot
     };
     void gather(int unit);  // issue the unit's gather into its slot
     void ensure(int unit);  // the unit in its slot (waits for its gather)
-    float* slot_params(int slot) const;
-    float* slot_grads(int slot) const;
+    std::byte* slot_params(int slot) const { return params_->base() + slot_at_[size_t(slot)]; }
+    std::byte* slot_grads(int slot) const { return grads_group_->base() + slot_at_[size_t(slot)]; }
+    float* mine(const Part& p);  // this rank's piece in its range of the region
 
     const std::vector<BufferSpec>& specs_;
     GradientSum& grads_;
-    parallel::Comm& comm_;
-    parallel::FlatShard cut_;   // the data region over the data group
-    int64_t region_base_ = 0;   // the data region's first element in the flat space
+    std::array<Region, AdamW::kRegions> regions_;
     std::vector<size_t> flat_;  // each parameter's flat element offset
     std::vector<Unit> units_;
-    std::array<size_t, kSlots> slot_at_{}, slot_bytes_{};  // byte offset of each slot in the placed groups
+    std::array<size_t, kSlots> slot_at_{}, slot_bytes_{};  // byte offset and size of each slot in the placed groups
     model::ParamPlacement placement_;
-    BufferGroup shard_, scratch_;
+    BufferGroup scratch_;
     const BufferGroup *params_ = nullptr, *grads_group_ = nullptr;
     // slot state: the unit whose parameters are there (−1: none or stale), the unit being gathered into it
     std::array<int, kSlots> occupant_, incoming_;
-    std::array<parallel::Handle, kSlots> gather_h_, reduce_h_;
+    std::array<std::vector<parallel::Handle>, kSlots> gather_h_, reduce_h_;
     std::vector<model::UnitVisit> plan_;
     std::vector<uint8_t> zero_at_, reduce_at_;  // per visit: first / last backward visit of its unit
     size_t cursor_ = 0;

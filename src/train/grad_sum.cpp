@@ -27,8 +27,8 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
         const std::string name = fmt::format("grad.{}.{}", reg.comm ? "range" : "sum", kRegionName[r]);
         sum_[r] = BufferGroup(
             name, {BufferSpec{.name = name, .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::grad}});
-        if (reg.comm && !(fsdp && r == AdamW::data))
-            scratch_elems = std::max(scratch_elems, stretch_ * reg.comm->size());
+        if (reg.comm && !by_fsdp(r))
+            scratch_elems = std::max(scratch_elems, std::min(stretch_, reg.shard.per_rank) * reg.comm->size());
     }
     if (scratch_elems > 0)
         scratch_ = BufferGroup("grad.scratch", {BufferSpec{.name = "grad.scratch",
@@ -61,7 +61,7 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
     for (size_t r = 0; r < AdamW::kRegions; ++r) {
         const parallel::ShardedRegion& reg = regions_[r];
         const float* g = opt_.region_base(grads, r);
-        if (!g || (fsdp_ && r == AdamW::data)) continue;
+        if (!g || by_fsdp(r)) continue;
         if (reg.comm) {  // this micro-batch of every rank, in rank order, onto the ranges, a stretch at a time
             const int W = reg.comm->size();
             for (int64_t a = 0; a < reg.shard.total; a += stretch_) {
@@ -98,8 +98,12 @@ GradRanges GradientSum::finish(const BufferGroup& grads) {
     return out;
 }
 
-std::span<float> GradientSum::data_range() {
-    return {first(sum_[AdamW::data]), size_t(regions_[AdamW::data].shard.size())};
+bool GradientSum::by_fsdp(size_t r) const {
+    return fsdp_ && regions_[r].comm && (r == AdamW::data || r == AdamW::expert);
+}
+
+std::span<float> GradientSum::range(int region) {
+    return {first(sum_[size_t(region)]), size_t(regions_[size_t(region)].shard.size())};
 }
 
 }  // namespace tessera::train

@@ -18,8 +18,9 @@ namespace tessera::train {
 
 class GradientSum {
   public:
-    // accumulation: micro-batches per step on this rank; the ranges are the optimizer's. fsdp: the data
-    // region's gradients are reduced by FSDP (reduce_into), not here.
+    // accumulation: micro-batches per step on this rank; the ranges are the optimizer's. fsdp: the regions FSDP
+    // holds (the data region, and the expert region when expert-data replicas share it) are reduced by FSDP
+    // into range(), not here.
     GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp = false);
 
     // The buffers it needs, for the runtime to allocate with the rest: this rank's ranges of the sums of the
@@ -35,9 +36,9 @@ class GradientSum {
     // After the last micro-batch: this rank's ranges of the step's gradient.
     GradRanges finish(const BufferGroup& grads);
 
-    // FSDP: this rank's range of the data region's sum, and whether this micro-batch adds to it (false for
-    // the first, which replaces it).
-    std::span<float> data_range();
+    // FSDP: this rank's range of a region's sum, and whether this micro-batch adds to it (false for the first,
+    // which replaces it).
+    std::span<float> range(int region);
     bool adding() const { return micro_ > 0; }
 
   private:
@@ -47,6 +48,7 @@ class GradientSum {
     bool fsdp_;
     int64_t micro_ = 0;
     void wait();  // for the reductions in flight
+    bool by_fsdp(size_t region) const;
     // per region: this rank's range of the sum (shared regions), or the step's sum (local, accumulating)
     std::array<BufferGroup, AdamW::kRegions> sum_;
     // NOTES: a shared region is reduced in stretches of this many elements, so the receive scratch (W pieces

@@ -166,12 +166,12 @@ void AdamW::update(const TrainConfig& c,
     }
 }
 
-void AdamW::share_params(const BufferGroup& params, bool with_data) const {
+void AdamW::share_params(const BufferGroup& params, bool fsdp) const {
     std::vector<parallel::Handle> pending;
     for (size_t r = 0; r < kRegions; ++r) {
         const parallel::ShardedRegion& reg = regions_[r];
         float* base = region_base(params, r);
-        if (!reg.comm || !base || (r == data && !with_data)) continue;
+        if (!reg.comm || !base || (fsdp && r != replicated)) continue;
         for (int q = 0; q < reg.comm->size(); ++q) {
             const int64_t lo = reg.shard.lo_of(q), hi = reg.shard.hi_of(q);
             pending.push_back(

@@ -79,8 +79,8 @@ class AdamW {
                 double lr,
                 const std::vector<bool>& trainable = {});
     // After update on every rank: each rank's ranges of the parameters to the others of its groups (collective);
-    // with_data false: not the data region (FSDP keeps only ranges of it).
-    void share_params(const BufferGroup& params, bool with_data = true) const;
+    // fsdp: not the data and expert regions (FSDP keeps only ranges of them).
+    void share_params(const BufferGroup& params, bool fsdp = false) const;
 
   private:
     double region_sum_of_squares(int region, std::span<const float> g);

@@ -174,7 +174,8 @@ Setup resolve_setup(const TrainOptions& o, bool lead) {
 
 ParamRanges param_ranges(const AdamW& opt, model::ModelRuntime& rt, Fsdp* fsdp) {
     ParamRanges p = opt.ranges_of(rt.params());
-    if (fsdp) p.region[AdamW::data] = fsdp->shard();
+    for (int r = 0; r < int(AdamW::kRegions); ++r)
+        if (fsdp && fsdp->holds(r)) p.region[size_t(r)] = fsdp->shard(r);
     return p;
 }
 
@@ -209,7 +210,7 @@ StepResult train_step(model::Model& model,
                   r.loss, r.grad_norm);
     opt.clip(g, r.grad_norm, tc.grad_clip);
     opt.update(tc, param_ranges(opt, rt, fsdp), g, r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
-    opt.share_params(rt.params(), /*with_data=*/!fsdp);
+    opt.share_params(rt.params(), /*fsdp=*/fsdp != nullptr);
     if (fsdp) fsdp->invalidate();
     // after the step, from the whole step's routing (spec/moe.md §3.1), summed over ranks
     if (ranks > 1)
@@ -274,22 +275,8 @@ TrainSummary train(const TrainOptions& opts) {
     const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
     TrainerState state;
     if (!setup.checkpoint.empty()) {
-        if (fsdp) {  // this rank's range of the dense parameters, the others whole (experts: this rank's)
-            std::vector<ParamTarget> targets;
-            const std::span<float> shard = fsdp->shard();
-            const int64_t lo = opt.regions()[AdamW::data].lo();
-            for (const StatePiece& p : opt.pieces())
-                if (p.region == AdamW::data)
-                    targets.push_back({p.param, p.whole_offset, p.length, shard.data() + (p.flat_offset - lo)});
-            for (size_t i = 0; i < model.param_specs().size(); ++i) {
-                const BufferSpec& spec = model.param_specs()[i];
-                if (spec.sharding == Sharding::data) continue;
-                const int64_t n = spec.shape.numel();
-                const bool sliced = spec.sharding == Sharding::expert && slice.total > 0;
-                targets.push_back(
-                    {i, sliced ? slice.first * (n / spec.shape[0]) : 0, n, rt.params().view(i).ptr<float>()});
-            }
-            load_params(setup.checkpoint, model.param_specs(), targets, slice);
+        if (fsdp) {  // this rank's ranges of what FSDP holds, the rest whole (experts: this rank's)
+            load_params(setup.checkpoint, model.param_specs(), fsdp->load_targets(opt, rt.params(), slice), slice);
             fsdp->invalidate();
         } else {
             load_params(setup.checkpoint, rt.params(), slice);
