@@ -52,6 +52,10 @@ class MoeExpertStage {
   public:
     virtual ~MoeExpertStage() = default;
     virtual int64_t local_experts() const = 0;  // experts whose weights are here (w_gate [local, F, L])
+    // Capacity over all the ranks whose rows meet the experts here: this rank's room in each expert (E values,
+    // valid until the next call), from its router choices per expert (`demand`, [E] i32) and `tokens`, so that
+    // no expert receives more than ⌈c·(all ranks' tokens)·k/E⌉ rows. Collective over those ranks.
+    virtual const int64_t* capacity_shares(double factor, int64_t tokens, TensorView demand) const = 0;
     virtual void forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t) const = 0;
     virtual void backward(
         const MoeParams& p, const MoeWeights& w, const MoeWeights& g, const MoeSaved& s, const MoeScratch& t) const = 0;

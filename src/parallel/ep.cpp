@@ -2,7 +2,9 @@
 #include "parallel/ep.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/check.h"
 
@@ -19,6 +21,47 @@ ExpertParallelStage::ExpertParallelStage(Comm& expert_group, EpDims dims) : comm
     seg_recv_ = seg_send_;
     seg_.resize(size_t(d_.experts));
     chunk_offsets_.resize(size_t(local_ + 1));
+    demand_all_.resize(size_t(W) * size_t(d_.experts + 1));
+    share_.resize(size_t(d_.experts + 1));
+    fair_.resize(size_t(W));
+    order_.resize(size_t(W));
+}
+
+const int64_t* ExpertParallelStage::capacity_shares(double factor, int64_t tokens, TensorView demand) const {
+    const int W = comm_.size(), me = comm_.rank();
+    const int64_t E = d_.experts, stride = E + 1;
+    TESSERA_CHECK(demand.numel() == E && demand.dtype == DType::i32, "expert parallelism: demand must be [{}] i32", E);
+    // this rank's choices per expert and its token count, then everyone's
+    for (int64_t e = 0; e < E; ++e) share_[size_t(e)] = demand.ptr<int32_t>()[e];
+    share_[size_t(E)] = tokens;
+    comm_.all_gather(std::as_bytes(std::span(share_)), std::as_writable_bytes(std::span(demand_all_)));
+    int64_t all_tokens = 0;
+    for (int r = 0; r < W; ++r) all_tokens += demand_all_[size_t(r * stride + E)];
+    const int64_t room = int64_t(std::ceil(factor * double(all_tokens) * double(d_.topk) / double(E)));
+    for (int64_t e = 0; e < E; ++e) {
+        auto want = [&](int r) { return demand_all_[size_t(r * stride + e)]; };
+        int64_t total = 0;
+        for (int r = 0; r < W; ++r) total += want(r);
+        if (total <= room) {  // everyone gets what it wants; the room left over is split for re-routed rows
+            const int64_t spare = room - total;
+            for (int r = 0; r < W; ++r) fair_[size_t(r)] = want(r) + spare / W + (r < spare % W ? 1 : 0);
+        } else {  // max-min fair: the smallest demands first, while they fit under an equal share of what is left
+            std::iota(order_.begin(), order_.end(), 0);
+            std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return want(a) < want(b); });
+            int64_t left = room;
+            int k = 0;
+            for (; k < W && want(order_[size_t(k)]) <= left / (W - k); ++k) {
+                fair_[size_t(order_[size_t(k)])] = want(order_[size_t(k)]);
+                left -= want(order_[size_t(k)]);
+            }
+            // the rest want more than an equal share: they split what is left, the lower ranks the remainder
+            std::sort(order_.begin() + k, order_.end());
+            const int64_t n = W - k;
+            for (int j = k; j < W; ++j) fair_[size_t(order_[size_t(j)])] = left / n + (j - k < left % n ? 1 : 0);
+        }
+        share_[size_t(e)] = fair_[size_t(me)];
+    }
+    return share_.data();
 }
 
 // Every buffer of the stage once: its name, where it binds, its spec for `tokens` routed per rank.

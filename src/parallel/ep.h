@@ -43,6 +43,12 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     ExpertParallelStage(Comm& expert_group, EpDims dims);
 
     int64_t local_experts() const override { return local_; }
+    // Global capacity: every rank's demand and token count gathered; each expert's room
+    // C = ⌈c·(Σ tokens)·k/E⌉ is shared max-min fairly (ranks wanting less than an equal share get all they want,
+    // the others split the rest equally, the lower ranks taking the remainder), and room nobody wants is split
+    // equally for re-routed rows. So an expert never receives more than C rows, and room one rank leaves unused
+    // serves another's overflow instead of dropping it.
+    const int64_t* capacity_shares(double factor, int64_t tokens, TensorView demand) const override;
     int64_t first_expert() const { return int64_t(comm_.rank()) * local_; }
     int64_t chunks() const { return int64_t(chunk_.size()) - 1; }
     // rows that can reach this rank when each rank routes at most `tokens` tokens
@@ -103,6 +109,8 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     mutable std::vector<int64_t> seg_send_, seg_recv_;
     mutable std::vector<int32_t> seg_, chunk_offsets_;  // padded segment size per expert; one group's offsets
     mutable int64_t last_bytes_ = 0;
+    mutable std::vector<int64_t> demand_all_, share_, fair_;  // capacity_shares (sized once)
+    mutable std::vector<int> order_;
     mutable EpTimes times_;
 };
 

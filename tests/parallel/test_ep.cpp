@@ -146,6 +146,71 @@ TEST(ExpertParallel, EqualsTheWholeLayerOnEveryRanksTokens) {
     }
 }
 
+// Capacity under expert parallelism is global: with a capacity factor c each expert receives at most
+// C = ⌈c·(all ranks' tokens)·k/E⌉ rows from all ranks together, shared max-min fairly, so with `drop` exactly
+// min(demand, C) rows of each expert survive over the group — rank 1 (all its tokens on two experts) uses the
+// room the others leave, which a per-rank cap of ⌈c·N·k/E⌉ would drop. With `reroute` no expert exceeds C.
+TEST(ExpertParallel, CapacityIsSharedOverTheExpertGroup) {
+    for (int W : {2, 4}) {
+        for (ops::MoeOverflow overflow : {ops::MoeOverflow::drop, ops::MoeOverflow::reroute}) {
+            parallel::run_local(W, [&](parallel::Comm& c) {
+                Layer l = full_layer();
+                parallel::ExpertParallelStage stage(c, {.experts = E, .topk = K, .latent = L, .ffn = F});
+                const int64_t El = stage.local_experts(), e0 = stage.first_expert();
+                ops::MoeWeights w = l.w;
+                for (TensorView* v : {&w.w_gate, &w.w_up, &w.w_down}) *v = v->slice0(e0, e0 + El);
+                ops::MoeParams p;
+                p.router.topk = K;
+                p.capacity_factor = 1.0;
+                p.overflow = overflow;
+                p.stage = &stage;
+                const ops::MoeDims d = ops::moe_dims(p, w, N);
+                std::vector<BufferSpec> specs;
+                ops::moe_saved_specs(d, DType::f32, "s.", specs);
+                ops::moe_scratch_specs(d, DType::f32, "t.", specs);
+                stage.saved_specs("es.", N, specs);
+                stage.scratch_specs("et.", N, specs);
+                BufferGroup grp("moe", specs);
+                grp.allocate(std::make_shared<Arena>(predict_arena_bytes({&grp}, 256), 256));
+                const ops::MoeSaved s = ops::moe_bind_saved(d, grp, "s.");
+                const ops::MoeScratch t = ops::moe_bind_scratch(d, grp, "t.");
+                stage.bind_saved(grp, "es.");
+                stage.bind_scratch(grp, "et.");
+                Tensor y(DType::f32, Shape{N, D});
+                const ops::MoeStats st = ops::moe_forward(p, w, tokens(c.rank()).view(), y.view(), false, s, t);
+                // over the group: choices per expert, rows kept per expert, rows dropped
+                std::vector<int64_t> demand(E), kept(E), mine_demand(E);
+                for (int64_t e = 0; e < E; ++e) {
+                    mine_demand[size_t(e)] = demand[size_t(e)] = s.demand.ptr<int32_t>()[e];
+                    kept[size_t(e)] = s.counts.ptr<int32_t>()[e];
+                }
+                c.all_reduce(std::span(demand));
+                c.all_reduce(std::span(kept));
+                const int64_t dropped = c.all_reduce_sum<int64_t>(st.dropped);
+                std::vector<int64_t> per_rank_cap_kept(E);  // what a per-rank cap would keep, for contrast
+                for (int64_t e = 0; e < E; ++e)
+                    per_rank_cap_kept[size_t(e)] = std::min<int64_t>(mine_demand[size_t(e)], d.capacity(1.0));
+                c.all_reduce(std::span(per_rank_cap_kept));
+                const int64_t room = (N * W * K + E - 1) / E;
+                int64_t over = 0;
+                bool shared = false;
+                for (int64_t e = 0; e < E; ++e) {
+                    EXPECT_LE(kept[size_t(e)], room) << "expert " << e << ", " << W << " ranks";
+                    if (overflow == ops::MoeOverflow::drop) {
+                        EXPECT_EQ(kept[size_t(e)], std::min(demand[size_t(e)], room)) << "expert " << e;
+                    }
+                    over += std::max<int64_t>(0, demand[size_t(e)] - room);
+                    shared = shared || std::min(demand[size_t(e)], room) > per_rank_cap_kept[size_t(e)];
+                }
+                if (overflow == ops::MoeOverflow::drop) {
+                    EXPECT_EQ(dropped, over) << W << " ranks";
+                }
+                EXPECT_TRUE(shared) << "the tokens must make some rank overflow where another leaves room";
+            });
+        }
+    }
+}
+
 TEST(ExpertParallel, ExpertsMustDivideOverTheRanks) {
     parallel::run_local(3, [](parallel::Comm& c) {
         test::expect_error(

@@ -76,11 +76,13 @@ Pairs pairs_of(const MoeSaved& s, int64_t N) {
     return {s.expert.ptr<int32_t>(), s.row.ptr<int32_t>(), N, s.expert.size(1)};
 }
 
-// Capacity with re-routing or dropping (moe.h); writes s.expert, returns (rerouted, dropped).
+// Capacity with re-routing or dropping (moe.h); writes s.expert, returns (rerouted, dropped). share: each
+// expert's room for this rank's rows (expert parallelism), or null for ⌈c·N·k/E⌉ each.
 template <class T>
 std::pair<int64_t, int64_t> apply_capacity(
-    const MoeParams& p, const MoeDims& d, const MoeSaved& s, int64_t N, const T* bias) {
-    const int64_t E = d.experts, K = d.topk, cap = d.capacity(p.capacity_factor);
+    const MoeParams& p, const MoeDims& d, const MoeSaved& s, int64_t N, const T* bias, const int64_t* share) {
+    const int64_t E = d.experts, K = d.topk, uniform = d.capacity(p.capacity_factor);
+    auto cap = [&](int64_t e) { return share ? share[e] : uniform; };
     const T* S = s.scores.ptr<T>();
     const int32_t* choice = s.choice.ptr<int32_t>();
     int32_t* expert = s.expert.ptr<int32_t>();
@@ -96,7 +98,7 @@ std::pair<int64_t, int64_t> apply_capacity(
     constexpr int32_t kOver = -2;
     for (int64_t q = 0; q < N * K; ++q) {
         const int32_t i = order[q], e = choice[i];
-        expert[i] = load[e] < cap ? (++load[e], e) : kOver;
+        expert[i] = load[e] < cap(e) ? (++load[e], e) : kOver;
     }
     int64_t rerouted = 0, dropped = 0;
     uint8_t allowed[kRouterMaxGroups];
@@ -109,7 +111,7 @@ std::pair<int64_t, int64_t> apply_capacity(
             router_allowed_groups(p.router, S + n * E, bias, E, allowed);
             const int32_t* mine = expert + n * K;
             for (int64_t e = 0; e < E; ++e) {
-                if (load[e] >= cap || !router_expert_allowed(p.router, allowed, E, e)) continue;
+                if (load[e] >= cap(e) || !router_expert_allowed(p.router, allowed, E, e)) continue;
                 if (std::find(mine, mine + K, int32_t(e)) != mine + K) continue;
                 if (best < 0 || key(n, e) > key(n, best)) best = int32_t(e);
             }
@@ -341,7 +343,8 @@ MoeStats moe_route(const MoeParams& p,
     dispatch_float(x.dtype, "moe", [&]<class T>(T) {
         if (p.capacity_factor > 0) {
             const T* bias = w.router_bias.defined() ? w.router_bias.ptr<T>() : nullptr;
-            std::tie(st.rerouted, st.dropped) = apply_capacity<T>(p, d, s, N, bias);
+            const int64_t* share = p.stage ? p.stage->capacity_shares(p.capacity_factor, N, s.demand) : nullptr;
+            std::tie(st.rerouted, st.dropped) = apply_capacity<T>(p, d, s, N, bias, share);
             router_weights(p.router, scores, first(s.expert, N), first(s.gates, N));
         }
         build_layout<T>(s, N);
