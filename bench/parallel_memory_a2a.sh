@@ -54,7 +54,7 @@ if ep > 1:
     meas = sum(l["a2a_bytes"] for l in rec["moe"]) / len(rec["moe"]) / tokens
     formula = (2 * k * L * 4 + k * 4) * (ep - 1) / ep
 ranges = mib(r"grad\.range\.[a-z]+") + mib(r"grad\.sum\.[a-z]+")
-shard, opt = mib(r"params\.shard"), mib(r"adamw\.m") + mib(r"adamw\.v")
+shard, opt = mib(r"params\.shard\.[a-z]+"), mib(r"adamw\.m") + mib(r"adamw\.v")
 print(f"| {w} | {ep} | {'yes' if fsdp else 'no'} | {mib('params'):.1f} | {shard:.1f} | {mib('grads'):.1f} | "
       f"{ranges:.1f} | {opt:.1f} | {float(peak.group(1)):.1f} | "
       f"{float(peak.group(2)):.1f} | {float(rss.group(1)):.1f} | {meas:.0f} | {formula:.0f} |")

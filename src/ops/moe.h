@@ -24,6 +24,7 @@
 
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/buffer_spec.h"
@@ -48,6 +49,23 @@ struct MoeScratch;
 // dispatched rows (s.xe, s.row_gate in the layout s.offsets) into t.ye; backward turns t.ye (holding dye)
 // into t.dxe, t.row_dot and the gradients of the local experts' weights. Expert parallelism implements
 // it (parallel/ep.h: the all-to-all goes inside); null = moe_experts_forward / _backward, every expert here.
+// A non-owning reference to the work an expert stage runs while rows travel (no allocation, unlike
+// std::function with captures: the MoE forward and backward stay off the heap).
+class OverlapWork {
+  public:
+    OverlapWork() = default;
+    template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, OverlapWork>) OverlapWork(F& f)
+        : ctx_(&f), fn_([](void* c) { (*static_cast<F*>(c))(); }) {}
+    void operator()() const {
+        if (fn_) fn_(ctx_);
+    }
+
+  private:
+    void* ctx_ = nullptr;
+    void (*fn_)(void*) = nullptr;
+};
+
 class MoeExpertStage {
   public:
     virtual ~MoeExpertStage() = default;
@@ -56,9 +74,16 @@ class MoeExpertStage {
     // valid until the next call), from its router choices per expert (`demand`, [E] i32) and `tokens`, so that
     // no expert receives more than ⌈c·(all ranks' tokens)·k/E⌉ rows. Collective over those ranks.
     virtual const int64_t* capacity_shares(double factor, int64_t tokens, TensorView demand) const = 0;
-    virtual void forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t) const = 0;
-    virtual void backward(
-        const MoeParams& p, const MoeWeights& w, const MoeWeights& g, const MoeSaved& s, const MoeScratch& t) const = 0;
+    // overlap: the layer's work that needs neither the experts nor the exchanged rows (the shared expert), run
+    // by the calling thread while the rows travel.
+    virtual void forward(
+        const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t, OverlapWork overlap) const = 0;
+    virtual void backward(const MoeParams& p,
+                          const MoeWeights& w,
+                          const MoeWeights& g,
+                          const MoeSaved& s,
+                          const MoeScratch& t,
+                          OverlapWork overlap) const = 0;
 };
 
 struct MoeParams {

@@ -170,6 +170,7 @@ template <class Work>
 void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
                                    const std::vector<std::pair<const float*, float*>>& out,
                                    const std::vector<int64_t>& out_cols,
+                                   ops::OverlapWork overlap,
                                    Work&& work,
                                    const std::vector<std::pair<const float*, float*>>& back,
                                    const std::vector<int64_t>& back_cols) const {
@@ -273,6 +274,7 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
             outgoing.push_back(exchange(c, i, out_cols[i], true));
         }
     }
+    overlap();  // while the rows travel
     for (int64_t c = 0; c < nc; ++c) {
         for (size_t i = 0; i < out.size(); ++i) {
             wait(outgoing[size_t(c) * out.size() + i]);
@@ -298,13 +300,14 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
 void ExpertParallelStage::forward(const ops::MoeParams& p,
                                   const ops::MoeWeights& w,
                                   const ops::MoeSaved& s,
-                                  const ops::MoeScratch& t) const {
+                                  const ops::MoeScratch& t,
+                                  ops::OverlapWork overlap) const {
     last_bytes_ = 0;
     const double t0 = now_seconds();
     exchange_counts(s);
     times_.exposed += now_seconds() - t0;  // small, and never hidden
     pipeline(s, {{s.xe.ptr<float>(), xe_.ptr<float>()}, {s.row_gate.ptr<float>(), row_gate_.ptr<float>()}},
-             {d_.latent, 1},
+             {d_.latent, 1}, overlap,
              [&](int64_t c) { ops::moe_experts_forward(p, chunk_weights(w, c), chunk_saved(c), chunk_scratch(c)); },
              {{ye_.ptr<float>(), t.ye.ptr<float>()}}, {d_.latent});
 }
@@ -313,10 +316,11 @@ void ExpertParallelStage::backward(const ops::MoeParams& p,
                                    const ops::MoeWeights& w,
                                    const ops::MoeWeights& g,
                                    const ops::MoeSaved& s,
-                                   const ops::MoeScratch& t) const {
+                                   const ops::MoeScratch& t,
+                                   ops::OverlapWork overlap) const {
     const int64_t sent = last_bytes_;
     pipeline(
-        s, {{t.ye.ptr<float>(), ye_.ptr<float>()}}, {d_.latent},  // dye out
+        s, {{t.ye.ptr<float>(), ye_.ptr<float>()}}, {d_.latent}, overlap,  // dye out
         [&](int64_t c) {
             ops::moe_experts_backward(p, chunk_weights(w, c), chunk_weights(g, c), chunk_saved(c), chunk_scratch(c));
         },

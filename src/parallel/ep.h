@@ -64,12 +64,14 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     void forward(const ops::MoeParams& p,
                  const ops::MoeWeights& w,
                  const ops::MoeSaved& s,
-                 const ops::MoeScratch& t) const override;
+                 const ops::MoeScratch& t,
+                 ops::OverlapWork overlap) const override;
     void backward(const ops::MoeParams& p,
                   const ops::MoeWeights& w,
                   const ops::MoeWeights& g,
                   const ops::MoeSaved& s,
-                  const ops::MoeScratch& t) const override;
+                  const ops::MoeScratch& t,
+                  ops::OverlapWork overlap) const override;
 
     // Bytes this rank sent to other ranks in the last forward's row exchange (rows and gates, out and back).
     int64_t last_forward_bytes() const { return last_bytes_; }
@@ -85,11 +87,13 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     std::vector<Buffer> buffers(bool saved, int64_t tokens) const;
     void exchange_counts(const ops::MoeSaved& s) const;  // forward: fills the layer's layout handle
     // The expert groups' exchanges, pipelined: out(c) sends chunk c's rows of `home` (global layout, cols wide)
-    // to their experts (expert-major into `local`); work(c) computes; back(c) brings `local_out` rows home.
+    // to their experts (expert-major into `local`); overlap() runs once every chunk is on its way; work(c)
+    // computes; back(c) brings `local_out` rows home.
     template <class Work>
     void pipeline(const ops::MoeSaved& s,
                   const std::vector<std::pair<const float*, float*>>& out,
                   const std::vector<int64_t>& out_cols,
+                  ops::OverlapWork overlap,
                   Work&& work,
                   const std::vector<std::pair<const float*, float*>>& back,
                   const std::vector<int64_t>& back_cols) const;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "ops/cpu/glu_math.h"
@@ -533,10 +534,20 @@ MoeStats moe_forward(const MoeParams& p,
         linear_forward({}, x, w.latent_down, {}, src);
     }
     moe_dispatch(s, src, s.xe);
-    if (p.stage)
-        p.stage->forward(p, w, s, t);
-    else
+    // the shared expert's input side needs no routed rows: under expert parallelism it runs while they travel
+    auto shared_in = [&] {
+        if (!d.has_shared) return;
+        linear_forward({}, x, w.shared_gate, {}, columns(s.sh, N, 0, FS));
+        linear_forward({}, x, w.shared_up, {}, columns(s.sh, N, FS, FS));
+        act_forward(p, columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), first(s.sa, N));
+        if (d.has_shared_scale) shared_scale_forward(x, w.shared_scale, first(s.ss, N), first(s.sa, N));
+    };
+    if (p.stage) {
+        p.stage->forward(p, w, s, t, shared_in);
+    } else {
+        shared_in();
         moe_experts_forward(p, w, s, t);
+    }
     if (d.has_latent) {
         TensorView c = first(s.c, N);
         moe_combine(s, t.ye, c, false);
@@ -548,13 +559,7 @@ MoeStats moe_forward(const MoeParams& p,
     } else {
         moe_combine(s, t.ye, y, accumulate);
     }
-    if (d.has_shared) {
-        linear_forward({}, x, w.shared_gate, {}, columns(s.sh, N, 0, FS));
-        linear_forward({}, x, w.shared_up, {}, columns(s.sh, N, FS, FS));
-        act_forward(p, columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), first(s.sa, N));
-        if (d.has_shared_scale) shared_scale_forward(x, w.shared_scale, first(s.ss, N), first(s.sa, N));
-        linear_forward({.accumulate = true}, first(s.sa, N), w.shared_down, {}, y);
-    }
+    if (d.has_shared) linear_forward({.accumulate = true}, first(s.sa, N), w.shared_down, {}, y);
     return st;
 }
 
@@ -572,7 +577,10 @@ void moe_backward(const MoeParams& p,
     check_shape(dy, x.shape, "moe: dy");
     check_shape(dx, x.shape, "moe: dx");
     const int64_t K = d.topk, FS = d.shared_ffn;
-    if (d.has_shared) {
+    // the shared expert's backward needs no exchanged rows: under expert parallelism it runs while they travel
+    // (its input gradient still reaches dx first, so the sum's order is the same either way)
+    auto shared_backward = [&] {
+        if (!d.has_shared) return;
         zero_rows(t.dsa, N);
         linear_backward(dy, first(s.sa, N), w.shared_down, first(t.dsa, N), g.shared_down, {});
         if (d.has_shared_scale) {
@@ -584,7 +592,7 @@ void moe_backward(const MoeParams& p,
                      columns(t.dsh, N, FS, FS));
         linear_backward(columns(t.dsh, N, 0, FS), x, w.shared_gate, dx, g.shared_gate, {});
         linear_backward(columns(t.dsh, N, FS, FS), x, w.shared_up, dx, g.shared_up, {});
-    }
+    };
     TensorView dsrc = dy;  // gradient of the combined expert output c
     if (d.has_latent) {
         zero_rows(t.dn, N);
@@ -598,10 +606,12 @@ void moe_backward(const MoeParams& p,
         }
     }
     moe_dispatch(s, dsrc, t.ye);  // the backward of combine: dye
-    if (p.stage)
-        p.stage->backward(p, w, g, s, t);
-    else
+    if (p.stage) {
+        p.stage->backward(p, w, g, s, t, shared_backward);
+    } else {
+        shared_backward();
         moe_experts_backward(p, w, g, s, t);
+    }
     const int32_t* row = s.row.ptr<int32_t>();
     dispatch_float(x.dtype, "moe", [&]<class T>(T) {  // gate gradients per (token, slot)
         const T* dot = t.row_dot.ptr<T>();
