@@ -27,6 +27,13 @@ ExpertParallelStage::ExpertParallelStage(Comm& expert_group, EpDims dims) : comm
     order_.resize(size_t(W));
 }
 
+int64_t ExpertParallelStage::max_rows(int64_t tokens) const {
+    const int64_t dropless = int64_t(comm_.size()) * tokens * d_.topk;
+    if (d_.capacity_factor <= 0) return dropless;
+    const double room = std::ceil(d_.capacity_factor * double(dropless) / double(d_.experts));
+    return std::min(dropless, local_ * int64_t(room));
+}
+
 const int64_t* ExpertParallelStage::capacity_shares(double factor, int64_t tokens, TensorView demand) const {
     const int W = comm_.size(), me = comm_.rank();
     const int64_t E = d_.experts, stride = E + 1;

@@ -12,7 +12,8 @@
 // The order of rows on the expert's rank is fixed by (expert, source rank, source row), so the result
 // does not depend on timing. Buffers come from buffer specs like every other activation; the rows that
 // can reach one rank are bounded by EP × tokens × top-k (every token of every rank choosing its experts:
-// dropless worst case). parallel/ knows token layouts, never the model.
+// dropless worst case), or with a capacity factor by the local experts' room. parallel/ knows token
+// layouts, never the model.
 #pragma once
 
 #include <vector>
@@ -29,6 +30,9 @@ struct EpDims {
     // while the previous group's experts compute (dispatch(c+1) ‖ experts(c) ‖ combine(c−1), spec/moe.md §7);
     // 1 = exchange everything, then compute. The results do not depend on it.
     int64_t chunks = 1;
+    // > 0: the capacity factor c of the layer; no local expert then receives more than ⌈c·EP·tokens·k/E⌉ rows
+    // (capacity_shares), which bounds the receive buffers far below the dropless worst case
+    double capacity_factor = 0.0;
 };
 
 // Seconds of a layer's exchanges: how long the calling thread waited for them (exposed), and how long the
@@ -51,8 +55,9 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     const int64_t* capacity_shares(double factor, int64_t tokens, TensorView demand) const override;
     int64_t first_expert() const { return int64_t(comm_.rank()) * local_; }
     int64_t chunks() const { return int64_t(chunk_.size()) - 1; }
-    // rows that can reach this rank when each rank routes at most `tokens` tokens
-    int64_t max_rows(int64_t tokens) const { return int64_t(comm_.size()) * tokens * d_.topk; }
+    // rows that can reach this rank when each rank routes at most `tokens` tokens: every token of every rank
+    // choosing experts here (dropless), or each local expert full (with a capacity)
+    int64_t max_rows(int64_t tokens) const;
 
     // Per layer, kept for backward (the layout handle and the local rows), and shared transients; tokens: the
     // most a rank routes at once.

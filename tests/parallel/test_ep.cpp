@@ -155,7 +155,10 @@ TEST(ExpertParallel, CapacityIsSharedOverTheExpertGroup) {
         for (ops::MoeOverflow overflow : {ops::MoeOverflow::drop, ops::MoeOverflow::reroute}) {
             parallel::run_local(W, [&](parallel::Comm& c) {
                 Layer l = full_layer();
-                parallel::ExpertParallelStage stage(c, {.experts = E, .topk = K, .latent = L, .ffn = F});
+                // receive buffers sized by the capacity (a bound too small would fail the exchange)
+                parallel::ExpertParallelStage stage(
+                    c, {.experts = E, .topk = K, .latent = L, .ffn = F, .capacity_factor = 1.0});
+                EXPECT_LT(stage.max_rows(N), int64_t(W) * N * K);
                 const int64_t El = stage.local_experts(), e0 = stage.first_expert();
                 ops::MoeWeights w = l.w;
                 for (TensorView* v : {&w.w_gate, &w.w_up, &w.w_down}) *v = v->slice0(e0, e0 + El);

@@ -33,12 +33,15 @@ MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Com
         quantile_ = std::make_unique<ops::QuantileBalancer>(m_.experts, m_.topk);
     }
     if (expert_group && expert_group->size() > 1) {
-        // NOTES: capacity stays a decision of each rank over its own micro-batch (⌈c·N·k/E⌉ rows per expert from
-        // this rank), as one process decides per micro-batch: expert parallelism does not change the routing.
-        ep_ = std::make_unique<parallel::ExpertParallelStage>(
-            *expert_group,
-            parallel::EpDims{
-                .experts = m_.experts, .topk = m_.topk, .latent = L_, .ffn = m_.ffn_dim, .chunks = ep_chunks});
+        // NOTES: with a capacity factor the expert group shares each expert's room (capacity_shares), which also
+        // bounds the rows a rank receives
+        ep_ = std::make_unique<parallel::ExpertParallelStage>(*expert_group,
+                                                              parallel::EpDims{.experts = m_.experts,
+                                                                               .topk = m_.topk,
+                                                                               .latent = L_,
+                                                                               .ffn = m_.ffn_dim,
+                                                                               .chunks = ep_chunks,
+                                                                               .capacity_factor = m_.capacity_factor});
         p_.stage = ep_.get();
     }
 }
