@@ -223,30 +223,6 @@ Handle Comm::broadcast_async(std::span<std::byte> buf, int root) {
     });
 }
 
-void Comm::reduce_scatter_now(DType dtype,
-                              const void* send,
-                              std::span<const int64_t> send_counts,
-                              void* recv,
-                              int64_t recv_count,
-                              bool accumulate,
-                              std::span<std::byte> scratch) {
-    const int W = size();
-    const int64_t es = int64_t(dtype_size(dtype));
-    std::vector<std::byte> own;
-    if (scratch.empty()) {
-        own.resize(size_t(recv_count * es * W));
-        scratch = own;
-    }
-    std::vector<int64_t> send_bytes(static_cast<size_t>(W)), recv_bytes(static_cast<size_t>(W), recv_count * es);
-    int64_t total = 0;
-    for (int r = 0; r < W; ++r) {
-        send_bytes[size_t(r)] = send_counts[size_t(r)] * es;
-        total += send_bytes[size_t(r)];
-    }
-    all_to_all_v_now({static_cast<const std::byte*>(send), size_t(total)}, send_bytes, scratch, recv_bytes);
-    sum_parts(dtype, scratch.data(), W, recv_count, recv, accumulate);
-}
-
 Handle Comm::reduce_scatter_v_async(DType dtype,
                                     const void* send,
                                     std::span<const int64_t> send_counts,
@@ -261,9 +237,23 @@ Handle Comm::reduce_scatter_v_async(DType dtype,
     const int64_t need = recv_count * int64_t(dtype_size(dtype)) * W;
     TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= need, "reduce_scatter: scratch of {} bytes, needs {}",
                   scratch.size(), need);
-    std::vector<int64_t> sc(send_counts.begin(), send_counts.end());
-    return submit(
-        [=, this, sc = std::move(sc)] { reduce_scatter_now(dtype, send, sc, recv, recv_count, accumulate, scratch); });
+    const int64_t es = int64_t(dtype_size(dtype));
+    std::vector<int64_t> send_bytes(static_cast<size_t>(W)), recv_bytes(static_cast<size_t>(W), recv_count * es);
+    int64_t total = 0;
+    for (int r = 0; r < W; ++r) {
+        send_bytes[size_t(r)] = send_counts[size_t(r)] * es;
+        total += send_bytes[size_t(r)];
+    }
+    return submit([=, this, send_bytes = std::move(send_bytes), recv_bytes = std::move(recv_bytes)] {
+        std::vector<std::byte> own;
+        std::span<std::byte> parts = scratch;
+        if (parts.empty()) {
+            own.resize(size_t(need));
+            parts = own;
+        }
+        all_to_all_v_now({static_cast<const std::byte*>(send), size_t(total)}, send_bytes, parts, recv_bytes);
+        sum_parts(dtype, parts.data(), W, recv_count, recv, accumulate);
+    });
 }
 
 Handle Comm::reduce_scatter_async(
@@ -276,13 +266,12 @@ Handle Comm::reduce_scatter_async(
     TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= count * es * W,
                   "reduce_scatter: scratch of {} bytes, needs {}", scratch.size(), count * es * W);
     // chunk r holds the elements [r·count, (r+1)·count) that exist; the missing tail of this rank's is zeros
+    // (the reduction never touches recv's tail, so it is cleared here)
     std::vector<int64_t> present(static_cast<size_t>(W));
     for (int r = 0; r < W; ++r) present[size_t(r)] = std::clamp<int64_t>(send_count - int64_t(r) * count, 0, count);
-    return submit([=, this, present = std::move(present)] {
-        const int64_t have = present[size_t(rank())];
-        reduce_scatter_now(dtype, send, present, recv, have, false, scratch);
-        std::memset(static_cast<std::byte*>(recv) + have * es, 0, size_t((count - have) * es));
-    });
+    const int64_t have = present[size_t(rank())];
+    std::memset(static_cast<std::byte*>(recv) + have * es, 0, size_t((count - have) * es));
+    return reduce_scatter_v_async(dtype, send, present, recv, have, false, scratch);
 }
 
 Handle Comm::all_reduce_async(DType dtype, void* buf, int64_t count) {

@@ -172,13 +172,6 @@ class Comm {
     void all_gather_now(std::span<const std::byte> send,
                         std::span<std::byte> recv,
                         std::span<const int64_t> recv_bytes);
-    void reduce_scatter_now(DType dtype,
-                            const void* send,
-                            std::span<const int64_t> send_counts,
-                            void* recv,
-                            int64_t recv_count,
-                            bool accumulate,
-                            std::span<std::byte> scratch);
     double link_delay_ = 0.0;
     mutable std::mutex stats_mu_;  // written on the communication thread, read by callers
     CommStats stats_;

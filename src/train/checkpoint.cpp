@@ -71,18 +71,19 @@ void write_optimizer(const fs::path& dir, const AdamW& opt, int64_t step, int ra
                       {{"optimizer", "adamw"}, {"step", std::to_string(step)}, {"pieces", pieces_text(opt)}});
 }
 
+Json shape_json(const Shape& s) {
+    Json out = Json::array();
+    for (int i = 0; i < s.ndim; ++i) out.push_back(s[i]);
+    return out;
+}
+
 // Several ranks: what the rank files hold together, for readers and tools: the files, and every tensor's whole
 // shape (all experts).
 void write_model_index(const fs::path& dir, const std::vector<BufferSpec>& specs, ExpertSlice experts, int world) {
     Json files = Json::array(), tensors = Json::object();
     for (int r = 0; r < world; ++r) files.push_back(model_file(r, world));
-    for (const BufferSpec& spec : specs) {
-        Shape whole = spec.shape;
-        if (spec.sharding == Sharding::expert && experts.total > 0) whole[0] = experts.total;
-        Json shape = Json::array();
-        for (int i = 0; i < whole.ndim; ++i) shape.push_back(whole[i]);
-        tensors[spec.name] = {{"dtype", dtype_name(spec.dtype)}, {"shape", shape}};
-    }
+    for (const BufferSpec& spec : specs)
+        tensors[spec.name] = {{"dtype", dtype_name(spec.dtype)}, {"shape", shape_json(whole_shape(spec, experts))}};
     const Json index = {{"format", "tessera ranges"}, {"files", files}, {"tensors", tensors}};
     write_text_atomic((dir / kModelIndex).string(), index.dump(2) + "\n");
 }
@@ -293,12 +294,7 @@ void load_params(const std::string& ckpt_dir,
     std::map<std::string, std::vector<Source>> sources;
     std::map<std::string, size_t> spec_of;
     for (size_t i = 0; i < specs.size(); ++i) spec_of[specs[i].name] = i;
-    auto whole_numel = [&](size_t i) {
-        const BufferSpec& spec = specs[i];
-        return spec.sharding == Sharding::expert && experts.total > 0
-                   ? spec.shape.numel() / spec.shape[0] * experts.total
-                   : spec.shape.numel();
-    };
+    auto whole_numel = [&](size_t i) { return whole_shape(specs[i], experts).numel(); };
     auto known = [&](const std::string& file, const std::string& name) {
         const auto it = spec_of.find(name);
         TESSERA_CHECK(it != spec_of.end(), "{}: unexpected tensor \"{}\" (a checkpoint of another model?)", file, name);
@@ -311,8 +307,7 @@ void load_params(const std::string& ckpt_dir,
         const SafetensorsFile& f = *files.back();
         for (const auto& e : f.entries()) {
             const size_t i = known(whole.string(), e.name);
-            Shape want = specs[i].shape;
-            if (specs[i].sharding == Sharding::expert && experts.total > 0) want[0] = experts.total;
+            const Shape want = whole_shape(specs[i], experts);
             TESSERA_CHECK(e.shape == want && e.dtype == specs[i].dtype, "{}: tensor \"{}\" is {} {}, expected {} {}",
                           whole.string(), e.name, dtype_name(e.dtype), e.shape.str(), dtype_name(specs[i].dtype),
                           want.str());
@@ -334,10 +329,7 @@ void load_params(const std::string& ckpt_dir,
                           index_path, r, model_file(r, world));
         for (const auto& [name, t] : index["tensors"].items()) {
             const size_t i = known(index_path, name);
-            Shape want = specs[i].shape;
-            if (specs[i].sharding == Sharding::expert && experts.total > 0) want[0] = experts.total;
-            Json shape = Json::array();
-            for (int d = 0; d < want.ndim; ++d) shape.push_back(want[d]);
+            const Json shape = shape_json(whole_shape(specs[i], experts));
             TESSERA_CHECK(t.is_object() && t.value("shape", Json()) == shape, "{}: tensor \"{}\" is {}, expected {}",
                           index_path, name, t.is_object() ? t.value("shape", Json()).dump() : t.dump(), shape.dump());
         }
@@ -387,15 +379,25 @@ void load_params(const std::string& ckpt_dir,
     }
 }
 
+Shape whole_shape(const BufferSpec& spec, ExpertSlice experts) {
+    Shape s = spec.shape;
+    if (spec.sharding == Sharding::expert && experts.total > 0) s[0] = experts.total;
+    return s;
+}
+
+ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, float* dst) {
+    const int64_t n = spec.shape.numel();
+    const bool slice = spec.sharding == Sharding::expert && experts.total > 0;
+    return {param, slice ? experts.first * (n / spec.shape[0]) : 0, n, dst};
+}
+
 void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts) {
     std::vector<ParamTarget> targets;
     for (size_t i = 0; i < params.size(); ++i) {
         const BufferSpec& spec = params.specs()[i];
         TESSERA_CHECK(spec.dtype == DType::f32, "checkpoint: parameter {} is {}, not f32", spec.name,
                       dtype_name(spec.dtype));
-        const int64_t n = spec.shape.numel();
-        const bool slice = spec.sharding == Sharding::expert && experts.total > 0;
-        targets.push_back({i, slice ? experts.first * (n / spec.shape[0]) : 0, n, params.view(i).ptr<float>()});
+        targets.push_back(held_target(i, spec, experts, params.view(i).ptr<float>()));
     }
     load_params(ckpt_dir, params.specs(), targets, experts);
 }

@@ -76,6 +76,10 @@ struct ParamTarget {
     int64_t whole_offset = 0, length = 0;
     float* dst = nullptr;
 };
+// A parameter's shape in the checkpoint (all experts), and the target for all of it that this rank holds (whole,
+// or its expert slice) at dst.
+Shape whole_shape(const BufferSpec& spec, ExpertSlice experts);
+ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, float* dst);
 // Reads the targets from a checkpoint's parameters, whichever layout wrote them (model.safetensors, or the
 // model files of any number of ranks): every target must be covered, every stored tensor must be one of the
 // specs with its whole shape, and the values finite (a NaN or Inf weight is an error naming the tensor).

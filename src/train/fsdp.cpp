@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/check.h"
 
@@ -58,6 +59,7 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
             TESSERA_CHECK(p.lo >= 0 && p.hi <= g.cut.total, "FSDP: unit {} .. {} outside its region",
                           specs_[first].name, specs_[last - 1].name);
             p.piece = g.cut.parts(p.lo, p.hi, g.comm->size());
+            for (int64_t n : p.piece) p.bytes.push_back(n * int64_t(sizeof(float)));
             p.mine_lo = std::clamp(p.lo, g.cut.lo, g.cut.hi);
             p.mine = p.piece[size_t(g.comm->rank())];
             p.at = u.bytes;
@@ -136,11 +138,9 @@ void Fsdp::gather(int unit) {
     occupant_[size_t(s)] = -1;
     incoming_[size_t(s)] = unit;
     for (const Part& p : u.parts) {
-        std::vector<int64_t> bytes(p.piece.size());
-        for (size_t q = 0; q < bytes.size(); ++q) bytes[q] = p.piece[q] * int64_t(sizeof(float));
         gather_h_[size_t(s)].push_back(regions_[size_t(p.region)].comm->all_gather_v_async(
             std::as_bytes(std::span(mine(p), size_t(p.mine))),
-            std::span(slot_params(s) + p.at, size_t(p.hi - p.lo) * sizeof(float)), bytes));
+            std::span(slot_params(s) + p.at, size_t(p.hi - p.lo) * sizeof(float)), p.bytes));
         stats_.gathered_bytes += (p.hi - p.lo - p.mine) * int64_t(sizeof(float));
     }
     stats_.gathers += 1;
@@ -170,17 +170,13 @@ void Fsdp::begin(std::span<const model::UnitVisit> plan) {
     plan_.assign(plan.begin(), plan.end());
     zero_at_.assign(plan_.size(), 0);
     reduce_at_.assign(plan_.size(), 0);
-    for (size_t i = 0; i < plan_.size(); ++i) {
-        if (!plan_[i].backward) continue;
-        bool first = true, last = true;
-        for (size_t k = 0; k < plan_.size(); ++k) {
-            if (!plan_[k].backward || plan_[k].unit != plan_[i].unit) continue;
-            first = first && !(k < i);
-            last = last && !(k > i);
-        }
-        zero_at_[i] = first;
-        reduce_at_[i] = last;
-    }
+    // a unit's first backward visit zeroes its slot's gradients, its last reduces them
+    seen_.assign(units_.size(), 0);
+    for (size_t i = 0; i < plan_.size(); ++i)
+        if (plan_[i].backward && !std::exchange(seen_[size_t(plan_[i].unit)], 1)) zero_at_[i] = 1;
+    seen_.assign(units_.size(), 0);
+    for (size_t i = plan_.size(); i-- > 0;)
+        if (plan_[i].backward && !std::exchange(seen_[size_t(plan_[i].unit)], 1)) reduce_at_[i] = 1;
     cursor_ = 0;
     if (!plan_.empty()) {
         const int u = plan_[0].unit, s = units_[size_t(u)].slot;
@@ -264,9 +260,7 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
         const BufferSpec& spec = specs_[i];
         const bool expert = spec.sharding == Sharding::expert;
         if (spec.sharding == Sharding::data || (expert && holds(AdamW::expert))) continue;
-        const int64_t n = spec.shape.numel();
-        const bool sliced = expert && experts.total > 0;
-        targets.push_back({i, sliced ? experts.first * (n / spec.shape[0]) : 0, n, params.view(i).ptr<float>()});
+        targets.push_back(held_target(i, spec, experts, params.view(i).ptr<float>()));
     }
     return targets;
 }

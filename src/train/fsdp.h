@@ -81,6 +81,7 @@ class Fsdp final : public model::ParamHooks {
         int region = 0;
         int64_t lo = 0, hi = 0;         // elements of the region
         std::vector<int64_t> piece;     // elements on each rank of the region's group
+        std::vector<int64_t> bytes;     // the same in bytes (the gather's counts)
         int64_t mine_lo = 0, mine = 0;  // this rank's piece: first element, length
         size_t at = 0;
     };
@@ -110,6 +111,7 @@ class Fsdp final : public model::ParamHooks {
     std::array<std::vector<parallel::Handle>, kSlots> gather_h_, reduce_h_;
     std::vector<model::UnitVisit> plan_;
     std::vector<uint8_t> zero_at_, reduce_at_;  // per visit: first / last backward visit of its unit
+    std::vector<uint8_t> seen_;                 // per unit: scratch of begin()
     size_t cursor_ = 0;
     FsdpStats stats_;
 };

@@ -27,8 +27,10 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
         const std::string name = fmt::format("grad.{}.{}", reg.comm ? "range" : "sum", kRegionName[r]);
         sum_[r] = BufferGroup(
             name, {BufferSpec{.name = name, .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::grad}});
-        if (reg.comm && !by_fsdp(r))
-            scratch_elems = std::max(scratch_elems, std::min(stretch_, reg.shard.per_rank) * reg.comm->size());
+        if (!reg.comm || by_fsdp(r)) continue;
+        scratch_elems = std::max(scratch_elems, std::min(stretch_, reg.shard.per_rank) * reg.comm->size());
+        for (int64_t a = 0; a < reg.shard.total; a += stretch_)
+            stretches_[r].push_back({a, reg.shard.parts(a, std::min(reg.shard.total, a + stretch_), reg.comm->size())});
     }
     if (scratch_elems > 0)
         scratch_ = BufferGroup("grad.scratch", {BufferSpec{.name = "grad.scratch",
@@ -63,12 +65,9 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
         const float* g = opt_.region_base(grads, r);
         if (!g || by_fsdp(r)) continue;
         if (reg.comm) {  // this micro-batch of every rank, in rank order, onto the ranges, a stretch at a time
-            const int W = reg.comm->size();
-            for (int64_t a = 0; a < reg.shard.total; a += stretch_) {
-                const int64_t b = std::min(reg.shard.total, a + stretch_);
-                const std::vector<int64_t> parts = reg.shard.parts(a, b, W);
+            const TensorView scratch = scratch_.view(0);
+            for (const auto& [a, parts] : stretches_[r]) {
                 float* recv = first(sum_[r]) + (std::clamp(a, reg.shard.lo, reg.shard.hi) - reg.shard.lo);
-                const TensorView scratch = scratch_.view(0);
                 pending_.push_back(reg.comm->reduce_scatter_v_async(
                     DType::f32, g + a, parts, recv, parts[size_t(reg.comm->rank())], micro > 0,
                     std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes())));

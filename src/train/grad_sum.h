@@ -56,6 +56,8 @@ class GradientSum {
     // with one scratch.
     static constexpr int64_t stretch_ = int64_t(1) << 20;
     BufferGroup scratch_;
+    // per shared region: each stretch's first element and every rank's part of it (computed once)
+    std::array<std::vector<std::pair<int64_t, std::vector<int64_t>>>, AdamW::kRegions> stretches_;
     std::vector<parallel::Handle> pending_;
 };
 

@@ -395,7 +395,7 @@ TrainSummary train(const TrainOptions& opts) {
         loader.next_batch(i, t);
         return shape_of(i);
     };
-    FsdpStats fsdp_last = fsdp ? fsdp->stats() : FsdpStats{};
+    FsdpStats fsdp_last;
     while (state.step < tc.steps) {
         if (fsdp) fsdp_last = fsdp->stats();  // (evaluation and checkpoints between steps gather too)
         const auto t0 = Clock::now();

@@ -351,6 +351,7 @@ TEST(DataParallelErrors, BatchAndLayoutKeysAreOneLineErrors) {
         {" --set train.micro_batch_size=3", "train.batch_size 4 is not a multiple of train.micro_batch_size 3"},
         {" --set parallel.ep=2", "parallel.ep is set but the model has no MoE layers"},
         {" --set parallel.ep_chunks=0", "parallel.ep_chunks must be in [1, 1024]"},
+        {" --set parallel.fsdp=3", "parallel.fsdp must be true or false, not 3"},
         {" --set parallel.link_delay_ns_per_byte=-1", "parallel.link_delay_ns_per_byte must be in [0, 1e6]"},
     };
     for (const auto& [set, message] : cases) {
