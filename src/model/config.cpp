@@ -176,7 +176,10 @@ void unread_keys(ModelConfig& c, Visit&& visit) {
     // the moe section: everything but experts is read only by MoE layers; two keys only in some modes
     const Json moe = to_json(c.moe), moe_default = to_json(MoeConfig{});
     for (auto it = moe.begin(); it != moe.end(); ++it) {
-        if (it.key() == "experts" || it.value() == moe_default[it.key()]) continue;
+        // "layers" is written only when set (the default writes first_dense): find, not operator[] (undefined
+        // behaviour on a const object without the key)
+        const auto def = moe_default.find(it.key());
+        if (it.key() == "experts" || (def != moe_default.end() && it.value() == *def)) continue;
         unread(c.moe.experts == 0, "moe." + it.key(), "model.moe.experts = 0 (no MoE layer)",
                [&] { c.moe = MoeConfig{}; });
         unread(it.key() == "overflow" && c.moe.capacity_factor == 0, "moe.overflow",
@@ -186,7 +189,7 @@ void unread_keys(ModelConfig& c, Visit&& visit) {
     }
     const Json indexer = to_json(c.mla)["dsa"], indexer_default = to_json(MlaConfig{})["dsa"];
     for (auto it = indexer.begin(); it != indexer.end(); ++it) {
-        unread(it.value() != indexer_default[it.key()] && !dsa, "mla.dsa." + it.key(),
+        unread(it.value() != indexer_default.at(it.key()) && !dsa, "mla.dsa." + it.key(),
                "no layer is \"dsa\" (model.attention)", [&] { c.mla.dsa = DsaConfig{}; });
     }
     // gdn layers always have a scalar gate (one decay per value head) and a full-rank output gate
