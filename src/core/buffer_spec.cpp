@@ -86,6 +86,11 @@ TensorView BufferGroup::view(const std::string& name) const {
     return view(size_t(i));
 }
 
+TensorView BufferGroup::find(const std::string& name) const {
+    const int i = index_of(name);
+    return i < 0 ? TensorView{} : view(size_t(i));
+}
+
 namespace {
 // index of the first non-finite element, or -1
 template <class T, class ToFloat>

@@ -31,6 +31,7 @@ struct BufferSpec {
     BufferKind kind = BufferKind::activation;
     bool weight_decay = false;           // parameters only: AdamW decays it
     Sharding sharding = Sharding::data;  // parameters only
+    bool trainable = true;               // parameters only: false = frozen (no gradient, no optimizer state)
     size_t nbytes() const;               // throws when the size does not fit in 2^62 bytes
 };
 
@@ -58,6 +59,7 @@ class BufferGroup {
     void zero() const;  // all buffers to zero bytes
     TensorView view(size_t i) const;
     TensorView view(const std::string& name) const;  // throws if absent
+    TensorView find(const std::string& name) const;  // undefined if absent
 
   private:
     std::string name_;

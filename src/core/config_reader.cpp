@@ -96,6 +96,20 @@ std::vector<std::string> ConfigReader::choice_list(const std::string& key,
     return out;
 }
 
+std::vector<std::string> ConfigReader::names(const std::string& key) {
+    const Json* v = find(key);
+    if (!v) return {};
+    TESSERA_CHECK(v->is_array(), "{}: {} must be a list of strings, not {}", where_, key_path(key), json_excerpt(*v));
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v->size(); ++i) {
+        const Json& e = (*v)[i];
+        TESSERA_CHECK(e.is_string() && !e.get<std::string>().empty(), "{}: {}[{}] must be a non-empty string, not {}",
+                      where_, key_path(key), i, json_excerpt(e));
+        out.push_back(e.get<std::string>());
+    }
+    return out;
+}
+
 const Json& ConfigReader::section(const std::string& key) {
     static const Json kEmpty = Json::object();
     const Json* v = find(key);

@@ -26,6 +26,8 @@ class ConfigReader {
     std::vector<std::string> choice_list(const std::string& key,
                                          const std::string& def,
                                          const std::set<std::string>& choices);
+    // a list of non-empty strings (empty if absent)
+    std::vector<std::string> names(const std::string& key);
     bool has(const std::string& key) const { return obj_.contains(key); }
     const Json& section(const std::string& key);  // a nested object (empty if absent)
 

@@ -66,8 +66,9 @@ void AttnRes::bind(const BufferGroup& params,
         m.gamma = params.view(w.param + "_res_norm.weight");
         m.w = params.view(w.param + "_res_proj.weight").reshape(Shape{C_});
         if (grads) {
-            m.dgamma = grads->view(w.param + "_res_norm.weight");
-            m.dw = grads->view(w.param + "_res_proj.weight").reshape(Shape{C_});
+            m.dgamma = grads->find(w.param + "_res_norm.weight");  // undefined: frozen
+            m.dw = grads->find(w.param + "_res_proj.weight");
+            if (m.dw.defined()) m.dw = m.dw.reshape(Shape{C_});
         }
         mixes_.push_back(m);
     }

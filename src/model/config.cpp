@@ -43,6 +43,19 @@ MoeConfig parse_moe_config(const Json& section, const std::string& where) {
     return c;
 }
 
+LoraConfig parse_lora_config(const Json& section, const std::string& where) {
+    ConfigReader r(section, where);
+    LoraConfig d, c;
+    c.rank = r.integer("rank", d.rank);
+    c.alpha = r.number("alpha", d.alpha);
+    c.rslora = r.boolean("rslora", d.rslora);
+    c.target_modules = r.names("target_modules");
+    c.modules_to_save = r.names("modules_to_save");
+    r.finish();
+    c.validate(where);
+    return c;
+}
+
 MlaConfig parse_mla_config(const Json& section, const std::string& where) {
     ConfigReader r(section, where);
     MlaConfig d, c;
@@ -263,6 +276,7 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
         c.kda.num_heads = c.n_heads;
     }
     if (r.has("moe")) c.moe = parse_moe_config(r.section("moe"), where + ".moe");
+    if (r.has("lora")) c.lora = parse_lora_config(r.section("lora"), where + ".lora");
     r.finish();
     c.validate(where);
     check_unread_keys(c, where);
@@ -446,6 +460,7 @@ Json to_json(const ModelConfig& c) {
            {"rope_dim", c.rope_dim},
            {"attn_res_block_size", c.attn_res_block_size},
            {"moe", to_json(c.moe)}};
+    if (c.lora.enabled()) j["lora"] = to_json(c.lora);
     if (c.rope_scaling.enabled()) j["rope_scaling"] = to_json(c.rope_scaling);
     if (c.has_layer_type("mla") || c.has_layer_type("dsa")) {
         j["mla"] = to_json(c.mla);
@@ -453,6 +468,35 @@ Json to_json(const ModelConfig& c) {
     }
     if (c.has_layer_type("kda") || c.has_layer_type("gdn")) j["kda"] = to_json(c.kda);
     return j;
+}
+
+Json to_json(const LoraConfig& l) {
+    return Json{{"rank", l.rank},
+                {"alpha", l.alpha},
+                {"rslora", l.rslora},
+                {"target_modules", l.target_modules},
+                {"modules_to_save", l.modules_to_save}};
+}
+
+bool LoraConfig::names(const std::vector<std::string>& list, const std::string& path) {
+    for (const std::string& n : list) {
+        if (path == n || (path.size() > n.size() && path.ends_with(n) && path[path.size() - n.size() - 1] == '.'))
+            return true;
+    }
+    return false;
+}
+
+void LoraConfig::validate(const std::string& where) const {
+    TESSERA_CHECK(rank >= 0 && rank <= 4096, "{}: lora.rank must be in [0, 4096] (0: no LoRA), not {}", where, rank);
+    if (!enabled()) {
+        TESSERA_CHECK(target_modules.empty() && modules_to_save.empty(),
+                      "{}: lora.target_modules / modules_to_save are set but lora.rank is 0 (no LoRA); set a rank",
+                      where);
+        return;
+    }
+    TESSERA_CHECK(std::isfinite(alpha) && alpha > 0, "{}: lora.alpha must be positive, not {}", where, alpha);
+    TESSERA_CHECK(!target_modules.empty() || !modules_to_save.empty(),
+                  "{}: lora.target_modules and lora.modules_to_save are both empty: nothing would train", where);
 }
 
 Json to_json(const ops::RopeScaling& s) {

@@ -131,6 +131,24 @@ struct MlaConfig {
     void validate(const std::string& where) const;
 };
 
+// LoRA fine-tuning (arXiv 2106.09685; PEFT's LoraConfig keys): the base model is frozen and rank-r adapters
+// y += s·(x·Aᵀ)·Bᵀ train on the linears named by target_modules (PEFT module names: q_proj, o_proj, gate_proj,
+// ...; a name matches a module whose dotted path equals it or ends with "." + it), with s = alpha / r (rsLoRA:
+// alpha / √r). modules_to_save: modules trained in full beside the adapters (embed_tokens, lm_head, norm, ...).
+struct LoraConfig {
+    int64_t rank = 0;  // 0: no LoRA, every parameter trains
+    double alpha = 16.0;
+    bool rslora = false;
+    std::vector<std::string> target_modules;
+    std::vector<std::string> modules_to_save;
+
+    bool enabled() const { return rank > 0; }
+    double scale() const { return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank); }
+    // whether a PEFT module name list names the module at `path` (a parameter name without ".weight")
+    static bool names(const std::vector<std::string>& list, const std::string& path);
+    void validate(const std::string& where) const;
+};
+
 struct ModelConfig {
     int64_t vocab_size = 258;  // byte tokenizer: 256 bytes + <|endoftext|> + <|pad|>
     int64_t d_model = 256;
@@ -156,6 +174,7 @@ struct ModelConfig {
     MlaConfig mla;
     KdaConfig kda;
     MoeConfig moe;
+    LoraConfig lora;
 
     int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
     const std::string& layer_type(int64_t layer) const {
@@ -178,6 +197,7 @@ Json to_json(const ModelConfig& c);
 Json to_json(const MoeConfig& m);
 Json to_json(const MlaConfig& m);
 Json to_json(const KdaConfig& k);
+Json to_json(const LoraConfig& l);
 Json to_json(const ops::RopeScaling& s);
 
 }  // namespace tessera::model

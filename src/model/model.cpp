@@ -73,11 +73,15 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) :
         owned(kBetweenBlocks);
         for (auto& b : blocks_) b->set_residual(false);
     }
-    // the flat parameter space is [replicated | data | expert] (train/optimizer.h), each unit's data contiguous
+    if (cfg_.lora.enabled()) freeze_base();
+    // frozen parameters first, then the flat space the optimizer trains, [replicated | data | expert]
+    // (train/optimizer.h), each unit's data contiguous
     std::vector<size_t> order(param_specs_.size());
     std::iota(order.begin(), order.end(), size_t(0));
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return param_specs_[a].sharding < param_specs_[b].sharding; });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        const BufferSpec &x = param_specs_[a], &y = param_specs_[b];
+        return std::pair(x.trainable, x.sharding) < std::pair(y.trainable, y.sharding);
+    });
     std::vector<BufferSpec> specs;
     std::vector<ParamInit> inits;
     std::vector<int> owners;
@@ -88,9 +92,41 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) :
     }
     param_specs_ = std::move(specs);
     inits_ = std::move(inits);
+    frozen_ = size_t(std::count_if(param_specs_.begin(), param_specs_.end(), [](auto& s) { return !s.trainable; }));
+    trained_specs_.assign(param_specs_.begin() + std::ptrdiff_t(frozen_), param_specs_.end());
     make_units(owners);
     if (indexer_warmup()) {
-        for (const auto& spec : param_specs_) trainable_mask_.push_back(trainable(spec.name));
+        for (const auto& spec : trained_specs_) trainable_mask_.push_back(trainable(spec.name));
+    }
+}
+
+void Model::freeze_base() {
+    // a parameter trains when a module on its path is in modules_to_save (PEFT trains such modules whole)
+    auto saved = [&](const std::string& name) {
+        for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
+            if (LoraConfig::names(cfg_.lora.modules_to_save, name.substr(0, dot))) return true;
+        }
+        return false;
+    };
+    auto adapter = [](const std::string& name) {
+        return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+    };
+    for (BufferSpec& s : param_specs_) s.trainable = adapter(s.name) || saved(s.name);
+    // as PEFT: an error when no name matches (a list may name modules of several families)
+    const bool adapted = std::any_of(param_specs_.begin(), param_specs_.end(), [](auto& s) {
+        return s.name.ends_with(".lora_A.weight");
+    });
+    TESSERA_CHECK(adapted || cfg_.lora.target_modules.empty(),
+                  "model.lora.target_modules: no name in {} names a projection of this model that takes adapters "
+                  "(gqa attention: q_proj, k_proj, v_proj, g_proj, o_proj; dense MLP: gate_proj, up_proj, down_proj)",
+                  Json(cfg_.lora.target_modules).dump());
+    for (const std::string& m : cfg_.lora.modules_to_save) {
+        bool any = false;
+        for (const BufferSpec& s : param_specs_) {
+            for (size_t dot = s.name.find('.'); dot != std::string::npos && !any; dot = s.name.find('.', dot + 1))
+                any = LoraConfig::names({m}, s.name.substr(0, dot));
+        }
+        TESSERA_CHECK(any, "model.lora.modules_to_save: \"{}\" names no module of this model", m);
     }
 }
 
@@ -98,7 +134,7 @@ void Model::make_units(const std::vector<int>& owner) {
     block_unit_.assign(blocks_.size(), -1);
     embed_unit_ = head_unit_ = -1;
     for (size_t i = 0; i < param_specs_.size(); ++i) {
-        if (param_specs_[i].sharding != Sharding::data) continue;
+        if (param_specs_[i].sharding != Sharding::data || !param_specs_[i].trainable) continue;
         const int who = owner[i];
         if (!units_.empty() && units_.back().last == i && owner[units_.back().first] == who) {
             units_.back().last = i + 1;
@@ -111,7 +147,9 @@ void Model::make_units(const std::vector<int>& owner) {
         units_.push_back({.first = i, .last = i + 1, .slot = who >= 0 ? 1 + who % 2 : 0});
     }
     for (size_t i = 0; i < param_specs_.size(); ++i) {  // each MoE block's experts join its unit
-        if (param_specs_[i].sharding != Sharding::expert) continue;
+        if (param_specs_[i].sharding != Sharding::expert || !param_specs_[i].trainable) continue;
+        TESSERA_CHECK(block_unit_.at(size_t(owner[i])) >= 0, "model: {} trains but nothing else of its block does",
+                      param_specs_[i].name);
         ParamUnit& u = units_.at(size_t(block_unit_.at(size_t(owner[i]))));
         if (u.expert_first == u.expert_last) u.expert_first = u.expert_last = i;
         TESSERA_CHECK(u.expert_last == i, "model: the experts of one block are not adjacent ({})",
@@ -119,25 +157,29 @@ void Model::make_units(const std::vector<int>& owner) {
         u.expert_last = i + 1;
     }
     if (cfg_.tie_embeddings) embed_unit_ = head_unit_;
-    TESSERA_CHECK(embed_unit_ >= 0 && head_unit_ >= 0, "model: no embedding or head parameters");
-    for (int& u : block_unit_) TESSERA_CHECK(u >= 0, "model: a block without parameters");
-    // the passes' visits, in the order forward_loss / forward_backward make them
-    eval_plan_ = {{embed_unit_, false}};
-    for (int u : block_unit_) eval_plan_.push_back({u, false});
-    eval_plan_.push_back({head_unit_, false});
-    train_plan_.assign(eval_plan_.begin(), eval_plan_.end() - 1);
-    train_plan_.push_back({head_unit_, true});
-    for (size_t j = blocks_.size(); j-- > 0;) train_plan_.push_back({block_unit_[j], true});
-    train_plan_.push_back({embed_unit_, true});
+    // the passes' visits, in the order forward_loss / forward_backward make them; a unit -1 (nothing of it
+    // trains: frozen parameters are whole on every rank) is not visited
+    auto add = [](std::vector<UnitVisit>& plan, int unit, bool backward) {
+        if (unit >= 0) plan.push_back({unit, backward});
+    };
+    eval_plan_.clear();
+    add(eval_plan_, embed_unit_, false);
+    for (int u : block_unit_) add(eval_plan_, u, false);
+    train_plan_ = eval_plan_;
+    add(eval_plan_, head_unit_, false);
+    add(train_plan_, head_unit_, true);
+    for (size_t j = blocks_.size(); j-- > 0;) add(train_plan_, block_unit_[j], true);
+    add(train_plan_, embed_unit_, true);
     warmup_plan_ = eval_plan_;
-    for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) warmup_plan_.push_back({block_unit_[it->block], true});
+    for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) add(warmup_plan_, block_unit_[it->block], true);
 }
 
 template <class F>
 void Model::visit(int unit, bool backward, F&& f) {
-    if (hooks_) hooks_->enter({unit, backward});
+    const bool held = hooks_ && unit >= 0;  // -1: frozen, nothing to gather
+    if (held) hooks_->enter({unit, backward});
     f();
-    if (hooks_) hooks_->leave({unit, backward});
+    if (held) hooks_->leave({unit, backward});
 }
 
 void Model::begin_pass(const std::vector<UnitVisit>& plan) {
@@ -216,9 +258,9 @@ void Model::bind(const BufferGroup& params,
     norm_f_ = params.view(kNormF);
     head_ = cfg_.tie_embeddings ? embed_ : params.view(kHead);
     if (grads) {
-        d_embed_ = grads->view(kEmbed);
-        d_norm_f_ = grads->view(kNormF);
-        d_head_ = cfg_.tie_embeddings ? d_embed_ : grads->view(kHead);
+        d_embed_ = grads->find(kEmbed);  // undefined: frozen
+        d_norm_f_ = grads->find(kNormF);
+        d_head_ = cfg_.tie_embeddings ? d_embed_ : grads->find(kHead);
     }
     x_.clear();
     for (size_t j = 0; j <= blocks_.size(); ++j) x_.push_back(acts.view(fmt::format("x.{}", j)));
@@ -401,7 +443,9 @@ LossResult Model::forward_backward(StepShape s,
         });
         if (attn_res_) attn_res_->end_backward(j, dres_, N);
     }
-    visit(embed_unit_, true, [&] { ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_); });
+    visit(embed_unit_, true, [&] {
+        if (d_embed_.defined()) ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
+    });
     end_pass();
     return res;
 }

@@ -74,8 +74,12 @@ class Model {
     ~Model();
 
     const ModelConfig& config() const { return cfg_; }
-    // Parameter specs in the order [replicated | data (unit by unit) | expert] of their Sharding.
+    // Parameter specs: the frozen ones first (model.lora: the base), then the trained ones in the order
+    // [replicated | data (unit by unit) | expert] of their Sharding.
     const std::vector<BufferSpec>& param_specs() const { return param_specs_; }
+    // The trained parameters' specs (param_specs() after the frozen ones): the optimizer's and the gradients'
+    const std::vector<BufferSpec>& trained_specs() const { return trained_specs_; }
+    size_t frozen_params() const { return frozen_; }
     const std::vector<ParamUnit>& param_units() const { return units_; }
     // FSDP: the hooks every training and evaluation pass calls around each unit's use (null: none). Not for
     // decoding (decode_step refuses while hooks are set).
@@ -134,7 +138,7 @@ class Model {
 
     // DSA layers (model.mla.dsa.topk > 0). In the dense warm-up stage only the indexers train:
     // forward_backward skips the LM backward and trainable() is false for every other parameter (the
-    // optimizer leaves them alone); trainable_mask() lists trainable() per parameter spec then, and is
+    // optimizer leaves them alone); trainable_mask() lists trainable() per trained spec then, and is
     // empty (all trainable) otherwise.
     bool has_dsa() const { return !dsa_.empty(); }
     bool indexer_warmup() const;
@@ -154,6 +158,7 @@ class Model {
     TensorView block_input(size_t j, int64_t N);  // block j's x_in (recomputes an Attention Residuals mix)
     void final_norm(int64_t N);                   // the last residual state -> ln_f
     void make_units(const std::vector<int>& owner);
+    void freeze_base();  // model.lora: every parameter but the adapters and modules_to_save frozen
     // runs f between the hooks' enter and leave of the visit (f alone without hooks)
     template <class F>
     void visit(int unit, bool backward, F&& f);
@@ -173,6 +178,8 @@ class Model {
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
     std::vector<bool> trainable_mask_;  // empty: every parameter trains
+    std::vector<BufferSpec> trained_specs_;
+    size_t frozen_ = 0;
     std::vector<ParamUnit> units_;
     std::vector<int> block_unit_;         // the unit of each block
     int embed_unit_ = 0, head_unit_ = 0;  // the same unit with tied embeddings

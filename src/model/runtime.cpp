@@ -59,8 +59,12 @@ void check_fits_in_memory(const std::vector<BufferGroup*>& groups) {
 }  // namespace
 
 std::vector<BufferSpec> grad_specs(const std::vector<BufferSpec>& params) {
-    std::vector<BufferSpec> g = params;
-    for (auto& s : g) s.kind = BufferKind::grad;
+    std::vector<BufferSpec> g;
+    for (const BufferSpec& s : params) {
+        if (!s.trainable) continue;  // frozen: no gradient
+        g.push_back(s);
+        g.back().kind = BufferKind::grad;
+    }
     return g;
 }
 

@@ -32,7 +32,7 @@ void attn_res_mix_forward(const AttnResParams& p,
                           TensorView out,
                           TensorView probs,
                           TensorView scratch);
-// dsources[i] += dL/dsources[i]; dgamma, dw += their gradients
+// dsources[i] += dL/dsources[i]; dgamma, dw += their gradients (both undefined: frozen, skipped)
 void attn_res_mix_backward(const AttnResParams& p,
                            TensorView dout,
                            std::span<const TensorView> sources,

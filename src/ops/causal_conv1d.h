@@ -3,7 +3,8 @@
 //   y = silu(z) or z.
 // Shapes: x, y, dx, dy [B, T, C] (contiguous), w, dw [C, W]. With cu_seqlens (B = 1) the row holds
 // packed sequences and the convolution restarts at every sequence start (never reads across one).
-// Backward recomputes z and accumulates into dx and dw (dw summed over (b, t) in order).
+// Backward recomputes z and accumulates into dx and dw (dw summed over (b, t) in order; either may be
+// undefined: not wanted).
 #pragma once
 
 #include <span>

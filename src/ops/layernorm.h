@@ -2,7 +2,8 @@
 // with the biased variance. The DSA indexer's key norm (spec/dsa.md §1.1). Shapes: x, y, dx, dy [N, D]
 // (row-strided allowed), w, b, dw, db [D], mean and rstd [N] (written by forward, read by backward).
 // Backward: with x̂ = (x − mean)·rstd and g = dy∘w, dx += rstd·(g − mean(g) − x̂·mean(g∘x̂)) (skipped when
-// dx is absent), dw += Σ_n dy∘x̂, db += Σ_n dy, reduced over rows in row order.
+// dx is absent), dw += Σ_n dy∘x̂, db += Σ_n dy, reduced over rows in row order (dw
+// and db undefined together: frozen, skipped).
 #pragma once
 
 #include "core/tensor.h"

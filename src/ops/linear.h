@@ -1,6 +1,7 @@
 // Linear layer: y = x · wᵀ + b. Shapes: x [N, IN], w [OUT, IN], b [OUT] (optional), y [N, OUT].
 // x, y, dx and dy may be row-strided 2-D views (last dim contiguous), e.g. column blocks of a
-// fused buffer. Backward accumulates into dx, dw and db; an absent dx or db is skipped.
+// fused buffer. Backward accumulates into dx, dw and db; an absent (undefined) dx, dw or db is skipped (dw:
+// a frozen weight, whose gradient is never computed).
 #pragma once
 
 #include "core/tensor.h"

@@ -32,6 +32,7 @@ class QuantileBalancer {
     // [N, E] unbiased router scores of one micro-batch and the bias it was routed with
     void add(TensorView scores, std::span<const float> bias);
     void update(std::span<float> bias);  // moves the bias by the histograms' quantiles, then clears them
+    void clear();                        // clears the histograms (a frozen bias: no update)
     int64_t tokens() const { return hist_.back(); }
     // The histograms and the token count (integers): several ranks add theirs element-wise before update, and
     // all then move the bias as one process seeing every token would.

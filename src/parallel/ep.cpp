@@ -167,9 +167,10 @@ ops::MoeScratch ExpertParallelStage::chunk_scratch(int64_t c) const {
 ops::MoeWeights ExpertParallelStage::chunk_weights(const ops::MoeWeights& w, int64_t c) const {
     const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1];
     ops::MoeWeights out;
-    out.w_gate = w.w_gate.slice0(e0, e1);
-    out.w_up = w.w_up.slice0(e0, e1);
-    out.w_down = w.w_down.slice0(e0, e1);
+    auto part = [&](TensorView v) { return v.defined() ? v.slice0(e0, e1) : TensorView{}; };  // undefined: frozen
+    out.w_gate = part(w.w_gate);
+    out.w_up = part(w.w_up);
+    out.w_down = part(w.w_down);
     return out;
 }
 

@@ -21,7 +21,7 @@ void wait_all(std::vector<parallel::Handle>& hs) {
 }  // namespace
 
 Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
-    : specs_(model.param_specs()), grads_(grads) {
+    : specs_(model.param_specs()), frozen_(model.frozen_params()), grads_(grads) {
     TESSERA_CHECK(opt.regions()[AdamW::data].comm != nullptr, "FSDP needs several data-parallel ranks");
     for (int r : {AdamW::data, AdamW::expert}) {  // the experts too when replicas share them (W / ep > 1)
         const parallel::ShardedRegion& reg = opt.regions()[size_t(r)];
@@ -36,10 +36,13 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
                                                 .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
                                                 .kind = BufferKind::param}});
     }
-    const BufferGroup layout("params", specs_);  // offsets only
-    for (size_t i = 0; i < specs_.size(); ++i) flat_.push_back(layout.offset(i) / sizeof(float));
+    // the optimizer's flat space: the trained parameters (after the frozen ones, which FSDP leaves whole)
+    const BufferGroup layout("params", model.trained_specs());  // offsets only
+    flat_.assign(frozen_, 0);
+    for (size_t i = 0; i < layout.size(); ++i) flat_.push_back(layout.offset(i) / sizeof(float));
     auto held = [&](size_t i) {
-        return specs_[i].sharding == Sharding::data || (specs_[i].sharding == Sharding::expert && holds(AdamW::expert));
+        return i >= frozen_ && (specs_[i].sharding == Sharding::data ||
+                                (specs_[i].sharding == Sharding::expert && holds(AdamW::expert)));
     };
     int64_t scratch = 1;  // elements
     for (const model::ParamUnit& pu : model.param_units()) {
@@ -72,30 +75,35 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
         slot_bytes_[size_t(u.slot)] = std::max(slot_bytes_[size_t(u.slot)], u.bytes);
         units_.push_back(std::move(u));
     }
-    // placed groups: what FSDP does not hold packed as usual, then the three slots
-    std::vector<size_t> offsets(specs_.size(), 0);
-    size_t at = 0;
-    for (size_t i = 0; i < specs_.size(); ++i) {
-        if (held(i)) continue;
-        offsets[i] = at;
-        at = align_up(at + specs_[i].nbytes());
-    }
-    for (int s = 0; s < kSlots; ++s) {
-        slot_at_[size_t(s)] = at;
-        at = align_up(at + slot_bytes_[size_t(s)]);
-    }
-    for (const Unit& u : units_) {
-        for (size_t k = 0; k < u.parts.size(); ++k) {
-            const Part& p = u.parts[k];
-            const int64_t base = regions_[size_t(p.region)].base + p.lo;
-            for (size_t i = u.specs[k].first; i < u.specs[k].second; ++i) {
-                TESSERA_CHECK(held(i), "FSDP: unit holds {}, which it does not shard", specs_[i].name);
-                offsets[i] = slot_at_[size_t(u.slot)] + p.at + (flat_[i] - size_t(base)) * sizeof(float);
+    // placed groups: what FSDP does not hold packed as usual, then the three slots; the gradient group the same
+    // without the frozen parameters (first = frozen_)
+    auto place = [&](size_t first, std::array<size_t, kSlots>& slot_at, const std::string& name,
+                     std::vector<BufferSpec> specs) {
+        std::vector<size_t> offsets(specs_.size() - first, 0);
+        size_t at = 0;
+        for (size_t i = first; i < specs_.size(); ++i) {
+            if (held(i)) continue;
+            offsets[i - first] = at;
+            at = align_up(at + specs_[i].nbytes());
+        }
+        for (int s = 0; s < kSlots; ++s) {
+            slot_at[size_t(s)] = at;
+            at = align_up(at + slot_bytes_[size_t(s)]);
+        }
+        for (const Unit& u : units_) {
+            for (size_t k = 0; k < u.parts.size(); ++k) {
+                const Part& p = u.parts[k];
+                const int64_t base = regions_[size_t(p.region)].base + p.lo;
+                for (size_t i = u.specs[k].first; i < u.specs[k].second; ++i) {
+                    TESSERA_CHECK(held(i), "FSDP: unit holds {}, which it does not shard", specs_[i].name);
+                    offsets[i - first] = slot_at[size_t(u.slot)] + p.at + (flat_[i] - size_t(base)) * sizeof(float);
+                }
             }
         }
-    }
-    placement_.params = BufferGroup("params", specs_, offsets, std::max<size_t>(at, kBufferAlign));
-    placement_.grads = BufferGroup("grads", model::grad_specs(specs_), offsets, std::max<size_t>(at, kBufferAlign));
+        return BufferGroup(name, std::move(specs), offsets, std::max<size_t>(at, kBufferAlign));
+    };
+    placement_.params = place(0, slot_at_, "params", specs_);
+    placement_.grads = place(frozen_, grad_slot_at_, "grads", model::grad_specs(specs_));
     // one scratch serves every reduce-scatter, since every collective of the process runs on its one
     // communication thread, in turn (parallel/comm.h)
     scratch_ = BufferGroup(
@@ -116,9 +124,9 @@ std::vector<BufferGroup*> Fsdp::groups() {
 }
 
 void Fsdp::bind(const BufferGroup& params, const BufferGroup& grads) {
-    TESSERA_CHECK(params.size() == specs_.size() && grads.size() == specs_.size(),
-                  "FSDP: bound to groups of {} and {} parameters, expected {}", params.size(), grads.size(),
-                  specs_.size());
+    TESSERA_CHECK(params.size() == specs_.size() && grads.size() == specs_.size() - frozen_,
+                  "FSDP: bound to groups of {} and {} parameters, expected {} and {}", params.size(), grads.size(),
+                  specs_.size(), specs_.size() - frozen_);
     params_ = &params;
     grads_group_ = &grads;
 }
@@ -253,13 +261,13 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
     for (const StatePiece& p : opt.pieces()) {  // this rank's ranges of what FSDP holds
         if (!holds(p.region)) continue;
         const Region& g = regions_[size_t(p.region)];
-        targets.push_back(
-            {p.param, p.whole_offset, p.length, shard(p.region).data() + (p.flat_offset - g.base - g.cut.lo)});
+        targets.push_back({p.param + frozen_, p.whole_offset, p.length,
+                           shard(p.region).data() + (p.flat_offset - g.base - g.cut.lo)});
     }
     for (size_t i = 0; i < specs_.size(); ++i) {  // the rest whole (experts: this rank's slice)
         const BufferSpec& spec = specs_[i];
         const bool expert = spec.sharding == Sharding::expert;
-        if (spec.sharding == Sharding::data || (expert && holds(AdamW::expert))) continue;
+        if (i >= frozen_ && (spec.sharding == Sharding::data || (expert && holds(AdamW::expert)))) continue;
         targets.push_back(held_target(i, spec, experts, params.view(i).ptr<float>()));
     }
     return targets;

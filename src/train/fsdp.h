@@ -94,15 +94,17 @@ class Fsdp final : public model::ParamHooks {
     void gather(int unit);  // issue the unit's gather into its slot
     void ensure(int unit);  // the unit in its slot (waits for its gather)
     std::byte* slot_params(int slot) const { return params_->base() + slot_at_[size_t(slot)]; }
-    std::byte* slot_grads(int slot) const { return grads_group_->base() + slot_at_[size_t(slot)]; }
+    std::byte* slot_grads(int slot) const { return grads_group_->base() + grad_slot_at_[size_t(slot)]; }
     float* mine(const Part& p);  // this rank's piece in its range of the region
 
-    const std::vector<BufferSpec>& specs_;
+    const std::vector<BufferSpec>& specs_;  // every parameter, the frozen ones first
+    size_t frozen_ = 0;                     // how many (whole on every rank, no gradient)
     GradientSum& grads_;
     std::array<Region, AdamW::kRegions> regions_;
     std::vector<size_t> flat_;  // each parameter's flat element offset
     std::vector<Unit> units_;
-    std::array<size_t, kSlots> slot_at_{}, slot_bytes_{};  // byte offset and size of each slot in the placed groups
+    std::array<size_t, kSlots> slot_at_{}, grad_slot_at_{}, slot_bytes_{};  // each slot's byte offset in the placed
+                                                                            // groups (parameters, gradients), size
     model::ParamPlacement placement_;
     BufferGroup scratch_;
     const BufferGroup *params_ = nullptr, *grads_group_ = nullptr;

@@ -70,8 +70,8 @@ AdamW::AdamW(const std::vector<BufferSpec>& params, const parallel::Mesh* mesh, 
 }
 
 float* AdamW::region_base(const BufferGroup& g, size_t r) const {
-    TESSERA_CHECK(g.size() == specs_.size(), "AdamW: a group of {} parameters, expected {}", g.size(), specs_.size());
-    return first_spec_[r] < specs_.size() ? g.view(first_spec_[r]).ptr<float>() : nullptr;
+    // by name: a parameter group holds the frozen parameters too, a gradient group only the trained ones
+    return first_spec_[r] < specs_.size() ? g.view(specs_[first_spec_[r]].name).ptr<float>() : nullptr;
 }
 
 ParamRanges AdamW::ranges_of(const BufferGroup& params) const {

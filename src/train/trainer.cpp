@@ -253,7 +253,7 @@ TrainSummary train(const TrainOptions& opts) {
     DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {rank, ranks, accumulation});
 
     model::Model model(cfg.model, m ? &m->expert() : nullptr, cfg.parallel.ep_chunks);
-    AdamW opt(model.param_specs(), m, model.local_experts().first);
+    AdamW opt(model.trained_specs(), m, model.local_experts().first);
     const bool sharded = m && cfg.parallel.fsdp;
     GradientSum grad_sum(opt, accumulation, sharded);
     std::optional<Fsdp> fsdp;

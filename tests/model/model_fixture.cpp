@@ -16,7 +16,7 @@ GoldenModel::GoldenModel(const std::string& case_name, bool recompute, const std
     cfg = train::parse_run_config(doc, "golden " + case_name);
     shape = {cfg.train.micro_batch(1), cfg.train.seq_len};
     model = std::make_unique<model::Model>(cfg.model);
-    opt = std::make_unique<train::AdamW>(model->param_specs());
+    opt = std::make_unique<train::AdamW>(model->trained_specs());
     grads = std::make_unique<train::GradientSum>(*opt, cfg.train.accumulation(1));
     std::vector<BufferGroup*> extra{&opt->m(), &opt->v()};
     for (BufferGroup* g : grads->groups()) extra.push_back(g);

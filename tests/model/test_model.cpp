@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
 
 #include "core/rng.h"
 #include "model/model_fixture.h"
@@ -128,6 +131,45 @@ TEST_P(ModelGolden, DocumentBoundariesKeepDocumentsApart) {
     Tensor unmasked(DType::f32, Shape{T, V});
     g.model->forward_logits({1, T}, row, unmasked);
     EXPECT_FALSE(test::all_close(unmasked.view().slice0(split, T), alone, 1e-3, 1e-3)) << "masking changed nothing";
+}
+
+TEST_P(ModelGolden, AFrozenBaseGivesTheTrainedParametersTheSameGradients) {
+    // model.lora with modules_to_save only: everything else is frozen (no gradient buffer, no optimizer state,
+    // backward computes only input gradients through it); what trains gets the gradient full training gives it,
+    // bitwise: the embedding's sits below every block, so every frozen block's input gradient is checked
+    test::GoldenModel full(GetParam());
+    test::GoldenModel part(GetParam(), false, [](Json& doc) {
+        doc["model"]["lora"] = Json{{"rank", 4}, {"modules_to_save", {"embed_tokens", "layers.1"}}};
+    });
+    for (const auto& spec : full.model->param_specs()) {
+        const TensorView from = full.rt->params().view(spec.name), to = part.rt->params().view(spec.name);
+        std::memcpy(to.data, from.data, from.nbytes());
+    }
+    std::set<std::string> trained;
+    for (const auto& spec : part.model->param_specs()) {
+        const bool want = spec.name == "model.embed_tokens.weight" || spec.name.starts_with("model.layers.1.");
+        EXPECT_EQ(spec.trainable, want) << spec.name;
+        if (want) trained.insert(spec.name);
+    }
+    ASSERT_EQ(part.rt->grads().size(), trained.size());
+    EXPECT_EQ(part.opt->param_specs().size(), trained.size());
+    full.rt->grads().zero();
+    part.rt->grads().zero();
+    const model::LossResult a = full.model->forward_backward(full.shape, full.ids("ids"), full.ids("targets"), 1.0);
+    const model::LossResult b = part.model->forward_backward(part.shape, part.ids("ids"), part.ids("targets"), 1.0);
+    EXPECT_EQ(a.loss, b.loss);
+    for (const std::string& name : trained)
+        EXPECT_TRUE(test::bitwise_equal(full.rt->grads().view(name), part.rt->grads().view(name))) << name;
+    // training moves what trains and leaves the base bitwise as it was
+    std::map<std::string, Tensor> before;
+    for (const auto& spec : part.model->param_specs())
+        before.emplace(spec.name, Tensor::copy_of(part.rt->params().view(spec.name)));
+    part.run_trajectory();
+    for (const auto& spec : part.model->param_specs()) {
+        EXPECT_EQ(test::bitwise_equal(before.at(spec.name), part.rt->params().view(spec.name)), !spec.trainable)
+            << spec.name;
+    }
+    EXPECT_LT(part.rt->memory_report().predicted_bytes, full.rt->memory_report().predicted_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models,

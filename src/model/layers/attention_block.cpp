@@ -82,22 +82,22 @@ size_t AttentionBlock::workspace_bytes(StepShape max, int num_threads) const {
 }
 
 void AttentionBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
-    auto bind = [&](const BufferGroup& g, Weights& w) {
-        w.norm = g.view(prefix_ + "input_layernorm.weight");
-        std::vector<TensorView> parts{g.view(prefix_ + "self_attn.q_proj.weight"),
-                                      g.view(prefix_ + "self_attn.k_proj.weight"),
-                                      g.view(prefix_ + "self_attn.v_proj.weight")};
-        if (G_ > 0) parts.push_back(g.view(prefix_ + "self_attn.g_proj.weight"));
+    auto bind = [&](const BufferGroup& g, Weights& w, bool grad) {
+        auto v = [&](const std::string& name) { return param_view(g, prefix_ + name, grad); };
+        w.norm = v("input_layernorm.weight");
+        std::vector<TensorView> parts{v("self_attn.q_proj.weight"), v("self_attn.k_proj.weight"),
+                                      v("self_attn.v_proj.weight")};
+        if (G_ > 0) parts.push_back(v("self_attn.g_proj.weight"));
         w.qkv = adjacent(parts, C_, prefix_ + "self_attn q/k/v/g projections");
-        w.o = g.view(prefix_ + "self_attn.o_proj.weight");
+        w.o = v("self_attn.o_proj.weight");
         if (cfg_.qk_norm) {
-            w.q_norm = g.view(prefix_ + "self_attn.q_norm.weight");
-            w.k_norm = g.view(prefix_ + "self_attn.k_norm.weight");
+            w.q_norm = v("self_attn.q_norm.weight");
+            w.k_norm = v("self_attn.k_norm.weight");
         }
     };
-    bind(params, w_);
+    bind(params, w_, false);
     has_grads_ = grads != nullptr;
-    if (grads) bind(*grads, g_);
+    if (grads) bind(*grads, g_, true);
 }
 
 void AttentionBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
@@ -154,7 +154,8 @@ void AttentionBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     if (G_ > 0)
         output_gate_forward(columns(qkv_.slice0(0, N), Q_ + 2 * KV_, G_), o, gate_.slice0(0, N), y_.slice0(0, N));
     start_output(x, x_out, N);
-    ops::linear_forward({.accumulate = true}, G_ > 0 ? y_.slice0(0, N) : o, w_.o, {}, x_out.slice0(0, N));
+    const TensorView in = G_ > 0 ? y_.slice0(0, N) : o;
+    ops::linear_forward({.accumulate = true}, in, w_.o, {}, x_out.slice0(0, N));
 }
 
 void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {

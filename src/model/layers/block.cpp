@@ -14,6 +14,8 @@ double ParamInit::value(double u, double n) const {
             return a * n;
         case Kind::constant:
             return a;
+        case Kind::uniform:
+            return a + (b - a) * u;
         case Kind::log_uniform:
             return std::log(a + (b - a) * u);
         case Kind::dt_inverse_softplus: {
@@ -88,7 +90,15 @@ void copy_rows(TensorView src, TensorView dst) {
     }
 }
 
+TensorView param_view(const BufferGroup& g, const std::string& name, bool grad) {
+    return grad ? g.find(name) : g.view(name);
+}
+
 TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what) {
+    size_t frozen = 0;
+    for (const TensorView& p : parts) frozen += p.defined() ? 0 : 1;
+    if (frozen == parts.size()) return {};
+    TESSERA_CHECK(frozen == 0, "{}: train together or not at all (one tensor here), some are frozen", what);
     int64_t rows = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
         if (i) {

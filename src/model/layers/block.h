@@ -27,6 +27,7 @@ struct ParamInit {
     enum class Kind : uint8_t {
         normal,               // N(0, a²)
         constant,             // a
+        uniform,              // U(a, b)
         log_uniform,          // ln U(a, b)
         dt_inverse_softplus,  // dt = exp(U(ln a, ln b)) clamped >= 1e-4, value = dt + ln(−expm1(−dt))
     };
@@ -59,6 +60,8 @@ class Block {
     virtual void declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const = 0;
     virtual size_t workspace_bytes(StepShape max, int num_threads) const { return 0; }
 
+    // grads: the trainable parameters' gradients; a frozen parameter has none (its view is left undefined,
+    // backward skips its gradient: param_view)
     virtual void bind_params(const BufferGroup& params, const BufferGroup* grads) = 0;
     virtual void bind_saved(const BufferGroup& acts, const std::string& prefix) = 0;
     virtual void bind_scratch(const BufferGroup& acts, const std::string& prefix) = 0;
@@ -139,7 +142,10 @@ void attend_one(const float* q,
                 int64_t vstride,
                 int64_t n,
                 float* o);
-// one [Σ rows, cols] f32 view over parameters declared back to back (checks that they are adjacent)
+// A parameter's view in the parameter group, or its gradient's in the gradient group (undefined when frozen).
+TensorView param_view(const BufferGroup& g, const std::string& name, bool grad);
+// one [Σ rows, cols] f32 view over parameters declared back to back (checks that they are adjacent); undefined
+// when every part is (the gradients of frozen parameters)
 TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what);
 
 }  // namespace tessera::model

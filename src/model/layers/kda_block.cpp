@@ -126,29 +126,28 @@ size_t KdaBlock::workspace_bytes(StepShape max, int num_threads) const {
     return ops::kda_workspace_bound({.chunk_size = cfg_.chunk_size}, in, T, true, num_threads, false);
 }
 
-void KdaBlock::bind_weights(const BufferGroup& g, Weights& w) const {
+void KdaBlock::bind_weights(const BufferGroup& g, Weights& w, bool grad) const {
+    auto v = [&](const std::string& name) { return param_view(g, name, grad); };
     const std::string a = prefix_ + "self_attn.";
-    w.norm = g.view(prefix_ + "input_layernorm.weight");
-    w.qkv = adjacent({g.view(a + "q_proj.weight"), g.view(a + "k_proj.weight"), g.view(a + "v_proj.weight")}, C_,
-                     a + "q/k/v_proj");
-    w.conv = adjacent({g.view(a + "q_conv1d.weight"), g.view(a + "k_conv1d.weight"), g.view(a + "v_conv1d.weight")}, W_,
+    w.norm = v(prefix_ + "input_layernorm.weight");
+    w.qkv = adjacent({v(a + "q_proj.weight"), v(a + "k_proj.weight"), v(a + "v_proj.weight")}, C_, a + "q/k/v_proj");
+    w.conv = adjacent({v(a + "q_conv1d.weight"), v(a + "k_conv1d.weight"), v(a + "v_conv1d.weight")}, W_,
                       a + "q/k/v_conv1d");
-    w.small =
-        adjacent({g.view(a + (cfg_.scalar_gate ? "a_proj.weight" : "f_a_proj.weight")), g.view(a + "b_proj.weight"),
-                  g.view(a + (cfg_.full_rank_output_gate ? "g_proj.weight" : "g_a_proj.weight"))},
-                 C_, a + "gate projections");
-    if (!cfg_.scalar_gate) w.f_b = g.view(a + "f_b_proj.weight");
-    w.A_log = g.view(a + "A_log");
-    w.dt_bias = g.view(a + "dt_bias");
-    if (!cfg_.full_rank_output_gate) w.g_b = g.view(a + "g_b_proj.weight");
-    w.o_norm = g.view(a + "o_norm.weight");
-    w.o = g.view(a + "o_proj.weight");
+    w.small = adjacent({v(a + (cfg_.scalar_gate ? "a_proj.weight" : "f_a_proj.weight")), v(a + "b_proj.weight"),
+                        v(a + (cfg_.full_rank_output_gate ? "g_proj.weight" : "g_a_proj.weight"))},
+                       C_, a + "gate projections");
+    if (!cfg_.scalar_gate) w.f_b = v(a + "f_b_proj.weight");
+    w.A_log = v(a + "A_log");
+    w.dt_bias = v(a + "dt_bias");
+    if (!cfg_.full_rank_output_gate) w.g_b = v(a + "g_b_proj.weight");
+    w.o_norm = v(a + "o_norm.weight");
+    w.o = v(a + "o_proj.weight");
 }
 
 void KdaBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
-    bind_weights(params, w_);
+    bind_weights(params, w_, false);
     has_grads_ = grads != nullptr;
-    if (grads) bind_weights(*grads, g_);
+    if (grads) bind_weights(*grads, g_, true);
 }
 
 KdaBlock::Acts KdaBlock::bind_acts(const BufferGroup& acts, const std::string& prefix, bool saved) const {

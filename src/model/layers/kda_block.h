@@ -59,7 +59,7 @@ class KdaBlock : public Block {
         TensorView ln, rstd, qkv_raw, qkv, qn, kn, v, small, f, g, beta, o, z, y, states;
     };
     int64_t gate_width() const { return cfg_.scalar_gate ? 1 : K_; }  // decays per value head
-    void bind_weights(const BufferGroup& g, Weights& w) const;
+    void bind_weights(const BufferGroup& g, Weights& w, bool grad) const;
     Acts bind_acts(const BufferGroup& acts, const std::string& prefix, bool saved) const;
     ops::KdaInputs kda_inputs(StepShape s, const Acts& a) const;
     bool saves_states(StepShape s) const { return s.cu_seqlens.empty(); }

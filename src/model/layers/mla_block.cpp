@@ -169,35 +169,36 @@ ops::SparseAttentionParams MlaBlock::sparse_params() const {
     return {.scale = cfg_.scale(), .dv = RKV_, .dkv_slabs = cfg_.dsa.dk_slabs};
 }
 
-void MlaBlock::bind_weights(const BufferGroup& g, Weights& w) const {
+void MlaBlock::bind_weights(const BufferGroup& g, Weights& w, bool grad) const {
+    auto v = [&](const std::string& name) { return param_view(g, name, grad); };
     const std::string a = prefix_ + "self_attn.";
-    std::vector<TensorView> h{g.view(a + (RQ_ > 0 ? "q_a_proj.weight" : "q_proj.weight")),
-                              g.view(a + "kv_a_proj_with_mqa.weight")};
-    if (G_ > 0) h.push_back(g.view(a + "g_proj.weight"));
+    std::vector<TensorView> h{v(a + (RQ_ > 0 ? "q_a_proj.weight" : "q_proj.weight")),
+                              v(a + "kv_a_proj_with_mqa.weight")};
+    if (G_ > 0) h.push_back(v(a + "g_proj.weight"));
     if (HI_ > 0) {
-        h.push_back(g.view(a + "indexer.wk.weight"));
-        h.push_back(g.view(a + "indexer.weights_proj.weight"));
+        h.push_back(v(a + "indexer.wk.weight"));
+        h.push_back(v(a + "indexer.weights_proj.weight"));
     }
-    w.norm = g.view(prefix_ + "input_layernorm.weight");
+    w.norm = v(prefix_ + "input_layernorm.weight");
     w.h_proj = adjacent(h, C_, prefix_ + "self_attn projections of h");
     if (RQ_ > 0) {
-        w.q_norm = g.view(a + "q_a_layernorm.weight");
-        w.q_b = g.view(a + "q_b_proj.weight");
+        w.q_norm = v(a + "q_a_layernorm.weight");
+        w.q_b = v(a + "q_b_proj.weight");
     }
-    w.kv_norm = g.view(a + "kv_a_layernorm.weight");
-    w.kv_b = g.view(a + "kv_b_proj.weight");
-    w.o = g.view(a + "o_proj.weight");
+    w.kv_norm = v(a + "kv_a_layernorm.weight");
+    w.kv_b = v(a + "kv_b_proj.weight");
+    w.o = v(a + "o_proj.weight");
     if (HI_ > 0) {
-        w.iq = g.view(a + "indexer.wq_b.weight");
-        w.ik_norm_w = g.view(a + "indexer.k_norm.weight");
-        w.ik_norm_b = g.view(a + "indexer.k_norm.bias");
+        w.iq = v(a + "indexer.wq_b.weight");
+        w.ik_norm_w = v(a + "indexer.k_norm.weight");
+        w.ik_norm_b = v(a + "indexer.k_norm.bias");
     }
 }
 
 void MlaBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
-    bind_weights(params, w_);
+    bind_weights(params, w_, false);
     has_grads_ = grads != nullptr;
-    if (grads) bind_weights(*grads, g_);
+    if (grads) bind_weights(*grads, g_, true);
 }
 
 void MlaBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
@@ -419,8 +420,10 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
         const int64_t uv = (h * (DN_ + DV_) + DN_) * RKV_;
         ops::gemm(Trans::N, Trans::N, N, RKV_, DV_, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_,
                   w_.kv_b.ptr<float>() + uv, RKV_, 0.f, doc.ptr<float>() + h * OC, H_ * OC);
-        ops::gemm(Trans::T, Trans::N, DV_, RKV_, N, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_, oc.ptr<float>() + h * OC,
-                  H_ * OC, 1.f, g_.kv_b.ptr<float>() + uv, RKV_);
+        if (g_.kv_b.defined()) {  // undefined: frozen
+            ops::gemm(Trans::T, Trans::N, DV_, RKV_, N, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_,
+                      oc.ptr<float>() + h * OC, H_ * OC, 1.f, g_.kv_b.ptr<float>() + uv, RKV_);
+        }
     }
     TensorView qhat = a_.qhat.slice0(0, N), dqhat = d_.dqhat.slice0(0, N), kv = a_.kv.slice0(0, N),
                dkv = d_.dkv.slice0(0, N);
@@ -451,8 +454,10 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
         const int64_t uk = h * (DN_ + DV_) * RKV_;
         ops::gemm(Trans::N, Trans::T, N, DN_, RKV_, 1.f, dqhat.ptr<float>() + h * DK_, H_ * DK_,
                   w_.kv_b.ptr<float>() + uk, RKV_, 0.f, dq.ptr<float>() + h * DQ_, dq.strides[0]);
-        ops::gemm(Trans::T, Trans::N, DN_, RKV_, N, 1.f, q.ptr<float>() + h * DQ_, q.strides[0],
-                  dqhat.ptr<float>() + h * DK_, H_ * DK_, 1.f, g_.kv_b.ptr<float>() + uk, RKV_);
+        if (g_.kv_b.defined()) {
+            ops::gemm(Trans::T, Trans::N, DN_, RKV_, N, 1.f, q.ptr<float>() + h * DQ_, q.strides[0],
+                      dqhat.ptr<float>() + h * DK_, H_ * DK_, 1.f, g_.kv_b.ptr<float>() + uk, RKV_);
+        }
     }
     TensorView dkr = columns(dhp, col_kv_ + RKV_, DR_);
     if (cfg_.rope && DR_ > 0) {
@@ -475,7 +480,7 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     // the LM loss reaches h through the main projections only; the indexer learns from its KL
     zero_rows(d_.dln, N);
     auto rows_of = [&](TensorView w, int64_t r0, int64_t r1) {
-        return TensorView(w.ptr<float>() + r0 * C_, DType::f32, Shape{r1 - r0, C_});
+        return w.defined() ? TensorView(w.ptr<float>() + r0 * C_, DType::f32, Shape{r1 - r0, C_}) : TensorView{};
     };
     ops::linear_backward(columns(dhp, 0, Wmain_), a_.ln.slice0(0, N), rows_of(w_.h_proj, 0, Wmain_),
                          d_.dln.slice0(0, N), rows_of(g_.h_proj, 0, Wmain_), {});
@@ -534,7 +539,9 @@ double MlaBlock::indexer_backward(StepShape s, std::span<std::byte> ws) {
         for (int64_t j = 0; j < HI_; ++j) dw_raw.ptr<float>()[n * dw_raw.strides[0] + j] = dwi[n * HI_ + j] * wscale;
     }
     TensorView wrows(w_.h_proj.ptr<float>() + Wmain_ * C_, DType::f32, Shape{Wh_ - Wmain_, C_});
-    TensorView grows(g_.h_proj.ptr<float>() + Wmain_ * C_, DType::f32, Shape{Wh_ - Wmain_, C_});
+    const TensorView grows = g_.h_proj.defined()
+                                 ? TensorView(g_.h_proj.ptr<float>() + Wmain_ * C_, DType::f32, Shape{Wh_ - Wmain_, C_})
+                                 : TensorView{};  // frozen
     ops::linear_backward(columns(dhp, Wmain_, Wh_ - Wmain_), ln, wrows, {}, grows, {});
     return r.loss;
 }

@@ -81,7 +81,7 @@ class MlaBlock : public Block {
     struct Scratch {
         TensorView dln, dhp, dcq, dq, dkv, dv, dqhat, doc, dy, dov, p, dqi, dki, dwi, dqi_pre, dki_pre;
     };
-    void bind_weights(const BufferGroup& g, Weights& w) const;
+    void bind_weights(const BufferGroup& g, Weights& w, bool grad) const;
     int64_t index_width(StepShape max) const;           // K of the saved indices: topk, or T in the warm-up
     int64_t oc_width() const;                           // per-head width of oc: D_k (dense) or r_kv (DSA)
     StepShape flat(StepShape s) const;                  // [B, T], or one packed row when documents are packed

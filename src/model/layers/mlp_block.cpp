@@ -38,18 +38,15 @@ void MlpBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
 }
 
 void MlpBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
-    auto bind = [&](const BufferGroup& g, Weights& w) {
-        w.norm = g.view(prefix_ + "post_attention_layernorm.weight");
-        TensorView gate = g.view(prefix_ + "mlp.gate_proj.weight");
-        TensorView up = g.view(prefix_ + "mlp.up_proj.weight");
-        TESSERA_CHECK(static_cast<std::byte*>(gate.data) + gate.nbytes() == up.data,
-                      "{}: gate and up projections are not adjacent", prefix_);
-        w.gate_up = TensorView(gate.data, DType::f32, Shape{2 * F_, C_});
-        w.down = g.view(prefix_ + "mlp.down_proj.weight");
+    auto bind = [&](const BufferGroup& g, Weights& w, bool grad) {
+        auto v = [&](const std::string& name) { return param_view(g, prefix_ + name, grad); };
+        w.norm = v("post_attention_layernorm.weight");
+        w.gate_up = adjacent({v("mlp.gate_proj.weight"), v("mlp.up_proj.weight")}, C_, prefix_ + "mlp gate/up");
+        w.down = v("mlp.down_proj.weight");
     };
-    bind(params, w_);
+    bind(params, w_, false);
     has_grads_ = grads != nullptr;
-    if (grads) bind(*grads, g_);
+    if (grads) bind(*grads, g_, true);
 }
 
 void MlpBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {

@@ -118,29 +118,31 @@ void MoeBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
 
 void MoeBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
     const std::string mlp = prefix_ + "mlp.";
-    auto bind = [&](const BufferGroup& g, ops::MoeWeights& w, TensorView& norm) {
-        norm = g.view(prefix_ + "post_attention_layernorm.weight");
-        w.router_w = g.view(mlp + "gate.weight");
-        w.router_bias = g.view(mlp + "gate.e_score_correction_bias");
-        w.w_gate = g.view(mlp + "experts.gate_proj.weight");
-        w.w_up = g.view(mlp + "experts.up_proj.weight");
-        w.w_down = g.view(mlp + "experts.down_proj.weight");
+    auto bind = [&](const BufferGroup& g, ops::MoeWeights& w, TensorView& norm, bool grad) {
+        auto v = [&](const std::string& name) { return param_view(g, name, grad); };
+        norm = v(prefix_ + "post_attention_layernorm.weight");
+        w.router_w = v(mlp + "gate.weight");
+        w.router_bias = v(mlp + "gate.e_score_correction_bias");
+        w.w_gate = v(mlp + "experts.gate_proj.weight");
+        w.w_up = v(mlp + "experts.up_proj.weight");
+        w.w_down = v(mlp + "experts.down_proj.weight");
         if (m_.latent_dim > 0) {
-            w.latent_down = g.view(mlp + "routed_expert_down_proj.weight");
-            w.latent_up = g.view(mlp + "routed_expert_up_proj.weight");
-            if (m_.latent_norm) w.latent_norm = g.view(mlp + "routed_expert_norm.weight");
+            w.latent_down = v(mlp + "routed_expert_down_proj.weight");
+            w.latent_up = v(mlp + "routed_expert_up_proj.weight");
+            if (m_.latent_norm) w.latent_norm = v(mlp + "routed_expert_norm.weight");
         }
         if (m_.shared_ffn_dim > 0) {
-            w.shared_gate = g.view(mlp + "shared_experts.gate_proj.weight");
-            w.shared_up = g.view(mlp + "shared_experts.up_proj.weight");
-            w.shared_down = g.view(mlp + "shared_experts.down_proj.weight");
-            if (m_.shared_expert_gate) w.shared_scale = g.view(mlp + "shared_expert_gate.weight");
+            w.shared_gate = v(mlp + "shared_experts.gate_proj.weight");
+            w.shared_up = v(mlp + "shared_experts.up_proj.weight");
+            w.shared_down = v(mlp + "shared_experts.down_proj.weight");
+            if (m_.shared_expert_gate) w.shared_scale = v(mlp + "shared_expert_gate.weight");
         }
     };
-    bind(params, w_, norm_);
+    bind(params, w_, norm_, false);
     has_grads_ = grads != nullptr;
     if (grads) {
-        bind(*grads, g_, d_norm_);
+        bias_frozen_ = grads->index_of(mlp + "gate.e_score_correction_bias") < 0;
+        bind(*grads, g_, d_norm_, true);
         g_.router_bias = {};  // selection only: no gradient
     }
 }
@@ -215,6 +217,10 @@ void MoeBlock::update_bias(const std::function<void(std::span<int64_t>)>& sum_ov
     if (sum_over_ranks) {
         sum_over_ranks(demand_);
         if (rule_ == ops::BalanceRule::quantile) sum_over_ranks(quantile_->counts());
+    }
+    if (bias_frozen_) {  // a frozen base (model.lora): its selection bias stays as loaded
+        if (rule_ == ops::BalanceRule::quantile) quantile_->clear();
+        return;
     }
     std::span<float> bias(w_.router_bias.ptr<float>(), size_t(m_.experts));
     if (rule_ == ops::BalanceRule::sign && forwards_ > 0) ops::balance_sign_update(demand_, m_.bias_update_rate, bias);

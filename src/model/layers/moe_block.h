@@ -78,6 +78,7 @@ class MoeBlock : public Block {
     TensorView norm_, d_norm_;
     ops::MoeWeights w_, g_;
     bool has_grads_ = false;
+    bool bias_frozen_ = false;  // the selection bias does not train (model.lora): update_bias leaves it
     TensorView ln_, rstd_, dln_;
     StepShape max_{};
     ops::MoeSaved saved_;

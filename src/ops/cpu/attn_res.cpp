@@ -150,8 +150,12 @@ void attn_res_mix_backward(const AttnResParams& p,
         check_contiguous(v, "attn_res_mix: dsources");
         TESSERA_CHECK(v.dtype == gamma.dtype, "attn_res_mix: every tensor must share one dtype");
     }
-    check_shape(dgamma, gamma.shape, "attn_res_mix: dgamma");
-    check_shape(dw, w.shape, "attn_res_mix: dw");
+    TESSERA_CHECK(dgamma.defined() == dw.defined(), "attn_res_mix: dgamma and dw go together");
+    const bool params = dgamma.defined();  // absent: frozen mixing parameters
+    if (params) {
+        check_shape(dgamma, gamma.shape, "attn_res_mix: dgamma");
+        check_shape(dw, w.shape, "attn_res_mix: dw");
+    }
     dispatch_float(gamma.dtype, "attn_res_mix", [&]<class T>(T) {
         const Sources<T> src(sources);
         std::array<T*, kMaxSources> dsrc{};
@@ -187,6 +191,7 @@ void attn_res_mix_backward(const AttnResParams& p,
                 for (int64_t c = 0; c < d.C; ++c) dv[c] += pi * don[c] + ri * dsi * wg[c] - k * v[c];
             }
         }
+        if (!params) return;
         // dγ += Σ_n,i ds_i r_i (w ⊙ v_i), dw += Σ_n,i ds_i r_i (γ ⊙ v_i): per column block, tokens in order
         T *dg = dgamma.ptr<T>(), *dwp = dw.ptr<T>();
         constexpr int64_t kCols = 64;

@@ -75,7 +75,7 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
                             TensorView dw,
                             std::span<const int64_t> cu_seqlens) {
     check_shapes(x, w, dy, "causal_conv1d: dy");
-    check_shape(dw, w.shape, "causal_conv1d: dw");
+    if (dw.defined()) check_shape(dw, w.shape, "causal_conv1d: dw");  // absent: a frozen weight
     if (dx.defined()) check_shapes(x, w, dx, "causal_conv1d: dx");
     const Segments seg(x.size(0), x.size(1), cu_seqlens, "causal_conv1d");
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
@@ -84,7 +84,7 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
         const T* W = w.ptr<T>();
         const T* DY = dy.ptr<T>();
         T* DX = dx.defined() ? dx.ptr<T>() : nullptr;
-        T* DW = dw.ptr<T>();
+        T* DW = dw.defined() ? dw.ptr<T>() : nullptr;
         const int64_t num_cblocks = (C + kChannels - 1) / kChannels;
         // NOTES: one task per channel block walks every (sequence, t) in order: dw sums in a fixed order.
 #pragma omp parallel for schedule(static)
@@ -110,7 +110,7 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
                         const T* xr = X + src * C;
                         T* dxr = DX ? DX + src * C : nullptr;
                         for (int64_t c = c0; c < c1; ++c) {
-                            DW[c * K + k] += dz[c - c0] * xr[c];
+                            if (DW) DW[c * K + k] += dz[c - c0] * xr[c];
                             if (dxr) dxr[c] += W[c * K + k] * dz[c - c0];
                         }
                     }

@@ -63,8 +63,6 @@ void layernorm_backward(const LayerNormParams&,
         check_shape(w, Shape{D}, "layernorm: weight");
         check_shape(mean, Shape{X.rows}, "layernorm: mean");
         check_shape(rstd, Shape{X.rows}, "layernorm: rstd");
-        check_shape(dw, Shape{D}, "layernorm: dweight");
-        check_shape(db, Shape{D}, "layernorm: dbias");
         const T *W = w.ptr<T>(), *M = mean.ptr<T>(), *R = rstd.ptr<T>();
         if (dx.defined()) {
             Rows<T> DX = rows_of<T>(dx, "layernorm: dx");
@@ -84,6 +82,10 @@ void layernorm_backward(const LayerNormParams&,
                 for (int64_t d = 0; d < D; ++d) dxr[d] += R[n] * (dyr[d] * W[d] - mg - (xr[d] - M[n]) * R[n] * mgx);
             }
         }
+        TESSERA_CHECK(dw.defined() == db.defined(), "layernorm: dweight and dbias go together");
+        if (!dw.defined()) return;  // a frozen weight and bias
+        check_shape(dw, Shape{D}, "layernorm: dweight");
+        check_shape(db, Shape{D}, "layernorm: dbias");
         T *DW = dw.ptr<T>(), *DB = db.ptr<T>();
         constexpr int64_t kCols = 64;
 #pragma omp parallel for schedule(static)

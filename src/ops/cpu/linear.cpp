@@ -45,10 +45,12 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
             TESSERA_CHECK(DX.rows == X.rows && DX.cols == X.cols, "linear: dx must be shaped like x {}", x.shape.str());
             gemm(Trans::N, Trans::N, X.rows, X.cols, DY.cols, T(1), DY.data, DY.ld, W, X.cols, T(1), DX.data, DX.ld);
         }
-        check_shape(dw, w.shape, "linear: dw");
-        check_contiguous(dw, "linear: dw");
-        gemm(Trans::T, Trans::N, DY.cols, X.cols, X.rows, T(1), DY.data, DY.ld, X.data, X.ld, T(1), dw.ptr<T>(),
-             X.cols);
+        if (dw.defined()) {  // absent for a frozen weight
+            check_shape(dw, w.shape, "linear: dw");
+            check_contiguous(dw, "linear: dw");
+            gemm(Trans::T, Trans::N, DY.cols, X.cols, X.rows, T(1), DY.data, DY.ld, X.data, X.ld, T(1), dw.ptr<T>(),
+                 X.cols);
+        }
         if (db.defined()) {
             check_shape(db, Shape{DY.cols}, "linear: db");
             T* DB = db.ptr<T>();

@@ -437,7 +437,8 @@ void moe_experts_backward(
         const T* dye = t.ye.ptr<T>();
         T* da = t.da.ptr<T>();
         grouped_gemm(Trans::N, eg, F, L, dye, L, w.w_down.ptr<T>(), L * F, F, T(0), da, F);
-        grouped_gemm_wgrad(eg, L, F, dye, L, s.a.ptr<T>(), F, g.w_down.ptr<T>(), L * F, F);
+        if (g.w_down.defined())  // absent: frozen experts
+            grouped_gemm_wgrad(eg, L, F, dye, L, s.a.ptr<T>(), F, g.w_down.ptr<T>(), L * F, F);
         // one pass per row: the row's gate gradient <act(h), da'>, then dh = gate·da' ⊙ ∂act/∂h
         const T* h = s.h.ptr<T>();
         T* dh = t.dh.ptr<T>();
@@ -468,8 +469,8 @@ void moe_experts_backward(
         T* dxe = t.dxe.ptr<T>();
         grouped_gemm(Trans::N, eg, L, F, dh, 2 * F, w.w_gate.ptr<T>(), F * L, L, T(0), dxe, L);
         grouped_gemm(Trans::N, eg, L, F, dh + F, 2 * F, w.w_up.ptr<T>(), F * L, L, T(1), dxe, L);
-        grouped_gemm_wgrad(eg, F, L, dh, 2 * F, s.xe.ptr<T>(), L, g.w_gate.ptr<T>(), F * L, L);
-        grouped_gemm_wgrad(eg, F, L, dh + F, 2 * F, s.xe.ptr<T>(), L, g.w_up.ptr<T>(), F * L, L);
+        if (g.w_gate.defined()) grouped_gemm_wgrad(eg, F, L, dh, 2 * F, s.xe.ptr<T>(), L, g.w_gate.ptr<T>(), F * L, L);
+        if (g.w_up.defined()) grouped_gemm_wgrad(eg, F, L, dh + F, 2 * F, s.xe.ptr<T>(), L, g.w_up.ptr<T>(), F * L, L);
     });
 }
 

@@ -86,6 +86,8 @@ void QuantileBalancer::update(std::span<float> bias) {
     std::fill(hist_.begin(), hist_.end(), 0);
 }
 
+void QuantileBalancer::clear() { std::fill(hist_.begin(), hist_.end(), 0); }
+
 MoeLoad moe_load(std::span<const int64_t> load, double routing_entropy) {
     MoeLoad m;
     moe_load(load, routing_entropy, m);

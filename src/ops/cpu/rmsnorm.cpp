@@ -61,6 +61,7 @@ void rmsnorm_backward(
                 for (int64_t d = 0; d < D; ++d) dxr[d] += r * (dyr[d] * W[d] - xr[d] * r * mean);
             }
         }
+        if (!dw.defined()) return;  // a frozen weight
         check_shape(dw, Shape{D}, "rmsnorm: dweight");
         T* DW = dw.ptr<T>();
         constexpr int64_t kCols = 64;
