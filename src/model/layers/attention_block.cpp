@@ -26,7 +26,14 @@ AttentionBlock::AttentionBlock(const ModelConfig& c, std::string param_prefix)
          : c.output_gate == "headwise"  ? H_
                                         : 0),
       W_(Q_ + 2 * KV_ + G_),
-      R_(c.rope_dim > 0 ? c.rope_dim : c.head_dim_or_default()) {}
+      R_(c.rope_dim > 0 ? c.rope_dim : c.head_dim_or_default()),
+      qkv_lora_(c.lora,
+                C_,
+                {{prefix_ + "self_attn.q_proj", Q_},
+                 {prefix_ + "self_attn.k_proj", KV_},
+                 {prefix_ + "self_attn.v_proj", KV_},
+                 {prefix_ + "self_attn.g_proj", G_}}),
+      o_lora_(c.lora, Q_, {{prefix_ + "self_attn.o_proj", C_}}) {}
 
 template <class F>
 void AttentionBlock::for_qk_heads(F&& f) const {
@@ -47,6 +54,8 @@ void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<
         add_param(specs, inits, prefix_ + "self_attn.q_norm.weight", Shape{D_}, ParamInit::constant(1.0), false);
         add_param(specs, inits, prefix_ + "self_attn.k_norm.weight", Shape{D_}, ParamInit::constant(1.0), false);
     }
+    qkv_lora_.declare_params(specs, inits);
+    o_lora_.declare_params(specs, inits);
 }
 
 void AttentionBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
@@ -74,6 +83,7 @@ void AttentionBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::
     specs.push_back({prefix + "do", DType::f32, Shape{N, Q_}});
     if (G_ > 0) specs.push_back({prefix + "dy", DType::f32, Shape{N, Q_}});
     if (cfg_.qk_norm) specs.push_back({prefix + "dqn", DType::f32, Shape{N, Q_ + KV_}});
+    qkv_lora_.declare_scratch(specs, prefix, max);
 }
 
 size_t AttentionBlock::workspace_bytes(StepShape max, int num_threads) const {
@@ -98,6 +108,8 @@ void AttentionBlock::bind_params(const BufferGroup& params, const BufferGroup* g
     bind(params, w_, false);
     has_grads_ = grads != nullptr;
     if (grads) bind(*grads, g_, true);
+    qkv_lora_.bind_params(params, grads);
+    o_lora_.bind_params(params, grads);
 }
 
 void AttentionBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
@@ -123,6 +135,8 @@ void AttentionBlock::bind_scratch(const BufferGroup& acts, const std::string& pr
     do_ = acts.view(prefix + "do");
     if (G_ > 0) dy_ = acts.view(prefix + "dy");
     if (cfg_.qk_norm) dqn_ = acts.view(prefix + "dqn");
+    qkv_lora_.bind_scratch(acts, prefix);
+    o_lora_.bind_scratch(acts, prefix);
 }
 
 TensorView AttentionBlock::head_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t width) const {
@@ -134,6 +148,7 @@ void AttentionBlock::project(StepShape s, int64_t pos, TensorView x) {
     TensorView ln = ln_.slice0(0, N), qkv = qkv_.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rstd_.slice0(0, N));
     ops::linear_forward({}, ln, w_.qkv, {}, qkv);
+    qkv_lora_.forward(ln, qkv);
     if (cfg_.qk_norm) {  // RMSNorm over each head of q and k (from a copy: backward needs the inputs)
         copy_rows(columns(qkv, 0, Q_ + KV_), qk_raw_.slice0(0, N));
         for_qk_heads([&](int64_t col, bool is_k, int64_t head) {
@@ -156,6 +171,7 @@ void AttentionBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     start_output(x, x_out, N);
     const TensorView in = G_ > 0 ? y_.slice0(0, N) : o;
     ops::linear_forward({.accumulate = true}, in, w_.o, {}, x_out.slice0(0, N));
+    o_lora_.forward(in, x_out.slice0(0, N));
 }
 
 void AttentionBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
@@ -213,10 +229,12 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
     if (G_ > 0) {
         zero_rows(dy_, N);
         ops::linear_backward(d, y_.slice0(0, N), w_.o, dy_.slice0(0, N), g_.o, {});
+        o_lora_.backward(y_.slice0(0, N), d, dy_.slice0(0, N));
         output_gate_backward(dy_.slice0(0, N), o, gate_.slice0(0, N), dO, columns(dqkv, Q_ + 2 * KV_, G_));
     } else {
         zero_rows(do_, N);
         ops::linear_backward(d, o, w_.o, dO, g_.o, {});
+        o_lora_.backward(o, d, dO);
     }
     zero_rows(dqk_, N);
     const StepShape a = attention_shape(s);
@@ -246,6 +264,7 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
     }
     zero_rows(dln_, N);
     ops::linear_backward(dqkv, ln_.slice0(0, N), w_.qkv, dln, g_.qkv, {});
+    qkv_lora_.backward(ln_.slice0(0, N), dqkv, dln);
     start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);
 }
@@ -255,7 +274,8 @@ StepShape AttentionBlock::attention_shape(StepShape s) const {
 }
 
 double AttentionBlock::forward_flops_per_token(int64_t seq) const {
-    const double proj = 2.0 * double(C_) * double(W_) + 2.0 * double(Q_) * double(C_);
+    const double proj = 2.0 * double(C_) * double(W_) + 2.0 * double(Q_) * double(C_) +
+                        qkv_lora_.forward_flops_per_token() + o_lora_.forward_flops_per_token();
     const double scores = ops::attention_forward_flops(1, seq, H_, D_, true) / double(seq);
     return proj + scores;
 }

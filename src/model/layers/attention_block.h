@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "model/layers/block.h"
+#include "model/lora.h"
 
 namespace tessera::model {
 
@@ -59,6 +60,7 @@ class AttentionBlock : public Block {
     std::string prefix_;
     int64_t C_, H_, HKV_, D_, Q_, KV_, G_, W_;  // W_ = Q + 2KV + G
     int64_t R_;                                 // rotated dims per head
+    LoraAdapters qkv_lora_, o_lora_;            // model.lora: q/k/v/g_proj, o_proj
     Weights w_, g_;
     bool has_grads_ = false;
     // saved: ln [N, C], rstd [N], qkv [N, W], o [N, Q], lse [B·H·T]; gated: gate [N, G], y [N, Q]

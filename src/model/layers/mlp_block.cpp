@@ -11,7 +11,12 @@
 namespace tessera::model {
 
 MlpBlock::MlpBlock(const ModelConfig& c, std::string param_prefix)
-    : cfg_(c), prefix_(std::move(param_prefix)), C_(c.d_model), F_(c.ffn_dim) {}
+    : cfg_(c),
+      prefix_(std::move(param_prefix)),
+      C_(c.d_model),
+      F_(c.ffn_dim),
+      gate_up_lora_(c.lora, C_, {{prefix_ + "mlp.gate_proj", F_}, {prefix_ + "mlp.up_proj", F_}}),
+      down_lora_(c.lora, F_, {{prefix_ + "mlp.down_proj", C_}}) {}
 
 void MlpBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
     const ParamInit w = ParamInit::normal(cfg_.init_std);
@@ -20,6 +25,8 @@ void MlpBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
     add_param(specs, inits, prefix_ + "mlp.gate_proj.weight", Shape{F_, C_}, w, true);
     add_param(specs, inits, prefix_ + "mlp.up_proj.weight", Shape{F_, C_}, w, true);
     add_param(specs, inits, prefix_ + "mlp.down_proj.weight", Shape{C_, F_}, out, true);
+    gate_up_lora_.declare_params(specs, inits);
+    down_lora_.declare_params(specs, inits);
 }
 
 void MlpBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
@@ -35,6 +42,7 @@ void MlpBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
     specs.push_back({prefix + "dln", DType::f32, Shape{N, C_}});
     specs.push_back({prefix + "dgate_up", DType::f32, Shape{N, 2 * F_}});
     specs.push_back({prefix + "dh", DType::f32, Shape{N, F_}});
+    gate_up_lora_.declare_scratch(specs, prefix, max);
 }
 
 void MlpBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {
@@ -47,6 +55,8 @@ void MlpBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) 
     bind(params, w_, false);
     has_grads_ = grads != nullptr;
     if (grads) bind(*grads, g_, true);
+    gate_up_lora_.bind_params(params, grads);
+    down_lora_.bind_params(params, grads);
 }
 
 void MlpBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
@@ -60,6 +70,8 @@ void MlpBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) 
     dln_ = acts.view(prefix + "dln");
     dgu_ = acts.view(prefix + "dgate_up");
     dh_ = acts.view(prefix + "dh");
+    gate_up_lora_.bind_scratch(acts, prefix);
+    down_lora_.bind_scratch(acts, prefix);
 }
 
 TensorView MlpBlock::half(TensorView rows, int64_t col) const {
@@ -73,6 +85,7 @@ void MlpBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N), gu = gu_.slice0(0, N), h = h_.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rstd_.slice0(0, N));
     ops::linear_forward({}, ln, w_.gate_up, {}, gu);
+    gate_up_lora_.forward(ln, gu);
     if (cfg_.mlp_activation == "situ") {
         ops::situ_glu_forward({}, half(gu, 0), half(gu, F_), h);
     } else {
@@ -80,6 +93,7 @@ void MlpBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     }
     start_output(x, x_out, N);
     ops::linear_forward({.accumulate = true}, h, w_.down, {}, x_out.slice0(0, N));
+    down_lora_.forward(h, x_out.slice0(0, N));
 }
 
 void MlpBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
@@ -89,6 +103,7 @@ void MlpBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     TensorView dln = dln_.slice0(0, N);
     zero_rows(dh_, N);
     ops::linear_backward(d, h_.slice0(0, N), w_.down, dh, g_.down, {});
+    down_lora_.backward(h_.slice0(0, N), d, dh);
     zero_rows(dgu_, N);
     if (cfg_.mlp_activation == "situ") {
         ops::situ_glu_backward({}, dh, half(gu, 0), half(gu, F_), half(dgu, 0), half(dgu, F_));
@@ -97,10 +112,14 @@ void MlpBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     }
     zero_rows(dln_, N);
     ops::linear_backward(dgu, ln_.slice0(0, N), w_.gate_up, dln, g_.gate_up, {});
+    gate_up_lora_.backward(ln_.slice0(0, N), dgu, dln);
     start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), w_.norm, rstd_.slice0(0, N), d, g_.norm);
 }
 
-double MlpBlock::forward_flops_per_token(int64_t) const { return 2.0 * 3.0 * double(C_) * double(F_); }
+double MlpBlock::forward_flops_per_token(int64_t) const {
+    return 2.0 * 3.0 * double(C_) * double(F_) + gate_up_lora_.forward_flops_per_token() +
+           down_lora_.forward_flops_per_token();
+}
 
 }  // namespace tessera::model

@@ -5,6 +5,7 @@
 
 #include "model/config.h"
 #include "model/layers/block.h"
+#include "model/lora.h"
 
 namespace tessera::model {
 
@@ -35,6 +36,7 @@ class MlpBlock : public Block {
     ModelConfig cfg_;
     std::string prefix_;
     int64_t C_, F_;
+    LoraAdapters gate_up_lora_, down_lora_;  // model.lora: gate_proj, up_proj; down_proj
     Weights w_, g_;
     bool has_grads_ = false;
     TensorView ln_, rstd_, gu_, h_;  // saved: [N, C], [N], [N, 2F], [N, F]

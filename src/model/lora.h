@@ -1,0 +1,53 @@
+// LoRA adapters (arXiv 2106.09685) on one projection y = x·Wᵀ of a block, W possibly fused (q/k/v rows of one
+// GEMM): every targeted part, rows [row, row + out) of W, adds y[:, row:row + out] += s·(x·Aᵀ)·Bᵀ with A [r, in],
+// B [out, r] and s = model.lora's scale (alpha / r, rsLoRA alpha / √r). Initialised as PEFT does: A from
+// kaiming_uniform(a = √5) = U(−1/√in, 1/√in), B zero, so a fresh adapter leaves the model's output as it was.
+// Parameters are named after the module they adapt, as PEFT names them: "<module>.lora_A.weight",
+// "<module>.lora_B.weight" (module = the weight's name without ".weight").
+// Backward recomputes u = x·Aᵀ (r columns: cheaper than keeping it) and accumulates
+//   dB += s·dyᵀ·u,  du = s·dy·B,  dA += duᵀ·x,  dx += du·A.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layers/block.h"
+
+namespace tessera::model {
+
+class LoraAdapters {
+  public:
+    struct Part {
+        std::string module;  // e.g. "model.layers.3.self_attn.q_proj"
+        int64_t rows = 0;    // its rows of W
+    };
+    // parts in W's row order; only those model.lora targets get adapters (none without LoRA)
+    LoraAdapters(const LoraConfig& c, int64_t in, const std::vector<Part>& parts);
+
+    bool empty() const { return adapters_.empty(); }
+    void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const;
+    // u and du [N, r], shared by every projection of the blocks that share `prefix` (used one at a time)
+    void declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const;
+    void bind_params(const BufferGroup& params, const BufferGroup* grads);
+    void bind_scratch(const BufferGroup& acts, const std::string& prefix);
+
+    // y [N, Σ rows] (row-strided) += the adapters' outputs for x [N, in]
+    void forward(TensorView x, TensorView y) const;
+    // dy [N, Σ rows]: the adapters' gradients accumulate, and dx [N, in] += their input gradient
+    void backward(TensorView x, TensorView dy, TensorView dx) const;
+    double forward_flops_per_token() const;
+
+  private:
+    struct Adapter {
+        std::string module;
+        int64_t row = 0, rows = 0;
+        TensorView a, b, da, db;
+    };
+    int64_t rank_ = 0, in_ = 0;
+    double scale_ = 1.0;
+    std::vector<Adapter> adapters_;
+    TensorView u_, du_;
+};
+
+}  // namespace tessera::model
