@@ -4,11 +4,9 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "ops/gemm.h"
+#include "ops/lora.h"
 
 namespace tessera::model {
-
-using ops::Trans;
 
 LoraAdapters::LoraAdapters(const LoraConfig& c, int64_t in, const std::vector<Part>& parts)
     : rank_(c.enabled() ? c.rank : 0), in_(in), scale_(c.enabled() ? c.scale() : 1.0) {
@@ -57,46 +55,36 @@ void LoraAdapters::bind_scratch(const BufferGroup& acts, const std::string& pref
     du_ = acts.view(prefix + "lora.du");
 }
 
-namespace {
-struct RowsOf {  // a row-strided f32 [N, *] view as pointer + leading dimension
-    float* p;
-    int64_t ld;
-    explicit RowsOf(TensorView v) : p(v.ptr<float>()), ld(v.ndim() == 2 ? v.strides[0] : v.size(-1)) {}
-};
-}  // namespace
-
 void LoraAdapters::forward(TensorView x, TensorView y) const {
-    const int64_t N = x.size(0), r = rank_;
-    const RowsOf X(x), Y(y);
-    float* u = u_.ptr<float>();
-    for (const Adapter& a : adapters_) {
-        ops::gemm(Trans::N, Trans::T, N, r, in_, 1.f, X.p, X.ld, a.a.ptr<float>(), in_, 0.f, u, r);
-        ops::gemm(Trans::N, Trans::T, N, a.rows, r, float(scale_), u, r, a.b.ptr<float>(), r, 1.f, Y.p + a.row, Y.ld);
-    }
+    const int64_t N = x.size(0);
+    for (const Adapter& a : adapters_)
+        ops::lora_forward({.scale = scale_}, x, a.a, a.b, u_.slice0(0, N), columns(y, a.row, a.rows));
 }
 
 void LoraAdapters::backward(TensorView x, TensorView dy, TensorView dx) const {
-    const int64_t N = x.size(0), r = rank_;
-    const RowsOf X(x), DY(dy);
-    float *u = u_.ptr<float>(), *du = du_.ptr<float>();
-    const float s = float(scale_);
+    const int64_t N = x.size(0);
     for (const Adapter& a : adapters_) {
-        const float* dya = DY.p + a.row;
-        ops::gemm(Trans::N, Trans::T, N, r, in_, 1.f, X.p, X.ld, a.a.ptr<float>(), in_, 0.f, u, r);
-        if (a.db.defined()) ops::gemm(Trans::T, Trans::N, a.rows, r, N, s, dya, DY.ld, u, r, 1.f, a.db.ptr<float>(), r);
-        ops::gemm(Trans::N, Trans::N, N, r, a.rows, s, dya, DY.ld, a.b.ptr<float>(), r, 0.f, du, r);
-        if (a.da.defined())
-            ops::gemm(Trans::T, Trans::N, r, in_, N, 1.f, du, r, X.p, X.ld, 1.f, a.da.ptr<float>(), in_);
-        if (dx.defined()) {
-            const RowsOf DX(dx);
-            ops::gemm(Trans::N, Trans::N, N, in_, r, 1.f, du, r, a.a.ptr<float>(), in_, 1.f, DX.p, DX.ld);
-        }
+        ops::lora_backward({.scale = scale_}, x, columns(dy, a.row, a.rows), a.a, a.b, u_.slice0(0, N),
+                           du_.slice0(0, N), dx, a.da, a.db);
     }
+}
+
+TensorView LoraAdapters::merged(TensorView w, TensorView scratch) const {
+    if (empty()) return w;
+    TESSERA_CHECK(adapters_.size() == 1 && adapters_[0].rows == w.size(0), "{}: a merged adapter must cover the weight",
+                  adapters_[0].module);
+    TensorView out = scratch.prefix(w.shape);
+    ops::lora_merge({.scale = scale_}, w, adapters_[0].a, adapters_[0].b, out);
+    return out;
+}
+
+void LoraAdapters::backward_from_weight(TensorView dw) const {
+    for (const Adapter& a : adapters_) ops::lora_weight_backward({.scale = scale_}, dw, a.a, a.b, a.da, a.db);
 }
 
 double LoraAdapters::forward_flops_per_token() const {
     double f = 0;
-    for (const Adapter& a : adapters_) f += 2.0 * double(rank_) * double(in_ + a.rows);
+    for (const Adapter& a : adapters_) f += ops::lora_forward_flops(1, in_, a.rows, rank_);
     return f;
 }
 

@@ -22,6 +22,7 @@ class LoraAdapters {
         std::string module;  // e.g. "model.layers.3.self_attn.q_proj"
         int64_t rows = 0;    // its rows of W
     };
+    LoraAdapters() = default;  // none
     // parts in W's row order; only those model.lora targets get adapters (none without LoRA)
     LoraAdapters(const LoraConfig& c, int64_t in, const std::vector<Part>& parts);
 
@@ -37,6 +38,13 @@ class LoraAdapters {
     // dy [N, Σ rows]: the adapters' gradients accumulate, and dx [N, in] += their input gradient
     void backward(TensorView x, TensorView dy, TensorView dx) const;
     double forward_flops_per_token() const;
+
+    // For a weight W [Σ rows, in] used in a form the two thin GEMMs cannot follow (MLA's absorbed kv_b_proj): W
+    // itself without adapters, else W + s·B·A written into `scratch` (one adapter covering all of W). Backward:
+    // the adapter's gradients from the merged weight's gradient dW.
+    TensorView merged(TensorView w, TensorView scratch) const;
+    void backward_from_weight(TensorView dw) const;
+    double scale() const { return scale_; }
 
   private:
     struct Adapter {

@@ -46,11 +46,11 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) :
         const std::string prefix = fmt::format("model.layers.{}.", i);
         const std::string& type = cfg_.layer_type(i);
         if (type == "mla" || type == "dsa") {
-            auto mla = std::make_unique<MlaBlock>(cfg_.mla_layer(type == "dsa"), prefix);
+            auto mla = std::make_unique<MlaBlock>(cfg_.mla_layer(type == "dsa"), prefix, cfg_.lora);
             if (type == "dsa") dsa_.push_back({i, mla.get(), blocks_.size()});
             blocks_.push_back(std::move(mla));
         } else if (type == "kda" || type == "gdn") {
-            blocks_.push_back(std::make_unique<KdaBlock>(cfg_.kda_layer(type == "gdn"), prefix));
+            blocks_.push_back(std::make_unique<KdaBlock>(cfg_.kda_layer(type == "gdn"), prefix, cfg_.lora));
         } else {
             blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
         }
@@ -113,12 +113,11 @@ void Model::freeze_base() {
     };
     for (BufferSpec& s : param_specs_) s.trainable = adapter(s.name) || saved(s.name);
     // as PEFT: an error when no name matches (a list may name modules of several families)
-    const bool adapted = std::any_of(param_specs_.begin(), param_specs_.end(), [](auto& s) {
-        return s.name.ends_with(".lora_A.weight");
-    });
+    const bool adapted = std::any_of(param_specs_.begin(), param_specs_.end(),
+                                     [](auto& s) { return s.name.ends_with(".lora_A.weight"); });
     TESSERA_CHECK(adapted || cfg_.lora.target_modules.empty(),
                   "model.lora.target_modules: no name in {} names a projection of this model that takes adapters "
-                  "(gqa attention: q_proj, k_proj, v_proj, g_proj, o_proj; dense MLP: gate_proj, up_proj, down_proj)",
+                  "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, ...: docs/model.md, LoRA)",
                   Json(cfg_.lora.target_modules).dump());
     for (const std::string& m : cfg_.lora.modules_to_save) {
         bool any = false;
@@ -148,8 +147,11 @@ void Model::make_units(const std::vector<int>& owner) {
     }
     for (size_t i = 0; i < param_specs_.size(); ++i) {  // each MoE block's experts join its unit
         if (param_specs_[i].sharding != Sharding::expert || !param_specs_[i].trainable) continue;
-        TESSERA_CHECK(block_unit_.at(size_t(owner[i])) >= 0, "model: {} trains but nothing else of its block does",
-                      param_specs_[i].name);
+        int& unit = block_unit_.at(size_t(owner[i]));
+        if (unit < 0) {  // only its experts train (their adapters): a unit without dense parameters
+            unit = int(units_.size());
+            units_.push_back({.first = i, .last = i, .slot = 1 + owner[i] % 2});
+        }
         ParamUnit& u = units_.at(size_t(block_unit_.at(size_t(owner[i]))));
         if (u.expert_first == u.expert_last) u.expert_first = u.expert_last = i;
         TESSERA_CHECK(u.expert_last == i, "model: the experts of one block are not adjacent ({})",

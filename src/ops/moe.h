@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/buffer_spec.h"
+#include "ops/lora.h"
 #include "ops/router.h"
 #include "ops/situ_glu.h"
 
@@ -99,6 +100,18 @@ struct MoeParams {
     // token; empty = none. The caller computes it from every layer's router_balance_stats.
     std::span<const double> balance_grad = {};
     const MoeExpertStage* stage = nullptr;  // null: every expert's weights are here
+    LoraParams lora;                        // the scale of the adapters (MoeWeights::lora)
+};
+
+// LoRA adapters (ops/lora.h) of the layer's projections, each undefined (a) when that projection has none; in
+// the gradient twin of MoeWeights, their gradients.
+struct LoraPair {
+    TensorView a, b;
+};
+struct MoeLora {
+    LoraPair latent_down, latent_up, shared_gate, shared_up, shared_down;  // a [r, IN], b [OUT, r]
+    LoraPair w_gate, w_up, w_down;  // the routed experts here: a [E, r, IN], b [E, OUT, r] (grouped GEMMs)
+    int64_t rank() const;           // their common rank (0: none)
 };
 
 // The layer's weights (or their gradients); optional ones may be absent (default views).
@@ -108,6 +121,7 @@ struct MoeWeights {
     TensorView latent_down, latent_up, latent_norm;
     TensorView shared_gate, shared_up, shared_down;
     TensorView shared_scale = {};  // optional sigmoid gate of the shared expert's output
+    MoeLora lora;
 };
 
 struct MoeDims {
@@ -115,6 +129,7 @@ struct MoeDims {
     bool has_latent = false, has_norm = false, has_shared = false, has_shared_scale = false;
     int64_t local_experts = 0;     // experts whose weights are here (= experts without an expert stage)
     bool expert_rows_here = true;  // the expert compute's rows (h, a and their gradients) live here, not in a stage
+    int64_t lora_rank = 0;         // adapters: their rank (scratch lora_u, lora_du)
     int64_t max_rows() const { return tokens * topk + (kMoeRowAlign - 1) * experts; }
     int64_t capacity(double factor) const;  // rows per expert; 0 = unbounded
 };
@@ -140,15 +155,16 @@ struct MoeSaved {
 };
 // Transient buffers of forward and backward (may be shared between layers).
 struct MoeScratch {
-    TensorView ye;           // [R, L]: expert outputs, then their gradients
-    TensorView dh, da, dxe;  // [R, 2F], [R, F], [R, L]
-    TensorView row_dot;      // [R]
-    TensorView dc, dn;       // [N, L]
-    TensorView ds, du;       // [N, E]
-    TensorView dg;           // [N, K]
-    TensorView dsh, dsa;     // [N, 2FS], [N, FS]
-    TensorView dss;          // [N] (shared_scale only)
-    TensorView aux;          // [2E] f64: the sequence-wise aux loss's per-sequence f and P
+    TensorView ye;               // [R, L]: expert outputs, then their gradients
+    TensorView dh, da, dxe;      // [R, 2F], [R, F], [R, L]
+    TensorView row_dot;          // [R]
+    TensorView dc, dn;           // [N, L]
+    TensorView ds, du;           // [N, E]
+    TensorView dg;               // [N, K]
+    TensorView dsh, dsa;         // [N, 2FS], [N, FS]
+    TensorView dss;              // [N] (shared_scale only)
+    TensorView aux;              // [2E] f64: the sequence-wise aux loss's per-sequence f and P
+    TensorView lora_u, lora_du;  // [max(N, R), r] (adapters only): their x·Aᵀ and its gradient
 };
 
 void moe_saved_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);

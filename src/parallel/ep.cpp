@@ -91,13 +91,18 @@ std::vector<ExpertParallelStage::Buffer> ExpertParallelStage::buffers(bool saved
                 {"a", &S::a_, DType::f32, Shape{R, F}},
                 {"row_gate", &S::row_gate_, DType::f32, Shape{R}}};
     // transients; stage and pack: rows in flight, source-major, L-wide then one float per row (gates)
-    return {{"ye", &S::ye_, DType::f32, Shape{R, L}},
-            {"dh", &S::dh_, DType::f32, Shape{R, 2 * F}},
-            {"da", &S::da_, DType::f32, Shape{R, F}},
-            {"dxe", &S::dxe_, DType::f32, Shape{R, L}},
-            {"row_dot", &S::row_dot_, DType::f32, Shape{R}},
-            {"stage", &S::stage_, DType::f32, Shape{R, L + 1}},
-            {"pack", &S::pack_, DType::f32, Shape{tokens * d_.topk, L + 1}}};
+    std::vector<Buffer> t{{"ye", &S::ye_, DType::f32, Shape{R, L}},
+                          {"dh", &S::dh_, DType::f32, Shape{R, 2 * F}},
+                          {"da", &S::da_, DType::f32, Shape{R, F}},
+                          {"dxe", &S::dxe_, DType::f32, Shape{R, L}},
+                          {"row_dot", &S::row_dot_, DType::f32, Shape{R}},
+                          {"stage", &S::stage_, DType::f32, Shape{R, L + 1}},
+                          {"pack", &S::pack_, DType::f32, Shape{tokens * d_.topk, L + 1}}};
+    if (d_.lora_rank > 0) {
+        t.push_back({"lora_u", &S::lora_u_, DType::f32, Shape{R, d_.lora_rank}});
+        t.push_back({"lora_du", &S::lora_du_, DType::f32, Shape{R, d_.lora_rank}});
+    }
+    return t;
 }
 
 void ExpertParallelStage::saved_specs(const std::string& prefix, int64_t tokens, std::vector<BufferSpec>& out) const {
@@ -161,6 +166,8 @@ ops::MoeScratch ExpertParallelStage::chunk_scratch(int64_t c) const {
     t.da = da_.slice0(r0, r1);
     t.dxe = dxe_.slice0(r0, r1);
     t.row_dot = row_dot_.slice0(r0, r1);
+    t.lora_u = lora_u_;  // the chunks compute one after another
+    t.lora_du = lora_du_;
     return t;
 }
 
@@ -171,6 +178,8 @@ ops::MoeWeights ExpertParallelStage::chunk_weights(const ops::MoeWeights& w, int
     out.w_gate = part(w.w_gate);
     out.w_up = part(w.w_up);
     out.w_down = part(w.w_down);
+    for (auto m : {&ops::MoeLora::w_gate, &ops::MoeLora::w_up, &ops::MoeLora::w_down})
+        out.lora.*m = {part((w.lora.*m).a), part((w.lora.*m).b)};
     return out;
 }
 

@@ -33,6 +33,7 @@ struct EpDims {
     // > 0: the capacity factor c of the layer; no local expert then receives more than ⌈c·EP·tokens·k/E⌉ rows
     // (capacity_shares), which bounds the receive buffers far below the dropless worst case
     double capacity_factor = 0.0;
+    int64_t lora_rank = 0;  // the experts' LoRA adapters (ops::MoeLora): scratch for their rows
 };
 
 // Seconds of a layer's exchanges: how long the calling thread waited for them (exposed), and how long the
@@ -114,6 +115,7 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     TensorView recv_counts_, offsets_, counts_;
     TensorView xe_, h_, a_, row_gate_;         // saved: the local rows, expert-major
     TensorView ye_, dh_, da_, dxe_, row_dot_;  // scratch
+    TensorView lora_u_, lora_du_;              // scratch of the experts' adapters (LoRA only)
     TensorView stage_, pack_;                  // scratch: rows as exchanged (source-major), on either side
     mutable std::vector<int64_t> seg_send_, seg_recv_;
     mutable std::vector<int32_t> seg_, chunk_offsets_;  // padded segment size per expert; one group's offsets

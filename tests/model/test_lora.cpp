@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "model/model_fixture.h"
 #include "util/test_util.h"
@@ -36,19 +37,23 @@ std::vector<std::string> adapted(const model::Model& m) {
     return out;
 }
 
-// W' = W + s·B·A in double, for every adapted module, into `merged`'s parameters
+// W' = W + s·B·A in double, for every adapted module, into `merged`'s parameters; routed experts [E, out, in]
+// expert by expert
 void merge(const test::GoldenModel& lo, const test::GoldenModel& merged, double s) {
     for (const std::string& mod : adapted(*lo.model)) {
         const TensorView a = lo.rt->params().view(mod + ".lora_A.weight"),
                          b = lo.rt->params().view(mod + ".lora_B.weight");
         const TensorView w = merged.rt->params().view(mod + ".weight");
-        const int64_t out = w.size(0), in = w.size(1), r = a.size(0);
-        for (int64_t i = 0; i < out; ++i) {
-            for (int64_t j = 0; j < in; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < r; ++k)
-                    acc += double(b.ptr<float>()[i * r + k]) * double(a.ptr<float>()[k * in + j]);
-                w.ptr<float>()[i * in + j] += float(s * acc);
+        const int64_t E = w.ndim() == 3 ? w.size(0) : 1, out = w.size(-2), in = w.size(-1), r = a.size(-2);
+        for (int64_t e = 0; e < E; ++e) {
+            const float *A = a.ptr<float>() + e * r * in, *B = b.ptr<float>() + e * out * r;
+            float* W = w.ptr<float>() + e * out * in;
+            for (int64_t i = 0; i < out; ++i) {
+                for (int64_t j = 0; j < in; ++j) {
+                    double acc = 0;
+                    for (int64_t k = 0; k < r; ++k) acc += double(B[i * r + k]) * double(A[k * in + j]);
+                    W[i * in + j] += float(s * acc);
+                }
             }
         }
     }
@@ -68,18 +73,79 @@ TEST_P(Lora, ZeroBLeavesTheBaseLogitsBitwise) {
     EXPECT_TRUE(test::bitwise_equal(got, want));
 }
 
+// B drawn so the adapters matter
+void randomize_b(const test::GoldenModel& lo, uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.f, 0.05f);
+    for (const std::string& mod : adapted(*lo.model)) {
+        const TensorView b = lo.rt->params().view(mod + ".lora_B.weight");
+        for (int64_t i = 0; i < b.numel(); ++i) b.ptr<float>()[i] = normal(gen);
+    }
+}
+
+TEST_P(Lora, IncrementalDecodingWithAdaptersMatchesTheFullForward) {
+    test::GoldenModel lo(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
+    randomize_b(lo, 3);
+    const int64_t B = lo.shape.batch, T = lo.shape.seq, V = lo.cfg.model.vocab_size;
+    Tensor full(DType::f32, Shape{B * T, V});
+    lo.model->forward_logits(lo.shape, lo.ids("ids"), full);
+    model::Model m(lo.cfg.model);
+    BufferGroup cache("cache", m.cache_specs(B, T));
+    model::ModelRuntime rt(m, {B, 1}, false, false, {&cache});
+    m.bind_cache(cache);
+    for (const auto& spec : m.param_specs()) {
+        const TensorView from = lo.rt->params().view(spec.name);
+        std::memcpy(rt.params().view(spec.name).data, from.data, from.nbytes());
+    }
+    const auto ids = lo.ids("ids");
+    Tensor step(DType::f32, Shape{B, V}), want(DType::f32, Shape{B, V});
+    for (int64_t pos = 0; pos < T; ++pos) {
+        std::vector<int32_t> tok;
+        for (int64_t b = 0; b < B; ++b) {
+            tok.push_back(ids[size_t(b * T + pos)]);
+            std::copy(full.ptr<float>() + (b * T + pos) * V, full.ptr<float>() + (b * T + pos + 1) * V,
+                      want.ptr<float>() + b * V);
+        }
+        m.decode_step(pos, tok, step);
+        EXPECT_TRUE(test::rel_rms_close(step, want, 1e-5)) << "position " << pos;  // as the models' own decoding
+    }
+}
+
+TEST_P(Lora, RecomputeIsBitwiseIdentical) {
+    auto with = [](Json& doc) { doc["model"]["lora"] = lora(4, 8); };
+    test::GoldenModel plain(GetParam(), false, with), recompute(GetParam(), true, with);
+    EXPECT_EQ(plain.run_trajectory(), recompute.run_trajectory());
+    for (const std::string& mod : adapted(*plain.model)) {
+        for (const char* w : {".lora_A.weight", ".lora_B.weight"})
+            EXPECT_TRUE(test::bitwise_equal(plain.rt->params().view(mod + w), recompute.rt->params().view(mod + w)))
+                << mod << w;
+    }
+}
+
+TEST_P(Lora, EveryTargetedProjectionGetsAnAdapter) {
+    test::GoldenModel lo(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
+    std::set<std::string> names;
+    for (const auto& spec : lo.model->param_specs()) names.insert(spec.name);
+    int64_t adapted_count = 0;
+    for (const auto& spec : lo.model->param_specs()) {
+        if (!spec.name.ends_with(".weight") || spec.name.find(".lora_") != std::string::npos) continue;
+        const std::string mod = spec.name.substr(0, spec.name.size() - 7);
+        // the DSA indexer learns from its KL alone: no adapters
+        if (!model::LoraConfig::names(kTargets, mod) || mod.find(".indexer.") != std::string::npos) continue;
+        EXPECT_TRUE(names.count(mod + ".lora_A.weight") && names.count(mod + ".lora_B.weight")) << mod;
+        EXPECT_FALSE(spec.trainable) << spec.name;
+        ++adapted_count;
+    }
+    EXPECT_EQ(2 * adapted_count, int64_t(lo.opt->param_specs().size())) << "only the adapters train";
+}
+
 TEST_P(Lora, AdaptersEqualTheMergedWeightsAndTheirGradientsAreItsGradientsProjected) {
     for (const bool rslora : {false, true}) {
         SCOPED_TRACE(rslora ? "rslora" : "lora");
         test::GoldenModel base(GetParam()), merged(GetParam());
         test::GoldenModel lo(GetParam(), false, [&](Json& doc) { doc["model"]["lora"] = lora(4, 8, rslora); });
         copy_base(base, lo);
-        std::mt19937 gen(7);
-        std::normal_distribution<float> normal(0.f, 0.05f);
-        for (const std::string& mod : adapted(*lo.model)) {  // B non-zero, so the adapters matter
-            const TensorView b = lo.rt->params().view(mod + ".lora_B.weight");
-            for (int64_t i = 0; i < b.numel(); ++i) b.ptr<float>()[i] = normal(gen);
-        }
+        randomize_b(lo, 7);
         const double s = rslora ? 8.0 / 2.0 : 8.0 / 4.0;
         merge(lo, merged, s);
         const int64_t N = base.shape.tokens(), V = base.cfg.model.vocab_size;
@@ -99,34 +165,48 @@ TEST_P(Lora, AdaptersEqualTheMergedWeightsAndTheirGradientsAreItsGradientsProjec
             const TensorView a = lo.rt->params().view(mod + ".lora_A.weight"),
                              b = lo.rt->params().view(mod + ".lora_B.weight");
             const TensorView g = merged.rt->grads().view(mod + ".weight");
-            const int64_t out = g.size(0), in = g.size(1), r = a.size(0);
+            const int64_t E = g.ndim() == 3 ? g.size(0) : 1, out = g.size(-2), in = g.size(-1), r = a.size(-2);
             Tensor da(DType::f32, a.shape), db(DType::f32, b.shape);
-            for (int64_t i = 0; i < out; ++i) {
+            for (int64_t e = 0; e < E; ++e) {
+                const float *G = g.ptr<float>() + e * out * in, *A = a.ptr<float>() + e * r * in,
+                            *B = b.ptr<float>() + e * out * r;
+                for (int64_t i = 0; i < out; ++i) {
+                    for (int64_t k = 0; k < r; ++k) {
+                        double acc = 0;  // dB = s·G·Aᵀ
+                        for (int64_t j = 0; j < in; ++j) acc += double(G[i * in + j]) * double(A[k * in + j]);
+                        db.ptr<float>()[e * out * r + i * r + k] = float(s * acc);
+                    }
+                }
                 for (int64_t k = 0; k < r; ++k) {
-                    double acc = 0;  // dB = s·G·Aᵀ
-                    for (int64_t j = 0; j < in; ++j)
-                        acc += double(g.ptr<float>()[i * in + j]) * double(a.ptr<float>()[k * in + j]);
-                    db.ptr<float>()[i * r + k] = float(s * acc);
+                    for (int64_t j = 0; j < in; ++j) {
+                        double acc = 0;  // dA = s·Bᵀ·G
+                        for (int64_t i = 0; i < out; ++i) acc += double(B[i * r + k]) * double(G[i * in + j]);
+                        da.ptr<float>()[e * r * in + k * in + j] = float(s * acc);
+                    }
                 }
             }
-            for (int64_t k = 0; k < r; ++k) {
-                for (int64_t j = 0; j < in; ++j) {
-                    double acc = 0;  // dA = s·Bᵀ·G
-                    for (int64_t i = 0; i < out; ++i)
-                        acc += double(b.ptr<float>()[i * r + k]) * double(g.ptr<float>()[i * in + j]);
-                    da.ptr<float>()[k * in + j] = float(s * acc);
-                }
-            }
-            EXPECT_TRUE(test::rel_rms_close(lo.rt->grads().view(mod + ".lora_A.weight"), da, 1e-5));
-            EXPECT_TRUE(test::rel_rms_close(lo.rt->grads().view(mod + ".lora_B.weight"), db, 1e-5));
+            // fp32 gradients through every layer above (the model goldens hold step-0 gradients to 1e-5 - 3e-5)
+            EXPECT_TRUE(test::rel_rms_close(lo.rt->grads().view(mod + ".lora_A.weight"), da, 3e-5));
+            EXPECT_TRUE(test::rel_rms_close(lo.rt->grads().view(mod + ".lora_B.weight"), db, 3e-5));
         }
         // only the adapters train: one gradient per adapter tensor, nothing for the base
         EXPECT_EQ(lo.rt->grads().size(), 2 * adapted(*lo.model).size());
     }
 }
 
-// dense_gqa: q/k/v/o and the MLP; gated_gqa adds g_proj (the fused q/k/v/g GEMM's last part)
-INSTANTIATE_TEST_SUITE_P(Models, Lora, ::testing::Values("dense_gqa", "gated_gqa"));
+// every layer kind: GQA (gated: g_proj, the fused q/k/v/g GEMM's last part), the dense MLP, MLA with and without
+// q_lora (kv_b_proj merged), DSA, KDA and GDN, MoE with latent projections, shared and routed experts
+INSTANTIATE_TEST_SUITE_P(Models,
+                         Lora,
+                         ::testing::Values("dense_gqa",
+                                           "gated_gqa",
+                                           "moe_latent_situ",
+                                           "dsa_sparse",
+                                           "mla_nope_moe",
+                                           "hybrid_kda_dsa",
+                                           "hybrid_gdn_gqa",
+                                           "attn_res_mla_moe"),
+                         [](const auto& info) { return info.param; });
 
 TEST(LoraConfig, MistakesAreOneLineErrors) {
     auto build = [](Json l) { test::GoldenModel g("dense_gqa", false, [&](Json& doc) { doc["model"]["lora"] = l; }); };

@@ -245,3 +245,26 @@ for case, yarn, interleaved in (
     write(case, "rope", dict(x=randn(2, 5, 3, 32)), lambda x: {"y": rope_yarn_ref(x, 10000.0, 1500, yarn, interleaved)},
           {"y": "dy"}, dict(theta=10000.0, offset=1500, layout="interleaved" if interleaved else "half", scaling="yarn",
                             **yarn))
+
+
+# LoRA (PEFT's Linear: lora_B(lora_A(x)) * scaling), its own seed so the cases above stay as they were
+torch.manual_seed(SEED + 1)
+
+
+def lora_ref(x, a, b, scale):
+    return F.linear(F.linear(x, a), b) * scale
+
+
+write("lora", "lora", dict(x=randn(9, 13), a=randn(3, 13), b=randn(7, 3)),
+      lambda x, a, b: {"y": lora_ref(x, a, b, 2.5)}, {"y": "dy"}, dict(scale=2.5))
+# routed experts: rows grouped by expert, an empty expert and one holding a single row
+offsets = torch.tensor([0, 4, 4, 5, 11], dtype=torch.int64)
+
+
+def lora_experts_ref(x, a, b, offsets, scale):
+    parts = [lora_ref(x[offsets[e]:offsets[e + 1]], a[e], b[e], scale) for e in range(a.shape[0])]
+    return torch.cat(parts, 0)
+
+
+write("lora_experts", "lora_experts", dict(x=randn(11, 6), offsets=offsets, a=randn(4, 2, 6), b=randn(4, 5, 2)),
+      lambda x, offsets, a, b: {"y": lora_experts_ref(x, a, b, offsets, 0.75)}, {"y": "dy"}, dict(scale=0.75))

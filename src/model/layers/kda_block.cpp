@@ -16,7 +16,11 @@
 
 namespace tessera::model {
 
-KdaBlock::KdaBlock(const KdaConfig& c, std::string param_prefix)
+namespace {
+std::vector<LoraAdapters::Part> part(const std::string& module, int64_t rows) { return {{module, rows}}; }
+}  // namespace
+
+KdaBlock::KdaBlock(const KdaConfig& c, std::string param_prefix, const LoraConfig& lora)
     : cfg_(c),
       prefix_(std::move(param_prefix)),
       C_(c.d_model),
@@ -30,6 +34,15 @@ KdaBlock::KdaBlock(const KdaConfig& c, std::string param_prefix)
     Wqkv_ = 2 * H_ * K_ + HV_ * V_;
     Go_ = c.full_rank_output_gate ? HV_ * V_ : V_;
     Ws_ = R_ + HV_ + Go_;
+    const std::string a = prefix_ + "self_attn.";
+    qkv_lora_ = LoraAdapters(lora, C_, {{a + "q_proj", H_ * K_}, {a + "k_proj", H_ * K_}, {a + "v_proj", HV_ * V_}});
+    small_lora_ = LoraAdapters(lora, C_,
+                               {{a + (c.scalar_gate ? "a_proj" : "f_a_proj"), R_},
+                                {a + "b_proj", HV_},
+                                {a + (c.full_rank_output_gate ? "g_proj" : "g_a_proj"), Go_}});
+    if (!c.scalar_gate) f_b_lora_ = LoraAdapters(lora, R_, part(a + "f_b_proj", HV_ * K_));
+    if (!c.full_rank_output_gate) g_b_lora_ = LoraAdapters(lora, V_, part(a + "g_b_proj", HV_ * V_));
+    o_lora_ = LoraAdapters(lora, HV_ * V_, part(a + "o_proj", C_));
 }
 
 void KdaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
@@ -58,6 +71,7 @@ void KdaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
     add(a + "o_norm.weight", Shape{V_}, ParamInit::constant(1.0), false);
     add(a + "o_proj.weight", Shape{C_, HV_ * V_}, ParamInit::normal(cfg_.init_std / std::sqrt(2.0 * cfg_.n_layers)),
         true);
+    for (const LoraAdapters* l : adapters(*this)) l->declare_params(specs, inits);
 }
 
 void KdaBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
@@ -98,6 +112,7 @@ void KdaBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
     add("o", Shape{N, HV_ * V_});
     add("z", Shape{N, HV_ * V_});
     add("y", Shape{N, HV_ * V_});
+    qkv_lora_.declare_scratch(specs, prefix, max);
 }
 
 ops::KdaInputs KdaBlock::kda_inputs(StepShape s, const Acts& a) const {
@@ -148,6 +163,7 @@ void KdaBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) 
     bind_weights(params, w_, false);
     has_grads_ = grads != nullptr;
     if (grads) bind_weights(*grads, g_, true);
+    for (LoraAdapters* l : adapters(*this)) l->bind_params(params, grads);
 }
 
 KdaBlock::Acts KdaBlock::bind_acts(const BufferGroup& acts, const std::string& prefix, bool saved) const {
@@ -172,7 +188,10 @@ KdaBlock::Acts KdaBlock::bind_acts(const BufferGroup& acts, const std::string& p
 
 void KdaBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) { a_ = bind_acts(acts, prefix, true); }
 
-void KdaBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) { d_ = bind_acts(acts, prefix, false); }
+void KdaBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
+    d_ = bind_acts(acts, prefix, false);
+    for (LoraAdapters* l : adapters(*this)) l->bind_scratch(acts, prefix);
+}
 
 void KdaBlock::gates(int64_t N) {
     const int64_t HK = H_ * K_, HVV = HV_ * V_;
@@ -189,6 +208,7 @@ void KdaBlock::gates(int64_t N) {
         copy_rows(columns(small, 0, HV_), f);
     } else {
         ops::linear_forward({}, columns(small, 0, R_), w_.f_b, {}, f);
+        f_b_lora_.forward(columns(small, 0, R_), f);
     }
     const ops::KdaGateParams gp{.lower_bound = cfg_.gate_lower_bound};
     // NOTES: GDN's per-head decay is computed into y (free until the output norm writes it) and
@@ -219,12 +239,14 @@ void KdaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
         copy_rows(columns(small, R_ + HV_, HVV), z);
     } else {
         ops::linear_forward({}, columns(small, R_ + HV_, V_), w_.g_b, {}, z);
+        g_b_lora_.forward(columns(small, R_ + HV_, V_), z);
     }
     const ops::GatedRmsNormParams np{.eps = cfg_.o_norm_eps, .activation = cfg_.output_gate_activation};
     ops::gated_rmsnorm_forward(np, o.reshape(Shape{N * HV_, V_}), z.reshape(Shape{N * HV_, V_}), w_.o_norm,
                                y.reshape(Shape{N * HV_, V_}));
     start_output(x, x_out, N);
     ops::linear_forward({.accumulate = true}, y, w_.o, {}, rows(x_out));
+    o_lora_.forward(y, rows(x_out));
 }
 
 void KdaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
@@ -234,7 +256,9 @@ void KdaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     TensorView x = rows(x_in), ln = rows(a_.ln), raw = rows(a_.qkv_raw), qkv = rows(a_.qkv);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rows(a_.rstd));
     ops::linear_forward({}, ln, w_.qkv, {}, raw);
+    qkv_lora_.forward(ln, raw);
     ops::linear_forward({}, ln, w_.small, {}, rows(a_.small));
+    small_lora_.forward(ln, rows(a_.small));
     const Shape conv_shape = packed ? Shape{1, N, Wqkv_} : Shape{s.batch, s.seq, Wqkv_};
     ops::causal_conv1d_forward({.activation = ops::Activation::silu}, raw.reshape(conv_shape), w_.conv,
                                qkv.reshape(conv_shape), s.cu_seqlens);
@@ -268,7 +292,9 @@ void KdaBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_ou
     }
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rows(a_.rstd));
     ops::linear_forward({}, ln, w_.qkv, {}, raw);
+    qkv_lora_.forward(ln, raw);
     ops::linear_forward({}, ln, w_.small, {}, rows(a_.small));
+    small_lora_.forward(ln, rows(a_.small));
     // the convolution over the cached W−1 inputs and this one, then the window moves on
     const float* w = w_.conv.ptr<float>();
     for (int64_t b = 0; b < N; ++b) {
@@ -306,6 +332,7 @@ void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     }
     TensorView small = rows(a_.small), dsmall = rows(d_.small), o = rows(a_.o), z = rows(a_.z);
     ops::linear_backward(rows(dres), rows(a_.y), w_.o, rows(d_.y), g_.o, {});
+    o_lora_.backward(rows(a_.y), rows(dres), rows(d_.y));
     const ops::GatedRmsNormParams np{.eps = cfg_.o_norm_eps, .activation = cfg_.output_gate_activation};
     const Shape heads{N * HV_, V_};
     ops::gated_rmsnorm_backward(np, rows(d_.y).reshape(heads), o.reshape(heads), z.reshape(heads), w_.o_norm,
@@ -315,6 +342,7 @@ void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     } else {
         ops::linear_backward(rows(d_.z), columns(small, R_ + HV_, V_), w_.g_b, columns(dsmall, R_ + HV_, V_), g_.g_b,
                              {});
+        g_b_lora_.backward(columns(small, R_ + HV_, V_), rows(d_.z), columns(dsmall, R_ + HV_, V_));
     }
     // the recurrence
     const ops::KdaParams kp{.chunk_size = cfg_.chunk_size};
@@ -346,6 +374,7 @@ void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
         ops::kda_gate_backward(gp, dg.reshape(Shape{N, HV_, K_}), f.reshape(Shape{N, HV_, K_}), w_.A_log, w_.dt_bias,
                                df.reshape(Shape{N, HV_, K_}), g_.A_log, g_.dt_bias);
         ops::linear_backward(df, columns(small, 0, R_), w_.f_b, columns(dsmall, 0, R_), g_.f_b, {});
+        f_b_lora_.backward(columns(small, 0, R_), df, columns(dsmall, 0, R_));
     }
     // L2 norms, short convolutions, projections, input norm
     TensorView qkv = rows(a_.qkv), dqkv = rows(d_.qkv);
@@ -361,7 +390,9 @@ void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
                                 g_.conv, s.cu_seqlens);
     TensorView ln = rows(a_.ln), dln = rows(d_.ln);
     ops::linear_backward(rows(d_.qkv_raw), ln, w_.qkv, dln, g_.qkv, {});
+    qkv_lora_.backward(ln, rows(d_.qkv_raw), dln);
     ops::linear_backward(dsmall, ln, w_.small, dln, g_.small, {});
+    small_lora_.backward(ln, dsmall, dln);
     start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, rows(x_in), w_.norm, rows(a_.rstd), rows(dres), g_.norm);
 }
@@ -373,6 +404,7 @@ double KdaBlock::forward_flops_per_token(int64_t) const {
     if (!cfg_.full_rank_output_gate) f += 2.0 * double(V_) * HVV;
     f += 2.0 * double(W_) * double(Wqkv_);                     // convolutions
     f += ops::kda_forward_flops(1, HV_, K_, cfg_.chunk_size);  // the recurrence (paper's count, K = V)
+    for (const LoraAdapters* l : adapters(*this)) f += l->forward_flops_per_token();
     return f;
 }
 

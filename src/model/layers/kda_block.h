@@ -13,15 +13,18 @@
 // every document start.
 #pragma once
 
+#include <array>
+
 #include "model/config.h"
 #include "model/layers/block.h"
+#include "model/lora.h"
 #include "ops/kda.h"
 
 namespace tessera::model {
 
 class KdaBlock : public Block {
   public:
-    KdaBlock(const KdaConfig& c, std::string param_prefix);
+    KdaBlock(const KdaConfig& c, std::string param_prefix, const LoraConfig& lora = {});
 
     void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
     void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
@@ -43,6 +46,10 @@ class KdaBlock : public Block {
     std::string kind() const override { return cfg_.scalar_gate ? "gdn" : "kda"; }
 
   private:
+    template <class Self>
+    static auto adapters(Self& b) {
+        return std::array{&b.qkv_lora_, &b.small_lora_, &b.f_b_lora_, &b.g_b_lora_, &b.o_lora_};
+    }
     struct Weights {
         TensorView norm;     // [C]
         TensorView qkv;      // [Wqkv, C]: q_proj, k_proj, v_proj
@@ -72,6 +79,8 @@ class KdaBlock : public Block {
     std::string prefix_;
     int64_t C_, H_, HV_, K_, V_, R_, W_;
     int64_t Wqkv_, Ws_, Go_;  // widths: [q|k|v], [f_a or a | b | g_a or g], output gate input
+    // model.lora: q/k/v_proj; f_a (a) / b / g_a (g) _proj; f_b_proj; g_b_proj; o_proj
+    LoraAdapters qkv_lora_, small_lora_, f_b_lora_, g_b_lora_, o_lora_;
     Weights w_, g_;
     bool has_grads_ = false;
     Acts a_, d_;                                  // saved activations and their gradients (scratch)

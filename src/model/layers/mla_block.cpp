@@ -26,7 +26,7 @@ void zero_columns(TensorView t) {
 }
 }  // namespace
 
-MlaBlock::MlaBlock(const MlaConfig& c, std::string param_prefix)
+MlaBlock::MlaBlock(const MlaConfig& c, std::string param_prefix, const LoraConfig& lora)
     : cfg_(c),
       prefix_(std::move(param_prefix)),
       C_(c.d_model),
@@ -49,6 +49,14 @@ MlaBlock::MlaBlock(const MlaConfig& c, std::string param_prefix)
     col_ik_ = Wmain_;
     col_iw_ = col_ik_ + DI_;
     Wh_ = col_iw_ + HI_;
+    const std::string a = prefix_ + "self_attn.";
+    h_lora_ = LoraAdapters(
+        lora, C_,  // the LM projections of h (the indexer's learn from its KL: none)
+        {{a + (RQ_ > 0 ? "q_a_proj" : "q_proj"), Wq_}, {a + "kv_a_proj_with_mqa", DK_}, {a + "g_proj", G_}});
+    if (RQ_ > 0) q_b_lora_ = LoraAdapters(lora, RQ_, {{a + "q_b_proj", H_ * DQ_}});
+    o_lora_ = LoraAdapters(lora, H_ * DV_, {{a + "o_proj", C_}});
+    kv_b_lora_ = LoraAdapters(lora, RKV_, {{a + "kv_b_proj", H_ * (DN_ + DV_)}});
+    lora_ = lora.enabled();
 }
 
 void MlaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
@@ -76,6 +84,7 @@ void MlaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
         add_param(specs, inits, a + "indexer.k_norm.weight", Shape{DI_}, one, false);
         add_param(specs, inits, a + "indexer.k_norm.bias", Shape{DI_}, ParamInit::constant(0.0), false);
     }
+    for (const LoraAdapters* l : adapters(*this)) l->declare_params(specs, inits);
 }
 
 bool MlaBlock::is_indexer_param(const std::string& name) const {
@@ -133,6 +142,11 @@ void MlaBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
     }
     add("dkv", Shape{N, DK_});
     if (!cfg_.dsa.enabled()) add("dv", Shape{N, DK_});
+    if (lora_) {  // every block of the kind shares the first one's scratch: declared for any adapters
+        h_lora_.declare_scratch(specs, prefix, max);
+        add("lora.kv_b", Shape{H_ * (DN_ + DV_), RKV_});
+        add("lora.dkv_b", Shape{H_ * (DN_ + DV_), RKV_});
+    }
     add("dqhat", Shape{N, H_ * DK_});
     add("doc", Shape{N, H_ * oc_width()});
     add("dy", Shape{N, H_ * DV_});
@@ -199,6 +213,8 @@ void MlaBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) 
     bind_weights(params, w_, false);
     has_grads_ = grads != nullptr;
     if (grads) bind_weights(*grads, g_, true);
+    for (LoraAdapters* l : adapters(*this)) l->bind_params(params, grads);
+    kv_b_ = w_.kv_b;
 }
 
 void MlaBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
@@ -216,6 +232,9 @@ void MlaBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) 
     };
     d_ = Scratch{v("dln"), v("dhp"), v("dcq"), v("dq"),  v("dkv"), v("dv"),  v("dqhat"),   v("doc"),
                  v("dy"),  v("dov"), v("p"),   v("dqi"), v("dki"), v("dwi"), v("dqi_pre"), v("dki_pre")};
+    kv_b_merged_ = v("lora.kv_b");
+    dkv_b_ = v("lora.dkv_b");
+    for (LoraAdapters* l : adapters(*this)) l->bind_scratch(acts, prefix);
 }
 
 StepShape MlaBlock::flat(StepShape s) const {
@@ -279,10 +298,13 @@ void MlaBlock::project(StepShape s, int64_t pos, TensorView x) {
     TensorView ln = a_.ln.slice0(0, N), hp = a_.hp.slice0(0, N), kv = a_.kv.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, a_.rstd.slice0(0, N));
     ops::linear_forward({}, ln, w_.h_proj, {}, hp);
+    h_lora_.forward(ln, hp);
+    kv_b_ = kv_b_lora_.merged(w_.kv_b, kv_b_merged_);
     if (RQ_ > 0) {
         ops::rmsnorm_forward({.eps = cfg_.latent_eps}, columns(hp, 0, RQ_), w_.q_norm, a_.cq.slice0(0, N),
                              a_.cq_rstd.slice0(0, N));
         ops::linear_forward({}, a_.cq.slice0(0, N), w_.q_b, {}, a_.q.slice0(0, N));
+        q_b_lora_.forward(a_.cq.slice0(0, N), a_.q.slice0(0, N));
     }
     TensorView q = q_rows(a_, N);
     ops::rmsnorm_forward({.eps = cfg_.latent_eps}, columns(hp, col_kv_, RKV_), w_.kv_norm, columns(kv, 0, RKV_),
@@ -299,7 +321,7 @@ void MlaBlock::project(StepShape s, int64_t pos, TensorView x) {
     TensorView qhat = a_.qhat.slice0(0, N);
     for (int64_t h = 0; h < H_; ++h) {
         ops::gemm(Trans::N, Trans::N, N, RKV_, DN_, 1.f, q.ptr<float>() + h * DQ_, q.strides[0],
-                  w_.kv_b.ptr<float>() + h * (DN_ + DV_) * RKV_, RKV_, 0.f, qhat.ptr<float>() + h * DK_, H_ * DK_);
+                  kv_b_.ptr<float>() + h * (DN_ + DV_) * RKV_, RKV_, 0.f, qhat.ptr<float>() + h * DK_, H_ * DK_);
     }
     for (int64_t h = 0; h < H_; ++h) copy_rows(columns(q, h * DQ_ + DN_, DR_), columns(qhat, h * DK_ + RKV_, DR_));
     if (HI_ > 0) indexer_forward(s, pos);
@@ -312,12 +334,13 @@ void MlaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     TensorView o = G_ > 0 ? a_.ov.slice0(0, N) : a_.y.slice0(0, N);
     for (int64_t h = 0; h < H_; ++h) {
         ops::gemm(Trans::N, Trans::T, N, DV_, RKV_, 1.f, oc.ptr<float>() + h * OC, H_ * OC,
-                  w_.kv_b.ptr<float>() + (h * (DN_ + DV_) + DN_) * RKV_, RKV_, 0.f, o.ptr<float>() + h * DV_, H_ * DV_);
+                  kv_b_.ptr<float>() + (h * (DN_ + DV_) + DN_) * RKV_, RKV_, 0.f, o.ptr<float>() + h * DV_, H_ * DV_);
     }
     if (G_ > 0)
         output_gate_forward(columns(a_.hp.slice0(0, N), col_g_, G_), o, a_.gate.slice0(0, N), a_.y.slice0(0, N));
     start_output(x, x_out, N);
     ops::linear_forward({.accumulate = true}, a_.y.slice0(0, N), w_.o, {}, x_out.slice0(0, N));
+    o_lora_.forward(a_.y.slice0(0, N), x_out.slice0(0, N));
 }
 
 void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
@@ -406,6 +429,15 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     TensorView d = dres.slice0(0, N), hp = a_.hp.slice0(0, N), dhp = d_.dhp.slice0(0, N);
     zero_rows(d_.dy, N);
     ops::linear_backward(d, a_.y.slice0(0, N), w_.o, d_.dy.slice0(0, N), g_.o, {});
+    o_lora_.backward(a_.y.slice0(0, N), d, d_.dy.slice0(0, N));
+    // kv_b_proj as the forward used it (another block may have merged its own into the shared scratch since), and
+    // where its gradient goes: its own buffer, the scratch its adapter's gradients come from, or nowhere (frozen)
+    kv_b_ = kv_b_lora_.merged(w_.kv_b, kv_b_merged_);
+    TensorView dkv_b = g_.kv_b;
+    if (!kv_b_lora_.empty()) {
+        dkv_b = dkv_b_.prefix(w_.kv_b.shape);
+        std::fill_n(dkv_b.ptr<float>(), dkv_b.numel(), 0.f);
+    }
     zero_rows(d_.dhp, N);
     TensorView dov = d_.dy.slice0(0, N);
     if (G_ > 0) {
@@ -418,11 +450,11 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     zero_rows(d_.doc, N);
     for (int64_t h = 0; h < H_; ++h) {
         const int64_t uv = (h * (DN_ + DV_) + DN_) * RKV_;
-        ops::gemm(Trans::N, Trans::N, N, RKV_, DV_, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_,
-                  w_.kv_b.ptr<float>() + uv, RKV_, 0.f, doc.ptr<float>() + h * OC, H_ * OC);
-        if (g_.kv_b.defined()) {  // undefined: frozen
+        ops::gemm(Trans::N, Trans::N, N, RKV_, DV_, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_, kv_b_.ptr<float>() + uv,
+                  RKV_, 0.f, doc.ptr<float>() + h * OC, H_ * OC);
+        if (dkv_b.defined()) {  // undefined: frozen
             ops::gemm(Trans::T, Trans::N, DV_, RKV_, N, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_,
-                      oc.ptr<float>() + h * OC, H_ * OC, 1.f, g_.kv_b.ptr<float>() + uv, RKV_);
+                      oc.ptr<float>() + h * OC, H_ * OC, 1.f, dkv_b.ptr<float>() + uv, RKV_);
         }
     }
     TensorView qhat = a_.qhat.slice0(0, N), dqhat = d_.dqhat.slice0(0, N), kv = a_.kv.slice0(0, N),
@@ -453,12 +485,13 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     for (int64_t h = 0; h < H_; ++h) {
         const int64_t uk = h * (DN_ + DV_) * RKV_;
         ops::gemm(Trans::N, Trans::T, N, DN_, RKV_, 1.f, dqhat.ptr<float>() + h * DK_, H_ * DK_,
-                  w_.kv_b.ptr<float>() + uk, RKV_, 0.f, dq.ptr<float>() + h * DQ_, dq.strides[0]);
-        if (g_.kv_b.defined()) {
+                  kv_b_.ptr<float>() + uk, RKV_, 0.f, dq.ptr<float>() + h * DQ_, dq.strides[0]);
+        if (dkv_b.defined()) {
             ops::gemm(Trans::T, Trans::N, DN_, RKV_, N, 1.f, q.ptr<float>() + h * DQ_, q.strides[0],
-                      dqhat.ptr<float>() + h * DK_, H_ * DK_, 1.f, g_.kv_b.ptr<float>() + uk, RKV_);
+                      dqhat.ptr<float>() + h * DK_, H_ * DK_, 1.f, dkv_b.ptr<float>() + uk, RKV_);
         }
     }
+    kv_b_lora_.backward_from_weight(dkv_b);
     TensorView dkr = columns(dhp, col_kv_ + RKV_, DR_);
     if (cfg_.rope && DR_ > 0) {
         const ops::RopeParams rope{.theta = cfg_.rope_theta, .interleaved = true, .scaling = cfg_.rope_scaling};
@@ -474,6 +507,7 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     if (RQ_ > 0) {
         zero_rows(d_.dcq, N);
         ops::linear_backward(dq, a_.cq.slice0(0, N), w_.q_b, d_.dcq.slice0(0, N), g_.q_b, {});
+        q_b_lora_.backward(a_.cq.slice0(0, N), dq, d_.dcq.slice0(0, N));
         ops::rmsnorm_backward({.eps = cfg_.latent_eps}, d_.dcq.slice0(0, N), columns(hp, 0, RQ_), w_.q_norm,
                               a_.cq_rstd.slice0(0, N), columns(dhp, 0, RQ_), g_.q_norm);
     }
@@ -484,6 +518,7 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     };
     ops::linear_backward(columns(dhp, 0, Wmain_), a_.ln.slice0(0, N), rows_of(w_.h_proj, 0, Wmain_),
                          d_.dln.slice0(0, N), rows_of(g_.h_proj, 0, Wmain_), {});
+    h_lora_.backward(a_.ln.slice0(0, N), dhp, d_.dln.slice0(0, N));
     if (HI_ > 0) indexer_backward(s, ws);
     start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, d_.dln.slice0(0, N), x_in.slice0(0, N), w_.norm, a_.rstd.slice0(0, N),
@@ -553,10 +588,16 @@ DsaLayerStats MlaBlock::take_stats() {
     return out;
 }
 
+double MlaBlock::lora_flops() const {
+    double f = 0;  // kv_b_proj's merge is per step, not per token: not counted
+    for (const LoraAdapters* l : {&h_lora_, &q_b_lora_, &o_lora_}) f += l->forward_flops_per_token();
+    return f;
+}
+
 double MlaBlock::forward_flops_per_token(int64_t seq) const {
     const double proj = 2.0 * double(C_) * double(Wh_) + 2.0 * double(RQ_) * double(H_ * DQ_) +
                         2.0 * double(H_) * double(DN_ + DV_) * double(RKV_) + 2.0 * double(H_ * DV_) * double(C_) +
-                        (HI_ > 0 ? 2.0 * double(RQ_ > 0 ? RQ_ : C_) * double(HI_ * DI_) : 0.0);
+                        (HI_ > 0 ? 2.0 * double(RQ_ > 0 ? RQ_ : C_) * double(HI_ * DI_) : 0.0) + lora_flops();
     if (!cfg_.dsa.enabled()) {  // MQA over the entries: scores D_k and values D_k (the last d_r discarded)
         return proj + ops::attention_forward_flops(1, seq, H_, DK_, true) / double(seq);
     }

@@ -21,8 +21,11 @@
 // k_norm (weight, bias), weights_proj}. kv_b_proj rows per head are [W_UK_h (d_n) | W_UV_h (d_v)].
 #pragma once
 
+#include <array>
+
 #include "model/config.h"
 #include "model/layers/block.h"
+#include "model/lora.h"
 #include "ops/dsa.h"
 
 namespace tessera::model {
@@ -35,7 +38,7 @@ struct DsaLayerStats {
 
 class MlaBlock : public Block {
   public:
-    MlaBlock(const MlaConfig& c, std::string param_prefix);
+    MlaBlock(const MlaConfig& c, std::string param_prefix, const LoraConfig& lora = {});
 
     void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
     void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
@@ -93,6 +96,7 @@ class MlaBlock : public Block {
     // gate, o_proj and the residual after attention wrote oc
     void project(StepShape s, int64_t pos, TensorView x);
     void finish(int64_t N, TensorView x, TensorView x_out);
+    double lora_flops() const;
     void select(StepShape s, std::span<std::byte> ws);
 
     MlaConfig cfg_;
@@ -100,8 +104,18 @@ class MlaBlock : public Block {
     int64_t C_, H_, RQ_, RKV_, DN_, DR_, DV_, DQ_, DK_, G_, HI_, DI_;
     int64_t Wq_, Wh_, Wmain_;  // widths: q part of hp, all of hp, the part the LM loss trains
     int64_t col_kv_, col_g_, col_ik_, col_iw_;
+    // model.lora: q_a_proj (or q_proj) / kv_a_proj_with_mqa / g_proj; q_b_proj; o_proj; kv_b_proj (merged: its
+    // per-head absorbed use takes W + s·B·A, recomputed before each use, and backward projects its gradient)
+    LoraAdapters h_lora_, q_b_lora_, o_lora_, kv_b_lora_;
+    TensorView kv_b_;                 // the kv_b_proj weight the attention uses now (w_.kv_b or the merged one)
+    TensorView kv_b_merged_, dkv_b_;  // scratch [H·(d_n+d_v), r_kv] with kv_b_proj adapters
+    template <class Self>
+    static auto adapters(Self& b) {
+        return std::array{&b.h_lora_, &b.q_b_lora_, &b.o_lora_, &b.kv_b_lora_};
+    }
     Weights w_, g_;
     bool has_grads_ = false;
+    bool lora_ = false;  // model.lora is on (the blocks of this kind share its scratch)
     Acts a_;
     Scratch d_;
     PassOptions pass_;

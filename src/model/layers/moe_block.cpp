@@ -32,16 +32,39 @@ MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Com
     if (rule_ == ops::BalanceRule::quantile) {
         quantile_ = std::make_unique<ops::QuantileBalancer>(m_.experts, m_.topk);
     }
+    if (c.lora.enabled()) {
+        const int64_t r = c.lora.rank, F = m_.ffn_dim, FS = m_.shared_ffn_dim;
+        using L = ops::MoeLora;
+        std::vector<Adapter> all{{"experts.gate_proj", &L::w_gate, Shape{r, L_}, Shape{F, r}, true},
+                                 {"experts.up_proj", &L::w_up, Shape{r, L_}, Shape{F, r}, true},
+                                 {"experts.down_proj", &L::w_down, Shape{r, F}, Shape{L_, r}, true}};
+        if (m_.latent_dim > 0) {
+            all.push_back({"routed_expert_down_proj", &L::latent_down, Shape{r, C_}, Shape{L_, r}, false});
+            all.push_back({"routed_expert_up_proj", &L::latent_up, Shape{r, L_}, Shape{C_, r}, false});
+        }
+        if (FS > 0) {
+            all.push_back({"shared_experts.gate_proj", &L::shared_gate, Shape{r, C_}, Shape{FS, r}, false});
+            all.push_back({"shared_experts.up_proj", &L::shared_up, Shape{r, C_}, Shape{FS, r}, false});
+            all.push_back({"shared_experts.down_proj", &L::shared_down, Shape{r, FS}, Shape{C_, r}, false});
+        }
+        for (Adapter& a : all) {
+            if (LoraConfig::names(c.lora.target_modules, prefix_ + "mlp." + a.module)) adapters_.push_back(a);
+        }
+        p_.lora.scale = c.lora.scale();
+    }
+    bool expert_adapters = false;
+    for (const Adapter& a : adapters_) expert_adapters |= a.experts;
     if (expert_group && expert_group->size() > 1) {
         // NOTES: with a capacity factor the expert group shares each expert's room (capacity_shares), which also
         // bounds the rows a rank receives
-        ep_ = std::make_unique<parallel::ExpertParallelStage>(*expert_group,
-                                                              parallel::EpDims{.experts = m_.experts,
-                                                                               .topk = m_.topk,
-                                                                               .latent = L_,
-                                                                               .ffn = m_.ffn_dim,
-                                                                               .chunks = ep_chunks,
-                                                                               .capacity_factor = m_.capacity_factor});
+        ep_ = std::make_unique<parallel::ExpertParallelStage>(
+            *expert_group, parallel::EpDims{.experts = m_.experts,
+                                            .topk = m_.topk,
+                                            .latent = L_,
+                                            .ffn = m_.ffn_dim,
+                                            .chunks = ep_chunks,
+                                            .capacity_factor = m_.capacity_factor,
+                                            .lora_rank = expert_adapters ? c.lora.rank : 0});
         p_.stage = ep_.get();
     }
 }
@@ -82,6 +105,18 @@ void MoeBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
         add_param(specs, inits, mlp + "shared_experts.down_proj.weight", Shape{C_, FS}, out, true);
         if (m_.shared_expert_gate) add_param(specs, inits, mlp + "shared_expert_gate.weight", Shape{1, C_}, w, true);
     }
+    // adapters (lora.h: A as PEFT's kaiming_uniform, B zero); the experts' after the experts, this rank's slice of
+    // [E, ...] like them
+    for (const Adapter& a : adapters_) {
+        const double bound = 1.0 / std::sqrt(double(a.a[1]));
+        const std::string m = mlp + a.module;
+        auto shape = [&](const Shape& s) { return a.experts ? Shape{El, s[0], s[1]} : s; };
+        add_param(specs, inits, m + ".lora_A.weight", shape(a.a), {ParamInit::Kind::uniform, -bound, bound}, true);
+        add_param(specs, inits, m + ".lora_B.weight", shape(a.b), ParamInit::constant(0.0), true);
+        if (!a.experts) continue;
+        for (size_t i = specs.size() - 2; i < specs.size(); ++i) specs[i].sharding = Sharding::expert;
+        inits[specs.size() - 2].element_offset = first * a.a.numel();
+    }
 }
 
 ops::MoeDims MoeBlock::dims(int64_t tokens) const {
@@ -99,6 +134,7 @@ ops::MoeDims MoeBlock::dims(int64_t tokens) const {
     d.has_shared_scale = m_.shared_expert_gate;
     d.local_experts = local_experts().second;
     d.expert_rows_here = ep_ == nullptr;
+    d.lora_rank = lora_rank();
     return d;
 }
 
@@ -139,11 +175,19 @@ void MoeBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) 
         }
     };
     bind(params, w_, norm_, false);
+    for (const Adapter& a : adapters_) {
+        const std::string m = mlp + a.module;
+        w_.lora.*a.pair = {params.view(m + ".lora_A.weight"), params.view(m + ".lora_B.weight")};
+    }
     has_grads_ = grads != nullptr;
     if (grads) {
         bias_frozen_ = grads->index_of(mlp + "gate.e_score_correction_bias") < 0;
         bind(*grads, g_, d_norm_, true);
         g_.router_bias = {};  // selection only: no gradient
+        for (const Adapter& a : adapters_) {
+            const std::string m = mlp + a.module;
+            g_.lora.*a.pair = {grads->find(m + ".lora_A.weight"), grads->find(m + ".lora_B.weight")};
+        }
     }
 }
 
@@ -211,7 +255,12 @@ void MoeBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), norm_, rstd_.slice0(0, N), d, d_norm_);
 }
 
-double MoeBlock::forward_flops_per_token(int64_t) const { return ops::moe_forward_flops_per_token(dims(1)); }
+double MoeBlock::forward_flops_per_token(int64_t) const {
+    double f = ops::moe_forward_flops_per_token(dims(1));
+    for (const Adapter& a : adapters_)  // the experts' per routed row: k of them per token
+        f += double(a.experts ? m_.topk : 1) * ops::lora_forward_flops(1, a.a[1], a.b[0], a.a[0]);
+    return f;
+}
 
 void MoeBlock::update_bias(const std::function<void(std::span<int64_t>)>& sum_over_ranks) {
     if (sum_over_ranks) {

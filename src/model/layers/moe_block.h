@@ -67,6 +67,16 @@ class MoeBlock : public Block {
 
   private:
     ops::MoeDims dims(int64_t tokens) const;
+    // model.lora: the adapted projections (module name under "mlp.", where its pair goes, A's and B's shapes
+    // without the experts' leading dim, whether it is the routed experts'), those model.lora targets
+    struct Adapter {
+        std::string module;
+        ops::LoraPair ops::MoeLora::*pair;
+        Shape a, b;
+        bool experts;
+    };
+    std::vector<Adapter> adapters_;
+    int64_t lora_rank() const { return adapters_.empty() ? 0 : cfg_.lora.rank; }
     std::span<const int64_t> sequences(StepShape s);  // sequence starts for the balance loss
 
     ModelConfig cfg_;

@@ -11,6 +11,7 @@
 #include "ops/embedding.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
+#include "ops/lora.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/swiglu.h"
@@ -35,6 +36,36 @@ void run_linear(OpContext& c) {
     if (!c.has("dy")) return;
     TensorView db = b.defined() ? c.out_like("db", b) : TensorView();
     linear_backward(c.in("dy"), x, w, c.out_like("dx", x), c.out_like("dw", w), db);
+}
+
+void run_lora(OpContext& c) {
+    TensorView x = c.in("x"), a = c.in("a"), b = c.in("b");
+    TESSERA_CHECK(x.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2, "x must be [N, IN], a [r, IN] and b [OUT, r]");
+    const LoraParams p{.scale = c.param_f64("scale")};
+    const int64_t N = x.size(0), r = a.size(0);
+    Tensor u(x.dtype, Shape{N, r}), du(x.dtype, Shape{N, r});
+    lora_forward(p, x, a, b, u.view(), c.out("y", x.dtype, Shape{N, b.size(0)}));
+    if (c.has("dy"))
+        lora_backward(p, x, c.in("dy"), a, b, u.view(), du.view(), c.out_like("dx", x), c.out_like("da", a),
+                      c.out_like("db", b));
+}
+
+void run_lora_experts(OpContext& c) {
+    TensorView x = c.in("x"), a = c.in("a"), b = c.in("b");
+    TESSERA_CHECK(x.ndim() == 2 && a.ndim() == 3 && b.ndim() == 3, "x must be [R, IN], a [E, r, IN] and b [E, OUT, r]");
+    const std::span<const int64_t> off = c.index_span("offsets");
+    const int64_t E = a.size(0), R = x.size(0), r = a.size(1);
+    TESSERA_CHECK(int64_t(off.size()) == E + 1 && off.front() == 0 && off.back() == R,
+                  "offsets must be [E + 1] = [{}] from 0 to the {} rows", E + 1, R);
+    std::vector<int32_t> offsets(off.begin(), off.end());
+    for (int64_t e = 0; e < E; ++e) TESSERA_CHECK(off[e + 1] >= off[e], "offsets must not decrease (entry {})", e + 1);
+    const ExpertRows g{offsets.data(), E};
+    const LoraParams p{.scale = c.param_f64("scale")};
+    Tensor u(x.dtype, Shape{R, r}), du(x.dtype, Shape{R, r});
+    lora_grouped_forward(p, g, x, a, b, u.view(), c.out("y", x.dtype, Shape{R, b.size(1)}));
+    if (c.has("dy"))
+        lora_grouped_backward(p, g, x, c.in("dy"), a, b, u.view(), du.view(), c.out_like("dx", x), c.out_like("da", a),
+                              c.out_like("db", b));
 }
 
 void run_embedding(OpContext& c) {
@@ -171,6 +202,24 @@ void register_dense_ops(OpRegistry& r) {
            {"y"},
            {"given dy: dx, dw, db (db when b is given)"},
            run_linear});
+    r.add({"lora",
+           "LoRA's update of a linear: y = scale·(x·aᵀ)·bᵀ",
+           {{"x", "[N, IN]"}, {"a", "[r, IN]"}, {"b", "[OUT, r]"}, {"dy", "[N, OUT]", true}},
+           {number("scale", "1", -kInf, kInf, "alpha / r (rsLoRA: alpha / sqrt(r))")},
+           {"y"},
+           {"given dy: dx, da, db"},
+           run_lora});
+    r.add({"lora_experts",
+           "LoRA of routed experts: rows [offsets[e], offsets[e+1]) use a[e], b[e]",
+           {{"x", "[R, IN]"},
+            {"offsets", "[E + 1] i64"},
+            {"a", "[E, r, IN]"},
+            {"b", "[E, OUT, r]"},
+            {"dy", "[R, OUT]", true}},
+           {number("scale", "1", -kInf, kInf, "alpha / r (rsLoRA: alpha / sqrt(r))")},
+           {"y"},
+           {"given dy: dx, da, db"},
+           run_lora_experts});
     r.add({"embedding",
            "y[n] = table[ids[n]]",
            {{"ids", "[N] i32|i64"}, {"table", "[V, D]"}, {"dy", "[N, D]", true}},

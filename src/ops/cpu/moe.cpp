@@ -31,6 +31,36 @@ void zero_rows(TensorView buf, int64_t rows) {
     if (rows > 0) std::memset(buf.data, 0, size_t(rows) * size_t(buf.nbytes() / size_t(buf.size(0))));
 }
 TensorView first(TensorView t, int64_t rows) { return t.defined() ? t.slice0(0, rows) : t; }
+
+// y += the adapter's output for x, when the projection has one (x, y: the N rows of a linear's input and output)
+void lora_fwd(const MoeParams& p, const LoraPair& l, TensorView x, TensorView y, const MoeScratch& t) {
+    if (l.a.defined()) lora_forward(p.lora, x, l.a, l.b, t.lora_u, y);
+}
+// the routed experts' adapters over the rows of the layout g
+void expert_lora_fwd(
+    const MoeParams& p, const ExpertRows& g, const LoraPair& l, TensorView x, TensorView y, const MoeScratch& t) {
+    if (l.a.defined()) lora_grouped_forward(p.lora, g, x, l.a, l.b, t.lora_u, y);
+}
+void expert_lora_bwd(const MoeParams& p,
+                     const ExpertRows& g,
+                     const LoraPair& l,
+                     const LoraPair& gl,
+                     TensorView x,
+                     TensorView dy,
+                     TensorView dx,
+                     const MoeScratch& t) {
+    if (l.a.defined()) lora_grouped_backward(p.lora, g, x, dy, l.a, l.b, t.lora_u, t.lora_du, dx, gl.a, gl.b);
+}
+// its backward: the adapter's gradients (gl) and dx += its input gradient
+void lora_bwd(const MoeParams& p,
+              const LoraPair& l,
+              const LoraPair& gl,
+              TensorView x,
+              TensorView dy,
+              TensorView dx,
+              const MoeScratch& t) {
+    if (l.a.defined()) lora_backward(p.lora, x, dy, l.a, l.b, t.lora_u, t.lora_du, dx, gl.a, gl.b);
+}
 std::span<double> aux_scratch(const MoeScratch& t, const MoeDims& d) {
     TESSERA_CHECK(t.aux.defined() && t.aux.numel() >= 2 * d.experts,
                   "moe: the sequence-wise aux loss needs the scratch's aux buffer of 2·E doubles");
@@ -204,7 +234,19 @@ MoeDims moe_dims(const MoeParams& p, const MoeWeights& w, int64_t tokens) {
         check_weight(w.shared_scale, Shape{1, d.d_model}, "shared_scale");
     }
     TESSERA_CHECK(d.max_rows() < (int64_t(1) << 31), "moe: {} expert rows exceed the i32 layout", d.max_rows());
+    d.lora_rank = w.lora.rank();
     return d;
+}
+
+int64_t MoeLora::rank() const {
+    int64_t r = 0;
+    for (const LoraPair* p :
+         {&latent_down, &latent_up, &shared_gate, &shared_up, &shared_down, &w_gate, &w_up, &w_down}) {
+        if (!p->a.defined()) continue;
+        TESSERA_CHECK(r == 0 || p->a.size(-2) == r, "moe: adapters of ranks {} and {} in one layer", r, p->a.size(-2));
+        r = p->a.size(-2);
+    }
+    return r;
 }
 
 void moe_saved_specs(const MoeDims& d, DType dt, const std::string& prefix, std::vector<BufferSpec>& out) {
@@ -262,6 +304,10 @@ void moe_scratch_specs(const MoeDims& d, DType dt, const std::string& prefix, st
         add("dsa", Shape{N, d.shared_ffn});
     }
     if (d.has_shared_scale) add("dss", Shape{N});
+    if (d.lora_rank > 0) {
+        add("lora_u", Shape{std::max(N, R), d.lora_rank});
+        add("lora_du", Shape{std::max(N, R), d.lora_rank});
+    }
     out.push_back({prefix + "aux", DType::f64, Shape{2 * E}});
 }
 
@@ -322,6 +368,10 @@ MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::s
     }
     if (d.has_shared_scale) t.dss = v("dss");
     t.aux = v("aux");
+    if (d.lora_rank > 0) {
+        t.lora_u = v("lora_u");
+        t.lora_du = v("lora_du");
+    }
     return t;
 }
 
@@ -412,6 +462,9 @@ void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved
         T* h = s.h.ptr<T>();
         grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_gate.ptr<T>(), F * L, L, T(0), h, 2 * F);
         grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_up.ptr<T>(), F * L, L, T(0), h + F, 2 * F);
+        const TensorView xe = first(s.xe, R), hr = first(s.h, R);
+        expert_lora_fwd(p, g, w.lora.w_gate, xe, columns(hr, R, 0, F), t);
+        expert_lora_fwd(p, g, w.lora.w_up, xe, columns(hr, R, F, F), t);
         T* a = s.a.ptr<T>();
         const T* rg = s.row_gate.ptr<T>();
         with_activation<T>(p, [&](const auto& act) {  // a' = gate · act(h), one pass
@@ -426,6 +479,7 @@ void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved
             }
         });
         grouped_gemm(Trans::T, g, L, F, a, F, w.w_down.ptr<T>(), L * F, F, T(0), t.ye.ptr<T>(), L);
+        expert_lora_fwd(p, g, w.lora.w_down, first(s.a, R), first(t.ye, R), t);
     });
 }
 
@@ -439,6 +493,7 @@ void moe_experts_backward(
         grouped_gemm(Trans::N, eg, F, L, dye, L, w.w_down.ptr<T>(), L * F, F, T(0), da, F);
         if (g.w_down.defined())  // absent: frozen experts
             grouped_gemm_wgrad(eg, L, F, dye, L, s.a.ptr<T>(), F, g.w_down.ptr<T>(), L * F, F);
+        expert_lora_bwd(p, eg, w.lora.w_down, g.lora.w_down, first(s.a, R), first(t.ye, R), first(t.da, R), t);
         // one pass per row: the row's gate gradient <act(h), da'>, then dh = gate·da' ⊙ ∂act/∂h
         const T* h = s.h.ptr<T>();
         T* dh = t.dh.ptr<T>();
@@ -471,6 +526,9 @@ void moe_experts_backward(
         grouped_gemm(Trans::N, eg, L, F, dh + F, 2 * F, w.w_up.ptr<T>(), F * L, L, T(1), dxe, L);
         if (g.w_gate.defined()) grouped_gemm_wgrad(eg, F, L, dh, 2 * F, s.xe.ptr<T>(), L, g.w_gate.ptr<T>(), F * L, L);
         if (g.w_up.defined()) grouped_gemm_wgrad(eg, F, L, dh + F, 2 * F, s.xe.ptr<T>(), L, g.w_up.ptr<T>(), F * L, L);
+        const TensorView xe = first(s.xe, R), dhr = first(t.dh, R), dxer = first(t.dxe, R);
+        expert_lora_bwd(p, eg, w.lora.w_gate, g.lora.w_gate, xe, columns(dhr, R, 0, F), dxer, t);
+        expert_lora_bwd(p, eg, w.lora.w_up, g.lora.w_up, xe, columns(dhr, R, F, F), dxer, t);
     });
 }
 
@@ -533,6 +591,7 @@ MoeStats moe_forward(const MoeParams& p,
     if (d.has_latent) {
         src = first(s.z, N);
         linear_forward({}, x, w.latent_down, {}, src);
+        lora_fwd(p, w.lora.latent_down, x, src, t);
     }
     moe_dispatch(s, src, s.xe);
     // the shared expert's input side needs no routed rows: under expert parallelism it runs while they travel
@@ -540,6 +599,8 @@ MoeStats moe_forward(const MoeParams& p,
         if (!d.has_shared) return;
         linear_forward({}, x, w.shared_gate, {}, columns(s.sh, N, 0, FS));
         linear_forward({}, x, w.shared_up, {}, columns(s.sh, N, FS, FS));
+        lora_fwd(p, w.lora.shared_gate, x, columns(s.sh, N, 0, FS), t);
+        lora_fwd(p, w.lora.shared_up, x, columns(s.sh, N, FS, FS), t);
         act_forward(p, columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), first(s.sa, N));
         if (d.has_shared_scale) shared_scale_forward(x, w.shared_scale, first(s.ss, N), first(s.sa, N));
     };
@@ -557,10 +618,14 @@ MoeStats moe_forward(const MoeParams& p,
             c = first(s.n, N);
         }
         linear_forward({.accumulate = accumulate}, c, w.latent_up, {}, y);
+        lora_fwd(p, w.lora.latent_up, c, y, t);
     } else {
         moe_combine(s, t.ye, y, accumulate);
     }
-    if (d.has_shared) linear_forward({.accumulate = true}, first(s.sa, N), w.shared_down, {}, y);
+    if (d.has_shared) {
+        linear_forward({.accumulate = true}, first(s.sa, N), w.shared_down, {}, y);
+        lora_fwd(p, w.lora.shared_down, first(s.sa, N), y, t);
+    }
     return st;
 }
 
@@ -584,6 +649,7 @@ void moe_backward(const MoeParams& p,
         if (!d.has_shared) return;
         zero_rows(t.dsa, N);
         linear_backward(dy, first(s.sa, N), w.shared_down, first(t.dsa, N), g.shared_down, {});
+        lora_bwd(p, w.lora.shared_down, g.lora.shared_down, first(s.sa, N), dy, first(t.dsa, N), t);
         if (d.has_shared_scale) {
             shared_scale_backward(x, w.shared_scale, first(s.ss, N), first(s.sa, N), first(t.dsa, N), first(t.dss, N),
                                   dx, g.shared_scale);
@@ -593,11 +659,14 @@ void moe_backward(const MoeParams& p,
                      columns(t.dsh, N, FS, FS));
         linear_backward(columns(t.dsh, N, 0, FS), x, w.shared_gate, dx, g.shared_gate, {});
         linear_backward(columns(t.dsh, N, FS, FS), x, w.shared_up, dx, g.shared_up, {});
+        lora_bwd(p, w.lora.shared_gate, g.lora.shared_gate, x, columns(t.dsh, N, 0, FS), dx, t);
+        lora_bwd(p, w.lora.shared_up, g.lora.shared_up, x, columns(t.dsh, N, FS, FS), dx, t);
     };
     TensorView dsrc = dy;  // gradient of the combined expert output c
     if (d.has_latent) {
         zero_rows(t.dn, N);
         linear_backward(dy, first(d.has_norm ? s.n : s.c, N), w.latent_up, first(t.dn, N), g.latent_up, {});
+        lora_bwd(p, w.lora.latent_up, g.lora.latent_up, first(d.has_norm ? s.n : s.c, N), dy, first(t.dn, N), t);
         dsrc = first(t.dn, N);
         if (d.has_norm) {
             zero_rows(t.dc, N);
@@ -622,6 +691,7 @@ void moe_backward(const MoeParams& p,
     if (d.has_latent) {
         moe_combine(s, t.dxe, first(t.dc, N), false);  // the backward of dispatch: dz
         linear_backward(first(t.dc, N), x, w.latent_down, dx, g.latent_down, {});
+        lora_bwd(p, w.lora.latent_down, g.lora.latent_down, x, first(t.dc, N), dx, t);
     } else {
         moe_combine(s, t.dxe, dx, true);
     }

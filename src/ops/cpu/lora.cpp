@@ -1,0 +1,183 @@
+// LoRA's low-rank update (see ops/lora.h): two thin GEMMs each way, every one of them deterministic.
+#include "ops/lora.h"
+
+#include "core/check.h"
+#include "ops/cpu/kernel_util.h"
+#include "ops/gemm.h"
+
+namespace tessera::ops {
+
+using cpu::dispatch_float;
+using cpu::Rows;
+using cpu::rows_of;
+
+namespace {
+
+struct Dims {
+    int64_t N = 0, in = 0, out = 0, r = 0;
+};
+
+// a [(E,) r, IN], b [(E,) OUT, r], x [N, IN], y [N, OUT], u (and du) [N, r]; grads like their values
+Dims check(TensorView x, TensorView y, TensorView a, TensorView b, TensorView u, bool grouped, const char* what) {
+    const int nd = grouped ? 3 : 2;
+    TESSERA_CHECK(a.ndim() == nd && b.ndim() == nd, "{}: A and B must be {}-D, not {} and {}", what, nd, a.shape.str(),
+                  b.shape.str());
+    TESSERA_CHECK(!grouped || a.size(0) == b.size(0), "{}: A {} and B {} hold different numbers of experts", what,
+                  a.shape.str(), b.shape.str());
+    check_contiguous(a, what);
+    check_contiguous(b, what);
+    check_contiguous(u, what);
+    Dims d{x.size(0), a.size(-1), b.size(-2), a.size(-2)};
+    TESSERA_CHECK(b.size(-1) == d.r, "{}: B {} must have A's rank {} columns", what, b.shape.str(), d.r);
+    TESSERA_CHECK(x.ndim() == 2 && x.size(1) == d.in, "{}: x {} must be [N, {}]", what, x.shape.str(), d.in);
+    TESSERA_CHECK(y.ndim() == 2 && y.size(0) == d.N && y.size(1) == d.out, "{}: {} must be [{}, {}]", what,
+                  y.shape.str(), d.N, d.out);
+    TESSERA_CHECK(u.numel() >= d.N * d.r, "{}: scratch u holds {} values, {} needed", what, u.numel(), d.N * d.r);
+    TESSERA_CHECK(x.dtype == a.dtype && y.dtype == a.dtype && b.dtype == a.dtype && u.dtype == a.dtype,
+                  "{}: every tensor must share one dtype", what);
+    return d;
+}
+
+void check_grad(TensorView g, TensorView v, const char* what) {
+    if (!g.defined()) return;
+    check_shape(g, v.shape, what);
+    check_contiguous(g, what);
+}
+
+template <class T>
+void scale_rows(T* p, int64_t n, T s) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] *= s;
+}
+
+}  // namespace
+
+void lora_forward(const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y) {
+    const Dims d = check(x, y, a, b, u, false, "lora");
+    dispatch_float(a.dtype, "lora", [&]<class T>(T) {
+        const Rows<T> X = rows_of<T>(x, "lora: x"), Y = rows_of<T>(y, "lora: y");
+        T* U = u.ptr<T>();
+        gemm(Trans::N, Trans::T, d.N, d.r, d.in, T(1), X.data, X.ld, a.ptr<T>(), d.in, T(0), U, d.r);
+        gemm(Trans::N, Trans::T, d.N, d.out, d.r, T(p.scale), U, d.r, b.ptr<T>(), d.r, T(1), Y.data, Y.ld);
+    });
+}
+
+void lora_backward(const LoraParams& p,
+                   TensorView x,
+                   TensorView dy,
+                   TensorView a,
+                   TensorView b,
+                   TensorView u,
+                   TensorView du,
+                   TensorView dx,
+                   TensorView da,
+                   TensorView db) {
+    const Dims d = check(x, dy, a, b, u, false, "lora");
+    TESSERA_CHECK(du.numel() >= d.N * d.r && du.dtype == a.dtype, "lora: scratch du must hold [{}, {}]", d.N, d.r);
+    check_grad(da, a, "lora: dA");
+    check_grad(db, b, "lora: dB");
+    if (dx.defined()) check_shape(dx, x.shape, "lora: dx");
+    dispatch_float(a.dtype, "lora", [&]<class T>(T) {
+        const Rows<T> X = rows_of<T>(x, "lora: x"), DY = rows_of<T>(dy, "lora: dy");
+        T *U = u.ptr<T>(), *DU = du.ptr<T>();
+        const T s = T(p.scale);
+        if (db.defined()) {
+            gemm(Trans::N, Trans::T, d.N, d.r, d.in, T(1), X.data, X.ld, a.ptr<T>(), d.in, T(0), U, d.r);
+            gemm(Trans::T, Trans::N, d.out, d.r, d.N, s, DY.data, DY.ld, U, d.r, T(1), db.ptr<T>(), d.r);
+        }
+        gemm(Trans::N, Trans::N, d.N, d.r, d.out, s, DY.data, DY.ld, b.ptr<T>(), d.r, T(0), DU, d.r);
+        if (da.defined())
+            gemm(Trans::T, Trans::N, d.r, d.in, d.N, T(1), DU, d.r, X.data, X.ld, T(1), da.ptr<T>(), d.in);
+        if (dx.defined()) {
+            const Rows<T> DX = rows_of<T>(dx, "lora: dx");
+            gemm(Trans::N, Trans::N, d.N, d.in, d.r, T(1), DU, d.r, a.ptr<T>(), d.in, T(1), DX.data, DX.ld);
+        }
+    });
+}
+
+void lora_grouped_forward(
+    const LoraParams& p, const ExpertRows& g, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y) {
+    const Dims d = check(x, y, a, b, u, true, "lora (experts)");
+    TESSERA_CHECK(a.size(0) == g.experts, "lora (experts): A holds {} experts, the rows {}", a.size(0), g.experts);
+    dispatch_float(a.dtype, "lora (experts)", [&]<class T>(T) {
+        const Rows<T> X = rows_of<T>(x, "lora: x"), Y = rows_of<T>(y, "lora: y");
+        T* U = u.ptr<T>();
+        // u = s·x·A_eᵀ (the grouped GEMM has no alpha: the r-wide u is scaled instead), y += u·B_eᵀ
+        grouped_gemm(Trans::T, g, d.r, d.in, X.data, X.ld, a.ptr<T>(), d.r * d.in, d.in, T(0), U, d.r);
+        scale_rows(U, d.N * d.r, T(p.scale));
+        grouped_gemm(Trans::T, g, d.out, d.r, U, d.r, b.ptr<T>(), d.out * d.r, d.r, T(1), Y.data, Y.ld);
+    });
+}
+
+void lora_grouped_backward(const LoraParams& p,
+                           const ExpertRows& g,
+                           TensorView x,
+                           TensorView dy,
+                           TensorView a,
+                           TensorView b,
+                           TensorView u,
+                           TensorView du,
+                           TensorView dx,
+                           TensorView da,
+                           TensorView db) {
+    const Dims d = check(x, dy, a, b, u, true, "lora (experts)");
+    TESSERA_CHECK(a.size(0) == g.experts, "lora (experts): A holds {} experts, the rows {}", a.size(0), g.experts);
+    TESSERA_CHECK(du.numel() >= d.N * d.r && du.dtype == a.dtype, "lora (experts): scratch du must hold [{}, {}]", d.N,
+                  d.r);
+    check_grad(da, a, "lora (experts): dA");
+    check_grad(db, b, "lora (experts): dB");
+    if (dx.defined()) check_shape(dx, x.shape, "lora (experts): dx");
+    dispatch_float(a.dtype, "lora (experts)", [&]<class T>(T) {
+        const Rows<T> X = rows_of<T>(x, "lora: x"), DY = rows_of<T>(dy, "lora: dy");
+        T *U = u.ptr<T>(), *DU = du.ptr<T>();
+        const T s = T(p.scale);
+        if (db.defined()) {  // dB_e += dy_eᵀ·(s·u_e)
+            grouped_gemm(Trans::T, g, d.r, d.in, X.data, X.ld, a.ptr<T>(), d.r * d.in, d.in, T(0), U, d.r);
+            scale_rows(U, d.N * d.r, s);
+            grouped_gemm_wgrad(g, d.out, d.r, DY.data, DY.ld, U, d.r, db.ptr<T>(), d.out * d.r, d.r);
+        }
+        // du = s·dy·B_e
+        grouped_gemm(Trans::N, g, d.r, d.out, DY.data, DY.ld, b.ptr<T>(), d.out * d.r, d.r, T(0), DU, d.r);
+        scale_rows(DU, d.N * d.r, s);
+        if (da.defined()) grouped_gemm_wgrad(g, d.r, d.in, DU, d.r, X.data, X.ld, da.ptr<T>(), d.r * d.in, d.in);
+        if (dx.defined()) {
+            const Rows<T> DX = rows_of<T>(dx, "lora: dx");
+            grouped_gemm(Trans::N, g, d.in, d.r, DU, d.r, a.ptr<T>(), d.r * d.in, d.in, T(1), DX.data, DX.ld);
+        }
+    });
+}
+
+void lora_merge(const LoraParams& p, TensorView w, TensorView a, TensorView b, TensorView out) {
+    TESSERA_CHECK(w.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2 && a.size(1) == w.size(1) && b.size(0) == w.size(0) &&
+                      b.size(1) == a.size(0),
+                  "lora merge: w {} needs A [r, {}] and B [{}, r], not {} and {}", w.shape.str(), w.size(-1), w.size(0),
+                  a.shape.str(), b.shape.str());
+    check_shape(out, w.shape, "lora merge: out");
+    for (const TensorView* t : {&w, &a, &b, &out}) check_contiguous(*t, "lora merge");
+    dispatch_float(w.dtype, "lora merge", [&]<class T>(T) {
+        const int64_t n = w.numel();
+        if (out.data != w.data) std::copy_n(w.ptr<T>(), n, out.ptr<T>());
+        gemm(Trans::N, Trans::N, w.size(0), w.size(1), a.size(0), T(p.scale), b.ptr<T>(), a.size(0), a.ptr<T>(),
+             w.size(1), T(1), out.ptr<T>(), w.size(1));
+    });
+}
+
+void lora_weight_backward(
+    const LoraParams& p, TensorView dw, TensorView a, TensorView b, TensorView da, TensorView db) {
+    const int64_t out = dw.size(0), in = dw.size(1), r = a.size(0);
+    check_grad(da, a, "lora: dA");
+    check_grad(db, b, "lora: dB");
+    check_contiguous(dw, "lora: dW");
+    dispatch_float(dw.dtype, "lora", [&]<class T>(T) {
+        if (da.defined())
+            gemm(Trans::T, Trans::N, r, in, out, T(p.scale), b.ptr<T>(), r, dw.ptr<T>(), in, T(1), da.ptr<T>(), in);
+        if (db.defined())
+            gemm(Trans::N, Trans::T, out, r, in, T(p.scale), dw.ptr<T>(), in, a.ptr<T>(), in, T(1), db.ptr<T>(), r);
+    });
+}
+
+double lora_forward_flops(int64_t tokens, int64_t in, int64_t out, int64_t rank) {
+    return 2.0 * double(tokens) * double(rank) * double(in + out);
+}
+
+}  // namespace tessera::ops
