@@ -3,13 +3,13 @@
 #include <iostream>
 
 #include "apps/commands.h"
-#include "apps/model_source.h"
 #include "apps/options.h"
 #include "model/runtime.h"
 #include "model/sampling.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data/tokenizer.h"
+#include "train/model_source.h"
 
 namespace tessera::apps {
 
@@ -33,7 +33,7 @@ void add_generate_command(CLI::App& app) {
     add_int_option(cmd, "--context", a->context, 0, model::kMaxSeqLen,
                    "Tokens the caches hold (0: the trained sequence length; 4096 for Hugging Face directories)");
     cmd->callback([a] {
-        const ModelSource src = open_model_source(a->checkpoint);
+        const train::ModelSource src = train::open_model_source(a->checkpoint);
         model::Model model(src.config);
         const int64_t context = a->context > 0 ? a->context : src.context;  // default: the trained length
         BufferGroup cache("cache", model.cache_specs(1, context));

@@ -3,9 +3,9 @@
 #include <filesystem>
 
 #include "apps/commands.h"
-#include "apps/model_source.h"
 #include "core/safetensors.h"
 #include "model/runtime.h"
+#include "train/model_source.h"
 
 namespace tessera::apps {
 
@@ -22,7 +22,7 @@ void add_logits_command(CLI::App& app) {
     cmd->add_option("--in", a->in, "safetensors file with ids [B, T] (i32 or i64)")->required();
     cmd->add_option("--out", a->out, "safetensors file to write: logits [B, T, V] (f32)")->required();
     cmd->callback([a] {
-        const ModelSource src = open_model_source(a->checkpoint);
+        const train::ModelSource src = train::open_model_source(a->checkpoint);
         const model::ModelConfig& mc = src.config;
         SafetensorsFile in(a->in);
         TESSERA_CHECK(in.contains("ids"), "{}: no tensor \"ids\"", a->in);

@@ -40,6 +40,7 @@ struct HfTensor {
     // on load either may be absent, and when present it must equal the parameter.
     enum class Copy : uint8_t { none, saved, load_only };
     Copy copy = Copy::none;
+    bool here = true;  // false: an expert another rank holds (expert parallelism): known, not loaded here
 };
 
 // The Hugging Face tensors of a model config, in parameter order. model_type: kimi_linear, kimi_k3 or
@@ -55,9 +56,16 @@ void save_hf_checkpoint(const std::string& dir,
                         const BufferGroup& params,
                         size_t shard_bytes = size_t(4) << 30,
                         DType dtype = DType::f32);
+// A rank holding experts [first, first + count) of the grouped expert parameters (expert parallelism): their
+// tensors land in its slice, the other experts' are marked not here.
+std::vector<HfTensor> slice_experts(std::vector<HfTensor> map, int64_t first, int64_t count);
 // Reads dir (model.safetensors.index.json, or a single model.safetensors) into params (any float dtype
 // on disk is converted).
-void load_hf_checkpoint(const std::string& dir, const std::vector<HfTensor>& map, const BufferGroup& params);
+// every_tensor: a stored tensor the map does not name is an error (false: the map is a part of the model).
+void load_hf_checkpoint(const std::string& dir,
+                        const std::vector<HfTensor>& map,
+                        const BufferGroup& params,
+                        bool every_tensor = true);
 
 // A Kimi checkpoint whose config ties the embeddings but which stores an lm_head different from the embedding
 // (transformers' KimiLinearForCausalLM never ties, and saves its own head) computes with that head: the model is

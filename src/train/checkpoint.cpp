@@ -29,9 +29,9 @@ constexpr int kFormat = 3;
 constexpr int kOldestFormat = 2;
 
 // Tensors of a group under their spec names (optimizer state is named "m.<param>" in its group).
-std::vector<NamedTensor> named(const BufferGroup& g) {
+std::vector<NamedTensor> named(const BufferGroup& g, size_t first = 0) {
     std::vector<NamedTensor> out;
-    for (size_t i = 0; i < g.size(); ++i) out.push_back({g.specs()[i].name, g.view(i)});
+    for (size_t i = first; i < g.size(); ++i) out.push_back({g.specs()[i].name, g.view(i)});
     return out;
 }
 
@@ -189,13 +189,15 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
             return final_dir.string();
         }
         write_text_atomic((tmp / "config.json").string(), c.config.dump(2) + "\n");
-        if (W == 1) write_safetensors((tmp / "model.safetensors").string(), named(c.params), {{"format", "tessera"}});
+        if (W == 1)
+            write_safetensors((tmp / "model.safetensors").string(), named(c.params, c.frozen), {{"format", "tessera"}});
         if (W > 1) write_model_index(tmp, c.opt.param_specs(), c.experts, W);
         Json st = {{"format", kFormat},
                    {"step", c.state.step},
                    {"optimizer_step", c.state.optimizer_step},
                    {"tokens_seen", c.state.tokens_seen},
                    {"data", {{"epoch", c.state.data.epoch}, {"cursor", c.state.data.cursor}}}};
+        if (c.state.base_hash) st["base_hash"] = *c.state.base_hash;
         write_text_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
         fsync_path(tmp.string());
         if (fs::exists(final_dir)) {  // re-saving a step: move the old one aside first
@@ -269,6 +271,10 @@ TrainerState load_trainer_state(const std::string& ckpt_dir) {
     TESSERA_CHECK(j.contains("data") && j["data"].is_object(), "{}: missing \"data\"", path);
     s.data.epoch = get(j["data"], "epoch");
     s.data.cursor = get(j["data"], "cursor");
+    if (j.contains("base_hash")) {
+        TESSERA_CHECK(j["base_hash"].is_number_integer(), "{}: invalid \"base_hash\"", path);
+        s.base_hash = j["base_hash"].get<int64_t>();
+    }
     // the state must agree with the directory it sits in, and with itself
     fs::path dir = fs::path(ckpt_dir).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();  // "…/step_0000006/"
@@ -391,9 +397,9 @@ ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice expert
     return {param, slice ? experts.first * (n / spec.shape[0]) : 0, n, dst};
 }
 
-void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts) {
+void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts, size_t first) {
     std::vector<ParamTarget> targets;
-    for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t i = first; i < params.size(); ++i) {
         const BufferSpec& spec = params.specs()[i];
         TESSERA_CHECK(spec.dtype == DType::f32, "checkpoint: parameter {} is {}, not f32", spec.name,
                       dtype_name(spec.dtype));

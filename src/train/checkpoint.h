@@ -33,6 +33,8 @@ struct TrainerState {
     int64_t optimizer_step = 0;  // AdamW's step counter
     LoaderPosition data;
     int64_t tokens_seen = 0;
+    // a fine-tune with a frozen base (train.base + model.lora): frozen_hash of the base it started from
+    std::optional<int64_t> base_hash;
 };
 
 // Expert parallelism: the experts [first, first + count) of `total` a rank holds; expert-sharded parameters
@@ -48,6 +50,7 @@ struct CheckpointContents {
     ParamRanges ranges;         // several ranks: this rank's ranges of the parameters (the optimizer's)
     ExpertSlice experts;        // expert parallelism: this rank's experts (for the index's whole shapes)
     TrainerState state;
+    size_t frozen = 0;  // the first `frozen` parameters are a frozen base (train.base): not written
 };
 
 // Writes <run_dir>/checkpoints/step_<step>/ atomically; returns its path. With a mesh of several ranks:
@@ -87,8 +90,8 @@ void load_params(const std::string& ckpt_dir,
                  const std::vector<BufferSpec>& specs,
                  const std::vector<ParamTarget>& targets,
                  ExpertSlice experts = {});
-// Every parameter of a group (whole, or this rank's expert slice).
-void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts = {});
+// The parameters of a group from index `first` on (whole, or this rank's expert slice).
+void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts = {}, size_t first = 0);
 // This rank's pieces of the optimizer moments (AdamW::pieces) from a checkpoint's optimizer files, whatever
 // number of ranks and EP degree wrote them: each file names its pieces by parameter and whole-tensor offset.
 void load_optimizer(const std::string& ckpt_dir, AdamW& opt);

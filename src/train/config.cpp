@@ -41,6 +41,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     tc.log_interval = t.integer("log_interval", d.log_interval);
     tc.seed = uint64_t(t.integer("seed", int64_t(d.seed)));
     tc.recompute = t.boolean("recompute", d.recompute);
+    tc.base = t.text("base", d.base);
     t.finish();
     ConfigReader dr(top.section("data"), where + ": data");
     c.data.path = dr.text("path", "");
@@ -130,7 +131,8 @@ Json to_json(const RunConfig& c) {
                   {"checkpoint_interval", t.checkpoint_interval},
                   {"log_interval", t.log_interval},
                   {"seed", t.seed},
-                  {"recompute", t.recompute}};
+                  {"recompute", t.recompute},
+                  {"base", t.base}};
     Json data = {
         {"path", c.data.path}, {"val_fraction", c.data.val_fraction}, {"mask_documents", c.data.mask_documents}};
     return Json{{"model", model::to_json(c.model)},

@@ -32,6 +32,10 @@ struct TrainConfig {
     int64_t log_interval = 10;
     uint64_t seed = 1234;
     bool recompute = false;  // recompute block activations in backward
+    // Fine-tuning: the model to start from (a tessera checkpoint or run directory, or a Hugging Face checkpoint
+    // directory), whose architecture the run takes; with model.lora its weights stay frozen and checkpoints hold
+    // only what trains, naming this base. "" = train from an initialisation.
+    std::string base;
 
     // On `ranks` data-parallel ranks: the sequences of one forward (the micro-batch), and the micro-batches
     // each rank accumulates per optimizer step. One-line error when batch_size does not split so.

@@ -16,6 +16,7 @@
 #include "train/data/loader.h"
 #include "train/data/tokenizer.h"
 #include "train/metrics.h"
+#include "train/model_source.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 
@@ -41,6 +42,7 @@ struct Setup {
     std::string checkpoint;  // resuming from, or empty
     std::string out_dir;
     std::vector<std::string> cleaned;  // what killed runs left, removed or restored (clean_stale_temporaries)
+    std::optional<ModelSource> base;   // train.base: the weights a fine-tune starts from (with LoRA: keeps frozen)
 };
 
 // Per MoE layer: the load metrics of spec/moe.md §9 for the JSONL log.
@@ -145,13 +147,25 @@ Setup resolve_setup(const TrainOptions& o, bool lead) {
                       "--resume: model.* cannot change when resuming from {} (only model.mla.dsa.stage and kl_coeff)",
                       s.checkpoint);
         s.out_dir = o.out_dir.empty() ? fs::path(s.checkpoint).parent_path().parent_path().string() : o.out_dir;
+        if (s.cfg.model.lora.enabled() && !s.cfg.train.base.empty()) s.base = open_model_source(s.cfg.train.base);
     } else {
         s.config_json = load_config_json(o.config_path, o.overrides);
         TESSERA_CHECK(!model::is_hf_config(s.config_json),
-                      "{} is a Hugging Face config: train takes a tessera run config (docs/config.md); training from "
-                      "Hugging Face weights is not built yet (inspect, logits and generate read such directories)",
+                      "{} is a Hugging Face config: train takes a tessera run config (docs/config.md); to fine-tune "
+                      "a Hugging Face checkpoint, name its directory: --set train.base=DIR",
                       o.config_path);
-        s.cfg = parse_run_config(s.config_json, o.config_path.empty() ? "demo config" : o.config_path);
+        const std::string where = o.config_path.empty() ? "demo config" : o.config_path;
+        const Json* train = s.config_json.contains("train") ? &s.config_json["train"] : nullptr;
+        if (train && train->is_object() && train->contains("base") && (*train)["base"].is_string() &&
+            !(*train)["base"].get<std::string>().empty()) {
+            const std::string path = fs::absolute((*train)["base"].get<std::string>()).lexically_normal().string();
+            s.base = open_model_source(path);
+            // the run names its base (a run directory: the checkpoint that is its latest now) wherever it resumes from
+            s.config_json["train"]["base"] = s.base->path;
+            s.config_json["model"] = base_model_json(
+                *s.base, s.config_json.contains("model") ? s.config_json["model"] : Json::object(), where);
+        }
+        s.cfg = parse_run_config(s.config_json, where);
         s.out_dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
         TESSERA_CHECK(!fs::exists(s.out_dir) || fs::is_directory(s.out_dir), "--out {}: exists and is not a directory",
                       s.out_dir);
@@ -274,21 +288,45 @@ TrainSummary train(const TrainOptions& opts) {
 
     const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
     TrainerState state;
+    // what trains: this rank's ranges of what FSDP holds, the rest whole (experts: this rank's); the frozen base
+    // (parameters [0, frozen)) is not in checkpoints: it comes from train.base
+    const size_t frozen = model.frozen_params();
+    std::vector<ParamTarget> trained;
+    if (fsdp) {
+        for (const ParamTarget& t : fsdp->load_targets(opt, rt.params(), slice))
+            if (t.param >= frozen) trained.push_back(t);
+    } else {
+        for (size_t i = frozen; i < model.param_specs().size(); ++i)
+            trained.push_back(held_target(i, model.param_specs()[i], slice, rt.params().view(i).ptr<float>()));
+    }
     if (!setup.checkpoint.empty()) {
-        if (fsdp) {  // this rank's ranges of what FSDP holds, the rest whole (experts: this rank's)
-            load_params(setup.checkpoint, model.param_specs(), fsdp->load_targets(opt, rt.params(), slice), slice);
-            fsdp->invalidate();
-        } else {
-            load_params(setup.checkpoint, rt.params(), slice);
-        }
-        load_optimizer(setup.checkpoint, opt);
         state = load_trainer_state(setup.checkpoint);
+        if (frozen > 0) {
+            TESSERA_CHECK(setup.base, "{}: the model has frozen parameters but train.base names no base",
+                          setup.checkpoint);
+            load_base(*setup.base, model, rt.params(), {}, slice);
+            const int64_t h = frozen_hash(model, rt.params(), slice, m);
+            TESSERA_CHECK(!state.base_hash || *state.base_hash == h,
+                          "--resume {}: its base {} has changed since the fine-tune began (frozen weights hash {}, the "
+                          "checkpoint says {})",
+                          setup.checkpoint, setup.base->path, h, *state.base_hash);
+        }
+        load_params(setup.checkpoint, model.param_specs(), trained, slice);
+        if (fsdp) fsdp->invalidate();
+        load_optimizer(setup.checkpoint, opt);
         loader.set_position(state.data);
         opt.set_step(state.optimizer_step);
-    } else if (fsdp) {
-        fsdp->init(model, tc.seed);
     } else {
-        model.init_params(rt.params(), tc.seed);
+        if (fsdp) {
+            fsdp->init(model, tc.seed);
+        } else {
+            model.init_params(rt.params(), tc.seed);
+        }
+        if (setup.base) {  // the base's weights over the initialisation (adapters keep theirs)
+            load_base(*setup.base, model, rt.params(), trained, slice);
+            if (fsdp) fsdp->invalidate();
+        }
+        if (frozen > 0) state.base_hash = frozen_hash(model, rt.params(), slice, m);
     }
     const bool fresh = setup.checkpoint.empty();
     // a fresh run that fails before its first checkpoint leaves nothing
@@ -330,6 +368,20 @@ TrainSummary train(const TrainOptions& opts) {
                      ranks > 1 ? fmt::format("the {} ranks", ranks) : std::string("this machine"), gemm_gflops,
                      ops::isa_summary(), setup.out_dir));
     if (!setup.checkpoint.empty()) note(fmt::format("resumed from {} at step {}", setup.checkpoint, state.step));
+    if (setup.base) {
+        int64_t train_params = 0, all_params = 0;
+        for (size_t i = 0; i < model.param_specs().size(); ++i) {
+            const int64_t n = whole_shape(model.param_specs()[i], slice).numel();
+            all_params += n;
+            if (i >= frozen) train_params += n;
+        }
+        const model::LoraConfig& l = cfg.model.lora;
+        note(fmt::format("fine-tuning {}: {} of {} parameters train ({:.2f}%){}", setup.base->path, train_params,
+                         all_params, 100.0 * double(train_params) / double(std::max<int64_t>(1, all_params)),
+                         l.enabled() ? fmt::format(", LoRA rank {}, alpha {}{}; the base stays frozen", l.rank, l.alpha,
+                                                   l.rslora ? " (rsLoRA)" : "")
+                                     : std::string(", every weight (full fine-tune)")));
+    }
 
     std::vector<int32_t> ids(size_t(shape.tokens())), targets(size_t(shape.tokens()));
     std::vector<int64_t> cu(size_t(shape.tokens()) + 1);  // document boundaries of the current batch
@@ -384,7 +436,8 @@ TrainSummary train(const TrainOptions& opts) {
                                               .opt = opt,
                                               .ranges = param_ranges(opt, rt, fsdp ? &*fsdp : nullptr),
                                               .experts = slice,
-                                              .state = state},
+                                              .state = state,
+                                              .frozen = frozen},
                                              m);
         guard.dismiss();
         progress.note(fmt::format("checkpoint: {}", summary.checkpoint));

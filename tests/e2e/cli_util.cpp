@@ -10,6 +10,11 @@
 #include <cstdlib>
 #include <thread>
 
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "core/config_reader.h"
 #include "core/file.h"
 #include "util/test_util.h"
 
@@ -82,6 +87,29 @@ void expect_one_line_error(const CliResult& r, const std::string& needle, const 
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "not one line: " << r.err.substr(0, 2000);
     EXPECT_LE(r.err.size(), max_chars) << "too long: " << r.err.substr(0, 2000);
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.err.substr(0, 2000);
+}
+
+std::map<std::pair<std::string, int64_t>, std::string> losses(const std::string& run_dir, int64_t after) {
+    std::map<std::pair<std::string, int64_t>, std::string> out;
+    std::istringstream in(read_text(run_dir + "/metrics.jsonl"));
+    std::string line;
+    while (std::getline(in, line)) {
+        Json j = Json::parse(line);
+        const int64_t step = j["step"].get<int64_t>();
+        for (const char* key : {"loss", "eval_loss"})
+            if (j.contains(key) && step > after) out[{key, step}] = j[key].dump();
+    }
+    return out;
+}
+
+void expect_close_losses(const std::string& a, const std::string& b, int64_t after, int64_t upto) {
+    const auto la = losses(a, after), lb = losses(b, after);
+    ASSERT_EQ(la.size(), lb.size());
+    for (const auto& [key, value] : la) {
+        if (key.second > upto) continue;
+        const double x = std::stod(value), y = std::stod(lb.at(key));
+        EXPECT_NEAR(x, y, 1e-5 * std::abs(x)) << key.first << " at step " << key.second;
+    }
 }
 
 }  // namespace tessera::test

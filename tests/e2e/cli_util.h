@@ -1,6 +1,9 @@
 // Running the tessera binary from tests: exit status, stdout and stderr.
 #pragma once
 
+#include <cstdint>
+#include <limits>
+#include <map>
 #include <string>
 
 namespace tessera::test {
@@ -40,5 +43,14 @@ void expect_one_line_error(const CliResult& r,
                            const std::string& needle,
                            const std::string& what,
                            size_t max_chars = 2000);
+
+// A run directory's "loss" and "eval_loss" fields of the steps after `after`, by (key, step), exactly as written
+// (shortest round-trip text: equal text = equal bits).
+std::map<std::pair<std::string, int64_t>, std::string> losses(const std::string& run_dir, int64_t after = 0);
+// Two runs' losses of the steps in (after, upto] within 1e-5 relative (gtest expectations).
+void expect_close_losses(const std::string& a,
+                         const std::string& b,
+                         int64_t after = 0,
+                         int64_t upto = std::numeric_limits<int64_t>::max());
 
 }  // namespace tessera::test

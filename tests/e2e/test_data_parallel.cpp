@@ -23,27 +23,14 @@
 namespace tessera {
 namespace {
 
+using test::expect_close_losses;
+using test::losses;
 using test::run_tessera;
 using test::run_tessera_mpi;
 using test::TempDir;
 namespace fs = std::filesystem;
 
 const std::string kTiny = TESSERA_TINY_CONFIG;  // batch_size 4, 12 steps, checkpoints at 6 and 12
-
-// "loss" and "eval_loss" fields of the steps after `after`, by (key, step), exactly as written (shortest
-// round-trip text: equal text = equal bits)
-std::map<std::pair<std::string, int64_t>, std::string> losses(const std::string& run_dir, int64_t after = 0) {
-    std::map<std::pair<std::string, int64_t>, std::string> out;
-    std::istringstream in(read_text(run_dir + "/metrics.jsonl"));
-    std::string line;
-    while (std::getline(in, line)) {
-        Json j = Json::parse(line);
-        const int64_t step = j["step"].get<int64_t>();
-        for (const char* key : {"loss", "eval_loss"})
-            if (j.contains(key) && step > after) out[{key, step}] = j[key].dump();
-    }
-    return out;
-}
 
 // The final checkpoint's parameters, whole, as read back by the library from whichever layout wrote them
 // (one process: model.safetensors; W ranks: each rank's model-RRRRR-of-WWWWW ranges)
@@ -170,20 +157,6 @@ std::map<int64_t, std::string> loads(const std::string& run_dir) {
         out[j["step"].get<int64_t>()] = l;
     }
     return out;
-}
-
-// losses of the steps in (after, upto] within 1e-5 relative
-void expect_close_losses(const std::string& a,
-                         const std::string& b,
-                         int64_t after = 0,
-                         int64_t upto = std::numeric_limits<int64_t>::max()) {
-    const auto la = losses(a, after), lb = losses(b, after);
-    ASSERT_EQ(la.size(), lb.size());
-    for (const auto& [key, value] : la) {
-        if (key.second > upto) continue;
-        const double x = std::stod(value), y = std::stod(lb.at(key));
-        EXPECT_NEAR(x, y, 1e-5 * std::abs(x)) << key.first << " at step " << key.second;
-    }
 }
 
 const std::string kMoeSign = test::kTinyMoe + " --set model.moe.balance=sign";

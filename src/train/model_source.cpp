@@ -1,0 +1,199 @@
+// Opening tessera and Hugging Face checkpoints, and fine-tuning bases (see model_source.h).
+#include "train/model_source.h"
+
+#include <filesystem>
+#include <map>
+
+#include "core/arena.h"
+
+#include "model/hf_checkpoint.h"
+#include "model/hf_config.h"
+#include "train/config.h"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+bool is_adapter(const std::string& name) {
+    return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+}
+
+// Whole targets for parameters [first, last) held in `params` (experts: this rank's slice)
+std::vector<ParamTarget> held_targets(
+    const model::Model& m, const BufferGroup& params, size_t first, size_t last, ExpertSlice experts) {
+    std::vector<ParamTarget> t;
+    for (size_t i = first; i < last; ++i)
+        t.push_back(held_target(i, m.param_specs()[i], experts, params.view(i).ptr<float>()));
+    return t;
+}
+
+// FNV-1a (64-bit) folded to 32 bits
+uint32_t hash32(const std::string& name, int64_t expert, const std::byte* data, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    auto eat = [&](const void* p, size_t len) {
+        const auto* b = static_cast<const unsigned char*>(p);
+        for (size_t i = 0; i < len; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    eat(name.data(), name.size());
+    eat(&expert, sizeof expert);
+    eat(data, n);
+    return uint32_t(h ^ (h >> 32));
+}
+}  // namespace
+
+ModelSource open_model_source(const std::string& path) {
+    ModelSource s;
+    const fs::path config = fs::path(path) / "config.json";
+    if (fs::exists(config)) {
+        const Json doc = load_config_json(config.string(), {});
+        if (model::is_hf_config(doc)) {
+            model::HfImport imported = model::import_hf_config(doc, config.string());
+            model::require_supported(imported, config.string());  // never a silently different model
+            s.path = fs::absolute(path).lexically_normal().string();
+            s.hf = true;
+            s.model_type = imported.model_type;
+            s.config = imported.model;
+            model::untie_stored_head(path, s.config, s.model_type);  // Kimi: the stored head transformers uses
+            return s;
+        }
+    }
+    s.path = fs::absolute(resolve_checkpoint(path)).lexically_normal().string();
+    const RunConfig cfg = parse_run_config(load_checkpoint_config(s.path), (fs::path(s.path) / "config.json").string());
+    s.config = cfg.model;
+    s.context = cfg.train.seq_len;
+    if (cfg.model.lora.enabled()) s.base = cfg.train.base;
+    return s;
+}
+
+void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
+    if (hf) {
+        model::load_hf_checkpoint(path, model::hf_tensor_map(m.param_specs(), config, model_type), params);
+        check_finite(params, path);  // (tessera checkpoints: load_params checks)
+        return;
+    }
+    if (base.empty()) {
+        load_params(path, params);
+        return;
+    }
+    // a fine-tune: the base it names (the same one: its hash), then what the fine-tune trained
+    const ModelSource b = open_model_source(base);
+    load_base(b, m, params, {}, {});
+    const TrainerState st = load_trainer_state(path);
+    const int64_t h = frozen_hash(m, params, {}, nullptr);
+    TESSERA_CHECK(!st.base_hash || *st.base_hash == h,
+                  "{}: its base {} has changed since the fine-tune began (frozen weights hash {}, the checkpoint says "
+                  "{})",
+                  path, base, h, *st.base_hash);
+    load_params(path, params, {}, m.frozen_params());
+}
+
+namespace {
+// Every key the run's model section sets (but lora) must equal the base's: the architecture is the base's.
+void check_same(
+    const Json& run, const Json& base, const std::string& path, const ModelSource& src, const std::string& where) {
+    for (const auto& [key, value] : run.items()) {
+        const std::string at = path + "." + key;
+        if (at == "model.lora") continue;
+        const auto it = base.find(key);
+        TESSERA_CHECK(it != base.end() && (value.is_object() ? it->is_object() : *it == value),
+                      "{}: {} = {} but the base {} has {}: a fine-tune takes its architecture from train.base (set "
+                      "only model.lora, or leave the model section out)",
+                      where, at, value.dump(), src.path, it == base.end() ? std::string("no such key") : it->dump());
+        if (value.is_object()) check_same(value, *it, at, src, where);
+    }
+}
+}  // namespace
+
+Json base_model_json(const ModelSource& base, const Json& run_model, const std::string& where) {
+    TESSERA_CHECK(run_model.is_object(), "{}: model must be an object", where);
+    TESSERA_CHECK(base.base.empty() && !base.config.lora.enabled(),
+                  "train.base {}: a LoRA fine-tune itself; merge it into a plain model first (tessera export-hf "
+                  "--merge-lora) and fine-tune that",
+                  base.path);
+    Json j = model::to_json(base.config);
+    check_same(run_model, j, "model", base, where);
+    if (run_model.contains("lora")) j["lora"] = run_model["lora"];
+    return j;
+}
+
+void load_base(const ModelSource& base,
+               const model::Model& m,
+               const BufferGroup& params,
+               const std::vector<ParamTarget>& trained,
+               ExpertSlice experts) {
+    TESSERA_CHECK(base.base.empty() && !base.config.lora.enabled(),
+                  "train.base {}: a LoRA fine-tune itself; merge it first (tessera export-hf --merge-lora)", base.path);
+    const std::vector<BufferSpec>& specs = m.param_specs();
+    const size_t frozen = m.frozen_params();
+    std::vector<ParamTarget> base_trained;  // modules_to_save, or everything in a full fine-tune
+    for (const ParamTarget& t : trained) {
+        if (!is_adapter(specs[t.param].name)) base_trained.push_back(t);
+    }
+    if (!base.hf) {
+        std::vector<ParamTarget> targets = held_targets(m, params, 0, frozen, experts);
+        targets.insert(targets.end(), base_trained.begin(), base_trained.end());
+        load_params(base.path, specs, targets, experts);
+        return;
+    }
+    // a Hugging Face checkpoint: the parameters held whole (or as this rank's experts) read in place; each one
+    // FSDP holds as ranges read whole into a temporary, one at a time, and this rank's ranges copied out
+    std::vector<BufferSpec> base_specs;  // whole: every expert's tensors (the map names them all)
+    int64_t local = 0;                   // experts here
+    for (const BufferSpec& s : specs) {
+        if (is_adapter(s.name)) continue;
+        base_specs.push_back(s);
+        base_specs.back().shape = whole_shape(s, experts);
+        if (s.sharding == Sharding::expert) local = s.shape[0];
+    }
+    const std::vector<model::HfTensor> whole = model::hf_tensor_map(base_specs, base.config, base.model_type);
+    std::map<std::string, std::vector<const ParamTarget*>> ranged;  // parameter -> its FSDP ranges here
+    for (const ParamTarget& t : base_trained) {
+        const TensorView held = params.view(t.param);
+        if (t.dst != held.ptr<float>() || t.length != held.numel()) ranged[specs[t.param].name].push_back(&t);
+    }
+    std::vector<model::HfTensor> map =
+        experts.total > 0 ? model::slice_experts(whole, experts.first, local) : whole;
+    for (model::HfTensor& t : map) {
+        if (ranged.count(t.param)) t.here = false;
+    }
+    model::load_hf_checkpoint(base.path, map, params);
+    check_finite(params, base.path);
+    for (const auto& [name, targets] : ranged) {
+        const BufferSpec& spec = specs[size_t(params.index_of(name))];
+        BufferGroup tmp("base", {{.name = name, .dtype = DType::f32, .shape = whole_shape(spec, experts)}});
+        const std::vector<const BufferGroup*> groups{&tmp};
+        tmp.allocate(std::make_shared<Arena>(predict_arena_bytes(groups, kBufferAlign), kBufferAlign));
+        std::vector<model::HfTensor> part;
+        for (const model::HfTensor& t : whole) {
+            if (t.param == name) part.push_back(t);
+        }
+        model::load_hf_checkpoint(base.path, part, tmp, /*every_tensor=*/false);
+        check_finite(tmp, base.path);
+        const float* src = tmp.view(size_t(0)).ptr<float>();
+        for (const ParamTarget* t : targets) std::copy_n(src + t->whole_offset, t->length, t->dst);
+    }
+}
+
+int64_t frozen_hash(const model::Model& m, const BufferGroup& params, ExpertSlice experts, const parallel::Mesh* mesh) {
+    const bool dense_here = !mesh || mesh->rank() == 0;
+    const bool experts_here = !mesh || mesh->expert_data().rank() == 0;  // the first holder of each expert
+    int64_t sum = 0;
+    for (size_t i = 0; i < m.frozen_params(); ++i) {
+        const BufferSpec& spec = m.param_specs()[i];
+        const TensorView v = params.view(i);
+        const auto* p = static_cast<const std::byte*>(v.data);
+        if (spec.sharding == Sharding::expert && spec.shape.ndim == 3) {
+            if (!experts_here) continue;
+            const size_t per = v.nbytes() / size_t(spec.shape[0]);
+            for (int64_t e = 0; e < spec.shape[0]; ++e)
+                sum += hash32(spec.name, experts.first + e, p + size_t(e) * per, per);
+        } else if (dense_here) {
+            sum += hash32(spec.name, -1, p, v.nbytes());
+        }
+    }
+    if (mesh && mesh->world_size() > 1) sum = mesh->data().all_reduce_sum<int64_t>(sum);
+    return sum;
+}
+
+}  // namespace tessera::train

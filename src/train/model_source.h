@@ -1,0 +1,50 @@
+// The model behind a path: a tessera checkpoint or run directory (its latest checkpoint), a LoRA fine-tune's
+// checkpoint (its adapters on the base it names, train.base), or a Hugging Face checkpoint directory (config.json
+// with a model_type: Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2 weights), refused with one line when its
+// config uses a feature tessera does not build. `train`, `logits`, `generate` and `export-hf` read models through
+// it; train.base (fine-tuning) starts from one.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/buffer_spec.h"
+#include "model/model.h"
+#include "parallel/mesh.h"
+#include "train/checkpoint.h"
+
+namespace tessera::train {
+
+struct ModelSource {
+    std::string path;        // the checkpoint directory
+    bool hf = false;         // a Hugging Face directory
+    std::string model_type;  // hf: kimi_linear, kimi_k3, ...
+    model::ModelConfig config;
+    int64_t context = 4096;  // tessera: the trained sequence length
+    std::string base;        // a fine-tune's checkpoint: the base it trained on (train.base; empty: none)
+    // Reads every parameter of a model built from `config` into params (a fine-tune: the base's weights, then the
+    // checkpoint's; the base's hash checked).
+    void load(const model::Model& m, const BufferGroup& params) const;
+};
+
+ModelSource open_model_source(const std::string& path);
+
+// Fine-tuning (train.base): the run's model section is the base's architecture with the run's own model.lora;
+// `run_model` (the run config's model section) may hold nothing else. One-line errors name what is wrong.
+Json base_model_json(const ModelSource& base, const Json& run_model, const std::string& where);
+
+// The base's weights into the parameters that are not adapters: the frozen ones whole in `params` (experts: this
+// rank's slice), the trained ones at `trained` (whole, or this rank's FSDP ranges; ParamTarget::param indexes
+// m.param_specs()). A base that is itself a LoRA fine-tune is refused (merge it first: export-hf --merge-lora).
+void load_base(const ModelSource& base,
+               const model::Model& m,
+               const BufferGroup& params,
+               const std::vector<ParamTarget>& trained,
+               ExpertSlice experts);
+
+// The frozen parameters' content as one number, the same whatever the layout of ranks: the sum over whole dense
+// tensors and single experts of a 32-bit hash of (name, expert, bytes), each counted once over the ranks
+// (collective with a mesh). A fine-tune's checkpoints record it; resuming and inference check the base against it.
+int64_t frozen_hash(const model::Model& m, const BufferGroup& params, ExpertSlice experts, const parallel::Mesh* mesh);
+
+}  // namespace tessera::train

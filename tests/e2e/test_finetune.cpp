@@ -1,0 +1,226 @@
+// Fine-tuning a base model (train.base) with and without LoRA, through the binary: the base's weights are what
+// the run starts from (with a zero learning rate its evaluation is the base's, bit for bit), LoRA checkpoints hold
+// only the adapters and the base's hash and resume bitwise, a changed base is refused, and under mpirun (FSDP;
+// expert parallelism with adapters on the routed experts) a fine-tune equals one process as training does.
+// Hugging Face directories serve as bases too.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/config_reader.h"
+#include "core/file.h"
+#include "core/safetensors.h"
+#include "e2e/cli_util.h"
+#include "util/test_util.h"
+
+namespace tessera {
+namespace {
+
+using test::expect_close_losses;
+using test::losses;
+using test::run_tessera;
+using test::run_tessera_mpi;
+using test::TempDir;
+namespace fs = std::filesystem;
+
+const std::string kTiny = TESSERA_TINY_CONFIG;  // batch_size 4, 12 steps, checkpoints at 6 and 12
+const std::string kLora =
+    " --set model.lora.rank=4 --set model.lora.alpha=8"
+    " --set 'model.lora.target_modules=[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\",\"gate_proj\",\"up_proj\","
+    "\"down_proj\"]'";
+
+std::string ckpt(const std::string& run, int step) { return fmt::format("{}/checkpoints/step_{:07d}", run, step); }
+
+// the last evaluation's loss, as written
+std::string final_eval(const std::string& run) {
+    std::string last;
+    for (const auto& [key, value] : losses(run))
+        if (key.first == "eval_loss") last = value;
+    return last;
+}
+
+std::vector<std::string> stored_names(const std::string& file) {
+    std::vector<std::string> out;
+    const SafetensorsFile f(file);
+    for (const auto& e : f.entries()) out.push_back(e.name);
+    return out;
+}
+
+// trains the tiny base (12 steps) into dir
+void train_base(const std::string& dir, const std::string& sets = "") {
+    const test::CliResult r = run_tessera("train --config " + kTiny + " --out " + dir + sets);
+    ASSERT_EQ(r.status, 0) << r.err;
+}
+
+TEST(FineTune, ZeroLearningRateEvaluatesTheBase) {
+    // full fine-tuning and LoRA (B = 0) from the base at lr 1e-30 (no step moves a weight by an ulp): the parameters
+    // are the base's, so is the evaluation
+    TempDir d;
+    train_base(d.file("base"));
+    for (const std::string& how : {std::string(), kLora}) {
+        const std::string run = d.file(how.empty() ? "full" : "lora");
+        test::CliResult r =
+            run_tessera("train --config " + kTiny + " --out " + run + " --steps 2 --set train.lr=1e-30" +
+                        " --set train.base=" + d.file("base") + how);
+        ASSERT_EQ(r.status, 0) << r.err;
+        EXPECT_NE(r.out.find("fine-tuning " + ckpt(d.file("base"), 12)), std::string::npos) << r.out;
+        EXPECT_EQ(final_eval(run), final_eval(d.file("base"))) << (how.empty() ? "full" : "lora");
+    }
+}
+
+TEST(FineTune, LoraCheckpointsHoldTheAdaptersAndResumeBitwise) {
+    TempDir d;
+    train_base(d.file("base"));
+    const std::string run = d.file("lora"), resumed = d.file("resumed");
+    const std::string args = "train --config " + kTiny + " --set train.base=" + d.file("base") + kLora;
+    test::CliResult r = run_tessera(args + " --out " + run);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("LoRA rank 4, alpha 8; the base stays frozen"), std::string::npos) << r.out;
+    EXPECT_NE(final_eval(run), final_eval(d.file("base"))) << "the adapters learned nothing";
+    // the adapters only, and the base they go with
+    for (const std::string& name : stored_names(ckpt(run, 12) + "/model.safetensors"))
+        EXPECT_TRUE(name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight")) << name;
+    EXPECT_EQ(stored_names(ckpt(run, 12) + "/model.safetensors").size(), 2u * 7u * 2u);  // 7 modules, 2 layers
+    const Json st = Json::parse(read_text(ckpt(run, 12) + "/trainer_state.json"));
+    EXPECT_TRUE(st.contains("base_hash") && st["base_hash"].is_number_integer());
+    EXPECT_EQ(Json::parse(read_text(ckpt(run, 12) + "/config.json"))["train"]["base"], ckpt(d.file("base"), 12));
+    // step 6 continued: the uninterrupted run's bits
+    fs::create_directories(resumed + "/checkpoints");
+    fs::copy(ckpt(run, 6), ckpt(resumed, 6));
+    r = run_tessera("train --resume " + resumed);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(losses(run, 6), losses(resumed));
+    EXPECT_EQ(read_text(ckpt(run, 12) + "/model.safetensors"), read_text(ckpt(resumed, 12) + "/model.safetensors"));
+    // the fine-tune serves inference on its base
+    r = run_tessera("generate --checkpoint " + run + " --prompt 'the ' --max-new-tokens 8");
+    EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST(FineTune, AChangedBaseIsRefused) {
+    TempDir d;
+    train_base(d.file("base"));
+    const std::string run = d.file("lora");
+    ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 6 --set train.base=" + d.file("base") + kLora +
+                          " --out " + run)
+                  .status,
+              0);
+    // one weight of the base moves by one ulp
+    const std::string file = ckpt(d.file("base"), 12) + "/model.safetensors";
+    std::map<std::string, Tensor> tensors;
+    {
+        SafetensorsFile f(file);
+        for (const auto& e : f.entries()) tensors.emplace(e.name, f.load(e.name));
+    }
+    float* w = tensors.at("model.layers.1.self_attn.k_proj.weight").ptr<float>();
+    w[3] = std::nextafter(w[3], 1e9f);
+    std::vector<NamedTensor> out;
+    for (auto& [name, t] : tensors) out.push_back({name, t.view()});
+    write_safetensors(file, out, {{"format", "tessera"}});
+    test::expect_one_line_error(run_tessera("train --resume " + run + " --steps 8"), "has changed since the fine-tune",
+                                "resume on a changed base");
+    test::expect_one_line_error(run_tessera("generate --checkpoint " + run + " --prompt a"),
+                                "has changed since the fine-tune", "inference on a changed base");
+}
+
+TEST(FineTune, MistakesAreOneLineErrors) {
+    TempDir d;
+    train_base(d.file("base"));
+    const std::string base = " --set train.base=" + d.file("base");
+    test::expect_one_line_error(
+        run_tessera("train --config " + kTiny + base + " --set model.d_model=64 --out " + d.file("a")),
+        "model.d_model = 64 but the base", "a model key that contradicts the base");
+    test::expect_one_line_error(
+        run_tessera("train --config " + kTiny + " --set train.base=" + d.file("nothing") + " --out " + d.file("b")),
+        "no such directory", "a base that does not exist");
+    ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 2" + base + kLora + " --out " + d.file("lora")).status,
+              0);
+    test::expect_one_line_error(run_tessera("train --config " + kTiny + " --set train.base=" + d.file("lora") + kLora +
+                                            " --out " + d.file("c")),
+                                "a LoRA fine-tune itself", "a LoRA fine-tune as a base");
+    test::expect_one_line_error(
+        run_tessera("train --config " + kTiny + base +
+                    " --set model.lora.rank=4 --set 'model.lora.target_modules=[\"qproj\"]' --out " + d.file("e")),
+        "names a projection", "a target that matches nothing");
+    for (const char* dir : {"a", "b", "c", "e"}) EXPECT_FALSE(fs::exists(d.file(dir))) << dir << " left behind";
+}
+
+// Under mpirun a fine-tune is training like any other: W = 2 with FSDP gives one process's bits (dense), and
+// expert parallelism (adapters on the routed experts living with them) one process's losses within 1e-5.
+TEST(FineTune, UnderMpiEqualsOneProcess) {
+    TempDir d;
+    const std::string micro = " --set train.micro_batch_size=2";
+    train_base(d.file("dense"));
+    const std::string dense = "train --config " + kTiny + micro + " --set train.base=" + d.file("dense") + kLora;
+    test::CliResult a = run_tessera(dense + " --out " + d.file("one")),
+                    b = run_tessera_mpi(2, dense + " --out " + d.file("two"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    EXPECT_NE(b.out.find("(FSDP)"), std::string::npos) << b.out;
+    EXPECT_EQ(losses(d.file("one")), losses(d.file("two")));
+    EXPECT_EQ(stored_names(ckpt(d.file("one"), 12) + "/model.safetensors").size(), 28u);
+    // an MoE base; adapters on attention, the shared expert and every routed expert
+    const std::string moe = test::kTinyMoe + " --set model.moe.balance=sign";
+    train_base(d.file("moe"), moe);
+    const std::string ft =
+        "train --config " + kTiny + " --set train.micro_batch_size=1 --set train.base=" + d.file("moe") + kLora;
+    a = run_tessera(ft + " --out " + d.file("moe_one"));
+    b = run_tessera_mpi(2, ft + " --set parallel.ep=2 --out " + d.file("moe_ep2"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    EXPECT_NE(b.out.find("holds 4 of 8 experts"), std::string::npos) << b.out;
+    expect_close_losses(d.file("moe_one"), d.file("moe_ep2"));
+    // the W-rank checkpoint resumes in one process
+    const std::string resumed = d.file("moe_resumed");
+    fs::create_directories(resumed + "/checkpoints");
+    fs::copy(ckpt(d.file("moe_ep2"), 6), ckpt(resumed, 6));
+    a = run_tessera("train --resume " + resumed + " --set parallel.ep=1");
+    ASSERT_EQ(a.status, 0) << a.err;
+    expect_close_losses(d.file("moe_one"), resumed, 6);
+}
+
+// A Hugging Face checkpoint (transformers' own tiny Qwen3-Next: gated DeltaNet, gated attention, MoE in every
+// layer) as the base, on token ids inside its vocabulary.
+TEST(FineTune, AHuggingFaceDirectoryIsABase) {
+    TempDir d;
+    std::vector<uint16_t> ids(6000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t((i * 7 + i / 13) % 64);
+    write_safetensors(d.file("ids.safetensors"),
+                      {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})}},
+                      {{"vocab_size", "64"}});
+    const std::string hf = test::golden_path("hf/qwen3_next_tiny");
+    // no model section: the architecture is the base's; one sequence per forward on 1 and 2 ranks alike (the
+    // Qwen3-Next global balance loss pools over a micro-batch)
+    write_text_atomic(d.file("run.json"), Json{{"train",
+                                                {{"seq_len", 16},
+                                                 {"batch_size", 2},
+                                                 {"micro_batch_size", 1},
+                                                 {"steps", 4},
+                                                 {"eval_interval", 2},
+                                                 {"eval_batches", 2},
+                                                 {"checkpoint_interval", 2},
+                                                 {"base", hf}}},
+                                               {"data", {{"path", d.file("ids.safetensors")}}}}
+                                              .dump());
+    const std::string args = "train --config " + d.file("run.json") +
+                             " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"q_proj\",\"o_proj\","
+                             "\"gate_proj\",\"down_proj\"]'";
+    test::CliResult a = run_tessera(args + " --out " + d.file("one"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    // the same base under expert parallelism: each rank loads its experts from the published per-expert tensors
+    test::CliResult b = run_tessera_mpi(2, args + " --set parallel.ep=2 --out " + d.file("ep2"));
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    expect_close_losses(d.file("one"), d.file("ep2"));
+    // the fine-tune's logits are transformers' (lr 1e-30: the base's own)
+    const std::string zero = d.file("zero");
+    ASSERT_EQ(run_tessera(args + " --set train.lr=1e-30 --out " + zero).status, 0);
+    SafetensorsFile golden(test::golden_path("hf/qwen3_next_tiny_logits.safetensors"));
+    write_safetensors(d.file("in.safetensors"), {{"ids", golden.load("ids").view()}});
+    a = run_tessera("logits --checkpoint " + zero + " --in " + d.file("in.safetensors") + " --out " +
+                    d.file("logits.safetensors"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    EXPECT_TRUE(test::rel_rms_close(SafetensorsFile(d.file("logits.safetensors")).load("logits").view(),
+                                    golden.load("expected.logits").view(), 1e-4));
+}
+
+}  // namespace
+}  // namespace tessera
