@@ -3,16 +3,18 @@
 // config.json and f32 or bf16 safetensors shards with model.safetensors.index.json, in the published tensor
 // layout (model/hf_checkpoint.h). `tessera logits` and `inspect` read such a directory back.
 #include <filesystem>
+#include <optional>
 
 #include "apps/commands.h"
 #include "apps/options.h"
 #include "core/file.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
+#include "model/lora.h"
 #include "model/runtime.h"
-#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data/tokenizer.h"
+#include "train/model_source.h"
 
 namespace tessera::apps {
 
@@ -27,6 +29,7 @@ void add_export_command(CLI::App& app) {
         std::string checkpoint, out;
         int64_t shard_mib = 4096;
         std::string dtype = "f32";
+        bool merge_lora = false;
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("--checkpoint", a->checkpoint, "A checkpoint, or a run directory (its latest checkpoint)")
@@ -36,22 +39,39 @@ void add_export_command(CLI::App& app) {
     cmd->add_option("--dtype", a->dtype, "Stored dtype: f32 (exact) or bf16 (rounded)")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "bf16"}));
+    cmd->add_flag("--merge-lora", a->merge_lora, "A LoRA fine-tune: write its base with the adapters merged in");
     cmd->callback([a] {
         fs::path out = fs::path(a->out).lexically_normal();
         if (out.filename().empty()) out = out.parent_path();  // "hf/"
         TESSERA_CHECK(!fs::exists(out) || (fs::is_directory(out) && fs::is_empty(out)),
                       "{} already exists and is not an empty directory", a->out);
-        const std::string ckpt = train::resolve_checkpoint(a->checkpoint);
-        const train::RunConfig cfg =
-            train::parse_run_config(train::load_checkpoint_config(ckpt), (fs::path(ckpt) / "config.json").string());
-        // refuses what the format cannot express; the byte tokenizer's <|endoftext|> and <|pad|> as the special ids
-        const Json hf = model::export_hf_config(cfg.model, {.bos = train::ByteTokenizer::kEndOfText,
-                                                            .eos = train::ByteTokenizer::kEndOfText,
-                                                            .pad = train::ByteTokenizer::kPad});
-        const std::string type = hf.at("model_type").get<std::string>();
-        model::Model model(cfg.model);
+        const train::ModelSource src = train::open_model_source(a->checkpoint);
+        TESSERA_CHECK(!src.hf, "{} is already a Hugging Face directory", a->checkpoint);
+        const bool lora = src.config.lora.enabled();
+        TESSERA_CHECK(!lora || a->merge_lora,
+                      "{} is a LoRA fine-tune: --merge-lora writes its base with the adapters merged in", src.path);
+        TESSERA_CHECK(lora || !a->merge_lora, "--merge-lora: {} has no LoRA adapters", src.path);
+        model::Model model(src.config);
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
-        train::load_params(ckpt, rt.params());
+        src.load(model, rt.params());
+        model::ModelConfig plain_cfg = src.config;
+        plain_cfg.lora = {};
+        model::Model plain(plain_cfg);
+        std::optional<model::ModelRuntime> merged;
+        if (lora) {
+            merged.emplace(plain, model::StepShape{1, 1}, false, false);
+            model::merge_lora(src.config.lora, rt.params(), merged->params());
+        }
+        const BufferGroup& params = lora ? merged->params() : rt.params();
+        // a fine-tune of a Hugging Face checkpoint keeps its base's config (tokenizer ids and all); otherwise the
+        // config the layers imply, refusing what the format cannot express, with the byte tokenizer's
+        // <|endoftext|> and <|pad|> as the special ids
+        const train::ModelSource base = lora ? train::open_model_source(src.base) : train::ModelSource{};
+        const Json hf = base.hf ? train::load_config_json((fs::path(base.path) / "config.json").string(), {})
+                                : model::export_hf_config(plain_cfg, {.bos = train::ByteTokenizer::kEndOfText,
+                                                                      .eos = train::ByteTokenizer::kEndOfText,
+                                                                      .pad = train::ByteTokenizer::kPad});
+        const std::string type = base.hf ? base.model_type : hf.at("model_type").get<std::string>();
         // NOTES: written under <out>.tmp-<host>-<pid> and renamed at the end, so an export that fails or is killed
         // midway leaves no half directory that the next export would refuse; a dead writer's is removed here.
         const std::string prefix = out.filename().string() + ".tmp-";
@@ -63,10 +83,17 @@ void add_export_command(CLI::App& app) {
         }
         const fs::path tmp = parent / (prefix + writer_tag());
         try {
-            model::save_hf_checkpoint(tmp.string(), model::hf_tensor_map(model.param_specs(), cfg.model, type),
-                                      rt.params(), size_t(a->shard_mib) << 20,
-                                      a->dtype == "bf16" ? DType::bf16 : DType::f32);
+            model::save_hf_checkpoint(tmp.string(), model::hf_tensor_map(plain.param_specs(), plain_cfg, type), params,
+                                      size_t(a->shard_mib) << 20, a->dtype == "bf16" ? DType::bf16 : DType::f32);
             write_text_atomic((tmp / "config.json").string(), hf.dump(2) + "\n");
+            if (base.hf) {  // its tokenizer and generation defaults go with it
+                for (const auto& e : fs::directory_iterator(base.path)) {
+                    const std::string n = e.path().filename().string();
+                    if (e.is_regular_file() && n != "config.json" && !n.ends_with(".safetensors") &&
+                        !n.ends_with(".index.json"))
+                        fs::copy_file(e.path(), tmp / n);
+                }
+            }
             if (fs::exists(out)) fs::remove(out);  // the empty directory it may be
             fs::rename(tmp, out);
             fsync_path(parent.string());
@@ -75,7 +102,7 @@ void add_export_command(CLI::App& app) {
             throw;
         }
         std::printf("wrote %s (%s layout, %lld parameters)\n", a->out.c_str(), type.c_str(),
-                    (long long)model.num_params());
+                    (long long)plain.num_params());
     });
 }
 

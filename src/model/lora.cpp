@@ -82,6 +82,26 @@ void LoraAdapters::backward_from_weight(TensorView dw) const {
     for (const Adapter& a : adapters_) ops::lora_weight_backward({.scale = scale_}, dw, a.a, a.b, a.da, a.db);
 }
 
+void merge_lora(const LoraConfig& c, const BufferGroup& params, const BufferGroup& merged) {
+    for (size_t i = 0; i < merged.size(); ++i) {
+        const std::string& name = merged.specs()[i].name;
+        const TensorView w = merged.view(i), src = params.view(name);
+        TESSERA_CHECK(w.shape == src.shape, "merge: {} is {} in the merged model, {} with adapters", name,
+                      w.shape.str(), src.shape.str());
+        std::copy_n(static_cast<const std::byte*>(src.data), src.nbytes(), static_cast<std::byte*>(w.data));
+        if (!name.ends_with(".weight")) continue;
+        const std::string module = name.substr(0, name.size() - 7);
+        const TensorView a = params.find(module + ".lora_A.weight"), b = params.find(module + ".lora_B.weight");
+        if (!a.defined()) continue;
+        const int64_t experts = w.ndim() == 3 ? w.size(0) : 1;
+        auto part = [&](TensorView v, int64_t e) {
+            return experts > 1 || v.ndim() == 3 ? v.slice0(e, e + 1).reshape(Shape{v.size(-2), v.size(-1)}) : v;
+        };
+        for (int64_t e = 0; e < experts; ++e)
+            ops::lora_merge({.scale = c.scale()}, part(w, e), part(a, e), part(b, e), part(w, e));
+    }
+}
+
 double LoraAdapters::forward_flops_per_token() const {
     double f = 0;
     for (const Adapter& a : adapters_) f += ops::lora_forward_flops(1, in_, a.rows, rank_);

@@ -58,4 +58,8 @@ class LoraAdapters {
     TensorView u_, du_;
 };
 
+// The merged model: every parameter of `merged` (a model without LoRA) from `params` (the same model with adapters),
+// each adapted weight W plus s·B·A (routed experts expert by expert).
+void merge_lora(const LoraConfig& c, const BufferGroup& params, const BufferGroup& merged);
+
 }  // namespace tessera::model

@@ -144,6 +144,59 @@ TEST(FineTune, MistakesAreOneLineErrors) {
     for (const char* dir : {"a", "b", "c", "e"}) EXPECT_FALSE(fs::exists(d.file(dir))) << dir << " left behind";
 }
 
+// the logits tensor `tessera logits` writes for a checkpoint or Hugging Face directory
+Tensor logits_of(const std::string& source, const std::string& ids, const std::string& out) {
+    const test::CliResult r = run_tessera("logits --checkpoint " + source + " --in " + ids + " --out " + out);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.status == 0 ? SafetensorsFile(out).load("logits") : Tensor(DType::f32, Shape{1});
+}
+
+// export-hf --merge-lora: the base with W + s·B·A in place of every adapted weight scores like the fine-tune, for a
+// Kimi-Linear-shaped hybrid (KDA, MLA with q_lora incl. the merged kv_b_proj, LatentMoE's routed and shared experts)
+// and a Qwen3-Next-shaped one (GDN, gated GQA, MoE)
+TEST(FineTune, MergedExportScoresLikeTheAdapters) {
+    TempDir d;
+    std::vector<int32_t> ids(2 * 16);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 11) % 256);
+    write_safetensors(d.file("ids.safetensors"), {{"ids", TensorView(ids.data(), DType::i32, Shape{2, 16})}});
+    const std::string all =
+        " --set model.lora.rank=4 --set 'model.lora.target_modules=[\"q_a_proj\",\"q_b_proj\",\"q_proj\","
+        "\"kv_a_proj_with_mqa\",\"kv_b_proj\",\"o_proj\",\"k_proj\",\"v_proj\",\"g_proj\",\"f_a_proj\","
+        "\"a_proj\",\"f_b_proj\",\"b_proj\",\"g_a_proj\",\"g_b_proj\",\"gate_proj\",\"up_proj\","
+        "\"down_proj\"]'";
+    const std::string kimi =
+        " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
+        " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4"
+        " --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise"
+        " --set model.kda.o_norm_eps=1e-6";
+    const std::string qwen =
+        " --set 'model.attention=[\"gdn\",\"gqa\"]' --set model.n_layers=2 --set model.kda.head_dim=16"
+        " --set model.output_gate=elementwise --set model.qk_norm=true --set model.kda.o_norm_eps=1e-6"
+        " --set model.moe.experts=4 --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32"
+        " --set model.moe.shared_expert_gate=true --set model.moe.score=softmax --set model.moe.first_dense=0"
+        " --set model.moe.balance=frozen --set model.ffn_dim=null";
+    for (const std::string& arch : {kimi, qwen}) {
+        SCOPED_TRACE(arch);
+        const std::string base = d.file("base"), lora = d.file("lora"), hf = d.file("hf");
+        fs::remove_all(base);
+        fs::remove_all(lora);
+        fs::remove_all(hf);
+        train_base(base, arch + " --steps 6");
+        ASSERT_EQ(
+            run_tessera("train --config " + kTiny + arch + " --set train.base=" + base + all + " --out " + lora).status,
+            0);
+        test::expect_one_line_error(run_tessera("export-hf --checkpoint " + lora + " --out " + hf), "--merge-lora",
+                                    "a LoRA fine-tune exported without --merge-lora");
+        const test::CliResult r = run_tessera("export-hf --merge-lora --checkpoint " + lora + " --out " + hf);
+        ASSERT_EQ(r.status, 0) << r.err;
+        const Tensor want = logits_of(lora, d.file("ids.safetensors"), d.file("a.safetensors"));
+        const Tensor got = logits_of(hf, d.file("ids.safetensors"), d.file("b.safetensors"));
+        const Tensor plain = logits_of(base, d.file("ids.safetensors"), d.file("c.safetensors"));
+        EXPECT_TRUE(test::rel_rms_close(got.view(), want.view(), 1e-5));
+        EXPECT_FALSE(test::rel_rms_close(plain.view(), want.view(), 1e-4)) << "the adapters changed nothing";
+    }
+}
+
 // Under mpirun a fine-tune is training like any other: W = 2 with FSDP gives one process's bits (dense), and
 // expert parallelism (adapters on the routed experts living with them) one process's losses within 1e-5.
 TEST(FineTune, UnderMpiEqualsOneProcess) {
@@ -220,6 +273,13 @@ TEST(FineTune, AHuggingFaceDirectoryIsABase) {
     ASSERT_EQ(a.status, 0) << a.err;
     EXPECT_TRUE(test::rel_rms_close(SafetensorsFile(d.file("logits.safetensors")).load("logits").view(),
                                     golden.load("expected.logits").view(), 1e-4));
+    // merged back into the Hugging Face layout it came from: the base's own config, and the fine-tune's scores
+    a = run_tessera("export-hf --merge-lora --checkpoint " + d.file("one") + " --out " + d.file("merged"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    EXPECT_EQ(Json::parse(read_text(d.file("merged/config.json"))), Json::parse(read_text(hf + "/config.json")));
+    EXPECT_TRUE(
+        test::rel_rms_close(logits_of(d.file("merged"), d.file("in.safetensors"), d.file("m.safetensors")).view(),
+                            logits_of(d.file("one"), d.file("in.safetensors"), d.file("o.safetensors")).view(), 1e-5));
 }
 
 }  // namespace
