@@ -177,7 +177,11 @@ TEST(HfTokenizer, UnsupportedOrMalformedFilesAreOneLineErrors) {
          },
          "merges[7]: \"nope\" is not in"},
         {[](Json& j) { j["model"]["merges"][7] = "a b c"; }, "merges[7]: \"a b c\" is not two tokens"},
-        {[](Json& j) { j["model"]["vocab"].erase("\u0100"); }, "no token for the byte 0x00"},
+        {[](Json& j) {  // the byte 0x00's token renamed (the vocabulary keeps its size)
+             j["model"]["vocab"]["\u0100\u0100\u0100"] = j["model"]["vocab"]["\u0100"];
+             j["model"]["vocab"].erase("\u0100");
+         },
+         "no token for the byte 0x00"},
         {[](Json& j) { j["model"]["dropout"] = 0.1; }, "BPE dropout 0.1 is not supported"},
         {[](Json& j) { j["added_tokens"][1]["lstrip"] = true; }, "<|im_start|> with lstrip true is not supported"},
         {[](Json& j) {
@@ -185,6 +189,11 @@ TEST(HfTokenizer, UnsupportedOrMalformedFilesAreOneLineErrors) {
          },
          "decoder WordPiece is not supported"},
         {[](Json& j) { j["model"]["vocab"]["zzz"] = 5; }, "id 5 is given to two tokens"},
+        // the tokenizers library ignores the ids of added tokens (those outside the vocabulary follow it in order)
+        {[](Json& j) { j["added_tokens"][0]["id"] = 70000; },
+         "<|endoftext|> has id 70000, but the tokenizers library gives it 1500"},
+        {[](Json& j) { std::swap(j["added_tokens"][0]["id"], j["added_tokens"][1]["id"]); }, "gives it 1500"},
+        {[](Json& j) { j["added_tokens"][1]["content"] = "<|endoftext|>"; }, "<|endoftext|> is added twice"},
     };
     for (auto& [change, needle] : cases) {
         test::TempDir d;

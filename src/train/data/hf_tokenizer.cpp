@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <filesystem>
+#include <unordered_set>
 
 #include "core/check.h"
 #include "core/file.h"
@@ -21,6 +22,10 @@ const std::string_view kKimiPattern =
     R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 namespace {
+// Unordered (std::map) objects: tessera's ordered Json finds keys by a linear scan, quadratic over a vocabulary of
+// 150k entries.
+using Json = nlohmann::json;
+
 constexpr size_t kMaxTokenizerBytes = size_t(1) << 30;  // real tokenizer files are 2-20 MB
 
 // The raw bytes a byte-level string (tokenizer.json's vocab) stands for, or nullopt when a character is outside
@@ -132,7 +137,8 @@ void read_pre_tokenizer(const Json& p, BpeSpec& spec, bool& byte_level, const st
     }
 }
 
-void read_model(const Json& m, BpeSpec& spec, const std::string& where) {
+// Returns the vocabulary (token text -> id).
+std::unordered_map<std::string, int32_t> read_model(const Json& m, BpeSpec& spec, const std::string& where) {
     TESSERA_CHECK(m.is_object(), "{}: must be an object", where);
     if (m.contains("type")) {
         TESSERA_CHECK(m["type"] == "BPE", "{}: model type {} is not supported (only BPE)", where,
@@ -183,6 +189,7 @@ void read_model(const Json& m, BpeSpec& spec, const std::string& where) {
                       "{}.merges[{}]: a token outside the byte-level alphabet", where, r);
         spec.merges.emplace_back(ia->second, ib->second);
     }
+    return ids;
 }
 
 // bos_token / eos_token: a string, {"content": ...} (an AddedToken), or null.
@@ -222,7 +229,7 @@ std::string base64_decode(std::string_view s, const std::string& where) {
     return out;
 }
 
-Json read_json_file(const std::string& path) { return parse_json(read_text(path, kMaxTokenizerBytes), path); }
+Json read_json_file(const std::string& path) { return parse_json_unordered(read_text(path, kMaxTokenizerBytes), path); }
 }  // namespace
 
 BpeSpec read_tokenizer_json(const std::string& path) {
@@ -230,7 +237,7 @@ BpeSpec read_tokenizer_json(const std::string& path) {
     TESSERA_CHECK(j.is_object(), "{}: not a tokenizer.json (the top level is not an object)", path);
     BpeSpec spec;
     spec.name = path;
-    read_model(member(j, "model", path), spec, path + ": model");
+    const std::unordered_map<std::string, int32_t> vocab = read_model(member(j, "model", path), spec, path + ": model");
     read_normalizer(j.value("normalizer", Json()), spec, path + ": normalizer");
     bool byte_level = false;
     read_pre_tokenizer(j.value("pre_tokenizer", Json()), spec, byte_level, path + ": pre_tokenizer");
@@ -241,6 +248,8 @@ BpeSpec read_tokenizer_json(const std::string& path) {
     }
     if (auto added = j.find("added_tokens"); added != j.end() && !added->is_null()) {
         TESSERA_CHECK(added->is_array(), "{}: added_tokens must be an array", path);
+        int64_t next_id = int64_t(vocab.size());
+        std::unordered_set<std::string> added_texts;
         for (size_t i = 0; i < added->size(); ++i) {
             const Json& t = (*added)[i];
             const std::string where = fmt::format("{}: added_tokens[{}]", path, i);
@@ -252,9 +261,18 @@ BpeSpec read_tokenizer_json(const std::string& path) {
                 TESSERA_CHECK(!flag(t, key, false, where), "{}: {} with {} true is not supported", where,
                               excerpt(content), key);
             }
+            // The tokenizers library does not read the ids: an added token in the vocabulary takes its id there, the
+            // others the ids after the vocabulary in file order. A file that says otherwise is refused.
+            auto v = vocab.find(content);
+            const int64_t library_id = v != vocab.end() ? v->second : next_id;
+            TESSERA_CHECK(id == library_id,
+                          "{}: {} has id {}, but the tokenizers library gives it {} (added tokens outside the "
+                          "vocabulary take the ids after it, in file order)",
+                          where, excerpt(content), id, library_id);
+            TESSERA_CHECK(added_texts.insert(content).second, "{}: {} is added twice", where, excerpt(content));
+            if (v == vocab.end()) ++next_id;
             // a vocabulary entry keeps the bytes BPE gives it; otherwise the token is its text
-            const bool in_vocab = size_t(id) < spec.tokens.size() && spec.mergeable[size_t(id)];
-            if (!in_vocab) set_token(spec, id, content, false);
+            if (v == vocab.end() || !spec.mergeable[size_t(id)]) set_token(spec, id, content, false);
             spec.specials.emplace_back(content, id);
         }
     }
