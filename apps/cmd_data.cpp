@@ -1,4 +1,4 @@
-// tessera data: tokenize text files into a token shard for training (data.path).
+// tessera data: tokenize text and JSON Lines files into a token shard for training (data.path).
 #include <iostream>
 
 #include "apps/commands.h"
@@ -7,17 +7,30 @@
 namespace tessera::apps {
 
 void add_data_command(CLI::App& app) {
-    auto* cmd = app.add_subcommand("data", "Tokenize text files (byte tokenizer) into a token shard");
+    auto* cmd = app.add_subcommand(
+        "data", "Tokenize .txt / .jsonl files (byte tokenizer, or a checkpoint's with --tokenizer) into a token shard");
     auto inputs = std::make_shared<std::vector<std::string>>();
     auto out = std::make_shared<std::string>();
-    cmd->add_option("inputs", *inputs, "Text files, or directories of .txt files (one document per file)")->required();
+    auto opts = std::make_shared<train::ShardOptions>();
+    cmd->add_option("inputs", *inputs,
+                    "Files, or directories of .txt and .jsonl files: a .txt file is one document; a .jsonl line is "
+                    "{\"text\": ...} or {\"prompt\": ..., \"completion\": ...} (loss on the completion only)")
+        ->required();
     cmd->add_option("--out", *out, "Output shard (.safetensors)")->required();
-    cmd->callback([inputs, out] {
+    cmd->add_option("--tokenizer", opts->tokenizer,
+                    "A Hugging Face checkpoint directory: its tokenizer.json, or tiktoken.model + "
+                    "tokenizer_config.json (default: the byte tokenizer)");
+    cmd->add_option("--eos", opts->eos,
+                    "The token that ends each document (default: tokenizer_config.json's eos_token)");
+    cmd->callback([inputs, out, opts] {
         if (!out->ends_with(".safetensors"))
             throw Error(fmt::format("--out {}: a shard must end in .safetensors", *out));
-        train::ShardInfo info = train::write_token_shard(*inputs, *out);
-        std::cout << fmt::format("{}: {} tokens from {} documents (byte tokenizer, vocab {})\n", *out, info.num_tokens,
-                                 info.num_documents, info.vocab_size);
+        const train::ShardInfo info = train::write_token_shard(*inputs, *out, *opts);
+        std::cout << fmt::format("{}: {} tokens from {} documents ({} tokenizer, vocab {}){}\n", *out, info.num_tokens,
+                                 info.num_documents, info.tokenizer, info.vocab_size,
+                                 info.num_targets < info.num_tokens
+                                     ? fmt::format("; {} of them training targets (prompts masked)", info.num_targets)
+                                     : "");
     });
 }
 

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev
-          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
+          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev libpcre2-dev libutf8proc-dev)
 
 install_packages() {
     local missing=()

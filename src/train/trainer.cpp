@@ -14,7 +14,6 @@
 #include "ops/isa.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
-#include "train/data/tokenizer.h"
 #include "train/metrics.h"
 #include "train/model_source.h"
 #include "train/optimizer.h"
@@ -262,8 +261,11 @@ TrainSummary train(const TrainOptions& opts) {
 
     const std::string data_path = cfg.data.path.empty() ? bundled_corpus_path() : cfg.data.path;
     TokenSource tokens(data_path);
-    TESSERA_CHECK(tokens.vocab_size() <= cfg.model.vocab_size, "data {} uses {} token ids but model.vocab_size is {}",
-                  data_path, tokens.vocab_size(), cfg.model.vocab_size);
+    // the largest id present, not the tokenizer's size: a checkpoint's tokenizer may name ids past the model's
+    // vocabulary that the text never uses (Kimi's reserved special tokens)
+    TESSERA_CHECK(tokens.max_token() < cfg.model.vocab_size,
+                  "data {} holds token id {} (its tokenizer has {} ids) but model.vocab_size is {}", data_path,
+                  tokens.max_token(), tokens.vocab_size(), cfg.model.vocab_size);
     DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {rank, ranks, accumulation});
 
     model::Model model(cfg.model, m ? &m->expert() : nullptr, cfg.parallel.ep_chunks);
@@ -387,7 +389,7 @@ TrainSummary train(const TrainOptions& opts) {
     std::vector<int64_t> cu(size_t(shape.tokens()) + 1);  // document boundaries of the current batch
     auto shape_of = [&](std::span<const int32_t> i) {
         if (!cfg.data.mask_documents) return shape;
-        const int64_t n = document_starts(i, shape.batch, shape.seq, ByteTokenizer::kEndOfText, cu);
+        const int64_t n = document_starts(i, shape.batch, shape.seq, tokens.end_of_document(), cu);
         return model::StepShape{shape.batch, shape.seq, std::span<const int64_t>(cu.data(), size_t(n))};
     };
     // The ranks share the evaluation batches (batch i on rank i mod W); the per-batch sums are added in batch

@@ -154,6 +154,41 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
                           "no such directory", "missing checkpoint");
 }
 
+// Fine-tuning data: prompt/completion lines tokenized with a checkpoint's tokenizer (the Qwen2-style golden one),
+// then training on the shard (prompt targets ignored, documents ended by its <|endoftext|>).
+TEST(Cli, SupervisedJsonlWithACheckpointTokenizerTrains) {
+    TempDir d;
+    std::string lines;
+    for (int i = 0; i < 60; ++i) {
+        lines += fmt::format("{{\"prompt\": \"Question {}: what is {} + {}?\", \"completion\": \" It is {}.\"}}\n", i,
+                             i, 2 * i, 3 * i);
+    }
+    write_file(d.file("sft.jsonl"), lines);
+    const std::string tokenizer = test::golden_path("tokenizers/qwen2");
+    test::CliResult r = run_tessera("data " + d.file("sft.jsonl") + " --tokenizer " + tokenizer + " --out " +
+                                    d.file("sft.safetensors"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("from 60 documents (" + tokenizer + "/tokenizer.json tokenizer, vocab 1505); "),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("training targets (prompts masked)"), std::string::npos) << r.out;
+    r = run_tessera("train --config " + kTiny + " --steps 2 --set model.vocab_size=1505 --set data.path=" +
+                    d.file("sft.safetensors") + " --out " + d.file("run"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("prompts masked from the loss"), std::string::npos) << r.out;
+    expect_one_line_error(run_tessera("train --config " + kTiny + " --steps 2 --set data.path=" +
+                                      d.file("sft.safetensors") + " --out " + d.file("run2")),
+                          "(its tokenizer has 1505 ids) but model.vocab_size is 258", "a model too small for the ids");
+    write_file(d.file("bad.jsonl"), lines + "{\"prompt\": \"no completion\"}\n");
+    expect_one_line_error(run_tessera("data " + d.file("bad.jsonl") + " --tokenizer " + tokenizer + " --out " +
+                                      d.file("bad.safetensors")),
+                          d.file("bad.jsonl") + ":61: \"prompt\" without \"completion\"", "a bad JSONL line");
+    EXPECT_FALSE(std::filesystem::exists(d.file("bad.safetensors")));
+    expect_one_line_error(run_tessera("data " + d.file("sft.jsonl") + " --tokenizer " + d.file("none") + " --out " +
+                                      d.file("x.safetensors")),
+                          "none: not a directory", "a missing tokenizer directory");
+}
+
 TEST(Cli, LogitsScoreIdsCausallyAndPerRow) {
     TempDir d;
     // a hybrid checkpoint (KDA + gated DSA) of two steps

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "model/model.h"
 
 namespace tessera::train {
 
@@ -64,7 +65,8 @@ void DataLoader::skip(int64_t windows) {
 void DataLoader::read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets) const {
     for (int64_t t = 0; t < seq_len_; ++t) {
         ids[size_t(t)] = tokens_[start + t];
-        targets[size_t(t)] = tokens_[start + t + 1];
+        // a prompt token (loss_mask 0) is no target: the loss ignores it
+        targets[size_t(t)] = tokens_.is_target(start + t + 1) ? tokens_[start + t + 1] : model::Model::kIgnoreIndex;
     }
 }
 

@@ -1,7 +1,8 @@
 // Batches of (input, target) windows from a token stream, deterministic by seed.
 // The stream is split once: the first (1 − val_fraction) of the tokens train, the rest evaluate.
 // Training windows are the non-overlapping seq_len-token windows of the train split (each with its
-// next token as the last target), visited in a fresh Philox permutation every epoch; the whole
+// next token as the last target; a target the shard's loss_mask marks as no target, a prompt token, is
+// model::Model::kIgnoreIndex, which the loss skips), visited in a fresh Philox permutation every epoch; the whole
 // state is (epoch, cursor), saved in checkpoints. Evaluation reads the first windows of the
 // validation split in order, the same every time.
 //

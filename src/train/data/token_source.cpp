@@ -6,14 +6,20 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/file.h"
 #include "core/json.h"
+#include "train/data/hf_tokenizer.h"
+#include "train/data/jsonl.h"
 #include "train/data/tokenizer.h"
 
 namespace tessera::train {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> list_text_files(const std::string& path) {
+namespace {
+std::vector<std::string> list_files(const std::string& path,
+                                    std::initializer_list<std::string_view> extensions,
+                                    const char* what) {
     std::error_code ec;
     TESSERA_CHECK(fs::exists(path, ec), "{}: no such file or directory", path);
     // a device or pipe (/dev/zero) would be read forever
@@ -22,14 +28,16 @@ std::vector<std::string> list_text_files(const std::string& path) {
     if (!fs::is_directory(path, ec)) return {path};
     std::vector<std::string> files;
     for (auto& e : fs::directory_iterator(path)) {
-        if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+        if (!e.is_regular_file()) continue;
+        const std::string ext = e.path().extension().string();
+        if (std::find(extensions.begin(), extensions.end(), ext) != extensions.end())
+            files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());
-    TESSERA_CHECK(!files.empty(), "{}: the directory holds no .txt files", path);
+    TESSERA_CHECK(!files.empty(), "{}: the directory holds no {}", path, what);
     return files;
 }
 
-namespace {
 std::vector<int32_t> tokenize_files(const std::vector<std::string>& files, int64_t& num_docs) {
     std::vector<int32_t> tokens;
     num_docs = 0;
@@ -40,28 +48,134 @@ std::vector<int32_t> tokenize_files(const std::vector<std::string>& files, int64
     }
     return tokens;
 }
+
+int64_t metadata_integer(const SafetensorsFile& f, const std::string& key, const std::string& path) {
+    const std::string& v = f.metadata().at(key);
+    int64_t x = 0;
+    auto r = std::from_chars(v.data(), v.data() + v.size(), x);  // the whole text: "258abc" is no number
+    TESSERA_CHECK(r.ec == std::errc() && r.ptr == v.data() + v.size(), "{}: bad {} '{}' in metadata", path, key,
+                  excerpt(v));
+    return x;
+}
+
+// The documents of a shard being written, tokenized by the byte tokenizer or a checkpoint's.
+class DocumentWriter {
+  public:
+    explicit DocumentWriter(const ShardOptions& o) {
+        if (o.tokenizer.empty()) {
+            TESSERA_CHECK(o.eos.empty(),
+                          "--eos {}: the byte tokenizer ends documents with <|endoftext|>; --eos goes with --tokenizer",
+                          excerpt(o.eos));
+            return;
+        }
+        hf_.emplace(load_hf_tokenizer(o.tokenizer));
+        tokenizer = hf_->source;
+        vocab_size = hf_->bpe.vocab_size();
+        if (!o.eos.empty()) {
+            const std::optional<int32_t> id = hf_->bpe.token_id(o.eos);
+            TESSERA_CHECK(id.has_value(), "--eos {}: not a token of {}", excerpt(o.eos), tokenizer);
+            eos = *id;
+        } else {
+            TESSERA_CHECK(hf_->eos.has_value(),
+                          "{}: tokenizer_config.json names no eos_token; name the token that ends documents with "
+                          "--eos TOKEN",
+                          o.tokenizer);
+            eos = *hf_->eos;
+        }
+        if (hf_->add_bos) bos = *hf_->bos;
+    }
+
+    // [bos] prompt completion eos; the bos and prompt of a supervised example are not targets
+    void add(const Example& e, const std::string& where) {
+        if (bos >= 0) push(bos, e.supervised ? 0 : 1);
+        encode(e.prompt, where, 0);
+        encode(e.completion, where, 1);
+        push(eos, 1);
+        ++documents;
+    }
+    bool byte() const { return !hf_; }
+
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> mask;  // 1: a training target
+    int64_t documents = 0;
+    int64_t vocab_size = ByteTokenizer::kVocabSize;
+    int32_t eos = ByteTokenizer::kEndOfText, bos = -1;
+    std::string tokenizer = "byte";
+
+  private:
+    void push(int32_t id, uint8_t target) {
+        tokens.push_back(id);
+        mask.push_back(target);
+    }
+    void encode(const std::string& text, const std::string& where, uint8_t target) {
+        if (hf_) {
+            const size_t bad = invalid_utf8_at(text);
+            TESSERA_CHECK(bad == std::string::npos, "{}: not valid UTF-8 at byte {} ({} reads UTF-8 text)", where, bad,
+                          tokenizer);
+            hf_->bpe.encode(text, tokens);
+        } else {
+            ByteTokenizer::encode(text, tokens);
+        }
+        mask.resize(tokens.size(), target);
+    }
+    std::optional<HfTokenizer> hf_;
+};
 }  // namespace
 
-ShardInfo write_token_shard(const std::vector<std::string>& inputs, const std::string& out_path) {
+std::vector<std::string> list_text_files(const std::string& path) { return list_files(path, {".txt"}, ".txt files"); }
+
+std::vector<std::string> list_data_files(const std::string& path) {
+    return list_files(path, {".txt", ".jsonl"}, ".txt or .jsonl files");
+}
+
+ShardInfo write_token_shard(const std::vector<std::string>& inputs,
+                            const std::string& out_path,
+                            const ShardOptions& options) {
+    DocumentWriter w(options);
     std::vector<std::string> files;
     for (auto& in : inputs) {
-        auto more = list_text_files(in);
+        auto more = list_data_files(in);
         files.insert(files.end(), more.begin(), more.end());
     }
+    for (const auto& f : files) {
+        if (fs::path(f).extension() == ".jsonl") {
+            const std::vector<Example> examples = read_jsonl(f);
+            for (size_t i = 0; i < examples.size(); ++i) w.add(examples[i], fmt::format("{}:{}", f, i + 1));
+        } else {
+            w.add(Example{.completion = read_text(f)}, f);
+        }
+    }
     ShardInfo info;
-    std::vector<int32_t> tokens = tokenize_files(files, info.num_documents);
-    info.num_tokens = int64_t(tokens.size());
-    info.vocab_size = ByteTokenizer::kVocabSize;
-    Tensor t(DType::u16, Shape{info.num_tokens});
-    std::transform(tokens.begin(), tokens.end(), t.ptr<uint16_t>(), [](int32_t x) { return uint16_t(x); });
-    write_safetensors(out_path, {{"tokens", t}},
-                      {{"tokenizer", "byte"},
-                       {"vocab_size", std::to_string(info.vocab_size)},
-                       {"num_documents", std::to_string(info.num_documents)}});
+    info.num_tokens = int64_t(w.tokens.size());
+    info.num_documents = w.documents;
+    info.vocab_size = w.vocab_size;
+    info.num_targets = int64_t(std::count(w.mask.begin(), w.mask.end(), uint8_t(1)));
+    info.end_of_document = w.eos;
+    info.tokenizer = w.tokenizer;
+    const bool u16 = info.vocab_size <= 65535;
+    Tensor t(u16 ? DType::u16 : DType::i32, Shape{info.num_tokens});
+    if (u16) {
+        std::transform(w.tokens.begin(), w.tokens.end(), t.ptr<uint16_t>(), [](int32_t x) { return uint16_t(x); });
+    } else {
+        std::copy(w.tokens.begin(), w.tokens.end(), t.ptr<int32_t>());
+    }
+    std::vector<NamedTensor> tensors{{"tokens", t}};
+    std::optional<Tensor> mask;
+    if (info.num_targets < info.num_tokens) {  // only a shard with prompts carries a mask
+        mask.emplace(DType::u8, Shape{info.num_tokens});
+        std::copy(w.mask.begin(), w.mask.end(), mask->ptr<uint8_t>());
+        tensors.push_back({"loss_mask", *mask});
+    }
+    std::map<std::string, std::string> metadata{{"tokenizer", info.tokenizer},
+                                                {"vocab_size", std::to_string(info.vocab_size)},
+                                                {"num_documents", std::to_string(info.num_documents)}};
+    if (!w.byte()) metadata.emplace("end_of_document", std::to_string(info.end_of_document));
+    write_safetensors(out_path, tensors, metadata);
     return info;
 }
 
 TokenSource::TokenSource(const std::string& path) {
+    end_of_document_ = ByteTokenizer::kEndOfText;
     if (fs::path(path).extension() == ".safetensors") {
         shard_.emplace(path);
         TESSERA_CHECK(shard_->contains("tokens"), "{}: not a token shard (no \"tokens\" tensor)", path);
@@ -72,12 +186,16 @@ TokenSource::TokenSource(const std::string& path) {
         // a file whose data section is not aligned for the dtype (written by another tool): read a copy
         const TensorView t =
             shard_->is_aligned("tokens") ? shard_->view("tokens") : copy_.emplace(shard_->load("tokens")).view();
-        auto it = shard_->metadata().find("vocab_size");
-        TESSERA_CHECK(it != shard_->metadata().end(), "{}: shard metadata lacks vocab_size", path);
-        const char* end = it->second.data() + it->second.size();
-        auto r = std::from_chars(it->second.data(), end, vocab_size_);  // the whole text: "258abc" is no number
-        TESSERA_CHECK(r.ec == std::errc() && r.ptr == end && vocab_size_ > 0, "{}: bad vocab_size '{}' in metadata",
-                      path, excerpt(it->second));
+        TESSERA_CHECK(shard_->metadata().contains("vocab_size"), "{}: shard metadata lacks vocab_size", path);
+        vocab_size_ = metadata_integer(*shard_, "vocab_size", path);
+        TESSERA_CHECK(vocab_size_ > 0 && vocab_size_ <= (int64_t(1) << 31), "{}: bad vocab_size '{}' in metadata", path,
+                      vocab_size_);
+        if (shard_->metadata().contains("end_of_document")) {
+            const int64_t eod = metadata_integer(*shard_, "end_of_document", path);
+            TESSERA_CHECK(0 <= eod && eod < vocab_size_, "{}: end_of_document {} is outside [0, {})", path, eod,
+                          vocab_size_);
+            end_of_document_ = int32_t(eod);
+        }
         num_tokens_ = t.numel();
         if (t.dtype == DType::u16) {
             u16_ = t.ptr<uint16_t>();
@@ -88,8 +206,20 @@ TokenSource::TokenSource(const std::string& path) {
             const int32_t id = (*this)[i];
             TESSERA_CHECK(0 <= id && id < vocab_size_, "{}: token {} at position {} is outside [0, {})", path, id, i,
                           vocab_size_);
+            max_token_ = std::max(max_token_, id);
         }
-        description_ = fmt::format("{} ({} tokens, shard)", path, num_tokens_);
+        if (shard_->contains("loss_mask")) {
+            const SafetensorsEntry& m = shard_->entry("loss_mask");
+            TESSERA_CHECK(m.shape.ndim == 1 && m.dtype == DType::u8 && m.shape[0] == num_tokens_,
+                          "{}: \"loss_mask\" must be a 1-D u8 tensor of the {} tokens, not {} {}", path, num_tokens_,
+                          dtype_name(m.dtype), m.shape.str());
+            mask_ = shard_->view("loss_mask").ptr<uint8_t>();
+            for (int64_t i = 0; i < num_tokens_; ++i) {
+                TESSERA_CHECK(mask_[i] <= 1, "{}: loss_mask[{}] is {}, not 0 or 1", path, i, int(mask_[i]));
+            }
+        }
+        description_ =
+            fmt::format("{} ({} tokens, shard{})", path, num_tokens_, mask_ ? ", prompts masked from the loss" : "");
         return;
     }
     int64_t docs = 0;
@@ -97,6 +227,7 @@ TokenSource::TokenSource(const std::string& path) {
     i32_ = owned_.data();
     num_tokens_ = int64_t(owned_.size());
     vocab_size_ = ByteTokenizer::kVocabSize;
+    for (int32_t id : owned_) max_token_ = std::max(max_token_, id);
     description_ = fmt::format("{} ({} tokens in {} documents, byte tokenizer)", path, num_tokens_, docs);
 }
 

@@ -1,6 +1,11 @@
-// Token streams for training: a token shard written by `tessera data` (a safetensors file with one
-// tensor "tokens", u16 or i32, memory-mapped), or text files (a file or a directory of *.txt files,
-// tokenized in memory, each file one document followed by <|endoftext|>).
+// Token streams for training: a token shard written by `tessera data` (a safetensors file with a tensor
+// "tokens", u16 or i32, memory-mapped, and optionally "loss_mask", u8, 1 where the token is a training
+// target), or text files (a file or a directory of *.txt files, tokenized in memory, each file one document
+// followed by <|endoftext|>).
+//
+// Shard metadata: vocab_size (required), num_documents, tokenizer ("byte" or the tokenizer file read), and for a
+// checkpoint's tokenizer end_of_document (the id that ends each document; the byte tokenizer's <|endoftext|>
+// when absent).
 #pragma once
 
 #include <memory>
@@ -16,10 +21,25 @@ struct ShardInfo {
     int64_t num_tokens = 0;
     int64_t num_documents = 0;
     int64_t vocab_size = 0;
+    int64_t num_targets = 0;  // tokens that are training targets (all of them unless prompts are masked)
+    int32_t end_of_document = 0;
+    std::string tokenizer;  // "byte", or the tokenizer file read
 };
 
-// Tokenizes text files (each input a file or a directory of .txt files) into a u16 token shard.
-ShardInfo write_token_shard(const std::vector<std::string>& inputs, const std::string& out_path);
+struct ShardOptions {
+    std::string tokenizer;  // a Hugging Face checkpoint directory (hf_tokenizer.h); empty: the byte tokenizer
+    std::string eos;        // the token that ends each document; empty: tokenizer_config.json's eos_token
+};
+
+// Tokenizes the inputs into a token shard: each input a file or a directory of .txt and .jsonl files (sorted by
+// name). A .txt file is one document; a .jsonl file holds one document or prompt/completion example per line
+// (jsonl.h). Each document is [bos] text eos: bos where tokenizer_config.json sets add_bos_token, eos the
+// tokenizer's end-of-text token (the byte tokenizer's <|endoftext|>). Tokens are u16 when the vocabulary fits,
+// else i32. When an example has a prompt, the shard carries "loss_mask": 0 for its bos and prompt tokens, 1 for
+// every other token. The file appears only when complete; on any error nothing is written.
+ShardInfo write_token_shard(const std::vector<std::string>& inputs,
+                            const std::string& out_path,
+                            const ShardOptions& options = {});
 
 class TokenSource {
   public:
@@ -28,7 +48,12 @@ class TokenSource {
 
     int64_t size() const { return num_tokens_; }
     int32_t operator[](int64_t i) const { return u16_ ? int32_t(u16_[i]) : i32_[i]; }
+    // whether token i is a training target (false where the shard's loss_mask is 0)
+    bool is_target(int64_t i) const { return !mask_ || mask_[i] != 0; }
+    bool has_loss_mask() const { return mask_ != nullptr; }
     int64_t vocab_size() const { return vocab_size_; }
+    int32_t max_token() const { return max_token_; }  // the largest id in the stream (-1 when empty)
+    int32_t end_of_document() const { return end_of_document_; }
     const std::string& description() const { return description_; }
 
   private:
@@ -37,12 +62,18 @@ class TokenSource {
     std::vector<int32_t> owned_;
     const uint16_t* u16_ = nullptr;
     const int32_t* i32_ = nullptr;
+    const uint8_t* mask_ = nullptr;
     int64_t num_tokens_ = 0;
     int64_t vocab_size_ = 0;
+    int32_t max_token_ = -1;
+    int32_t end_of_document_ = 0;
     std::string description_;
 };
 
 // The text files a path names: the file itself, or the sorted *.txt files of a directory.
 std::vector<std::string> list_text_files(const std::string& path);
+// The data files a path names for `tessera data`: the file itself, or the sorted *.txt and *.jsonl files of a
+// directory.
+std::vector<std::string> list_data_files(const std::string& path);
 
 }  // namespace tessera::train
