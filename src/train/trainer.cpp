@@ -1,6 +1,7 @@
 // The training loop (see trainer.h).
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -202,19 +203,26 @@ StepResult train_step(model::Model& model,
                       std::span<int32_t> ids,
                       std::span<int32_t> targets,
                       parallel::Comm* comm,
-                      Fsdp* fsdp) {
+                      Fsdp* fsdp,
+                      int64_t step_targets) {
     StepResult r;
     r.lr = learning_rate(tc, step);
     const int64_t micros = grads.accumulation(), ranks = comm ? comm->size() : 1;
-    const double scale = 1.0 / double(micros * ranks);  // the step's loss: the mean over every micro-batch
     for (int64_t micro = 0; micro < micros; ++micro) {
         grads.before(micro, rt.grads());
         const model::StepShape shape = next_batch(ids, targets);
-        r.loss += model.forward_backward(shape, ids, targets, scale).loss;
+        // the step's loss: the mean over every micro-batch, or over every counted target of the step
+        double scale = 1.0 / double(micros * ranks);
+        if (step_targets > 0) {
+            const int64_t n = std::count_if(targets.begin(), targets.end(),
+                                            [](int32_t t) { return t != model::Model::kIgnoreIndex; });
+            scale = double(n) / double(step_targets);
+        }
+        r.loss += model.forward_backward(shape, ids, targets, scale).loss * (step_targets > 0 ? scale : 1.0);
         grads.after(micro, rt.grads());
     }
     if (ranks > 1) r.loss = comm->all_reduce_sum(r.loss);  // in rank order, as one rank would add them
-    r.loss /= double(micros * ranks);
+    if (step_targets == 0) r.loss /= double(micros * ranks);
     const GradRanges g = grads.finish(rt.grads());  // this rank's ranges of the summed gradient
     r.grad_norm = opt.grad_norm(g);
     // before the update: a non-finite gradient would make every weight NaN, and the next checkpoint with them
@@ -455,7 +463,7 @@ TrainSummary train(const TrainOptions& opts) {
         if (fsdp) fsdp_last = fsdp->stats();  // (evaluation and checkpoints between steps gather too)
         const auto t0 = Clock::now();
         const StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, comm,
-                                        fsdp ? &*fsdp : nullptr);
+                                        fsdp ? &*fsdp : nullptr, loader.step_targets());
         const double loss = r.loss, lr = r.lr, norm = r.grad_norm;
         state.step++;
         state.tokens_seen += tokens_per_step;

@@ -59,6 +59,9 @@ using BatchSource = std::function<model::StepShape(std::span<int32_t> ids, std::
 // (train/fsdp.h; its hooks set on the model, rt holding its placement). The model must be bound to rt. After the first
 // step it makes no heap allocation in tessera's code when the previous result has been dropped (one
 // process; tests/model/test_no_alloc.cpp).
+// step_targets: the targets that count in the whole step (every micro-batch of every rank; DataLoader::
+// step_targets): the loss is then their mean (a micro-batch weighs by its count: supervised data, where prompt
+// tokens do not count); 0: the mean over micro-batches of each one's mean (packed data, where all count).
 StepResult train_step(model::Model& model,
                       model::ModelRuntime& rt,
                       AdamW& opt,
@@ -69,7 +72,8 @@ StepResult train_step(model::Model& model,
                       std::span<int32_t> ids,
                       std::span<int32_t> targets,
                       parallel::Comm* comm = nullptr,
-                      Fsdp* fsdp = nullptr);
+                      Fsdp* fsdp = nullptr,
+                      int64_t step_targets = 0);
 
 // This rank's ranges of the parameters (the optimizer's), from the runtime's group or, with FSDP, its shard.
 ParamRanges param_ranges(const AdamW& opt, model::ModelRuntime& rt, Fsdp* fsdp);

@@ -231,6 +231,38 @@ TEST(FineTune, UnderMpiEqualsOneProcess) {
     expect_close_losses(d.file("moe_one"), resumed, 6);
 }
 
+// Supervised data (prompt tokens masked): a step's loss is the mean over every counted target of the step, so one
+// forward of the batch, four accumulated micro-batches and two ranks train alike (micro-batches of uneven counted
+// targets weigh by their count, not equally).
+TEST(FineTune, SupervisedLossIsTheMeanOverTheStepsCountedTargets) {
+    TempDir d;
+    std::string lines;
+    for (int i = 0; i < 400; ++i) {  // prompts of very different lengths, short completions
+        lines += fmt::format("{{\"prompt\": \"{}\", \"completion\": \" {}.\"}}\n",
+                             std::string(size_t(1 + (i * 37) % 90), 'q'), i);
+    }
+    write_text_atomic(d.file("sft.jsonl"), lines);
+    ASSERT_EQ(run_tessera("data " + d.file("sft.jsonl") + " --out " + d.file("sft.safetensors")).status, 0);
+    const std::string args = "train --config " + kTiny + " --steps 4 --set data.path=" + d.file("sft.safetensors") +
+                             " --set train.eval_interval=2";
+    test::CliResult r = run_tessera(args + " --out " + d.file("whole"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    ASSERT_EQ(run_tessera(args + " --set train.micro_batch_size=1 --out " + d.file("micro1")).status, 0);
+    ASSERT_EQ(run_tessera(args + " --set train.micro_batch_size=2 --out " + d.file("micro2")).status, 0);
+    r = run_tessera_mpi(2, args + " --set train.micro_batch_size=2 --out " + d.file("ranks2"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    // (the evaluation reads eval_batches micro-batches: another micro-batch size evaluates other windows)
+    const auto whole = losses(d.file("whole")), micro1 = losses(d.file("micro1"));
+    int64_t compared = 0;
+    for (const auto& [key, value] : whole) {
+        if (key.first != "loss") continue;
+        EXPECT_NEAR(std::stod(value), std::stod(micro1.at(key)), 1e-5 * std::stod(value)) << "step " << key.second;
+        ++compared;
+    }
+    EXPECT_EQ(compared, 4);
+    EXPECT_EQ(losses(d.file("micro2")), losses(d.file("ranks2")));
+}
+
 // A Hugging Face checkpoint (transformers' own tiny Qwen3-Next: gated DeltaNet, gated attention, MoE in every
 // layer) as the base, on token ids inside its vocabulary.
 TEST(FineTune, AHuggingFaceDirectoryIsABase) {

@@ -28,13 +28,17 @@ DataLoader::DataLoader(
     shuffle_epoch();
 }
 
-void DataLoader::shuffle_epoch() {
-    std::iota(order_.begin(), order_.end(), int64_t(0));
-    Rng rng(seed_, 0x10ad0000ull + uint64_t(pos_.epoch));  // Fisher-Yates with the epoch's own stream
-    for (int64_t i = int64_t(order_.size()) - 1; i > 0; --i) {
-        std::swap(order_[size_t(i)], order_[rng.below(uint64_t(i + 1))]);
-    }
+namespace {
+// epoch e's window order: Fisher-Yates with the epoch's own stream
+void permutation(std::vector<int64_t>& order, uint64_t seed, int64_t epoch) {
+    std::iota(order.begin(), order.end(), int64_t(0));
+    Rng rng(seed, 0x10ad0000ull + uint64_t(epoch));
+    for (int64_t i = int64_t(order.size()) - 1; i > 0; --i)
+        std::swap(order[size_t(i)], order[rng.below(uint64_t(i + 1))]);
 }
+}  // namespace
+
+void DataLoader::shuffle_epoch() { permutation(order_, seed_, pos_.epoch); }
 
 void DataLoader::set_position(LoaderPosition p) {
     TESSERA_CHECK(p.epoch >= 0 && p.cursor >= 0 && p.cursor <= int64_t(order_.size()),
@@ -80,6 +84,25 @@ void DataLoader::next_batch(std::span<int32_t> ids, std::span<int32_t> targets) 
     }
     skip((shard_.world - 1 - shard_.rank) * batch_);  // the higher ranks' share
     if (++micro_ == shard_.accumulation) micro_ = 0;
+}
+
+int64_t DataLoader::step_targets() const {
+    if (!tokens_.has_loss_mask()) return 0;
+    TESSERA_CHECK(micro_ == 0, "data: step_targets is taken between steps");
+    const int64_t windows = shard_.world * shard_.accumulation * batch_, n = int64_t(order_.size());
+    int64_t count = 0, cursor = pos_.cursor;
+    const std::vector<int64_t>* order = &order_;
+    for (int64_t w = 0, epoch = pos_.epoch; w < windows; ++w, ++cursor) {
+        if (cursor == n) {  // the step reaches into the next epoch: its permutation, as next_window will draw it
+            next_order_.resize(size_t(n));
+            permutation(next_order_, seed_, ++epoch);
+            order = &next_order_;
+            cursor = 0;
+        }
+        const int64_t start = (*order)[size_t(cursor)] * seq_len_;
+        for (int64_t t = 0; t < seq_len_; ++t) count += tokens_.is_target(start + t + 1) ? 1 : 0;
+    }
+    return count;
 }
 
 void DataLoader::eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets) const {

@@ -47,6 +47,9 @@ class DataLoader {
     void eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets) const;
     int64_t num_eval_batches() const { return num_val_windows_ / batch_; }
     int64_t num_train_windows() const { return int64_t(order_.size()); }
+    // Between steps: the targets that count (not prompt tokens) in the windows the next step reads on every rank,
+    // from the data alone (no communication); 0 when the data has no loss mask (every target counts).
+    int64_t step_targets() const;
 
     // between optimizer steps (after every micro-batch of a step was read)
     LoaderPosition position() const;
@@ -63,7 +66,8 @@ class DataLoader {
     uint64_t seed_;
     int64_t train_tokens_ = 0;
     int64_t num_val_windows_ = 0;
-    std::vector<int64_t> order_;  // window index permutation of the current epoch
+    std::vector<int64_t> order_;               // window index permutation of the current epoch
+    mutable std::vector<int64_t> next_order_;  // step_targets: the next epoch's, when a step reaches into it
     LoaderPosition pos_;
     DataShard shard_;
     int64_t micro_ = 0;  // micro-batches of the current step read by this rank
