@@ -1,6 +1,7 @@
 // tessera generate: sample text from a checkpoint (temperature, top-k), streaming tokens as made.
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "apps/commands.h"
 #include "apps/options.h"
@@ -8,6 +9,7 @@
 #include "model/sampling.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/data/hf_tokenizer.h"
 #include "train/data/tokenizer.h"
 #include "train/model_source.h"
 
@@ -19,6 +21,7 @@ void add_generate_command(CLI::App& app) {
         std::string checkpoint, prompt;
         model::SampleParams p;
         int64_t context = 0;
+        std::string tokenizer;
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("--checkpoint", a->checkpoint,
@@ -32,6 +35,9 @@ void add_generate_command(CLI::App& app) {
     add_uint_option(cmd, "--seed", a->p.seed, "Sampling seed");
     add_int_option(cmd, "--context", a->context, 0, model::kMaxSeqLen,
                    "Tokens the caches hold (0: the trained sequence length; 4096 for Hugging Face directories)");
+    cmd->add_option("--tokenizer", a->tokenizer,
+                    "A Hugging Face directory whose tokenizer reads the prompt and writes the text (default: the "
+                    "model's own, or its fine-tuning base's; else the byte tokenizer)");
     cmd->callback([a] {
         const train::ModelSource src = train::open_model_source(a->checkpoint);
         model::Model model(src.config);
@@ -41,11 +47,26 @@ void add_generate_command(CLI::App& app) {
         model.bind_cache(cache);
         src.load(model, rt.params());
         std::vector<int32_t> tokens;
-        train::ByteTokenizer::encode(a->prompt, tokens);
+        const std::string dir = a->tokenizer.empty() ? src.tokenizer_dir() : a->tokenizer;
+        std::optional<train::HfTokenizer> tok;
+        int32_t eos = train::ByteTokenizer::kEndOfText;
+        if (!dir.empty()) {
+            tok.emplace(train::load_hf_tokenizer(dir));
+            TESSERA_CHECK(tok->bpe.vocab_size() <= src.config.vocab_size,
+                          "--tokenizer {}: {} ids, more than the model's vocabulary of {}", dir, tok->bpe.vocab_size(),
+                          src.config.vocab_size);
+            if (tok->add_bos && tok->bos) tokens.push_back(*tok->bos);
+            tok->bpe.encode(a->prompt, tokens);
+            eos = tok->eos.value_or(-1);  // none: only --max-new-tokens stops
+        } else {
+            train::ByteTokenizer::encode(a->prompt, tokens);
+        }
         if (tokens.empty()) throw Error("--prompt is empty");
         std::cout << a->prompt << std::flush;
-        model::generate(model, context, tokens, a->p, train::ByteTokenizer::kEndOfText,
-                        [](int32_t t) { std::cout << train::ByteTokenizer::decode(std::span(&t, 1)) << std::flush; });
+        model::generate(model, context, tokens, a->p, eos, [&](int32_t t) {
+            std::cout << (tok ? tok->bpe.decode(std::span(&t, 1)) : train::ByteTokenizer::decode(std::span(&t, 1)))
+                      << std::flush;
+        });
         std::cout << '\n';
     });
 }

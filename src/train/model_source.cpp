@@ -105,6 +105,12 @@ void check_same(
 }
 }  // namespace
 
+std::string ModelSource::tokenizer_dir() const {
+    if (hf) return path;
+    if (base.empty()) return {};
+    return open_model_source(base).tokenizer_dir();
+}
+
 Json base_model_json(const ModelSource& base, const Json& run_model, const std::string& where) {
     TESSERA_CHECK(run_model.is_object(), "{}: model must be an object", where);
     TESSERA_CHECK(base.base.empty() && !base.config.lora.enabled(),

@@ -25,6 +25,8 @@ struct ModelSource {
     // Reads every parameter of a model built from `config` into params (a fine-tune: the base's weights, then the
     // checkpoint's; the base's hash checked).
     void load(const model::Model& m, const BufferGroup& params) const;
+    // The Hugging Face directory whose tokenizer the model reads (its own, or its base's); empty: the byte tokenizer.
+    std::string tokenizer_dir() const;
 };
 
 ModelSource open_model_source(const std::string& path);

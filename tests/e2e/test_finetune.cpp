@@ -263,6 +263,35 @@ TEST(FineTune, SupervisedLossIsTheMeanOverTheStepsCountedTargets) {
     EXPECT_EQ(losses(d.file("micro2")), losses(d.file("ranks2")));
 }
 
+// generate reads the prompt and writes the text with a checkpoint's tokenizer (--tokenizer; by default the model's
+// own or its base's Hugging Face directory's), and refuses one with more ids than the model has
+TEST(FineTune, GenerateSpeaksTheTokenizersLanguage) {
+    TempDir d;
+    std::string lines;
+    for (int i = 0; i < 200; ++i) lines += fmt::format("{{\"text\": \"hacker, n. one who enjoys {} puzzles.\"}}\n", i);
+    write_text_atomic(d.file("text.jsonl"), lines);
+    const std::string tokenizer = test::golden_path("tokenizers/qwen2");
+    ASSERT_EQ(
+        run_tessera("data " + d.file("text.jsonl") + " --tokenizer " + tokenizer + " --out " + d.file("t.safetensors"))
+            .status,
+        0);
+    ASSERT_EQ(run_tessera("train --config " + kTiny + " --steps 2 --set model.vocab_size=1505 --set data.path=" +
+                          d.file("t.safetensors") + " --out " + d.file("run"))
+                  .status,
+              0);
+    const std::string gen =
+        "generate --checkpoint " + d.file("run") + " --prompt 'hacker, n.' --max-new-tokens 5 --temperature 0";
+    test::CliResult a = run_tessera(gen + " --tokenizer " + tokenizer),
+                    b = run_tessera(gen + " --tokenizer " + tokenizer);
+    ASSERT_EQ(a.status, 0) << a.err;
+    EXPECT_EQ(a.out.rfind("hacker, n.", 0), 0u) << a.out;
+    EXPECT_GT(a.out.size(), std::string("hacker, n.\n").size()) << "nothing generated";
+    EXPECT_EQ(a.out, b.out) << "greedy decoding is deterministic";
+    test::expect_one_line_error(run_tessera("generate --checkpoint " + test::golden_path("hf/qwen3_next_tiny") +
+                                            " --prompt hi --tokenizer " + tokenizer),
+                                "1505 ids, more than the model's vocabulary of 64", "a tokenizer too large");
+}
+
 // A Hugging Face checkpoint (transformers' own tiny Qwen3-Next: gated DeltaNet, gated attention, MoE in every
 // layer) as the base, on token ids inside its vocabulary.
 TEST(FineTune, AHuggingFaceDirectoryIsABase) {
