@@ -9,7 +9,12 @@ clipping, the warm-up + cosine schedule):
   llama-compiled (with --compile): the same under torch.compile (inductor; compile time left out
            with the warm-up steps)
 
-Run: python3 tools/ref/compare_train_speed.py --config configs/bench_dense.json [--compile]
+With --lora R: LoRA fine-tuning instead (rank R, alpha 2R, adapters on q/k/v/o and gate/up/down of every layer,
+the base frozen): tessera with adapters, tessera with the base frozen and no adapters (only the final norm trains:
+the forward + input-gradient backward LoRA cannot avoid) and tessera training everything, against the llama
+reference with PEFT's LoRA (peft.get_peft_model, the same targets; PyTorch's frozen weights get no gradient).
+
+Run: python3 tools/ref/compare_train_speed.py --config configs/bench_dense.json [--compile] [--lora 16]
 """
 import argparse
 import json
@@ -34,11 +39,19 @@ TRAIN_DEFAULTS = {"lr": 3e-3, "min_lr_ratio": 0.1, "warmup_steps": 50, "steps": 
                   "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip": 1.0}
 
 
-def run_tessera(binary, config, steps, threads, warmup):
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_sets(rank):
+    return ["--set", f"model.lora.rank={rank}", "--set", f"model.lora.alpha={2 * rank}", "--set",
+            "model.lora.target_modules=" + json.dumps(LORA_TARGETS)]
+
+
+def run_tessera(binary, config, steps, threads, warmup, sets=()):
     with tempfile.TemporaryDirectory() as out:
         run = os.path.join(out, "run")
         proc = subprocess.run([binary, "--threads", str(threads), "train", "--config", config, "--steps", str(steps),
-                               "--out", run], capture_output=True, text=True, check=True)
+                               "--out", run, *sets], capture_output=True, text=True, check=True)
         rates = []
         peak = None
         with open(os.path.join(run, "metrics.jsonl")) as f:
@@ -55,7 +68,7 @@ def run_tessera(binary, config, steps, threads, warmup):
 class LlamaLM(torch.nn.Module):
     """transformers' LlamaForCausalLM with the bench model's shapes, behind dense_model's loss API."""
 
-    def __init__(self, c, seq_len):
+    def __init__(self, c, seq_len, lora_rank=0):
         super().__init__()
         from transformers import LlamaConfig, LlamaForCausalLM
         cfg = LlamaConfig(vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["ffn_dim"],
@@ -66,6 +79,10 @@ class LlamaLM(torch.nn.Module):
                           attention_bias=False, mlp_bias=False, use_cache=False)
         cfg._attn_implementation = "sdpa"
         self.lm = LlamaForCausalLM(cfg)
+        if lora_rank:
+            import peft
+            self.lm = peft.get_peft_model(self.lm, peft.LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank,
+                                                                   lora_dropout=0.0, target_modules=LORA_TARGETS))
         self.forward_logits = self.lm
 
     def loss(self, ids, targets):
@@ -79,8 +96,10 @@ class LlamaLM(torch.nn.Module):
         return []
 
 
-def make_reference(kind, model_cfg, train_cfg):
+def make_reference(kind, model_cfg, train_cfg, lora_rank=0):
     torch.manual_seed(0)
+    if kind == "llama-peft":
+        return LlamaLM(model_cfg, train_cfg["seq_len"], lora_rank)
     if kind == "project":
         model = DenseLM(model_cfg)
         model.set_sdpa(True)
@@ -91,8 +110,8 @@ def make_reference(kind, model_cfg, train_cfg):
     return model
 
 
-def run_torch(kind, model_cfg, train_cfg, steps, warmup):
-    model = make_reference(kind, model_cfg, train_cfg)
+def run_torch(kind, model_cfg, train_cfg, steps, warmup, lora_rank=0):
+    model = make_reference(kind, model_cfg, train_cfg, lora_rank)
     opt = make_optimizer(model, train_cfg)
     B, T, V = train_cfg["batch_size"], train_cfg["seq_len"], model_cfg["vocab_size"]
     rates = []
@@ -117,6 +136,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--references", default="project,llama", help="comma-separated: project, llama")
     ap.add_argument("--compile", action="store_true", help="also llama under torch.compile")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA fine-tuning of rank R instead (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = json.load(open(args.config))
@@ -124,14 +144,25 @@ def main():
     model_cfg.setdefault("n_kv_heads", model_cfg["n_heads"])
     train_cfg = dict(TRAIN_DEFAULTS, **cfg.get("train", {}))
     refs = [r for r in args.references.split(",") if r] + (["llama-compiled"] if args.compile else [])
+    # LoRA: tessera's other two ways of training the same model are references too
+    variants = {"tessera": lora_sets(args.lora) if args.lora else []}
+    if args.lora:
+        refs = ["tessera-frozen", "tessera-full", "llama-peft"]
+        variants["tessera-frozen"] = ["--set", "model.lora.rank=1", "--set", 'model.lora.modules_to_save=["norm"]']
+        variants["tessera-full"] = []
     rows = []
     peak = None
     for r in range(args.rounds):
-        t, peak = run_tessera(args.tessera, args.config, args.steps, args.threads, args.warmup)
-        row = {"tessera": t}
+        row = {}
+        for name, sets in variants.items():
+            row[name], p = run_tessera(args.tessera, args.config, args.steps, args.threads, args.warmup, sets)
+            if name == "tessera":
+                peak = p
         for ref in refs:
+            if ref in variants:
+                continue
             row[ref] = run_torch(ref, model_cfg, train_cfg, args.steps + (3 if ref == "llama-compiled" else 0),
-                                 args.warmup + (3 if ref == "llama-compiled" else 0))
+                                 args.warmup + (3 if ref == "llama-compiled" else 0), args.lora)
         rows.append(row)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in row.items()), file=sys.stderr)
     torch_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

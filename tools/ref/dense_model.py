@@ -370,7 +370,7 @@ def learning_rate(t, step):
 
 
 def make_optimizer(model, t):
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p.requires_grad]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
     return torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
                               {"params": no_decay, "weight_decay": 0.0}],
