@@ -1,7 +1,8 @@
 // tessera export-hf: a tessera checkpoint as a Hugging Face checkpoint directory of the family its layers
 // imply (Kimi-Linear, Kimi K3 with Attention Residuals, Qwen3-Next, DeepSeek-V3.2; model/hf_config.h):
 // config.json and f32 or bf16 safetensors shards with model.safetensors.index.json, in the published tensor
-// layout (model/hf_checkpoint.h). `tessera logits` and `inspect` read such a directory back.
+// layout (model/hf_checkpoint.h). `tessera logits` and `inspect` read such a directory back. A LoRA fine-tune:
+// its adapters as a PEFT directory (model/hf_peft.h), or with --merge-lora its base with them merged in.
 #include <filesystem>
 #include <optional>
 
@@ -10,6 +11,7 @@
 #include "core/file.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
+#include "model/hf_peft.h"
 #include "model/lora.h"
 #include "model/runtime.h"
 #include "train/config.h"
@@ -39,7 +41,9 @@ void add_export_command(CLI::App& app) {
     cmd->add_option("--dtype", a->dtype, "Stored dtype: f32 (exact) or bf16 (rounded)")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "bf16"}));
-    cmd->add_flag("--merge-lora", a->merge_lora, "A LoRA fine-tune: write its base with the adapters merged in");
+    cmd->add_flag("--merge-lora", a->merge_lora,
+                  "A LoRA fine-tune: write its base with the adapters merged in (without: the adapters alone, as a "
+                  "PEFT directory on the base)");
     cmd->callback([a] {
         fs::path out = fs::path(a->out).lexically_normal();
         if (out.filename().empty()) out = out.parent_path();  // "hf/"
@@ -48,9 +52,8 @@ void add_export_command(CLI::App& app) {
         const train::ModelSource src = train::open_model_source(a->checkpoint);
         TESSERA_CHECK(!src.hf, "{} is already a Hugging Face directory", a->checkpoint);
         const bool lora = src.config.lora.enabled();
-        TESSERA_CHECK(!lora || a->merge_lora,
-                      "{} is a LoRA fine-tune: --merge-lora writes its base with the adapters merged in", src.path);
         TESSERA_CHECK(lora || !a->merge_lora, "--merge-lora: {} has no LoRA adapters", src.path);
+        const bool peft = lora && !a->merge_lora;  // the adapters alone, as PEFT writes them
         model::Model model(src.config);
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
         src.load(model, rt.params());
@@ -58,11 +61,11 @@ void add_export_command(CLI::App& app) {
         plain_cfg.lora = {};
         model::Model plain(plain_cfg);
         std::optional<model::ModelRuntime> merged;
-        if (lora) {
+        if (lora && !peft) {
             merged.emplace(plain, model::StepShape{1, 1}, false, false);
             model::merge_lora(src.config.lora, rt.params(), merged->params());
         }
-        const BufferGroup& params = lora ? merged->params() : rt.params();
+        const BufferGroup& params = merged ? merged->params() : rt.params();
         // a fine-tune of a Hugging Face checkpoint keeps its base's config (tokenizer ids and all); otherwise the
         // config the layers imply, refusing what the format cannot express, with the byte tokenizer's
         // <|endoftext|> and <|pad|> as the special ids
@@ -83,10 +86,16 @@ void add_export_command(CLI::App& app) {
         }
         const fs::path tmp = parent / (prefix + writer_tag());
         try {
-            model::save_hf_checkpoint(tmp.string(), model::hf_tensor_map(plain.param_specs(), plain_cfg, type), params,
-                                      size_t(a->shard_mib) << 20, a->dtype == "bf16" ? DType::bf16 : DType::f32);
-            write_text_atomic((tmp / "config.json").string(), hf.dump(2) + "\n");
-            if (base.hf) {  // its tokenizer and generation defaults go with it
+            if (peft) {
+                model::save_peft_adapter(tmp.string(), model::peft_tensor_map(model.param_specs(), src.config, type),
+                                         params, src.config.lora, base.path);
+            } else {
+                model::save_hf_checkpoint(tmp.string(), model::hf_tensor_map(plain.param_specs(), plain_cfg, type),
+                                          params, size_t(a->shard_mib) << 20,
+                                          a->dtype == "bf16" ? DType::bf16 : DType::f32);
+                write_text_atomic((tmp / "config.json").string(), hf.dump(2) + "\n");
+            }
+            if (base.hf && !peft) {  // its tokenizer and generation defaults go with it
                 for (const auto& e : fs::directory_iterator(base.path)) {
                     const std::string n = e.path().filename().string();
                     if (e.is_regular_file() && n != "config.json" && !n.ends_with(".safetensors") &&
@@ -101,8 +110,13 @@ void add_export_command(CLI::App& app) {
             fs::remove_all(tmp, ec);
             throw;
         }
-        std::printf("wrote %s (%s layout, %lld parameters)\n", a->out.c_str(), type.c_str(),
-                    (long long)plain.num_params());
+        if (peft) {
+            std::printf("wrote %s (PEFT LoRA adapters of rank %lld on %s)\n", a->out.c_str(),
+                        (long long)src.config.lora.rank, base.path.c_str());
+        } else {
+            std::printf("wrote %s (%s layout, %lld parameters)\n", a->out.c_str(), type.c_str(),
+                        (long long)plain.num_params());
+        }
     });
 }
 

@@ -8,6 +8,7 @@
 
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
+#include "model/hf_peft.h"
 #include "train/config.h"
 
 namespace tessera::train {
@@ -44,6 +45,18 @@ uint32_t hash32(const std::string& name, int64_t expert, const std::byte* data, 
 
 ModelSource open_model_source(const std::string& path) {
     ModelSource s;
+    if (model::is_peft_dir(path)) {  // the adapters on the base they name
+        const ModelSource b = open_model_source(model::peft_base(path));
+        TESSERA_CHECK(b.base.empty() && !b.peft && !b.config.lora.enabled(), "{}: its base {} is a fine-tune itself",
+                      path, b.path);
+        s = b;
+        s.path = fs::absolute(path).lexically_normal().string();
+        s.base = b.path;
+        s.hf = false;
+        s.peft = true;
+        s.config.lora = model::read_peft_config(path, b.config, b.hf ? b.model_type : hf_family(b.config)).lora;
+        return s;
+    }
     const fs::path config = fs::path(path) / "config.json";
     if (fs::exists(config)) {
         const Json doc = load_config_json(config.string(), {});
@@ -67,6 +80,14 @@ ModelSource open_model_source(const std::string& path) {
 }
 
 void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
+    if (peft) {
+        const ModelSource b = open_model_source(base);
+        load_base(b, m, params, {}, {});
+        model::load_peft_adapter(
+            path, model::peft_tensor_map(m.param_specs(), config, b.hf ? b.model_type : hf_family(b.config)), params);
+        check_finite(params, path);
+        return;
+    }
     if (hf) {
         model::load_hf_checkpoint(path, model::hf_tensor_map(m.param_specs(), config, model_type), params);
         check_finite(params, path);  // (tessera checkpoints: load_params checks)
@@ -105,8 +126,17 @@ void check_same(
 }
 }  // namespace
 
+std::string hf_family(const model::ModelConfig& c) {
+    model::ModelConfig plain = c;
+    plain.lora = {};
+    return model::export_hf_config(plain, {}).at("model_type").get<std::string>();
+}
+
 std::string ModelSource::tokenizer_dir() const {
-    if (hf) return path;
+    if (hf) {
+        const bool has = fs::exists(fs::path(path) / "tokenizer.json") || fs::exists(fs::path(path) / "tiktoken.model");
+        return has ? path : std::string();
+    }
     if (base.empty()) return {};
     return open_model_source(base).tokenizer_dir();
 }
@@ -158,8 +188,7 @@ void load_base(const ModelSource& base,
         const TensorView held = params.view(t.param);
         if (t.dst != held.ptr<float>() || t.length != held.numel()) ranged[specs[t.param].name].push_back(&t);
     }
-    std::vector<model::HfTensor> map =
-        experts.total > 0 ? model::slice_experts(whole, experts.first, local) : whole;
+    std::vector<model::HfTensor> map = experts.total > 0 ? model::slice_experts(whole, experts.first, local) : whole;
     for (model::HfTensor& t : map) {
         if (ranged.count(t.param)) t.here = false;
     }

@@ -1,5 +1,6 @@
 // The model behind a path: a tessera checkpoint or run directory (its latest checkpoint), a LoRA fine-tune's
-// checkpoint (its adapters on the base it names, train.base), or a Hugging Face checkpoint directory (config.json
+// checkpoint (its adapters on the base it names, train.base), a PEFT adapter directory (adapter_config.json: the
+// adapters on its base_model_name_or_path), or a Hugging Face checkpoint directory (config.json
 // with a model_type: Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2 weights), refused with one line when its
 // config uses a feature tessera does not build. `train`, `logits`, `generate` and `export-hf` read models through
 // it; train.base (fine-tuning) starts from one.
@@ -22,14 +23,19 @@ struct ModelSource {
     model::ModelConfig config;
     int64_t context = 4096;  // tessera: the trained sequence length
     std::string base;        // a fine-tune's checkpoint: the base it trained on (train.base; empty: none)
+    bool peft = false;       // a PEFT adapter directory (model/hf_peft.h) on the base it names
     // Reads every parameter of a model built from `config` into params (a fine-tune: the base's weights, then the
     // checkpoint's; the base's hash checked).
     void load(const model::Model& m, const BufferGroup& params) const;
-    // The Hugging Face directory whose tokenizer the model reads (its own, or its base's); empty: the byte tokenizer.
+    // The Hugging Face directory whose tokenizer the model reads (its own, or its base's, when it holds tokenizer.json
+    // or tiktoken.model); empty: the byte tokenizer.
     std::string tokenizer_dir() const;
 };
 
 ModelSource open_model_source(const std::string& path);
+
+// The Hugging Face family a tessera model is written as (export-hf): kimi_linear, kimi_k3, qwen3_next, deepseek_v32.
+std::string hf_family(const model::ModelConfig& c);
 
 // Fine-tuning (train.base): the run's model section is the base's architecture with the run's own model.lora;
 // `run_model` (the run config's model section) may hold nothing else. One-line errors name what is wrong.

@@ -197,6 +197,53 @@ TEST(FineTune, MergedExportScoresLikeTheAdapters) {
     }
 }
 
+// A LoRA fine-tune of a Hugging Face base exported as PEFT writes (export-hf without --merge-lora): the directory
+// scores like the fine-tune when read back on its base, and adapters without a PEFT module of their own are refused
+TEST(FineTune, PeftExportScoresLikeTheFineTune) {
+    TempDir d;
+    std::vector<uint16_t> ids(4000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t((i * 11 + i / 7) % 64);
+    write_safetensors(d.file("ids.safetensors"),
+                      {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})}},
+                      {{"vocab_size", "64"}});
+    const std::string hf = test::golden_path("hf/deepseek_v32_tiny");
+    write_text_atomic(d.file("run.json"), Json{{"train",
+                                                {{"seq_len", 16},
+                                                 {"batch_size", 2},
+                                                 {"steps", 3},
+                                                 {"eval_interval", 0},
+                                                 {"eval_batches", 1},
+                                                 {"checkpoint_interval", 0},
+                                                 {"base", hf}}},
+                                               {"data", {{"path", d.file("ids.safetensors")}}}}
+                                              .dump());
+    const std::string lora =
+        " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"q_a_proj\",\"kv_b_proj\",\"o_proj\"]'";
+    ASSERT_EQ(run_tessera("train --config " + d.file("run.json") + lora + " --out " + d.file("run")).status, 0);
+    test::CliResult r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("peft"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("PEFT LoRA adapters of rank 2"), std::string::npos) << r.out;
+    const Json conf = Json::parse(read_text(d.file("peft/adapter_config.json")));
+    EXPECT_EQ(conf["peft_type"], "LORA");
+    EXPECT_EQ(conf["base_model_name_or_path"], fs::absolute(hf).lexically_normal().string());
+    EXPECT_EQ(conf["target_modules"].size(), 9u);  // three modules in each of three layers
+    std::vector<int32_t> in(2 * 16);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = int32_t((i * 5 + 3) % 64);
+    write_safetensors(d.file("in.safetensors"), {{"ids", TensorView(in.data(), DType::i32, Shape{2, 16})}});
+    EXPECT_TRUE(
+        test::bitwise_equal(logits_of(d.file("peft"), d.file("in.safetensors"), d.file("a.safetensors")).view(),
+                            logits_of(d.file("run"), d.file("in.safetensors"), d.file("b.safetensors")).view()));
+    // routed experts' adapters have no PEFT module of their own (one stacked parameter in transformers)
+    ASSERT_EQ(run_tessera("train --config " + d.file("run.json") +
+                          " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"experts.gate_proj\"]' --out " +
+                          d.file("experts"))
+                  .status,
+              0);
+    test::expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("experts") + " --out " + d.file("p2")),
+                                "has no module of its own", "expert adapters as PEFT");
+    EXPECT_FALSE(fs::exists(d.file("p2")));
+}
+
 // Under mpirun a fine-tune is training like any other: W = 2 with FSDP gives one process's bits (dense), and
 // expert parallelism (adapters on the routed experts living with them) one process's losses within 1e-5.
 TEST(FineTune, UnderMpiEqualsOneProcess) {
