@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/arena.h"
+#include "core/safetensors.h"
 
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
@@ -54,7 +55,7 @@ ModelSource open_model_source(const std::string& path) {
         s.base = b.path;
         s.hf = false;
         s.peft = true;
-        s.config.lora = model::read_peft_config(path, b.config, b.hf ? b.model_type : hf_family(b.config)).lora;
+        s.config.lora = model::read_peft_config(path, b.config, peft_family(b)).lora;
         return s;
     }
     const fs::path config = fs::path(path) / "config.json";
@@ -81,10 +82,8 @@ ModelSource open_model_source(const std::string& path) {
 
 void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
     if (peft) {
-        const ModelSource b = open_model_source(base);
-        load_base(b, m, params, {}, {});
-        model::load_peft_adapter(
-            path, model::peft_tensor_map(m.param_specs(), config, b.hf ? b.model_type : hf_family(b.config)), params);
+        load_base(open_model_source(base), m, params, {}, {});
+        model::load_peft_adapter(path, model::peft_tensor_map(m.param_specs(), config, peft_family(*this)), params);
         check_finite(params, path);
         return;
     }
@@ -110,12 +109,12 @@ void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
 }
 
 namespace {
-// Every key the run's model section sets (but lora) must equal the base's: the architecture is the base's.
+// Every key the run's model section sets (but lora, over a plain base) must equal the base's: its architecture.
 void check_same(
     const Json& run, const Json& base, const std::string& path, const ModelSource& src, const std::string& where) {
     for (const auto& [key, value] : run.items()) {
         const std::string at = path + "." + key;
-        if (at == "model.lora") continue;
+        if (at == "model.lora" && !src.peft) continue;  // the run's own adapters (a PEFT base's are its own)
         const auto it = base.find(key);
         TESSERA_CHECK(it != base.end() && (value.is_object() ? it->is_object() : *it == value),
                       "{}: {} = {} but the base {} has {}: a fine-tune takes its architecture from train.base (set "
@@ -125,6 +124,11 @@ void check_same(
     }
 }
 }  // namespace
+
+std::string peft_family(const ModelSource& s) {
+    if (s.peft) return peft_family(open_model_source(s.base));
+    return s.hf ? s.model_type : hf_family(s.config);
+}
 
 std::string hf_family(const model::ModelConfig& c) {
     model::ModelConfig plain = c;
@@ -143,13 +147,13 @@ std::string ModelSource::tokenizer_dir() const {
 
 Json base_model_json(const ModelSource& base, const Json& run_model, const std::string& where) {
     TESSERA_CHECK(run_model.is_object(), "{}: model must be an object", where);
-    TESSERA_CHECK(base.base.empty() && !base.config.lora.enabled(),
+    TESSERA_CHECK(base.peft || (base.base.empty() && !base.config.lora.enabled()),
                   "train.base {}: a LoRA fine-tune itself; merge it into a plain model first (tessera export-hf "
                   "--merge-lora) and fine-tune that",
                   base.path);
     Json j = model::to_json(base.config);
-    check_same(run_model, j, "model", base, where);
-    if (run_model.contains("lora")) j["lora"] = run_model["lora"];
+    check_same(run_model, j, "model", base, where);  // a PEFT base: its adapters train on, model.lora theirs
+    if (run_model.contains("lora") && !base.peft) j["lora"] = run_model["lora"];
     return j;
 }
 
@@ -158,9 +162,25 @@ void load_base(const ModelSource& base,
                const BufferGroup& params,
                const std::vector<ParamTarget>& trained,
                ExpertSlice experts) {
-    TESSERA_CHECK(base.base.empty() && !base.config.lora.enabled(),
+    TESSERA_CHECK(base.peft || (base.base.empty() && !base.config.lora.enabled()),
                   "train.base {}: a LoRA fine-tune itself; merge it first (tessera export-hf --merge-lora)", base.path);
     const std::vector<BufferSpec>& specs = m.param_specs();
+    if (base.peft) {  // the base it names, then its adapters where they train (whole or this rank's ranges)
+        load_base(open_model_source(base.base), m, params, trained, experts);
+        const SafetensorsFile f((fs::path(base.path) / "adapter_model.safetensors").string());
+        std::map<std::string, std::string> key;  // tessera parameter -> PEFT key
+        for (const model::PeftTensor& t : model::peft_tensor_map(specs, base.config, peft_family(base)))
+            key[t.param] = t.name;
+        for (const ParamTarget& t : trained) {
+            const std::string& name = specs[t.param].name;
+            if (!is_adapter(name)) continue;
+            const Tensor whole = f.load(key.at(name));
+            TESSERA_CHECK(whole.view().shape == specs[t.param].shape && whole.view().dtype == DType::f32,
+                          "{}: \"{}\" must be f32 {}", base.path, key.at(name), specs[t.param].shape.str());
+            std::copy_n(whole.ptr<float>() + t.whole_offset, t.length, t.dst);
+        }
+        return;
+    }
     const size_t frozen = m.frozen_params();
     std::vector<ParamTarget> base_trained;  // modules_to_save, or everything in a full fine-tune
     for (const ParamTarget& t : trained) {

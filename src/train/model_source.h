@@ -36,6 +36,8 @@ ModelSource open_model_source(const std::string& path);
 
 // The Hugging Face family a tessera model is written as (export-hf): kimi_linear, kimi_k3, qwen3_next, deepseek_v32.
 std::string hf_family(const model::ModelConfig& c);
+// The family whose module names a source's adapters carry in PEFT's form (a Hugging Face base's own, else hf_family).
+std::string peft_family(const ModelSource& s);
 
 // Fine-tuning (train.base): the run's model section is the base's architecture with the run's own model.lora;
 // `run_model` (the run config's model section) may hold nothing else. One-line errors name what is wrong.

@@ -233,6 +233,19 @@ TEST(FineTune, PeftExportScoresLikeTheFineTune) {
     EXPECT_TRUE(
         test::bitwise_equal(logits_of(d.file("peft"), d.file("in.safetensors"), d.file("a.safetensors")).view(),
                             logits_of(d.file("run"), d.file("in.safetensors"), d.file("b.safetensors")).view()));
+    // a PEFT directory as the base: its adapters train on (lr 1e-30: the directory's own logits, bit for bit)
+    const std::string peft = test::golden_path("hf/deepseek_v32_tiny_peft");
+    Json cont = Json::parse(read_text(d.file("run.json")));
+    cont["train"]["base"] = peft;
+    write_text_atomic(d.file("cont.json"), cont.dump());
+    r = run_tessera("train --config " + d.file("cont.json") + " --set train.lr=1e-30 --out " + d.file("cont"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("LoRA rank 2, alpha 3"), std::string::npos) << r.out;
+    EXPECT_TRUE(test::bitwise_equal(logits_of(d.file("cont"), d.file("in.safetensors"), d.file("c.safetensors")).view(),
+                                    logits_of(peft, d.file("in.safetensors"), d.file("d.safetensors")).view()));
+    test::expect_one_line_error(
+        run_tessera("train --config " + d.file("cont.json") + " --set model.lora.rank=4 --out " + d.file("cont2")),
+        "model.lora.rank = 4 but the base", "other adapters over a PEFT base");
     // routed experts' adapters have no PEFT module of their own (one stacked parameter in transformers)
     ASSERT_EQ(run_tessera("train --config " + d.file("run.json") +
                           " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"experts.gate_proj\"]' --out " +
