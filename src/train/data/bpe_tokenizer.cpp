@@ -161,7 +161,8 @@ void BpeTokenizer::encode_ordinary(std::string_view raw, std::vector<int32_t>& o
     std::vector<std::pair<size_t, size_t>> pieces{{0, text.size()}}, refined;
     for (const Regex& split : splits_) {
         refined.clear();
-        for (auto [b, e] : pieces) {
+        for (const auto& piece : pieces) {  // (no structured binding: clang 14 cannot capture one)
+            const size_t b = piece.first, e = piece.second;
             size_t last = b;
             split.for_each_match(text.substr(b, e - b), [&](size_t mb, size_t me) {
                 if (b + mb > last) refined.emplace_back(last, b + mb);  // the text between matches is a piece too
