@@ -49,6 +49,7 @@ LoraConfig parse_lora_config(const Json& section, const std::string& where) {
     c.rank = r.integer("rank", d.rank);
     c.alpha = r.number("alpha", d.alpha);
     c.rslora = r.boolean("rslora", d.rslora);
+    c.dropout = r.number("dropout", d.dropout);
     c.target_modules = r.names("target_modules");
     c.modules_to_save = r.names("modules_to_save");
     r.finish();
@@ -474,6 +475,7 @@ Json to_json(const LoraConfig& l) {
     return Json{{"rank", l.rank},
                 {"alpha", l.alpha},
                 {"rslora", l.rslora},
+                {"dropout", l.dropout},
                 {"target_modules", l.target_modules},
                 {"modules_to_save", l.modules_to_save}};
 }
@@ -495,6 +497,7 @@ void LoraConfig::validate(const std::string& where) const {
         return;
     }
     TESSERA_CHECK(std::isfinite(alpha) && alpha > 0, "{}: lora.alpha must be positive, not {}", where, alpha);
+    TESSERA_CHECK(dropout >= 0 && dropout < 1, "{}: lora.dropout must be in [0, 1), not {}", where, dropout);
     TESSERA_CHECK(!target_modules.empty() || !modules_to_save.empty(),
                   "{}: lora.target_modules and lora.modules_to_save are both empty: nothing would train", where);
 }

@@ -139,6 +139,7 @@ struct LoraConfig {
     int64_t rank = 0;  // 0: no LoRA, every parameter trains
     double alpha = 16.0;
     bool rslora = false;
+    double dropout = 0.0;  // PEFT's lora_dropout on the adapters' input while training (not on the routed experts')
     std::vector<std::string> target_modules;
     std::vector<std::string> modules_to_save;
 

@@ -118,7 +118,7 @@ void save_peft_adapter(const std::string& dir,
                          {"use_rslora", c.rslora},
                          {"target_modules", modules},  // exactly the adapted modules
                          {"modules_to_save", nullptr},
-                         {"lora_dropout", 0.0},
+                         {"lora_dropout", c.dropout},
                          {"bias", "none"},
                          {"fan_in_fan_out", false},
                          {"use_dora", false},
@@ -152,6 +152,7 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
     out.lora.rank = get("r")->get<int64_t>();
     out.lora.alpha = get("lora_alpha")->get<double>();
     out.lora.rslora = get("use_rslora") && get("use_rslora")->get<bool>();
+    out.lora.dropout = get("lora_dropout") ? get("lora_dropout")->get<double>() : 0.0;
     out.base = peft_base(dir);
     // the adapted modules: exactly those whose adapters the file holds, by their tessera names
     ModelConfig plain = base;

@@ -4,18 +4,27 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/rng.h"
 #include "ops/lora.h"
 
 namespace tessera::model {
 
 LoraAdapters::LoraAdapters(const LoraConfig& c, int64_t in, const std::vector<Part>& parts)
-    : rank_(c.enabled() ? c.rank : 0), in_(in), scale_(c.enabled() ? c.scale() : 1.0) {
+    : rank_(c.enabled() ? c.rank : 0),
+      in_(in),
+      scale_(c.enabled() ? c.scale() : 1.0),
+      dropout_(c.enabled() ? c.dropout : 0.0) {
     if (!c.enabled()) return;
     int64_t row = 0;
     for (const Part& p : parts) {
-        if (p.rows > 0 && LoraConfig::names(c.target_modules, p.module)) adapters_.push_back({p.module, row, p.rows});
+        if (p.rows > 0 && LoraConfig::names(c.target_modules, p.module))
+            adapters_.push_back({p.module, row, p.rows, hash_name(p.module)});
         row += p.rows;
     }
+}
+
+ops::LoraParams LoraAdapters::params(const Adapter& a) const {
+    return {.scale = scale_, .dropout = dropout_, .seed = seed_, .stream = a.stream};
 }
 
 void LoraAdapters::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
@@ -30,12 +39,17 @@ void LoraAdapters::declare_params(std::vector<BufferSpec>& specs, std::vector<Pa
 void LoraAdapters::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
     // every block of a kind shares the first one's scratch, adapted or not: declared whenever LoRA is on
     if (rank_ == 0) return;
-    for (const char* name : {"lora.u", "lora.du"}) {
-        const std::string n = prefix + name;
-        bool declared = false;  // a block with several adapted projections declares them once
-        for (const BufferSpec& s : specs) declared |= s.name == n;
-        if (!declared) specs.push_back({n, DType::f32, Shape{max.tokens(), rank_}});
-    }
+    auto declare = [&](const std::string& n, int64_t cols) {
+        for (BufferSpec& s : specs) {  // a block with several adapted projections: declared once, wide enough for all
+            if (s.name != n) continue;
+            if (s.shape[1] < cols) s.shape = Shape{max.tokens(), cols};
+            return;
+        }
+        specs.push_back({n, DType::f32, Shape{max.tokens(), cols}});
+    };
+    declare(prefix + "lora.u", rank_);
+    declare(prefix + "lora.du", rank_);
+    if (dropout_ > 0) declare(prefix + "lora.xd", in_);  // the dropped input x̃
 }
 
 void LoraAdapters::bind_params(const BufferGroup& params, const BufferGroup* grads) {
@@ -53,19 +67,20 @@ void LoraAdapters::bind_scratch(const BufferGroup& acts, const std::string& pref
     if (empty()) return;
     u_ = acts.view(prefix + "lora.u");
     du_ = acts.view(prefix + "lora.du");
+    if (dropout_ > 0) xd_ = acts.view(prefix + "lora.xd");
 }
 
 void LoraAdapters::forward(TensorView x, TensorView y) const {
     const int64_t N = x.size(0);
     for (const Adapter& a : adapters_)
-        ops::lora_forward({.scale = scale_}, x, a.a, a.b, u_.slice0(0, N), columns(y, a.row, a.rows));
+        ops::lora_forward(params(a), x, a.a, a.b, u_.slice0(0, N), columns(y, a.row, a.rows), xd_);
 }
 
 void LoraAdapters::backward(TensorView x, TensorView dy, TensorView dx) const {
     const int64_t N = x.size(0);
     for (const Adapter& a : adapters_) {
-        ops::lora_backward({.scale = scale_}, x, columns(dy, a.row, a.rows), a.a, a.b, u_.slice0(0, N),
-                           du_.slice0(0, N), dx, a.da, a.db);
+        ops::lora_backward(params(a), x, columns(dy, a.row, a.rows), a.a, a.b, u_.slice0(0, N), du_.slice0(0, N), dx,
+                           a.da, a.db, xd_);
     }
 }
 

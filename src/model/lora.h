@@ -13,6 +13,7 @@
 
 #include "model/config.h"
 #include "model/layers/block.h"
+#include "ops/lora.h"
 
 namespace tessera::model {
 
@@ -45,17 +46,22 @@ class LoraAdapters {
     TensorView merged(TensorView w, TensorView scratch) const;
     void backward_from_weight(TensorView dw) const;
     double scale() const { return scale_; }
+    // the pass's dropout seed (PassOptions::lora_seed; 0: no dropout)
+    void set_seed(uint64_t seed) { seed_ = seed; }
 
   private:
     struct Adapter {
         std::string module;
         int64_t row = 0, rows = 0;
+        uint64_t stream = 0;  // its dropout masks' (a hash of the module)
         TensorView a, b, da, db;
     };
+    ops::LoraParams params(const Adapter& a) const;
     int64_t rank_ = 0, in_ = 0;
-    double scale_ = 1.0;
+    double scale_ = 1.0, dropout_ = 0.0;
+    uint64_t seed_ = 0;
     std::vector<Adapter> adapters_;
-    TensorView u_, du_;
+    TensorView u_, du_, xd_;
 };
 
 // The merged model: every parameter of `merged` (a model without LoRA) from `params` (the same model with adapters),

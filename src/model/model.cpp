@@ -401,9 +401,9 @@ LossResult Model::forward_backward(StepShape s,
     const int64_t N = s.tokens();
     const bool warmup = indexer_warmup();
     begin_pass(warmup ? warmup_plan_ : train_plan_);
-    set_pass({.record = true, .loss_scale = loss_scale});
+    set_pass({.record = true, .loss_scale = loss_scale, .lora_seed = lora_seed_});
     forward_trunk(s, ids);
-    set_pass({.record = false, .loss_scale = loss_scale});  // recompute forwards do not record
+    set_pass({.record = false, .loss_scale = loss_scale, .lora_seed = lora_seed_});  // recompute: no recording
     LossResult res;
     if (warmup) {  // the trunk is frozen: no LM backward, only each indexer's KL (spec/dsa.md §3.1)
         visit(head_unit_, false, [&] { res = head_loss(s, targets, false, loss_scale); });

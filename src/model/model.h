@@ -107,6 +107,10 @@ class Model {
                                 std::span<const int32_t> ids,
                                 std::span<const int32_t> targets,
                                 double loss_scale);
+    // model.lora.dropout: the masks of the next forward_backward (and its recomputed forwards), a pure function of
+    // the seed (the trainer's: run seed, step and the micro-batch's place in the step, so any layout of ranks
+    // draws the same ones); 0 = no dropout. Evaluation and decoding never drop.
+    void set_lora_seed(uint64_t seed) { lora_seed_ = seed; }
     LossResult forward_loss(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets);
     // logits: [B·T, V] f32
     void forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits);
@@ -165,6 +169,7 @@ class Model {
     void begin_pass(const std::vector<UnitVisit>& plan);
     void end_pass();
     void set_pass(const PassOptions& o);
+    uint64_t lora_seed_ = 0;   // set_lora_seed: the next training pass's
     void pool_balance_loss();  // after a trunk forward: the global balance loss over every MoE layer
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
     int64_t head_chunk_rows(int64_t tokens) const;

@@ -6,6 +6,10 @@
 // where an undefined dA, dB or dx is skipped (dx: nothing below wants it).
 // Grouped (routed experts, rows laid out expert-contiguously as ops/grouped_gemm.h): expert e's rows use
 // A_e = A[e] [r, IN] and B_e = B[e] [OUT, r]; the same formulas per expert, through grouped GEMMs.
+// Dropout (PEFT's lora_dropout, dense form only): with dropout p > 0 and a seed, the adapter reads x̃ = x ⊙ m / (1 − p)
+// instead of x, m[n, i] = 1 unless a counter-based draw of (seed, stream, n·IN + i) falls below p (the same mask in
+// forward, backward and a recomputed forward); xd [N, IN] is the scratch that holds x̃ (and the masked input
+// gradient in backward). Seed 0: no dropout (evaluation, inference).
 #pragma once
 
 #include "core/tensor.h"
@@ -15,9 +19,16 @@ namespace tessera::ops {
 
 struct LoraParams {
     double scale = 1.0;
+    double dropout = 0.0;  // p in [0, 1)
+    uint64_t seed = 0;     // the pass's (0: no dropout)
+    uint64_t stream = 0;   // the adapter's
+    bool drops() const { return dropout > 0.0 && seed != 0; }
 };
+// Whether element `index` of a dropout mask survives (counter-based: a pure function of its arguments).
+bool lora_keep(const LoraParams& p, uint64_t index);
 
-void lora_forward(const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y);
+void lora_forward(
+    const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y, TensorView xd = {});
 void lora_backward(const LoraParams& p,
                    TensorView x,
                    TensorView dy,
@@ -27,7 +38,8 @@ void lora_backward(const LoraParams& p,
                    TensorView du,
                    TensorView dx,
                    TensorView da,
-                   TensorView db);
+                   TensorView db,
+                   TensorView xd = {});
 
 // x [R, IN], y [R, OUT] (row-strided), u, du [R, r]; a [E, r, IN], b [E, OUT, r], da, db like them.
 void lora_grouped_forward(

@@ -100,7 +100,9 @@ struct MoeParams {
     // token; empty = none. The caller computes it from every layer's router_balance_stats.
     std::span<const double> balance_grad = {};
     const MoeExpertStage* stage = nullptr;  // null: every expert's weights are here
-    LoraParams lora;                        // the scale of the adapters (MoeWeights::lora)
+    // the adapters' scale (MoeWeights::lora) and dropout: the shared and latent projections' (each its own stream
+    // from lora.stream); the routed experts' adapters never drop (as PEFT's, which refuses dropout on them)
+    LoraParams lora;
 };
 
 // LoRA adapters (ops/lora.h) of the layer's projections, each undefined (a) when that projection has none; in
@@ -130,6 +132,7 @@ struct MoeDims {
     int64_t local_experts = 0;     // experts whose weights are here (= experts without an expert stage)
     bool expert_rows_here = true;  // the expert compute's rows (h, a and their gradients) live here, not in a stage
     int64_t lora_rank = 0;         // adapters: their rank (scratch lora_u, lora_du)
+    bool lora_dropout = false;     // the shared and latent adapters drop their input (scratch lora_xd)
     int64_t max_rows() const { return tokens * topk + (kMoeRowAlign - 1) * experts; }
     int64_t capacity(double factor) const;  // rows per expert; 0 = unbounded
 };
@@ -165,6 +168,7 @@ struct MoeScratch {
     TensorView dss;              // [N] (shared_scale only)
     TensorView aux;              // [2E] f64: the sequence-wise aux loss's per-sequence f and P
     TensorView lora_u, lora_du;  // [max(N, R), r] (adapters only): their x·Aᵀ and its gradient
+    TensorView lora_xd;          // [N, max(D, L, FS)] (adapters with dropout): the dropped input
 };
 
 void moe_saved_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/file.h"
+#include "core/rng.h"
 #include "model/hf_config.h"
 #include "ops/gemm.h"
 #include "ops/isa.h"
@@ -211,6 +212,12 @@ StepResult train_step(model::Model& model,
     for (int64_t micro = 0; micro < micros; ++micro) {
         grads.before(micro, rt.grads());
         const model::StepShape shape = next_batch(ids, targets);
+        if (model.config().lora.dropout > 0) {  // the masks of the step's (micro · ranks + rank)-th micro-batch
+            const uint64_t at =
+                uint64_t(step) * uint64_t(micros * ranks) + uint64_t(micro * ranks + (comm ? comm->rank() : 0));
+            const auto b = RandomStream{tc.seed, 0x10a0d40ull}.bits(at);  // counter-based, no allocation
+            model.set_lora_seed((uint64_t(b[0]) << 32 | b[1]) | 1);
+        }
         // the step's loss: the mean over every micro-batch, or over every counted target of the step
         double scale = 1.0 / double(micros * ranks);
         if (step_targets > 0) {

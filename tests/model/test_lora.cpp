@@ -17,8 +17,9 @@ namespace {
 const std::vector<std::string> kTargets = {"q_proj", "k_proj",    "v_proj",  "g_proj",
                                            "o_proj", "gate_proj", "up_proj", "down_proj"};
 
-Json lora(int64_t rank, double alpha, bool rslora = false) {
-    return Json{{"rank", rank}, {"alpha", alpha}, {"rslora", rslora}, {"target_modules", kTargets}};
+Json lora(int64_t rank, double alpha, bool rslora = false, double dropout = 0.0) {
+    return Json{
+        {"rank", rank}, {"alpha", alpha}, {"rslora", rslora}, {"dropout", dropout}, {"target_modules", kTargets}};
 }
 
 void copy_base(const test::GoldenModel& from, const test::GoldenModel& to) {
@@ -112,7 +113,8 @@ TEST_P(Lora, IncrementalDecodingWithAdaptersMatchesTheFullForward) {
 }
 
 TEST_P(Lora, RecomputeIsBitwiseIdentical) {
-    auto with = [](Json& doc) { doc["model"]["lora"] = lora(4, 8); };
+    // with dropout: a recomputed forward draws the masks the first forward drew
+    auto with = [](Json& doc) { doc["model"]["lora"] = lora(4, 8, false, 0.25); };
     test::GoldenModel plain(GetParam(), false, with), recompute(GetParam(), true, with);
     EXPECT_EQ(plain.run_trajectory(), recompute.run_trajectory());
     for (const std::string& mod : adapted(*plain.model)) {
@@ -120,6 +122,34 @@ TEST_P(Lora, RecomputeIsBitwiseIdentical) {
             EXPECT_TRUE(test::bitwise_equal(plain.rt->params().view(mod + w), recompute.rt->params().view(mod + w)))
                 << mod << w;
     }
+}
+
+// Dropout (model.lora.dropout) masks the adapters' input in training passes only, as a pure function of the pass's
+// seed: evaluation is the dropout-free model's, bit for bit; a seed gives the same loss and gradients every time,
+// another seed other ones
+TEST_P(Lora, DropoutMasksTrainingPassesByTheirSeedOnly) {
+    test::GoldenModel plain(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
+    test::GoldenModel drop(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8, false, 0.3); });
+    copy_base(plain, drop);  // every parameter, adapters included
+    randomize_b(plain, 5);
+    randomize_b(drop, 5);
+    const int64_t N = plain.shape.tokens(), V = plain.cfg.model.vocab_size;
+    Tensor a(DType::f32, Shape{N, V}), b(DType::f32, Shape{N, V});
+    plain.model->forward_logits(plain.shape, plain.ids("ids"), a);
+    drop.model->forward_logits(drop.shape, drop.ids("ids"), b);
+    EXPECT_TRUE(test::bitwise_equal(a, b)) << "evaluation must not drop";
+    auto train = [&](test::GoldenModel& g, uint64_t seed) {
+        g.model->set_lora_seed(seed);
+        g.rt->grads().zero();
+        const double loss = g.model->forward_backward(g.shape, g.ids("ids"), g.ids("targets"), 1.0).loss;
+        return std::pair(loss, Tensor::copy_of(g.rt->grads().view(size_t(0))));
+    };
+    const auto none = train(plain, 0), once = train(drop, 11), again = train(drop, 11), other = train(drop, 12);
+    EXPECT_NE(once.first, none.first) << "dropout changed nothing";
+    EXPECT_EQ(once.first, again.first);
+    EXPECT_TRUE(test::bitwise_equal(once.second, again.second));
+    EXPECT_NE(once.first, other.first);
+    EXPECT_EQ(train(drop, 0).first, none.first) << "seed 0: no dropout";
 }
 
 TEST_P(Lora, EveryTargetedProjectionGetsAnAdapter) {

@@ -42,6 +42,16 @@ std::vector<GradCase> grad_cases() {
                       return make({{"x", {5, 7}}, {"w", {4, 7}}, {"b", {4}}}, 1);
                   },
                   {{"y", "dy"}}});
+    // LoRA, and with dropout: the same masks in forward and backward, so a fixed function of x
+    for (const auto& [name, dropout] : {std::pair{"lora", "0"}, std::pair{"lora_dropout", "0.3"}}) {
+        cs.push_back({name,
+                      "lora",
+                      {{"scale", "1.5"}, {"dropout", dropout}, {"seed", "7"}},
+                      [] {
+                          return make({{"x", {6, 9}}, {"a", {3, 9}}, {"b", {5, 3}}}, 41);
+                      },
+                      {{"y", "dy"}}});
+    }
     cs.push_back({"embedding",
                   "embedding",
                   {},

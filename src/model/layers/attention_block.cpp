@@ -84,6 +84,7 @@ void AttentionBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::
     if (G_ > 0) specs.push_back({prefix + "dy", DType::f32, Shape{N, Q_}});
     if (cfg_.qk_norm) specs.push_back({prefix + "dqn", DType::f32, Shape{N, Q_ + KV_}});
     qkv_lora_.declare_scratch(specs, prefix, max);
+    o_lora_.declare_scratch(specs, prefix, max);
 }
 
 size_t AttentionBlock::workspace_bytes(StepShape max, int num_threads) const {

@@ -46,6 +46,7 @@ struct ParamInit {
 struct PassOptions {
     bool record = false;
     double loss_scale = 1.0;
+    uint64_t lora_seed = 0;  // training passes with model.lora.dropout: the micro-batch's masks (0: no dropout)
 };
 
 class Block {

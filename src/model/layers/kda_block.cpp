@@ -112,7 +112,7 @@ void KdaBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
     add("o", Shape{N, HV_ * V_});
     add("z", Shape{N, HV_ * V_});
     add("y", Shape{N, HV_ * V_});
-    qkv_lora_.declare_scratch(specs, prefix, max);
+    for (const LoraAdapters* l : adapters(*this)) l->declare_scratch(specs, prefix, max);
 }
 
 ops::KdaInputs KdaBlock::kda_inputs(StepShape s, const Acts& a) const {
@@ -157,6 +157,10 @@ void KdaBlock::bind_weights(const BufferGroup& g, Weights& w, bool grad) const {
     if (!cfg_.full_rank_output_gate) w.g_b = v(a + "g_b_proj.weight");
     w.o_norm = v(a + "o_norm.weight");
     w.o = v(a + "o_proj.weight");
+}
+
+void KdaBlock::set_pass(const PassOptions& o) {
+    for (LoraAdapters* l : adapters(*this)) l->set_seed(o.lora_seed);
 }
 
 void KdaBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {

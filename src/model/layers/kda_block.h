@@ -35,6 +35,7 @@ class KdaBlock : public Block {
     void bind_scratch(const BufferGroup& acts, const std::string& prefix) override;
     void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
+    void set_pass(const PassOptions& o) override;  // the training pass's LoRA dropout masks
     void declare_cache(std::vector<BufferSpec>& specs,
                        const std::string& prefix,
                        int64_t batch,

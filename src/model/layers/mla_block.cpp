@@ -143,7 +143,7 @@ void MlaBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
     add("dkv", Shape{N, DK_});
     if (!cfg_.dsa.enabled()) add("dv", Shape{N, DK_});
     if (lora_) {  // every block of the kind shares the first one's scratch: declared for any adapters
-        h_lora_.declare_scratch(specs, prefix, max);
+        for (const LoraAdapters* l : {&h_lora_, &q_b_lora_, &o_lora_}) l->declare_scratch(specs, prefix, max);
         add("lora.kv_b", Shape{H_ * (DN_ + DV_), RKV_});
         add("lora.dkv_b", Shape{H_ * (DN_ + DV_), RKV_});
     }
@@ -207,6 +207,11 @@ void MlaBlock::bind_weights(const BufferGroup& g, Weights& w, bool grad) const {
         w.ik_norm_w = v(a + "indexer.k_norm.weight");
         w.ik_norm_b = v(a + "indexer.k_norm.bias");
     }
+}
+
+void MlaBlock::set_pass(const PassOptions& o) {
+    pass_ = o;
+    for (LoraAdapters* l : adapters(*this)) l->set_seed(o.lora_seed);  // the training pass's dropout masks
 }
 
 void MlaBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {

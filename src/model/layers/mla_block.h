@@ -60,7 +60,7 @@ class MlaBlock : public Block {
     void step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     double forward_flops_per_token(int64_t seq) const override;
     std::string kind() const override { return cfg_.dsa.enabled() ? "dsa" : "mla"; }
-    void set_pass(const PassOptions& o) override { pass_ = o; }
+    void set_pass(const PassOptions& o) override;
 
     // The indexer's KL loss and its gradient into the indexer weights only (after forward; the warm-up
     // stage runs this instead of backward; ws: the workspace forward and backward get). Returns the mean KL

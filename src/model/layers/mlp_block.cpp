@@ -43,6 +43,7 @@ void MlpBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string
     specs.push_back({prefix + "dgate_up", DType::f32, Shape{N, 2 * F_}});
     specs.push_back({prefix + "dh", DType::f32, Shape{N, F_}});
     gate_up_lora_.declare_scratch(specs, prefix, max);
+    down_lora_.declare_scratch(specs, prefix, max);
 }
 
 void MlpBlock::bind_params(const BufferGroup& params, const BufferGroup* grads) {

@@ -21,6 +21,10 @@ class MlpBlock : public Block {
     void bind_scratch(const BufferGroup& acts, const std::string& prefix) override;
     void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
+    void set_pass(const PassOptions& o) override {  // the training pass's LoRA dropout masks
+        gate_up_lora_.set_seed(o.lora_seed);
+        down_lora_.set_seed(o.lora_seed);
+    }
     double forward_flops_per_token(int64_t seq) const override;
     std::string kind() const override { return "mlp"; }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/rng.h"
 #include "ops/rmsnorm.h"
 
 namespace tessera::model {
@@ -51,6 +52,8 @@ MoeBlock::MoeBlock(const ModelConfig& c, std::string param_prefix, parallel::Com
             if (LoraConfig::names(c.lora.target_modules, prefix_ + "mlp." + a.module)) adapters_.push_back(a);
         }
         p_.lora.scale = c.lora.scale();
+        p_.lora.dropout = c.lora.dropout;
+        p_.lora.stream = hash_name(prefix_);
     }
     bool expert_adapters = false;
     for (const Adapter& a : adapters_) expert_adapters |= a.experts;
@@ -135,6 +138,7 @@ ops::MoeDims MoeBlock::dims(int64_t tokens) const {
     d.local_experts = local_experts().second;
     d.expert_rows_here = ep_ == nullptr;
     d.lora_rank = lora_rank();
+    for (const Adapter& a : adapters_) d.lora_dropout |= !a.experts && cfg_.lora.dropout > 0;
     return d;
 }
 

@@ -49,7 +49,10 @@ class MoeBlock : public Block {
     void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
     double forward_flops_per_token(int64_t seq) const override;
     std::string kind() const override { return "moe"; }
-    void set_pass(const PassOptions& o) override { pass_ = o; }
+    void set_pass(const PassOptions& o) override {
+        pass_ = o;
+        p_.lora.seed = o.lora_seed;  // the shared and latent adapters' dropout masks
+    }
 
     // After the optimizer step: moves the selection bias by the configured rule from this step's routing;
     // sum_over_ranks (when set) first turns this rank's expert counts into every rank's.

@@ -41,13 +41,16 @@ void run_linear(OpContext& c) {
 void run_lora(OpContext& c) {
     TensorView x = c.in("x"), a = c.in("a"), b = c.in("b");
     TESSERA_CHECK(x.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2, "x must be [N, IN], a [r, IN] and b [OUT, r]");
-    const LoraParams p{.scale = c.param_f64("scale")};
+    const LoraParams p{.scale = c.param_f64("scale"),
+                       .dropout = c.param_f64("dropout"),
+                       .seed = uint64_t(c.param_i64("seed")),
+                       .stream = 1};
     const int64_t N = x.size(0), r = a.size(0);
-    Tensor u(x.dtype, Shape{N, r}), du(x.dtype, Shape{N, r});
-    lora_forward(p, x, a, b, u.view(), c.out("y", x.dtype, Shape{N, b.size(0)}));
+    Tensor u(x.dtype, Shape{N, r}), du(x.dtype, Shape{N, r}), xd(x.dtype, x.shape);
+    lora_forward(p, x, a, b, u.view(), c.out("y", x.dtype, Shape{N, b.size(0)}), xd.view());
     if (c.has("dy"))
         lora_backward(p, x, c.in("dy"), a, b, u.view(), du.view(), c.out_like("dx", x), c.out_like("da", a),
-                      c.out_like("db", b));
+                      c.out_like("db", b), xd.view());
 }
 
 void run_lora_experts(OpContext& c) {
@@ -205,7 +208,9 @@ void register_dense_ops(OpRegistry& r) {
     r.add({"lora",
            "LoRA's update of a linear: y = scale·(x·aᵀ)·bᵀ",
            {{"x", "[N, IN]"}, {"a", "[r, IN]"}, {"b", "[OUT, r]"}, {"dy", "[N, OUT]", true}},
-           {number("scale", "1", -kInf, kInf, "alpha / r (rsLoRA: alpha / sqrt(r))")},
+           {number("scale", "1", -kInf, kInf, "alpha / r (rsLoRA: alpha / sqrt(r))"),
+            number("dropout", "0", 0, 0.999, "PEFT's lora_dropout on x (with a seed)"),
+            integer("seed", "0", 0, 9007199254740992.0, "the masks' counter seed; 0 = no dropout")},
            {"y"},
            {"given dy: dx, da, db"},
            run_lora});

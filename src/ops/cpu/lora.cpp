@@ -50,12 +50,40 @@ void scale_rows(T* p, int64_t n, T s) {
     for (int64_t i = 0; i < n; ++i) p[i] *= s;
 }
 
+// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014) over the element's counter
+uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// x̃ = x ⊙ m / (1 − p) into xd [N, IN] (contiguous), and out pointing at it
+template <class T>
+void drop_input(const LoraParams& p, const Rows<T>& X, TensorView xd, int64_t N, int64_t in, Rows<T>& out) {
+    TESSERA_CHECK(xd.defined() && xd.numel() >= N * in, "lora: dropout needs scratch xd of [{}, {}]", N, in);
+    T* dst = xd.ptr<T>();
+    const T s = T(1.0 / (1.0 - p.dropout));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        const T* xr = X.row(n);
+        for (int64_t i = 0; i < in; ++i) dst[n * in + i] = lora_keep(p, uint64_t(n * in + i)) ? xr[i] * s : T(0);
+    }
+    out = Rows<T>{dst, N, in, in};
+}
 }  // namespace
 
-void lora_forward(const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y) {
+bool lora_keep(const LoraParams& p, uint64_t index) {
+    const uint64_t h = mix(p.seed * 0x9e3779b97f4a7c15ull ^ mix(p.stream + index * 0xd1b54a32d192ed03ull));
+    return double(h >> 11) * 0x1.0p-53 >= p.dropout;
+}
+
+void lora_forward(
+    const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y, TensorView xd) {
     const Dims d = check(x, y, a, b, u, false, "lora");
     dispatch_float(a.dtype, "lora", [&]<class T>(T) {
-        const Rows<T> X = rows_of<T>(x, "lora: x"), Y = rows_of<T>(y, "lora: y");
+        Rows<T> X = rows_of<T>(x, "lora: x");
+        const Rows<T> Y = rows_of<T>(y, "lora: y");
+        if (p.drops()) drop_input(p, X, xd, d.N, d.in, X);
         T* U = u.ptr<T>();
         gemm(Trans::N, Trans::T, d.N, d.r, d.in, T(1), X.data, X.ld, a.ptr<T>(), d.in, T(0), U, d.r);
         gemm(Trans::N, Trans::T, d.N, d.out, d.r, T(p.scale), U, d.r, b.ptr<T>(), d.r, T(1), Y.data, Y.ld);
@@ -71,14 +99,17 @@ void lora_backward(const LoraParams& p,
                    TensorView du,
                    TensorView dx,
                    TensorView da,
-                   TensorView db) {
+                   TensorView db,
+                   TensorView xd) {
     const Dims d = check(x, dy, a, b, u, false, "lora");
     TESSERA_CHECK(du.numel() >= d.N * d.r && du.dtype == a.dtype, "lora: scratch du must hold [{}, {}]", d.N, d.r);
     check_grad(da, a, "lora: dA");
     check_grad(db, b, "lora: dB");
     if (dx.defined()) check_shape(dx, x.shape, "lora: dx");
     dispatch_float(a.dtype, "lora", [&]<class T>(T) {
-        const Rows<T> X = rows_of<T>(x, "lora: x"), DY = rows_of<T>(dy, "lora: dy");
+        Rows<T> X = rows_of<T>(x, "lora: x");
+        const Rows<T> DY = rows_of<T>(dy, "lora: dy");
+        if (p.drops()) drop_input(p, X, xd, d.N, d.in, X);  // the x̃ forward read
         T *U = u.ptr<T>(), *DU = du.ptr<T>();
         const T s = T(p.scale);
         if (db.defined()) {
@@ -88,9 +119,21 @@ void lora_backward(const LoraParams& p,
         gemm(Trans::N, Trans::N, d.N, d.r, d.out, s, DY.data, DY.ld, b.ptr<T>(), d.r, T(0), DU, d.r);
         if (da.defined())
             gemm(Trans::T, Trans::N, d.r, d.in, d.N, T(1), DU, d.r, X.data, X.ld, T(1), da.ptr<T>(), d.in);
-        if (dx.defined()) {
-            const Rows<T> DX = rows_of<T>(dx, "lora: dx");
+        if (!dx.defined()) return;
+        const Rows<T> DX = rows_of<T>(dx, "lora: dx");
+        if (!p.drops()) {
             gemm(Trans::N, Trans::N, d.N, d.in, d.r, T(1), DU, d.r, a.ptr<T>(), d.in, T(1), DX.data, DX.ld);
+            return;
+        }
+        // dx += (du·A) ⊙ m / (1 − p), du·A into xd (free again)
+        T* g = xd.ptr<T>();
+        gemm(Trans::N, Trans::N, d.N, d.in, d.r, T(1), DU, d.r, a.ptr<T>(), d.in, T(0), g, d.in);
+        const T k = T(1.0 / (1.0 - p.dropout));
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < d.N; ++n) {
+            T* dxr = DX.row(n);
+            for (int64_t i = 0; i < d.in; ++i)
+                if (lora_keep(p, uint64_t(n * d.in + i))) dxr[i] += g[n * d.in + i] * k;
         }
     });
 }

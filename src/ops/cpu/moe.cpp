@@ -32,9 +32,15 @@ void zero_rows(TensorView buf, int64_t rows) {
 }
 TensorView first(TensorView t, int64_t rows) { return t.defined() ? t.slice0(0, rows) : t; }
 
+// The dense adapter of projection `which` (its own dropout stream)
+LoraParams lora_of(const MoeParams& p, int which) {
+    LoraParams q = p.lora;
+    q.stream = p.lora.stream + uint64_t(which + 1) * 0x9e3779b97f4a7c15ull;
+    return q;
+}
 // y += the adapter's output for x, when the projection has one (x, y: the N rows of a linear's input and output)
-void lora_fwd(const MoeParams& p, const LoraPair& l, TensorView x, TensorView y, const MoeScratch& t) {
-    if (l.a.defined()) lora_forward(p.lora, x, l.a, l.b, t.lora_u, y);
+void lora_fwd(const MoeParams& p, const LoraPair& l, TensorView x, TensorView y, const MoeScratch& t, int which) {
+    if (l.a.defined()) lora_forward(lora_of(p, which), x, l.a, l.b, t.lora_u, y, t.lora_xd);
 }
 // the routed experts' adapters over the rows of the layout g
 void expert_lora_fwd(
@@ -58,8 +64,10 @@ void lora_bwd(const MoeParams& p,
               TensorView x,
               TensorView dy,
               TensorView dx,
-              const MoeScratch& t) {
-    if (l.a.defined()) lora_backward(p.lora, x, dy, l.a, l.b, t.lora_u, t.lora_du, dx, gl.a, gl.b);
+              const MoeScratch& t,
+              int which) {
+    if (l.a.defined())
+        lora_backward(lora_of(p, which), x, dy, l.a, l.b, t.lora_u, t.lora_du, dx, gl.a, gl.b, t.lora_xd);
 }
 std::span<double> aux_scratch(const MoeScratch& t, const MoeDims& d) {
     TESSERA_CHECK(t.aux.defined() && t.aux.numel() >= 2 * d.experts,
@@ -235,6 +243,10 @@ MoeDims moe_dims(const MoeParams& p, const MoeWeights& w, int64_t tokens) {
     }
     TESSERA_CHECK(d.max_rows() < (int64_t(1) << 31), "moe: {} expert rows exceed the i32 layout", d.max_rows());
     d.lora_rank = w.lora.rank();
+    const MoeLora& l = w.lora;
+    d.lora_dropout =
+        p.lora.dropout > 0 && (l.latent_down.a.defined() || l.latent_up.a.defined() || l.shared_gate.a.defined() ||
+                               l.shared_up.a.defined() || l.shared_down.a.defined());
     return d;
 }
 
@@ -308,6 +320,7 @@ void moe_scratch_specs(const MoeDims& d, DType dt, const std::string& prefix, st
         add("lora_u", Shape{std::max(N, R), d.lora_rank});
         add("lora_du", Shape{std::max(N, R), d.lora_rank});
     }
+    if (d.lora_dropout) add("lora_xd", Shape{N, std::max({d.d_model, L, d.shared_ffn})});
     out.push_back({prefix + "aux", DType::f64, Shape{2 * E}});
 }
 
@@ -372,6 +385,7 @@ MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::s
         t.lora_u = v("lora_u");
         t.lora_du = v("lora_du");
     }
+    if (d.lora_dropout) t.lora_xd = v("lora_xd");
     return t;
 }
 
@@ -591,7 +605,7 @@ MoeStats moe_forward(const MoeParams& p,
     if (d.has_latent) {
         src = first(s.z, N);
         linear_forward({}, x, w.latent_down, {}, src);
-        lora_fwd(p, w.lora.latent_down, x, src, t);
+        lora_fwd(p, w.lora.latent_down, x, src, t, 0);
     }
     moe_dispatch(s, src, s.xe);
     // the shared expert's input side needs no routed rows: under expert parallelism it runs while they travel
@@ -599,8 +613,8 @@ MoeStats moe_forward(const MoeParams& p,
         if (!d.has_shared) return;
         linear_forward({}, x, w.shared_gate, {}, columns(s.sh, N, 0, FS));
         linear_forward({}, x, w.shared_up, {}, columns(s.sh, N, FS, FS));
-        lora_fwd(p, w.lora.shared_gate, x, columns(s.sh, N, 0, FS), t);
-        lora_fwd(p, w.lora.shared_up, x, columns(s.sh, N, FS, FS), t);
+        lora_fwd(p, w.lora.shared_gate, x, columns(s.sh, N, 0, FS), t, 2);
+        lora_fwd(p, w.lora.shared_up, x, columns(s.sh, N, FS, FS), t, 3);
         act_forward(p, columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), first(s.sa, N));
         if (d.has_shared_scale) shared_scale_forward(x, w.shared_scale, first(s.ss, N), first(s.sa, N));
     };
@@ -618,13 +632,13 @@ MoeStats moe_forward(const MoeParams& p,
             c = first(s.n, N);
         }
         linear_forward({.accumulate = accumulate}, c, w.latent_up, {}, y);
-        lora_fwd(p, w.lora.latent_up, c, y, t);
+        lora_fwd(p, w.lora.latent_up, c, y, t, 1);
     } else {
         moe_combine(s, t.ye, y, accumulate);
     }
     if (d.has_shared) {
         linear_forward({.accumulate = true}, first(s.sa, N), w.shared_down, {}, y);
-        lora_fwd(p, w.lora.shared_down, first(s.sa, N), y, t);
+        lora_fwd(p, w.lora.shared_down, first(s.sa, N), y, t, 4);
     }
     return st;
 }
@@ -649,7 +663,7 @@ void moe_backward(const MoeParams& p,
         if (!d.has_shared) return;
         zero_rows(t.dsa, N);
         linear_backward(dy, first(s.sa, N), w.shared_down, first(t.dsa, N), g.shared_down, {});
-        lora_bwd(p, w.lora.shared_down, g.lora.shared_down, first(s.sa, N), dy, first(t.dsa, N), t);
+        lora_bwd(p, w.lora.shared_down, g.lora.shared_down, first(s.sa, N), dy, first(t.dsa, N), t, 4);
         if (d.has_shared_scale) {
             shared_scale_backward(x, w.shared_scale, first(s.ss, N), first(s.sa, N), first(t.dsa, N), first(t.dss, N),
                                   dx, g.shared_scale);
@@ -659,14 +673,14 @@ void moe_backward(const MoeParams& p,
                      columns(t.dsh, N, FS, FS));
         linear_backward(columns(t.dsh, N, 0, FS), x, w.shared_gate, dx, g.shared_gate, {});
         linear_backward(columns(t.dsh, N, FS, FS), x, w.shared_up, dx, g.shared_up, {});
-        lora_bwd(p, w.lora.shared_gate, g.lora.shared_gate, x, columns(t.dsh, N, 0, FS), dx, t);
-        lora_bwd(p, w.lora.shared_up, g.lora.shared_up, x, columns(t.dsh, N, FS, FS), dx, t);
+        lora_bwd(p, w.lora.shared_gate, g.lora.shared_gate, x, columns(t.dsh, N, 0, FS), dx, t, 2);
+        lora_bwd(p, w.lora.shared_up, g.lora.shared_up, x, columns(t.dsh, N, FS, FS), dx, t, 3);
     };
     TensorView dsrc = dy;  // gradient of the combined expert output c
     if (d.has_latent) {
         zero_rows(t.dn, N);
         linear_backward(dy, first(d.has_norm ? s.n : s.c, N), w.latent_up, first(t.dn, N), g.latent_up, {});
-        lora_bwd(p, w.lora.latent_up, g.lora.latent_up, first(d.has_norm ? s.n : s.c, N), dy, first(t.dn, N), t);
+        lora_bwd(p, w.lora.latent_up, g.lora.latent_up, first(d.has_norm ? s.n : s.c, N), dy, first(t.dn, N), t, 1);
         dsrc = first(t.dn, N);
         if (d.has_norm) {
             zero_rows(t.dc, N);
@@ -691,7 +705,7 @@ void moe_backward(const MoeParams& p,
     if (d.has_latent) {
         moe_combine(s, t.dxe, first(t.dc, N), false);  // the backward of dispatch: dz
         linear_backward(first(t.dc, N), x, w.latent_down, dx, g.latent_down, {});
-        lora_bwd(p, w.lora.latent_down, g.lora.latent_down, x, first(t.dc, N), dx, t);
+        lora_bwd(p, w.lora.latent_down, g.lora.latent_down, x, first(t.dc, N), dx, t, 0);
     } else {
         moe_combine(s, t.dxe, dx, true);
     }
