@@ -20,10 +20,14 @@ void add_inspect_command(CLI::App& app) {
     struct Args {
         std::string path;
         int64_t seq = 4096;
+        std::vector<std::string> overrides;
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("path", a->path, "A config JSON file, or a directory holding config.json")->required();
     add_int_option(cmd, "--seq", a->seq, 1, model::kMaxSeqLen, "Sequence length for the FLOPs per token");
+    cmd->add_option("--set", a->overrides,
+                    "Override a model value: model.key=value (repeatable), e.g. model.lora.rank=16 with "
+                    "model.lora.target_modules=[...] for LoRA's memory");
     cmd->callback([a] {
         std::string file = a->path;
         if (fs::is_directory(file)) file = (fs::path(file) / "config.json").string();
@@ -31,15 +35,20 @@ void add_inspect_command(CLI::App& app) {
         const Json doc = train::load_config_json(file, {});
         model::ModelConfig cfg;
         std::vector<std::string> unsupported;
+        Json run = doc;
         if (model::is_hf_config(doc)) {
             model::HfImport hf = model::import_hf_config(doc, file);
             std::cout << "family: " << hf.family << " (Hugging Face config " << file << ")\n";
-            cfg = hf.model;
+            run = Json{{"model", model::to_json(hf.model)}};
             unsupported = hf.unsupported;
         } else {
-            cfg = train::parse_run_config(doc, file).model;
             std::cout << "tessera config " << file << "\n";
         }
+        for (const std::string& o : a->overrides) {
+            TESSERA_CHECK(o.rfind("model.", 0) == 0, "--set {}: inspect takes model.* values only", o);
+            apply_override(run, o);
+        }
+        cfg = train::parse_run_config(run, a->overrides.empty() ? file : file + " with --set").model;
         std::cout << model::summarize(cfg, a->seq).str();
         if (unsupported.empty()) {
             std::cout << "not supported yet: nothing\n";

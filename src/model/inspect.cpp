@@ -53,8 +53,12 @@ ModelSummary summarize(const ModelConfig& c, int64_t seq) {
         }
     }
     const Model m(c);  // declares parameter specs only; nothing is allocated
+    s.lora = c.lora;
     for (const auto& spec : m.param_specs()) {
         const int64_t n = spec.shape.numel();
+        (spec.trainable ? s.trained_params : s.frozen_params) += n;
+        if (spec.name.ends_with(".lora_A.weight")) ++s.adapted_modules;
+        if (spec.name.ends_with(".lora_A.weight") || spec.name.ends_with(".lora_B.weight")) continue;  // base only
         s.params += n;
         if (spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight") s.embedding_params += n;
         if (spec.name.find(".mlp.experts.") != std::string::npos) s.routed_expert_params += n;
@@ -92,6 +96,13 @@ std::string ModelSummary::str() const {
         "full AdamW training state (f32 weights, gradients, two moments: 16 B per parameter): {} before "
         "activations\n",
         gib(16.0 * double(params)));
+    if (lora.enabled()) {
+        out += fmt::format(
+            "LoRA rank {} (alpha {}{}) on {} modules: {} parameters train ({:.3f}% of the base); training state (f32 "
+            "frozen base 4 B per parameter, 16 B per trained one): {} before activations\n",
+            lora.rank, lora.alpha, lora.rslora ? ", rsLoRA" : "", adapted_modules, human(double(trained_params), ""),
+            100.0 * double(trained_params) / double(params), gib(4.0 * double(frozen_params) + 16.0 * double(trained_params)));
+    }
     return out;
 }
 

@@ -1,7 +1,8 @@
 // What a model config amounts to, without allocating it: the layer map (layer i -> attention type and
 // feed-forward kind, as ranges), parameter counts (total, embedding, active per token: routed experts
 // count k/E), forward and training FLOPs per token at a sequence length, and the bytes of the weights
-// and of full AdamW training (f32 parameters, gradients and two moments), and the position encoding (RoPE, YaRN).
+// and of full AdamW training (f32 parameters, gradients and two moments) or, with model.lora, of LoRA training (the
+// frozen base's f32 weights, the trained parameters' 16 B), and the position encoding (RoPE, YaRN).
 // `tessera inspect` prints it.
 #pragma once
 
@@ -21,6 +22,9 @@ struct ModelSummary {
     std::string residuals;  // "plain" or the Attention Residuals block structure
     std::string positions;  // the rotary embedding and its YaRN scaling, or none
     int64_t params = 0, embedding_params = 0, routed_expert_params = 0;
+    // model.lora: the parameters that train (adapters and modules_to_save), the adapted modules, the config
+    int64_t trained_params = 0, frozen_params = 0, adapted_modules = 0;
+    LoraConfig lora;
     double active_params = 0;  // per token: everything but the routed experts, plus k/E of them
     double forward_flops_per_token = 0, train_flops_per_token = 0;
     int64_t seq = 0;

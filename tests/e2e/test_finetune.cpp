@@ -257,6 +257,16 @@ TEST(FineTune, PeftExportScoresLikeTheFineTune) {
     EXPECT_FALSE(fs::exists(d.file("p2")));
 }
 
+// inspect --set model.lora...: what LoRA trains and its training state, before any run
+TEST(FineTune, InspectCountsWhatLoraTrains) {
+    const test::CliResult r = run_tessera("inspect " + kTiny + kLora);
+    ASSERT_EQ(r.status, 0) << r.err;
+    // per layer r·(in + out): q 4·64, k 4·48, v 4·48, o 4·64, gate and up 4·96, down 4·96; two layers
+    EXPECT_NE(r.out.find("LoRA rank 4 (alpha 8) on 14 modules: 4.1 K parameters train"), std::string::npos) << r.out;
+    test::expect_one_line_error(run_tessera("inspect " + kTiny + " --set train.lr=1"), "model.* values only",
+                                "a train key to inspect");
+}
+
 // Under mpirun a fine-tune is training like any other: W = 2 with FSDP gives one process's bits (dense), and
 // expert parallelism (adapters on the routed experts living with them) one process's losses within 1e-5.
 TEST(FineTune, UnderMpiEqualsOneProcess) {
