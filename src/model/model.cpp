@@ -145,6 +145,21 @@ void Model::make_units(const std::vector<int>& owner) {
         unit = u;
         units_.push_back({.first = i, .last = i + 1, .slot = who >= 0 ? 1 + who % 2 : 0});
     }
+    // a block's frozen dense parameters (the base under LoRA) join its unit: FSDP shards and gathers them too
+    for (size_t i = 0; i < frozen_; ++i) {
+        if (param_specs_[i].sharding != Sharding::data) continue;
+        const int who = owner[i];
+        int& unit = who == kEmbedOwner ? embed_unit_ : who == kHeadOwner ? head_unit_ : block_unit_.at(size_t(who));
+        if (unit < 0) {  // nothing of it trains: a unit of frozen parameters only
+            unit = int(units_.size());
+            units_.push_back({.first = i, .last = i, .slot = who >= 0 ? 1 + who % 2 : 0});
+        }
+        ParamUnit& u = units_.at(size_t(unit));
+        if (u.frozen_first == u.frozen_last) u.frozen_first = u.frozen_last = i;
+        TESSERA_CHECK(u.frozen_last == i, "model: the frozen parameters of one block are not adjacent ({})",
+                      param_specs_[i].name);
+        u.frozen_last = i + 1;
+    }
     for (size_t i = 0; i < param_specs_.size(); ++i) {  // each MoE block's experts join its unit
         if (param_specs_[i].sharding != Sharding::expert || !param_specs_[i].trainable) continue;
         int& unit = block_unit_.at(size_t(owner[i]));
@@ -159,8 +174,8 @@ void Model::make_units(const std::vector<int>& owner) {
         u.expert_last = i + 1;
     }
     if (cfg_.tie_embeddings) embed_unit_ = head_unit_;
-    // the passes' visits, in the order forward_loss / forward_backward make them; a unit -1 (nothing of it
-    // trains: frozen parameters are whole on every rank) is not visited
+    // the passes' visits, in the order forward_loss / forward_backward make them (a unit -1: no parameters of its own
+    // in the flat spaces FSDP shards)
     auto add = [](std::vector<UnitVisit>& plan, int unit, bool backward) {
         if (unit >= 0) plan.push_back({unit, backward});
     };

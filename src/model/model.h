@@ -36,8 +36,9 @@ struct StepStats {
 // buffers holds it while it is in use (0 for the embedding and head, 1 and 2 alternating over the blocks), so
 // consecutive visits never share a slot.
 struct ParamUnit {
-    size_t first = 0, last = 0;
+    size_t first = 0, last = 0;                // its trained dense parameters (Sharding::data), or empty
     size_t expert_first = 0, expert_last = 0;  // an MoE block's experts (Sharding::expert), or empty
+    size_t frozen_first = 0, frozen_last = 0;  // its frozen dense parameters (model.lora's base), or empty
     int slot = 0;
 };
 struct UnitVisit {

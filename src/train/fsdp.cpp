@@ -36,25 +36,46 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
                                                 .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
                                                 .kind = BufferKind::param}});
     }
-    // the optimizer's flat space: the trained parameters (after the frozen ones, which FSDP leaves whole)
+    // the optimizer's flat space: the trained parameters (after the frozen ones); the frozen dense ones form a flat
+    // space of their own, cut over the data group the same way (the frozen experts stay on their EP ranks whole)
     const BufferGroup layout("params", model.trained_specs());  // offsets only
+    std::vector<BufferSpec> frozen_dense;
+    for (size_t i = 0; i < frozen_; ++i)
+        if (specs_[i].sharding == Sharding::data) frozen_dense.push_back(specs_[i]);
+    const BufferGroup frozen_layout("frozen", frozen_dense);
     flat_.assign(frozen_, 0);
+    for (size_t i = 0, k = 0; i < frozen_; ++i)
+        if (specs_[i].sharding == Sharding::data) flat_[i] = frozen_layout.offset(k++) / sizeof(float);
     for (size_t i = 0; i < layout.size(); ++i) flat_.push_back(layout.offset(i) / sizeof(float));
-    auto held = [&](size_t i) {
-        return i >= frozen_ && (specs_[i].sharding == Sharding::data ||
-                                (specs_[i].sharding == Sharding::expert && holds(AdamW::expert)));
-    };
+    if (!frozen_dense.empty()) {
+        Region& g = regions_[size_t(kFrozen)];
+        parallel::Comm* comm = opt.regions()[AdamW::data].comm;
+        g.comm = comm;
+        g.cut = parallel::FlatShard(int64_t(frozen_layout.nbytes() / sizeof(float)), comm->rank(), comm->size(),
+                                    kAlignElems);
+        g.base = 0;
+        g.shard = BufferGroup("params.shard.frozen", {BufferSpec{.name = "params.shard.frozen",
+                                                                 .dtype = DType::f32,
+                                                                 .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
+                                                                 .kind = BufferKind::param}});
+    }
+    auto held = [&](size_t i) { return holds_param(i); };
     int64_t scratch = 1;  // elements
     for (const model::ParamUnit& pu : model.param_units()) {
-        TESSERA_CHECK(pu.slot >= 0 && pu.slot < kSlots && pu.first < pu.last, "FSDP: unit with slot {}", pu.slot);
+        TESSERA_CHECK(pu.slot >= 0 && pu.slot < kSlots, "FSDP: unit with slot {}", pu.slot);
         Unit u;
         u.slot = pu.slot;
-        std::vector<std::pair<size_t, size_t>> ranges = {{pu.first, pu.last}};
+        std::vector<std::pair<size_t, size_t>> ranges;  // trained dense, experts, frozen dense: the non-empty ones
+        if (pu.first < pu.last) ranges.push_back({pu.first, pu.last});
         if (pu.expert_first < pu.expert_last && holds(AdamW::expert))
             ranges.push_back({pu.expert_first, pu.expert_last});
+        if (pu.frozen_first < pu.frozen_last) ranges.push_back({pu.frozen_first, pu.frozen_last});
+        TESSERA_CHECK(!ranges.empty(), "FSDP: a unit with nothing it shards");
         for (const auto& [first, last] : ranges) {
             Part p;
-            p.region = specs_[first].sharding == Sharding::expert ? AdamW::expert : AdamW::data;
+            p.region = first < frozen_                              ? kFrozen
+                       : specs_[first].sharding == Sharding::expert ? AdamW::expert
+                                                                    : AdamW::data;
             const Region& g = regions_[size_t(p.region)];
             const int64_t end = int64_t(flat_[last - 1]) + specs_[last - 1].shape.numel();
             p.lo = int64_t(flat_[first]) - g.base;
@@ -67,18 +88,21 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
             p.mine = p.piece[size_t(g.comm->rank())];
             p.at = u.bytes;
             u.bytes = align_up(u.bytes + size_t(p.hi - p.lo) * sizeof(float));
-            // a reduce-scatter receives a piece from every rank of the group
-            scratch = std::max(scratch, p.mine * g.comm->size());
+            if (p.region != kFrozen) {  // a reduce-scatter receives a piece from every rank of the group
+                scratch = std::max(scratch, p.mine * g.comm->size());
+                u.grad_bytes = u.bytes;
+            }
             u.parts.push_back(std::move(p));
             u.specs.push_back({first, last});
         }
         slot_bytes_[size_t(u.slot)] = std::max(slot_bytes_[size_t(u.slot)], u.bytes);
+        grad_slot_bytes_[size_t(u.slot)] = std::max(grad_slot_bytes_[size_t(u.slot)], u.grad_bytes);
         units_.push_back(std::move(u));
     }
     // placed groups: what FSDP does not hold packed as usual, then the three slots; the gradient group the same
     // without the frozen parameters (first = frozen_)
-    auto place = [&](size_t first, std::array<size_t, kSlots>& slot_at, const std::string& name,
-                     std::vector<BufferSpec> specs) {
+    auto place = [&](size_t first, std::array<size_t, kSlots>& slot_at, const std::array<size_t, kSlots>& slot_bytes,
+                     const std::string& name, std::vector<BufferSpec> specs) {
         std::vector<size_t> offsets(specs_.size() - first, 0);
         size_t at = 0;
         for (size_t i = first; i < specs_.size(); ++i) {
@@ -88,11 +112,12 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
         }
         for (int s = 0; s < kSlots; ++s) {
             slot_at[size_t(s)] = at;
-            at = align_up(at + slot_bytes_[size_t(s)]);
+            at = align_up(at + slot_bytes[size_t(s)]);
         }
         for (const Unit& u : units_) {
             for (size_t k = 0; k < u.parts.size(); ++k) {
                 const Part& p = u.parts[k];
+                if (u.specs[k].first < first) continue;  // the gradient group: no frozen parameters
                 const int64_t base = regions_[size_t(p.region)].base + p.lo;
                 for (size_t i = u.specs[k].first; i < u.specs[k].second; ++i) {
                     TESSERA_CHECK(held(i), "FSDP: unit holds {}, which it does not shard", specs_[i].name);
@@ -102,8 +127,8 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
         }
         return BufferGroup(name, std::move(specs), offsets, std::max<size_t>(at, kBufferAlign));
     };
-    placement_.params = place(0, slot_at_, "params", specs_);
-    placement_.grads = place(frozen_, grad_slot_at_, "grads", model::grad_specs(specs_));
+    placement_.params = place(0, slot_at_, slot_bytes_, "params", specs_);
+    placement_.grads = place(frozen_, grad_slot_at_, grad_slot_bytes_, "grads", model::grad_specs(specs_));
     // one scratch serves every reduce-scatter, since every collective of the process runs on its one
     // communication thread, in turn (parallel/comm.h)
     scratch_ = BufferGroup(
@@ -135,6 +160,12 @@ std::span<float> Fsdp::shard(int region) {
     Region& g = regions_[size_t(region)];
     TESSERA_CHECK(g.comm, "FSDP: region {} is not sharded", region);
     return {g.shard.view(0).ptr<float>(), size_t(g.cut.size())};
+}
+
+bool Fsdp::holds_param(size_t i) const {
+    const Sharding s = specs_[i].sharding;
+    if (i < frozen_) return s == Sharding::data && holds(kFrozen);
+    return s == Sharding::data || (s == Sharding::expert && holds(AdamW::expert));
 }
 
 float* Fsdp::mine(const Part& p) { return shard(p.region).data() + (p.mine_lo - regions_[size_t(p.region)].cut.lo); }
@@ -201,7 +232,7 @@ void Fsdp::enter(model::UnitVisit v) {
         const double t0 = parallel::now_seconds();
         wait_all(reduce_h_[size_t(s)]);
         stats_.wait_seconds += parallel::now_seconds() - t0;
-        std::memset(slot_grads(s), 0, units_[size_t(v.unit)].bytes);
+        std::memset(slot_grads(s), 0, units_[size_t(v.unit)].grad_bytes);
     }
     if (cursor_ + 1 < plan_.size()) {  // prefetch the next visit's unit into its slot (another than this one's)
         const int n = plan_[cursor_ + 1].unit, ns = units_[size_t(n)].slot;
@@ -217,6 +248,7 @@ void Fsdp::leave(model::UnitVisit v) {
         const int s = u.slot;
         const TensorView scratch = scratch_.view(0);
         for (const Part& p : u.parts) {
+            if (p.region == kFrozen) continue;  // no gradient
             const Region& g = regions_[size_t(p.region)];
             float* recv = grads_.range(p.region).data() + (p.mine_lo - g.cut.lo);
             reduce_h_[size_t(s)].push_back(
@@ -264,11 +296,18 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
         targets.push_back({p.param + frozen_, p.whole_offset, p.length,
                            shard(p.region).data() + (p.flat_offset - g.base - g.cut.lo)});
     }
+    if (holds(kFrozen)) {  // this rank's range of the frozen dense parameters
+        const Region& g = regions_[size_t(kFrozen)];
+        for (size_t i = 0; i < frozen_; ++i) {
+            if (!holds_param(i)) continue;
+            const int64_t start = int64_t(flat_[i]), n = specs_[i].shape.numel();
+            const int64_t lo = std::max(start, g.cut.lo), hi = std::min(start + n, g.cut.hi);
+            if (hi > lo) targets.push_back({i, lo - start, hi - lo, shard(kFrozen).data() + (lo - g.cut.lo)});
+        }
+    }
     for (size_t i = 0; i < specs_.size(); ++i) {  // the rest whole (experts: this rank's slice)
-        const BufferSpec& spec = specs_[i];
-        const bool expert = spec.sharding == Sharding::expert;
-        if (i >= frozen_ && (spec.sharding == Sharding::data || (expert && holds(AdamW::expert)))) continue;
-        targets.push_back(held_target(i, spec, experts, params.view(i).ptr<float>()));
+        if (holds_param(i)) continue;
+        targets.push_back(held_target(i, specs_[i], experts, params.view(i).ptr<float>()));
     }
     return targets;
 }

@@ -9,7 +9,9 @@
 // overwritten when a later unit needs the slot (three slots: the embedding and head, and two alternating
 // over the blocks). In backward each unit's gradient is computed into the slot's gradient buffer and
 // reduce-scattered onto the ranges (rank order, added to the previous micro-batches' sum: train/grad_sum.h)
-// as soon as the unit is done, while the next unit computes. Parameters outside the units
+// as soon as the unit is done, while the next unit computes. A frozen base (model.lora) is sharded the same way:
+// its dense parameters form a flat space of their own (region kFrozen) cut over the data group, gathered with
+// their unit and never reduced (frozen experts stay on their EP ranks whole). Parameters outside the units
 // (Sharding::replicated: the MoE selection bias, Attention Residuals), and the experts when each EP rank's
 // experts live on that rank alone, stay whole where they live. A unit no pass ever reduces (the DSA warm-up
 // trains the indexers only) keeps a zero gradient range.
@@ -40,6 +42,9 @@ struct FsdpStats {
 class Fsdp final : public model::ParamHooks {
   public:
     static constexpr int kSlots = 3;
+    // The frozen dense parameters (model.lora's base): a region of their own, cut over the data group like the
+    // trained ones but outside the optimizer's flat space; gathered with their unit, never reduced.
+    static constexpr int kFrozen = int(AdamW::kRegions);
 
     // The model's units over the optimizer's regions; the gradient ranges are grads'.
     Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads);
@@ -53,6 +58,8 @@ class Fsdp final : public model::ParamHooks {
 
     // Whether FSDP holds a region (AdamW::Region) as ranges; this rank's range of its parameters.
     bool holds(int region) const { return regions_[size_t(region)].comm != nullptr; }
+    // Whether FSDP holds parameter spec i as ranges (each element on one rank of its group), not whole.
+    bool holds_param(size_t i) const;
     std::span<float> shard(int region);
     // The parameters changed (optimizer step, load): every slot is stale.
     void invalidate();
@@ -88,8 +95,9 @@ class Fsdp final : public model::ParamHooks {
     struct Unit {
         int slot = 0;
         std::vector<std::pair<size_t, size_t>> specs;  // spec ranges in the slot
-        std::vector<Part> parts;
-        size_t bytes = 0;  // in the slot
+        std::vector<Part> parts;                       // the trained parts first, then the frozen one
+        size_t bytes = 0;                              // in the slot
+        size_t grad_bytes = 0;                         // the trained parts' (all the gradient slot holds)
     };
     void gather(int unit);  // issue the unit's gather into its slot
     void ensure(int unit);  // the unit in its slot (waits for its gather)
@@ -100,11 +108,12 @@ class Fsdp final : public model::ParamHooks {
     const std::vector<BufferSpec>& specs_;  // every parameter, the frozen ones first
     size_t frozen_ = 0;                     // how many (whole on every rank, no gradient)
     GradientSum& grads_;
-    std::array<Region, AdamW::kRegions> regions_;
-    std::vector<size_t> flat_;  // each parameter's flat element offset
+    std::array<Region, AdamW::kRegions + 1> regions_;  // the optimizer's, then kFrozen
+    std::vector<size_t> flat_;                         // each parameter's flat element offset
     std::vector<Unit> units_;
-    std::array<size_t, kSlots> slot_at_{}, grad_slot_at_{}, slot_bytes_{};  // each slot's byte offset in the placed
-                                                                            // groups (parameters, gradients), size
+    std::array<size_t, kSlots> slot_at_{}, grad_slot_at_{}, slot_bytes_{},
+        grad_slot_bytes_{};  // each slot's byte offset in the placed
+                             // groups (parameters, gradients), size
     model::ParamPlacement placement_;
     BufferGroup scratch_;
     const BufferGroup *params_ = nullptr, *grads_group_ = nullptr;

@@ -1,10 +1,12 @@
 // Opening tessera and Hugging Face checkpoints, and fine-tuning bases (see model_source.h).
 #include "train/model_source.h"
 
+#include <cstring>
 #include <filesystem>
 #include <map>
 
 #include "core/arena.h"
+#include "core/rng.h"
 #include "core/safetensors.h"
 
 #include "model/hf_checkpoint.h"
@@ -30,17 +32,11 @@ std::vector<ParamTarget> held_targets(
     return t;
 }
 
-// FNV-1a (64-bit) folded to 32 bits
-uint32_t hash32(const std::string& name, int64_t expert, const std::byte* data, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    auto eat = [&](const void* p, size_t len) {
-        const auto* b = static_cast<const unsigned char*>(p);
-        for (size_t i = 0; i < len; ++i) h = (h ^ b[i]) * 1099511628211ull;
-    };
-    eat(name.data(), name.size());
-    eat(&expert, sizeof expert);
-    eat(data, n);
-    return uint32_t(h ^ (h >> 32));
+// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014)
+uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
 }  // namespace
 
@@ -82,7 +78,7 @@ ModelSource open_model_source(const std::string& path) {
 
 void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
     if (peft) {
-        load_base(open_model_source(base), m, params, {}, {});
+        load_base(open_model_source(base), m, params, held_targets(m, params, 0, m.frozen_params(), {}), {});
         model::load_peft_adapter(path, model::peft_tensor_map(m.param_specs(), config, peft_family(*this)), params);
         check_finite(params, path);
         return;
@@ -98,9 +94,11 @@ void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
     }
     // a fine-tune: the base it names (the same one: its hash), then what the fine-tune trained
     const ModelSource b = open_model_source(base);
-    load_base(b, m, params, {}, {});
+    const std::vector<ParamTarget> frozen = held_targets(m, params, 0, m.frozen_params(), {});
+    load_base(b, m, params, frozen, {});
     const TrainerState st = load_trainer_state(path);
-    const int64_t h = frozen_hash(m, params, {}, nullptr);
+    const int64_t h = frozen_hash(
+        m, frozen, [](size_t) { return false; }, nullptr);
     TESSERA_CHECK(!st.base_hash || *st.base_hash == h,
                   "{}: its base {} has changed since the fine-tune began (frozen weights hash {}, the checkpoint says "
                   "{})",
@@ -160,18 +158,18 @@ Json base_model_json(const ModelSource& base, const Json& run_model, const std::
 void load_base(const ModelSource& base,
                const model::Model& m,
                const BufferGroup& params,
-               const std::vector<ParamTarget>& trained,
+               const std::vector<ParamTarget>& targets,
                ExpertSlice experts) {
     TESSERA_CHECK(base.peft || (base.base.empty() && !base.config.lora.enabled()),
                   "train.base {}: a LoRA fine-tune itself; merge it first (tessera export-hf --merge-lora)", base.path);
     const std::vector<BufferSpec>& specs = m.param_specs();
     if (base.peft) {  // the base it names, then its adapters where they train (whole or this rank's ranges)
-        load_base(open_model_source(base.base), m, params, trained, experts);
+        load_base(open_model_source(base.base), m, params, targets, experts);
         const SafetensorsFile f((fs::path(base.path) / "adapter_model.safetensors").string());
         std::map<std::string, std::string> key;  // tessera parameter -> PEFT key
         for (const model::PeftTensor& t : model::peft_tensor_map(specs, base.config, peft_family(base)))
             key[t.param] = t.name;
-        for (const ParamTarget& t : trained) {
+        for (const ParamTarget& t : targets) {
             const std::string& name = specs[t.param].name;
             if (!is_adapter(name)) continue;
             const Tensor whole = f.load(key.at(name));
@@ -181,15 +179,13 @@ void load_base(const ModelSource& base,
         }
         return;
     }
-    const size_t frozen = m.frozen_params();
-    std::vector<ParamTarget> base_trained;  // modules_to_save, or everything in a full fine-tune
-    for (const ParamTarget& t : trained) {
-        if (!is_adapter(specs[t.param].name)) base_trained.push_back(t);
+    std::vector<ParamTarget>
+        wanted;  // every base parameter (the frozen ones, modules_to_save or all of a full fine-tune)
+    for (const ParamTarget& t : targets) {
+        if (!is_adapter(specs[t.param].name)) wanted.push_back(t);
     }
     if (!base.hf) {
-        std::vector<ParamTarget> targets = held_targets(m, params, 0, frozen, experts);
-        targets.insert(targets.end(), base_trained.begin(), base_trained.end());
-        load_params(base.path, specs, targets, experts);
+        load_params(base.path, specs, wanted, experts);
         return;
     }
     // a Hugging Face checkpoint: the parameters held whole (or as this rank's experts) read in place; each one
@@ -204,7 +200,7 @@ void load_base(const ModelSource& base,
     }
     const std::vector<model::HfTensor> whole = model::hf_tensor_map(base_specs, base.config, base.model_type);
     std::map<std::string, std::vector<const ParamTarget*>> ranged;  // parameter -> its FSDP ranges here
-    for (const ParamTarget& t : base_trained) {
+    for (const ParamTarget& t : wanted) {
         const TensorView held = params.view(t.param);
         if (t.dst != held.ptr<float>() || t.length != held.numel()) ranged[specs[t.param].name].push_back(&t);
     }
@@ -230,22 +226,29 @@ void load_base(const ModelSource& base,
     }
 }
 
-int64_t frozen_hash(const model::Model& m, const BufferGroup& params, ExpertSlice experts, const parallel::Mesh* mesh) {
+int64_t frozen_hash(const model::Model& m,
+                    const std::vector<ParamTarget>& pieces,
+                    const std::function<bool(size_t)>& sharded,
+                    const parallel::Mesh* mesh) {
+    // each element once over the ranks: a sharded parameter's on the rank holding it, a whole dense one on rank 0,
+    // an expert on the first rank of its expert-data group
     const bool dense_here = !mesh || mesh->rank() == 0;
-    const bool experts_here = !mesh || mesh->expert_data().rank() == 0;  // the first holder of each expert
+    const bool experts_here = !mesh || mesh->expert_data().rank() == 0;
     int64_t sum = 0;
-    for (size_t i = 0; i < m.frozen_params(); ++i) {
-        const BufferSpec& spec = m.param_specs()[i];
-        const TensorView v = params.view(i);
-        const auto* p = static_cast<const std::byte*>(v.data);
-        if (spec.sharding == Sharding::expert && spec.shape.ndim == 3) {
-            if (!experts_here) continue;
-            const size_t per = v.nbytes() / size_t(spec.shape[0]);
-            for (int64_t e = 0; e < spec.shape[0]; ++e)
-                sum += hash32(spec.name, experts.first + e, p + size_t(e) * per, per);
-        } else if (dense_here) {
-            sum += hash32(spec.name, -1, p, v.nbytes());
+    for (const ParamTarget& t : pieces) {
+        if (t.param >= m.frozen_params()) continue;
+        const BufferSpec& spec = m.param_specs()[t.param];
+        const bool counted = sharded(t.param) || (spec.sharding == Sharding::expert ? experts_here : dense_here);
+        if (!counted) continue;
+        const uint64_t name = hash_name(spec.name);
+        int64_t part = 0;
+#pragma omp parallel for reduction(+ : part) schedule(static)
+        for (int64_t j = 0; j < t.length; ++j) {
+            uint32_t bits;
+            std::memcpy(&bits, t.dst + j, sizeof bits);
+            part += int64_t(mix64((name + uint64_t(t.whole_offset + j) * 0x9e3779b97f4a7c15ull) ^ bits) >> 44);
         }
+        sum += part;
     }
     if (mesh && mesh->world_size() > 1) sum = mesh->data().all_reduce_sum<int64_t>(sum);
     return sum;

@@ -6,6 +6,7 @@
 // it; train.base (fine-tuning) starts from one.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,18 +44,23 @@ std::string peft_family(const ModelSource& s);
 // `run_model` (the run config's model section) may hold nothing else. One-line errors name what is wrong.
 Json base_model_json(const ModelSource& base, const Json& run_model, const std::string& where);
 
-// The base's weights into the parameters that are not adapters: the frozen ones whole in `params` (experts: this
-// rank's slice), the trained ones at `trained` (whole, or this rank's FSDP ranges; ParamTarget::param indexes
-// m.param_specs()). A base that is itself a LoRA fine-tune is refused (merge it first: export-hf --merge-lora).
+// The base's weights at `targets` (whole, this rank's expert slice, or this rank's FSDP ranges; ParamTarget::param
+// indexes m.param_specs(); adapters' targets are left alone, but a PEFT base fills them). A base that is itself a
+// tessera LoRA fine-tune is refused (merge it first: export-hf --merge-lora).
 void load_base(const ModelSource& base,
                const model::Model& m,
                const BufferGroup& params,
-               const std::vector<ParamTarget>& trained,
+               const std::vector<ParamTarget>& targets,
                ExpertSlice experts);
 
-// The frozen parameters' content as one number, the same whatever the layout of ranks: the sum over whole dense
-// tensors and single experts of a 32-bit hash of (name, expert, bytes), each counted once over the ranks
-// (collective with a mesh). A fine-tune's checkpoints record it; resuming and inference check the base against it.
-int64_t frozen_hash(const model::Model& m, const BufferGroup& params, ExpertSlice experts, const parallel::Mesh* mesh);
+// The frozen parameters' content as one number, the same whatever the layout of ranks: the sum over their elements
+// of a 20-bit hash of (name, index in the whole tensor, bits), each element counted on one rank (`pieces`: the
+// frozen targets this rank holds; `sharded`: whether a parameter is held as ranges, each element on one rank; else
+// whole dense ones count on rank 0 and experts on the first of their replicas). Collective with a mesh. A
+// fine-tune's checkpoints record it; resuming and inference check the base against it.
+int64_t frozen_hash(const model::Model& m,
+                    const std::vector<ParamTarget>& pieces,
+                    const std::function<bool(size_t)>& sharded,
+                    const parallel::Mesh* mesh);
 
 }  // namespace tessera::train

@@ -308,21 +308,23 @@ TrainSummary train(const TrainOptions& opts) {
     // what trains: this rank's ranges of what FSDP holds, the rest whole (experts: this rank's); the frozen base
     // (parameters [0, frozen)) is not in checkpoints: it comes from train.base
     const size_t frozen = model.frozen_params();
-    std::vector<ParamTarget> trained;
+    std::vector<ParamTarget> trained, base;  // [frozen, end) and [0, frozen): whole or this rank's FSDP ranges
     if (fsdp) {
         for (const ParamTarget& t : fsdp->load_targets(opt, rt.params(), slice))
-            if (t.param >= frozen) trained.push_back(t);
+            (t.param >= frozen ? trained : base).push_back(t);
     } else {
-        for (size_t i = frozen; i < model.param_specs().size(); ++i)
-            trained.push_back(held_target(i, model.param_specs()[i], slice, rt.params().view(i).ptr<float>()));
+        for (size_t i = 0; i < model.param_specs().size(); ++i)
+            (i >= frozen ? trained : base)
+                .push_back(held_target(i, model.param_specs()[i], slice, rt.params().view(i).ptr<float>()));
     }
+    const auto ranged = [&](size_t i) { return fsdp && fsdp->holds_param(i); };
     if (!setup.checkpoint.empty()) {
         state = load_trainer_state(setup.checkpoint);
         if (frozen > 0) {
             TESSERA_CHECK(setup.base, "{}: the model has frozen parameters but train.base names no base",
                           setup.checkpoint);
-            load_base(*setup.base, model, rt.params(), {}, slice);
-            const int64_t h = frozen_hash(model, rt.params(), slice, m);
+            load_base(*setup.base, model, rt.params(), base, slice);
+            const int64_t h = frozen_hash(model, base, ranged, m);
             TESSERA_CHECK(!state.base_hash || *state.base_hash == h,
                           "--resume {}: its base {} has changed since the fine-tune began (frozen weights hash {}, the "
                           "checkpoint says {})",
@@ -340,10 +342,12 @@ TrainSummary train(const TrainOptions& opts) {
             model.init_params(rt.params(), tc.seed);
         }
         if (setup.base) {  // the base's weights over the initialisation (adapters keep theirs)
-            load_base(*setup.base, model, rt.params(), trained, slice);
+            std::vector<ParamTarget> all = base;
+            all.insert(all.end(), trained.begin(), trained.end());
+            load_base(*setup.base, model, rt.params(), all, slice);
             if (fsdp) fsdp->invalidate();
         }
-        if (frozen > 0) state.base_hash = frozen_hash(model, rt.params(), slice, m);
+        if (frozen > 0) state.base_hash = frozen_hash(model, base, ranged, m);
     }
     const bool fresh = setup.checkpoint.empty();
     // a fresh run that fails before its first checkpoint leaves nothing

@@ -281,6 +281,7 @@ TEST(FineTune, UnderMpiEqualsOneProcess) {
     ASSERT_EQ(a.status, 0) << a.err;
     ASSERT_EQ(b.status, 0) << b.out << b.err;
     EXPECT_NE(b.out.find("(FSDP)"), std::string::npos) << b.out;
+    EXPECT_NE(b.out.find("params.shard.frozen"), std::string::npos) << "the frozen base is sharded too: " << b.out;
     EXPECT_EQ(losses(d.file("one")), losses(d.file("two")));
     EXPECT_EQ(stored_names(ckpt(d.file("one"), 12) + "/model.safetensors").size(), 28u);
     // an MoE base; adapters on attention, the shared expert and every routed expert
