@@ -101,7 +101,8 @@ std::string ModelSummary::str() const {
             "LoRA rank {} (alpha {}{}) on {} modules: {} parameters train ({:.3f}% of the base); training state (f32 "
             "frozen base 4 B per parameter, 16 B per trained one): {} before activations\n",
             lora.rank, lora.alpha, lora.rslora ? ", rsLoRA" : "", adapted_modules, human(double(trained_params), ""),
-            100.0 * double(trained_params) / double(params), gib(4.0 * double(frozen_params) + 16.0 * double(trained_params)));
+            100.0 * double(trained_params) / double(params),
+            gib(4.0 * double(frozen_params) + 16.0 * double(trained_params)));
     }
     return out;
 }
