@@ -397,15 +397,19 @@ ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice expert
     return {param, slice ? experts.first * (n / spec.shape[0]) : 0, n, dst};
 }
 
-void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts, size_t first) {
+std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, size_t last, ExpertSlice experts) {
     std::vector<ParamTarget> targets;
-    for (size_t i = first; i < params.size(); ++i) {
+    for (size_t i = first; i < std::min(last, params.size()); ++i) {
         const BufferSpec& spec = params.specs()[i];
         TESSERA_CHECK(spec.dtype == DType::f32, "checkpoint: parameter {} is {}, not f32", spec.name,
                       dtype_name(spec.dtype));
         targets.push_back(held_target(i, spec, experts, params.view(i).ptr<float>()));
     }
-    load_params(ckpt_dir, params.specs(), targets, experts);
+    return targets;
+}
+
+void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts, size_t first) {
+    load_params(ckpt_dir, params.specs(), held_targets(params, first, params.size(), experts), experts);
 }
 
 }  // namespace tessera::train

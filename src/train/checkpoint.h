@@ -83,6 +83,8 @@ struct ParamTarget {
 // or its expert slice) at dst.
 Shape whole_shape(const BufferSpec& spec, ExpertSlice experts);
 ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, float* dst);
+// held_target for the parameters [first, last) of a group, at their own memory (f32 only).
+std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, size_t last, ExpertSlice experts);
 // Reads the targets from a checkpoint's parameters, whichever layout wrote them (model.safetensors, or the
 // model files of any number of ranks): every target must be covered, every stored tensor must be one of the
 // specs with its whole shape, and the values finite (a NaN or Inf weight is an error naming the tensor).

@@ -23,21 +23,6 @@ bool is_adapter(const std::string& name) {
     return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
 }
 
-// Whole targets for parameters [first, last) held in `params` (experts: this rank's slice)
-std::vector<ParamTarget> held_targets(
-    const model::Model& m, const BufferGroup& params, size_t first, size_t last, ExpertSlice experts) {
-    std::vector<ParamTarget> t;
-    for (size_t i = first; i < last; ++i)
-        t.push_back(held_target(i, m.param_specs()[i], experts, params.view(i).ptr<float>()));
-    return t;
-}
-
-// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014)
-uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 }  // namespace
 
 ModelSource open_model_source(const std::string& path) {
@@ -78,7 +63,7 @@ ModelSource open_model_source(const std::string& path) {
 
 void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
     if (peft) {
-        load_base(open_model_source(base), m, params, held_targets(m, params, 0, m.frozen_params(), {}), {});
+        load_base(open_model_source(base), m, params, held_targets(params, 0, m.frozen_params(), {}), {});
         model::load_peft_adapter(path, model::peft_tensor_map(m.param_specs(), config, peft_family(*this)), params);
         check_finite(params, path);
         return;
@@ -94,7 +79,7 @@ void ModelSource::load(const model::Model& m, const BufferGroup& params) const {
     }
     // a fine-tune: the base it names (the same one: its hash), then what the fine-tune trained
     const ModelSource b = open_model_source(base);
-    const std::vector<ParamTarget> frozen = held_targets(m, params, 0, m.frozen_params(), {});
+    const std::vector<ParamTarget> frozen = held_targets(params, 0, m.frozen_params(), {});
     load_base(b, m, params, frozen, {});
     const TrainerState st = load_trainer_state(path);
     const int64_t h = frozen_hash(

@@ -313,9 +313,8 @@ TrainSummary train(const TrainOptions& opts) {
         for (const ParamTarget& t : fsdp->load_targets(opt, rt.params(), slice))
             (t.param >= frozen ? trained : base).push_back(t);
     } else {
-        for (size_t i = 0; i < model.param_specs().size(); ++i)
-            (i >= frozen ? trained : base)
-                .push_back(held_target(i, model.param_specs()[i], slice, rt.params().view(i).ptr<float>()));
+        base = held_targets(rt.params(), 0, frozen, slice);
+        trained = held_targets(rt.params(), frozen, SIZE_MAX, slice);
     }
     const auto ranged = [&](size_t i) { return fsdp && fsdp->holds_param(i); };
     if (!setup.checkpoint.empty()) {

@@ -2,6 +2,7 @@
 #include "ops/lora.h"
 
 #include "core/check.h"
+#include "core/rng.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/gemm.h"
 
@@ -50,13 +51,6 @@ void scale_rows(T* p, int64_t n, T s) {
     for (int64_t i = 0; i < n; ++i) p[i] *= s;
 }
 
-// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014) over the element's counter
-uint64_t mix(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 // x̃ = x ⊙ m / (1 − p) into xd [N, IN] (contiguous), and out pointing at it
 template <class T>
 void drop_input(const LoraParams& p, const Rows<T>& X, TensorView xd, int64_t N, int64_t in, Rows<T>& out) {
@@ -73,7 +67,7 @@ void drop_input(const LoraParams& p, const Rows<T>& X, TensorView xd, int64_t N,
 }  // namespace
 
 bool lora_keep(const LoraParams& p, uint64_t index) {
-    const uint64_t h = mix(p.seed * 0x9e3779b97f4a7c15ull ^ mix(p.stream + index * 0xd1b54a32d192ed03ull));
+    const uint64_t h = mix64(p.seed * 0x9e3779b97f4a7c15ull ^ mix64(p.stream + index * 0xd1b54a32d192ed03ull));
     return double(h >> 11) * 0x1.0p-53 >= p.dropout;
 }
 
