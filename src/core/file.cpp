@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cerrno>
@@ -125,6 +126,17 @@ void write_file_atomic(const std::string& path, const std::function<void(const B
 
 void write_text_atomic(const std::string& path, const std::string& text) {
     write_file_atomic(path, [&](const ByteSink& sink) { sink(std::as_bytes(std::span(text.data(), text.size()))); });
+}
+
+void for_each_line(std::string_view text, const std::function<void(std::string_view, size_t)>& f) {
+    size_t number = 0;
+    for (size_t pos = 0; pos < text.size();) {
+        const size_t end = std::min(text.find('\n', pos), text.size());
+        std::string_view line = text.substr(pos, end - pos);
+        pos = end + 1;
+        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+        f(line, ++number);
+    }
 }
 
 std::string read_text(const std::string& path, size_t max_bytes) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace tessera {
 
@@ -43,6 +44,8 @@ std::string writer_tag();
 bool writer_is_dead(const std::string& tag);
 
 std::string read_text(const std::string& path, size_t max_bytes = SIZE_MAX);
+// Calls f(line, number) for each line of text (numbered from 1; "\n" or "\r\n" ends a line, not part of it).
+void for_each_line(std::string_view text, const std::function<void(std::string_view, size_t)>& f);
 void fsync_path(const std::string& path);  // a file or a directory
 
 uint32_t crc32c_update(uint32_t crc, std::span<const std::byte> data);

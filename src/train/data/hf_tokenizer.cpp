@@ -287,15 +287,9 @@ BpeSpec read_tiktoken(const std::string& model_path, const std::string& config_p
     spec.splits.push_back(translate_pattern(kKimiPattern, model_path + ": Kimi's pattern"));
     const std::string text = read_text(model_path, kMaxTokenizerBytes);
     std::unordered_map<std::string, int64_t> seen;
-    size_t line_no = 0;
-    for (size_t pos = 0; pos < text.size();) {
-        const size_t end = std::min(text.find('\n', pos), text.size());
-        std::string_view line(text.data() + pos, end - pos);
-        pos = end + 1;
-        ++line_no;
-        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-        if (line.empty()) continue;  // as tiktoken's load_tiktoken_bpe
-        const std::string where = fmt::format("{}:{}", model_path, line_no);
+    for_each_line(text, [&](std::string_view line, size_t number) {
+        if (line.empty()) return;  // as tiktoken's load_tiktoken_bpe
+        const std::string where = fmt::format("{}:{}", model_path, number);
         const size_t space = line.find(' ');
         TESSERA_CHECK(space != std::string_view::npos, "{}: expected \"base64 rank\", not \"{}\"", where,
                       excerpt(line));
@@ -310,7 +304,7 @@ BpeSpec read_tiktoken(const std::string& model_path, const std::string& config_p
         auto [it, fresh] = seen.emplace(bytes, rank);
         TESSERA_CHECK(fresh, "{}: the same bytes as the token of rank {}", where, it->second);
         set_token(spec, int32_t(rank), std::move(bytes), true);
-    }
+    });
     const size_t n = seen.size();
     TESSERA_CHECK(n > 0, "{}: no tokens", model_path);
     TESSERA_CHECK(spec.tokens.size() == n, "{}: the ranks are not 0..{} (rank {} is the largest)", model_path, n - 1,

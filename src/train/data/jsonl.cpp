@@ -41,15 +41,9 @@ Example parse_example(std::string_view line, const std::string& where) {
 std::vector<Example> read_jsonl(const std::string& path) {
     const std::string text = read_text(path);
     std::vector<Example> examples;
-    size_t line_no = 0;
-    for (size_t pos = 0; pos < text.size();) {
-        const size_t end = std::min(text.find('\n', pos), text.size());
-        std::string_view line(text.data() + pos, end - pos);
-        pos = end + 1;
-        ++line_no;
-        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-        examples.push_back(parse_example(line, fmt::format("{}:{}", path, line_no)));
-    }
+    for_each_line(text, [&](std::string_view line, size_t number) {
+        examples.push_back(parse_example(line, fmt::format("{}:{}", path, number)));
+    });
     TESSERA_CHECK(!examples.empty(), "{}: no examples (the file is empty)", path);
     return examples;
 }
