@@ -22,6 +22,20 @@ inline const std::string kTinyHybrid =
     " --set 'model.attention=[\"kda\",\"dsa\"]' --set model.mla.dsa.topk=8 --set model.kda.head_dim=16"
     " --set model.output_gate=headwise --set model.n_kv_heads=null";
 
+// --set options for tiny models that export-hf writes as Kimi-Linear (KDA, KDA, MLA with q_lora, MoE with a shared
+// expert) and as Qwen3-Next (GDN and gated GQA with q/k norms, MoE with a gated shared expert in every layer).
+inline const std::string kTinyKimiLinear =
+    " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
+    " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4"
+    " --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise"
+    " --set model.kda.o_norm_eps=1e-6";
+inline const std::string kTinyQwen3Next =
+    " --set 'model.attention=[\"gdn\",\"gqa\"]' --set model.n_layers=2 --set model.kda.head_dim=16"
+    " --set model.output_gate=elementwise --set model.qk_norm=true --set model.kda.o_norm_eps=1e-6"
+    " --set model.moe.experts=4 --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32"
+    " --set model.moe.shared_expert_gate=true --set model.moe.score=softmax --set model.moe.first_dense=0"
+    " --set model.moe.balance=frozen --set model.ffn_dim=null";
+
 // args: shell words appended to the binary path (quote them yourself).
 CliResult run_tessera(const std::string& args);
 

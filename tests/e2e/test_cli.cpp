@@ -264,12 +264,8 @@ TEST(Cli, InspectSummarisesHuggingFaceAndTesseraConfigs) {
 
 TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
     TempDir d;
-    const std::string hybrid =
-        " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
-        " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4"
-        " --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise"
-        " --set model.kda.o_norm_eps=1e-6";
-    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + hybrid);
+    test::CliResult r =
+        run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + test::kTinyKimiLinear);
     ASSERT_EQ(r.status, 0) << r.err;
     r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf") + " --shard-mib 1");
     ASSERT_EQ(r.status, 0) << r.err;
@@ -318,13 +314,8 @@ TEST(Cli, ExportHfWritesAKimiLinearDirectoryThatScoresIdentically) {
 
 TEST(Cli, ExportHfWritesQwen3NextForAGdnModel) {
     TempDir d;
-    const std::string qwen =
-        " --set 'model.attention=[\"gdn\",\"gqa\"]' --set model.n_layers=2 --set model.kda.head_dim=16"
-        " --set model.output_gate=elementwise --set model.qk_norm=true --set model.kda.o_norm_eps=1e-6"
-        " --set model.moe.experts=4 --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32"
-        " --set model.moe.shared_expert_gate=true --set model.moe.score=softmax --set model.moe.first_dense=0"
-        " --set model.moe.balance=frozen --set model.ffn_dim=null";
-    test::CliResult r = run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + qwen);
+    test::CliResult r =
+        run_tessera("train --config " + kTiny + " --steps 2 --out " + d.file("run") + test::kTinyQwen3Next);
     ASSERT_EQ(r.status, 0) << r.err;
     r = run_tessera("export-hf --checkpoint " + d.file("run") + " --out " + d.file("hf"));
     ASSERT_EQ(r.status, 0) << r.err;

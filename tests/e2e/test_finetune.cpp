@@ -164,18 +164,7 @@ TEST(FineTune, MergedExportScoresLikeTheAdapters) {
         "\"kv_a_proj_with_mqa\",\"kv_b_proj\",\"o_proj\",\"k_proj\",\"v_proj\",\"g_proj\",\"f_a_proj\","
         "\"a_proj\",\"f_b_proj\",\"b_proj\",\"g_a_proj\",\"g_b_proj\",\"gate_proj\",\"up_proj\","
         "\"down_proj\"]'";
-    const std::string kimi =
-        " --set 'model.attention=[\"kda\",\"kda\",\"mla\"]' --set model.n_layers=3 --set model.kda.head_dim=16"
-        " --set model.n_kv_heads=null --set model.mla.q_lora_rank=16 --set model.moe.experts=4"
-        " --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32 --set model.output_gate=elementwise"
-        " --set model.kda.o_norm_eps=1e-6";
-    const std::string qwen =
-        " --set 'model.attention=[\"gdn\",\"gqa\"]' --set model.n_layers=2 --set model.kda.head_dim=16"
-        " --set model.output_gate=elementwise --set model.qk_norm=true --set model.kda.o_norm_eps=1e-6"
-        " --set model.moe.experts=4 --set model.moe.ffn_dim=16 --set model.moe.shared_ffn_dim=32"
-        " --set model.moe.shared_expert_gate=true --set model.moe.score=softmax --set model.moe.first_dense=0"
-        " --set model.moe.balance=frozen --set model.ffn_dim=null";
-    for (const std::string& arch : {kimi, qwen}) {
+    for (const std::string& arch : {test::kTinyKimiLinear, test::kTinyQwen3Next}) {
         SCOPED_TRACE(arch);
         const std::string base = d.file("base"), lora = d.file("lora"), hf = d.file("hf");
         fs::remove_all(base);

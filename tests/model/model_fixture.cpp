@@ -51,4 +51,36 @@ std::vector<double> GoldenModel::run_trajectory(std::vector<train::StepResult>* 
     return losses;
 }
 
+GoldenModel::Decoder GoldenModel::decoder() const {
+    Decoder d;
+    d.model = std::make_unique<model::Model>(cfg.model);
+    d.cache = std::make_unique<BufferGroup>("cache", d.model->cache_specs(shape.batch, shape.seq));
+    d.rt = std::make_unique<model::ModelRuntime>(*d.model, model::StepShape{shape.batch, 1}, false, false,
+                                                 std::vector<BufferGroup*>{d.cache.get()});
+    d.model->bind_cache(*d.cache);
+    for (const auto& spec : d.model->param_specs()) {
+        const TensorView from = rt->params().view(spec.name);
+        std::memcpy(d.rt->params().view(spec.name).data, from.data, from.nbytes());
+    }
+    return d;
+}
+
+void GoldenModel::expect_decoding_matches_forward(Decoder& d, double tol) const {
+    const int64_t B = shape.batch, T = shape.seq, V = cfg.model.vocab_size;
+    Tensor full(DType::f32, Shape{B * T, V});
+    model->forward_logits(shape, ids("ids"), full);
+    const auto tokens = ids("ids");
+    Tensor step(DType::f32, Shape{B, V}), want(DType::f32, Shape{B, V});
+    for (int64_t pos = 0; pos < T; ++pos) {
+        std::vector<int32_t> tok;
+        for (int64_t b = 0; b < B; ++b) {
+            tok.push_back(tokens[size_t(b * T + pos)]);
+            std::copy(full.ptr<float>() + (b * T + pos) * V, full.ptr<float>() + (b * T + pos + 1) * V,
+                      want.ptr<float>() + b * V);
+        }
+        d.model->decode_step(pos, tok, step);
+        EXPECT_TRUE(rel_rms_close(step, want, tol)) << "position " << pos;
+    }
+}
+
 }  // namespace tessera::test

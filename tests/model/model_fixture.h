@@ -32,6 +32,18 @@ struct GoldenModel {
     std::span<const int32_t> ids(const std::string& name, int64_t index = 0) const;  // one [B·T] batch
     // Runs the golden 10-step trajectory; returns the losses (and each step's result, when asked).
     std::vector<double> run_trajectory(std::vector<train::StepResult>* steps = nullptr);
+
+    // A model of this config decoding one token at a time: caches for the batch's sequences, the parameters this
+    // model holds now.
+    struct Decoder {
+        std::unique_ptr<model::Model> model;
+        std::unique_ptr<BufferGroup> cache;
+        std::unique_ptr<model::ModelRuntime> rt;
+    };
+    Decoder decoder() const;
+    // gtest expectations: the decoder's logits at every position of the batch equal this model's full forward's
+    // within tol (relative RMS).
+    void expect_decoding_matches_forward(Decoder& d, double tol) const;
 };
 
 }  // namespace tessera::test

@@ -87,29 +87,8 @@ void randomize_b(const test::GoldenModel& lo, uint32_t seed) {
 TEST_P(Lora, IncrementalDecodingWithAdaptersMatchesTheFullForward) {
     test::GoldenModel lo(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
     randomize_b(lo, 3);
-    const int64_t B = lo.shape.batch, T = lo.shape.seq, V = lo.cfg.model.vocab_size;
-    Tensor full(DType::f32, Shape{B * T, V});
-    lo.model->forward_logits(lo.shape, lo.ids("ids"), full);
-    model::Model m(lo.cfg.model);
-    BufferGroup cache("cache", m.cache_specs(B, T));
-    model::ModelRuntime rt(m, {B, 1}, false, false, {&cache});
-    m.bind_cache(cache);
-    for (const auto& spec : m.param_specs()) {
-        const TensorView from = lo.rt->params().view(spec.name);
-        std::memcpy(rt.params().view(spec.name).data, from.data, from.nbytes());
-    }
-    const auto ids = lo.ids("ids");
-    Tensor step(DType::f32, Shape{B, V}), want(DType::f32, Shape{B, V});
-    for (int64_t pos = 0; pos < T; ++pos) {
-        std::vector<int32_t> tok;
-        for (int64_t b = 0; b < B; ++b) {
-            tok.push_back(ids[size_t(b * T + pos)]);
-            std::copy(full.ptr<float>() + (b * T + pos) * V, full.ptr<float>() + (b * T + pos + 1) * V,
-                      want.ptr<float>() + b * V);
-        }
-        m.decode_step(pos, tok, step);
-        EXPECT_TRUE(test::rel_rms_close(step, want, 1e-5)) << "position " << pos;  // as the models' own decoding
-    }
+    test::GoldenModel::Decoder d = lo.decoder();
+    lo.expect_decoding_matches_forward(d, 1e-5);  // as the models' own decoding
 }
 
 TEST_P(Lora, RecomputeIsBitwiseIdentical) {
