@@ -141,7 +141,10 @@ TEST(FineTune, MistakesAreOneLineErrors) {
         run_tessera("train --config " + kTiny + base +
                     " --set model.lora.rank=4 --set 'model.lora.target_modules=[\"qproj\"]' --out " + d.file("e")),
         "names a projection", "a target that matches nothing");
-    for (const char* dir : {"a", "b", "c", "e"}) EXPECT_FALSE(fs::exists(d.file(dir))) << dir << " left behind";
+    test::expect_one_line_error(
+        run_tessera("export-hf --merge-lora --checkpoint " + d.file("base") + " --out " + d.file("f")),
+        "--merge-lora: ", "merging a model without adapters");
+    for (const char* dir : {"a", "b", "c", "e", "f"}) EXPECT_FALSE(fs::exists(d.file(dir))) << dir << " left behind";
 }
 
 // the logits tensor `tessera logits` writes for a checkpoint or Hugging Face directory

@@ -238,6 +238,11 @@ TEST(LoraConfig, MistakesAreOneLineErrors) {
         },
         "lora.alpha must be positive");
     test::expect_error([&] { build(Json{{"rank", 4}, {"target_modules", "q_proj"}}); }, "must be a list of strings");
+    test::expect_error(
+        [&] {
+            build(Json{{"rank", 4}, {"dropout", 1.0}, {"target_modules", {"q_proj"}}});
+        },
+        "lora.dropout must be in [0, 1)");
 }
 
 }  // namespace
