@@ -32,6 +32,7 @@ struct BufferSpec {
     bool weight_decay = false;           // parameters only: AdamW decays it
     Sharding sharding = Sharding::data;  // parameters only
     bool trainable = true;               // parameters only: false = frozen (no gradient, no optimizer state)
+    bool narrowable = false;             // parameters only: its ops also read it in bf16 (a frozen base's dtype)
     size_t nbytes() const;               // throws when the size does not fit in 2^62 bytes
 };
 

@@ -52,6 +52,7 @@ LoraConfig parse_lora_config(const Json& section, const std::string& where) {
     c.dropout = r.number("dropout", d.dropout);
     c.target_modules = r.names("target_modules");
     c.modules_to_save = r.names("modules_to_save");
+    c.base_dtype = r.choice("base_dtype", d.base_dtype, {"f32", "bf16"});
     r.finish();
     c.validate(where);
     return c;
@@ -477,7 +478,8 @@ Json to_json(const LoraConfig& l) {
                 {"rslora", l.rslora},
                 {"dropout", l.dropout},
                 {"target_modules", l.target_modules},
-                {"modules_to_save", l.modules_to_save}};
+                {"modules_to_save", l.modules_to_save},
+                {"base_dtype", l.base_dtype}};
 }
 
 bool LoraConfig::names(const std::vector<std::string>& list, const std::string& path) {

@@ -142,6 +142,9 @@ struct LoraConfig {
     double dropout = 0.0;  // PEFT's lora_dropout on the adapters' input while training (not on the routed experts')
     std::vector<std::string> target_modules;
     std::vector<std::string> modules_to_save;
+    // how the frozen base's GEMM weights (projections, experts, embedding, head) are held: f32 | bf16 (2 bytes a
+    // parameter, widened per GEMM block; the norms, biases, gates and convolutions stay f32)
+    std::string base_dtype = "f32";
 
     bool enabled() const { return rank > 0; }
     double scale() const { return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank); }

@@ -134,6 +134,20 @@ void for_row_blocks(const HfTensor& t, F f) {
     if (t.rows.groups == 0) return f(int64_t(0), int64_t(0), t.shape[0]);
     for (int64_t g = 0; g < t.rows.groups; ++g) f(g * t.rows.count, g * t.rows.stride + t.rows.offset, t.rows.count);
 }
+// fill(out) writes the f32 values of dst; a dst held in bf16 (a frozen base) is staged through f32 (its other rows
+// kept: a fused stored tensor fills some rows of a parameter only) and rounded back
+template <class Fill>
+void in_f32(const TensorView& dst, Fill fill) {
+    if (dst.dtype == DType::f32) {
+        fill(dst.ptr<float>());
+        return;
+    }
+    Tensor staged(DType::f32, dst.shape);
+    convert(dst, staged.view());
+    fill(staged.ptr<float>());
+    convert(staged.view(), dst);
+}
+
 bool is_plain(const HfTensor& t) { return t.rows.groups == 0 && t.pad_to == 0 && t.offset == 0.f; }
 
 std::string head_name(const std::string& model_type) {
@@ -315,7 +329,7 @@ Tensor load_f32(const SafetensorsFile& f, const std::string& name) {
 }
 
 bool same_bits(const TensorView& a, const TensorView& b) {
-    return a.shape == b.shape && std::memcmp(a.data, b.data, size_t(a.nbytes())) == 0;
+    return a.shape == b.shape && a.dtype == b.dtype && std::memcmp(a.data, b.data, size_t(a.nbytes())) == 0;
 }
 }  // namespace
 
@@ -369,8 +383,10 @@ void load_hf_checkpoint(const std::string& dir,
         if (t.copy != HfTensor::Copy::none) {  // a tied head: optional, and then equal to the parameter
             const SafetensorsFile* f = file_of(t.name);
             if (!f) continue;
-            const Tensor stored = load_f32(*f, t.name);
-            TESSERA_CHECK(same_bits(stored.view(), params.view(t.param).reshape(t.shape)),
+            const TensorView held = params.view(t.param).reshape(t.shape);
+            Tensor stored(held.dtype, held.shape);  // as the parameter is held (a bf16 base: rounded as it was)
+            convert(load_f32(*f, t.name).view(), stored.view());
+            TESSERA_CHECK(same_bits(stored.view(), held),
                           "{}: \"{}\" differs from {} although the config ties them (tie_word_embeddings)", dir, t.name,
                           t.param);
             used.insert(t.name);
@@ -405,22 +421,22 @@ void load_hf_checkpoint(const std::string& dir,
                 f->load_into(name, full.view());
             }
             const float* src = full.ptr<float>();
-            float* out = dst.ptr<float>();
-            if (is_plain(t)) {
-                std::copy(src, src + dst.numel(), out);
-                continue;
-            }
-            if (t.pad_to > 0) {
-                for (int64_t i = dst.numel(); i < t.shape[0]; ++i) {
-                    TESSERA_CHECK(src[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name, src[i],
-                                  i);
+            in_f32(dst, [&](float* out) {
+                if (is_plain(t)) {
+                    std::copy(src, src + dst.numel(), out);
+                } else if (t.pad_to > 0) {
+                    for (int64_t i = dst.numel(); i < t.shape[0]; ++i) {
+                        TESSERA_CHECK(src[i] == 0.f, "{}: \"{}\" pads with {} at {} (must be zero)", dir, t.name,
+                                      src[i], i);
+                    }
+                    for (int64_t i = 0; i < dst.numel(); ++i) out[i] = src[i] + t.offset;
+                } else {
+                    const int64_t cols = t.shape.numel() / t.shape[0];
+                    for_row_blocks(t, [&](int64_t prow, int64_t srow, int64_t rows) {
+                        for (int64_t i = 0; i < rows * cols; ++i)
+                            out[prow * cols + i] = src[srow * cols + i] + t.offset;
+                    });
                 }
-                for (int64_t i = 0; i < dst.numel(); ++i) out[i] = src[i] + t.offset;
-                continue;
-            }
-            const int64_t cols = t.shape.numel() / t.shape[0];
-            for_row_blocks(t, [&](int64_t prow, int64_t srow, int64_t rows) {
-                for (int64_t i = 0; i < rows * cols; ++i) out[prow * cols + i] = src[srow * cols + i] + t.offset;
             });
             continue;
         }
@@ -436,8 +452,9 @@ void load_hf_checkpoint(const std::string& dir,
                           scale.view().dtype == DType::u8 && scale.view().shape == (Shape{rows, cols / 32}),
                       "{}: MXFP4 tensors of \"{}\" must be u8 [{}, {}] and [{}, {}]", dir, t.name, rows, cols / 2, rows,
                       cols / 32);
-        dequantize_mxfp4(packed.view().ptr<uint8_t>(), scale.view().ptr<uint8_t>(), rows, cols, dst.ptr<float>(),
-                         t.name);
+        in_f32(dst, [&](float* out) {
+            dequantize_mxfp4(packed.view().ptr<uint8_t>(), scale.view().ptr<uint8_t>(), rows, cols, out, t.name);
+        });
         used.insert(base + "weight_packed");
         used.insert(base + "weight_scale");
     }

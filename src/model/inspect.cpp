@@ -57,6 +57,7 @@ ModelSummary summarize(const ModelConfig& c, int64_t seq) {
     for (const auto& spec : m.param_specs()) {
         const int64_t n = spec.shape.numel();
         (spec.trainable ? s.trained_params : s.frozen_params) += n;
+        if (!spec.trainable) s.frozen_bytes += int64_t(spec.nbytes());
         if (spec.name.ends_with(".lora_A.weight")) ++s.adapted_modules;
         if (spec.name.ends_with(".lora_A.weight") || spec.name.ends_with(".lora_B.weight")) continue;  // base only
         s.params += n;
@@ -98,11 +99,13 @@ std::string ModelSummary::str() const {
         gib(16.0 * double(params)));
     if (lora.enabled()) {
         out += fmt::format(
-            "LoRA rank {} (alpha {}{}) on {} modules: {} parameters train ({:.3f}% of the base); training state (f32 "
-            "frozen base 4 B per parameter, 16 B per trained one): {} before activations\n",
+            "LoRA rank {} (alpha {}{}) on {} modules: {} parameters train ({:.3f}% of the base); training state "
+            "(frozen base {:.2f} B per parameter with its GEMM weights in {}, 16 B per trained one): {} before "
+            "activations\n",
             lora.rank, lora.alpha, lora.rslora ? ", rsLoRA" : "", adapted_modules, human(double(trained_params), ""),
             100.0 * double(trained_params) / double(params),
-            gib(4.0 * double(frozen_params) + 16.0 * double(trained_params)));
+            frozen_params > 0 ? double(frozen_bytes) / double(frozen_params) : 0.0, lora.base_dtype,
+            gib(double(frozen_bytes) + 16.0 * double(trained_params)));
     }
     return out;
 }

@@ -24,6 +24,7 @@ struct ModelSummary {
     int64_t params = 0, embedding_params = 0, routed_expert_params = 0;
     // model.lora: the parameters that train (adapters and modules_to_save), the adapted modules, the config
     int64_t trained_params = 0, frozen_params = 0, adapted_modules = 0;
+    int64_t frozen_bytes = 0;  // as held (model.lora.base_dtype)
     LoraConfig lora;
     double active_params = 0;  // per token: everything but the routed experts, plus k/E of them
     double forward_flops_per_token = 0, train_flops_per_token = 0;

@@ -103,7 +103,7 @@ void merge_lora(const LoraConfig& c, const BufferGroup& params, const BufferGrou
         const TensorView w = merged.view(i), src = params.view(name);
         TESSERA_CHECK(w.shape == src.shape, "merge: {} is {} in the merged model, {} with adapters", name,
                       w.shape.str(), src.shape.str());
-        std::copy_n(static_cast<const std::byte*>(src.data), src.nbytes(), static_cast<std::byte*>(w.data));
+        convert(src, w);  // a base kept in bf16 widened to the merged model's f32
         if (!name.ends_with(".weight")) continue;
         const std::string module = name.substr(0, name.size() - 7);
         const TensorView a = params.find(module + ".lora_A.weight"), b = params.find(module + ".lora_B.weight");

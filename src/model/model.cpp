@@ -111,7 +111,11 @@ void Model::freeze_base() {
     auto adapter = [](const std::string& name) {
         return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
     };
-    for (BufferSpec& s : param_specs_) s.trainable = adapter(s.name) || saved(s.name);
+    const DType base = cfg_.lora.base_dtype == "bf16" ? DType::bf16 : DType::f32;
+    for (BufferSpec& s : param_specs_) {
+        s.trainable = adapter(s.name) || saved(s.name);
+        if (!s.trainable && s.narrowable && s.sharding != Sharding::replicated) s.dtype = base;
+    }
     // as PEFT: an error when no name matches (a list may name modules of several families)
     const bool adapted = std::any_of(param_specs_.begin(), param_specs_.end(),
                                      [](auto& s) { return s.name.ends_with(".lora_A.weight"); });
@@ -307,17 +311,24 @@ void Model::bind(const BufferGroup& params,
 void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, size_t last) const {
     for (size_t i = first; i < std::min(last, param_specs_.size()); ++i) {
         TensorView v = params.view(param_specs_[i].name);
-        float* p = v.ptr<float>();
         const int64_t n = v.numel();
         const ParamInit init = inits_[i];
         const RandomStream rs{seed, hash_name(param_specs_[i].name)};
         const bool uniform = init.kind != ParamInit::Kind::normal;
         const int64_t at = init.element_offset;
-#pragma omp parallel for schedule(static)
-        for (int64_t e = 0; e < n; ++e) {
+        auto value = [&](int64_t e) {
             const uint64_t k = uint64_t(at + e);
-            p[e] = float(uniform ? init.value(rs.uniform(k), 0.0) : init.value(0.0, rs.normal(k)));
+            return float(uniform ? init.value(rs.uniform(k), 0.0) : init.value(0.0, rs.normal(k)));
+        };
+        if (v.dtype == DType::bf16) {  // a frozen base kept in bf16: the f32 values rounded
+            bf16* p = v.ptr<bf16>();
+#pragma omp parallel for schedule(static)
+            for (int64_t e = 0; e < n; ++e) p[e] = float_to_bf16(value(e));
+            continue;
         }
+        float* p = v.ptr<float>();
+#pragma omp parallel for schedule(static)
+        for (int64_t e = 0; e < n; ++e) p[e] = value(e);
     }
 }
 

@@ -51,6 +51,20 @@ void grouped_gemm(Trans tb,
                   double* C,
                   int64_t ldc);
 
+// The f32 kind with B a bf16 weight (a frozen base's experts; ops/gemm.h NarrowB: B.data is expert 0's first
+// element, B.ldb its row stride): bitwise the product with the widened f32 weight.
+void grouped_gemm(Trans tb,
+                  const ExpertRows& g,
+                  int64_t N,
+                  int64_t K,
+                  const float* A,
+                  int64_t lda,
+                  NarrowB B,
+                  int64_t b_stride,
+                  float beta,
+                  float* C,
+                  int64_t ldc);
+
 // C_e[M, N] += A[rows_e, M]ᵀ · B[rows_e, N]
 void grouped_gemm_wgrad(const ExpertRows& g,
                         int64_t M,

@@ -1,7 +1,8 @@
 // Linear layer: y = x · wᵀ + b. Shapes: x [N, IN], w [OUT, IN], b [OUT] (optional), y [N, OUT].
 // x, y, dx and dy may be row-strided 2-D views (last dim contiguous), e.g. column blocks of a
 // fused buffer. Backward accumulates into dx, dw and db; an absent (undefined) dx, dw or db is skipped (dw:
-// a frozen weight, whose gradient is never computed).
+// a frozen weight, whose gradient is never computed). w may be bf16 with f32 x and y (a frozen base kept in bf16,
+// model.lora.base_dtype): the GEMMs widen it block by block (ops/gemm.h NarrowB), bitwise as its f32 values would.
 #pragma once
 
 #include "core/tensor.h"

@@ -314,9 +314,9 @@ void load_params(const std::string& ckpt_dir,
         for (const auto& e : f.entries()) {
             const size_t i = known(whole.string(), e.name);
             const Shape want = whole_shape(specs[i], experts);
-            TESSERA_CHECK(e.shape == want && e.dtype == specs[i].dtype, "{}: tensor \"{}\" is {} {}, expected {} {}",
-                          whole.string(), e.name, dtype_name(e.dtype), e.shape.str(), dtype_name(specs[i].dtype),
-                          want.str());
+            // (f32 as written; a target held in bf16 takes the values rounded)
+            TESSERA_CHECK(e.shape == want && e.dtype == DType::f32, "{}: tensor \"{}\" is {} {}, expected f32 {}",
+                          whole.string(), e.name, dtype_name(e.dtype), e.shape.str(), want.str());
             sources[e.name].push_back({0, whole_numel(i), f.view(e.name).ptr<float>()});
         }
     } else {
@@ -371,18 +371,31 @@ void load_params(const std::string& ckpt_dir,
             const int64_t lo = std::max(src.whole_offset, t.whole_offset),
                           hi = std::min(src.whole_offset + src.length, t.whole_offset + t.length);
             if (lo >= hi) continue;
-            std::copy_n(src.data + (lo - src.whole_offset), hi - lo, t.dst + (lo - t.whole_offset));
+            t.store(lo - t.whole_offset, src.data + (lo - src.whole_offset), hi - lo, ckpt_dir, name);
             found += hi - lo;
         }
         TESSERA_CHECK(found == t.length,
                       "{}: the model files hold {} of the {} elements of \"{}\" wanted here (missing "
                       "or corrupted?)",
                       ckpt_dir, found, t.length, name);
-        const float* bad = std::find_if(t.dst, t.dst + t.length, [](float x) { return !std::isfinite(x); });
-        TESSERA_CHECK(bad == t.dst + t.length,
-                      "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it",
-                      ckpt_dir, name, *bad, t.whole_offset + (bad - t.dst));
     }
+}
+
+void ParamTarget::store(
+    int64_t at, const float* src, int64_t n, const std::string& where, const std::string& name) const {
+    const float* bad = std::find_if(src, src + n, [](float x) { return !std::isfinite(x); });
+    TESSERA_CHECK(bad == src + n,
+                  "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it", where, name,
+                  *bad, whole_offset + at + (bad - src));
+    TESSERA_CHECK(at >= 0 && at + n <= length, "{}: {} elements at {} of \"{}\" outside the {} wanted", where, n, at,
+                  name, length);
+    if (dtype == DType::bf16) {
+        bf16* out = static_cast<bf16*>(dst) + at;
+        for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(src[i]);
+        return;
+    }
+    TESSERA_CHECK(dtype == DType::f32, "{}: \"{}\" is held as {}", where, name, dtype_name(dtype));
+    std::copy_n(src, n, static_cast<float*>(dst) + at);
 }
 
 Shape whole_shape(const BufferSpec& spec, ExpertSlice experts) {
@@ -391,19 +404,16 @@ Shape whole_shape(const BufferSpec& spec, ExpertSlice experts) {
     return s;
 }
 
-ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, float* dst) {
+ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, void* dst) {
     const int64_t n = spec.shape.numel();
     const bool slice = spec.sharding == Sharding::expert && experts.total > 0;
-    return {param, slice ? experts.first * (n / spec.shape[0]) : 0, n, dst};
+    return {param, slice ? experts.first * (n / spec.shape[0]) : 0, n, dst, spec.dtype};
 }
 
 std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, size_t last, ExpertSlice experts) {
     std::vector<ParamTarget> targets;
     for (size_t i = first; i < std::min(last, params.size()); ++i) {
-        const BufferSpec& spec = params.specs()[i];
-        TESSERA_CHECK(spec.dtype == DType::f32, "checkpoint: parameter {} is {}, not f32", spec.name,
-                      dtype_name(spec.dtype));
-        targets.push_back(held_target(i, spec, experts, params.view(i).ptr<float>()));
+        targets.push_back(held_target(i, params.specs()[i], experts, params.view(i).data));
     }
     return targets;
 }

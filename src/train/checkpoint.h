@@ -76,14 +76,18 @@ TrainerState load_trainer_state(const std::string& ckpt_dir);
 // Elements [whole_offset, whole_offset + length) of the whole tensor of parameter spec `param`, into dst.
 struct ParamTarget {
     size_t param = 0;
-    int64_t whole_offset = 0, length = 0;
-    float* dst = nullptr;
+    int64_t whole_offset = 0, length = 0;  // elements
+    void* dst = nullptr;
+    DType dtype = DType::f32;  // of dst: f32, or bf16 (a frozen base kept in bf16)
+    // n f32 values into elements [at, at + n) of the target (rounded to bf16 there); throws naming `where` and the
+    // parameter at a NaN or Inf
+    void store(int64_t at, const float* src, int64_t n, const std::string& where, const std::string& name) const;
 };
 // A parameter's shape in the checkpoint (all experts), and the target for all of it that this rank holds (whole,
 // or its expert slice) at dst.
 Shape whole_shape(const BufferSpec& spec, ExpertSlice experts);
-ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, float* dst);
-// held_target for the parameters [first, last) of a group, at their own memory (f32 only).
+ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, void* dst);
+// held_target for the parameters [first, last) of a group, at their own memory.
 std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, size_t last, ExpertSlice experts);
 // Reads the targets from a checkpoint's parameters, whichever layout wrote them (model.safetensors, or the
 // model files of any number of ranks): every target must be covered, every stored tensor must be one of the

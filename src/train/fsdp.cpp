@@ -14,6 +14,11 @@ constexpr int64_t kAlignElems = int64_t(kBufferAlign / sizeof(float));
 
 size_t align_up(size_t b) { return (b + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }
 
+// A parameter's length in the flat spaces, which count 4-byte words: its elements when f32 (every trained one), half
+// of them when bf16 (a frozen base kept in bf16: the frozen region is only ever gathered, never summed, so a cut
+// between two words is a cut between elements)
+int64_t words(const BufferSpec& s) { return int64_t((s.nbytes() + sizeof(float) - 1) / sizeof(float)); }
+
 void wait_all(std::vector<parallel::Handle>& hs) {
     for (auto& h : hs) h.wait();
     hs.clear();
@@ -77,7 +82,7 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
                        : specs_[first].sharding == Sharding::expert ? AdamW::expert
                                                                     : AdamW::data;
             const Region& g = regions_[size_t(p.region)];
-            const int64_t end = int64_t(flat_[last - 1]) + specs_[last - 1].shape.numel();
+            const int64_t end = int64_t(flat_[last - 1]) + words(specs_[last - 1]);
             p.lo = int64_t(flat_[first]) - g.base;
             p.hi = (end + kAlignElems - 1) / kAlignElems * kAlignElems - g.base;
             TESSERA_CHECK(p.lo >= 0 && p.hi <= g.cut.total, "FSDP: unit {} .. {} outside its region",
@@ -281,8 +286,8 @@ void Fsdp::init(const model::Model& model, uint64_t seed) {
         for (size_t j = 0; j < u.parts.size(); ++j) {
             const Part& p = u.parts[j];
             model.init_params(*params_, seed, u.specs[j].first, u.specs[j].second);
-            const float* slot = reinterpret_cast<const float*>(slot_params(u.slot) + p.at);
-            std::copy_n(slot + (p.mine_lo - p.lo), p.mine, mine(p));
+            std::memcpy(mine(p), slot_params(u.slot) + p.at + size_t(p.mine_lo - p.lo) * sizeof(float),
+                        size_t(p.mine) * sizeof(float));
         }
         occupant_[size_t(u.slot)] = int(k);
     }
@@ -296,18 +301,22 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
         targets.push_back({p.param + frozen_, p.whole_offset, p.length,
                            shard(p.region).data() + (p.flat_offset - g.base - g.cut.lo)});
     }
-    if (holds(kFrozen)) {  // this rank's range of the frozen dense parameters
+    if (holds(kFrozen)) {  // this rank's range of the frozen dense parameters (words: see words())
         const Region& g = regions_[size_t(kFrozen)];
         for (size_t i = 0; i < frozen_; ++i) {
             if (!holds_param(i)) continue;
-            const int64_t start = int64_t(flat_[i]), n = specs_[i].shape.numel();
+            const int64_t per_word = int64_t(sizeof(float) / dtype_size(specs_[i].dtype));
+            const int64_t start = int64_t(flat_[i]), n = words(specs_[i]);
             const int64_t lo = std::max(start, g.cut.lo), hi = std::min(start + n, g.cut.hi);
-            if (hi > lo) targets.push_back({i, lo - start, hi - lo, shard(kFrozen).data() + (lo - g.cut.lo)});
+            if (hi > lo)
+                targets.push_back({i, (lo - start) * per_word,
+                                   std::min((hi - lo) * per_word, specs_[i].shape.numel() - (lo - start) * per_word),
+                                   shard(kFrozen).data() + (lo - g.cut.lo), specs_[i].dtype});
         }
     }
     for (size_t i = 0; i < specs_.size(); ++i) {  // the rest whole (experts: this rank's slice)
         if (holds_param(i)) continue;
-        targets.push_back(held_target(i, specs_[i], experts, params.view(i).ptr<float>()));
+        targets.push_back(held_target(i, specs_[i], experts, params.view(i).data));
     }
     return targets;
 }

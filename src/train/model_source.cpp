@@ -160,7 +160,7 @@ void load_base(const ModelSource& base,
             const Tensor whole = f.load(key.at(name));
             TESSERA_CHECK(whole.view().shape == specs[t.param].shape && whole.view().dtype == DType::f32,
                           "{}: \"{}\" must be f32 {}", base.path, key.at(name), specs[t.param].shape.str());
-            std::copy_n(whole.ptr<float>() + t.whole_offset, t.length, t.dst);
+            t.store(0, whole.ptr<float>() + t.whole_offset, t.length, base.path, name);
         }
         return;
     }
@@ -187,7 +187,7 @@ void load_base(const ModelSource& base,
     std::map<std::string, std::vector<const ParamTarget*>> ranged;  // parameter -> its FSDP ranges here
     for (const ParamTarget& t : wanted) {
         const TensorView held = params.view(t.param);
-        if (t.dst != held.ptr<float>() || t.length != held.numel()) ranged[specs[t.param].name].push_back(&t);
+        if (t.dst != held.data || t.length != held.numel()) ranged[specs[t.param].name].push_back(&t);
     }
     std::vector<model::HfTensor> map = experts.total > 0 ? model::slice_experts(whole, experts.first, local) : whole;
     for (model::HfTensor& t : map) {
@@ -207,7 +207,7 @@ void load_base(const ModelSource& base,
         model::load_hf_checkpoint(base.path, part, tmp, /*every_tensor=*/false);
         check_finite(tmp, base.path);
         const float* src = tmp.view(size_t(0)).ptr<float>();
-        for (const ParamTarget* t : targets) std::copy_n(src + t->whole_offset, t->length, t->dst);
+        for (const ParamTarget* t : targets) t->store(0, src + t->whole_offset, t->length, base.path, name);
     }
 }
 
@@ -229,8 +229,13 @@ int64_t frozen_hash(const model::Model& m,
         int64_t part = 0;
 #pragma omp parallel for reduction(+ : part) schedule(static)
         for (int64_t j = 0; j < t.length; ++j) {
+            // an element's f32 bits (a bf16 one's are its own shifted: the hash does not depend on how it is held)
             uint32_t bits;
-            std::memcpy(&bits, t.dst + j, sizeof bits);
+            if (t.dtype == DType::bf16) {
+                bits = uint32_t(static_cast<const bf16*>(t.dst)[j].bits) << 16;
+            } else {
+                std::memcpy(&bits, static_cast<const float*>(t.dst) + j, sizeof bits);
+            }
             part += int64_t(mix64((name + uint64_t(t.whole_offset + j) * 0x9e3779b97f4a7c15ull) ^ bits) >> 44);
         }
         sum += part;

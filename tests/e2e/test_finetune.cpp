@@ -156,7 +156,7 @@ Tensor logits_of(const std::string& source, const std::string& ids, const std::s
 
 // export-hf --merge-lora: the base with W + s·B·A in place of every adapted weight scores like the fine-tune, for a
 // Kimi-Linear-shaped hybrid (KDA, MLA with q_lora incl. the merged kv_b_proj, LatentMoE's routed and shared experts)
-// and a Qwen3-Next-shaped one (GDN, gated GQA, MoE)
+// and a Qwen3-Next-shaped one (GDN, gated GQA, MoE), and the first with its base held in bf16 (model.lora.base_dtype)
 TEST(FineTune, MergedExportScoresLikeTheAdapters) {
     TempDir d;
     std::vector<int32_t> ids(2 * 16);
@@ -167,15 +167,19 @@ TEST(FineTune, MergedExportScoresLikeTheAdapters) {
         "\"kv_a_proj_with_mqa\",\"kv_b_proj\",\"o_proj\",\"k_proj\",\"v_proj\",\"g_proj\",\"f_a_proj\","
         "\"a_proj\",\"f_b_proj\",\"b_proj\",\"g_a_proj\",\"g_b_proj\",\"gate_proj\",\"up_proj\","
         "\"down_proj\"]'";
-    for (const std::string& arch : {test::kTinyKimiLinear, test::kTinyQwen3Next}) {
-        SCOPED_TRACE(arch);
+    const std::string bf16 = " --set model.lora.base_dtype=bf16";
+    for (const auto& [arch, held] :
+         {std::pair{test::kTinyKimiLinear, std::string()}, std::pair{test::kTinyQwen3Next, std::string()},
+          std::pair{test::kTinyKimiLinear, bf16}}) {
+        SCOPED_TRACE(arch + held);
         const std::string base = d.file("base"), lora = d.file("lora"), hf = d.file("hf");
         fs::remove_all(base);
         fs::remove_all(lora);
         fs::remove_all(hf);
         train_base(base, arch + " --steps 6");
         ASSERT_EQ(
-            run_tessera("train --config " + kTiny + arch + " --set train.base=" + base + all + " --out " + lora).status,
+            run_tessera("train --config " + kTiny + arch + " --set train.base=" + base + all + held + " --out " + lora)
+                .status,
             0);
         test::expect_one_line_error(run_tessera("export-hf --checkpoint " + lora + " --out " + hf), "--merge-lora",
                                     "a LoRA fine-tune exported without --merge-lora");
@@ -294,6 +298,46 @@ TEST(FineTune, UnderMpiEqualsOneProcess) {
     a = run_tessera("train --resume " + resumed + " --set parallel.ep=1");
     ASSERT_EQ(a.status, 0) << a.err;
     expect_close_losses(d.file("moe_one"), resumed, 6);
+}
+
+// model.lora.base_dtype = bf16 (the frozen GEMM weights held in bf16): a dense base under FSDP on two ranks gives one
+// process's bits, its W = 2 checkpoint resumes in one process bitwise, the result stays near the f32 base's (the
+// base rounded to bf16), and it generates; an MoE base's bf16 experts under expert parallelism train like one
+// process (merging a bf16 base: MergedExportScoresLikeTheAdapters)
+TEST(FineTune, ABf16BaseShardsAndResumes) {
+    TempDir d;
+    train_base(d.file("base"));
+    const std::string args =
+        "train --config " + kTiny + " --set train.micro_batch_size=2 --set train.base=" + d.file("base") + kLora;
+    const std::string bf16 = " --set model.lora.base_dtype=bf16";
+    test::CliResult a = run_tessera(args + bf16 + " --out " + d.file("one")),
+                    b = run_tessera_mpi(2, args + bf16 + " --out " + d.file("two")),
+                    f = run_tessera(args + " --out " + d.file("f32"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    ASSERT_EQ(f.status, 0) << f.err;
+    EXPECT_NE(b.out.find("params.shard.frozen"), std::string::npos) << b.out;
+    EXPECT_EQ(losses(d.file("one")), losses(d.file("two")));
+    EXPECT_NE(losses(d.file("one")), losses(d.file("f32")));
+    for (const auto& [key, value] : losses(d.file("f32")))
+        EXPECT_NEAR(std::stod(losses(d.file("one")).at(key)), std::stod(value), 2e-2) << key.first << " " << key.second;
+    const std::string resumed = d.file("resumed");
+    fs::create_directories(resumed + "/checkpoints");
+    fs::copy(ckpt(d.file("two"), 6), ckpt(resumed, 6));
+    a = run_tessera("train --resume " + resumed);
+    ASSERT_EQ(a.status, 0) << a.err;
+    EXPECT_EQ(losses(d.file("one"), 6), losses(resumed));
+    a = run_tessera("generate --checkpoint " + d.file("one") + " --prompt 'the ' --max-new-tokens 8");
+    EXPECT_EQ(a.status, 0) << a.err;
+    // an MoE base: bf16 routed and shared experts, adapters on every routed expert, two EP ranks
+    train_base(d.file("moe"), test::kTinyMoe + " --set model.moe.balance=sign");
+    const std::string ft =
+        "train --config " + kTiny + " --set train.micro_batch_size=1 --set train.base=" + d.file("moe") + kLora + bf16;
+    a = run_tessera(ft + " --out " + d.file("moe_one"));
+    b = run_tessera_mpi(2, ft + " --set parallel.ep=2 --out " + d.file("moe_ep2"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    expect_close_losses(d.file("moe_one"), d.file("moe_ep2"));
 }
 
 // Supervised data (prompt tokens masked): a step's loss is the mean over every counted target of the step, so one

@@ -203,6 +203,48 @@ TEST_P(Lora, AdaptersEqualTheMergedWeightsAndTheirGradientsAreItsGradientsProjec
     }
 }
 
+// model.lora.base_dtype = bf16: the frozen GEMM weights are held in bf16 and widened per GEMM block, so a model
+// with a bf16 base computes, bit for bit, what the f32 model computes on the same (bf16-representable) values:
+// logits, ten training steps, the adapters they train, decoding; and the bf16 weights take half the bytes
+TEST_P(Lora, BaseKeptInBf16ComputesAsTheF32BaseOfTheSameValues) {
+    Json l = lora(4, 8);
+    test::GoldenModel f32(GetParam(), false, [&](Json& doc) { doc["model"]["lora"] = l; });
+    l["base_dtype"] = "bf16";
+    test::GoldenModel b16(GetParam(), false, [&](Json& doc) { doc["model"]["lora"] = l; });
+    randomize_b(f32, 5);
+    size_t narrow = 0, bytes32 = 0, bytes16 = 0;
+    for (const auto& spec : b16.model->param_specs()) {
+        const TensorView a = f32.rt->params().view(spec.name), b = b16.rt->params().view(spec.name);
+        if (b.dtype == DType::bf16) {  // the f32 model's values rounded to bf16, then held as such by both
+            ++narrow;
+            EXPECT_FALSE(spec.trainable) << spec.name;
+            convert(a, b);
+            convert(b, a);
+            bytes32 += a.nbytes();
+            bytes16 += b.nbytes();
+        } else {
+            ASSERT_EQ(b.dtype, DType::f32) << spec.name;
+            std::memcpy(b.data, a.data, a.nbytes());
+        }
+    }
+    ASSERT_GT(narrow, 0u);
+    EXPECT_EQ(bytes16 * 2, bytes32);
+    EXPECT_LT(b16.rt->params().nbytes(), f32.rt->params().nbytes());
+    const int64_t N = f32.shape.tokens(), V = f32.cfg.model.vocab_size;
+    Tensor want(DType::f32, Shape{N, V}), got(DType::f32, Shape{N, V});
+    f32.model->forward_logits(f32.shape, f32.ids("ids"), want);
+    b16.model->forward_logits(b16.shape, b16.ids("ids"), got);
+    EXPECT_TRUE(test::bitwise_equal(got, want));
+    test::GoldenModel::Decoder d = b16.decoder();
+    b16.expect_decoding_matches_forward(d, 1e-5);
+    EXPECT_EQ(b16.run_trajectory(), f32.run_trajectory());
+    for (const std::string& mod : adapted(*f32.model)) {
+        for (const char* w : {".lora_A.weight", ".lora_B.weight"})
+            EXPECT_TRUE(test::bitwise_equal(b16.rt->params().view(mod + w), f32.rt->params().view(mod + w)))
+                << mod << w;
+    }
+}
+
 // every layer kind: GQA (gated: g_proj, the fused q/k/v/g GEMM's last part), the dense MLP, MLA with and without
 // q_lora (kv_b_proj merged), DSA, KDA and GDN, MoE with latent projections, shared and routed experts
 INSTANTIATE_TEST_SUITE_P(Models,
@@ -243,6 +285,11 @@ TEST(LoraConfig, MistakesAreOneLineErrors) {
             build(Json{{"rank", 4}, {"dropout", 1.0}, {"target_modules", {"q_proj"}}});
         },
         "lora.dropout must be in [0, 1)");
+    test::expect_error(
+        [&] {
+            build(Json{{"rank", 4}, {"base_dtype", "fp16"}, {"target_modules", {"q_proj"}}});
+        },
+        "base_dtype");
 }
 
 }  // namespace

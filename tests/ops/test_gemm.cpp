@@ -74,6 +74,36 @@ TEST(Gemm, SameBitsOnOneTwoAndThreeThreads) {
     }
 }
 
+// A bf16 B (a frozen base's weight, ops::NarrowB) gives the bits of the f32 product on its widened values, for both
+// layouts of B, a padded row stride, shapes of one and of many blocks, beta, and 1 or 2 threads.
+TEST(Gemm, Bf16WeightGivesTheBitsOfItsWidenedF32Product) {
+    for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{17, 33, 5}, GemmCase{512, 384, 256}, GemmCase{1000, 777, 129}}) {
+        for (Trans tb : {Trans::N, Trans::T}) {
+            const int64_t pad = 5, rows = tb == Trans::N ? s.K : s.N, cols = tb == Trans::N ? s.N : s.K;
+            const Tensor A = test::randn(DType::f32, Shape{s.M, s.K}, 6);
+            const Tensor B32 = test::randn(DType::f32, Shape{rows, cols + pad}, 7);
+            Tensor B16(DType::bf16, B32.shape()), Bw(DType::f32, B32.shape());
+            convert(B32, B16);
+            convert(B16, Bw);
+            const Tensor C0 = test::randn(DType::f32, Shape{s.M, s.N}, 8);
+            const int saved = omp_get_max_threads();
+            for (int threads : {1, 2}) {
+                omp_set_num_threads(threads);
+                Tensor want(DType::f32, C0.shape()), got(DType::f32, C0.shape());
+                convert(C0, want);
+                convert(C0, got);
+                ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K, Bw.ptr<float>(), cols + pad, 1.5f,
+                          want.ptr<float>(), s.N);
+                ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K,
+                          ops::NarrowB{B16.ptr<bf16>(), cols + pad}, 1.5f, got.ptr<float>(), s.N);
+                EXPECT_TRUE(test::bitwise_equal(got, want))
+                    << "M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << int(tb) << " threads " << threads;
+            }
+            omp_set_num_threads(saved);
+        }
+    }
+}
+
 // The grid covers C exactly once with blocks of whole vectors, in a power-of-two count.
 TEST(Gemm, GridCoversTheProductInAPowerOfTwoOfBlocks) {
     for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{4096, 512, 512}, GemmCase{512, 512, 4096}, GemmCase{1000, 777, 129},

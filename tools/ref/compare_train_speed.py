@@ -10,7 +10,7 @@ clipping, the warm-up + cosine schedule):
            with the warm-up steps)
 
 With --lora R: LoRA fine-tuning instead (rank R, alpha 2R, adapters on q/k/v/o and gate/up/down of every layer,
-the base frozen): tessera with adapters, tessera with the base frozen and no adapters (only the final norm trains:
+the base frozen): tessera with adapters, the same over a bf16 base, tessera with the base frozen and no adapters (only the final norm trains:
 the forward + input-gradient backward LoRA cannot avoid) and tessera training everything, against the llama
 reference with PEFT's LoRA (peft.get_peft_model, the same targets; PyTorch's frozen weights get no gradient).
 
@@ -150,6 +150,8 @@ def main():
         refs = ["tessera-frozen", "tessera-full", "llama-peft"]
         variants["tessera-frozen"] = ["--set", "model.lora.rank=1", "--set", 'model.lora.modules_to_save=["norm"]']
         variants["tessera-full"] = []
+        refs.insert(1, "tessera-bf16-base")  # the same adapters over a base held in bf16 (model.lora.base_dtype)
+        variants["tessera-bf16-base"] = lora_sets(args.lora) + ["--set", "model.lora.base_dtype=bf16"]
     rows = []
     peak = None
     for r in range(args.rounds):

@@ -32,7 +32,14 @@ void add_param(std::vector<BufferSpec>& specs,
                Shape shape,
                ParamInit init,
                bool weight_decay) {
-    specs.push_back({std::move(name), DType::f32, shape, BufferKind::param, weight_decay});
+    // the decayed matrices are the GEMM weights (projections, experts, embedding, head), read through ops that take
+    // bf16 too; a block whose op reads one otherwise clears narrowable
+    specs.push_back({.name = std::move(name),
+                     .dtype = DType::f32,
+                     .shape = shape,
+                     .kind = BufferKind::param,
+                     .weight_decay = weight_decay,
+                     .narrowable = weight_decay && shape.ndim >= 2});
     inits.push_back(init);
 }
 
@@ -102,12 +109,13 @@ TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const st
     int64_t rows = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
         if (i) {
-            TESSERA_CHECK(static_cast<std::byte*>(parts[i - 1].data) + parts[i - 1].nbytes() == parts[i].data,
-                          "{}: parameters are not adjacent", what);
+            TESSERA_CHECK(static_cast<std::byte*>(parts[i - 1].data) + parts[i - 1].nbytes() == parts[i].data &&
+                              parts[i].dtype == parts[0].dtype,
+                          "{}: parameters are not adjacent (or not of one dtype)", what);
         }
         rows += parts[i].size(0);
     }
-    return TensorView(parts[0].data, DType::f32, Shape{rows, cols});
+    return TensorView(parts[0].data, parts[0].dtype, Shape{rows, cols});
 }
 
 void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y) {

@@ -145,8 +145,8 @@ void attend_one(const float* q,
                 float* o);
 // A parameter's view in the parameter group, or its gradient's in the gradient group (undefined when frozen).
 TensorView param_view(const BufferGroup& g, const std::string& name, bool grad);
-// one [Σ rows, cols] f32 view over parameters declared back to back (checks that they are adjacent); undefined
-// when every part is (the gradients of frozen parameters)
+// one [Σ rows, cols] view (their dtype) over parameters declared back to back (checks that they are adjacent);
+// undefined when every part is (the gradients of frozen parameters)
 TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what);
 
 }  // namespace tessera::model

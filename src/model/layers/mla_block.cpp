@@ -78,6 +78,7 @@ void MlaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
     }
     add_param(specs, inits, a + "kv_a_layernorm.weight", Shape{RKV_}, one, false);
     add_param(specs, inits, a + "kv_b_proj.weight", Shape{H_ * (DN_ + DV_), RKV_}, w, true);
+    specs.back().narrowable = false;  // read per head by the absorbed attention, in f32
     add_param(specs, inits, a + "o_proj.weight", Shape{C_, H_ * DV_}, out, true);
     if (HI_ > 0) {
         add_param(specs, inits, a + "indexer.wq_b.weight", Shape{HI_ * DI_, RQ_ > 0 ? RQ_ : C_}, w, true);
@@ -518,9 +519,7 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     }
     // the LM loss reaches h through the main projections only; the indexer learns from its KL
     zero_rows(d_.dln, N);
-    auto rows_of = [&](TensorView w, int64_t r0, int64_t r1) {
-        return w.defined() ? TensorView(w.ptr<float>() + r0 * C_, DType::f32, Shape{r1 - r0, C_}) : TensorView{};
-    };
+    auto rows_of = [&](TensorView w, int64_t r0, int64_t r1) { return w.defined() ? w.slice0(r0, r1) : TensorView{}; };
     ops::linear_backward(columns(dhp, 0, Wmain_), a_.ln.slice0(0, N), rows_of(w_.h_proj, 0, Wmain_),
                          d_.dln.slice0(0, N), rows_of(g_.h_proj, 0, Wmain_), {});
     h_lora_.backward(a_.ln.slice0(0, N), dhp, d_.dln.slice0(0, N));
@@ -578,7 +577,7 @@ double MlaBlock::indexer_backward(StepShape s, std::span<std::byte> ws) {
     for (int64_t n = 0; n < N; ++n) {
         for (int64_t j = 0; j < HI_; ++j) dw_raw.ptr<float>()[n * dw_raw.strides[0] + j] = dwi[n * HI_ + j] * wscale;
     }
-    TensorView wrows(w_.h_proj.ptr<float>() + Wmain_ * C_, DType::f32, Shape{Wh_ - Wmain_, C_});
+    const TensorView wrows = w_.h_proj.slice0(Wmain_, Wh_);
     const TensorView grows = g_.h_proj.defined()
                                  ? TensorView(g_.h_proj.ptr<float>() + Wmain_ * C_, DType::f32, Shape{Wh_ - Wmain_, C_})
                                  : TensorView{};  // frozen

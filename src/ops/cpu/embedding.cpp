@@ -28,6 +28,16 @@ void embedding_forward(TensorView ids, TensorView table, TensorView y) {
     check_shape(y, Shape{N, D}, "embedding: y");
     check_contiguous(table, "embedding: table");
     check_contiguous(y, "embedding: y");
+    if (table.dtype == DType::bf16 && y.dtype == DType::f32) {  // a frozen base kept in bf16: rows widened
+        const bf16* src = table.ptr<bf16>();
+        float* dst = y.ptr<float>();
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            const bf16* row = src + load_index(ids, n) * D;
+            for (int64_t d = 0; d < D; ++d) dst[n * D + d] = bf16_to_float(row[d]);
+        }
+        return;
+    }
     const size_t row_bytes = size_t(D) * dtype_size(table.dtype);
     TESSERA_CHECK(y.dtype == table.dtype, "embedding: y is {} but the table is {}", dtype_name(y.dtype),
                   dtype_name(table.dtype));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -131,19 +132,22 @@ GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K) {
     return g;
 }
 
-void gemm(Trans ta,
-          Trans tb,
-          int64_t M,
-          int64_t N,
-          int64_t K,
-          float alpha,
-          const float* A,
-          int64_t lda,
-          const float* B,
-          int64_t ldb,
-          float beta,
-          float* C,
-          int64_t ldc) {
+namespace {
+// The grid of single-threaded sgemm calls; panel(c0, n) gives the B operand of the blocks of columns [c0, c0 + n) of
+// op(B) as (pointer, row stride).
+template <class Panel>
+void run_grid(Trans ta,
+              Trans tb,
+              int64_t M,
+              int64_t N,
+              int64_t K,
+              float alpha,
+              const float* A,
+              int64_t lda,
+              Panel panel,
+              float beta,
+              float* C,
+              int64_t ldc) {
     if (M == 0 || N == 0) return;
     const GemmGrid g = gemm_grid(ta, M, N, K);
     const int64_t blocks = g.rows * g.cols;
@@ -151,7 +155,7 @@ void gemm(Trans ta,
     auto block = [&](int64_t b) {
         const int64_t r0 = b / g.cols * g.block_m, c0 = b % g.cols * g.block_n;
         const int64_t m = std::min(g.block_m, M - r0), n = std::min(g.block_n, N - c0);
-        const float* Bb = tb == Trans::N ? B + c0 : B + c0 * ldb;
+        const auto [Bb, ldb] = panel(c0, n);
         if (ta == Trans::N)
             return sgemm(ta, tb, m, n, K, alpha, A + r0 * lda, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
         return sgemm_transposed_a_copied(tb, m, n, K, alpha, A + r0, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
@@ -170,6 +174,53 @@ void gemm(Trans ta,
 #pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(+ : failed)
     for (int64_t b = 0; b < blocks; ++b) failed += block(b) != dnnl_success;
     check_status(failed == 0, M, N, K);
+}
+}  // namespace
+
+void gemm(Trans ta,
+          Trans tb,
+          int64_t M,
+          int64_t N,
+          int64_t K,
+          float alpha,
+          const float* A,
+          int64_t lda,
+          const float* B,
+          int64_t ldb,
+          float beta,
+          float* C,
+          int64_t ldc) {
+    auto panel = [&](int64_t c0, int64_t) { return std::pair(tb == Trans::N ? B + c0 : B + c0 * ldb, ldb); };
+    run_grid(ta, tb, M, N, K, alpha, A, lda, panel, beta, C, ldc);
+}
+
+void gemm(Trans ta,
+          Trans tb,
+          int64_t M,
+          int64_t N,
+          int64_t K,
+          float alpha,
+          const float* A,
+          int64_t lda,
+          NarrowB B,
+          float beta,
+          float* C,
+          int64_t ldc) {
+    TESSERA_CHECK(ta == Trans::N, "gemm: a bf16 B needs op(A) = A");
+    // the block's columns of op(B) as f32: n rows of K (B transposed: weight rows) or K rows of n
+    auto panel = [&](int64_t c0, int64_t n) {
+        thread_local std::vector<float> wide;
+        if (wide.size() < size_t(n * K)) wide.resize(size_t(n * K));
+        float* out = wide.data();
+        const int64_t rows = tb == Trans::T ? n : K, cols = tb == Trans::T ? K : n;
+        for (int64_t r = 0; r < rows; ++r) {
+            const bf16* src = tb == Trans::T ? B.data + (c0 + r) * B.ldb : B.data + r * B.ldb + c0;
+            float* dst = out + r * cols;
+            for (int64_t c = 0; c < cols; ++c) dst[c] = bf16_to_float(src[c]);
+        }
+        return std::pair<const float*, int64_t>(out, cols);
+    };
+    run_grid(ta, tb, M, N, K, alpha, A, lda, panel, beta, C, ldc);
 }
 
 void gemm(Trans ta,

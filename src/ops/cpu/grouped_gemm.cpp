@@ -13,16 +13,15 @@ constexpr int64_t kGradRowsPerBand = 256;  // K-grouped: one band of output rows
 
 // Tiles are dealt round-robin over the team; each runs one single-threaded GEMM (ops::gemm inside a
 // parallel region). Tile boundaries depend only on the layout, never on the thread count.
-template <class T>
+// expert_b(e): expert e's B operand (and its row stride) as ops::gemm takes it
+template <class T, class ExpertB>
 void m_grouped(Trans tb,
                const ExpertRows& g,
                int64_t N,
                int64_t K,
                const T* A,
                int64_t lda,
-               const T* B,
-               int64_t b_stride,
-               int64_t ldb,
+               ExpertB expert_b,
                T beta,
                T* C,
                int64_t ldc) {
@@ -34,8 +33,10 @@ void m_grouped(Trans tb,
             const int64_t r1 = g.offsets[e + 1];
             for (int64_t m0 = g.offsets[e]; m0 < r1; m0 += kRowBlock) {
                 if (tile++ % nt != me) continue;
-                gemm(Trans::N, tb, std::min(kRowBlock, r1 - m0), N, K, T(1), A + m0 * lda, lda, B + e * b_stride, ldb,
-                     beta, C + m0 * ldc, ldc);
+                expert_b(e, [&](auto B, auto... ldb) {
+                    gemm(Trans::N, tb, std::min(kRowBlock, r1 - m0), N, K, T(1), A + m0 * lda, lda, B, ldb..., beta,
+                         C + m0 * ldc, ldc);
+                });
             }
         }
     }
@@ -85,7 +86,26 @@ void grouped_gemm(Trans tb,
                   float beta,
                   float* C,
                   int64_t ldc) {
-    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
+    m_grouped(
+        tb, g, N, K, A, lda, [&](int64_t e, auto run) { run(B + e * b_stride, ldb); }, beta, C, ldc);
+}
+void grouped_gemm(Trans tb,
+                  const ExpertRows& g,
+                  int64_t N,
+                  int64_t K,
+                  const float* A,
+                  int64_t lda,
+                  NarrowB B,
+                  int64_t b_stride,
+                  float beta,
+                  float* C,
+                  int64_t ldc) {
+    m_grouped(
+        tb, g, N, K, A, lda,
+        [&](int64_t e, auto run) {
+            run(NarrowB{B.data + e * b_stride, B.ldb});
+        },
+        beta, C, ldc);
 }
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
@@ -99,7 +119,8 @@ void grouped_gemm(Trans tb,
                   double beta,
                   double* C,
                   int64_t ldc) {
-    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
+    m_grouped(
+        tb, g, N, K, A, lda, [&](int64_t e, auto run) { run(B + e * b_stride, ldb); }, beta, C, ldc);
 }
 void grouped_gemm_wgrad(const ExpertRows& g,
                         int64_t M,

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include "core/tensor.h"
+#include "ops/gemm.h"
 
 namespace tessera::ops::cpu {
 
@@ -49,6 +51,33 @@ Rows<T> rows_of(const TensorView& v, std::string_view what) {
                       "{}: leading dimensions must be collapsible into rows", what);
     }
     return r;
+}
+
+// gemm with B a weight tensor stored f32 (T) or bf16 (a frozen base; ops/gemm.h NarrowB), from element `at` of w with
+// row stride ldb. A bf16 weight in an f64 product is an error (the f64 paths are references for f32 weights).
+template <class T>
+void gemm_w(Trans ta,
+            Trans tb,
+            int64_t M,
+            int64_t N,
+            int64_t K,
+            T alpha,
+            const T* A,
+            int64_t lda,
+            const TensorView& w,
+            int64_t at,
+            int64_t ldb,
+            T beta,
+            T* C,
+            int64_t ldc) {
+    if (w.dtype == DType::bf16) {
+        if constexpr (std::is_same_v<T, float>) {
+            gemm(ta, tb, M, N, K, alpha, A, lda, NarrowB{w.ptr<bf16>() + at, ldb}, beta, C, ldc);
+            return;
+        }
+        TESSERA_FAIL("a bf16 weight {} in an f64 product (f64 runs on f32 weights)", w.shape.str());
+    }
+    gemm(ta, tb, M, N, K, alpha, A, lda, w.ptr<T>() + at, ldb, beta, C, ldc);
 }
 
 // Reads element i of an integer tensor (i32 or i64) as int64.

@@ -18,9 +18,8 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
         check_contiguous(w, "linear: w");
         TESSERA_CHECK(w.ndim() == 2 && w.size(1) == X.cols && w.size(0) == Y.cols && X.rows == Y.rows,
                       "linear: x {} and w {} do not give y {}", x.shape.str(), w.shape.str(), y.shape.str());
-        const T* W = w.ptr<T>();
-        gemm(Trans::N, Trans::T, X.rows, Y.cols, X.cols, T(1), X.data, X.ld, W, X.cols, p.accumulate ? T(1) : T(0),
-             Y.data, Y.ld);
+        cpu::gemm_w(Trans::N, Trans::T, X.rows, Y.cols, X.cols, T(1), X.data, X.ld, w, 0, X.cols,
+                    p.accumulate ? T(1) : T(0), Y.data, Y.ld);
         if (b.defined()) {
             check_shape(b, Shape{Y.cols}, "linear: b");
             const T* B = b.ptr<T>();
@@ -39,13 +38,13 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
         Rows<T> X = rows_of<T>(x, "linear: x");
         check_shape(w, Shape{DY.cols, X.cols}, "linear: w");
         TESSERA_CHECK(DY.rows == X.rows, "linear: dy has {} rows but x has {}", DY.rows, X.rows);
-        const T* W = w.ptr<T>();
         if (dx.defined()) {
             Rows<T> DX = rows_of<T>(dx, "linear: dx");
             TESSERA_CHECK(DX.rows == X.rows && DX.cols == X.cols, "linear: dx must be shaped like x {}", x.shape.str());
-            gemm(Trans::N, Trans::N, X.rows, X.cols, DY.cols, T(1), DY.data, DY.ld, W, X.cols, T(1), DX.data, DX.ld);
+            cpu::gemm_w(Trans::N, Trans::N, X.rows, X.cols, DY.cols, T(1), DY.data, DY.ld, w, 0, X.cols, T(1), DX.data,
+                        DX.ld);
         }
-        if (dw.defined()) {  // absent for a frozen weight
+        if (dw.defined()) {  // absent for a frozen weight (the only kind that may be bf16)
             check_shape(dw, w.shape, "linear: dw");
             check_contiguous(dw, "linear: dw");
             gemm(Trans::T, Trans::N, DY.cols, X.cols, X.rows, T(1), DY.data, DY.ld, X.data, X.ld, T(1), dw.ptr<T>(),

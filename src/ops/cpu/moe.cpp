@@ -469,13 +469,39 @@ void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumu
     });
 }
 
+namespace {
+// The M-grouped GEMM with the experts' weight stored f32 or bf16 (a frozen base; ops/grouped_gemm.h)
+template <class T>
+void expert_gemm(Trans tb,
+                 const ExpertRows& g,
+                 int64_t N,
+                 int64_t K,
+                 const T* A,
+                 int64_t lda,
+                 const TensorView& w,
+                 int64_t b_stride,
+                 int64_t ldb,
+                 T beta,
+                 T* C,
+                 int64_t ldc) {
+    if (w.dtype == DType::bf16) {
+        if constexpr (std::is_same_v<T, float>) {
+            grouped_gemm(tb, g, N, K, A, lda, NarrowB{w.ptr<bf16>(), ldb}, b_stride, beta, C, ldc);
+            return;
+        }
+        TESSERA_FAIL("moe: bf16 experts {} in an f64 product (f64 runs on f32 weights)", w.shape.str());
+    }
+    grouped_gemm(tb, g, N, K, A, lda, w.ptr<T>(), b_stride, ldb, beta, C, ldc);
+}
+}  // namespace
+
 void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t) {
     const int64_t E = s.counts.size(0), R = s.offsets.ptr<int32_t>()[E], F = w.w_gate.size(1), L = w.w_gate.size(2);
     const ExpertRows g{s.offsets.ptr<int32_t>(), E};
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
         T* h = s.h.ptr<T>();
-        grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_gate.ptr<T>(), F * L, L, T(0), h, 2 * F);
-        grouped_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_up.ptr<T>(), F * L, L, T(0), h + F, 2 * F);
+        expert_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_gate, F * L, L, T(0), h, 2 * F);
+        expert_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_up, F * L, L, T(0), h + F, 2 * F);
         const TensorView xe = first(s.xe, R), hr = first(s.h, R);
         expert_lora_fwd(p, g, w.lora.w_gate, xe, columns(hr, R, 0, F), t);
         expert_lora_fwd(p, g, w.lora.w_up, xe, columns(hr, R, F, F), t);
@@ -492,7 +518,7 @@ void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved
                 for (int64_t f = 0; f < F; ++f) ar[f] = gr * act.value(hg[f], hu[f]);
             }
         });
-        grouped_gemm(Trans::T, g, L, F, a, F, w.w_down.ptr<T>(), L * F, F, T(0), t.ye.ptr<T>(), L);
+        expert_gemm(Trans::T, g, L, F, a, F, w.w_down, L * F, F, T(0), t.ye.ptr<T>(), L);
         expert_lora_fwd(p, g, w.lora.w_down, first(s.a, R), first(t.ye, R), t);
     });
 }
@@ -504,7 +530,7 @@ void moe_experts_backward(
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
         const T* dye = t.ye.ptr<T>();
         T* da = t.da.ptr<T>();
-        grouped_gemm(Trans::N, eg, F, L, dye, L, w.w_down.ptr<T>(), L * F, F, T(0), da, F);
+        expert_gemm(Trans::N, eg, F, L, dye, L, w.w_down, L * F, F, T(0), da, F);
         if (g.w_down.defined())  // absent: frozen experts
             grouped_gemm_wgrad(eg, L, F, dye, L, s.a.ptr<T>(), F, g.w_down.ptr<T>(), L * F, F);
         expert_lora_bwd(p, eg, w.lora.w_down, g.lora.w_down, first(s.a, R), first(t.ye, R), first(t.da, R), t);
@@ -536,8 +562,8 @@ void moe_experts_backward(
             }
         });
         T* dxe = t.dxe.ptr<T>();
-        grouped_gemm(Trans::N, eg, L, F, dh, 2 * F, w.w_gate.ptr<T>(), F * L, L, T(0), dxe, L);
-        grouped_gemm(Trans::N, eg, L, F, dh + F, 2 * F, w.w_up.ptr<T>(), F * L, L, T(1), dxe, L);
+        expert_gemm(Trans::N, eg, L, F, dh, 2 * F, w.w_gate, F * L, L, T(0), dxe, L);
+        expert_gemm(Trans::N, eg, L, F, dh + F, 2 * F, w.w_up, F * L, L, T(1), dxe, L);
         if (g.w_gate.defined()) grouped_gemm_wgrad(eg, F, L, dh, 2 * F, s.xe.ptr<T>(), L, g.w_gate.ptr<T>(), F * L, L);
         if (g.w_up.defined()) grouped_gemm_wgrad(eg, F, L, dh + F, 2 * F, s.xe.ptr<T>(), L, g.w_up.ptr<T>(), F * L, L);
         const TensorView xe = first(s.xe, R), dhr = first(t.dh, R), dxer = first(t.dxe, R);
