@@ -54,6 +54,7 @@ BufferGroup::BufferGroup(std::string name, std::vector<BufferSpec> specs, std::v
     for (size_t i = 0; i < specs_.size(); ++i) {
         TESSERA_CHECK(index_.emplace(specs_[i].name, i).second, "buffer group {}: \"{}\" declared twice", name_,
                       specs_[i].name);
+        if (offsets_[i] == kOutside) continue;  // placed by place_outside
         TESSERA_CHECK(offsets_[i] % kBufferAlign == 0 && offsets_[i] + specs_[i].nbytes() <= nbytes_,
                       "buffer group {}: \"{}\" at {} does not fit in {} bytes aligned", name_, specs_[i].name,
                       offsets_[i], nbytes_);
@@ -77,7 +78,19 @@ void BufferGroup::zero() const {
 
 TensorView BufferGroup::view(size_t i) const {
     TESSERA_CHECK(block_.data() != nullptr, "buffer group {} is not allocated", name_);
+    if (offsets_[i] == kOutside) {
+        TESSERA_CHECK(i < outside_.size() && outside_[i], "buffer group {}: \"{}\" was never placed", name_,
+                      specs_[i].name);
+        return TensorView(outside_[i], specs_[i].dtype, specs_[i].shape);
+    }
     return TensorView(block_.data() + offsets_[i], specs_[i].dtype, specs_[i].shape);
+}
+
+void BufferGroup::place_outside(size_t i, std::byte* p) {
+    TESSERA_CHECK(i < specs_.size() && offsets_[i] == kOutside, "buffer group {}: buffer {} is not one placed outside",
+                  name_, i);
+    outside_.resize(specs_.size(), nullptr);
+    outside_[i] = p;
 }
 
 TensorView BufferGroup::view(const std::string& name) const {

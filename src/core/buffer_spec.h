@@ -33,6 +33,7 @@ struct BufferSpec {
     Sharding sharding = Sharding::data;  // parameters only
     bool trainable = true;               // parameters only: false = frozen (no gradient, no optimizer state)
     bool narrowable = false;             // parameters only: its ops also read it in bf16 (a frozen base's dtype)
+    bool fused_next = false;             // parameters only: read with the next one as one tensor (back to back)
     size_t nbytes() const;               // throws when the size does not fit in 2^62 bytes
 };
 
@@ -44,7 +45,9 @@ class BufferGroup {
     BufferGroup() = default;
     BufferGroup(std::string name, std::vector<BufferSpec> specs);
     // Buffers at given (kBufferAlign-aligned) offsets in a block of nbytes; they may share bytes (FSDP's
-    // gather slots hold one block's parameters at a time, train/fsdp.h).
+    // gather slots hold one block's parameters at a time, train/fsdp.h). An offset kOutside: the buffer lives
+    // outside the block, where place_outside puts it.
+    static constexpr size_t kOutside = SIZE_MAX;
     BufferGroup(std::string name, std::vector<BufferSpec> specs, std::vector<size_t> offsets, size_t nbytes);
 
     const std::string& name() const { return name_; }
@@ -56,6 +59,9 @@ class BufferGroup {
 
     // Allocates the group's block from the arena (zero-filled) and binds the views.
     void allocate(const std::shared_ptr<Arena>& arena);
+    // Buffer i (offset kOutside) lives at p (a frozen weight read in place from a mapped file: the weight budget,
+    // train/weight_budget.h).
+    void place_outside(size_t i, std::byte* p);
     std::byte* base() const { return block_.data(); }
     void zero() const;  // all buffers to zero bytes
     TensorView view(size_t i) const;
@@ -67,6 +73,7 @@ class BufferGroup {
     std::vector<BufferSpec> specs_;
     std::vector<size_t> offsets_;
     std::unordered_map<std::string, size_t> index_;
+    std::vector<std::byte*> outside_;  // per buffer: where it lives when not in the block (null: in it)
     size_t nbytes_ = 0;
     ArenaBlock block_;
 };

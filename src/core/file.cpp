@@ -46,6 +46,47 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     }
 }
 
+size_t page_size() {
+    static const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+    return page;
+}
+
+namespace {
+// [first page, end of the last page) of a range
+std::pair<uintptr_t, size_t> page_span(const void* p, size_t n) {
+    const uintptr_t page = page_size(), lo = reinterpret_cast<uintptr_t>(p) / page * page;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n + page - 1) / page * page;
+    return {lo, size_t(hi - lo)};
+}
+}  // namespace
+
+size_t resident_bytes(const void* p, size_t n, std::vector<uint64_t>& scratch) {
+    if (n == 0) return 0;
+    static const int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);  // for the process's life
+    TESSERA_CHECK(pagemap >= 0, "/proc/self/pagemap: {}", os_error());
+    const auto [lo, len] = page_span(p, n);
+    const size_t pages = len / page_size();
+    if (scratch.size() < pages) scratch.resize(pages);
+    const ssize_t got = ::pread(pagemap, scratch.data(), pages * sizeof(uint64_t), off_t(lo / page_size() * 8));
+    TESSERA_CHECK(got == ssize_t(pages * sizeof(uint64_t)), "/proc/self/pagemap: {}", os_error());
+    size_t resident = 0;
+    for (size_t i = 0; i < pages; ++i) resident += scratch[i] >> 63;  // bit 63: present
+    return resident * page_size();
+}
+
+void touch_pages(const void* p, size_t n) {
+    if (n == 0) return;
+    const auto [lo, len] = page_span(p, n);
+    volatile unsigned char sink = 0;
+    for (size_t at = 0; at < len; at += page_size()) sink = sink + *reinterpret_cast<const unsigned char*>(lo + at);
+}
+
+void release_pages(const void* p, size_t n) {
+    if (n == 0) return;
+    const auto [lo, len] = page_span(p, n);
+    TESSERA_CHECK(::madvise(reinterpret_cast<void*>(lo), len, MADV_DONTNEED) == 0, "madvise: {}", os_error());
+}
+
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     if (this != &o) {
         if (data_) ::munmap(const_cast<std::byte*>(data_), size_);

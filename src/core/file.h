@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tessera {
 
@@ -28,6 +29,16 @@ class MappedFile {
     const std::byte* data_ = nullptr;
     size_t size_ = 0;
 };
+
+// The pages of a read-only file mapping that a range touches (rounded out to whole pages): how many are in this
+// process's resident set (mapped in its page table: /proc/self/pagemap's present bit, not mincore's page-cache
+// view; `scratch` holds one entry a page, grown once), faulting them in by reading a byte of each, and releasing
+// them (madvise MADV_DONTNEED: they leave the resident set, and a later read maps them again from the page cache
+// or the file). The weight budget's tools (train/weight_budget.h).
+size_t resident_bytes(const void* p, size_t n, std::vector<uint64_t>& scratch);
+void touch_pages(const void* p, size_t n);
+void release_pages(const void* p, size_t n);
+size_t page_size();
 
 // Writes through `write` into "<path>.tmp-<pid>", fsyncs it, renames it to path and fsyncs the
 // directory. On any error the temporary file is removed and the previous file at path is untouched.

@@ -148,8 +148,6 @@ void in_f32(const TensorView& dst, Fill fill) {
     convert(staged.view(), dst);
 }
 
-bool is_plain(const HfTensor& t) { return t.rows.groups == 0 && t.pad_to == 0 && t.offset == 0.f; }
-
 std::string head_name(const std::string& model_type) {
     return model_type == "kimi_k3" ? "language_model.lm_head.weight" : "lm_head.weight";
 }
@@ -300,8 +298,6 @@ void save_hf_checkpoint(const std::string& dir,
     write_text_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
 }
 
-namespace {
-// stored tensor name -> its file, from model.safetensors.index.json or a single model.safetensors
 std::map<std::string, std::string> stored_tensors(const std::string& dir) {
     const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
     std::map<std::string, std::string> where;
@@ -318,6 +314,8 @@ std::map<std::string, std::string> stored_tensors(const std::string& dir) {
     }
     return where;
 }
+
+namespace {
 
 // a stored tensor as f32, whatever its float dtype on disk
 Tensor load_f32(const SafetensorsFile& f, const std::string& name) {

@@ -49,6 +49,11 @@ std::vector<HfTensor> hf_tensor_map(const std::vector<BufferSpec>& params,
                                     const ModelConfig& c,
                                     const std::string& model_type);
 
+// Stored tensor name -> its file, from dir's model.safetensors.index.json or its single model.safetensors.
+std::map<std::string, std::string> stored_tensors(const std::string& dir);
+// Whether a map entry is the parameter (or its expert's slice) stored as is: no row groups, padding or offset.
+inline bool is_plain(const HfTensor& t) { return t.rows.groups == 0 && t.pad_to == 0 && t.offset == 0.f; }
+
 // Writes safetensors shards (f32, or bf16 rounded to nearest even) of at most ~shard_bytes each plus
 // model.safetensors.index.json into dir (created; every file written atomically).
 void save_hf_checkpoint(const std::string& dir,

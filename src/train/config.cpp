@@ -54,6 +54,9 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     c.parallel.ep_chunks = pr.integer("ep_chunks", c.parallel.ep_chunks);
     c.parallel.link_delay_ns_per_byte = pr.number("link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte);
     pr.finish();
+    ConfigReader mr(top.section("memory"), where + ": memory");
+    c.memory.weights_budget = mr.integer("weights_budget", c.memory.weights_budget);
+    mr.finish();
     top.finish();
 
     auto check = [&](bool ok, const std::string& what) { TESSERA_CHECK(ok, "{}: {}", where, what); };
@@ -77,6 +80,11 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(tc.checkpoint_interval >= 0, "train.checkpoint_interval must be >= 0");
     check(tc.log_interval >= 1, "train.log_interval must be >= 1");
     check(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1)");
+    check(c.memory.weights_budget >= 0 && c.memory.weights_budget <= (int64_t(1) << 40),
+          "memory.weights_budget must be a number of MiB >= 0 (0 = the whole base in memory)");
+    check(c.memory.weights_budget == 0 || (c.model.lora.enabled() && !tc.base.empty()),
+          "memory.weights_budget needs a LoRA fine-tune of a base (train.base and model.lora): only a frozen base is "
+          "read in place");
     check(c.parallel.ep >= 1 && c.parallel.ep <= (int64_t(1) << 16), "parallel.ep must be in [1, 65536]");
     check(c.parallel.ep_chunks >= 1 && c.parallel.ep_chunks <= 1024, "parallel.ep_chunks must be in [1, 1024]");
     check(std::isfinite(c.parallel.link_delay_ns_per_byte) && c.parallel.link_delay_ns_per_byte >= 0 &&
@@ -142,7 +150,8 @@ Json to_json(const RunConfig& c) {
                  {{"fsdp", c.parallel.fsdp},
                   {"ep", c.parallel.ep},
                   {"ep_chunks", c.parallel.ep_chunks},
-                  {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte}}}};
+                  {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte}}},
+                {"memory", {{"weights_budget", c.memory.weights_budget}}}};
 }
 
 int64_t TrainConfig::micro_batch(int ranks) const {

@@ -60,11 +60,19 @@ struct ParallelConfig {
     double link_delay_ns_per_byte = 0.0;  // test and bench option: the expert group's links made this much slower
 };
 
+// Memory limits of a run (docs/train.md, "Weight budget").
+struct MemoryConfig {
+    // MiB of a LoRA fine-tune's frozen base kept resident; the base is read in place from its files
+    // (train/weight_budget.h). 0 = the whole base in memory (copied into the arena).
+    int64_t weights_budget = 0;
+};
+
 struct RunConfig {
     model::ModelConfig model;
     TrainConfig train;
     DataConfig data;
     ParallelConfig parallel;
+    MemoryConfig memory;
 };
 
 // Parses and validates; `where` names the source in messages (a file name).

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "core/arena.h"
 #include "core/rng.h"
@@ -185,13 +186,15 @@ void load_base(const ModelSource& base,
     }
     const std::vector<model::HfTensor> whole = model::hf_tensor_map(base_specs, base.config, base.model_type);
     std::map<std::string, std::vector<const ParamTarget*>> ranged;  // parameter -> its FSDP ranges here
+    std::set<std::string> loaded;  // what a target asks for (a base read in place, memory.weights_budget, is not)
     for (const ParamTarget& t : wanted) {
+        loaded.insert(specs[t.param].name);
         const TensorView held = params.view(t.param);
         if (t.dst != held.data || t.length != held.numel()) ranged[specs[t.param].name].push_back(&t);
     }
     std::vector<model::HfTensor> map = experts.total > 0 ? model::slice_experts(whole, experts.first, local) : whole;
     for (model::HfTensor& t : map) {
-        if (ranged.count(t.param)) t.here = false;
+        if (ranged.count(t.param) || (!loaded.count(t.param) && t.copy == model::HfTensor::Copy::none)) t.here = false;
     }
     model::load_hf_checkpoint(base.path, map, params);
     check_finite(params, base.path);
@@ -214,7 +217,8 @@ void load_base(const ModelSource& base,
 int64_t frozen_hash(const model::Model& m,
                     const std::vector<ParamTarget>& pieces,
                     const std::function<bool(size_t)>& sharded,
-                    const parallel::Mesh* mesh) {
+                    const parallel::Mesh* mesh,
+                    const std::function<void(const ParamTarget&)>& done) {
     // each element once over the ranks: a sharded parameter's on the rank holding it, a whole dense one on rank 0,
     // an expert on the first rank of its expert-data group
     const bool dense_here = !mesh || mesh->rank() == 0;
@@ -239,6 +243,7 @@ int64_t frozen_hash(const model::Model& m,
             part += int64_t(mix64((name + uint64_t(t.whole_offset + j) * 0x9e3779b97f4a7c15ull) ^ bits) >> 44);
         }
         sum += part;
+        if (done) done(t);
     }
     if (mesh && mesh->world_size() > 1) sum = mesh->data().all_reduce_sum<int64_t>(sum);
     return sum;

@@ -58,9 +58,11 @@ void load_base(const ModelSource& base,
 // frozen targets this rank holds; `sharded`: whether a parameter is held as ranges, each element on one rank; else
 // whole dense ones count on rank 0 and experts on the first of their replicas). Collective with a mesh. A
 // fine-tune's checkpoints record it; resuming and inference check the base against it.
+// `done`, when set, is called with each piece once it is hashed (the weight budget releases a mapped one).
 int64_t frozen_hash(const model::Model& m,
                     const std::vector<ParamTarget>& pieces,
                     const std::function<bool(size_t)>& sharded,
-                    const parallel::Mesh* mesh);
+                    const parallel::Mesh* mesh,
+                    const std::function<void(const ParamTarget&)>& done = {});
 
 }  // namespace tessera::train

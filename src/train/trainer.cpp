@@ -20,6 +20,7 @@
 #include "train/model_source.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
+#include "train/weight_budget.h"
 
 namespace tessera::train {
 
@@ -297,13 +298,24 @@ TrainSummary train(const TrainOptions& opts) {
         for (BufferGroup* g : fsdp->groups()) extra.push_back(g);
         placement = fsdp->placement();
     }
+    const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
+    // memory.weights_budget: the frozen base read in place from its files, held to the budget (train/weight_budget.h)
+    std::optional<WeightBudget> budget;
+    if (cfg.memory.weights_budget > 0) {
+        TESSERA_CHECK(!fsdp,
+                      "memory.weights_budget reads the base in place on every rank; with several ranks set "
+                      "parallel.fsdp=false (FSDP shards the base instead)");
+        TESSERA_CHECK(setup.base, "memory.weights_budget needs train.base");
+        budget.emplace(*setup.base, model, slice, size_t(cfg.memory.weights_budget) << 20);
+        placement = budget->placement();
+    }
     model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, extra, placement ? &*placement : nullptr);
     if (fsdp) {
         fsdp->bind(rt.params(), rt.grads());
         model.set_param_hooks(&*fsdp);
     }
+    if (budget) model.set_param_hooks(&*budget);
 
-    const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
     TrainerState state;
     // what trains: this rank's ranges of what FSDP holds, the rest whole (experts: this rank's); the frozen base
     // (parameters [0, frozen)) is not in checkpoints: it comes from train.base
@@ -316,14 +328,21 @@ TrainSummary train(const TrainOptions& opts) {
         base = held_targets(rt.params(), 0, frozen, slice);
         trained = held_targets(rt.params(), frozen, SIZE_MAX, slice);
     }
+    // what a load must fill: a mapped base parameter already holds its values
+    const std::vector<ParamTarget> base_loaded = budget ? budget->unmapped(base) : base;
+    // hashing reads the base once: a mapped piece's pages go back as soon as it is hashed
+    const auto hashed = [&](const ParamTarget& t) {
+        if (budget && budget->mapped(t.param))
+            release_pages(t.dst, size_t(t.length) * dtype_size(model.param_specs()[t.param].dtype));
+    };
     const auto ranged = [&](size_t i) { return fsdp && fsdp->holds_param(i); };
     if (!setup.checkpoint.empty()) {
         state = load_trainer_state(setup.checkpoint);
         if (frozen > 0) {
             TESSERA_CHECK(setup.base, "{}: the model has frozen parameters but train.base names no base",
                           setup.checkpoint);
-            load_base(*setup.base, model, rt.params(), base, slice);
-            const int64_t h = frozen_hash(model, base, ranged, m);
+            load_base(*setup.base, model, rt.params(), base_loaded, slice);
+            const int64_t h = frozen_hash(model, base, ranged, m, hashed);
             TESSERA_CHECK(!state.base_hash || *state.base_hash == h,
                           "--resume {}: its base {} has changed since the fine-tune began (frozen weights hash {}, the "
                           "checkpoint says {})",
@@ -338,16 +357,18 @@ TrainSummary train(const TrainOptions& opts) {
         if (fsdp) {
             fsdp->init(model, tc.seed);
         } else {
-            model.init_params(rt.params(), tc.seed);
+            for (size_t i = 0; i < model.param_specs().size(); ++i)  // (a mapped base is read-only: its file's)
+                if (!budget || !budget->mapped(i)) model.init_params(rt.params(), tc.seed, i, i + 1);
         }
         if (setup.base) {  // the base's weights over the initialisation (adapters keep theirs)
-            std::vector<ParamTarget> all = base;
+            std::vector<ParamTarget> all = base_loaded;
             all.insert(all.end(), trained.begin(), trained.end());
             load_base(*setup.base, model, rt.params(), all, slice);
             if (fsdp) fsdp->invalidate();
         }
-        if (frozen > 0) state.base_hash = frozen_hash(model, base, ranged, m);
+        if (frozen > 0) state.base_hash = frozen_hash(model, base, ranged, m, hashed);
     }
+    if (budget) budget->trim();  // loading and hashing read the mapped base once
     const bool fresh = setup.checkpoint.empty();
     // a fresh run that fails before its first checkpoint leaves nothing
     FreshRunGuard guard(setup.out_dir, fresh && lead);
@@ -384,6 +405,13 @@ TrainSummary train(const TrainOptions& opts) {
     note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(), loader.num_train_windows(),
                      loader.num_eval_batches()));
     note(rt.memory_report().str());
+    if (budget) {
+        const WeightBudgetStats b = budget->stats();
+        note(fmt::format(
+            "weight budget: {:.1f} MiB of the frozen base read in place from its files, {:.1f} MiB "
+            "resident at most (two units need {:.1f} MiB)",
+            double(b.mapped_bytes) / 0x1p20, double(b.budget_bytes) / 0x1p20, double(b.floor_bytes) / 0x1p20));
+    }
     note(fmt::format("GEMM rate of {}: {:.0f} GFLOP/s (measured now; {}); run directory: {}",
                      ranks > 1 ? fmt::format("the {} ranks", ranks) : std::string("this machine"), gemm_gflops,
                      ops::isa_summary(), setup.out_dir));
@@ -508,6 +536,15 @@ TrainSummary train(const TrainOptions& opts) {
                            {"reductions", now.reductions - fsdp_last.reductions},
                            {"wait_seconds", now.wait_seconds - fsdp_last.wait_seconds}};
             fsdp_last = now;
+        }
+        if (budget) {  // the base's resident share, and what reached it from storage
+            budget->observe(*r.stats);
+            const WeightBudgetStats now = budget->stats();
+            rec["weights"] = {{"resident_bytes", now.resident_bytes},
+                              {"peak_resident_bytes", now.peak_resident_bytes},
+                              {"released_bytes", now.released_bytes},
+                              {"prefetched_bytes", now.prefetched_bytes},
+                              {"major_faults", now.major_faults}};
         }
         if (metrics) metrics->write(rec);
         progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9), extra_line);

@@ -340,6 +340,63 @@ TEST(FineTune, ABf16BaseShardsAndResumes) {
     expect_close_losses(d.file("moe_one"), d.file("moe_ep2"));
 }
 
+// memory.weights_budget: the frozen base read in place from its files (tessera dense and MoE bases, a Hugging Face
+// directory) trains bitwise as the resident base does, while the resident share of it is held to the budget after
+// every unit; mistakes are one-line errors
+TEST(FineTune, AWeightBudgetReadsTheBaseInPlaceAndTrainsAsTheResidentBase) {
+    TempDir d;
+    const std::string wide = " --set model.d_model=128 --set model.ffn_dim=512";  // units of several pages
+    train_base(d.file("dense"), wide);
+    train_base(d.file("moe"), wide + test::kTinyMoe);
+    const std::string budget = " --set memory.weights_budget=1";
+    for (const std::string& base : {d.file("dense"), d.file("moe")}) {
+        const std::string args = "train --config " + kTiny + wide + " --set train.base=" + base + kLora;
+        const test::CliResult a = run_tessera(args + " --out " + base + "_resident"),
+                              b = run_tessera(args + budget + " --out " + base + "_budget");
+        ASSERT_EQ(a.status, 0) << a.err;
+        ASSERT_EQ(b.status, 0) << b.err;
+        EXPECT_NE(b.out.find("of the frozen base read in place from its files, 1.0 MiB resident at most"),
+                  std::string::npos)
+            << b.out;
+        EXPECT_EQ(losses(base + "_resident"), losses(base + "_budget"));
+        int64_t steps = 0;
+        for_each_line(read_text(base + "_budget/metrics.jsonl"), [&](std::string_view line, size_t) {
+            const Json rec = Json::parse(line);
+            if (!rec.contains("weights")) return;
+            ++steps;
+            EXPECT_LE(rec["weights"]["resident_bytes"].get<int64_t>(), int64_t(1) << 20) << line;
+            EXPECT_GT(rec["weights"]["released_bytes"].get<int64_t>(), 0) << line;
+        });
+        EXPECT_EQ(steps, 12);
+    }
+    // a Hugging Face directory's plain tensors, read in place
+    const std::string hf = test::golden_path("hf/qwen3_next_tiny");
+    std::vector<uint16_t> ids(4000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t((i * 7 + i / 13) % 64);
+    write_safetensors(d.file("ids.safetensors"),
+                      {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})}},
+                      {{"vocab_size", "64"}});
+    write_text_atomic(
+        d.file("run.json"),
+        Json{{"train", {{"seq_len", 16}, {"batch_size", 2}, {"steps", 3}, {"eval_batches", 1}, {"base", hf}}},
+             {"data", {{"path", d.file("ids.safetensors")}}}}
+            .dump());
+    const std::string args = "train --config " + d.file("run.json") +
+                             " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"q_proj\",\"o_proj\"]'";
+    test::CliResult a = run_tessera(args + " --out " + d.file("hf_resident")),
+                    b = run_tessera(args + budget + " --out " + d.file("hf_budget"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.err;
+    EXPECT_EQ(losses(d.file("hf_resident")), losses(d.file("hf_budget")));
+    test::expect_one_line_error(run_tessera("train --config " + kTiny + budget + " --out " + d.file("e1")),
+                                "memory.weights_budget needs a LoRA fine-tune of a base", "a budget without a base");
+    const test::CliResult e =
+        run_tessera_mpi(2, "train --config " + kTiny + wide + " --set train.base=" + d.file("dense") + kLora + budget +
+                               " --out " + d.file("e2"));
+    EXPECT_NE(e.status, 0);
+    EXPECT_NE((e.out + e.err).find("with several ranks set parallel.fsdp=false"), std::string::npos) << e.err;
+}
+
 // Supervised data (prompt tokens masked): a step's loss is the mean over every counted target of the step, so one
 // forward of the batch, four accumulated micro-batches and two ranks train alike (micro-batches of uneven counted
 // targets weigh by their count, not equally).

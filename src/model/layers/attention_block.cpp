@@ -49,6 +49,7 @@ void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<
     add_param(specs, inits, prefix_ + "self_attn.k_proj.weight", Shape{KV_, C_}, w, true);
     add_param(specs, inits, prefix_ + "self_attn.v_proj.weight", Shape{KV_, C_}, w, true);
     if (G_ > 0) add_param(specs, inits, prefix_ + "self_attn.g_proj.weight", Shape{G_, C_}, w, true);
+    fuse_last(specs, G_ > 0 ? 4 : 3);
     add_param(specs, inits, prefix_ + "self_attn.o_proj.weight", Shape{C_, Q_}, out, true);
     if (cfg_.qk_norm) {
         add_param(specs, inits, prefix_ + "self_attn.q_norm.weight", Shape{D_}, ParamInit::constant(1.0), false);

@@ -101,6 +101,11 @@ TensorView param_view(const BufferGroup& g, const std::string& name, bool grad) 
     return grad ? g.find(name) : g.view(name);
 }
 
+void fuse_last(std::vector<BufferSpec>& specs, size_t count) {
+    TESSERA_CHECK(count >= 1 && count <= specs.size(), "fuse_last: {} of {} parameters", count, specs.size());
+    for (size_t i = specs.size() - count; i + 1 < specs.size(); ++i) specs[i].fused_next = true;
+}
+
 TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what) {
     size_t frozen = 0;
     for (const TensorView& p : parts) frozen += p.defined() ? 0 : 1;

@@ -148,5 +148,8 @@ TensorView param_view(const BufferGroup& g, const std::string& name, bool grad);
 // one [Σ rows, cols] view (their dtype) over parameters declared back to back (checks that they are adjacent);
 // undefined when every part is (the gradients of frozen parameters)
 TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const std::string& what);
+// Marks the last `count` declared parameters as read together through adjacent() (BufferSpec::fused_next), so
+// whatever places parameters outside the packed group (the weight budget) keeps them back to back.
+void fuse_last(std::vector<BufferSpec>& specs, size_t count);
 
 }  // namespace tessera::model

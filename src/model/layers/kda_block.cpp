@@ -55,13 +55,16 @@ void KdaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
     add(a + "q_proj.weight", Shape{H_ * K_, C_}, w, true);
     add(a + "k_proj.weight", Shape{H_ * K_, C_}, w, true);
     add(a + "v_proj.weight", Shape{HV_ * V_, C_}, w, true);
+    fuse_last(specs, 3);
     add(a + "q_conv1d.weight", Shape{H_ * K_, W_}, w, true);
     add(a + "k_conv1d.weight", Shape{H_ * K_, W_}, w, true);
     add(a + "v_conv1d.weight", Shape{HV_ * V_, W_}, w, true);
     for (size_t i = specs.size() - 3; i < specs.size(); ++i) specs[i].narrowable = false;  // the convolution's: f32
+    fuse_last(specs, 3);
     add(a + (cfg_.scalar_gate ? "a_proj.weight" : "f_a_proj.weight"), Shape{R_, C_}, w, true);
     add(a + "b_proj.weight", Shape{HV_, C_}, w, true);
     add(a + (cfg_.full_rank_output_gate ? "g_proj.weight" : "g_a_proj.weight"), Shape{Go_, C_}, w, true);
+    fuse_last(specs, 3);
     if (!cfg_.scalar_gate) add(a + "f_b_proj.weight", Shape{HV_ * K_, R_}, w, true);
     // spec/kda.md §1.1: A_log = ln U(1, 16), or 0 with the lower-bound gate; dt_bias = softplus⁻¹(dt)
     add(a + "A_log", Shape{HV_},

@@ -72,6 +72,7 @@ void MlaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
         add_param(specs, inits, a + "indexer.wk.weight", Shape{DI_, C_}, w, true);
         add_param(specs, inits, a + "indexer.weights_proj.weight", Shape{HI_, C_}, w, true);
     }
+    fuse_last(specs, size_t(2 + (G_ > 0) + 2 * (HI_ > 0)));
     if (RQ_ > 0) {
         add_param(specs, inits, a + "q_a_layernorm.weight", Shape{RQ_}, one, false);
         add_param(specs, inits, a + "q_b_proj.weight", Shape{H_ * DQ_, RQ_}, w, true);

@@ -24,6 +24,7 @@ void MlpBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
     add_param(specs, inits, prefix_ + "post_attention_layernorm.weight", Shape{C_}, ParamInit::constant(1.0), false);
     add_param(specs, inits, prefix_ + "mlp.gate_proj.weight", Shape{F_, C_}, w, true);
     add_param(specs, inits, prefix_ + "mlp.up_proj.weight", Shape{F_, C_}, w, true);
+    fuse_last(specs, 2);
     add_param(specs, inits, prefix_ + "mlp.down_proj.weight", Shape{C_, F_}, out, true);
     gate_up_lora_.declare_params(specs, inits);
     down_lora_.declare_params(specs, inits);

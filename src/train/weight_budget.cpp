@@ -1,0 +1,326 @@
+// The frozen base read in place from its files, held to a budget (see weight_budget.h).
+#include "train/weight_budget.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "core/check.h"
+#include "core/file.h"
+#include "model/hf_checkpoint.h"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+int64_t major_faults() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return int64_t(u.ru_majflt);
+}
+
+// "model.layers.L." -> L, else -1
+int layer_of(const std::string& name) {
+    const std::string p = "model.layers.";
+    if (!name.starts_with(p)) return -1;
+    return std::atoi(name.c_str() + p.size());
+}
+
+bool is_adapter(const std::string& name) {
+    return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+}
+}  // namespace
+
+WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, ExpertSlice experts, size_t budget)
+    : specs_(m.param_specs()), where_(m.param_specs().size(), nullptr) {
+    stats_.budget_bytes = budget;
+    const ModelSource base = source.peft ? open_model_source(source.base) : source;
+    const std::vector<BufferSpec>& specs = m.param_specs();
+    // stored name -> (parameter, first element of this rank's part), for the frozen parameters that may be read as
+    // stored: the same dtype as held and the whole shape
+    std::map<std::string, std::string> file_of;                  // stored name -> file
+    std::map<std::string, std::pair<size_t, int64_t>> param_of;  // stored name -> (parameter, offset)
+    if (base.hf) {
+        std::vector<BufferSpec> whole;
+        for (const BufferSpec& s : specs) {
+            if (is_adapter(s.name)) continue;
+            whole.push_back(s);
+            whole.back().shape = whole_shape(s, experts);
+        }
+        const std::map<std::string, std::string> stored = model::stored_tensors(base.path);
+        for (const model::HfTensor& t : model::hf_tensor_map(whole, base.config, base.model_type)) {
+            if (t.expert >= 0 || !model::is_plain(t) || t.copy != model::HfTensor::Copy::none) continue;
+            const std::string name =
+                !t.alias.empty() && !stored.count(t.name) && stored.count(t.alias) ? t.alias : t.name;
+            const auto it = stored.find(name);
+            if (it == stored.end()) continue;
+            const int i = [&] {
+                for (size_t k = 0; k < m.frozen_params(); ++k)
+                    if (specs[k].name == t.param) return int(k);
+                return -1;
+            }();
+            if (i < 0 || specs[size_t(i)].shape != t.shape) continue;
+            file_of[name] = it->second;
+            param_of[name] = {size_t(i), 0};
+        }
+    } else {
+        const fs::path single = fs::path(base.path) / "model.safetensors";
+        TESSERA_CHECK(fs::exists(single),
+                      "memory.weights_budget: {} holds its weights as several ranks' ranges; read in place needs one "
+                      "model.safetensors (export the base from one process, or drop the budget)",
+                      base.path);
+        for (size_t i = 0; i < m.frozen_params(); ++i) {
+            const BufferSpec& s = specs[i];
+            const bool slice = s.sharding == Sharding::expert && experts.total > 0;
+            file_of[s.name] = single.string();
+            param_of[s.name] = {i, slice ? experts.first * (s.shape.numel() / s.shape[0]) : 0};
+        }
+    }
+    std::map<std::string, SafetensorsFile*> opened;
+    for (const auto& [name, file] : file_of) {
+        SafetensorsFile*& f = opened[file];
+        if (!f) {
+            files_.push_back(std::make_unique<SafetensorsFile>(file));
+            f = files_.back().get();
+        }
+        if (!f->contains(name)) continue;
+        const auto [i, offset] = param_of.at(name);
+        const BufferSpec& s = specs[i];
+        const SafetensorsEntry& e = f->entry(name);
+        if (e.dtype != s.dtype || e.shape != whole_shape(s, experts) || !f->is_aligned(name)) continue;
+        where_[i] = static_cast<std::byte*>(f->view(name).data) + size_t(offset) * dtype_size(s.dtype);
+    }
+    // parameters read together as one tensor (BufferSpec::fused_next) are mapped only when the file keeps them back
+    // to back in that order (tessera's files do; a Hugging Face file sorted by name may not: then they load)
+    for (size_t i = 0; i < specs.size();) {
+        size_t j = i;
+        bool whole = where_[i] != nullptr;
+        for (; specs[j].fused_next && j + 1 < specs.size(); ++j)
+            whole = whole && where_[j + 1] && where_[j] + specs[j].nbytes() == where_[j + 1];
+        if (!whole) std::fill(where_.begin() + long(i), where_.begin() + long(j) + 1, nullptr);
+        i = j + 1;
+    }
+    for (size_t i = 0; i < specs.size(); ++i)
+        if (where_[i]) stats_.mapped_bytes += specs[i].nbytes();
+    // pieces per unit: a unit's frozen dense parameters, and each MoE layer's frozen experts one piece an expert
+    const std::vector<model::ParamUnit>& units = m.param_units();
+    unit_pieces_.resize(units.size());
+    std::vector<int> unit_of(specs.size(), -1);
+    std::map<int, int> unit_of_layer;
+    for (size_t u = 0; u < units.size(); ++u) {
+        for (size_t i = units[u].frozen_first; i < units[u].frozen_last; ++i) {
+            unit_of[i] = int(u);
+            if (layer_of(specs[i].name) >= 0) unit_of_layer[layer_of(specs[i].name)] = int(u);
+        }
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+        if (!where_[i]) continue;
+        const BufferSpec& s = specs[i];
+        const int layer = layer_of(s.name);
+        int unit = unit_of[i];
+        if (unit < 0 && unit_of_layer.count(layer)) unit = unit_of_layer.at(layer);
+        auto add = [&](const std::byte* data, size_t bytes, int64_t expert) {
+            pieces_.push_back({data, bytes, unit, layer, expert});
+            if (unit >= 0) unit_pieces_[size_t(unit)].push_back(pieces_.size() - 1);
+        };
+        if (s.sharding == Sharding::expert) {
+            const size_t per = s.nbytes() / size_t(s.shape[0]);
+            for (int64_t e = 0; e < s.shape[0]; ++e) add(where_[i] + size_t(e) * per, per, experts.first + e);
+        } else {
+            add(where_[i], s.nbytes(), -1);
+        }
+    }
+    std::vector<size_t> unit_bytes;
+    for (const auto& list : unit_pieces_) {
+        size_t b = 0;
+        for (size_t k : list) b += pieces_[k].bytes;
+        unit_bytes.push_back(b);
+    }
+    std::sort(unit_bytes.rbegin(), unit_bytes.rend());
+    for (size_t k = 0; k < std::min<size_t>(2, unit_bytes.size()); ++k) stats_.floor_bytes += unit_bytes[k];
+    resident_.assign(pieces_.size(), 0);
+    for (const Piece& p : pieces_) release_pages(p.data, p.bytes);  // opening the files read them (their checksum)
+    faults_at_start_ = major_faults();
+    thread_ = std::thread([this] { worker(); });
+}
+
+WeightBudget::~WeightBudget() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+model::ParamPlacement WeightBudget::placement() const {
+    // the unmapped parameters packed back to back as the runtime packs them; the mapped ones outside the block
+    // (bind() points them into the files)
+    std::vector<size_t> offsets(specs_.size(), BufferGroup::kOutside);
+    size_t at = 0;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        if (where_[i]) continue;
+        offsets[i] = at;
+        at = (at + specs_[i].nbytes() + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
+    }
+    model::ParamPlacement p{BufferGroup("params", specs_, offsets, std::max<size_t>(at, kBufferAlign)),
+                            BufferGroup("grads", model::grad_specs(specs_))};
+    for (size_t i = 0; i < where_.size(); ++i)
+        if (where_[i]) p.params.place_outside(i, where_[i]);
+    return p;
+}
+
+std::vector<ParamTarget> WeightBudget::unmapped(const std::vector<ParamTarget>& targets) const {
+    std::vector<ParamTarget> out;
+    for (const ParamTarget& t : targets)
+        if (!mapped(t.param)) out.push_back(t);
+    return out;
+}
+
+void WeightBudget::observe(const model::StepStats& s) {
+    for (const auto& [layer, st] : s.moe) {
+        if (layer < 0) continue;
+        if (load_.size() <= size_t(layer)) load_.resize(size_t(layer) + 1);
+        std::vector<int64_t>& l = load_[size_t(layer)];
+        if (l.size() < st.load.load.size()) l.resize(st.load.load.size(), 0);
+        for (size_t e = 0; e < st.load.load.size(); ++e) l[e] += st.load.load[e];
+    }
+}
+
+size_t WeightBudget::resident(const Piece& p) { return resident_bytes(p.data, p.bytes, scratch_); }
+
+void WeightBudget::release_until(size_t budget, int keep_a, int keep_b) {
+    size_t total = 0;
+    order_.clear();
+    // the next use of each unit: its first visit after the cursor (or in the next pass, further)
+    std::vector<size_t>& next = next_use_;
+    next.assign(unit_pieces_.size(), SIZE_MAX / 4);
+    for (size_t k = plan_.size(); k-- > 0;) {
+        const int u = plan_[k].unit;
+        if (u < 0 || size_t(u) >= next.size()) continue;
+        next[size_t(u)] = k > cursor_ ? k - cursor_ : plan_.size() + k - cursor_;
+    }
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+        const size_t r = resident(pieces_[k]);
+        resident_[k] = r;
+        total += r;
+    }
+    stats_.resident_bytes = total;
+    stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, total);
+    if (total <= budget) return;
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+        const Piece& p = pieces_[k];
+        if (resident_[k] == 0 || p.unit == keep_a || p.unit == keep_b) continue;
+        // farthest next use first; within a unit its experts least routed first, its dense weights last
+        const size_t distance = p.unit >= 0 ? next[size_t(p.unit)] : SIZE_MAX / 2;
+        int64_t load = INT64_MAX;
+        if (p.expert >= 0 && p.layer >= 0 && size_t(p.layer) < load_.size() &&
+            size_t(p.expert) < load_[size_t(p.layer)].size())
+            load = load_[size_t(p.layer)][size_t(p.expert)];
+        else if (p.expert >= 0)
+            load = 0;
+        order_.push_back({distance, k});
+        order_load_.push_back(load);
+    }
+    std::vector<size_t>& idx = order_index_;
+    idx.resize(order_.size());
+    for (size_t j = 0; j < idx.size(); ++j) idx[j] = j;
+    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+        if (order_[a].first != order_[b].first) return order_[a].first > order_[b].first;
+        if (order_load_[a] != order_load_[b]) return order_load_[a] < order_load_[b];
+        return order_[a].second < order_[b].second;
+    });
+    for (size_t j : idx) {
+        if (total <= budget) break;
+        const size_t k = order_[j].second;
+        release_pages(pieces_[k].data, pieces_[k].bytes);
+        total -= std::min(total, resident_[k]);
+        stats_.released_bytes += int64_t(resident_[k]);
+    }
+    order_load_.clear();
+    stats_.resident_bytes = total;
+}
+
+void WeightBudget::trim() {
+    release_until(stats_.budget_bytes, -1, -1);
+    stats_.peak_resident_bytes = stats_.resident_bytes;  // loading and hashing read everything once
+}
+
+WeightBudgetStats WeightBudget::stats() {
+    stats_.major_faults = major_faults() - faults_at_start_;
+    std::lock_guard lock(mu_);
+    stats_.prefetched_bytes = prefetched_;
+    return stats_;
+}
+
+void WeightBudget::begin(std::span<const model::UnitVisit> plan) {
+    plan_.assign(plan.begin(), plan.end());
+    cursor_ = 0;
+}
+
+void WeightBudget::enter(model::UnitVisit v) {
+    while (cursor_ < plan_.size() && !(plan_[cursor_].unit == v.unit && plan_[cursor_].backward == v.backward))
+        ++cursor_;
+    const int next = cursor_ + 1 < plan_.size() ? plan_[cursor_ + 1].unit : -1;
+    if (next >= 0 && next != v.unit) prefetch(next);
+}
+
+void WeightBudget::leave(model::UnitVisit v) {
+    const int next = cursor_ + 1 < plan_.size() ? plan_[cursor_ + 1].unit : -1;
+    release_until(stats_.budget_bytes, v.unit, next);
+}
+
+void WeightBudget::prefetch(int unit) {
+    // its dense pieces, then its experts most routed first, up to half the budget
+    std::lock_guard lock(mu_);
+    queue_.clear();
+    size_t bytes = 0;
+    for (size_t k : unit_pieces_[size_t(unit)]) {
+        if (pieces_[k].expert < 0) queue_.push_back({pieces_[k].data, pieces_[k].bytes});
+    }
+    std::vector<std::pair<int64_t, size_t>>& experts = prefetch_order_;
+    experts.clear();
+    for (size_t k : unit_pieces_[size_t(unit)]) {
+        const Piece& p = pieces_[k];
+        if (p.expert < 0) continue;
+        const bool known =
+            p.layer >= 0 && size_t(p.layer) < load_.size() && size_t(p.expert) < load_[size_t(p.layer)].size();
+        experts.push_back({known ? load_[size_t(p.layer)][size_t(p.expert)] : 0, k});
+    }
+    std::stable_sort(experts.begin(), experts.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    for (const auto& q : queue_) bytes += q.second;
+    for (const auto& [load, k] : experts) {
+        if (bytes + pieces_[k].bytes > stats_.budget_bytes / 2) break;
+        queue_.push_back({pieces_[k].data, pieces_[k].bytes});
+        bytes += pieces_[k].bytes;
+    }
+    pending_ = true;
+    cv_.notify_all();
+}
+
+void WeightBudget::worker() {
+    std::vector<std::pair<const std::byte*, size_t>> work;
+    std::vector<uint64_t> scratch;
+    for (;;) {
+        {
+            std::unique_lock lock(mu_);
+            cv_.wait(lock, [&] { return stop_ || pending_; });
+            if (stop_) return;
+            work.swap(queue_);
+            pending_ = false;
+        }
+        int64_t fetched = 0;
+        for (const auto& [data, bytes] : work) {
+            const size_t before = resident_bytes(data, bytes, scratch);
+            touch_pages(data, bytes);
+            fetched += int64_t(bytes > before ? bytes - before : 0);
+        }
+        std::lock_guard lock(mu_);
+        prefetched_ += fetched;
+    }
+}
+
+}  // namespace tessera::train
