@@ -198,10 +198,10 @@ void WeightBudget::release_until(size_t budget, int keep_a, int keep_b) {
     // the next use of each unit: its first visit after the cursor (or in the next pass, further)
     std::vector<size_t>& next = next_use_;
     next.assign(unit_pieces_.size(), SIZE_MAX / 4);
-    for (size_t k = plan_.size(); k-- > 0;) {
+    for (size_t k = 0; k < plan_.size(); ++k) {
         const int u = plan_[k].unit;
         if (u < 0 || size_t(u) >= next.size()) continue;
-        next[size_t(u)] = k > cursor_ ? k - cursor_ : plan_.size() + k - cursor_;
+        next[size_t(u)] = std::min(next[size_t(u)], k > cursor_ ? k - cursor_ : plan_.size() + k - cursor_);
     }
     for (size_t k = 0; k < pieces_.size(); ++k) {
         const size_t r = resident(pieces_[k]);

@@ -368,6 +368,13 @@ TEST(FineTune, AWeightBudgetReadsTheBaseInPlaceAndTrainsAsTheResidentBase) {
             EXPECT_GT(rec["weights"]["released_bytes"].get<int64_t>(), 0) << line;
         });
         EXPECT_EQ(steps, 12);
+        // step 6 continued under the budget: the uninterrupted run's bits
+        const std::string resumed = base + "_resumed";
+        fs::create_directories(resumed + "/checkpoints");
+        fs::copy(ckpt(base + "_budget", 6), ckpt(resumed, 6));
+        const test::CliResult c = run_tessera("train --resume " + resumed);
+        ASSERT_EQ(c.status, 0) << c.err;
+        EXPECT_EQ(losses(base + "_budget", 6), losses(resumed));
     }
     // a Hugging Face directory's plain tensors, read in place
     const std::string hf = test::golden_path("hf/qwen3_next_tiny");
