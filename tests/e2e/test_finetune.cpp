@@ -342,7 +342,7 @@ TEST(FineTune, ABf16BaseShardsAndResumes) {
 
 // memory.weights_budget: the frozen base read in place from its files (tessera dense and MoE bases, a Hugging Face
 // directory) trains bitwise as the resident base does, while the resident share of it is held to the budget after
-// every unit; mistakes are one-line errors
+// every unit, in one process and on two ranks without FSDP alike; mistakes are one-line errors
 TEST(FineTune, AWeightBudgetReadsTheBaseInPlaceAndTrainsAsTheResidentBase) {
     TempDir d;
     const std::string wide = " --set model.d_model=128 --set model.ffn_dim=512";  // units of several pages
@@ -397,6 +397,14 @@ TEST(FineTune, AWeightBudgetReadsTheBaseInPlaceAndTrainsAsTheResidentBase) {
     EXPECT_EQ(losses(d.file("hf_resident")), losses(d.file("hf_budget")));
     test::expect_one_line_error(run_tessera("train --config " + kTiny + budget + " --out " + d.file("e1")),
                                 "memory.weights_budget needs a LoRA fine-tune of a base", "a budget without a base");
+    // two ranks without FSDP (ZeRO-2), each reading the base in place: one process's bits
+    const std::string two = "train --config " + kTiny + wide +
+                            " --set train.micro_batch_size=2 --set train.base=" + d.file("dense") + kLora + budget;
+    a = run_tessera(two + " --out " + d.file("z_one"));
+    b = run_tessera_mpi(2, two + " --set parallel.fsdp=false --out " + d.file("z_two"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    EXPECT_EQ(losses(d.file("z_one")), losses(d.file("z_two")));
     const test::CliResult e =
         run_tessera_mpi(2, "train --config " + kTiny + wide + " --set train.base=" + d.file("dense") + kLora + budget +
                                " --out " + d.file("e2"));
