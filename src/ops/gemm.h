@@ -48,15 +48,11 @@ void gemm(Trans ta,
           double* C,
           int64_t ldc);
 
-// op(B) of a product whose B is a weight kept in bf16 (a frozen base: model.lora.base_dtype), laid out as a float B
-// would be (row stride ldb). gemm widens each block's panel of B (its columns of op(B), all of K) to f32 just before
-// that block's sgemm call, so the product equals, bit for bit, gemm() on the widened f32 weight, and the weight is
-// read once per block row instead of being copied whole. ta must be N. The panel goes to a per-thread buffer outside
-// any arena, as large as the largest panel the thread has seen (block_n × K floats; grown on first use only).
-struct NarrowB {
-    const bf16* data = nullptr;
-    int64_t ldb = 0;
-};
+// The f32 product with B a weight kept in bf16 (a frozen base: model.lora.base_dtype), laid out as a float B would
+// be. gemm widens each block's panel of B (its columns of op(B), all of K) to f32 just before that block's sgemm
+// call, so the product equals, bit for bit, gemm() on the widened f32 weight, and the weight is read once per block
+// row instead of being copied whole. ta must be N. The panel goes to a per-thread buffer outside any arena, as large
+// as the largest panel the thread has seen (block_n × K floats; grown on first use only).
 void gemm(Trans ta,
           Trans tb,
           int64_t M,
@@ -65,7 +61,8 @@ void gemm(Trans ta,
           float alpha,
           const float* A,
           int64_t lda,
-          NarrowB B,
+          const bf16* B,
+          int64_t ldb,
           float beta,
           float* C,
           int64_t ldc);

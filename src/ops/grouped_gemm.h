@@ -51,16 +51,16 @@ void grouped_gemm(Trans tb,
                   double* C,
                   int64_t ldc);
 
-// The f32 kind with B a bf16 weight (a frozen base's experts; ops/gemm.h NarrowB: B.data is expert 0's first
-// element, B.ldb its row stride): bitwise the product with the widened f32 weight.
+// The f32 kind with B bf16 experts (a frozen base's; ops/gemm.h): bitwise the product with the widened weight.
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
                   int64_t N,
                   int64_t K,
                   const float* A,
                   int64_t lda,
-                  NarrowB B,
+                  const bf16* B,
                   int64_t b_stride,
+                  int64_t ldb,
                   float beta,
                   float* C,
                   int64_t ldc);

@@ -2,7 +2,8 @@
 // x, y, dx and dy may be row-strided 2-D views (last dim contiguous), e.g. column blocks of a
 // fused buffer. Backward accumulates into dx, dw and db; an absent (undefined) dx, dw or db is skipped (dw:
 // a frozen weight, whose gradient is never computed). w may be bf16 with f32 x and y (a frozen base kept in bf16,
-// model.lora.base_dtype): the GEMMs widen it block by block (ops/gemm.h NarrowB), bitwise as its f32 values would.
+// model.lora.base_dtype): the GEMMs widen it block by block (ops/gemm.h, the bf16 B overload), bitwise as its f32
+// values would.
 #pragma once
 
 #include "core/tensor.h"

@@ -51,20 +51,18 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
             whole.back().shape = whole_shape(s, experts);
         }
         const std::map<std::string, std::string> stored = model::stored_tensors(base.path);
+        std::map<std::string, size_t> frozen;  // parameter name -> index
+        for (size_t k = 0; k < m.frozen_params(); ++k) frozen[specs[k].name] = k;
         for (const model::HfTensor& t : model::hf_tensor_map(whole, base.config, base.model_type)) {
             if (t.expert >= 0 || !model::is_plain(t) || t.copy != model::HfTensor::Copy::none) continue;
             const std::string name =
                 !t.alias.empty() && !stored.count(t.name) && stored.count(t.alias) ? t.alias : t.name;
             const auto it = stored.find(name);
             if (it == stored.end()) continue;
-            const int i = [&] {
-                for (size_t k = 0; k < m.frozen_params(); ++k)
-                    if (specs[k].name == t.param) return int(k);
-                return -1;
-            }();
-            if (i < 0 || specs[size_t(i)].shape != t.shape) continue;
+            const auto f = frozen.find(t.param);
+            if (f == frozen.end() || specs[f->second].shape != t.shape) continue;
             file_of[name] = it->second;
-            param_of[name] = {size_t(i), 0};
+            param_of[name] = {f->second, 0};
         }
     } else {
         const fs::path single = fs::path(base.path) / "model.safetensors";
@@ -192,6 +190,13 @@ void WeightBudget::observe(const model::StepStats& s) {
 
 size_t WeightBudget::resident(const Piece& p) { return resident_bytes(p.data, p.bytes, scratch_); }
 
+int64_t WeightBudget::load_of(const Piece& p) const {
+    if (p.expert < 0) return INT64_MAX;  // dense: kept over any expert of its unit
+    const bool known =
+        p.layer >= 0 && size_t(p.layer) < load_.size() && size_t(p.expert) < load_[size_t(p.layer)].size();
+    return known ? load_[size_t(p.layer)][size_t(p.expert)] : 0;
+}
+
 void WeightBudget::release_until(size_t budget, int keep_a, int keep_b) {
     size_t total = 0;
     order_.clear();
@@ -214,33 +219,19 @@ void WeightBudget::release_until(size_t budget, int keep_a, int keep_b) {
     for (size_t k = 0; k < pieces_.size(); ++k) {
         const Piece& p = pieces_[k];
         if (resident_[k] == 0 || p.unit == keep_a || p.unit == keep_b) continue;
-        // farthest next use first; within a unit its experts least routed first, its dense weights last
-        const size_t distance = p.unit >= 0 ? next[size_t(p.unit)] : SIZE_MAX / 2;
-        int64_t load = INT64_MAX;
-        if (p.expert >= 0 && p.layer >= 0 && size_t(p.layer) < load_.size() &&
-            size_t(p.expert) < load_[size_t(p.layer)].size())
-            load = load_[size_t(p.layer)][size_t(p.expert)];
-        else if (p.expert >= 0)
-            load = 0;
-        order_.push_back({distance, k});
-        order_load_.push_back(load);
+        order_.push_back({p.unit >= 0 ? next[size_t(p.unit)] : SIZE_MAX / 2, load_of(p), k});
     }
-    std::vector<size_t>& idx = order_index_;
-    idx.resize(order_.size());
-    for (size_t j = 0; j < idx.size(); ++j) idx[j] = j;
-    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-        if (order_[a].first != order_[b].first) return order_[a].first > order_[b].first;
-        if (order_load_[a] != order_load_[b]) return order_load_[a] < order_load_[b];
-        return order_[a].second < order_[b].second;
+    // farthest next use first; within a unit its experts least routed first, its dense weights last
+    std::sort(order_.begin(), order_.end(), [](const Candidate& a, const Candidate& b) {
+        if (a.distance != b.distance) return a.distance > b.distance;
+        return std::pair(a.load, a.piece) < std::pair(b.load, b.piece);
     });
-    for (size_t j : idx) {
+    for (const Candidate& c : order_) {
         if (total <= budget) break;
-        const size_t k = order_[j].second;
-        release_pages(pieces_[k].data, pieces_[k].bytes);
-        total -= std::min(total, resident_[k]);
-        stats_.released_bytes += int64_t(resident_[k]);
+        release_pages(pieces_[c.piece].data, pieces_[c.piece].bytes);
+        total -= std::min(total, resident_[c.piece]);
+        stats_.released_bytes += int64_t(resident_[c.piece]);
     }
-    order_load_.clear();
     stats_.resident_bytes = total;
 }
 
@@ -283,13 +274,8 @@ void WeightBudget::prefetch(int unit) {
     }
     std::vector<std::pair<int64_t, size_t>>& experts = prefetch_order_;
     experts.clear();
-    for (size_t k : unit_pieces_[size_t(unit)]) {
-        const Piece& p = pieces_[k];
-        if (p.expert < 0) continue;
-        const bool known =
-            p.layer >= 0 && size_t(p.layer) < load_.size() && size_t(p.expert) < load_[size_t(p.layer)].size();
-        experts.push_back({known ? load_[size_t(p.layer)][size_t(p.expert)] : 0, k});
-    }
+    for (size_t k : unit_pieces_[size_t(unit)])
+        if (pieces_[k].expert >= 0) experts.push_back({load_of(pieces_[k]), k});
     std::stable_sort(experts.begin(), experts.end(), [](auto& a, auto& b) { return a.first > b.first; });
     for (const auto& q : queue_) bytes += q.second;
     for (const auto& [load, k] : experts) {

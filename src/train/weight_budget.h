@@ -77,6 +77,7 @@ class WeightBudget final : public model::ParamHooks {
         int64_t expert = -1;  // >= 0: one expert's slice (its global index)
     };
     size_t resident(const Piece& p);
+    int64_t load_of(const Piece& p) const;  // an expert's routing load so far (a dense piece: the most)
     void release_until(size_t budget, int keep_a, int keep_b);
     void prefetch(int unit);  // hands the unit's ranges to the background thread
     void worker();
@@ -91,9 +92,13 @@ class WeightBudget final : public model::ParamHooks {
     size_t cursor_ = 0;
     // scratch of release_until and prefetch, reused
     std::vector<uint64_t> scratch_;
-    std::vector<size_t> resident_, next_use_, order_index_;
-    std::vector<std::pair<size_t, size_t>> order_;  // (distance to the next use, piece)
-    std::vector<int64_t> order_load_;
+    struct Candidate {
+        size_t distance;  // visits to the next use
+        int64_t load;
+        size_t piece;
+    };
+    std::vector<size_t> resident_, next_use_;
+    std::vector<Candidate> order_;
     std::vector<std::pair<int64_t, size_t>> prefetch_order_;
     WeightBudgetStats stats_;
     int64_t faults_at_start_ = 0;

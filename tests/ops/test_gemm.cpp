@@ -74,7 +74,7 @@ TEST(Gemm, SameBitsOnOneTwoAndThreeThreads) {
     }
 }
 
-// A bf16 B (a frozen base's weight, ops::NarrowB) gives the bits of the f32 product on its widened values, for both
+// A bf16 B (a frozen base's weight) gives the bits of the f32 product on its widened values, for both
 // layouts of B, a padded row stride, shapes of one and of many blocks, beta, and 1 or 2 threads.
 TEST(Gemm, Bf16WeightGivesTheBitsOfItsWidenedF32Product) {
     for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{17, 33, 5}, GemmCase{512, 384, 256}, GemmCase{1000, 777, 129}}) {
@@ -94,8 +94,8 @@ TEST(Gemm, Bf16WeightGivesTheBitsOfItsWidenedF32Product) {
                 convert(C0, got);
                 ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K, Bw.ptr<float>(), cols + pad, 1.5f,
                           want.ptr<float>(), s.N);
-                ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K,
-                          ops::NarrowB{B16.ptr<bf16>(), cols + pad}, 1.5f, got.ptr<float>(), s.N);
+                ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K, B16.ptr<bf16>(), cols + pad, 1.5f,
+                          got.ptr<float>(), s.N);
                 EXPECT_TRUE(test::bitwise_equal(got, want))
                     << "M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << int(tb) << " threads " << threads;
             }

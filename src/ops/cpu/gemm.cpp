@@ -202,7 +202,8 @@ void gemm(Trans ta,
           float alpha,
           const float* A,
           int64_t lda,
-          NarrowB B,
+          const bf16* B,
+          int64_t ldb,
           float beta,
           float* C,
           int64_t ldc) {
@@ -214,7 +215,7 @@ void gemm(Trans ta,
         float* out = wide.data();
         const int64_t rows = tb == Trans::T ? n : K, cols = tb == Trans::T ? K : n;
         for (int64_t r = 0; r < rows; ++r) {
-            const bf16* src = tb == Trans::T ? B.data + (c0 + r) * B.ldb : B.data + r * B.ldb + c0;
+            const bf16* src = tb == Trans::T ? B + (c0 + r) * ldb : B + r * ldb + c0;
             float* dst = out + r * cols;
             for (int64_t c = 0; c < cols; ++c) dst[c] = bf16_to_float(src[c]);
         }

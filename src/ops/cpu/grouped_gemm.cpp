@@ -13,15 +13,17 @@ constexpr int64_t kGradRowsPerBand = 256;  // K-grouped: one band of output rows
 
 // Tiles are dealt round-robin over the team; each runs one single-threaded GEMM (ops::gemm inside a
 // parallel region). Tile boundaries depend only on the layout, never on the thread count.
-// expert_b(e): expert e's B operand (and its row stride) as ops::gemm takes it
-template <class T, class ExpertB>
+// B: the experts' weights in T, or bf16 (widened by ops::gemm)
+template <class T, class TB>
 void m_grouped(Trans tb,
                const ExpertRows& g,
                int64_t N,
                int64_t K,
                const T* A,
                int64_t lda,
-               ExpertB expert_b,
+               const TB* B,
+               int64_t b_stride,
+               int64_t ldb,
                T beta,
                T* C,
                int64_t ldc) {
@@ -33,10 +35,8 @@ void m_grouped(Trans tb,
             const int64_t r1 = g.offsets[e + 1];
             for (int64_t m0 = g.offsets[e]; m0 < r1; m0 += kRowBlock) {
                 if (tile++ % nt != me) continue;
-                expert_b(e, [&](auto B, auto... ldb) {
-                    gemm(Trans::N, tb, std::min(kRowBlock, r1 - m0), N, K, T(1), A + m0 * lda, lda, B, ldb..., beta,
-                         C + m0 * ldc, ldc);
-                });
+                gemm(Trans::N, tb, std::min(kRowBlock, r1 - m0), N, K, T(1), A + m0 * lda, lda, B + e * b_stride, ldb,
+                     beta, C + m0 * ldc, ldc);
             }
         }
     }
@@ -86,8 +86,7 @@ void grouped_gemm(Trans tb,
                   float beta,
                   float* C,
                   int64_t ldc) {
-    m_grouped(
-        tb, g, N, K, A, lda, [&](int64_t e, auto run) { run(B + e * b_stride, ldb); }, beta, C, ldc);
+    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
 }
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
@@ -95,17 +94,13 @@ void grouped_gemm(Trans tb,
                   int64_t K,
                   const float* A,
                   int64_t lda,
-                  NarrowB B,
+                  const bf16* B,
                   int64_t b_stride,
+                  int64_t ldb,
                   float beta,
                   float* C,
                   int64_t ldc) {
-    m_grouped(
-        tb, g, N, K, A, lda,
-        [&](int64_t e, auto run) {
-            run(NarrowB{B.data + e * b_stride, B.ldb});
-        },
-        beta, C, ldc);
+    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
 }
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
@@ -119,8 +114,7 @@ void grouped_gemm(Trans tb,
                   double beta,
                   double* C,
                   int64_t ldc) {
-    m_grouped(
-        tb, g, N, K, A, lda, [&](int64_t e, auto run) { run(B + e * b_stride, ldb); }, beta, C, ldc);
+    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
 }
 void grouped_gemm_wgrad(const ExpertRows& g,
                         int64_t M,

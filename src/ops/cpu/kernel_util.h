@@ -8,7 +8,6 @@
 #include <type_traits>
 
 #include "core/tensor.h"
-#include "ops/gemm.h"
 
 namespace tessera::ops::cpu {
 
@@ -53,31 +52,18 @@ Rows<T> rows_of(const TensorView& v, std::string_view what) {
     return r;
 }
 
-// gemm with B a weight tensor stored f32 (T) or bf16 (a frozen base; ops/gemm.h NarrowB), from element `at` of w with
-// row stride ldb. A bf16 weight in an f64 product is an error (the f64 paths are references for f32 weights).
-template <class T>
-void gemm_w(Trans ta,
-            Trans tb,
-            int64_t M,
-            int64_t N,
-            int64_t K,
-            T alpha,
-            const T* A,
-            int64_t lda,
-            const TensorView& w,
-            int64_t at,
-            int64_t ldb,
-            T beta,
-            T* C,
-            int64_t ldc) {
+// Calls f(const T*) with a weight's data in T, or f(const bf16*) for a bf16 weight of an f32 op (a frozen base kept
+// in bf16: ops::gemm and grouped_gemm widen it); a bf16 weight of an f64 op (the reference paths) is an error.
+template <class T, class F>
+void with_weight(const TensorView& w, std::string_view op, F&& f) {
     if (w.dtype == DType::bf16) {
         if constexpr (std::is_same_v<T, float>) {
-            gemm(ta, tb, M, N, K, alpha, A, lda, NarrowB{w.ptr<bf16>() + at, ldb}, beta, C, ldc);
+            f(w.ptr<bf16>());
             return;
         }
-        TESSERA_FAIL("a bf16 weight {} in an f64 product (f64 runs on f32 weights)", w.shape.str());
+        TESSERA_FAIL("{}: a bf16 weight {} in an f64 product (f64 runs on f32 weights)", op, w.shape.str());
     }
-    gemm(ta, tb, M, N, K, alpha, A, lda, w.ptr<T>() + at, ldb, beta, C, ldc);
+    f(w.ptr<T>());
 }
 
 // Reads element i of an integer tensor (i32 or i64) as int64.

@@ -470,7 +470,7 @@ void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumu
 }
 
 namespace {
-// The M-grouped GEMM with the experts' weight stored f32 or bf16 (a frozen base; ops/grouped_gemm.h)
+// The M-grouped GEMM with the experts' weight w stored in T or bf16 (a frozen base; ops/grouped_gemm.h)
 template <class T>
 void expert_gemm(Trans tb,
                  const ExpertRows& g,
@@ -484,14 +484,8 @@ void expert_gemm(Trans tb,
                  T beta,
                  T* C,
                  int64_t ldc) {
-    if (w.dtype == DType::bf16) {
-        if constexpr (std::is_same_v<T, float>) {
-            grouped_gemm(tb, g, N, K, A, lda, NarrowB{w.ptr<bf16>(), ldb}, b_stride, beta, C, ldc);
-            return;
-        }
-        TESSERA_FAIL("moe: bf16 experts {} in an f64 product (f64 runs on f32 weights)", w.shape.str());
-    }
-    grouped_gemm(tb, g, N, K, A, lda, w.ptr<T>(), b_stride, ldb, beta, C, ldc);
+    cpu::with_weight<T>(w, "moe",
+                        [&](const auto* B) { grouped_gemm(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc); });
 }
 }  // namespace
 
