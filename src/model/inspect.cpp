@@ -59,7 +59,7 @@ ModelSummary summarize(const ModelConfig& c, int64_t seq) {
         (spec.trainable ? s.trained_params : s.frozen_params) += n;
         if (!spec.trainable) s.frozen_bytes += int64_t(spec.nbytes());
         if (spec.name.ends_with(".lora_A.weight")) ++s.adapted_modules;
-        if (spec.name.ends_with(".lora_A.weight") || spec.name.ends_with(".lora_B.weight")) continue;  // base only
+        if (is_adapter(spec.name)) continue;  // base only
         s.params += n;
         if (spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight") s.embedding_params += n;
         if (spec.name.find(".mlp.experts.") != std::string::npos) s.routed_expert_params += n;

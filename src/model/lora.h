@@ -68,4 +68,9 @@ class LoraAdapters {
 // each adapted weight W plus s·B·A (routed experts expert by expert).
 void merge_lora(const LoraConfig& c, const BufferGroup& params, const BufferGroup& merged);
 
+// Whether a parameter is an adapter's A or B ("<module>.lora_A.weight", "<module>.lora_B.weight").
+inline bool is_adapter(const std::string& param) {
+    return param.ends_with(".lora_A.weight") || param.ends_with(".lora_B.weight");
+}
+
 }  // namespace tessera::model

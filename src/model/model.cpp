@@ -108,12 +108,9 @@ void Model::freeze_base() {
         }
         return false;
     };
-    auto adapter = [](const std::string& name) {
-        return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
-    };
     const DType base = cfg_.lora.base_dtype == "bf16" ? DType::bf16 : DType::f32;
     for (BufferSpec& s : param_specs_) {
-        s.trainable = adapter(s.name) || saved(s.name);
+        s.trainable = is_adapter(s.name) || saved(s.name);
         if (!s.trainable && s.narrowable && s.sharding != Sharding::replicated) s.dtype = base;
     }
     // as PEFT: an error when no name matches (a list may name modules of several families)

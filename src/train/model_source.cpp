@@ -13,18 +13,12 @@
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
 #include "model/hf_peft.h"
+#include "model/lora.h"
 #include "train/config.h"
 
 namespace tessera::train {
 
 namespace fs = std::filesystem;
-
-namespace {
-bool is_adapter(const std::string& name) {
-    return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
-}
-
-}  // namespace
 
 ModelSource open_model_source(const std::string& path) {
     ModelSource s;
@@ -157,7 +151,7 @@ void load_base(const ModelSource& base,
             key[t.param] = t.name;
         for (const ParamTarget& t : targets) {
             const std::string& name = specs[t.param].name;
-            if (!is_adapter(name)) continue;
+            if (!model::is_adapter(name)) continue;
             const Tensor whole = f.load(key.at(name));
             TESSERA_CHECK(whole.view().shape == specs[t.param].shape && whole.view().dtype == DType::f32,
                           "{}: \"{}\" must be f32 {}", base.path, key.at(name), specs[t.param].shape.str());
@@ -168,7 +162,7 @@ void load_base(const ModelSource& base,
     std::vector<ParamTarget>
         wanted;  // every base parameter (the frozen ones, modules_to_save or all of a full fine-tune)
     for (const ParamTarget& t : targets) {
-        if (!is_adapter(specs[t.param].name)) wanted.push_back(t);
+        if (!model::is_adapter(specs[t.param].name)) wanted.push_back(t);
     }
     if (!base.hf) {
         load_params(base.path, specs, wanted, experts);
@@ -179,7 +173,7 @@ void load_base(const ModelSource& base,
     std::vector<BufferSpec> base_specs;  // whole: every expert's tensors (the map names them all)
     int64_t local = 0;                   // experts here
     for (const BufferSpec& s : specs) {
-        if (is_adapter(s.name)) continue;
+        if (model::is_adapter(s.name)) continue;
         base_specs.push_back(s);
         base_specs.back().shape = whole_shape(s, experts);
         if (s.sharding == Sharding::expert) local = s.shape[0];

@@ -305,7 +305,6 @@ TrainSummary train(const TrainOptions& opts) {
         TESSERA_CHECK(!fsdp,
                       "memory.weights_budget reads the base in place on every rank; with several ranks set "
                       "parallel.fsdp=false (FSDP shards the base instead)");
-        TESSERA_CHECK(setup.base, "memory.weights_budget needs train.base");
         budget.emplace(*setup.base, model, slice, size_t(cfg.memory.weights_budget) << 20);
         placement = budget->placement();
     }

@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/file.h"
 #include "model/hf_checkpoint.h"
+#include "model/lora.h"
 
 namespace tessera::train {
 
@@ -29,9 +30,6 @@ int layer_of(const std::string& name) {
     return std::atoi(name.c_str() + p.size());
 }
 
-bool is_adapter(const std::string& name) {
-    return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
-}
 }  // namespace
 
 WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, ExpertSlice experts, size_t budget)
@@ -46,7 +44,7 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
     if (base.hf) {
         std::vector<BufferSpec> whole;
         for (const BufferSpec& s : specs) {
-            if (is_adapter(s.name)) continue;
+            if (model::is_adapter(s.name)) continue;
             whole.push_back(s);
             whole.back().shape = whole_shape(s, experts);
         }

@@ -397,6 +397,9 @@ TEST(FineTune, AWeightBudgetReadsTheBaseInPlaceAndTrainsAsTheResidentBase) {
     EXPECT_EQ(losses(d.file("hf_resident")), losses(d.file("hf_budget")));
     test::expect_one_line_error(run_tessera("train --config " + kTiny + budget + " --out " + d.file("e1")),
                                 "memory.weights_budget needs a LoRA fine-tune of a base", "a budget without a base");
+    test::expect_one_line_error(run_tessera("train --config " + kTiny + wide + " --set train.base=" + d.file("dense") +
+                                            kLora + " --set memory.weights_budget=-1 --out " + d.file("e3")),
+                                "memory.weights_budget must be a number of MiB >= 0", "a negative budget");
     // two ranks without FSDP (ZeRO-2), each reading the base in place: one process's bits
     const std::string two = "train --config " + kTiny + wide +
                             " --set train.micro_batch_size=2 --set train.base=" + d.file("dense") + kLora + budget;
