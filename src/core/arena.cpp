@@ -208,7 +208,7 @@ void* Arena::allocate(size_t bytes) { return base_.get() + buddy_.allocate(bytes
 void Arena::free(void* p) { buddy_.free(size_t(static_cast<std::byte*>(p) - base_.get())); }
 
 TensorView Arena::allocate_tensor(DType dtype, Shape shape) {
-    return TensorView(allocate(size_t(shape.numel()) * dtype_size(dtype)), dtype, shape);
+    return TensorView(allocate(dtype_bytes(dtype, shape.numel())), dtype, shape);
 }
 
 ArenaBlock& ArenaBlock::operator=(ArenaBlock&& o) noexcept {

@@ -28,9 +28,8 @@ constexpr size_t kMaxBytes = size_t(1) << 62;  // far beyond any machine; sums o
 }  // namespace
 
 size_t BufferSpec::nbytes() const {
-    size_t bytes = 0;
-    TESSERA_CHECK(!__builtin_mul_overflow(size_t(shape.numel()), dtype_size(dtype), &bytes) && bytes <= kMaxBytes,
-                  "buffer {} {} {} is too large", name, dtype_name(dtype), shape.str());
+    const size_t bytes = dtype_bytes(dtype, shape.numel());
+    TESSERA_CHECK(bytes <= kMaxBytes, "buffer {} {} {} is too large", name, dtype_name(dtype), shape.str());
     return bytes;
 }
 
@@ -129,7 +128,7 @@ void check_finite(const BufferGroup& g, const std::string& where) {
         } else if (v.dtype == DType::bf16) {
             bad = first_non_finite(v.ptr<bf16>(), v.numel(), bf16_to_float);
             if (bad >= 0) value = bf16_to_float(v.ptr<bf16>()[bad]);
-        }
+        }  // (mxfp4 values are finite by construction: core/mxfp4.h)
         TESSERA_CHECK(bad < 0, "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it",
                       where, g.specs()[i].name, value, bad);
     }

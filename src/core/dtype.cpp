@@ -21,6 +21,8 @@ std::string_view dtype_name(DType t) {
             return "u16";
         case DType::f8e4m3:
             return "f8e4m3";
+        case DType::mxfp4:
+            return "mxfp4";
     }
     return "?";
 }
@@ -43,6 +45,8 @@ std::string_view dtype_safetensors_name(DType t) {
             return "U16";
         case DType::f8e4m3:
             return "F8_E4M3";
+        case DType::mxfp4:
+            return "?";  // not a safetensors dtype (checkpoints store its packed values and scales as U8)
     }
     return "?";
 }

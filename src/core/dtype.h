@@ -11,9 +11,11 @@
 
 namespace tessera {
 
-// f8e4m3: storage only (FP8 checkpoints, core/fp8.h), never computed on
-enum class DType : uint8_t { f32, f64, bf16, i32, i64, u8, u16, f8e4m3 };
+// f8e4m3: storage only (FP8 checkpoints, core/fp8.h), never computed on. mxfp4: frozen routed experts held in
+// MXFP4 (core/mxfp4.h), blocks of 32 values in 17 bytes: no whole bytes per element (dtype_size 0, dtype_bytes).
+enum class DType : uint8_t { f32, f64, bf16, i32, i64, u8, u16, f8e4m3, mxfp4 };
 
+// bytes per element; 0 for mxfp4 (dtype_bytes sizes it)
 constexpr size_t dtype_size(DType t) {
     switch (t) {
         case DType::f32:
@@ -32,11 +34,23 @@ constexpr size_t dtype_size(DType t) {
             return 2;
         case DType::f8e4m3:
             return 1;
+        case DType::mxfp4:
+            return 0;
     }
     return 0;
 }
 
-constexpr bool dtype_is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; }
+// Bytes of n elements (mxfp4: 17 per started block of 32); SIZE_MAX when that does not fit in a size_t.
+constexpr size_t dtype_bytes(DType t, int64_t n) {
+    const size_t u = size_t(n);
+    if (t == DType::mxfp4) return (u / 32 + (u % 32 != 0)) * 17;
+    const size_t s = dtype_size(t);
+    return s != 0 && u > SIZE_MAX / s ? SIZE_MAX : u * s;
+}
+
+constexpr bool dtype_is_float(DType t) {
+    return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::mxfp4;
+}
 constexpr bool dtype_is_int(DType t) { return !dtype_is_float(t); }
 
 // "f32", "bf16", ...

@@ -1,8 +1,15 @@
-// MXFP4 (OCP Microscaling FP4) weights as stored by compressed-tensors' `mxfp4-pack-quantized` format
-// (Kimi K3's routed experts, spec/kimi_k3.md §1.2): E2M1 values, two per byte along the last dimension
-// (element 2i in the low nibble, 2i+1 in the high one; bit 3 is the sign, bits 0-2 index
-// {0, 0.5, 1, 1.5, 2, 3, 4, 6}), and one E8M0 scale byte per group of 32 consecutive values of a row
-// (value 2^(byte − 127); byte 255 is NaN in the MX format and is refused).
+// MXFP4 (OCP Microscaling FP4, OCP MX v1.0 spec): E2M1 values (bit 3 the sign, bits 0-2 indexing
+// {0, 0.5, 1, 1.5, 2, 3, 4, 6}) in blocks of 32 consecutive values of a row sharing one E8M0 scale byte (value
+// 2^(byte − 127); byte 255 is NaN in the MX format and is refused).
+//
+// Two layouts:
+//  - compressed-tensors' `mxfp4-pack-quantized` checkpoints (Kimi K3's routed experts, spec/kimi_k3.md §1.2): two
+//    tensors, `weight_packed` [rows, cols/2] (element 2i in the low nibble, 2i+1 in the high one) and
+//    `weight_scale` [rows, cols/32];
+//  - held in memory (DType::mxfp4: frozen routed experts, model.lora.expert_dtype): 17-byte blocks, the scale byte
+//    then the block's 16 packed bytes, so a block's scale sits beside its values and any run of whole blocks (an
+//    expert, a row) is one contiguous range of bytes.
+// Every MXFP4 value is an E2M1 value times a power of two: it widens to f32 exactly.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +17,36 @@
 
 namespace tessera {
 
-// packed [rows, cols/2] bytes, scales [rows, cols/32] bytes -> out [rows, cols] f32. cols must be a
-// multiple of 32. `what` names the tensor in errors.
+constexpr int64_t kMxfp4Block = 32;       // values per block
+constexpr int64_t kMxfp4BlockBytes = 17;  // held: scale byte + 16 packed bytes
+
+// A read position in held MXFP4 blocks: value `index` of those starting at `blocks`. Adding to it moves the index
+// (it stands where ops::gemm takes a pointer to its B operand; ops/gemm.h).
+struct Mxfp4 {
+    const uint8_t* blocks = nullptr;
+    int64_t index = 0;
+    friend Mxfp4 operator+(Mxfp4 m, int64_t n) {
+        m.index += n;
+        return m;
+    }
+};
+
+// n held values from src into out as f32 (exactly).
+void mxfp4_to_f32(Mxfp4 src, int64_t n, float* out);
+
+// n f32 values (n a multiple of 32, all finite) into n/32 held blocks: a block's scale is 2^(⌊log2 max|v|⌋ − 2)
+// (OCP MX v1.0 §6.3: the largest power of two with max|v| / scale < 8, clamped to 2^±127) and each value
+// v / scale rounds to the nearest E2M1 value, ties to the even code, saturating at ±6. Lossy unless the values
+// came from MXFP4 with such scales.
+void f32_to_mxfp4(const float* src, int64_t n, uint8_t* blocks);
+
+// A checkpoint's packed [rows, cols/2] and scales [rows, cols/32] (cols a multiple of 32) interleaved into
+// rows × cols/32 held blocks, bytes unchanged. Refuses a NaN scale (255) and values beyond f32 (a scale of 2^127
+// with a value of 2 or more), naming `what`.
+void mxfp4_blocks(
+    const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, uint8_t* blocks, const std::string& what);
+
+// The checkpoint layout straight to f32: out [rows, cols] (the same checks).
 void dequantize_mxfp4(
     const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, float* out, const std::string& what);
 

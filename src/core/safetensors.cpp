@@ -173,6 +173,8 @@ void write_safetensors(const std::string& path,
         TESSERA_CHECK(names.insert(t.name).second, "{}: tensor name \"{}\" appears twice", path, t.name);
         TESSERA_CHECK(t.name != "__metadata__", "{}: \"__metadata__\" is not a tensor name", path);
         check_contiguous(t.tensor, t.name);
+        TESSERA_CHECK(t.tensor.dtype != DType::mxfp4, "{}: tensor \"{}\" is mxfp4, which safetensors cannot hold", path,
+                      t.name);
         std::vector<int64_t> shape(t.tensor.shape.dims.begin(), t.tensor.shape.dims.begin() + t.tensor.ndim());
         header[t.name] = {{"dtype", dtype_safetensors_name(t.tensor.dtype)},
                           {"shape", shape},

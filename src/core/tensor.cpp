@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/mxfp4.h"
+
 namespace tessera {
 
 Shape::Shape(std::initializer_list<int64_t> d) {
@@ -79,7 +81,9 @@ TensorView TensorView::slice0(int64_t begin, int64_t end) const {
                   shape.str());
     Shape s = shape;
     s.dims[0] = end - begin;
-    char* base = static_cast<char*>(data) + size_t(begin) * size_t(strides[0]) * dtype_size(dtype);
+    TESSERA_CHECK(dtype != DType::mxfp4 || begin * strides[0] % 32 == 0,
+                  "slice0 of an mxfp4 tensor {} must start at a block of 32 values", shape.str());
+    char* base = static_cast<char*>(data) + dtype_bytes(dtype, begin * strides[0]);
     return TensorView(base, dtype, s, device);
 }
 
@@ -117,9 +121,8 @@ void check_contiguous(const TensorView& t, std::string_view where, std::string_v
 void Tensor::Free::operator()(void* p) const { std::free(p); }
 
 Tensor::Tensor(DType dtype, Shape shape) {
-    size_t bytes = 0;
-    TESSERA_CHECK(!__builtin_mul_overflow(size_t(shape.numel()), dtype_size(dtype), &bytes) && bytes <= (SIZE_MAX >> 1),
-                  "tensor {} {} is too large", dtype_name(dtype), shape.str());
+    const size_t bytes = dtype_bytes(dtype, shape.numel());
+    TESSERA_CHECK(bytes <= (SIZE_MAX >> 1), "tensor {} {} is too large", dtype_name(dtype), shape.str());
     size_t padded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, padded == 0 ? 64 : padded);
     TESSERA_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
@@ -174,6 +177,20 @@ void convert(const TensorView& src, const TensorView& dst) {
     const int64_t n = src.numel();
     if (src.dtype == dst.dtype) {
         std::memmove(dst.data, src.data, src.nbytes());
+        return;
+    }
+    if (src.dtype == DType::mxfp4 || dst.dtype == DType::mxfp4) {  // through f32 (MXFP4 widens to f32 exactly)
+        Tensor wide(DType::f32, src.shape);
+        if (src.dtype == DType::mxfp4) {
+            mxfp4_to_f32(Mxfp4{static_cast<const uint8_t*>(src.data)}, n, wide.ptr<float>());
+        } else {
+            convert(src, wide.view());
+        }
+        if (dst.dtype == DType::mxfp4) {
+            f32_to_mxfp4(wide.ptr<float>(), n, static_cast<uint8_t*>(dst.data));
+        } else {
+            convert(wide.view(), dst);
+        }
         return;
     }
     for (int64_t i = 0; i < n; ++i) store_float(dst.data, dst.dtype, i, load_float(src.data, src.dtype, i));

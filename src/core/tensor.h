@@ -47,7 +47,7 @@ struct TensorView {
     int ndim() const { return shape.ndim; }
     int64_t size(int i) const { return shape.dims[i < 0 ? i + shape.ndim : i]; }
     int64_t numel() const { return shape.numel(); }
-    size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+    size_t nbytes() const { return dtype_bytes(dtype, numel()); }
     // a default-constructed view is "absent" (optional inputs); a scalar has ndim 0 and data
     bool defined() const { return data != nullptr || shape.ndim > 0; }
     bool is_contiguous() const;

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/mxfp4.h"
 
 namespace tessera::ops {
 
@@ -48,11 +49,13 @@ void gemm(Trans ta,
           double* C,
           int64_t ldc);
 
-// The f32 product with B a weight kept in bf16 (a frozen base: model.lora.base_dtype), laid out as a float B would
-// be. gemm widens each block's panel of B (its columns of op(B), all of K) to f32 just before that block's sgemm
-// call, so the product equals, bit for bit, gemm() on the widened f32 weight, and the weight is read once per block
-// row instead of being copied whole. ta must be N. The panel goes to a per-thread buffer outside any arena, as large
-// as the largest panel the thread has seen (block_n × K floats; grown on first use only).
+// The f32 product with B a frozen weight held narrow, laid out as a float B would be: bf16 (a frozen base,
+// model.lora.base_dtype) or MXFP4 (frozen routed experts, model.lora.expert_dtype; core/mxfp4.h, B a position in
+// its blocks, ldb in values). gemm widens each block's panel of B (its columns of op(B), all of K) to f32 just
+// before that block's sgemm call, so the product equals, bit for bit, gemm() on the widened f32 weight, and the
+// weight is read once per block row instead of being copied whole. ta must be N. The panel goes to a per-thread
+// buffer outside any arena, as large as the largest panel the thread has seen (block_n × K floats; grown on first
+// use only).
 void gemm(Trans ta,
           Trans tb,
           int64_t M,
@@ -62,6 +65,19 @@ void gemm(Trans ta,
           const float* A,
           int64_t lda,
           const bf16* B,
+          int64_t ldb,
+          float beta,
+          float* C,
+          int64_t ldc);
+void gemm(Trans ta,
+          Trans tb,
+          int64_t M,
+          int64_t N,
+          int64_t K,
+          float alpha,
+          const float* A,
+          int64_t lda,
+          Mxfp4 B,
           int64_t ldb,
           float beta,
           float* C,

@@ -51,7 +51,7 @@ void grouped_gemm(Trans tb,
                   double* C,
                   int64_t ldc);
 
-// The f32 kind with B bf16 experts (a frozen base's; ops/gemm.h): bitwise the product with the widened weight.
+// The f32 kind with B frozen experts held in bf16 or MXFP4 (ops/gemm.h): bitwise the product with the widened weight.
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
                   int64_t N,
@@ -59,6 +59,18 @@ void grouped_gemm(Trans tb,
                   const float* A,
                   int64_t lda,
                   const bf16* B,
+                  int64_t b_stride,
+                  int64_t ldb,
+                  float beta,
+                  float* C,
+                  int64_t ldc);
+void grouped_gemm(Trans tb,
+                  const ExpertRows& g,
+                  int64_t N,
+                  int64_t K,
+                  const float* A,
+                  int64_t lda,
+                  Mxfp4 B,
                   int64_t b_stride,
                   int64_t ldb,
                   float beta,

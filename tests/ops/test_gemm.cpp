@@ -74,32 +74,42 @@ TEST(Gemm, SameBitsOnOneTwoAndThreeThreads) {
     }
 }
 
-// A bf16 B (a frozen base's weight) gives the bits of the f32 product on its widened values, for both
-// layouts of B, a padded row stride, shapes of one and of many blocks, beta, and 1 or 2 threads.
-TEST(Gemm, Bf16WeightGivesTheBitsOfItsWidenedF32Product) {
-    for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{17, 33, 5}, GemmCase{512, 384, 256}, GemmCase{1000, 777, 129}}) {
-        for (Trans tb : {Trans::N, Trans::T}) {
-            const int64_t pad = 5, rows = tb == Trans::N ? s.K : s.N, cols = tb == Trans::N ? s.N : s.K;
-            const Tensor A = test::randn(DType::f32, Shape{s.M, s.K}, 6);
-            const Tensor B32 = test::randn(DType::f32, Shape{rows, cols + pad}, 7);
-            Tensor B16(DType::bf16, B32.shape()), Bw(DType::f32, B32.shape());
-            convert(B32, B16);
-            convert(B16, Bw);
-            const Tensor C0 = test::randn(DType::f32, Shape{s.M, s.N}, 8);
-            const int saved = omp_get_max_threads();
-            for (int threads : {1, 2}) {
-                omp_set_num_threads(threads);
-                Tensor want(DType::f32, C0.shape()), got(DType::f32, C0.shape());
-                convert(C0, want);
-                convert(C0, got);
-                ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K, Bw.ptr<float>(), cols + pad, 1.5f,
-                          want.ptr<float>(), s.N);
-                ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K, B16.ptr<bf16>(), cols + pad, 1.5f,
-                          got.ptr<float>(), s.N);
-                EXPECT_TRUE(test::bitwise_equal(got, want))
-                    << "M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << int(tb) << " threads " << threads;
+// A B held narrow (a frozen base's bf16 weight, frozen experts' MXFP4) gives the bits of the f32 product on its
+// widened values, for both layouts of B (MXFP4 panels of op(B) then start inside blocks), a padded row stride,
+// shapes of one and of many blocks, beta, and 1 or 2 threads.
+TEST(Gemm, NarrowWeightGivesTheBitsOfItsWidenedF32Product) {
+    for (DType narrow : {DType::bf16, DType::mxfp4}) {
+        for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{17, 33, 5}, GemmCase{512, 384, 256}, GemmCase{1000, 777, 129}}) {
+            for (Trans tb : {Trans::N, Trans::T}) {
+                const int64_t rows = tb == Trans::N ? s.K : s.N, cols = tb == Trans::N ? s.N : s.K;
+                const int64_t ld = narrow == DType::bf16 ? cols + 5 : (cols + 1 + 31) / 32 * 32;  // MXFP4: whole blocks
+                const Tensor A = test::randn(DType::f32, Shape{s.M, s.K}, 6);
+                const Tensor B32 = test::randn(DType::f32, Shape{rows, ld}, 7);
+                Tensor Bn(narrow, B32.shape()), Bw(DType::f32, B32.shape());
+                convert(B32, Bn);
+                convert(Bn, Bw);
+                const Tensor C0 = test::randn(DType::f32, Shape{s.M, s.N}, 8);
+                const int saved = omp_get_max_threads();
+                for (int threads : {1, 2}) {
+                    omp_set_num_threads(threads);
+                    Tensor want(DType::f32, C0.shape()), got(DType::f32, C0.shape());
+                    convert(C0, want);
+                    convert(C0, got);
+                    ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K, Bw.ptr<float>(), ld, 1.5f,
+                              want.ptr<float>(), s.N);
+                    if (narrow == DType::bf16) {
+                        ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K, Bn.ptr<bf16>(), ld, 1.5f,
+                                  got.ptr<float>(), s.N);
+                    } else {
+                        ops::gemm(Trans::N, tb, s.M, s.N, s.K, 0.7f, A.ptr<float>(), s.K,
+                                  Mxfp4{static_cast<const uint8_t*>(Bn.view().data)}, ld, 1.5f, got.ptr<float>(), s.N);
+                    }
+                    EXPECT_TRUE(test::bitwise_equal(got, want))
+                        << dtype_name(narrow) << " M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << int(tb)
+                        << " threads " << threads;
+                }
+                omp_set_num_threads(saved);
             }
-            omp_set_num_threads(saved);
         }
     }
 }

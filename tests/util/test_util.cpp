@@ -2,6 +2,7 @@
 #include "util/test_util.h"
 
 #include "core/fp8.h"
+#include "core/mxfp4.h"
 
 #include <unistd.h>
 
@@ -59,6 +60,11 @@ double to_double(const TensorView& t, int64_t i) {
             return static_cast<const uint16_t*>(t.data)[i];
         case DType::f8e4m3:
             return e4m3_to_float(static_cast<const uint8_t*>(t.data)[i]);
+        case DType::mxfp4: {
+            float x;
+            mxfp4_to_f32(Mxfp4{static_cast<const uint8_t*>(t.data), i}, 1, &x);
+            return x;
+        }
     }
     return 0;
 }

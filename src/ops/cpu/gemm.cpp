@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "core/check.h"
+#include "core/mxfp4.h"
 
 namespace tessera::ops {
 
@@ -194,6 +196,42 @@ void gemm(Trans ta,
     run_grid(ta, tb, M, N, K, alpha, A, lda, panel, beta, C, ldc);
 }
 
+namespace {
+void widen(const bf16* src, int64_t n, float* dst) {
+    for (int64_t c = 0; c < n; ++c) dst[c] = bf16_to_float(src[c]);
+}
+void widen(Mxfp4 src, int64_t n, float* dst) { mxfp4_to_f32(src, n, dst); }
+
+// the grid with each block's panel of a narrow B (bf16, MXFP4) widened to f32: the block's columns of op(B), n rows
+// of K (B transposed: weight rows) or K rows of n
+template <class TB>
+void gemm_widened(Trans ta,
+                  Trans tb,
+                  int64_t M,
+                  int64_t N,
+                  int64_t K,
+                  float alpha,
+                  const float* A,
+                  int64_t lda,
+                  TB B,
+                  int64_t ldb,
+                  float beta,
+                  float* C,
+                  int64_t ldc) {
+    TESSERA_CHECK(ta == Trans::N, "gemm: a {} B needs op(A) = A", std::is_same_v<TB, Mxfp4> ? "mxfp4" : "bf16");
+    auto panel = [&](int64_t c0, int64_t n) {
+        thread_local std::vector<float> wide;
+        if (wide.size() < size_t(n * K)) wide.resize(size_t(n * K));
+        float* out = wide.data();
+        const int64_t rows = tb == Trans::T ? n : K, cols = tb == Trans::T ? K : n;
+        for (int64_t r = 0; r < rows; ++r)
+            widen(tb == Trans::T ? B + (c0 + r) * ldb : B + r * ldb + c0, cols, out + r * cols);
+        return std::pair<const float*, int64_t>(out, cols);
+    };
+    run_grid(ta, tb, M, N, K, alpha, A, lda, panel, beta, C, ldc);
+}
+}  // namespace
+
 void gemm(Trans ta,
           Trans tb,
           int64_t M,
@@ -207,21 +245,23 @@ void gemm(Trans ta,
           float beta,
           float* C,
           int64_t ldc) {
-    TESSERA_CHECK(ta == Trans::N, "gemm: a bf16 B needs op(A) = A");
-    // the block's columns of op(B) as f32: n rows of K (B transposed: weight rows) or K rows of n
-    auto panel = [&](int64_t c0, int64_t n) {
-        thread_local std::vector<float> wide;
-        if (wide.size() < size_t(n * K)) wide.resize(size_t(n * K));
-        float* out = wide.data();
-        const int64_t rows = tb == Trans::T ? n : K, cols = tb == Trans::T ? K : n;
-        for (int64_t r = 0; r < rows; ++r) {
-            const bf16* src = tb == Trans::T ? B + (c0 + r) * ldb : B + r * ldb + c0;
-            float* dst = out + r * cols;
-            for (int64_t c = 0; c < cols; ++c) dst[c] = bf16_to_float(src[c]);
-        }
-        return std::pair<const float*, int64_t>(out, cols);
-    };
-    run_grid(ta, tb, M, N, K, alpha, A, lda, panel, beta, C, ldc);
+    gemm_widened(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm(Trans ta,
+          Trans tb,
+          int64_t M,
+          int64_t N,
+          int64_t K,
+          float alpha,
+          const float* A,
+          int64_t lda,
+          Mxfp4 B,
+          int64_t ldb,
+          float beta,
+          float* C,
+          int64_t ldc) {
+    gemm_widened(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm(Trans ta,

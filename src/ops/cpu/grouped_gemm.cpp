@@ -13,7 +13,7 @@ constexpr int64_t kGradRowsPerBand = 256;  // K-grouped: one band of output rows
 
 // Tiles are dealt round-robin over the team; each runs one single-threaded GEMM (ops::gemm inside a
 // parallel region). Tile boundaries depend only on the layout, never on the thread count.
-// B: the experts' weights in T, or bf16 (widened by ops::gemm)
+// B: the experts' weights in T, or held narrow (bf16, MXFP4: widened by ops::gemm)
 template <class T, class TB>
 void m_grouped(Trans tb,
                const ExpertRows& g,
@@ -21,7 +21,7 @@ void m_grouped(Trans tb,
                int64_t K,
                const T* A,
                int64_t lda,
-               const TB* B,
+               TB B,
                int64_t b_stride,
                int64_t ldb,
                T beta,
@@ -95,6 +95,20 @@ void grouped_gemm(Trans tb,
                   const float* A,
                   int64_t lda,
                   const bf16* B,
+                  int64_t b_stride,
+                  int64_t ldb,
+                  float beta,
+                  float* C,
+                  int64_t ldc) {
+    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
+}
+void grouped_gemm(Trans tb,
+                  const ExpertRows& g,
+                  int64_t N,
+                  int64_t K,
+                  const float* A,
+                  int64_t lda,
+                  Mxfp4 B,
                   int64_t b_stride,
                   int64_t ldb,
                   float beta,

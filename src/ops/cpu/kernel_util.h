@@ -7,6 +7,7 @@
 #include <span>
 #include <type_traits>
 
+#include "core/mxfp4.h"
 #include "core/tensor.h"
 
 namespace tessera::ops::cpu {
@@ -52,16 +53,22 @@ Rows<T> rows_of(const TensorView& v, std::string_view what) {
     return r;
 }
 
-// Calls f(const T*) with a weight's data in T, or f(const bf16*) for a bf16 weight of an f32 op (a frozen base kept
-// in bf16: ops::gemm and grouped_gemm widen it); a bf16 weight of an f64 op (the reference paths) is an error.
+// Calls f(const T*) with a weight's data in T, or, for a weight held narrow in an f32 op, f(const bf16*) (a frozen
+// base kept in bf16) or f(Mxfp4) (frozen routed experts held in MXFP4): ops::gemm and grouped_gemm widen those. A
+// narrow weight in an f64 op (the reference paths) is an error.
 template <class T, class F>
 void with_weight(const TensorView& w, std::string_view op, F&& f) {
-    if (w.dtype == DType::bf16) {
+    if (w.dtype == DType::bf16 || w.dtype == DType::mxfp4) {
         if constexpr (std::is_same_v<T, float>) {
-            f(w.ptr<bf16>());
+            if (w.dtype == DType::bf16) {
+                f(w.ptr<bf16>());
+            } else {
+                f(Mxfp4{static_cast<const uint8_t*>(w.data)});
+            }
             return;
         }
-        TESSERA_FAIL("{}: a bf16 weight {} in an f64 product (f64 runs on f32 weights)", op, w.shape.str());
+        TESSERA_FAIL("{}: a {} weight {} in an f64 product (f64 runs on f32 weights)", op, dtype_name(w.dtype),
+                     w.shape.str());
     }
     f(w.ptr<T>());
 }

@@ -18,7 +18,7 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
         check_contiguous(w, "linear: w");
         TESSERA_CHECK(w.ndim() == 2 && w.size(1) == X.cols && w.size(0) == Y.cols && X.rows == Y.rows,
                       "linear: x {} and w {} do not give y {}", x.shape.str(), w.shape.str(), y.shape.str());
-        cpu::with_weight<T>(w, "linear", [&](const auto* W) {
+        cpu::with_weight<T>(w, "linear", [&](auto W) {
             gemm(Trans::N, Trans::T, X.rows, Y.cols, X.cols, T(1), X.data, X.ld, W, X.cols, p.accumulate ? T(1) : T(0),
                  Y.data, Y.ld);
         });
@@ -43,7 +43,7 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
         if (dx.defined()) {
             Rows<T> DX = rows_of<T>(dx, "linear: dx");
             TESSERA_CHECK(DX.rows == X.rows && DX.cols == X.cols, "linear: dx must be shaped like x {}", x.shape.str());
-            cpu::with_weight<T>(w, "linear", [&](const auto* W) {
+            cpu::with_weight<T>(w, "linear", [&](auto W) {
                 gemm(Trans::N, Trans::N, X.rows, X.cols, DY.cols, T(1), DY.data, DY.ld, W, X.cols, T(1), DX.data,
                      DX.ld);
             });

@@ -470,7 +470,7 @@ void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumu
 }
 
 namespace {
-// The M-grouped GEMM with the experts' weight w stored in T or bf16 (a frozen base; ops/grouped_gemm.h)
+// The M-grouped GEMM with the experts' weight w stored in T, or held narrow (bf16, MXFP4: frozen; ops/grouped_gemm.h)
 template <class T>
 void expert_gemm(Trans tb,
                  const ExpertRows& g,
@@ -484,8 +484,7 @@ void expert_gemm(Trans tb,
                  T beta,
                  T* C,
                  int64_t ldc) {
-    cpu::with_weight<T>(w, "moe",
-                        [&](const auto* B) { grouped_gemm(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc); });
+    cpu::with_weight<T>(w, "moe", [&](auto B) { grouped_gemm(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc); });
 }
 }  // namespace
 
