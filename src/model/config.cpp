@@ -53,6 +53,7 @@ LoraConfig parse_lora_config(const Json& section, const std::string& where) {
     c.target_modules = r.names("target_modules");
     c.modules_to_save = r.names("modules_to_save");
     c.base_dtype = r.choice("base_dtype", d.base_dtype, {"f32", "bf16"});
+    c.expert_dtype = r.choice("expert_dtype", c.base_dtype, {"f32", "bf16", "mxfp4"});
     r.finish();
     c.validate(where);
     return c;
@@ -479,7 +480,8 @@ Json to_json(const LoraConfig& l) {
                 {"dropout", l.dropout},
                 {"target_modules", l.target_modules},
                 {"modules_to_save", l.modules_to_save},
-                {"base_dtype", l.base_dtype}};
+                {"base_dtype", l.base_dtype},
+                {"expert_dtype", l.expert_dtype}};
 }
 
 bool LoraConfig::names(const std::vector<std::string>& list, const std::string& path) {

@@ -145,6 +145,10 @@ struct LoraConfig {
     // how the frozen base's GEMM weights (projections, experts, embedding, head) are held: f32 | bf16 (2 bytes a
     // parameter, widened per GEMM block; the norms, biases, gates and convolutions stay f32)
     std::string base_dtype = "f32";
+    // how the frozen routed experts are held: f32 | bf16 | mxfp4 (OCP MXFP4, 4.25 bits a parameter, core/mxfp4.h:
+    // an MXFP4 checkpoint's experts byte for byte, others quantised on load; widened per GEMM block). Default:
+    // base_dtype
+    std::string expert_dtype = "f32";
 
     bool enabled() const { return rank > 0; }
     double scale() const { return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank); }

@@ -450,9 +450,14 @@ void load_hf_checkpoint(const std::string& dir,
                           scale.view().dtype == DType::u8 && scale.view().shape == (Shape{rows, cols / 32}),
                       "{}: MXFP4 tensors of \"{}\" must be u8 [{}, {}] and [{}, {}]", dir, t.name, rows, cols / 2, rows,
                       cols / 32);
-        in_f32(dst, [&](float* out) {
-            dequantize_mxfp4(packed.view().ptr<uint8_t>(), scale.view().ptr<uint8_t>(), rows, cols, out, t.name);
-        });
+        if (dst.dtype == DType::mxfp4) {  // held in MXFP4 (model.lora.expert_dtype): the bytes as they are
+            mxfp4_blocks(packed.view().ptr<uint8_t>(), scale.view().ptr<uint8_t>(), rows, cols,
+                         static_cast<uint8_t*>(dst.data), t.name);
+        } else {
+            in_f32(dst, [&](float* out) {
+                dequantize_mxfp4(packed.view().ptr<uint8_t>(), scale.view().ptr<uint8_t>(), rows, cols, out, t.name);
+            });
+        }
         used.insert(base + "weight_packed");
         used.insert(base + "weight_scale");
     }

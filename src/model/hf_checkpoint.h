@@ -6,7 +6,8 @@
 // (K3), `block_sparse_moe.` for MoE layers with one w1 (gate) / w3 (up) / w2 (down) tensor per expert
 // instead of grouped [E, ...] tensors, convolution weights [C, 1, W] instead of [C, W], and A_log as
 // [1, 1, HV, 1] (Kimi-Linear) or zero-padded to 128 (K3; a non-zero pad is refused). Routed experts
-// stored as MXFP4 (`weight_packed` + `weight_scale`, K3's release) are dequantised on load.
+// stored as MXFP4 (`weight_packed` + `weight_scale`, K3's release) are dequantised on load, or kept byte for byte
+// when the experts are held in MXFP4 (model.lora.expert_dtype).
 // Qwen3-Next fuses projections: in_proj_qkvz holds q, k, v and the output gate z interleaved per key head,
 // in_proj_ba holds b and a per key head, conv1d the q, k, v channels, and the attention q_proj holds
 // [query | gate] per head; its RMSNorm weights (not the gated output norm) are zero-centred (stored w − 1).

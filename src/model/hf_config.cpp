@@ -297,7 +297,7 @@ void import_kimi(Keys& k, HfImport& r) {
     if (method != "noaux_tc") r.unsupported.push_back(fmt::format("topk_method \"{}\"", method));
     check_moe_layer_freq(k, r.unsupported);
     m.attn_res_block_size = k.integer_or("attn_res_block_size", 0);
-    k.ignore({"quantization_config"});  // MXFP4 routed experts: dequantised on load (model/hf_checkpoint.h)
+    k.ignore({"quantization_config"});  // MXFP4 routed experts: dequantised on load or held (model/hf_checkpoint.h)
 }
 
 void import_qwen3_next(Keys& k, HfImport& r) {

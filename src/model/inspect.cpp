@@ -100,11 +100,12 @@ std::string ModelSummary::str() const {
     if (lora.enabled()) {
         out += fmt::format(
             "LoRA rank {} (alpha {}{}) on {} modules: {} parameters train ({:.3f}% of the base); training state "
-            "(frozen base {:.2f} B per parameter with its GEMM weights in {}, 16 B per trained one): {} before "
+            "(frozen base {:.2f} B per parameter with its GEMM weights in {}{}, 16 B per trained one): {} before "
             "activations\n",
             lora.rank, lora.alpha, lora.rslora ? ", rsLoRA" : "", adapted_modules, human(double(trained_params), ""),
             100.0 * double(trained_params) / double(params),
             frozen_params > 0 ? double(frozen_bytes) / double(frozen_params) : 0.0, lora.base_dtype,
+            lora.expert_dtype != lora.base_dtype ? ", routed experts in " + lora.expert_dtype : std::string(),
             gib(double(frozen_bytes) + 16.0 * double(trained_params)));
     }
     return out;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/mxfp4.h"
 #include "core/rng.h"
 #include "model/layers/attention_block.h"
 #include "model/layers/kda_block.h"
@@ -108,10 +109,18 @@ void Model::freeze_base() {
         }
         return false;
     };
-    const DType base = cfg_.lora.base_dtype == "bf16" ? DType::bf16 : DType::f32;
+    auto held = [](const std::string& d) {
+        return d == "bf16" ? DType::bf16 : d == "mxfp4" ? DType::mxfp4 : DType::f32;
+    };
+    const DType base = held(cfg_.lora.base_dtype), experts = held(cfg_.lora.expert_dtype);
     for (BufferSpec& s : param_specs_) {
         s.trainable = is_adapter(s.name) || saved(s.name);
-        if (!s.trainable && s.narrowable && s.sharding != Sharding::replicated) s.dtype = base;
+        if (s.trainable || !s.narrowable || s.sharding == Sharding::replicated) continue;
+        s.dtype = s.sharding == Sharding::expert ? experts : base;
+        TESSERA_CHECK(s.dtype != DType::mxfp4 || s.shape[s.shape.ndim - 1] % kMxfp4Block == 0,
+                      "model.lora.expert_dtype = \"mxfp4\": the routed experts' {} has rows of {} values, not whole "
+                      "blocks of 32",
+                      s.name, s.shape[s.shape.ndim - 1]);
     }
     // as PEFT: an error when no name matches (a list may name modules of several families)
     const bool adapted = std::any_of(param_specs_.begin(), param_specs_.end(),
@@ -317,6 +326,16 @@ void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, 
             const uint64_t k = uint64_t(at + e);
             return float(uniform ? init.value(rs.uniform(k), 0.0) : init.value(0.0, rs.normal(k)));
         };
+        if (v.dtype == DType::mxfp4) {  // frozen experts held in MXFP4: the f32 values quantised a block at a time
+            uint8_t* p = static_cast<uint8_t*>(v.data);
+#pragma omp parallel for schedule(static)
+            for (int64_t b = 0; b < n / kMxfp4Block; ++b) {
+                float block[kMxfp4Block];
+                for (int64_t j = 0; j < kMxfp4Block; ++j) block[j] = value(b * kMxfp4Block + j);
+                f32_to_mxfp4(block, kMxfp4Block, p + b * kMxfp4BlockBytes);
+            }
+            continue;
+        }
         if (v.dtype == DType::bf16) {  // a frozen base kept in bf16: the f32 values rounded
             bf16* p = v.ptr<bf16>();
 #pragma omp parallel for schedule(static)

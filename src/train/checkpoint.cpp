@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/file.h"
+#include "core/mxfp4.h"
 #include "core/safetensors.h"
 #include "train/config.h"
 
@@ -392,6 +393,13 @@ void ParamTarget::store(
     if (dtype == DType::bf16) {
         bf16* out = static_cast<bf16*>(dst) + at;
         for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(src[i]);
+        return;
+    }
+    if (dtype == DType::mxfp4) {  // frozen experts: quantised in whole blocks of 32
+        TESSERA_CHECK(at % kMxfp4Block == 0 && n % kMxfp4Block == 0,
+                      "{}: \"{}\" is held in MXFP4, whose blocks of 32 values a piece of {} at {} cuts", where, name, n,
+                      whole_offset + at);
+        f32_to_mxfp4(src, n, static_cast<uint8_t*>(dst) + at / kMxfp4Block * kMxfp4BlockBytes);
         return;
     }
     TESSERA_CHECK(dtype == DType::f32, "{}: \"{}\" is held as {}", where, name, dtype_name(dtype));

@@ -78,9 +78,9 @@ struct ParamTarget {
     size_t param = 0;
     int64_t whole_offset = 0, length = 0;  // elements
     void* dst = nullptr;
-    DType dtype = DType::f32;  // of dst: f32, or bf16 (a frozen base kept in bf16)
-    // n f32 values into elements [at, at + n) of the target (rounded to bf16 there); throws naming `where` and the
-    // parameter at a NaN or Inf
+    DType dtype = DType::f32;  // of dst: f32, or held narrow (a frozen base in bf16, frozen experts in mxfp4)
+    // n f32 values into elements [at, at + n) of the target (rounded to bf16 or quantised to MXFP4 there: then in
+    // whole blocks); throws naming `where` and the parameter at a NaN or Inf
     void store(int64_t at, const float* src, int64_t n, const std::string& where, const std::string& name) const;
 };
 // A parameter's shape in the checkpoint (all experts), and the target for all of it that this rank holds (whole,

@@ -1,12 +1,14 @@
 // Opening tessera and Hugging Face checkpoints, and fine-tuning bases (see model_source.h).
 #include "train/model_source.h"
 
+#include <bit>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
 
 #include "core/arena.h"
+#include "core/mxfp4.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
 
@@ -227,10 +229,14 @@ int64_t frozen_hash(const model::Model& m,
         int64_t part = 0;
 #pragma omp parallel for reduction(+ : part) schedule(static)
         for (int64_t j = 0; j < t.length; ++j) {
-            // an element's f32 bits (a bf16 one's are its own shifted: the hash does not depend on how it is held)
+            // an element's f32 bits (a bf16 or MXFP4 one's widened: the hash does not depend on how it is held)
             uint32_t bits;
             if (t.dtype == DType::bf16) {
                 bits = uint32_t(static_cast<const bf16*>(t.dst)[j].bits) << 16;
+            } else if (t.dtype == DType::mxfp4) {
+                float x;
+                mxfp4_to_f32(Mxfp4{static_cast<const uint8_t*>(t.dst), j}, 1, &x);
+                bits = std::bit_cast<uint32_t>(x);
             } else {
                 std::memcpy(&bits, static_cast<const float*>(t.dst) + j, sizeof bits);
             }

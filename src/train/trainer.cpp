@@ -332,7 +332,7 @@ TrainSummary train(const TrainOptions& opts) {
     // hashing reads the base once: a mapped piece's pages go back as soon as it is hashed
     const auto hashed = [&](const ParamTarget& t) {
         if (budget && budget->mapped(t.param))
-            release_pages(t.dst, size_t(t.length) * dtype_size(model.param_specs()[t.param].dtype));
+            release_pages(t.dst, dtype_bytes(model.param_specs()[t.param].dtype, t.length));
     };
     const auto ranged = [&](size_t i) { return fsdp && fsdp->holds_param(i); };
     if (!setup.checkpoint.empty()) {

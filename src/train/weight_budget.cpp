@@ -87,7 +87,7 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
         const BufferSpec& s = specs[i];
         const SafetensorsEntry& e = f->entry(name);
         if (e.dtype != s.dtype || e.shape != whole_shape(s, experts) || !f->is_aligned(name)) continue;
-        where_[i] = static_cast<std::byte*>(f->view(name).data) + size_t(offset) * dtype_size(s.dtype);
+        where_[i] = static_cast<std::byte*>(f->view(name).data) + dtype_bytes(s.dtype, offset);
     }
     // parameters read together as one tensor (BufferSpec::fused_next) are mapped only when the file keeps them back
     // to back in that order (tessera's files do; a Hugging Face file sorted by name may not: then they load)

@@ -157,6 +157,7 @@ Tensor logits_of(const std::string& source, const std::string& ids, const std::s
 // export-hf --merge-lora: the base with W + s·B·A in place of every adapted weight scores like the fine-tune, for a
 // Kimi-Linear-shaped hybrid (KDA, MLA with q_lora incl. the merged kv_b_proj, LatentMoE's routed and shared experts)
 // and a Qwen3-Next-shaped one (GDN, gated GQA, MoE), and the first with its base held in bf16 (model.lora.base_dtype)
+// and with its routed experts held in MXFP4 (model.lora.expert_dtype)
 TEST(FineTune, MergedExportScoresLikeTheAdapters) {
     TempDir d;
     std::vector<int32_t> ids(2 * 16);
@@ -168,9 +169,11 @@ TEST(FineTune, MergedExportScoresLikeTheAdapters) {
         "\"a_proj\",\"f_b_proj\",\"b_proj\",\"g_a_proj\",\"g_b_proj\",\"gate_proj\",\"up_proj\","
         "\"down_proj\"]'";
     const std::string bf16 = " --set model.lora.base_dtype=bf16";
+    const std::string mxfp4 = " --set model.moe.ffn_dim=32 --set model.lora.expert_dtype=mxfp4";
     for (const auto& [arch, held] :
          {std::pair{test::kTinyKimiLinear, std::string()}, std::pair{test::kTinyQwen3Next, std::string()},
-          std::pair{test::kTinyKimiLinear, bf16}}) {
+          std::pair{test::kTinyKimiLinear, bf16},
+          std::pair{test::kTinyKimiLinear + " --set model.moe.ffn_dim=32", mxfp4}}) {
         SCOPED_TRACE(arch + held);
         const std::string base = d.file("base"), lora = d.file("lora"), hf = d.file("hf");
         fs::remove_all(base);
@@ -338,6 +341,36 @@ TEST(FineTune, ABf16BaseShardsAndResumes) {
     ASSERT_EQ(a.status, 0) << a.err;
     ASSERT_EQ(b.status, 0) << b.out << b.err;
     expect_close_losses(d.file("moe_one"), d.file("moe_ep2"));
+}
+
+// model.lora.expert_dtype = mxfp4 (the frozen routed experts held in MXFP4, quantised from the f32 base on load): two
+// EP ranks train like one process, a checkpoint resumes bitwise (the base hash is the held values'), and the losses
+// stay near the f32-held base's
+TEST(FineTune, Mxfp4ExpertsTrainUnderExpertParallelismAndResume) {
+    TempDir d;
+    train_base(d.file("moe"), test::kTinyMoe + " --set model.moe.balance=sign");
+    const std::string ft =
+        "train --config " + kTiny + " --set train.micro_batch_size=1 --set train.base=" + d.file("moe") + kLora;
+    const std::string mxfp4 = " --set model.lora.expert_dtype=mxfp4";
+    test::CliResult a = run_tessera(ft + mxfp4 + " --out " + d.file("one")),
+                    b = run_tessera_mpi(2, ft + mxfp4 + " --set parallel.ep=2 --out " + d.file("ep2")),
+                    f = run_tessera(ft + " --out " + d.file("f32"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    ASSERT_EQ(f.status, 0) << f.err;
+    expect_close_losses(d.file("one"), d.file("ep2"));
+    EXPECT_NE(losses(d.file("one")), losses(d.file("f32")));
+    for (const auto& [key, value] : losses(d.file("f32")))
+        EXPECT_NEAR(std::stod(losses(d.file("one")).at(key)), std::stod(value), 0.1) << key.first << " " << key.second;
+    const std::string resumed = d.file("resumed");
+    fs::create_directories(resumed + "/checkpoints");
+    fs::copy(ckpt(d.file("one"), 6), ckpt(resumed, 6));
+    a = run_tessera("train --resume " + resumed);
+    ASSERT_EQ(a.status, 0) << a.err;
+    EXPECT_EQ(losses(d.file("one"), 6), losses(resumed));
+    a = run_tessera("inspect " + kTiny + test::kTinyMoe + kLora + mxfp4);
+    ASSERT_EQ(a.status, 0) << a.err;
+    EXPECT_NE(a.out.find("routed experts in mxfp4"), std::string::npos) << a.out;
 }
 
 // memory.weights_budget: the frozen base read in place from its files (tessera dense and MoE bases, a Hugging Face

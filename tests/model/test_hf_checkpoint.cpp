@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -12,6 +13,7 @@
 #include "core/safetensors.h"
 #include "model/hf_checkpoint.h"
 #include "model/hf_config.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/runtime.h"
 #include "util/test_util.h"
@@ -19,14 +21,15 @@
 namespace tessera {
 namespace {
 
-model::ModelConfig tiny_kimi() {
-    return model::parse_model_config(Json::parse(R"({
+model::ModelConfig tiny_kimi(const std::function<void(Json&)>& edit = {}) {
+    Json j = Json::parse(R"({
         "vocab_size": 64, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48,
         "attention": ["kda", "kda", "mla"],
         "kda": {"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true},
         "mla": {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 8},
-        "moe": {"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "first_dense": 1}})"),
-                                     "tiny");
+        "moe": {"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "first_dense": 1}})");
+    if (edit) edit(j);
+    return model::parse_model_config(j, "tiny");
 }
 
 const model::HfTensor* find(const std::vector<model::HfTensor>& map, const std::string& name) {
@@ -136,29 +139,35 @@ TEST(HfCheckpoint, ShardedRoundTripIsBitwiseWithTheKimiLinearLayout) {
     }
 }
 
-TEST(HfCheckpoint, Mxfp4ExpertsAreDequantisedOnLoad) {
-    test::TempDir d;
-    Rig a(1), b(2);
-    const auto map = model::hf_tensor_map(a.m.param_specs(), a.m.config(), "kimi_linear");
-    model::save_hf_checkpoint(d.path(), map, a.rt.params());
-    // replace expert 2's w1 [16, 32] of layer 1 by MXFP4: every byte 0x21 (0.5, 1.0), scales 2^(row − 4)
+// Rewrites the saved Kimi-Linear checkpoint in `d` with expert 2's w1 [rows, 32] of layer 1 stored as MXFP4
+// (compressed-tensors' weight_packed [rows, 16] + weight_scale [rows, 1]).
+void store_w1_as_mxfp4(const test::TempDir& d, const Tensor& packed, const Tensor& scale) {
     Json index = Json::parse(read_text(d.file("model.safetensors.index.json")));
     const std::string w1 = "model.layers.1.block_sparse_moe.experts.2.w1.weight";
     index["weight_map"].erase(w1);
     const std::string shard = index["weight_map"].begin().value();
     ShardCopy rest = all_but(SafetensorsFile(d.file(shard)), w1);
     std::vector<NamedTensor>& keep = rest.named;
-    Tensor packed(DType::u8, Shape{16, 16}), scale(DType::u8, Shape{16, 1});
-    for (int64_t r = 0; r < 16; ++r) {
-        scale.view().ptr<uint8_t>()[r] = uint8_t(127 + r - 4);
-        for (int64_t c = 0; c < 16; ++c) packed.view().ptr<uint8_t>()[r * 16 + c] = 0x21;
-    }
     keep.push_back({w1 + "_packed", packed.view()});
     keep.push_back({w1 + "_scale", scale.view()});
     write_safetensors(d.file("mx.safetensors"), keep);
     for (auto& e : keep) index["weight_map"][e.name] = "mx.safetensors";
     write_text_atomic(d.file("model.safetensors.index.json"), index.dump());
     std::filesystem::remove(d.file(shard));
+}
+
+TEST(HfCheckpoint, Mxfp4ExpertsAreDequantisedOnLoad) {
+    test::TempDir d;
+    Rig a(1), b(2);
+    const auto map = model::hf_tensor_map(a.m.param_specs(), a.m.config(), "kimi_linear");
+    model::save_hf_checkpoint(d.path(), map, a.rt.params());
+    // expert 2's w1 [16, 32] of layer 1 in MXFP4: every byte 0x21 (0.5, 1.0), scales 2^(row − 4)
+    Tensor packed(DType::u8, Shape{16, 16}), scale(DType::u8, Shape{16, 1});
+    for (int64_t r = 0; r < 16; ++r) {
+        scale.view().ptr<uint8_t>()[r] = uint8_t(127 + r - 4);
+        for (int64_t c = 0; c < 16; ++c) packed.view().ptr<uint8_t>()[r * 16 + c] = 0x21;
+    }
+    store_w1_as_mxfp4(d, packed, scale);
     model::load_hf_checkpoint(d.path(), map, b.rt.params());
     TensorView ex = b.rt.params().view("model.layers.1.mlp.experts.gate_proj.weight").slice0(2, 3);
     for (int64_t r = 0; r < 16; ++r) {
@@ -166,6 +175,64 @@ TEST(HfCheckpoint, Mxfp4ExpertsAreDequantisedOnLoad) {
         for (int64_t c = 0; c < 32; ++c)
             EXPECT_EQ(ex.ptr<float>()[r * 32 + c], (c % 2 ? 1.0f : 0.5f) * s) << r << "," << c;
     }
+}
+
+// model.lora.expert_dtype = mxfp4: an MXFP4 checkpoint's experts are held byte for byte (never through f32 and
+// back), the others quantised on load, and the model computes, bit for bit, what the f32-held model computes on the
+// widened values
+TEST(HfCheckpoint, Mxfp4ExpertsAreHeldByteForByte) {
+    auto wide_experts = [](Json& j) { j["moe"]["ffn_dim"] = 32; };  // w2's rows: whole blocks of 32
+    auto with_lora = [&](const std::string& experts) {
+        return tiny_kimi([&](Json& j) {
+            wide_experts(j);
+            j["lora"] = Json{{"rank", 4}, {"target_modules", {"o_proj"}}, {"expert_dtype", experts}};
+        });
+    };
+    test::TempDir d;
+    {
+        model::Model plain(tiny_kimi(wide_experts));
+        model::ModelRuntime rt(plain, {1, 1}, false, false);
+        plain.init_params(rt.params(), 1);
+        model::save_hf_checkpoint(d.path(), model::hf_tensor_map(plain.param_specs(), plain.config(), "kimi_linear"),
+                                  rt.params());
+    }
+    Tensor packed(DType::u8, Shape{32, 16}), scale(DType::u8, Shape{32, 1});
+    for (int64_t r = 0; r < 32; ++r) {
+        scale.view().ptr<uint8_t>()[r] = uint8_t(127 + r % 8 - 6);
+        for (int64_t c = 0; c < 16; ++c) packed.view().ptr<uint8_t>()[r * 16 + c] = uint8_t((r * 7 + c * 13) & 0xFF);
+    }
+    store_w1_as_mxfp4(d, packed, scale);
+    model::Model f(with_lora("f32")), m(with_lora("mxfp4"));
+    model::ModelRuntime frt(f, {1, 8}, false, false), mrt(m, {1, 8}, false, false);
+    f.init_params(frt.params(), 3);  // the adapters (B = 0)
+    m.init_params(mrt.params(), 3);
+    std::vector<BufferSpec> base;
+    for (const BufferSpec& s : f.param_specs())
+        if (!model::is_adapter(s.name)) base.push_back(s);
+    const auto map = model::hf_tensor_map(base, f.config(), "kimi_linear");
+    model::load_hf_checkpoint(d.path(), map, frt.params());
+    model::load_hf_checkpoint(d.path(), map, mrt.params());
+    const std::string gate = "model.layers.1.mlp.experts.gate_proj.weight";
+    const TensorView held = mrt.params().view(gate);
+    ASSERT_EQ(held.dtype, DType::mxfp4);
+    const uint8_t* blocks = static_cast<const uint8_t*>(held.slice0(2, 3).data);
+    for (int64_t r = 0; r < 32; ++r) {  // expert 2: one block a row, its scale byte then its packed bytes
+        EXPECT_EQ(blocks[r * 17], scale.view().ptr<uint8_t>()[r]) << r;
+        for (int64_t c = 0; c < 16; ++c) EXPECT_EQ(blocks[r * 17 + 1 + c], packed.view().ptr<uint8_t>()[r * 16 + c]);
+    }
+    // widened, expert 2 is the f32 model's dequantised values bitwise; the f32 model takes the others as quantised
+    Tensor wide(DType::f32, held.shape);
+    convert(held, wide);
+    const TensorView f32_gate = frt.params().view(gate);
+    EXPECT_TRUE(test::bitwise_equal(wide.view().slice0(2, 3), f32_gate.slice0(2, 3)));
+    EXPECT_FALSE(test::bitwise_equal(wide.view().slice0(0, 1), f32_gate.slice0(0, 1)));  // quantised: lossy
+    for (const BufferSpec& s : m.param_specs())
+        if (s.dtype == DType::mxfp4) convert(mrt.params().view(s.name), frt.params().view(s.name));
+    const std::vector<int32_t> ids = {1, 5, 9, 2, 63, 17, 4, 40};
+    Tensor want(DType::f32, Shape{8, 64}), got(DType::f32, Shape{8, 64});
+    f.forward_logits({1, 8}, ids, want);
+    m.forward_logits({1, 8}, ids, got);
+    EXPECT_TRUE(test::bitwise_equal(got, want));
 }
 
 TEST(HfCheckpoint, DeepSeekFp8WeightsAreDequantisedOnLoad) {

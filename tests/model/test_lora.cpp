@@ -245,6 +245,80 @@ TEST_P(Lora, BaseKeptInBf16ComputesAsTheF32BaseOfTheSameValues) {
     }
 }
 
+// model.lora.expert_dtype = mxfp4: the frozen routed experts are held in MXFP4 blocks (17 bytes per 32 values) and
+// widened per GEMM block, so the model computes, bit for bit, what the f32 model computes on the dequantised values:
+// logits, ten training steps with adapters on every routed expert, the adapters they train, decoding. (The MoE golden
+// models with expert dimensions widened to whole blocks of 32.)
+TEST(LoraMxfp4, ExpertsHeldInMxfp4ComputeAsTheF32ExpertsOfTheSameValues) {
+    for (const char* name : {"moe_latent_situ", "mla_nope_moe", "attn_res_mla_moe"}) {
+        SCOPED_TRACE(name);
+        Json l = lora(4, 8);
+        auto edit = [&](Json& doc) {
+            doc["model"]["lora"] = l;
+            doc["model"]["moe"]["ffn_dim"] = 32;
+            if (doc["model"]["moe"].value("latent_dim", 0) > 0) doc["model"]["moe"]["latent_dim"] = 32;
+        };
+        test::GoldenModel f32(name, false, edit);
+        l["expert_dtype"] = "mxfp4";
+        test::GoldenModel mx(name, false, edit);
+        randomize_b(f32, 5);
+        size_t held = 0, bytes32 = 0, bytes4 = 0;
+        for (const auto& spec : mx.model->param_specs()) {
+            const TensorView a = f32.rt->params().view(spec.name), b = mx.rt->params().view(spec.name);
+            if (b.dtype == DType::mxfp4) {  // quantised from the same initial values; the f32 model takes them widened
+                ++held;
+                EXPECT_FALSE(spec.trainable) << spec.name;
+                EXPECT_EQ(spec.sharding, Sharding::expert) << spec.name;
+                convert(b, a);
+                bytes32 += a.nbytes();
+                bytes4 += b.nbytes();
+            } else {
+                ASSERT_EQ(b.dtype, DType::f32) << spec.name;
+                std::memcpy(b.data, a.data, a.nbytes());
+            }
+        }
+        ASSERT_GT(held, 0u);
+        EXPECT_EQ(bytes4 * 128, bytes32 * 17);  // 4.25 bits a value
+        const int64_t N = f32.shape.tokens(), V = f32.cfg.model.vocab_size;
+        Tensor want(DType::f32, Shape{N, V}), got(DType::f32, Shape{N, V});
+        f32.model->forward_logits(f32.shape, f32.ids("ids"), want);
+        mx.model->forward_logits(mx.shape, mx.ids("ids"), got);
+        EXPECT_TRUE(test::bitwise_equal(got, want));
+        test::GoldenModel::Decoder d = mx.decoder();
+        mx.expect_decoding_matches_forward(d, 1e-5);
+        EXPECT_EQ(mx.run_trajectory(), f32.run_trajectory());
+        size_t expert_adapters = 0;
+        for (const std::string& mod : adapted(*f32.model)) {
+            expert_adapters += mod.find("experts") != std::string::npos;
+            for (const char* w : {".lora_A.weight", ".lora_B.weight"})
+                EXPECT_TRUE(test::bitwise_equal(mx.rt->params().view(mod + w), f32.rt->params().view(mod + w)))
+                    << mod << w;
+        }
+        EXPECT_GT(expert_adapters, 0u);
+    }
+}
+
+TEST(LoraMxfp4, ExpertRowsMustBeWholeBlocks) {
+    test::expect_error(
+        [] {
+            test::GoldenModel g("moe_latent_situ", false, [](Json& doc) {
+                Json l = lora(4, 8);
+                l["expert_dtype"] = "mxfp4";
+                doc["model"]["lora"] = l;
+            });
+        },
+        "model.lora.expert_dtype = \"mxfp4\": the routed experts' ");
+    test::expect_error(
+        [] {
+            test::GoldenModel g("moe_latent_situ", false, [](Json& doc) {
+                Json l = lora(4, 8);
+                l["expert_dtype"] = "fp4";
+                doc["model"]["lora"] = l;
+            });
+        },
+        "expert_dtype = \"fp4\" must be one of: bf16, f32, mxfp4");
+}
+
 // every layer kind: GQA (gated: g_proj, the fused q/k/v/g GEMM's last part), the dense MLP, MLA with and without
 // q_lora (kv_b_proj merged), DSA, KDA and GDN, MoE with latent projections, shared and routed experts
 INSTANTIATE_TEST_SUITE_P(Models,
