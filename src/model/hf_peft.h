@@ -1,10 +1,19 @@
 // LoRA adapters in PEFT's format (https://huggingface.co/docs/peft): a directory with adapter_config.json (peft_type
-// LORA, r, lora_alpha, use_rslora, target_modules, base_model_name_or_path) and adapter_model.safetensors holding
-// "base_model.model.<module>.lora_A.weight" [r, in] and ".lora_B.weight" [out, r] for every adapted module, under
-// the module names of the transformers model (the Hugging Face tensor name of the adapted weight without
-// ".weight"; model/hf_checkpoint.h maps tessera's parameters to those). What PEFT writes for transformers' stacked
-// 3-D expert parameters (target_parameters: one adapter over all experts, gate and up fused) and for fused stored
-// projections (Qwen3-Next's in_proj_qkvz) has no one-to-one tessera form yet: such adapters are refused in one line
+// LORA, r, lora_alpha, use_rslora, target_modules, target_parameters, base_model_name_or_path) and
+// adapter_model.safetensors holding "base_model.model.<module>.lora_A.weight" [r, in] and ".lora_B.weight" [out, r]
+// for every adapted module, under the module names of the transformers model (the Hugging Face tensor name of the
+// adapted weight without ".weight", renamed as transformers renames it on load: Kimi-Linear's block_sparse_moe is
+// mlp, its f_a_proj / f_b_proj live in self_attn.forget_gate; model/hf_checkpoint.h maps tessera's parameters to
+// the stored names).
+//
+// Routed experts: transformers 5 holds them stacked, `<layer>.mlp.experts.gate_up_proj` [E, 2I, H] (gate's rows
+// then up's) and `.down_proj` [E, H, I], which PEFT adapts through target_parameters (lora.ParamWrapper): one adapter
+// of rank R per parameter and expert, A [R·E, in] (expert e's ranks are rows e·R ..) and B [out, R·E] (expert e's rank
+// k is column k·E + e), the module's two wrappers nested in parameter order (gate_up_proj's keys get ".base_layer").
+// tessera's separate gate and up adapters of rank r are written as gate_up's at R = 2r (A stacked, B block diagonal;
+// rank_pattern and alpha_pattern keep the scale); PEFT's gate_up adapters read back at R = 2r (B's off-diagonal
+// blocks zero) or R = r (gate and up then start from one shared A: the same function). Kimi K3 has no transformers
+// class and Qwen3-Next's fused in_proj_qkvz no module per projection: their adapters are refused in one line
 // (export-hf --merge-lora writes them merged), as are modules_to_save.
 #pragma once
 
@@ -12,6 +21,7 @@
 #include <vector>
 
 #include "core/buffer_spec.h"
+#include "core/tensor.h"
 #include "model/config.h"
 
 namespace tessera::model {
@@ -19,6 +29,10 @@ namespace tessera::model {
 struct PeftTensor {
     std::string param;  // tessera parameter: <module>.lora_A.weight or .lora_B.weight
     std::string name;   // PEFT's key
+    // a routed expert's adapter (A [E, r, in], B [E, out, r]) as a part of PEFT's stacked one; kind none: the
+    // tensor is the parameter
+    enum class Stacked : uint8_t { none, gate, up, down } stacked = Stacked::none;
+    bool paired = false;  // gate and up both adapted (written at R = 2r)
 };
 
 // The PEFT keys of a model's adapter parameters (specs: the model with adapters; c: its config, lora included).
@@ -45,6 +59,9 @@ struct PeftAdapter {
 PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, const std::string& model_type);
 // Reads the adapters of dir into params (every adapter parameter of the map must be there, nothing else may be).
 void load_peft_adapter(const std::string& dir, const std::vector<PeftTensor>& map, const BufferGroup& params);
+// One tessera adapter parameter (whole: every expert) from the PEFT file's tensor t.name (`file` names it in
+// errors); a stacked gate_up adapter must be one tessera can hold (R = 2r with zero off-diagonal blocks, or R = r).
+Tensor peft_param(const Tensor& stored, const PeftTensor& t, const Shape& shape, const std::string& file);
 
 bool is_peft_dir(const std::string& dir);
 // The base a PEFT directory names (base_model_name_or_path, relative to the directory when not absolute).

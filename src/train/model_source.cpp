@@ -147,16 +147,18 @@ void load_base(const ModelSource& base,
     const std::vector<BufferSpec>& specs = m.param_specs();
     if (base.peft) {  // the base it names, then its adapters where they train (whole or this rank's ranges)
         load_base(open_model_source(base.base), m, params, targets, experts);
-        const SafetensorsFile f((fs::path(base.path) / "adapter_model.safetensors").string());
-        std::map<std::string, std::string> key;  // tessera parameter -> PEFT key
-        for (const model::PeftTensor& t : model::peft_tensor_map(specs, base.config, peft_family(base)))
-            key[t.param] = t.name;
+        const std::string file = (fs::path(base.path) / "adapter_model.safetensors").string();
+        const SafetensorsFile f(file);
+        std::vector<BufferSpec> whole_specs = specs;  // every expert's adapters (this rank holds its slice)
+        for (BufferSpec& s : whole_specs) s.shape = whole_shape(s, experts);
+        std::map<std::string, model::PeftTensor> key;  // tessera parameter -> its PEFT tensor
+        for (const model::PeftTensor& t : model::peft_tensor_map(whole_specs, base.config, peft_family(base)))
+            key[t.param] = t;
         for (const ParamTarget& t : targets) {
             const std::string& name = specs[t.param].name;
             if (!model::is_adapter(name)) continue;
-            const Tensor whole = f.load(key.at(name));
-            TESSERA_CHECK(whole.view().shape == specs[t.param].shape && whole.view().dtype == DType::f32,
-                          "{}: \"{}\" must be f32 {}", base.path, key.at(name), specs[t.param].shape.str());
+            const model::PeftTensor& p = key.at(name);
+            const Tensor whole = model::peft_param(f.load(p.name), p, whole_specs[t.param].shape, file);
             t.store(0, whole.ptr<float>() + t.whole_offset, t.length, base.path, name);
         }
         return;

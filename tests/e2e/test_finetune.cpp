@@ -184,8 +184,13 @@ TEST(FineTune, MergedExportScoresLikeTheAdapters) {
             run_tessera("train --config " + kTiny + arch + " --set train.base=" + base + all + held + " --out " + lora)
                 .status,
             0);
-        test::expect_one_line_error(run_tessera("export-hf --checkpoint " + lora + " --out " + hf), "--merge-lora",
-                                    "a LoRA fine-tune exported without --merge-lora");
+        if (arch == test::kTinyQwen3Next) {  // its fused in_proj_qkvz has no PEFT module per projection
+            test::expect_one_line_error(run_tessera("export-hf --checkpoint " + lora + " --out " + hf), "--merge-lora",
+                                        "a LoRA fine-tune exported without --merge-lora");
+        } else {  // Kimi-Linear: every adapter has PEFT's form (the routed experts' stacked)
+            ASSERT_EQ(run_tessera("export-hf --checkpoint " + lora + " --out " + hf).status, 0);
+            fs::remove_all(hf);
+        }
         const test::CliResult r = run_tessera("export-hf --merge-lora --checkpoint " + lora + " --out " + hf);
         ASSERT_EQ(r.status, 0) << r.err;
         const Tensor want = logits_of(lora, d.file("ids.safetensors"), d.file("a.safetensors"));
@@ -197,7 +202,8 @@ TEST(FineTune, MergedExportScoresLikeTheAdapters) {
 }
 
 // A LoRA fine-tune of a Hugging Face base exported as PEFT writes (export-hf without --merge-lora): the directory
-// scores like the fine-tune when read back on its base, and adapters without a PEFT module of their own are refused
+// scores like the fine-tune when read back on its base (routed experts' adapters in PEFT's stacked form too), PEFT
+// directories serve as bases (stacked experts under expert parallelism too), and modules_to_save is refused
 TEST(FineTune, PeftExportScoresLikeTheFineTune) {
     TempDir d;
     std::vector<uint16_t> ids(4000);
@@ -245,15 +251,41 @@ TEST(FineTune, PeftExportScoresLikeTheFineTune) {
     test::expect_one_line_error(
         run_tessera("train --config " + d.file("cont.json") + " --set model.lora.rank=4 --out " + d.file("cont2")),
         "model.lora.rank = 4 but the base", "other adapters over a PEFT base");
-    // routed experts' adapters have no PEFT module of their own (one stacked parameter in transformers)
+    // PEFT's stacked expert adapters as the base under two EP ranks (each rank's slice of every expert's A and B):
+    // one process's losses
+    cont["train"]["base"] = test::golden_path("hf/deepseek_v32_tiny_peft_experts");
+    cont["train"]["micro_batch_size"] = 1;
+    write_text_atomic(d.file("experts.json"), cont.dump());
+    r = run_tessera("train --config " + d.file("experts.json") + " --out " + d.file("ex_one"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    r = run_tessera_mpi(2,
+                        "train --config " + d.file("experts.json") + " --set parallel.ep=2 --out " + d.file("ex_ep2"));
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    expect_close_losses(d.file("ex_one"), d.file("ex_ep2"));
+    // adapters on only the routed experts' gate_proj: PEFT's stacked gate_up_proj at rank r (up's rows of B zero),
+    // scoring like the fine-tune
     ASSERT_EQ(run_tessera("train --config " + d.file("run.json") +
                           " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"experts.gate_proj\"]' --out " +
                           d.file("experts"))
                   .status,
               0);
-    test::expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("experts") + " --out " + d.file("p2")),
-                                "has no module of its own", "expert adapters as PEFT");
-    EXPECT_FALSE(fs::exists(d.file("p2")));
+    r = run_tessera("export-hf --checkpoint " + d.file("experts") + " --out " + d.file("p2"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json stacked = Json::parse(read_text(d.file("p2/adapter_config.json")));
+    EXPECT_EQ(stacked["target_parameters"],
+              (Json{"model.layers.1.mlp.experts.gate_up_proj", "model.layers.2.mlp.experts.gate_up_proj"}));
+    EXPECT_TRUE(stacked["rank_pattern"].empty());
+    EXPECT_TRUE(
+        test::bitwise_equal(logits_of(d.file("p2"), d.file("in.safetensors"), d.file("e.safetensors")).view(),
+                            logits_of(d.file("experts"), d.file("in.safetensors"), d.file("f.safetensors")).view()));
+    // modules trained whole have no PEFT form here yet: one line, no directory
+    ASSERT_EQ(run_tessera("train --config " + d.file("run.json") + lora +
+                          " --set 'model.lora.modules_to_save=[\"lm_head\"]' --out " + d.file("saved"))
+                  .status,
+              0);
+    test::expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("saved") + " --out " + d.file("p3")),
+                                "modules_to_save", "modules_to_save as PEFT");
+    EXPECT_FALSE(fs::exists(d.file("p3")));
 }
 
 // inspect --set model.lora...: what LoRA trains and its training state, before any run

@@ -1,10 +1,13 @@
-// PEFT adapters (model/hf_peft.h) against PEFT itself: tests/golden/hf/deepseek_v32_tiny_peft is a LoRA adapter
-// PEFT made and saved on transformers' own tiny DeepSeek-V3.2 (tools/ref/make_peft_golden.py; MLA's five
-// projections in every layer, random A and B). Read on its base, tessera gives PEFT's logits, loss and the gradient
-// of every adapter tensor, and writes the same adapter files back.
+// PEFT adapters (model/hf_peft.h) against PEFT itself: tests/golden/hf/deepseek_v32_tiny_peft and _peft_experts are
+// LoRA adapters PEFT made and saved on transformers' own tiny DeepSeek-V3.2 (tools/ref/make_peft_golden.py; MLA's
+// five projections in every layer; o_proj and the stacked routed experts through target_parameters; random A and B).
+// Read on its base, tessera gives PEFT's logits, loss and the gradient of every adapter tensor, and writes the
+// adapters back: the same files, or (stacked experts) tessera's form, which it reads back to the same logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <memory>
 
 #include "core/file.h"
 #include "core/safetensors.h"
@@ -64,6 +67,127 @@ TEST(Peft, AdaptersOnTheirBaseGivePeftsLogitsLossAndGradients) {
     EXPECT_EQ(back.base, src.base);
 }
 
+// The logits of a PEFT directory read on its base by tessera, in the golden's shape [B·T, V]
+struct PeftRun {
+    explicit PeftRun(const std::string& dir) : src(train::open_model_source(dir)), m(src.config) {}
+    Tensor logits(const SafetensorsFile& golden) {
+        const Tensor ids64 = golden.load("ids");
+        const int64_t B = ids64.view().size(0), T = ids64.view().size(1);
+        ids.resize(size_t(B * T));
+        for (int64_t i = 0; i < B * T; ++i) ids[size_t(i)] = int32_t(ids64.ptr<int64_t>()[i]);
+        shape = {B, T};
+        rt = std::make_unique<model::ModelRuntime>(m, shape, /*with_grads=*/true, /*recompute=*/false);
+        src.load(m, rt->params());
+        Tensor out(DType::f32, Shape{B * T, src.config.vocab_size});
+        m.forward_logits(shape, ids, out);
+        return out;
+    }
+    train::ModelSource src;
+    model::Model m;
+    model::StepShape shape;
+    std::vector<int32_t> ids;
+    std::unique_ptr<model::ModelRuntime> rt;
+};
+
+// target_parameters on the stacked experts (gate and up sharing PEFT's one A at rank r): tessera holds them as separate
+// gate, up and down adapters per expert, gives PEFT's logits, loss and gradients (gate's and up's A gradients summing
+// to PEFT's shared A's), and writes them as gate_up_proj at rank 2r (A stacked, B block diagonal; rank_pattern and
+// alpha_pattern keep the scale), which it reads back to the same logits bitwise. (The file it writes is PEFT's to
+// read: tools/ref/make_peft_golden.py --check.)
+// PEFT's logits, loss and adapter gradients from tessera on the golden's ids and targets (a stacked gate_up adapter at
+// rank r: gate's and up's A gradients sum to PEFT's shared A's); returns tessera's logits
+Tensor expect_peft_results(
+    PeftRun& run, const SafetensorsFile& golden, const std::string& family, size_t stacked, double grad_tol = 1e-4) {
+    Tensor logits = run.logits(golden);
+    const int64_t N = logits.view().size(0), V = logits.view().size(1);
+    EXPECT_TRUE(test::rel_rms_close(logits.view(), golden.load("expected.logits").view().reshape(Shape{N, V}), 1e-5));
+    std::vector<int32_t> targets(static_cast<size_t>(N));
+    const Tensor t64 = golden.load("targets");
+    for (int64_t i = 0; i < N; ++i) targets[size_t(i)] = int32_t(t64.ptr<int64_t>()[i]);
+    run.rt->grads().zero();
+    const model::LossResult r = run.m.forward_backward(run.shape, run.ids, targets, 1.0);
+    EXPECT_NEAR(r.loss, double(golden.load("expected.loss").ptr<float>()[0]), 1e-5 * r.loss);
+    size_t parts = 0;
+    for (const model::PeftTensor& t : model::peft_tensor_map(run.m.param_specs(), run.src.config, family)) {
+        SCOPED_TRACE(t.param + " <- " + t.name);
+        const TensorView g = run.rt->grads().view(t.param);
+        const Tensor want = model::peft_param(golden.load("grad." + t.name), t, g.shape, "golden");
+        parts += t.stacked != model::PeftTensor::Stacked::none;
+        const bool shared_a =
+            t.stacked == model::PeftTensor::Stacked::gate || t.stacked == model::PeftTensor::Stacked::up;
+        if (!shared_a || !t.param.ends_with(".lora_A.weight")) {
+            EXPECT_TRUE(test::rel_rms_close(g, want.view(), grad_tol));
+            continue;
+        }
+        if (t.stacked == model::PeftTensor::Stacked::up) continue;  // summed with gate's
+        std::string up = t.param;
+        up.replace(up.find(".gate_proj."), 11, ".up_proj.");
+        const TensorView gu = run.rt->grads().view(up);
+        Tensor sum(DType::f32, g.shape);
+        for (int64_t i = 0; i < g.numel(); ++i) sum.ptr<float>()[i] = g.ptr<float>()[i] + gu.ptr<float>()[i];
+        EXPECT_TRUE(test::rel_rms_close(sum.view(), want.view(), grad_tol));
+    }
+    EXPECT_EQ(parts, stacked);
+    return logits;
+}
+
+TEST(Peft, StackedExpertAdaptersGivePeftsLogitsLossAndGradientsAndWriteBack) {
+    const std::string dir = test::golden_path("hf/deepseek_v32_tiny_peft_experts");
+    const SafetensorsFile golden(test::golden_path("hf/deepseek_v32_tiny_peft_experts_expected.safetensors"));
+    PeftRun run(dir);
+    EXPECT_EQ(run.src.config.lora.rank, 2);
+    EXPECT_EQ(run.src.config.lora.target_modules.size(), 3u + 2u * 3u);  // o_proj in 3 layers, 2 MoE layers' experts
+    const Tensor logits = expect_peft_results(run, golden, "deepseek_v32", 2 * 3 * 2);
+    const std::vector<model::PeftTensor> map =
+        model::peft_tensor_map(run.m.param_specs(), run.src.config, "deepseek_v32");
+    // written back in tessera's form: gate_up_proj at rank 4 with alpha 6, read back to the same logits
+    const test::TempDir d;
+    model::save_peft_adapter(d.file("out"), map, run.rt->params(), run.src.config.lora, run.src.base);
+    const Json c = Json::parse(read_text(d.file("out/adapter_config.json")));
+    EXPECT_EQ(c["rank_pattern"], (Json{{"mlp.experts.gate_up_proj", 4}}));
+    EXPECT_EQ(c["alpha_pattern"], (Json{{"mlp.experts.gate_up_proj", 6.0}}));
+    EXPECT_EQ(c["target_parameters"],
+              (Json{"model.layers.1.mlp.experts.down_proj", "model.layers.1.mlp.experts.gate_up_proj",
+                    "model.layers.2.mlp.experts.down_proj", "model.layers.2.mlp.experts.gate_up_proj"}));
+    const SafetensorsFile mine(d.file("out/adapter_model.safetensors"));
+    EXPECT_EQ(mine.entry("base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight").shape,
+              (Shape{4 * 4, 32}));  // rank 4 × 4 experts, hidden 32
+    EXPECT_EQ(mine.entry("base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight").shape,
+              (Shape{2 * 16, 4 * 4}));
+    auto config = Json::parse(read_text(d.file("out/adapter_config.json")));
+    config["base_model_name_or_path"] = std::filesystem::absolute(test::golden_path("hf/deepseek_v32_tiny")).string();
+    write_text_atomic(d.file("out/adapter_config.json"), config.dump());
+    PeftRun back(d.file("out"));
+    EXPECT_EQ(back.src.config.lora.target_modules, run.src.config.lora.target_modules);
+    EXPECT_TRUE(test::bitwise_equal(back.logits(golden).view(), logits.view()));
+    // B coupling gate and up at rank 2r is no pair of rank-r adapters: refused
+    std::vector<NamedTensor> tensors;
+    std::vector<Tensor> keep;
+    for (const auto& e : mine.entries()) {
+        keep.push_back(mine.load(e.name));
+        if (e.name == "base_model.model.model.layers.2.mlp.experts.base_layer.lora_B.weight")
+            keep.back().ptr<float>()[0 * 16 + 2 * 4 + 1] = 0.5f;  // row 0 (gate), rank 2 (up's), expert 1
+        tensors.push_back({e.name, keep.back().view()});
+    }
+    write_safetensors(d.file("out/adapter_model.safetensors"), tensors);
+    test::expect_error([&] { PeftRun(d.file("out")).logits(golden); },
+                       "couples gate_proj and up_proj (a nonzero element off B's diagonal blocks, expert 1)");
+}
+
+// transformers' Kimi-Linear names its modules as it renames the checkpoint's (mlp for block_sparse_moe,
+// self_attn.forget_gate.f_a_proj / f_b_proj): PEFT's adapters on them, the shared experts and the stacked experts
+// read on their base give PEFT's logits, loss and gradients
+TEST(Peft, KimiLinearAdaptersUseTransformersModuleNames) {
+    const std::string dir = test::golden_path("hf/kimi_linear_tiny_peft");
+    const SafetensorsFile golden(test::golden_path("hf/kimi_linear_tiny_peft_expected.safetensors"));
+    PeftRun run(dir);
+    const std::vector<std::string>& m = run.src.config.lora.target_modules;
+    EXPECT_NE(std::find(m.begin(), m.end(), "model.layers.0.self_attn.f_a_proj"), m.end()) << Json(m).dump();
+    // two MoE layers; the KDA forget gate's adapter gradients through transformers' reference chunk_kda measured
+    // 1.1e-4 from tessera's (fp32 both; a wrong formula is off by O(1))
+    expect_peft_results(run, golden, "kimi_linear", 2 * 3 * 2, 3e-4);
+}
+
 TEST(Peft, WhatTesseraDoesNotReadIsAOneLineError) {
     const test::TempDir d;
     const std::string base = test::golden_path("hf/deepseek_v32_tiny_peft");
@@ -79,9 +203,13 @@ TEST(Peft, WhatTesseraDoesNotReadIsAOneLineError) {
         return d.file("a");
     };
     test::expect_error([&] { train::open_model_source(with("use_dora", true)); }, "use_dora is not supported");
-    test::expect_error([&] { train::open_model_source(with("target_parameters", Json::array({"gate_up_proj"}))); },
-                       "target_parameters");
-    test::expect_error([&] { train::open_model_source(with("rank_pattern", Json{{"q_a_proj", 4}})); }, "rank_pattern");
+    test::expect_error([&] { train::open_model_source(with("target_parameters", Json::array({"w13_proj"}))); },
+                       "target_parameters entry \"w13_proj\" names no stacked expert parameter");
+    test::expect_error(
+        [&] {
+            train::open_model_source(with("rank_pattern", Json{{"q_a_proj", 4}}));
+        },
+        "rank_pattern \"q_a_proj\" (per-module ranks) is not supported");
     test::expect_error([&] { train::open_model_source(with("base_model_name_or_path", "org/some-hub-model")); },
                        "is not a local directory");
 }
