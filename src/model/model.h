@@ -59,6 +59,32 @@ class ParamHooks {
     virtual void end() = 0;
 };
 
+// Two keepers of the same units' parameters (FSDP's gathers of what trains and a weight budget's pages of the frozen
+// base, train/): each call goes to a, then to b (either may be null).
+class HooksPair final : public ParamHooks {
+  public:
+    HooksPair(ParamHooks* a, ParamHooks* b) : a_(a), b_(b) {}
+    void begin(std::span<const UnitVisit> plan) override {
+        for (ParamHooks* h : {a_, b_})
+            if (h) h->begin(plan);
+    }
+    void enter(UnitVisit v) override {
+        for (ParamHooks* h : {a_, b_})
+            if (h) h->enter(v);
+    }
+    void leave(UnitVisit v) override {
+        for (ParamHooks* h : {a_, b_})
+            if (h) h->leave(v);
+    }
+    void end() override {
+        for (ParamHooks* h : {a_, b_})
+            if (h) h->end();
+    }
+
+  private:
+    ParamHooks *a_, *b_;
+};
+
 struct LossResult {
     double loss = 0.0;  // mean over counted targets
     int64_t count = 0;  // targets that count (not ignore_index)

@@ -25,8 +25,11 @@ void wait_all(std::vector<parallel::Handle>& hs) {
 }
 }  // namespace
 
-Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
-    : specs_(model.param_specs()), frozen_(model.frozen_params()), grads_(grads) {
+Fsdp::Fsdp(const model::Model& model,
+           const AdamW& opt,
+           GradientSum& grads,
+           const std::function<std::byte*(size_t)>& outside)
+    : specs_(model.param_specs()), frozen_(model.frozen_params()), grads_(grads), outside_(outside) {
     TESSERA_CHECK(opt.regions()[AdamW::data].comm != nullptr, "FSDP needs several data-parallel ranks");
     for (int r : {AdamW::data, AdamW::expert}) {  // the experts too when replicas share them (W / ep > 1)
         const parallel::ShardedRegion& reg = opt.regions()[size_t(r)];
@@ -52,7 +55,7 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
     for (size_t i = 0, k = 0; i < frozen_; ++i)
         if (specs_[i].sharding == Sharding::data) flat_[i] = frozen_layout.offset(k++) / sizeof(float);
     for (size_t i = 0; i < layout.size(); ++i) flat_.push_back(layout.offset(i) / sizeof(float));
-    if (!frozen_dense.empty()) {
+    if (!frozen_dense.empty() && !outside_) {
         Region& g = regions_[size_t(kFrozen)];
         parallel::Comm* comm = opt.regions()[AdamW::data].comm;
         g.comm = comm;
@@ -74,8 +77,8 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
         if (pu.first < pu.last) ranges.push_back({pu.first, pu.last});
         if (pu.expert_first < pu.expert_last && holds(AdamW::expert))
             ranges.push_back({pu.expert_first, pu.expert_last});
-        if (pu.frozen_first < pu.frozen_last) ranges.push_back({pu.frozen_first, pu.frozen_last});
-        TESSERA_CHECK(!ranges.empty(), "FSDP: a unit with nothing it shards");
+        if (pu.frozen_first < pu.frozen_last && holds(kFrozen)) ranges.push_back({pu.frozen_first, pu.frozen_last});
+        TESSERA_CHECK(!ranges.empty() || outside_, "FSDP: a unit with nothing it shards");
         for (const auto& [first, last] : ranges) {
             Part p;
             p.region = first < frozen_                              ? kFrozen
@@ -112,6 +115,10 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
         size_t at = 0;
         for (size_t i = first; i < specs_.size(); ++i) {
             if (held(i)) continue;
+            if (first == 0 && i < frozen_ && outside_ && outside_(i)) {  // read in place: place_outside below
+                offsets[i] = BufferGroup::kOutside;
+                continue;
+            }
             offsets[i - first] = at;
             at = align_up(at + specs_[i].nbytes());
         }
@@ -133,6 +140,8 @@ Fsdp::Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads)
         return BufferGroup(name, std::move(specs), offsets, std::max<size_t>(at, kBufferAlign));
     };
     placement_.params = place(0, slot_at_, slot_bytes_, "params", specs_);
+    for (size_t i = 0; i < frozen_ && outside_; ++i)
+        if (std::byte* p = outside_(i)) placement_.params.place_outside(i, p);
     placement_.grads = place(frozen_, grad_slot_at_, grad_slot_bytes_, "grads", model::grad_specs(specs_));
     // one scratch serves every reduce-scatter, since every collective of the process runs on its one
     // communication thread, in turn (parallel/comm.h)
@@ -278,8 +287,8 @@ void Fsdp::init(const model::Model& model, uint64_t seed) {
     for (const Unit& u : units_)
         for (const auto& [first, last] : u.specs)
             std::fill(in_unit.begin() + long(first), in_unit.begin() + long(last), true);
-    for (size_t i = 0; i < specs_.size(); ++i)
-        if (!in_unit[i]) model.init_params(*params_, seed, i, i + 1);
+    for (size_t i = 0; i < specs_.size(); ++i)  // (a weight budget's mapped base is read-only: its file's)
+        if (!in_unit[i] && !(i < frozen_ && outside_ && outside_(i))) model.init_params(*params_, seed, i, i + 1);
     for (size_t k = 0; k < units_.size(); ++k) {  // each unit whole in its slot, this rank's pieces kept
         const Unit& u = units_[k];
         std::memset(slot_params(u.slot), 0, u.bytes);

@@ -11,7 +11,8 @@
 // reduce-scattered onto the ranges (rank order, added to the previous micro-batches' sum: train/grad_sum.h)
 // as soon as the unit is done, while the next unit computes. A frozen base (model.lora) is sharded the same way:
 // its dense parameters form a flat space of their own (region kFrozen) cut over the data group, gathered with
-// their unit and never reduced (frozen experts stay on their EP ranks whole). Parameters outside the units
+// their unit and never reduced (frozen experts stay on their EP ranks whole); under a weight budget it is not
+// sharded: each rank reads it in place from the base's files. Parameters outside the units
 // (Sharding::replicated: the MoE selection bias, Attention Residuals), and the experts when each EP rank's
 // experts live on that rank alone, stay whole where they live. A unit no pass ever reduces (the DSA warm-up
 // trains the indexers only) keeps a zero gradient range.
@@ -22,6 +23,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <vector>
 
 #include "model/model.h"
@@ -46,8 +48,13 @@ class Fsdp final : public model::ParamHooks {
     // trained ones but outside the optimizer's flat space; gathered with their unit, never reduced.
     static constexpr int kFrozen = int(AdamW::kRegions);
 
-    // The model's units over the optimizer's regions; the gradient ranges are grads'.
-    Fsdp(const model::Model& model, const AdamW& opt, GradientSum& grads);
+    // The model's units over the optimizer's regions; the gradient ranges are grads'. outside (a weight budget,
+    // train/weight_budget.h): the frozen base is not sharded (every rank reads it in place), and the frozen
+    // parameters outside(i) names live there instead of in the arena.
+    Fsdp(const model::Model& model,
+         const AdamW& opt,
+         GradientSum& grads,
+         const std::function<std::byte*(size_t)>& outside = {});
 
     // For the runtime: the parameter and gradient groups with the units in their slots (taken once), and
     // the groups FSDP itself needs (this rank's ranges of the sharded parameters, reduce-scatter scratch).
@@ -108,6 +115,7 @@ class Fsdp final : public model::ParamHooks {
     const std::vector<BufferSpec>& specs_;  // every parameter, the frozen ones first
     size_t frozen_ = 0;                     // how many (whole on every rank, no gradient)
     GradientSum& grads_;
+    std::function<std::byte*(size_t)> outside_;        // a weight budget's mapped frozen parameters
     std::array<Region, AdamW::kRegions + 1> regions_;  // the optimizer's, then kFrozen
     std::vector<size_t> flat_;                         // each parameter's flat element offset
     std::vector<Unit> units_;

@@ -288,8 +288,18 @@ TrainSummary train(const TrainOptions& opts) {
     AdamW opt(model.trained_specs(), m, model.local_experts().first);
     const bool sharded = m && cfg.parallel.fsdp;
     GradientSum grad_sum(opt, accumulation, sharded);
+    const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
+    // memory.weights_budget: the frozen base read in place from its files on every rank, held to the budget
+    // (train/weight_budget.h); FSDP then shards only what trains
+    std::optional<WeightBudget> budget;
+    if (cfg.memory.weights_budget > 0)
+        budget.emplace(*setup.base, model, slice, size_t(cfg.memory.weights_budget) << 20);
     std::optional<Fsdp> fsdp;
-    if (sharded) fsdp.emplace(model, opt, grad_sum);
+    if (sharded) {
+        std::function<std::byte*(size_t)> outside;
+        if (budget) outside = [&](size_t i) { return budget->where(i); };
+        fsdp.emplace(model, opt, grad_sum, outside);
+    }
     const model::StepShape shape{micro, tc.seq_len};
     std::vector<BufferGroup*> extra = {&opt.m(), &opt.v()};
     for (BufferGroup* g : grad_sum.groups()) extra.push_back(g);
@@ -297,23 +307,13 @@ TrainSummary train(const TrainOptions& opts) {
     if (fsdp) {
         for (BufferGroup* g : fsdp->groups()) extra.push_back(g);
         placement = fsdp->placement();
-    }
-    const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
-    // memory.weights_budget: the frozen base read in place from its files, held to the budget (train/weight_budget.h)
-    std::optional<WeightBudget> budget;
-    if (cfg.memory.weights_budget > 0) {
-        TESSERA_CHECK(!fsdp,
-                      "memory.weights_budget reads the base in place on every rank; with several ranks set "
-                      "parallel.fsdp=false (FSDP shards the base instead)");
-        budget.emplace(*setup.base, model, slice, size_t(cfg.memory.weights_budget) << 20);
+    } else if (budget) {
         placement = budget->placement();
     }
     model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, extra, placement ? &*placement : nullptr);
-    if (fsdp) {
-        fsdp->bind(rt.params(), rt.grads());
-        model.set_param_hooks(&*fsdp);
-    }
-    if (budget) model.set_param_hooks(&*budget);
+    if (fsdp) fsdp->bind(rt.params(), rt.grads());
+    model::HooksPair both(fsdp ? &*fsdp : nullptr, budget ? &*budget : nullptr);
+    if (fsdp || budget) model.set_param_hooks(&both);
 
     TrainerState state;
     // what trains: this rank's ranges of what FSDP holds, the rest whole (experts: this rank's); the frozen base

@@ -14,7 +14,8 @@
 // experts routed least (the routing load of the steps so far: an expert cache by observed frequency), the
 // current and the next visit's units last. Resident bytes are measured (/proc/self/pagemap), not assumed. The values
 // are the file's whatever is resident, so a budgeted run computes bit for bit what a resident one does; a budget below
-// two units' worth is kept as well as it can be (the floor is printed). Without FSDP only (FSDP shards the base).
+// two units' worth is kept as well as it can be (the floor is printed). With FSDP the base is not sharded (every
+// rank maps the file; train/fsdp.h), what trains is.
 #pragma once
 
 #include <condition_variable>
@@ -51,6 +52,8 @@ class WeightBudget final : public model::ParamHooks {
     WeightBudget& operator=(const WeightBudget&) = delete;
 
     bool mapped(size_t param) const { return param < where_.size() && where_[param] != nullptr; }
+    // where a mapped parameter lives in the files (null: not mapped)
+    std::byte* where(size_t param) const { return mapped(param) ? where_[param] : nullptr; }
     // The runtime's parameter and gradient groups: the mapped parameters take no arena bytes, their views point
     // into the files.
     model::ParamPlacement placement() const;
