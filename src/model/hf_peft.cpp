@@ -66,27 +66,40 @@ std::set<std::string> expert_weights(const std::vector<BufferSpec>& specs) {
 
 std::string experts_module(const std::string& module) { return module.substr(0, module.rfind('.')); }
 
-// tessera module -> the transformers module it is (the stored name of its weight without ".weight", renamed), for
-// every weight stored one-to-one; "" for those stored fused or per expert (no PEFT module of their own)
-std::map<std::string, std::string> module_names(const std::vector<BufferSpec>& specs,
-                                                const ModelConfig& c,
-                                                const std::string& model_type) {
+// tessera parameter -> the transformers tensor it is (its stored name, renamed), for every parameter stored one to
+// one; "" for those stored fused, split, padded, offset or per expert (no PEFT tensor of their own)
+std::map<std::string, std::string> param_names(const std::vector<BufferSpec>& specs,
+                                               const ModelConfig& c,
+                                               const std::string& model_type) {
     std::vector<BufferSpec> base;
     for (const BufferSpec& s : specs) {
-        if (!ends_with(s.name, kA) && !ends_with(s.name, kB)) base.push_back(s);
+        if (!is_adapter(s.name)) base.push_back(s);
     }
     ModelConfig plain = c;
     plain.lora = {};
     std::map<std::string, std::string> out;
     for (const HfTensor& t : hf_tensor_map(base, plain, model_type)) {
-        if (!ends_with(t.param, ".weight") || t.copy != HfTensor::Copy::none) continue;
-        const std::string module = strip(t.param, ".weight");
-        const bool one_to_one = t.expert < 0 && t.rows.groups == 0 && t.pad_to == 0 && t.offset == 0.f &&
-                                ends_with(t.name, ".weight") && !out.count(module);
-        out[module] = one_to_one ? transformers_module(strip(t.name, ".weight"), model_type) : std::string();
+        if (t.copy != HfTensor::Copy::none) continue;
+        const bool one_to_one = t.expert < 0 && is_plain(t) && !out.count(t.param);
+        out[t.param] = one_to_one ? transformers_module(t.name, model_type) : std::string();
     }
     return out;
 }
+
+// tessera module -> the transformers module it is, for every weight stored one to one ("" otherwise)
+std::map<std::string, std::string> module_names(const std::vector<BufferSpec>& specs,
+                                                const ModelConfig& c,
+                                                const std::string& model_type) {
+    std::map<std::string, std::string> out;
+    for (const auto& [param, name] : param_names(specs, c, model_type)) {
+        if (ends_with(param, ".weight"))
+            out[strip(param, ".weight")] = ends_with(name, ".weight") ? strip(name, ".weight") : std::string();
+    }
+    return out;
+}
+
+// The module a tensor name is of (the name without its last part)
+std::string module_of(const std::string& name) { return name.substr(0, name.rfind('.')); }
 }  // namespace
 
 bool is_peft_dir(const std::string& dir) { return fs::exists(fs::path(dir) / "adapter_config.json"); }
@@ -116,10 +129,6 @@ std::string peft_base(const std::string& dir) {
 std::vector<PeftTensor> peft_tensor_map(const std::vector<BufferSpec>& specs,
                                         const ModelConfig& c,
                                         const std::string& model_type) {
-    TESSERA_CHECK(c.lora.modules_to_save.empty(),
-                  "PEFT adapters: model.lora.modules_to_save ({}) is not written in PEFT's form yet; export-hf "
-                  "--merge-lora writes the fine-tuned model whole",
-                  Json(c.lora.modules_to_save).dump());
     const std::map<std::string, std::string> names = module_names(specs, c, model_type);
     const std::set<std::string> experts = expert_weights(specs);
     std::set<std::string> adapted;
@@ -151,7 +160,20 @@ std::vector<PeftTensor> peft_tensor_map(const std::vector<BufferSpec>& specs,
                       module, model_type);
         out.push_back({s.name, kPrefix + it->second + (a ? kA : kB)});
     }
-    TESSERA_CHECK(!out.empty(), "PEFT adapters: the model has no adapters");
+    // modules_to_save: the parameters that train whole, under their transformers names (PEFT saves a wrapped
+    // module's copy under the module's own name)
+    const std::map<std::string, std::string> stored = param_names(specs, c, model_type);
+    for (const BufferSpec& s : specs) {
+        if (!s.trainable || is_adapter(s.name)) continue;
+        const auto it = stored.find(s.name);
+        TESSERA_CHECK(it != stored.end() && !it->second.empty(),
+                      "PEFT adapters: model.lora.modules_to_save: {} is not stored as one tensor of its own in the {} "
+                      "layout, so PEFT's form of it is not written; export-hf --merge-lora writes the fine-tuned "
+                      "model whole",
+                      s.name, model_type);
+        out.push_back({s.name, kPrefix + it->second});
+    }
+    TESSERA_CHECK(!out.empty(), "PEFT adapters: the model has no adapters and no modules_to_save");
     return out;
 }
 
@@ -184,12 +206,15 @@ int64_t stacked_index(bool a, const Part& p, int64_t cols, int64_t e, int64_t i,
 
 Tensor peft_param(const Tensor& stored, const PeftTensor& t, const Shape& shape, const std::string& file) {
     const TensorView v = stored.view();
-    TESSERA_CHECK(v.dtype == DType::f32, "{}: \"{}\" must be f32", file, t.name);
     if (t.stacked == PeftTensor::Stacked::none) {
+        TESSERA_CHECK(v.dtype == DType::f32 || v.dtype == DType::bf16, "{}: \"{}\" must be f32 or bf16", file, t.name);
         TESSERA_CHECK(v.shape == shape, "{}: \"{}\" is {}, the model needs {}", file, t.name, v.shape.str(),
                       shape.str());
-        return Tensor::copy_of(v);
+        Tensor param(DType::f32, shape);
+        convert(v, param.view());
+        return param;
     }
+    TESSERA_CHECK(v.dtype == DType::f32, "{}: \"{}\" must be f32", file, t.name);
     const bool a = ends_with(t.param, kA);
     const int64_t E = shape[0], r = a ? shape[1] : shape[2], out = shape[1];
     const int64_t rows = a ? 0 : t.stacked == PeftTensor::Stacked::down ? out : 2 * out;
@@ -229,6 +254,7 @@ void save_peft_adapter(const std::string& dir,
     fs::create_directories(dir);
     std::vector<NamedTensor> tensors;
     std::vector<std::string> modules;
+    std::set<std::string> saved;            // modules_to_save
     std::set<std::string> stacked_params;   // target_parameters
     std::map<std::string, Tensor> stacked;  // PEFT key -> the tensor its parts are written into
     bool paired = false;
@@ -236,6 +262,7 @@ void save_peft_adapter(const std::string& dir,
         if (t.stacked == PeftTensor::Stacked::none) {
             tensors.push_back({t.name, params.view(t.param)});
             if (ends_with(t.name, kA)) modules.push_back(strip(t.name, kA).substr(std::strlen(kPrefix)));
+            if (!is_adapter(t.param)) saved.insert(module_of(t.name.substr(std::strlen(kPrefix))));
             continue;
         }
         const bool a = ends_with(t.param, kA);
@@ -262,26 +289,27 @@ void save_peft_adapter(const std::string& dir,
         rank_pattern[kGateUpPattern] = 2 * c.rank;
         alpha_pattern[kGateUpPattern] = c.alpha * (c.rslora ? std::sqrt(2.0) : 2.0);
     }
-    const Json config = {{"peft_type", "LORA"},
-                         {"task_type", "CAUSAL_LM"},
-                         {"base_model_name_or_path", base},
-                         {"r", c.rank},
-                         {"lora_alpha", c.alpha},
-                         {"use_rslora", c.rslora},
-                         {"target_modules", modules},  // exactly the adapted modules
-                         {"target_parameters", std::vector<std::string>(stacked_params.begin(), stacked_params.end())},
-                         {"modules_to_save", nullptr},
-                         // (PEFT's stacked-parameter wrapper refuses dropout; at inference it is the identity)
-                         {"lora_dropout", stacked_params.empty() ? c.dropout : 0.0},
-                         {"bias", "none"},
-                         {"fan_in_fan_out", false},
-                         {"use_dora", false},
-                         {"init_lora_weights", true},
-                         {"inference_mode", true},
-                         {"rank_pattern", rank_pattern},
-                         {"alpha_pattern", alpha_pattern},
-                         {"layers_to_transform", nullptr},
-                         {"revision", nullptr}};
+    const Json config = {
+        {"peft_type", "LORA"},
+        {"task_type", "CAUSAL_LM"},
+        {"base_model_name_or_path", base},
+        {"r", c.rank},
+        {"lora_alpha", c.alpha},
+        {"use_rslora", c.rslora},
+        {"target_modules", modules},  // exactly the adapted modules
+        {"target_parameters", std::vector<std::string>(stacked_params.begin(), stacked_params.end())},
+        {"modules_to_save", saved.empty() ? Json(nullptr) : Json(std::vector<std::string>(saved.begin(), saved.end()))},
+        // (PEFT's stacked-parameter wrapper refuses dropout; at inference it is the identity)
+        {"lora_dropout", stacked_params.empty() ? c.dropout : 0.0},
+        {"bias", "none"},
+        {"fan_in_fan_out", false},
+        {"use_dora", false},
+        {"init_lora_weights", true},
+        {"inference_mode", true},
+        {"rank_pattern", rank_pattern},
+        {"alpha_pattern", alpha_pattern},
+        {"layers_to_transform", nullptr},
+        {"revision", nullptr}};
     write_text_atomic((fs::path(dir) / "adapter_config.json").string(), config.dump(2) + "\n");
 }
 
@@ -294,8 +322,15 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
     for (const char* key : {"use_dora", "fan_in_fan_out"})
         TESSERA_CHECK(!get(key) || !get(key)->get<bool>(), "{}: {} is not supported", path, key);
     TESSERA_CHECK(!get("bias") || get("bias")->get<std::string>() == "none", "{}: bias must be \"none\"", path);
-    TESSERA_CHECK(!get("modules_to_save") || get("modules_to_save")->empty(), "{}: modules_to_save is not supported",
-                  path);
+    std::vector<std::string> to_save;  // PEFT's modules_to_save: names matched at a module name's end
+    if (const Json* m = get("modules_to_save")) {
+        TESSERA_CHECK(m->is_array(), "{}: modules_to_save must be a list", path);
+        for (const Json& n : *m) {
+            TESSERA_CHECK(n.is_string() && !n.get<std::string>().empty(),
+                          "{}: modules_to_save must be a list of module names", path);
+            to_save.push_back(n.get<std::string>());
+        }
+    }
     PeftAdapter out;
     TESSERA_CHECK(get("r") && get("r")->is_number_integer() && get("lora_alpha") && get("lora_alpha")->is_number(),
                   "{}: r and lora_alpha must be numbers", path);
@@ -311,6 +346,9 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
     std::map<std::string, std::string> by_hf;  // transformers module -> tessera module
     for (const auto& [module, hf] : module_names(specs, plain, model_type))
         if (!hf.empty()) by_hf[hf] = module;
+    std::map<std::string, std::string> by_tensor;  // transformers tensor -> tessera parameter (modules_to_save)
+    for (const auto& [param, hf] : param_names(specs, plain, model_type))
+        if (!hf.empty()) by_tensor[hf] = param;
     // stacked expert parameters (target_parameters): "<experts module>.gate_up_proj" adapts tessera's gate_proj and
     // up_proj of those experts, ".down_proj" its down_proj; an entry names every key that ends with it (as PEFT)
     std::map<std::string, std::vector<std::string>> by_param;  // transformers parameter -> tessera modules
@@ -363,8 +401,24 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
     }
     const std::string file = (fs::path(dir) / "adapter_model.safetensors").string();
     const SafetensorsFile f(file);
+    std::set<std::string> saved;        // tessera modules_to_save (modules of the saved parameters)
+    std::set<std::string> saved_names;  // the modules_to_save entries some saved tensor is of
     for (const auto& e : f.entries()) {
-        TESSERA_CHECK(e.name.rfind(kPrefix, 0) == 0 && (ends_with(e.name, kA) || ends_with(e.name, kB)),
+        if (e.name.rfind(kPrefix, 0) == 0 && !ends_with(e.name, kA) && !ends_with(e.name, kB)) {
+            const std::string hf = e.name.substr(std::strlen(kPrefix)), module = module_of(hf);
+            bool listed = false;
+            for (const std::string& n : to_save) {
+                if (LoraConfig::names({n}, module)) saved_names.insert(n), listed = true;
+            }
+            const auto it = by_tensor.find(hf);
+            TESSERA_CHECK(listed && it != by_tensor.end(),
+                          "{}: \"{}\" is neither a LoRA adapter tensor (base_model.model.<module>.lora_A/B.weight) "
+                          "nor a tensor of a module in modules_to_save that this {} model stores one to one",
+                          file, e.name, model_type);
+            saved.insert(module_of(it->second));
+            continue;
+        }
+        TESSERA_CHECK(e.name.rfind(kPrefix, 0) == 0,
                       "{}: \"{}\" is not a LoRA adapter tensor (base_model.model.<module>.lora_A/B.weight)", file,
                       e.name);
         std::string hf = strip(e.name, ends_with(e.name, kA) ? kA : kB).substr(std::strlen(kPrefix));
@@ -375,8 +429,12 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
                       file, hf, model_type);
         modules.insert(it->second);
     }
-    TESSERA_CHECK(!modules.empty(), "{}: holds no adapters", file);
+    for (const std::string& n : to_save)
+        TESSERA_CHECK(saved_names.count(n), "{}: modules_to_save entry \"{}\": {} holds no tensor of it", path, n,
+                      file);
+    TESSERA_CHECK(!modules.empty() || !saved.empty(), "{}: holds no adapters", file);
     out.lora.target_modules.assign(modules.begin(), modules.end());
+    out.lora.modules_to_save.assign(saved.begin(), saved.end());
     out.lora.validate(path);
     const double r = double(out.lora.rank), scale = out.lora.scale();
     for (const auto& [name, value] : patterns[0]) {

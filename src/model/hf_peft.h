@@ -14,7 +14,12 @@
 // rank_pattern and alpha_pattern keep the scale); PEFT's gate_up adapters read back at R = 2r (B's off-diagonal
 // blocks zero) or R = r (gate and up then start from one shared A: the same function). Kimi K3 has no transformers
 // class and Qwen3-Next's fused in_proj_qkvz no module per projection: their adapters are refused in one line
-// (export-hf --merge-lora writes them merged), as are modules_to_save.
+// (export-hf --merge-lora writes them merged).
+//
+// modules_to_save: PEFT trains a copy of each such module whole and saves its tensors under the module's own name
+// ("base_model.model.lm_head.weight"); the config lists the transformers modules. tessera writes and reads the
+// parameters its model.lora.modules_to_save trains that way when each is stored one to one (not fused, offset or
+// per expert: Qwen3-Next's zero-centred norms are refused in one line).
 #pragma once
 
 #include <string>
@@ -27,7 +32,7 @@
 namespace tessera::model {
 
 struct PeftTensor {
-    std::string param;  // tessera parameter: <module>.lora_A.weight or .lora_B.weight
+    std::string param;  // tessera parameter: <module>.lora_A.weight or .lora_B.weight, or one modules_to_save trains
     std::string name;   // PEFT's key
     // a routed expert's adapter (A [E, r, in], B [E, out, r]) as a part of PEFT's stacked one; kind none: the
     // tensor is the parameter
@@ -35,7 +40,8 @@ struct PeftTensor {
     bool paired = false;  // gate and up both adapted (written at R = 2r)
 };
 
-// The PEFT keys of a model's adapter parameters (specs: the model with adapters; c: its config, lora included).
+// The PEFT keys of a model's adapter parameters and of those it trains whole (modules_to_save) (specs: the model with
+// adapters, trainable marked; c: its config, lora included).
 std::vector<PeftTensor> peft_tensor_map(const std::vector<BufferSpec>& specs,
                                         const ModelConfig& c,
                                         const std::string& model_type);
@@ -51,7 +57,8 @@ void save_peft_adapter(const std::string& dir,
 // A PEFT directory's LoRA config, as tessera's model.lora: its adapted modules by their tessera names (exactly the
 // modules the file holds), and the base it names (base_model_name_or_path; relative to the directory when not
 // absolute). One-line errors for what tessera does not read (other peft_type, dropout at inference is ignored,
-// bias, DoRA, rank or alpha patterns, modules_to_save, fan_in_fan_out).
+// bias, DoRA, rank or alpha patterns, fan_in_fan_out). Its modules_to_save become the tessera modules of the tensors
+// the file saves for them (each entry must match one, at a module name's end, as PEFT matches).
 struct PeftAdapter {
     LoraConfig lora;
     std::string base;

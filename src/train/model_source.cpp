@@ -156,8 +156,9 @@ void load_base(const ModelSource& base,
             key[t.param] = t;
         for (const ParamTarget& t : targets) {
             const std::string& name = specs[t.param].name;
-            if (!model::is_adapter(name)) continue;
-            const model::PeftTensor& p = key.at(name);
+            const auto it = key.find(name);  // its adapters and modules_to_save
+            if (it == key.end()) continue;
+            const model::PeftTensor& p = it->second;
             const Tensor whole = model::peft_param(f.load(p.name), p, whole_specs[t.param].shape, file);
             t.store(0, whole.ptr<float>() + t.whole_offset, t.length, base.path, name);
         }

@@ -203,7 +203,7 @@ TEST(FineTune, MergedExportScoresLikeTheAdapters) {
 
 // A LoRA fine-tune of a Hugging Face base exported as PEFT writes (export-hf without --merge-lora): the directory
 // scores like the fine-tune when read back on its base (routed experts' adapters in PEFT's stacked form too), PEFT
-// directories serve as bases (stacked experts under expert parallelism too), and modules_to_save is refused
+// directories serve as bases (stacked experts under expert parallelism too), modules_to_save included
 TEST(FineTune, PeftExportScoresLikeTheFineTune) {
     TempDir d;
     std::vector<uint16_t> ids(4000);
@@ -278,14 +278,24 @@ TEST(FineTune, PeftExportScoresLikeTheFineTune) {
     EXPECT_TRUE(
         test::bitwise_equal(logits_of(d.file("p2"), d.file("in.safetensors"), d.file("e.safetensors")).view(),
                             logits_of(d.file("experts"), d.file("in.safetensors"), d.file("f.safetensors")).view()));
-    // modules trained whole have no PEFT form here yet: one line, no directory
+    // modules trained whole (modules_to_save) are written under their transformers names and listed in the config;
+    // the directory scores like the fine-tune, and the norm's trained copy changed (its whole weight trained)
     ASSERT_EQ(run_tessera("train --config " + d.file("run.json") + lora +
-                          " --set 'model.lora.modules_to_save=[\"lm_head\"]' --out " + d.file("saved"))
+                          " --set 'model.lora.modules_to_save=[\"lm_head\",\"model.norm\"]' --out " + d.file("saved"))
                   .status,
               0);
-    test::expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("saved") + " --out " + d.file("p3")),
-                                "modules_to_save", "modules_to_save as PEFT");
-    EXPECT_FALSE(fs::exists(d.file("p3")));
+    r = run_tessera("export-hf --checkpoint " + d.file("saved") + " --out " + d.file("p3"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json saved = Json::parse(read_text(d.file("p3/adapter_config.json")));
+    EXPECT_EQ(saved["modules_to_save"], (Json{"lm_head", "model.norm"}));
+    const SafetensorsFile p3(d.file("p3/adapter_model.safetensors"));
+    ASSERT_TRUE(p3.contains("base_model.model.model.norm.weight"));
+    const SafetensorsFile base_weights(hf + "/model.safetensors");
+    EXPECT_FALSE(test::bitwise_equal(p3.load("base_model.model.model.norm.weight").view(),
+                                     base_weights.load("model.norm.weight").view()));
+    EXPECT_TRUE(
+        test::bitwise_equal(logits_of(d.file("p3"), d.file("in.safetensors"), d.file("g.safetensors")).view(),
+                            logits_of(d.file("saved"), d.file("in.safetensors"), d.file("h.safetensors")).view()));
 }
 
 // inspect --set model.lora...: what LoRA trains and its training state, before any run

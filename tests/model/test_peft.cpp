@@ -188,6 +188,29 @@ TEST(Peft, KimiLinearAdaptersUseTransformersModuleNames) {
     expect_peft_results(run, golden, "kimi_linear", 2 * 3 * 2, 3e-4);
 }
 
+// modules_to_save (PEFT trains a copy of each such module whole and saves it under the module's own name): read on
+// the base, the trained copies of lm_head and model.norm replace the base's, train with PEFT's gradients, and are
+// written back bit for bit with the same config list
+TEST(Peft, ModulesToSaveTrainWholeUnderTheirTransformersNames) {
+    const std::string dir = test::golden_path("hf/deepseek_v32_tiny_peft_saved");
+    const SafetensorsFile golden(test::golden_path("hf/deepseek_v32_tiny_peft_saved_expected.safetensors"));
+    PeftRun run(dir);
+    EXPECT_EQ(run.src.config.lora.modules_to_save, (std::vector<std::string>{"lm_head", "model.norm"}));
+    expect_peft_results(run, golden, "deepseek_v32", 0);
+    const std::vector<model::PeftTensor> map =
+        model::peft_tensor_map(run.m.param_specs(), run.src.config, "deepseek_v32");
+    EXPECT_EQ(map.size(), 3u * 2u + 2u);  // o_proj's A and B in three layers, lm_head.weight, model.norm.weight
+    EXPECT_EQ(run.rt->grads().size(), map.size()) << "the adapters and the saved modules train";
+    const test::TempDir d;
+    model::save_peft_adapter(d.file("out"), map, run.rt->params(), run.src.config.lora, run.src.base);
+    const SafetensorsFile theirs(dir + "/adapter_model.safetensors"), mine(d.file("out/adapter_model.safetensors"));
+    EXPECT_EQ(theirs.entries().size(), mine.entries().size());
+    for (const auto& e : theirs.entries())
+        EXPECT_TRUE(test::bitwise_equal(mine.load(e.name).view(), theirs.load(e.name).view())) << e.name;
+    EXPECT_EQ(Json::parse(read_text(d.file("out/adapter_config.json")))["modules_to_save"],
+              (Json{"lm_head", "model.norm"}));
+}
+
 TEST(Peft, WhatTesseraDoesNotReadIsAOneLineError) {
     const test::TempDir d;
     const std::string base = test::golden_path("hf/deepseek_v32_tiny_peft");
@@ -212,6 +235,8 @@ TEST(Peft, WhatTesseraDoesNotReadIsAOneLineError) {
         "rank_pattern \"q_a_proj\" (per-module ranks) is not supported");
     test::expect_error([&] { train::open_model_source(with("base_model_name_or_path", "org/some-hub-model")); },
                        "is not a local directory");
+    test::expect_error([&] { train::open_model_source(with("modules_to_save", Json::array({"lm_head"}))); },
+                       "modules_to_save entry \"lm_head\":");
 }
 
 }  // namespace

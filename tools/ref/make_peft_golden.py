@@ -1,4 +1,4 @@
-"""Writes three LoRA adapters made by PEFT (peft.get_peft_model, save_pretrained) on transformers' own tiny
+"""Writes four LoRA adapters made by PEFT (peft.get_peft_model, save_pretrained) on transformers' own tiny
 DeepseekV32ForCausalLM (tests/golden/hf/deepseek_v32_tiny, from make_hf_interop_golden.py; a third on its
 KimiLinearForCausalLM), each with random A and B
 (init_lora_weights=False, B scaled so the adapters matter), and beside each <name>_expected.safetensors: token ids
@@ -12,6 +12,9 @@ loss for every adapter tensor ("grad.<PEFT key>"):
   kimi_linear_tiny_peft           rank 2, alpha 3, on transformers' own tiny KimiLinearForCausalLM: o_proj, KDA's
                                   forget gate (f_a_proj, f_b_proj), the shared experts' down_proj and the stacked
                                   routed experts
+  deepseek_v32_tiny_peft_saved    rank 2, alpha 3, on o_proj, with modules_to_save lm_head and model.norm (their
+                                  trained copies perturbed so that they differ from the base's; gradients for them
+                                  too, under PEFT's saved key: base_model.model.lm_head.weight)
 tessera must read each directory on its base and reproduce logits and gradients, and write the adapters back
 (tests/model/test_peft.cpp).
 
@@ -47,6 +50,7 @@ CASES = {
                                            target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
     # transformers' Kimi-Linear renames its checkpoint's modules (block_sparse_moe -> mlp, f_a_proj / f_b_proj ->
     # self_attn.forget_gate.*): PEFT's keys are the model's names
+    "deepseek_v32_tiny_peft_saved": dict(target_modules=["o_proj"], modules_to_save=["lm_head", "model.norm"]),
     "kimi_linear_tiny_peft": dict(target_modules=["o_proj", "f_a_proj", "f_b_proj", "shared_experts.down_proj"],
                                   target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
 }
@@ -56,7 +60,7 @@ BASES = {"kimi_linear_tiny_peft": "kimi_linear_tiny"}
 def logits_and_grads(pm, ids, targets):
     logits = pm(input_ids=ids).logits
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    adapters = {n: p for n, p in pm.named_parameters() if "lora_" in n}
+    adapters = {n: p for n, p in pm.named_parameters() if "lora_" in n or "modules_to_save" in n}
     grads = torch.autograd.grad(loss, list(adapters.values()))
     return logits, loss, adapters, grads
 
@@ -99,6 +103,8 @@ def make(name, targets):
         for n, p in pm.named_parameters():
             if "lora_B" in n:
                 p.mul_(4.0)
+            if "modules_to_save" in n:  # trained copies unlike the base's
+                p.add_(0.05 * torch.randn_like(p))
     out = os.path.join(HF, name)
     pm.save_pretrained(out)
     os.remove(os.path.join(out, "README.md"))  # PEFT's model card (it names this machine's paths)
@@ -111,7 +117,8 @@ def make(name, targets):
     tensors = {"ids": ids.to(torch.int64), "targets": targets_.to(torch.int64), "expected.logits": logits.detach(),
                "expected.loss": loss.detach().reshape(1)}
     for (n, _), g in zip(adapters.items(), grads):
-        key = n.replace(".default", "")  # PEFT's saved key: the adapter name dropped
+        # PEFT's saved key: the adapter name dropped (a saved module's copy under the module's own name)
+        key = n.replace(".modules_to_save.default", "").replace(".default", "")
         tensors["grad." + key] = g.detach().contiguous()
     save_file(tensors, os.path.join(HF, name + "_expected.safetensors"),
               metadata={"script": "tools/ref/make_peft_golden.py", "seed": str(SEED), "torch": torch.__version__,
