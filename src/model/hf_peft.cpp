@@ -23,8 +23,6 @@ namespace {
 constexpr const char* kPrefix = "base_model.model.";
 constexpr const char* kA = ".lora_A.weight";
 constexpr const char* kB = ".lora_B.weight";
-// PEFT's rank_pattern / alpha_pattern key for every layer's stacked gate_up_proj (a regex matched at a key's end)
-constexpr const char* kGateUpPattern = "mlp.experts.gate_up_proj";
 
 bool ends_with(const std::string& s, const char* tail) { return s.ends_with(tail); }
 std::string strip(const std::string& s, const char* tail) { return s.substr(0, s.size() - std::strlen(tail)); }
@@ -48,15 +46,6 @@ bool stacks_experts(const std::string& model_type) {
     return model_type == "kimi_linear" || model_type == "qwen3_next" || model_type == "deepseek_v32";
 }
 
-// A routed expert projection's kind (tessera module "<layer>.mlp.experts.gate_proj", ...): none for other modules
-PeftTensor::Stacked expert_kind(const std::string& module, const std::set<std::string>& expert_weights) {
-    if (!expert_weights.count(module + ".weight")) return PeftTensor::Stacked::none;
-    if (module.ends_with(".gate_proj")) return PeftTensor::Stacked::gate;
-    if (module.ends_with(".up_proj")) return PeftTensor::Stacked::up;
-    TESSERA_CHECK(module.ends_with(".down_proj"), "PEFT adapters: unexpected routed expert module {}", module);
-    return PeftTensor::Stacked::down;
-}
-
 std::set<std::string> expert_weights(const std::vector<BufferSpec>& specs) {
     std::set<std::string> out;
     for (const BufferSpec& s : specs)
@@ -66,19 +55,26 @@ std::set<std::string> expert_weights(const std::vector<BufferSpec>& specs) {
 
 std::string experts_module(const std::string& module) { return module.substr(0, module.rfind('.')); }
 
-// tessera parameter -> the transformers tensor it is (its stored name, renamed), for every parameter stored one to
-// one; "" for those stored fused, split, padded, offset or per expert (no PEFT tensor of their own)
-std::map<std::string, std::string> param_names(const std::vector<BufferSpec>& specs,
-                                               const ModelConfig& c,
-                                               const std::string& model_type) {
+// The Hugging Face tensors of a model's base parameters (the adapters left out)
+std::vector<HfTensor> base_tensors(const std::vector<BufferSpec>& specs,
+                                   const ModelConfig& c,
+                                   const std::string& model_type) {
     std::vector<BufferSpec> base;
     for (const BufferSpec& s : specs) {
         if (!is_adapter(s.name)) base.push_back(s);
     }
     ModelConfig plain = c;
     plain.lora = {};
+    return hf_tensor_map(base, plain, model_type);
+}
+
+// tessera parameter -> the transformers tensor it is (its stored name, renamed), for every parameter stored one to
+// one; "" for those stored fused, split, padded, offset or per expert (no PEFT tensor of their own)
+std::map<std::string, std::string> param_names(const std::vector<BufferSpec>& specs,
+                                               const ModelConfig& c,
+                                               const std::string& model_type) {
     std::map<std::string, std::string> out;
-    for (const HfTensor& t : hf_tensor_map(base, plain, model_type)) {
+    for (const HfTensor& t : base_tensors(specs, c, model_type)) {
         if (t.copy != HfTensor::Copy::none) continue;
         const bool one_to_one = t.expert < 0 && is_plain(t) && !out.count(t.param);
         out[t.param] = one_to_one ? transformers_module(t.name, model_type) : std::string();
@@ -94,6 +90,48 @@ std::map<std::string, std::string> module_names(const std::vector<BufferSpec>& s
     for (const auto& [param, name] : param_names(specs, c, model_type)) {
         if (ends_with(param, ".weight"))
             out[strip(param, ".weight")] = ends_with(name, ".weight") ? strip(name, ".weight") : std::string();
+    }
+    return out;
+}
+
+// A tessera projection that is a part of a PEFT module with several: its transformers module and where it lies
+struct Part {
+    std::string module;  // transformers module (the routed experts': <layer>.mlp.experts)
+    std::string target;  // what PEFT adapts: the module, or the stacked experts' gate_up_proj or down_proj
+    int part = 0, parts = 0;
+    HfTensor::Rows rows;
+    int64_t out = 0;
+};
+
+// tessera module -> its part, for every projection stored as row groups of a fused 2-D weight (in_proj_qkvz, ...)
+// and every routed expert projection of a family whose transformers class stacks them (gate_up_proj: gate's rows
+// then up's; down_proj alone)
+std::map<std::string, Part> parts_of(const std::vector<BufferSpec>& specs,
+                                     const ModelConfig& c,
+                                     const std::string& model_type) {
+    std::map<std::string, std::vector<const HfTensor*>> fused;  // stored tensor -> its parts
+    const std::vector<HfTensor> map = base_tensors(specs, c, model_type);
+    for (const HfTensor& t : map) {
+        if (t.rows.groups > 0 && t.shape.ndim == 2 && t.expert < 0 && t.copy == HfTensor::Copy::none &&
+            ends_with(t.param, ".weight") && ends_with(t.name, ".weight"))
+            fused[t.name].push_back(&t);
+    }
+    std::map<std::string, Part> out;
+    for (auto& [name, ts] : fused) {
+        std::sort(ts.begin(), ts.end(), [](auto* x, auto* y) { return x->rows.offset < y->rows.offset; });
+        const std::string m = transformers_module(strip(name, ".weight"), model_type);
+        for (size_t k = 0; k < ts.size(); ++k)
+            out[strip(ts[k]->param, ".weight")] = {m, m, int(k), int(ts.size()), ts[k]->rows, ts[k]->shape[0]};
+    }
+    if (!stacks_experts(model_type)) return out;
+    for (const BufferSpec& s : specs) {
+        if (s.sharding != Sharding::expert || s.shape.ndim != 3 || !ends_with(s.name, ".weight")) continue;
+        const std::string module = strip(s.name, ".weight"), x = experts_module(module);
+        const int64_t n = s.shape[1];  // rows of this projection
+        const std::string gate_up = x + ".gate_up_proj";
+        if (module.ends_with(".gate_proj")) out[module] = {x, gate_up, 0, 2, {0, n, 0, 0}, 2 * n};
+        if (module.ends_with(".up_proj")) out[module] = {x, gate_up, 1, 2, {n, n, 0, 0}, 2 * n};
+        if (module.ends_with(".down_proj")) out[module] = {x, x + ".down_proj", 0, 1, {0, n, 0, 0}, n};
     }
     return out;
 }
@@ -130,33 +168,38 @@ std::vector<PeftTensor> peft_tensor_map(const std::vector<BufferSpec>& specs,
                                         const ModelConfig& c,
                                         const std::string& model_type) {
     const std::map<std::string, std::string> names = module_names(specs, c, model_type);
+    const std::map<std::string, Part> parts = parts_of(specs, c, model_type);
     const std::set<std::string> experts = expert_weights(specs);
     std::set<std::string> adapted;
-    for (const BufferSpec& s : specs)
-        if (ends_with(s.name, kA)) adapted.insert(strip(s.name, kA));
+    std::map<std::string, int> adapted_parts;  // PEFT module with several parts -> how many are adapted
+    for (const BufferSpec& s : specs) {
+        if (!ends_with(s.name, kA)) continue;
+        adapted.insert(strip(s.name, kA));
+        if (const auto it = parts.find(strip(s.name, kA)); it != parts.end()) ++adapted_parts[it->second.target];
+    }
     std::vector<PeftTensor> out;
     for (const BufferSpec& s : specs) {
         const bool a = ends_with(s.name, kA);
         if (!a && !ends_with(s.name, kB)) continue;
         const std::string module = strip(s.name, a ? kA : kB);
-        if (const PeftTensor::Stacked kind = expert_kind(module, experts); kind != PeftTensor::Stacked::none) {
-            TESSERA_CHECK(stacks_experts(model_type),
-                          "PEFT adapters: {}: {} has no transformers class whose stacked experts PEFT adapts, so "
-                          "PEFT's form of the routed experts' adapters is not written; export-hf --merge-lora writes "
-                          "the model with the adapters merged in",
-                          module, model_type);
-            const std::string x = experts_module(module);
-            // the wrappers nest in parameter order: gate_up_proj's inside down_proj's when both are adapted
-            const bool inner = kind != PeftTensor::Stacked::down && adapted.count(x + ".down_proj");
-            out.push_back({s.name, kPrefix + x + (inner ? ".base_layer" : "") + (a ? kA : kB), kind,
-                           adapted.count(x + ".gate_proj") && adapted.count(x + ".up_proj")});
+        TESSERA_CHECK(!experts.count(module + ".weight") || stacks_experts(model_type),
+                      "PEFT adapters: {}: {} has no transformers class whose stacked experts PEFT adapts, so "
+                      "PEFT's form of the routed experts' adapters is not written; export-hf --merge-lora writes "
+                      "the model with the adapters merged in",
+                      module, model_type);
+        if (const auto it = parts.find(module); it != parts.end()) {
+            const Part& p = it->second;
+            // the experts' wrappers nest in parameter order: gate_up_proj's inside down_proj's when both are adapted
+            const bool inner = experts.count(module + ".weight") && !module.ends_with(".down_proj") &&
+                               adapted.count(p.module + ".down_proj");
+            out.push_back({s.name, kPrefix + p.module + (inner ? ".base_layer" : "") + (a ? kA : kB), p.part, p.parts,
+                           p.rows, p.out, adapted_parts[p.target] >= 2});
             continue;
         }
         const auto it = names.find(module);
         TESSERA_CHECK(it != names.end() && !it->second.empty(),
-                      "PEFT adapters: {} has no module of its own in the {} layout (a fused projection is one "
-                      "tensor there), so PEFT's form of its adapter is not written yet; export-hf --merge-lora writes "
-                      "the model with the adapters merged in",
+                      "PEFT adapters: {} has no module of its own in the {} layout, so PEFT's form of its adapter is "
+                      "not written; export-hf --merge-lora writes the model with the adapters merged in",
                       module, model_type);
         out.push_back({s.name, kPrefix + it->second + (a ? kA : kB)});
     }
@@ -178,35 +221,37 @@ std::vector<PeftTensor> peft_tensor_map(const std::vector<BufferSpec>& specs,
 }
 
 namespace {
-// Where a stacked adapter's part lies in PEFT's tensor: its experts E, its rank r, the stacked rank R, the first of
-// its ranks k0 and of its output rows o0
-struct Part {
-    int64_t E, r, R, k0, o0;
+// Where a part's adapter lies in PEFT's tensor: E experts (1: a 2-D parameter), the part's rank r, the PEFT tensor's
+// rank R and the first of the part's ranks k0 (0 when R = r: one A shared by every part)
+struct RankBlock {
+    int64_t E, r, R, k0;
 };
-Part part_of(const PeftTensor& t, const Shape& param, int64_t R) {
-    const bool a = ends_with(t.param, kA);
-    const int64_t E = param[0], r = a ? param[1] : param[2], out = a ? 0 : param[1];
-    const bool up = t.stacked == PeftTensor::Stacked::up;
-    return {E, r, R, up && R == 2 * r ? r : 0, up && !a ? out : 0};
+RankBlock block_of(const PeftTensor& t, const Shape& param, int64_t R) {
+    const int nd = param.ndim;
+    const int64_t r = ends_with(t.param, kA) ? param[nd - 2] : param[nd - 1];
+    return {nd == 3 ? param[0] : 1, r, R, R == r ? 0 : t.part * r};
 }
-// PEFT's tensor shape for a stacked part written at R (export: 2r when paired)
-Shape stacked_shape(const PeftTensor& t, const Shape& param) {
-    const bool a = ends_with(t.param, kA);
-    const bool gate_up = t.stacked != PeftTensor::Stacked::down;
-    const int64_t E = param[0], r = a ? param[1] : param[2], R = gate_up && t.paired ? 2 * r : r;
-    if (a) return Shape{R * E, param[2]};
-    return Shape{gate_up ? 2 * param[1] : param[1], R * E};
+// element (e, i, j) of a tessera part ([E,] rows, cols) <-> its index in PEFT's tensor [., cols]
+int64_t peft_index(bool a, const PeftTensor& t, const RankBlock& b, int64_t cols, int64_t e, int64_t i, int64_t j) {
+    if (a) return (e * b.R + b.k0 + i) * cols + j;  // A: i a rank, j an input
+    const HfTensor::Rows& g = t.rows;               // B: i a row of the part, j a rank
+    const int64_t row = g.groups > 0 ? (i / g.count) * g.stride + g.offset + i % g.count : g.offset + i;
+    return row * cols + (b.k0 + j) * b.E + e;
 }
-// element (e, i, j) of a tessera part <-> its index in PEFT's tensor [rows, cols]
-int64_t stacked_index(bool a, const Part& p, int64_t cols, int64_t e, int64_t i, int64_t j) {
-    if (a) return (e * p.R + p.k0 + i) * cols + j;    // A: i a rank, j an input
-    return (p.o0 + i) * cols + (p.k0 + j) * p.E + e;  // B: i an output row, j a rank
+// every element of a part: f(e, i, j, index in the part)
+template <class F>
+void each_element(const Shape& param, F f) {
+    const int nd = param.ndim;
+    const int64_t E = nd == 3 ? param[0] : 1, ni = param[nd - 2], nj = param[nd - 1];
+    for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = 0; i < ni; ++i)
+            for (int64_t j = 0; j < nj; ++j) f(e, i, j, (e * ni + i) * nj + j);
 }
 }  // namespace
 
 Tensor peft_param(const Tensor& stored, const PeftTensor& t, const Shape& shape, const std::string& file) {
     const TensorView v = stored.view();
-    if (t.stacked == PeftTensor::Stacked::none) {
+    if (t.parts == 0) {
         TESSERA_CHECK(v.dtype == DType::f32 || v.dtype == DType::bf16, "{}: \"{}\" must be f32 or bf16", file, t.name);
         TESSERA_CHECK(v.shape == shape, "{}: \"{}\" is {}, the model needs {}", file, t.name, v.shape.str(),
                       shape.str());
@@ -216,32 +261,33 @@ Tensor peft_param(const Tensor& stored, const PeftTensor& t, const Shape& shape,
     }
     TESSERA_CHECK(v.dtype == DType::f32, "{}: \"{}\" must be f32", file, t.name);
     const bool a = ends_with(t.param, kA);
-    const int64_t E = shape[0], r = a ? shape[1] : shape[2], out = shape[1];
-    const int64_t rows = a ? 0 : t.stacked == PeftTensor::Stacked::down ? out : 2 * out;
+    const RankBlock one = block_of(t, shape, 0);
+    const int64_t E = one.E, r = one.r, in = shape[shape.ndim - 1];
     const int64_t R = v.ndim() == 2 ? (a ? v.size(0) : v.size(1)) / E : 0;
-    const bool pair = t.stacked != PeftTensor::Stacked::down;
-    TESSERA_CHECK(v.ndim() == 2 && (R == r || (pair && R == 2 * r)) && (a ? v.size(0) : v.size(1)) == R * E &&
-                      (a ? v.size(1) == shape[2] : v.size(0) == rows),
-                  "{}: \"{}\" is {}; {} experts at rank {} need {} (gate_up_proj also at rank {})", file, t.name,
-                  v.shape.str(), E, r, (a ? Shape{r * E, shape[2]} : Shape{rows, r * E}).str(), 2 * r);
-    const Part p = part_of(t, shape, R);
+    TESSERA_CHECK(v.ndim() == 2 && (R == r || (t.parts > 1 && R == t.parts * r)) &&
+                      (a ? v.size(0) : v.size(1)) == R * E && (a ? v.size(1) == in : v.size(0) == t.out),
+                  "{}: \"{}\" is {}; {} at rank {} needs {} (a module of {} parts also at rank {})", file, t.name,
+                  v.shape.str(), E > 1 ? fmt::format("{} experts", E) : std::string("an adapter"), r,
+                  (a ? Shape{r * E, in} : Shape{t.out, r * E}).str(), t.parts, t.parts * r);
+    const RankBlock b = block_of(t, shape, R);
     const int64_t cols = v.size(1);
     const float* src = v.ptr<float>();
     Tensor param(DType::f32, shape);
     float* dst = param.ptr<float>();
-    const int64_t ni = shape[1], nj = shape[2];
-    for (int64_t e = 0; e < E; ++e)
-        for (int64_t i = 0; i < ni; ++i)
-            for (int64_t j = 0; j < nj; ++j) dst[(e * ni + i) * nj + j] = src[stacked_index(a, p, cols, e, i, j)];
-    if (!a && R == 2 * r) {  // gate and up apart: B block diagonal (this part's rows, the other part's ranks zero)
-        const Part other{E, r, R, p.k0 == 0 ? r : 0, p.o0};
-        for (int64_t e = 0; e < E; ++e)
-            for (int64_t i = 0; i < ni; ++i)
-                for (int64_t j = 0; j < nj; ++j)
-                    TESSERA_CHECK(src[stacked_index(false, other, cols, e, i, j)] == 0.f,
-                                  "{}: \"{}\" at rank {} = 2r couples gate_proj and up_proj (a nonzero element "
-                                  "off B's diagonal blocks, expert {}): not two rank-{} adapters",
-                                  file, t.name, R, e, r);
+    each_element(shape,
+                 [&](int64_t e, int64_t i, int64_t j, int64_t k) { dst[k] = src[peft_index(a, t, b, cols, e, i, j)]; });
+    if (!a && R > r) {  // the parts apart: B block diagonal (this part's rows zero in the other parts' ranks)
+        for (int q = 0; q < t.parts; ++q) {
+            if (q == t.part) continue;
+            const RankBlock other{E, r, R, q * r};
+            each_element(shape, [&](int64_t e, int64_t i, int64_t j, int64_t) {
+                TESSERA_CHECK(src[peft_index(false, t, other, cols, e, i, j)] == 0.f,
+                              "{}: \"{}\" at rank {} = {}·r couples the projections it fuses (a nonzero element off "
+                              "B's diagonal blocks{}): not {} rank-{} adapters",
+                              file, t.name, R, t.parts, E > 1 ? fmt::format(", expert {}", e) : std::string(), t.parts,
+                              r);
+            });
+        }
     }
     return param;
 }
@@ -257,9 +303,10 @@ void save_peft_adapter(const std::string& dir,
     std::set<std::string> saved;            // modules_to_save
     std::set<std::string> stacked_params;   // target_parameters
     std::map<std::string, Tensor> stacked;  // PEFT key -> the tensor its parts are written into
-    bool paired = false;
+    // several parts adapted: the module's adapter at rank parts·r, alpha scaled so that its scale is r's
+    Json rank_pattern = Json::object(), alpha_pattern = Json::object();
     for (const PeftTensor& t : map) {
-        if (t.stacked == PeftTensor::Stacked::none) {
+        if (t.parts == 0) {
             tensors.push_back({t.name, params.view(t.param)});
             if (ends_with(t.name, kA)) modules.push_back(strip(t.name, kA).substr(std::strlen(kPrefix)));
             if (!is_adapter(t.param)) saved.insert(module_of(t.name.substr(std::strlen(kPrefix))));
@@ -267,28 +314,34 @@ void save_peft_adapter(const std::string& dir,
         }
         const bool a = ends_with(t.param, kA);
         const TensorView v = params.view(t.param);
-        const Shape shape = stacked_shape(t, v.shape);
+        const RankBlock one = block_of(t, v.shape, 0);
+        const int64_t R = t.wide ? t.parts * one.r : one.r;
+        const Shape shape = a ? Shape{R * one.E, v.shape[v.shape.ndim - 1]} : Shape{t.out, R * one.E};
         auto [it, fresh] = stacked.try_emplace(t.name, DType::f32, shape);  // zero: B's off-diagonal blocks stay so
-        const Part p = part_of(t, v.shape, a ? shape[0] / v.size(0) : shape[1] / v.size(0));
+        const RankBlock b = t.wide ? RankBlock{one.E, one.r, R, t.part * one.r} : RankBlock{one.E, one.r, R, 0};
         const float* src = v.ptr<float>();
         float* dst = it->second.ptr<float>();
-        const int64_t ni = v.size(1), nj = v.size(2);
-        for (int64_t e = 0; e < v.size(0); ++e)
-            for (int64_t i = 0; i < ni; ++i)
-                for (int64_t j = 0; j < nj; ++j)
-                    dst[stacked_index(a, p, shape[1], e, i, j)] = src[(e * ni + i) * nj + j];
-        const std::string x = experts_module(strip(t.param, a ? kA : kB));
-        stacked_params.insert(x + (t.stacked == PeftTensor::Stacked::down ? ".down_proj" : ".gate_up_proj"));
-        paired = paired || t.paired;
+        each_element(v.shape, [&](int64_t e, int64_t i, int64_t j, int64_t k) {
+            dst[peft_index(a, t, b, shape[1], e, i, j)] = src[k];
+        });
+        std::string module = strip(t.name, a ? kA : kB).substr(std::strlen(kPrefix));
+        if (module.ends_with(".base_layer")) module = strip(module, ".base_layer");
+        const bool experts = v.shape.ndim == 3;
+        const std::string target =
+            experts ? module + (strip(t.param, a ? kA : kB).ends_with(".down_proj") ? ".down_proj" : ".gate_up_proj")
+                    : module;
+        if (experts) {
+            stacked_params.insert(target);
+        } else if (a && std::find(modules.begin(), modules.end(), module) == modules.end()) {
+            modules.push_back(module);
+        }
+        if (t.wide) {
+            rank_pattern[target] = R;
+            alpha_pattern[target] = c.alpha * (c.rslora ? std::sqrt(double(t.parts)) : double(t.parts));
+        }
     }
     for (const auto& [name, tensor] : stacked) tensors.push_back({name, tensor.view()});
     write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
-    // gate and up apart: gate_up_proj's adapters at rank 2r, alpha scaled so that their scale is r's
-    Json rank_pattern = Json::object(), alpha_pattern = Json::object();
-    if (paired) {
-        rank_pattern[kGateUpPattern] = 2 * c.rank;
-        alpha_pattern[kGateUpPattern] = c.alpha * (c.rslora ? std::sqrt(2.0) : 2.0);
-    }
     const Json config = {
         {"peft_type", "LORA"},
         {"task_type", "CAUSAL_LM"},
@@ -349,19 +402,22 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
     std::map<std::string, std::string> by_tensor;  // transformers tensor -> tessera parameter (modules_to_save)
     for (const auto& [param, hf] : param_names(specs, plain, model_type))
         if (!hf.empty()) by_tensor[hf] = param;
-    // stacked expert parameters (target_parameters): "<experts module>.gate_up_proj" adapts tessera's gate_proj and
-    // up_proj of those experts, ".down_proj" its down_proj; an entry names every key that ends with it (as PEFT)
-    std::map<std::string, std::vector<std::string>> by_param;  // transformers parameter -> tessera modules
-    if (stacks_experts(model_type)) {
-        for (const std::string& w : expert_weights(specs)) {
-            if (!w.ends_with(".gate_proj.weight")) continue;
-            const std::string x = experts_module(strip(w, ".weight"));
-            by_param[x + ".gate_up_proj"] = {x + ".gate_proj", x + ".up_proj"};
-            by_param[x + ".down_proj"] = {x + ".down_proj"};
-        }
+    // the PEFT modules of several tessera projections -> those (in part order) and their number of parts: the
+    // stacked expert parameters (target_parameters; "<experts module>.gate_up_proj" adapts tessera's gate_proj and
+    // up_proj of those experts, ".down_proj" its down_proj; an entry names every key that ends with it, as PEFT) and
+    // the fused projections (in_proj_qkvz, ...: their adapters in the file)
+    std::map<std::string, std::vector<std::string>> by_param, by_fused;
+    std::map<std::string, int> parts;
+    const std::set<std::string> experts = expert_weights(specs);
+    for (const auto& [module, p] : parts_of(specs, plain, model_type)) {
+        const bool stacked = experts.count(module + ".weight") > 0;
+        std::vector<std::string>& list = (stacked ? by_param : by_fused)[p.target];
+        list.resize(size_t(p.parts));
+        list[size_t(p.part)] = module;
+        parts[p.target] = p.parts;
     }
     std::set<std::string> modules, stacked_modules;  // experts modules with a stacked adapter
-    std::set<std::string> gate_up;                   // the keys of adapted gate_up_proj parameters
+    std::set<std::string> multi;                     // the adapted PEFT modules of several parts
     if (const Json* tp = get("target_parameters")) {
         TESSERA_CHECK(tp->is_array(), "{}: target_parameters must be a list", path);
         for (const Json& name : *tp) {
@@ -373,30 +429,10 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
                 any = true;
                 modules.insert(tessera.begin(), tessera.end());
                 stacked_modules.insert(experts_module(key));
-                if (key.ends_with(".gate_up_proj")) gate_up.insert(key);
+                multi.insert(key);
             }
             TESSERA_CHECK(any, "{}: target_parameters entry \"{}\" names no stacked expert parameter of this {} model",
                           path, n, model_type);
-        }
-    }
-    // per-parameter ranks: only gate_up_proj's, at r (gate and up from one A) or 2r (apart), with the same scale
-    std::map<std::string, Json> patterns[2];
-    for (int k = 0; k < 2; ++k) {
-        const char* key = k == 0 ? "rank_pattern" : "alpha_pattern";
-        if (const Json* pat = get(key)) {
-            TESSERA_CHECK(pat->is_object(), "{}: {} must be an object", path, key);
-            for (const auto& [name, value] : pat->items()) {
-                const std::regex re("(.*\\.)?(" + name + ")$");
-                bool only_gate_up = !gate_up.empty();
-                for (const auto& [hf, module] : by_hf) only_gate_up = only_gate_up && !std::regex_match(hf, re);
-                for (const auto& [p, tessera] : by_param)
-                    if (std::regex_match(p, re)) only_gate_up = only_gate_up && gate_up.count(p);
-                TESSERA_CHECK(only_gate_up && value.is_number(),
-                              "{}: {} \"{}\" (per-module ranks) is not supported: only the stacked experts' "
-                              "gate_up_proj may differ (rank r or 2r, the same scale)",
-                              path, key, name);
-                patterns[k][name] = value;
-            }
         }
     }
     const std::string file = (fs::path(dir) / "adapter_model.safetensors").string();
@@ -424,6 +460,11 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
         std::string hf = strip(e.name, ends_with(e.name, kA) ? kA : kB).substr(std::strlen(kPrefix));
         if (hf.ends_with(".base_layer")) hf = strip(hf, ".base_layer");
         if (stacked_modules.count(hf)) continue;  // a stacked parameter's adapter (load checks the keys)
+        if (const auto fused = by_fused.find(hf); fused != by_fused.end()) {  // every projection it fuses
+            modules.insert(fused->second.begin(), fused->second.end());
+            multi.insert(hf);
+            continue;
+        }
         const auto it = by_hf.find(hf);
         TESSERA_CHECK(it != by_hf.end(), "{}: \"{}\" is no module of this {} model that takes adapters one to one",
                       file, hf, model_type);
@@ -436,19 +477,44 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
     out.lora.target_modules.assign(modules.begin(), modules.end());
     out.lora.modules_to_save.assign(saved.begin(), saved.end());
     out.lora.validate(path);
+    // per-module ranks: only those of PEFT modules of several parts, at r (every part from one A) or parts·r (apart),
+    // with the same scale
+    std::map<std::string, Json> patterns[2];
+    std::map<std::string, std::vector<int>> matched;  // pattern -> the parts of each adapted module it matches
+    for (int k = 0; k < 2; ++k) {
+        const char* key = k == 0 ? "rank_pattern" : "alpha_pattern";
+        if (const Json* pat = get(key)) {
+            TESSERA_CHECK(pat->is_object(), "{}: {} must be an object", path, key);
+            for (const auto& [name, value] : pat->items()) {
+                const std::regex re("(.*\\.)?(" + name + ")$");
+                bool ok = value.is_number();
+                for (const auto& [hf, module] : by_hf) ok = ok && !std::regex_match(hf, re);
+                for (const std::string& m : multi)
+                    if (std::regex_match(m, re) && parts.at(m) > 1) matched[name].push_back(parts.at(m));
+                TESSERA_CHECK(ok && !matched[name].empty(),
+                              "{}: {} \"{}\" (per-module ranks) is not supported: only a module that adapts several "
+                              "projections at once (the stacked experts' gate_up_proj, a fused in_proj_qkvz, ...) may "
+                              "differ (rank r or parts·r, the same scale)",
+                              path, key, name);
+                patterns[k][name] = value;
+            }
+        }
+    }
     const double r = double(out.lora.rank), scale = out.lora.scale();
     for (const auto& [name, value] : patterns[0]) {
         const double R = value.get<double>();
         const double alpha = patterns[1].count(name) ? patterns[1][name].get<double>() : out.lora.alpha;
-        const double s_gu = out.lora.rslora ? alpha / std::sqrt(R) : alpha / R;
-        TESSERA_CHECK((R == r || R == 2 * r) && std::fabs(s_gu - scale) <= 1e-9 * scale,
-                      "{}: rank_pattern \"{}\" = {} with alpha {} scales gate_up_proj by {}, the other adapters by "
-                      "{} at rank {}: tessera holds gate_proj and up_proj at one rank and scale (r or 2r = 2·{})",
-                      path, name, R, alpha, s_gu, scale, r, r);
+        const double s_m = out.lora.rslora ? alpha / std::sqrt(R) : alpha / R;
+        for (const int n : matched[name])
+            TESSERA_CHECK(
+                (R == r || R == n * r) && std::fabs(s_m - scale) <= 1e-9 * scale,
+                "{}: rank_pattern \"{}\" = {} with alpha {} scales its module by {}, the other adapters by {} "
+                "at rank {}: tessera holds the {} projections it adapts at one rank and scale (r or {}·{})",
+                path, name, R, alpha, s_m, scale, r, n, n, r);
     }
     for (const auto& [name, value] : patterns[1])
         TESSERA_CHECK(patterns[0].count(name) || value.get<double>() == out.lora.alpha,
-                      "{}: alpha_pattern \"{}\" without a rank_pattern of its own changes gate_up_proj's scale: "
+                      "{}: alpha_pattern \"{}\" without a rank_pattern of its own changes its module's scale: "
                       "tessera holds every adapter at one scale",
                       path, name);
     return out;

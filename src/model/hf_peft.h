@@ -10,11 +10,13 @@
 // then up's) and `.down_proj` [E, H, I], which PEFT adapts through target_parameters (lora.ParamWrapper): one adapter
 // of rank R per parameter and expert, A [R·E, in] (expert e's ranks are rows e·R ..) and B [out, R·E] (expert e's rank
 // k is column k·E + e), the module's two wrappers nested in parameter order (gate_up_proj's keys get ".base_layer").
-// tessera's separate gate and up adapters of rank r are written as gate_up's at R = 2r (A stacked, B block diagonal;
-// rank_pattern and alpha_pattern keep the scale); PEFT's gate_up adapters read back at R = 2r (B's off-diagonal
-// blocks zero) or R = r (gate and up then start from one shared A: the same function). Kimi K3 has no transformers
-// class and Qwen3-Next's fused in_proj_qkvz no module per projection: their adapters are refused in one line
-// (export-hf --merge-lora writes them merged).
+// Fused stored projections are one transformers module: Qwen3-Next's in_proj_qkvz (q, k, v, z in row groups per key
+// head), in_proj_ba (b, a) and gated attention's q_proj (q, gate per head). Wherever several tessera projections are
+// one PEFT module (gate_up_proj too), their adapters of rank r are written as one at R = parts·r (A stacked, B block
+// diagonal over the parts' rows, a part not adapted zero; rank_pattern and alpha_pattern, under the module's full
+// name, keep the scale) when two or more are adapted, else at R = r; PEFT's read back at R = parts·r (B's
+// off-diagonal blocks must be zero) or R = r (every part then starts from one shared A: the same function). Kimi K3
+// has no transformers class: its adapters are refused in one line (export-hf --merge-lora writes them merged).
 //
 // modules_to_save: PEFT trains a copy of each such module whole and saves its tensors under the module's own name
 // ("base_model.model.lm_head.weight"); the config lists the transformers modules. tessera writes and reads the
@@ -28,16 +30,21 @@
 #include "core/buffer_spec.h"
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/hf_checkpoint.h"
 
 namespace tessera::model {
 
 struct PeftTensor {
     std::string param;  // tessera parameter: <module>.lora_A.weight or .lora_B.weight, or one modules_to_save trains
     std::string name;   // PEFT's key
-    // a routed expert's adapter (A [E, r, in], B [E, out, r]) as a part of PEFT's stacked one; kind none: the
-    // tensor is the parameter
-    enum class Stacked : uint8_t { none, gate, up, down } stacked = Stacked::none;
-    bool paired = false;  // gate and up both adapted (written at R = 2r)
+    // parts > 0: the adapter is a part of PEFT's adapter on one stored tensor that several tessera projections are
+    // (fused: Qwen3-Next's in_proj_qkvz holds q, k, v and z as row groups per head; the stacked experts' gate_up_proj
+    // gate's rows then up's), for a routed expert's adapter (A [E, r, in], B [E, out, r]) on every expert at once:
+    // part `part` of `parts`, its output rows `rows` of the stored tensor's `out`
+    int part = 0, parts = 0;
+    HfTensor::Rows rows = {};  // groups 0: `count` rows from `offset`
+    int64_t out = 0;
+    bool wide = false;  // two or more parts adapted: written at rank parts·r, each part its own block
 };
 
 // The PEFT keys of a model's adapter parameters and of those it trains whole (modules_to_save) (specs: the model with

@@ -1,6 +1,6 @@
-"""Writes four LoRA adapters made by PEFT (peft.get_peft_model, save_pretrained) on transformers' own tiny
-DeepseekV32ForCausalLM (tests/golden/hf/deepseek_v32_tiny, from make_hf_interop_golden.py; a third on its
-KimiLinearForCausalLM), each with random A and B
+"""Writes five LoRA adapters made by PEFT (peft.get_peft_model, save_pretrained) on transformers' own tiny
+DeepseekV32ForCausalLM (tests/golden/hf/deepseek_v32_tiny, from make_hf_interop_golden.py; two more on its
+KimiLinearForCausalLM and Qwen3NextForCausalLM), each with random A and B
 (init_lora_weights=False, B scaled so the adapters matter), and beside each <name>_expected.safetensors: token ids
 and targets, PEFT's logits (float32 forward), its loss (mean cross-entropy over the targets) and the gradient of that
 loss for every adapter tensor ("grad.<PEFT key>"):
@@ -12,6 +12,9 @@ loss for every adapter tensor ("grad.<PEFT key>"):
   kimi_linear_tiny_peft           rank 2, alpha 3, on transformers' own tiny KimiLinearForCausalLM: o_proj, KDA's
                                   forget gate (f_a_proj, f_b_proj), the shared experts' down_proj and the stacked
                                   routed experts
+  qwen3_next_tiny_peft            rank 2, alpha 3, on transformers' own tiny Qwen3NextForCausalLM: the fused
+                                  in_proj_qkvz and in_proj_ba of GatedDeltaNet, gated attention's fused q_proj, and
+                                  out_proj
   deepseek_v32_tiny_peft_saved    rank 2, alpha 3, on o_proj, with modules_to_save lm_head and model.norm (their
                                   trained copies perturbed so that they differ from the base's; gradients for them
                                   too, under PEFT's saved key: base_model.model.lm_head.weight)
@@ -51,10 +54,13 @@ CASES = {
     # transformers' Kimi-Linear renames its checkpoint's modules (block_sparse_moe -> mlp, f_a_proj / f_b_proj ->
     # self_attn.forget_gate.*): PEFT's keys are the model's names
     "deepseek_v32_tiny_peft_saved": dict(target_modules=["o_proj"], modules_to_save=["lm_head", "model.norm"]),
+    # Qwen3-Next's fused projections: GatedDeltaNet's in_proj_qkvz (q, k, v, z per key head) and in_proj_ba, gated
+    # attention's q_proj (q and its output gate per head), beside the one-to-one out_proj
+    "qwen3_next_tiny_peft": dict(target_modules=["in_proj_qkvz", "in_proj_ba", "q_proj", "out_proj"]),
     "kimi_linear_tiny_peft": dict(target_modules=["o_proj", "f_a_proj", "f_b_proj", "shared_experts.down_proj"],
                                   target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
 }
-BASES = {"kimi_linear_tiny_peft": "kimi_linear_tiny"}
+BASES = {"kimi_linear_tiny_peft": "kimi_linear_tiny", "qwen3_next_tiny_peft": "qwen3_next_tiny"}
 
 
 def logits_and_grads(pm, ids, targets):
