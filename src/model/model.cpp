@@ -183,6 +183,19 @@ void Model::make_units(const std::vector<int>& owner) {
                       param_specs_[i].name);
         u.expert_last = i + 1;
     }
+    for (size_t i = 0; i < frozen_; ++i) {  // and its frozen experts (FSDP cuts them over expert-data replicas)
+        if (param_specs_[i].sharding != Sharding::expert) continue;
+        int& unit = block_unit_.at(size_t(owner[i]));
+        if (unit < 0) {  // nothing of it trains
+            unit = int(units_.size());
+            units_.push_back({.first = i, .last = i, .slot = 1 + owner[i] % 2});
+        }
+        ParamUnit& u = units_.at(size_t(unit));
+        if (u.frozen_expert_first == u.frozen_expert_last) u.frozen_expert_first = u.frozen_expert_last = i;
+        TESSERA_CHECK(u.frozen_expert_last == i, "model: the frozen experts of one block are not adjacent ({})",
+                      param_specs_[i].name);
+        u.frozen_expert_last = i + 1;
+    }
     if (cfg_.tie_embeddings) embed_unit_ = head_unit_;
     // the passes' visits, in the order forward_loss / forward_backward make them (a unit -1: no parameters of its own
     // in the flat spaces FSDP shards)

@@ -39,6 +39,7 @@ struct ParamUnit {
     size_t first = 0, last = 0;                // its trained dense parameters (Sharding::data), or empty
     size_t expert_first = 0, expert_last = 0;  // an MoE block's experts (Sharding::expert), or empty
     size_t frozen_first = 0, frozen_last = 0;  // its frozen dense parameters (model.lora's base), or empty
+    size_t frozen_expert_first = 0, frozen_expert_last = 0;  // an MoE block's frozen experts, or empty
     int slot = 0;
 };
 struct UnitVisit {

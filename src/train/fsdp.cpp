@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/mxfp4.h"
 
 namespace tessera::train {
 
@@ -44,29 +45,43 @@ Fsdp::Fsdp(const model::Model& model,
                                                 .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
                                                 .kind = BufferKind::param}});
     }
-    // the optimizer's flat space: the trained parameters (after the frozen ones); the frozen dense ones form a flat
-    // space of their own, cut over the data group the same way (the frozen experts stay on their EP ranks whole)
+    // the optimizer's flat space: the trained parameters (after the frozen ones). The frozen dense ones form a flat
+    // space of their own, cut over the data group the same way; the frozen experts (when replicas share them, W / ep
+    // > 1) another, cut over the expert-data group, where each parameter starts and each cut falls on a multiple of
+    // `align` words: with MXFP4 experts a multiple of a block's 17 bytes from every parameter's start, so a rank's
+    // range of one is whole blocks
     const BufferGroup layout("params", model.trained_specs());  // offsets only
     std::vector<BufferSpec> frozen_dense;
-    for (size_t i = 0; i < frozen_; ++i)
+    int64_t expert_words = 0, align = kAlignElems;
+    for (size_t i = 0; i < frozen_; ++i) {
         if (specs_[i].sharding == Sharding::data) frozen_dense.push_back(specs_[i]);
+        if (specs_[i].dtype == DType::mxfp4) align = kAlignElems * int64_t(kMxfp4BlockBytes);
+    }
     const BufferGroup frozen_layout("frozen", frozen_dense);
     flat_.assign(frozen_, 0);
-    for (size_t i = 0, k = 0; i < frozen_; ++i)
+    for (size_t i = 0, k = 0; i < frozen_; ++i) {
         if (specs_[i].sharding == Sharding::data) flat_[i] = frozen_layout.offset(k++) / sizeof(float);
-    for (size_t i = 0; i < layout.size(); ++i) flat_.push_back(layout.offset(i) / sizeof(float));
-    if (!frozen_dense.empty() && !outside_) {
-        Region& g = regions_[size_t(kFrozen)];
-        parallel::Comm* comm = opt.regions()[AdamW::data].comm;
-        g.comm = comm;
-        g.cut = parallel::FlatShard(int64_t(frozen_layout.nbytes() / sizeof(float)), comm->rank(), comm->size(),
-                                    kAlignElems);
-        g.base = 0;
-        g.shard = BufferGroup("params.shard.frozen", {BufferSpec{.name = "params.shard.frozen",
-                                                                 .dtype = DType::f32,
-                                                                 .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
-                                                                 .kind = BufferKind::param}});
+        if (specs_[i].sharding != Sharding::expert) continue;
+        flat_[i] = size_t(expert_words);
+        expert_words = (expert_words + words(specs_[i]) + align - 1) / align * align;
     }
+    for (size_t i = 0; i < layout.size(); ++i) flat_.push_back(layout.offset(i) / sizeof(float));
+    auto frozen_region = [&](int r, parallel::Comm* comm, int64_t total, int64_t cut_align, const char* name) {
+        Region& g = regions_[size_t(r)];
+        g.comm = comm;
+        g.cut = parallel::FlatShard(total, comm->rank(), comm->size(), cut_align);
+        g.base = 0;
+        g.shard = BufferGroup(name, {BufferSpec{.name = name,
+                                                .dtype = DType::f32,
+                                                .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
+                                                .kind = BufferKind::param}});
+    };
+    if (!frozen_dense.empty() && !outside_)
+        frozen_region(kFrozen, opt.regions()[AdamW::data].comm, int64_t(frozen_layout.nbytes() / sizeof(float)),
+                      kAlignElems, "params.shard.frozen");
+    if (expert_words > 0 && !outside_ && opt.regions()[AdamW::expert].comm)
+        frozen_region(kFrozenExperts, opt.regions()[AdamW::expert].comm, expert_words, align,
+                      "params.shard.frozen_experts");
     auto held = [&](size_t i) { return holds_param(i); };
     int64_t scratch = 1;  // elements
     for (const model::ParamUnit& pu : model.param_units()) {
@@ -78,12 +93,13 @@ Fsdp::Fsdp(const model::Model& model,
         if (pu.expert_first < pu.expert_last && holds(AdamW::expert))
             ranges.push_back({pu.expert_first, pu.expert_last});
         if (pu.frozen_first < pu.frozen_last && holds(kFrozen)) ranges.push_back({pu.frozen_first, pu.frozen_last});
+        if (pu.frozen_expert_first < pu.frozen_expert_last && holds(kFrozenExperts))
+            ranges.push_back({pu.frozen_expert_first, pu.frozen_expert_last});
         TESSERA_CHECK(!ranges.empty() || outside_, "FSDP: a unit with nothing it shards");
         for (const auto& [first, last] : ranges) {
             Part p;
-            p.region = first < frozen_                              ? kFrozen
-                       : specs_[first].sharding == Sharding::expert ? AdamW::expert
-                                                                    : AdamW::data;
+            const bool expert = specs_[first].sharding == Sharding::expert;
+            p.region = first < frozen_ ? (expert ? kFrozenExperts : kFrozen) : expert ? AdamW::expert : AdamW::data;
             const Region& g = regions_[size_t(p.region)];
             const int64_t end = int64_t(flat_[last - 1]) + words(specs_[last - 1]);
             p.lo = int64_t(flat_[first]) - g.base;
@@ -96,7 +112,7 @@ Fsdp::Fsdp(const model::Model& model,
             p.mine = p.piece[size_t(g.comm->rank())];
             p.at = u.bytes;
             u.bytes = align_up(u.bytes + size_t(p.hi - p.lo) * sizeof(float));
-            if (p.region != kFrozen) {  // a reduce-scatter receives a piece from every rank of the group
+            if (p.region < kFrozen) {  // a reduce-scatter receives a piece from every rank of the group
                 scratch = std::max(scratch, p.mine * g.comm->size());
                 u.grad_bytes = u.bytes;
             }
@@ -178,7 +194,7 @@ std::span<float> Fsdp::shard(int region) {
 
 bool Fsdp::holds_param(size_t i) const {
     const Sharding s = specs_[i].sharding;
-    if (i < frozen_) return s == Sharding::data && holds(kFrozen);
+    if (i < frozen_) return (s == Sharding::data && holds(kFrozen)) || (s == Sharding::expert && holds(kFrozenExperts));
     return s == Sharding::data || (s == Sharding::expert && holds(AdamW::expert));
 }
 
@@ -262,7 +278,7 @@ void Fsdp::leave(model::UnitVisit v) {
         const int s = u.slot;
         const TensorView scratch = scratch_.view(0);
         for (const Part& p : u.parts) {
-            if (p.region == kFrozen) continue;  // no gradient
+            if (p.region >= kFrozen) continue;  // no gradient
             const Region& g = regions_[size_t(p.region)];
             float* recv = grads_.range(p.region).data() + (p.mine_lo - g.cut.lo);
             reduce_h_[size_t(s)].push_back(
@@ -310,18 +326,22 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
         targets.push_back({p.param + frozen_, p.whole_offset, p.length,
                            shard(p.region).data() + (p.flat_offset - g.base - g.cut.lo)});
     }
-    if (holds(kFrozen)) {  // this rank's range of the frozen dense parameters (words: see words())
-        const Region& g = regions_[size_t(kFrozen)];
-        for (size_t i = 0; i < frozen_; ++i) {
-            if (!holds_param(i)) continue;
-            const int64_t per_word = int64_t(sizeof(float) / dtype_size(specs_[i].dtype));
-            const int64_t start = int64_t(flat_[i]), n = words(specs_[i]);
-            const int64_t lo = std::max(start, g.cut.lo), hi = std::min(start + n, g.cut.hi);
-            if (hi > lo)
-                targets.push_back({i, (lo - start) * per_word,
-                                   std::min((hi - lo) * per_word, specs_[i].shape.numel() - (lo - start) * per_word),
-                                   shard(kFrozen).data() + (lo - g.cut.lo), specs_[i].dtype});
-        }
+    for (size_t i = 0; i < frozen_; ++i) {  // this rank's ranges of the frozen parameters (words: see words())
+        if (!holds_param(i)) continue;
+        const int r = specs_[i].sharding == Sharding::expert ? kFrozenExperts : kFrozen;
+        const Region& g = regions_[size_t(r)];
+        const int64_t start = int64_t(flat_[i]), n = words(specs_[i]);
+        const int64_t lo = std::max(start, g.cut.lo), hi = std::min(start + n, g.cut.hi);
+        if (hi <= lo) continue;
+        // elements of words [lo, hi) of the parameter (an MXFP4 one's cut at whole blocks: see the constructor)
+        const DType d = specs_[i].dtype;
+        auto elements = [&](int64_t w) {
+            const int64_t bytes = w * int64_t(sizeof(float));
+            return d == DType::mxfp4 ? bytes / int64_t(kMxfp4BlockBytes) * kMxfp4Block : bytes / int64_t(dtype_size(d));
+        };
+        const int64_t first = elements(lo - start), count = std::min(elements(hi - start), specs_[i].shape.numel());
+        targets.push_back({i, held_target(i, specs_[i], experts, nullptr).whole_offset + first, count - first,
+                           shard(r).data() + (lo - g.cut.lo), d});
     }
     for (size_t i = 0; i < specs_.size(); ++i) {  // the rest whole (experts: this rank's slice)
         if (holds_param(i)) continue;

@@ -10,11 +10,11 @@
 // over the blocks). In backward each unit's gradient is computed into the slot's gradient buffer and
 // reduce-scattered onto the ranges (rank order, added to the previous micro-batches' sum: train/grad_sum.h)
 // as soon as the unit is done, while the next unit computes. A frozen base (model.lora) is sharded the same way:
-// its dense parameters form a flat space of their own (region kFrozen) cut over the data group, gathered with
-// their unit and never reduced (frozen experts stay on their EP ranks whole); under a weight budget it is not
-// sharded: each rank reads it in place from the base's files. Parameters outside the units
-// (Sharding::replicated: the MoE selection bias, Attention Residuals), and the experts when each EP rank's
-// experts live on that rank alone, stay whole where they live. A unit no pass ever reduces (the DSA warm-up
+// its dense parameters form a flat space of their own (region kFrozen) cut over the data group, its experts (when
+// replicas share them) another (kFrozenExperts) cut over the expert-data group, gathered with their unit and never
+// reduced; under a weight budget it is not sharded: each rank reads it in place from the base's files. Parameters
+// outside the units (Sharding::replicated: the MoE selection bias, Attention Residuals), and the experts when each EP
+// rank's experts live on that rank alone, stay whole where they live. A unit no pass ever reduces (the DSA warm-up
 // trains the indexers only) keeps a zero gradient range.
 //
 // Memory per rank: the replicated (and unsharded expert) parameters and gradients, 1/W of the dense
@@ -47,6 +47,9 @@ class Fsdp final : public model::ParamHooks {
     // The frozen dense parameters (model.lora's base): a region of their own, cut over the data group like the
     // trained ones but outside the optimizer's flat space; gathered with their unit, never reduced.
     static constexpr int kFrozen = int(AdamW::kRegions);
+    // The frozen experts when expert-data replicas share them (W / ep > 1): a region of each rank's experts cut over
+    // the expert-data group, in the same way.
+    static constexpr int kFrozenExperts = kFrozen + 1;
 
     // The model's units over the optimizer's regions; the gradient ranges are grads'. outside (a weight budget,
     // train/weight_budget.h): the frozen base is not sharded (every rank reads it in place), and the frozen
@@ -116,7 +119,7 @@ class Fsdp final : public model::ParamHooks {
     size_t frozen_ = 0;                     // how many (whole on every rank, no gradient)
     GradientSum& grads_;
     std::function<std::byte*(size_t)> outside_;        // a weight budget's mapped frozen parameters
-    std::array<Region, AdamW::kRegions + 1> regions_;  // the optimizer's, then kFrozen
+    std::array<Region, AdamW::kRegions + 2> regions_;  // the optimizer's, then kFrozen, kFrozenExperts
     std::vector<size_t> flat_;                         // each parameter's flat element offset
     std::vector<Unit> units_;
     std::array<size_t, kSlots> slot_at_{}, grad_slot_at_{}, slot_bytes_{},

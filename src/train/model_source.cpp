@@ -191,25 +191,29 @@ void load_base(const ModelSource& base,
         const TensorView held = params.view(t.param);
         if (t.dst != held.data || t.length != held.numel()) ranged[specs[t.param].name].push_back(&t);
     }
-    std::vector<model::HfTensor> map = experts.total > 0 ? model::slice_experts(whole, experts.first, local) : whole;
+    const std::vector<model::HfTensor> sliced =
+        experts.total > 0 ? model::slice_experts(whole, experts.first, local) : whole;
+    std::vector<model::HfTensor> map = sliced;
     for (model::HfTensor& t : map) {
         if (ranged.count(t.param) || (!loaded.count(t.param) && t.copy == model::HfTensor::Copy::none)) t.here = false;
     }
     model::load_hf_checkpoint(base.path, map, params);
     check_finite(params, base.path);
-    for (const auto& [name, targets] : ranged) {
-        const BufferSpec& spec = specs[size_t(params.index_of(name))];
-        BufferGroup tmp("base", {{.name = name, .dtype = DType::f32, .shape = whole_shape(spec, experts)}});
+    for (const auto& [name, targets] : ranged) {  // (experts: this rank's, as f32)
+        const size_t i = size_t(params.index_of(name));
+        const BufferSpec& spec = specs[i];
+        BufferGroup tmp("base", {{.name = name, .dtype = DType::f32, .shape = spec.shape}});
         const std::vector<const BufferGroup*> groups{&tmp};
         tmp.allocate(std::make_shared<Arena>(predict_arena_bytes(groups, kBufferAlign), kBufferAlign));
         std::vector<model::HfTensor> part;
-        for (const model::HfTensor& t : whole) {
+        for (const model::HfTensor& t : sliced) {
             if (t.param == name) part.push_back(t);
         }
         model::load_hf_checkpoint(base.path, part, tmp, /*every_tensor=*/false);
         check_finite(tmp, base.path);
         const float* src = tmp.view(size_t(0)).ptr<float>();
-        for (const ParamTarget* t : targets) t->store(0, src + t->whole_offset, t->length, base.path, name);
+        const int64_t first = held_target(i, spec, experts, nullptr).whole_offset;  // of the tensor held here
+        for (const ParamTarget* t : targets) t->store(0, src + (t->whole_offset - first), t->length, base.path, name);
     }
 }
 

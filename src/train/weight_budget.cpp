@@ -111,6 +111,7 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
             unit_of[i] = int(u);
             if (layer_of(specs[i].name) >= 0) unit_of_layer[layer_of(specs[i].name)] = int(u);
         }
+        for (size_t i = units[u].frozen_expert_first; i < units[u].frozen_expert_last; ++i) unit_of[i] = int(u);
     }
     for (size_t i = 0; i < specs.size(); ++i) {
         if (!where_[i]) continue;

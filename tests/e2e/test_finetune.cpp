@@ -349,6 +349,66 @@ TEST(FineTune, UnderMpiEqualsOneProcess) {
     expect_close_losses(d.file("moe_one"), resumed, 6);
 }
 
+// Frozen experts shared by expert-data replicas (W / ep > 1) are cut over them like the dense base
+// (params.shard.frozen_experts): two ranks without EP (f32 and MXFP4-held experts, the MXFP4 ranges whole blocks) give
+// one process's bits and their checkpoint resumes in one process (the base hash counts each element once); four ranks
+// at EP 2 train like one process
+TEST(FineTune, FrozenExpertsAreCutOverTheirReplicas) {
+    TempDir d;
+    train_base(d.file("moe"), test::kTinyMoe + " --set model.moe.balance=sign");
+    const std::string ft =
+        "train --config " + kTiny + " --set train.micro_batch_size=1 --set train.base=" + d.file("moe") + kLora;
+    for (const std::string held : {"", " --set model.lora.expert_dtype=mxfp4"}) {
+        SCOPED_TRACE(held);
+        fs::remove_all(d.file("one"));
+        fs::remove_all(d.file("two"));
+        fs::remove_all(d.file("resumed"));
+        const test::CliResult a = run_tessera(ft + held + " --out " + d.file("one"));
+        const test::CliResult b = run_tessera_mpi(2, ft + held + " --out " + d.file("two"));
+        ASSERT_EQ(a.status, 0) << a.err;
+        ASSERT_EQ(b.status, 0) << b.out << b.err;
+        EXPECT_NE(b.out.find("params.shard.frozen_experts"), std::string::npos) << b.out;
+        EXPECT_EQ(losses(d.file("one")), losses(d.file("two")));
+        const std::string resumed = d.file("resumed");
+        fs::create_directories(resumed + "/checkpoints");
+        fs::copy(ckpt(d.file("two"), 6), ckpt(resumed, 6));
+        const test::CliResult c = run_tessera("train --resume " + resumed);
+        ASSERT_EQ(c.status, 0) << c.err;
+        EXPECT_EQ(losses(d.file("one"), 6), losses(resumed));
+    }
+    const test::CliResult a = run_tessera(ft + " --out " + d.file("ep_one"));
+    const test::CliResult b = run_tessera_mpi(4, ft + " --set parallel.ep=2 --out " + d.file("ep_four"));
+    ASSERT_EQ(a.status, 0) << a.err;
+    ASSERT_EQ(b.status, 0) << b.out << b.err;
+    EXPECT_NE(b.out.find("params.shard.frozen_experts"), std::string::npos) << b.out;
+    expect_close_losses(d.file("ep_one"), d.file("ep_four"));
+    // a Hugging Face base (per-expert tensors): each rank reads its EP slice of the experts and keeps its range
+    std::vector<uint16_t> ids(4000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t((i * 11 + i / 7) % 64);
+    write_safetensors(d.file("ids.safetensors"),
+                      {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})}},
+                      {{"vocab_size", "64"}});
+    write_text_atomic(d.file("hf.json"), Json{{"train",
+                                               {{"seq_len", 16},
+                                                {"batch_size", 4},
+                                                {"micro_batch_size", 1},
+                                                {"steps", 3},
+                                                {"eval_interval", 0},
+                                                {"checkpoint_interval", 0},
+                                                {"base", test::golden_path("hf/deepseek_v32_tiny")}}},
+                                              {"data", {{"path", d.file("ids.safetensors")}}}}
+                                             .dump());
+    const std::string hf =
+        "train --config " + d.file("hf.json") +
+        " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"o_proj\",\"experts.down_proj\"]'";
+    const test::CliResult c = run_tessera(hf + " --out " + d.file("hf_one"));
+    const test::CliResult e = run_tessera_mpi(4, hf + " --set parallel.ep=2 --out " + d.file("hf_four"));
+    ASSERT_EQ(c.status, 0) << c.err;
+    ASSERT_EQ(e.status, 0) << e.out << e.err;
+    EXPECT_NE(e.out.find("params.shard.frozen_experts"), std::string::npos) << e.out;
+    expect_close_losses(d.file("hf_one"), d.file("hf_four"));
+}
+
 // model.lora.base_dtype = bf16 (the frozen GEMM weights held in bf16): a dense base under FSDP on two ranks gives one
 // process's bits, its W = 2 checkpoint resumes in one process bitwise, the result stays near the f32 base's (the
 // base rounded to bf16), and it generates; an MoE base's bf16 experts under expert parallelism train like one
