@@ -205,27 +205,33 @@ TEST(FineTune, MergedExportScoresLikeTheAdapters) {
     }
 }
 
-// A LoRA fine-tune of a Hugging Face base exported as PEFT writes (export-hf without --merge-lora): the directory
-// scores like the fine-tune when read back on its base (routed experts' adapters in PEFT's stacked form too), PEFT
-// directories serve as bases (stacked experts under expert parallelism too), modules_to_save included
-TEST(FineTune, PeftExportScoresLikeTheFineTune) {
-    TempDir d;
+// A run config at `path` fine-tuning the Hugging Face base `hf` (vocabulary 64) for 3 steps of `batch` sequences of
+// 16 tokens, on a token file it writes beside it
+void write_hf_run(TempDir& d, const std::string& hf, int64_t batch, const std::string& path) {
     std::vector<uint16_t> ids(4000);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t((i * 11 + i / 7) % 64);
     write_safetensors(d.file("ids.safetensors"),
                       {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})}},
                       {{"vocab_size", "64"}});
+    write_text_atomic(path, Json{{"train",
+                                  {{"seq_len", 16},
+                                   {"batch_size", batch},
+                                   {"steps", 3},
+                                   {"eval_interval", 0},
+                                   {"eval_batches", 1},
+                                   {"checkpoint_interval", 0},
+                                   {"base", hf}}},
+                                 {"data", {{"path", d.file("ids.safetensors")}}}}
+                                .dump());
+}
+
+// A LoRA fine-tune of a Hugging Face base exported as PEFT writes (export-hf without --merge-lora): the directory
+// scores like the fine-tune when read back on its base (routed experts' adapters in PEFT's stacked form too), PEFT
+// directories serve as bases (stacked experts under expert parallelism too), modules_to_save included
+TEST(FineTune, PeftExportScoresLikeTheFineTune) {
+    TempDir d;
     const std::string hf = test::golden_path("hf/deepseek_v32_tiny");
-    write_text_atomic(d.file("run.json"), Json{{"train",
-                                                {{"seq_len", 16},
-                                                 {"batch_size", 2},
-                                                 {"steps", 3},
-                                                 {"eval_interval", 0},
-                                                 {"eval_batches", 1},
-                                                 {"checkpoint_interval", 0},
-                                                 {"base", hf}}},
-                                               {"data", {{"path", d.file("ids.safetensors")}}}}
-                                              .dump());
+    write_hf_run(d, hf, 2, d.file("run.json"));
     const std::string lora =
         " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"q_a_proj\",\"kv_b_proj\",\"o_proj\"]'";
     ASSERT_EQ(run_tessera("train --config " + d.file("run.json") + lora + " --out " + d.file("run")).status, 0);
@@ -376,37 +382,22 @@ TEST(FineTune, FrozenExpertsAreCutOverTheirReplicas) {
         ASSERT_EQ(c.status, 0) << c.err;
         EXPECT_EQ(losses(d.file("one"), 6), losses(resumed));
     }
-    const test::CliResult a = run_tessera(ft + " --out " + d.file("ep_one"));
-    const test::CliResult b = run_tessera_mpi(4, ft + " --set parallel.ep=2 --out " + d.file("ep_four"));
-    ASSERT_EQ(a.status, 0) << a.err;
-    ASSERT_EQ(b.status, 0) << b.out << b.err;
-    EXPECT_NE(b.out.find("params.shard.frozen_experts"), std::string::npos) << b.out;
-    expect_close_losses(d.file("ep_one"), d.file("ep_four"));
+    // one process against four ranks at EP 2 (each EP slice shared by two replicas)
+    auto four_ranks_like_one = [&](const std::string& run, const std::string& name) {
+        const test::CliResult a = run_tessera(run + " --out " + d.file(name + "_one"));
+        const test::CliResult b = run_tessera_mpi(4, run + " --set parallel.ep=2 --out " + d.file(name + "_four"));
+        ASSERT_EQ(a.status, 0) << a.err;
+        ASSERT_EQ(b.status, 0) << b.out << b.err;
+        EXPECT_NE(b.out.find("params.shard.frozen_experts"), std::string::npos) << b.out;
+        expect_close_losses(d.file(name + "_one"), d.file(name + "_four"));
+    };
+    four_ranks_like_one(ft, "ep");
     // a Hugging Face base (per-expert tensors): each rank reads its EP slice of the experts and keeps its range
-    std::vector<uint16_t> ids(4000);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t((i * 11 + i / 7) % 64);
-    write_safetensors(d.file("ids.safetensors"),
-                      {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})}},
-                      {{"vocab_size", "64"}});
-    write_text_atomic(d.file("hf.json"), Json{{"train",
-                                               {{"seq_len", 16},
-                                                {"batch_size", 4},
-                                                {"micro_batch_size", 1},
-                                                {"steps", 3},
-                                                {"eval_interval", 0},
-                                                {"checkpoint_interval", 0},
-                                                {"base", test::golden_path("hf/deepseek_v32_tiny")}}},
-                                              {"data", {{"path", d.file("ids.safetensors")}}}}
-                                             .dump());
-    const std::string hf =
-        "train --config " + d.file("hf.json") +
-        " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"o_proj\",\"experts.down_proj\"]'";
-    const test::CliResult c = run_tessera(hf + " --out " + d.file("hf_one"));
-    const test::CliResult e = run_tessera_mpi(4, hf + " --set parallel.ep=2 --out " + d.file("hf_four"));
-    ASSERT_EQ(c.status, 0) << c.err;
-    ASSERT_EQ(e.status, 0) << e.out << e.err;
-    EXPECT_NE(e.out.find("params.shard.frozen_experts"), std::string::npos) << e.out;
-    expect_close_losses(d.file("hf_one"), d.file("hf_four"));
+    write_hf_run(d, test::golden_path("hf/deepseek_v32_tiny"), 4, d.file("hf.json"));
+    four_ranks_like_one("train --config " + d.file("hf.json") +
+                            " --set train.micro_batch_size=1 --set model.lora.rank=2 --set "
+                            "'model.lora.target_modules=[\"o_proj\",\"experts.down_proj\"]'",
+                        "hf");
 }
 
 // model.lora.base_dtype = bf16 (the frozen GEMM weights held in bf16): a dense base under FSDP on two ranks gives one

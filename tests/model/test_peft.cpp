@@ -285,6 +285,17 @@ TEST(Peft, WhatTesseraDoesNotReadIsAOneLineError) {
                        "is not a local directory");
     test::expect_error([&] { train::open_model_source(with("modules_to_save", Json::array({"lm_head"}))); },
                        "modules_to_save entry \"lm_head\":");
+    // a saved module's weights the config does not list in modules_to_save
+    const std::string saved = test::golden_path("hf/deepseek_v32_tiny_peft_saved");
+    fs::remove_all(d.file("a"));
+    fs::create_directories(d.file("a"));
+    Json c = Json::parse(read_text(saved + "/adapter_config.json"));
+    c["base_model_name_or_path"] = fs::absolute(test::golden_path("hf/deepseek_v32_tiny")).string();
+    c["modules_to_save"] = Json::array({"lm_head"});
+    write_text_atomic(d.file("a/adapter_config.json"), c.dump());
+    fs::copy_file(saved + "/adapter_model.safetensors", d.file("a/adapter_model.safetensors"));
+    test::expect_error([&] { train::open_model_source(d.file("a")); },
+                       "\"base_model.model.model.norm.weight\" is neither a LoRA adapter tensor");
 }
 
 }  // namespace
