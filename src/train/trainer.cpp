@@ -439,7 +439,10 @@ TrainSummary train(const TrainOptions& opts) {
     };
     // The ranks share the evaluation batches (batch i on rank i mod W); the per-batch sums are added in batch
     // order, so the result does not depend on the number of ranks.
-    std::vector<double> eval_parts(size_t(2 * std::min(tc.eval_batches, loader.num_eval_batches())));
+    // train.eval_batches counts batches of train.batch_size sequences: eval_batches · batch_size / micro of the
+    // loader's micro-batches, the same sequences on any number of ranks
+    std::vector<double> eval_parts(
+        size_t(2 * std::min(tc.eval_batches * (tc.batch_size / micro), loader.num_eval_batches())));
     auto evaluate = [&]() -> std::optional<double> {
         const int64_t n = int64_t(eval_parts.size() / 2);
         if (n == 0) return std::nullopt;
