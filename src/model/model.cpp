@@ -7,6 +7,7 @@
 
 #include "core/mxfp4.h"
 #include "core/rng.h"
+#include "core/trace.h"
 #include "model/layers/attention_block.h"
 #include "model/layers/kda_block.h"
 #include "model/layers/mla_block.h"
@@ -65,6 +66,7 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) :
     }
     for (size_t j = 0; j < blocks_.size(); ++j) {
         blocks_[j]->declare_params(param_specs_, inits_);
+        block_kinds_.push_back(blocks_[j]->kind());
         owned(int(j));
     }
     if (cfg_.attn_res_block_size > 0) {
@@ -215,9 +217,13 @@ void Model::make_units(const std::vector<int>& owner) {
 }
 
 template <class F>
-void Model::visit(int unit, bool backward, F&& f) {
+void Model::visit(int unit, bool backward, F&& f, std::string_view name, int64_t layer) {
     const bool held = hooks_ && unit >= 0;  // -1: frozen, nothing to gather
-    if (held) hooks_->enter({unit, backward});
+    if (held) {
+        trace::Span wait("params in", "wait", layer);  // FSDP's gather, the weight budget's paging
+        hooks_->enter({unit, backward});
+    }
+    trace::Span span(name, backward ? "backward" : "forward", layer);
     f();
     if (held) hooks_->leave({unit, backward});
 }
@@ -382,9 +388,12 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
                   s.seq, max_.batch, max_.seq);
     TESSERA_CHECK(int64_t(ids.size()) == N, "model: {} ids for {} tokens", ids.size(), N);
     std::memcpy(ids_.data, ids.data(), size_t(N) * sizeof(int32_t));
-    visit(embed_unit_, false, [&] { ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N)); });
+    visit(
+        embed_unit_, false, [&] { ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N)); },
+        "embedding");
     run_trunk(N, [&](size_t j, TensorView in, TensorView out) {
-        visit(block_unit_[j], false, [&] { blocks_[j]->forward(s, in, out, ws_); });
+        visit(
+            block_unit_[j], false, [&] { blocks_[j]->forward(s, in, out, ws_); }, block_kinds_[j], int64_t(j / 2));
     });
     pool_balance_loss();
 }
@@ -461,32 +470,39 @@ LossResult Model::forward_backward(StepShape s,
     set_pass({.record = false, .loss_scale = loss_scale, .lora_seed = lora_seed_});  // recompute: no recording
     LossResult res;
     if (warmup) {  // the trunk is frozen: no LM backward, only each indexer's KL (spec/dsa.md §3.1)
-        visit(head_unit_, false, [&] { res = head_loss(s, targets, false, loss_scale); });
+        visit(
+            head_unit_, false, [&] { res = head_loss(s, targets, false, loss_scale); }, "head + loss");
         for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) {  // backwards: the shared recompute set is the last's
             const DsaLayer& d = *it;
-            visit(block_unit_[d.block], true, [&] {
-                if (recompute_block_[d.block])
-                    blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
-                d.mla->indexer_backward(s, ws_);
-            });
+            visit(
+                block_unit_[d.block], true,
+                [&] {
+                    if (recompute_block_[d.block])
+                        blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
+                    d.mla->indexer_backward(s, ws_);
+                },
+                "indexer", int64_t(d.block / 2));
         }
         end_pass();
         return res;
     }
-    visit(head_unit_, true, [&] {
-        res = head_loss(s, targets, true, loss_scale);
-        if (attn_res_) {  // dL/dh, then through the output mix
-            TensorView dh = attn_res_->dmix(N);
-            zero_rows(dh, N);
-            ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), attn_res_->output(N), norm_f_,
-                                  rstd_f_.slice0(0, N), dh, d_norm_f_);
-            attn_res_->output_backward(dres_, N);
-        } else {
-            zero_rows(dres_, N);
-            ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
-                                  rstd_f_.slice0(0, N), dres_.slice0(0, N), d_norm_f_);
-        }
-    });
+    visit(
+        head_unit_, true,
+        [&] {
+            res = head_loss(s, targets, true, loss_scale);
+            if (attn_res_) {  // dL/dh, then through the output mix
+                TensorView dh = attn_res_->dmix(N);
+                zero_rows(dh, N);
+                ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), attn_res_->output(N), norm_f_,
+                                      rstd_f_.slice0(0, N), dh, d_norm_f_);
+                attn_res_->output_backward(dres_, N);
+            } else {
+                zero_rows(dres_, N);
+                ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
+                                      rstd_f_.slice0(0, N), dres_.slice0(0, N), d_norm_f_);
+            }
+        },
+        "head + loss");
     for (size_t j = blocks_.size(); j-- > 0;) {
         const TensorView in = block_input(j, N);
         TensorView d = dres_;
@@ -494,15 +510,21 @@ LossResult Model::forward_backward(StepShape s,
             attn_res_->begin_backward(dres_, N);
             d = attn_res_->dmix(N);
         }
-        visit(block_unit_[j], true, [&] {
-            if (recompute_block_[j]) blocks_[j]->forward(s, in, x_[j + 1], ws_);
-            blocks_[j]->backward(s, in, d, ws_);
-        });
+        visit(
+            block_unit_[j], true,
+            [&] {
+                if (recompute_block_[j]) blocks_[j]->forward(s, in, x_[j + 1], ws_);
+                blocks_[j]->backward(s, in, d, ws_);
+            },
+            block_kinds_[j], int64_t(j / 2));
         if (attn_res_) attn_res_->end_backward(j, dres_, N);
     }
-    visit(embed_unit_, true, [&] {
-        if (d_embed_.defined()) ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
-    });
+    visit(
+        embed_unit_, true,
+        [&] {
+            if (d_embed_.defined()) ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
+        },
+        "embedding");
     end_pass();
     return res;
 }
@@ -512,7 +534,8 @@ LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::s
     set_pass({});
     forward_trunk(s, ids);
     LossResult res;
-    visit(head_unit_, false, [&] { res = head_loss(s, targets, false, 1.0); });
+    visit(
+        head_unit_, false, [&] { res = head_loss(s, targets, false, 1.0); }, "head + loss");
     end_pass();
     return res;
 }
@@ -523,10 +546,13 @@ void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView
     begin_pass(eval_plan_);
     set_pass({});
     forward_trunk(s, ids);
-    visit(head_unit_, false, [&] {
-        final_norm(N);
-        ops::linear_forward({}, ln_f_.slice0(0, N), head_, {}, logits);
-    });
+    visit(
+        head_unit_, false,
+        [&] {
+            final_norm(N);
+            ops::linear_forward({}, ln_f_.slice0(0, N), head_, {}, logits);
+        },
+        "head");
     end_pass();
 }
 

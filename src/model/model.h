@@ -193,7 +193,8 @@ class Model {
     void freeze_base();  // model.lora: every parameter but the adapters and modules_to_save frozen
     // runs f between the hooks' enter and leave of the visit (f alone without hooks)
     template <class F>
-    void visit(int unit, bool backward, F&& f);
+    // name: the span of the visit in a step trace (core/trace.h), layer its argument
+    void visit(int unit, bool backward, F&& f, std::string_view name, int64_t layer = -1);
     void begin_pass(const std::vector<UnitVisit>& plan);
     void end_pass();
     void set_pass(const PassOptions& o);
@@ -204,6 +205,7 @@ class Model {
 
     ModelConfig cfg_;
     std::vector<std::unique_ptr<Block>> blocks_;
+    std::vector<std::string> block_kinds_;            // blocks_[j]->kind(), for step traces
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
     std::vector<DsaLayer> dsa_;
     std::unique_ptr<AttnRes> attn_res_;  // null: the plain residual stream

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/trace.h"
 
 namespace tessera::parallel {
 
@@ -65,6 +66,7 @@ struct ProgressThread::Impl {
     std::thread worker;
 
     void run() {
+        trace::name_thread("communication");
         for (;;) {
             std::pair<std::function<void()>, std::shared_ptr<Handle::State>> item;
             {
@@ -202,7 +204,10 @@ Handle Comm::all_gather_v_async(std::span<const std::byte> send,
                                 std::span<std::byte> recv,
                                 std::span<const int64_t> recv_bytes) {
     std::vector<int64_t> rb(recv_bytes.begin(), recv_bytes.end());
-    return submit([=, this, rb = std::move(rb)] { all_gather_now(send, recv, rb); });
+    return submit([=, this, rb = std::move(rb)] {
+        trace::Span span("all_gather", "comm", int64_t(recv.size()), "bytes");
+        all_gather_now(send, recv, rb);
+    });
 }
 
 Handle Comm::all_to_all_v_async(std::span<const std::byte> send,
@@ -211,12 +216,16 @@ Handle Comm::all_to_all_v_async(std::span<const std::byte> send,
                                 std::span<const int64_t> recv_bytes) {
     // the counts are copied: callers often pass temporaries
     std::vector<int64_t> sb(send_bytes.begin(), send_bytes.end()), rb(recv_bytes.begin(), recv_bytes.end());
-    return submit([=, this, sb = std::move(sb), rb = std::move(rb)] { all_to_all_v_now(send, sb, recv, rb); });
+    return submit([=, this, sb = std::move(sb), rb = std::move(rb)] {
+        trace::Span span("all_to_all", "comm", int64_t(send.size()), "bytes");
+        all_to_all_v_now(send, sb, recv, rb);
+    });
 }
 
 Handle Comm::broadcast_async(std::span<std::byte> buf, int root) {
     TESSERA_CHECK(root >= 0 && root < size(), "broadcast: root {} is not a rank of {}", root, size());
     return submit([=, this] {
+        trace::Span span("broadcast", "comm", int64_t(buf.size()), "bytes");
         const double t0 = now_seconds();
         do_broadcast(buf, root);
         account(rank() == root ? int64_t(buf.size()) * (size() - 1) : 0, t0);
@@ -245,6 +254,7 @@ Handle Comm::reduce_scatter_v_async(DType dtype,
         total += send_bytes[size_t(r)];
     }
     return submit([=, this, send_bytes = std::move(send_bytes), recv_bytes = std::move(recv_bytes)] {
+        trace::Span span("reduce_scatter", "comm", total, "bytes");
         std::vector<std::byte> own;
         std::span<std::byte> parts = scratch;
         if (parts.empty()) {
@@ -277,6 +287,7 @@ Handle Comm::reduce_scatter_async(
 Handle Comm::all_reduce_async(DType dtype, void* buf, int64_t count) {
     TESSERA_CHECK(count >= 0, "all_reduce: negative count {}", count);
     return submit([=, this] {
+        trace::Span span("all_reduce", "comm", count * int64_t(dtype_size(dtype)), "bytes");
         const int W = size();
         const int64_t es = int64_t(dtype_size(dtype)), chunk = (count + W - 1) / W;
         // padded copy [W · chunk], my reduced chunk, then every chunk gathered back

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "core/trace.h"
 
 namespace tessera::parallel {
 
@@ -264,6 +265,7 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
     const CommStats before = comm_.stats();
     double waited = 0;
     auto wait = [&](Handle& h) {
+        trace::Span span("all_to_all wait", "wait");
         const double t0 = now_seconds();
         h.wait();
         waited += now_seconds() - t0;
@@ -291,13 +293,19 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
             outgoing.push_back(exchange(c, i, out_cols[i], true));
         }
     }
-    overlap();  // while the rows travel
+    {
+        trace::Span span("overlapped compute", "experts");
+        overlap();  // while the rows travel
+    }
     for (int64_t c = 0; c < nc; ++c) {
         for (size_t i = 0; i < out.size(); ++i) {
             wait(outgoing[size_t(c) * out.size() + i]);
             local_copy(c, out_cols[i], area(stage_, i), out[i].second, true);
         }
-        work(c);
+        {
+            trace::Span span("experts", "experts", c, "chunk");
+            work(c);
+        }
         for (size_t j = 0; j < back.size(); ++j) {  // chunk c's results home, while chunk c + 1 computes
             local_copy(c, back_cols[j], area(stage_, j), const_cast<float*>(back[j].first), false);
             returning.push_back(exchange(c, j, back_cols[j], false));
