@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -66,12 +67,6 @@ std::string pieces_text(const AdamW& opt) {
     return pieces;
 }
 
-// m and v of this rank's ranges, with their pieces.
-void write_optimizer(const fs::path& dir, const AdamW& opt, int64_t step, int rank, int world) {
-    write_safetensors((dir / optimizer_file(rank, world)).string(), {{"m", opt.m().view(0)}, {"v", opt.v().view(0)}},
-                      {{"optimizer", "adamw"}, {"step", std::to_string(step)}, {"pieces", pieces_text(opt)}});
-}
-
 Json shape_json(const Shape& s) {
     Json out = Json::array();
     for (int i = 0; i < s.ndim; ++i) out.push_back(s[i]);
@@ -90,7 +85,7 @@ void write_model_index(const fs::path& dir, const std::vector<BufferSpec>& specs
 }
 
 // Several ranks: this rank's ranges of the parameters, laid out as its moments (the same pieces).
-void write_model_ranges(const fs::path& dir, const AdamW& opt, const ParamRanges& ranges, int rank, int world) {
+Tensor model_ranges(const AdamW& opt, const ParamRanges& ranges) {
     Tensor flat(DType::f32, opt.m().specs()[0].shape);
     float* out = flat.view().ptr<float>();
     std::fill_n(out, flat.view().numel(), 0.0f);
@@ -98,8 +93,7 @@ void write_model_ranges(const fs::path& dir, const AdamW& opt, const ParamRanges
         const std::span<const float> r = ranges.region[size_t(p.region)];
         std::copy_n(r.data() + (p.flat_offset - opt.regions()[size_t(p.region)].lo()), p.length, out + p.state_offset);
     }
-    write_safetensors((dir / model_file(rank, world)).string(), {{"params", flat.view()}},
-                      {{"format", "tessera ranges"}, {"pieces", pieces_text(opt)}});
+    return flat;
 }
 
 // The step a directory name step_NNNNNNN stands for, or nothing for another name.
@@ -167,12 +161,68 @@ bool holds_checkpoint(const std::string& run_dir) {
     return false;
 }
 
-std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c, const parallel::Mesh* mesh) {
-    parallel::Comm* comm = mesh ? &mesh->data() : nullptr;
+RankFiles rank_files(const CheckpointContents& c, int rank, int world, bool copy) {
+    RankFiles f;
+    auto keep = [&](TensorView v) {  // a snapshot holds copies; otherwise the live buffer is written
+        if (!copy) return v;
+        f.owned.push_back(Tensor(v.dtype, v.shape));
+        std::memcpy(f.owned.back().view().data, v.data, v.nbytes());
+        return f.owned.back().view();
+    };
+    f.files.push_back(
+        {optimizer_file(rank, world),
+         {{"m", keep(c.opt.m().view(0))}, {"v", keep(c.opt.v().view(0))}},
+         {{"optimizer", "adamw"}, {"step", std::to_string(c.state.optimizer_step)}, {"pieces", pieces_text(c.opt)}}});
+    if (world > 1) {
+        f.owned.push_back(model_ranges(c.opt, c.ranges));
+        f.files.push_back({model_file(rank, world),
+                           {{"params", f.owned.back().view()}},
+                           {{"format", "tessera ranges"}, {"pieces", pieces_text(c.opt)}}});
+    } else {
+        std::vector<NamedTensor> params = named(c.params, c.frozen);
+        for (NamedTensor& t : params) t.tensor = keep(t.tensor);
+        f.files.push_back({"model.safetensors", std::move(params), {{"format", "tessera"}}});
+    }
+    f.world = world;
+    f.rank = rank;
+    f.config = c.config;
+    f.state = c.state;
+    f.specs = c.opt.param_specs();
+    f.experts = c.experts;
+    return f;
+}
+
+namespace {
+// Rank 0, after every rank's files are in tmp: the run config, the trainer state, the index, then the rename.
+void complete_checkpoint(const RankFiles& f, const fs::path& tmp, const fs::path& final_dir) {
+    write_text_atomic((tmp / "config.json").string(), f.config.dump(2) + "\n");
+    if (f.world > 1) write_model_index(tmp, f.specs, f.experts, f.world);
+    Json st = {{"format", kFormat},
+               {"step", f.state.step},
+               {"optimizer_step", f.state.optimizer_step},
+               {"tokens_seen", f.state.tokens_seen},
+               {"data", {{"epoch", f.state.data.epoch}, {"cursor", f.state.data.cursor}}}};
+    if (f.state.base_hash) st["base_hash"] = *f.state.base_hash;
+    write_text_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
+    fsync_path(tmp.string());
+    const fs::path root = final_dir.parent_path();
+    std::error_code ec;
+    if (fs::exists(final_dir)) {  // re-saving a step: move the old one aside first
+        const fs::path old = root / fmt::format(".{}.old-{}", final_dir.filename().string(), writer_tag());
+        fs::rename(final_dir, old);
+        fs::rename(tmp, final_dir);
+        fs::remove_all(old, ec);
+    } else {
+        fs::rename(tmp, final_dir);
+    }
+    fsync_path(root.string());
+}
+
+// The checkpoint's directory and rank 0's temporary one (made by rank 0, its name shared: a collective).
+std::pair<fs::path, fs::path> checkpoint_dirs(const std::string& run_dir, int64_t step, parallel::Comm* comm) {
     const int W = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     const fs::path root = fs::path(run_dir) / "checkpoints";
-    const std::string name = fmt::format("step_{:07d}", c.state.step);
-    const fs::path final_dir = root / name;
+    const std::string name = fmt::format("step_{:07d}", step);
     fs::path tmp = root / fmt::format(".{}.tmp-{}", name, writer_tag());
     std::error_code ec;
     if (rank == 0) {
@@ -181,35 +231,31 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
         fs::create_directories(tmp);
     }
     if (W > 1) tmp = comm->broadcast_text(tmp.string(), 0);  // rank 0's, made before anyone writes into it
+    return {root / name, tmp};
+}
+}  // namespace
+
+void write_rank_files(const RankFiles& f, const fs::path& dir, const std::function<void()>& between) {
+    for (size_t i = 0; i < f.files.size(); ++i) {
+        if (i > 0 && between) between();
+        write_safetensors((dir / f.files[i].name).string(), f.files[i].tensors, f.files[i].meta);
+    }
+}
+
+std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c, const parallel::Mesh* mesh) {
+    parallel::Comm* comm = mesh ? &mesh->data() : nullptr;
+    const int W = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    const auto [final_dir, tmp] = checkpoint_dirs(run_dir, c.state.step, comm);
+    std::error_code ec;
     try {
-        write_optimizer(tmp, c.opt, c.state.optimizer_step, rank, W);
-        if (W > 1) write_model_ranges(tmp, c.opt, c.ranges, rank, W);
+        const RankFiles files = rank_files(c, rank, W, /*copy=*/false);
+        write_rank_files(files, tmp);
         if (W > 1) agree(*comm, true);  // every rank's ranges are on disk
         if (rank != 0) {
             agree(*comm, true);  // rank 0 renamed the directory (or failed)
             return final_dir.string();
         }
-        write_text_atomic((tmp / "config.json").string(), c.config.dump(2) + "\n");
-        if (W == 1)
-            write_safetensors((tmp / "model.safetensors").string(), named(c.params, c.frozen), {{"format", "tessera"}});
-        if (W > 1) write_model_index(tmp, c.opt.param_specs(), c.experts, W);
-        Json st = {{"format", kFormat},
-                   {"step", c.state.step},
-                   {"optimizer_step", c.state.optimizer_step},
-                   {"tokens_seen", c.state.tokens_seen},
-                   {"data", {{"epoch", c.state.data.epoch}, {"cursor", c.state.data.cursor}}}};
-        if (c.state.base_hash) st["base_hash"] = *c.state.base_hash;
-        write_text_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
-        fsync_path(tmp.string());
-        if (fs::exists(final_dir)) {  // re-saving a step: move the old one aside first
-            const fs::path old = root / fmt::format(".{}.old-{}", name, writer_tag());
-            fs::rename(final_dir, old);
-            fs::rename(tmp, final_dir);
-            fs::remove_all(old, ec);
-        } else {
-            fs::rename(tmp, final_dir);
-        }
-        fsync_path(root.string());
+        complete_checkpoint(files, tmp, final_dir);
         if (W > 1) agree(*comm, true);
     } catch (const fs::filesystem_error& e) {
         if (rank == 0) fs::remove_all(tmp, ec);
@@ -224,6 +270,88 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
         throw;
     }
     return final_dir.string();
+}
+
+CheckpointWriter::CheckpointWriter(std::string run_dir, const parallel::Mesh* mesh, std::function<void()> between)
+    : run_dir_(std::move(run_dir)), comm_(mesh ? &mesh->data() : nullptr), between_(std::move(between)) {
+    thread_ = std::thread([this] { loop(); });
+}
+
+CheckpointWriter::~CheckpointWriter() {
+    {
+        std::lock_guard lock(mu_);
+        quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    std::error_code ec;
+    if (job_ && comm_rank() == 0) fs::remove_all(tmp_, ec);  // an unfinished checkpoint (an error elsewhere)
+}
+
+int CheckpointWriter::comm_rank() const { return comm_ ? comm_->rank() : 0; }
+
+void CheckpointWriter::begin(const CheckpointContents& c) {
+    if (job_) finish();  // one in flight at a time
+    const int W = comm_ ? comm_->size() : 1;
+    std::tie(final_, tmp_) = checkpoint_dirs(run_dir_, c.state.step, comm_);
+    auto files = std::make_shared<RankFiles>(rank_files(c, comm_rank(), W, /*copy=*/true));
+    std::lock_guard lock(mu_);
+    job_ = std::move(files);
+    written_ = false;
+    error_.clear();
+    cv_.notify_all();
+}
+
+void CheckpointWriter::loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+        cv_.wait(lock, [&] { return quit_ || (job_ && !written_); });
+        if (quit_) return;
+        const std::shared_ptr<RankFiles> job = job_;
+        const fs::path tmp = tmp_;
+        lock.unlock();
+        std::string error;
+        try {
+            write_rank_files(*job, tmp, between_);
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        lock.lock();
+        written_ = true;
+        error_ = error;
+        cv_.notify_all();
+    }
+}
+
+std::optional<std::string> CheckpointWriter::poll(bool wait) {
+    if (!job_) return std::nullopt;
+    std::array<int64_t, 2> state{};  // this rank: still writing, failed
+    {
+        std::unique_lock lock(mu_);
+        if (wait) cv_.wait(lock, [&] { return written_; });
+        state = {written_ ? 0 : 1, error_.empty() ? 0 : 1};
+    }
+    std::array<int64_t, 2> all = state;
+    if (comm_) comm_->all_reduce(std::span<int64_t>(all));  // collective: every rank polls at the same points
+    std::error_code ec;
+    if (all[1] > 0) {
+        const std::string mine = error_;
+        if (comm_rank() == 0) fs::remove_all(tmp_, ec);
+        job_.reset();
+        TESSERA_CHECK(mine.empty(), "checkpoint {}: {}", final_.string(), mine);
+        TESSERA_FAIL("checkpoint {}: another rank failed to write its part (see its error)", final_.string());
+    }
+    if (all[0] > 0) return std::nullopt;  // some rank is still writing
+    const std::shared_ptr<RankFiles> job = std::move(job_);
+    if (comm_rank() == 0) {
+        try {
+            complete_checkpoint(*job, tmp_, final_);
+        } catch (const fs::filesystem_error& e) {
+            fs::remove_all(tmp_, ec);
+            TESSERA_FAIL("checkpoint {}: {}", final_.string(), e.what());
+        }
+    }
+    return final_.string();
 }
 
 std::string resolve_checkpoint(const std::string& dir) {

@@ -16,12 +16,21 @@
 // generate read either layout. Loading validates every file and tensor and names what is wrong.
 #pragma once
 
+#include <condition_variable>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/buffer_spec.h"
 #include "core/config_reader.h"
+#include "core/safetensors.h"
+#include "core/tensor.h"
 #include "parallel/mesh.h"
 #include "train/data/loader.h"
 #include "train/optimizer.h"
@@ -58,6 +67,58 @@ struct CheckpointContents {
 std::string save_checkpoint(const std::string& run_dir,
                             const CheckpointContents& c,
                             const parallel::Mesh* mesh = nullptr);
+
+// What one rank writes into a checkpoint's directory: safetensors files of named tensors, views of the live
+// buffers or (copy: a snapshot that lives on while training goes on) of copies it owns; and what rank 0 writes
+// when every rank's files are in place.
+struct RankFiles {
+    struct File {
+        std::string name;
+        std::vector<NamedTensor> tensors;
+        std::map<std::string, std::string> meta;
+    };
+    std::vector<File> files;
+    std::vector<Tensor> owned;
+    int rank = 0, world = 1;
+    Json config;
+    TrainerState state;
+    std::vector<BufferSpec> specs;
+    ExpertSlice experts;
+};
+RankFiles rank_files(const CheckpointContents& c, int rank, int world, bool copy);
+// Writes them into dir; `between` (if set) runs between two files (a test fault: a writer killed mid-write).
+void write_rank_files(const RankFiles& f, const std::filesystem::path& dir, const std::function<void()>& between = {});
+
+// Asynchronous checkpoints (docs/operations.md): begin() copies this rank's part (parameters or its ranges, AdamW
+// moments) and a thread of its own writes it while training goes on; poll() between steps is a collective that
+// tells whether every rank's files are on disk, and then rank 0 completes the checkpoint (config, trainer state,
+// the rename into place) and every rank gets its path. A crash at any point leaves the previous checkpoints as
+// they were: the new one is a temporary directory until the rename. One checkpoint is in flight at a time.
+class CheckpointWriter {
+  public:
+    CheckpointWriter(std::string run_dir, const parallel::Mesh* mesh, std::function<void()> between = {});
+    ~CheckpointWriter();
+    CheckpointWriter(const CheckpointWriter&) = delete;
+    void begin(const CheckpointContents& c);  // collective (with a mesh); waits for the one in flight first
+    // The completed checkpoint's path when the one in flight is done (wait: block until it is), else nothing.
+    std::optional<std::string> poll(bool wait = false);
+    std::string finish() { return poll(true).value_or(""); }
+    bool pending() const { return job_ != nullptr; }
+
+  private:
+    void loop();
+    int comm_rank() const;
+    std::string run_dir_;
+    parallel::Comm* comm_;
+    std::function<void()> between_;
+    std::filesystem::path final_, tmp_;
+    std::shared_ptr<RankFiles> job_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool written_ = false, quit_ = false;
+    std::string error_;
+    std::thread thread_;
+};
 
 // A checkpoint directory itself, or the latest complete checkpoint under <dir>/checkpoints.
 // Throws if there is none.
