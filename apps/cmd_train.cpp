@@ -61,12 +61,23 @@ void add_train_command(CLI::App& app) {
     cmd->add_option("--out", opts->out_dir, "Run directory for checkpoints and metrics.jsonl (default: runs/<time>)");
     cmd->add_option("--resume", opts->resume_dir, "Continue from the latest checkpoint in this run directory");
     cmd->add_option("--set", opts->overrides, "Override a config value: section.key=value (repeatable)");
+    auto port = std::make_shared<int64_t>(0);
+    auto* port_opt = add_int_option(cmd, "--metrics-port", *port, 0, 65535,
+                                    "Serve Prometheus /metrics and the live dashboard (/) on this port of rank 0 "
+                                    "(0 = any free port; overrides monitor.metrics_port)");
     cmd->footer(
         "SIGINT (Ctrl-C) or SIGTERM: the step finishes, a checkpoint is written, and train exits 130 or 143; "
         "continue with --resume.\nSeveral processes: mpirun -n W tessera train ... (or srun): the W ranks share "
-        "train.batch_size and shard the optimizer state (docs/parallel.md).");
-    cmd->callback([opts, steps, steps_opt] {
+        "train.batch_size and shard the optimizer state (docs/parallel.md).\nAlerts (monitor.alerts, "
+        "docs/operations.md) "
+        "go to alerts.jsonl and stderr; an alert whose action is stop ends the run with status 3.");
+    auto trace = std::make_shared<std::string>();
+    cmd->add_option("--trace-steps", *trace,
+                    "Write a Chrome trace (Perfetto) of steps A to B into RUN/trace.json, e.g. 5:7");
+    cmd->callback([opts, steps, steps_opt, port, port_opt, trace] {
         if (steps_opt->count() > 0) opts->steps = *steps;
+        if (!trace->empty()) opts->trace_steps = parse_step_range(*trace, "--trace-steps");
+        if (port_opt->count() > 0) opts->metrics_port = int(*port);
         install_stop_handlers();  // first: every thread started later inherits the blocked signals
         // under mpirun / srun: one rank per process; the ranks on this host share its cores
         std::unique_ptr<parallel::MpiRuntime> mpi;
@@ -81,6 +92,7 @@ void add_train_command(CLI::App& app) {
         const bool lead = !world || world->rank() == 0;
         opts->log = lead ? &std::cout : nullptr;
         opts->log_is_tty = isatty(STDOUT_FILENO);
+        opts->alert_log = lead ? &std::cerr : nullptr;
         opts->stop = &g_stop;
         train::TrainSummary s;
         try {
@@ -99,6 +111,15 @@ void add_train_command(CLI::App& app) {
                                          *s.eval_loss / 0.6931471805599453);
             }
             std::cout << "last checkpoint: " << s.checkpoint << '\n' << std::flush;
+        }
+        if (s.stopped_by_alert) {
+            throw Stopped{3, lead
+                                 ? fmt::format("tessera: stopped by an alert rule after step {} (see {}/alerts.jsonl), "
+                                               "checkpoint {}",
+                                               s.last_step,
+                                               std::filesystem::path(s.checkpoint).parent_path().parent_path().string(),
+                                               s.checkpoint)
+                                 : ""};
         }
         if (s.stopped_early) {
             const int sig = g_signal.load();

@@ -21,6 +21,15 @@ bool parse_whole(const std::string& s, T& out) {
 std::string shown(const std::string& s) { return "'" + excerpt(s, 40) + "'"; }
 }  // namespace
 
+std::pair<int64_t, int64_t> parse_step_range(const std::string& s, const std::string& name) {
+    const size_t colon = s.find(':');
+    int64_t a = 0, b = 0;
+    if (colon == std::string::npos || !parse_whole(s.substr(0, colon), a) || !parse_whole(s.substr(colon + 1), b) ||
+        a < 1 || b < a)
+        throw CLI::ValidationError(name, fmt::format("{} is not a step range A:B with 1 <= A <= B", shown(s)));
+    return {a, b};
+}
+
 CLI::Option* add_int_option(
     CLI::App* cmd, const std::string& name, int64_t& target, int64_t lo, int64_t hi, const std::string& description) {
     return cmd

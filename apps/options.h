@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace tessera::apps {
 
@@ -16,6 +17,9 @@ CLI::Option* add_int_option(
 CLI::Option* add_uint_option(CLI::App* cmd, const std::string& name, uint64_t& target, const std::string& description);
 CLI::Option* add_number_option(
     CLI::App* cmd, const std::string& name, double& target, double lo, double hi, const std::string& description);
+
+// "A:B" with 1 <= A <= B integers (--trace-steps); a ValidationError otherwise.
+std::pair<int64_t, int64_t> parse_step_range(const std::string& s, const std::string& name);
 
 // Stopping on a signal: the command finished cleanly (checkpoint written) and main exits with `status`
 // (130 for SIGINT, 143 for SIGTERM) after printing `message` on stderr.

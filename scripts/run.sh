@@ -10,11 +10,14 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config
           libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev
-          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev libpcre2-dev libutf8proc-dev)
+          libopenmpi-dev openmpi-bin clang libclang-rt-14-dev libpcre2-dev libutf8proc-dev
+          libcpp-httplib-dev libjs-chart.js)
+# only for the tests: the dashboard is checked in a real (headless) browser
+TEST_PACKAGES=(chromium)
 
-install_packages() {
+install_packages() {  # install_packages [MORE_PACKAGES...]
     local missing=()
-    for p in "${PACKAGES[@]}"; do
+    for p in "${PACKAGES[@]}" "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
@@ -50,7 +53,7 @@ case "$cmd" in
         build/apps/tessera generate --checkpoint "$run" --prompt "hacker, n." --max-new-tokens 300 --temperature 0.8
         ;;
     test)
-        install_packages
+        install_packages "${TEST_PACKAGES[@]}"
         if command -v clang-format >/dev/null; then  # the style check (.clang-format), when the tool is here
             git ls-files '*.cpp' '*.h' '*.cu' | xargs clang-format --dry-run --Werror ||
                 { echo "error: clang-format differences above (fix: clang-format -i FILES)" >&2; exit 1; }

@@ -9,6 +9,31 @@
 
 namespace tessera::train {
 
+std::array<std::pair<const char*, AlertRule*>, 6> alert_rules(MonitorConfig& m) {
+    return {{{"nonfinite", &m.nonfinite},
+             {"loss_spike", &m.loss_spike},
+             {"expert_overload", &m.expert_overload},
+             {"straggler", &m.straggler},
+             {"memory", &m.memory},
+             {"throughput", &m.throughput}}};
+}
+
+std::array<std::pair<const char*, const AlertRule*>, 6> alert_rules(const MonitorConfig& m) {
+    std::array<std::pair<const char*, const AlertRule*>, 6> out;
+    const auto rules = alert_rules(const_cast<MonitorConfig&>(m));
+    std::copy(rules.begin(), rules.end(), out.begin());
+    return out;
+}
+
+namespace {
+void check_rule(const AlertRule& r, const std::string& where) {
+    TESSERA_CHECK(std::isfinite(r.threshold) && r.threshold >= 0 && r.threshold <= 1e12,
+                  "{}.threshold must be a finite number >= 0", where);
+    TESSERA_CHECK(r.steps >= 1 && r.steps <= 1000000, "{}.steps must be in [1, 1000000]", where);
+    TESSERA_CHECK(r.window >= 0 && r.window <= 1000000, "{}.window must be in [0, 1000000]", where);
+}
+}  // namespace
+
 RunConfig parse_run_config(const Json& doc, const std::string& where) {
     TESSERA_CHECK(doc.is_object(), "{}: the config must be a JSON object, not {}", where, doc.type_name());
     ConfigReader top(doc, where);
@@ -41,6 +66,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     tc.log_interval = t.integer("log_interval", d.log_interval);
     tc.seed = uint64_t(t.integer("seed", int64_t(d.seed)));
     tc.recompute = t.boolean("recompute", d.recompute);
+    tc.async_checkpoints = t.boolean("async_checkpoints", d.async_checkpoints);
     tc.base = t.text("base", d.base);
     t.finish();
     ConfigReader dr(top.section("data"), where + ": data");
@@ -57,6 +83,26 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     ConfigReader mr(top.section("memory"), where + ": memory");
     c.memory.weights_budget = mr.integer("weights_budget", c.memory.weights_budget);
     mr.finish();
+    ConfigReader on(top.section("monitor"), where + ": monitor");
+    MonitorConfig& mon = c.monitor;
+    mon.metrics_port = on.integer("metrics_port", mon.metrics_port);
+    mon.webhook = on.text("webhook", mon.webhook);
+    mon.watchdog_seconds = on.number("watchdog_seconds", mon.watchdog_seconds);
+    ConfigReader al(on.section("alerts"), where + ": monitor.alerts");
+    for (auto [name, rule] : alert_rules(mon)) {
+        ConfigReader rr(al.section(name), where + ": monitor.alerts." + name);
+        rule->threshold = rr.number("threshold", rule->threshold);
+        rule->steps = rr.integer("steps", rule->steps);
+        rule->window = rr.integer("window", rule->window);
+        rule->action =
+            rr.choice("action", rule->action,
+                      std::string(name) == "nonfinite" ? std::set<std::string>{"skip", "stop"}
+                                                       : std::set<std::string>{"warn", "checkpoint", "stop"});
+        rr.finish();
+        check_rule(*rule, where + ": monitor.alerts." + name);
+    }
+    al.finish();
+    on.finish();
     top.finish();
 
     auto check = [&](bool ok, const std::string& what) { TESSERA_CHECK(ok, "{}: {}", where, what); };
@@ -85,6 +131,11 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(c.memory.weights_budget == 0 || (c.model.lora.enabled() && !tc.base.empty()),
           "memory.weights_budget needs a LoRA fine-tune of a base (train.base and model.lora): only a frozen base is "
           "read in place");
+    check(mon.metrics_port >= 0 && mon.metrics_port <= 65535, "monitor.metrics_port must be in [0, 65535] (0 = off)");
+    check(mon.webhook.empty() || mon.webhook.starts_with("http://"),
+          "monitor.webhook must be an http:// URL (or empty)");
+    check(std::isfinite(mon.watchdog_seconds) && mon.watchdog_seconds >= 0 && mon.watchdog_seconds <= 1e7,
+          "monitor.watchdog_seconds must be in [0, 1e7] (0 = off)");
     check(c.parallel.ep >= 1 && c.parallel.ep <= (int64_t(1) << 16), "parallel.ep must be in [1, 65536]");
     check(c.parallel.ep_chunks >= 1 && c.parallel.ep_chunks <= 1024, "parallel.ep_chunks must be in [1, 1024]");
     check(std::isfinite(c.parallel.link_delay_ns_per_byte) && c.parallel.link_delay_ns_per_byte >= 0 &&
@@ -140,7 +191,16 @@ Json to_json(const RunConfig& c) {
                   {"log_interval", t.log_interval},
                   {"seed", t.seed},
                   {"recompute", t.recompute},
+                  {"async_checkpoints", t.async_checkpoints},
                   {"base", t.base}};
+    Json alerts = Json::object();
+    for (auto [name, rule] : alert_rules(c.monitor))
+        alerts[name] = {
+            {"threshold", rule->threshold}, {"steps", rule->steps}, {"window", rule->window}, {"action", rule->action}};
+    Json monitor = {{"metrics_port", c.monitor.metrics_port},
+                    {"webhook", c.monitor.webhook},
+                    {"watchdog_seconds", c.monitor.watchdog_seconds},
+                    {"alerts", alerts}};
     Json data = {
         {"path", c.data.path}, {"val_fraction", c.data.val_fraction}, {"mask_documents", c.data.mask_documents}};
     return Json{{"model", model::to_json(c.model)},
@@ -151,7 +211,8 @@ Json to_json(const RunConfig& c) {
                   {"ep", c.parallel.ep},
                   {"ep_chunks", c.parallel.ep_chunks},
                   {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte}}},
-                {"memory", {{"weights_budget", c.memory.weights_budget}}}};
+                {"memory", {{"weights_budget", c.memory.weights_budget}}},
+                {"monitor", monitor}};
 }
 
 int64_t TrainConfig::micro_batch(int ranks) const {

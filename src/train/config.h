@@ -3,6 +3,7 @@
 // compiled into the binary.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct TrainConfig {
     int64_t log_interval = 10;
     uint64_t seed = 1234;
     bool recompute = false;  // recompute block activations in backward
+    // checkpoints written by a thread of their own while training goes on (a copy of the state is taken at the
+    // step; docs/operations.md); false: the step loop writes them
+    bool async_checkpoints = true;
     // Fine-tuning: the model to start from (a tessera checkpoint or run directory, or a Hugging Face checkpoint
     // directory), whose architecture the run takes; with model.lora its weights stay frozen and checkpoints hold
     // only what trains, naming this base. "" = train from an initialisation.
@@ -67,12 +71,40 @@ struct MemoryConfig {
     int64_t weights_budget = 0;
 };
 
+// Operations (docs/operations.md): the metrics endpoint, the alert rules evaluated every step and what each
+// does when it fires (warn: a line in alerts.jsonl and on stderr, and the webhook; checkpoint: also write one;
+// stop: also checkpoint and end the run, exit status 3).
+struct AlertRule {
+    double threshold = 0;  // the rule's bound (0 = the rule is off, where that makes sense)
+    int64_t steps = 1;     // consecutive steps past the bound before it fires
+    int64_t window = 0;    // steps of history it compares with
+    std::string action = "warn";
+};
+struct MonitorConfig {
+    int64_t metrics_port = 0;  // Prometheus /metrics and the dashboard on this port of rank 0; 0 = off
+    std::string webhook;       // http://host:port/path: every alert POSTed as JSON; "" = none
+    // no update from a non-finite loss or gradient: "skip" the step (warn; stop after `steps` in a row) or "stop"
+    AlertRule nonfinite{.threshold = 0, .steps = 3, .window = 0, .action = "skip"};
+    AlertRule loss_spike{.threshold = 8, .steps = 1, .window = 50};       // robust z-score of the loss over the window
+    AlertRule expert_overload{.threshold = 0, .steps = 10, .window = 0};  // any MoE layer's max/mean load (0 = off)
+    AlertRule straggler{.threshold = 3, .steps = 3, .window = 0};      // a rank's compute time over the others' median
+    AlertRule memory{.threshold = 0.9, .steps = 1, .window = 0};       // a rank's resident set over physical memory
+    AlertRule throughput{.threshold = 0.3, .steps = 5, .window = 50};  // tokens/s under this share of the median
+    // a rank whose step does not finish in this many seconds (a collective stuck, a rank lost): the alert, then
+    // the process ends (exit 124) so that tessera launch restarts the job; 0 = off
+    double watchdog_seconds = 0;
+};
+// The rules by their config names (monitor.alerts.NAME).
+std::array<std::pair<const char*, AlertRule*>, 6> alert_rules(MonitorConfig& m);
+std::array<std::pair<const char*, const AlertRule*>, 6> alert_rules(const MonitorConfig& m);
+
 struct RunConfig {
     model::ModelConfig model;
     TrainConfig train;
     DataConfig data;
     ParallelConfig parallel;
     MemoryConfig memory;
+    MonitorConfig monitor;
 };
 
 // Parses and validates; `where` names the source in messages (a file name).

@@ -2,6 +2,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -11,13 +12,17 @@
 #include "core/check.h"
 #include "core/file.h"
 #include "core/rng.h"
+#include "core/trace.h"
 #include "model/hf_config.h"
 #include "ops/gemm.h"
 #include "ops/isa.h"
+#include "train/alerts.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
+#include "train/fault.h"
 #include "train/metrics.h"
 #include "train/model_source.h"
+#include "train/monitor_server.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 #include "train/weight_budget.h"
@@ -47,56 +52,6 @@ struct Setup {
     std::optional<ModelSource> base;   // train.base: the weights a fine-tune starts from (with LoRA: keeps frozen)
 };
 
-// Per MoE layer: the load metrics of spec/moe.md §9 for the JSONL log.
-Json moe_metrics(std::span<const std::pair<int64_t, model::MoeLayerStats>> layers) {
-    Json out = Json::array();
-    for (const auto& [layer, s] : layers) {
-        out.push_back({{"layer", layer},
-                       {"overload", s.load.overload},
-                       {"dead", s.load.dead},
-                       {"load_entropy", s.load.load_entropy},
-                       {"routing_entropy", s.load.routing_entropy},
-                       {"rerouted", s.rerouted},
-                       {"dropped", s.dropped},
-                       {"a2a_bytes", s.a2a_bytes},
-                       {"a2a_seconds", s.a2a_seconds},
-                       {"a2a_exposed_seconds", s.a2a_exposed_seconds},
-                       {"seq_aux_loss", s.seq_aux_loss},
-                       {"z_loss", s.z_loss},
-                       {"bias_min", s.bias_min},
-                       {"bias_max", s.bias_max},
-                       {"load", s.load.load}});
-    }
-    return out;
-}
-
-// The progress line's share: the worst layer's overload and the dead experts over all layers.
-std::string moe_summary(std::span<const std::pair<int64_t, model::MoeLayerStats>> layers) {
-    double worst = 0;
-    int64_t dead = 0, dropped = 0;
-    for (const auto& [layer, s] : layers) {
-        worst = std::max(worst, s.load.overload);
-        dead += s.load.dead;
-        dropped += s.dropped;
-    }
-    std::string line = fmt::format("experts: max overload {:.2f}, {} dead", worst, dead);
-    if (dropped) line += fmt::format(", {} dropped", dropped);
-    return line;
-}
-
-// The DSA indexer KL per layer for the JSONL log, and the progress line's share (mean over layers).
-Json dsa_metrics(std::span<const std::pair<int64_t, model::DsaLayerStats>> layers) {
-    Json out = Json::array();
-    for (const auto& [layer, s] : layers) out.push_back({{"layer", layer}, {"indexer_kl", s.kl}});
-    return out;
-}
-
-std::string dsa_summary(std::span<const std::pair<int64_t, model::DsaLayerStats>> layers) {
-    double sum = 0;
-    for (const auto& [layer, s] : layers) sum += s.kl;
-    return fmt::format("indexer KL {:.4f}", layers.empty() ? 0.0 : sum / double(layers.size()));
-}
-
 // The model section that must not change on --resume: everything but the DSA training stage and KL weight,
 // which move from the dense warm-up to the sparse stage on the same checkpoint (spec/dsa.md §3.1).
 Json fixed_model_json(const model::ModelConfig& m) {
@@ -108,8 +63,9 @@ Json fixed_model_json(const model::ModelConfig& m) {
     return j;
 }
 
-// A fresh run that fails before its first checkpoint removes what it wrote (config.json, metrics.jsonl, the
-// directory when it made it and nothing else is there): it is not a run --resume could continue.
+// A fresh run that fails before its first checkpoint removes what it wrote (config.json, metrics.jsonl,
+// alerts.jsonl, trace.json, the directory when it made it and nothing else is there): it is not a run --resume could
+// continue.
 class FreshRunGuard {
   public:
     FreshRunGuard(std::string dir, bool fresh) : dir_(std::move(dir)), active_(fresh), made_(!fs::exists(dir_)) {}
@@ -120,6 +76,8 @@ class FreshRunGuard {
         std::error_code ec;
         fs::remove(fs::path(dir_) / "config.json", ec);
         fs::remove(fs::path(dir_) / "metrics.jsonl", ec);
+        fs::remove(fs::path(dir_) / "alerts.jsonl", ec);
+        fs::remove(fs::path(dir_) / "trace.json", ec);
         if (fs::is_empty(fs::path(dir_) / "checkpoints", ec)) fs::remove(fs::path(dir_) / "checkpoints", ec);
         if (made_ && fs::is_empty(dir_, ec)) fs::remove(dir_, ec);
     }
@@ -206,13 +164,30 @@ StepResult train_step(model::Model& model,
                       std::span<int32_t> targets,
                       parallel::Comm* comm,
                       Fsdp* fsdp,
-                      int64_t step_targets) {
+                      int64_t step_targets,
+                      StepOptions so) {
     StepResult r;
     r.lr = learning_rate(tc, step);
     const int64_t micros = grads.accumulation(), ranks = comm ? comm->size() : 1;
+    auto t = Clock::now();
+    auto lap = [&t](double& phase) {  // adds the time since the last lap to a phase
+        const auto now = Clock::now();
+        phase += std::chrono::duration<double>(now - t).count();
+        t = now;
+    };
+    double ignored = 0;
     for (int64_t micro = 0; micro < micros; ++micro) {
-        grads.before(micro, rt.grads());
-        const model::StepShape shape = next_batch(ids, targets);
+        {
+            trace::Span span("gradient wait", "wait");
+            grads.before(micro, rt.grads());
+        }
+        lap(r.phases.communication);  // (waits for the previous micro-batch's reductions)
+        model::StepShape shape;
+        {
+            trace::Span span("data", "step");
+            shape = next_batch(ids, targets);
+        }
+        lap(r.phases.data);
         if (model.config().lora.dropout > 0) {  // the masks of the step's (micro · ranks + rank)-th micro-batch
             const uint64_t at =
                 uint64_t(step) * uint64_t(micros * ranks) + uint64_t(micro * ranks + (comm ? comm->rank() : 0));
@@ -227,25 +202,40 @@ StepResult train_step(model::Model& model,
             scale = double(n) / double(step_targets);
         }
         r.loss += model.forward_backward(shape, ids, targets, scale).loss * (step_targets > 0 ? scale : 1.0);
-        grads.after(micro, rt.grads());
+        lap(ignored);  // compute (the step's rest)
+        {
+            trace::Span span("gradient reduction", "wait");
+            grads.after(micro, rt.grads());
+        }
+        lap(r.phases.communication);
     }
-    if (ranks > 1) r.loss = comm->all_reduce_sum(r.loss);  // in rank order, as one rank would add them
-    if (step_targets == 0) r.loss /= double(micros * ranks);
-    const GradRanges g = grads.finish(rt.grads());  // this rank's ranges of the summed gradient
+    const GradRanges g = [&] {
+        trace::Span span("gradient reduction", "wait");
+        if (ranks > 1) r.loss = comm->all_reduce_sum(r.loss);  // in rank order, as one rank would add them
+        if (step_targets == 0) r.loss /= double(micros * ranks);
+        return grads.finish(rt.grads());  // this rank's ranges of the summed gradient
+    }();
+    lap(r.phases.communication);
+    trace::Span optimizer("optimizer", "step");
     r.grad_norm = opt.grad_norm(g);
+    if (so.poison) r.grad_norm = std::numeric_limits<double>::quiet_NaN();
     // before the update: a non-finite gradient would make every weight NaN, and the next checkpoint with them
-    TESSERA_CHECK(std::isfinite(r.loss) && std::isfinite(r.grad_norm),
+    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+    TESSERA_CHECK(!r.skipped || so.skip_nonfinite,
                   "training diverged at step {}: the loss is {}, the gradient norm {} (lower train.lr?)", step + 1,
                   r.loss, r.grad_norm);
-    opt.clip(g, r.grad_norm, tc.grad_clip);
-    opt.update(tc, param_ranges(opt, rt, fsdp), g, r.lr, model.trainable_mask());  // the DSA warm-up: indexers only
-    opt.share_params(rt.params(), /*fsdp=*/fsdp != nullptr);
-    if (fsdp) fsdp->invalidate();
-    // after the step, from the whole step's routing (spec/moe.md §3.1), summed over ranks
-    if (ranks > 1)
-        model.update_moe_bias([comm](std::span<int64_t> counts) { comm->all_reduce(counts); });
-    else
-        model.update_moe_bias();
+    if (!r.skipped) {  // (every rank agrees: the loss and the norm are the group's)
+        opt.clip(g, r.grad_norm, tc.grad_clip);
+        opt.update(tc, param_ranges(opt, rt, fsdp), g, r.lr, model.trainable_mask());  // DSA warm-up: indexers only
+        opt.share_params(rt.params(), /*fsdp=*/fsdp != nullptr);
+        if (fsdp) fsdp->invalidate();
+        // after the step, from the whole step's routing (spec/moe.md §3.1), summed over ranks
+        if (ranks > 1)
+            model.update_moe_bias([comm](std::span<int64_t> counts) { comm->all_reduce(counts); });
+        else
+            model.update_moe_bias();
+    }
+    lap(r.phases.optimizer);
     r.stats = model.take_step_stats();
     r.moe = r.stats->moe;
     r.dsa = r.stats->dsa;
@@ -469,28 +459,114 @@ TrainSummary train(const TrainOptions& opts) {
     TrainSummary summary;
     summary.first_step = state.step;
     Progress progress(log, opts.log_is_tty, tc.steps, tc.log_interval);
+    // operations (docs/operations.md): one metrics sink on every rank (its step() gathers each rank's share), the
+    // alert rules and the HTTP endpoint on rank 0, a watchdog on every rank
+    Telemetry telemetry(comm);
+    const MonitorConfig& mon = cfg.monitor;
+    std::optional<AlertSink> alerts;
+    std::optional<AlertRules> rules;
+    std::optional<MonitorServer> server;
+    if (lead) {
+        alerts.emplace((fs::path(setup.out_dir) / "alerts.jsonl").string(), opts.alert_log, mon.webhook);
+        rules.emplace(mon, physical_memory_bytes());
+        const int port = opts.metrics_port ? *opts.metrics_port : int(mon.metrics_port);
+        if (port > 0 || opts.metrics_port) {
+            server.emplace(setup.out_dir, port, [&telemetry] { return telemetry.prometheus(); });
+            note(fmt::format("metrics: http://{}:{}/metrics (Prometheus), dashboard at http://{}:{}/", host_name(),
+                             server->port(), host_name(), server->port()));
+        }
+    }
+    telemetry.restarts(restarts_before());
+    const Fault fault = fault_from_env(rank);
+    Watchdog watchdog(mon.watchdog_seconds, rank, alerts ? &*alerts : nullptr);
     auto run_eval = [&](int64_t step) {
+        trace::Span span("evaluation", "step", step, "step");
         summary.eval_loss = evaluate();
         if (!summary.eval_loss) return;
         const double bpb = *summary.eval_loss / std::numbers::ln2;
         if (metrics) metrics->write({{"step", step}, {"eval_loss", *summary.eval_loss}, {"eval_bpb", bpb}});
+        telemetry.eval(step, *summary.eval_loss);
         progress.note(
             fmt::format("eval at step {}: loss {:.4f} ({:.3f} bits per byte)", step, *summary.eval_loss, bpb));
     };
-    auto checkpoint = [&]() {
+    // checkpoints: written by a thread of their own while training goes on (train.async_checkpoints; the step
+    // loop copies this rank's part and polls between steps), or in the step loop
+    std::atomic<int64_t> writing{0};  // the step being written (for TESSERA_FAULT=kill_write)
+    std::optional<CheckpointWriter> writer;
+    if (tc.async_checkpoints) writer.emplace(setup.out_dir, m, [&] { fault.while_writing(writing.load()); });
+    Clock::time_point began;
+    double blocked = 0;  // how long the step loop waited for the checkpoint in flight
+    auto completed = [&](const std::string& path, int64_t step) {
+        summary.checkpoint = path;
+        guard.dismiss();
+        const double total = seconds_since(began);
+        telemetry.checkpoint(step, total);
+        if (metrics)
+            metrics->write({{"step", step},
+                            {"checkpoint", path},
+                            {"checkpoint_ms", total * 1e3},
+                            {"checkpoint_blocking_ms", blocked * 1e3}});
+        progress.note(fmt::format("checkpoint: {}", path));
+    };
+    // wait: return with the checkpoint on disk (the last step, a stop); otherwise it completes at a later poll
+    auto checkpoint = [&](bool wait) {
+        trace::Span span("checkpoint", "step", state.step, "step");
+        if (writer && writer->pending()) completed(writer->finish(), writing.load());  // one in flight at a time
+        began = Clock::now();
         state.optimizer_step = opt.step();
         state.data = loader.position();
-        summary.checkpoint = save_checkpoint(setup.out_dir,
-                                             {.config = setup.config_json,
-                                              .params = rt.params(),
-                                              .opt = opt,
-                                              .ranges = param_ranges(opt, rt, fsdp ? &*fsdp : nullptr),
-                                              .experts = slice,
-                                              .state = state,
-                                              .frozen = frozen},
-                                             m);
-        guard.dismiss();
-        progress.note(fmt::format("checkpoint: {}", summary.checkpoint));
+        const CheckpointContents contents{.config = setup.config_json,
+                                          .params = rt.params(),
+                                          .opt = opt,
+                                          .ranges = param_ranges(opt, rt, fsdp ? &*fsdp : nullptr),
+                                          .experts = slice,
+                                          .state = state,
+                                          .frozen = frozen};
+        if (!writer) {
+            const std::string path = save_checkpoint(setup.out_dir, contents, m);
+            blocked = seconds_since(began);
+            completed(path, state.step);
+            return;
+        }
+        writing = state.step;
+        writer->begin(contents);
+        blocked = seconds_since(began);
+        telemetry.checkpoint_blocked(blocked);
+        if (wait) {
+            const std::string path = writer->finish();
+            blocked = seconds_since(began);
+            completed(path, state.step);
+        }
+    };
+
+    // the trace of --trace-steps: every rank's spans gathered to rank 0 (a collective), written as RUN/trace.json
+    auto finish_trace = [&] {
+        trace::stop();
+        const std::string mine = trace::take_events(rank, fmt::format("rank {}", rank));
+        std::string all = mine;
+        if (comm) {
+            std::vector<int64_t> sizes(static_cast<size_t>(ranks));
+            const int64_t n = int64_t(mine.size());
+            comm->all_gather(std::as_bytes(std::span(&n, 1)), std::as_writable_bytes(std::span(sizes)));
+            int64_t total = 0;
+            for (int64_t x : sizes) total += x;
+            all.assign(size_t(total), '\0');
+            comm->all_gather_v(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), sizes);
+            std::string joined;  // the ranks' texts, comma separated
+            int64_t at = 0;
+            for (int64_t x : sizes) {
+                if (x == 0) continue;
+                if (!joined.empty()) joined += ",\n";
+                joined.append(all, size_t(at), size_t(x));
+                at += x;
+            }
+            all = std::move(joined);
+        }
+        if (!lead) return;
+        const std::string path = (fs::path(setup.out_dir) / "trace.json").string();
+        write_text_atomic(path, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n" + all + "\n]}\n");
+        progress.note(fmt::format("trace of steps {}-{}: {} (chrome://tracing or https://ui.perfetto.dev)",
+                                  opts.trace_steps->first, std::min(opts.trace_steps->second, state.step), path));
     };
 
     int64_t last_saved = setup.checkpoint.empty() ? -1 : state.step;
@@ -499,74 +575,107 @@ TrainSummary train(const TrainOptions& opts) {
         return shape_of(i);
     };
     FsdpStats fsdp_last;
+    ArenaStats arena_stats;
+    double monitor_seconds = 0;  // the metrics sink, logs and alert rules of the last step
+    watchdog.beat(state.step);
     while (state.step < tc.steps) {
         if (fsdp) fsdp_last = fsdp->stats();  // (evaluation and checkpoints between steps gather too)
         const auto t0 = Clock::now();
-        const StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, comm,
-                                        fsdp ? &*fsdp : nullptr, loader.step_targets());
-        const double loss = r.loss, lr = r.lr, norm = r.grad_norm;
+        if (opts.trace_steps && state.step + 1 == opts.trace_steps->first) trace::start();
+        std::optional<trace::Span> step_span;
+        step_span.emplace("step", "step", state.step + 1, "step");
+        fault.before_step(state.step + 1);
+        StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, comm,
+                                  fsdp ? &*fsdp : nullptr, loader.step_targets(),
+                                  {.skip_nonfinite = true,  // (the nonfinite rule decides: skip, or stop)
+                                   .poison = fault.poisons(state.step + 1)});
+        step_span.reset();
         state.step++;
         state.tokens_seen += tokens_per_step;
-        const double dt = seconds_since(t0);
-        const double tps = double(tokens_per_step) / dt;
-        const double flops = tps * train_flops_per_token;
-        summary.losses.push_back(loss);
-        TESSERA_CHECK(std::isfinite(loss), "training diverged: the loss is {} at step {}", loss, state.step);
-        Json rec = {{"step", state.step},
-                    {"loss", loss},
-                    {"lr", lr},
-                    {"grad_norm", norm},
-                    {"tokens_per_s", tps},
-                    {"step_ms", dt * 1e3},
-                    {"flops_per_s", flops},
-                    {"mfu", flops / (gemm_gflops * 1e9)}};
-        if (state.step == summary.first_step + 1) rec["arena_peak_bytes"] = rt.arena().stats().peak_bytes_in_use;
-        std::string extra_line;
-        if (!r.moe.empty()) {
-            rec["moe"] = moe_metrics(r.moe);
-            if (cfg.model.moe.global_aux_coeff > 0) rec["global_aux_loss"] = r.global_aux_loss;
-            extra_line = moe_summary(r.moe);
-        }
-        if (!r.dsa.empty()) {
-            rec["dsa"] = dsa_metrics(r.dsa);
-            extra_line += (extra_line.empty() ? "" : ", ") + dsa_summary(r.dsa);
-        }
+        StepReport rep{.step = state.step,
+                       .loss = r.loss,
+                       .lr = r.lr,
+                       .grad_norm = r.grad_norm,
+                       .skipped = r.skipped,
+                       .tokens = tokens_per_step,
+                       .phases = r.phases,
+                       .layers = r.stats.get(),
+                       .arena = &arena_stats};
+        rep.phases.step = seconds_since(t0);
+        for (const auto& [layer, s] : r.moe) rep.phases.communication += s.a2a_exposed_seconds;
+        const double tps = double(tokens_per_step) / rep.phases.step;
+        rep.flops_per_s = tps * train_flops_per_token;
+        rep.mfu = rep.flops_per_s / (gemm_gflops * 1e9);
+        summary.losses.push_back(r.loss);
+        if (state.step == summary.first_step + 1) rep.arena_peak_bytes = rt.arena().stats().peak_bytes_in_use;
+        if (!r.moe.empty() && cfg.model.moe.global_aux_coeff > 0) rep.global_aux_loss = r.global_aux_loss;
         if (fsdp) {  // this step's gathers and reductions, and how long compute waited for them
             const FsdpStats now = fsdp->stats();
-            rec["fsdp"] = {{"gathers", now.gathers - fsdp_last.gathers},
-                           {"gathered_bytes", now.gathered_bytes - fsdp_last.gathered_bytes},
-                           {"reductions", now.reductions - fsdp_last.reductions},
-                           {"wait_seconds", now.wait_seconds - fsdp_last.wait_seconds}};
+            rep.fsdp = FsdpStats{.gathers = now.gathers - fsdp_last.gathers,
+                                 .gathered_bytes = now.gathered_bytes - fsdp_last.gathered_bytes,
+                                 .reductions = now.reductions - fsdp_last.reductions,
+                                 .wait_seconds = now.wait_seconds - fsdp_last.wait_seconds};
+            rep.phases.communication += rep.fsdp->wait_seconds;
             fsdp_last = now;
         }
         if (budget) {  // the base's resident share, and what reached it from storage
             budget->observe(*r.stats);
-            const WeightBudgetStats now = budget->stats();
-            rec["weights"] = {{"resident_bytes", now.resident_bytes},
-                              {"peak_resident_bytes", now.peak_resident_bytes},
-                              {"released_bytes", now.released_bytes},
-                              {"prefetched_bytes", now.prefetched_bytes},
-                              {"major_faults", now.major_faults}};
+            rep.weights = budget->stats();
         }
+        arena_stats = rt.arena().stats();
+        const auto monitor_t0 = Clock::now();
+        rep.monitor_seconds = monitor_seconds;
+        const Json rec = telemetry.step(rep);  // (every rank: it gathers the ranks' shares)
         if (metrics) metrics->write(rec);
-        progress.step(state.step, loss, lr, tps, dt, flops / (gemm_gflops * 1e9), extra_line);
+        progress.step(state.step, r.loss, r.lr, tps, rep.phases.step, rep.mfu, telemetry.summary());
+        // the alert rules on rank 0, their action shared with every rank (with the stop signal: one reduction)
+        AlertAction action = AlertAction::none;
+        if (rules) {
+            const std::vector<Alert> fired = rules->evaluate(rep, telemetry.ranks());
+            for (const Alert& al : fired) {
+                // the non-finite step that ends the run: its error line says it on stderr
+                alerts->fire(al, /*echo=*/!(al.rule == "nonfinite" && al.action == AlertAction::stop));
+                telemetry.alert(al.rule);
+            }
+            action = AlertRules::strongest(fired);
+        }
+        monitor_seconds = seconds_since(monitor_t0);  // (the next step's record says it)
+        std::array<int64_t, 2> votes = {opts.stop && opts.stop->load() ? 1 : 0, int64_t(action)};
+        if (comm) comm->all_reduce(std::span<int64_t>(votes));  // (rank 0 alone votes an action: the sum is its)
+        action = AlertAction(votes[1]);
+        if (action == AlertAction::stop && r.skipped)  // non-finite steps past the rule's count: as before
+            TESSERA_FAIL("training diverged at step {}: the loss is {}, the gradient norm {} (lower train.lr?)",
+                         state.step, r.loss, r.grad_norm);
         const bool last = state.step == tc.steps;
         if ((tc.eval_interval > 0 && state.step % tc.eval_interval == 0) || last) run_eval(state.step);
-        if ((tc.checkpoint_interval > 0 && state.step % tc.checkpoint_interval == 0) || last) {
-            checkpoint();
+        if ((tc.checkpoint_interval > 0 && state.step % tc.checkpoint_interval == 0) || last ||
+            action >= AlertAction::checkpoint) {
+            checkpoint(last || action == AlertAction::stop);
             last_saved = state.step;
         }
+        // a checkpoint begun after step k is complete at the end of step k + 1 at the latest: what is on disk
+        // at each step does not depend on the writer's speed (a collective: every rank polls after every step)
+        if (writer && writer->pending())
+            if (const auto t0 = Clock::now(); const auto path = writer->poll(/*wait=*/state.step > writing.load())) {
+                blocked += seconds_since(t0);
+                completed(*path, writing.load());
+            }
+        watchdog.beat(state.step);
+        if (opts.trace_steps && state.step == opts.trace_steps->second) finish_trace();
         // every rank stops at the same step (a signal may reach them at different times)
-        bool stop = opts.stop && opts.stop->load();
-        if (comm) stop = comm->all_reduce_sum<int64_t>(stop ? 1 : 0) > 0;
+        const bool stop = votes[0] > 0 || action == AlertAction::stop;
         if (stop && state.step < tc.steps) {  // (at the last step: just finish)
-            if (last_saved != state.step) checkpoint();
+            if (last_saved != state.step) checkpoint(true);
             summary.stopped_early = true;
-            progress.note(fmt::format("stopped at step {}; continue with --resume {}", state.step, setup.out_dir));
+            if (action == AlertAction::stop) summary.stopped_by_alert = true;
+            progress.note(fmt::format("stopped at step {}{}; continue with --resume {}", state.step,
+                                      action == AlertAction::stop ? " by an alert (alerts.jsonl)" : "", setup.out_dir));
             break;
         }
     }
-    if (last_saved != state.step) checkpoint();
+    if (last_saved != state.step) checkpoint(true);
+    if (writer && writer->pending()) completed(writer->finish(), writing.load());
+    if (trace::on()) finish_trace();  // the run ended inside the window
     progress.finish();
     summary.last_step = state.step;
     summary.memory = rt.memory_report();

@@ -19,6 +19,7 @@
 #include "train/fsdp.h"
 #include "train/grad_sum.h"
 #include "train/optimizer.h"
+#include "train/telemetry.h"
 
 namespace tessera::train {
 
@@ -29,6 +30,10 @@ struct TrainOptions {
     std::string out_dir;                 // checkpoints, metrics.jsonl, config.json
     std::string resume_dir;              // a run directory or checkpoint to continue from
     std::ostream* log = nullptr;         // progress and notes; null = silent
+    std::ostream* alert_log = nullptr;   // a line per alert (stderr); null = only alerts.jsonl
+    std::optional<int> metrics_port;     // --metrics-port (over monitor.metrics_port; 0 = any free port)
+    // --trace-steps A:B: a Chrome trace of steps A..B (1-based, inclusive) into RUN/trace.json (docs/operations.md)
+    std::optional<std::pair<int64_t, int64_t>> trace_steps;
     bool log_is_tty = false;
     const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): checkpoint and return early
     // The data group (null: one process). Rank 0 logs, writes metrics and the shared checkpoint files; every
@@ -46,6 +51,13 @@ struct StepResult {
     std::span<const std::pair<int64_t, model::MoeLayerStats>> moe;  // per MoE layer: routing of this step
     std::span<const std::pair<int64_t, model::DsaLayerStats>> dsa;  // per DSA layer: the indexer KL of this step
     double global_aux_loss = 0.0;  // model.moe.global_aux_coeff: the pooled balance loss (mean over micro-batches)
+    bool skipped = false;          // the loss or gradient norm was not finite: no update (StepOptions::skip_nonfinite)
+    StepPhases phases;             // where this rank's time went (data, optimizer, communication waits; step: unset)
+};
+
+struct StepOptions {
+    bool skip_nonfinite = false;  // a non-finite loss or gradient skips the update (else: a one-line error)
+    bool poison = false;          // test fault: the gradient norm is NaN (TESSERA_FAULT=nan:STEP)
 };
 
 // Fills a micro-batch's ids and targets and returns its step shape (with document boundaries when
@@ -73,7 +85,8 @@ StepResult train_step(model::Model& model,
                       std::span<int32_t> targets,
                       parallel::Comm* comm = nullptr,
                       Fsdp* fsdp = nullptr,
-                      int64_t step_targets = 0);
+                      int64_t step_targets = 0,
+                      StepOptions options = {});
 
 // This rank's ranges of the parameters (the optimizer's), from the runtime's group or, with FSDP, its shard.
 ParamRanges param_ranges(const AdamW& opt, model::ModelRuntime& rt, Fsdp* fsdp);
@@ -86,6 +99,7 @@ struct TrainSummary {
     std::string checkpoint;           // the last checkpoint written
     model::MemoryReport memory;
     bool stopped_early = false;
+    bool stopped_by_alert = false;  // an alert rule's action was stop (alerts.jsonl says which)
 };
 
 TrainSummary train(const TrainOptions& opts);

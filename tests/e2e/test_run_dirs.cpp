@@ -79,11 +79,20 @@ TEST(RunDirs, NonFiniteWeightsAreRefused) {
 TEST(RunDirs, ARunThatFailsBeforeItsFirstCheckpointLeavesNothing) {
     TempDir d;
     const std::string run = d.file("run");
-    const std::string cmd = "train --config " + kTiny + " --steps 3 --set train.lr=1e30 --out " + run;
-    expect_one_line_error(run_tessera(cmd), "training diverged at step", "a diverging run");
-    EXPECT_FALSE(fs::exists(run)) << "left config.json / metrics.jsonl behind";
+    // steps 2, 3, 4 are not finite: two skipped (an alert line each on stderr), the third in a row ends the run
+    const std::string cmd = "train --config " + kTiny + " --steps 5 --set train.lr=1e30 --out " + run;
+    const auto diverges = [&](const std::string& what) {
+        SCOPED_TRACE(what);
+        const test::CliResult r = run_tessera(cmd);
+        EXPECT_EQ(r.status, 1);
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 3) << r.err;
+        EXPECT_NE(r.err.find("alert [nonfinite, skip]: step 3"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("\nerror: training diverged at step 4: the loss is"), std::string::npos) << r.err;
+    };
+    diverges("a diverging run");
+    EXPECT_FALSE(fs::exists(run)) << "left config.json / metrics.jsonl / alerts.jsonl behind";
     // the same command says the same thing again, not "already holds a run"
-    expect_one_line_error(run_tessera(cmd), "training diverged at step", "the same command again");
+    diverges("the same command again");
     // what a killed run leaves before its first checkpoint does not block a fresh start either
     fs::create_directories(run);
     write_text_atomic(run + "/config.json", "{}");

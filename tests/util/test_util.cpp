@@ -16,6 +16,11 @@ namespace tessera::test {
 
 std::string golden_path(const std::string& relative) { return std::string(TESSERA_GOLDEN_DIR) + "/" + relative; }
 
+std::string output_path(const std::string& name) {
+    std::filesystem::create_directories(TESSERA_TEST_OUTPUT_DIR);
+    return std::string(TESSERA_TEST_OUTPUT_DIR) + "/" + name;
+}
+
 namespace {
 void store(const TensorView& t, int64_t i, double x) {
     if (t.dtype == DType::f32) {

@@ -12,6 +12,8 @@
 namespace tessera::test {
 
 std::string golden_path(const std::string& relative);  // under tests/golden/
+// Where a test leaves what a person may want to look at (screenshots): BUILD/test-output/NAME (made if missing).
+std::string output_path(const std::string& name);
 
 // Normal(0, std) values from (seed, stream); f32 or f64.
 Tensor randn(DType dtype, Shape shape, uint64_t seed, double std = 1.0);
