@@ -7,8 +7,9 @@
 // failure after training at least one step (a rank killed, a watchdog that fired: mpirun then ends every rank),
 // it waits (backoff 1, 2, 4, ... s, at most 30), then runs the job again from DIR's last complete checkpoint
 // (`--resume DIR`, on --restart-ranks ranks if given), at most K times, each restart a line on stderr and in
-// DIR/events.jsonl. Exit statuses that are decisions are not retried: 0, 2 (usage), 3 (an alert stopped the run),
-// 130 and 143 (SIGINT, SIGTERM: forwarded to the job).
+// DIR/events.jsonl, and an alert in DIR/alerts.jsonl (rule lost_rank: a rank killed or ended by the watchdog;
+// job_failed otherwise; action restart). Exit statuses that are decisions are not retried: 0, 2 (usage), 3 (an alert
+// stopped the run), 130 and 143 (SIGINT, SIGTERM: forwarded to the job).
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include "apps/options.h"
 #include "core/check.h"
 #include "core/json.h"
+#include "train/alerts.h"
 #include "train/checkpoint.h"
 
 namespace tessera::apps {
@@ -195,6 +197,17 @@ void supervise(int64_t ranks,
             fmt::format("tessera launch: the job ended with status {}; restart {}/{} in {:.0f} s on {} rank{} from {}",
                         status, restarts, max_restarts, backoff, next_ranks, next_ranks == 1 ? "" : "s",
                         resume ? "the last checkpoint of " + dir : "the start (no checkpoint yet)");
+        // the lost rank as an alert of the run (alerts.jsonl, the dashboard, stderr)
+        train::AlertSink((fs::path(dir) / "alerts.jsonl").string(), &std::cerr, "")
+            .fire({.rule = status >= 128 || status == 124 ? "lost_rank" : "job_failed",
+                   .action = train::AlertAction::restart,
+                   .value = double(status),
+                   .message = fmt::format("the job ended with status {}{}; restart {}/{} from {}", status,
+                                          status > 128    ? fmt::format(" (a rank killed by signal {})", status - 128)
+                                          : status == 124 ? std::string(" (the watchdog ended a rank)")
+                                                          : std::string(),
+                                          restarts, max_restarts, resume ? "the last checkpoint" : "the start")},
+                  /*echo=*/false);
         std::cerr << line << std::endl;
         {
             std::ofstream ev(fs::path(dir) / "events.jsonl", std::ios::app);

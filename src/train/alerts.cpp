@@ -34,6 +34,8 @@ const char* action_name(AlertAction a) {
             return "checkpoint";
         case AlertAction::stop:
             return "stop";
+        case AlertAction::restart:
+            return "restart";
     }
     return "?";
 }

@@ -22,7 +22,8 @@
 
 namespace tessera::train {
 
-enum class AlertAction { none = 0, warn = 1, skip = 2, checkpoint = 3, stop = 4 };
+// restart: the supervisor's (tessera launch --max-restarts), never a rule's
+enum class AlertAction { none = 0, warn = 1, skip = 2, checkpoint = 3, stop = 4, restart = 5 };
 AlertAction alert_action(const std::string& name);
 
 struct Alert {

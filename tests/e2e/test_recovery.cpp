@@ -81,6 +81,11 @@ TEST_P(KillOneRank, TheJobRestartsFromItsLastCheckpointWithTheSameLosses) {
     ASSERT_EQ(events.size(), 1u);
     EXPECT_EQ(events[0]["status"], 137);
     EXPECT_EQ(events[0]["from_checkpoint"], true);
+    // the lost rank is an alert of the run
+    bool alerted = false;
+    for (const Json& al : jsonl(run + "/alerts.jsonl"))
+        alerted |= al["rule"] == "lost_rank" && al["action"] == "restart" && al["value"] == 137.0;
+    EXPECT_TRUE(alerted) << read_text(run + "/alerts.jsonl");
     EXPECT_EQ(test::losses(run), test::losses(ref)) << "the restarted job's losses are the uninterrupted job's";
     EXPECT_EQ(test::losses(run).size(), 18u + 3u);  // every step and the evaluations at 6, 12 and 18
     report_times(b, run);
