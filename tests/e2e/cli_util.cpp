@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -111,5 +112,18 @@ void expect_close_losses(const std::string& a, const std::string& b, int64_t aft
         EXPECT_NEAR(x, y, 1e-5 * std::abs(x)) << key.first << " at step " << key.second;
     }
 }
+
+std::vector<Json> jsonl(const std::string& path) {
+    std::vector<Json> out;
+    if (!std::filesystem::exists(path)) return out;
+    std::istringstream in(read_text(path));
+    std::string line;
+    while (std::getline(in, line))
+        if (!line.empty()) out.push_back(Json::parse(line));
+    return out;
+}
+
+FaultEnv::FaultEnv(const std::string& fault) { ::setenv("TESSERA_FAULT", fault.c_str(), 1); }
+FaultEnv::~FaultEnv() { ::unsetenv("TESSERA_FAULT"); }
 
 }  // namespace tessera::test

@@ -5,6 +5,9 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <vector>
+
+#include "core/json.h"
 
 namespace tessera::test {
 
@@ -66,5 +69,15 @@ void expect_close_losses(const std::string& a,
                          const std::string& b,
                          int64_t after = 0,
                          int64_t upto = std::numeric_limits<int64_t>::max());
+
+// The JSON objects of a JSONL file (metrics.jsonl, alerts.jsonl, events.jsonl); none when it does not exist.
+std::vector<Json> jsonl(const std::string& path);
+
+// TESSERA_FAULT (train/fault.h) for the commands run in one scope (they inherit the environment).
+struct FaultEnv {
+    explicit FaultEnv(const std::string& fault);
+    ~FaultEnv();
+    FaultEnv(const FaultEnv&) = delete;
+};
 
 }  // namespace tessera::test

@@ -22,21 +22,6 @@ using test::TempDir;
 
 const std::string kTiny = TESSERA_TINY_CONFIG;
 
-struct FaultEnv {
-    explicit FaultEnv(const std::string& fault) { ::setenv("TESSERA_FAULT", fault.c_str(), 1); }
-    ~FaultEnv() { ::unsetenv("TESSERA_FAULT"); }
-};
-
-std::vector<Json> jsonl(const std::string& path) {
-    std::vector<Json> out;
-    if (!fs::exists(path)) return out;
-    std::istringstream in(read_text(path));
-    std::string line;
-    while (std::getline(in, line))
-        if (!line.empty()) out.push_back(Json::parse(line));
-    return out;
-}
-
 // The job: 18 steps of the tiny model, a checkpoint every 6.
 std::string job(const std::string& run, const std::string& extra = "") {
     return "train --config " + kTiny + " --steps 18 --out " + run + extra;
@@ -48,11 +33,11 @@ void report_times(const test::CliResult& r, const std::string& run) {
     ASSERT_TRUE(std::regex_search(r.err, m, std::regex(R"(TESSERA_FAULT: [^\n]*step \d+ at unix time ([0-9.]+))")))
         << r.err;
     const double fault = std::stod(m[1]);
-    const auto events = jsonl(run + "/events.jsonl");
+    const auto events = test::jsonl(run + "/events.jsonl");
     ASSERT_EQ(events.size(), 1u) << r.err;
     const double ended = events[0]["time"].get<double>();
     double back = 0;
-    for (const Json& j : jsonl(run + "/metrics.jsonl"))
+    for (const Json& j : test::jsonl(run + "/metrics.jsonl"))
         if (j.contains("time") && j["time"].get<double>() > ended && back == 0) back = j["time"].get<double>();
     ASSERT_GT(back, 0);
     const double detection = ended - fault, training = back - ended;
@@ -72,18 +57,18 @@ TEST_P(KillOneRank, TheJobRestartsFromItsLastCheckpointWithTheSameLosses) {
     ASSERT_EQ(a.status, 0) << a.err;
     test::CliResult b;
     {
-        FaultEnv fault(fmt::format("kill:10:{}", ranks - 1));
+        test::FaultEnv fault(fmt::format("kill:10:{}", ranks - 1));
         b = test::run_tessera(fmt::format("launch -n {} --max-restarts 2 -- {}", ranks, job(run)));
     }
     ASSERT_EQ(b.status, 0) << b.err;
     EXPECT_NE(b.err.find("tessera launch: the job ended with status 137; restart 1/2"), std::string::npos) << b.err;
-    const auto events = jsonl(run + "/events.jsonl");
+    const auto events = test::jsonl(run + "/events.jsonl");
     ASSERT_EQ(events.size(), 1u);
     EXPECT_EQ(events[0]["status"], 137);
     EXPECT_EQ(events[0]["from_checkpoint"], true);
     // the lost rank is an alert of the run
     bool alerted = false;
-    for (const Json& al : jsonl(run + "/alerts.jsonl"))
+    for (const Json& al : test::jsonl(run + "/alerts.jsonl"))
         alerted |= al["rule"] == "lost_rank" && al["action"] == "restart" && al["value"] == 137.0;
     EXPECT_TRUE(alerted) << read_text(run + "/alerts.jsonl");
     EXPECT_EQ(test::losses(run), test::losses(ref)) << "the restarted job's losses are the uninterrupted job's";
@@ -100,13 +85,13 @@ TEST(Recovery, AHungRankIsEndedByTheWatchdogAndTheJobRestarts) {
     ASSERT_EQ(a.status, 0) << a.err;
     test::CliResult b;
     {
-        FaultEnv fault("hang:10:1");
+        test::FaultEnv fault("hang:10:1");
         b = test::run_tessera("launch -n 2 --max-restarts 1 -- " + job(run, " --set monitor.watchdog_seconds=3"));
     }
     ASSERT_EQ(b.status, 0) << b.err;
     EXPECT_NE(b.err.find("alert [watchdog, stop]"), std::string::npos) << b.err;
     EXPECT_NE(b.err.find("ended with status 124"), std::string::npos) << b.err;
-    const auto alerts = jsonl(run + "/alerts.jsonl");
+    const auto alerts = test::jsonl(run + "/alerts.jsonl");
     ASSERT_FALSE(alerts.empty());
     EXPECT_EQ(alerts[0]["rule"], "watchdog");
     EXPECT_EQ(test::losses(run), test::losses(ref));
@@ -122,7 +107,7 @@ TEST(Recovery, KilledWhileACheckpointIsWritten) {
     ASSERT_EQ(a.status, 0) << a.err;
     test::CliResult b;
     {
-        FaultEnv fault("kill_write:12:1");
+        test::FaultEnv fault("kill_write:12:1");
         b = test::run_tessera("launch -n 2 --max-restarts 1 -- " + job(run));
     }
     ASSERT_EQ(b.status, 0) << b.err;
@@ -143,7 +128,7 @@ TEST(Recovery, RestartOnFewerRanks) {
     ASSERT_EQ(a.status, 0) << a.err;
     test::CliResult b;
     {
-        FaultEnv fault("kill:8:0");
+        test::FaultEnv fault("kill:8:0");
         b = test::run_tessera("launch -n 2 --max-restarts 1 --restart-ranks 1 -- " + job(run));
     }
     ASSERT_EQ(b.status, 0) << b.err;
@@ -154,11 +139,11 @@ TEST(Recovery, RestartOnFewerRanks) {
 TEST(Recovery, AStragglerRankRaisesAnAlert) {
     TempDir d;
     const std::string run = d.file("run");
-    FaultEnv fault("slow:4:1");
+    test::FaultEnv fault("slow:4:1");
     const test::CliResult r = test::run_tessera("launch -n 2 -- train --config " + kTiny +
                                                 " --steps 8 --set monitor.alerts.straggler.steps=2 --out " + run);
     ASSERT_EQ(r.status, 0) << r.err;
-    const auto alerts = jsonl(run + "/alerts.jsonl");
+    const auto alerts = test::jsonl(run + "/alerts.jsonl");
     ASSERT_FALSE(alerts.empty()) << r.err;
     EXPECT_EQ(alerts[0]["rule"], "straggler");
     EXPECT_EQ(alerts[0]["step"], 5);
@@ -173,7 +158,7 @@ TEST(Recovery, StepTraceOfAnExpertParallelJob) {
     const std::string run = d.file("run");
     const test::CliResult r =
         test::run_tessera("launch -n 2 -- train --config " + kTiny + test::kTinyMoe +
-                          " --set parallel.ep=2 --set parallel.link_delay_ns_per_byte=200 --steps 4"
+                          " --set parallel.ep=2 --set parallel.link_delay_ns_per_byte=2000 --steps 4"
                           " --trace-steps 3:4 --out " +
                           run);
     ASSERT_EQ(r.status, 0) << r.err;
