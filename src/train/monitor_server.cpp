@@ -42,8 +42,10 @@ MonitorServer::MonitorServer(std::string run_dir,
     : server_(std::make_unique<httplib::Server>()), run_dir_(std::move(run_dir)), prometheus_(std::move(prometheus)) {
     httplib::Server& s = *server_;
     // two threads answer (a dashboard or two, a Prometheus scraper): each thread of a pool costs the trainer a
-    // malloc arena
+    // malloc arena. No keep-alive: a browser's idle connection would hold a thread for 5 s after each of its polls
+    // and keep a scraper (or its own next request) waiting.
     s.new_task_queue = [] { return new httplib::ThreadPool(2); };
+    s.set_keep_alive_max_count(1);
     s.Get("/", [](const httplib::Request&, httplib::Response& res) {
         res.set_content(kDashboardHtml, "text/html; charset=utf-8");
     });
