@@ -29,26 +29,20 @@ void add_inspect_command(CLI::App& app) {
                     "Override a model value: model.key=value (repeatable), e.g. model.lora.rank=16 with "
                     "model.lora.target_modules=[...] for LoRA's memory");
     cmd->callback([a] {
-        std::string file = a->path;
-        if (fs::is_directory(file)) file = (fs::path(file) / "config.json").string();
-        TESSERA_CHECK(fs::exists(file), "{}: no such file", file);
-        const Json doc = train::load_config_json(file, {});
-        model::ModelConfig cfg;
-        std::vector<std::string> unsupported;
-        Json run = doc;
-        if (model::is_hf_config(doc)) {
-            model::HfImport hf = model::import_hf_config(doc, file);
-            std::cout << "family: " << hf.family << " (Hugging Face config " << file << ")\n";
-            run = Json{{"model", model::to_json(hf.model)}};
-            unsupported = hf.unsupported;
-        } else {
+        const ModelDoc doc = load_model_doc(a->path);
+        const std::string& file = doc.file;
+        if (!doc.family.empty())
+            std::cout << "family: " << doc.family << " (Hugging Face config " << file << ")\n";
+        else
             std::cout << "tessera config " << file << "\n";
-        }
+        Json run = doc.run;
+        const std::vector<std::string>& unsupported = doc.unsupported;
         for (const std::string& o : a->overrides) {
             TESSERA_CHECK(o.rfind("model.", 0) == 0, "--set {}: inspect takes model.* values only", o);
             apply_override(run, o);
         }
-        cfg = train::parse_run_config(run, a->overrides.empty() ? file : file + " with --set").model;
+        const model::ModelConfig cfg =
+            train::parse_run_config(run, a->overrides.empty() ? file : file + " with --set").model;
         std::cout << model::summarize(cfg, a->seq).str();
         if (unsupported.empty()) {
             std::cout << "not supported yet: nothing\n";

@@ -3,10 +3,14 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "core/json.h"
+#include "model/hf_config.h"
+#include "train/config.h"
 
 namespace tessera::apps {
 
@@ -78,6 +82,20 @@ CLI::Option* add_number_option(
             description)
         ->default_str(fmt::format("{}", target))
         ->type_name("NUMBER");
+}
+
+ModelDoc load_model_doc(const std::string& path) {
+    ModelDoc d;
+    d.file = std::filesystem::is_directory(path) ? (std::filesystem::path(path) / "config.json").string() : path;
+    TESSERA_CHECK(std::filesystem::exists(d.file), "{}: no such file", d.file);
+    d.run = train::load_config_json(d.file, {});
+    if (model::is_hf_config(d.run)) {
+        model::HfImport hf = model::import_hf_config(d.run, d.file);
+        d.family = hf.family;
+        d.run = Json{{"model", model::to_json(hf.model)}};
+        d.unsupported = hf.unsupported;
+    }
+    return d;
 }
 
 }  // namespace tessera::apps

@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
+
+#include "core/json.h"
 
 namespace tessera::apps {
 
@@ -27,5 +30,15 @@ struct Stopped {
     int status = 130;
     std::string message;
 };
+
+// A model named on the command line (inspect, plan): a tessera config, a directory holding config.json, or a Hugging
+// Face config.json of a supported family (its model section imported, the rest defaults).
+struct ModelDoc {
+    std::string file;                      // the config.json read
+    std::string family;                    // the Hugging Face family, or empty for a tessera config
+    Json run;                              // a run config document ({"model": ...} for a Hugging Face config)
+    std::vector<std::string> unsupported;  // Hugging Face features tessera does not build
+};
+ModelDoc load_model_doc(const std::string& path);
 
 }  // namespace tessera::apps

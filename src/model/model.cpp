@@ -616,6 +616,10 @@ bool Model::trainable(const std::string& param) const {
     return false;
 }
 
+double Model::block_forward_flops_per_token(size_t block, int64_t seq) const {
+    return blocks_.at(block)->forward_flops_per_token(seq);
+}
+
 double Model::forward_flops_per_token(int64_t seq) const {
     double f = 2.0 * double(cfg_.d_model) * double(cfg_.vocab_size);  // head
     for (auto& b : blocks_) f += b->forward_flops_per_token(seq);

@@ -153,6 +153,11 @@ class Model {
 
     // Model FLOPs per token: forward, and training (3 × forward, recompute not counted).
     double forward_flops_per_token(int64_t seq) const;
+    // The blocks (two per layer: attention or linear attention, then the feed-forward) by kind ("kda", "gdn",
+    // "attention", "mla", "dsa", "mlp", "moe") and forward FLOPs per token; the rest of forward_flops_per_token is the
+    // embedding and head's. The planner's compute per op class (plan/plan.h).
+    const std::vector<std::string>& block_kinds() const { return block_kinds_; }
+    double block_forward_flops_per_token(size_t block, int64_t seq) const;
 
     // MoE layers: after each optimizer step, move the selection biases (docs/moe.md; sum_over_ranks, when set,
     // sums each layer's expert counts and quantile histograms over the data-parallel ranks first, so every rank moves

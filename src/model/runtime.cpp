@@ -17,9 +17,9 @@ namespace {
 // block, so the unit only bounds rounding waste: pages (4 KiB), grown so there are at most 2^16 units,
 // keep the bookkeeping under 1.5 MiB. 256-byte units cost 23 MiB of it beside a 270 MiB arena, outside
 // the prediction (tests/model/test_memory.cpp).
-size_t min_block_for(const std::vector<BufferGroup*>& groups) {
+size_t min_block_for(const std::vector<const BufferGroup*>& groups) {
     size_t total = 0;
-    for (auto* g : groups) total += g->nbytes();
+    for (const BufferGroup* g : groups) total += g->nbytes();
     return std::max<size_t>(4096, std::bit_ceil(total >> 16));
 }
 
@@ -68,41 +68,74 @@ std::vector<BufferSpec> grad_specs(const std::vector<BufferSpec>& params) {
     return g;
 }
 
+RuntimeGroups runtime_groups(
+    const Model& model, StepShape max, bool with_grads, bool recompute, ParamPlacement* placement, int threads) {
+    RuntimeGroups g;
+    g.params = placement ? std::move(placement->params) : BufferGroup("params", model.param_specs());
+    g.acts = BufferGroup("activations", model.activation_specs(max, recompute));
+    g.workspace = BufferGroup(
+        "workspace", {{"workspace", DType::u8, Shape{int64_t(std::max<size_t>(1, model.workspace_bytes(max, threads)))},
+                       BufferKind::workspace}});
+    g.with_grads = with_grads;
+    if (with_grads)
+        g.grads = placement ? std::move(placement->grads) : BufferGroup("grads", grad_specs(model.param_specs()));
+    return g;
+}
+
+std::vector<BufferGroup*> RuntimeGroups::all(const std::vector<BufferGroup*>& extra) {
+    std::vector<BufferGroup*> v = {&params, &acts, &workspace};
+    if (with_grads) v.push_back(&grads);
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+}
+
+std::vector<size_t> arena_block_bytes(const std::vector<const BufferGroup*>& groups) {
+    const size_t unit = min_block_for(groups);
+    const BuddyAllocator rounding(unit, unit);
+    std::vector<size_t> b;
+    for (const BufferGroup* g : groups) b.push_back(rounding.rounded_size(std::max<size_t>(g->nbytes(), 1)));
+    return b;
+}
+
 ModelRuntime::ModelRuntime(Model& model,
                            StepShape max,
                            bool with_grads,
                            bool recompute,
                            std::vector<BufferGroup*> extra,
                            ParamPlacement* placement)
+    : ModelRuntime(model,
+                   max,
+                   recompute,
+                   std::move(extra),
+                   runtime_groups(model, max, with_grads, recompute, placement, omp_get_max_threads())) {}
+
+ModelRuntime::ModelRuntime(
+    Model& model, StepShape max, bool recompute, std::vector<BufferGroup*> extra, RuntimeGroups groups)
     : model_(model),
       max_(max),
-      params_(placement ? std::move(placement->params) : BufferGroup("params", model.param_specs())),
-      acts_("activations", model.activation_specs(max, recompute)),
-      workspace_("workspace",
-                 {{"workspace", DType::u8,
-                   Shape{int64_t(std::max<size_t>(1, model.workspace_bytes(max, omp_get_max_threads())))},
-                   BufferKind::workspace}}) {
-    groups_ = {&params_, &acts_, &workspace_};
-    if (with_grads) {
-        grads_ = placement ? std::move(placement->grads) : BufferGroup("grads", grad_specs(model.param_specs()));
-        groups_.push_back(&grads_);
-    }
-    groups_.insert(groups_.end(), extra.begin(), extra.end());
+      g_(std::move(groups)),
+      params_(g_.params),
+      grads_(g_.grads),
+      acts_(g_.acts),
+      workspace_(g_.workspace) {
+    groups_ = g_.all(extra);
     check_fits_in_memory(groups_);
     std::vector<const BufferGroup*> cg(groups_.begin(), groups_.end());
-    const size_t min_block = min_block_for(groups_);
+    const size_t min_block = min_block_for(cg);
     arena_ = std::make_shared<Arena>(predict_arena_bytes(cg, min_block), min_block);
     allocate_groups(arena_, groups_);
     TensorView ws = workspace_.view(0);
-    model.bind(params_, with_grads ? &grads_ : nullptr, acts_, std::span(static_cast<std::byte*>(ws.data), ws.nbytes()),
-               max, recompute);
+    model.bind(params_, g_.with_grads ? &grads_ : nullptr, acts_,
+               std::span(static_cast<std::byte*>(ws.data), ws.nbytes()), max, recompute);
 }
 
 MemoryReport ModelRuntime::memory_report() const {
     MemoryReport r;
-    for (const BufferGroup* g : groups_) {
-        r.groups.push_back({g->name(), g->nbytes(), arena_->rounded_size(std::max<size_t>(g->nbytes(), 1))});
-        r.predicted_bytes += r.groups.back().block_bytes;
+    const std::vector<const BufferGroup*> cg(groups_.begin(), groups_.end());
+    const std::vector<size_t> blocks = arena_block_bytes(cg);
+    for (size_t i = 0; i < cg.size(); ++i) {
+        r.groups.push_back({cg[i]->name(), cg[i]->nbytes(), blocks[i]});
+        r.predicted_bytes += blocks[i];
     }
     r.capacity_bytes = arena_->stats().capacity;
     r.outside_arena_bytes = ops::gemm_copy_buffer_bytes() * size_t(omp_get_max_threads());

@@ -33,6 +33,21 @@ struct ParamPlacement {
     BufferGroup params, grads;
 };
 
+// The groups a runtime allocates, built without allocating: the parameters (placed, or the specs packed back to
+// back), the activations at `max`, the workspace of `threads` threads and, with_grads, the gradients. The planner
+// (plan/memory.h) predicts a rank's memory from the same lists the runtime allocates.
+struct RuntimeGroups {
+    BufferGroup params, grads, acts, workspace;
+    bool with_grads = false;
+    // every group the arena holds, in allocation order: these, then extra
+    std::vector<BufferGroup*> all(const std::vector<BufferGroup*>& extra);
+};
+RuntimeGroups runtime_groups(
+    const Model& model, StepShape max, bool with_grads, bool recompute, ParamPlacement* placement, int threads);
+
+// What each group takes in the arena that holds them all: its bytes rounded up to the arena's allocation unit.
+std::vector<size_t> arena_block_bytes(const std::vector<const BufferGroup*>& groups);
+
 class ModelRuntime {
   public:
     ModelRuntime(Model& model,
@@ -52,9 +67,11 @@ class ModelRuntime {
     MemoryReport memory_report() const;
 
   private:
+    ModelRuntime(Model& model, StepShape max, bool recompute, std::vector<BufferGroup*> extra, RuntimeGroups groups);
     Model& model_;
     StepShape max_;
-    BufferGroup params_, grads_, acts_, workspace_;
+    RuntimeGroups g_;
+    BufferGroup &params_, &grads_, &acts_, &workspace_;
     std::vector<BufferGroup*> groups_;  // everything allocated, extras included
     std::shared_ptr<Arena> arena_;
 };

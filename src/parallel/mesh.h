@@ -17,6 +17,9 @@ class Mesh {
     // Throws a one-line error when the layout does not fit (W not a multiple of ep). world: borrowed, it
     // must outlive the mesh.
     Mesh(Comm& world, int ep);
+    // One rank's mesh of a job that is not running (the planner, plan/memory.h): each communicator knows its
+    // rank and size, and a transfer on it throws.
+    static std::unique_ptr<Mesh> layout(int world_size, int rank, int ep);
     Comm& data() const { return world_; }
     Comm& expert() const { return *expert_; }
     Comm& expert_data() const { return *expert_data_; }
@@ -26,6 +29,8 @@ class Mesh {
     int edp() const { return world_.size() / ep_; }
 
   private:
+    Mesh(std::unique_ptr<Comm> world, std::unique_ptr<Comm> expert, std::unique_ptr<Comm> expert_data, int ep);
+    std::unique_ptr<Comm> owned_world_;  // layout(): the mesh owns its world
     Comm& world_;
     std::unique_ptr<Comm> expert_, expert_data_;
     int ep_;

@@ -24,6 +24,7 @@
 #include "train/model_source.h"
 #include "train/monitor_server.h"
 #include "train/optimizer.h"
+#include "train/rank_state.h"
 #include "train/schedule.h"
 #include "train/weight_budget.h"
 
@@ -274,33 +275,21 @@ TrainSummary train(const TrainOptions& opts) {
                   tokens.max_token(), tokens.vocab_size(), cfg.model.vocab_size);
     DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {rank, ranks, accumulation});
 
-    model::Model model(cfg.model, m ? &m->expert() : nullptr, cfg.parallel.ep_chunks);
-    AdamW opt(model.trained_specs(), m, model.local_experts().first);
-    const bool sharded = m && cfg.parallel.fsdp;
-    GradientSum grad_sum(opt, accumulation, sharded);
+    RankState st(cfg, m, accumulation);
+    model::Model& model = st.model;
+    AdamW& opt = st.opt;
+    GradientSum& grad_sum = st.grad_sum;
     const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
     // memory.weights_budget: the frozen base read in place from its files on every rank, held to the budget
     // (train/weight_budget.h); FSDP then shards only what trains
     std::optional<WeightBudget> budget;
     if (cfg.memory.weights_budget > 0)
         budget.emplace(*setup.base, model, slice, size_t(cfg.memory.weights_budget) << 20);
-    std::optional<Fsdp> fsdp;
-    if (sharded) {
-        std::function<std::byte*(size_t)> outside;
-        if (budget) outside = [&](size_t i) { return budget->where(i); };
-        fsdp.emplace(model, opt, grad_sum, outside);
-    }
+    st.place(budget ? &*budget : nullptr);
+    std::optional<Fsdp>& fsdp = st.fsdp;
     const model::StepShape shape{micro, tc.seq_len};
-    std::vector<BufferGroup*> extra = {&opt.m(), &opt.v()};
-    for (BufferGroup* g : grad_sum.groups()) extra.push_back(g);
-    std::optional<model::ParamPlacement> placement;
-    if (fsdp) {
-        for (BufferGroup* g : fsdp->groups()) extra.push_back(g);
-        placement = fsdp->placement();
-    } else if (budget) {
-        placement = budget->placement();
-    }
-    model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, extra, placement ? &*placement : nullptr);
+    model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, st.extra,
+                           st.placement ? &*st.placement : nullptr);
     if (fsdp) fsdp->bind(rt.params(), rt.grads());
     model::HooksPair both(fsdp ? &*fsdp : nullptr, budget ? &*budget : nullptr);
     if (fsdp || budget) model.set_param_hooks(&both);
