@@ -14,5 +14,6 @@ void add_inspect_command(CLI::App& app);
 void add_export_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_dashboard_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 
 }  // namespace tessera::apps

@@ -1,0 +1,136 @@
+// tessera plan: the parallel layout for a model on a cluster (docs/plan.md): every layout the runtime can run,
+// each rank's memory from the runtime's buffer groups (byte-exact), a predicted step time with its breakdown, a
+// ranked table, and the chosen layout written as a run config that `tessera train` / `launch` accept.
+#include <filesystem>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "apps/options.h"
+#include "core/check.h"
+#include "core/file.h"
+#include "plan/plan.h"
+#include "train/config.h"
+
+namespace tessera::apps {
+
+namespace {
+// a file the command writes: its directory made first
+void write_output(const std::string& path, const std::string& text) {
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    if (!dir.empty()) std::filesystem::create_directories(dir);
+    write_text_atomic(path, text);
+}
+
+Json candidate_json(const plan::Candidate& c) {
+    Json groups = Json::array();
+    for (const auto& g : c.memory.groups)
+        groups.push_back(
+            {{"name", g.name}, {"category", g.category}, {"bytes", g.bytes}, {"block_bytes", g.block_bytes}});
+    Json ranks = Json::array();
+    for (const auto& [rank, bytes] : c.rank_arena_bytes) ranks.push_back({{"rank", rank}, {"arena_bytes", bytes}});
+    const plan::StepTime& t = c.time;
+    return {{"layout",
+             {{"ranks", c.layout.ranks},
+              {"ep", c.layout.ep},
+              {"fsdp", c.layout.fsdp},
+              {"micro_batch", c.layout.micro_batch},
+              {"recompute", c.layout.recompute}}},
+            {"memory",
+             {{"rank", c.memory_rank},
+              {"arena_bytes", c.memory.arena_bytes},
+              {"ranks", ranks},
+              {"groups", groups},
+              {"by_category", c.memory.by_category()},
+              {"model_state_bytes", c.memory.model_state_bytes()}}},
+            {"fits", c.fits},
+            {"step_seconds",
+             {{"total", t.total},
+              {"compute", t.compute},
+              {"expert_compute", t.expert_compute},
+              {"a2a", t.a2a},
+              {"a2a_exposed", t.a2a_exposed},
+              {"fsdp", t.fsdp},
+              {"fsdp_exposed", t.fsdp_exposed},
+              {"grad_sync", t.grad_sync},
+              {"optimizer", t.optimizer}}},
+            {"imbalance", t.imbalance},
+            {"tokens_per_s_per_device", c.tokens_per_s_per_device},
+            {"mfu", c.mfu}};
+}
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "plan", "Search the parallel layout of a model on a cluster: memory per device, step time, a ranked table");
+    struct Args {
+        std::string model, cluster, mode = "full", routing = "uniform", write_config, json;
+        int64_t ranks = 0, batch = 0, seq = 0, threads = 0, top = 10;
+        std::vector<std::string> overrides;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("model", a->model, "A tessera config, or a Hugging Face config.json (or a directory holding one)")
+        ->required();
+    cmd->add_option("--cluster", a->cluster, "The cluster file (configs/cluster/*.json, docs/plan.md)")->required();
+    add_int_option(cmd, "--ranks", a->ranks, 0, 1 << 20,
+                   "Ranks (devices) to plan for (0 = every device of the cluster)");
+    add_int_option(cmd, "--global-batch", a->batch, 0, train::kMaxBatch,
+                   "Sequences per optimizer step (0 = the config's train.batch_size)");
+    add_int_option(cmd, "--seq", a->seq, 0, model::kMaxSeqLen, "Tokens per sequence (0 = the config's train.seq_len)");
+    cmd->add_option("--mode", a->mode,
+                    "full: every parameter trains; lora: the base frozen (bf16) with rank-16 adapters on gate/up/down "
+                    "projections unless model.lora says otherwise")
+        ->check(CLI::IsMember({"full", "lora"}));
+    cmd->add_option("--routing", a->routing,
+                    "Expert load: uniform, zipf:S, or a run's metrics.jsonl (its recorded per-expert loads)");
+    add_int_option(cmd, "--threads", a->threads, 0, 4096,
+                   "OpenMP threads per rank (sizes the workspace; 0 = the cluster file's, else 1)");
+    add_int_option(cmd, "--top", a->top, 1, 100000, "Rows of the table");
+    cmd->add_option("--set", a->overrides, "Override a config value: section.key=value (repeatable)");
+    cmd->add_option("--write-config", a->write_config, "Write the best layout that fits as a run config here");
+    cmd->add_option("--json", a->json, "Write every candidate (layout, memory by group, step breakdown) as JSON here");
+    cmd->footer(
+        "Example: tessera plan configs/hf/kimi_k3.json --cluster configs/cluster/supernode_128.json --mode lora\n"
+        "         tessera plan configs/moe_small.json --cluster configs/cluster/this_machine.json --ranks 2 "
+        "--write-config plan.json");
+    cmd->callback([a] {
+        const ModelDoc doc = load_model_doc(a->model);
+        Json run = doc.run;
+        if (a->mode == "lora" && !(run.contains("model") && run["model"].contains("lora"))) {
+            apply_override(run, "model.lora.rank=16");
+            apply_override(run, "model.lora.alpha=32");
+            apply_override(run, R"(model.lora.target_modules=["gate_proj","up_proj","down_proj"])");
+            apply_override(run, "model.lora.base_dtype=bf16");
+        }
+        for (const std::string& o : a->overrides) apply_override(run, o);
+        if (a->batch) run["train"]["batch_size"] = a->batch;
+        if (a->seq) run["train"]["seq_len"] = a->seq;
+        const train::RunConfig cfg = train::parse_run_config(run, doc.file);
+        TESSERA_CHECK(a->mode == "lora" || !cfg.model.lora.enabled(),
+                      "--mode full but model.lora.rank is {}: use --mode lora", cfg.model.lora.rank);
+        const plan::Cluster cluster = plan::load_cluster(a->cluster);
+        const plan::PlanOptions o{a->ranks, int(a->threads), a->routing};
+        const plan::Plan p = plan::make_plan(cfg, cluster, o);
+        std::cout << (doc.family.empty() ? "tessera config " + doc.file : doc.family + " (" + doc.file + ")") << ", "
+                  << (cfg.model.lora.enabled() ? fmt::format("LoRA rank {}", cfg.model.lora.rank) : "full training")
+                  << "\n";
+        std::cout << plan::plan_report(p, cluster, size_t(a->top));
+        if (!doc.unsupported.empty())
+            std::cout << "not modelled (features tessera does not build): " << doc.unsupported.size()
+                      << " (tessera inspect lists them)\n";
+        if (!a->json.empty()) {
+            Json all = Json::array();
+            for (const plan::Candidate& c : p.candidates) all.push_back(candidate_json(c));
+            write_output(a->json, Json{{"cluster", cluster.name}, {"candidates", all}}.dump(1) + "\n");
+        }
+        if (!a->write_config.empty()) {
+            TESSERA_CHECK(!p.candidates.empty() && p.candidates.front().fits,
+                          "--write-config {}: no layout fits; nothing written", a->write_config);
+            const plan::Layout& best = p.candidates.front().layout;
+            write_output(a->write_config, train::to_json(plan::with_layout(cfg, best)).dump(2) + "\n");
+            std::cout << fmt::format("wrote {} ({}); run it with: tessera launch -n {} -- train --config {}\n",
+                                     a->write_config, best.str(), best.ranks, a->write_config);
+        }
+    });
+}
+
+}  // namespace tessera::apps

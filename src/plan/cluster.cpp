@@ -1,0 +1,114 @@
+// Cluster files (see cluster.h).
+#include "plan/cluster.h"
+
+#include "core/check.h"
+#include "core/config_reader.h"
+#include "core/file.h"
+#include "core/json.h"
+
+namespace tessera::plan {
+
+const Link& Cluster::link_for(int64_t size) const {
+    for (const Link& l : links)
+        if (l.span == 0 || size <= l.span) return l;
+    return links.back();
+}
+
+namespace {
+double positive(ConfigReader& r, const std::string& key, const std::string& where) {
+    TESSERA_CHECK(r.has(key), "{}: {} is missing", where, key);
+    const double v = r.number(key, 0);
+    TESSERA_CHECK(v > 0, "{}: {} must be positive (got {})", where, key, v);
+    return v;
+}
+}  // namespace
+
+Cluster load_cluster(const std::string& path) {
+    const Json doc = Json::parse(read_text(path), nullptr, false);
+    TESSERA_CHECK(doc.is_object(), "{}: not a JSON object (a cluster file, docs/plan.md)", path);
+    Cluster c;
+    Json rest = doc;  // the links (a list) are read below
+    rest.erase("links");
+    ConfigReader top(rest, path);
+    c.name = top.text("name", path);
+    c.source = top.text("source", "");
+    c.devices = top.integer("devices", 0);
+    TESSERA_CHECK(c.devices >= 1, "{}: devices must be at least 1", path);
+    {
+        const std::string where = path + ": device";
+        ConfigReader d(top.section("device"), where);
+        c.device.name = d.text("name", "");
+        c.device.memory = positive(d, "memory_gb", where) * 1e9;
+        c.device.usable_fraction = d.number("usable_fraction", 0.9);
+        TESSERA_CHECK(c.device.usable_fraction > 0 && c.device.usable_fraction <= 1,
+                      "{}: usable_fraction must be in (0, 1]", where);
+        {
+            const Json& peaks = d.section("peak_tflops");
+            TESSERA_CHECK(peaks.is_object() && !peaks.empty(), "{}: peak_tflops needs one dtype at least", where);
+            ConfigReader p(peaks, where + ".peak_tflops");
+            for (const char* dt : {"f32", "bf16", "fp8"})
+                if (p.has(dt)) c.device.peak_flops[dt] = positive(p, dt, where + ".peak_tflops") * 1e12;
+            p.finish();
+        }
+        c.device.compute_dtype = d.choice("compute_dtype", "bf16", {"f32", "bf16", "fp8"});
+        TESSERA_CHECK(c.device.peak_flops.count(c.device.compute_dtype), "{}: compute_dtype {} has no peak_tflops",
+                      where, c.device.compute_dtype);
+        {
+            ConfigReader e(d.section("efficiency"), where + ".efficiency");
+            const std::pair<const char*, OpClass> classes[] = {{"gemm", OpClass::gemm},
+                                                               {"grouped_gemm", OpClass::grouped_gemm},
+                                                               {"attention", OpClass::attention},
+                                                               {"kda", OpClass::kda}};
+            for (const auto& [key, cls] : classes) {
+                const double v = e.number(key, 0.5);
+                TESSERA_CHECK(v > 0 && v <= 1, "{}.efficiency: {} must be in (0, 1] (got {})", where, key, v);
+                c.device.efficiency[cls] = v;
+            }
+            e.finish();
+        }
+        c.device.memory_bandwidth = positive(d, "memory_bandwidth_gbs", where) * 1e9;
+        c.device.threads = d.integer("threads", 0);
+        TESSERA_CHECK(c.device.threads >= 0, "{}: threads must not be negative", where);
+        d.finish();
+    }
+    {
+        const std::string where = path + ": host";
+        ConfigReader h(top.section("host"), where);
+        c.host.devices = h.integer("devices", 1);
+        TESSERA_CHECK(c.host.devices >= 1 && c.devices % c.host.devices == 0,
+                      "{}: devices ({}) must divide the cluster's {}", where, c.host.devices, c.devices);
+        c.host.memory = h.number("memory_gb", 0) * 1e9;
+        c.host.disk = h.number("disk_gb", 0) * 1e9;
+        c.host.link_bandwidth = h.number("link_bandwidth_gbs", 0) * 1e9;
+        TESSERA_CHECK(c.host.memory >= 0 && c.host.disk >= 0 && c.host.link_bandwidth >= 0,
+                      "{}: sizes must not be negative", where);
+        h.finish();
+    }
+    {
+        TESSERA_CHECK(doc.contains("links") && doc["links"].is_array() && !doc["links"].empty(),
+                      "{}: links must be a list of levels (innermost first), one at least", path);
+        int64_t prev = 0;
+        for (size_t i = 0; i < doc["links"].size(); ++i) {
+            const std::string where = fmt::format("{}: links[{}]", path, i);
+            const Json& l = doc["links"][i];
+            TESSERA_CHECK(l.is_object(), "{}: not an object", where);
+            ConfigReader r(l, where);
+            Link link;
+            link.name = r.text("name", fmt::format("level {}", i));
+            link.span = r.integer("span", 0);
+            link.bandwidth = positive(r, "bandwidth_gbs", where) * 1e9;
+            link.latency = r.number("latency_us", 0) * 1e-6;
+            TESSERA_CHECK(link.span >= 0 && link.latency >= 0, "{}: span and latency_us must not be negative", where);
+            TESSERA_CHECK(link.span == 0 || link.span > prev, "{}: span {} must grow level by level", where, link.span);
+            TESSERA_CHECK(link.span == 0 || c.devices % link.span == 0 || link.span >= c.devices,
+                          "{}: span {} must divide the cluster's {} devices", where, link.span, c.devices);
+            r.finish();
+            prev = link.span == 0 ? c.devices : link.span;
+            c.links.push_back(link);
+        }
+    }
+    top.finish();
+    return c;
+}
+
+}  // namespace tessera::plan

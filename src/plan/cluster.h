@@ -1,0 +1,53 @@
+// A cluster description (docs/plan.md, spec/scale.md §8): the devices (memory, peak FLOP/s per dtype, the fraction
+// of peak each op class reaches, memory bandwidth), the hosts (devices per host, host memory and disk for offload)
+// and the links by level (each level joins groups of `span` consecutive devices: NVLink inside a node, a supernode's
+// fabric, the scale-out network), as one JSON file. Shipped examples: configs/cluster/. Units in the file are the
+// ones datasheets use (GB = 1e9 bytes, GB/s, TFLOP/s, µs); in memory everything is in base units.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tessera::plan {
+
+// The op classes a device's efficiency is given for (fraction of the compute dtype's peak).
+enum class OpClass { gemm, grouped_gemm, attention, kda };
+
+struct Link {
+    std::string name;
+    int64_t span = 0;      // devices per group at this level (0: the whole cluster)
+    double bandwidth = 0;  // bytes/s per device per direction
+    double latency = 0;    // seconds per message
+};
+
+struct Cluster {
+    std::string name, source;  // source: where the numbers come from (a datasheet, `tessera calibrate`)
+    int64_t devices = 1;
+    struct Device {
+        std::string name;
+        double memory = 0;             // bytes
+        double usable_fraction = 0.9;  // of memory a run may plan for (the rest: runtime, libraries, fragmentation)
+        std::map<std::string, double> peak_flops;  // per dtype (f32, bf16, fp8), FLOP/s
+        std::string compute_dtype = "bf16";        // the dtype the engine's GEMMs run in on it
+        std::map<OpClass, double> efficiency;      // fraction of peak per op class
+        double memory_bandwidth = 0;               // bytes/s
+        int64_t threads = 0;                       // CPU devices: OpenMP threads per rank (sizes the workspace)
+        double peak() const { return peak_flops.at(compute_dtype); }
+    } device;
+    struct Host {
+        int64_t devices = 1;          // per host
+        double memory = 0, disk = 0;  // bytes (optimizer / expert offload)
+        double link_bandwidth = 0;    // bytes/s device <-> host memory (PCIe, C2C)
+    } host;
+    std::vector<Link> links;  // innermost first; the last spans the cluster
+
+    // The level a group of `size` consecutive devices communicates over: the innermost that holds it whole.
+    const Link& link_for(int64_t size) const;
+};
+
+// Reads and checks a cluster file: a key it does not know, a missing value or an impossible one is a one-line error
+// naming the file and the key.
+Cluster load_cluster(const std::string& path);
+
+}  // namespace tessera::plan

@@ -1,0 +1,82 @@
+// A rank's memory in a layout (see memory.h).
+#include "plan/memory.h"
+
+#include <fmt/format.h>
+
+#include "model/runtime.h"
+#include "parallel/mesh.h"
+#include "train/rank_state.h"
+
+namespace tessera::plan {
+
+std::string Layout::str() const {
+    return fmt::format("ep {}, {}, micro {}{}", ep, ranks > 1 ? (fsdp ? "fsdp" : "zero-2") : "one rank", micro_batch,
+                       recompute ? ", recompute" : "");
+}
+
+train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
+    cfg.parallel.ep = l.ep;
+    cfg.parallel.fsdp = l.fsdp;
+    cfg.train.micro_batch_size = l.micro_batch;
+    cfg.train.recompute = l.recompute;
+    cfg.train.micro_batch(int(l.ranks));  // checks that the batch splits
+    return cfg;
+}
+
+std::map<std::string, size_t> RankMemory::by_category() const {
+    std::map<std::string, size_t> m;
+    for (const Group& g : groups) m[g.category] += g.block_bytes;
+    return m;
+}
+
+size_t RankMemory::model_state_bytes() const {
+    size_t n = 0;
+    for (const Group& g : groups)
+        if (g.category == "parameters" || g.category == "gradients" || g.category == "optimizer") n += g.block_bytes;
+    return n;
+}
+
+namespace {
+std::string category_of(const BufferGroup& g) {
+    if (g.name().ends_with(".scratch")) return "communication";
+    if (g.size() == 0) return "parameters";
+    switch (g.specs()[0].kind) {
+        case BufferKind::param:
+            return "parameters";
+        case BufferKind::grad:
+            return "gradients";
+        case BufferKind::optimizer:
+            return "optimizer";
+        case BufferKind::activation:
+            return "activations";
+        case BufferKind::workspace:
+            return "workspace";
+    }
+    return "workspace";
+}
+}  // namespace
+
+RankMemory predict_rank_memory(const train::RunConfig& run, const Layout& l, int rank, int threads) {
+    const train::RunConfig cfg = with_layout(run, l);
+    TESSERA_CHECK(cfg.memory.weights_budget == 0, "plan: memory.weights_budget is not modelled yet (set it to 0)");
+    std::unique_ptr<parallel::Mesh> mesh;
+    if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep));
+    TESSERA_CHECK(l.ranks > 1 || l.ep == 1, "plan: ep {} needs several ranks", l.ep);
+    const int ranks = int(l.ranks);
+    train::RankState st(cfg, mesh.get(), cfg.train.accumulation(ranks));
+    st.place(nullptr);
+    model::RuntimeGroups rg =
+        model::runtime_groups(st.model, {cfg.train.micro_batch(ranks), cfg.train.seq_len}, /*with_grads=*/true,
+                              cfg.train.recompute, st.placement ? &*st.placement : nullptr, threads);
+    const std::vector<BufferGroup*> all = rg.all(st.extra);
+    const std::vector<const BufferGroup*> groups(all.begin(), all.end());
+    const std::vector<size_t> blocks = model::arena_block_bytes(groups);
+    RankMemory m;
+    for (size_t i = 0; i < groups.size(); ++i) {
+        m.groups.push_back({groups[i]->name(), category_of(*groups[i]), groups[i]->nbytes(), blocks[i]});
+        m.arena_bytes += blocks[i];
+    }
+    return m;
+}
+
+}  // namespace tessera::plan

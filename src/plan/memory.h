@@ -1,0 +1,45 @@
+// A rank's memory in a layout, from the buffer groups train() allocates for it: train/rank_state.h built on
+// parallel::Mesh::layout (a rank of a job that is not running), then the model runtime's groups
+// (model::runtime_groups). Every group is one block of the rank's arena, so the sum of the blocks is the arena's
+// high-water mark after the first step: model states, activations and scratch are byte-exact by construction
+// (DESIGN.md principle 2). Outside the arena (not predicted here): the GEMM copy buffers, libraries, MPI.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+namespace tessera::plan {
+
+// What the planner chooses for a run (docs/plan.md): ranks, expert parallelism, FSDP or ZeRO-2, sequences per
+// forward per rank, recompute.
+struct Layout {
+    int64_t ranks = 1, ep = 1;
+    bool fsdp = true;
+    int64_t micro_batch = 1;  // sequences per forward on each rank (train.micro_batch_size)
+    bool recompute = false;
+    std::string str() const;  // e.g. "ep 8, fsdp, micro 2, recompute"
+};
+
+// The run config with the layout's choices in it (parallel.ep, parallel.fsdp, train.micro_batch_size,
+// train.recompute); one-line error when the batch does not split so.
+train::RunConfig with_layout(train::RunConfig cfg, const Layout& l);
+
+struct RankMemory {
+    struct Group {
+        std::string name, category;         // category: parameters, gradients, optimizer, activations, workspace,
+                                            // communication (reduce-scatter scratch)
+        size_t bytes = 0, block_bytes = 0;  // packed; in the arena
+    };
+    std::vector<Group> groups;
+    size_t arena_bytes = 0;                             // Σ block_bytes
+    std::map<std::string, size_t> by_category() const;  // block bytes
+    size_t model_state_bytes() const;                   // parameters + gradients + optimizer
+};
+
+// Rank `rank`'s arena in layout l, with `threads` OpenMP threads per rank (the workspace is per thread).
+RankMemory predict_rank_memory(const train::RunConfig& cfg, const Layout& l, int rank, int threads);
+
+}  // namespace tessera::plan

@@ -1,0 +1,328 @@
+// The planner (see plan.h). Formulas: spec/scale.md §2 (bytes per parameter: here the runtime's own groups), §6
+// (all-to-all bytes: k·d per token each way, twice in training, three times with recompute; FSDP gathers), §7 (FLOPs
+// per token: 3 × forward, 2 × for a frozen base, + 1 forward with recompute), §8 (per-op roofline at a measured
+// fraction of peak, α-β links, the MoE imbalance factor of the busiest rank).
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include "core/check.h"
+#include "core/file.h"
+#include "core/json.h"
+#include "core/rng.h"
+#include "model/inspect.h"
+#include "model/model.h"
+
+namespace tessera::plan {
+
+namespace {
+
+// Per MoE layer, each expert's share of the routed tokens (any scale).
+std::vector<std::vector<double>> expert_loads(const std::string& routing, int64_t experts) {
+    const size_t E = size_t(experts);
+    if (routing == "uniform") return {std::vector<double>(E, 1.0)};
+    if (routing.rfind("zipf:", 0) == 0) {
+        double s = 0;
+        try {
+            s = std::stod(routing.substr(5));
+        } catch (const std::exception&) {
+            s = -1;
+        }
+        TESSERA_CHECK(s >= 0 && s <= 8, "--routing {}: zipf:S needs an exponent S in [0, 8]", routing);
+        // popularity rank i gets 1/(i+1)^s; the experts take the ranks in a fixed scrambled order (by a hash), so
+        // the hot ones are not all on the first expert-parallel rank
+        std::vector<size_t> order(E);
+        std::iota(order.begin(), order.end(), size_t(0));
+        std::sort(order.begin(), order.end(), [](size_t a, size_t b) { return mix64(a) < mix64(b); });
+        std::vector<double> load(E);
+        for (size_t i = 0; i < E; ++i) load[order[i]] = 1.0 / std::pow(double(i + 1), s);
+        return {load};
+    }
+    // a run's metrics.jsonl: the mean load of each MoE layer over its last (up to 50) records
+    std::ifstream in(routing);
+    TESSERA_CHECK(in, "--routing {}: not uniform, zipf:S or a readable metrics.jsonl", routing);
+    std::vector<Json> records;
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n) {
+        if (line.empty()) continue;
+        Json r = Json::parse(line, nullptr, false);
+        TESSERA_CHECK(r.is_object(), "{}:{}: not a JSON record", routing, n);
+        if (r.contains("moe") && r["moe"].is_array()) records.push_back(std::move(r));
+        if (records.size() > 50) records.erase(records.begin());
+    }
+    TESSERA_CHECK(!records.empty(), "--routing {}: no record holds MoE loads (a run of a MoE model?)", routing);
+    std::vector<std::vector<double>> layers;
+    for (const Json& r : records) {
+        for (size_t l = 0; l < r["moe"].size(); ++l) {
+            const Json& load = r["moe"][l]["load"];
+            TESSERA_CHECK(load.is_array() && load.size() == E,
+                          "--routing {}: layer {} holds {} expert loads, the model {}", routing, l,
+                          load.is_array() ? load.size() : 0, E);
+            if (layers.size() <= l) layers.emplace_back(E, 0.0);
+            for (size_t e = 0; e < E; ++e) layers[l][e] += load[e].get<double>();
+        }
+    }
+    return layers;
+}
+
+// The busiest expert-parallel rank's routed tokens over the mean (each rank holds E/ep consecutive experts), averaged
+// over the layers: every layer's all-to-all waits for its busiest rank.
+double imbalance(const std::vector<std::vector<double>>& loads, int64_t ep) {
+    double sum = 0;
+    for (const std::vector<double>& layer : loads) {
+        const size_t per = layer.size() / size_t(ep);
+        const double total = std::accumulate(layer.begin(), layer.end(), 0.0);
+        double worst = 0;
+        for (size_t r = 0; r < size_t(ep); ++r)
+            worst = std::max(worst,
+                             std::accumulate(layer.begin() + long(r * per), layer.begin() + long((r + 1) * per), 0.0));
+        sum += total > 0 ? worst / (total / double(ep)) : 1.0;
+    }
+    return sum / double(loads.size());
+}
+
+double dtype_size(const std::string& dt) { return dt == "f32" ? 4.0 : dt == "bf16" ? 2.0 : 1.0; }
+
+// α-β time of moving `bytes` per device in `messages` messages over a link
+double link_seconds(const Link& l, double bytes, double messages) { return bytes / l.bandwidth + messages * l.latency; }
+
+struct ModelCosts {
+    double flops[4] = {0, 0, 0, 0};  // forward FLOPs per token per OpClass
+    int64_t moe_layers = 0, units = 0;
+    double dense_param_bytes = 0, dense_grad_bytes = 0;  // whole model, as held
+    double expert_param_bytes = 0, expert_grad_bytes = 0;
+    double trained_elements = 0;
+};
+
+ModelCosts model_costs(const train::RunConfig& cfg) {
+    const model::Model m(cfg.model);  // specs only
+    ModelCosts c;
+    const auto& moe = cfg.model.moe;
+    const int64_t seq = cfg.train.seq_len;
+    double blocks = 0;
+    for (size_t j = 0; j < m.block_kinds().size(); ++j) {
+        const std::string& kind = m.block_kinds()[j];
+        const double f = m.block_forward_flops_per_token(j, seq);
+        blocks += f;
+        if (kind == "kda" || kind == "gdn") {
+            c.flops[int(OpClass::kda)] += f;
+        } else if (kind == "attention" || kind == "mla" || kind == "dsa") {
+            c.flops[int(OpClass::attention)] += f;
+        } else if (kind == "moe") {
+            const double width = double(moe.latent_dim > 0 ? moe.latent_dim : cfg.model.d_model);
+            const double routed = double(moe.topk) * 6.0 * width * double(moe.ffn_dim);
+            c.flops[int(OpClass::grouped_gemm)] += routed;
+            c.flops[int(OpClass::gemm)] += f - routed;
+            ++c.moe_layers;
+        } else {
+            c.flops[int(OpClass::gemm)] += f;
+        }
+    }
+    c.flops[int(OpClass::gemm)] += m.forward_flops_per_token(seq) - blocks;  // embedding and head
+    c.units = int64_t(m.block_kinds().size() / 2) + 2;
+    for (const BufferSpec& s : m.param_specs()) {
+        const double b = double(s.nbytes());
+        const bool expert = s.sharding == Sharding::expert;
+        (expert ? c.expert_param_bytes : c.dense_param_bytes) += b;
+        if (s.trainable) {
+            (expert ? c.expert_grad_bytes : c.dense_grad_bytes) += double(s.shape.numel()) * 4.0;
+            c.trained_elements += double(s.shape.numel());
+        }
+    }
+    return c;
+}
+
+StepTime step_time(const train::RunConfig& run,
+                   const ModelCosts& c,
+                   const std::vector<std::vector<double>>& loads,
+                   const Cluster& cl,
+                   const Layout& l) {
+    const train::RunConfig cfg = with_layout(run, l);
+    const auto& dev = cl.device;
+    const int ranks = int(l.ranks);
+    const double W = double(l.ranks), ep = double(l.ep);
+    const double tokens = double(cfg.train.batch_size * cfg.train.seq_len) / W;  // per rank per step
+    const double accumulation = double(cfg.train.accumulation(ranks));
+    const bool frozen_base = cfg.model.lora.enabled();
+    // forward + backward (input and weight gradients; a frozen base's weights get none) + recomputed forward
+    const double passes = (frozen_base ? 2.0 : 3.0) + (l.recompute ? 1.0 : 0.0);
+    StepTime t;
+    t.imbalance = loads.empty() ? 1.0 : imbalance(loads, l.ep);
+    for (OpClass cls : {OpClass::gemm, OpClass::grouped_gemm, OpClass::attention, OpClass::kda}) {
+        const double rate = dev.peak() * dev.efficiency.at(cls);
+        const double skew = cls == OpClass::grouped_gemm ? t.imbalance : 1.0;
+        const double s = passes * tokens * c.flops[int(cls)] * skew / rate;
+        t.compute += s;
+        if (cls == OpClass::grouped_gemm) t.expert_compute = s;
+    }
+    const double act = dtype_size(dev.compute_dtype);
+    if (l.ep > 1 && c.moe_layers > 0) {
+        // dispatch + combine of k rows of the expert width per token, forward and backward (+ recompute), the
+        // remote share, received by the busiest rank
+        const double width = double(cfg.model.moe.latent_dim > 0 ? cfg.model.moe.latent_dim : cfg.model.d_model);
+        const double a2a_passes = 2.0 + (l.recompute ? 1.0 : 0.0);
+        const double bytes = tokens * double(c.moe_layers) * 2.0 * double(cfg.model.moe.topk) * width * act *
+                             a2a_passes * (ep - 1) / ep * t.imbalance;
+        const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
+        const double messages = double(c.moe_layers) * 2.0 * a2a_passes * accumulation * chunks * (ep - 1);
+        t.a2a = link_seconds(cl.link_for(l.ep), bytes, messages);
+        // chunked overlap: the first chunk's exchange is exposed, the rest hides behind the other chunks' experts
+        t.a2a_exposed = t.a2a / chunks + std::max(0.0, (t.a2a - t.expert_compute) * (chunks - 1) / chunks);
+    }
+    const Link& world = cl.link_for(l.ranks);
+    const double edp = W / ep;
+    const double local_expert_params = c.expert_param_bytes / ep, local_expert_grads = c.expert_grad_bytes / ep;
+    if (l.ranks > 1 && l.fsdp) {
+        // every micro-batch gathers each unit twice (forward, backward) and reduce-scatters its gradient
+        double bytes = accumulation * (2.0 * c.dense_param_bytes + c.dense_grad_bytes) * (W - 1) / W;
+        if (edp > 1) bytes += accumulation * (2.0 * local_expert_params + local_expert_grads) * (edp - 1) / edp;
+        const double messages = accumulation * 3.0 * double(c.units) * (W - 1);
+        t.fsdp = link_seconds(world, bytes, messages);
+        // the next unit's gather arrives while this one computes: the first is exposed, the rest beyond compute
+        t.fsdp_exposed = t.fsdp / double(c.units) + std::max(0.0, t.fsdp - t.compute);
+    } else if (l.ranks > 1) {
+        // ZeRO-2: the summed gradient reduce-scattered, the updated parameters all-gathered, after backward
+        double bytes = (c.dense_grad_bytes + c.dense_param_bytes) * (W - 1) / W;
+        if (edp > 1) bytes += (local_expert_grads + local_expert_params) * (edp - 1) / edp;
+        t.grad_sync = link_seconds(world, bytes, 2.0 * (W - 1));
+    }
+    // AdamW reads parameter, gradient, m, v and writes parameter, m, v (f32) for this rank's ranges
+    const double local = l.ranks > 1 ? c.trained_elements / W : c.trained_elements;
+    t.optimizer = local * 28.0 / dev.memory_bandwidth;
+    t.total = t.compute + t.a2a_exposed + t.fsdp_exposed + t.grad_sync + t.optimizer;
+    return t;
+}
+
+std::vector<std::vector<double>> loads_of(const train::RunConfig& cfg, const PlanOptions& o) {
+    return cfg.model.moe.experts > 0 ? expert_loads(o.routing, cfg.model.moe.experts)
+                                     : std::vector<std::vector<double>>{};
+}
+
+}  // namespace
+
+StepTime predict_step(const train::RunConfig& cfg, const Cluster& cl, const Layout& l, const PlanOptions& o) {
+    return step_time(cfg, model_costs(cfg), loads_of(cfg, o), cl, l);
+}
+
+Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions& o) {
+    const int64_t W = o.ranks > 0 ? o.ranks : cl.devices;
+    TESSERA_CHECK(W <= cl.devices, "plan: {} ranks but the cluster {} has {} devices", W, cl.name, cl.devices);
+    const int64_t batch = cfg.train.batch_size;
+    TESSERA_CHECK(batch % W == 0, "plan: train.batch_size {} does not split over {} ranks (a multiple of them)", batch,
+                  W);
+    const int threads = o.threads > 0 ? o.threads : std::max<int>(1, int(cl.device.threads));
+    Plan p;
+    p.usable_bytes = cl.device.memory * cl.device.usable_fraction;
+    p.tokens_per_step = batch * cfg.train.seq_len;
+    p.routing = o.routing;
+    const model::ModelSummary s = model::summarize(cfg.model, cfg.train.seq_len);
+    p.params = double(s.params);
+    p.active_params = s.active_params;
+    p.train_flops_per_token = s.train_flops_per_token;
+    const ModelCosts costs = model_costs(cfg);
+    const std::vector<std::vector<double>> loads = loads_of(cfg, o);
+    const int64_t experts = cfg.model.moe.experts;
+    std::vector<int64_t> eps = {1};
+    for (int64_t e = 2; e <= W; ++e)
+        if (W % e == 0 && experts > 0 && experts % e == 0) eps.push_back(e);
+    for (int64_t ep : eps)
+        for (bool fsdp : W > 1 ? std::vector<bool>{true, false} : std::vector<bool>{true})
+            for (int64_t micro = 1; micro <= batch / W; ++micro) {
+                if ((batch / W) % micro != 0) continue;
+                for (bool recompute : {false, true}) {
+                    Candidate c;
+                    c.layout = {W, ep, fsdp, micro, recompute};
+                    // the first and the last rank: ranges cut unevenly put the remainder at one end
+                    for (int rank : W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0}) {
+                        RankMemory m = predict_rank_memory(cfg, c.layout, rank, threads);
+                        c.rank_arena_bytes.emplace_back(rank, m.arena_bytes);
+                        if (rank == 0 || m.arena_bytes > c.memory.arena_bytes) {
+                            c.memory = std::move(m);
+                            c.memory_rank = rank;
+                        }
+                    }
+                    c.fits = double(c.memory.arena_bytes) <= p.usable_bytes;
+                    c.time = step_time(cfg, costs, loads, cl, c.layout);
+                    const double tokens = double(p.tokens_per_step) / double(W);
+                    c.tokens_per_s_per_device = tokens / c.time.total;
+                    c.mfu = c.tokens_per_s_per_device * p.train_flops_per_token / cl.device.peak();
+                    p.candidates.push_back(std::move(c));
+                }
+            }
+    std::stable_sort(p.candidates.begin(), p.candidates.end(), [](const Candidate& a, const Candidate& b) {
+        if (a.fits != b.fits) return a.fits;
+        return a.fits ? a.time.total < b.time.total : a.memory.arena_bytes < b.memory.arena_bytes;
+    });
+    return p;
+}
+
+namespace {
+std::string gb(double b) { return fmt::format("{:.1f}", b / 1e9); }
+std::string ms(double s) { return fmt::format("{:.1f}", s * 1e3); }
+// the table's memory unit: GB, or MB when every arena is below a GB
+struct Unit {
+    double bytes;
+    const char* name;
+    std::string operator()(double b) const { return fmt::format("{:.1f}", b / bytes); }
+};
+}  // namespace
+
+std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
+    std::string s = fmt::format(
+        "{:.4g}B parameters ({:.4g}B active per token), {} tokens per step; cluster {}: {} x {} ({:.0f} GB, {:.0f}% "
+        "usable), {} at {:.4g} TFLOP/s; routing {}\n",
+        p.params / 1e9, p.active_params / 1e9, p.tokens_per_step, cl.name, cl.devices, cl.device.name,
+        cl.device.memory / 1e9, cl.device.usable_fraction * 100, cl.device.compute_dtype, cl.device.peak() / 1e12,
+        p.routing);
+    size_t largest = 0;
+    for (const Candidate& c : p.candidates) largest = std::max(largest, c.memory.arena_bytes);
+    const Unit unit = largest >= size_t(1e9) ? Unit{1e9, "GB"} : Unit{1e6, "MB"};
+    s += fmt::format(
+        "memory is per device ({}: the busiest rank's arena, byte-exact from the runtime's buffer groups); time per "
+        "step (ms)\n",
+        unit.name);
+    s += fmt::format(
+        "{:>3}  {:<33} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10} "
+        "{:>6}\n",
+        "#", "layout", "memory", "params", "grads", "optim", "activ", "comm", "fits", "step", "compute", "a2a", "fsdp",
+        "optim", "tok/s/dev", "MFU");
+    for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i) {
+        const Candidate& c = p.candidates[i];
+        auto cat = c.memory.by_category();
+        s += fmt::format(
+            "{:>3}  {:<33} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10.4g} "
+            "{:>5.1f}%\n",
+            i + 1, c.layout.str(), unit(double(c.memory.arena_bytes)), unit(double(cat["parameters"])),
+            unit(double(cat["gradients"])), unit(double(cat["optimizer"])), unit(double(cat["activations"])),
+            unit(double(cat["communication"] + cat["workspace"])), c.fits ? "yes" : "NO", ms(c.time.total),
+            ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),
+            ms(c.time.optimizer), c.tokens_per_s_per_device, c.mfu * 100);
+    }
+    if (!p.candidates.empty() && !p.candidates.front().fits) {
+        const Candidate& c = p.candidates.front();  // the smallest
+        auto cat = c.memory.by_category();
+        const double states = double(c.memory.model_state_bytes()) * double(c.layout.ranks);
+        const double rest = double(c.memory.arena_bytes - c.memory.model_state_bytes());
+        s += fmt::format(
+            "no layout fits {} GB per device: the smallest ({}) needs {} GB: model states {} GB, activations {} GB, "
+            "communication buffers {} GB\n",
+            gb(p.usable_bytes), c.layout.str(), gb(double(c.memory.arena_bytes)),
+            gb(double(c.memory.model_state_bytes())), gb(double(cat["activations"])), gb(double(cat["communication"])));
+        if (p.usable_bytes > rest)
+            s += fmt::format(
+                "  more devices: the model states ({} GB in all) fit at about {:.0f} devices of this kind\n",
+                gb(states), std::ceil(states / (p.usable_bytes - rest)));
+        const double on_device = double(c.memory.arena_bytes - cat["optimizer"]);
+        s += fmt::format(
+            "  optimizer offload (not in the runtime yet): the device keeps {} GB ({}), the host {} GB per device "
+            "(AdamW moments; the host has {} GB for {} devices)\n",
+            gb(on_device), on_device <= p.usable_bytes ? "fits" : "does not fit", gb(double(cat["optimizer"])),
+            gb(cl.host.memory), cl.host.devices);
+    }
+    return s;
+}
+
+}  // namespace tessera::plan
