@@ -157,6 +157,7 @@ class Model {
     // "attention", "mla", "dsa", "mlp", "moe") and forward FLOPs per token; the rest of forward_flops_per_token is the
     // embedding and head's. The planner's compute per op class (plan/plan.h).
     const std::vector<std::string>& block_kinds() const { return block_kinds_; }
+    Block& block(size_t j) { return *blocks_.at(j); }  // `tessera calibrate` times one block of each kind
     double block_forward_flops_per_token(size_t block, int64_t seq) const;
 
     // MoE layers: after each optimizer step, move the selection biases (docs/moe.md; sum_over_ranks, when set,

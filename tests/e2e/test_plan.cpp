@@ -134,6 +134,30 @@ TEST(Plan, KimiK3OnASupernode) {
     EXPECT_TRUE(ep64_fits);
 }
 
+// tessera calibrate: a cluster file of what it measured, which plan reads; under launch the link between the ranks.
+TEST(Plan, CalibrateWritesAClusterFile) {
+    TempDir d;
+    const std::string one = d.file("one.json"), two = d.file("two.json");
+    const test::CliResult a = test::run_tessera("calibrate --seq 64 --out " + one);
+    ASSERT_EQ(a.status, 0) << a.err;
+    EXPECT_NE(a.out.find("GEMM (1024^3"), std::string::npos) << a.out;
+    const Json c = Json::parse(read_text(one));
+    EXPECT_EQ(c["devices"], 1);
+    EXPECT_EQ(c["device"]["compute_dtype"], "f32");
+    EXPECT_GT(c["device"]["peak_tflops"]["f32"].get<double>(), 0.001) << "a GEMM rate above 1 GFLOP/s";
+    for (const char* k : {"gemm", "grouped_gemm", "attention", "kda"}) {
+        const double e = c["device"]["efficiency"][k].get<double>();
+        EXPECT_TRUE(e > 0 && e <= 1) << k << " " << e;
+    }
+    EXPECT_EQ(test::run_tessera("plan " + kTiny + " --cluster " + one).status, 0);
+    const test::CliResult b = test::run_tessera("launch -n 2 -- calibrate --seq 64 --out " + two);
+    ASSERT_EQ(b.status, 0) << b.err;
+    const Json l = Json::parse(read_text(two))["links"][0];
+    EXPECT_EQ(l["name"], "mpi all-to-all");
+    EXPECT_GT(l["bandwidth_gbs"].get<double>(), 0.01);
+    EXPECT_GT(l["latency_us"].get<double>(), 0.0);
+}
+
 TEST(Plan, MistakesAreOneLineErrors) {
     TempDir d;
     const std::string bad = d.file("bad.json");

@@ -1,0 +1,208 @@
+// Calibration (see calibrate.h).
+#include "plan/calibrate.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "core/json.h"
+#include "core/rng.h"
+#include "model/layers/block_rig.h"
+#include "model/model.h"
+#include "ops/gemm.h"
+#include "ops/isa.h"
+#include "parallel/comm_mpi.h"
+#include "train/telemetry.h"
+
+namespace tessera::plan {
+
+namespace {
+
+// median seconds of fn over at least 3 runs and ~0.5 s, after one warm-up run
+template <class F>
+double median_seconds(F&& fn) {
+    fn();
+    std::vector<double> t;
+    double total = 0;
+    while (t.size() < 3 || (total < 0.5 && t.size() < 50)) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        total += t.back();
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+// values in [-scale, scale) from a counter hash: weights that keep a block's activations finite
+void fill(TensorView v, uint64_t seed, float scale, float offset) {
+    float* p = v.ptr<float>();
+    for (int64_t i = 0; i < v.numel(); ++i)
+        p[i] = offset + scale * (float(mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(i)) >> 40) / float(1 << 23) - 1.f);
+}
+
+// forward + backward seconds of block j at `shape`
+double time_block(model::Model& m, size_t j, model::StepShape shape, int64_t d_model) {
+    model::Block& block = m.block(j);
+    model::BlockRig rig(block, shape);
+    for (size_t i = 0; i < rig.specs.size(); ++i) {
+        const BufferSpec& s = rig.specs[i];
+        if (s.dtype != DType::f32) continue;
+        const bool norm = s.name.find("norm") != std::string::npos;
+        const float fan = float(s.shape.ndim > 0 ? s.shape[s.shape.ndim - 1] : 1);
+        fill(rig.params.view(s.name), i + 1, norm ? 0.f : 1.f / std::sqrt(fan), norm ? 1.f : 0.f);
+    }
+    Tensor x(DType::f32, Shape{shape.batch * shape.seq, d_model}), out(DType::f32, x.shape()), d(DType::f32, x.shape());
+    fill(x.view(), 101, 1.f, 0.f);
+    fill(d.view(), 102, 1.f, 0.f);
+    return median_seconds([&] {
+        block.forward(shape, x.view(), out.view(), rig.ws);
+        block.backward(shape, x.view(), d.view(), rig.ws);
+    });
+}
+
+double memcpy_bandwidth() {
+    const size_t n = size_t(64) << 20;
+    std::vector<char> a(n, 1), b(n, 0);
+    const double s = median_seconds([&] { std::memcpy(b.data(), a.data(), n); });
+    return 2.0 * double(n) / s;  // read and write
+}
+
+// all-to-all over every rank: (bandwidth per rank each way, seconds per message)
+std::pair<double, double> measure_links(parallel::Comm& c) {
+    const int W = c.size();
+    const auto exchange = [&](int64_t per_peer) {
+        std::vector<std::byte> send(size_t(per_peer * W)), recv(send.size());
+        std::vector<int64_t> counts(size_t(W), per_peer);
+        c.barrier();
+        return median_seconds([&] { c.all_to_all_v(send, counts, recv, counts); });
+    };
+    const double small = exchange(8), big_bytes = double(8 << 20);
+    const double big = exchange(int64_t(big_bytes));
+    double lat = small / double(W - 1), bw = big_bytes * double(W - 1) / std::max(1e-9, big - small);
+    // every rank takes rank 0's numbers (the file is one description)
+    double v[2] = {bw, lat};
+    c.broadcast(std::as_writable_bytes(std::span(v)), 0);
+    return {v[0], v[1]};
+}
+
+}  // namespace
+
+Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostream* log) {
+    const auto note = [&](const std::string& s) {
+        if (log) *log << s << '\n' << std::flush;
+    };
+    const int W = world ? world->size() : 1, threads = omp_get_max_threads();
+    Cluster c;
+    c.name = fmt::format("calibrated: {} rank{} x {} thread{} ({})", W, W == 1 ? "" : "s", threads,
+                         threads == 1 ? "" : "s", ops::isa_summary());
+    c.devices = W;
+    c.device.name = fmt::format("{} with {} threads", ops::isa_summary(), threads);
+    c.device.compute_dtype = "f32";
+    c.device.threads = threads;
+    const double peak = ops::measure_gemm_gflops(1024, 0.5) * 1e9;
+    c.device.peak_flops["f32"] = peak;
+    note(fmt::format("GEMM (1024^3, {} threads): {:.1f} GFLOP/s, taken as the peak", threads, peak / 1e9));
+    // one block of each kind of the model, at its micro-batch of one sequence
+    model::Model m(cfg.model);
+    const model::StepShape shape{1, cfg.train.seq_len};
+    const double T = double(shape.seq);
+    std::map<std::string, double> eff;
+    std::vector<std::pair<size_t, double>> moe;  // block, seconds
+    for (size_t j = 0; j < m.block_kinds().size(); ++j) {
+        const std::string& kind = m.block_kinds()[j];
+        const std::string cls = kind == "kda" || kind == "gdn" ? "kda"
+                                : kind == "mlp"                ? "gemm"
+                                : kind == "moe"                ? "moe"
+                                                               : "attention";
+        if (eff.count(cls) || (cls == "moe" && !moe.empty())) continue;
+        const double s = time_block(m, j, shape, cfg.model.d_model);
+        const double flops = 3.0 * T * m.block_forward_flops_per_token(j, shape.seq);
+        note(
+            fmt::format("block {} ({}): {:.2f} ms forward+backward at {} tokens, {:.1f} GFLOP/s ({:.0f}% of the GEMM "
+                        "rate)",
+                        j, kind, s * 1e3, shape.seq, flops / s / 1e9, 100 * flops / s / peak));
+        if (cls == "moe")
+            moe.emplace_back(j, s);
+        else
+            eff[cls] = flops / s / peak;
+    }
+    const auto clamp = [](double e) { return std::clamp(e, 1e-3, 1.0); };
+    const double gemm = clamp(eff.count("gemm") ? eff["gemm"] : 0.9);
+    c.device.efficiency[OpClass::gemm] = gemm;
+    c.device.efficiency[OpClass::attention] = clamp(eff.count("attention") ? eff["attention"] : gemm);
+    c.device.efficiency[OpClass::kda] = clamp(eff.count("kda") ? eff["kda"] : gemm);
+    double grouped = gemm;
+    if (!moe.empty()) {
+        // the block's time = its routed FLOPs at the grouped rate + the rest at the GEMM rate (plan.cpp's split)
+        const auto& mo = cfg.model.moe;
+        const double routed =
+            double(mo.topk) * 6.0 * double(mo.latent_dim > 0 ? mo.latent_dim : cfg.model.d_model) * double(mo.ffn_dim);
+        const double rest = m.block_forward_flops_per_token(moe[0].first, shape.seq) - routed;
+        const double left = moe[0].second * peak / (3.0 * T) - rest / gemm;
+        grouped = left > 0 ? clamp(routed / left) : gemm;
+    }
+    c.device.efficiency[OpClass::grouped_gemm] = grouped;
+    c.device.memory_bandwidth = memcpy_bandwidth();
+    note(fmt::format("memcpy: {:.1f} GB/s", c.device.memory_bandwidth / 1e9));
+    const int local = world ? parallel::local_ranks() : 1;
+    c.device.memory = train::physical_memory_bytes() / double(std::max(1, local));
+    c.device.usable_fraction = 0.8;
+    c.host.devices = std::max(1, local);
+    c.host.memory = train::physical_memory_bytes();
+    Link link{"shared memory (one host)", W, 5e9, 2e-6};
+    if (W > 1) {
+        const auto [bw, lat] = measure_links(*world);
+        link.bandwidth = bw;
+        link.latency = lat;
+        link.name = fmt::format("{} all-to-all", world->backend());
+        note(fmt::format("all-to-all over {} ranks: {:.2f} GB/s per rank each way, {:.1f} us per message", W, bw / 1e9,
+                         lat * 1e6));
+    }
+    c.links = {link};
+    c.source = fmt::format(
+        "tessera calibrate on {}: the GEMM rate as the f32 peak; efficiencies from one block of each kind of the model "
+        "(d_model {}, seq {}){}",
+        ops::isa_summary(), cfg.model.d_model, cfg.train.seq_len, W > 1 ? "; the link from an all-to-all sweep" : "");
+    return c;
+}
+
+std::string cluster_json(const Cluster& c) {
+    Json peaks = Json::object();
+    for (const auto& [dt, f] : c.device.peak_flops) peaks[dt] = f / 1e12;
+    Json links = Json::array();
+    for (const Link& l : c.links)
+        links.push_back({{"name", l.name},
+                         {"span", l.span},
+                         {"bandwidth_gbs", l.bandwidth / 1e9},
+                         {"latency_us", l.latency * 1e6}});
+    const auto e = [&](OpClass k) { return c.device.efficiency.at(k); };
+    const Json doc = {{"name", c.name},
+                      {"source", c.source},
+                      {"devices", c.devices},
+                      {"device",
+                       {{"name", c.device.name},
+                        {"memory_gb", c.device.memory / 1e9},
+                        {"usable_fraction", c.device.usable_fraction},
+                        {"peak_tflops", peaks},
+                        {"compute_dtype", c.device.compute_dtype},
+                        {"efficiency",
+                         {{"gemm", e(OpClass::gemm)},
+                          {"grouped_gemm", e(OpClass::grouped_gemm)},
+                          {"attention", e(OpClass::attention)},
+                          {"kda", e(OpClass::kda)}}},
+                        {"memory_bandwidth_gbs", c.device.memory_bandwidth / 1e9},
+                        {"threads", c.device.threads}}},
+                      {"host",
+                       {{"devices", c.host.devices},
+                        {"memory_gb", c.host.memory / 1e9},
+                        {"disk_gb", c.host.disk / 1e9},
+                        {"link_bandwidth_gbs", c.host.link_bandwidth / 1e9}}},
+                      {"links", links}};
+    return doc.dump(2) + "\n";
+}
+
+}  // namespace tessera::plan
