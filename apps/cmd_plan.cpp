@@ -57,35 +57,64 @@ Json candidate_json(const plan::Candidate& c) {
             {"tokens_per_s_per_device", c.tokens_per_s_per_device},
             {"mfu", c.mfu}};
 }
+
+// What plan and simulate share: the model, the cluster and the workload.
+struct Workload {
+    std::string model, cluster, mode = "full", routing = "uniform";
+    int64_t ranks = 0, batch = 0, seq = 0;
+    std::vector<std::string> overrides;
+};
+
+void add_workload_options(CLI::App* cmd, Workload& w) {
+    cmd->add_option("model", w.model, "A tessera config, or a Hugging Face config.json (or a directory holding one)")
+        ->required();
+    cmd->add_option("--cluster", w.cluster, "The cluster file (configs/cluster/*.json, docs/plan.md)")->required();
+    add_int_option(cmd, "--ranks", w.ranks, 0, 1 << 20,
+                   "Ranks (devices) to plan for (0 = every device of the cluster)");
+    add_int_option(cmd, "--global-batch", w.batch, 0, train::kMaxBatch,
+                   "Sequences per optimizer step (0 = the config's train.batch_size)");
+    add_int_option(cmd, "--seq", w.seq, 0, model::kMaxSeqLen, "Tokens per sequence (0 = the config's train.seq_len)");
+    cmd->add_option("--mode", w.mode,
+                    "full: every parameter trains; lora: the base frozen (bf16) with rank-16 adapters on gate/up/down "
+                    "projections unless model.lora says otherwise")
+        ->check(CLI::IsMember({"full", "lora"}));
+    cmd->add_option("--routing", w.routing,
+                    "Expert load: uniform, zipf:S, or a run's metrics.jsonl (its recorded per-expert loads)");
+    cmd->add_option("--set", w.overrides, "Override a config value: section.key=value (repeatable)");
+}
+
+// The run config of the workload (the model's document, --mode, --set, --global-batch, --seq).
+train::RunConfig workload_config(const Workload& w, ModelDoc& doc) {
+    doc = load_model_doc(w.model);
+    Json run = doc.run;
+    if (w.mode == "lora" && !(run.contains("model") && run["model"].contains("lora"))) {
+        apply_override(run, "model.lora.rank=16");
+        apply_override(run, "model.lora.alpha=32");
+        apply_override(run, R"(model.lora.target_modules=["gate_proj","up_proj","down_proj"])");
+        apply_override(run, "model.lora.base_dtype=bf16");
+    }
+    for (const std::string& o : w.overrides) apply_override(run, o);
+    if (w.batch) run["train"]["batch_size"] = w.batch;
+    if (w.seq) run["train"]["seq_len"] = w.seq;
+    train::RunConfig cfg = train::parse_run_config(run, doc.file);
+    TESSERA_CHECK(w.mode == "lora" || !cfg.model.lora.enabled(),
+                  "--mode full but model.lora.rank is {}: use --mode lora", cfg.model.lora.rank);
+    return cfg;
+}
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
     auto* cmd = app.add_subcommand(
         "plan", "Search the parallel layout of a model on a cluster: memory per device, step time, a ranked table");
-    struct Args {
-        std::string model, cluster, mode = "full", routing = "uniform", write_config, json;
-        int64_t ranks = 0, batch = 0, seq = 0, threads = 0, top = 10;
-        std::vector<std::string> overrides;
+    struct Args : Workload {
+        std::string write_config, json;
+        int64_t threads = 0, top = 10;
     };
     auto a = std::make_shared<Args>();
-    cmd->add_option("model", a->model, "A tessera config, or a Hugging Face config.json (or a directory holding one)")
-        ->required();
-    cmd->add_option("--cluster", a->cluster, "The cluster file (configs/cluster/*.json, docs/plan.md)")->required();
-    add_int_option(cmd, "--ranks", a->ranks, 0, 1 << 20,
-                   "Ranks (devices) to plan for (0 = every device of the cluster)");
-    add_int_option(cmd, "--global-batch", a->batch, 0, train::kMaxBatch,
-                   "Sequences per optimizer step (0 = the config's train.batch_size)");
-    add_int_option(cmd, "--seq", a->seq, 0, model::kMaxSeqLen, "Tokens per sequence (0 = the config's train.seq_len)");
-    cmd->add_option("--mode", a->mode,
-                    "full: every parameter trains; lora: the base frozen (bf16) with rank-16 adapters on gate/up/down "
-                    "projections unless model.lora says otherwise")
-        ->check(CLI::IsMember({"full", "lora"}));
-    cmd->add_option("--routing", a->routing,
-                    "Expert load: uniform, zipf:S, or a run's metrics.jsonl (its recorded per-expert loads)");
+    add_workload_options(cmd, *a);
     add_int_option(cmd, "--threads", a->threads, 0, 4096,
                    "OpenMP threads per rank (sizes the workspace; 0 = the cluster file's, else 1)");
     add_int_option(cmd, "--top", a->top, 1, 100000, "Rows of the table");
-    cmd->add_option("--set", a->overrides, "Override a config value: section.key=value (repeatable)");
     cmd->add_option("--write-config", a->write_config, "Write the best layout that fits as a run config here");
     cmd->add_option("--json", a->json, "Write every candidate (layout, memory by group, step breakdown) as JSON here");
     cmd->footer(
@@ -93,20 +122,8 @@ void add_plan_command(CLI::App& app) {
         "         tessera plan configs/moe_small.json --cluster configs/cluster/this_machine.json --ranks 2 "
         "--write-config plan.json");
     cmd->callback([a] {
-        const ModelDoc doc = load_model_doc(a->model);
-        Json run = doc.run;
-        if (a->mode == "lora" && !(run.contains("model") && run["model"].contains("lora"))) {
-            apply_override(run, "model.lora.rank=16");
-            apply_override(run, "model.lora.alpha=32");
-            apply_override(run, R"(model.lora.target_modules=["gate_proj","up_proj","down_proj"])");
-            apply_override(run, "model.lora.base_dtype=bf16");
-        }
-        for (const std::string& o : a->overrides) apply_override(run, o);
-        if (a->batch) run["train"]["batch_size"] = a->batch;
-        if (a->seq) run["train"]["seq_len"] = a->seq;
-        const train::RunConfig cfg = train::parse_run_config(run, doc.file);
-        TESSERA_CHECK(a->mode == "lora" || !cfg.model.lora.enabled(),
-                      "--mode full but model.lora.rank is {}: use --mode lora", cfg.model.lora.rank);
+        ModelDoc doc;
+        const train::RunConfig cfg = workload_config(*a, doc);
         const plan::Cluster cluster = plan::load_cluster(a->cluster);
         const plan::PlanOptions o{a->ranks, int(a->threads), a->routing};
         const plan::Plan p = plan::make_plan(cfg, cluster, o);
@@ -130,6 +147,44 @@ void add_plan_command(CLI::App& app) {
             std::cout << fmt::format("wrote {} ({}); run it with: tessera launch -n {} -- train --config {}\n",
                                      a->write_config, best.str(), best.ranks, a->write_config);
         }
+    });
+}
+
+void add_simulate_command(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "simulate", "Write one layout's predicted step as a Chrome trace (compute and communication tracks; Perfetto)");
+    struct Args : Workload {
+        std::string out;
+        int64_t ep = 1, micro = 0;
+        bool zero2 = false, recompute = false;
+    };
+    auto a = std::make_shared<Args>();
+    add_workload_options(cmd, *a);
+    add_int_option(cmd, "--ep", a->ep, 1, 1 << 20, "Expert parallelism");
+    add_int_option(cmd, "--micro-batch", a->micro, 0, train::kMaxBatch,
+                   "Sequences per forward on each rank (0 = the whole per-rank batch)");
+    cmd->add_flag("--zero2", a->zero2, "ZeRO-2 instead of FSDP");
+    cmd->add_flag("--recompute", a->recompute, "Recompute the blocks' activations in backward");
+    cmd->add_option("--out", a->out, "The trace file to write (open it in https://ui.perfetto.dev)")->required();
+    cmd->footer(
+        "Example: tessera simulate configs/hf/kimi_k3.json --cluster configs/cluster/supernode_128.json --mode lora "
+        "--global-batch 128 --seq 4096 --ep 64 --micro-batch 1 --recompute --set model.moe.capacity_factor=1.25 "
+        "--out k3.json");
+    cmd->callback([a] {
+        ModelDoc doc;
+        const train::RunConfig cfg = workload_config(*a, doc);
+        const plan::Cluster cluster = plan::load_cluster(a->cluster);
+        const int64_t W = a->ranks > 0 ? a->ranks : cluster.devices;
+        TESSERA_CHECK(cfg.train.batch_size % W == 0, "simulate: train.batch_size {} does not split over {} ranks",
+                      cfg.train.batch_size, W);
+        const plan::Layout l{W, a->ep, !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W, a->recompute};
+        const plan::PlanOptions o{W, 0, a->routing};
+        const plan::Simulation s = plan::simulate(cfg, cluster, l, o);
+        write_output(a->out, s.trace);
+        std::cout << fmt::format(
+            "{} on {} ranks of {}: simulated step {:.1f} ms (the planner's estimate {:.1f} ms); "
+            "trace: {}\n",
+            l.str(), W, cluster.name, s.seconds * 1e3, plan::predict_step(cfg, cluster, l, o).total * 1e3, a->out);
     });
 }
 

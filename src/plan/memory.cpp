@@ -20,6 +20,9 @@ train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
     cfg.train.micro_batch_size = l.micro_batch;
     cfg.train.recompute = l.recompute;
     cfg.train.micro_batch(int(l.ranks));  // checks that the batch splits
+    TESSERA_CHECK(l.ep >= 1 && l.ranks % l.ep == 0, "parallel.ep = {} does not divide the {} ranks", l.ep, l.ranks);
+    TESSERA_CHECK(l.ep == 1 || (cfg.model.moe.experts > 0 && cfg.model.moe.experts % l.ep == 0),
+                  "parallel.ep = {} does not divide the model's {} experts", l.ep, cfg.model.moe.experts);
     return cfg;
 }
 

@@ -89,8 +89,20 @@ double dtype_size(const std::string& dt) { return dt == "f32" ? 4.0 : dt == "bf1
 // α-β time of moving `bytes` per device in `messages` messages over a link
 double link_seconds(const Link& l, double bytes, double messages) { return bytes / l.bandwidth + messages * l.latency; }
 
+struct BlockCost {
+    std::string kind;
+    OpClass cls = OpClass::gemm;
+    double flops = 0, routed = 0;  // forward per token; of which the routed experts' (grouped GEMM)
+};
+
 struct ModelCosts {
     double flops[4] = {0, 0, 0, 0};  // forward FLOPs per token per OpClass
+    std::vector<BlockCost> blocks;   // two per layer
+    double head_flops = 0;           // embedding and head, forward per token
+    struct UnitBytes {
+        double params = 0, grads = 0, expert_params = 0, expert_grads = 0;  // as held; gradients f32
+    };
+    std::vector<UnitBytes> units_bytes;  // [0]: the embedding and head (and what no layer holds), [1 + l]: layer l
     int64_t moe_layers = 0, units = 0;
     double dense_param_bytes = 0, dense_grad_bytes = 0;  // whole model, as held
     double expert_param_bytes = 0, expert_grad_bytes = 0;
@@ -107,30 +119,35 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
         const std::string& kind = m.block_kinds()[j];
         const double f = m.block_forward_flops_per_token(j, seq);
         blocks += f;
+        BlockCost b{kind, OpClass::gemm, f, 0};
         if (kind == "kda" || kind == "gdn") {
-            c.flops[int(OpClass::kda)] += f;
+            b.cls = OpClass::kda;
         } else if (kind == "attention" || kind == "mla" || kind == "dsa") {
-            c.flops[int(OpClass::attention)] += f;
+            b.cls = OpClass::attention;
         } else if (kind == "moe") {
             const double width = double(moe.latent_dim > 0 ? moe.latent_dim : cfg.model.d_model);
-            const double routed = double(moe.topk) * 6.0 * width * double(moe.ffn_dim);
-            c.flops[int(OpClass::grouped_gemm)] += routed;
-            c.flops[int(OpClass::gemm)] += f - routed;
+            b.routed = double(moe.topk) * 6.0 * width * double(moe.ffn_dim);
+            c.flops[int(OpClass::grouped_gemm)] += b.routed;
             ++c.moe_layers;
-        } else {
-            c.flops[int(OpClass::gemm)] += f;
         }
+        c.flops[int(b.cls)] += f - b.routed;
+        c.blocks.push_back(b);
     }
-    c.flops[int(OpClass::gemm)] += m.forward_flops_per_token(seq) - blocks;  // embedding and head
+    c.head_flops = m.forward_flops_per_token(seq) - blocks;
+    c.flops[int(OpClass::gemm)] += c.head_flops;
     c.units = int64_t(m.block_kinds().size() / 2) + 2;
+    c.units_bytes.assign(size_t(cfg.model.n_layers) + 1, {});
     for (const BufferSpec& s : m.param_specs()) {
-        const double b = double(s.nbytes());
+        const double b = double(s.nbytes()), g = s.trainable ? double(s.shape.numel()) * 4.0 : 0.0;
         const bool expert = s.sharding == Sharding::expert;
         (expert ? c.expert_param_bytes : c.dense_param_bytes) += b;
-        if (s.trainable) {
-            (expert ? c.expert_grad_bytes : c.dense_grad_bytes) += double(s.shape.numel()) * 4.0;
-            c.trained_elements += double(s.shape.numel());
-        }
+        (expert ? c.expert_grad_bytes : c.dense_grad_bytes) += g;
+        if (s.trainable) c.trained_elements += double(s.shape.numel());
+        const size_t at = s.name.find("layers.");
+        size_t u = at == std::string::npos ? 0 : 1 + size_t(std::strtoull(s.name.c_str() + at + 7, nullptr, 10));
+        if (u >= c.units_bytes.size()) u = 0;
+        (expert ? c.units_bytes[u].expert_params : c.units_bytes[u].params) += b;
+        (expert ? c.units_bytes[u].expert_grads : c.units_bytes[u].grads) += g;
     }
     return c;
 }
@@ -205,6 +222,124 @@ std::vector<std::vector<double>> loads_of(const train::RunConfig& cfg, const Pla
 
 StepTime predict_step(const train::RunConfig& cfg, const Cluster& cl, const Layout& l, const PlanOptions& o) {
     return step_time(cfg, model_costs(cfg), loads_of(cfg, o), cl, l);
+}
+
+Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout& l, const PlanOptions& o) {
+    const train::RunConfig cfg = with_layout(run, l);
+    const ModelCosts c = model_costs(cfg);
+    const auto loads = loads_of(cfg, o);
+    const double I = loads.empty() ? 1.0 : imbalance(loads, l.ep);
+    const auto& dev = cl.device;
+    const int ranks = int(l.ranks);
+    const double W = double(l.ranks), ep = double(l.ep), edp = W / ep;
+    const int64_t accumulation = cfg.train.accumulation(ranks);
+    const double tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);  // per micro-batch
+    const double backward = cfg.model.lora.enabled() ? 1.0 : 2.0;                    // passes
+    const double act = dtype_size(dev.compute_dtype);
+    const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
+    const auto rate = [&](OpClass k) { return dev.peak() * dev.efficiency.at(k); };
+    const auto fwd_seconds = [&](const BlockCost& b) {
+        return tokens * ((b.flops - b.routed) / rate(b.cls) + b.routed * I / rate(OpClass::grouped_gemm));
+    };
+    const double width = double(cfg.model.moe.latent_dim > 0 ? cfg.model.moe.latent_dim : cfg.model.d_model);
+    const double a2a = l.ep > 1
+                           ? link_seconds(cl.link_for(l.ep),
+                                          tokens * 2.0 * double(cfg.model.moe.topk) * width * act * (ep - 1) / ep * I,
+                                          2.0 * chunks * (ep - 1))
+                           : 0.0;  // one pass of one MoE layer
+    const Link& world = cl.link_for(l.ranks);
+    const bool fsdp = l.ranks > 1 && l.fsdp;
+    const size_t L = c.units_bytes.size() - 1;
+    // a unit's FSDP transfer (u = 0: embedding and head; u = 1 + layer), of its parameters or its gradient: the dense
+    // part over the world, this rank's experts (1/ep of them) over the expert-data group
+    const auto unit_seconds = [&](size_t u, bool grads) {
+        const ModelCosts::UnitBytes& b = c.units_bytes[u];
+        double bytes = (grads ? b.grads : b.params) * (W - 1) / W;
+        if (edp > 1) bytes += (grads ? b.expert_grads : b.expert_params) / ep * (edp - 1) / edp;
+        return link_seconds(world, bytes, W - 1);
+    };
+    Json events = Json::array();
+    const auto span = [&](const std::string& name, const char* cat, int tid, double t0, double dur, int64_t layer) {
+        Json e = {{"name", name}, {"cat", cat},     {"ph", "X"},       {"pid", 0},
+                  {"tid", tid},   {"ts", t0 * 1e6}, {"dur", dur * 1e6}};
+        if (layer >= 0) e["args"] = {{"layer", layer}};
+        events.push_back(std::move(e));
+    };
+    double now = 0, comm_free = 0;
+    const auto transfer = [&](const std::string& name, double at, double dur, int64_t layer) {
+        const double t0 = std::max(at, comm_free);
+        span(name, "comm", 1, t0, dur, layer);
+        comm_free = t0 + dur;
+        return comm_free;  // when it is done
+    };
+    const size_t B = c.blocks.size();
+    for (int64_t m = 0; m < accumulation; ++m) {
+        // forward: the embedding's unit, then the layers, then the head (in the embedding's unit)
+        std::vector<double> ready(L + 1, 0.0);
+        if (fsdp) ready[0] = transfer("gather embedding+head", now, unit_seconds(0, false), -1);
+        now = std::max(now, ready[0]);
+        for (size_t j = 0; j < B; ++j) {
+            const size_t layer = j / 2;
+            if (j % 2 == 0) {
+                if (fsdp && layer == 0) ready[1] = transfer("gather", now, unit_seconds(1, false), 0);
+                if (fsdp && layer + 1 < L)
+                    ready[layer + 2] = transfer("gather", now, unit_seconds(layer + 2, false), int64_t(layer + 1));
+                now = std::max(now, ready[layer + 1]);
+            }
+            double d = fwd_seconds(c.blocks[j]);
+            if (c.blocks[j].kind == "moe" && a2a > 0) {
+                transfer("all-to-all", now, a2a, int64_t(layer));
+                const double expert = tokens * c.blocks[j].routed * I / rate(OpClass::grouped_gemm);
+                d += a2a / chunks + std::max(0.0, (a2a - expert) * (chunks - 1) / chunks);
+            }
+            span(c.blocks[j].kind, "forward", 0, now, d, int64_t(layer));
+            now += d;
+        }
+        const double head = tokens * c.head_flops / rate(OpClass::gemm);
+        span("embedding+head", "forward", 0, now, head, -1);
+        now += head;
+        span("embedding+head", "backward", 0, now, backward * head, -1);
+        now += backward * head;
+        // backward, layer by layer in reverse: each unit gathered again, its gradient reduce-scattered after
+        for (size_t jj = B; jj-- > 0;) {
+            const size_t layer = jj / 2;
+            if (jj % 2 == 1 && fsdp)
+                now = std::max(now, transfer("gather", now, unit_seconds(layer + 1, false), int64_t(layer)));
+            const double f = fwd_seconds(c.blocks[jj]);
+            double extra = 0;
+            if (c.blocks[jj].kind == "moe" && a2a > 0) {
+                const double passes = l.recompute ? 3.0 : 2.0;  // the backward's two exchanges (+ the recompute's)
+                transfer("all-to-all", now, a2a * (passes - 1), int64_t(layer));
+                extra = (a2a * (passes - 1)) / chunks;
+            }
+            if (l.recompute) {
+                span(c.blocks[jj].kind, "recompute", 0, now, f, int64_t(layer));
+                now += f;
+            }
+            span(c.blocks[jj].kind, "backward", 0, now, backward * f + extra, int64_t(layer));
+            now += backward * f + extra;
+            if (jj % 2 == 0 && fsdp) transfer("reduce-scatter", now, unit_seconds(layer + 1, true), int64_t(layer));
+        }
+        if (fsdp) transfer("reduce-scatter embedding+head", now, unit_seconds(0, true), -1);
+    }
+    if (fsdp) now = std::max(now, comm_free);
+    if (l.ranks > 1 && !l.fsdp) {
+        double bytes = (c.dense_grad_bytes + c.dense_param_bytes) * (W - 1) / W;
+        if (edp > 1) bytes += (c.expert_grad_bytes + c.expert_param_bytes) / ep * (edp - 1) / edp;
+        now = transfer("gradient reduce-scatter + parameter all-gather (ZeRO-2)", now,
+                       link_seconds(world, bytes, 2.0 * (W - 1)), -1);
+    }
+    const double local = l.ranks > 1 ? c.trained_elements / W : c.trained_elements;
+    const double opt = local * 28.0 / dev.memory_bandwidth;
+    span("AdamW", "optimizer", 0, now, opt, -1);
+    now += opt;
+    const std::string pname = fmt::format("{}: busiest rank, {}", cl.name, l.str());
+    Json meta = Json::array(
+        {{{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", pname}}}},
+         {{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", 0}, {"args", {{"name", "compute"}}}},
+         {{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", 1}, {"args", {{"name", "communication"}}}}});
+    for (Json& e : events) meta.push_back(std::move(e));
+    return {Json{{"traceEvents", meta}, {"displayTimeUnit", "ms"}}.dump() + "\n", now};
 }
 
 Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions& o) {

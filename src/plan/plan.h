@@ -57,6 +57,17 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cluster, const PlanOp
 // Predicted step time of one layout (the memory is predict_rank_memory's).
 StepTime predict_step(const train::RunConfig& cfg, const Cluster& cluster, const Layout& l, const PlanOptions& o);
 
+// The predicted step of one layout as a Chrome trace (tessera simulate; Perfetto reads it): the busiest rank's blocks
+// on a compute track (per micro-batch: forward, then per block in reverse its recomputed forward and backward; then the
+// optimizer) and its transfers on a communication track (each MoE layer's all-to-all; FSDP's gather of the next unit,
+// issued as a unit starts, and each unit's reduce-scatter after its backward; or ZeRO-2's exchange after the last
+// micro-batch), a unit's compute waiting for its gather. The same rates and bytes as predict_step, events in time.
+struct Simulation {
+    std::string trace;   // Chrome trace JSON
+    double seconds = 0;  // the step's end
+};
+Simulation simulate(const train::RunConfig& cfg, const Cluster& cluster, const Layout& l, const PlanOptions& o);
+
 // The ranked table (top `rows` rows) and, when nothing fits, what would: more devices, optimizer offload.
 std::string plan_report(const Plan& p, const Cluster& cluster, size_t rows);
 

@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
 
 #include "core/file.h"
 #include "core/json.h"
@@ -158,6 +160,50 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     EXPECT_GT(l["latency_us"].get<double>(), 0.0);
 }
 
+// tessera simulate: the step of one layout as a Chrome trace. The tiny MoE model on 2 ranks (EP2, FSDP, micro 1 of
+// the 2 sequences per rank, recompute): per micro-batch every block forward, recomputed and backward once on the
+// compute track, in order and without overlap; the MoE layer's exchanges (forward; backward with the recompute's) and
+// FSDP's gathers and reduce-scatters on the communication track; the printed step is where the trace ends.
+TEST(Plan, SimulateWritesATraceOfTheStep) {
+    TempDir d;
+    const std::string out = d.file("trace.json");
+    const test::CliResult r =
+        test::run_tessera(fmt::format("simulate {}{} --cluster {} --ep 2 --micro-batch 1 --recompute --out {}", kTiny,
+                                      test::kTinyMoe, cpu_cluster(d, 2), out));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json t = Json::parse(read_text(out));
+    std::map<std::string, int> count;  // "cat/name"
+    double end = 0, compute_end = 0;
+    for (const Json& e : t["traceEvents"]) {
+        if (e["ph"] != "X") continue;
+        const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+        EXPECT_GE(dur, 0.0);
+        if (e["tid"] == 0) {
+            EXPECT_GE(ts, compute_end - 1e-6) << "compute spans overlap: " << e.dump();
+            compute_end = ts + dur;
+        }
+        end = std::max(end, ts + dur);
+        count[e["cat"].get<std::string>() + "/" + e["name"].get<std::string>()]++;
+    }
+    // tiny.json: 2 layers (attention + mlp, attention + moe); 2 micro-batches per rank
+    EXPECT_EQ(count["forward/attention"], 4);
+    EXPECT_EQ(count["forward/mlp"], 2);
+    EXPECT_EQ(count["forward/moe"], 2);
+    EXPECT_EQ(count["recompute/moe"], 2);
+    EXPECT_EQ(count["backward/attention"], 4);
+    EXPECT_EQ(count["optimizer/AdamW"], 1);
+    EXPECT_EQ(count["comm/all-to-all"], 4) << "forward and backward, per micro-batch";
+    EXPECT_GT(count["comm/gather"], 0);
+    EXPECT_GT(count["comm/reduce-scatter"], 0);
+    const std::smatch m = [&] {
+        std::smatch s;
+        std::regex_search(r.out, s, std::regex(R"(simulated step ([0-9.]+) ms)"));
+        return s;
+    }();
+    ASSERT_FALSE(m.empty()) << r.out;
+    EXPECT_NEAR(std::stod(m[1]), end / 1e3, 0.1) << r.out;
+}
+
 TEST(Plan, MistakesAreOneLineErrors) {
     TempDir d;
     const std::string bad = d.file("bad.json");
@@ -183,6 +229,10 @@ TEST(Plan, MistakesAreOneLineErrors) {
     test::expect_one_line_error(
         test::run_tessera("plan " + kTiny + test::kTinyMoe + " --cluster " + ok + " --routing zipf:x"),
         "zipf:S needs an exponent", "routing");
+    test::expect_one_line_error(
+        test::run_tessera("simulate " + kTiny + test::kTinyMoe + " --cluster " + ok + " --ep 3 --out " + d.file("t")),
+        "does not divide the 2 ranks", "ep");
+    EXPECT_FALSE(fs::exists(d.file("t")));
     // nothing fits: no config is written
     const std::string small = d.file("small.json");
     write_text_atomic(small, R"({"devices": 2, "device": {"memory_gb": 0.000001, "peak_tflops": {"f32": 1},
