@@ -83,10 +83,17 @@ void add_workload_options(CLI::App* cmd, Workload& w) {
     cmd->add_option("--set", w.overrides, "Override a config value: section.key=value (repeatable)");
 }
 
-// The run config of the workload (the model's document, --mode, --set, --global-batch, --seq).
-train::RunConfig workload_config(const Workload& w, ModelDoc& doc) {
-    doc = load_model_doc(w.model);
-    Json run = doc.run;
+// The workload read: the model's document, its run config (--mode, --set, --global-batch, --seq), the cluster.
+struct Loaded {
+    ModelDoc doc;
+    train::RunConfig cfg;
+    plan::Cluster cluster;
+};
+
+Loaded load_workload(const Workload& w) {
+    Loaded l;
+    l.doc = load_model_doc(w.model);
+    Json run = l.doc.run;
     if (w.mode == "lora" && !(run.contains("model") && run["model"].contains("lora"))) {
         apply_override(run, "model.lora.rank=16");
         apply_override(run, "model.lora.alpha=32");
@@ -96,10 +103,11 @@ train::RunConfig workload_config(const Workload& w, ModelDoc& doc) {
     for (const std::string& o : w.overrides) apply_override(run, o);
     if (w.batch) run["train"]["batch_size"] = w.batch;
     if (w.seq) run["train"]["seq_len"] = w.seq;
-    train::RunConfig cfg = train::parse_run_config(run, doc.file);
-    TESSERA_CHECK(w.mode == "lora" || !cfg.model.lora.enabled(),
-                  "--mode full but model.lora.rank is {}: use --mode lora", cfg.model.lora.rank);
-    return cfg;
+    l.cfg = train::parse_run_config(run, l.doc.file);
+    TESSERA_CHECK(w.mode == "lora" || !l.cfg.model.lora.enabled(),
+                  "--mode full but model.lora.rank is {}: use --mode lora", l.cfg.model.lora.rank);
+    l.cluster = plan::load_cluster(w.cluster);
+    return l;
 }
 }  // namespace
 
@@ -122,9 +130,10 @@ void add_plan_command(CLI::App& app) {
         "         tessera plan configs/moe_small.json --cluster configs/cluster/this_machine.json --ranks 2 "
         "--write-config plan.json");
     cmd->callback([a] {
-        ModelDoc doc;
-        const train::RunConfig cfg = workload_config(*a, doc);
-        const plan::Cluster cluster = plan::load_cluster(a->cluster);
+        const Loaded w = load_workload(*a);
+        const ModelDoc& doc = w.doc;
+        const train::RunConfig& cfg = w.cfg;
+        const plan::Cluster& cluster = w.cluster;
         const plan::PlanOptions o{a->ranks, int(a->threads), a->routing};
         const plan::Plan p = plan::make_plan(cfg, cluster, o);
         std::cout << (doc.family.empty() ? "tessera config " + doc.file : doc.family + " (" + doc.file + ")") << ", "
@@ -171,12 +180,10 @@ void add_simulate_command(CLI::App& app) {
         "--global-batch 128 --seq 4096 --ep 64 --micro-batch 1 --recompute --set model.moe.capacity_factor=1.25 "
         "--out k3.json");
     cmd->callback([a] {
-        ModelDoc doc;
-        const train::RunConfig cfg = workload_config(*a, doc);
-        const plan::Cluster cluster = plan::load_cluster(a->cluster);
-        const int64_t W = a->ranks > 0 ? a->ranks : cluster.devices;
-        TESSERA_CHECK(cfg.train.batch_size % W == 0, "simulate: train.batch_size {} does not split over {} ranks",
-                      cfg.train.batch_size, W);
+        const Loaded w = load_workload(*a);
+        const train::RunConfig& cfg = w.cfg;
+        const plan::Cluster& cluster = w.cluster;
+        const int64_t W = plan::plan_ranks(cfg, cluster, a->ranks);
         const plan::Layout l{W, a->ep, !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W, a->recompute};
         const plan::PlanOptions o{W, 0, a->routing};
         const plan::Simulation s = plan::simulate(cfg, cluster, l, o);

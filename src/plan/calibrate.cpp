@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "core/json.h"
@@ -108,6 +109,20 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     note(fmt::format("GEMM (1024^3, {} threads): {:.1f} GFLOP/s, taken as the peak", threads, peak / 1e9));
     // one block of each kind of the model, at its micro-batch of one sequence
     model::Model m(cfg.model);
+    {  // a timed block holds its layer's parameters and their gradients: refuse a layer this machine cannot hold
+        std::map<std::string, double> layer;
+        for (const BufferSpec& s : m.param_specs()) {
+            const size_t at = s.name.find("layers.");
+            if (at != std::string::npos) layer[s.name.substr(0, s.name.find('.', at + 7))] += double(s.nbytes());
+        }
+        double largest = 0;
+        for (const auto& [name, b] : layer) largest = std::max(largest, b);
+        const double have = train::physical_memory_bytes();
+        TESSERA_CHECK(have <= 0 || 2.0 * largest <= 0.5 * have,
+                      "calibrate: a layer of this model holds {:.1f} GiB of parameters (and as much gradient) but this "
+                      "machine has {:.1f} GiB; time a smaller model of the same kinds (--model)",
+                      largest / 0x1p30, have / 0x1p30);
+    }
     const model::StepShape shape{1, cfg.train.seq_len};
     const double T = double(shape.seq);
     std::map<std::string, double> eff;

@@ -64,7 +64,6 @@ RankMemory predict_rank_memory(const train::RunConfig& run, const Layout& l, int
     TESSERA_CHECK(cfg.memory.weights_budget == 0, "plan: memory.weights_budget is not modelled yet (set it to 0)");
     std::unique_ptr<parallel::Mesh> mesh;
     if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep));
-    TESSERA_CHECK(l.ranks > 1 || l.ep == 1, "plan: ep {} needs several ranks", l.ep);
     const int ranks = int(l.ranks);
     train::RankState st(cfg, mesh.get(), cfg.train.accumulation(ranks));
     st.place(nullptr);

@@ -152,6 +152,33 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
     return c;
 }
 
+// One pass (the forward's, or one of the backward's) of one MoE layer's exchange: dispatch and combine of k rows of the
+// expert width for each of `tokens` tokens, the remote share, received by the busiest rank (× imbalance); ep_chunks
+// messages to each peer each way.
+double a2a_pass_seconds(const train::RunConfig& cfg, const Cluster& cl, const Layout& l, double tokens, double skew) {
+    if (l.ep == 1) return 0.0;
+    const double ep = double(l.ep), chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
+    const double width = double(cfg.model.moe.latent_dim > 0 ? cfg.model.moe.latent_dim : cfg.model.d_model);
+    const double bytes =
+        tokens * 2.0 * double(cfg.model.moe.topk) * width * dtype_size(cl.device.compute_dtype) * (ep - 1) / ep * skew;
+    return link_seconds(cl.link_for(l.ep), bytes, 2.0 * chunks * (ep - 1));
+}
+
+// ZeRO-2, after the last micro-batch: the summed gradient reduce-scattered and the updated parameters all-gathered,
+// the dense ones over every rank, this rank's experts over the expert-data group.
+double zero2_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
+    const double W = double(l.ranks), ep = double(l.ep), edp = W / ep;
+    double bytes = (c.dense_grad_bytes + c.dense_param_bytes) * (W - 1) / W;
+    if (edp > 1) bytes += (c.expert_grad_bytes + c.expert_param_bytes) / ep * (edp - 1) / edp;
+    return link_seconds(cl.link_for(l.ranks), bytes, 2.0 * (W - 1));
+}
+
+// AdamW reads parameter, gradient, m and v and writes parameter, m and v (f32) of this rank's ranges.
+double optimizer_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
+    const double local = l.ranks > 1 ? c.trained_elements / double(l.ranks) : c.trained_elements;
+    return local * 28.0 / cl.device.memory_bandwidth;
+}
+
 StepTime step_time(const train::RunConfig& run,
                    const ModelCosts& c,
                    const std::vector<std::vector<double>>& loads,
@@ -175,18 +202,13 @@ StepTime step_time(const train::RunConfig& run,
         t.compute += s;
         if (cls == OpClass::grouped_gemm) t.expert_compute = s;
     }
-    const double act = dtype_size(dev.compute_dtype);
     if (l.ep > 1 && c.moe_layers > 0) {
-        // dispatch + combine of k rows of the expert width per token, forward and backward (+ recompute), the
-        // remote share, received by the busiest rank
-        const double width = double(cfg.model.moe.latent_dim > 0 ? cfg.model.moe.latent_dim : cfg.model.d_model);
+        // every MoE layer of every micro-batch: forward and backward (+ recompute)
+        const double per_micro = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);
         const double a2a_passes = 2.0 + (l.recompute ? 1.0 : 0.0);
-        const double bytes = tokens * double(c.moe_layers) * 2.0 * double(cfg.model.moe.topk) * width * act *
-                             a2a_passes * (ep - 1) / ep * t.imbalance;
-        const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
-        const double messages = double(c.moe_layers) * 2.0 * a2a_passes * accumulation * chunks * (ep - 1);
-        t.a2a = link_seconds(cl.link_for(l.ep), bytes, messages);
+        t.a2a = a2a_pass_seconds(cfg, cl, l, per_micro, t.imbalance) * double(c.moe_layers) * a2a_passes * accumulation;
         // chunked overlap: the first chunk's exchange is exposed, the rest hides behind the other chunks' experts
+        const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
         t.a2a_exposed = t.a2a / chunks + std::max(0.0, (t.a2a - t.expert_compute) * (chunks - 1) / chunks);
     }
     const Link& world = cl.link_for(l.ranks);
@@ -201,14 +223,9 @@ StepTime step_time(const train::RunConfig& run,
         // the next unit's gather arrives while this one computes: the first is exposed, the rest beyond compute
         t.fsdp_exposed = t.fsdp / double(c.units) + std::max(0.0, t.fsdp - t.compute);
     } else if (l.ranks > 1) {
-        // ZeRO-2: the summed gradient reduce-scattered, the updated parameters all-gathered, after backward
-        double bytes = (c.dense_grad_bytes + c.dense_param_bytes) * (W - 1) / W;
-        if (edp > 1) bytes += (local_expert_grads + local_expert_params) * (edp - 1) / edp;
-        t.grad_sync = link_seconds(world, bytes, 2.0 * (W - 1));
+        t.grad_sync = zero2_seconds(c, cl, l);
     }
-    // AdamW reads parameter, gradient, m, v and writes parameter, m, v (f32) for this rank's ranges
-    const double local = l.ranks > 1 ? c.trained_elements / W : c.trained_elements;
-    t.optimizer = local * 28.0 / dev.memory_bandwidth;
+    t.optimizer = optimizer_seconds(c, cl, l);
     t.total = t.compute + t.a2a_exposed + t.fsdp_exposed + t.grad_sync + t.optimizer;
     return t;
 }
@@ -235,18 +252,12 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     const int64_t accumulation = cfg.train.accumulation(ranks);
     const double tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);  // per micro-batch
     const double backward = cfg.model.lora.enabled() ? 1.0 : 2.0;                    // passes
-    const double act = dtype_size(dev.compute_dtype);
     const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
     const auto rate = [&](OpClass k) { return dev.peak() * dev.efficiency.at(k); };
     const auto fwd_seconds = [&](const BlockCost& b) {
         return tokens * ((b.flops - b.routed) / rate(b.cls) + b.routed * I / rate(OpClass::grouped_gemm));
     };
-    const double width = double(cfg.model.moe.latent_dim > 0 ? cfg.model.moe.latent_dim : cfg.model.d_model);
-    const double a2a = l.ep > 1
-                           ? link_seconds(cl.link_for(l.ep),
-                                          tokens * 2.0 * double(cfg.model.moe.topk) * width * act * (ep - 1) / ep * I,
-                                          2.0 * chunks * (ep - 1))
-                           : 0.0;  // one pass of one MoE layer
+    const double a2a = a2a_pass_seconds(cfg, cl, l, tokens, I);  // one pass of one MoE layer
     const Link& world = cl.link_for(l.ranks);
     const bool fsdp = l.ranks > 1 && l.fsdp;
     const size_t L = c.units_bytes.size() - 1;
@@ -323,14 +334,9 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
         if (fsdp) transfer("reduce-scatter embedding+head", now, unit_seconds(0, true), -1);
     }
     if (fsdp) now = std::max(now, comm_free);
-    if (l.ranks > 1 && !l.fsdp) {
-        double bytes = (c.dense_grad_bytes + c.dense_param_bytes) * (W - 1) / W;
-        if (edp > 1) bytes += (c.expert_grad_bytes + c.expert_param_bytes) / ep * (edp - 1) / edp;
-        now = transfer("gradient reduce-scatter + parameter all-gather (ZeRO-2)", now,
-                       link_seconds(world, bytes, 2.0 * (W - 1)), -1);
-    }
-    const double local = l.ranks > 1 ? c.trained_elements / W : c.trained_elements;
-    const double opt = local * 28.0 / dev.memory_bandwidth;
+    if (l.ranks > 1 && !l.fsdp)
+        now = transfer("gradient reduce-scatter + parameter all-gather (ZeRO-2)", now, zero2_seconds(c, cl, l), -1);
+    const double opt = optimizer_seconds(c, cl, l);
     span("AdamW", "optimizer", 0, now, opt, -1);
     now += opt;
     const std::string pname = fmt::format("{}: busiest rank, {}", cl.name, l.str());
@@ -342,12 +348,18 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     return {Json{{"traceEvents", meta}, {"displayTimeUnit", "ms"}}.dump() + "\n", now};
 }
 
-Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions& o) {
-    const int64_t W = o.ranks > 0 ? o.ranks : cl.devices;
+int64_t plan_ranks(const train::RunConfig& cfg, const Cluster& cl, int64_t ranks) {
+    const int64_t W = ranks > 0 ? ranks : cl.devices;
     TESSERA_CHECK(W <= cl.devices, "plan: {} ranks but the cluster {} has {} devices", W, cl.name, cl.devices);
-    const int64_t batch = cfg.train.batch_size;
-    TESSERA_CHECK(batch % W == 0, "plan: train.batch_size {} does not split over {} ranks (a multiple of them)", batch,
+    TESSERA_CHECK(cfg.train.batch_size % W == 0,
+                  "plan: train.batch_size {} does not split over {} ranks (a multiple of them)", cfg.train.batch_size,
                   W);
+    return W;
+}
+
+Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions& o) {
+    const int64_t W = plan_ranks(cfg, cl, o.ranks);
+    const int64_t batch = cfg.train.batch_size;
     const int threads = o.threads > 0 ? o.threads : std::max<int>(1, int(cl.device.threads));
     Plan p;
     p.usable_bytes = cl.device.memory * cl.device.usable_fraction;

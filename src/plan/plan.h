@@ -53,6 +53,9 @@ struct Plan {
     std::string routing;
 };
 
+// The ranks a plan is for (`ranks`, or every device of the cluster when 0); one-line error when the cluster has fewer
+// devices or the batch does not split over them.
+int64_t plan_ranks(const train::RunConfig& cfg, const Cluster& cluster, int64_t ranks);
 Plan make_plan(const train::RunConfig& cfg, const Cluster& cluster, const PlanOptions& o);
 // Predicted step time of one layout (the memory is predict_rank_memory's).
 StepTime predict_step(const train::RunConfig& cfg, const Cluster& cluster, const Layout& l, const PlanOptions& o);

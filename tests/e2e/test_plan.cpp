@@ -158,6 +158,11 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     EXPECT_EQ(l["name"], "mpi all-to-all");
     EXPECT_GT(l["bandwidth_gbs"].get<double>(), 0.01);
     EXPECT_GT(l["latency_us"].get<double>(), 0.0);
+    // a model whose layers do not fit this machine: one line, no file
+    test::expect_one_line_error(test::run_tessera("calibrate --model " + std::string(TESSERA_SOURCE_DIR) +
+                                                  "/configs/hf/kimi_k3.json --out " + d.file("k3.json")),
+                                "time a smaller model", "K3 calibration");
+    EXPECT_FALSE(fs::exists(d.file("k3.json")));
 }
 
 // tessera simulate: the step of one layout as a Chrome trace. The tiny MoE model on 2 ranks (EP2, FSDP, micro 1 of
