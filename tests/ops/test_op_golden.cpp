@@ -1,6 +1,7 @@
 // Every op against PyTorch: golden files from tools/ref/make_op_golden.py hold inputs, output
 // gradients and the float64 expected outputs and input gradients. Each case runs through the op
-// registry (the `tessera op` path) in f64 (tight) and in f32 (relative RMS error bound).
+// registry (the `tessera op` path) in f64 (tight) and in f32 (relative RMS error bound), and its backward
+// against central differences on the file's inputs (ops/verify.h, which `tessera onboard` runs too).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,6 +9,7 @@
 
 #include "core/safetensors.h"
 #include "ops/registry.h"
+#include "ops/verify.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -20,57 +22,38 @@ struct GoldenCase {
 
 std::vector<GoldenCase> golden_cases() {
     std::vector<GoldenCase> cases;
-    for (auto& e : std::filesystem::directory_iterator(test::golden_path("ops"))) {
-        if (e.path().extension() == ".safetensors") cases.push_back({e.path().stem().string(), e.path().string()});
-    }
-    std::sort(cases.begin(), cases.end(), [](auto& a, auto& b) { return a.name < b.name; });
+    for (const std::string& f : ops::golden_files(test::golden_path("ops")))
+        cases.push_back({std::filesystem::path(f).stem().string(), f});
     return cases;
 }
 
 class OpGolden : public ::testing::TestWithParam<GoldenCase> {};
 
-// Files may carry their own tolerance ("rtol.f64" / "rtol.f32"), e.g. those from fp32 references.
-void run_case(const GoldenCase& c, DType dtype, double tol) {
-    SafetensorsFile f(c.path);
-    if (auto it = f.metadata().find(dtype == DType::f64 ? "rtol.f64" : "rtol.f32"); it != f.metadata().end()) {
-        tol = std::stod(it->second);
-    }
-    ASSERT_EQ(f.metadata().at("format_version"), "1") << "regenerate with python3 tools/ref/make_op_golden.py";
-    const std::string op_name = f.metadata().at("op");
-    const ops::OpDef* op = ops::op_registry().find(op_name);
-    ASSERT_NE(op, nullptr) << "golden file for unknown op " << op_name;
-    std::map<std::string, Tensor> inputs;
-    std::map<std::string, std::string> params;
-    for (auto& [k, v] : f.metadata()) {
-        if (k.rfind("param.", 0) == 0) params[k.substr(6)] = v;
-    }
-    const std::string ref = f.metadata().count("reference") ? f.metadata().at("reference") : "PyTorch";
-    std::vector<std::string> expected;
-    for (auto& e : f.entries()) {
-        if (e.name.rfind("expected.", 0) == 0) {
-            expected.push_back(e.name.substr(9));
-            continue;
-        }
-        Tensor t = f.load(e.name);
-        if (dtype_is_float(t.dtype()) && t.dtype() != dtype) {
-            Tensor conv(dtype, t.shape());
-            convert(t, conv);
-            t = std::move(conv);
-        }
-        inputs.emplace(e.name, std::move(t));
-    }
-    auto outputs = ops::run_op(*op, std::move(inputs), params);
-    for (const auto& name : expected) {
-        SCOPED_TRACE(
-            fmt::format("case {} ({}) vs {}, tensor {}, tolerance {}", c.name, dtype_name(dtype), ref, name, tol));
-        ASSERT_TRUE(outputs.count(name)) << "op did not write " << name;
-        Tensor want = f.load("expected." + name);
-        EXPECT_TRUE(test::rel_rms_close(outputs.at(name), want, tol));
+// ops::check_golden: f64 within 1e-12 and f32 within 2e-6 relative RMS of the reference (or the file's own
+// "rtol.f64" / "rtol.f32", e.g. for fp32 references), and backward within 1e-6 of central differences on the file's
+// inputs.
+TEST_P(OpGolden, MatchesItsReferenceAndFiniteDifferences) {
+    const ops::GoldenCheck r = ops::check_golden(GetParam().path);
+    for (const std::string& p : r.problems) ADD_FAILURE() << r.name << " (" << r.op << "): " << p;
+    EXPECT_TRUE(r.passed());
+    EXPECT_LE(r.f64_error, r.f64_tolerance);
+    EXPECT_LE(r.f32_error, r.f32_tolerance);
+    if (!ops::op_registry().find(r.op)->backward.empty()) {
+        EXPECT_GT(r.fd_checked, 0) << "no gradient checked by finite differences";
     }
 }
 
-TEST_P(OpGolden, Float64MatchesPyTorch) { run_case(GetParam(), DType::f64, 1e-12); }
-TEST_P(OpGolden, Float32MatchesPyTorch) { run_case(GetParam(), DType::f32, 2e-6); }
+// The check fails where the op and its reference disagree: a golden whose expected dx moved by 1e-3 in one element.
+TEST(OpGoldenCheck, AWrongReferenceValueIsAProblem) {
+    const std::string path = test::output_path("op_golden_check_linear_wrong_dx.safetensors");
+    test::write_golden_with_moved_value(test::golden_path("ops/linear.safetensors"), path, "expected.dx", 3, 1e-3);
+    const ops::GoldenCheck r = ops::check_golden(path);
+    EXPECT_FALSE(r.passed());
+    ASSERT_FALSE(r.problems.empty());
+    EXPECT_NE(r.problems[0].find("dx"), std::string::npos) << r.problems[0];
+    EXPECT_GT(r.fd_checked, 0);  // the op itself is right: its backward agrees with central differences
+    EXPECT_LE(r.fd_error, r.fd_tolerance);
+}
 
 INSTANTIATE_TEST_SUITE_P(Golden, OpGolden, ::testing::ValuesIn(golden_cases()), [](const auto& info) {
     return info.param.name;

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/rng.h"
+#include "core/safetensors.h"
 
 namespace tessera::test {
 
@@ -142,6 +143,21 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
+}
+
+void write_golden_with_moved_value(
+    const std::string& from, const std::string& to, const std::string& tensor, int64_t index, double delta) {
+    const SafetensorsFile f(from);
+    std::vector<Tensor> held;
+    std::vector<NamedTensor> tensors;
+    for (const auto& e : f.entries()) {
+        held.push_back(f.load(e.name));
+        if (e.name == tensor) held.back().ptr<double>()[index] += delta;
+        tensors.push_back({e.name, held.back().view()});
+    }
+    std::map<std::string, std::string> meta = f.metadata();
+    meta.erase("crc32c");  // the writer adds the new data's
+    write_safetensors(to, tensors, meta);
 }
 
 }  // namespace tessera::test

@@ -27,6 +27,11 @@ double to_double(const TensorView& t, int64_t i);  // f32 / f64 / bf16 / int ele
 ::testing::AssertionResult rel_rms_close(const TensorView& actual, const TensorView& expected, double tol);
 ::testing::AssertionResult bitwise_equal(const TensorView& a, const TensorView& b);
 
+// Copies a golden file (safetensors, f64 tensors) to `to` with element `index` of `tensor` moved by `delta`: a golden
+// whose reference disagrees with the op, for tests of the checks.
+void write_golden_with_moved_value(
+    const std::string& from, const std::string& to, const std::string& tensor, int64_t index, double delta);
+
 // Runs f and expects a tessera::Error whose message contains `needle`.
 template <class F>
 void expect_error(F&& f, const std::string& needle) {

@@ -6,11 +6,13 @@
 #include "ops/cpu/kernel_util.h"
 #if TESSERA_WITH_CUDA
 #include "ops/cuda/cuda_ops.h"
+#include "ops/op_use.h"
 #endif
 
 namespace tessera::ops {
 
 void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, TensorView m, TensorView v) {
+    note_op_use("adamw");
     TESSERA_CHECK(p.step >= 1, "adamw: step must be >= 1, not {}", p.step);
     for (const TensorView* t : {&grad, &m, &v}) {
         TESSERA_CHECK(t->shape == param.shape && t->dtype == param.dtype,

@@ -11,6 +11,7 @@
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -252,6 +253,7 @@ void attention_forward(const AttentionParams& p,
                        TensorView lse,
                        std::span<std::byte> workspace,
                        std::span<const int64_t> cu_seqlens) {
+    note_op_use("attention");
     Dims d = check_inputs(q, k, v, o, lse);
     const Segments seg(d.B, d.T, cu_seqlens, "attention");
     dispatch_float(q.dtype, "attention", [&]<class T>(T) { forward_impl<T>(p, d, seg, q, k, v, o, lse, workspace); });

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "ops/cpu/kernel_util.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -101,6 +102,7 @@ void attn_res_mix_forward(const AttnResParams& p,
                           TensorView out,
                           TensorView probs,
                           TensorView scratch) {
+    note_op_use("attn_res_mix");
     const MixDims d = check_mix(sources, gamma, w, out, probs);
     check_scratch(d, scratch, gamma.dtype);
     dispatch_float(gamma.dtype, "attn_res_mix", [&]<class T>(T) {

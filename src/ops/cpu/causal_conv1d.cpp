@@ -7,6 +7,7 @@
 
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -41,6 +42,7 @@ inline void conv_at(const T* X, const T* W, int64_t C, int64_t K, int64_t t0, in
 
 void causal_conv1d_forward(
     const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y, std::span<const int64_t> cu_seqlens) {
+    note_op_use("causal_conv1d");
     check_shapes(x, w, y, "causal_conv1d: y");
     const Segments seg(x.size(0), x.size(1), cu_seqlens, "causal_conv1d");
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {

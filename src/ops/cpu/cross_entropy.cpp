@@ -7,6 +7,7 @@
 
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -52,6 +53,7 @@ CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p,
                                          TensorView logits,
                                          TensorView targets,
                                          TensorView lse) {
+    note_op_use("cross_entropy");
     CrossEntropyResult res;
     dispatch_float(logits.dtype, "cross_entropy", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(logits, "cross_entropy: logits");

@@ -10,6 +10,7 @@
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/dsa.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -155,6 +156,7 @@ void dsa_indexer_forward(const DsaIndexerParams& p,
                          TensorView scores,
                          std::span<std::byte> workspace,
                          std::span<const int64_t> cu_seqlens) {
+    note_op_use("dsa_indexer");
     const IndexerDims d = check_indexer(q, k, w, "dsa_indexer");
     TESSERA_CHECK(p.topk >= 1, "dsa_indexer: topk must be positive, not {}", p.topk);
     check_shape(indices, Shape{d.B, d.T, p.topk}, "dsa_indexer: indices");
@@ -357,6 +359,7 @@ IndexerKlResult indexer_kl(TensorView q,
                            TensorView dw,
                            std::span<std::byte> workspace,
                            int64_t dk_slabs) {
+    note_op_use("indexer_kl");
     const IndexerDims d = check_indexer(q, k, w, "indexer_kl");
     TESSERA_CHECK(dk_slabs >= 1, "indexer_kl: dk_slabs must be positive");
     if (indices.defined()) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ops/cpu/kernel_util.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -22,6 +23,7 @@ void check_ids(TensorView ids, int64_t vocab) {
 }  // namespace
 
 void embedding_forward(TensorView ids, TensorView table, TensorView y) {
+    note_op_use("embedding");
     TESSERA_CHECK(table.ndim() == 2, "embedding: table must be [V, D], not {}", table.shape.str());
     const int64_t N = ids.numel(), D = table.size(1);
     check_ids(ids, table.size(0));

@@ -5,6 +5,7 @@
 
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -26,6 +27,7 @@ inline T act_grad(GateActivation a, T z) {
 
 void gated_rmsnorm_forward(
     const GatedRmsNormParams& p, TensorView x, TensorView gate, TensorView weight, TensorView y) {
+    note_op_use("gated_rmsnorm");
     cpu::dispatch_float(x.dtype, "gated_rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "gated_rmsnorm: x"), Z = rows_of<T>(gate, "gated_rmsnorm: gate"),
                 Y = rows_of<T>(y, "gated_rmsnorm: y");

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "ops/cpu/kda_driver.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -180,6 +181,7 @@ void kda_forward(const KdaParams& p,
                  TensorView ht,
                  std::span<std::byte> ws,
                  TensorView saved_states) {
+    note_op_use("kda");
     const Layout L = check(p, in);
     check_shape(o, in.v.shape, "kda: o");
     check_contiguous(o, "kda: o");

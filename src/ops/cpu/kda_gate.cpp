@@ -5,6 +5,7 @@
 
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -36,6 +37,7 @@ inline T softplus(T z) {
 }  // namespace
 
 void kda_gate_forward(const KdaGateParams& p, TensorView f, TensorView A_log, TensorView dt_bias, TensorView g) {
+    note_op_use("kda_gate");
     const GateDims d = check(f, A_log, dt_bias);
     check_shape(g, f.shape, "kda_gate: g");
     TESSERA_CHECK(p.lower_bound <= 0, "kda_gate: lower_bound must be <= 0 (0 = softplus form), not {}", p.lower_bound);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ops/cpu/kernel_util.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -11,6 +12,7 @@ using cpu::Rows;
 using cpu::rows_of;
 
 void l2norm_forward(const L2NormParams& p, TensorView x, TensorView y) {
+    note_op_use("l2norm");
     cpu::dispatch_float(x.dtype, "l2norm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "l2norm: x"), Y = rows_of<T>(y, "l2norm: y");
         TESSERA_CHECK(X.rows == Y.rows && X.cols == Y.cols, "l2norm: y must be shaped like x {}", x.shape.str());

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/cpu/kernel_util.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -19,6 +20,7 @@ void layernorm_forward(const LayerNormParams& p,
                        TensorView y,
                        TensorView mean,
                        TensorView rstd) {
+    note_op_use("layernorm");
     dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "layernorm: x"), Y = rows_of<T>(y, "layernorm: y");
         TESSERA_CHECK(X.rows == Y.rows && X.cols == Y.cols, "layernorm: y {} must be shaped like x {}", y.shape.str(),

@@ -4,6 +4,7 @@
 
 #include "ops/cpu/kernel_util.h"
 #include "ops/gemm.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -12,6 +13,7 @@ using cpu::Rows;
 using cpu::rows_of;
 
 void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y) {
+    note_op_use("linear");
     dispatch_float(x.dtype, "linear", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "linear: x");
         Rows<T> Y = rows_of<T>(y, "linear: y");

@@ -5,6 +5,7 @@
 #include "core/rng.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/gemm.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -73,6 +74,7 @@ bool lora_keep(const LoraParams& p, uint64_t index) {
 
 void lora_forward(
     const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y, TensorView xd) {
+    note_op_use("lora");
     const Dims d = check(x, y, a, b, u, false, "lora");
     dispatch_float(a.dtype, "lora", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "lora: x");
@@ -134,6 +136,7 @@ void lora_backward(const LoraParams& p,
 
 void lora_grouped_forward(
     const LoraParams& p, const ExpertRows& g, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y) {
+    note_op_use("lora_experts");
     const Dims d = check(x, y, a, b, u, true, "lora (experts)");
     TESSERA_CHECK(a.size(0) == g.experts, "lora (experts): A holds {} experts, the rows {}", a.size(0), g.experts);
     dispatch_float(a.dtype, "lora (experts)", [&]<class T>(T) {

@@ -12,6 +12,7 @@
 #include "ops/cpu/kernel_util.h"
 #include "ops/grouped_gemm.h"
 #include "ops/linear.h"
+#include "ops/op_use.h"
 #include "ops/rmsnorm.h"
 #include "ops/swiglu.h"
 
@@ -615,6 +616,7 @@ MoeStats moe_forward(const MoeParams& p,
                      const MoeSaved& s,
                      const MoeScratch& t,
                      std::span<const int64_t> seq_starts) {
+    note_op_use("moe");
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(y, x.shape, "moe: y");

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/cpu/kernel_util.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -13,6 +14,7 @@ using cpu::Rows;
 using cpu::rows_of;
 
 void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorView y, TensorView rstd) {
+    note_op_use("rmsnorm");
     dispatch_float(x.dtype, "rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "rmsnorm: x"), Y = rows_of<T>(y, "rmsnorm: y");
         TESSERA_CHECK(X.rows == Y.rows && X.cols == Y.cols, "rmsnorm: y {} must be shaped like x {}", y.shape.str(),

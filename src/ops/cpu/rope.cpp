@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ops/cpu/kernel_util.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -64,6 +65,7 @@ void rotate(const RopeParams& p, const TensorView& src, const TensorView& dst, d
 }  // namespace
 
 void rope_forward(const RopeParams& p, TensorView x, TensorView y) {
+    note_op_use("rope");
     check_4d(x, "rope: x");
     check_4d(y, "rope: y");
     TESSERA_CHECK(x.shape == y.shape, "rope: y {} must be shaped like x {}", y.shape.str(), x.shape.str());

@@ -6,6 +6,7 @@
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/linear.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -86,6 +87,7 @@ void RouterParams::validate(int64_t experts) const {
 }
 
 void router_scores(const RouterParams& p, TensorView x, TensorView w, TensorView logits, TensorView scores) {
+    note_op_use("router");
     TESSERA_CHECK(w.ndim() == 2, "router: w must be [E, D], not {}", w.shape.str());
     p.validate(w.size(0));
     linear_forward({}, x, w, {}, logits);

@@ -2,10 +2,12 @@
 #include "ops/situ_glu.h"
 
 #include "ops/cpu/glu_math.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
 void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y) {
+    note_op_use("situ_glu");
     cpu::dispatch_float(gate.dtype, "situ_glu", [&]<class T>(T) {
         cpu::glu_forward<T>(cpu::SituGlu<T>(p.beta, p.linear_beta), "situ_glu", gate, up, y);
     });

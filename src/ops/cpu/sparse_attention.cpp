@@ -11,6 +11,7 @@
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/dsa.h"
+#include "ops/op_use.h"
 
 namespace tessera::ops {
 
@@ -324,6 +325,7 @@ void sparse_attention_forward(const SparseAttentionParams& p,
                               TensorView o,
                               TensorView lse,
                               std::span<std::byte> workspace) {
+    note_op_use("sparse_attention");
     const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
     dispatch_float(q.dtype, "sparse_attention",
                    [&]<class T>(T) { forward_impl<T>(d, q, kv, indices, o, lse, workspace); });
