@@ -17,5 +17,6 @@ void add_dashboard_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_calibrate_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
+void add_onboard_command(CLI::App& app);
 
 }  // namespace tessera::apps

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
     tessera::apps::add_plan_command(app);
     tessera::apps::add_calibrate_command(app);
     tessera::apps::add_simulate_command(app);
+    tessera::apps::add_onboard_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

@@ -1,62 +1,129 @@
 #!/usr/bin/env bash
-# The planner against measured runs (issue 16; spec/scale.md §9.2): calibrate this machine first (tessera
-# calibrate, one rank and two), write every prediction to a file and print its SHA-256 *before* any run, then train
-# each layout for STEPS steps and compare the predicted step time with the median measured one (steps 4..STEPS) and
-# the predicted rank-0 arena with the measured one. Constants come from the calibration only, never from these runs.
-# Prints a markdown table, the MAPE, the largest error, Kendall's tau of the ranking and the pick's regret.
-# Usage: bench/plan_validation.sh [CONFIG] [STEPS]
+# The planner against measured runs (issue 16; spec/scale.md §9.1–§9.2). For each model (default: configs/moe_small.json,
+# a GQA + MoE model, and configs/demo.json, the KDA/DSA + LatentMoE hybrid): calibrate this machine with 1, 2 and 4
+# ranks (tessera calibrate, ranks side by side as they train), write every prediction to a file and print their
+# SHA-256 *before* any run, then train each layout REPEATS times for STEPS steps. Constants come from the calibration
+# only, never from these runs. Prints a markdown table per model and, over all layouts:
+#   - step time: the median over repeats of each run's median step (steps 4..STEPS), its coefficient of variation
+#     over repeats, MAPE, the largest error, Kendall's tau of the ranking per rank count, the pick's regret;
+#   - memory: the predicted rank-0 arena against the arena's high-water mark (byte-exact expected), and the predicted
+#     resident memory of rank 0 (arena + the calibrated reserve outside it) against its largest resident set;
+#   - fit / OOM: a confusion matrix under memory caps set from the predictions before the runs (each layout's
+#     predicted resident memory x 0.97 and x 1.03, every layout of the model against every cap): "fits" measured is
+#     the largest resident set at or under the cap. A false fit (predicted to fit, measured over) is the failure that
+#     matters.
+# Usage: bench/plan_validation.sh [STEPS] [REPEATS] [CONFIG ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cfg=${1:-configs/moe_small.json}
-steps=${2:-15}
+steps=${1:-12}
+repeats=${2:-3}
+shift $(($# > 2 ? 2 : $#))
+configs=("$@")
+[ ${#configs[@]} -gt 0 ] || configs=(configs/moe_small.json configs/demo.json)
 bin=${TESSERA_BIN:-build/apps/tessera}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-$bin calibrate --model "$cfg" --out "$tmp/cal1.json" > /dev/null
-$bin launch -n 2 -- calibrate --model "$cfg" --out "$tmp/cal2.json" > /dev/null
-$bin plan "$cfg" --cluster "$tmp/cal1.json" --ranks 1 --threads 2 --json "$tmp/plan1.json" > /dev/null
-$bin plan "$cfg" --cluster "$tmp/cal2.json" --ranks 2 --threads 1 --json "$tmp/plan2.json" > /dev/null
-echo "predictions written before the runs: sha256 $(cat "$tmp/plan1.json" "$tmp/plan2.json" | sha256sum | cut -c1-16)"
-# the layouts run: (ranks ep fsdp micro recompute)
-layouts=("1 1 true 2 false" "1 1 true 8 false" "1 1 true 4 true"
-         "2 1 true 8 false" "2 1 true 2 false" "2 2 true 8 false" "2 2 true 4 false"
-         "2 1 false 8 false" "2 2 false 4 false" "2 1 true 8 true" "2 2 true 8 true" "2 2 false 2 true")
-for l in "${layouts[@]}"; do
-    read -r ranks ep fsdp micro rec <<< "$l"
-    args="train --config $cfg --steps $steps --set train.eval_interval=0 --set train.checkpoint_interval=0
-          --set parallel.ep=$ep --set parallel.fsdp=$fsdp --set train.micro_batch_size=$micro
-          --set train.recompute=$rec --out $tmp/run-$ranks-$ep-$fsdp-$micro-$rec"
-    if [ "$ranks" = 1 ]; then $bin --threads 2 $args > /dev/null; else $bin launch -n 2 -- $args > /dev/null; fi
+
+# the layouts: (ranks ep fsdp micro recompute), per model
+layouts_for() {
+    case "$(basename "$1" .json)" in
+        demo) echo "1 1 true 8 false;1 1 true 4 true;2 1 true 8 false;2 2 true 4 false;2 2 false 8 true;4 2 true 4 false;4 4 false 4 false" ;;
+        *) echo "1 1 true 4 false;1 1 true 16 false;1 1 true 8 true;2 1 true 8 false;2 2 true 8 false;2 2 false 4 false;2 1 false 8 true;4 1 true 4 false;4 2 true 4 false;4 4 true 4 false;4 4 false 2 true" ;;
+    esac
+}
+
+for cfg in "${configs[@]}"; do
+    name=$(basename "$cfg" .json)
+    for r in 1 2 4; do
+        if [ "$r" = 1 ]; then
+            $bin calibrate --model "$cfg" --out "$tmp/$name-cal$r.json" > /dev/null
+        else
+            $bin launch -n "$r" -- calibrate --model "$cfg" --out "$tmp/$name-cal$r.json" > /dev/null
+        fi
+        threads=$((r == 1 ? 2 : 1))
+        $bin plan "$cfg" --cluster "$tmp/$name-cal$r.json" --ranks "$r" --threads "$threads" \
+            --json "$tmp/$name-plan$r.json" > /dev/null
+    done
 done
-python3 - "$tmp" "${layouts[@]}" <<'PY'
-import json, statistics, sys, itertools
-tmp, layouts = sys.argv[1], [l.split() for l in sys.argv[2:]]
-plans = {r: json.load(open(f"{tmp}/plan{r}.json"))["candidates"] for r in ("1", "2")}
-rows = []
-for ranks, ep, fsdp, micro, rec in layouts:
-    key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=rec == "true")
-    cand = next(c for c in plans[ranks] if all(c["layout"][k] == v for k, v in key.items()))
-    recs = [json.loads(l) for l in open(f"{tmp}/run-{ranks}-{ep}-{fsdp}-{micro}-{rec}/metrics.jsonl")]
-    recs = [r for r in recs if "step_ms" in r]
-    measured = statistics.median(r["step_ms"] for r in recs[3:]) / 1e3
-    arena = next(r["arena_bytes"] for r in cand["memory"]["ranks"] if r["rank"] == 0)
-    rows.append((f"{ranks} rank{'s' if ranks != '1' else ''}, " + (f"ep {ep}, " if ranks != "1" else "") +
-                 ("fsdp" if fsdp == "true" else "zero-2") * (ranks != "1") + f"{', ' if ranks != '1' else ''}micro {micro}" +
-                 (", recompute" if rec == "true" else ""),
-                 cand["step_seconds"]["total"], measured, arena, recs[0]["memory"]["arena_peak_bytes"]))
-print("| layout | predicted step ms | measured step ms | error | predicted arena MiB | measured arena MiB |")
-print("|---|---|---|---|---|---|")
-errs = []
-for name, p, m, pa, ma in rows:
-    errs.append(abs(p - m) / m)
-    print(f"| {name} | {p*1e3:.0f} | {m*1e3:.0f} | {100*(p-m)/m:+.0f}% | {pa/2**20:.1f} | {ma/2**20:.1f} |")
-print(f"\nMAPE {100*statistics.mean(errs):.1f}%, largest error {100*max(errs):.1f}%, "
-      f"arenas equal: {sum(r[3] == r[4] for r in rows)}/{len(rows)}")
-for ranks in ("1", "2"):
-    sub = [r for r in rows if r[0].startswith(ranks + " rank")]
+echo "predictions written before the runs: sha256 $(cat "$tmp"/*-plan*.json "$tmp"/*-cal*.json | sha256sum | cut -c1-16)"
+
+for cfg in "${configs[@]}"; do
+    name=$(basename "$cfg" .json)
+    IFS=';' read -r -a layouts <<< "$(layouts_for "$cfg")"
+    for rep in $(seq 1 "$repeats"); do  # repeats interleaved: the machine's drift spreads over every layout
+        for l in "${layouts[@]}"; do
+            read -r ranks ep fsdp micro rec <<< "$l"
+            args="train --config $cfg --steps $steps --set train.eval_interval=0 --set train.checkpoint_interval=0
+                  --set parallel.ep=$ep --set parallel.fsdp=$fsdp --set train.micro_batch_size=$micro
+                  --set train.recompute=$rec --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$rep"
+            if [ "$ranks" = 1 ]; then $bin --threads 2 $args > /dev/null; else $bin launch -n "$ranks" -- $args > /dev/null; fi
+        done
+    done
+done
+
+python3 - "$tmp" "$repeats" "${configs[@]}" <<'PY'
+import itertools, json, os, statistics, sys
+tmp, repeats, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rows = []  # (model, ranks, label, predicted s, measured s, cv, pred arena, arena, pred resident, resident)
+for cfg in configs:
+    name = os.path.basename(cfg)[:-5]
+    plans = {r: json.load(open(f"{tmp}/{name}-plan{r}.json"))["candidates"] for r in (1, 2, 4)}
+    reserved = {r: json.load(open(f"{tmp}/{name}-cal{r}.json"))["device"]["reserved_gb"] * 1e9 for r in (1, 2, 4)}
+    runs = sorted({d.rsplit("-", 1)[0] for d in os.listdir(tmp) if d.startswith(f"run-{name}-")})
+    for run in runs:
+        ranks, ep, fsdp, micro, rec = run[len(f"run-{name}-"):].split("-")
+        ranks = int(ranks)
+        key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=rec == "true")
+        cand = next(c for c in plans[ranks] if all(c["layout"][k] == v for k, v in key.items()))
+        medians, arenas, resident = [], [], []
+        for rep in range(1, repeats + 1):
+            recs = [json.loads(l) for l in open(f"{tmp}/{run}-{rep}/metrics.jsonl")]
+            recs = [r for r in recs if "step_ms" in r]
+            medians.append(statistics.median(r["step_ms"] for r in recs[3:]) / 1e3)
+            arenas.append(recs[0]["memory"]["arena_peak_bytes"])
+            resident.append(max(r["memory"]["resident_bytes"] for r in recs))
+        arena = next(r["arena_bytes"] for r in cand["memory"]["ranks"] if r["rank"] == 0)
+        cv = statistics.stdev(medians) / statistics.mean(medians) if len(medians) > 1 else 0.0
+        label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", ep {ep}, {'fsdp' if fsdp == 'true' else 'zero-2'}"
+                 if ranks > 1 else "") + f", micro {micro}" + (", recompute" if rec == "true" else ""))
+        rows.append((name, ranks, label, cand["step_seconds"]["total"], statistics.median(medians), cv, arena,
+                     max(arenas), arena + reserved[ranks], max(resident)))
+
+for name in dict.fromkeys(r[0] for r in rows):
+    print(f"\n{name}:\n")
+    print("| layout | predicted step ms | measured step ms (median of repeats) | CV | error | predicted arena MiB | "
+          "measured arena MiB | predicted resident MiB | measured resident MiB | resident error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r[0] != name: continue
+        _, _, label, p, m, cv, pa, ma, pr, mr = r
+        print(f"| {label} | {p*1e3:.0f} | {m*1e3:.0f} | {100*cv:.1f}% | {100*(p-m)/m:+.0f}% | {pa/2**20:.1f} | "
+              f"{ma/2**20:.1f} | {pr/2**20:.1f} | {mr/2**20:.1f} | {100*(pr-mr)/mr:+.1f}% |")
+
+errs = [abs(r[3] - r[4]) / r[4] for r in rows]
+print(f"\n{len(rows)} layouts x {repeats} repeats: step time MAPE {100*statistics.mean(errs):.1f}%, largest error "
+      f"{100*max(errs):.1f}%, median CV over repeats {100*statistics.median(r[5] for r in rows):.1f}%; "
+      f"arenas equal to the byte: {sum(r[6] == r[7] for r in rows)}/{len(rows)}; resident memory within "
+      f"{100*max(abs(r[8]-r[9])/r[9] for r in rows):.1f}% (largest error)")
+for name, ranks in dict.fromkeys((r[0], r[1]) for r in rows):
+    sub = [r for r in rows if r[0] == name and r[1] == ranks]
+    if len(sub) < 2: continue
     pairs = list(itertools.combinations(sub, 2))
-    tau = sum((a[1] - b[1]) * (a[2] - b[2]) > 0 for a, b in pairs) - sum((a[1] - b[1]) * (a[2] - b[2]) < 0 for a, b in pairs)
-    pick = min(sub, key=lambda r: r[1]); best = min(sub, key=lambda r: r[2])
-    print(f"{ranks} rank(s): Kendall tau {tau/len(pairs):+.2f} over {len(sub)} layouts; the pick ({pick[0]}) "
-          f"measures {pick[2]/best[2]:.2f}x the best measured ({best[0]})")
+    tau = (sum((a[3] - b[3]) * (a[4] - b[4]) > 0 for a, b in pairs) -
+           sum((a[3] - b[3]) * (a[4] - b[4]) < 0 for a, b in pairs)) / len(pairs)
+    pick = min(sub, key=lambda r: r[3]); best = min(sub, key=lambda r: r[4])
+    print(f"- {name}, {ranks} rank(s): Kendall tau {tau:+.2f} over {len(sub)} layouts; the pick ({pick[2]}) measures "
+          f"{pick[4]/best[4]:.2f}x the best measured ({best[2]})")
+
+# fit / OOM under caps set from the predictions
+m = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
+for name in dict.fromkeys(r[0] for r in rows):
+    sub = [r for r in rows if r[0] == name]
+    caps = [r[8] * f for r in sub for f in (0.97, 1.03)]
+    for cap in caps:
+        for r in sub:
+            m[(r[8] <= cap, r[9] <= cap)] += 1
+print("\n| caps x layouts | actually fits | actually OOMs |\n|---|---|---|")
+print(f"| predicted fits | {m[(True, True)]} | **{m[(True, False)]}** (false fit) |")
+print(f"| predicted OOM | {m[(False, True)]} (false OOM) | {m[(False, False)]} |")
 PY

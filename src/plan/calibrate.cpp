@@ -178,6 +178,10 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
                          lat * 1e6));
     }
     c.links = {link};
+    // what a rank holds outside its arena: this process's resident memory now, its timed blocks freed (the code,
+    // libraries, oneDNN's and MPI's buffers, after the link sweep)
+    c.device.reserved = double(train::resident_bytes());
+    note(fmt::format("resident outside the arena: {:.1f} MB", c.device.reserved / 1e6));
     c.source = fmt::format(
         "tessera calibrate on {}: the GEMM rate as the f32 peak; efficiencies from one block of each kind of the model "
         "(d_model {}, seq {}){}",
@@ -202,6 +206,7 @@ std::string cluster_json(const Cluster& c) {
                        {{"name", c.device.name},
                         {"memory_gb", c.device.memory / 1e9},
                         {"usable_fraction", c.device.usable_fraction},
+                        {"reserved_gb", c.device.reserved / 1e9},
                         {"peak_tflops", peaks},
                         {"compute_dtype", c.device.compute_dtype},
                         {"efficiency",

@@ -42,6 +42,9 @@ Cluster load_cluster(const std::string& path) {
         c.device.usable_fraction = d.number("usable_fraction", 0.9);
         TESSERA_CHECK(c.device.usable_fraction > 0 && c.device.usable_fraction <= 1,
                       "{}: usable_fraction must be in (0, 1]", where);
+        c.device.reserved = d.number("reserved_gb", 0) * 1e9;
+        TESSERA_CHECK(c.device.reserved >= 0 && c.device.reserved < c.device.memory * c.device.usable_fraction,
+                      "{}: reserved_gb must be >= 0 and below the usable memory", where);
         {
             const Json& peaks = d.section("peak_tflops");
             TESSERA_CHECK(peaks.is_object() && !peaks.empty(), "{}: peak_tflops needs one dtype at least", where);

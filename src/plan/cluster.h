@@ -28,6 +28,10 @@ struct Cluster {
         std::string name;
         double memory = 0;             // bytes
         double usable_fraction = 0.9;  // of memory a run may plan for (the rest: runtime, libraries, fragmentation)
+        // bytes a rank's process holds outside the engine's arena (a GPU's CUDA context and communication
+        // libraries; on a CPU the process's code, libraries, MPI and data), taken off the usable memory
+        double reserved = 0;
+        double usable() const { return memory * usable_fraction - reserved; }
         std::map<std::string, double> peak_flops;  // per dtype (f32, bf16, fp8), FLOP/s
         std::string compute_dtype = "bf16";        // the dtype the engine's GEMMs run in on it
         std::map<OpClass, double> efficiency;      // fraction of peak per op class

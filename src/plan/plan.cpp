@@ -362,7 +362,7 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
     const int64_t batch = cfg.train.batch_size;
     const int threads = o.threads > 0 ? o.threads : std::max<int>(1, int(cl.device.threads));
     Plan p;
-    p.usable_bytes = cl.device.memory * cl.device.usable_fraction;
+    p.usable_bytes = cl.device.usable();
     p.tokens_per_step = batch * cfg.train.seq_len;
     p.routing = o.routing;
     const model::ModelSummary s = model::summarize(cfg.model, cfg.train.seq_len);
@@ -420,10 +420,11 @@ struct Unit {
 std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
     std::string s = fmt::format(
         "{:.4g}B parameters ({:.4g}B active per token), {} tokens per step; cluster {}: {} x {} ({:.0f} GB, {:.0f}% "
-        "usable), {} at {:.4g} TFLOP/s; routing {}\n",
+        "usable{}), {} at {:.4g} TFLOP/s; routing {}\n",
         p.params / 1e9, p.active_params / 1e9, p.tokens_per_step, cl.name, cl.devices, cl.device.name,
-        cl.device.memory / 1e9, cl.device.usable_fraction * 100, cl.device.compute_dtype, cl.device.peak() / 1e12,
-        p.routing);
+        cl.device.memory / 1e9, cl.device.usable_fraction * 100,
+        cl.device.reserved > 0 ? fmt::format(" less {:.3g} GB reserved", cl.device.reserved / 1e9) : "",
+        cl.device.compute_dtype, cl.device.peak() / 1e12, p.routing);
     size_t largest = 0;
     for (const Candidate& c : p.candidates) largest = std::max(largest, c.memory.arena_bytes);
     const Unit unit = largest >= size_t(1e9) ? Unit{1e9, "GB"} : Unit{1e6, "MB"};

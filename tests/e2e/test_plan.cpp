@@ -151,6 +151,9 @@ TEST(Plan, CalibrateWritesAClusterFile) {
         const double e = c["device"]["efficiency"][k].get<double>();
         EXPECT_TRUE(e > 0 && e <= 1) << k << " " << e;
     }
+    // what the process holds outside an arena (code, libraries, oneDNN): tens of MB, not nothing, not GBs
+    const double reserved = c["device"]["reserved_gb"].get<double>();
+    EXPECT_TRUE(reserved > 0.005 && reserved < 1.0) << reserved;
     EXPECT_EQ(test::run_tessera("plan " + kTiny + " --cluster " + one).status, 0);
     const test::CliResult b = test::run_tessera("launch -n 2 -- calibrate --seq 64 --out " + two);
     ASSERT_EQ(b.status, 0) << b.err;
@@ -238,6 +241,20 @@ TEST(Plan, MistakesAreOneLineErrors) {
         test::run_tessera("simulate " + kTiny + test::kTinyMoe + " --cluster " + ok + " --ep 3 --out " + d.file("t")),
         "does not divide the 2 ranks", "ep");
     EXPECT_FALSE(fs::exists(d.file("t")));
+    cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "reserved_gb": -1, "peak_tflops": {"f32": 1},
+                     "compute_dtype": "f32", "memory_bandwidth_gbs": 1}, "links": [{"bandwidth_gbs": 1}]})",
+                  "reserved_gb must be >= 0");
+    // the reserve comes off the usable memory: 4 GB x 0.9 less 3.5999 GB leaves 100 KB, which nothing fits
+    {
+        const std::string reserved = d.file("reserved.json");
+        write_text_atomic(reserved, R"({"devices": 2, "device": {"memory_gb": 4, "reserved_gb": 3.5999,
+            "peak_tflops": {"f32": 1}, "compute_dtype": "f32", "memory_bandwidth_gbs": 1}, "host": {"devices": 2},
+            "links": [{"bandwidth_gbs": 1}]})");
+        const test::CliResult r = test::run_tessera("plan " + kTiny + " --cluster " + reserved);
+        EXPECT_EQ(r.status, 0) << r.err;
+        EXPECT_NE(r.out.find("less 3.6 GB reserved"), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find("no layout fits"), std::string::npos) << r.out;
+    }
     // nothing fits: no config is written
     const std::string small = d.file("small.json");
     write_text_atomic(small, R"({"devices": 2, "device": {"memory_gb": 0.000001, "peak_tflops": {"f32": 1},
