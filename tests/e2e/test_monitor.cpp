@@ -332,13 +332,16 @@ TEST(Monitor, AlertActionsCheckpointAndStop) {
 
 // Every rule on, with bounds a healthy run stays within: no alert (alerts.jsonl exists and is empty). (The
 // throughput bound is low: other processes on this machine, other tests among them, slow a healthy run down.)
+// The throughput rule is off here: on a shared machine a tiny model's step really does slow 100x for seconds when
+// another job starts (it fired so under ctest -j2 beside a 4-rank test, correctly); AlertRules.QuietOnAHealthyRun
+// keeps it quiet on a healthy step stream, deterministically.
 TEST(Monitor, HealthyRunRaisesNoAlert) {
     TempDir d;
     const std::string run = d.file("run");
     const test::CliResult r = test::run_tessera(
         "train --config " + kTiny + test::kTinyMoe +
         " --steps 40 --set monitor.alerts.loss_spike.window=10 --set monitor.alerts.expert_overload.threshold=4.5"
-        " --set monitor.alerts.throughput.window=10 --set monitor.alerts.throughput.threshold=0.05"
+        " --set monitor.alerts.throughput.threshold=0"
         " --set monitor.watchdog_seconds=120 --out " +
         run);
     ASSERT_EQ(r.status, 0) << r.err;
