@@ -4,9 +4,9 @@
 #include <cmath>
 
 #include "ops/cpu/kernel_util.h"
+#include "ops/op_use.h"
 #if TESSERA_WITH_CUDA
 #include "ops/cuda/cuda_ops.h"
-#include "ops/op_use.h"
 #endif
 
 namespace tessera::ops {
