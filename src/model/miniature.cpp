@@ -39,7 +39,6 @@ ModelConfig miniature(const ModelConfig& c) {
         m.attention.resize(1);
     m.d_model = 64;
     m.ffn_dim = 128;
-    m.init_std = c.init_std;
     // grouped-query attention: at most 4 heads of 16, the same query heads per key head where it divides
     const int64_t group = std::max<int64_t>(1, c.n_heads / c.n_kv_heads);
     m.n_heads = std::min<int64_t>(c.n_heads, 4);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "core/element.h"
 #include "core/safetensors.h"
 #include "ops/registry.h"
 
@@ -21,39 +22,13 @@ Tensor as(DType dtype, Tensor t) {
     return c;
 }
 
-// every element as a double (float dtypes converted, integer ones cast: the indices an op writes)
-Tensor doubles(const Tensor& t) {
-    if (dtype_is_float(t.dtype())) return as(DType::f64, Tensor::copy_of(t));
-    Tensor d(DType::f64, t.shape());
-    for (int64_t i = 0; i < t.numel(); ++i) {
-        switch (t.dtype()) {
-            case DType::i32:
-                d.ptr<double>()[i] = t.ptr<int32_t>()[i];
-                break;
-            case DType::i64:
-                d.ptr<double>()[i] = double(t.ptr<int64_t>()[i]);
-                break;
-            case DType::u8:
-                d.ptr<double>()[i] = t.ptr<uint8_t>()[i];
-                break;
-            case DType::u16:
-                d.ptr<double>()[i] = t.ptr<uint16_t>()[i];
-                break;
-            default:
-                TESSERA_CHECK(false, "golden tensor of dtype {} cannot be compared", dtype_name(t.dtype()));
-        }
-    }
-    return d;
-}
-
 double rel_rms(const Tensor& got, const Tensor& want) {
     if (got.shape() != want.shape()) return HUGE_VAL;
-    const Tensor a = doubles(got), b = doubles(want);
     double num = 0, den = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-        const double d = a.ptr<double>()[i] - b.ptr<double>()[i];
-        num += d * d;
-        den += b.ptr<double>()[i] * b.ptr<double>()[i];
+    for (int64_t i = 0; i < got.numel(); ++i) {
+        const double a = element_as_double(got.view(), i), b = element_as_double(want.view(), i);
+        num += (a - b) * (a - b);
+        den += b * b;
     }
     return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
 }
