@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "core/device.h"
 #include "core/safetensors.h"
 #include "ops/registry.h"
 
@@ -13,6 +14,7 @@ void add_op_command(CLI::App& app) {
     struct Args {
         std::string name, in, out;
         std::vector<std::string> sets;
+        std::string device = "cpu";
         bool list = false;
     };
     auto a = std::make_shared<Args>();
@@ -20,7 +22,9 @@ void add_op_command(CLI::App& app) {
     cmd->add_option("--in", a->in, "Input safetensors file with the op's input tensors (and d<output> for backward)");
     cmd->add_option("--out", a->out, "Output safetensors file");
     cmd->add_option("--set", a->sets, "Op parameter: key=value (repeatable)");
-    cmd->add_flag("--list", a->list, "List every op with its inputs, parameters and outputs");
+    cmd->add_option("--device", a->device, "Where the op runs: cpu, or cuda (inputs copied to the GPU, outputs back)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_flag("--list", a->list, "List every op with its inputs, parameters, outputs and devices");
     cmd->callback([a] {
         const ops::OpRegistry& reg = ops::op_registry();
         if (a->list) {
@@ -46,11 +50,16 @@ void add_op_command(CLI::App& app) {
         SafetensorsFile f(a->in);
         std::map<std::string, Tensor> inputs;
         for (const auto& e : f.entries()) inputs.emplace(e.name, f.load(e.name));
-        auto outputs = ops::run_op(*op, std::move(inputs), params);
+        const Device device = a->device == "cuda" ? Device::cuda : Device::cpu;
+        if (device == Device::cuda)
+            TESSERA_CHECK(cuda_available(), "--device cuda: {}",
+                          cuda_built() ? "no CUDA device is visible on this machine"
+                                       : "this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)");
+        auto outputs = ops::run_op(*op, std::move(inputs), params, device);
         std::vector<NamedTensor> named;
         for (auto& [k, v] : outputs) named.push_back({k, v.view()});
         write_safetensors(a->out, named, {{"op", op->name}});
-        std::cout << fmt::format("{}: wrote {} tensors to {}\n", op->name, named.size(), a->out);
+        std::cout << fmt::format("{} ({}): wrote {} tensors to {}\n", op->name, a->device, named.size(), a->out);
     });
 }
 

@@ -1,6 +1,8 @@
 // Buddy-system allocator and the host arena built on it. Knuth, TAOCP vol. 1, 2.5 ("buddy system").
 #include "core/arena.h"
 
+#include "core/device.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
@@ -193,14 +195,17 @@ size_t buddy_capacity_for(std::vector<size_t> sizes, size_t min_block) {
     return cap * min_block;
 }
 
-void Arena::Free::operator()(std::byte* p) const { std::free(p); }
+void Arena::Free::operator()(std::byte* p) const { device_free(device, p); }
 
-Arena::Arena(size_t capacity, size_t min_block)
+Arena::Arena(size_t capacity, size_t min_block, Device device)
     : buddy_((capacity + min_block - 1) / min_block * min_block, min_block) {
-    size_t cap = buddy_.stats().capacity;
-    void* p = std::aligned_alloc(4096, (cap + 4095) / 4096 * 4096);
-    TESSERA_CHECK(p != nullptr, "arena: cannot reserve {} bytes of host memory", cap);
-    base_.reset(static_cast<std::byte*>(p));
+    const size_t cap = buddy_.stats().capacity;
+    try {
+        base_ = std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(device_alloc(device, cap)), Free{device});
+    } catch (const Error& e) {
+        TESSERA_FAIL("arena: cannot reserve {} bytes of {} memory: {}", cap, device == Device::cpu ? "host" : "CUDA",
+                     e.what());
+    }
 }
 
 void* Arena::allocate(size_t bytes) { return base_.get() + buddy_.allocate(bytes); }
@@ -208,7 +213,7 @@ void* Arena::allocate(size_t bytes) { return base_.get() + buddy_.allocate(bytes
 void Arena::free(void* p) { buddy_.free(size_t(static_cast<std::byte*>(p) - base_.get())); }
 
 TensorView Arena::allocate_tensor(DType dtype, Shape shape) {
-    return TensorView(allocate(dtype_bytes(dtype, shape.numel())), dtype, shape);
+    return TensorView(allocate(dtype_bytes(dtype, shape.numel())), dtype, shape, device());
 }
 
 ArenaBlock& ArenaBlock::operator=(ArenaBlock&& o) noexcept {

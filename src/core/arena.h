@@ -69,10 +69,11 @@ class BuddyAllocator {
 // largest first, fit: found by replaying them on the allocator's bookkeeping (no memory touched).
 size_t buddy_capacity_for(std::vector<size_t> sizes, size_t min_block);
 
-// Host memory region plus its buddy allocator.
+// One region of a device's memory (host memory by default; core/device.h) plus its buddy allocator: the CUDA
+// backend's arena is the same allocator over one cudaMalloc'ed region.
 class Arena {
   public:
-    explicit Arena(size_t capacity, size_t min_block = 256);
+    explicit Arena(size_t capacity, size_t min_block = 256, Device device = Device::cpu);
     Arena(const Arena&) = delete;
     Arena& operator=(const Arena&) = delete;
 
@@ -83,9 +84,11 @@ class Arena {
     void reset_peak() { buddy_.reset_peak(); }
     size_t rounded_size(size_t bytes) const { return buddy_.rounded_size(bytes); }
     std::byte* base() const { return base_.get(); }
+    Device device() const { return base_.get_deleter().device; }
 
   private:
     struct Free {
+        Device device;  // value-initialised (Device::cpu) by unique_ptr's default constructor
         void operator()(std::byte* p) const;
     };
     std::unique_ptr<std::byte, Free> base_;

@@ -1,9 +1,10 @@
-// Tensor views, owning host tensors, dtype names and conversions.
+// Tensor views, owning tensors, dtype names and conversions.
 #include "core/tensor.h"
 
 #include <cstdlib>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/mxfp4.h"
 
 namespace tessera {
@@ -118,23 +119,27 @@ void check_contiguous(const TensorView& t, std::string_view where, std::string_v
     TESSERA_CHECK(t.is_contiguous(), "{}: {} must be contiguous", where, what);
 }
 
-void Tensor::Free::operator()(void* p) const { std::free(p); }
+void Tensor::Free::operator()(void* p) const { device_free(device, p); }
 
-Tensor::Tensor(DType dtype, Shape shape) {
+Tensor::Tensor(DType dtype, Shape shape, Device device) {
     const size_t bytes = dtype_bytes(dtype, shape.numel());
     TESSERA_CHECK(bytes <= (SIZE_MAX >> 1), "tensor {} {} is too large", dtype_name(dtype), shape.str());
-    size_t padded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, padded == 0 ? 64 : padded);
-    TESSERA_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
-    std::memset(p, 0, padded == 0 ? 64 : padded);
-    storage_.reset(p);
-    view_ = TensorView(p, dtype, shape);
+    void* p = device_alloc(device, bytes);
+    storage_ = std::unique_ptr<void, Free>(p, Free{device});
+    device_zero(device, p, (bytes + 63) / 64 * 64);
+    view_ = TensorView(p, dtype, shape, device);
 }
 
 Tensor Tensor::copy_of(const TensorView& v) {
     check_contiguous(v, "copied tensor");
-    Tensor t(v.dtype, v.shape);
-    if (v.nbytes()) std::memcpy(t.view_.data, v.data, v.nbytes());
+    Tensor t(v.dtype, v.shape, v.device);
+    copy_bytes(t.view_.data, v.device, v.data, v.device, v.nbytes());
+    return t;
+}
+
+Tensor Tensor::to(Device device) const {
+    Tensor t(view_.dtype, view_.shape, device);
+    copy_bytes(t.view_.data, device, view_.data, view_.device, view_.nbytes());
     return t;
 }
 

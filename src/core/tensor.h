@@ -1,5 +1,6 @@
-// Tensor views (non-owning: pointer, dtype, shape, strides, device) and a small owning host tensor
-// used by file i/o, the op runner and tests. Model buffers live in the arena and are seen as views.
+// Tensor views (non-owning: pointer, dtype, shape, strides, device) and a small owning tensor (host
+// memory unless asked for a device) used by file i/o, the op runner and tests. Model buffers live in
+// the arena and are seen as views.
 #pragma once
 
 #include <array>
@@ -76,14 +77,17 @@ void check_shape(const TensorView& t, const Shape& expected, std::string_view wh
 void check_dtype(const TensorView& t, DType expected, std::string_view where, std::string_view what);
 void check_contiguous(const TensorView& t, std::string_view where, std::string_view what);
 
-// Owning host tensor (64-byte aligned). Moves, does not copy implicitly.
+// Owning tensor on a device (host by default; core/device.h; 256-byte aligned). Moves, does not copy
+// implicitly.
 class Tensor {
   public:
     Tensor() = default;
-    Tensor(DType dtype, Shape shape);  // zero-filled
-    static Tensor zeros_like(const TensorView& v) { return Tensor(v.dtype, v.shape); }
-    static Tensor copy_of(const TensorView& v);  // contiguous copy
+    Tensor(DType dtype, Shape shape, Device device = Device::cpu);  // zero-filled
+    static Tensor zeros_like(const TensorView& v) { return Tensor(v.dtype, v.shape, v.device); }
+    static Tensor copy_of(const TensorView& v);  // contiguous copy on v's device
+    Tensor to(Device device) const;              // a copy on that device
 
+    Device device() const { return view_.device; }
     TensorView view() const { return view_; }
     operator TensorView() const { return view_; }
     DType dtype() const { return view_.dtype; }
@@ -96,6 +100,7 @@ class Tensor {
 
   private:
     struct Free {
+        Device device;  // value-initialised (Device::cpu) by unique_ptr's default constructor
         void operator()(void* p) const;
     };
     std::unique_ptr<void, Free> storage_;

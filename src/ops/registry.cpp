@@ -36,8 +36,8 @@ bool parse_i64(const std::string& s, int64_t& out) {
 }
 }  // namespace
 
-OpContext::OpContext(std::map<std::string, Tensor> inputs, std::map<std::string, std::string> params)
-    : inputs_(std::move(inputs)), params_(std::move(params)) {
+OpContext::OpContext(std::map<std::string, Tensor> inputs, std::map<std::string, std::string> params, Device device)
+    : device_(device), inputs_(std::move(inputs)), params_(std::move(params)) {
     // bf16 inputs compute in f32; all float inputs must then share one dtype.
     bool seen = false;
     for (auto& [name, t] : inputs_) {
@@ -54,22 +54,29 @@ OpContext::OpContext(std::map<std::string, Tensor> inputs, std::map<std::string,
         TESSERA_CHECK(t.dtype() == float_dtype_, "input \"{}\" is {} but other float inputs are {}", name,
                       dtype_name(t.dtype()), dtype_name(float_dtype_));
     }
+    if (device_ != Device::cpu) {
+        for (const auto& [name, t] : inputs_) device_inputs_.emplace(name, t.to(device_));
+    }
 }
 
-TensorView OpContext::in(const std::string& name) const {
+TensorView OpContext::host_in(const std::string& name) const {
     auto it = inputs_.find(name);
     TESSERA_CHECK(it != inputs_.end(), "missing input tensor \"{}\"", name);
     return it->second.view();
 }
 
-TensorView OpContext::in_or_absent(const std::string& name) const {
-    auto it = inputs_.find(name);
-    return it == inputs_.end() ? TensorView() : it->second.view();
+TensorView OpContext::in(const std::string& name) const {
+    if (device_ == Device::cpu) return host_in(name);
+    auto it = device_inputs_.find(name);
+    TESSERA_CHECK(it != device_inputs_.end(), "missing input tensor \"{}\"", name);
+    return it->second.view();
 }
+
+TensorView OpContext::in_or_absent(const std::string& name) const { return has(name) ? in(name) : TensorView(); }
 
 std::span<const int64_t> OpContext::index_span(const std::string& name) const {
     if (!has(name)) return {};
-    TensorView t = in(name);
+    TensorView t = host_in(name);
     check_dtype(t, DType::i64, name);
     TESSERA_CHECK(t.ndim() == 1, "{} must be 1-D, not {}", name, t.shape.str());
     return {t.ptr<int64_t>(), size_t(t.numel())};
@@ -94,16 +101,26 @@ TensorView OpContext::out(const std::string& name, DType dtype, Shape shape) {
         TESSERA_CHECK(in->second.shape() == shape && in->second.dtype() == dtype,
                       "input \"{}\" is {} {} but the op updates it as {} {}", name, dtype_name(in->second.dtype()),
                       in->second.shape().str(), dtype_name(dtype), shape.str());
-        outputs_[name] = Tensor::copy_of(in->second.view());
+        outputs_[name] = Tensor::copy_of(this->in(name));
         return outputs_[name].view();
     }
-    outputs_[name] = Tensor(dtype, shape);
+    outputs_[name] = Tensor(dtype, shape, device_);
     return outputs_[name].view();
 }
 
 std::span<std::byte> OpContext::workspace(size_t bytes) {
+    TESSERA_CHECK(device_ == Device::cpu, "a host workspace was asked for on the CUDA device");
     workspace_.assign(bytes, std::byte{0});
     return workspace_;
+}
+
+void OpContext::set_output(const std::string& name, Tensor host) { outputs_[name] = std::move(host); }
+
+std::map<std::string, Tensor> OpContext::take_outputs() {
+    std::map<std::string, Tensor> out;
+    for (auto& [name, t] : outputs_) out.emplace(name, t.device() == Device::cpu ? std::move(t) : t.to(Device::cpu));
+    outputs_.clear();
+    return out;
 }
 
 void OpRegistry::add(OpDef def) {
@@ -132,7 +149,11 @@ const OpRegistry& op_registry() {
 
 std::map<std::string, Tensor> run_op(const OpDef& op,
                                      std::map<std::string, Tensor> inputs,
-                                     const std::map<std::string, std::string>& params) {
+                                     const std::map<std::string, std::string>& params,
+                                     Device device) {
+    TESSERA_CHECK(device == Device::cpu || op.cuda,
+                  "op {}: the CUDA backend has no implementation of it yet (ops on CUDA: {})", op.name,
+                  cuda_op_names());
     std::map<std::string, std::string> values;
     std::vector<std::string> param_names;
     for (const auto& spec : op.params) {
@@ -180,13 +201,21 @@ std::map<std::string, Tensor> run_op(const OpDef& op,
     for (const auto& [name, t] : inputs) {  // the kernels divide by their dimensions
         TESSERA_CHECK(t.numel() > 0, "op {}: input \"{}\" {} is empty", op.name, name, t.shape().str());
     }
-    OpContext ctx(std::move(inputs), std::move(values));
     try {
+        OpContext ctx(std::move(inputs), std::move(values), device);
         op.run(ctx);
+        return ctx.take_outputs();
     } catch (const Error& e) {
         throw Error(fmt::format("op {}: {}", op.name, e.what()), e.origin());
     }
-    return std::move(ctx.outputs());
+}
+
+std::string cuda_op_names() {
+    std::vector<std::string> names;
+    for (const auto& op : op_registry().all()) {
+        if (op.cuda) names.push_back(op.name);
+    }
+    return names.empty() ? "none" : join(names, ", ");
 }
 
 std::string describe_op(const OpDef& op) {
@@ -200,6 +229,7 @@ std::string describe_op(const OpDef& op) {
         if (!p.doc.empty()) s += fmt::format(" ({})", p.doc);
     }
     s += "\n  outputs: " + join(op.outputs, ", ");
+    s += op.cuda ? "\n  devices: cpu, cuda" : "\n  devices: cpu";
     for (const auto& b : op.backward) s += "\n  backward: " + b;
     return s;
 }

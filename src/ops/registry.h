@@ -33,13 +33,19 @@ struct OpParamSpec {
     double min = -HUGE_VAL, max = HUGE_VAL;
 };
 
-// Inputs, parsed parameters and outputs of one op call.
+// Inputs, parsed parameters and outputs of one op call, on a device: with Device::cuda the inputs are copied to
+// the GPU, in() and out() are device tensors, and take_outputs() copies them back. host_in() and set_output() are
+// for what a binding reads or writes on the host (a scalar loss, a gradient scale); index_span() reads the
+// host copy.
 class OpContext {
   public:
-    OpContext(std::map<std::string, Tensor> inputs, std::map<std::string, std::string> params);
+    OpContext(std::map<std::string, Tensor> inputs,
+              std::map<std::string, std::string> params,
+              Device device = Device::cpu);
 
     bool has(const std::string& name) const { return inputs_.count(name) != 0; }
     TensorView in(const std::string& name) const;                        // throws if absent
+    TensorView host_in(const std::string& name) const;                   // the host copy
     TensorView in_or_absent(const std::string& name) const;              // a default view if absent
     std::span<const int64_t> index_span(const std::string& name) const;  // an i64 1-D input, or empty
     DType float_dtype() const { return float_dtype_; }                   // f32 or f64: the compute dtype
@@ -51,12 +57,16 @@ class OpContext {
     // A zero-filled output tensor (or input to be updated in place, when the names agree).
     TensorView out(const std::string& name, DType dtype, Shape shape);
     TensorView out_like(const std::string& name, const TensorView& like) { return out(name, like.dtype, like.shape); }
-    std::span<std::byte> workspace(size_t bytes);
+    std::span<std::byte> workspace(size_t bytes);           // host memory (CPU kernels only)
+    void set_output(const std::string& name, Tensor host);  // an output the binding computed on the host
 
-    std::map<std::string, Tensor>& outputs() { return outputs_; }
+    Device device() const { return device_; }
+    std::map<std::string, Tensor> take_outputs();  // on the host
 
   private:
+    Device device_ = Device::cpu;
     std::map<std::string, Tensor> inputs_;
+    std::map<std::string, Tensor> device_inputs_;  // Device::cuda: the inputs' copies
     std::map<std::string, std::string> params_;
     std::map<std::string, Tensor> outputs_;
     std::vector<std::byte> workspace_;
@@ -71,6 +81,7 @@ struct OpDef {
     std::vector<std::string> outputs;   // forward outputs
     std::vector<std::string> backward;  // "given d<out>: writes d<in>, ..." lines for --list
     std::function<void(OpContext&)> run;
+    bool cuda = false;  // the CUDA backend implements it (forward and backward)
 };
 
 class OpRegistry {
@@ -86,10 +97,15 @@ class OpRegistry {
 const OpRegistry& op_registry();
 
 // Validates names and parameters against the op's spec (unknown input, unknown parameter,
-// non-numeric value: errors that say so), runs it and returns its outputs.
+// non-numeric value: errors that say so), runs it on the device (inputs and outputs on the host) and returns
+// its outputs.
 std::map<std::string, Tensor> run_op(const OpDef& op,
                                      std::map<std::string, Tensor> inputs,
-                                     const std::map<std::string, std::string>& params);
+                                     const std::map<std::string, std::string>& params,
+                                     Device device = Device::cpu);
+
+// The ops the CUDA backend implements, comma-separated ("none" if none).
+std::string cuda_op_names();
 
 // One line per op: "name  inputs ... | params ... | outputs ..." (for `tessera op --list`).
 std::string describe_op(const OpDef& op);

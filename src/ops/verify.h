@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace tessera::ops {
 
 struct GoldenCheck {
@@ -21,8 +23,10 @@ struct GoldenCheck {
     bool passed() const { return problems.empty(); }
 };
 
-// Throws (one line) for a file that is not a golden file of a registered op.
-GoldenCheck check_golden(const std::string& path);
+// Throws (one line) for a file that is not a golden file of a registered op. On Device::cuda the op runs on the GPU
+// (inputs copied there, outputs back) against the same expected values, at f32 tolerance max(file's, 1e-5); the
+// finite-difference check, which tests the math rather than a backend, runs on the CPU only.
+GoldenCheck check_golden(const std::string& path, Device device = Device::cpu);
 
 // The golden files (*.safetensors) of a directory, by name; `op` non-empty: only that op's.
 std::vector<std::string> golden_files(const std::string& dir, const std::string& op = "");

@@ -1,20 +1,24 @@
 // Test helpers (see test_util.h).
 #include "util/test_util.h"
 
-#include "core/element.h"
-
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
+#include "core/element.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
 
 namespace tessera::test {
 
-std::string golden_path(const std::string& relative) { return std::string(TESSERA_GOLDEN_DIR) + "/" + relative; }
+std::string golden_path(const std::string& relative) {
+    // TESSERA_GOLDEN_DIR in the environment: a test binary run from another checkout (scripts/device-check.sh run)
+    const char* dir = std::getenv("TESSERA_GOLDEN_DIR");
+    return std::string(dir && *dir ? dir : TESSERA_GOLDEN_DIR) + "/" + relative;
+}
 
 std::string output_path(const std::string& name) {
     std::filesystem::create_directories(TESSERA_TEST_OUTPUT_DIR);

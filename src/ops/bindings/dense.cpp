@@ -129,14 +129,15 @@ void run_cross_entropy(OpContext& c) {
     TESSERA_CHECK(logits.ndim() == 2, "logits must be [N, V]");
     TensorView lse = c.out("lse", logits.dtype, Shape{logits.size(0)});
     CrossEntropyResult r = cross_entropy_forward(p, logits, targets, lse);
-    TensorView loss = c.out("loss", logits.dtype, Shape{});
+    Tensor loss(logits.dtype, Shape{});
     if (logits.dtype == DType::f64) {
         *loss.ptr<double>() = r.loss;
     } else {
         *loss.ptr<float>() = float(r.loss);
     }
+    c.set_output("loss", std::move(loss));
     if (!c.has("dloss")) return;
-    TensorView dloss = c.in("dloss");
+    TensorView dloss = c.host_in("dloss");
     TESSERA_CHECK(dloss.numel() == 1, "dloss must be a scalar");
     const double g = dloss.dtype == DType::f64 ? *dloss.ptr<double>() : double(*dloss.ptr<float>());
     cross_entropy_backward(p, g, logits, targets, lse, c.out_like("dlogits", logits));
@@ -204,7 +205,8 @@ void register_dense_ops(OpRegistry& r) {
            {},
            {"y"},
            {"given dy: dx, dw, db (db when b is given)"},
-           run_linear});
+           run_linear,
+           /*cuda=*/true});
     r.add({"lora",
            "LoRA's update of a linear: y = scale·(x·aᵀ)·bᵀ",
            {{"x", "[N, IN]"}, {"a", "[r, IN]"}, {"b", "[OUT, r]"}, {"dy", "[N, OUT]", true}},
@@ -231,14 +233,16 @@ void register_dense_ops(OpRegistry& r) {
            {},
            {"y"},
            {"given dy: dtable"},
-           run_embedding});
+           run_embedding,
+           /*cuda=*/true});
     r.add({"rmsnorm",
            "y = x / sqrt(mean(x²) + eps) · weight",
            {{"x", "[N, D]"}, {"weight", "[D]"}, {"dy", "[N, D]", true}},
            {number("eps", "1e-6", 0, kInf)},
            {"y", "rstd"},
            {"given dy: dx, dweight"},
-           run_rmsnorm});
+           run_rmsnorm,
+           /*cuda=*/true});
     r.add({"layernorm",
            "y = (x − mean(x)) / sqrt(var(x) + eps) · weight + bias",
            {{"x", "[N, D]"}, {"weight", "[D]"}, {"bias", "[D]"}, {"dy", "[N, D]", true}},
@@ -259,14 +263,16 @@ void register_dense_ops(OpRegistry& r) {
            {},
            {"y"},
            {"given dy: dgate, dup"},
-           run_swiglu});
+           run_swiglu,
+           /*cuda=*/true});
     r.add({"cross_entropy",
            "mean cross-entropy over targets != ignore_index",
            {{"logits", "[N, V]"}, {"targets", "[N] i32|i64"}, {"dloss", "[]", true}},
            {integer("ignore_index", "-100", -kInf, kInf)},
            {"loss", "lse"},
            {"given dloss: dlogits"},
-           run_cross_entropy});
+           run_cross_entropy,
+           /*cuda=*/true});
     r.add({"rope",
            "rotary embedding, rotate-half (Llama) or interleaved (MLA) pairs",
            {{"x", "[B, T, H, D]"}, {"dy", "[B, T, H, D]", true}},
@@ -311,7 +317,8 @@ void register_dense_ops(OpRegistry& r) {
             integer("step", "1", 1, 1e15, "1-based")},
            {"param", "m", "v"},
            {},
-           run_adamw});
+           run_adamw,
+           /*cuda=*/true});
 }
 
 }  // namespace tessera::ops

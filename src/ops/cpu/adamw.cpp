@@ -1,13 +1,11 @@
-// AdamW on the CPU: one elementwise pass.
+// AdamW: the entry point (checks, then CUDA tensors to ops/cuda) and the CPU's one elementwise pass.
 #include "ops/adamw.h"
 
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/op_use.h"
-#if TESSERA_WITH_CUDA
-#include "ops/cuda/cuda_ops.h"
-#endif
 
 namespace tessera::ops {
 
@@ -19,19 +17,9 @@ void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, Tenso
                       "adamw: grad, m and v must be shaped like param {} {}", dtype_name(param.dtype),
                       param.shape.str());
     }
-    for (const TensorView* t : {&param, &grad, &m, &v}) {
-        check_contiguous(*t, "adamw: tensors");
-        TESSERA_CHECK(t->device == param.device, "adamw: tensors on different devices");
-    }
-    if (param.device == Device::cuda) {
-#if TESSERA_WITH_CUDA
-        check_dtype(param, DType::f32, "adamw: param");
-        cuda::adamw_update(p, param, grad, m, v);
-        return;
-#else
-        TESSERA_FAIL("adamw: tensors are on a CUDA device but this build has no CUDA backend (-DTESSERA_CUDA=ON)");
-#endif
-    }
+    for (const TensorView* t : {&param, &grad, &m, &v}) check_contiguous(*t, "adamw: tensors");
+    if (op_device("adamw", {param, grad, m, v}) == Device::cuda)
+        return TESSERA_ON_CUDA(adamw_update(p, param, grad, m, v));
     cpu::dispatch_float(param.dtype, "adamw", [&]<class T>(T) {
         const int64_t n = param.numel();
         T* P = param.ptr<T>();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vec_math.h"
@@ -254,6 +255,7 @@ void attention_forward(const AttentionParams& p,
                        std::span<std::byte> workspace,
                        std::span<const int64_t> cu_seqlens) {
     note_op_use("attention");
+    cpu_only("attention", {q, k, v, o, lse});
     Dims d = check_inputs(q, k, v, o, lse);
     const Segments seg(d.B, d.T, cu_seqlens, "attention");
     dispatch_float(q.dtype, "attention", [&]<class T>(T) { forward_impl<T>(p, d, seg, q, k, v, o, lse, workspace); });
@@ -271,6 +273,7 @@ void attention_backward(const AttentionParams& p,
                         TensorView dv,
                         std::span<std::byte> workspace,
                         std::span<const int64_t> cu_seqlens) {
+    cpu_only("attention", {dout, q, k, v, o, lse, dq, dk, dv});
     Dims d = check_inputs(q, k, v, o, lse);
     const Segments seg(d.B, d.T, cu_seqlens, "attention");
     check_shape(dout, q.shape, "attention: do");

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/op_use.h"
 
@@ -103,6 +104,8 @@ void attn_res_mix_forward(const AttnResParams& p,
                           TensorView probs,
                           TensorView scratch) {
     note_op_use("attn_res_mix");
+    cpu_only("attn_res_mix", {gamma, w, out, probs, scratch});
+    for (const TensorView& s : sources) cpu_only("attn_res_mix", {s});
     const MixDims d = check_mix(sources, gamma, w, out, probs);
     check_scratch(d, scratch, gamma.dtype);
     dispatch_float(gamma.dtype, "attn_res_mix", [&]<class T>(T) {
@@ -143,6 +146,9 @@ void attn_res_mix_backward(const AttnResParams& p,
                            TensorView dgamma,
                            TensorView dw,
                            TensorView scratch) {
+    cpu_only("attn_res_mix", {dout, gamma, w, probs, dgamma, dw, scratch});
+    for (const TensorView& s : sources) cpu_only("attn_res_mix", {s});
+    for (const TensorView& s : dsources) cpu_only("attn_res_mix", {s});
     const MixDims d = check_mix(sources, gamma, w, dout, probs);
     check_scratch(d, scratch, gamma.dtype);
     TESSERA_CHECK(dsources.size() == sources.size(), "attn_res_mix: {} source gradients for {} sources",

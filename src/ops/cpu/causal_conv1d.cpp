@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/op_use.h"
@@ -43,6 +44,7 @@ inline void conv_at(const T* X, const T* W, int64_t C, int64_t K, int64_t t0, in
 void causal_conv1d_forward(
     const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y, std::span<const int64_t> cu_seqlens) {
     note_op_use("causal_conv1d");
+    cpu_only("causal_conv1d", {x, w, y});
     check_shapes(x, w, y, "causal_conv1d: y");
     const Segments seg(x.size(0), x.size(1), cu_seqlens, "causal_conv1d");
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
@@ -76,6 +78,7 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
                             TensorView dx,
                             TensorView dw,
                             std::span<const int64_t> cu_seqlens) {
+    cpu_only("causal_conv1d", {dy, x, w, dx, dw});
     check_shapes(x, w, dy, "causal_conv1d: dy");
     if (dw.defined()) check_shape(dw, w.shape, "causal_conv1d: dw");  // absent: a frozen weight
     if (dx.defined()) check_shapes(x, w, dx, "causal_conv1d: dx");

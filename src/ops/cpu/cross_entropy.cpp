@@ -1,10 +1,11 @@
-// Cross-entropy forward/backward on the CPU. Per row: online max/sum over the vocabulary (one pass),
-// then the loss is summed over rows in row order (deterministic).
+// Cross-entropy forward/backward: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernels. Per
+// row: online max/sum over the vocabulary (one pass), then the loss is summed over rows in row order (deterministic).
 #include "ops/cross_entropy.h"
 
 #include <cmath>
 #include <limits>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/op_use.h"
@@ -47,6 +48,24 @@ double row_lse(const T* x, int64_t V) {
     }
     return m + std::log(s);
 }
+// The shared checks of forward and backward (dlogits optional); returns the vocabulary size.
+int64_t check_shapes(TensorView logits, TensorView targets, TensorView lse, TensorView dlogits) {
+    int64_t V = 0;
+    dispatch_float(logits.dtype, "cross_entropy", [&]<class T>(T) {
+        Rows<T> X = rows_of<T>(logits, "cross_entropy: logits");
+        cpu::check_index_dtype(targets, "cross_entropy: targets");
+        check_shape(targets, Shape{X.rows}, "cross_entropy: targets");
+        check_shape(lse, Shape{X.rows}, "cross_entropy: lse");
+        check_dtype(lse, logits.dtype, "cross_entropy: lse");
+        if (dlogits.defined()) {
+            Rows<T> DX = rows_of<T>(dlogits, "cross_entropy: dlogits");
+            TESSERA_CHECK(DX.rows == X.rows && DX.cols == X.cols,
+                          "cross_entropy: dlogits must be shaped like logits {}", logits.shape.str());
+        }
+        V = X.cols;
+    });
+    return V;
+}
 }  // namespace
 
 CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p,
@@ -54,12 +73,12 @@ CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p,
                                          TensorView targets,
                                          TensorView lse) {
     note_op_use("cross_entropy");
+    check_shapes(logits, targets, lse, {});
+    if (op_device("cross_entropy", {logits, targets, lse}) == Device::cuda)
+        return TESSERA_ON_CUDA(cross_entropy_forward(p, logits, targets, lse));
     CrossEntropyResult res;
     dispatch_float(logits.dtype, "cross_entropy", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(logits, "cross_entropy: logits");
-        cpu::check_index_dtype(targets, "cross_entropy: targets");
-        check_shape(targets, Shape{X.rows}, "cross_entropy: targets");
-        check_shape(lse, Shape{X.rows}, "cross_entropy: lse");
         T* L = lse.ptr<T>();
         for (int64_t n = 0; n < X.rows; ++n) checked_target(p, targets, n, X.cols);
 #pragma omp parallel for schedule(static)
@@ -81,14 +100,13 @@ void cross_entropy_backward(const CrossEntropyParams& p,
                             TensorView targets,
                             TensorView lse,
                             TensorView dlogits) {
+    TESSERA_CHECK(dlogits.defined(), "cross_entropy: backward needs dlogits");
+    check_shapes(logits, targets, lse, dlogits);
+    if (op_device("cross_entropy", {logits, targets, lse, dlogits}) == Device::cuda)
+        return TESSERA_ON_CUDA(cross_entropy_backward(p, dloss, logits, targets, lse, dlogits));
     dispatch_float(logits.dtype, "cross_entropy", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(logits, "cross_entropy: logits");
         Rows<T> DX = rows_of<T>(dlogits, "cross_entropy: dlogits");
-        TESSERA_CHECK(DX.rows == X.rows && DX.cols == X.cols, "cross_entropy: dlogits must be shaped like logits {}",
-                      logits.shape.str());
-        cpu::check_index_dtype(targets, "cross_entropy: targets");
-        check_shape(targets, Shape{X.rows}, "cross_entropy: targets");
-        check_shape(lse, Shape{X.rows}, "cross_entropy: lse");
         const T* L = lse.ptr<T>();
         int64_t count = 0;
         for (int64_t n = 0; n < X.rows; ++n) count += checked_target(p, targets, n, X.cols) != p.ignore_index;

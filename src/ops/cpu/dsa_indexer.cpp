@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/dsa.h"
@@ -157,6 +158,7 @@ void dsa_indexer_forward(const DsaIndexerParams& p,
                          std::span<std::byte> workspace,
                          std::span<const int64_t> cu_seqlens) {
     note_op_use("dsa_indexer");
+    cpu_only("dsa_indexer", {q, k, w, indices, scores});
     const IndexerDims d = check_indexer(q, k, w, "dsa_indexer");
     TESSERA_CHECK(p.topk >= 1, "dsa_indexer: topk must be positive, not {}", p.topk);
     check_shape(indices, Shape{d.B, d.T, p.topk}, "dsa_indexer: indices");
@@ -360,6 +362,7 @@ IndexerKlResult indexer_kl(TensorView q,
                            std::span<std::byte> workspace,
                            int64_t dk_slabs) {
     note_op_use("indexer_kl");
+    cpu_only("indexer_kl", {q, k, w, p, indices, dq, dk, dw});
     const IndexerDims d = check_indexer(q, k, w, "indexer_kl");
     TESSERA_CHECK(dk_slabs >= 1, "indexer_kl: dk_slabs must be positive");
     if (indices.defined()) {

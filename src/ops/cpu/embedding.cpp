@@ -1,9 +1,11 @@
-// Embedding forward/backward on the CPU. An id outside [0, V) is an error naming its position.
+// Embedding forward/backward: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU's copies. An id
+// outside [0, V) is an error naming its position.
 #include "ops/embedding.h"
 
 #include <algorithm>
 #include <cstring>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/op_use.h"
 
@@ -26,10 +28,15 @@ void embedding_forward(TensorView ids, TensorView table, TensorView y) {
     note_op_use("embedding");
     TESSERA_CHECK(table.ndim() == 2, "embedding: table must be [V, D], not {}", table.shape.str());
     const int64_t N = ids.numel(), D = table.size(1);
-    check_ids(ids, table.size(0));
+    cpu::check_index_dtype(ids, "embedding: ids");
     check_shape(y, Shape{N, D}, "embedding: y");
     check_contiguous(table, "embedding: table");
     check_contiguous(y, "embedding: y");
+    TESSERA_CHECK(y.dtype == table.dtype || (table.dtype == DType::bf16 && y.dtype == DType::f32),
+                  "embedding: y is {} but the table is {}", dtype_name(y.dtype), dtype_name(table.dtype));
+    if (op_device("embedding", {ids, table, y}) == Device::cuda)
+        return TESSERA_ON_CUDA(embedding_forward(ids, table, y));
+    check_ids(ids, table.size(0));
     if (table.dtype == DType::bf16 && y.dtype == DType::f32) {  // a frozen base kept in bf16: rows widened
         const bf16* src = table.ptr<bf16>();
         float* dst = y.ptr<float>();
@@ -41,8 +48,6 @@ void embedding_forward(TensorView ids, TensorView table, TensorView y) {
         return;
     }
     const size_t row_bytes = size_t(D) * dtype_size(table.dtype);
-    TESSERA_CHECK(y.dtype == table.dtype, "embedding: y is {} but the table is {}", dtype_name(y.dtype),
-                  dtype_name(table.dtype));
     const auto* src = static_cast<const std::byte*>(table.data);
     auto* dst = static_cast<std::byte*>(y.data);
 #pragma omp parallel for schedule(static)
@@ -50,12 +55,17 @@ void embedding_forward(TensorView ids, TensorView table, TensorView y) {
 }
 
 void embedding_backward(TensorView dy, TensorView ids, TensorView dtable) {
+    const Device device = op_device("embedding", {dy, ids, dtable});
     dispatch_float(dtable.dtype, "embedding", [&]<class T>(T) {
+        TESSERA_CHECK(dtable.ndim() == 2, "embedding: dtable must be [V, D], not {}", dtable.shape.str());
         const int64_t N = ids.numel(), D = dtable.size(1);
-        check_ids(ids, dtable.size(0));
+        cpu::check_index_dtype(ids, "embedding: ids");
         check_shape(dy, Shape{N, D}, "embedding: dy");
+        check_dtype(dy, dtable.dtype, "embedding: dy");
         check_contiguous(dy, "embedding: dy");
         check_contiguous(dtable, "embedding: dtable");
+        if (device == Device::cuda) return TESSERA_ON_CUDA(embedding_backward(dy, ids, dtable));
+        check_ids(ids, dtable.size(0));
         const T* DY = dy.ptr<T>();
         T* DT = dtable.ptr<T>();
         // NOTES: each thread owns a column range and walks the tokens in order, so repeated ids

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/op_use.h"
@@ -28,6 +29,7 @@ inline T act_grad(GateActivation a, T z) {
 void gated_rmsnorm_forward(
     const GatedRmsNormParams& p, TensorView x, TensorView gate, TensorView weight, TensorView y) {
     note_op_use("gated_rmsnorm");
+    cpu_only("gated_rmsnorm", {x, gate, weight, y});
     cpu::dispatch_float(x.dtype, "gated_rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "gated_rmsnorm: x"), Z = rows_of<T>(gate, "gated_rmsnorm: gate"),
                 Y = rows_of<T>(y, "gated_rmsnorm: y");
@@ -57,6 +59,7 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
                             TensorView dx,
                             TensorView dgate,
                             TensorView dweight) {
+    cpu_only("gated_rmsnorm", {dy, x, gate, weight, dx, dgate, dweight});
     cpu::dispatch_float(x.dtype, "gated_rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "gated_rmsnorm: x"), Z = rows_of<T>(gate, "gated_rmsnorm: gate"),
                 DY = rows_of<T>(dy, "gated_rmsnorm: dy");

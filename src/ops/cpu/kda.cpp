@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops/backend.h"
 #include "ops/cpu/kda_driver.h"
 #include "ops/op_use.h"
 
@@ -182,6 +183,7 @@ void kda_forward(const KdaParams& p,
                  std::span<std::byte> ws,
                  TensorView saved_states) {
     note_op_use("kda");
+    cpu_only("kda", {in.q, in.k, in.v, in.g, in.beta, in.h0, o, ht, saved_states});
     const Layout L = check(p, in);
     check_shape(o, in.v.shape, "kda: o");
     check_contiguous(o, "kda: o");
@@ -205,6 +207,8 @@ void kda_backward(const KdaParams& p,
                   const KdaGrads& grads,
                   std::span<std::byte> ws,
                   TensorView saved_states) {
+    cpu_only("kda", {in.q, in.k, in.v, in.g, in.beta, in.h0, dout, dht, saved_states});
+    cpu_only("kda", {grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dh0});
     const Layout L = check(p, in);
     if (dout.defined()) check_shape(dout, in.v.shape, "kda: do");
     if (dht.defined()) check_shape(dht, Shape{L.num_seqs, L.HV, L.K, L.V}, "kda: dht");

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/op_use.h"
@@ -38,6 +39,7 @@ inline T softplus(T z) {
 
 void kda_gate_forward(const KdaGateParams& p, TensorView f, TensorView A_log, TensorView dt_bias, TensorView g) {
     note_op_use("kda_gate");
+    cpu_only("kda_gate", {f, A_log, dt_bias, g});
     const GateDims d = check(f, A_log, dt_bias);
     check_shape(g, f.shape, "kda_gate: g");
     TESSERA_CHECK(p.lower_bound <= 0, "kda_gate: lower_bound must be <= 0 (0 = softplus form), not {}", p.lower_bound);
@@ -69,6 +71,7 @@ void kda_gate_backward(const KdaGateParams& p,
                        TensorView df,
                        TensorView dA_log,
                        TensorView ddt_bias) {
+    cpu_only("kda_gate", {dg, f, A_log, dt_bias, df, dA_log, ddt_bias});
     const GateDims d = check(f, A_log, dt_bias);
     check_shape(dg, f.shape, "kda_gate: dg");
     dispatch_float(f.dtype, "kda_gate", [&]<class T>(T) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/op_use.h"
 
@@ -13,6 +14,7 @@ using cpu::rows_of;
 
 void l2norm_forward(const L2NormParams& p, TensorView x, TensorView y) {
     note_op_use("l2norm");
+    cpu_only("l2norm", {x, y});
     cpu::dispatch_float(x.dtype, "l2norm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "l2norm: x"), Y = rows_of<T>(y, "l2norm: y");
         TESSERA_CHECK(X.rows == Y.rows && X.cols == Y.cols, "l2norm: y must be shaped like x {}", x.shape.str());
@@ -29,6 +31,7 @@ void l2norm_forward(const L2NormParams& p, TensorView x, TensorView y) {
 }
 
 void l2norm_backward(const L2NormParams& p, TensorView dy, TensorView x, TensorView dx) {
+    cpu_only("l2norm", {dy, x, dx});
     cpu::dispatch_float(x.dtype, "l2norm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "l2norm: x"), DY = rows_of<T>(dy, "l2norm: dy"), DX = rows_of<T>(dx, "l2norm: dx");
         TESSERA_CHECK(X.rows == DY.rows && X.cols == DY.cols && X.rows == DX.rows && X.cols == DX.cols,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/op_use.h"
 
@@ -21,6 +22,7 @@ void layernorm_forward(const LayerNormParams& p,
                        TensorView mean,
                        TensorView rstd) {
     note_op_use("layernorm");
+    cpu_only("layernorm", {x, w, b, y, mean, rstd});
     dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "layernorm: x"), Y = rows_of<T>(y, "layernorm: y");
         TESSERA_CHECK(X.rows == Y.rows && X.cols == Y.cols, "layernorm: y {} must be shaped like x {}", y.shape.str(),
@@ -57,6 +59,7 @@ void layernorm_backward(const LayerNormParams&,
                         TensorView dx,
                         TensorView dw,
                         TensorView db) {
+    cpu_only("layernorm", {dy, x, w, mean, rstd, dx, dw, db});
     dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "layernorm: x"), DY = rows_of<T>(dy, "layernorm: dy");
         TESSERA_CHECK(X.rows == DY.rows && X.cols == DY.cols, "layernorm: dy {} must be shaped like x {}",

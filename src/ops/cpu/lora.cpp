@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/gemm.h"
 #include "ops/op_use.h"
@@ -75,6 +76,7 @@ bool lora_keep(const LoraParams& p, uint64_t index) {
 void lora_forward(
     const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y, TensorView xd) {
     note_op_use("lora");
+    cpu_only("lora", {x, a, b, u, y, xd});
     const Dims d = check(x, y, a, b, u, false, "lora");
     dispatch_float(a.dtype, "lora", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "lora: x");
@@ -97,6 +99,7 @@ void lora_backward(const LoraParams& p,
                    TensorView da,
                    TensorView db,
                    TensorView xd) {
+    cpu_only("lora", {x, dy, a, b, u, du, dx, da, db, xd});
     const Dims d = check(x, dy, a, b, u, false, "lora");
     TESSERA_CHECK(du.numel() >= d.N * d.r && du.dtype == a.dtype, "lora: scratch du must hold [{}, {}]", d.N, d.r);
     check_grad(da, a, "lora: dA");
@@ -137,6 +140,7 @@ void lora_backward(const LoraParams& p,
 void lora_grouped_forward(
     const LoraParams& p, const ExpertRows& g, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y) {
     note_op_use("lora_experts");
+    cpu_only("lora_experts", {x, a, b, u, y});
     const Dims d = check(x, y, a, b, u, true, "lora (experts)");
     TESSERA_CHECK(a.size(0) == g.experts, "lora (experts): A holds {} experts, the rows {}", a.size(0), g.experts);
     dispatch_float(a.dtype, "lora (experts)", [&]<class T>(T) {
@@ -160,6 +164,7 @@ void lora_grouped_backward(const LoraParams& p,
                            TensorView dx,
                            TensorView da,
                            TensorView db) {
+    cpu_only("lora_experts", {x, dy, a, b, u, du, dx, da, db});
     const Dims d = check(x, dy, a, b, u, true, "lora (experts)");
     TESSERA_CHECK(a.size(0) == g.experts, "lora (experts): A holds {} experts, the rows {}", a.size(0), g.experts);
     TESSERA_CHECK(du.numel() >= d.N * d.r && du.dtype == a.dtype, "lora (experts): scratch du must hold [{}, {}]", d.N,
@@ -188,6 +193,7 @@ void lora_grouped_backward(const LoraParams& p,
 }
 
 void lora_merge(const LoraParams& p, TensorView w, TensorView a, TensorView b, TensorView out) {
+    cpu_only("lora", {w, a, b, out});
     TESSERA_CHECK(w.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2 && a.size(1) == w.size(1) && b.size(0) == w.size(0) &&
                       b.size(1) == a.size(0),
                   "lora merge: w {} needs A [r, {}] and B [{}, r], not {} and {}", w.shape.str(), w.size(-1), w.size(0),
@@ -204,6 +210,7 @@ void lora_merge(const LoraParams& p, TensorView w, TensorView a, TensorView b, T
 
 void lora_weight_backward(
     const LoraParams& p, TensorView dw, TensorView a, TensorView b, TensorView da, TensorView db) {
+    cpu_only("lora", {dw, a, b, da, db});
     const int64_t out = dw.size(0), in = dw.size(1), r = a.size(0);
     check_grad(da, a, "lora: dA");
     check_grad(db, b, "lora: dB");

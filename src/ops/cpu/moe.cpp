@@ -8,6 +8,7 @@
 #include <functional>
 #include <numeric>
 
+#include "ops/backend.h"
 #include "ops/cpu/glu_math.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/grouped_gemm.h"
@@ -396,6 +397,7 @@ MoeStats moe_route(const MoeParams& p,
                    const MoeSaved& s,
                    const MoeScratch& t,
                    std::span<const int64_t> seq_starts) {
+    cpu_only("moe", {x, w.router_w, w.router_bias, s.logits, s.scores, s.choice, s.expert, s.gates});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     TESSERA_CHECK(x.ndim() == 2 && x.size(1) == d.d_model, "moe: x must be [N, D = {}], not {}", d.d_model,
@@ -424,10 +426,12 @@ MoeStats moe_route(const MoeParams& p,
 }
 
 void moe_build_layout(const MoeSaved& s, int64_t tokens) {
+    cpu_only("moe", {s.expert, s.gates, s.row, s.offsets, s.counts, s.row_gate});
     dispatch_float(s.gates.dtype, "moe", [&]<class T>(T) { build_layout<T>(s, tokens); });
 }
 
 void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows) {
+    cpu_only("moe", {src, rows, s.row, s.offsets, s.counts});
     const int64_t N = src.size(0), W = src.size(1), E = s.counts.size(0);
     const Pairs pr = pairs_of(s, N);
     TESSERA_CHECK(rows.ndim() == 2 && rows.size(1) == W, "moe dispatch: rows must be [R, {}]", W);
@@ -450,6 +454,7 @@ void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows) {
 }
 
 void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumulate) {
+    cpu_only("moe", {rows, dst, s.row});
     const int64_t N = dst.size(0), W = dst.size(1);
     const Pairs pr = pairs_of(s, N);
     dispatch_float(dst.dtype, "moe combine", [&]<class T>(T) {
@@ -490,6 +495,7 @@ void expert_gemm(Trans tb,
 }  // namespace
 
 void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t) {
+    cpu_only("moe", {w.w_gate, w.w_up, w.w_down, s.offsets, s.row_gate, s.xe, s.h, s.a, t.ye});
     const int64_t E = s.counts.size(0), R = s.offsets.ptr<int32_t>()[E], F = w.w_gate.size(1), L = w.w_gate.size(2);
     const ExpertRows g{s.offsets.ptr<int32_t>(), E};
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
@@ -519,6 +525,8 @@ void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved
 
 void moe_experts_backward(
     const MoeParams& p, const MoeWeights& w, const MoeWeights& g, const MoeSaved& s, const MoeScratch& t) {
+    cpu_only("moe", {w.w_gate, w.w_up, w.w_down, g.w_gate, g.w_up, g.w_down, s.offsets, s.row_gate, s.xe, s.h, s.a});
+    cpu_only("moe", {t.ye, t.da, t.dh, t.dxe, t.row_dot});
     const int64_t E = s.counts.size(0), R = s.offsets.ptr<int32_t>()[E], F = w.w_gate.size(1), L = w.w_gate.size(2);
     const ExpertRows eg{s.offsets.ptr<int32_t>(), E};
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
@@ -617,6 +625,7 @@ MoeStats moe_forward(const MoeParams& p,
                      const MoeScratch& t,
                      std::span<const int64_t> seq_starts) {
     note_op_use("moe");
+    cpu_only("moe", {x, y, w.router_w, w.w_gate, w.w_up, w.w_down, s.scores, s.xe, t.ye});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(y, x.shape, "moe: y");
@@ -673,6 +682,8 @@ void moe_backward(const MoeParams& p,
                   const MoeSaved& s,
                   const MoeScratch& t,
                   std::span<const int64_t> seq_starts) {
+    cpu_only("moe", {x, dy, dx, w.router_w, w.w_gate, w.w_up, w.w_down, g.router_w, g.w_gate, g.w_up, g.w_down});
+    cpu_only("moe", {s.scores, s.xe, t.ye, t.dxe});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(dy, x.shape, "moe: dy");

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 
 namespace tessera::ops {
@@ -47,6 +48,7 @@ QuantileBalancer::QuantileBalancer(int64_t experts, int64_t topk, int64_t bins)
 }
 
 void QuantileBalancer::add(TensorView scores, std::span<const float> bias) {
+    cpu_only("QuantileBalancer::add", {scores});
     TESSERA_CHECK(scores.ndim() == 2 && scores.size(1) == E_, "quantile balancing: scores must be [N, {}]", E_);
     cpu::dispatch_float(scores.dtype, "quantile balancing", [&]<class T>(T) {
         cpu::Rows<T> S = cpu::rows_of<T>(scores, "quantile balancing: scores");
@@ -116,6 +118,7 @@ void moe_load(std::span<const int64_t> load, double routing_entropy, MoeLoad& m)
 }
 
 double routing_entropy_sum(TensorView scores) {
+    cpu_only("routing_entropy_sum", {scores});
     double sum = 0;
     cpu::dispatch_float(scores.dtype, "routing entropy", [&]<class T>(T) {
         cpu::Rows<T> S = cpu::rows_of<T>(scores, "routing entropy: scores");

@@ -1,9 +1,11 @@
-// RMSNorm forward/backward on the CPU. Row statistics in double for f32 inputs (one extra cast per
-// row, no measurable cost); dw is reduced over rows in row order (deterministic).
+// RMSNorm forward/backward: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernels. Row
+// statistics in double for f32 inputs (one extra cast per row, no measurable cost); dw is reduced over rows in row
+// order (deterministic).
 #include "ops/rmsnorm.h"
 
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/op_use.h"
 
@@ -15,12 +17,14 @@ using cpu::rows_of;
 
 void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorView y, TensorView rstd) {
     note_op_use("rmsnorm");
+    const Device device = op_device("rmsnorm", {x, w, y, rstd});
     dispatch_float(x.dtype, "rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "rmsnorm: x"), Y = rows_of<T>(y, "rmsnorm: y");
         TESSERA_CHECK(X.rows == Y.rows && X.cols == Y.cols, "rmsnorm: y {} must be shaped like x {}", y.shape.str(),
                       x.shape.str());
         check_shape(w, Shape{X.cols}, "rmsnorm: weight");
         check_shape(rstd, Shape{X.rows}, "rmsnorm: rstd");
+        if (device == Device::cuda) return TESSERA_ON_CUDA(rmsnorm_forward(p, x, w, y, rstd));
         const T* W = w.ptr<T>();
         T* R = rstd.ptr<T>();
         const int64_t D = X.cols;
@@ -39,18 +43,24 @@ void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorV
 
 void rmsnorm_backward(
     const RmsNormParams& p, TensorView dy, TensorView x, TensorView w, TensorView rstd, TensorView dx, TensorView dw) {
+    const Device device = op_device("rmsnorm", {dy, x, w, rstd, dx, dw});
     dispatch_float(x.dtype, "rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "rmsnorm: x"), DY = rows_of<T>(dy, "rmsnorm: dy");
         TESSERA_CHECK(X.rows == DY.rows && X.cols == DY.cols, "rmsnorm: dy {} must be shaped like x {}", dy.shape.str(),
                       x.shape.str());
         check_shape(w, Shape{X.cols}, "rmsnorm: weight");
         check_shape(rstd, Shape{X.rows}, "rmsnorm: rstd");
-        const T* W = w.ptr<T>();
-        const T* R = rstd.ptr<T>();
         const int64_t D = X.cols;
         if (dx.defined()) {
             Rows<T> DX = rows_of<T>(dx, "rmsnorm: dx");
             TESSERA_CHECK(DX.rows == X.rows && DX.cols == D, "rmsnorm: dx must be shaped like x {}", x.shape.str());
+        }
+        if (dw.defined()) check_shape(dw, Shape{D}, "rmsnorm: dweight");
+        if (device == Device::cuda) return TESSERA_ON_CUDA(rmsnorm_backward(p, dy, x, w, rstd, dx, dw));
+        const T* W = w.ptr<T>();
+        const T* R = rstd.ptr<T>();
+        if (dx.defined()) {
+            Rows<T> DX = rows_of<T>(dx, "rmsnorm: dx");
 #pragma omp parallel for schedule(static)
             for (int64_t n = 0; n < X.rows; ++n) {
                 const T* xr = X.row(n);
@@ -64,7 +74,6 @@ void rmsnorm_backward(
             }
         }
         if (!dw.defined()) return;  // a frozen weight
-        check_shape(dw, Shape{D}, "rmsnorm: dweight");
         T* DW = dw.ptr<T>();
         constexpr int64_t kCols = 64;
 #pragma omp parallel for schedule(static)

@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/op_use.h"
 
@@ -66,6 +67,7 @@ void rotate(const RopeParams& p, const TensorView& src, const TensorView& dst, d
 
 void rope_forward(const RopeParams& p, TensorView x, TensorView y) {
     note_op_use("rope");
+    cpu_only("rope", {x, y});
     check_4d(x, "rope: x");
     check_4d(y, "rope: y");
     TESSERA_CHECK(x.shape == y.shape, "rope: y {} must be shaped like x {}", y.shape.str(), x.shape.str());
@@ -75,6 +77,7 @@ void rope_forward(const RopeParams& p, TensorView x, TensorView y) {
 }
 
 void rope_backward(const RopeParams& p, TensorView dy, TensorView dx) {
+    cpu_only("rope", {dy, dx});
     check_4d(dy, "rope: dy");
     check_4d(dx, "rope: dx");
     TESSERA_CHECK(dx.shape == dy.shape, "rope: dx {} must be shaped like dy {}", dx.shape.str(), dy.shape.str());

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/linear.h"
@@ -88,6 +89,7 @@ void RouterParams::validate(int64_t experts) const {
 
 void router_scores(const RouterParams& p, TensorView x, TensorView w, TensorView logits, TensorView scores) {
     note_op_use("router");
+    cpu_only("router", {x, w, logits, scores});
     TESSERA_CHECK(w.ndim() == 2, "router: w must be [E, D], not {}", w.shape.str());
     p.validate(w.size(0));
     linear_forward({}, x, w, {}, logits);
@@ -124,6 +126,7 @@ void router_select(const RouterParams& p,
                    TensorView indices,
                    TensorView weights,
                    TensorView counts) {
+    cpu_only("router", {scores, bias, indices, weights, counts});
     check_router_shapes(scores, indices, weights, "router");
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     p.validate(E);
@@ -169,6 +172,7 @@ void router_select(const RouterParams& p,
 }
 
 void router_weights(const RouterParams& p, TensorView scores, TensorView indices, TensorView weights) {
+    cpu_only("router", {scores, indices, weights});
     check_router_shapes(scores, indices, weights, "router");
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
@@ -181,6 +185,7 @@ void router_weights(const RouterParams& p, TensorView scores, TensorView indices
 
 void router_weights_backward(
     const RouterParams& p, TensorView dweights, TensorView scores, TensorView indices, TensorView dscores) {
+    cpu_only("router", {dweights, scores, indices, dscores});
     check_router_shapes(scores, indices, dweights, "router backward");
     check_shape(dscores, scores.shape, "router: dscores");
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
@@ -213,6 +218,7 @@ void router_weights_backward(
 }
 
 void router_score_backward(const RouterParams& p, TensorView scores, TensorView dscores, TensorView dlogits) {
+    cpu_only("router", {scores, dscores, dlogits});
     check_shape(dscores, scores.shape, "router: dscores");
     check_shape(dlogits, scores.shape, "router: dlogits");
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
@@ -240,6 +246,7 @@ double router_seq_aux_loss(double alpha,
                            std::span<const int64_t> starts,
                            TensorView dscores,
                            std::span<double> scratch) {
+    cpu_only("router", {scores, indices, dscores});
     check_router_shapes(scores, indices, {}, "router seq aux loss");
     if (dscores.defined()) check_shape(dscores, scores.shape, "router: dscores");
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
@@ -287,6 +294,7 @@ void router_balance_stats(TensorView scores,
                           TensorView indices,
                           std::span<double> choices,
                           std::span<double> prob_sums) {
+    cpu_only("router", {scores, indices});
     check_router_shapes(scores, indices, {}, "router balance stats");
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     TESSERA_CHECK(int64_t(choices.size()) == E && int64_t(prob_sums.size()) == E,
@@ -322,6 +330,7 @@ double router_global_aux_loss(double alpha,
 }
 
 void router_balance_backward(std::span<const double> grad, TensorView scores, TensorView dscores) {
+    cpu_only("router", {scores, dscores});
     check_shape(dscores, scores.shape, "router: dscores");
     const int64_t N = scores.size(0), E = scores.size(1);
     TESSERA_CHECK(int64_t(grad.size()) == E, "router balance backward: {} gradient slots for {} experts", grad.size(),
@@ -339,6 +348,7 @@ void router_balance_backward(std::span<const double> grad, TensorView scores, Te
 }
 
 double router_z_loss(double beta, TensorView logits, TensorView dlogits) {
+    cpu_only("router", {logits, dlogits});
     if (dlogits.defined()) check_shape(dlogits, logits.shape, "router: dlogits");
     double loss = 0;
     dispatch_float(logits.dtype, "router z-loss", [&]<class T>(T) {

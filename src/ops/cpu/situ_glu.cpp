@@ -1,6 +1,7 @@
 // SiTU-GLU forward/backward on the CPU (elementwise; row loops in glu_math.h).
 #include "ops/situ_glu.h"
 
+#include "ops/backend.h"
 #include "ops/cpu/glu_math.h"
 #include "ops/op_use.h"
 
@@ -8,6 +9,7 @@ namespace tessera::ops {
 
 void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y) {
     note_op_use("situ_glu");
+    cpu_only("situ_glu", {gate, up, y});
     cpu::dispatch_float(gate.dtype, "situ_glu", [&]<class T>(T) {
         cpu::glu_forward<T>(cpu::SituGlu<T>(p.beta, p.linear_beta), "situ_glu", gate, up, y);
     });
@@ -15,6 +17,7 @@ void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, Tenso
 
 void situ_glu_backward(
     const SituParams& p, TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup) {
+    cpu_only("situ_glu", {dy, gate, up, dgate, dup});
     cpu::dispatch_float(gate.dtype, "situ_glu", [&]<class T>(T) {
         cpu::glu_backward<T>(cpu::SituGlu<T>(p.beta, p.linear_beta), "situ_glu", dy, gate, up, dgate, dup);
     });

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vec_math.h"
@@ -326,6 +327,7 @@ void sparse_attention_forward(const SparseAttentionParams& p,
                               TensorView lse,
                               std::span<std::byte> workspace) {
     note_op_use("sparse_attention");
+    cpu_only("sparse_attention", {q, kv, indices, o, lse});
     const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
     dispatch_float(q.dtype, "sparse_attention",
                    [&]<class T>(T) { forward_impl<T>(d, q, kv, indices, o, lse, workspace); });
@@ -338,6 +340,7 @@ void sparse_attention_probs(const SparseAttentionParams& p,
                             TensorView lse,
                             TensorView probs,
                             std::span<std::byte> workspace) {
+    cpu_only("sparse_attention", {q, kv, indices, lse, probs});
     TESSERA_CHECK(q.ndim() == 4, "sparse_attention_probs: q must be [B, T, H, DK], not {}", q.shape.str());
     const int64_t DV = p.dv > 0 ? p.dv : q.size(3);
     TensorView o(nullptr, q.dtype, Shape{q.size(0), q.size(1), q.size(2), DV});  // shape only, for the checks
@@ -359,6 +362,7 @@ void sparse_attention_backward(const SparseAttentionParams& p,
                                TensorView dq,
                                TensorView dkv,
                                std::span<std::byte> workspace) {
+    cpu_only("sparse_attention", {dout, q, kv, indices, o, lse, dq, dkv});
     const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
     TESSERA_CHECK(p.dkv_slabs >= 1, "sparse_attention: dkv_slabs must be positive");
     check_shape(dout, o.shape, "sparse_attention: do");

@@ -1,28 +1,293 @@
-// The CUDA backend's op entry points: argument checks and error messages around the launchers.
+// The CUDA backend's op entry points: operand layouts for the launchers and cuBLAS, device-side checks of
+// integer inputs, error messages. The neutral entry points have checked shapes and dtypes already.
 #include "ops/cuda/cuda_ops.h"
 
-#include <cmath>
+#include <cublas_v2.h>
 
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "core/device.h"
 #include "ops/cuda/launchers.h"
+#include "ops/views.h"
 
 namespace tessera::ops::cuda {
 
-bool device_available() {
-    int count = 0;
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+namespace {
+cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream().handle); }
+
+void check_launch(cudaError_t err, const char* op) {
+    TESSERA_CHECK(err == cudaSuccess, "{} (CUDA): launch failed: {}", op, cudaGetErrorString(err));
 }
 
+template <class T>
+RowsArg<T> arg(const Rows<T>& r) {
+    return {r.data, r.rows, r.cols, r.ld};
+}
+template <class T>
+RowsArg<const T> carg(const TensorView& v, const char* what) {
+    const Rows<T> r = rows_of<T>(v, what);
+    return {r.data, r.rows, r.cols, r.ld};
+}
+template <class T>
+RowsArg<T> marg(const TensorView& v, const char* what) {
+    return arg(rows_of<T>(v, what));
+}
+
+// Grow-only device scratch of the calling thread (small per-call buffers: loss partials, check flags), so a
+// step allocates nothing after its first call.
+void* scratch(size_t bytes) {
+    struct Buffer {
+        void* p = nullptr;
+        size_t size = 0;
+        ~Buffer() { device_free(Device::cuda, p); }
+    };
+    thread_local Buffer b;
+    if (b.size < bytes) {
+        device_free(Device::cuda, b.p);
+        b.p = nullptr;
+        b.size = 0;
+        b.p = device_alloc(Device::cuda, bytes);
+        b.size = bytes;
+    }
+    return b.p;
+}
+
+// The first position of `ids` outside [0, limit) (skipping `except`), or -1; synchronises.
+int64_t first_bad_id(const TensorView& ids, int64_t limit, int64_t except, int64_t* bad_value) {
+    auto* bad = static_cast<int64_t*>(scratch(sizeof(int64_t)));
+    const int64_t none = INT64_MAX;
+    copy_bytes(bad, Device::cuda, &none, Device::cpu, sizeof none);
+    check_launch(launch_check_ids(ids.data, ids.dtype == DType::i32, ids.numel(), limit, except, bad, stream()),
+                 "id check");
+    int64_t pos = 0;
+    copy_bytes(&pos, Device::cpu, bad, Device::cuda, sizeof pos);
+    if (pos == none) return -1;
+    const size_t width = dtype_size(ids.dtype);
+    int64_t value = 0;
+    if (ids.dtype == DType::i32) {
+        int32_t v32 = 0;
+        copy_bytes(&v32, Device::cpu, static_cast<const std::byte*>(ids.data) + pos * width, Device::cuda, width);
+        value = v32;
+    } else {
+        copy_bytes(&value, Device::cpu, static_cast<const std::byte*>(ids.data) + pos * width, Device::cuda, width);
+    }
+    *bad_value = value;
+    return pos;
+}
+
+// The CPU's one-line errors for a bad id (ops/cpu/embedding.cpp, ops/cpu/cross_entropy.cpp), found on the device.
+void check_embedding_ids(const TensorView& ids, int64_t vocab) {
+    int64_t value = 0;
+    const int64_t bad = first_bad_id(ids, vocab, INT64_MIN, &value);
+    TESSERA_CHECK(bad < 0, "embedding: ids[{}] = {} is outside the vocabulary [0, {})", bad, value, vocab);
+}
+void check_targets(const CrossEntropyParams& p, const TensorView& targets, int64_t V) {
+    int64_t value = 0;
+    const int64_t bad = first_bad_id(targets, V, p.ignore_index, &value);
+    TESSERA_CHECK(bad < 0, "cross_entropy: targets[{}] = {} is outside [0, {}) and is not the ignore index {}", bad,
+                  value, V, p.ignore_index);
+}
+
+// cuBLAS: one handle per thread, on the current stream. Default math mode: f32 GEMMs stay f32 (no TF32), so
+// they compare with the CPU's at f32 tolerance.
+cublasHandle_t blas() {
+    struct Handle {
+        cublasHandle_t h = nullptr;
+        ~Handle() {
+            if (h) cublasDestroy(h);
+        }
+    };
+    thread_local Handle handle;
+    if (!handle.h) {
+        const cublasStatus_t st = cublasCreate(&handle.h);
+        TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS: cannot create a handle (status {})", int(st));
+    }
+    cublasSetStream(handle.h, stream());
+    return handle.h;
+}
+
+int blas_int(int64_t v, const char* what) {
+    TESSERA_CHECK(v <= INT_MAX, "linear (CUDA): {} = {} exceeds cuBLAS's 32-bit sizes", what, v);
+    return int(v);
+}
+
+// Column-major C (m×n, ldc) = alpha·op(A)·op(B) + beta·C: the row-major products below are written as their
+// transposes (row-major Y = X·Wᵀ is column-major Yᵀ = W·Xᵀ).
+template <class T>
+void gemm(bool ta,
+          bool tb,
+          int64_t m,
+          int64_t n,
+          int64_t k,
+          const T* a,
+          int64_t lda,
+          const T* b,
+          int64_t ldb,
+          T beta,
+          T* c,
+          int64_t ldc) {
+    const T alpha = 1;
+    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int M = blas_int(m, "m"), N = blas_int(n, "n"), K = blas_int(k, "k");
+    const int LA = blas_int(lda, "lda"), LB = blas_int(ldb, "ldb"), LC = blas_int(ldc, "ldc");
+    cublasStatus_t st;
+    if constexpr (std::is_same_v<T, float>) {
+        st = cublasSgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC);
+    } else {
+        st = cublasDgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC);
+    }
+    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "linear (CUDA): cuBLAS GEMM {}x{}x{} failed (status {})", m, n, k,
+                  int(st));
+}
+}  // namespace
+
 void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, TensorView m, TensorView v) {
-    const AdamWScalars s{.decay = float(1.0 - p.lr * p.weight_decay),
-                         .one_minus_beta1 = float(1.0 - p.beta1),
-                         .beta2 = float(p.beta2),
-                         .one_minus_beta2 = float(1.0 - p.beta2),
-                         .step_size = float(p.lr / (1.0 - std::pow(p.beta1, double(p.step)))),
-                         .bias_correction2_sqrt = float(std::sqrt(1.0 - std::pow(p.beta2, double(p.step)))),
-                         .eps = float(p.eps)};
-    const cudaError_t err = launch_adamw(param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(),
-                                         param.numel(), s, /*stream=*/nullptr);
-    TESSERA_CHECK(err == cudaSuccess, "adamw (CUDA): launch failed: {}", cudaGetErrorString(err));
+    dispatch_float(param.dtype, "adamw", [&]<class T>(T) {
+        const AdamWScalars<T> s{.decay = T(1.0 - p.lr * p.weight_decay),
+                                .one_minus_beta1 = T(1.0 - p.beta1),
+                                .beta2 = T(p.beta2),
+                                .one_minus_beta2 = T(1.0 - p.beta2),
+                                .step_size = T(p.lr / (1.0 - std::pow(p.beta1, double(p.step)))),
+                                .bias_correction2_sqrt = T(std::sqrt(1.0 - std::pow(p.beta2, double(p.step)))),
+                                .eps = T(p.eps)};
+        check_launch(launch_adamw<T>(param.ptr<T>(), grad.ptr<T>(), m.ptr<T>(), v.ptr<T>(), param.numel(), s, stream()),
+                     "adamw");
+    });
+}
+
+void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y) {
+    TESSERA_CHECK(w.dtype == x.dtype, "linear (CUDA): {} weights with {} inputs are not implemented yet",
+                  dtype_name(w.dtype), dtype_name(x.dtype));
+    dispatch_float(x.dtype, "linear", [&]<class T>(T) {
+        const Rows<T> X = rows_of<T>(x, "linear: x"), Y = rows_of<T>(y, "linear: y");
+        const T* W = w.ptr<T>();
+        gemm<T>(true, false, Y.cols, X.rows, X.cols, W, X.cols, X.data, X.ld, p.accumulate ? T(1) : T(0), Y.data, Y.ld);
+        if (b.defined()) check_launch(launch_add_bias<T>(arg(Y), b.ptr<T>(), stream()), "linear bias");
+    });
+}
+
+void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw, TensorView db) {
+    TESSERA_CHECK(w.dtype == x.dtype, "linear (CUDA): {} weights with {} inputs are not implemented yet",
+                  dtype_name(w.dtype), dtype_name(x.dtype));
+    dispatch_float(x.dtype, "linear", [&]<class T>(T) {
+        const Rows<T> X = rows_of<T>(x, "linear: x"), DY = rows_of<T>(dy, "linear: dy");
+        const int64_t N = X.rows, IN = X.cols, OUT = DY.cols;
+        if (dx.defined()) {  // dx += dy·w: column-major dxᵀ += wᵀ·dyᵀ
+            const Rows<T> DX = rows_of<T>(dx, "linear: dx");
+            gemm<T>(false, false, IN, N, OUT, w.ptr<T>(), IN, DY.data, DY.ld, T(1), DX.data, DX.ld);
+        }
+        if (dw.defined()) {  // dw += dyᵀ·x: column-major dwᵀ += xᵀ·dy
+            gemm<T>(false, true, IN, OUT, N, X.data, X.ld, DY.data, DY.ld, T(1), dw.ptr<T>(), IN);
+        }
+        if (db.defined())
+            check_launch(launch_column_sums<T>(carg<T>(dy, "linear: dy"), db.ptr<T>(), stream()), "linear db");
+    });
+}
+
+void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorView y, TensorView rstd) {
+    dispatch_float(x.dtype, "rmsnorm", [&]<class T>(T) {
+        check_launch(launch_rmsnorm_forward<T>(carg<T>(x, "rmsnorm: x"), w.ptr<T>(), marg<T>(y, "rmsnorm: y"),
+                                               rstd.ptr<T>(), p.eps, stream()),
+                     "rmsnorm");
+    });
+}
+
+void rmsnorm_backward(
+    const RmsNormParams&, TensorView dy, TensorView x, TensorView w, TensorView rstd, TensorView dx, TensorView dw) {
+    dispatch_float(x.dtype, "rmsnorm", [&]<class T>(T) {
+        const RowsArg<T> DX = dx.defined() ? marg<T>(dx, "rmsnorm: dx") : RowsArg<T>{nullptr, 0, 0, 0};
+        check_launch(launch_rmsnorm_backward<T>(carg<T>(dy, "rmsnorm: dy"), carg<T>(x, "rmsnorm: x"), w.ptr<T>(),
+                                                rstd.ptr<T>(), DX, dw.defined() ? dw.ptr<T>() : nullptr, stream()),
+                     "rmsnorm backward");
+    });
+}
+
+void swiglu_forward(TensorView gate, TensorView up, TensorView y) {
+    dispatch_float(gate.dtype, "swiglu", [&]<class T>(T) {
+        check_launch(launch_swiglu_forward<T>(carg<T>(gate, "swiglu: gate"), carg<T>(up, "swiglu: up"),
+                                              marg<T>(y, "swiglu: y"), stream()),
+                     "swiglu");
+    });
+}
+
+void swiglu_backward(TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup) {
+    dispatch_float(gate.dtype, "swiglu", [&]<class T>(T) {
+        check_launch(launch_swiglu_backward<T>(carg<T>(dy, "swiglu: dy"), carg<T>(gate, "swiglu: gate"),
+                                               carg<T>(up, "swiglu: up"), marg<T>(dgate, "swiglu: dgate"),
+                                               marg<T>(dup, "swiglu: dup"), stream()),
+                     "swiglu backward");
+    });
+}
+
+void embedding_forward(TensorView ids, TensorView table, TensorView y) {
+    check_embedding_ids(ids, table.size(0));
+    const bool ids32 = ids.dtype == DType::i32;
+    if (table.dtype == DType::bf16 && y.dtype == DType::f32) {
+        check_launch(
+            launch_embedding_forward_bf16(ids.data, ids32, ids.numel(), static_cast<const uint16_t*>(table.data),
+                                          table.size(1), y.ptr<float>(), stream()),
+            "embedding");
+        return;
+    }
+    check_launch(launch_embedding_forward(ids.data, ids32, ids.numel(), table.data,
+                                          int64_t(dtype_bytes(table.dtype, table.size(1))), y.data, stream()),
+                 "embedding");
+}
+
+void embedding_backward(TensorView dy, TensorView ids, TensorView dtable) {
+    check_embedding_ids(ids, dtable.size(0));
+    dispatch_float(dtable.dtype, "embedding", [&]<class T>(T) {
+        check_launch(launch_embedding_backward<T>(dy.ptr<T>(), ids.data, ids.dtype == DType::i32, ids.numel(),
+                                                  dtable.size(1), dtable.ptr<T>(), stream()),
+                     "embedding backward");
+    });
+}
+
+CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p,
+                                         TensorView logits,
+                                         TensorView targets,
+                                         TensorView lse) {
+    check_targets(p, targets, logits.size(logits.ndim() - 1));
+    CrossEntropyResult res;
+    dispatch_float(logits.dtype, "cross_entropy", [&]<class T>(T) {
+        const RowsArg<const T> X = carg<T>(logits, "cross_entropy: logits");
+        auto* buf = static_cast<double*>(scratch(sizeof(double) * size_t(2 + X.rows)));
+        check_launch(launch_cross_entropy_forward<T>(X, targets.data, targets.dtype == DType::i32, p.ignore_index,
+                                                     lse.ptr<T>(), buf + 2, buf, stream()),
+                     "cross_entropy");
+        double totals[2] = {0, 0};
+        copy_bytes(totals, Device::cpu, buf, Device::cuda, sizeof totals);
+        res.sum = totals[0];
+        res.count = int64_t(totals[1]);
+    });
+    res.loss = res.count ? res.sum / double(res.count) : 0.0;
+    return res;
+}
+
+void cross_entropy_backward(const CrossEntropyParams& p,
+                            double dloss,
+                            TensorView logits,
+                            TensorView targets,
+                            TensorView lse,
+                            TensorView dlogits) {
+    check_targets(p, targets, logits.size(logits.ndim() - 1));
+    dispatch_float(logits.dtype, "cross_entropy", [&]<class T>(T) {
+        const RowsArg<const T> X = carg<T>(logits, "cross_entropy: logits");
+        auto* buf = static_cast<double*>(scratch(2 * sizeof(double)));
+        check_launch(
+            launch_count_targets(targets.data, targets.dtype == DType::i32, p.ignore_index, X.rows, buf, stream()),
+            "cross_entropy count");
+        double totals[2] = {0, 0};
+        copy_bytes(totals, Device::cpu, buf, Device::cuda, sizeof totals);
+        const int64_t count = int64_t(totals[1]);
+        if (count == 0) return;
+        check_launch(launch_cross_entropy_backward<T>(X, targets.data, targets.dtype == DType::i32, p.ignore_index,
+                                                      lse.ptr<T>(), T(dloss / double(count)),
+                                                      marg<T>(dlogits, "cross_entropy: dlogits"), stream()),
+                     "cross_entropy backward");
+    });
 }
 
 }  // namespace tessera::ops::cuda

@@ -1,13 +1,44 @@
-// The CUDA backend's entry points (built with -DTESSERA_CUDA=ON). Ops dispatch here when their
-// tensors live on Device::cuda; the CPU implementations in ops/cpu/ are the oracle they are
-// tested against. Launches go to the current device's default stream.
+// The CUDA backend's op entry points (built with -DTESSERA_CUDA=ON). The backend-neutral entry points
+// (the functions the op headers declare) check their arguments and dispatch here when the tensors live on
+// Device::cuda (ops/backend.h); the CPU implementations in ops/cpu/ are the oracle these are tested
+// against. Work goes to the calling thread's current stream (core/device.h). Plain C++: no CUDA types.
 #pragma once
 
 #include "ops/adamw.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/swiglu.h"
 
 namespace tessera::ops::cuda {
 
-bool device_available();
 void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, TensorView m, TensorView v);
+
+// GEMMs through cuBLAS (f32 without TF32, or f64), the bias add and its gradient by own kernels.
+void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y);
+void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw, TensorView db);
+
+void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorView y, TensorView rstd);
+void rmsnorm_backward(
+    const RmsNormParams& p, TensorView dy, TensorView x, TensorView w, TensorView rstd, TensorView dx, TensorView dw);
+
+void swiglu_forward(TensorView gate, TensorView up, TensorView y);
+void swiglu_backward(TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup);
+
+void embedding_forward(TensorView ids, TensorView table, TensorView y);
+void embedding_backward(TensorView dy, TensorView ids, TensorView dtable);
+
+// The loss is read back to the host (one synchronisation per call).
+CrossEntropyResult cross_entropy_forward(const CrossEntropyParams& p,
+                                         TensorView logits,
+                                         TensorView targets,
+                                         TensorView lse);
+void cross_entropy_backward(const CrossEntropyParams& p,
+                            double dloss,
+                            TensorView logits,
+                            TensorView targets,
+                            TensorView lse,
+                            TensorView dlogits);
 
 }  // namespace tessera::ops::cuda

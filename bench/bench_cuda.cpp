@@ -1,0 +1,117 @@
+// The CUDA backend's ops on the GPU (built with -DTESSERA_CUDA=ON; run by scripts/device-check.sh): time per call
+// (median of 20 after 3 warm-ups, each timed to its stream's completion), and the rate as a fraction of the
+// device's peak: GEMM-bound ops in FLOP/s against the f32 (FFMA, no tensor cores) peak, memory-bound ones in
+// bytes moved against HBM bandwidth. Peaks default to the H200's (67 TFLOP/s f32, 4.8 TB/s); --f32-tflops and
+// --hbm-tbs override them. Prints a markdown table (bench/RESULTS.md).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "core/device.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/swiglu.h"
+
+namespace tessera {
+namespace {
+
+double median_ms(const std::function<void()>& f) {
+    for (int i = 0; i < 3; ++i) f();
+    synchronize(Device::cuda);
+    std::vector<double> t;
+    for (int i = 0; i < 20; ++i) {
+        const auto a = std::chrono::steady_clock::now();
+        f();
+        synchronize(Device::cuda);
+        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+Tensor gpu_random(Shape s, uint64_t seed) { return bench::random_tensor(s, seed, -1, 1, 0).to(Device::cuda); }
+Tensor gpu_zeros(Shape s) { return Tensor(DType::f32, s, Device::cuda); }
+
+struct Row {
+    std::string op, shape, pass;
+    double ms, amount;  // FLOPs or bytes
+    bool flops;
+};
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+    using namespace tessera;
+    double f32_tflops = 67.0, hbm_tbs = 4.8;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!std::strcmp(argv[i], "--f32-tflops")) f32_tflops = std::atof(argv[i + 1]);
+        if (!std::strcmp(argv[i], "--hbm-tbs")) hbm_tbs = std::atof(argv[i + 1]);
+    }
+    if (!cuda_available()) {
+        std::fprintf(stderr, "bench_cuda: no CUDA device on this machine\n");
+        return 1;
+    }
+    std::vector<Row> rows;
+    for (auto [N, IN, OUT] : {std::array<int64_t, 3>{8192, 4096, 4096}, {16384, 7168, 2048}, {4096, 512, 1536}}) {
+        Tensor x = gpu_random(Shape{N, IN}, 1), w = gpu_random(Shape{OUT, IN}, 2), y = gpu_zeros(Shape{N, OUT});
+        Tensor dy = gpu_random(Shape{N, OUT}, 3), dx = gpu_zeros(Shape{N, IN}), dw = gpu_zeros(Shape{OUT, IN});
+        const std::string shape = fmt::format("{} x {} -> {}", N, IN, OUT);
+        const double fl = 2.0 * N * IN * OUT;
+        rows.push_back(
+            {"linear", shape, "forward", median_ms([&] { ops::linear_forward({}, x, w, {}, y); }), fl, true});
+        rows.push_back({"linear", shape, "backward", median_ms([&] { ops::linear_backward(dy, x, w, dx, dw, {}); }),
+                        2 * fl, true});
+    }
+    for (auto [N, D] : {std::array<int64_t, 2>{16384, 4096}, {8192, 7168}}) {
+        Tensor x = gpu_random(Shape{N, D}, 4), w = gpu_random(Shape{D}, 5), y = gpu_zeros(Shape{N, D});
+        Tensor r = gpu_zeros(Shape{N}), dy = gpu_random(Shape{N, D}, 6), dx = gpu_zeros(Shape{N, D});
+        Tensor dw = gpu_zeros(Shape{D});
+        const std::string shape = fmt::format("{} x {}", N, D);
+        const double b = 4.0 * N * D;
+        rows.push_back(
+            {"rmsnorm", shape, "forward", median_ms([&] { ops::rmsnorm_forward({}, x, w, y, r); }), 2 * b, false});
+        rows.push_back({"rmsnorm", shape, "backward",
+                        median_ms([&] { ops::rmsnorm_backward({}, dy, x, w, r, dx, dw); }), 5 * b, false});
+        Tensor g = gpu_random(Shape{N, D}, 7), u = gpu_random(Shape{N, D}, 8), dg = gpu_zeros(Shape{N, D});
+        rows.push_back({"swiglu", shape, "forward", median_ms([&] { ops::swiglu_forward(g, u, y); }), 3 * b, false});
+        rows.push_back(
+            {"swiglu", shape, "backward", median_ms([&] { ops::swiglu_backward(dy, g, u, dg, dx); }), 7 * b, false});
+    }
+    {
+        const int64_t N = 8192, V = 16384;
+        Tensor logits = gpu_random(Shape{N, V}, 9), lse = gpu_zeros(Shape{N}), dl = gpu_zeros(Shape{N, V});
+        Tensor t(DType::i64, Shape{N});
+        for (int64_t i = 0; i < N; ++i) t.ptr<int64_t>()[i] = (i * 7919) % V;
+        Tensor targets = t.to(Device::cuda);
+        const std::string shape = fmt::format("{} x {}", N, V);
+        const double b = 4.0 * N * V;
+        rows.push_back({"cross_entropy", shape, "forward",
+                        median_ms([&] { ops::cross_entropy_forward({}, logits, targets, lse); }), b, false});
+        rows.push_back({"cross_entropy", shape, "backward",
+                        median_ms([&] { ops::cross_entropy_backward({}, 1.0, logits, targets, lse, dl); }), 3 * b,
+                        false});
+        Tensor table = gpu_random(Shape{V, 4096}, 10), e = gpu_zeros(Shape{N, 4096});
+        rows.push_back({"embedding", fmt::format("{} of {} x 4096", N, V), "forward",
+                        median_ms([&] { ops::embedding_forward(targets, table, e); }), 2.0 * 4 * N * 4096, false});
+    }
+    std::printf("| op | shape | pass | ms | rate | fraction of peak |\n|---|---|---|---|---|---|\n");
+    for (const Row& r : rows) {
+        const double rate = r.amount / (r.ms * 1e-3);
+        if (r.flops)
+            std::printf("| %s | %s | %s | %.3f | %.1f TFLOP/s | %.0f%% of f32 |\n", r.op.c_str(), r.shape.c_str(),
+                        r.pass.c_str(), r.ms, rate / 1e12, 100 * rate / (f32_tflops * 1e12));
+        else
+            std::printf("| %s | %s | %s | %.3f | %.0f GB/s | %.0f%% of HBM |\n", r.op.c_str(), r.shape.c_str(),
+                        r.pass.c_str(), r.ms, rate / 1e9, 100 * rate / (hbm_tbs * 1e12));
+    }
+    return 0;
+}

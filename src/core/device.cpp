@@ -1,0 +1,124 @@
+// Device memory and copies (core/device.h): host memory for Device::cpu, the CUDA runtime for
+// Device::cuda when the build has the CUDA backend.
+#include "core/device.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#if TESSERA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace tessera {
+
+namespace {
+thread_local Stream t_stream;
+
+#if TESSERA_WITH_CUDA
+void check_cuda(cudaError_t err, const char* what, size_t bytes) {
+    if (err == cudaSuccess) return;
+    cudaGetLastError();  // clear a sticky launch error so the next call reports its own
+    TESSERA_FAIL("CUDA {} of {} bytes failed: {}", what, bytes, cudaGetErrorString(err));
+}
+cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+cudaMemcpyKind copy_kind(Device dst, Device src) {
+    if (dst == Device::cuda) return src == Device::cuda ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    return src == Device::cuda ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost;
+}
+#else
+[[noreturn]] void no_cuda(const char* what) {
+    TESSERA_FAIL("{}: a tensor is on a CUDA device but this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)",
+                 what);
+}
+#endif
+}  // namespace
+
+Stream current_stream() { return t_stream; }
+StreamGuard::StreamGuard(Stream s) : previous_(t_stream) { t_stream = s; }
+StreamGuard::~StreamGuard() { t_stream = previous_; }
+
+bool cuda_built() {
+#if TESSERA_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+bool cuda_available() {
+#if TESSERA_WITH_CUDA
+    int count = 0;
+    const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    cudaGetLastError();
+    return ok;
+#else
+    return false;
+#endif
+}
+
+void* device_alloc(Device d, size_t bytes) {
+    const size_t padded = (bytes + 255) / 256 * 256;
+    if (d == Device::cpu) {
+        const size_t align = bytes >= (size_t(1) << 16) ? 4096 : 256;  // large regions (arenas) on page boundaries
+        void* p = std::aligned_alloc(align, padded == 0 ? align : (padded + align - 1) / align * align);
+        TESSERA_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
+        return p;
+    }
+#if TESSERA_WITH_CUDA
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, padded == 0 ? 256 : padded), "allocation", bytes);
+    return p;
+#else
+    no_cuda("device memory");
+#endif
+}
+
+void device_free(Device d, void* p) {
+    if (!p) return;
+    if (d == Device::cpu) {
+        std::free(p);
+        return;
+    }
+#if TESSERA_WITH_CUDA
+    cudaFree(p);  // (an error here would be a sticky one from earlier work: nothing to free differently)
+#endif
+}
+
+void device_zero(Device d, void* p, size_t bytes) {
+    if (bytes == 0) return;
+    if (d == Device::cpu) {
+        std::memset(p, 0, bytes);
+        return;
+    }
+#if TESSERA_WITH_CUDA
+    check_cuda(cudaMemsetAsync(p, 0, bytes, stream_of(t_stream)), "memset", bytes);
+#else
+    no_cuda("device memset");
+#endif
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+    if (bytes == 0) return;
+    if (dst_device == Device::cpu && src_device == Device::cpu) {
+        std::memcpy(dst, src, bytes);
+        return;
+    }
+#if TESSERA_WITH_CUDA
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, copy_kind(dst_device, src_device), stream_of(t_stream)), "copy",
+               bytes);
+    if (dst_device == Device::cpu) check_cuda(cudaStreamSynchronize(stream_of(t_stream)), "copy to host", bytes);
+#else
+    no_cuda("device copy");
+#endif
+}
+
+void synchronize(Device d) {
+    if (d == Device::cpu) return;
+#if TESSERA_WITH_CUDA
+    check_cuda(cudaStreamSynchronize(stream_of(t_stream)), "stream synchronize", 0);
+#else
+    no_cuda("device synchronize");
+#endif
+}
+
+}  // namespace tessera

@@ -1,0 +1,51 @@
+// Memory and copies on the devices a TensorView can name (core/tensor.h: Device::cpu, Device::cuda),
+// and the stream ops enqueue their work on. The one place that talks to the CUDA runtime outside the
+// kernels: a build without the CUDA backend compiles the same calls and fails them with a clear error.
+//
+// Streams: every op takes its stream from the calling thread's current stream (a null handle is the
+// device's default stream); StreamGuard sets it for a scope, so a trainer can put its work on its own
+// streams without every op signature growing an argument. On the CPU, work is synchronous and the
+// stream is ignored.
+#pragma once
+
+#include <cstddef>
+
+#include "core/tensor.h"
+
+namespace tessera {
+
+// A CUDA stream (cudaStream_t) without the CUDA headers; null is the default stream.
+struct Stream {
+    void* handle = nullptr;
+};
+
+// The calling thread's stream for device work, and a scope that sets it.
+Stream current_stream();
+class StreamGuard {
+  public:
+    explicit StreamGuard(Stream s);
+    ~StreamGuard();
+    StreamGuard(const StreamGuard&) = delete;
+    StreamGuard& operator=(const StreamGuard&) = delete;
+
+  private:
+    Stream previous_;
+};
+
+// Whether this build has the CUDA backend, and whether a CUDA device is present (false without the backend).
+bool cuda_built();
+bool cuda_available();
+
+// Memory: aligned to at least 256 bytes on every device (host regions of 64 KiB and more to pages). device_alloc throws tessera::Error when the device
+// has no room (or no CUDA backend / device is there); device_free takes what device_alloc returned.
+void* device_alloc(Device d, size_t bytes);
+void device_free(Device d, void* p);
+void device_zero(Device d, void* p, size_t bytes);  // on the current stream
+
+// Copies bytes between any two devices, on the current stream (asynchronous for device ↔ device and for
+// pinned host memory; the host side of a copy to or from pageable memory is done when this returns).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Waits until the current stream's work on the device is done (a no-op on the CPU).
+void synchronize(Device d);
+
+}  // namespace tessera

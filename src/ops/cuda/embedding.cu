@@ -1,0 +1,64 @@
+// Embedding lookup and its gradient on CUDA (ops/embedding.h; the oracle is ops/cpu/embedding.cpp). The
+// backward keeps the CPU's order: each column walks the tokens in order, so repeated ids accumulate
+// identically on every run (no atomics).
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace tessera::ops::cuda {
+
+namespace {
+__global__ void embedding_forward_kernel(
+    const void* ids, bool ids32, int64_t n, const unsigned char* table, int64_t row_bytes, unsigned char* y) {
+    for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+        const unsigned char* src = table + load_id(ids, ids32, t) * row_bytes;
+        unsigned char* dst = y + t * row_bytes;
+        for (int64_t b = threadIdx.x; b < row_bytes; b += blockDim.x) dst[b] = src[b];
+    }
+}
+
+__global__ void embedding_forward_bf16_kernel(
+    const void* ids, bool ids32, int64_t n, const uint16_t* table, int64_t d, float* y) {
+    for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+        const uint16_t* src = table + load_id(ids, ids32, t) * d;
+        for (int64_t c = threadIdx.x; c < d; c += blockDim.x)
+            y[t * d + c] = __uint_as_float(static_cast<unsigned>(src[c]) << 16);
+    }
+}
+
+template <class T>
+__global__ void embedding_backward_kernel(const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable) {
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < d; c += int64_t(gridDim.x) * blockDim.x) {
+        for (int64_t t = 0; t < n; ++t) dtable[load_id(ids, ids32, t) * d + c] += dy[t * d + c];
+    }
+}
+}  // namespace
+
+cudaError_t launch_embedding_forward(
+    const void* ids, bool ids32, int64_t n, const void* table, int64_t row_bytes, void* y, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    embedding_forward_kernel<<<grid_for(n, 1, 65535), kBlock, 0, stream>>>(
+        ids, ids32, n, static_cast<const unsigned char*>(table), row_bytes, static_cast<unsigned char*>(y));
+    return cudaGetLastError();
+}
+
+cudaError_t launch_embedding_forward_bf16(
+    const void* ids, bool ids32, int64_t n, const uint16_t* table, int64_t d, float* y, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    embedding_forward_bf16_kernel<<<grid_for(n, 1, 65535), kBlock, 0, stream>>>(ids, ids32, n, table, d, y);
+    return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_embedding_backward(
+    const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable, cudaStream_t stream) {
+    if (n == 0 || d == 0) return cudaSuccess;
+    embedding_backward_kernel<T><<<grid_for(d, 64), 64, 0, stream>>>(dy, ids, ids32, n, d, dtable);
+    return cudaGetLastError();
+}
+
+template cudaError_t launch_embedding_backward<float>(
+    const float*, const void*, bool, int64_t, int64_t, float*, cudaStream_t);
+template cudaError_t launch_embedding_backward<double>(
+    const double*, const void*, bool, int64_t, int64_t, double*, cudaStream_t);
+
+}  // namespace tessera::ops::cuda

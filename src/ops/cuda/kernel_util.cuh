@@ -1,0 +1,53 @@
+// Device helpers shared by the CUDA kernels: grid sizing, fixed-order block reductions, index loads.
+// Every reduction here has one order for a given launch shape, so results are bitwise run-to-run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tessera::ops::cuda {
+
+constexpr int kBlock = 256;  // threads per block of the row kernels (8 warps)
+
+inline int grid_for(int64_t n, int threads = kBlock, int64_t cap = 8192) {
+    const int64_t want = (n + threads - 1) / threads;
+    return int(want < 1 ? 1 : (want < cap ? want : cap));
+}
+
+// The sum over a block of each thread's value, in a fixed tree order; every thread gets the result.
+// `shared` holds at least blockDim.x / 32 elements. blockDim.x is a multiple of 32.
+template <class A>
+__device__ A block_sum(A v, A* shared) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    __syncthreads();  // shared may still be read by a previous call
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    A total = 0;
+    for (int i = 0; i < warps; ++i) total += shared[i];  // the same order in every thread
+    return total;
+}
+
+template <class A>
+__device__ A block_max(A v, A* shared) {
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    A m = shared[0];
+    for (int i = 1; i < warps; ++i) m = max(m, shared[i]);
+    return m;
+}
+
+__device__ inline int64_t load_id(const void* ids, bool ids32, int64_t i) {
+    return ids32 ? int64_t(static_cast<const int32_t*>(ids)[i]) : static_cast<const int64_t*>(ids)[i];
+}
+
+template <class T>
+__device__ inline T sigmoid(T x) {
+    return T(1) / (T(1) + exp(-x));
+}
+
+}  // namespace tessera::ops::cuda

@@ -1,0 +1,115 @@
+// The op dispatch seam (ops/backend.h, core/device.h) on any machine: device memory on the CPU, tensors on
+// different devices refused, CUDA tensors given to an op the CUDA backend lacks refused before any memory is
+// touched, and `run_op` on Device::cuda refused for those ops. (The CUDA implementations themselves are
+// checked against the CPU in tests/ops/test_cuda_ops.cpp, on a machine with a GPU.)
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "core/arena.h"
+#include "core/device.h"
+#include "ops/l2norm.h"
+#include "ops/registry.h"
+#include "ops/rmsnorm.h"
+#include "util/test_util.h"
+
+namespace tessera {
+namespace {
+
+// A view that claims to be on the GPU; its pointer is never dereferenced by the checks under test.
+TensorView fake_cuda(Shape s) {
+    static float sentinel[1];
+    return TensorView(sentinel, DType::f32, s, Device::cuda);
+}
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(Device, HostTensorsAndCopies) {
+    Tensor a = test::randn(DType::f32, Shape{5, 7}, 1);
+    Tensor b = a.to(Device::cpu);
+    EXPECT_EQ(b.device(), Device::cpu);
+    EXPECT_TRUE(test::all_close(a, b, 0, 0));
+    EXPECT_NE(a.view().data, b.view().data);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.view().data) % 256, 0u);
+    Tensor z(DType::f64, Shape{3}, Device::cpu);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(z.ptr<double>()[i], 0.0);
+}
+
+TEST(Device, ArenaOnTheHostHandsOutHostViews) {
+    Arena arena(1 << 20, 256, Device::cpu);
+    EXPECT_EQ(arena.device(), Device::cpu);
+    const TensorView t = arena.allocate_tensor(DType::f32, Shape{16, 16});
+    EXPECT_EQ(t.device, Device::cpu);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(arena.base()) % 4096, 0u);
+}
+
+TEST(Device, TheCurrentStreamIsScopedPerThread) {
+    EXPECT_EQ(current_stream().handle, nullptr);
+    int token = 0;
+    {
+        StreamGuard g(Stream{&token});
+        EXPECT_EQ(current_stream().handle, &token);
+        std::thread([] { EXPECT_EQ(current_stream().handle, nullptr); }).join();
+    }
+    EXPECT_EQ(current_stream().handle, nullptr);
+}
+
+TEST(Device, CudaMemoryWithoutAGpuIsAClearError) {
+    if (cuda_available()) GTEST_SKIP() << "a CUDA device is present (tests/ops/test_cuda_ops.cpp covers it)";
+    const std::string e = error_of([] { Tensor t(DType::f32, Shape{4}, Device::cuda); });
+    EXPECT_NE(e.find("CUDA"), std::string::npos) << e;
+    const std::string a = error_of([] { Arena arena(1 << 16, 256, Device::cuda); });
+    EXPECT_NE(a.find("arena: cannot reserve"), std::string::npos) << a;
+}
+
+TEST(OpDispatch, TensorsOnDifferentDevicesAreRefused) {
+    Tensor x = test::randn(DType::f32, Shape{4, 8}, 2), w = test::randn(DType::f32, Shape{8}, 3);
+    Tensor y(DType::f32, Shape{4, 8});
+    const std::string e = error_of([&] { ops::rmsnorm_forward({}, x, w, y, fake_cuda(Shape{4})); });
+    EXPECT_NE(e.find("rmsnorm: tensors on different devices"), std::string::npos) << e;
+}
+
+TEST(OpDispatch, AnOpTheCudaBackendLacksRefusesCudaTensors) {
+    const TensorView x = fake_cuda(Shape{4, 8}), y = fake_cuda(Shape{4, 8});
+    const std::string e = error_of([&] { ops::l2norm_forward({}, x, y); });
+    EXPECT_NE(e.find("l2norm: the CUDA backend has no implementation of this op yet"), std::string::npos) << e;
+}
+
+TEST(OpDispatch, AnOpTheCudaBackendHasFailsCleanlyWithoutAGpu) {
+    if (cuda_available()) GTEST_SKIP() << "a CUDA device is present: fake pointers would reach a kernel";
+    const TensorView x = fake_cuda(Shape{4, 8}), w = fake_cuda(Shape{8}), y = fake_cuda(Shape{4, 8}),
+                     r = fake_cuda(Shape{4});
+    const std::string e = error_of([&] { ops::rmsnorm_forward({}, x, w, y, r); });
+    EXPECT_NE(e.find("rmsnorm"), std::string::npos) << e;
+    EXPECT_NE(e.find(cuda_built() ? "launch failed" : "this build has no CUDA backend"), std::string::npos) << e;
+}
+
+TEST(OpDispatch, RunOpOnCudaNamesTheOpsTheBackendHas) {
+    const ops::OpDef* l2 = ops::op_registry().find("l2norm");
+    ASSERT_NE(l2, nullptr);
+    ASSERT_FALSE(l2->cuda);
+    std::map<std::string, Tensor> in;
+    in.emplace("x", test::randn(DType::f32, Shape{2, 4}, 4));
+    const std::string e = error_of([&] { ops::run_op(*l2, std::move(in), {}, Device::cuda); });
+    EXPECT_NE(e.find("op l2norm: the CUDA backend has no implementation of it yet"), std::string::npos) << e;
+    for (const char* name : {"linear", "rmsnorm", "swiglu", "embedding", "cross_entropy", "adamw"}) {
+        EXPECT_TRUE(ops::op_registry().find(name)->cuda) << name;
+        EXPECT_NE(e.find(name), std::string::npos) << e;
+    }
+    for (const ops::OpDef& op : ops::op_registry().all()) {  // refused before anything is copied or checked
+        if (op.cuda) continue;
+        const std::string m = error_of([&] { ops::run_op(op, {}, {}, Device::cuda); });
+        EXPECT_NE(m.find("no implementation of it yet"), std::string::npos) << op.name << ": " << m;
+    }
+}
+
+}  // namespace
+}  // namespace tessera
