@@ -27,8 +27,8 @@ cudaMemcpyKind copy_kind(Device dst, Device src) {
 }
 #else
 [[noreturn]] void no_cuda(const char* what) {
-    TESSERA_FAIL("{}: a tensor is on a CUDA device but this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)",
-                 what);
+    TESSERA_FAIL(
+        "{}: a tensor is on a CUDA device but this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)", what);
 }
 #endif
 }  // namespace
@@ -104,8 +104,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
         return;
     }
 #if TESSERA_WITH_CUDA
-    check_cuda(cudaMemcpyAsync(dst, src, bytes, copy_kind(dst_device, src_device), stream_of(t_stream)), "copy",
-               bytes);
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, copy_kind(dst_device, src_device), stream_of(t_stream)), "copy", bytes);
     if (dst_device == Device::cpu) check_cuda(cudaStreamSynchronize(stream_of(t_stream)), "copy to host", bytes);
 #else
     no_cuda("device copy");

@@ -36,8 +36,9 @@ class StreamGuard {
 bool cuda_built();
 bool cuda_available();
 
-// Memory: aligned to at least 256 bytes on every device (host regions of 64 KiB and more to pages). device_alloc throws tessera::Error when the device
-// has no room (or no CUDA backend / device is there); device_free takes what device_alloc returned.
+// Memory: aligned to at least 256 bytes on every device (host regions of 64 KiB and more to pages). device_alloc throws
+// tessera::Error when the device has no room (or no CUDA backend / device is there); device_free takes what
+// device_alloc returned.
 void* device_alloc(Device d, size_t bytes);
 void device_free(Device d, void* p);
 void device_zero(Device d, void* p, size_t bytes);  // on the current stream

@@ -12,7 +12,8 @@ Device op_device(std::string_view op, std::initializer_list<TensorView> tensors)
             d = t.device;
             seen = true;
         }
-        TESSERA_CHECK(t.device == d, "{}: tensors on different devices (CPU and CUDA); copy them to one device first", op);
+        TESSERA_CHECK(t.device == d, "{}: tensors on different devices (CPU and CUDA); copy them to one device first",
+                      op);
     }
     return d;
 }
@@ -23,8 +24,9 @@ void cpu_only(std::string_view op, std::initializer_list<TensorView> tensors) {
 }
 
 void no_cuda_backend(std::string_view call) {
-    TESSERA_FAIL("{}: tensors are on a CUDA device but this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)",
-                 call.substr(0, call.find('(')));
+    TESSERA_FAIL(
+        "{}: tensors are on a CUDA device but this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)",
+        call.substr(0, call.find('(')));
 }
 
 }  // namespace tessera::ops

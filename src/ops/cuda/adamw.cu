@@ -9,8 +9,12 @@ namespace tessera::ops::cuda {
 
 namespace {
 template <class T>
-__global__ void adamw_kernel(
-    T* __restrict__ param, const T* __restrict__ grad, T* __restrict__ m, T* __restrict__ v, int64_t n, AdamWScalars<T> s) {
+__global__ void adamw_kernel(T* __restrict__ param,
+                             const T* __restrict__ grad,
+                             T* __restrict__ m,
+                             T* __restrict__ v,
+                             int64_t n,
+                             AdamWScalars<T> s) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         const T g = grad[i];
         T p = param[i] * s.decay;
@@ -36,7 +40,8 @@ cudaError_t launch_adamw(T* param, const T* grad, T* m, T* v, int64_t n, AdamWSc
     return cudaGetLastError();
 }
 
-template cudaError_t launch_adamw<float>(float*, const float*, float*, float*, int64_t, AdamWScalars<float>, cudaStream_t);
+template cudaError_t launch_adamw<float>(
+    float*, const float*, float*, float*, int64_t, AdamWScalars<float>, cudaStream_t);
 template cudaError_t launch_adamw<double>(
     double*, const double*, double*, double*, int64_t, AdamWScalars<double>, cudaStream_t);
 

@@ -98,11 +98,11 @@ cudaError_t launch_cross_entropy_backward(RowsArg<const T> x,
     return cudaGetLastError();
 }
 
-#define TESSERA_INSTANTIATE(T)                                                                                 \
-    template cudaError_t launch_cross_entropy_forward<T>(RowsArg<const T>, const void*, bool, int64_t, T*,    \
-                                                         double*, double*, cudaStream_t);                     \
-    template cudaError_t launch_cross_entropy_backward<T>(RowsArg<const T>, const void*, bool, int64_t, const T*, \
-                                                          T, RowsArg<T>, cudaStream_t);
+#define TESSERA_INSTANTIATE(T)                                                                                       \
+    template cudaError_t launch_cross_entropy_forward<T>(RowsArg<const T>, const void*, bool, int64_t, T*, double*,  \
+                                                         double*, cudaStream_t);                                     \
+    template cudaError_t launch_cross_entropy_backward<T>(RowsArg<const T>, const void*, bool, int64_t, const T*, T, \
+                                                          RowsArg<T>, cudaStream_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

@@ -97,11 +97,11 @@ cudaError_t launch_check_ids(
     return cudaGetLastError();
 }
 
-#define TESSERA_INSTANTIATE(T)                                                                                    \
-    template cudaError_t launch_swiglu_forward<T>(RowsArg<const T>, RowsArg<const T>, RowsArg<T>, cudaStream_t); \
-    template cudaError_t launch_swiglu_backward<T>(RowsArg<const T>, RowsArg<const T>, RowsArg<const T>,         \
-                                                   RowsArg<T>, RowsArg<T>, cudaStream_t);                         \
-    template cudaError_t launch_add_bias<T>(RowsArg<T>, const T*, cudaStream_t);                                 \
+#define TESSERA_INSTANTIATE(T)                                                                                       \
+    template cudaError_t launch_swiglu_forward<T>(RowsArg<const T>, RowsArg<const T>, RowsArg<T>, cudaStream_t);     \
+    template cudaError_t launch_swiglu_backward<T>(RowsArg<const T>, RowsArg<const T>, RowsArg<const T>, RowsArg<T>, \
+                                                   RowsArg<T>, cudaStream_t);                                        \
+    template cudaError_t launch_add_bias<T>(RowsArg<T>, const T*, cudaStream_t);                                     \
     template cudaError_t launch_column_sums<T>(RowsArg<const T>, T*, cudaStream_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)

@@ -61,10 +61,9 @@ cudaError_t launch_rmsnorm_backward(
     return cudaGetLastError();
 }
 
-#define TESSERA_INSTANTIATE(T)                                                                            \
-    template cudaError_t launch_rmsnorm_forward<T>(RowsArg<const T>, const T*, RowsArg<T>, T*, double,    \
-                                                   cudaStream_t);                                          \
-    template cudaError_t launch_rmsnorm_backward<T>(RowsArg<const T>, RowsArg<const T>, const T*, const T*, \
+#define TESSERA_INSTANTIATE(T)                                                                                        \
+    template cudaError_t launch_rmsnorm_forward<T>(RowsArg<const T>, const T*, RowsArg<T>, T*, double, cudaStream_t); \
+    template cudaError_t launch_rmsnorm_backward<T>(RowsArg<const T>, RowsArg<const T>, const T*, const T*,           \
                                                     RowsArg<T>, T*, cudaStream_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
