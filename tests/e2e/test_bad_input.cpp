@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/config_reader.h"
+#include "core/device.h"
 #include "core/file.h"
 #include "core/safetensors.h"
 #include "e2e/cli_util.h"
@@ -152,6 +153,18 @@ TEST(BadInput, OpListTakesNothingElse) {
     expect_one_line_error(run_tessera("op --list --set eps=1"), "--list takes no op name, --in, --out or --set",
                           "--list with --set");
     expect_one_line_error(run_tessera("op rmsnorm --list"), "--list takes no op name", "--list with a name");
+}
+
+TEST(BadInput, OpOnADeviceThisMachineLacksIsOneLine) {
+    TempDir d;
+    const std::string io = " --in " + test::golden_path("ops/linear.safetensors") + " --out " + d.file("o.safetensors");
+    expect_one_line_error(run_tessera("op linear --device tpu" + io), "--device", "an unknown device");
+    if (!cuda_available()) {
+        expect_one_line_error(run_tessera("op linear --device cuda" + io),
+                              cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
+                              "--device cuda without a GPU");
+    }
+    EXPECT_FALSE(std::filesystem::exists(d.file("o.safetensors")));
 }
 
 TEST(BadInput, UsageErrorsEchoLongArgumentsAsExcerpts) {

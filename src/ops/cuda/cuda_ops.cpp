@@ -157,9 +157,16 @@ void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, Tenso
     });
 }
 
-void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y) {
+namespace {
+// A frozen base's bf16 or MXFP4 weights with f32 inputs (the CPU widens them per block) are not on CUDA yet.
+void check_weight_dtype(const TensorView& x, const TensorView& w) {
     TESSERA_CHECK(w.dtype == x.dtype, "linear (CUDA): {} weights with {} inputs are not implemented yet",
                   dtype_name(w.dtype), dtype_name(x.dtype));
+}
+}  // namespace
+
+void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y) {
+    check_weight_dtype(x, w);
     dispatch_float(x.dtype, "linear", [&]<class T>(T) {
         const Rows<T> X = rows_of<T>(x, "linear: x"), Y = rows_of<T>(y, "linear: y");
         const T* W = w.ptr<T>();
@@ -169,8 +176,7 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
 }
 
 void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw, TensorView db) {
-    TESSERA_CHECK(w.dtype == x.dtype, "linear (CUDA): {} weights with {} inputs are not implemented yet",
-                  dtype_name(w.dtype), dtype_name(x.dtype));
+    check_weight_dtype(x, w);
     dispatch_float(x.dtype, "linear", [&]<class T>(T) {
         const Rows<T> X = rows_of<T>(x, "linear: x"), DY = rows_of<T>(dy, "linear: dy");
         const int64_t N = X.rows, IN = X.cols, OUT = DY.cols;
