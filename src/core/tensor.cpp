@@ -94,6 +94,17 @@ TensorView TensorView::prefix(Shape s) const {
     return TensorView(data, dtype, s, device);
 }
 
+TensorView TensorView::narrow(int dim, int64_t begin, int64_t length) const {
+    TESSERA_CHECK(0 <= dim && dim < shape.ndim, "narrow: dimension {} of {}", dim, shape.str());
+    TESSERA_CHECK(0 <= begin && 0 <= length && begin + length <= shape.dims[dim],
+                  "narrow: [{}, {}) of dimension {} is out of range for {}", begin, begin + length, dim, shape.str());
+    TESSERA_CHECK(dtype != DType::mxfp4, "narrow of an mxfp4 tensor {}", shape.str());
+    TensorView v = *this;
+    v.data = static_cast<char*>(data) + dtype_bytes(dtype, begin * strides[dim]);
+    v.shape.dims[dim] = length;
+    return v;
+}
+
 void check_shape(const TensorView& t, const Shape& expected, std::string_view what) {
     TESSERA_CHECK(t.shape == expected, "{} is {} but {} was expected", what, t.shape.str(), expected.str());
 }

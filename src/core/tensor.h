@@ -65,6 +65,10 @@ struct TensorView {
     TensorView slice0(int64_t begin, int64_t end) const;
     // the first shape.numel() elements seen with a new shape (contiguous views only)
     TensorView prefix(Shape s) const;
+    // positions [begin, begin + length) of dimension `dim`, same strides (no copy; any view)
+    TensorView narrow(int dim, int64_t begin, int64_t length) const;
+    // narrow on the last dimension: a column block [.., width] of a row-major buffer
+    TensorView columns(int64_t col, int64_t width) const { return narrow(shape.ndim - 1, col, width); }
 };
 
 // Shape and dtype checks with messages that name the tensor: "rmsnorm: x is [4, 8] f32 but ..."

@@ -88,7 +88,7 @@ std::span<const TensorView> AttnRes::views(const std::vector<int>& idx, int64_t 
 
 TensorView AttnRes::mix_forward(const Wiring& wr, const Mix& m, int64_t N) {
     if (wr.sources.size() == 1) return x_[size_t(wr.sources[0])];  // one source: the mix is the identity
-    const TensorView probs(probs_.data, DType::f32, Shape{N, int64_t(wr.sources.size())});
+    const TensorView probs = probs_.prefix(Shape{N, int64_t(wr.sources.size())});
     ops::attn_res_mix_forward({.eps = eps_}, views(wr.sources, N, src_), m.gamma, m.w, mix_.slice0(0, N), probs,
                               scratch_);
     return mix_;
@@ -97,13 +97,13 @@ TensorView AttnRes::mix_forward(const Wiring& wr, const Mix& m, int64_t N) {
 void AttnRes::mix_backward(const Wiring& wr, const Mix& m, TensorView dres, int64_t N) {
     TensorView dout = dmix_.slice0(0, N);
     if (wr.sources.size() == 1) {  // the identity: dP += dout
-        add_rows(dout, dres.slice0(0, N));
+        ops::add_rows(dout, dres.slice0(0, N));
         return;
     }
     dsrc_.clear();
     for (size_t i = 0; i + 1 < wr.sources.size(); ++i) dsrc_.push_back(dr_[size_t(wr.sources[i])].slice0(0, N));
     dsrc_.push_back(dres.slice0(0, N));  // the current P
-    const TensorView probs(probs_.data, DType::f32, Shape{N, int64_t(wr.sources.size())});
+    const TensorView probs = probs_.prefix(Shape{N, int64_t(wr.sources.size())});
     ops::attn_res_mix_backward({.eps = eps_}, dout, views(wr.sources, N, src_), m.gamma, m.w, probs, dsrc_, m.dgamma,
                                m.dw, scratch_);
 }
@@ -113,14 +113,14 @@ TensorView AttnRes::input(size_t j, int64_t N) { return mix_forward(wiring_[j], 
 void AttnRes::combine(size_t j, int64_t N) {
     const Wiring& wr = wiring_[j];
     if (wr.base < 0) return;
-    add_rows(x_[size_t(wr.base)].slice0(0, N), x_[j + 1].slice0(0, N));
+    ops::add_rows(x_[size_t(wr.base)].slice0(0, N), x_[j + 1].slice0(0, N));
 }
 
 TensorView AttnRes::output(int64_t N) { return mix_forward(wiring_.back(), mixes_.back(), N).slice0(0, N); }
 
 void AttnRes::output_backward(TensorView dres, int64_t N) {
-    for (int k : r_entries_) zero_rows(dr_[size_t(k)], N);
-    zero_rows(dres, N);
+    for (int k : r_entries_) ops::zero_rows(dr_[size_t(k)], N);
+    ops::zero_rows(dres, N);
     mix_backward(wiring_.back(), mixes_.back(), dres, N);
 }
 

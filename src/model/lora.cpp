@@ -73,13 +73,13 @@ void LoraAdapters::bind_scratch(const BufferGroup& acts, const std::string& pref
 void LoraAdapters::forward(TensorView x, TensorView y) const {
     const int64_t N = x.size(0);
     for (const Adapter& a : adapters_)
-        ops::lora_forward(params(a), x, a.a, a.b, u_.slice0(0, N), columns(y, a.row, a.rows), xd_);
+        ops::lora_forward(params(a), x, a.a, a.b, u_.slice0(0, N), y.columns(a.row, a.rows), xd_);
 }
 
 void LoraAdapters::backward(TensorView x, TensorView dy, TensorView dx) const {
     const int64_t N = x.size(0);
     for (const Adapter& a : adapters_) {
-        ops::lora_backward(params(a), x, columns(dy, a.row, a.rows), a.a, a.b, u_.slice0(0, N), du_.slice0(0, N), dx,
+        ops::lora_backward(params(a), x, dy.columns(a.row, a.rows), a.a, a.b, u_.slice0(0, N), du_.slice0(0, N), dx,
                            a.da, a.db, xd_);
     }
 }

@@ -436,7 +436,7 @@ LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool 
     for (int32_t t : targets) total += t != kIgnoreIndex;
     LossResult res;
     res.count = total;
-    if (backward) zero_rows(dln_f_, N);
+    if (backward) ops::zero_rows(dln_f_, N);
     double sum = 0.0;
     for (int64_t r0 = 0; r0 < N; r0 += R) {
         const int64_t rows = std::min(R, N - r0);
@@ -447,7 +447,7 @@ LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool 
             ops::cross_entropy_forward({.ignore_index = kIgnoreIndex}, logits, tgt, lse_.slice0(0, rows));
         sum += ce.sum;
         if (!backward || ce.count == 0) continue;
-        zero_rows(dlogits_, rows);
+        ops::zero_rows(dlogits_, rows);
         const double dloss = loss_scale * double(ce.count) / double(total);
         ops::cross_entropy_backward({.ignore_index = kIgnoreIndex}, dloss, logits, tgt, lse_.slice0(0, rows),
                                     dlogits_.slice0(0, rows));
@@ -492,12 +492,12 @@ LossResult Model::forward_backward(StepShape s,
             res = head_loss(s, targets, true, loss_scale);
             if (attn_res_) {  // dL/dh, then through the output mix
                 TensorView dh = attn_res_->dmix(N);
-                zero_rows(dh, N);
+                ops::zero_rows(dh, N);
                 ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), attn_res_->output(N), norm_f_,
                                       rstd_f_.slice0(0, N), dh, d_norm_f_);
                 attn_res_->output_backward(dres_, N);
             } else {
-                zero_rows(dres_, N);
+                ops::zero_rows(dres_, N);
                 ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln_f_.slice0(0, N), x_.back().slice0(0, N), norm_f_,
                                       rstd_f_.slice0(0, N), dres_.slice0(0, N), d_norm_f_);
             }

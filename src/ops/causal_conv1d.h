@@ -29,4 +29,9 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
                             TensorView dw,
                             std::span<const int64_t> cu_seqlens = {});
 
+// One decoding step: x [B, C] is token t of each row, window [B, W−1, C] the row's previous W−1 inputs (oldest
+// first; zeros before the sequence start). y [B, C] is the forward's output at t, summed in the forward's order;
+// then the window moves on by one (drops its oldest input, appends x). f32.
+void causal_conv1d_step(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView window, TensorView y);
+
 }  // namespace tessera::ops

@@ -53,6 +53,11 @@ void dsa_indexer_forward(const DsaIndexerParams& p,
                          std::span<std::byte> workspace,
                          std::span<const int64_t> cu_seqlens = {});
 
+// The dense warm-up's selection (spec/dsa.md §3.1, §3.6): every candidate s of t (s ≤ t within t's sequence),
+// ascending, padded with −1, into indices [B, T, K] i32 (K at least the longest sequence). cu_seqlens as for the
+// indexer.
+void dsa_all_candidates(TensorView indices, std::span<const int64_t> cu_seqlens = {});
+
 struct SparseAttentionParams {
     double scale = 0.0;     // 0: DK^-0.5
     int64_t dv = 0;         // value dims (the first dv of each entry); 0 = DK

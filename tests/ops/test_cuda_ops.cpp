@@ -1,17 +1,21 @@
 // The CUDA backend against the CPU oracle, on a machine with a GPU (built with -DTESSERA_CUDA=ON; every test
 // skips without a device): every golden file of every op the backend implements, through the op registry on
 // Device::cuda (the `tessera op --device cuda` path) in f64 and f32 against the reference's expected values;
+// the model-glue ops (ops/rows.h, ops/matmul.h) against the CPU on the same inputs, column blocks included;
 // bitwise run-to-run determinism; the device arena.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <vector>
 
 #include "core/arena.h"
 #include "core/device.h"
 #include "core/safetensors.h"
 #include "ops/adamw.h"
 #include "ops/linear.h"
+#include "ops/matmul.h"
 #include "ops/registry.h"
+#include "ops/rows.h"
 #include "ops/verify.h"
 #include "util/test_util.h"
 
@@ -66,6 +70,69 @@ TEST(CudaOps, AdamWMatchesTheCpuOracle) {
     EXPECT_TRUE(test::all_close(dp.to(Device::cpu), p, 1e-6, 1e-7));
     EXPECT_TRUE(test::all_close(dm.to(Device::cpu), m, 1e-6, 1e-7));
     EXPECT_TRUE(test::all_close(dv.to(Device::cpu), v, 1e-6, 1e-7));
+}
+
+// Runs `op` on random host tensors of these shapes and on copies of them on the GPU: afterwards every tensor agrees.
+template <class Op>
+void expect_cuda_like_cpu(const std::vector<Shape>& shapes, Op op, double rtol = 1e-5, double atol = 1e-6) {
+    std::vector<Tensor> host, dev;
+    std::vector<TensorView> hv, dv;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+        host.push_back(test::randn(DType::f32, shapes[i], 100 + i));
+        dev.push_back(host.back().to(Device::cuda));
+    }
+    for (size_t i = 0; i < host.size(); ++i) {
+        hv.push_back(host[i]);
+        dv.push_back(dev[i]);
+    }
+    op(hv);
+    op(dv);
+    for (size_t i = 0; i < host.size(); ++i)
+        EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], rtol, atol)) << "tensor " << i;
+}
+
+TEST(CudaOps, RowGlueOpsMatchTheCpuOnColumnBlocks) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 300, G = 6, K = 16;
+    expect_cuda_like_cpu({Shape{N, 40}, Shape{N, 50}}, [&](std::vector<TensorView> t) {
+        ops::copy_rows(t[0].columns(3, 20), t[1].columns(10, 20));
+        ops::copy_rows(t[0].columns(0, 8), t[1].columns(40, 8), 0.25f);
+        ops::add_rows(t[0].columns(20, 10), t[1].columns(0, 10));
+        ops::zero_rows(t[1].columns(30, 5), N - 7);
+    });
+    expect_cuda_like_cpu({Shape{N, 2 * G}, Shape{N, G}, Shape{N, G}, Shape{N, 3 * G}}, [&](std::vector<TensorView> t) {
+        ops::sigmoid_forward(t[0].columns(G, G), t[1]);
+        ops::sigmoid_backward(t[2], t[1], t[3].columns(G, G));
+    });
+    expect_cuda_like_cpu({Shape{N, G}, Shape{N, G * K}, Shape{N, G * K}, Shape{N, G}}, [&](std::vector<TensorView> t) {
+        ops::expand_groups(t[0], t[1]);
+        ops::sum_groups(t[2], t[3]);
+    });
+    expect_cuda_like_cpu(
+        {Shape{N, G + 2}, Shape{N, G * K}, Shape{N, G}, Shape{N, G * K}, Shape{N, G * K}, Shape{N, G * K}, Shape{N, G}},
+        [&](std::vector<TensorView> t) {
+            ops::output_gate_forward(t[0].columns(2, G), t[1], t[2], t[3]);
+            ops::output_gate_backward(t[4], t[1], t[2], t[5], t[6]);
+        });
+}
+
+TEST(CudaOps, MatmulHeadsMatchesTheCpuInEveryTransposition) {
+    SKIP_WITHOUT_GPU();
+    const int64_t H = 4, M = 96, N = 40, K = 72;
+    for (ops::Trans ta : {ops::Trans::N, ops::Trans::T}) {
+        for (ops::Trans tb : {ops::Trans::N, ops::Trans::T}) {
+            const int64_t ar = ta == ops::Trans::N ? M : K, ac = ta == ops::Trans::N ? K : M;
+            const int64_t br = tb == ops::Trans::N ? K : N, bc = tb == ops::Trans::N ? N : K;
+            expect_cuda_like_cpu(
+                {Shape{ar, H * (ac + 3)}, Shape{br, H * bc}, Shape{M, H * (N + 1)}},
+                [&](std::vector<TensorView> t) {
+                    ops::matmul_heads(ta, tb, 0.5, ops::head_matrices(t[0], 1, H, ac + 3, ac),
+                                      ops::head_matrices(t[1], 0, H, bc, bc), 1.0,
+                                      ops::head_matrices(t[2], 0, H, N + 1, N));
+                },
+                1e-5, 1e-5);
+        }
+    }
 }
 
 TEST(CudaOps, TheDeviceArenaHandsOutDeviceViewsAndReusesFreedBlocks) {

@@ -152,11 +152,11 @@ void AttentionBlock::project(StepShape s, int64_t pos, TensorView x) {
     ops::linear_forward({}, ln, w_.qkv, {}, qkv);
     qkv_lora_.forward(ln, qkv);
     if (cfg_.qk_norm) {  // RMSNorm over each head of q and k (from a copy: backward needs the inputs)
-        copy_rows(columns(qkv, 0, Q_ + KV_), qk_raw_.slice0(0, N));
+        ops::copy_rows(qkv.columns(0, Q_ + KV_), qk_raw_.slice0(0, N));
         for_qk_heads([&](int64_t col, bool is_k, int64_t head) {
-            ops::rmsnorm_forward({.eps = cfg_.norm_eps}, columns(qk_raw_.slice0(0, N), col, D_),
-                                 is_k ? w_.k_norm : w_.q_norm, columns(qkv, col, D_),
-                                 TensorView(qk_rstd_.ptr<float>() + head * N, DType::f32, Shape{N}));
+            ops::rmsnorm_forward({.eps = cfg_.norm_eps}, qk_raw_.slice0(0, N).columns(col, D_),
+                                 is_k ? w_.k_norm : w_.q_norm, qkv.columns(col, D_),
+                                 qk_rstd_.prefix(Shape{qk_rstd_.numel()}).slice0(head * N, (head + 1) * N));
         });
     }
     // positions per batch row (relative within documents), from pos
@@ -169,7 +169,7 @@ void AttentionBlock::project(StepShape s, int64_t pos, TensorView x) {
 void AttentionBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     TensorView o = o_.slice0(0, N);
     if (G_ > 0)
-        output_gate_forward(columns(qkv_.slice0(0, N), Q_ + 2 * KV_, G_), o, gate_.slice0(0, N), y_.slice0(0, N));
+        ops::output_gate_forward(qkv_.slice0(0, N).columns(Q_ + 2 * KV_, G_), o, gate_.slice0(0, N), y_.slice0(0, N));
     start_output(x, x_out, N);
     const TensorView in = G_ > 0 ? y_.slice0(0, N) : o;
     ops::linear_forward({.accumulate = true}, in, w_.o, {}, x_out.slice0(0, N));
@@ -227,18 +227,18 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
     const int64_t N = s.tokens();
     TensorView d = dres.slice0(0, N), o = o_.slice0(0, N), qkv = qkv_.slice0(0, N);
     TensorView dO = do_.slice0(0, N), dqk = dqk_.slice0(0, N), dqkv = dqkv_.slice0(0, N), dln = dln_.slice0(0, N);
-    zero_rows(dqkv_, N);
+    ops::zero_rows(dqkv_, N);
     if (G_ > 0) {
-        zero_rows(dy_, N);
+        ops::zero_rows(dy_, N);
         ops::linear_backward(d, y_.slice0(0, N), w_.o, dy_.slice0(0, N), g_.o, {});
         o_lora_.backward(y_.slice0(0, N), d, dy_.slice0(0, N));
-        output_gate_backward(dy_.slice0(0, N), o, gate_.slice0(0, N), dO, columns(dqkv, Q_ + 2 * KV_, G_));
+        ops::output_gate_backward(dy_.slice0(0, N), o, gate_.slice0(0, N), dO, dqkv.columns(Q_ + 2 * KV_, G_));
     } else {
-        zero_rows(do_, N);
+        ops::zero_rows(do_, N);
         ops::linear_backward(d, o, w_.o, dO, g_.o, {});
         o_lora_.backward(o, d, dO);
     }
-    zero_rows(dqk_, N);
+    ops::zero_rows(dqk_, N);
     const StepShape a = attention_shape(s);
     ops::attention_backward({}, dO.reshape(Shape{a.batch, a.seq, H_, D_}), head_view(qkv, a, 0, H_),
                             head_view(qkv, a, Q_, HKV_), head_view(qkv, a, Q_ + KV_, HKV_),
@@ -247,24 +247,24 @@ void AttentionBlock::backward(StepShape s, TensorView x_in, TensorView dres, std
                             ws, s.cu_seqlens);
     // through RoPE (the first R dims of each head; the rest pass), into dqkv or, with qk_norm, into dqn
     TensorView target = cfg_.qk_norm ? dqn_.slice0(0, N) : dqkv;
-    if (cfg_.qk_norm) zero_rows(dqn_, N);
+    if (cfg_.qk_norm) ops::zero_rows(dqn_, N);
     const ops::RopeParams rope{.theta = cfg_.rope_theta, .scaling = cfg_.rope_scaling};
     ops::rope_backward(rope, head_view(dqk, s, 0, H_, R_), head_view(target, s, 0, H_, R_));
     ops::rope_backward(rope, head_view(dqk, s, Q_, HKV_, R_), head_view(target, s, Q_, HKV_, R_));
     if (R_ < D_) {
         for_qk_heads([&](int64_t col, bool, int64_t) {
-            add_rows(columns(dqk, col + R_, D_ - R_), columns(target, col + R_, D_ - R_));
+            ops::add_rows(dqk.columns(col + R_, D_ - R_), target.columns(col + R_, D_ - R_));
         });
     }
     if (cfg_.qk_norm) {
         for_qk_heads([&](int64_t col, bool is_k, int64_t head) {
-            ops::rmsnorm_backward({.eps = cfg_.norm_eps}, columns(target, col, D_),
-                                  columns(qk_raw_.slice0(0, N), col, D_), is_k ? w_.k_norm : w_.q_norm,
-                                  TensorView(qk_rstd_.ptr<float>() + head * N, DType::f32, Shape{N}),
-                                  columns(dqkv, col, D_), is_k ? g_.k_norm : g_.q_norm);
+            ops::rmsnorm_backward({.eps = cfg_.norm_eps}, target.columns(col, D_),
+                                  qk_raw_.slice0(0, N).columns(col, D_), is_k ? w_.k_norm : w_.q_norm,
+                                  qk_rstd_.prefix(Shape{qk_rstd_.numel()}).slice0(head * N, (head + 1) * N),
+                                  dqkv.columns(col, D_), is_k ? g_.k_norm : g_.q_norm);
         });
     }
-    zero_rows(dln_, N);
+    ops::zero_rows(dln_, N);
     ops::linear_backward(dqkv, ln_.slice0(0, N), w_.qkv, dln, g_.qkv, {});
     qkv_lora_.backward(ln_.slice0(0, N), dqkv, dln);
     start_input_grad(dres, N);

@@ -47,54 +47,21 @@ void Block::start_output(TensorView x_in, TensorView x_out, int64_t rows) const 
     TESSERA_CHECK(x_in.is_contiguous() && x_out.is_contiguous() && x_in.size(1) == x_out.size(1),
                   "block: mismatched residual buffers");
     if (!residual_) {
-        zero_rows(x_out, rows);
+        ops::zero_rows(x_out, rows);
     } else if (x_in.data != x_out.data) {
         std::memcpy(x_out.data, x_in.data, size_t(rows * x_in.size(1)) * sizeof(float));
     }
 }
 
 void Block::start_input_grad(TensorView dres, int64_t rows) const {
-    if (!residual_) zero_rows(dres, rows);
-}
-
-void zero_rows(TensorView t, int64_t rows) {
-    TESSERA_CHECK(t.is_contiguous(), "zero_rows: buffer must be contiguous");
-    const int64_t cols = t.ndim() >= 2 ? t.numel() / t.size(0) : 1;
-    std::memset(t.data, 0, size_t(rows * cols) * dtype_size(t.dtype));
+    if (!residual_) ops::zero_rows(dres, rows);
 }
 
 TensorView heads_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t head_stride, int64_t width) {
     const int64_t row = rows.strides[0];
-    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{s.batch, s.seq, heads, width});
+    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{s.batch, s.seq, heads, width}, rows.device);
     v.strides = {s.seq * row, row, head_stride, 1};
     return v;
-}
-
-TensorView columns(TensorView rows, int64_t col, int64_t width) {
-    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{rows.size(0), width});
-    v.strides[0] = rows.strides[0];
-    return v;
-}
-
-// dst rows += src rows (both [N, width], row-strided)
-void add_rows(TensorView src, TensorView dst) {
-    const int64_t N = src.size(0), width = src.size(1);
-    const float* s = src.ptr<float>();
-    float* d = dst.ptr<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        for (int64_t c = 0; c < width; ++c) d[n * dst.strides[0] + c] += s[n * src.strides[0] + c];
-    }
-}
-
-// dst rows = src rows
-void copy_rows(TensorView src, TensorView dst) {
-    const int64_t N = src.size(0), width = src.size(1);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        std::memcpy(dst.ptr<float>() + n * dst.strides[0], src.ptr<float>() + n * src.strides[0],
-                    size_t(width) * sizeof(float));
-    }
 }
 
 TensorView param_view(const BufferGroup& g, const std::string& name, bool grad) {
@@ -120,42 +87,7 @@ TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const st
         }
         rows += parts[i].size(0);
     }
-    return TensorView(parts[0].data, parts[0].dtype, Shape{rows, cols});
-}
-
-void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y) {
-    const int64_t N = z.size(0), G = z.size(1), per = o.size(1) / G;
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        const float* zr = z.ptr<float>() + n * z.strides[0];
-        const float* orow = o.ptr<float>() + n * o.strides[0];
-        float* gr = gate.ptr<float>() + n * gate.strides[0];
-        float* yr = y.ptr<float>() + n * y.strides[0];
-        for (int64_t g = 0; g < G; ++g) {
-            gr[g] = 1.f / (1.f + std::exp(-zr[g]));
-            for (int64_t e = g * per; e < (g + 1) * per; ++e) yr[e] = orow[e] * gr[g];
-        }
-    }
-}
-
-void output_gate_backward(TensorView dy, TensorView o, TensorView gate, TensorView dov, TensorView dz) {
-    const int64_t N = gate.size(0), G = gate.size(1), per = o.size(1) / G;
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        const float* dyr = dy.ptr<float>() + n * dy.strides[0];
-        const float* orow = o.ptr<float>() + n * o.strides[0];
-        const float* gr = gate.ptr<float>() + n * gate.strides[0];
-        float* dor = dov.ptr<float>() + n * dov.strides[0];
-        float* dzr = dz.ptr<float>() + n * dz.strides[0];
-        for (int64_t g = 0; g < G; ++g) {
-            float acc = 0.f;
-            for (int64_t e = g * per; e < (g + 1) * per; ++e) {
-                acc += dyr[e] * orow[e];
-                dor[e] = dyr[e] * gr[g];
-            }
-            dzr[g] = acc * gr[g] * (1.f - gr[g]);
-        }
-    }
+    return TensorView(parts[0].data, parts[0].dtype, Shape{rows, cols}, parts[0].device);
 }
 
 void attend_one(const float* q,

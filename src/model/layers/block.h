@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/buffer_spec.h"
+#include "ops/rows.h"
 
 namespace tessera::model {
 
@@ -113,21 +114,9 @@ void add_param(std::vector<BufferSpec>& specs,
                ParamInit init,
                bool weight_decay);
 
-// zero-fill the first `rows` rows of a contiguous [rows_max, cols] buffer
-void zero_rows(TensorView t, int64_t rows);
 // the first `width` columns of each of `heads` heads (head h at col + h·head_stride) of a row-major
 // [B·T, *] f32 buffer, as a [B, T, heads, width] view
 TensorView heads_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t head_stride, int64_t width);
-// a column block [N, width] of a row-major [N, *] f32 buffer (row-strided view)
-TensorView columns(TensorView rows, int64_t col, int64_t width);
-// dst rows += src rows / dst rows = src rows (both [N, width] f32, row-strided)
-void add_rows(TensorView src, TensorView dst);
-void copy_rows(TensorView src, TensorView dst);
-// The sigmoid output gate of gated attention (arXiv 2505.06708, "G1"): y = o ⊙ σ(z) with one gate per
-// `per` consecutive values of o (per = 1: elementwise; per = head dim: headwise). z, gate [N, G];
-// o, y, dy, dov [N, G·per]; all f32, row-strided. Backward: dov = dy ⊙ γ, dz = γ(1−γ)·Σ dy ⊙ o (written).
-void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y);
-void output_gate_backward(TensorView dy, TensorView o, TensorView gate, TensorView dov, TensorView dz);
 // Attention of one query per head over n cached keys (decoding): o[h] = softmax_s(scale·q[h]·key_s)·value_s
 // with head h reading kv head h / (H / HKV). q [H, D] rows, o [H, DV] rows; key_s = keys[s] + kvh·kstride
 // (D values) and value_s = values[s] + kvh·vstride (DV values) for s < n.

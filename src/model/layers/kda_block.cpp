@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "ops/causal_conv1d.h"
-#include "ops/cpu/vec_math.h"
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
 #include "ops/l2norm.h"
@@ -206,17 +205,17 @@ void KdaBlock::gates(int64_t N) {
     auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
     TensorView qkv = rows(a_.qkv), small = rows(a_.small);
     for (int64_t h = 0; h < H_; ++h) {
-        ops::l2norm_forward({}, columns(qkv, h * K_, K_), columns(rows(a_.qn), h * K_, K_));
-        ops::l2norm_forward({}, columns(qkv, HK + h * K_, K_), columns(rows(a_.kn), h * K_, K_));
+        ops::l2norm_forward({}, qkv.columns(h * K_, K_), rows(a_.qn).columns(h * K_, K_));
+        ops::l2norm_forward({}, qkv.columns(HK + h * K_, K_), rows(a_.kn).columns(h * K_, K_));
     }
-    copy_rows(columns(qkv, 2 * HK, HVV), rows(a_.v));
+    ops::copy_rows(qkv.columns(2 * HK, HVV), rows(a_.v));
     // forget gate
     TensorView f = rows(a_.f), g = rows(a_.g);
     if (cfg_.scalar_gate) {
-        copy_rows(columns(small, 0, HV_), f);
+        ops::copy_rows(small.columns(0, HV_), f);
     } else {
-        ops::linear_forward({}, columns(small, 0, R_), w_.f_b, {}, f);
-        f_b_lora_.forward(columns(small, 0, R_), f);
+        ops::linear_forward({}, small.columns(0, R_), w_.f_b, {}, f);
+        f_b_lora_.forward(small.columns(0, R_), f);
     }
     const ops::KdaGateParams gp{.lower_bound = cfg_.gate_lower_bound};
     // NOTES: GDN's per-head decay is computed into y (free until the output norm writes it) and
@@ -224,18 +223,11 @@ void KdaBlock::gates(int64_t N) {
     if (cfg_.scalar_gate) {
         TensorView gs = rows(a_.y).reshape(Shape{N * HVV}).slice0(0, N * HV_).reshape(Shape{N, HV_, 1});
         ops::kda_gate_forward(gp, f.reshape(Shape{N, HV_, 1}), w_.A_log, w_.dt_bias, gs);
-        const float* src = gs.ptr<float>();
-        float* dst = g.ptr<float>();
-        for (int64_t i = N * HV_ - 1; i >= 0; --i) std::fill(dst + i * K_, dst + (i + 1) * K_, src[i]);
+        ops::expand_groups(gs.reshape(Shape{N, HV_}), g);
     } else {
         ops::kda_gate_forward(gp, f.reshape(Shape{N, HV_, K_}), w_.A_log, w_.dt_bias, g.reshape(Shape{N, HV_, K_}));
     }
-    TensorView beta = rows(a_.beta);
-    for (int64_t n = 0; n < N; ++n) {
-        for (int64_t i = 0; i < HV_; ++i) {
-            beta.ptr<float>()[n * HV_ + i] = ops::cpu::vsigmoid(small.ptr<float>()[n * Ws_ + R_ + i]);
-        }
-    }
+    ops::sigmoid_forward(small.columns(R_, HV_), rows(a_.beta));
 }
 
 void KdaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
@@ -244,10 +236,10 @@ void KdaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     TensorView small = rows(a_.small), o = rows(a_.o), z = rows(a_.z), y = rows(a_.y);
     // output gate and norm
     if (cfg_.full_rank_output_gate) {
-        copy_rows(columns(small, R_ + HV_, HVV), z);
+        ops::copy_rows(small.columns(R_ + HV_, HVV), z);
     } else {
-        ops::linear_forward({}, columns(small, R_ + HV_, V_), w_.g_b, {}, z);
-        g_b_lora_.forward(columns(small, R_ + HV_, V_), z);
+        ops::linear_forward({}, small.columns(R_ + HV_, V_), w_.g_b, {}, z);
+        g_b_lora_.forward(small.columns(R_ + HV_, V_), z);
     }
     const ops::GatedRmsNormParams np{.eps = cfg_.o_norm_eps, .activation = cfg_.output_gate_activation};
     ops::gated_rmsnorm_forward(np, o.reshape(Shape{N * HV_, V_}), z.reshape(Shape{N * HV_, V_}), w_.o_norm,
@@ -295,8 +287,8 @@ void KdaBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_ou
     auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
     TensorView x = rows(x_in), ln = rows(a_.ln), raw = rows(a_.qkv_raw), qkv = rows(a_.qkv);
     if (pos == 0) {  // a new sequence: empty convolution window and state
-        std::fill(conv_cache_.ptr<float>(), conv_cache_.ptr<float>() + conv_cache_.numel(), 0.f);
-        std::fill(state_.ptr<float>(), state_.ptr<float>() + state_.numel(), 0.f);
+        ops::zero_rows(conv_cache_, conv_cache_.size(0));
+        ops::zero_rows(state_, state_.size(0));
     }
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, w_.norm, ln, rows(a_.rstd));
     ops::linear_forward({}, ln, w_.qkv, {}, raw);
@@ -304,28 +296,14 @@ void KdaBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_ou
     ops::linear_forward({}, ln, w_.small, {}, rows(a_.small));
     small_lora_.forward(ln, rows(a_.small));
     // the convolution over the cached W−1 inputs and this one, then the window moves on
-    const float* w = w_.conv.ptr<float>();
-    for (int64_t b = 0; b < N; ++b) {
-        float* win = conv_cache_.ptr<float>() + b * (W_ - 1) * Wqkv_;
-        const float* xt = raw.ptr<float>() + b * Wqkv_;
-        float* y = qkv.ptr<float>() + b * Wqkv_;
-        for (int64_t c = 0; c < Wqkv_; ++c) {
-            float z = w[c * W_ + W_ - 1] * xt[c];
-            for (int64_t j = 0; j < W_ - 1; ++j) z += w[c * W_ + j] * win[j * Wqkv_ + c];
-            y[c] = z * ops::cpu::vsigmoid(z);
-        }
-        if (W_ > 1) {
-            std::copy(win + Wqkv_, win + (W_ - 1) * Wqkv_, win);
-            std::copy(xt, xt + Wqkv_, win + (W_ - 2) * Wqkv_);
-        }
-    }
+    ops::causal_conv1d_step({.activation = ops::Activation::silu}, raw, w_.conv, conv_cache_.slice0(0, N), qkv);
     gates(N);
     // one token of the recurrence from the cached state
     const ops::KdaParams kp{.chunk_size = cfg_.chunk_size, .mode = ops::KdaMode::recurrent};
     ops::KdaInputs in = kda_inputs(StepShape{N, 1}, a_);
     in.h0 = state_;
     ops::kda_forward(kp, in, rows(a_.o).reshape(in.v.shape), state_next_, ws);
-    std::copy(state_next_.ptr<float>(), state_next_.ptr<float>() + state_.numel(), state_.ptr<float>());
+    ops::copy_rows(state_next_, state_);
     finish(N, x, x_out);
 }
 
@@ -336,7 +314,7 @@ void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     auto rows = [&](const TensorView& t) { return t.slice0(0, N); };
     for (const TensorView* t : {&d_.ln, &d_.qkv_raw, &d_.qkv, &d_.qn, &d_.kn, &d_.v, &d_.small, &d_.f, &d_.g, &d_.beta,
                                 &d_.o, &d_.z, &d_.y}) {
-        zero_rows(*t, N);
+        ops::zero_rows(*t, N);
     }
     TensorView small = rows(a_.small), dsmall = rows(d_.small), o = rows(a_.o), z = rows(a_.z);
     ops::linear_backward(rows(dres), rows(a_.y), w_.o, rows(d_.y), g_.o, {});
@@ -346,11 +324,10 @@ void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     ops::gated_rmsnorm_backward(np, rows(d_.y).reshape(heads), o.reshape(heads), z.reshape(heads), w_.o_norm,
                                 rows(d_.o).reshape(heads), rows(d_.z).reshape(heads), g_.o_norm);
     if (cfg_.full_rank_output_gate) {
-        add_rows(rows(d_.z), columns(dsmall, R_ + HV_, HVV));
+        ops::add_rows(rows(d_.z), dsmall.columns(R_ + HV_, HVV));
     } else {
-        ops::linear_backward(rows(d_.z), columns(small, R_ + HV_, V_), w_.g_b, columns(dsmall, R_ + HV_, V_), g_.g_b,
-                             {});
-        g_b_lora_.backward(columns(small, R_ + HV_, V_), rows(d_.z), columns(dsmall, R_ + HV_, V_));
+        ops::linear_backward(rows(d_.z), small.columns(R_ + HV_, V_), w_.g_b, dsmall.columns(R_ + HV_, V_), g_.g_b, {});
+        g_b_lora_.backward(small.columns(R_ + HV_, V_), rows(d_.z), dsmall.columns(R_ + HV_, V_));
     }
     // the recurrence
     const ops::KdaParams kp{.chunk_size = cfg_.chunk_size};
@@ -359,39 +336,30 @@ void KdaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     ops::kda_backward(kp, in, rows(d_.o).reshape(in.v.shape), {}, {din.q, din.k, din.v, din.g, din.beta, {}}, ws,
                       states);
     // β = σ(b·h)
-    for (int64_t n = 0; n < N; ++n) {
-        for (int64_t i = 0; i < HV_; ++i) {
-            const float b = a_.beta.ptr<float>()[n * HV_ + i];
-            dsmall.ptr<float>()[n * Ws_ + R_ + i] += d_.beta.ptr<float>()[n * HV_ + i] * b * (1.0f - b);
-        }
-    }
+    ops::sigmoid_backward(rows(d_.beta), rows(a_.beta), dsmall.columns(R_, HV_));
     // forget gate
     const ops::KdaGateParams gp{.lower_bound = cfg_.gate_lower_bound};
     TensorView f = rows(a_.f), df = rows(d_.f), dg = rows(d_.g);
     if (cfg_.scalar_gate) {  // the broadcast's gradient sums over K (into dy, free again)
         TensorView dgs = rows(d_.y).reshape(Shape{N * HVV}).slice0(0, N * HV_).reshape(Shape{N, HV_, 1});
-        for (int64_t i = 0; i < N * HV_; ++i) {
-            float acc = 0;
-            for (int64_t c = 0; c < K_; ++c) acc += dg.ptr<float>()[i * K_ + c];
-            dgs.ptr<float>()[i] = acc;
-        }
+        ops::sum_groups(dg, dgs.reshape(Shape{N, HV_}));
         ops::kda_gate_backward(gp, dgs, f.reshape(Shape{N, HV_, 1}), w_.A_log, w_.dt_bias, df.reshape(Shape{N, HV_, 1}),
                                g_.A_log, g_.dt_bias);
-        add_rows(df, columns(dsmall, 0, HV_));
+        ops::add_rows(df, dsmall.columns(0, HV_));
     } else {
         ops::kda_gate_backward(gp, dg.reshape(Shape{N, HV_, K_}), f.reshape(Shape{N, HV_, K_}), w_.A_log, w_.dt_bias,
                                df.reshape(Shape{N, HV_, K_}), g_.A_log, g_.dt_bias);
-        ops::linear_backward(df, columns(small, 0, R_), w_.f_b, columns(dsmall, 0, R_), g_.f_b, {});
-        f_b_lora_.backward(columns(small, 0, R_), df, columns(dsmall, 0, R_));
+        ops::linear_backward(df, small.columns(0, R_), w_.f_b, dsmall.columns(0, R_), g_.f_b, {});
+        f_b_lora_.backward(small.columns(0, R_), df, dsmall.columns(0, R_));
     }
     // L2 norms, short convolutions, projections, input norm
     TensorView qkv = rows(a_.qkv), dqkv = rows(d_.qkv);
     for (int64_t h = 0; h < H_; ++h) {
-        ops::l2norm_backward({}, columns(rows(d_.qn), h * K_, K_), columns(qkv, h * K_, K_), columns(dqkv, h * K_, K_));
-        ops::l2norm_backward({}, columns(rows(d_.kn), h * K_, K_), columns(qkv, HK + h * K_, K_),
-                             columns(dqkv, HK + h * K_, K_));
+        ops::l2norm_backward({}, rows(d_.qn).columns(h * K_, K_), qkv.columns(h * K_, K_), dqkv.columns(h * K_, K_));
+        ops::l2norm_backward({}, rows(d_.kn).columns(h * K_, K_), qkv.columns(HK + h * K_, K_),
+                             dqkv.columns(HK + h * K_, K_));
     }
-    add_rows(rows(d_.v), columns(dqkv, 2 * HK, HVV));
+    ops::add_rows(rows(d_.v), dqkv.columns(2 * HK, HVV));
     const Shape conv_shape = packed ? Shape{1, N, Wqkv_} : Shape{s.batch, s.seq, Wqkv_};
     ops::causal_conv1d_backward({.activation = ops::Activation::silu}, dqkv.reshape(conv_shape),
                                 rows(a_.qkv_raw).reshape(conv_shape), w_.conv, rows(d_.qkv_raw).reshape(conv_shape),

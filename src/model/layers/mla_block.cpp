@@ -12,6 +12,7 @@
 #include "ops/gemm.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
+#include "ops/matmul.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 
@@ -20,10 +21,6 @@ namespace tessera::model {
 namespace {
 using ops::Trans;
 
-void zero_columns(TensorView t) {
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < t.size(0); ++n) std::memset(t.ptr<float>() + n * t.strides[0], 0, size_t(t.size(1)) * 4);
-}
 }  // namespace
 
 MlaBlock::MlaBlock(const MlaConfig& c, std::string param_prefix, const LoraConfig& lora)
@@ -96,6 +93,10 @@ bool MlaBlock::is_indexer_param(const std::string& name) const {
 int64_t MlaBlock::index_width(StepShape max) const {
     if (!cfg_.dsa.enabled()) return 0;
     return cfg_.dsa.warmup() ? max.seq * max.batch : cfg_.dsa.topk;  // packed rows: one sequence of B·T
+}
+
+TensorView MlaBlock::kv_b_part(TensorView w, bool value) const {
+    return w.reshape(Shape{H_, DN_ + DV_, RKV_}).narrow(1, value ? DN_ : 0, value ? DV_ : DN_);
 }
 
 int64_t MlaBlock::oc_width() const { return cfg_.dsa.enabled() ? RKV_ : DK_; }
@@ -249,22 +250,17 @@ StepShape MlaBlock::flat(StepShape s) const {
 }
 
 TensorView MlaBlock::q_rows(const Acts& a, int64_t N) const {
-    return RQ_ > 0 ? a.q.slice0(0, N) : columns(a.hp.slice0(0, N), 0, H_ * DQ_);
+    return RQ_ > 0 ? a.q.slice0(0, N) : a.hp.slice0(0, N).columns(0, H_ * DQ_);
 }
 
 void MlaBlock::indexer_forward(StepShape s, int64_t pos) {
     const int64_t N = s.tokens();
     TensorView hp = a_.hp.slice0(0, N);
     ops::linear_forward({}, RQ_ > 0 ? a_.cq.slice0(0, N) : a_.ln.slice0(0, N), w_.iq, {}, a_.qi.slice0(0, N));
-    ops::layernorm_forward({.eps = cfg_.latent_eps}, columns(hp, col_ik_, DI_), w_.ik_norm_w, w_.ik_norm_b,
+    ops::layernorm_forward({.eps = cfg_.latent_eps}, hp.columns(col_ik_, DI_), w_.ik_norm_w, w_.ik_norm_b,
                            a_.ki.slice0(0, N), a_.ki_mean.slice0(0, N), a_.ki_rstd.slice0(0, N));
     const float wscale = indexer_weight_scale();
-    TensorView wsrc = columns(hp, col_iw_, HI_);
-    float* wi = a_.wi.ptr<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        for (int64_t j = 0; j < HI_; ++j) wi[n * HI_ + j] = wsrc.ptr<float>()[n * wsrc.strides[0] + j] * wscale;
-    }
+    ops::copy_rows(hp.columns(col_iw_, HI_), a_.wi.slice0(0, N), wscale);
     if (cfg_.dsa.rope_dim > 0) {  // rotate-half pairs on the first d_r^I dims (spec/dsa.md §1.2)
         const ops::RopeParams rope{.theta = cfg_.rope_theta, .offset = pos, .scaling = cfg_.rope_scaling};
         TensorView qr = heads_view(a_.qi.slice0(0, N), s, 0, HI_, DI_, cfg_.dsa.rope_dim);
@@ -285,19 +281,7 @@ void MlaBlock::select(StepShape s, std::span<std::byte> ws) {
                                  a_.wi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}), idx, scores, ws, s.cu_seqlens);
         return;
     }
-    // warm-up: every candidate [b_t, t], ascending, −1 padded
-    int32_t* out = a_.idx.ptr<int32_t>();
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        int64_t start = n - n % s.seq;  // start of n's batch row, or of its document
-        if (!s.cu_seqlens.empty()) {
-            for (size_t i = 0; i + 1 < s.cu_seqlens.size() && s.cu_seqlens[i] <= n; ++i) start = s.cu_seqlens[i];
-        }
-        const int64_t base = s.cu_seqlens.empty() ? n - n % s.seq : 0;  // indices count within the flat row
-        int64_t k = 0;
-        for (int64_t t = start; t <= n; ++t) out[n * K + k++] = int32_t(t - base);
-        for (; k < K; ++k) out[n * K + k] = -1;
-    }
+    ops::dsa_all_candidates(idx, s.cu_seqlens);
 }
 
 void MlaBlock::project(StepShape s, int64_t pos, TensorView x) {
@@ -308,15 +292,15 @@ void MlaBlock::project(StepShape s, int64_t pos, TensorView x) {
     h_lora_.forward(ln, hp);
     kv_b_ = kv_b_lora_.merged(w_.kv_b, kv_b_merged_);
     if (RQ_ > 0) {
-        ops::rmsnorm_forward({.eps = cfg_.latent_eps}, columns(hp, 0, RQ_), w_.q_norm, a_.cq.slice0(0, N),
+        ops::rmsnorm_forward({.eps = cfg_.latent_eps}, hp.columns(0, RQ_), w_.q_norm, a_.cq.slice0(0, N),
                              a_.cq_rstd.slice0(0, N));
         ops::linear_forward({}, a_.cq.slice0(0, N), w_.q_b, {}, a_.q.slice0(0, N));
         q_b_lora_.forward(a_.cq.slice0(0, N), a_.q.slice0(0, N));
     }
     TensorView q = q_rows(a_, N);
-    ops::rmsnorm_forward({.eps = cfg_.latent_eps}, columns(hp, col_kv_, RKV_), w_.kv_norm, columns(kv, 0, RKV_),
+    ops::rmsnorm_forward({.eps = cfg_.latent_eps}, hp.columns(col_kv_, RKV_), w_.kv_norm, kv.columns(0, RKV_),
                          a_.kv_rstd.slice0(0, N));
-    copy_rows(columns(hp, col_kv_ + RKV_, DR_), columns(kv, RKV_, DR_));
+    ops::copy_rows(hp.columns(col_kv_ + RKV_, DR_), kv.columns(RKV_, DR_));
     if (cfg_.rope && DR_ > 0) {
         const ops::RopeParams rope{
             .theta = cfg_.rope_theta, .offset = pos, .interleaved = true, .scaling = cfg_.rope_scaling};
@@ -326,11 +310,9 @@ void MlaBlock::project(StepShape s, int64_t pos, TensorView x) {
     }
     // absorbed queries: q̂_h = [q^C_h W_UK_h | q^R_h]
     TensorView qhat = a_.qhat.slice0(0, N);
-    for (int64_t h = 0; h < H_; ++h) {
-        ops::gemm(Trans::N, Trans::N, N, RKV_, DN_, 1.f, q.ptr<float>() + h * DQ_, q.strides[0],
-                  kv_b_.ptr<float>() + h * (DN_ + DV_) * RKV_, RKV_, 0.f, qhat.ptr<float>() + h * DK_, H_ * DK_);
-    }
-    for (int64_t h = 0; h < H_; ++h) copy_rows(columns(q, h * DQ_ + DN_, DR_), columns(qhat, h * DK_ + RKV_, DR_));
+    ops::matmul_heads(Trans::N, Trans::N, 1, ops::head_matrices(q, 0, H_, DQ_, DN_), kv_b_part(kv_b_, false), 0,
+                      ops::head_matrices(qhat, 0, H_, DK_, RKV_));
+    for (int64_t h = 0; h < H_; ++h) ops::copy_rows(q.columns(h * DQ_ + DN_, DR_), qhat.columns(h * DK_ + RKV_, DR_));
     if (HI_ > 0) indexer_forward(s, pos);
 }
 
@@ -339,12 +321,10 @@ void MlaBlock::finish(int64_t N, TensorView x, TensorView x_out) {
     TensorView oc = a_.oc.slice0(0, N);
     // o_h = W_UV_h o^C_h
     TensorView o = G_ > 0 ? a_.ov.slice0(0, N) : a_.y.slice0(0, N);
-    for (int64_t h = 0; h < H_; ++h) {
-        ops::gemm(Trans::N, Trans::T, N, DV_, RKV_, 1.f, oc.ptr<float>() + h * OC, H_ * OC,
-                  kv_b_.ptr<float>() + (h * (DN_ + DV_) + DN_) * RKV_, RKV_, 0.f, o.ptr<float>() + h * DV_, H_ * DV_);
-    }
+    ops::matmul_heads(Trans::N, Trans::T, 1, ops::head_matrices(oc, 0, H_, OC, RKV_), kv_b_part(kv_b_, true), 0,
+                      ops::head_matrices(o, 0, H_, DV_, DV_));
     if (G_ > 0)
-        output_gate_forward(columns(a_.hp.slice0(0, N), col_g_, G_), o, a_.gate.slice0(0, N), a_.y.slice0(0, N));
+        ops::output_gate_forward(a_.hp.slice0(0, N).columns(col_g_, G_), o, a_.gate.slice0(0, N), a_.y.slice0(0, N));
     start_output(x, x_out, N);
     ops::linear_forward({.accumulate = true}, a_.y.slice0(0, N), w_.o, {}, x_out.slice0(0, N));
     o_lora_.forward(a_.y.slice0(0, N), x_out.slice0(0, N));
@@ -356,7 +336,7 @@ void MlaBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     project(s, 0, x);
     const StepShape f = flat(s);
     if (!cfg_.dsa.enabled()) {
-        TensorView entry(kv.data, DType::f32, Shape{f.batch, f.seq, 1, DK_});
+        const TensorView entry = kv.reshape(Shape{f.batch, f.seq, 1, DK_});
         ops::attention_forward({.scale = cfg_.scale()}, qhat.reshape(Shape{f.batch, f.seq, H_, DK_}), entry, entry,
                                oc.reshape(Shape{f.batch, f.seq, H_, DK_}), a_.lse.prefix(Shape{f.batch, H_, f.seq}), ws,
                                s.cu_seqlens);
@@ -434,7 +414,7 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     const int64_t N = s.tokens(), OC = oc_width();
     const StepShape f = flat(s);
     TensorView d = dres.slice0(0, N), hp = a_.hp.slice0(0, N), dhp = d_.dhp.slice0(0, N);
-    zero_rows(d_.dy, N);
+    ops::zero_rows(d_.dy, N);
     ops::linear_backward(d, a_.y.slice0(0, N), w_.o, d_.dy.slice0(0, N), g_.o, {});
     o_lora_.backward(a_.y.slice0(0, N), d, d_.dy.slice0(0, N));
     // kv_b_proj as the forward used it (another block may have merged its own into the shared scratch since), and
@@ -443,41 +423,37 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     TensorView dkv_b = g_.kv_b;
     if (!kv_b_lora_.empty()) {
         dkv_b = dkv_b_.prefix(w_.kv_b.shape);
-        std::fill_n(dkv_b.ptr<float>(), dkv_b.numel(), 0.f);
+        ops::zero_rows(dkv_b, dkv_b.size(0));
     }
-    zero_rows(d_.dhp, N);
+    ops::zero_rows(d_.dhp, N);
     TensorView dov = d_.dy.slice0(0, N);
     if (G_ > 0) {
-        output_gate_backward(dov, a_.ov.slice0(0, N), a_.gate.slice0(0, N), d_.dov.slice0(0, N),
-                             columns(dhp, col_g_, G_));
+        ops::output_gate_backward(dov, a_.ov.slice0(0, N), a_.gate.slice0(0, N), d_.dov.slice0(0, N),
+                                  dhp.columns(col_g_, G_));
         dov = d_.dov.slice0(0, N);
     }
     // do^C_h = dô_h W_UV_h;  dW_UV_h += dô_hᵀ o^C_h
     TensorView oc = a_.oc.slice0(0, N), doc = d_.doc.slice0(0, N);
-    zero_rows(d_.doc, N);
-    for (int64_t h = 0; h < H_; ++h) {
-        const int64_t uv = (h * (DN_ + DV_) + DN_) * RKV_;
-        ops::gemm(Trans::N, Trans::N, N, RKV_, DV_, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_, kv_b_.ptr<float>() + uv,
-                  RKV_, 0.f, doc.ptr<float>() + h * OC, H_ * OC);
-        if (dkv_b.defined()) {  // undefined: frozen
-            ops::gemm(Trans::T, Trans::N, DV_, RKV_, N, 1.f, dov.ptr<float>() + h * DV_, H_ * DV_,
-                      oc.ptr<float>() + h * OC, H_ * OC, 1.f, dkv_b.ptr<float>() + uv, RKV_);
-        }
-    }
+    ops::zero_rows(d_.doc, N);
+    const TensorView dov_h = ops::head_matrices(dov, 0, H_, DV_, DV_), oc_h = ops::head_matrices(oc, 0, H_, OC, RKV_);
+    ops::matmul_heads(Trans::N, Trans::N, 1, dov_h, kv_b_part(kv_b_, true), 0,
+                      ops::head_matrices(doc, 0, H_, OC, RKV_));
+    if (dkv_b.defined())
+        ops::matmul_heads(Trans::T, Trans::N, 1, dov_h, oc_h, 1, kv_b_part(dkv_b, true));  // else frozen
     TensorView qhat = a_.qhat.slice0(0, N), dqhat = d_.dqhat.slice0(0, N), kv = a_.kv.slice0(0, N),
                dkv = d_.dkv.slice0(0, N);
-    zero_rows(d_.dqhat, N);
-    zero_rows(d_.dkv, N);
+    ops::zero_rows(d_.dqhat, N);
+    ops::zero_rows(d_.dkv, N);
     if (!cfg_.dsa.enabled()) {
-        zero_rows(d_.dv, N);
-        TensorView entry(kv.data, DType::f32, Shape{f.batch, f.seq, 1, DK_});
+        ops::zero_rows(d_.dv, N);
+        const TensorView entry = kv.reshape(Shape{f.batch, f.seq, 1, DK_});
         ops::attention_backward({.scale = cfg_.scale()}, doc.reshape(Shape{f.batch, f.seq, H_, DK_}),
                                 qhat.reshape(Shape{f.batch, f.seq, H_, DK_}), entry, entry,
                                 oc.reshape(Shape{f.batch, f.seq, H_, DK_}), a_.lse.prefix(Shape{f.batch, H_, f.seq}),
                                 dqhat.reshape(Shape{f.batch, f.seq, H_, DK_}),
                                 dkv.reshape(Shape{f.batch, f.seq, 1, DK_}),
                                 d_.dv.slice0(0, N).reshape(Shape{f.batch, f.seq, 1, DK_}), ws, s.cu_seqlens);
-        add_rows(d_.dv.slice0(0, N), dkv);  // the entry is key and value
+        ops::add_rows(d_.dv.slice0(0, N), dkv);  // the entry is key and value
     } else {
         ops::sparse_attention_backward(
             sparse_params(), doc.reshape(Shape{f.batch, f.seq, H_, RKV_}), qhat.reshape(Shape{f.batch, f.seq, H_, DK_}),
@@ -487,42 +463,39 @@ void MlaBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     }
     // q̂ -> q: dq^C_h = dq̂_h[:r_kv] W_UK_hᵀ, dW_UK_h += q^C_hᵀ dq̂_h[:r_kv], dq^R = rope⁻¹(dq̂_h[r_kv:])
     TensorView q = q_rows(a_, N);
-    TensorView dq = RQ_ > 0 ? d_.dq.slice0(0, N) : columns(dhp, 0, H_ * DQ_);
-    if (RQ_ > 0) zero_rows(d_.dq, N);
-    for (int64_t h = 0; h < H_; ++h) {
-        const int64_t uk = h * (DN_ + DV_) * RKV_;
-        ops::gemm(Trans::N, Trans::T, N, DN_, RKV_, 1.f, dqhat.ptr<float>() + h * DK_, H_ * DK_,
-                  kv_b_.ptr<float>() + uk, RKV_, 0.f, dq.ptr<float>() + h * DQ_, dq.strides[0]);
-        if (dkv_b.defined()) {
-            ops::gemm(Trans::T, Trans::N, DN_, RKV_, N, 1.f, q.ptr<float>() + h * DQ_, q.strides[0],
-                      dqhat.ptr<float>() + h * DK_, H_ * DK_, 1.f, dkv_b.ptr<float>() + uk, RKV_);
-        }
-    }
+    TensorView dq = RQ_ > 0 ? d_.dq.slice0(0, N) : dhp.columns(0, H_ * DQ_);
+    if (RQ_ > 0) ops::zero_rows(d_.dq, N);
+    const TensorView dqhat_h = ops::head_matrices(dqhat, 0, H_, DK_, RKV_);
+    ops::matmul_heads(Trans::N, Trans::T, 1, dqhat_h, kv_b_part(kv_b_, false), 0,
+                      ops::head_matrices(dq, 0, H_, DQ_, DN_));
+    if (dkv_b.defined())
+        ops::matmul_heads(Trans::T, Trans::N, 1, ops::head_matrices(q, 0, H_, DQ_, DN_), dqhat_h, 1,
+                          kv_b_part(dkv_b, false));
     kv_b_lora_.backward_from_weight(dkv_b);
-    TensorView dkr = columns(dhp, col_kv_ + RKV_, DR_);
+    TensorView dkr = dhp.columns(col_kv_ + RKV_, DR_);
     if (cfg_.rope && DR_ > 0) {
         const ops::RopeParams rope{.theta = cfg_.rope_theta, .interleaved = true, .scaling = cfg_.rope_scaling};
         ops::rope_backward(rope, heads_view(dqhat, s, RKV_, H_, DK_, DR_), heads_view(dq, s, DN_, H_, DQ_, DR_));
         ops::rope_backward(rope, heads_view(dkv, s, RKV_, 1, DK_, DR_), heads_view(dkr, s, 0, 1, DR_, DR_));
     } else {
         for (int64_t h = 0; h < H_; ++h)
-            copy_rows(columns(dqhat, h * DK_ + RKV_, DR_), columns(dq, h * DQ_ + DN_, DR_));
-        copy_rows(columns(dkv, RKV_, DR_), dkr);
+            ops::copy_rows(dqhat.columns(h * DK_ + RKV_, DR_), dq.columns(h * DQ_ + DN_, DR_));
+        ops::copy_rows(dkv.columns(RKV_, DR_), dkr);
     }
-    ops::rmsnorm_backward({.eps = cfg_.latent_eps}, columns(dkv, 0, RKV_), columns(hp, col_kv_, RKV_), w_.kv_norm,
-                          a_.kv_rstd.slice0(0, N), columns(dhp, col_kv_, RKV_), g_.kv_norm);
+    ops::rmsnorm_backward({.eps = cfg_.latent_eps}, dkv.columns(0, RKV_), hp.columns(col_kv_, RKV_), w_.kv_norm,
+                          a_.kv_rstd.slice0(0, N), dhp.columns(col_kv_, RKV_), g_.kv_norm);
     if (RQ_ > 0) {
-        zero_rows(d_.dcq, N);
+        ops::zero_rows(d_.dcq, N);
         ops::linear_backward(dq, a_.cq.slice0(0, N), w_.q_b, d_.dcq.slice0(0, N), g_.q_b, {});
         q_b_lora_.backward(a_.cq.slice0(0, N), dq, d_.dcq.slice0(0, N));
-        ops::rmsnorm_backward({.eps = cfg_.latent_eps}, d_.dcq.slice0(0, N), columns(hp, 0, RQ_), w_.q_norm,
-                              a_.cq_rstd.slice0(0, N), columns(dhp, 0, RQ_), g_.q_norm);
+        ops::rmsnorm_backward({.eps = cfg_.latent_eps}, d_.dcq.slice0(0, N), hp.columns(0, RQ_), w_.q_norm,
+                              a_.cq_rstd.slice0(0, N), dhp.columns(0, RQ_), g_.q_norm);
     }
     // the LM loss reaches h through the main projections only; the indexer learns from its KL
-    zero_rows(d_.dln, N);
+    ops::zero_rows(d_.dln, N);
     auto rows_of = [&](TensorView w, int64_t r0, int64_t r1) { return w.defined() ? w.slice0(r0, r1) : TensorView{}; };
-    ops::linear_backward(columns(dhp, 0, Wmain_), a_.ln.slice0(0, N), rows_of(w_.h_proj, 0, Wmain_),
-                         d_.dln.slice0(0, N), rows_of(g_.h_proj, 0, Wmain_), {});
+    ops::linear_backward(dhp.columns(0, Wmain_), a_.ln.slice0(0, N), rows_of(w_.h_proj, 0, Wmain_), d_.dln.slice0(0, N),
+                         rows_of(g_.h_proj, 0, Wmain_), {});
     h_lora_.backward(a_.ln.slice0(0, N), dhp, d_.dln.slice0(0, N));
     if (HI_ > 0) indexer_backward(s, ws);
     start_input_grad(dres, N);
@@ -540,9 +513,9 @@ double MlaBlock::indexer_backward(StepShape s, std::span<std::byte> ws) {
     ops::sparse_attention_probs(sparse_params(), a_.qhat.slice0(0, N).reshape(Shape{f.batch, f.seq, H_, DK_}),
                                 a_.kv.slice0(0, N).reshape(Shape{f.batch, f.seq, DK_}), idx,
                                 a_.lse.prefix(Shape{f.batch, f.seq, H_}), p, ws);
-    zero_rows(d_.dqi, N);
-    zero_rows(d_.dki, N);
-    zero_rows(d_.dwi, N);
+    ops::zero_rows(d_.dqi, N);
+    ops::zero_rows(d_.dki, N);
+    ops::zero_rows(d_.dwi, N);
     const ops::IndexerKlResult r = ops::indexer_kl(
         a_.qi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_, DI_}),
         a_.ki.slice0(0, N).reshape(Shape{f.batch, f.seq, DI_}), a_.wi.slice0(0, N).reshape(Shape{f.batch, f.seq, HI_}),
@@ -555,34 +528,28 @@ double MlaBlock::indexer_backward(StepShape s, std::span<std::byte> ws) {
     // undo the rotation on the first d_r^I dims; the rest passes through
     TensorView dqi = d_.dqi.slice0(0, N), dki = d_.dki.slice0(0, N);
     TensorView dqi_pre = d_.dqi_pre.slice0(0, N), dki_pre = d_.dki_pre.slice0(0, N);
-    copy_rows(dqi, dqi_pre);
-    copy_rows(dki, dki_pre);
+    ops::copy_rows(dqi, dqi_pre);
+    ops::copy_rows(dki, dki_pre);
     const int64_t RI = cfg_.dsa.rope_dim;
     if (RI > 0) {
         const ops::RopeParams rope{.theta = cfg_.rope_theta, .scaling = cfg_.rope_scaling};
-        for (int64_t j = 0; j < HI_; ++j) zero_columns(columns(dqi_pre, j * DI_, RI));
-        zero_columns(columns(dki_pre, 0, RI));
+        for (int64_t j = 0; j < HI_; ++j) ops::zero_rows(dqi_pre.columns(j * DI_, RI), N);
+        ops::zero_rows(dki_pre.columns(0, RI), N);
         ops::rope_backward(rope, heads_view(dqi, s, 0, HI_, DI_, RI), heads_view(dqi_pre, s, 0, HI_, DI_, RI));
         ops::rope_backward(rope, heads_view(dki, s, 0, 1, DI_, RI), heads_view(dki_pre, s, 0, 1, DI_, RI));
     }
     // inputs detached: only weight gradients
     TensorView hp = a_.hp.slice0(0, N), dhp = d_.dhp.slice0(0, N), ln = a_.ln.slice0(0, N);
     ops::linear_backward(dqi_pre, RQ_ > 0 ? a_.cq.slice0(0, N) : ln, w_.iq, {}, g_.iq, {});
-    TensorView dk_raw = columns(dhp, col_ik_, DI_), dw_raw = columns(dhp, col_iw_, HI_);
-    zero_columns(dk_raw);
-    ops::layernorm_backward({.eps = cfg_.latent_eps}, dki_pre, columns(hp, col_ik_, DI_), w_.ik_norm_w,
+    TensorView dk_raw = dhp.columns(col_ik_, DI_), dw_raw = dhp.columns(col_iw_, HI_);
+    ops::zero_rows(dk_raw, N);
+    ops::layernorm_backward({.eps = cfg_.latent_eps}, dki_pre, hp.columns(col_ik_, DI_), w_.ik_norm_w,
                             a_.ki_mean.slice0(0, N), a_.ki_rstd.slice0(0, N), dk_raw, g_.ik_norm_w, g_.ik_norm_b);
     const float wscale = indexer_weight_scale();
-    const float* dwi = d_.dwi.ptr<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-        for (int64_t j = 0; j < HI_; ++j) dw_raw.ptr<float>()[n * dw_raw.strides[0] + j] = dwi[n * HI_ + j] * wscale;
-    }
+    ops::copy_rows(d_.dwi.slice0(0, N), dw_raw, wscale);
     const TensorView wrows = w_.h_proj.slice0(Wmain_, Wh_);
-    const TensorView grows = g_.h_proj.defined()
-                                 ? TensorView(g_.h_proj.ptr<float>() + Wmain_ * C_, DType::f32, Shape{Wh_ - Wmain_, C_})
-                                 : TensorView{};  // frozen
-    ops::linear_backward(columns(dhp, Wmain_, Wh_ - Wmain_), ln, wrows, {}, grows, {});
+    const TensorView grows = g_.h_proj.defined() ? g_.h_proj.slice0(Wmain_, Wh_) : TensorView{};  // frozen
+    ops::linear_backward(dhp.columns(Wmain_, Wh_ - Wmain_), ln, wrows, {}, grows, {});
     return r.loss;
 }
 

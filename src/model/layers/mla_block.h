@@ -85,7 +85,9 @@ class MlaBlock : public Block {
         TensorView dln, dhp, dcq, dq, dkv, dv, dqhat, doc, dy, dov, p, dqi, dki, dwi, dqi_pre, dki_pre;
     };
     void bind_weights(const BufferGroup& g, Weights& w, bool grad) const;
-    int64_t index_width(StepShape max) const;           // K of the saved indices: topk, or T in the warm-up
+    int64_t index_width(StepShape max) const;  // K of the saved indices: topk, or T in the warm-up
+    // W_UK (value false) or W_UV of kv_b_proj-shaped w [H·(d_n+d_v), r_kv] as per-head matrices (ops/matmul.h)
+    TensorView kv_b_part(TensorView w, bool value) const;
     int64_t oc_width() const;                           // per-head width of oc: D_k (dense) or r_kv (DSA)
     StepShape flat(StepShape s) const;                  // [B, T], or one packed row when documents are packed
     ops::SparseAttentionParams sparse_params() const;   // the sparse attention of DSA layers

@@ -76,11 +76,7 @@ void MlpBlock::bind_scratch(const BufferGroup& acts, const std::string& prefix) 
     down_lora_.bind_scratch(acts, prefix);
 }
 
-TensorView MlpBlock::half(TensorView rows, int64_t col) const {
-    TensorView v(static_cast<float*>(rows.data) + col, DType::f32, Shape{rows.size(0), F_});
-    v.strides[0] = 2 * F_;
-    return v;
-}
+TensorView MlpBlock::half(TensorView rows, int64_t col) const { return rows.columns(col, F_); }
 
 void MlpBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
     const int64_t N = s.tokens();
@@ -103,16 +99,16 @@ void MlpBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     const int64_t N = s.tokens();
     TensorView d = dres.slice0(0, N), gu = gu_.slice0(0, N), dgu = dgu_.slice0(0, N), dh = dh_.slice0(0, N);
     TensorView dln = dln_.slice0(0, N);
-    zero_rows(dh_, N);
+    ops::zero_rows(dh_, N);
     ops::linear_backward(d, h_.slice0(0, N), w_.down, dh, g_.down, {});
     down_lora_.backward(h_.slice0(0, N), d, dh);
-    zero_rows(dgu_, N);
+    ops::zero_rows(dgu_, N);
     if (cfg_.mlp_activation == "situ") {
         ops::situ_glu_backward({}, dh, half(gu, 0), half(gu, F_), half(dgu, 0), half(dgu, F_));
     } else {
         ops::swiglu_backward(dh, half(gu, 0), half(gu, F_), half(dgu, 0), half(dgu, F_));
     }
-    zero_rows(dln_, N);
+    ops::zero_rows(dln_, N);
     ops::linear_backward(dgu, ln_.slice0(0, N), w_.gate_up, dln, g_.gate_up, {});
     gate_up_lora_.backward(ln_.slice0(0, N), dgu, dln);
     start_input_grad(dres, N);

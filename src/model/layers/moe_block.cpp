@@ -253,7 +253,7 @@ void MoeBlock::backward(StepShape s, TensorView x_in, TensorView dres, std::span
     for (size_t e = 0; e < bal_grad_.size(); ++e) bal_scaled_[e] = bal_grad_[e] * pass_.loss_scale;
     p.balance_grad = bal_scaled_;
     TensorView d = dres.slice0(0, N), dln = dln_.slice0(0, N);
-    zero_rows(dln_, N);
+    ops::zero_rows(dln_, N);
     ops::moe_backward(p, w_, ln_.slice0(0, N), d, dln, g_, saved_, scratch_, sequences(s));
     start_input_grad(dres, N);
     ops::rmsnorm_backward({.eps = cfg_.norm_eps}, dln, x_in.slice0(0, N), norm_, rstd_.slice0(0, N), d, d_norm_);

@@ -125,4 +125,38 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
     });
 }
 
+void causal_conv1d_step(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView window, TensorView y) {
+    cpu_only("causal_conv1d", {x, w, window, y});
+    TESSERA_CHECK(x.ndim() == 2, "causal_conv1d step: x must be [B, C], not {}", x.shape.str());
+    const int64_t B = x.size(0), C = x.size(1);
+    TESSERA_CHECK(w.ndim() == 2 && w.size(0) == C && w.size(1) >= 1,
+                  "causal_conv1d step: w must be [C, W] with C = {}, not {}", C, w.shape.str());
+    const int64_t K = w.size(1);
+    check_shape(window, Shape{B, K - 1, C}, "causal_conv1d step: window");
+    check_shape(y, x.shape, "causal_conv1d step: y");
+    for (const auto& [t, name] : {std::pair{x, "x"}, {w, "w"}, {window, "window"}, {y, "y"}}) {
+        check_dtype(t, DType::f32, "causal_conv1d step", name);
+        check_contiguous(t, "causal_conv1d step", name);
+    }
+    const float* X = x.ptr<float>();
+    const float* W = w.ptr<float>();
+    float* Win = window.ptr<float>();
+    float* Y = y.ptr<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < B; ++b) {
+        float* win = Win + b * (K - 1) * C;
+        const float* xt = X + b * C;
+        for (int64_t c = 0; c < C; ++c) {
+            float z = 0.f;
+            for (int64_t k = 0; k + 1 < K; ++k) z += W[c * K + k] * win[k * C + c];
+            z += W[c * K + K - 1] * xt[c];
+            Y[b * C + c] = p.activation == Activation::silu ? z * cpu::vsigmoid(z) : z;
+        }
+        if (K > 1) {
+            std::copy(win + C, win + (K - 1) * C, win);
+            std::copy(xt, xt + C, win + (K - 2) * C);
+        }
+    }
+}
+
 }  // namespace tessera::ops

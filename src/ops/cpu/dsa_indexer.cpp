@@ -149,6 +149,28 @@ void indexer_forward(const DsaIndexerParams& p,
 }
 }  // namespace
 
+void dsa_all_candidates(TensorView indices, std::span<const int64_t> cu_seqlens) {
+    cpu_only("dsa_all_candidates", {indices});
+    TESSERA_CHECK(indices.ndim() == 3, "dsa_all_candidates: indices must be [B, T, K], not {}", indices.shape.str());
+    check_dtype(indices, DType::i32, "dsa_all_candidates: indices");
+    check_contiguous(indices, "dsa_all_candidates: indices");
+    const int64_t B = indices.size(0), T = indices.size(1), K = indices.size(2);
+    const cpu::Segments seg(B, T, cu_seqlens, "dsa_all_candidates");
+    for (int64_t s = 0; s < seg.count(); ++s) {
+        TESSERA_CHECK(seg.length(s) <= K, "dsa_all_candidates: a sequence of {} tokens needs K >= {}, not {}",
+                      seg.length(s), seg.length(s), K);
+    }
+    int32_t* out = indices.ptr<int32_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < B * T; ++n) {
+        const int64_t b = n / T, t = n % T;
+        int32_t* row = out + n * K;
+        int64_t k = 0;
+        for (int64_t c = seg.first_of(b, t); c <= t; ++c) row[k++] = int32_t(c);
+        for (; k < K; ++k) row[k] = -1;
+    }
+}
+
 void dsa_indexer_forward(const DsaIndexerParams& p,
                          TensorView q,
                          TensorView k,

@@ -15,6 +15,7 @@
 #include "ops/linear.h"
 #include "ops/op_use.h"
 #include "ops/rmsnorm.h"
+#include "ops/rows.h"
 #include "ops/swiglu.h"
 
 namespace tessera::ops {
@@ -22,16 +23,6 @@ namespace tessera::ops {
 using cpu::dispatch_float;
 
 namespace {
-// columns [col, col + width) of the first `rows` rows of a contiguous [*, ld] buffer
-TensorView columns(TensorView buf, int64_t rows, int64_t col, int64_t width) {
-    TensorView v(static_cast<std::byte*>(buf.data) + col * int64_t(dtype_size(buf.dtype)), buf.dtype,
-                 Shape{rows, width});
-    v.strides[0] = buf.size(1);
-    return v;
-}
-void zero_rows(TensorView buf, int64_t rows) {
-    if (rows > 0) std::memset(buf.data, 0, size_t(rows) * size_t(buf.nbytes() / size_t(buf.size(0))));
-}
 TensorView first(TensorView t, int64_t rows) { return t.defined() ? t.slice0(0, rows) : t; }
 
 // The dense adapter of projection `which` (its own dropout stream)
@@ -503,8 +494,8 @@ void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved
         expert_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_gate, F * L, L, T(0), h, 2 * F);
         expert_gemm(Trans::T, g, F, L, s.xe.ptr<T>(), L, w.w_up, F * L, L, T(0), h + F, 2 * F);
         const TensorView xe = first(s.xe, R), hr = first(s.h, R);
-        expert_lora_fwd(p, g, w.lora.w_gate, xe, columns(hr, R, 0, F), t);
-        expert_lora_fwd(p, g, w.lora.w_up, xe, columns(hr, R, F, F), t);
+        expert_lora_fwd(p, g, w.lora.w_gate, xe, hr.slice0(0, R).columns(0, F), t);
+        expert_lora_fwd(p, g, w.lora.w_up, xe, hr.slice0(0, R).columns(F, F), t);
         T* a = s.a.ptr<T>();
         const T* rg = s.row_gate.ptr<T>();
         with_activation<T>(p, [&](const auto& act) {  // a' = gate · act(h), one pass
@@ -569,8 +560,8 @@ void moe_experts_backward(
         if (g.w_gate.defined()) grouped_gemm_wgrad(eg, F, L, dh, 2 * F, s.xe.ptr<T>(), L, g.w_gate.ptr<T>(), F * L, L);
         if (g.w_up.defined()) grouped_gemm_wgrad(eg, F, L, dh + F, 2 * F, s.xe.ptr<T>(), L, g.w_up.ptr<T>(), F * L, L);
         const TensorView xe = first(s.xe, R), dhr = first(t.dh, R), dxer = first(t.dxe, R);
-        expert_lora_bwd(p, eg, w.lora.w_gate, g.lora.w_gate, xe, columns(dhr, R, 0, F), dxer, t);
-        expert_lora_bwd(p, eg, w.lora.w_up, g.lora.w_up, xe, columns(dhr, R, F, F), dxer, t);
+        expert_lora_bwd(p, eg, w.lora.w_gate, g.lora.w_gate, xe, dhr.slice0(0, R).columns(0, F), dxer, t);
+        expert_lora_bwd(p, eg, w.lora.w_up, g.lora.w_up, xe, dhr.slice0(0, R).columns(F, F), dxer, t);
     });
 }
 
@@ -641,11 +632,11 @@ MoeStats moe_forward(const MoeParams& p,
     // the shared expert's input side needs no routed rows: under expert parallelism it runs while they travel
     auto shared_in = [&] {
         if (!d.has_shared) return;
-        linear_forward({}, x, w.shared_gate, {}, columns(s.sh, N, 0, FS));
-        linear_forward({}, x, w.shared_up, {}, columns(s.sh, N, FS, FS));
-        lora_fwd(p, w.lora.shared_gate, x, columns(s.sh, N, 0, FS), t, 2);
-        lora_fwd(p, w.lora.shared_up, x, columns(s.sh, N, FS, FS), t, 3);
-        act_forward(p, columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), first(s.sa, N));
+        linear_forward({}, x, w.shared_gate, {}, s.sh.slice0(0, N).columns(0, FS));
+        linear_forward({}, x, w.shared_up, {}, s.sh.slice0(0, N).columns(FS, FS));
+        lora_fwd(p, w.lora.shared_gate, x, s.sh.slice0(0, N).columns(0, FS), t, 2);
+        lora_fwd(p, w.lora.shared_up, x, s.sh.slice0(0, N).columns(FS, FS), t, 3);
+        act_forward(p, s.sh.slice0(0, N).columns(0, FS), s.sh.slice0(0, N).columns(FS, FS), first(s.sa, N));
         if (d.has_shared_scale) shared_scale_forward(x, w.shared_scale, first(s.ss, N), first(s.sa, N));
     };
     if (p.stage) {
@@ -701,12 +692,12 @@ void moe_backward(const MoeParams& p,
                                   dx, g.shared_scale);
         }
         zero_rows(t.dsh, N);
-        act_backward(p, first(t.dsa, N), columns(s.sh, N, 0, FS), columns(s.sh, N, FS, FS), columns(t.dsh, N, 0, FS),
-                     columns(t.dsh, N, FS, FS));
-        linear_backward(columns(t.dsh, N, 0, FS), x, w.shared_gate, dx, g.shared_gate, {});
-        linear_backward(columns(t.dsh, N, FS, FS), x, w.shared_up, dx, g.shared_up, {});
-        lora_bwd(p, w.lora.shared_gate, g.lora.shared_gate, x, columns(t.dsh, N, 0, FS), dx, t, 2);
-        lora_bwd(p, w.lora.shared_up, g.lora.shared_up, x, columns(t.dsh, N, FS, FS), dx, t, 3);
+        act_backward(p, first(t.dsa, N), s.sh.slice0(0, N).columns(0, FS), s.sh.slice0(0, N).columns(FS, FS),
+                     t.dsh.slice0(0, N).columns(0, FS), t.dsh.slice0(0, N).columns(FS, FS));
+        linear_backward(t.dsh.slice0(0, N).columns(0, FS), x, w.shared_gate, dx, g.shared_gate, {});
+        linear_backward(t.dsh.slice0(0, N).columns(FS, FS), x, w.shared_up, dx, g.shared_up, {});
+        lora_bwd(p, w.lora.shared_gate, g.lora.shared_gate, x, t.dsh.slice0(0, N).columns(0, FS), dx, t, 2);
+        lora_bwd(p, w.lora.shared_up, g.lora.shared_up, x, t.dsh.slice0(0, N).columns(FS, FS), dx, t, 3);
     };
     TensorView dsrc = dy;  // gradient of the combined expert output c
     if (d.has_latent) {

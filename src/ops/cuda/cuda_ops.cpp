@@ -9,51 +9,13 @@
 #include <cstdint>
 
 #include "core/device.h"
+#include "ops/cuda/entry_util.h"
 #include "ops/cuda/launchers.h"
 #include "ops/views.h"
 
 namespace tessera::ops::cuda {
 
 namespace {
-cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream().handle); }
-
-void check_launch(cudaError_t err, const char* op) {
-    TESSERA_CHECK(err == cudaSuccess, "{} (CUDA): launch failed: {}", op, cudaGetErrorString(err));
-}
-
-template <class T>
-RowsArg<T> arg(const Rows<T>& r) {
-    return {r.data, r.rows, r.cols, r.ld};
-}
-template <class T>
-RowsArg<const T> carg(const TensorView& v, const char* what) {
-    const Rows<T> r = rows_of<T>(v, what);
-    return {r.data, r.rows, r.cols, r.ld};
-}
-template <class T>
-RowsArg<T> marg(const TensorView& v, const char* what) {
-    return arg(rows_of<T>(v, what));
-}
-
-// Grow-only device scratch of the calling thread (small per-call buffers: loss partials, check flags), so a
-// step allocates nothing after its first call.
-void* scratch(size_t bytes) {
-    struct Buffer {
-        void* p = nullptr;
-        size_t size = 0;
-        ~Buffer() { device_free(Device::cuda, p); }
-    };
-    thread_local Buffer b;
-    if (b.size < bytes) {
-        device_free(Device::cuda, b.p);
-        b.p = nullptr;
-        b.size = 0;
-        b.p = device_alloc(Device::cuda, bytes);
-        b.size = bytes;
-    }
-    return b.p;
-}
-
 // The first position of `ids` outside [0, limit) (skipping `except`), or -1; synchronises.
 int64_t first_bad_id(const TensorView& ids, int64_t limit, int64_t except, int64_t* bad_value) {
     auto* bad = static_cast<int64_t*>(scratch(sizeof(int64_t)));
@@ -90,55 +52,44 @@ void check_targets(const CrossEntropyParams& p, const TensorView& targets, int64
                   value, V, p.ignore_index);
 }
 
-// cuBLAS: one handle per thread, on the current stream. Default math mode: f32 GEMMs stay f32 (no TF32), so
-// they compare with the CPU's at f32 tolerance.
-cublasHandle_t blas() {
-    struct Handle {
-        cublasHandle_t h = nullptr;
-        ~Handle() {
-            if (h) cublasDestroy(h);
-        }
-    };
-    thread_local Handle handle;
-    if (!handle.h) {
-        const cublasStatus_t st = cublasCreate(&handle.h);
-        TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS: cannot create a handle (status {})", int(st));
-    }
-    cublasSetStream(handle.h, stream());
-    return handle.h;
-}
+// The strides between the operands of a batch of GEMMs (in elements) and its size; one GEMM by default.
+struct Batch {
+    int64_t count = 1, a = 0, b = 0, c = 0;
+};
 
-int blas_int(int64_t v, const char* what) {
-    TESSERA_CHECK(v <= INT_MAX, "linear (CUDA): {} = {} exceeds cuBLAS's 32-bit sizes", what, v);
-    return int(v);
-}
-
-// Column-major C (m×n, ldc) = alpha·op(A)·op(B) + beta·C: the row-major products below are written as their
-// transposes (row-major Y = X·Wᵀ is column-major Yᵀ = W·Xᵀ).
+// Column-major C (m×n, ldc) = alpha·op(A)·op(B) + beta·C, for each of batch.count (A, B, C) apart by the batch's
+// strides: the row-major products below are written as their transposes (row-major Y = X·Wᵀ is column-major
+// Yᵀ = W·Xᵀ).
 template <class T>
 void gemm(bool ta,
           bool tb,
           int64_t m,
           int64_t n,
           int64_t k,
+          T alpha,
           const T* a,
           int64_t lda,
           const T* b,
           int64_t ldb,
           T beta,
           T* c,
-          int64_t ldc) {
-    const T alpha = 1;
+          int64_t ldc,
+          Batch batch = {}) {
     const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int M = blas_int(m, "m"), N = blas_int(n, "n"), K = blas_int(k, "k");
     const int LA = blas_int(lda, "lda"), LB = blas_int(ldb, "ldb"), LC = blas_int(ldc, "ldc");
+    const int count = blas_int(batch.count, "batch");
     cublasStatus_t st;
     if constexpr (std::is_same_v<T, float>) {
-        st = cublasSgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC);
+        st = count == 1 ? cublasSgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
+                        : cublasSgemmStridedBatched(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b,
+                                                    &beta, c, LC, batch.c, count);
     } else {
-        st = cublasDgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC);
+        st = count == 1 ? cublasDgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
+                        : cublasDgemmStridedBatched(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b,
+                                                    &beta, c, LC, batch.c, count);
     }
-    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "linear (CUDA): cuBLAS GEMM {}x{}x{} failed (status {})", m, n, k,
+    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM {}x{}x{} (batch {}) failed (status {})", m, n, k, count,
                   int(st));
 }
 }  // namespace
@@ -170,7 +121,8 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
     dispatch_float(x.dtype, "linear", [&]<class T>(T) {
         const Rows<T> X = rows_of<T>(x, "linear: x"), Y = rows_of<T>(y, "linear: y");
         const T* W = w.ptr<T>();
-        gemm<T>(true, false, Y.cols, X.rows, X.cols, W, X.cols, X.data, X.ld, p.accumulate ? T(1) : T(0), Y.data, Y.ld);
+        gemm<T>(true, false, Y.cols, X.rows, X.cols, T(1), W, X.cols, X.data, X.ld, p.accumulate ? T(1) : T(0), Y.data,
+                Y.ld);
         if (b.defined()) check_launch(launch_add_bias<T>(arg(Y), b.ptr<T>(), stream()), "linear bias");
     });
 }
@@ -182,10 +134,10 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
         const int64_t N = X.rows, IN = X.cols, OUT = DY.cols;
         if (dx.defined()) {  // dx += dy·w: column-major dxᵀ += wᵀ·dyᵀ
             const Rows<T> DX = rows_of<T>(dx, "linear: dx");
-            gemm<T>(false, false, IN, N, OUT, w.ptr<T>(), IN, DY.data, DY.ld, T(1), DX.data, DX.ld);
+            gemm<T>(false, false, IN, N, OUT, T(1), w.ptr<T>(), IN, DY.data, DY.ld, T(1), DX.data, DX.ld);
         }
         if (dw.defined()) {  // dw += dyᵀ·x: column-major dwᵀ += xᵀ·dy
-            gemm<T>(false, true, IN, OUT, N, X.data, X.ld, DY.data, DY.ld, T(1), dw.ptr<T>(), IN);
+            gemm<T>(false, true, IN, OUT, N, T(1), X.data, X.ld, DY.data, DY.ld, T(1), dw.ptr<T>(), IN);
         }
         if (db.defined())
             check_launch(launch_column_sums<T>(carg<T>(dy, "linear: dy"), db.ptr<T>(), stream()), "linear db");
@@ -293,6 +245,16 @@ void cross_entropy_backward(const CrossEntropyParams& p,
                                                       lse.ptr<T>(), T(dloss / double(count)),
                                                       marg<T>(dlogits, "cross_entropy: dlogits"), stream()),
                      "cross_entropy backward");
+    });
+}
+
+void matmul_heads(Trans ta, Trans tb, double alpha, TensorView a, TensorView b, double beta, TensorView c) {
+    // row-major C_h = op(A_h)·op(B_h) is column-major C_hᵀ = op(B_h)ᵀ·op(A_h)ᵀ: B first, then A
+    const int64_t M = c.size(1), N = c.size(2), K = ta == Trans::N ? a.size(2) : a.size(1);
+    dispatch_float(a.dtype, "matmul_heads", [&]<class T>(T) {
+        gemm<T>(tb == Trans::T, ta == Trans::T, N, M, K, T(alpha), b.ptr<T>(), b.strides[1], a.ptr<T>(), a.strides[1],
+                T(beta), c.ptr<T>(), c.strides[1],
+                Batch{.count = c.size(0), .a = b.strides[0], .b = a.strides[0], .c = c.strides[0]});
     });
 }
 

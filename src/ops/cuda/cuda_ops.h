@@ -8,7 +8,9 @@
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
+#include "ops/matmul.h"
 #include "ops/rmsnorm.h"
+#include "ops/rows.h"
 #include "ops/swiglu.h"
 
 namespace tessera::ops::cuda {
@@ -18,6 +20,9 @@ void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, Tenso
 // GEMMs through cuBLAS (f32 without TF32, or f64), the bias add and its gradient by own kernels.
 void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y);
 void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw, TensorView db);
+
+// One strided-batched cuBLAS GEMM over the heads.
+void matmul_heads(Trans ta, Trans tb, double alpha, TensorView a, TensorView b, double beta, TensorView c);
 
 void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorView y, TensorView rstd);
 void rmsnorm_backward(
@@ -40,5 +45,16 @@ void cross_entropy_backward(const CrossEntropyParams& p,
                             TensorView targets,
                             TensorView lse,
                             TensorView dlogits);
+
+// The row glue ops (ops/rows.h). zero_rows and the plain copy are 2-D memsets and memcpys.
+void copy_rows(TensorView src, TensorView dst, float scale);
+void add_rows(TensorView src, TensorView dst);
+void zero_rows(TensorView t, int64_t rows);
+void sigmoid_forward(TensorView x, TensorView y);
+void sigmoid_backward(TensorView dy, TensorView y, TensorView dx);
+void expand_groups(TensorView src, TensorView dst);
+void sum_groups(TensorView src, TensorView dst);
+void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y);
+void output_gate_backward(TensorView dy, TensorView o, TensorView gate, TensorView dov, TensorView dz);
 
 }  // namespace tessera::ops::cuda

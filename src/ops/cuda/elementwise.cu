@@ -6,12 +6,6 @@
 namespace tessera::ops::cuda {
 
 namespace {
-// The 2-D grid of the elementwise kernels: blockIdx.y walks rows, x-threads walk columns.
-inline dim3 rows_grid(int64_t rows, int64_t cols) {
-    const int64_t gy = rows < 65535 ? rows : 65535;
-    return dim3(unsigned((cols + kBlock - 1) / kBlock), unsigned(gy < 1 ? 1 : gy));
-}
-
 template <class T>
 __global__ void swiglu_forward_kernel(RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y) {
     const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;

@@ -15,6 +15,12 @@ inline int grid_for(int64_t n, int threads = kBlock, int64_t cap = 8192) {
     return int(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
+// The 2-D grid of the elementwise kernels: blockIdx.y walks rows (striding by gridDim.y), x-threads walk columns.
+inline dim3 rows_grid(int64_t rows, int64_t cols) {
+    const int64_t gy = rows < 65535 ? rows : 65535;
+    return dim3(unsigned((cols + kBlock - 1) / kBlock), unsigned(gy < 1 ? 1 : gy));
+}
+
 // The sum over a block of each thread's value, in a fixed tree order; every thread gets the result.
 // `shared` holds at least blockDim.x / 32 elements. blockDim.x is a multiple of 32.
 template <class A>

@@ -93,4 +93,29 @@ cudaError_t launch_cross_entropy_backward(RowsArg<const T> x,
                                           RowsArg<T> dx,
                                           cudaStream_t stream);
 
+// The row glue ops (ops/rows.h), f32: d = scale·s; d += s; y = σ(x); dx += dy·y(1−y); d[n, g·K + k] = s[n, g];
+// d[n, g] = Σ_k s[n, g·K + k]; the output gate y = o·σ(z) per group of `per` and its backward.
+cudaError_t launch_scale_rows(RowsArg<const float> s, float scale, RowsArg<float> d, cudaStream_t stream);
+cudaError_t launch_add_rows(RowsArg<const float> s, RowsArg<float> d, cudaStream_t stream);
+cudaError_t launch_sigmoid_forward(RowsArg<const float> x, RowsArg<float> y, cudaStream_t stream);
+cudaError_t launch_sigmoid_backward(RowsArg<const float> dy,
+                                    RowsArg<const float> y,
+                                    RowsArg<float> dx,
+                                    cudaStream_t stream);
+cudaError_t launch_expand_groups(RowsArg<const float> s, RowsArg<float> d, int64_t K, cudaStream_t stream);
+cudaError_t launch_sum_groups(RowsArg<const float> s, RowsArg<float> d, int64_t K, cudaStream_t stream);
+cudaError_t launch_output_gate_forward(RowsArg<const float> z,
+                                       RowsArg<const float> o,
+                                       RowsArg<float> gate,
+                                       RowsArg<float> y,
+                                       int64_t per,
+                                       cudaStream_t stream);
+cudaError_t launch_output_gate_backward(RowsArg<const float> dy,
+                                        RowsArg<const float> o,
+                                        RowsArg<const float> gate,
+                                        RowsArg<float> dov,
+                                        RowsArg<float> dz,
+                                        int64_t per,
+                                        cudaStream_t stream);
+
 }  // namespace tessera::ops::cuda

@@ -1,0 +1,176 @@
+// The row glue ops (ops/rows.h): the entry points (checks, then CUDA tensors to ops/cuda) and the CPU loops.
+#include "ops/rows.h"
+
+#include <cstring>
+
+#include "ops/backend.h"
+#include "ops/cpu/kernel_util.h"
+#include "ops/cpu/vec_math.h"
+
+namespace tessera::ops {
+
+namespace {
+using cpu::Rows;
+using cpu::vsigmoid;
+
+Rows<float> f32_rows(const TensorView& t, const char* what) {
+    check_dtype(t, DType::f32, what);
+    return cpu::rows_of<float>(t, what);
+}
+
+// Both views as rows, of one shape (as matrices).
+void check_alike(const Rows<float>& a, const Rows<float>& b, const char* op, const char* what) {
+    TESSERA_CHECK(a.rows == b.rows && a.cols == b.cols, "{}: {} is [{}, {}] but [{}, {}] was expected", op, what,
+                  b.rows, b.cols, a.rows, a.cols);
+}
+
+// [N, G] and [N, G·per] (per >= 1): the number of values per group.
+int64_t group_width(const Rows<float>& g, const Rows<float>& wide, const char* op, const char* what) {
+    TESSERA_CHECK(wide.rows == g.rows && g.cols > 0 && wide.cols % g.cols == 0 && wide.cols >= g.cols,
+                  "{}: {} is [{}, {}], not [{}, a multiple of {}]", op, what, wide.rows, wide.cols, g.rows, g.cols);
+    return wide.cols / g.cols;
+}
+}  // namespace
+
+void copy_rows(TensorView src, TensorView dst, float scale) {
+    const Rows<float> S = f32_rows(src, "copy_rows: src"), D = f32_rows(dst, "copy_rows: dst");
+    check_alike(S, D, "copy_rows", "dst");
+    if (op_device("copy_rows", {src, dst}) == Device::cuda) return TESSERA_ON_CUDA(copy_rows(src, dst, scale));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < S.rows; ++n) {
+        if (scale == 1.f) {
+            std::memcpy(D.row(n), S.row(n), size_t(S.cols) * sizeof(float));
+        } else {
+            for (int64_t c = 0; c < S.cols; ++c) D.row(n)[c] = scale * S.row(n)[c];
+        }
+    }
+}
+
+void add_rows(TensorView src, TensorView dst) {
+    const Rows<float> S = f32_rows(src, "add_rows: src"), D = f32_rows(dst, "add_rows: dst");
+    check_alike(S, D, "add_rows", "dst");
+    if (op_device("add_rows", {src, dst}) == Device::cuda) return TESSERA_ON_CUDA(add_rows(src, dst));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < S.rows; ++n) {
+        const float* s = S.row(n);
+        float* d = D.row(n);
+#pragma omp simd
+        for (int64_t c = 0; c < S.cols; ++c) d[c] += s[c];
+    }
+}
+
+void zero_rows(TensorView t, int64_t rows) {
+    TESSERA_CHECK(t.ndim() >= 1 && 0 <= rows && rows <= t.size(0), "zero_rows: {} rows of {}", rows, t.shape.str());
+    TESSERA_CHECK(t.dtype != DType::mxfp4, "zero_rows: an mxfp4 tensor {}", t.shape.str());
+    if (rows == 0) return;
+    const int64_t cols = t.numel() / t.size(0);
+    const size_t row_bytes = dtype_bytes(t.dtype, cols);
+    const bool contiguous = t.is_contiguous();
+    TESSERA_CHECK(contiguous || (t.ndim() == 2 && t.strides[1] == 1),
+                  "zero_rows: {} must be contiguous or a row-strided matrix", t.shape.str());
+    if (op_device("zero_rows", {t}) == Device::cuda) return TESSERA_ON_CUDA(zero_rows(t, rows));
+    const size_t pitch = contiguous ? row_bytes : dtype_bytes(t.dtype, t.strides[0]);
+    if (contiguous) {
+        std::memset(t.data, 0, row_bytes * size_t(rows));
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < rows; ++n) std::memset(static_cast<std::byte*>(t.data) + size_t(n) * pitch, 0, row_bytes);
+}
+
+void sigmoid_forward(TensorView x, TensorView y) {
+    const Rows<float> X = f32_rows(x, "sigmoid: x"), Y = f32_rows(y, "sigmoid: y");
+    check_alike(X, Y, "sigmoid", "y");
+    if (op_device("sigmoid", {x, y}) == Device::cuda) return TESSERA_ON_CUDA(sigmoid_forward(x, y));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < X.rows; ++n) {
+        const float* xr = X.row(n);
+        float* yr = Y.row(n);
+#pragma omp simd
+        for (int64_t c = 0; c < X.cols; ++c) yr[c] = vsigmoid(xr[c]);
+    }
+}
+
+void sigmoid_backward(TensorView dy, TensorView y, TensorView dx) {
+    const Rows<float> DY = f32_rows(dy, "sigmoid: dy"), Y = f32_rows(y, "sigmoid: y"), DX = f32_rows(dx, "sigmoid: dx");
+    check_alike(Y, DY, "sigmoid", "dy");
+    check_alike(Y, DX, "sigmoid", "dx");
+    if (op_device("sigmoid", {dy, y, dx}) == Device::cuda) return TESSERA_ON_CUDA(sigmoid_backward(dy, y, dx));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < Y.rows; ++n) {
+        const float *dyr = DY.row(n), *yr = Y.row(n);
+        float* dxr = DX.row(n);
+#pragma omp simd
+        for (int64_t c = 0; c < Y.cols; ++c) dxr[c] += dyr[c] * yr[c] * (1.0f - yr[c]);
+    }
+}
+
+void expand_groups(TensorView src, TensorView dst) {
+    const Rows<float> S = f32_rows(src, "expand_groups: src"), D = f32_rows(dst, "expand_groups: dst");
+    const int64_t K = group_width(S, D, "expand_groups", "dst");
+    if (op_device("expand_groups", {src, dst}) == Device::cuda) return TESSERA_ON_CUDA(expand_groups(src, dst));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < S.rows; ++n) {
+        for (int64_t g = 0; g < S.cols; ++g) std::fill_n(D.row(n) + g * K, K, S.row(n)[g]);
+    }
+}
+
+void sum_groups(TensorView src, TensorView dst) {
+    const Rows<float> S = f32_rows(src, "sum_groups: src"), D = f32_rows(dst, "sum_groups: dst");
+    const int64_t K = group_width(D, S, "sum_groups", "src");
+    if (op_device("sum_groups", {src, dst}) == Device::cuda) return TESSERA_ON_CUDA(sum_groups(src, dst));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < D.rows; ++n) {
+        for (int64_t g = 0; g < D.cols; ++g) {
+            float acc = 0.f;
+            for (int64_t k = 0; k < K; ++k) acc += S.row(n)[g * K + k];
+            D.row(n)[g] = acc;
+        }
+    }
+}
+
+void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y) {
+    const Rows<float> Z = f32_rows(z, "output_gate: z"), O = f32_rows(o, "output_gate: o"),
+                      Gt = f32_rows(gate, "output_gate: gate"), Y = f32_rows(y, "output_gate: y");
+    check_alike(Z, Gt, "output_gate", "gate");
+    check_alike(O, Y, "output_gate", "y");
+    const int64_t per = group_width(Z, O, "output_gate", "o");
+    if (op_device("output_gate", {z, o, gate, y}) == Device::cuda)
+        return TESSERA_ON_CUDA(output_gate_forward(z, o, gate, y));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < Z.rows; ++n) {
+        const float *zr = Z.row(n), *orow = O.row(n);
+        float *gr = Gt.row(n), *yr = Y.row(n);
+        for (int64_t g = 0; g < Z.cols; ++g) {
+            gr[g] = vsigmoid(zr[g]);
+            for (int64_t e = g * per; e < (g + 1) * per; ++e) yr[e] = orow[e] * gr[g];
+        }
+    }
+}
+
+void output_gate_backward(TensorView dy, TensorView o, TensorView gate, TensorView dov, TensorView dz) {
+    const Rows<float> DY = f32_rows(dy, "output_gate: dy"), O = f32_rows(o, "output_gate: o"),
+                      Gt = f32_rows(gate, "output_gate: gate"), DO = f32_rows(dov, "output_gate: do"),
+                      DZ = f32_rows(dz, "output_gate: dz");
+    check_alike(O, DY, "output_gate", "dy");
+    check_alike(O, DO, "output_gate", "do");
+    check_alike(Gt, DZ, "output_gate", "dz");
+    const int64_t per = group_width(Gt, O, "output_gate", "o");
+    if (op_device("output_gate", {dy, o, gate, dov, dz}) == Device::cuda)
+        return TESSERA_ON_CUDA(output_gate_backward(dy, o, gate, dov, dz));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < Gt.rows; ++n) {
+        const float *dyr = DY.row(n), *orow = O.row(n), *gr = Gt.row(n);
+        float *dor = DO.row(n), *dzr = DZ.row(n);
+        for (int64_t g = 0; g < Gt.cols; ++g) {
+            float acc = 0.f;
+            for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+                acc += dyr[e] * orow[e];
+                dor[e] = dyr[e] * gr[g];
+            }
+            dzr[g] = acc * gr[g] * (1.f - gr[g]);
+        }
+    }
+}
+
+}  // namespace tessera::ops

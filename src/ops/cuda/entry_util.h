@@ -1,0 +1,48 @@
+// Helpers of the CUDA backend's entry points (ops/cuda/*.cpp): the current stream, launch checks, row views as
+// launcher arguments, a per-thread device scratch and the per-thread cuBLAS handle. Internal to ops/cuda.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/device.h"
+#include "ops/cuda/launchers.h"
+#include "ops/views.h"
+
+namespace tessera::ops::cuda {
+
+inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream().handle); }
+
+inline void check_launch(cudaError_t err, const char* op) {
+    TESSERA_CHECK(err == cudaSuccess, "{} (CUDA): launch failed: {}", op, cudaGetErrorString(err));
+}
+
+template <class T>
+RowsArg<T> arg(const Rows<T>& r) {
+    return {r.data, r.rows, r.cols, r.ld};
+}
+template <class T>
+RowsArg<const T> carg(const TensorView& v, const char* what) {
+    const Rows<T> r = rows_of<T>(v, what);
+    return {r.data, r.rows, r.cols, r.ld};
+}
+template <class T>
+RowsArg<T> marg(const TensorView& v, const char* what) {
+    return arg(rows_of<T>(v, what));
+}
+
+// Grow-only device scratch of the calling thread (small per-call buffers: loss partials, check flags, copied
+// offsets), so a step allocates nothing after its first call. One buffer: a call's earlier pointer is invalid
+// after a larger request.
+void* scratch(size_t bytes);
+
+// cuBLAS: one handle per thread, on the current stream. Default math mode: f32 GEMMs stay f32 (no TF32), so they
+// compare with the CPU's at f32 tolerance.
+cublasHandle_t blas();
+// A size as cuBLAS's int, or a one-line error naming it.
+int blas_int(int64_t v, const char* what);
+
+}  // namespace tessera::ops::cuda
