@@ -1,7 +1,8 @@
 // The CUDA backend against the CPU oracle, on a machine with a GPU (built with -DTESSERA_CUDA=ON; every test
 // skips without a device): every golden file of every op the backend implements, through the op registry on
 // Device::cuda (the `tessera op --device cuda` path) in f64 and f32 against the reference's expected values;
-// the model-glue ops (ops/rows.h, ops/matmul.h) against the CPU on the same inputs, column blocks included;
+// the model-glue ops (ops/rows.h, ops/matmul.h) and the blocks' small ops against the CPU on the same inputs, as
+// the blocks call them (column blocks, strided heads, packed sequences, decoding steps);
 // bitwise run-to-run determinism; the device arena.
 #include <gtest/gtest.h>
 
@@ -12,9 +13,15 @@
 #include "core/device.h"
 #include "core/safetensors.h"
 #include "ops/adamw.h"
+#include "ops/causal_conv1d.h"
+#include "ops/gated_rmsnorm.h"
+#include "ops/kda_gate.h"
+#include "ops/l2norm.h"
+#include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/matmul.h"
 #include "ops/registry.h"
+#include "ops/rope.h"
 #include "ops/rows.h"
 #include "ops/verify.h"
 #include "util/test_util.h"
@@ -38,7 +45,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 6) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 13) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -133,6 +140,80 @@ TEST(CudaOps, MatmulHeadsMatchesTheCpuInEveryTransposition) {
                 1e-5, 1e-5);
         }
     }
+}
+
+// The KDA and MLA blocks' small ops as the blocks call them: column blocks, strided head views, rope in place,
+// packed sequences, frozen weights (absent gradients), several decoding steps of the conv window.
+TEST(CudaOps, BlockSmallOpsMatchTheCpuAsTheBlocksCallThem) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 200, H = 3, K = 32;
+    expect_cuda_like_cpu({Shape{N, 3 * H * K}, Shape{N, H * K}, Shape{N, H * K}, Shape{N, 3 * H * K}},
+                         [&](std::vector<TensorView> t) {
+                             ops::l2norm_forward({}, t[0].columns(K, K), t[1].columns(2 * K, K));
+                             ops::l2norm_backward({}, t[2].columns(0, K), t[0].columns(K, K), t[3].columns(5, K));
+                         });
+    for (const bool interleaved : {false, true}) {
+        const ops::RopeParams rope{.theta = 500.0, .offset = 7, .interleaved = interleaved};
+        expect_cuda_like_cpu({Shape{2, 50, H, K + 6}, Shape{2, 50, H, K + 6}}, [&](std::vector<TensorView> t) {
+            ops::rope_forward(rope, t[0].narrow(3, 2, K), t[0].narrow(3, 2, K));  // in place, strided
+            ops::rope_backward(rope, t[1].narrow(3, 0, K), t[0].narrow(3, 4, K));
+        });
+    }
+    expect_cuda_like_cpu({Shape{N, K + 3}, Shape{N, K}, Shape{K}, Shape{N, K}, Shape{N, K}, Shape{N, K}, Shape{K}},
+                         [&](std::vector<TensorView> t) {
+                             const ops::GatedRmsNormParams p{.activation = ops::GateActivation::silu};
+                             ops::gated_rmsnorm_forward(p, t[0].columns(3, K), t[1], t[2], t[3]);
+                             ops::gated_rmsnorm_backward(p, t[4], t[0].columns(3, K), t[1], t[2], t[5], {}, t[6]);
+                         });
+    expect_cuda_like_cpu(
+        {Shape{N, 2 * K}, Shape{K}, Shape{K}, Shape{N, K}, Shape{N}, Shape{N}, Shape{N, K}, Shape{N, 2 * K}},
+        [&](std::vector<TensorView> t) {
+            ops::layernorm_forward({}, t[0].columns(K, K), t[1], t[2], t[3], t[4], t[5]);
+            ops::layernorm_backward({}, t[6], t[0].columns(K, K), t[1], t[4], t[5], t[7].columns(0, K), {},
+                                    {});  // frozen weight and bias
+        });
+    for (const double lower_bound : {0.0, -5.0}) {  // GDN's scalar gate (K = 1) and KDA's safe form
+        const int64_t k = lower_bound == 0 ? 1 : K;
+        expect_cuda_like_cpu(
+            {Shape{N, H, k}, Shape{H}, Shape{H, k}, Shape{N, H, k}, Shape{N, H, k}, Shape{N, H, k}, Shape{H},
+             Shape{H, k}},
+            [&](std::vector<TensorView> t) {
+                const ops::KdaGateParams p{.lower_bound = lower_bound};
+                ops::kda_gate_forward(p, t[0], t[1], t[2], t[3]);
+                ops::kda_gate_backward(p, t[4], t[0], t[1], t[2], t[5], t[6], t[7]);
+            },
+            1e-5, 1e-5);
+    }
+}
+
+TEST(CudaOps, CausalConvMatchesTheCpuOnPackedSequencesAndDecodingSteps) {
+    SKIP_WITHOUT_GPU();
+    const int64_t T = 90, C = 48, W = 4;
+    const std::vector<int64_t> cu{0, 1, 30, 33, 90};  // a one-token sequence, and one shorter than the window
+    for (const auto act : {ops::Activation::silu, ops::Activation::none}) {
+        expect_cuda_like_cpu(
+            {Shape{1, T, C}, Shape{C, W}, Shape{1, T, C}, Shape{1, T, C}, Shape{1, T, C}, Shape{C, W}},
+            [&](std::vector<TensorView> t) {
+                const ops::CausalConv1dParams p{.activation = act};
+                ops::causal_conv1d_forward(p, t[0], t[1], t[2], cu);
+                ops::causal_conv1d_backward(p, t[3], t[0], t[1], t[4], t[5], cu);
+            },
+            1e-5, 1e-5);
+    }
+    expect_cuda_like_cpu(
+        {Shape{3, T, C}, Shape{C, W}, Shape{3, T, C}, Shape{3, T, C}, Shape{C, W}},
+        [&](std::vector<TensorView> t) {  // batch rows, dw only
+            ops::causal_conv1d_forward({}, t[0], t[1], t[2]);
+            ops::causal_conv1d_backward({}, t[3], t[0], t[1], {}, t[4]);
+        },
+        1e-5, 1e-5);
+    expect_cuda_like_cpu(
+        {Shape{4, 5, C}, Shape{C, W}, Shape{5, W - 1, C}, Shape{4, 5, C}}, [&](std::vector<TensorView> t) {
+            for (int64_t step = 0; step < 4; ++step)  // 5 rows, one token each step; the window moves on each time
+                ops::causal_conv1d_step({.activation = ops::Activation::silu},
+                                        t[0].slice0(step, step + 1).reshape(Shape{5, C}), t[1], t[2],
+                                        t[3].slice0(step, step + 1).reshape(Shape{5, C}));
+        });
 }
 
 TEST(CudaOps, TheDeviceArenaHandsOutDeviceViewsAndReusesFreedBlocks) {

@@ -9,9 +9,9 @@
 
 #include "core/arena.h"
 #include "core/device.h"
-#include "ops/l2norm.h"
 #include "ops/registry.h"
 #include "ops/rmsnorm.h"
+#include "ops/router.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -78,9 +78,10 @@ TEST(OpDispatch, TensorsOnDifferentDevicesAreRefused) {
 }
 
 TEST(OpDispatch, AnOpTheCudaBackendLacksRefusesCudaTensors) {
-    const TensorView x = fake_cuda(Shape{4, 8}), y = fake_cuda(Shape{4, 8});
-    const std::string e = error_of([&] { ops::l2norm_forward({}, x, y); });
-    EXPECT_NE(e.find("l2norm: the CUDA backend has no implementation of this op yet"), std::string::npos) << e;
+    const TensorView x = fake_cuda(Shape{4, 8}), w = fake_cuda(Shape{16, 8}), logits = fake_cuda(Shape{4, 16}),
+                     scores = fake_cuda(Shape{4, 16});
+    const std::string e = error_of([&] { ops::router_scores({}, x, w, logits, scores); });
+    EXPECT_NE(e.find("router: the CUDA backend has no implementation of this op yet"), std::string::npos) << e;
 }
 
 TEST(OpDispatch, AnOpTheCudaBackendHasFailsCleanlyWithoutAGpu) {
@@ -93,14 +94,15 @@ TEST(OpDispatch, AnOpTheCudaBackendHasFailsCleanlyWithoutAGpu) {
 }
 
 TEST(OpDispatch, RunOpOnCudaNamesTheOpsTheBackendHas) {
-    const ops::OpDef* l2 = ops::op_registry().find("l2norm");
-    ASSERT_NE(l2, nullptr);
-    ASSERT_FALSE(l2->cuda);
+    const ops::OpDef* lacking = ops::op_registry().find("attention");
+    ASSERT_NE(lacking, nullptr);
+    ASSERT_FALSE(lacking->cuda);
     std::map<std::string, Tensor> in;
-    in.emplace("x", test::randn(DType::f32, Shape{2, 4}, 4));
-    const std::string e = error_of([&] { ops::run_op(*l2, std::move(in), {}, Device::cuda); });
-    EXPECT_NE(e.find("op l2norm: the CUDA backend has no implementation of it yet"), std::string::npos) << e;
-    for (const char* name : {"linear", "rmsnorm", "swiglu", "embedding", "cross_entropy", "adamw"}) {
+    in.emplace("q", test::randn(DType::f32, Shape{1, 2, 1, 4}, 4));
+    const std::string e = error_of([&] { ops::run_op(*lacking, std::move(in), {}, Device::cuda); });
+    EXPECT_NE(e.find("op attention: the CUDA backend has no implementation of it yet"), std::string::npos) << e;
+    for (const char* name : {"linear", "rmsnorm", "swiglu", "embedding", "cross_entropy", "adamw", "layernorm", "rope",
+                             "causal_conv1d", "l2norm", "gated_rmsnorm", "kda_gate", "situ_glu"}) {
         EXPECT_TRUE(ops::op_registry().find(name)->cuda) << name;
         EXPECT_NE(e.find(name), std::string::npos) << e;
     }

@@ -249,7 +249,8 @@ void register_dense_ops(OpRegistry& r) {
            {number("eps", "1e-6", 0, kInf)},
            {"y", "mean", "rstd"},
            {"given dy: dx, dweight, dbias"},
-           run_layernorm});
+           run_layernorm,
+           /*cuda=*/true});
     r.add({"attn_res_mix",
            "Attention Residuals: out = Σ_i softmax_i(w·rmsnorm_γ(v_i))·v_i over S sources per token",
            {{"sources", "[S, N, C]"}, {"gamma", "[C]"}, {"w", "[C]"}, {"dout", "[N, C]", true}},
@@ -290,14 +291,16 @@ void register_dense_ops(OpRegistry& r) {
             integer("truncate", "1", 0, 1, "yarn: 1 = whole-pair correction range")},
            {"y"},
            {"given dy: dx"},
-           run_rope});
+           run_rope,
+           /*cuda=*/true});
     r.add({"causal_conv1d",
            "depthwise causal conv1d, left-padded, optional SiLU",
            {{"x", "[B, T, C]"}, {"w", "[C, W]"}, {"cu_seqlens", "[N+1] i64, B = 1", true}, {"dy", "[B, T, C]", true}},
            {{"activation", ParamKind::choice, "silu", {"silu", "none"}, ""}},
            {"y"},
            {"given dy: dx, dw"},
-           run_causal_conv1d});
+           run_causal_conv1d,
+           /*cuda=*/true});
     r.add({"attention",
            "softmax(scale·q·kᵀ)·v, causal, GQA when HKV < H (flash-style tiles)",
            {{"q", "[B, T, H, D]"},

@@ -84,14 +84,16 @@ void register_kda_ops(OpRegistry& r) {
            {{"lower_bound", ParamKind::number, "0", {}, "0 = softplus form; < 0 = safe form", -HUGE_VAL, 0}},
            {"g"},
            {"given dg: df, dA_log, ddt_bias"},
-           run_kda_gate});
+           run_kda_gate,
+           /*cuda=*/true});
     r.add({"l2norm",
            "y = x / sqrt(Σx² + eps)",
            {{"x", "[N, D]"}, {"dy", "[N, D]", true}},
            {{"eps", ParamKind::number, "1e-6", {}, "inside the sqrt", 0, HUGE_VAL}},
            {"y"},
            {"given dy: dx"},
-           run_l2norm});
+           run_l2norm,
+           /*cuda=*/true});
     r.add({"gated_rmsnorm",
            "y = rmsnorm(x)·weight·act(gate), act = sigmoid (KDA) or silu (GDN)",
            {{"x", "[N, D]"}, {"gate", "[N, D]"}, {"weight", "[D]"}, {"dy", "[N, D]", true}},
@@ -99,7 +101,8 @@ void register_kda_ops(OpRegistry& r) {
             {"activation", ParamKind::choice, "sigmoid", {"sigmoid", "silu"}, ""}},
            {"y"},
            {"given dy: dx, dgate, dweight"},
-           run_gated_rmsnorm});
+           run_gated_rmsnorm,
+           /*cuda=*/true});
 }
 
 }  // namespace tessera::ops

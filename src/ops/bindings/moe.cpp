@@ -197,7 +197,8 @@ void register_moe_ops(OpRegistry& r) {
             {"linear_beta", ParamKind::number, "25", {}, "", 1e-6, HUGE_VAL}},
            {"y"},
            {"given dy: dgate, dup"},
-           run_situ_glu});
+           run_situ_glu,
+           /*cuda=*/true});
 }
 
 }  // namespace tessera::ops

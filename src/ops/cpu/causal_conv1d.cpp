@@ -1,4 +1,5 @@
-// Causal depthwise conv1d forward/backward on the CPU, per sequence (batch row or packed segment).
+// Causal depthwise conv1d: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernels, per
+// sequence (batch row or packed segment).
 // Parallel over (sequence, channel block) in forward; backward parallel over channel blocks, each
 // walking every sequence and token in order (dw sums in a fixed order).
 #include "ops/causal_conv1d.h"
@@ -44,9 +45,10 @@ inline void conv_at(const T* X, const T* W, int64_t C, int64_t K, int64_t t0, in
 void causal_conv1d_forward(
     const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y, std::span<const int64_t> cu_seqlens) {
     note_op_use("causal_conv1d");
-    cpu_only("causal_conv1d", {x, w, y});
+    const Device device = op_device("causal_conv1d", {x, w, y});
     check_shapes(x, w, y, "causal_conv1d: y");
     const Segments seg(x.size(0), x.size(1), cu_seqlens, "causal_conv1d");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(causal_conv1d_forward(p, x, w, y, cu_seqlens));
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
         const int64_t C = x.size(2), K = w.size(1);
         const T* X = x.ptr<T>();
@@ -78,11 +80,12 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
                             TensorView dx,
                             TensorView dw,
                             std::span<const int64_t> cu_seqlens) {
-    cpu_only("causal_conv1d", {dy, x, w, dx, dw});
+    const Device device = op_device("causal_conv1d", {dy, x, w, dx, dw});
     check_shapes(x, w, dy, "causal_conv1d: dy");
     if (dw.defined()) check_shape(dw, w.shape, "causal_conv1d: dw");  // absent: a frozen weight
     if (dx.defined()) check_shapes(x, w, dx, "causal_conv1d: dx");
     const Segments seg(x.size(0), x.size(1), cu_seqlens, "causal_conv1d");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(causal_conv1d_backward(p, dy, x, w, dx, dw, cu_seqlens));
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
         const int64_t C = x.size(2), K = w.size(1);
         const T* X = x.ptr<T>();
@@ -126,7 +129,7 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
 }
 
 void causal_conv1d_step(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView window, TensorView y) {
-    cpu_only("causal_conv1d", {x, w, window, y});
+    const Device device = op_device("causal_conv1d", {x, w, window, y});
     TESSERA_CHECK(x.ndim() == 2, "causal_conv1d step: x must be [B, C], not {}", x.shape.str());
     const int64_t B = x.size(0), C = x.size(1);
     TESSERA_CHECK(w.ndim() == 2 && w.size(0) == C && w.size(1) >= 1,
@@ -138,6 +141,7 @@ void causal_conv1d_step(const CausalConv1dParams& p, TensorView x, TensorView w,
         check_dtype(t, DType::f32, "causal_conv1d step", name);
         check_contiguous(t, "causal_conv1d step", name);
     }
+    if (device == Device::cuda) return TESSERA_ON_CUDA(causal_conv1d_step(p, x, w, window, y));
     const float* X = x.ptr<float>();
     const float* W = w.ptr<float>();
     float* Win = window.ptr<float>();

@@ -1,4 +1,4 @@
-// Gated RMSNorm forward/backward on the CPU.
+// Gated RMSNorm forward/backward: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernels.
 #include "ops/gated_rmsnorm.h"
 
 #include <cmath>
@@ -29,13 +29,14 @@ inline T act_grad(GateActivation a, T z) {
 void gated_rmsnorm_forward(
     const GatedRmsNormParams& p, TensorView x, TensorView gate, TensorView weight, TensorView y) {
     note_op_use("gated_rmsnorm");
-    cpu_only("gated_rmsnorm", {x, gate, weight, y});
+    const Device device = op_device("gated_rmsnorm", {x, gate, weight, y});
     cpu::dispatch_float(x.dtype, "gated_rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "gated_rmsnorm: x"), Z = rows_of<T>(gate, "gated_rmsnorm: gate"),
                 Y = rows_of<T>(y, "gated_rmsnorm: y");
         TESSERA_CHECK(Z.rows == X.rows && Z.cols == X.cols && Y.rows == X.rows && Y.cols == X.cols,
                       "gated_rmsnorm: gate and y must be shaped like x {}", x.shape.str());
         check_shape(weight, Shape{X.cols}, "gated_rmsnorm: weight");
+        if (device == Device::cuda) return TESSERA_ON_CUDA(gated_rmsnorm_forward(p, x, gate, weight, y));
         const T* W = weight.ptr<T>();
         const int64_t D = X.cols;
 #pragma omp parallel for schedule(static)
@@ -59,15 +60,23 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
                             TensorView dx,
                             TensorView dgate,
                             TensorView dweight) {
-    cpu_only("gated_rmsnorm", {dy, x, gate, weight, dx, dgate, dweight});
+    const Device device = op_device("gated_rmsnorm", {dy, x, gate, weight, dx, dgate, dweight});
     cpu::dispatch_float(x.dtype, "gated_rmsnorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "gated_rmsnorm: x"), Z = rows_of<T>(gate, "gated_rmsnorm: gate"),
                 DY = rows_of<T>(dy, "gated_rmsnorm: dy");
         TESSERA_CHECK(Z.rows == X.rows && Z.cols == X.cols && DY.rows == X.rows && DY.cols == X.cols,
                       "gated_rmsnorm: gate and dy must be shaped like x {}", x.shape.str());
         check_shape(weight, Shape{X.cols}, "gated_rmsnorm: weight");
-        const T* W = weight.ptr<T>();
         const int64_t D = X.cols, N = X.rows;
+        for (const auto& [t, name] : {std::pair{dx, "gated_rmsnorm: dx"}, {dgate, "gated_rmsnorm: dgate"}}) {
+            if (!t.defined()) continue;
+            const Rows<T> R = rows_of<T>(t, name);
+            TESSERA_CHECK(R.rows == N && R.cols == D, "{} must be shaped like x {}", name, x.shape.str());
+        }
+        if (dweight.defined()) check_shape(dweight, Shape{D}, "gated_rmsnorm: dweight");
+        if (device == Device::cuda)
+            return TESSERA_ON_CUDA(gated_rmsnorm_backward(p, dy, x, gate, weight, dx, dgate, dweight));
+        const T* W = weight.ptr<T>();
         auto rstd = [&](const T* xr) {
             double ss = 0;
             for (int64_t c = 0; c < D; ++c) ss += double(xr[c]) * double(xr[c]);
@@ -77,9 +86,6 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
             Rows<T> DX{}, DZ{};
             if (dx.defined()) DX = rows_of<T>(dx, "gated_rmsnorm: dx");
             if (dgate.defined()) DZ = rows_of<T>(dgate, "gated_rmsnorm: dgate");
-            TESSERA_CHECK((!dx.defined() || (DX.rows == N && DX.cols == D)) &&
-                              (!dgate.defined() || (DZ.rows == N && DZ.cols == D)),
-                          "gated_rmsnorm: dx and dgate must be shaped like x {}", x.shape.str());
 #pragma omp parallel for schedule(static)
             for (int64_t n = 0; n < N; ++n) {
                 const T* xr = X.row(n);
@@ -97,7 +103,6 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
             }
         }
         if (!dweight.defined()) return;
-        check_shape(dweight, Shape{D}, "gated_rmsnorm: dweight");
         T* DW = dweight.ptr<T>();
         // NOTES: rows summed in order per column block (deterministic)
         constexpr int64_t kCols = 64;

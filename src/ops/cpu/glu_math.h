@@ -39,6 +39,16 @@ void check_glu_shapes(const Rows<T>& g, const Rows<T>& other, std::string_view o
                   other.rows, other.cols, g.rows, g.cols);
 }
 
+// The CUDA path's shape checks (the CPU's row loops make the same ones): every tensor shaped like gate.
+inline void check_like_gate(std::string_view op,
+                            TensorView gate,
+                            std::initializer_list<std::pair<const char*, TensorView>> others) {
+    dispatch_float(gate.dtype, op, [&]<class T>(T) {
+        const Rows<T> G = rows_of<T>(gate, op);
+        for (const auto& [name, t] : others) check_glu_shapes(G, rows_of<T>(t, name), op, name);
+    });
+}
+
 // y = act(gate, up) over [N, F] views (row-strided allowed)
 template <class T, class Act>
 void glu_forward(const Act& act, std::string_view op, TensorView gate, TensorView up, TensorView y) {

@@ -1,4 +1,5 @@
-// KDA forget gate forward/backward on the CPU (formulas: ops/kda_gate.h, spec/kda.md §3.3).
+// KDA forget gate forward/backward: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernels
+// (formulas: ops/kda_gate.h, spec/kda.md §3.3).
 #include "ops/kda_gate.h"
 
 #include <cmath>
@@ -39,10 +40,12 @@ inline T softplus(T z) {
 
 void kda_gate_forward(const KdaGateParams& p, TensorView f, TensorView A_log, TensorView dt_bias, TensorView g) {
     note_op_use("kda_gate");
-    cpu_only("kda_gate", {f, A_log, dt_bias, g});
+    const Device device = op_device("kda_gate", {f, A_log, dt_bias, g});
     const GateDims d = check(f, A_log, dt_bias);
     check_shape(g, f.shape, "kda_gate: g");
     TESSERA_CHECK(p.lower_bound <= 0, "kda_gate: lower_bound must be <= 0 (0 = softplus form), not {}", p.lower_bound);
+    check_contiguous(g, "kda_gate: g");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(kda_gate_forward(p, f, A_log, dt_bias, g));
     dispatch_float(f.dtype, "kda_gate", [&]<class T>(T) {
         const T* F = f.ptr<T>();
         const T* A = A_log.ptr<T>();
@@ -71,9 +74,17 @@ void kda_gate_backward(const KdaGateParams& p,
                        TensorView df,
                        TensorView dA_log,
                        TensorView ddt_bias) {
-    cpu_only("kda_gate", {dg, f, A_log, dt_bias, df, dA_log, ddt_bias});
+    const Device device = op_device("kda_gate", {dg, f, A_log, dt_bias, df, dA_log, ddt_bias});
     const GateDims d = check(f, A_log, dt_bias);
     check_shape(dg, f.shape, "kda_gate: dg");
+    check_contiguous(dg, "kda_gate: dg");
+    if (df.defined()) check_shape(df, f.shape, "kda_gate: df");
+    if (dA_log.defined()) check_shape(dA_log, A_log.shape, "kda_gate: dA_log");
+    if (ddt_bias.defined()) check_shape(ddt_bias, dt_bias.shape, "kda_gate: ddt_bias");
+    for (const TensorView* t : {&df, &dA_log, &ddt_bias})
+        if (t->defined()) check_contiguous(*t, "kda_gate: gradients");
+    if (device == Device::cuda)
+        return TESSERA_ON_CUDA(kda_gate_backward(p, dg, f, A_log, dt_bias, df, dA_log, ddt_bias));
     dispatch_float(f.dtype, "kda_gate", [&]<class T>(T) {
         const T* F = f.ptr<T>();
         const T* A = A_log.ptr<T>();
@@ -82,9 +93,6 @@ void kda_gate_backward(const KdaGateParams& p,
         T* DF = df.defined() ? df.ptr<T>() : nullptr;
         T* DA = dA_log.defined() ? dA_log.ptr<T>() : nullptr;
         T* DB = ddt_bias.defined() ? ddt_bias.ptr<T>() : nullptr;
-        if (DF) check_shape(df, f.shape, "kda_gate: df");
-        if (DA) check_shape(dA_log, A_log.shape, "kda_gate: dA_log");
-        if (DB) check_shape(ddt_bias, dt_bias.shape, "kda_gate: ddt_bias");
         const T lb = T(p.lower_bound);
         // NOTES: one task per head walks every token in order: the parameter sums have a fixed order.
 #pragma omp parallel for schedule(static)

@@ -1,4 +1,4 @@
-// L2 normalisation forward/backward on the CPU.
+// L2 normalisation forward/backward: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernels.
 #include "ops/l2norm.h"
 
 #include <cmath>
@@ -14,10 +14,11 @@ using cpu::rows_of;
 
 void l2norm_forward(const L2NormParams& p, TensorView x, TensorView y) {
     note_op_use("l2norm");
-    cpu_only("l2norm", {x, y});
+    const Device device = op_device("l2norm", {x, y});
     cpu::dispatch_float(x.dtype, "l2norm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "l2norm: x"), Y = rows_of<T>(y, "l2norm: y");
         TESSERA_CHECK(X.rows == Y.rows && X.cols == Y.cols, "l2norm: y must be shaped like x {}", x.shape.str());
+        if (device == Device::cuda) return TESSERA_ON_CUDA(l2norm_forward(p, x, y));
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < X.rows; ++n) {
             const T* xr = X.row(n);
@@ -31,11 +32,12 @@ void l2norm_forward(const L2NormParams& p, TensorView x, TensorView y) {
 }
 
 void l2norm_backward(const L2NormParams& p, TensorView dy, TensorView x, TensorView dx) {
-    cpu_only("l2norm", {dy, x, dx});
+    const Device device = op_device("l2norm", {dy, x, dx});
     cpu::dispatch_float(x.dtype, "l2norm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "l2norm: x"), DY = rows_of<T>(dy, "l2norm: dy"), DX = rows_of<T>(dx, "l2norm: dx");
         TESSERA_CHECK(X.rows == DY.rows && X.cols == DY.cols && X.rows == DX.rows && X.cols == DX.cols,
                       "l2norm: dy and dx must be shaped like x {}", x.shape.str());
+        if (device == Device::cuda) return TESSERA_ON_CUDA(l2norm_backward(p, dy, x, dx));
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < X.rows; ++n) {
             const T* xr = X.row(n);

@@ -1,5 +1,6 @@
-// LayerNorm forward/backward on the CPU: row statistics in double; dw and db reduced over rows in row
-// order per column block (deterministic, independent of the thread count).
+// LayerNorm forward/backward: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernels. Row
+// statistics in double; dw and db reduced over rows in row order per column block (deterministic, independent of
+// the thread count).
 #include "ops/layernorm.h"
 
 #include <cmath>
@@ -22,7 +23,7 @@ void layernorm_forward(const LayerNormParams& p,
                        TensorView mean,
                        TensorView rstd) {
     note_op_use("layernorm");
-    cpu_only("layernorm", {x, w, b, y, mean, rstd});
+    const Device device = op_device("layernorm", {x, w, b, y, mean, rstd});
     dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "layernorm: x"), Y = rows_of<T>(y, "layernorm: y");
         TESSERA_CHECK(X.rows == Y.rows && X.cols == Y.cols, "layernorm: y {} must be shaped like x {}", y.shape.str(),
@@ -32,6 +33,7 @@ void layernorm_forward(const LayerNormParams& p,
         check_shape(b, Shape{D}, "layernorm: bias");
         check_shape(mean, Shape{X.rows}, "layernorm: mean");
         check_shape(rstd, Shape{X.rows}, "layernorm: rstd");
+        if (device == Device::cuda) return TESSERA_ON_CUDA(layernorm_forward(p, x, w, b, y, mean, rstd));
         const T *W = w.ptr<T>(), *Bias = b.ptr<T>();
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < X.rows; ++n) {
@@ -50,7 +52,7 @@ void layernorm_forward(const LayerNormParams& p,
     });
 }
 
-void layernorm_backward(const LayerNormParams&,
+void layernorm_backward(const LayerNormParams& p,
                         TensorView dy,
                         TensorView x,
                         TensorView w,
@@ -59,7 +61,7 @@ void layernorm_backward(const LayerNormParams&,
                         TensorView dx,
                         TensorView dw,
                         TensorView db) {
-    cpu_only("layernorm", {dy, x, w, mean, rstd, dx, dw, db});
+    const Device device = op_device("layernorm", {dy, x, w, mean, rstd, dx, dw, db});
     dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "layernorm: x"), DY = rows_of<T>(dy, "layernorm: dy");
         TESSERA_CHECK(X.rows == DY.rows && X.cols == DY.cols, "layernorm: dy {} must be shaped like x {}",
@@ -68,10 +70,19 @@ void layernorm_backward(const LayerNormParams&,
         check_shape(w, Shape{D}, "layernorm: weight");
         check_shape(mean, Shape{X.rows}, "layernorm: mean");
         check_shape(rstd, Shape{X.rows}, "layernorm: rstd");
-        const T *W = w.ptr<T>(), *M = mean.ptr<T>(), *R = rstd.ptr<T>();
         if (dx.defined()) {
             Rows<T> DX = rows_of<T>(dx, "layernorm: dx");
             TESSERA_CHECK(DX.rows == X.rows && DX.cols == D, "layernorm: dx must be shaped like x {}", x.shape.str());
+        }
+        TESSERA_CHECK(dw.defined() == db.defined(), "layernorm: dweight and dbias go together");
+        if (dw.defined()) {
+            check_shape(dw, Shape{D}, "layernorm: dweight");
+            check_shape(db, Shape{D}, "layernorm: dbias");
+        }
+        if (device == Device::cuda) return TESSERA_ON_CUDA(layernorm_backward(p, dy, x, w, mean, rstd, dx, dw, db));
+        const T *W = w.ptr<T>(), *M = mean.ptr<T>(), *R = rstd.ptr<T>();
+        if (dx.defined()) {
+            Rows<T> DX = rows_of<T>(dx, "layernorm: dx");
 #pragma omp parallel for schedule(static)
             for (int64_t n = 0; n < X.rows; ++n) {
                 const T* xr = X.row(n);
@@ -87,10 +98,7 @@ void layernorm_backward(const LayerNormParams&,
                 for (int64_t d = 0; d < D; ++d) dxr[d] += R[n] * (dyr[d] * W[d] - mg - (xr[d] - M[n]) * R[n] * mgx);
             }
         }
-        TESSERA_CHECK(dw.defined() == db.defined(), "layernorm: dweight and dbias go together");
         if (!dw.defined()) return;  // a frozen weight and bias
-        check_shape(dw, Shape{D}, "layernorm: dweight");
-        check_shape(db, Shape{D}, "layernorm: dbias");
         T *DW = dw.ptr<T>(), *DB = db.ptr<T>();
         constexpr int64_t kCols = 64;
 #pragma omp parallel for schedule(static)

@@ -1,5 +1,6 @@
-// RoPE forward/backward on the CPU: a rotation per (position, pair), cos/sin computed once per
-// position and shared by every batch row and head; the frequencies (plain or YaRN) once per call.
+// RoPE forward/backward: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernel, a rotation
+// per (position, pair) with cos/sin computed once per position and shared by every batch row and head; the
+// frequencies (plain or YaRN) once per call.
 #include "ops/rope.h"
 
 #include <array>
@@ -67,23 +68,27 @@ void rotate(const RopeParams& p, const TensorView& src, const TensorView& dst, d
 
 void rope_forward(const RopeParams& p, TensorView x, TensorView y) {
     note_op_use("rope");
-    cpu_only("rope", {x, y});
+    const Device device = op_device("rope", {x, y});
     check_4d(x, "rope: x");
     check_4d(y, "rope: y");
     TESSERA_CHECK(x.shape == y.shape, "rope: y {} must be shaped like x {}", y.shape.str(), x.shape.str());
     TESSERA_CHECK(x.size(3) <= 1024, "rope: head dim {} exceeds 1024", x.size(3));
     p.scaling.validate("rope");
+    TESSERA_CHECK(x.dtype == y.dtype, "rope: y is {} but x is {}", dtype_name(y.dtype), dtype_name(x.dtype));
+    if (device == Device::cuda) return TESSERA_ON_CUDA(rope_forward(p, x, y));
     dispatch_float(x.dtype, "rope", [&]<class T>(T) { rotate<T>(p, x, y, +1.0, false); });
 }
 
 void rope_backward(const RopeParams& p, TensorView dy, TensorView dx) {
-    cpu_only("rope", {dy, dx});
+    const Device device = op_device("rope", {dy, dx});
     check_4d(dy, "rope: dy");
     check_4d(dx, "rope: dx");
     TESSERA_CHECK(dx.shape == dy.shape, "rope: dx {} must be shaped like dy {}", dx.shape.str(), dy.shape.str());
     TESSERA_CHECK(dx.data != dy.data, "rope: dx must not alias dy");
     TESSERA_CHECK(dy.size(3) <= 1024, "rope: head dim {} exceeds 1024", dy.size(3));
     p.scaling.validate("rope");
+    TESSERA_CHECK(dx.dtype == dy.dtype, "rope: dx is {} but dy is {}", dtype_name(dx.dtype), dtype_name(dy.dtype));
+    if (device == Device::cuda) return TESSERA_ON_CUDA(rope_backward(p, dy, dx));
     dispatch_float(dy.dtype, "rope", [&]<class T>(T) { rotate<T>(p, dy, dx, -1.0, true); });
 }
 

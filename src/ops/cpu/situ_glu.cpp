@@ -1,4 +1,4 @@
-// SiTU-GLU forward/backward on the CPU (elementwise; row loops in glu_math.h).
+// SiTU-GLU forward/backward: the entry points (CUDA tensors to ops/cuda) and the CPU's (row loops in glu_math.h).
 #include "ops/situ_glu.h"
 
 #include "ops/backend.h"
@@ -9,7 +9,10 @@ namespace tessera::ops {
 
 void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y) {
     note_op_use("situ_glu");
-    cpu_only("situ_glu", {gate, up, y});
+    if (op_device("situ_glu", {gate, up, y}) == Device::cuda) {
+        cpu::check_like_gate("situ_glu", gate, {{"up", up}, {"y", y}});
+        return TESSERA_ON_CUDA(situ_glu_forward(p, gate, up, y));
+    }
     cpu::dispatch_float(gate.dtype, "situ_glu", [&]<class T>(T) {
         cpu::glu_forward<T>(cpu::SituGlu<T>(p.beta, p.linear_beta), "situ_glu", gate, up, y);
     });
@@ -17,7 +20,10 @@ void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, Tenso
 
 void situ_glu_backward(
     const SituParams& p, TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup) {
-    cpu_only("situ_glu", {dy, gate, up, dgate, dup});
+    if (op_device("situ_glu", {dy, gate, up, dgate, dup}) == Device::cuda) {
+        cpu::check_like_gate("situ_glu", gate, {{"up", up}, {"dy", dy}, {"dgate", dgate}, {"dup", dup}});
+        return TESSERA_ON_CUDA(situ_glu_backward(p, dy, gate, up, dgate, dup));
+    }
     cpu::dispatch_float(gate.dtype, "situ_glu", [&]<class T>(T) {
         cpu::glu_backward<T>(cpu::SituGlu<T>(p.beta, p.linear_beta), "situ_glu", dy, gate, up, dgate, dup);
     });

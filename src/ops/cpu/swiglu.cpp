@@ -7,20 +7,10 @@
 
 namespace tessera::ops {
 
-namespace {
-// The CUDA path's shape checks (the CPU's row loops make the same ones): every tensor shaped like gate.
-void check_like_gate(TensorView gate, std::initializer_list<std::pair<const char*, TensorView>> others) {
-    cpu::dispatch_float(gate.dtype, "swiglu", [&]<class T>(T) {
-        const cpu::Rows<T> G = cpu::rows_of<T>(gate, "swiglu: gate");
-        for (const auto& [name, t] : others) cpu::check_glu_shapes(G, cpu::rows_of<T>(t, name), "swiglu", name);
-    });
-}
-}  // namespace
-
 void swiglu_forward(TensorView gate, TensorView up, TensorView y) {
     note_op_use("swiglu");
     if (op_device("swiglu", {gate, up, y}) == Device::cuda) {
-        check_like_gate(gate, {{"up", up}, {"y", y}});
+        cpu::check_like_gate("swiglu", gate, {{"up", up}, {"y", y}});
         return TESSERA_ON_CUDA(swiglu_forward(gate, up, y));
     }
     cpu::dispatch_float(gate.dtype, "swiglu",
@@ -29,7 +19,7 @@ void swiglu_forward(TensorView gate, TensorView up, TensorView y) {
 
 void swiglu_backward(TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup) {
     if (op_device("swiglu", {dy, gate, up, dgate, dup}) == Device::cuda) {
-        check_like_gate(gate, {{"up", up}, {"dy", dy}, {"dgate", dgate}, {"dup", dup}});
+        cpu::check_like_gate("swiglu", gate, {{"up", up}, {"dy", dy}, {"dgate", dgate}, {"dup", dup}});
         return TESSERA_ON_CUDA(swiglu_backward(dy, gate, up, dgate, dup));
     }
     cpu::dispatch_float(gate.dtype, "swiglu", [&]<class T>(T) {

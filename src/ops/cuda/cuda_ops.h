@@ -5,12 +5,19 @@
 #pragma once
 
 #include "ops/adamw.h"
+#include "ops/causal_conv1d.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
+#include "ops/gated_rmsnorm.h"
+#include "ops/kda_gate.h"
+#include "ops/l2norm.h"
+#include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/matmul.h"
 #include "ops/rmsnorm.h"
+#include "ops/rope.h"
 #include "ops/rows.h"
+#include "ops/situ_glu.h"
 #include "ops/swiglu.h"
 
 namespace tessera::ops::cuda {
@@ -27,6 +34,61 @@ void matmul_heads(Trans ta, Trans tb, double alpha, TensorView a, TensorView b, 
 void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorView y, TensorView rstd);
 void rmsnorm_backward(
     const RmsNormParams& p, TensorView dy, TensorView x, TensorView w, TensorView rstd, TensorView dx, TensorView dw);
+
+void layernorm_forward(
+    const LayerNormParams& p, TensorView x, TensorView w, TensorView b, TensorView y, TensorView mean, TensorView rstd);
+void layernorm_backward(const LayerNormParams& p,
+                        TensorView dy,
+                        TensorView x,
+                        TensorView w,
+                        TensorView mean,
+                        TensorView rstd,
+                        TensorView dx,
+                        TensorView dw,
+                        TensorView db);
+
+void l2norm_forward(const L2NormParams& p, TensorView x, TensorView y);
+void l2norm_backward(const L2NormParams& p, TensorView dy, TensorView x, TensorView dx);
+
+void gated_rmsnorm_forward(const GatedRmsNormParams& p, TensorView x, TensorView gate, TensorView weight, TensorView y);
+void gated_rmsnorm_backward(const GatedRmsNormParams& p,
+                            TensorView dy,
+                            TensorView x,
+                            TensorView gate,
+                            TensorView weight,
+                            TensorView dx,
+                            TensorView dgate,
+                            TensorView dweight);
+
+// The frequencies are computed on the host and copied to the device (scratch) per call.
+void rope_forward(const RopeParams& p, TensorView x, TensorView y);
+void rope_backward(const RopeParams& p, TensorView dy, TensorView dx);
+
+void kda_gate_forward(const KdaGateParams& p, TensorView f, TensorView A_log, TensorView dt_bias, TensorView g);
+void kda_gate_backward(const KdaGateParams& p,
+                       TensorView dg,
+                       TensorView f,
+                       TensorView A_log,
+                       TensorView dt_bias,
+                       TensorView df,
+                       TensorView dA_log,
+                       TensorView ddt_bias);
+
+// cu_seqlens stay on the host (checked there) and are copied to the device per call.
+void causal_conv1d_forward(
+    const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y, std::span<const int64_t> cu_seqlens);
+void causal_conv1d_backward(const CausalConv1dParams& p,
+                            TensorView dy,
+                            TensorView x,
+                            TensorView w,
+                            TensorView dx,
+                            TensorView dw,
+                            std::span<const int64_t> cu_seqlens);
+void causal_conv1d_step(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView window, TensorView y);
+
+void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y);
+void situ_glu_backward(
+    const SituParams& p, TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup);
 
 void swiglu_forward(TensorView gate, TensorView up, TensorView y);
 void swiglu_backward(TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup);

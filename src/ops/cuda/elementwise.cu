@@ -1,34 +1,224 @@
-// Row-wise elementwise kernels on CUDA: SwiGLU (ops/swiglu.h, the math of ops/cpu/glu_math.h), the linear
-// layer's bias add and bias gradient, and the integer-id check the embedding and cross-entropy ops share.
+// Elementwise kernels on CUDA: the gated activations SwiGLU and SiTU-GLU (ops/swiglu.h, ops/situ_glu.h, the math
+// of ops/cpu/glu_math.h), the KDA forget gate (ops/kda_gate.h), the linear layer's bias add and bias gradient,
+// and the integer-id check the embedding and cross-entropy ops share.
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace tessera::ops::cuda {
 
 namespace {
+// The gated activations' element math (ops/cpu/glu_math.h): value(g, u) and the partials ∂y/∂g, ∂y/∂u.
 template <class T>
-__global__ void swiglu_forward_kernel(RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y) {
+struct SwiGlu {
+    __device__ T value(T g, T u) const { return g * sigmoid(g) * u; }
+    __device__ void partials(T g, T u, T& pg, T& pu) const {
+        const T s = sigmoid(g);
+        pg = u * s * (T(1) + g * (T(1) - s));
+        pu = g * s;
+    }
+};
+
+template <class T>
+struct SituGlu {
+    T b, bl, ib, ibl;  // β, β_lin and their inverses
+    __device__ T value(T g, T u) const { return b * tanh(g * ib) * sigmoid(g) * (bl * tanh(u * ibl)); }
+    __device__ void partials(T g, T u, T& pg, T& pu) const {
+        const T t = tanh(g * ib), s = sigmoid(g), tu = tanh(u * ibl);
+        pg = bl * tu * ((T(1) - t * t) * s + b * t * s * (T(1) - s));
+        pu = b * t * s * (T(1) - tu * tu);
+    }
+};
+
+template <class T, class Act>
+__global__ void glu_forward_kernel(Act act, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y) {
+    const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    if (c >= g.cols) return;
+    for (int64_t r = blockIdx.y; r < g.rows; r += gridDim.y)
+        y.data[r * y.ld + c] = act.value(g.data[r * g.ld + c], u.data[r * u.ld + c]);
+}
+
+template <class T, class Act>
+__global__ void glu_backward_kernel(
+    Act act, RowsArg<const T> dy, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> dg, RowsArg<T> du) {
     const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (c >= g.cols) return;
     for (int64_t r = blockIdx.y; r < g.rows; r += gridDim.y) {
-        const T a = g.data[r * g.ld + c];
-        y.data[r * y.ld + c] = a * sigmoid(a) * u.data[r * u.ld + c];
+        const T d = dy.data[r * dy.ld + c];
+        T pg, pu;
+        act.partials(g.data[r * g.ld + c], u.data[r * u.ld + c], pg, pu);
+        dg.data[r * dg.ld + c] += d * pg;
+        du.data[r * du.ld + c] += d * pu;
     }
+}
+
+template <class T, class Act>
+cudaError_t glu_forward(Act act, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y, cudaStream_t stream) {
+    if (g.rows == 0 || g.cols == 0) return cudaSuccess;
+    glu_forward_kernel<T><<<rows_grid(g.rows, g.cols), kBlock, 0, stream>>>(act, g, u, y);
+    return cudaGetLastError();
+}
+
+template <class T, class Act>
+cudaError_t glu_backward(Act act,
+                         RowsArg<const T> dy,
+                         RowsArg<const T> g,
+                         RowsArg<const T> u,
+                         RowsArg<T> dg,
+                         RowsArg<T> du,
+                         cudaStream_t stream) {
+    if (g.rows == 0 || g.cols == 0) return cudaSuccess;
+    glu_backward_kernel<T><<<rows_grid(g.rows, g.cols), kBlock, 0, stream>>>(act, dy, g, u, dg, du);
+    return cudaGetLastError();
 }
 
 template <class T>
-__global__ void swiglu_backward_kernel(
-    RowsArg<const T> dy, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> dg, RowsArg<T> du) {
-    const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    if (c >= g.cols) return;
-    for (int64_t r = blockIdx.y; r < g.rows; r += gridDim.y) {
-        const T a = g.data[r * g.ld + c], b = u.data[r * u.ld + c], d = dy.data[r * dy.ld + c];
-        const T s = sigmoid(a);
-        dg.data[r * dg.ld + c] += d * (b * s * (T(1) + a * (T(1) - s)));
-        du.data[r * du.ld + c] += d * (a * s);
+SituGlu<T> situ(double beta, double linear_beta) {
+    return {T(beta), T(linear_beta), T(1.0 / beta), T(1.0 / linear_beta)};
+}
+
+// softplus(z) = z above PyTorch's threshold 20, in double below it (as the CPU computes it)
+template <class T>
+__device__ inline T softplus(T z) {
+    return z > T(20) ? z : T(log1p(exp(double(z))));
+}
+
+// g[e] over e = (n·HV + i)·K + c
+template <class T>
+__global__ void kda_gate_forward_kernel(
+    const T* f, const T* A_log, const T* bias, T* g, int64_t total, int64_t HV, int64_t K, T lb) {
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t c = e % K, i = (e / K) % HV;
+        const T a = T(exp(double(A_log[i])));
+        const T z = f[e] + bias[i * K + c];
+        g[e] = lb == T(0) ? -a * softplus(z) : lb * sigmoid(a * z);
     }
 }
 
+// ∂g/∂z·dg at element e, and its term of dA_log (the CPU's formulas, ops/cpu/kda_gate.cpp)
+template <class T>
+__device__ inline T kda_gate_dz(
+    const T* f, const T* A_log, const T* bias, const T* dg, int64_t e, int64_t i, int64_t c, int64_t K, T lb, T* da) {
+    const T a = T(exp(double(A_log[i])));
+    const T z = f[e] + bias[i * K + c];
+    if (lb == T(0)) {
+        *da = dg[e] * (-a * softplus(z));
+        return -a * sigmoid(z) * dg[e];
+    }
+    const T u = a * z, s = sigmoid(u);
+    const T du = dg[e] * lb * s * (T(1) - s);
+    *da = du * u;
+    return a * du;
+}
+
+template <class T>
+__global__ void kda_gate_df_kernel(
+    const T* f, const T* A_log, const T* bias, const T* dg, T* df, int64_t total, int64_t HV, int64_t K, T lb) {
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+        T da;
+        df[e] += kda_gate_dz(f, A_log, bias, dg, e, (e / K) % HV, e % K, K, lb, &da);
+    }
+}
+
+// One block per head i: each thread walks the tokens in order for its channels' ddt_bias; dA_log is the block's
+// fixed-order sum of the threads' partials.
+template <class T>
+__global__ void kda_gate_params_kernel(const T* f,
+                                       const T* A_log,
+                                       const T* bias,
+                                       const T* dg,
+                                       T* dA_log,
+                                       T* dbias,
+                                       int64_t N,
+                                       int64_t HV,
+                                       int64_t K,
+                                       T lb) {
+    __shared__ double shared[kBlock / 32];
+    const int64_t i = blockIdx.x;
+    double da_sum = 0.0;
+    for (int64_t c = threadIdx.x; c < K; c += blockDim.x) {
+        T db = dbias ? dbias[i * K + c] : T(0);
+        for (int64_t n = 0; n < N; ++n) {
+            T da;
+            db += kda_gate_dz(f, A_log, bias, dg, (n * HV + i) * K + c, i, c, K, lb, &da);
+            da_sum += double(da);
+        }
+        if (dbias) dbias[i * K + c] = db;
+    }
+    da_sum = block_sum(da_sum, shared);
+    if (dA_log && threadIdx.x == 0) dA_log[i] += T(da_sum);
+}
+}  // namespace
+
+template <class T>
+cudaError_t launch_swiglu_forward(RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y, cudaStream_t stream) {
+    return glu_forward(SwiGlu<T>{}, g, u, y, stream);
+}
+
+template <class T>
+cudaError_t launch_swiglu_backward(
+    RowsArg<const T> dy, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> dg, RowsArg<T> du, cudaStream_t stream) {
+    return glu_backward(SwiGlu<T>{}, dy, g, u, dg, du, stream);
+}
+
+template <class T>
+cudaError_t launch_situ_glu_forward(
+    double beta, double linear_beta, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y, cudaStream_t stream) {
+    return glu_forward(situ<T>(beta, linear_beta), g, u, y, stream);
+}
+
+template <class T>
+cudaError_t launch_situ_glu_backward(double beta,
+                                     double linear_beta,
+                                     RowsArg<const T> dy,
+                                     RowsArg<const T> g,
+                                     RowsArg<const T> u,
+                                     RowsArg<T> dg,
+                                     RowsArg<T> du,
+                                     cudaStream_t stream) {
+    return glu_backward(situ<T>(beta, linear_beta), dy, g, u, dg, du, stream);
+}
+
+template <class T>
+cudaError_t launch_kda_gate_forward(const T* f,
+                                    const T* A_log,
+                                    const T* dt_bias,
+                                    T* g,
+                                    int64_t N,
+                                    int64_t HV,
+                                    int64_t K,
+                                    double lower_bound,
+                                    cudaStream_t stream) {
+    const int64_t total = N * HV * K;
+    if (total == 0) return cudaSuccess;
+    kda_gate_forward_kernel<T>
+        <<<grid_for(total), kBlock, 0, stream>>>(f, A_log, dt_bias, g, total, HV, K, T(lower_bound));
+    return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_kda_gate_backward(const T* dg,
+                                     const T* f,
+                                     const T* A_log,
+                                     const T* dt_bias,
+                                     T* df,
+                                     T* dA_log,
+                                     T* ddt_bias,
+                                     int64_t N,
+                                     int64_t HV,
+                                     int64_t K,
+                                     double lower_bound,
+                                     cudaStream_t stream) {
+    const int64_t total = N * HV * K;
+    if (total == 0) return cudaSuccess;
+    const T lb = T(lower_bound);
+    if (df) kda_gate_df_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(f, A_log, dt_bias, dg, df, total, HV, K, lb);
+    if (dA_log || ddt_bias)
+        kda_gate_params_kernel<T>
+            <<<unsigned(HV), kBlock, 0, stream>>>(f, A_log, dt_bias, dg, dA_log, ddt_bias, N, HV, K, lb);
+    return cudaGetLastError();
+}
+
+namespace {
 template <class T>
 __global__ void add_bias_kernel(RowsArg<T> y, const T* b) {
     const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -56,21 +246,6 @@ __global__ void check_ids_kernel(const void* ids, bool ids32, int64_t n, int64_t
 }  // namespace
 
 template <class T>
-cudaError_t launch_swiglu_forward(RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y, cudaStream_t stream) {
-    if (g.rows == 0 || g.cols == 0) return cudaSuccess;
-    swiglu_forward_kernel<T><<<rows_grid(g.rows, g.cols), kBlock, 0, stream>>>(g, u, y);
-    return cudaGetLastError();
-}
-
-template <class T>
-cudaError_t launch_swiglu_backward(
-    RowsArg<const T> dy, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> dg, RowsArg<T> du, cudaStream_t stream) {
-    if (g.rows == 0 || g.cols == 0) return cudaSuccess;
-    swiglu_backward_kernel<T><<<rows_grid(g.rows, g.cols), kBlock, 0, stream>>>(dy, g, u, dg, du);
-    return cudaGetLastError();
-}
-
-template <class T>
 cudaError_t launch_add_bias(RowsArg<T> y, const T* b, cudaStream_t stream) {
     if (y.rows == 0 || y.cols == 0) return cudaSuccess;
     add_bias_kernel<T><<<rows_grid(y.rows, y.cols), kBlock, 0, stream>>>(y, b);
@@ -96,7 +271,15 @@ cudaError_t launch_check_ids(
     template cudaError_t launch_swiglu_backward<T>(RowsArg<const T>, RowsArg<const T>, RowsArg<const T>, RowsArg<T>, \
                                                    RowsArg<T>, cudaStream_t);                                        \
     template cudaError_t launch_add_bias<T>(RowsArg<T>, const T*, cudaStream_t);                                     \
-    template cudaError_t launch_column_sums<T>(RowsArg<const T>, T*, cudaStream_t);
+    template cudaError_t launch_column_sums<T>(RowsArg<const T>, T*, cudaStream_t);                                  \
+    template cudaError_t launch_situ_glu_forward<T>(double, double, RowsArg<const T>, RowsArg<const T>, RowsArg<T>,  \
+                                                    cudaStream_t);                                                   \
+    template cudaError_t launch_situ_glu_backward<T>(double, double, RowsArg<const T>, RowsArg<const T>,             \
+                                                     RowsArg<const T>, RowsArg<T>, RowsArg<T>, cudaStream_t);        \
+    template cudaError_t launch_kda_gate_forward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,     \
+                                                    double, cudaStream_t);                                           \
+    template cudaError_t launch_kda_gate_backward<T>(const T*, const T*, const T*, const T*, T*, T*, T*, int64_t,    \
+                                                     int64_t, int64_t, double, cudaStream_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/device.h"
 #include "ops/cuda/launchers.h"
@@ -38,6 +39,16 @@ RowsArg<T> marg(const TensorView& v, const char* what) {
 // offsets), so a step allocates nothing after its first call. One buffer: a call's earlier pointer is invalid
 // after a larger request.
 void* scratch(size_t bytes);
+
+// Host values copied into the calling thread's scratch, asynchronously on the current stream (the copy reads the
+// host buffer before it returns, so the caller may reuse it). The scratch's one-buffer rule applies.
+template <class T>
+const T* to_scratch(std::span<const T> host) {
+    void* d = scratch(host.size_bytes());
+    check_launch(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream()),
+                 "host-to-device copy");
+    return static_cast<const T*>(d);
+}
 
 // cuBLAS: one handle per thread, on the current stream. Default math mode: f32 GEMMs stay f32 (no TF32), so they
 // compare with the CPU's at f32 tolerance.

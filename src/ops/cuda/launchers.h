@@ -41,12 +41,137 @@ template <class T>
 cudaError_t launch_rmsnorm_backward(
     RowsArg<const T> dy, RowsArg<const T> x, const T* w, const T* rstd, RowsArg<T> dx, T* dw, cudaStream_t stream);
 
+// LayerNorm (ops/layernorm.h): forward writes mean and rstd per row; backward dx += ... (dx.data may be null),
+// dw += Σ_n dy∘x̂ and db += Σ_n dy (both null: frozen), each column summed in row order.
+template <class T>
+cudaError_t launch_layernorm_forward(
+    RowsArg<const T> x, const T* w, const T* b, RowsArg<T> y, T* mean, T* rstd, double eps, cudaStream_t stream);
+template <class T>
+cudaError_t launch_layernorm_backward(RowsArg<const T> dy,
+                                      RowsArg<const T> x,
+                                      const T* w,
+                                      const T* mean,
+                                      const T* rstd,
+                                      RowsArg<T> dx,
+                                      T* dw,
+                                      T* db,
+                                      cudaStream_t stream);
+
+// L2 normalisation of rows (ops/l2norm.h); backward accumulates into dx.
+template <class T>
+cudaError_t launch_l2norm_forward(RowsArg<const T> x, RowsArg<T> y, double eps, cudaStream_t stream);
+template <class T>
+cudaError_t launch_l2norm_backward(
+    RowsArg<const T> dy, RowsArg<const T> x, RowsArg<T> dx, double eps, cudaStream_t stream);
+
+// Gated RMSNorm (ops/gated_rmsnorm.h), act = silu when `silu`, else σ. Backward accumulates into dx, dz (null
+// data: skipped) and dw (null: frozen); rstd_work holds x.rows values (each row's rstd, for the dw pass).
+template <class T>
+cudaError_t launch_gated_rmsnorm_forward(
+    RowsArg<const T> x, RowsArg<const T> z, const T* w, RowsArg<T> y, double eps, bool silu, cudaStream_t stream);
+template <class T>
+cudaError_t launch_gated_rmsnorm_backward(RowsArg<const T> dy,
+                                          RowsArg<const T> x,
+                                          RowsArg<const T> z,
+                                          const T* w,
+                                          RowsArg<T> dx,
+                                          RowsArg<T> dz,
+                                          T* dw,
+                                          T* rstd_work,
+                                          double eps,
+                                          bool silu,
+                                          cudaStream_t stream);
+
 // SwiGLU (ops/swiglu.h): y = silu(g)·u; backward accumulates dgate and dup.
 template <class T>
 cudaError_t launch_swiglu_forward(RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y, cudaStream_t stream);
 template <class T>
 cudaError_t launch_swiglu_backward(
     RowsArg<const T> dy, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> dg, RowsArg<T> du, cudaStream_t stream);
+
+// SiTU-GLU (ops/situ_glu.h): y = G(g)·U(u); backward accumulates dgate and dup.
+template <class T>
+cudaError_t launch_situ_glu_forward(
+    double beta, double linear_beta, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y, cudaStream_t stream);
+template <class T>
+cudaError_t launch_situ_glu_backward(double beta,
+                                     double linear_beta,
+                                     RowsArg<const T> dy,
+                                     RowsArg<const T> g,
+                                     RowsArg<const T> u,
+                                     RowsArg<T> dg,
+                                     RowsArg<T> du,
+                                     cudaStream_t stream);
+
+// The KDA forget gate (ops/kda_gate.h) on contiguous [N, HV, K] f, g; A_log [HV], dt_bias [HV·K]. Backward
+// accumulates into df, dA_log and ddt_bias (each may be null); ddt_bias sums tokens in order, dA_log per head
+// in a fixed order.
+template <class T>
+cudaError_t launch_kda_gate_forward(const T* f,
+                                    const T* A_log,
+                                    const T* dt_bias,
+                                    T* g,
+                                    int64_t N,
+                                    int64_t HV,
+                                    int64_t K,
+                                    double lower_bound,
+                                    cudaStream_t stream);
+template <class T>
+cudaError_t launch_kda_gate_backward(const T* dg,
+                                     const T* f,
+                                     const T* A_log,
+                                     const T* dt_bias,
+                                     T* df,
+                                     T* dA_log,
+                                     T* ddt_bias,
+                                     int64_t N,
+                                     int64_t HV,
+                                     int64_t K,
+                                     double lower_bound,
+                                     cudaStream_t stream);
+
+// A [B, T, H, D] view with D contiguous: element (b, t, h, d) at data[b·sb + t·st + h·sh + d].
+template <class T>
+struct HeadsArg {
+    T* data;
+    int64_t sb, st, sh;
+};
+
+// RoPE (ops/rope.h): dst (+)= m·R(sign·angle)·src with angle = (offset + t)·inv_freq[i] (inv_freq: D/2 values in
+// device memory).
+struct RopeShape {
+    int64_t B, T, H, D, offset;
+    bool interleaved, accumulate;
+    double m, sign;
+};
+template <class T>
+cudaError_t launch_rope(
+    RopeShape s, const double* inv_freq, HeadsArg<const T> src, HeadsArg<T> dst, cudaStream_t stream);
+
+// Causal depthwise conv1d (ops/causal_conv1d.h) on contiguous [tokens, C] rows, w [C, W]. Sequences: batch rows of
+// T tokens (cu null) or the `segments` packed sequences of cu ([segments + 1] offsets in device memory).
+// Backward accumulates into dx and dw (either null: skipped); it needs W <= kConvMaxWidth.
+constexpr int64_t kConvMaxWidth = 16;
+struct ConvShape {
+    int64_t tokens, T, C, W;
+    const int64_t* cu;
+    int64_t segments;
+    bool silu;
+};
+template <class T>
+cudaError_t launch_conv1d_forward(ConvShape s, const T* x, const T* w, T* y, cudaStream_t stream);
+template <class T>
+cudaError_t launch_conv1d_backward(ConvShape s, const T* dy, const T* x, const T* w, T* dx, T* dw, cudaStream_t stream);
+// One decoding step (ops/causal_conv1d.h, causal_conv1d_step), f32: x, y [B, C], window [B, W−1, C].
+cudaError_t launch_conv1d_step(int64_t B,
+                               int64_t C,
+                               int64_t W,
+                               bool silu,
+                               const float* x,
+                               const float* w,
+                               float* window,
+                               float* y,
+                               cudaStream_t stream);
 
 // y[r, :] += b; db += Σ_r dy[r, :] (each column in row order).
 template <class T>

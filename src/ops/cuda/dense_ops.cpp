@@ -1,0 +1,90 @@
+// The CUDA entry points of LayerNorm, RoPE and SiTU-GLU: operand layouts for the launchers. The neutral entry
+// points (ops/cpu/*.cpp) have checked shapes and dtypes already.
+#include <array>
+
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/entry_util.h"
+
+namespace tessera::ops::cuda {
+
+void layernorm_forward(const LayerNormParams& p,
+                       TensorView x,
+                       TensorView w,
+                       TensorView b,
+                       TensorView y,
+                       TensorView mean,
+                       TensorView rstd) {
+    dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
+        check_launch(
+            launch_layernorm_forward<T>(carg<T>(x, "layernorm: x"), w.ptr<T>(), b.ptr<T>(), marg<T>(y, "layernorm: y"),
+                                        mean.ptr<T>(), rstd.ptr<T>(), p.eps, stream()),
+            "layernorm");
+    });
+}
+
+void layernorm_backward(const LayerNormParams&,
+                        TensorView dy,
+                        TensorView x,
+                        TensorView w,
+                        TensorView mean,
+                        TensorView rstd,
+                        TensorView dx,
+                        TensorView dw,
+                        TensorView db) {
+    dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
+        const RowsArg<T> DX = dx.defined() ? marg<T>(dx, "layernorm: dx") : RowsArg<T>{nullptr, 0, 0, 0};
+        check_launch(
+            launch_layernorm_backward<T>(carg<T>(dy, "layernorm: dy"), carg<T>(x, "layernorm: x"), w.ptr<T>(),
+                                         mean.ptr<T>(), rstd.ptr<T>(), DX, dw.defined() ? dw.ptr<T>() : nullptr,
+                                         db.defined() ? db.ptr<T>() : nullptr, stream()),
+            "layernorm backward");
+    });
+}
+
+namespace {
+// dst (+)= m·R(sign·angle)·src over [B, T, H, D] views (ops/rope.h)
+void rotate(const RopeParams& p, TensorView src, TensorView dst, double sign, bool accumulate) {
+    const int64_t D = src.size(3);
+    std::array<double, 512> inv_freq{};  // D/2 <= 512: checked by the neutral entry point
+    rope_inv_freq(p, D, std::span(inv_freq.data(), size_t(D / 2)));
+    const double* freq = to_scratch(std::span<const double>(inv_freq.data(), size_t(D / 2)));
+    const RopeShape s{.B = src.size(0),
+                      .T = src.size(1),
+                      .H = src.size(2),
+                      .D = D,
+                      .offset = p.offset,
+                      .interleaved = p.interleaved,
+                      .accumulate = accumulate,
+                      .m = p.scaling.cos_sin_factor(),
+                      .sign = sign};
+    dispatch_float(src.dtype, "rope", [&]<class T>(T) {
+        const HeadsArg<const T> a{src.ptr<T>(), src.strides[0], src.strides[1], src.strides[2]};
+        const HeadsArg<T> b{dst.ptr<T>(), dst.strides[0], dst.strides[1], dst.strides[2]};
+        check_launch(launch_rope<T>(s, freq, a, b, stream()), "rope");
+    });
+}
+}  // namespace
+
+void rope_forward(const RopeParams& p, TensorView x, TensorView y) { rotate(p, x, y, +1.0, false); }
+void rope_backward(const RopeParams& p, TensorView dy, TensorView dx) { rotate(p, dy, dx, -1.0, true); }
+
+void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y) {
+    dispatch_float(gate.dtype, "situ_glu", [&]<class T>(T) {
+        check_launch(launch_situ_glu_forward<T>(p.beta, p.linear_beta, carg<T>(gate, "situ_glu: gate"),
+                                                carg<T>(up, "situ_glu: up"), marg<T>(y, "situ_glu: y"), stream()),
+                     "situ_glu");
+    });
+}
+
+void situ_glu_backward(
+    const SituParams& p, TensorView dy, TensorView gate, TensorView up, TensorView dgate, TensorView dup) {
+    dispatch_float(gate.dtype, "situ_glu", [&]<class T>(T) {
+        check_launch(
+            launch_situ_glu_backward<T>(p.beta, p.linear_beta, carg<T>(dy, "situ_glu: dy"),
+                                        carg<T>(gate, "situ_glu: gate"), carg<T>(up, "situ_glu: up"),
+                                        marg<T>(dgate, "situ_glu: dgate"), marg<T>(dup, "situ_glu: dup"), stream()),
+            "situ_glu backward");
+    });
+}
+
+}  // namespace tessera::ops::cuda
