@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/mix64.h"
+
 namespace tessera {
 
 using PhiloxCounter = std::array<uint32_t, 4>;
@@ -16,14 +18,6 @@ PhiloxCounter philox4x32(PhiloxCounter ctr, PhiloxKey key);
 
 // 64-bit FNV-1a of a string: the stream id of a named parameter.
 uint64_t hash_name(std::string_view name);
-
-// splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014): a cheap counter hash where Philox's quality is more
-// than needed per element (LoRA's dropout masks, a frozen base's content hash).
-inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 // The random stream (seed, stream). Element i of the stream uses counter (i, stream-derived words).
 struct RandomStream {

@@ -19,6 +19,7 @@
 #include "ops/l2norm.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
+#include "ops/lora.h"
 #include "ops/matmul.h"
 #include "ops/registry.h"
 #include "ops/rope.h"
@@ -45,7 +46,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 13) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 14) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -214,6 +215,30 @@ TEST(CudaOps, CausalConvMatchesTheCpuOnPackedSequencesAndDecodingSteps) {
                                         t[0].slice0(step, step + 1).reshape(Shape{5, C}), t[1], t[2],
                                         t[3].slice0(step, step + 1).reshape(Shape{5, C}));
         });
+}
+
+// LoRA on a fused projection's column blocks, with the counter-based dropout (the same mask bits on both devices),
+// and the merged-weight form MLA's absorbed kv_b_proj uses.
+TEST(CudaOps, LoraMatchesTheCpuWithDropoutOnColumnBlocks) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 150, IN = 64, OUT = 48, R = 8;
+    const ops::LoraParams p{.scale = 0.5, .dropout = 0.25, .seed = 99, .stream = 3};
+    expect_cuda_like_cpu(
+        {Shape{N, IN + 16}, Shape{R, IN}, Shape{OUT, R}, Shape{N, R}, Shape{N, 2 * OUT}, Shape{N, IN}, Shape{N, OUT},
+         Shape{N, R}, Shape{N, IN + 16}, Shape{R, IN}, Shape{OUT, R}},
+        [&](std::vector<TensorView> t) {
+            const TensorView x = t[0].columns(16, IN);
+            ops::lora_forward(p, x, t[1], t[2], t[3], t[4].columns(OUT, OUT), t[5]);
+            ops::lora_backward(p, x, t[6], t[1], t[2], t[3], t[7], t[8].columns(0, IN), t[9], t[10], t[5]);
+        },
+        1e-5, 1e-5);
+    expect_cuda_like_cpu(
+        {Shape{OUT, IN}, Shape{R, IN}, Shape{OUT, R}, Shape{OUT, IN}, Shape{OUT, IN}, Shape{R, IN}, Shape{OUT, R}},
+        [&](std::vector<TensorView> t) {
+            ops::lora_merge(p, t[0], t[1], t[2], t[3]);
+            ops::lora_weight_backward(p, t[4], t[1], t[2], t[5], t[6]);
+        },
+        1e-5, 1e-5);
 }
 
 TEST(CudaOps, TheDeviceArenaHandsOutDeviceViewsAndReusesFreedBlocks) {

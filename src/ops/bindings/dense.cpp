@@ -46,7 +46,7 @@ void run_lora(OpContext& c) {
                        .seed = uint64_t(c.param_i64("seed")),
                        .stream = 1};
     const int64_t N = x.size(0), r = a.size(0);
-    Tensor u(x.dtype, Shape{N, r}), du(x.dtype, Shape{N, r}), xd(x.dtype, x.shape);
+    Tensor u(x.dtype, Shape{N, r}, x.device), du(x.dtype, Shape{N, r}, x.device), xd(x.dtype, x.shape, x.device);
     lora_forward(p, x, a, b, u.view(), c.out("y", x.dtype, Shape{N, b.size(0)}), xd.view());
     if (c.has("dy"))
         lora_backward(p, x, c.in("dy"), a, b, u.view(), du.view(), c.out_like("dx", x), c.out_like("da", a),
@@ -215,7 +215,8 @@ void register_dense_ops(OpRegistry& r) {
             integer("seed", "0", 0, 9007199254740992.0, "the masks' counter seed; 0 = no dropout")},
            {"y"},
            {"given dy: dx, da, db"},
-           run_lora});
+           run_lora,
+           /*cuda=*/true});
     r.add({"lora_experts",
            "LoRA of routed experts: rows [offsets[e], offsets[e+1]) use a[e], b[e]",
            {{"x", "[R, IN]"},

@@ -1,8 +1,9 @@
-// LoRA's low-rank update (see ops/lora.h): two thin GEMMs each way, every one of them deterministic.
+// LoRA's low-rank update (see ops/lora.h): the entry points (checks, then CUDA tensors to ops/cuda; the grouped
+// form is CPU-only for now) and the CPU's two thin GEMMs each way, every one of them deterministic.
 #include "ops/lora.h"
 
 #include "core/check.h"
-#include "core/rng.h"
+#include "core/mix64.h"
 #include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/gemm.h"
@@ -53,10 +54,16 @@ void scale_rows(T* p, int64_t n, T s) {
     for (int64_t i = 0; i < n; ++i) p[i] *= s;
 }
 
+// With dropout, the scratch xd holds x̃ [N, IN] (contiguous)
+void check_dropout_scratch(const LoraParams& p, const TensorView& xd, const Dims& d) {
+    if (!p.drops()) return;
+    TESSERA_CHECK(xd.defined() && xd.numel() >= d.N * d.in, "lora: dropout needs scratch xd of [{}, {}]", d.N, d.in);
+    check_contiguous(xd, "lora: xd");
+}
+
 // x̃ = x ⊙ m / (1 − p) into xd [N, IN] (contiguous), and out pointing at it
 template <class T>
 void drop_input(const LoraParams& p, const Rows<T>& X, TensorView xd, int64_t N, int64_t in, Rows<T>& out) {
-    TESSERA_CHECK(xd.defined() && xd.numel() >= N * in, "lora: dropout needs scratch xd of [{}, {}]", N, in);
     T* dst = xd.ptr<T>();
     const T s = T(1.0 / (1.0 - p.dropout));
 #pragma omp parallel for schedule(static)
@@ -68,16 +75,15 @@ void drop_input(const LoraParams& p, const Rows<T>& X, TensorView xd, int64_t N,
 }
 }  // namespace
 
-bool lora_keep(const LoraParams& p, uint64_t index) {
-    const uint64_t h = mix64(p.seed * 0x9e3779b97f4a7c15ull ^ mix64(p.stream + index * 0xd1b54a32d192ed03ull));
-    return double(h >> 11) * 0x1.0p-53 >= p.dropout;
-}
+bool lora_keep(const LoraParams& p, uint64_t index) { return dropout_keep(p.seed, p.stream, index, p.dropout); }
 
 void lora_forward(
     const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y, TensorView xd) {
     note_op_use("lora");
-    cpu_only("lora", {x, a, b, u, y, xd});
+    const Device device = op_device("lora", {x, a, b, u, y, xd});
     const Dims d = check(x, y, a, b, u, false, "lora");
+    check_dropout_scratch(p, xd, d);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(lora_forward(p, x, a, b, u, y, xd));
     dispatch_float(a.dtype, "lora", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "lora: x");
         const Rows<T> Y = rows_of<T>(y, "lora: y");
@@ -99,12 +105,15 @@ void lora_backward(const LoraParams& p,
                    TensorView da,
                    TensorView db,
                    TensorView xd) {
-    cpu_only("lora", {x, dy, a, b, u, du, dx, da, db, xd});
+    const Device device = op_device("lora", {x, dy, a, b, u, du, dx, da, db, xd});
     const Dims d = check(x, dy, a, b, u, false, "lora");
     TESSERA_CHECK(du.numel() >= d.N * d.r && du.dtype == a.dtype, "lora: scratch du must hold [{}, {}]", d.N, d.r);
+    check_contiguous(du, "lora: du");
     check_grad(da, a, "lora: dA");
     check_grad(db, b, "lora: dB");
     if (dx.defined()) check_shape(dx, x.shape, "lora: dx");
+    check_dropout_scratch(p, xd, d);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(lora_backward(p, x, dy, a, b, u, du, dx, da, db, xd));
     dispatch_float(a.dtype, "lora", [&]<class T>(T) {
         Rows<T> X = rows_of<T>(x, "lora: x");
         const Rows<T> DY = rows_of<T>(dy, "lora: dy");
@@ -193,13 +202,17 @@ void lora_grouped_backward(const LoraParams& p,
 }
 
 void lora_merge(const LoraParams& p, TensorView w, TensorView a, TensorView b, TensorView out) {
-    cpu_only("lora", {w, a, b, out});
+    const Device device = op_device("lora", {w, a, b, out});
     TESSERA_CHECK(w.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2 && a.size(1) == w.size(1) && b.size(0) == w.size(0) &&
                       b.size(1) == a.size(0),
                   "lora merge: w {} needs A [r, {}] and B [{}, r], not {} and {}", w.shape.str(), w.size(-1), w.size(0),
                   a.shape.str(), b.shape.str());
     check_shape(out, w.shape, "lora merge: out");
-    for (const TensorView* t : {&w, &a, &b, &out}) check_contiguous(*t, "lora merge");
+    for (const TensorView* t : {&w, &a, &b, &out}) {
+        check_contiguous(*t, "lora merge");
+        TESSERA_CHECK(t->dtype == w.dtype, "lora merge: every tensor must share one dtype");
+    }
+    if (device == Device::cuda) return TESSERA_ON_CUDA(lora_merge(p, w, a, b, out));
     dispatch_float(w.dtype, "lora merge", [&]<class T>(T) {
         const int64_t n = w.numel();
         if (out.data != w.data) std::copy_n(w.ptr<T>(), n, out.ptr<T>());
@@ -210,11 +223,18 @@ void lora_merge(const LoraParams& p, TensorView w, TensorView a, TensorView b, T
 
 void lora_weight_backward(
     const LoraParams& p, TensorView dw, TensorView a, TensorView b, TensorView da, TensorView db) {
-    cpu_only("lora", {dw, a, b, da, db});
+    const Device device = op_device("lora", {dw, a, b, da, db});
+    TESSERA_CHECK(dw.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2 && a.size(1) == dw.size(1) &&
+                      b.size(0) == dw.size(0) && b.size(1) == a.size(0),
+                  "lora: dW {} needs A [r, {}] and B [{}, r], not {} and {}", dw.shape.str(), dw.size(-1), dw.size(0),
+                  a.shape.str(), b.shape.str());
     const int64_t out = dw.size(0), in = dw.size(1), r = a.size(0);
     check_grad(da, a, "lora: dA");
     check_grad(db, b, "lora: dB");
     check_contiguous(dw, "lora: dW");
+    check_contiguous(a, "lora: A");
+    check_contiguous(b, "lora: B");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(lora_weight_backward(p, dw, a, b, da, db));
     dispatch_float(dw.dtype, "lora", [&]<class T>(T) {
         if (da.defined())
             gemm(Trans::T, Trans::N, r, in, out, T(p.scale), b.ptr<T>(), r, dw.ptr<T>(), in, T(1), da.ptr<T>(), in);

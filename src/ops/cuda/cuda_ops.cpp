@@ -52,46 +52,6 @@ void check_targets(const CrossEntropyParams& p, const TensorView& targets, int64
                   value, V, p.ignore_index);
 }
 
-// The strides between the operands of a batch of GEMMs (in elements) and its size; one GEMM by default.
-struct Batch {
-    int64_t count = 1, a = 0, b = 0, c = 0;
-};
-
-// Column-major C (m×n, ldc) = alpha·op(A)·op(B) + beta·C, for each of batch.count (A, B, C) apart by the batch's
-// strides: the row-major products below are written as their transposes (row-major Y = X·Wᵀ is column-major
-// Yᵀ = W·Xᵀ).
-template <class T>
-void gemm(bool ta,
-          bool tb,
-          int64_t m,
-          int64_t n,
-          int64_t k,
-          T alpha,
-          const T* a,
-          int64_t lda,
-          const T* b,
-          int64_t ldb,
-          T beta,
-          T* c,
-          int64_t ldc,
-          Batch batch = {}) {
-    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int M = blas_int(m, "m"), N = blas_int(n, "n"), K = blas_int(k, "k");
-    const int LA = blas_int(lda, "lda"), LB = blas_int(ldb, "ldb"), LC = blas_int(ldc, "ldc");
-    const int count = blas_int(batch.count, "batch");
-    cublasStatus_t st;
-    if constexpr (std::is_same_v<T, float>) {
-        st = count == 1 ? cublasSgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
-                        : cublasSgemmStridedBatched(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b,
-                                                    &beta, c, LC, batch.c, count);
-    } else {
-        st = count == 1 ? cublasDgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
-                        : cublasDgemmStridedBatched(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b,
-                                                    &beta, c, LC, batch.c, count);
-    }
-    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM {}x{}x{} (batch {}) failed (status {})", m, n, k, count,
-                  int(st));
-}
 }  // namespace
 
 void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, TensorView m, TensorView v) {

@@ -13,6 +13,7 @@
 #include "ops/l2norm.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
+#include "ops/lora.h"
 #include "ops/matmul.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
@@ -85,6 +86,23 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
                             TensorView dw,
                             std::span<const int64_t> cu_seqlens);
 void causal_conv1d_step(const CausalConv1dParams& p, TensorView x, TensorView w, TensorView window, TensorView y);
+
+// LoRA's dense form: cuBLAS GEMMs, the dropout mask by a kernel (the CPU's bits).
+void lora_forward(
+    const LoraParams& p, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y, TensorView xd);
+void lora_backward(const LoraParams& p,
+                   TensorView x,
+                   TensorView dy,
+                   TensorView a,
+                   TensorView b,
+                   TensorView u,
+                   TensorView du,
+                   TensorView dx,
+                   TensorView da,
+                   TensorView db,
+                   TensorView xd);
+void lora_merge(const LoraParams& p, TensorView w, TensorView a, TensorView b, TensorView out);
+void lora_weight_backward(const LoraParams& p, TensorView dw, TensorView a, TensorView b, TensorView da, TensorView db);
 
 void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y);
 void situ_glu_backward(

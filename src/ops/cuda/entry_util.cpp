@@ -1,7 +1,8 @@
-// The CUDA entry points' per-thread scratch and cuBLAS handle (ops/cuda/entry_util.h).
+// The CUDA entry points' per-thread scratch, cuBLAS handle and GEMMs (ops/cuda/entry_util.h).
 #include "ops/cuda/entry_util.h"
 
 #include <climits>
+#include <type_traits>
 
 namespace tessera::ops::cuda {
 
@@ -42,5 +43,67 @@ int blas_int(int64_t v, const char* what) {
     TESSERA_CHECK(v <= INT_MAX, "cuBLAS: {} = {} exceeds its 32-bit sizes", what, v);
     return int(v);
 }
+
+template <class T>
+void gemm(bool ta,
+          bool tb,
+          int64_t m,
+          int64_t n,
+          int64_t k,
+          T alpha,
+          const T* a,
+          int64_t lda,
+          const T* b,
+          int64_t ldb,
+          T beta,
+          T* c,
+          int64_t ldc,
+          Batch batch) {
+    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int M = blas_int(m, "m"), N = blas_int(n, "n"), K = blas_int(k, "k");
+    const int LA = blas_int(lda, "lda"), LB = blas_int(ldb, "ldb"), LC = blas_int(ldc, "ldc");
+    const int count = blas_int(batch.count, "batch");
+    cublasStatus_t st;
+    if constexpr (std::is_same_v<T, float>) {
+        st = count == 1 ? cublasSgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
+                        : cublasSgemmStridedBatched(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b,
+                                                    &beta, c, LC, batch.c, count);
+    } else {
+        st = count == 1 ? cublasDgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
+                        : cublasDgemmStridedBatched(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b,
+                                                    &beta, c, LC, batch.c, count);
+    }
+    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM {}x{}x{} (batch {}) failed (status {})", m, n, k, count,
+                  int(st));
+}
+
+template void gemm<float>(bool,
+                          bool,
+                          int64_t,
+                          int64_t,
+                          int64_t,
+                          float,
+                          const float*,
+                          int64_t,
+                          const float*,
+                          int64_t,
+                          float,
+                          float*,
+                          int64_t,
+                          Batch);
+template void gemm<double>(bool,
+                           bool,
+                           int64_t,
+                           int64_t,
+                           int64_t,
+                           double,
+                           const double*,
+                           int64_t,
+                           const double*,
+                           int64_t,
+                           double,
+                           double*,
+                           int64_t,
+                           Batch);
 
 }  // namespace tessera::ops::cuda

@@ -1,5 +1,5 @@
 // Helpers of the CUDA backend's entry points (ops/cuda/*.cpp): the current stream, launch checks, row views as
-// launcher arguments, a per-thread device scratch and the per-thread cuBLAS handle. Internal to ops/cuda.
+// launcher arguments, a per-thread device scratch, the per-thread cuBLAS handle and its GEMMs. Internal to ops/cuda.
 #pragma once
 
 #include <cublas_v2.h>
@@ -11,6 +11,7 @@
 
 #include "core/device.h"
 #include "ops/cuda/launchers.h"
+#include "ops/gemm.h"
 #include "ops/views.h"
 
 namespace tessera::ops::cuda {
@@ -48,6 +49,47 @@ const T* to_scratch(std::span<const T> host) {
     check_launch(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream()),
                  "host-to-device copy");
     return static_cast<const T*>(d);
+}
+
+// The strides between the operands of a batch of GEMMs (in elements) and its size; one GEMM by default.
+struct Batch {
+    int64_t count = 1, a = 0, b = 0, c = 0;
+};
+
+// cuBLAS, column-major: C (m×n, ldc) = alpha·op(A)·op(B) + beta·C, for each of batch.count (A, B, C) apart by the
+// batch's strides. T is float or double. Row-major products are written as their transposes (row-major Y = X·Wᵀ
+// is column-major Yᵀ = W·Xᵀ); gemm_rows does that.
+template <class T>
+void gemm(bool ta,
+          bool tb,
+          int64_t m,
+          int64_t n,
+          int64_t k,
+          T alpha,
+          const T* a,
+          int64_t lda,
+          const T* b,
+          int64_t ldb,
+          T beta,
+          T* c,
+          int64_t ldc,
+          Batch batch = {});
+// Row-major C [M, N] = alpha·op(A)·op(B) + beta·C with op(A) [M, K] and op(B) [K, N] (ops::gemm's form).
+template <class T>
+void gemm_rows(Trans ta,
+               Trans tb,
+               int64_t M,
+               int64_t N,
+               int64_t K,
+               T alpha,
+               const T* a,
+               int64_t lda,
+               const T* b,
+               int64_t ldb,
+               T beta,
+               T* c,
+               int64_t ldc) {
+    gemm<T>(tb == Trans::T, ta == Trans::T, N, M, K, alpha, b, ldb, a, lda, beta, c, ldc);
 }
 
 // cuBLAS: one handle per thread, on the current stream. Default math mode: f32 GEMMs stay f32 (no TF32), so they

@@ -173,6 +173,18 @@ cudaError_t launch_conv1d_step(int64_t B,
                                float* y,
                                cudaStream_t stream);
 
+// LoRA's dropout (ops/lora.h): the mask of (seed, stream) at drop probability p, counter n·cols + i per element.
+struct DropoutArg {
+    uint64_t seed, stream;
+    double p, scale;  // scale: 1 / (1 − p)
+};
+// xd [rows, cols] (contiguous) = x ⊙ m · scale
+template <class T>
+cudaError_t launch_dropout_rows(RowsArg<const T> x, T* xd, DropoutArg d, cudaStream_t stream);
+// dx += g ⊙ m · scale, g [rows, cols] contiguous
+template <class T>
+cudaError_t launch_masked_add(const T* g, RowsArg<T> dx, DropoutArg d, cudaStream_t stream);
+
 // y[r, :] += b; db += Σ_r dy[r, :] (each column in row order).
 template <class T>
 cudaError_t launch_add_bias(RowsArg<T> y, const T* b, cudaStream_t stream);
