@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/safetensors.h"
 #include "ops/adamw.h"
+#include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
 #include "ops/gated_rmsnorm.h"
 #include "ops/kda_gate.h"
@@ -46,7 +47,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 14) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 15) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -173,6 +174,20 @@ TEST(CudaOps, BlockSmallOpsMatchTheCpuAsTheBlocksCallThem) {
             ops::layernorm_backward({}, t[6], t[0].columns(K, K), t[1], t[4], t[5], t[7].columns(0, K), {},
                                     {});  // frozen weight and bias
         });
+    for (const bool frozen : {false, true}) {  // Attention Residuals over 3 stored activations
+        const int64_t C = 96, S = 3;
+        expect_cuda_like_cpu(
+            {Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{C}, Shape{C}, Shape{N, C}, Shape{N, S},
+             Shape{ops::attn_res_mix_scratch(N, S, C)}, Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{C},
+             Shape{C}},
+            [&](std::vector<TensorView> t) {
+                const std::vector<TensorView> src{t[0], t[1], t[2]}, dsrc{t[9], t[10], t[11]};
+                ops::attn_res_mix_forward({}, src, t[3], t[4], t[5], t[6], t[7]);
+                ops::attn_res_mix_backward({}, t[8], src, t[3], t[4], t[6], dsrc, frozen ? TensorView{} : t[12],
+                                           frozen ? TensorView{} : t[13], t[7]);
+            },
+            1e-5, 1e-5);
+    }
     for (const double lower_bound : {0.0, -5.0}) {  // GDN's scalar gate (K = 1) and KDA's safe form
         const int64_t k = lower_bound == 0 ? 1 : K;
         expect_cuda_like_cpu(

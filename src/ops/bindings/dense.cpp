@@ -110,7 +110,7 @@ void run_attn_res_mix(OpContext& c) {
         return v;
     };
     const std::vector<TensorView> sources = split(src);
-    Tensor scratch(src.dtype, Shape{attn_res_mix_scratch(src.size(1), src.size(0), src.size(2))});
+    Tensor scratch(src.dtype, Shape{attn_res_mix_scratch(src.size(1), src.size(0), src.size(2))}, src.device);
     attn_res_mix_forward(p, sources, g, w, out, probs, scratch);
     if (c.has("dout"))
         attn_res_mix_backward(p, c.in("dout"), sources, g, w, probs, split(c.out_like("dsources", src)),
@@ -258,7 +258,8 @@ void register_dense_ops(OpRegistry& r) {
            {number("eps", "1e-6", 0, kInf)},
            {"out", "probs"},
            {"given dout: dsources, dgamma, dw"},
-           run_attn_res_mix});
+           run_attn_res_mix,
+           /*cuda=*/true});
     r.add({"swiglu",
            "y = silu(gate)·up",
            {{"gate", "[N, F]"}, {"up", "[N, F]"}, {"dy", "[N, F]", true}},

@@ -1,6 +1,6 @@
-// Attention Residuals mixing on the CPU (see attn_res.h): one token per loop iteration (S sources, C
-// channels), in the tensors' dtype with vectorised channel loops; dγ and dw reduced per column block
-// over tokens in order.
+// Attention Residuals mixing: the entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernel (see
+// attn_res.h): one token per loop iteration (S sources, C channels), in the tensors' dtype with vectorised channel
+// loops; dγ and dw reduced per column block over tokens in order.
 #include "ops/attn_res.h"
 
 #include <array>
@@ -45,6 +45,12 @@ MixDims check_mix(std::span<const TensorView> sources,
     }
     TESSERA_CHECK(d.S <= kMaxSourcesLimit, "attn_res_mix: {} sources, at most {}", d.S, kMaxSourcesLimit);
     return d;
+}
+
+// Every source (and source gradient) on the op's device
+void check_device(Device device, const TensorView& t) {
+    TESSERA_CHECK(t.device == device,
+                  "attn_res_mix: tensors on different devices (CPU and CUDA); copy them to one device first");
 }
 
 // forward: w ⊙ γ [C]; backward also ds and r per token [2·N·S]
@@ -104,10 +110,11 @@ void attn_res_mix_forward(const AttnResParams& p,
                           TensorView probs,
                           TensorView scratch) {
     note_op_use("attn_res_mix");
-    cpu_only("attn_res_mix", {gamma, w, out, probs, scratch});
-    for (const TensorView& s : sources) cpu_only("attn_res_mix", {s});
+    const Device device = op_device("attn_res_mix", {gamma, w, out, probs, scratch});
+    for (const TensorView& s : sources) check_device(device, s);
     const MixDims d = check_mix(sources, gamma, w, out, probs);
     check_scratch(d, scratch, gamma.dtype);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(attn_res_mix_forward(p, sources, gamma, w, out, probs, scratch));
     dispatch_float(gamma.dtype, "attn_res_mix", [&]<class T>(T) {
         const Sources<T> src(sources);
         T* wg = scratch.ptr<T>();
@@ -146,9 +153,9 @@ void attn_res_mix_backward(const AttnResParams& p,
                            TensorView dgamma,
                            TensorView dw,
                            TensorView scratch) {
-    cpu_only("attn_res_mix", {dout, gamma, w, probs, dgamma, dw, scratch});
-    for (const TensorView& s : sources) cpu_only("attn_res_mix", {s});
-    for (const TensorView& s : dsources) cpu_only("attn_res_mix", {s});
+    const Device device = op_device("attn_res_mix", {dout, gamma, w, probs, dgamma, dw, scratch});
+    for (const TensorView& s : sources) check_device(device, s);
+    for (const TensorView& s : dsources) check_device(device, s);
     const MixDims d = check_mix(sources, gamma, w, dout, probs);
     check_scratch(d, scratch, gamma.dtype);
     TESSERA_CHECK(dsources.size() == sources.size(), "attn_res_mix: {} source gradients for {} sources",
@@ -164,6 +171,8 @@ void attn_res_mix_backward(const AttnResParams& p,
         check_shape(dgamma, gamma.shape, "attn_res_mix: dgamma");
         check_shape(dw, w.shape, "attn_res_mix: dw");
     }
+    if (device == Device::cuda)
+        return TESSERA_ON_CUDA(attn_res_mix_backward(p, dout, sources, gamma, w, probs, dsources, dgamma, dw, scratch));
     dispatch_float(gamma.dtype, "attn_res_mix", [&]<class T>(T) {
         const Sources<T> src(sources);
         std::array<T*, kMaxSources> dsrc{};

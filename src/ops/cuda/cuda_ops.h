@@ -5,6 +5,7 @@
 #pragma once
 
 #include "ops/adamw.h"
+#include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
@@ -103,6 +104,25 @@ void lora_backward(const LoraParams& p,
                    TensorView xd);
 void lora_merge(const LoraParams& p, TensorView w, TensorView a, TensorView b, TensorView out);
 void lora_weight_backward(const LoraParams& p, TensorView dw, TensorView a, TensorView b, TensorView da, TensorView db);
+
+// Sources by pointer, at most 64 (the CPU's limit); scratch as the CPU lays it out.
+void attn_res_mix_forward(const AttnResParams& p,
+                          std::span<const TensorView> sources,
+                          TensorView gamma,
+                          TensorView w,
+                          TensorView out,
+                          TensorView probs,
+                          TensorView scratch);
+void attn_res_mix_backward(const AttnResParams& p,
+                           TensorView dout,
+                           std::span<const TensorView> sources,
+                           TensorView gamma,
+                           TensorView w,
+                           TensorView probs,
+                           std::span<const TensorView> dsources,
+                           TensorView dgamma,
+                           TensorView dw,
+                           TensorView scratch);
 
 void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y);
 void situ_glu_backward(

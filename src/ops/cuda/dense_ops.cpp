@@ -1,5 +1,5 @@
-// The CUDA entry points of LayerNorm, RoPE and SiTU-GLU: operand layouts for the launchers. The neutral entry
-// points (ops/cpu/*.cpp) have checked shapes and dtypes already.
+// The CUDA entry points of LayerNorm, RoPE, SiTU-GLU and the Attention Residuals mix: operand layouts for the
+// launchers. The neutral entry points (ops/cpu/*.cpp) have checked shapes and dtypes already.
 #include <array>
 
 #include "ops/cuda/cuda_ops.h"
@@ -84,6 +84,53 @@ void situ_glu_backward(
                                         carg<T>(gate, "situ_glu: gate"), carg<T>(up, "situ_glu: up"),
                                         marg<T>(dgate, "situ_glu: dgate"), marg<T>(dup, "situ_glu: dup"), stream()),
             "situ_glu backward");
+    });
+}
+
+namespace {
+template <class T>
+MixArg<T> mix_arg(std::span<const TensorView> sources) {
+    MixArg<T> m{};
+    m.S = int64_t(sources.size());
+    m.N = sources[0].size(0);
+    m.C = sources[0].size(1);
+    for (size_t i = 0; i < sources.size(); ++i) m.src[i] = sources[i].ptr<T>();
+    return m;
+}
+}  // namespace
+
+void attn_res_mix_forward(const AttnResParams& p,
+                          std::span<const TensorView> sources,
+                          TensorView gamma,
+                          TensorView w,
+                          TensorView out,
+                          TensorView probs,
+                          TensorView) {
+    dispatch_float(gamma.dtype, "attn_res_mix", [&]<class T>(T) {
+        check_launch(launch_attn_res_forward<T>(mix_arg<T>(sources), gamma.ptr<T>(), w.ptr<T>(), out.ptr<T>(),
+                                                probs.ptr<T>(), p.eps, stream()),
+                     "attn_res_mix");
+    });
+}
+
+void attn_res_mix_backward(const AttnResParams& p,
+                           TensorView dout,
+                           std::span<const TensorView> sources,
+                           TensorView gamma,
+                           TensorView w,
+                           TensorView probs,
+                           std::span<const TensorView> dsources,
+                           TensorView dgamma,
+                           TensorView dw,
+                           TensorView scratch) {
+    dispatch_float(gamma.dtype, "attn_res_mix", [&]<class T>(T) {
+        MixGradArg<T> dm{};
+        for (size_t i = 0; i < dsources.size(); ++i) dm.dsrc[i] = dsources[i].ptr<T>();
+        T* ds_rs = scratch.ptr<T>() + gamma.numel();  // the CPU's layout: w⊙γ [C], then ds and r [N, S] each
+        check_launch(launch_attn_res_backward<T>(mix_arg<T>(sources), dout.ptr<T>(), gamma.ptr<T>(), w.ptr<T>(),
+                                                 probs.ptr<T>(), dm, dgamma.defined() ? dgamma.ptr<T>() : nullptr,
+                                                 dw.defined() ? dw.ptr<T>() : nullptr, ds_rs, p.eps, stream()),
+                     "attn_res_mix backward");
     });
 }
 

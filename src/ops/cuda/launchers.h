@@ -185,6 +185,35 @@ cudaError_t launch_dropout_rows(RowsArg<const T> x, T* xd, DropoutArg d, cudaStr
 template <class T>
 cudaError_t launch_masked_add(const T* g, RowsArg<T> dx, DropoutArg d, cudaStream_t stream);
 
+// Attention Residuals mixing (ops/attn_res.h): S <= kAttnResMaxSources sources [N, C] (contiguous), by pointer.
+// Backward accumulates into the source gradients and into dg and dw (both null: frozen); ds_rs holds 2·N·S values
+// (each token's ds_i, then its r_i).
+constexpr int64_t kAttnResMaxSources = 64;
+template <class T>
+struct MixArg {
+    const T* src[kAttnResMaxSources];
+    int64_t S, N, C;
+};
+template <class T>
+struct MixGradArg {
+    T* dsrc[kAttnResMaxSources];
+};
+template <class T>
+cudaError_t launch_attn_res_forward(
+    MixArg<T> m, const T* g, const T* w, T* out, T* probs, double eps, cudaStream_t stream);
+template <class T>
+cudaError_t launch_attn_res_backward(MixArg<T> m,
+                                     const T* dout,
+                                     const T* g,
+                                     const T* w,
+                                     const T* probs,
+                                     MixGradArg<T> dm,
+                                     T* dg,
+                                     T* dw,
+                                     T* ds_rs,
+                                     double eps,
+                                     cudaStream_t stream);
+
 // y[r, :] += b; db += Σ_r dy[r, :] (each column in row order).
 template <class T>
 cudaError_t launch_add_bias(RowsArg<T> y, const T* b, cudaStream_t stream);
