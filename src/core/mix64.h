@@ -3,11 +3,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TESSERA_HOST_DEVICE __host__ __device__
-#else
-#define TESSERA_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace tessera {
 

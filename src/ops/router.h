@@ -16,11 +16,11 @@
 #include <span>
 
 #include "core/tensor.h"
+#include "ops/router_rows.h"
 
 namespace tessera::ops {
 
 enum class RouterScore : uint8_t { softmax, sigmoid };
-constexpr int64_t kRouterMaxGroups = 1024;  // router_allowed_groups writes up to this many flags
 
 struct RouterParams {
     int64_t topk = 2;
@@ -30,10 +30,13 @@ struct RouterParams {
     int64_t groups = 1;
     int64_t topk_groups = 1;
     void validate(int64_t experts) const;  // throws naming the bad parameter
+    RouterRowParams row() const { return {topk, normalize, scaling, groups, topk_groups}; }
 };
 
 // logits = x·wᵀ, scores = f(logits)
 void router_scores(const RouterParams& p, TensorView x, TensorView w, TensorView logits, TensorView scores);
+// scores = f(logits) alone (router_scores' second half)
+void router_score_function(const RouterParams& p, TensorView logits, TensorView scores);
 // Top-k selection by s̃ within the allowed groups; weights from the chosen set; counts per expert.
 void router_select(const RouterParams& p,
                    TensorView scores,
@@ -47,7 +50,7 @@ void router_weights(const RouterParams& p, TensorView scores, TensorView indices
 void router_allowed_groups(const RouterParams& p, const float* s, const float* bias, int64_t E, uint8_t* allowed);
 void router_allowed_groups(const RouterParams& p, const double* s, const double* bias, int64_t E, uint8_t* allowed);
 inline bool router_expert_allowed(const RouterParams& p, const uint8_t* allowed, int64_t E, int64_t e) {
-    return p.groups <= 1 || allowed[e / (E / p.groups)];
+    return router_group_allows(p.row(), allowed, E, e);
 }
 
 // dscores [N, E] += dL/ds through the gate weights (entries outside the chosen set get nothing).

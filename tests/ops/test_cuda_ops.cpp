@@ -6,6 +6,7 @@
 // bitwise run-to-run determinism; the device arena.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "ops/matmul.h"
 #include "ops/registry.h"
 #include "ops/rope.h"
+#include "ops/router.h"
 #include "ops/rows.h"
 #include "ops/verify.h"
 #include "util/test_util.h"
@@ -47,7 +49,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 15) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 16) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -254,6 +256,32 @@ TEST(CudaOps, LoraMatchesTheCpuWithDropoutOnColumnBlocks) {
             ops::lora_weight_backward(p, t[4], t[1], t[2], t[5], t[6]);
         },
         1e-5, 1e-5);
+}
+
+// Group-limited routing with a selection bias: the same experts in the same slots, the same counts, close weights,
+// and the backward through the normalised gate weights and the softmax.
+TEST(CudaOps, RouterPicksTheCpusExpertsWithGroupsAndBias) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 257, E = 64, K = 6;
+    const ops::RouterParams p{
+        .topk = K, .score = ops::RouterScore::softmax, .scaling = 2.5, .groups = 8, .topk_groups = 3};
+    Tensor logits = test::randn(DType::f32, Shape{N, E}, 7), bias = test::randn(DType::f32, Shape{E}, 8, 0.01);
+    Tensor dweights = test::randn(DType::f32, Shape{N, K}, 9);
+    std::vector<Tensor> out[2];
+    for (const Device dev : {Device::cpu, Device::cuda}) {
+        Tensor u = logits.to(dev), b = bias.to(dev), dg = dweights.to(dev);
+        Tensor s(DType::f32, Shape{N, E}, dev), idx(DType::i32, Shape{N, K}, dev), w(DType::f32, Shape{N, K}, dev),
+            counts(DType::i32, Shape{E}, dev), ds(DType::f32, Shape{N, E}, dev), du(DType::f32, Shape{N, E}, dev);
+        ops::router_score_function(p, u, s);
+        ops::router_select(p, s, b, idx, w, counts);
+        ops::router_weights_backward(p, dg, s, idx, ds);
+        ops::router_score_backward(p, s, ds, du);
+        for (Tensor* t : {&s, &idx, &w, &counts, &du}) out[dev == Device::cuda].push_back(t->to(Device::cpu));
+    }
+    for (const size_t i : {size_t(1), size_t(3)})  // indices and counts: exact
+        EXPECT_EQ(std::memcmp(out[0][i].view().data, out[1][i].view().data, out[0][i].view().nbytes()), 0) << i;
+    for (const size_t i : {size_t(0), size_t(2), size_t(4)})
+        EXPECT_TRUE(test::all_close(out[1][i], out[0][i], 1e-5, 1e-6)) << "tensor " << i;
 }
 
 TEST(CudaOps, TheDeviceArenaHandsOutDeviceViewsAndReusesFreedBlocks) {

@@ -78,9 +78,8 @@ TEST(OpDispatch, TensorsOnDifferentDevicesAreRefused) {
 }
 
 TEST(OpDispatch, AnOpTheCudaBackendLacksRefusesCudaTensors) {
-    const TensorView x = fake_cuda(Shape{4, 8}), w = fake_cuda(Shape{16, 8}), logits = fake_cuda(Shape{4, 16}),
-                     scores = fake_cuda(Shape{4, 16});
-    const std::string e = error_of([&] { ops::router_scores({}, x, w, logits, scores); });
+    const TensorView scores = fake_cuda(Shape{4, 16});
+    const std::string e = error_of([&] { ops::router_z_loss(0.1, scores, {}); });
     EXPECT_NE(e.find("router: the CUDA backend has no implementation of this op yet"), std::string::npos) << e;
 }
 
@@ -103,7 +102,7 @@ TEST(OpDispatch, RunOpOnCudaNamesTheOpsTheBackendHas) {
     EXPECT_NE(e.find("op attention: the CUDA backend has no implementation of it yet"), std::string::npos) << e;
     for (const char* name :
          {"linear", "rmsnorm", "swiglu", "embedding", "cross_entropy", "adamw", "layernorm", "rope", "causal_conv1d",
-          "l2norm", "gated_rmsnorm", "kda_gate", "situ_glu", "lora", "attn_res_mix"}) {
+          "l2norm", "gated_rmsnorm", "kda_gate", "situ_glu", "lora", "attn_res_mix", "router"}) {
         EXPECT_TRUE(ops::op_registry().find(name)->cuda) << name;
         EXPECT_NE(e.find(name), std::string::npos) << e;
     }

@@ -50,7 +50,7 @@ void run_router(OpContext& c) {
     router_scores(p, x, w, logits, scores);
     router_select(p, scores, bias, indices, weights, c.out("counts", DType::i32, Shape{E}));
     if (!c.has("dweights")) return;
-    Tensor ds(x.dtype, Shape{N, E}), du(x.dtype, Shape{N, E});
+    Tensor ds(x.dtype, Shape{N, E}, x.device), du(x.dtype, Shape{N, E}, x.device);
     router_weights_backward(p, c.in("dweights"), scores, indices, ds.view());
     router_score_backward(p, scores, ds.view(), du.view());
     linear_backward(du.view(), x, w, c.out_like("dx", x), c.out_like("dw", w), {});
@@ -150,7 +150,8 @@ void register_moe_ops(OpRegistry& r) {
            router_param_specs(),
            {"indices", "weights", "counts", "logits", "scores"},
            {"given dweights: dx, dw"},
-           run_router});
+           run_router,
+           /*cuda=*/true});
     std::vector<OpParamSpec> moe_params = router_param_specs();
     moe_params.push_back({"capacity_factor", ParamKind::number, "0", {}, "0 = dropless", 0, 1e6});
     moe_params.push_back({"overflow", ParamKind::choice, "reroute", {"reroute", "drop"}, ""});

@@ -1,4 +1,6 @@
-// MoE router on the CPU: scores, group-limited top-k, gate weights and their backward, aux losses.
+// MoE router: the entry points (checks, then CUDA tensors to ops/cuda for the scores, the selection, the gate
+// weights and their backward; the aux losses are CPU-only for now) and the CPU loops. One token's selection and
+// gate weights are the row functions of ops/router_rows.h, shared with the CUDA kernels.
 #include "ops/router.h"
 
 #include <cmath>
@@ -33,45 +35,6 @@ void check_router_shapes(const TensorView& scores,
     }
 }
 
-template <class T>
-void allowed_groups(const RouterParams& p, const T* s, const T* bias, int64_t E, uint8_t* allowed) {
-    const int64_t G = p.groups;
-    if (G <= 1) {
-        allowed[0] = 1;
-        return;
-    }
-    const int64_t gs = E / G;
-    T score[kRouterMaxGroups];
-    for (int64_t g = 0; g < G; ++g) {
-        allowed[g] = 0;
-        T best = -INFINITY, second = -INFINITY;
-        for (int64_t e = g * gs; e < (g + 1) * gs; ++e) {
-            const T v = bias ? s[e] + bias[e] : s[e];
-            if (v > best) {
-                second = best;
-                best = v;
-            } else if (v > second) {
-                second = v;
-            }
-        }
-        score[g] = bias && gs > 1 ? best + second : best;
-    }
-    for (int64_t m = 0; m < p.topk_groups; ++m) {
-        int64_t pick = -1;
-        for (int64_t g = 0; g < G; ++g) {
-            if (!allowed[g] && (pick < 0 || score[g] > score[pick])) pick = g;
-        }
-        allowed[pick] = 1;
-    }
-}
-
-template <class T>
-void weights_row(const RouterParams& p, const T* s, const int32_t* idx, T* w, int64_t K) {
-    T z = 0;
-    for (int64_t j = 0; j < K; ++j) z += idx[j] >= 0 ? s[idx[j]] : T(0);
-    const T scale = T(p.scaling) / (p.normalize ? z + T(1e-20) : T(1));
-    for (int64_t j = 0; j < K; ++j) w[j] = idx[j] >= 0 ? s[idx[j]] * scale : T(0);
-}
 }  // namespace
 
 void RouterParams::validate(int64_t experts) const {
@@ -89,12 +52,19 @@ void RouterParams::validate(int64_t experts) const {
 
 void router_scores(const RouterParams& p, TensorView x, TensorView w, TensorView logits, TensorView scores) {
     note_op_use("router");
-    cpu_only("router", {x, w, logits, scores});
+    op_device("router", {x, w, logits, scores});
     TESSERA_CHECK(w.ndim() == 2, "router: w must be [E, D], not {}", w.shape.str());
     p.validate(w.size(0));
     linear_forward({}, x, w, {}, logits);
+    router_score_function(p, logits, scores);
+}
+
+void router_score_function(const RouterParams& p, TensorView logits, TensorView scores) {
+    const Device device = op_device("router", {logits, scores});
     check_shape(scores, logits.shape, "router: scores");
-    dispatch_float(x.dtype, "router", [&]<class T>(T) {
+    TESSERA_CHECK(scores.dtype == logits.dtype, "router: scores and logits must share one dtype");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(router_score_function(p, logits, scores));
+    dispatch_float(logits.dtype, "router", [&]<class T>(T) {
         Rows<T> U = rows_of<T>(logits, "router: logits"), S = rows_of<T>(scores, "router: scores");
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < U.rows; ++n) {
@@ -114,10 +84,10 @@ void router_scores(const RouterParams& p, TensorView x, TensorView w, TensorView
 }
 
 void router_allowed_groups(const RouterParams& p, const float* s, const float* bias, int64_t E, uint8_t* allowed) {
-    allowed_groups(p, s, bias, E, allowed);
+    router_allowed_groups_row(p.row(), s, bias, E, allowed);
 }
 void router_allowed_groups(const RouterParams& p, const double* s, const double* bias, int64_t E, uint8_t* allowed) {
-    allowed_groups(p, s, bias, E, allowed);
+    router_allowed_groups_row(p.row(), s, bias, E, allowed);
 }
 
 void router_select(const RouterParams& p,
@@ -126,7 +96,7 @@ void router_select(const RouterParams& p,
                    TensorView indices,
                    TensorView weights,
                    TensorView counts) {
-    cpu_only("router", {scores, bias, indices, weights, counts});
+    const Device device = op_device("router", {scores, bias, indices, weights, counts});
     check_router_shapes(scores, indices, weights, "router");
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     p.validate(E);
@@ -134,35 +104,17 @@ void router_select(const RouterParams& p,
     if (bias.defined()) check_shape(bias, Shape{E}, "router: bias");
     check_shape(counts, Shape{E}, "router: counts");
     check_dtype(counts, DType::i32, "router: counts");
+    TESSERA_CHECK(weights.defined(), "router: select needs weights");
+    if (bias.defined()) check_contiguous(bias, "router: bias");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(router_select(p, scores, bias, indices, weights, counts));
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
         const T* b = bias.defined() ? bias.ptr<T>() : nullptr;
+        const RouterRowParams rp = p.row();
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
-            const T* s = scores.ptr<T>() + n * E;
-            int32_t* idx = indices.ptr<int32_t>() + n * K;
-            T* val = weights.ptr<T>() + n * K;  // holds the kept s̃ until the weights replace them
             uint8_t allowed[kRouterMaxGroups];
-            allowed_groups(p, s, b, E, allowed);
-            int64_t count = 0;
-            for (int64_t e = 0; e < E; ++e) {
-                if (!router_expert_allowed(p, allowed, E, e)) continue;
-                const T v = b ? s[e] + b[e] : s[e];
-                int64_t pos;
-                if (count < K) {
-                    pos = count++;
-                } else if (v > val[K - 1]) {
-                    pos = K - 1;
-                } else {
-                    continue;
-                }
-                for (; pos > 0 && val[pos - 1] < v; --pos) {  // equal values keep the lower id first
-                    val[pos] = val[pos - 1];
-                    idx[pos] = idx[pos - 1];
-                }
-                val[pos] = v;
-                idx[pos] = int32_t(e);
-            }
-            weights_row(p, s, idx, val, K);
+            router_select_row(rp, scores.ptr<T>() + n * E, b, E, indices.ptr<int32_t>() + n * K,
+                              weights.ptr<T>() + n * K, allowed);
         }
     });
     int32_t* c = counts.ptr<int32_t>();
@@ -172,55 +124,44 @@ void router_select(const RouterParams& p,
 }
 
 void router_weights(const RouterParams& p, TensorView scores, TensorView indices, TensorView weights) {
-    cpu_only("router", {scores, indices, weights});
+    const Device device = op_device("router", {scores, indices, weights});
     check_router_shapes(scores, indices, weights, "router");
+    TESSERA_CHECK(weights.defined(), "router: weights needs its output");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(router_weights(p, scores, indices, weights));
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
-            weights_row(p, scores.ptr<T>() + n * E, indices.ptr<int32_t>() + n * K, weights.ptr<T>() + n * K, K);
+            router_weights_row(p.row(), scores.ptr<T>() + n * E, indices.ptr<int32_t>() + n * K,
+                               weights.ptr<T>() + n * K, K);
         }
     });
 }
 
 void router_weights_backward(
     const RouterParams& p, TensorView dweights, TensorView scores, TensorView indices, TensorView dscores) {
-    cpu_only("router", {dweights, scores, indices, dscores});
+    const Device device = op_device("router", {dweights, scores, indices, dscores});
     check_router_shapes(scores, indices, dweights, "router backward");
+    TESSERA_CHECK(dweights.defined(), "router backward: needs dweights");
     check_shape(dscores, scores.shape, "router: dscores");
+    check_contiguous(dscores, "router: dscores");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(router_weights_backward(p, dweights, scores, indices, dscores));
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
-        const T rho = T(p.scaling);
 #pragma omp parallel for schedule(static)
-        for (int64_t n = 0; n < N; ++n) {
-            const T* s = scores.ptr<T>() + n * E;
-            const T* dg = dweights.ptr<T>() + n * K;
-            const int32_t* idx = indices.ptr<int32_t>() + n * K;
-            T* ds = dscores.ptr<T>() + n * E;
-            if (!p.normalize) {
-                for (int64_t j = 0; j < K; ++j) {
-                    if (idx[j] >= 0) ds[idx[j]] += rho * dg[j];
-                }
-                continue;
-            }
-            T z = 0, t = 0;  // g_j = ρ s_j / z: ds_j = ρ (dg_j − Σ_i dg_i s_i / z) / z
-            for (int64_t j = 0; j < K; ++j) {
-                if (idx[j] < 0) continue;
-                z += s[idx[j]];
-                t += dg[j] * s[idx[j]];
-            }
-            z += T(1e-20);
-            for (int64_t j = 0; j < K; ++j) {
-                if (idx[j] >= 0) ds[idx[j]] += rho * (dg[j] - t / z) / z;
-            }
-        }
+        for (int64_t n = 0; n < N; ++n)
+            router_weights_backward_row(p.row(), scores.ptr<T>() + n * E, dweights.ptr<T>() + n * K,
+                                        indices.ptr<int32_t>() + n * K, dscores.ptr<T>() + n * E, K);
     });
 }
 
 void router_score_backward(const RouterParams& p, TensorView scores, TensorView dscores, TensorView dlogits) {
-    cpu_only("router", {scores, dscores, dlogits});
+    const Device device = op_device("router", {scores, dscores, dlogits});
     check_shape(dscores, scores.shape, "router: dscores");
     check_shape(dlogits, scores.shape, "router: dlogits");
+    TESSERA_CHECK(dscores.dtype == scores.dtype && dlogits.dtype == scores.dtype,
+                  "router: scores and their gradients must share one dtype");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(router_score_backward(p, scores, dscores, dlogits));
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
         Rows<T> S = rows_of<T>(scores, "router: scores"), DS = rows_of<T>(dscores, "router: dscores"),
                 DU = rows_of<T>(dlogits, "router: dlogits");

@@ -18,6 +18,7 @@
 #include "ops/matmul.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
+#include "ops/router.h"
 #include "ops/rows.h"
 #include "ops/situ_glu.h"
 #include "ops/swiglu.h"
@@ -123,6 +124,19 @@ void attn_res_mix_backward(const AttnResParams& p,
                            TensorView dgamma,
                            TensorView dw,
                            TensorView scratch);
+
+// The MoE router, one thread per token; selection through ops/router_rows.h (the CPU's row code).
+void router_score_function(const RouterParams& p, TensorView logits, TensorView scores);
+void router_select(const RouterParams& p,
+                   TensorView scores,
+                   TensorView bias,
+                   TensorView indices,
+                   TensorView weights,
+                   TensorView counts);
+void router_weights(const RouterParams& p, TensorView scores, TensorView indices, TensorView weights);
+void router_weights_backward(
+    const RouterParams& p, TensorView dweights, TensorView scores, TensorView indices, TensorView dscores);
+void router_score_backward(const RouterParams& p, TensorView scores, TensorView dscores, TensorView dlogits);
 
 void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y);
 void situ_glu_backward(

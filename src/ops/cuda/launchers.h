@@ -1,5 +1,6 @@
 // Kernel launchers of the CUDA backend: raw pointers, counts, row strides and a stream; no tessera types, so
-// .cu files compile without the C++ core headers. Each returns the launch status. Matrices are row-major
+// .cu files compile without the C++ core headers (only the plain host/device row headers: core/mix64.h,
+// ops/router_rows.h). Each returns the launch status. Matrices are row-major
 // [rows, cols] with row stride ld (in elements). T is float or double: the f64 instantiations run the golden
 // checks at the CPU oracle's f64 tolerance.
 #pragma once
@@ -7,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "ops/router_rows.h"
 
 namespace tessera::ops::cuda {
 
@@ -213,6 +216,44 @@ cudaError_t launch_attn_res_backward(MixArg<T> m,
                                      T* ds_rs,
                                      double eps,
                                      cudaStream_t stream);
+
+// The MoE router (ops/router.h), one thread per token: scores = softmax or σ of the logits; top-k selection with
+// gate weights and counts per expert (zeroed first); the gate weights of given indices; dscores += through the
+// gate weights; dlogits += through the score function. scores, indices, weights contiguous.
+template <class T>
+cudaError_t launch_router_scores(RowsArg<const T> logits, RowsArg<T> scores, bool softmax, cudaStream_t stream);
+template <class T>
+cudaError_t launch_router_select(RouterRowParams p,
+                                 const T* scores,
+                                 const T* bias,
+                                 int64_t N,
+                                 int64_t E,
+                                 int32_t* indices,
+                                 T* weights,
+                                 int32_t* counts,
+                                 cudaStream_t stream);
+template <class T>
+cudaError_t launch_router_weights(RouterRowParams p,
+                                  const T* scores,
+                                  const int32_t* indices,
+                                  T* weights,
+                                  int64_t N,
+                                  int64_t E,
+                                  int64_t K,
+                                  cudaStream_t stream);
+template <class T>
+cudaError_t launch_router_weights_backward(RouterRowParams p,
+                                           const T* dweights,
+                                           const T* scores,
+                                           const int32_t* indices,
+                                           T* dscores,
+                                           int64_t N,
+                                           int64_t E,
+                                           int64_t K,
+                                           cudaStream_t stream);
+template <class T>
+cudaError_t launch_router_score_backward(
+    RowsArg<const T> scores, RowsArg<const T> dscores, RowsArg<T> dlogits, bool softmax, cudaStream_t stream);
 
 // y[r, :] += b; db += Σ_r dy[r, :] (each column in row order).
 template <class T>
