@@ -116,7 +116,10 @@ void expect_close_losses(const std::string& a, const std::string& b, int64_t aft
 std::vector<Json> jsonl(const std::string& path) {
     std::vector<Json> out;
     if (!std::filesystem::exists(path)) return out;
-    std::istringstream in(read_text(path));
+    std::string text = read_text(path);
+    const size_t end = text.rfind('\n');  // a running job may be halfway through writing its last line
+    text.resize(end == std::string::npos ? 0 : end + 1);
+    std::istringstream in(text);
     std::string line;
     while (std::getline(in, line))
         if (!line.empty()) out.push_back(Json::parse(line));

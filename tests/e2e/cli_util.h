@@ -70,7 +70,8 @@ void expect_close_losses(const std::string& a,
                          int64_t after = 0,
                          int64_t upto = std::numeric_limits<int64_t>::max());
 
-// The JSON objects of a JSONL file (metrics.jsonl, alerts.jsonl, events.jsonl); none when it does not exist.
+// The JSON objects of a JSONL file's complete lines (metrics.jsonl, alerts.jsonl, events.jsonl; a running job's
+// line still being written is left out); none when the file does not exist.
 std::vector<Json> jsonl(const std::string& path);
 
 // TESSERA_FAULT (train/fault.h) for the commands run in one scope (they inherit the environment).
