@@ -20,8 +20,26 @@ struct RouterRowParams {
     int64_t topk_groups = 1;
 };
 
-// allowed[g] = 1 for the topk_groups best groups (a group scores the sum of its two largest s̃ with a bias, else its
-// largest s; ties: the lower group id); allowed[0] = 1 alone when groups <= 1.
+// The score of group g: the sum of its two largest s̃ with a bias (and more than one expert per group), else its
+// largest s
+template <class T>
+TESSERA_HOST_DEVICE T router_group_score(const T* s, const T* bias, int64_t g, int64_t gs) {
+    T best = -INFINITY, second = -INFINITY;
+    for (int64_t e = g * gs; e < (g + 1) * gs; ++e) {
+        const T v = bias ? s[e] + bias[e] : s[e];
+        if (v > best) {
+            second = best;
+            best = v;
+        } else if (v > second) {
+            second = v;
+        }
+    }
+    return bias && gs > 1 ? best + second : best;
+}
+
+// allowed[g] = 1 for the topk_groups best groups (ties: the lower group id); allowed[0] = 1 alone when groups <= 1.
+// Group scores are recomputed per pick (topk_groups·E work) rather than stored: no per-token table, which on a GPU
+// would be a large per-thread local array.
 template <class T>
 TESSERA_HOST_DEVICE void router_allowed_groups_row(
     const RouterRowParams& p, const T* s, const T* bias, int64_t E, uint8_t* allowed) {
@@ -31,25 +49,17 @@ TESSERA_HOST_DEVICE void router_allowed_groups_row(
         return;
     }
     const int64_t gs = E / G;
-    T score[kRouterMaxGroups];
-    for (int64_t g = 0; g < G; ++g) {
-        allowed[g] = 0;
-        T best = -INFINITY, second = -INFINITY;
-        for (int64_t e = g * gs; e < (g + 1) * gs; ++e) {
-            const T v = bias ? s[e] + bias[e] : s[e];
-            if (v > best) {
-                second = best;
-                best = v;
-            } else if (v > second) {
-                second = v;
-            }
-        }
-        score[g] = bias && gs > 1 ? best + second : best;
-    }
+    for (int64_t g = 0; g < G; ++g) allowed[g] = 0;
     for (int64_t m = 0; m < p.topk_groups; ++m) {
         int64_t pick = -1;
+        T pick_score = -INFINITY;
         for (int64_t g = 0; g < G; ++g) {
-            if (!allowed[g] && (pick < 0 || score[g] > score[pick])) pick = g;
+            if (allowed[g]) continue;
+            const T v = router_group_score(s, bias, g, gs);
+            if (pick < 0 || v > pick_score) {
+                pick = g;
+                pick_score = v;
+            }
         }
         allowed[pick] = 1;
     }
