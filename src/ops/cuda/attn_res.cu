@@ -7,10 +7,10 @@
 namespace tessera::ops::cuda {
 
 namespace {
-// r_i and the pre-softmax score_i of every source of token n, into r[] and score[] (shared memory)
+// For every source of token n: r_i into r[] and wv_i = Σ_c (w⊙γ)_c v_ic into wv[] (shared memory); the pre-softmax
+// score is wv_i·r_i
 template <class T>
-__device__ void token_scores(
-    MixArg<T> m, const T* g, const T* w, int64_t n, double eps, T* r, T* score, double* shared) {
+__device__ void token_scores(MixArg<T> m, const T* g, const T* w, int64_t n, double eps, T* r, T* wv, double* shared) {
     for (int64_t i = 0; i < m.S; ++i) {
         const T* v = m.src[i] + n * m.C;
         double ss = 0.0, sw = 0.0;
@@ -23,7 +23,7 @@ __device__ void token_scores(
         const T ri = T(1) / sqrt(T(ss) / T(m.C) + T(eps));
         if (threadIdx.x == 0) {
             r[i] = ri;
-            score[i] = T(sw) * ri;
+            wv[i] = T(sw);
         }
     }
     __syncthreads();
@@ -32,18 +32,21 @@ __device__ void token_scores(
 template <class T>
 __global__ void attn_res_forward_kernel(MixArg<T> m, const T* g, const T* w, T* out, T* probs, double eps) {
     __shared__ double shared[kBlock / 32];
-    __shared__ T r[kAttnResMaxSources], score[kAttnResMaxSources];
+    __shared__ T r[kAttnResMaxSources], wv[kAttnResMaxSources], score[kAttnResMaxSources];
     const int64_t n = blockIdx.x;
-    token_scores(m, g, w, n, eps, r, score, shared);
+    token_scores(m, g, w, n, eps, r, wv, shared);
+    for (int64_t i = threadIdx.x; i < m.S; i += blockDim.x) score[i] = wv[i] * r[i];
+    __syncthreads();
     T mx = score[0], z = 0;
     for (int64_t i = 1; i < m.S; ++i) mx = max(mx, score[i]);
     for (int64_t i = 0; i < m.S; ++i) z += exp(score[i] - mx);
+    __syncthreads();  // every thread has read the scores: they become the probabilities
     T* pn = probs + n * m.S;
-    if (threadIdx.x == 0)
-        for (int64_t i = 0; i < m.S; ++i) pn[i] = exp(score[i] - mx) / z;
+    for (int64_t i = threadIdx.x; i < m.S; i += blockDim.x) pn[i] = score[i] = exp(score[i] - mx) / z;
+    __syncthreads();
     for (int64_t c = threadIdx.x; c < m.C; c += blockDim.x) {
         T o = 0;
-        for (int64_t i = 0; i < m.S; ++i) o += (exp(score[i] - mx) / z) * m.src[i][n * m.C + c];
+        for (int64_t i = 0; i < m.S; ++i) o += score[i] * m.src[i][n * m.C + c];
         out[n * m.C + c] = o;
     }
 }
@@ -53,9 +56,9 @@ template <class T>
 __global__ void attn_res_backward_kernel(
     MixArg<T> m, const T* dout, const T* g, const T* w, const T* probs, MixGradArg<T> dm, T* ds_rs, double eps) {
     __shared__ double shared[kBlock / 32];
-    __shared__ T r[kAttnResMaxSources], score[kAttnResMaxSources], dp[kAttnResMaxSources];
+    __shared__ T r[kAttnResMaxSources], wv[kAttnResMaxSources], dp[kAttnResMaxSources];
     const int64_t n = blockIdx.x;
-    token_scores(m, g, w, n, eps, r, score, shared);
+    token_scores(m, g, w, n, eps, r, wv, shared);
     const T* don = dout + n * m.C;
     const T* pn = probs + n * m.S;
     for (int64_t i = 0; i < m.S; ++i) {
@@ -77,7 +80,7 @@ __global__ void attn_res_backward_kernel(
             rs[i] = ri;
         }
         const T* v = m.src[i] + n * m.C;
-        const T mean_a_xh = dsi * ri * (score[i] / ri) / T(m.C);  // score_i / r_i = Σ_c (w⊙γ)_c v_ic
+        const T mean_a_xh = dsi * ri * wv[i] / T(m.C);  // mean_c(a ⊙ x̂), a = ds_i (w⊙γ)
         const T k = ri * ri * mean_a_xh;
         T* dv = dm.dsrc[i] + n * m.C;
         for (int64_t c = threadIdx.x; c < m.C; c += blockDim.x)

@@ -53,18 +53,11 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
     });
 }
 
-namespace {
-struct GateDims {
-    int64_t N, HV, K;
-};
-GateDims gate_dims(const TensorView& f) { return {f.numel() / (f.size(-1) * f.size(-2)), f.size(-2), f.size(-1)}; }
-}  // namespace
-
 void kda_gate_forward(const KdaGateParams& p, TensorView f, TensorView A_log, TensorView dt_bias, TensorView g) {
-    const GateDims d = gate_dims(f);
+    const int64_t HV = f.size(-2), K = f.size(-1);
     dispatch_float(f.dtype, "kda_gate", [&]<class T>(T) {
-        check_launch(launch_kda_gate_forward<T>(f.ptr<T>(), A_log.ptr<T>(), dt_bias.ptr<T>(), g.ptr<T>(), d.N, d.HV,
-                                                d.K, p.lower_bound, stream()),
+        check_launch(launch_kda_gate_forward<T>(f.ptr<T>(), A_log.ptr<T>(), dt_bias.ptr<T>(), g.ptr<T>(),
+                                                f.numel() / (HV * K), HV, K, p.lower_bound, stream()),
                      "kda_gate");
     });
 }
@@ -77,12 +70,13 @@ void kda_gate_backward(const KdaGateParams& p,
                        TensorView df,
                        TensorView dA_log,
                        TensorView ddt_bias) {
-    const GateDims d = gate_dims(f);
+    const int64_t HV = f.size(-2), K = f.size(-1);
     dispatch_float(f.dtype, "kda_gate", [&]<class T>(T) {
         auto ptr = [](TensorView t) { return t.defined() ? t.ptr<T>() : nullptr; };
-        check_launch(launch_kda_gate_backward<T>(dg.ptr<T>(), f.ptr<T>(), A_log.ptr<T>(), dt_bias.ptr<T>(), ptr(df),
-                                                 ptr(dA_log), ptr(ddt_bias), d.N, d.HV, d.K, p.lower_bound, stream()),
-                     "kda_gate backward");
+        check_launch(
+            launch_kda_gate_backward<T>(dg.ptr<T>(), f.ptr<T>(), A_log.ptr<T>(), dt_bias.ptr<T>(), ptr(df), ptr(dA_log),
+                                        ptr(ddt_bias), f.numel() / (HV * K), HV, K, p.lower_bound, stream()),
+            "kda_gate backward");
     });
 }
 
