@@ -9,6 +9,9 @@
 
 #include "core/arena.h"
 #include "core/device.h"
+#include "ops/attn_res.h"
+#include "ops/kda_gate.h"
+#include "ops/lora.h"
 #include "ops/registry.h"
 #include "ops/rmsnorm.h"
 #include "ops/router.h"
@@ -90,6 +93,29 @@ TEST(OpDispatch, AnOpTheCudaBackendHasFailsCleanlyWithoutAGpu) {
     const std::string e = error_of([&] { ops::rmsnorm_forward({}, x, w, y, r); });
     EXPECT_NE(e.find("rmsnorm"), std::string::npos) << e;
     EXPECT_NE(e.find(cuda_built() ? "launch failed" : "this build has no CUDA backend"), std::string::npos) << e;
+}
+
+// The checks the entry points gained when they became shared by both backends: one-line errors on the CPU too.
+TEST(OpDispatch, SharedEntryChecksAreOneLineErrors) {
+    Tensor v = test::randn(DType::f32, Shape{4, 8}, 1), g = test::randn(DType::f32, Shape{8}, 2);
+    Tensor out(DType::f32, Shape{4, 8}), probs(DType::f32, Shape{4, 2}),
+        scratch(DType::f32, Shape{ops::attn_res_mix_scratch(4, 2, 8)});
+    const std::vector<TensorView> mixed{v, fake_cuda(Shape{4, 8})};
+    std::string e = error_of([&] { ops::attn_res_mix_forward({}, mixed, g, g, out, probs, scratch); });
+    EXPECT_NE(e.find("attn_res_mix: tensors on different devices"), std::string::npos) << e;
+
+    Tensor f = test::randn(DType::f32, Shape{4, 2, 3}, 3), A = test::randn(DType::f32, Shape{2}, 4),
+           bias = test::randn(DType::f32, Shape{2, 3}, 5), wide(DType::f32, Shape{4, 2, 6});
+    e = error_of([&] { ops::kda_gate_forward({}, f, A, bias, wide.view().narrow(2, 0, 3)); });
+    EXPECT_NE(e.find("kda_gate: g"), std::string::npos) << e;
+
+    Tensor w = test::randn(DType::f32, Shape{6, 8}, 6), a = test::randn(DType::f32, Shape{2, 8}, 7),
+           b64 = test::randn(DType::f64, Shape{6, 2}, 8), merged(DType::f32, Shape{6, 8});
+    e = error_of([&] { ops::lora_merge({}, w, a, b64, merged); });
+    EXPECT_NE(e.find("lora merge: every tensor must share one dtype"), std::string::npos) << e;
+    Tensor b = test::randn(DType::f32, Shape{5, 2}, 9);
+    e = error_of([&] { ops::lora_weight_backward({}, w, a, b, {}, {}); });
+    EXPECT_NE(e.find("lora: dW [6, 8] needs A [r, 8] and B [6, r]"), std::string::npos) << e;
 }
 
 TEST(OpDispatch, RunOpOnCudaNamesTheOpsTheBackendHas) {
