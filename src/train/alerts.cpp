@@ -131,7 +131,8 @@ std::vector<Alert> AlertRules::evaluate(const StepReport& r, std::span<const Ran
     }
 
     // straggler: a rank whose compute time (its step less data, optimizer and communication waits) is far above
-    // the ranks' median: the others wait for it in the collectives
+    // the ranks' median: the others wait for it in the collectives. The gap must also exceed a noise floor: on
+    // steps of a few milliseconds a scheduler hiccup is several times the median and holds no one up.
     const AlertRule& st = cfg_.straggler;
     if (st.threshold > 0 && ranks.size() > 1) {
         std::vector<double> busy;
@@ -144,7 +145,8 @@ std::vector<Alert> AlertRules::evaluate(const StepReport& r, std::span<const Ran
         busy.erase(worst);
         const double med = median(busy);  // of the other ranks (with two ranks: the other one)
         const double ratio = med > 0 ? slowest / med : 0;
-        if (streak(straggler_, ratio > st.threshold, st))
+        constexpr double kNoiseFloor = 0.02;  // seconds
+        if (streak(straggler_, ratio > st.threshold && slowest - med > kNoiseFloor, st))
             fire("straggler", st, ratio, st.threshold,
                  fmt::format("step {}: rank {} computes {:.0f} ms against the other ranks' median {:.0f} ms ({:.1f}x) "
                              "for {} steps",
