@@ -6,6 +6,8 @@
 // bitwise run-to-run determinism; the device arena.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "core/device.h"
 #include "core/safetensors.h"
 #include "ops/adamw.h"
+#include "ops/attention.h"
 #include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
 #include "ops/gated_rmsnorm.h"
@@ -49,7 +52,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 16) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 17) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -232,6 +235,40 @@ TEST(CudaOps, CausalConvMatchesTheCpuOnPackedSequencesAndDecodingSteps) {
                                         t[0].slice0(step, step + 1).reshape(Shape{5, C}), t[1], t[2],
                                         t[3].slice0(step, step + 1).reshape(Shape{5, C}));
         });
+}
+
+// Attention as the blocks call it: q, k, v head views of one fused projection row (strided over T and H), GQA,
+// packed sequences (one of a single token, one that ends a query tile early) and batch rows, causal and not, a head
+// dim that is not a multiple of the chunk; backward accumulates into gradients that hold values already.
+TEST(CudaOps, AttentionMatchesTheCpuOnPackedSequencesAndHeadViews) {
+    SKIP_WITHOUT_GPU();
+    const int64_t H = 4, HKV = 2, D = 40, W = (H + 2 * HKV) * D;
+    auto heads = [&](TensorView fused, int64_t B, int64_t T, int64_t col, int64_t n) {
+        TensorView v(static_cast<float*>(fused.data) + col, DType::f32, Shape{B, T, n, D}, fused.device);
+        v.strides = {T * W, W, D, 1};
+        return v;
+    };
+    struct Case {
+        int64_t B, T;
+        std::vector<int64_t> cu;
+        bool causal;
+    };
+    for (const Case& c : {Case{1, 150, {0, 1, 64, 65, 150}, true}, Case{1, 150, {0, 1, 64, 65, 150}, false},
+                          Case{2, 70, {}, true}, Case{2, 70, {}, false}}) {
+        const int64_t B = c.B, T = c.T;
+        expect_cuda_like_cpu(
+            {Shape{B, T, W}, Shape{B, T, H, D}, Shape{B, H, T}, Shape{B, T, H, D}, Shape{B, T, W}},
+            [&](std::vector<TensorView> t) {
+                const ops::AttentionParams p{.scale = 0.3, .causal = c.causal};
+                std::vector<std::byte> ws(ops::attention_workspace_bytes(DType::f32, T, D, omp_get_max_threads()));
+                TensorView q = heads(t[0], B, T, 0, H), k = heads(t[0], B, T, H * D, HKV),
+                           v = heads(t[0], B, T, (H + HKV) * D, HKV);
+                ops::attention_forward(p, q, k, v, t[1], t[2], ws, c.cu);
+                ops::attention_backward(p, t[3], q, k, v, t[1], t[2], heads(t[4], B, T, 0, H),
+                                        heads(t[4], B, T, H * D, HKV), heads(t[4], B, T, (H + HKV) * D, HKV), ws, c.cu);
+            },
+            1e-5, 1e-5);
+    }
 }
 
 // LoRA on a fused projection's column blocks, with the counter-based dropout (the same mask bits on both devices),

@@ -313,7 +313,8 @@ void register_dense_ops(OpRegistry& r) {
            {number("scale", "0", 0, kInf, "0 = D^-0.5"), integer("causal", "1", 0, 1)},
            {"o", "lse"},
            {"given do: dq, dk, dv"},
-           run_attention});
+           run_attention,
+           /*cuda=*/true});
     r.add({"adamw",
            "one AdamW step, in the operation order of torch.optim.AdamW",
            {{"param", "[...]"}, {"grad", "[...]"}, {"m", "[...]"}, {"v", "[...]"}},

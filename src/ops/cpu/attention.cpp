@@ -1,6 +1,6 @@
-// Flash-style attention on the CPU, per sequence (batch row or packed segment). Tiles multiply with
-// the register-blocked small GEMM (ops/cpu/small_gemm.h) and the online softmax runs in vectorized
-// loops. f64 uses the same algorithm with the reference loops.
+// Attention's entry points (checks, then CUDA tensors to ops/cuda) and flash-style attention on the CPU, per sequence
+// (batch row or packed segment). Tiles multiply with the register-blocked small GEMM (ops/cpu/small_gemm.h) and the
+// online softmax runs in vectorized loops. f64 uses the same algorithm with the reference loops.
 #include "ops/attention.h"
 
 #include <omp.h>
@@ -255,9 +255,10 @@ void attention_forward(const AttentionParams& p,
                        std::span<std::byte> workspace,
                        std::span<const int64_t> cu_seqlens) {
     note_op_use("attention");
-    cpu_only("attention", {q, k, v, o, lse});
+    const Device device = op_device("attention", {q, k, v, o, lse});
     Dims d = check_inputs(q, k, v, o, lse);
     const Segments seg(d.B, d.T, cu_seqlens, "attention");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(attention_forward(p, q, k, v, o, lse, workspace, cu_seqlens));
     dispatch_float(q.dtype, "attention", [&]<class T>(T) { forward_impl<T>(p, d, seg, q, k, v, o, lse, workspace); });
 }
 
@@ -273,7 +274,7 @@ void attention_backward(const AttentionParams& p,
                         TensorView dv,
                         std::span<std::byte> workspace,
                         std::span<const int64_t> cu_seqlens) {
-    cpu_only("attention", {dout, q, k, v, o, lse, dq, dk, dv});
+    const Device device = op_device("attention", {dout, q, k, v, o, lse, dq, dk, dv});
     Dims d = check_inputs(q, k, v, o, lse);
     const Segments seg(d.B, d.T, cu_seqlens, "attention");
     check_shape(dout, q.shape, "attention: do");
@@ -284,6 +285,8 @@ void attention_backward(const AttentionParams& p,
         TESSERA_CHECK(t->dtype == q.dtype && t->strides[3] == 1,
                       "attention: gradients must be {} with a contiguous head dimension", dtype_name(q.dtype));
     }
+    if (device == Device::cuda)
+        return TESSERA_ON_CUDA(attention_backward(p, dout, q, k, v, o, lse, dq, dk, dv, workspace, cu_seqlens));
     dispatch_float(q.dtype, "attention",
                    [&]<class T>(T) { backward_impl<T>(p, d, seg, dout, q, k, v, o, lse, dq, dk, dv, workspace); });
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "ops/adamw.h"
+#include "ops/attention.h"
 #include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
 #include "ops/cross_entropy.h"
@@ -62,6 +63,29 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
                             TensorView dx,
                             TensorView dgate,
                             TensorView dweight);
+
+// Flash-style kernels (ops/cuda/attention.cu); the host workspace is not used (the kernels keep their tiles in
+// shared memory; backward's Δ and the tile lists live in the thread's device scratch).
+void attention_forward(const AttentionParams& p,
+                       TensorView q,
+                       TensorView k,
+                       TensorView v,
+                       TensorView o,
+                       TensorView lse,
+                       std::span<std::byte> workspace,
+                       std::span<const int64_t> cu_seqlens);
+void attention_backward(const AttentionParams& p,
+                        TensorView dout,
+                        TensorView q,
+                        TensorView k,
+                        TensorView v,
+                        TensorView o,
+                        TensorView lse,
+                        TensorView dq,
+                        TensorView dk,
+                        TensorView dv,
+                        std::span<std::byte> workspace,
+                        std::span<const int64_t> cu_seqlens);
 
 // The frequencies are computed on the host and copied to the device (scratch) per call.
 void rope_forward(const RopeParams& p, TensorView x, TensorView y);

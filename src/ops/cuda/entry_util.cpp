@@ -23,6 +23,14 @@ void* scratch(size_t bytes) {
     return b.p;
 }
 
+size_t max_shared_memory() {
+    int dev = 0, bytes = 0;
+    check_launch(cudaGetDevice(&dev), "cudaGetDevice");
+    check_launch(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                 "cudaDeviceGetAttribute");
+    return size_t(bytes);
+}
+
 cublasHandle_t blas() {
     struct Handle {
         cublasHandle_t h = nullptr;

@@ -42,13 +42,17 @@ RowsArg<T> marg(const TensorView& v, const char* what) {
 void* scratch(size_t bytes);
 
 // Host values copied into the calling thread's scratch, asynchronously on the current stream (the copy reads the
-// host buffer before it returns, so the caller may reuse it). The scratch's one-buffer rule applies.
+// host buffer before it returns, so the caller may reuse it). The scratch's one-buffer rule applies. upload copies
+// into a given place of device memory (a part of one scratch request).
+template <class T>
+const T* upload(void* device, std::span<const T> host) {
+    check_launch(cudaMemcpyAsync(device, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream()),
+                 "host-to-device copy");
+    return static_cast<const T*>(device);
+}
 template <class T>
 const T* to_scratch(std::span<const T> host) {
-    void* d = scratch(host.size_bytes());
-    check_launch(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream()),
-                 "host-to-device copy");
-    return static_cast<const T*>(d);
+    return upload(scratch(host.size_bytes()), host);
 }
 
 // The strides between the operands of a batch of GEMMs (in elements) and its size; one GEMM by default.
@@ -91,6 +95,9 @@ void gemm_rows(Trans ta,
                int64_t ldc) {
     gemm<T>(tb == Trans::T, ta == Trans::T, N, M, K, alpha, b, ldb, a, lda, beta, c, ldc);
 }
+
+// The most dynamic shared memory a block may opt in to on the current device.
+size_t max_shared_memory();
 
 // cuBLAS: one handle per thread, on the current stream. Default math mode: f32 GEMMs stay f32 (no TF32), so they
 // compare with the CPU's at f32 tolerance.

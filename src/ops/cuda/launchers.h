@@ -1,6 +1,6 @@
 // Kernel launchers of the CUDA backend: raw pointers, counts, row strides and a stream; no tessera types, so
 // .cu files compile without the C++ core headers (only the plain host/device row headers: core/mix64.h,
-// ops/router_rows.h). Each returns the launch status. Matrices are row-major
+// ops/router_rows.h, ops/attention_tiles.h). Each returns the launch status. Matrices are row-major
 // [rows, cols] with row stride ld (in elements). T is float or double: the f64 instantiations run the golden
 // checks at the CPU oracle's f64 tolerance.
 #pragma once
@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "ops/attention_tiles.h"
 #include "ops/router_rows.h"
 
 namespace tessera::ops::cuda {
@@ -150,6 +151,45 @@ struct RopeShape {
 template <class T>
 cudaError_t launch_rope(
     RopeShape s, const double* inv_freq, HeadsArg<const T> src, HeadsArg<T> dst, cudaStream_t stream);
+
+// Flash-style attention (ops/attention.h, plan: ops/attention_tiles.h). lse and delta are [B, H, T] contiguous;
+// q, o, dout, dq [B, T, H, D]; k, v, dk, dv [B, T, HKV, D]. A plan is the tile list (device memory), its length,
+// the rows per block and the block's dynamic shared memory. Backward accumulates into dq, dk, dv; delta is its
+// scratch (B·H·T values).
+struct AttnShape {
+    int64_t B, T, H, HKV, D;
+    double scale;
+    bool causal;
+};
+struct AttnPlan {
+    const AttnTile* list;
+    int64_t tiles, rows;
+    size_t smem;
+};
+template <class T>
+cudaError_t launch_attention_forward(AttnShape s,
+                                     AttnPlan plan,
+                                     HeadsArg<const T> q,
+                                     HeadsArg<const T> k,
+                                     HeadsArg<const T> v,
+                                     HeadsArg<T> o,
+                                     T* lse,
+                                     cudaStream_t stream);
+template <class T>
+cudaError_t launch_attention_backward(AttnShape s,
+                                      AttnPlan queries,
+                                      AttnPlan keys,
+                                      HeadsArg<const T> dout,
+                                      HeadsArg<const T> q,
+                                      HeadsArg<const T> k,
+                                      HeadsArg<const T> v,
+                                      HeadsArg<const T> o,
+                                      const T* lse,
+                                      T* delta,
+                                      HeadsArg<T> dq,
+                                      HeadsArg<T> dk,
+                                      HeadsArg<T> dv,
+                                      cudaStream_t stream);
 
 // Causal depthwise conv1d (ops/causal_conv1d.h) on contiguous [tokens, C] rows, w [C, W]. Sequences: batch rows of
 // T tokens (cu null) or the `segments` packed sequences of cu ([segments + 1] offsets in device memory).

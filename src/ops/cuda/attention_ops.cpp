@@ -1,0 +1,92 @@
+// The CUDA entry points of attention (ops/attention.h). The neutral entry points (ops/cpu/attention.cpp) have
+// checked shapes, dtypes, strides and cu_seqlens already; here the tile plan is made on the host
+// (ops/attention_tiles.h) and copied with backward's Δ scratch into one device scratch request.
+#include <cmath>
+#include <vector>
+
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/entry_util.h"
+
+namespace tessera::ops::cuda {
+
+namespace {
+size_t round_up(size_t b) { return (b + 255) / 256 * 256; }
+
+template <class T>
+HeadsArg<T> heads(const TensorView& x) {
+    return {x.ptr<T>(), x.strides[0], x.strides[1], x.strides[2]};
+}
+template <class T>
+HeadsArg<const T> cheads(const TensorView& x) {
+    return {x.ptr<T>(), x.strides[0], x.strides[1], x.strides[2]};
+}
+
+AttnShape shape_of(const AttentionParams& p, const TensorView& q, const TensorView& k) {
+    const int64_t D = q.size(3);
+    return {q.size(0), q.size(1), q.size(2), k.size(2), D, p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(D)),
+            p.causal};
+}
+
+// The plan of `kernel` for this call: rows per block, shared memory, and the tiles in `host` (uploaded later).
+AttnPlan plan_for(
+    AttnKernel kernel, const AttnShape& s, size_t elem, std::span<const int64_t> cu, std::vector<AttnTile>& host) {
+    const size_t limit = max_shared_memory();
+    const int64_t rows = attention_block_rows(kernel, s.D, elem, limit);
+    TESSERA_CHECK(rows > 0,
+                  "attention (CUDA): head dim {} needs {} bytes of shared memory per block; the device allows {}", s.D,
+                  attention_smem_bytes(kernel, 32, s.D, elem), limit);
+    attention_tiles(s.B, s.T, cu.data(), cu.size(), rows, host);
+    return {nullptr, int64_t(host.size()), rows, attention_smem_bytes(kernel, rows, s.D, elem)};
+}
+}  // namespace
+
+void attention_forward(const AttentionParams& p,
+                       TensorView q,
+                       TensorView k,
+                       TensorView v,
+                       TensorView o,
+                       TensorView lse,
+                       std::span<std::byte> /*workspace*/,
+                       std::span<const int64_t> cu_seqlens) {
+    const AttnShape s = shape_of(p, q, k);
+    thread_local std::vector<AttnTile> tiles;
+    dispatch_float(q.dtype, "attention", [&]<class T>(T) {
+        AttnPlan plan = plan_for(AttnKernel::forward, s, sizeof(T), cu_seqlens, tiles);
+        plan.list = to_scratch(std::span<const AttnTile>(tiles));
+        check_launch(launch_attention_forward<T>(s, plan, cheads<T>(q), cheads<T>(k), cheads<T>(v), heads<T>(o),
+                                                 lse.ptr<T>(), stream()),
+                     "attention");
+    });
+}
+
+void attention_backward(const AttentionParams& p,
+                        TensorView dout,
+                        TensorView q,
+                        TensorView k,
+                        TensorView v,
+                        TensorView o,
+                        TensorView lse,
+                        TensorView dq,
+                        TensorView dk,
+                        TensorView dv,
+                        std::span<std::byte> /*workspace*/,
+                        std::span<const int64_t> cu_seqlens) {
+    const AttnShape s = shape_of(p, q, k);
+    thread_local std::vector<AttnTile> qtiles, ktiles;
+    dispatch_float(q.dtype, "attention", [&]<class T>(T) {
+        AttnPlan queries = plan_for(AttnKernel::dq, s, sizeof(T), cu_seqlens, qtiles);
+        AttnPlan keys = plan_for(AttnKernel::dkv, s, sizeof(T), cu_seqlens, ktiles);
+        // one scratch request: Δ [B, H, T], then the query tiles, then the key tiles
+        const size_t delta_bytes = round_up(sizeof(T) * size_t(s.B * s.H * s.T));
+        const size_t qbytes = round_up(sizeof(AttnTile) * qtiles.size());
+        auto* base = static_cast<std::byte*>(scratch(delta_bytes + qbytes + sizeof(AttnTile) * ktiles.size()));
+        queries.list = upload(base + delta_bytes, std::span<const AttnTile>(qtiles));
+        keys.list = upload(base + delta_bytes + qbytes, std::span<const AttnTile>(ktiles));
+        check_launch(launch_attention_backward<T>(s, queries, keys, cheads<T>(dout), cheads<T>(q), cheads<T>(k),
+                                                  cheads<T>(v), cheads<T>(o), lse.ptr<T>(), reinterpret_cast<T*>(base),
+                                                  heads<T>(dq), heads<T>(dk), heads<T>(dv), stream()),
+                     "attention backward");
+    });
+}
+
+}  // namespace tessera::ops::cuda
