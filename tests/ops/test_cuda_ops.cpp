@@ -20,6 +20,7 @@
 #include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
 #include "ops/gated_rmsnorm.h"
+#include "ops/kda.h"
 #include "ops/kda_gate.h"
 #include "ops/l2norm.h"
 #include "ops/layernorm.h"
@@ -52,7 +53,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 17) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 18) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -268,6 +269,46 @@ TEST(CudaOps, AttentionMatchesTheCpuOnPackedSequencesAndHeadViews) {
                                         heads(t[4], B, T, H * D, HKV), heads(t[4], B, T, (H + HKV) * D, HKV), ws, c.cu);
             },
             1e-5, 1e-5);
+    }
+}
+
+// KDA on the GPU (the fused token recurrence) against the CPU: its recurrent mode (the same recurrence, f32
+// tolerance) and its chunked mode with the forward's saved states (another algorithm: looser), with GVA, packed
+// sequences (one of a single token, one not a whole number of chunks), h0 and dht; backward accumulates.
+TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
+    SKIP_WITHOUT_GPU();
+    const int64_t T = 100, H = 2, HV = 4, K = 32, V = 48, N = 3;
+    const std::vector<int64_t> cu{0, 1, 40, 100};
+    for (const ops::KdaMode mode : {ops::KdaMode::recurrent, ops::KdaMode::chunk}) {
+        const ops::KdaParams p{.chunk_size = 32, .mode = mode};
+        const bool save = mode == ops::KdaMode::chunk;
+        std::vector<Tensor> host;
+        host.push_back(test::randn(DType::f32, Shape{1, T, H, K}, 1, 0.3));   // q
+        host.push_back(test::randn(DType::f32, Shape{1, T, H, K}, 2, 0.15));  // k: β·|k|² < 1, a stable delta rule
+        host.push_back(test::randn(DType::f32, Shape{1, T, HV, V}, 3));       // v
+        host.push_back(test::uniform(DType::f32, Shape{1, T, HV, K}, 4, -0.4, -0.01));                         // g
+        host.push_back(test::uniform(DType::f32, Shape{1, T, HV}, 5, 0.1, 0.9));                               // beta
+        host.push_back(test::randn(DType::f32, Shape{N, HV, K, V}, 6, 0.1));                                   // h0
+        host.push_back(Tensor(DType::f32, Shape{1, T, HV, V}));                                                // o
+        host.push_back(Tensor(DType::f32, Shape{N, HV, K, V}));                                                // ht
+        host.push_back(test::randn(DType::f32, Shape{1, T, HV, V}, 7));                                        // do
+        host.push_back(test::randn(DType::f32, Shape{N, HV, K, V}, 8, 0.1));                                   // dht
+        for (size_t i = 0; i < 6; ++i) host.push_back(test::randn(DType::f32, host[i].shape(), 20 + i, 0.1));  // grads
+        const ops::KdaInputs shapes{host[0], host[1], host[2], host[3], host[4], host[5], cu};
+        if (save) host.emplace_back(DType::f32, ops::kda_saved_states_shape(p, shapes));
+        std::vector<Tensor> dev;
+        for (const Tensor& t : host) dev.push_back(t.to(Device::cuda));
+        std::vector<std::byte> ws(ops::kda_workspace_bytes(p, shapes, true, omp_get_max_threads(), save));
+        for (std::vector<Tensor>* t : {&host, &dev}) {
+            auto& x = *t;
+            const ops::KdaInputs in{x[0], x[1], x[2], x[3], x[4], x[5], cu};
+            const TensorView saved = save ? TensorView(x[16]) : TensorView();
+            ops::kda_forward(p, in, x[6], x[7], ws, saved);
+            ops::kda_backward(p, in, x[8], x[9], {x[10], x[11], x[12], x[13], x[14], x[15]}, ws, saved);
+        }
+        const double tol = save ? 1e-4 : 1e-5;
+        for (size_t i = 6; i < host.size(); ++i)
+            EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], tol, tol)) << "tensor " << i;
     }
 }
 

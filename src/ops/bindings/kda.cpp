@@ -77,7 +77,8 @@ void register_kda_ops(OpRegistry& r) {
             {"mode", ParamKind::choice, "chunk", {"chunk", "recurrent"}, ""}},
            {"o", "ht"},
            {"given do and/or dht: dq, dk, dv, dg, dbeta, dh0 (dh0 when h0 is given)"},
-           run_kda});
+           run_kda,
+           /*cuda=*/true});
     r.add({"kda_gate",
            "KDA forget gate: -exp(A_log)·softplus(f + dt_bias), or lower_bound·σ(exp(A_log)·(f + dt_bias))",
            {{"f", "[..., HV, K]"}, {"A_log", "[HV]"}, {"dt_bias", "[HV, K]"}, {"dg", "[..., HV, K]", true}},

@@ -1,5 +1,6 @@
-// KDA entry points on the CPU: argument checks, workspace sizes and dispatch to the chunked driver
-// (kda_chunked.cpp) or the token-recurrent reference (kda_recurrent.cpp); the GVA head sum.
+// KDA's entry points: argument checks for both backends, CUDA tensors to ops/cuda (kda.cu), workspace sizes and
+// dispatch to the CPU's chunked driver (kda_chunked.cpp) or token-recurrent reference (kda_recurrent.cpp); the GVA
+// head sum.
 #include "ops/kda.h"
 
 #include <omp.h>
@@ -82,14 +83,17 @@ WorkSizes work_sizes(const KdaParams& p, const Layout& L, bool backward, int thr
     return w;
 }
 
+void check_saved(const KdaParams& p, const Layout& L, const TensorView& saved, DType dtype) {
+    if (!saved.defined()) return;
+    TESSERA_CHECK(p.mode == KdaMode::chunk, "kda: saved states exist in chunk mode only");
+    check_shape(saved, Shape{L.total_chunks, L.HV, L.K, L.V}, "kda: saved_states");
+    check_dtype(saved, dtype, "kda: saved_states");
+    check_contiguous(saved, "kda: saved_states");
+}
+
 template <class T>
 Problem<T> problem(const KdaParams& p, const KdaInputs& in, const Layout& L, const TensorView& saved) {
     const T scale = T(p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(L.K)));
-    if (saved.defined()) {
-        TESSERA_CHECK(p.mode == KdaMode::chunk, "kda: saved states exist in chunk mode only");
-        check_shape(saved, Shape{L.total_chunks, L.HV, L.K, L.V}, "kda: saved_states");
-        check_contiguous(saved, "kda: saved_states");
-    }
     return {L,
             scale,
             in.q.ptr<T>(),
@@ -183,11 +187,18 @@ void kda_forward(const KdaParams& p,
                  std::span<std::byte> ws,
                  TensorView saved_states) {
     note_op_use("kda");
-    cpu_only("kda", {in.q, in.k, in.v, in.g, in.beta, in.h0, o, ht, saved_states});
+    const Device device = op_device("kda", {in.q, in.k, in.v, in.g, in.beta, in.h0, o, ht, saved_states});
     const Layout L = check(p, in);
     check_shape(o, in.v.shape, "kda: o");
+    check_dtype(o, in.q.dtype, "kda: o");
     check_contiguous(o, "kda: o");
-    if (ht.defined()) check_shape(ht, Shape{L.num_seqs, L.HV, L.K, L.V}, "kda: ht");
+    if (ht.defined()) {
+        check_shape(ht, Shape{L.num_seqs, L.HV, L.K, L.V}, "kda: ht");
+        check_dtype(ht, in.q.dtype, "kda: ht");
+        check_contiguous(ht, "kda: ht");
+    }
+    check_saved(p, L, saved_states, in.q.dtype);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(kda_forward(p, in, o, ht, ws, saved_states));
     cpu::dispatch_float(in.q.dtype, "kda", [&]<class T>(T) {
         const Problem<T> P = problem<T>(p, in, L, saved_states);
         const Work<T> w = carve<T>(work_sizes(p, L, false, omp_get_max_threads(), false), ws);
@@ -207,23 +218,27 @@ void kda_backward(const KdaParams& p,
                   const KdaGrads& grads,
                   std::span<std::byte> ws,
                   TensorView saved_states) {
-    cpu_only("kda", {in.q, in.k, in.v, in.g, in.beta, in.h0, dout, dht, saved_states});
-    cpu_only("kda", {grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dh0});
+    const Device device = op_device("kda", {in.q, in.k, in.v, in.g, in.beta, in.h0, dout, dht, saved_states});
+    TESSERA_CHECK(op_device("kda", {grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dh0, in.q}) == device,
+                  "kda: the gradients must be on the inputs' device");
     const Layout L = check(p, in);
-    if (dout.defined()) check_shape(dout, in.v.shape, "kda: do");
-    if (dht.defined()) check_shape(dht, Shape{L.num_seqs, L.HV, L.K, L.V}, "kda: dht");
-    auto check_grad = [&](const TensorView& g, const TensorView& like, const char* what) {
+    auto check_like = [&](const TensorView& g, const Shape& shape, const char* what) {
         if (!g.defined()) return;
-        check_shape(g, like.shape, what);
+        check_shape(g, shape, what);
         check_dtype(g, in.q.dtype, what);
         check_contiguous(g, what);
     };
-    check_grad(grads.dq, in.q, "kda: dq");
-    check_grad(grads.dk, in.k, "kda: dk");
-    check_grad(grads.dv, in.v, "kda: dv");
-    check_grad(grads.dg, in.g, "kda: dg");
-    check_grad(grads.dbeta, in.beta, "kda: dbeta");
-    if (grads.dh0.defined()) check_shape(grads.dh0, Shape{L.num_seqs, L.HV, L.K, L.V}, "kda: dh0");
+    const Shape state{L.num_seqs, L.HV, L.K, L.V};
+    check_like(dout, in.v.shape, "kda: do");
+    check_like(dht, state, "kda: dht");
+    check_like(grads.dq, in.q.shape, "kda: dq");
+    check_like(grads.dk, in.k.shape, "kda: dk");
+    check_like(grads.dv, in.v.shape, "kda: dv");
+    check_like(grads.dg, in.g.shape, "kda: dg");
+    check_like(grads.dbeta, in.beta.shape, "kda: dbeta");
+    check_like(grads.dh0, state, "kda: dh0");
+    check_saved(p, L, saved_states, in.q.dtype);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(kda_backward(p, in, dout, dht, grads, ws, saved_states));
     cpu::dispatch_float(in.q.dtype, "kda", [&]<class T>(T) {
         const Problem<T> P = problem<T>(p, in, L, saved_states);
         const Work<T> w = carve<T>(work_sizes(p, L, true, omp_get_max_threads(), saved_states.defined()), ws);

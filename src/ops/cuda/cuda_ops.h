@@ -11,6 +11,7 @@
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/gated_rmsnorm.h"
+#include "ops/kda.h"
 #include "ops/kda_gate.h"
 #include "ops/l2norm.h"
 #include "ops/layernorm.h"
@@ -90,6 +91,18 @@ void attention_backward(const AttentionParams& p,
 // The frequencies are computed on the host and copied to the device (scratch) per call.
 void rope_forward(const RopeParams& p, TensorView x, TensorView y);
 void rope_backward(const RopeParams& p, TensorView dy, TensorView dx);
+
+// The fused token recurrence in both modes (ops/cuda/kda.cu); the host workspace is not used (the sequence table,
+// backward's checkpoints, chunk states and per-value-head dq, dk live in the thread's device scratch).
+void kda_forward(
+    const KdaParams& p, const KdaInputs& in, TensorView o, TensorView ht, std::span<std::byte> ws, TensorView saved);
+void kda_backward(const KdaParams& p,
+                  const KdaInputs& in,
+                  TensorView dout,
+                  TensorView dht,
+                  const KdaGrads& grads,
+                  std::span<std::byte> ws,
+                  TensorView saved);
 
 void kda_gate_forward(const KdaGateParams& p, TensorView f, TensorView A_log, TensorView dt_bias, TensorView g);
 void kda_gate_backward(const KdaGateParams& p,

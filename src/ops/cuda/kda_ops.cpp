@@ -1,10 +1,107 @@
-// The CUDA entry points of the KDA block's small ops: L2 norm, gated RMSNorm, the forget gate and the causal
-// conv1d (training and the decoding step). The neutral entry points (ops/cpu/*.cpp) have checked shapes, dtypes
+// The CUDA entry points of the KDA block's ops: the KDA recurrence, L2 norm, gated RMSNorm, the forget gate and the
+// causal conv1d (training and the decoding step). The neutral entry points (ops/cpu/*.cpp) have checked shapes, dtypes
 // and cu_seqlens already.
+#include <cmath>
+#include <vector>
+
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/entry_util.h"
 
 namespace tessera::ops::cuda {
+
+namespace {
+size_t round_up(size_t b) { return (b + 255) / 256 * 256; }
+
+// The geometry of a KDA call and its sequence table (host), as ops/cuda/kda.cu takes them.
+struct KdaCall {
+    KdaShape s{};
+    int64_t tokens = 0, units = 0, total_chunks = 0;
+    std::vector<KdaSeq> seqs;
+};
+
+KdaCall kda_call(const KdaParams& p, const KdaInputs& in, size_t elem, bool backward) {
+    KdaCall c;
+    const int64_t B = in.q.size(0), T = in.q.size(1), K = in.q.size(3), V = in.v.size(3), C = p.chunk_size;
+    c.s = {in.q.size(2), in.v.size(2), K, V, C, p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(K))};
+    c.tokens = B * T;
+    auto add = [&](int64_t first, int64_t len) {
+        c.seqs.push_back({first, len, c.total_chunks});
+        c.total_chunks += (len + C - 1) / C;
+    };
+    const auto& cu = in.cu_seqlens;
+    if (cu.empty()) {
+        for (int64_t b = 0; b < B; ++b) add(b * T, T);
+    } else {
+        for (size_t i = 0; i + 1 < cu.size(); ++i) add(cu[i], cu[i + 1] - cu[i]);
+    }
+    c.units = int64_t(c.seqs.size()) * c.s.HV;
+    const size_t limit = max_shared_memory();
+    const size_t need = backward ? kda_backward_smem(K, V, elem) : kda_forward_smem(K, V, elem);
+    TESSERA_CHECK(!backward || V <= kKdaBackwardMaxV, "kda (CUDA): backward supports value head dims up to {}, not {}",
+                  kKdaBackwardMaxV, V);
+    TESSERA_CHECK(need <= limit,
+                  "kda (CUDA): K = {}, V = {} need {} bytes of shared memory per block; the device allows {}", K, V,
+                  need, limit);
+    return c;
+}
+
+template <class T>
+KdaTensors<T> kda_tensors(const KdaInputs& in) {
+    return {in.q.ptr<T>(), in.k.ptr<T>(),    in.v.ptr<T>(),
+            in.g.ptr<T>(), in.beta.ptr<T>(), in.h0.defined() ? in.h0.ptr<T>() : nullptr};
+}
+
+template <class T>
+T* ptr_or_null(const TensorView& t) {
+    return t.defined() ? t.ptr<T>() : nullptr;
+}
+}  // namespace
+
+void kda_forward(
+    const KdaParams& p, const KdaInputs& in, TensorView o, TensorView ht, std::span<std::byte>, TensorView saved) {
+    dispatch_float(in.q.dtype, "kda", [&]<class T>(T) {
+        const KdaCall c = kda_call(p, in, sizeof(T), false);
+        const KdaSeq* seqs = to_scratch(std::span<const KdaSeq>(c.seqs));
+        check_launch(launch_kda_forward<T>(c.s, seqs, c.units, kda_tensors<T>(in), o.ptr<T>(), ptr_or_null<T>(ht),
+                                           ptr_or_null<T>(saved), stream()),
+                     "kda");
+    });
+}
+
+void kda_backward(const KdaParams& p,
+                  const KdaInputs& in,
+                  TensorView dout,
+                  TensorView dht,
+                  const KdaGrads& grads,
+                  std::span<std::byte>,
+                  TensorView saved) {
+    dispatch_float(in.q.dtype, "kda", [&]<class T>(T) {
+        const KdaCall c = kda_call(p, in, sizeof(T), true);
+        const int64_t KV = c.s.K * c.s.V;
+        const bool gva = c.s.HV > c.s.H;
+        // one scratch request: the sequence table, the checkpoints (without saved states), the chunk states, and
+        // dq, dk per value head (GVA)
+        const size_t seq_bytes = round_up(sizeof(KdaSeq) * c.seqs.size());
+        const size_t ckpt_bytes = saved.defined() ? 0 : round_up(sizeof(T) * size_t(c.total_chunks * c.s.HV * KV));
+        const size_t state_bytes = round_up(sizeof(T) * size_t(c.units * (c.s.C + 1) * KV));
+        const size_t head_bytes = gva ? round_up(sizeof(T) * size_t(c.tokens * c.s.HV * c.s.K)) : 0;
+        auto* base = static_cast<std::byte*>(scratch(seq_bytes + ckpt_bytes + state_bytes + 2 * head_bytes));
+        const KdaSeq* seqs = upload(base, std::span<const KdaSeq>(c.seqs));
+        T* ckpt = saved.defined() ? saved.ptr<T>() : reinterpret_cast<T*>(base + seq_bytes);
+        T* states = reinterpret_cast<T*>(base + seq_bytes + ckpt_bytes);
+        T* dqv = gva ? reinterpret_cast<T*>(base + seq_bytes + ckpt_bytes + state_bytes) : nullptr;
+        T* dkv = gva ? reinterpret_cast<T*>(base + seq_bytes + ckpt_bytes + state_bytes + head_bytes) : nullptr;
+        const KdaTensors<T> t = kda_tensors<T>(in);
+        if (!saved.defined())  // the states entering every chunk, by a forward pass that writes nothing else
+            check_launch(launch_kda_forward<T>(c.s, seqs, c.units, t, nullptr, nullptr, ckpt, stream()),
+                         "kda backward (checkpoints)");
+        const KdaGradPtrs<T> g{ptr_or_null<T>(grads.dq), ptr_or_null<T>(grads.dk),    ptr_or_null<T>(grads.dv),
+                               ptr_or_null<T>(grads.dg), ptr_or_null<T>(grads.dbeta), ptr_or_null<T>(grads.dh0)};
+        check_launch(launch_kda_backward<T>(c.s, seqs, c.units, t, ptr_or_null<T>(dout), ptr_or_null<T>(dht), ckpt,
+                                            states, g, dqv, dkv, c.tokens, stream()),
+                     "kda backward");
+    });
+}
 
 void l2norm_forward(const L2NormParams& p, TensorView x, TensorView y) {
     dispatch_float(x.dtype, "l2norm", [&]<class T>(T) {

@@ -191,6 +191,50 @@ cudaError_t launch_attention_backward(AttnShape s,
                                       HeadsArg<T> dv,
                                       cudaStream_t stream);
 
+// KDA (ops/kda.h) as a fused token recurrence: one block per (sequence, value head) unit = seq·HV + i. Tensors
+// contiguous as ops/kda.h shapes them; the sequences as a table in device memory (first token in the flattened
+// B·T axis, length, index of its first chunk of C tokens among all sequences'). saved (forward, may be null): the
+// states entering every chunk [total chunks, HV, K, V]; backward reads them from ckpt and needs `states` scratch
+// of units·(C + 1)·K·V values, and dqv, dkv of tokens·HV·K values each when HV > H. Backward accumulates into the
+// gradients that are not null.
+struct KdaShape {
+    int64_t H, HV, K, V, C;
+    double scale;
+};
+struct KdaSeq {
+    int64_t first, len, chunk0;
+};
+template <class T>
+struct KdaTensors {
+    const T *q, *k, *v, *g, *beta, *h0;
+};
+template <class T>
+struct KdaGradPtrs {
+    T *dq, *dk, *dv, *dg, *dbeta, *dh0;
+};
+// Dynamic shared memory per block (the caller checks it against the device's limit). Backward runs a thread per
+// value column: V <= kKdaBackwardMaxV (its registers bound the block).
+constexpr int64_t kKdaBackwardMaxV = 256;
+size_t kda_forward_smem(int64_t K, int64_t V, size_t elem);
+size_t kda_backward_smem(int64_t K, int64_t V, size_t elem);
+template <class T>
+cudaError_t launch_kda_forward(
+    KdaShape s, const KdaSeq* seqs, int64_t units, KdaTensors<T> in, T* o, T* ht, T* saved, cudaStream_t stream);
+template <class T>
+cudaError_t launch_kda_backward(KdaShape s,
+                                const KdaSeq* seqs,
+                                int64_t units,
+                                KdaTensors<T> in,
+                                const T* dout,
+                                const T* dht,
+                                const T* ckpt,
+                                T* states,
+                                KdaGradPtrs<T> gr,
+                                T* dqv,
+                                T* dkv,
+                                int64_t tokens,
+                                cudaStream_t stream);
+
 // Causal depthwise conv1d (ops/causal_conv1d.h) on contiguous [tokens, C] rows, w [C, W]. Sequences: batch rows of
 // T tokens (cu null) or the `segments` packed sequences of cu ([segments + 1] offsets in device memory).
 // Backward accumulates into dx and dw (either null: skipped); it needs W <= kConvMaxWidth.
