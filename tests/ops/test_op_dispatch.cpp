@@ -10,6 +10,7 @@
 #include "core/arena.h"
 #include "core/device.h"
 #include "ops/attn_res.h"
+#include "ops/kda.h"
 #include "ops/kda_gate.h"
 #include "ops/lora.h"
 #include "ops/registry.h"
@@ -116,6 +117,17 @@ TEST(OpDispatch, SharedEntryChecksAreOneLineErrors) {
     Tensor b = test::randn(DType::f32, Shape{5, 2}, 9);
     e = error_of([&] { ops::lora_weight_backward({}, w, a, b, {}, {}); });
     EXPECT_NE(e.find("lora: dW [6, 8] needs A [r, 8] and B [6, r]"), std::string::npos) << e;
+
+    Tensor q = test::randn(DType::f32, Shape{1, 4, 1, 8}, 10), vv = test::randn(DType::f32, Shape{1, 4, 1, 8}, 11),
+           gg = test::uniform(DType::f32, Shape{1, 4, 1, 8}, 12, -0.5, -0.1),
+           beta = test::uniform(DType::f32, Shape{1, 4, 1}, 13, 0.1, 0.9), o64(DType::f64, Shape{1, 4, 1, 8}),
+           o(DType::f32, Shape{1, 4, 1, 8}), dv64(DType::f64, Shape{1, 4, 1, 8});
+    const ops::KdaInputs in{q, q, vv, gg, beta, {}, {}};
+    std::vector<std::byte> ws(ops::kda_workspace_bytes({}, in, true, 1));
+    e = error_of([&] { ops::kda_forward({}, in, o64, {}, ws); });
+    EXPECT_NE(e.find("kda: o"), std::string::npos) << e;
+    e = error_of([&] { ops::kda_backward({}, in, o, {}, {.dv = dv64}, ws); });
+    EXPECT_NE(e.find("kda: dv"), std::string::npos) << e;
 }
 
 TEST(OpDispatch, RunOpOnCudaNamesTheOpsTheBackendHas) {
