@@ -53,7 +53,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 18) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 19) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -314,7 +314,7 @@ TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
 
 // LoRA on a fused projection's column blocks, with the counter-based dropout (the same mask bits on both devices),
 // and the merged-weight form MLA's absorbed kv_b_proj uses.
-TEST(CudaOps, LoraMatchesTheCpuWithDropoutOnColumnBlocks) {
+TEST(CudaOps, LoraMatchesTheCpuWithDropoutOnColumnBlocksAndOnExperts) {
     SKIP_WITHOUT_GPU();
     const int64_t N = 150, IN = 64, OUT = 48, R = 8;
     const ops::LoraParams p{.scale = 0.5, .dropout = 0.25, .seed = 99, .stream = 3};
@@ -332,6 +332,19 @@ TEST(CudaOps, LoraMatchesTheCpuWithDropoutOnColumnBlocks) {
         [&](std::vector<TensorView> t) {
             ops::lora_merge(p, t[0], t[1], t[2], t[3]);
             ops::lora_weight_backward(p, t[4], t[1], t[2], t[5], t[6]);
+        },
+        1e-5, 1e-5);
+    // the routed experts' form: one grouped GEMM per product over experts of uneven sizes, empty ones among them,
+    // rows of a wider buffer
+    const std::vector<int32_t> offsets{0, 0, 37, 38, 38, 150};
+    const ops::ExpertRows g{offsets.data(), 5};
+    expect_cuda_like_cpu(
+        {Shape{N, IN + 16}, Shape{5, R, IN}, Shape{5, OUT, R}, Shape{N, R}, Shape{N, OUT}, Shape{N, OUT}, Shape{N, R},
+         Shape{N, IN}, Shape{5, R, IN}, Shape{5, OUT, R}},
+        [&](std::vector<TensorView> t) {
+            const TensorView x = t[0].columns(16, IN);
+            ops::lora_grouped_forward({.scale = 0.5}, g, x, t[1], t[2], t[3], t[4]);
+            ops::lora_grouped_backward({.scale = 0.5}, g, x, t[5], t[1], t[2], t[3], t[6], t[7], t[8], t[9]);
         },
         1e-5, 1e-5);
 }

@@ -227,7 +227,8 @@ void register_dense_ops(OpRegistry& r) {
            {number("scale", "1", -kInf, kInf, "alpha / r (rsLoRA: alpha / sqrt(r))")},
            {"y"},
            {"given dy: dx, da, db"},
-           run_lora_experts});
+           run_lora_experts,
+           /*cuda=*/true});
     r.add({"embedding",
            "y[n] = table[ids[n]]",
            {{"ids", "[N] i32|i64"}, {"table", "[V, D]"}, {"dy", "[N, D]", true}},

@@ -149,9 +149,10 @@ void lora_backward(const LoraParams& p,
 void lora_grouped_forward(
     const LoraParams& p, const ExpertRows& g, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y) {
     note_op_use("lora_experts");
-    cpu_only("lora_experts", {x, a, b, u, y});
+    const Device device = op_device("lora_experts", {x, a, b, u, y});
     const Dims d = check(x, y, a, b, u, true, "lora (experts)");
     TESSERA_CHECK(a.size(0) == g.experts, "lora (experts): A holds {} experts, the rows {}", a.size(0), g.experts);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(lora_grouped_forward(p, g, x, a, b, u, y));
     dispatch_float(a.dtype, "lora (experts)", [&]<class T>(T) {
         const Rows<T> X = rows_of<T>(x, "lora: x"), Y = rows_of<T>(y, "lora: y");
         T* U = u.ptr<T>();
@@ -173,7 +174,7 @@ void lora_grouped_backward(const LoraParams& p,
                            TensorView dx,
                            TensorView da,
                            TensorView db) {
-    cpu_only("lora_experts", {x, dy, a, b, u, du, dx, da, db});
+    const Device device = op_device("lora_experts", {x, dy, a, b, u, du, dx, da, db});
     const Dims d = check(x, dy, a, b, u, true, "lora (experts)");
     TESSERA_CHECK(a.size(0) == g.experts, "lora (experts): A holds {} experts, the rows {}", a.size(0), g.experts);
     TESSERA_CHECK(du.numel() >= d.N * d.r && du.dtype == a.dtype, "lora (experts): scratch du must hold [{}, {}]", d.N,
@@ -181,6 +182,7 @@ void lora_grouped_backward(const LoraParams& p,
     check_grad(da, a, "lora (experts): dA");
     check_grad(db, b, "lora (experts): dB");
     if (dx.defined()) check_shape(dx, x.shape, "lora (experts): dx");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(lora_grouped_backward(p, g, x, dy, a, b, u, du, dx, da, db));
     dispatch_float(a.dtype, "lora (experts)", [&]<class T>(T) {
         const Rows<T> X = rows_of<T>(x, "lora: x"), DY = rows_of<T>(dy, "lora: dy");
         T *U = u.ptr<T>(), *DU = du.ptr<T>();

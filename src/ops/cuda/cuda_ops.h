@@ -140,6 +140,19 @@ void lora_backward(const LoraParams& p,
                    TensorView da,
                    TensorView db,
                    TensorView xd);
+void lora_grouped_forward(
+    const LoraParams& p, const ExpertRows& g, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y);
+void lora_grouped_backward(const LoraParams& p,
+                           const ExpertRows& g,
+                           TensorView x,
+                           TensorView dy,
+                           TensorView a,
+                           TensorView b,
+                           TensorView u,
+                           TensorView du,
+                           TensorView dx,
+                           TensorView da,
+                           TensorView db);
 void lora_merge(const LoraParams& p, TensorView w, TensorView a, TensorView b, TensorView out);
 void lora_weight_backward(const LoraParams& p, TensorView dw, TensorView a, TensorView b, TensorView da, TensorView db);
 

@@ -114,4 +114,71 @@ template void gemm<double>(bool,
                            int64_t,
                            Batch);
 
+template <class T>
+void GemmGroup<T>::add_rows(Trans ta,
+                            Trans tb,
+                            int64_t M,
+                            int64_t N,
+                            int64_t K,
+                            T alpha,
+                            const T* a,
+                            int64_t lda,
+                            const T* b,
+                            int64_t ldb,
+                            T beta,
+                            T* c,
+                            int64_t ldc) {
+    if (M == 0 || N == 0) return;
+    // row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B first (gemm_rows' mapping)
+    ta_.push_back(tb == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N);
+    tb_.push_back(ta == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N);
+    m_.push_back(blas_int(N, "n"));
+    n_.push_back(blas_int(M, "m"));
+    k_.push_back(blas_int(K, "k"));
+    lda_.push_back(blas_int(ldb, "ldb"));
+    ldb_.push_back(blas_int(lda, "lda"));
+    ldc_.push_back(blas_int(ldc, "ldc"));
+    size_.push_back(1);
+    alpha_.push_back(alpha);
+    beta_.push_back(beta);
+    a_.push_back(b);
+    b_.push_back(a);
+    c_.push_back(c);
+}
+
+template <class T>
+void GemmGroup<T>::run() {
+    const int count = int(size_.size());
+    if (count > 0) {
+        const size_t bytes = sizeof(void*) * size_t(count);
+        auto* base = static_cast<std::byte*>(scratch(3 * bytes));
+        const T* const* A = upload(base, std::span<const T* const>(a_));
+        const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
+        T* const* C = upload(base + 2 * bytes, std::span<T* const>(c_));
+        cublasStatus_t st;
+        if constexpr (std::is_same_v<T, float>) {
+            st = cublasSgemmGroupedBatched(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
+                                           alpha_.data(), A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(),
+                                           count, size_.data());
+        } else {
+            st = cublasDgemmGroupedBatched(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
+                                           alpha_.data(), A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(),
+                                           count, size_.data());
+        }
+        TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS grouped GEMM of {} problems failed (status {})", count,
+                      int(st));
+    }
+    for (auto* v : {&m_, &n_, &k_, &lda_, &ldb_, &ldc_, &size_}) v->clear();
+    ta_.clear();
+    tb_.clear();
+    alpha_.clear();
+    beta_.clear();
+    a_.clear();
+    b_.clear();
+    c_.clear();
+}
+
+template class GemmGroup<float>;
+template class GemmGroup<double>;
+
 }  // namespace tessera::ops::cuda

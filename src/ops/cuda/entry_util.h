@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/device.h"
 #include "ops/cuda/launchers.h"
@@ -95,6 +96,36 @@ void gemm_rows(Trans ta,
                int64_t ldc) {
     gemm<T>(tb == Trans::T, ta == Trans::T, N, M, K, alpha, b, ldb, a, lda, beta, c, ldc);
 }
+
+// GEMMs of different shapes in one cuBLAS grouped-batched call (cublas{S,D}gemmGroupedBatched, one problem per
+// group), e.g. one per expert: the CUDA form of ops/grouped_gemm.h. Problems are added row-major as gemm_rows takes
+// them; run() copies the operand pointers into the thread's scratch (its one-buffer rule applies), launches on the
+// current stream and empties the group.
+template <class T>
+class GemmGroup {
+  public:
+    void add_rows(Trans ta,
+                  Trans tb,
+                  int64_t M,
+                  int64_t N,
+                  int64_t K,
+                  T alpha,
+                  const T* a,
+                  int64_t lda,
+                  const T* b,
+                  int64_t ldb,
+                  T beta,
+                  T* c,
+                  int64_t ldc);
+    void run();
+
+  private:
+    std::vector<cublasOperation_t> ta_, tb_;
+    std::vector<int> m_, n_, k_, lda_, ldb_, ldc_, size_;
+    std::vector<T> alpha_, beta_;
+    std::vector<const T*> a_, b_;
+    std::vector<T*> c_;
+};
 
 // The most dynamic shared memory a block may opt in to on the current device.
 size_t max_shared_memory();
