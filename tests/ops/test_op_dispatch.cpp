@@ -138,9 +138,10 @@ TEST(OpDispatch, RunOpOnCudaNamesTheOpsTheBackendHas) {
     in.emplace("q", test::randn(DType::f32, Shape{1, 2, 1, 4}, 4));
     const std::string e = error_of([&] { ops::run_op(*lacking, std::move(in), {}, Device::cuda); });
     EXPECT_NE(e.find("op moe: the CUDA backend has no implementation of it yet"), std::string::npos) << e;
-    for (const char* name : {"linear", "rmsnorm", "swiglu", "embedding", "cross_entropy", "adamw", "layernorm", "rope",
-                             "causal_conv1d", "l2norm", "gated_rmsnorm", "kda_gate", "situ_glu", "lora", "attn_res_mix",
-                             "router", "attention", "kda", "lora_experts"}) {
+    for (const char* name : {"linear",        "rmsnorm",   "swiglu",   "embedding",     "cross_entropy",
+                             "adamw",         "layernorm", "rope",     "causal_conv1d", "l2norm",
+                             "gated_rmsnorm", "kda_gate",  "situ_glu", "lora",          "attn_res_mix",
+                             "router",        "attention", "kda",      "lora_experts",  "sparse_attention"}) {
         EXPECT_TRUE(ops::op_registry().find(name)->cuda) << name;
         EXPECT_NE(e.find(name), std::string::npos) << e;
     }

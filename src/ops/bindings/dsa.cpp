@@ -83,7 +83,8 @@ void register_dsa_ops(OpRegistry& r) {
             {"dkv_slabs", ParamKind::integer, "4", {}, "backward: fixed query slabs of the dkv scatter", 1, 1024}},
            {"o", "lse"},
            {"given do: dq, dkv"},
-           run_sparse_attention});
+           run_sparse_attention,
+           /*cuda=*/true});
     r.add({"indexer_kl",
            "mean KL(p ‖ softmax(I)) over the selected entries (with indices) or every s <= t",
            {{"q", "[B, T, HI, DI]"},

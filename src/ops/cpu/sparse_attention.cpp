@@ -1,6 +1,6 @@
-// Sparse MQA attention over selected entries on the CPU (dsa.h): per query, blocks of up to 64
-// selected entries multiplied in place (row-pointer small GEMMs: no gather copies), scores for all
-// heads at once, online softmax; backward recomputes the probabilities from lse and scatters dkv
+// Sparse MQA attention's entry points (checks, then CUDA tensors to ops/cuda) and its CPU kernels (dsa.h): per
+// query, blocks of up to 64 selected entries multiplied in place (row-pointer small GEMMs: no gather copies),
+// scores for all heads at once, online softmax; backward recomputes the probabilities from lse and scatters dkv
 // through fixed query slabs. Every buffer comes from the caller's workspace (no heap allocation).
 #include <omp.h>
 
@@ -327,8 +327,9 @@ void sparse_attention_forward(const SparseAttentionParams& p,
                               TensorView lse,
                               std::span<std::byte> workspace) {
     note_op_use("sparse_attention");
-    cpu_only("sparse_attention", {q, kv, indices, o, lse});
+    const Device device = op_device("sparse_attention", {q, kv, indices, o, lse});
     const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(sparse_attention_forward(p, q, kv, indices, o, lse, workspace));
     dispatch_float(q.dtype, "sparse_attention",
                    [&]<class T>(T) { forward_impl<T>(d, q, kv, indices, o, lse, workspace); });
 }
@@ -340,7 +341,7 @@ void sparse_attention_probs(const SparseAttentionParams& p,
                             TensorView lse,
                             TensorView probs,
                             std::span<std::byte> workspace) {
-    cpu_only("sparse_attention", {q, kv, indices, lse, probs});
+    const Device device = op_device("sparse_attention", {q, kv, indices, lse, probs});
     TESSERA_CHECK(q.ndim() == 4, "sparse_attention_probs: q must be [B, T, H, DK], not {}", q.shape.str());
     const int64_t DV = p.dv > 0 ? p.dv : q.size(3);
     TensorView o(nullptr, q.dtype, Shape{q.size(0), q.size(1), q.size(2), DV});  // shape only, for the checks
@@ -348,6 +349,8 @@ void sparse_attention_probs(const SparseAttentionParams& p,
     check_shape(probs, indices.shape, "sparse_attention_probs: probs");
     check_contiguous(probs, "sparse_attention_probs");
     TESSERA_CHECK(probs.dtype == q.dtype, "sparse_attention_probs: probs must have q's dtype");
+    if (device == Device::cuda)
+        return TESSERA_ON_CUDA(sparse_attention_probs(p, q, kv, indices, lse, probs, workspace));
     dispatch_float(q.dtype, "sparse_attention",
                    [&]<class T>(T) { probs_impl<T>(d, q, kv, indices, lse, probs, workspace); });
 }
@@ -362,13 +365,18 @@ void sparse_attention_backward(const SparseAttentionParams& p,
                                TensorView dq,
                                TensorView dkv,
                                std::span<std::byte> workspace) {
-    cpu_only("sparse_attention", {dout, q, kv, indices, o, lse, dq, dkv});
+    const Device device = op_device("sparse_attention", {dout, q, kv, indices, o, lse, dq, dkv});
     const SparseDims d = check_sparse(p, q, kv, indices, o, lse);
     TESSERA_CHECK(p.dkv_slabs >= 1, "sparse_attention: dkv_slabs must be positive");
     check_shape(dout, o.shape, "sparse_attention: do");
     check_shape(dq, q.shape, "sparse_attention: dq");
     check_shape(dkv, kv.shape, "sparse_attention: dkv");
-    for (const TensorView* t : {&dout, &dq, &dkv}) check_contiguous(*t, "sparse_attention");
+    for (const TensorView* t : {&dout, &dq, &dkv}) {
+        check_contiguous(*t, "sparse_attention");
+        TESSERA_CHECK(t->dtype == q.dtype, "sparse_attention: do, dq and dkv must have q's dtype");
+    }
+    if (device == Device::cuda)
+        return TESSERA_ON_CUDA(sparse_attention_backward(p, dout, q, kv, indices, o, lse, dq, dkv, workspace));
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
         backward_impl<T>(d, p.dkv_slabs, dout, q, kv, indices, o, lse, dq, dkv, workspace);
     });

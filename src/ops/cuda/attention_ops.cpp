@@ -1,6 +1,7 @@
-// The CUDA entry points of attention (ops/attention.h). The neutral entry points (ops/cpu/attention.cpp) have
-// checked shapes, dtypes, strides and cu_seqlens already; here the tile plan is made on the host
-// (ops/attention_tiles.h) and copied with backward's Δ scratch into one device scratch request.
+// The CUDA entry points of attention (ops/attention.h) and DSA's sparse attention (ops/dsa.h). The neutral entry
+// points (ops/cpu/attention.cpp, ops/cpu/sparse_attention.cpp) have checked shapes, dtypes, strides and
+// cu_seqlens already; here attention's tile plan is made on the host (ops/attention_tiles.h) and copied with
+// backward's Δ scratch into one device scratch request.
 #include <cmath>
 #include <vector>
 
@@ -86,6 +87,72 @@ void attention_backward(const AttentionParams& p,
                                                   cheads<T>(v), cheads<T>(o), lse.ptr<T>(), reinterpret_cast<T*>(base),
                                                   heads<T>(dq), heads<T>(dk), heads<T>(dv), stream()),
                      "attention backward");
+    });
+}
+
+namespace {
+SparseShape sparse_shape(const SparseAttentionParams& p, const TensorView& q, const TensorView& indices) {
+    const int64_t DK = q.size(3), DV = p.dv > 0 ? p.dv : DK;
+    TESSERA_CHECK(DV <= kSparseMaxDV && DK <= kSparseMaxDK,
+                  "sparse_attention (CUDA): entries up to {} dims with values up to {}, not {} and {}", kSparseMaxDK,
+                  kSparseMaxDV, DK, DV);
+    return {
+        q.size(0), q.size(1), q.size(2), DK, DV, indices.size(2), p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(DK))};
+}
+}  // namespace
+
+void sparse_attention_forward(const SparseAttentionParams& p,
+                              TensorView q,
+                              TensorView kv,
+                              TensorView indices,
+                              TensorView o,
+                              TensorView lse,
+                              std::span<std::byte> /*workspace*/) {
+    const SparseShape s = sparse_shape(p, q, indices);
+    dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
+        check_launch(launch_sparse_attention_forward<T>(s, q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
+                                                        lse.ptr<T>(), stream()),
+                     "sparse_attention");
+    });
+}
+
+void sparse_attention_probs(const SparseAttentionParams& p,
+                            TensorView q,
+                            TensorView kv,
+                            TensorView indices,
+                            TensorView lse,
+                            TensorView probs,
+                            std::span<std::byte> /*workspace*/) {
+    const SparseShape s = sparse_shape(p, q, indices);
+    dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
+        check_launch(launch_sparse_attention_probs<T>(s, q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), lse.ptr<T>(),
+                                                      probs.ptr<T>(), stream()),
+                     "sparse_attention_probs");
+    });
+}
+
+void sparse_attention_backward(const SparseAttentionParams& p,
+                               TensorView dout,
+                               TensorView q,
+                               TensorView kv,
+                               TensorView indices,
+                               TensorView o,
+                               TensorView lse,
+                               TensorView dq,
+                               TensorView dkv,
+                               std::span<std::byte> /*workspace*/) {
+    const SparseShape s = sparse_shape(p, q, indices);
+    TESSERA_CHECK(sparse_dkv_smem(s.H, dtype_size(q.dtype)) <= max_shared_memory(),
+                  "sparse_attention (CUDA): {} heads need more shared memory than the device allows", s.H);
+    dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
+        // one scratch request: Δ [B·T·H], then the dkv slabs [slabs, B·T, DK]
+        const size_t delta_bytes = round_up(sizeof(T) * size_t(s.B * s.T * s.H));
+        auto* base = static_cast<std::byte*>(scratch(delta_bytes + sizeof(T) * size_t(p.dkv_slabs * s.B * s.T * s.DK)));
+        check_launch(launch_sparse_attention_backward<T>(
+                         s, p.dkv_slabs, dout.ptr<T>(), q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
+                         lse.ptr<T>(), reinterpret_cast<T*>(base), reinterpret_cast<T*>(base + delta_bytes),
+                         dq.ptr<T>(), dkv.ptr<T>(), stream()),
+                     "sparse_attention backward");
     });
 }
 

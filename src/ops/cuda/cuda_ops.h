@@ -9,6 +9,7 @@
 #include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
 #include "ops/cross_entropy.h"
+#include "ops/dsa.h"
 #include "ops/embedding.h"
 #include "ops/gated_rmsnorm.h"
 #include "ops/kda.h"
@@ -87,6 +88,33 @@ void attention_backward(const AttentionParams& p,
                         TensorView dv,
                         std::span<std::byte> workspace,
                         std::span<const int64_t> cu_seqlens);
+
+// DSA's sparse attention (ops/cuda/sparse_attention.cu); backward's Δ and dkv slabs live in the thread's device
+// scratch, the host workspace is not used.
+void sparse_attention_forward(const SparseAttentionParams& p,
+                              TensorView q,
+                              TensorView kv,
+                              TensorView indices,
+                              TensorView o,
+                              TensorView lse,
+                              std::span<std::byte> workspace);
+void sparse_attention_probs(const SparseAttentionParams& p,
+                            TensorView q,
+                            TensorView kv,
+                            TensorView indices,
+                            TensorView lse,
+                            TensorView probs,
+                            std::span<std::byte> workspace);
+void sparse_attention_backward(const SparseAttentionParams& p,
+                               TensorView dout,
+                               TensorView q,
+                               TensorView kv,
+                               TensorView indices,
+                               TensorView o,
+                               TensorView lse,
+                               TensorView dq,
+                               TensorView dkv,
+                               std::span<std::byte> workspace);
 
 // The frequencies are computed on the host and copied to the device (scratch) per call.
 void rope_forward(const RopeParams& p, TensorView x, TensorView y);

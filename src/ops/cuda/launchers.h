@@ -191,6 +191,36 @@ cudaError_t launch_attention_backward(AttnShape s,
                                       HeadsArg<T> dv,
                                       cudaStream_t stream);
 
+// DSA's sparse MQA attention (ops/dsa.h): q [B, T, H, DK], kv [B, T, DK], indices [B, T, K] i32, o [B, T, H, DV],
+// lse [B, T, H], all contiguous; DV <= 512 and DK <= 640. Backward accumulates into dq and dkv; its scratch: delta
+// (B·T·H values) and acc (slabs·B·T·DK values).
+struct SparseShape {
+    int64_t B, T, H, DK, DV, K;
+    double scale;
+};
+constexpr int64_t kSparseMaxDV = 512, kSparseMaxDK = 640;
+size_t sparse_dkv_smem(int64_t H, size_t elem);  // the dkv kernel's dynamic shared memory
+template <class T>
+cudaError_t launch_sparse_attention_forward(
+    SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, cudaStream_t stream);
+template <class T>
+cudaError_t launch_sparse_attention_probs(
+    SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs, cudaStream_t stream);
+template <class T>
+cudaError_t launch_sparse_attention_backward(SparseShape s,
+                                             int64_t slabs,
+                                             const T* dout,
+                                             const T* q,
+                                             const T* kv,
+                                             const int32_t* idx,
+                                             const T* o,
+                                             const T* lse,
+                                             T* delta,
+                                             T* acc,
+                                             T* dq,
+                                             T* dkv,
+                                             cudaStream_t stream);
+
 // KDA (ops/kda.h) as a fused token recurrence: one block per (sequence, value head) unit = seq·HV + i. Tensors
 // contiguous as ops/kda.h shapes them; the sequences as a table in device memory (first token in the flattened
 // B·T axis, length, index of its first chunk of C tokens among all sequences'). saved (forward, may be null): the
