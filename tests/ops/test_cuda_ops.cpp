@@ -54,7 +54,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 20) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 21) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -352,6 +352,29 @@ TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     }
     for (size_t i = 2; i < host.size(); ++i)
         EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], 1e-5, 1e-5)) << "tensor " << i;
+}
+
+// The lightning indexer's selection on the GPU is the CPU's, entry for entry: packed sequences, a topk larger than
+// the early queries' candidates (−1 padding), ties at I = 0 (every head's dot negative) broken to the later token,
+// and enough candidates that the running list is cut back several times. f64, so that no near-tie rounds
+// differently on the two devices.
+TEST(CudaOps, DsaIndexerSelectsTheCpusTokens) {
+    SKIP_WITHOUT_GPU();
+    const int64_t T = 700, HI = 3, DI = 16;
+    const std::vector<int64_t> cu{0, 5, 90, 700};
+    for (const int64_t topk : {int64_t(8), int64_t(40)}) {
+        Tensor q = test::randn(DType::f64, Shape{1, T, HI, DI}, 1), k = test::randn(DType::f64, Shape{1, T, DI}, 2),
+               w = test::randn(DType::f64, Shape{1, T, HI}, 3);
+        Tensor idx(DType::i32, Shape{1, T, topk}), sc(DType::f64, Shape{1, T, topk});
+        Tensor didx(DType::i32, Shape{1, T, topk}, Device::cuda), dsc(DType::f64, Shape{1, T, topk}, Device::cuda);
+        std::vector<std::byte> ws(
+            ops::dsa_indexer_workspace_bytes(DType::f64, 1, T, HI, DI, topk, omp_get_max_threads()));
+        ops::dsa_indexer_forward({.topk = topk}, q, k, w, idx, sc, ws, cu);
+        const Tensor dq = q.to(Device::cuda), dk = k.to(Device::cuda), dw = w.to(Device::cuda);
+        ops::dsa_indexer_forward({.topk = topk}, dq, dk, dw, didx, dsc, ws, cu);
+        EXPECT_TRUE(test::all_close(didx.to(Device::cpu), idx, 0, 0)) << "topk " << topk;
+        EXPECT_TRUE(test::all_close(dsc.to(Device::cpu), sc, 1e-12, 1e-12)) << "topk " << topk;
+    }
 }
 
 // LoRA on a fused projection's column blocks, with the counter-based dropout (the same mask bits on both devices),

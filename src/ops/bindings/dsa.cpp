@@ -71,7 +71,8 @@ void register_dsa_ops(OpRegistry& r) {
          {{"topk", ParamKind::integer, "2048", {}, "selected tokens per query", 1, 1 << 24}},
          {"indices", "scores"},
          {},
-         run_dsa_indexer});
+         run_dsa_indexer,
+         /*cuda=*/true});
     r.add({"sparse_attention",
            "MQA attention over selected entries; the value is the first dv dims of each entry",
            {{"q", "[B, T, H, DK]"},

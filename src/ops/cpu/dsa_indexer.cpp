@@ -1,6 +1,7 @@
-// The lightning indexer (streaming scores + running top-k) and its KL loss on the CPU (dsa.h). Every
-// buffer comes from the caller's workspace: the running top-k of a query is a fixed array of 2·topk
-// candidates (cut back to the best topk whenever it fills), so nothing grows.
+// The lightning indexer (streaming scores + running top-k) and its KL loss: entry points (CUDA tensors of the
+// indexer to ops/cuda) and the CPU kernels (dsa.h). Every buffer comes from the caller's workspace: the running
+// top-k of a query is a fixed array of 2·topk candidates (cut back to the best topk whenever it fills), so
+// nothing grows.
 #include <omp.h>
 
 #include <algorithm>
@@ -180,13 +181,18 @@ void dsa_indexer_forward(const DsaIndexerParams& p,
                          std::span<std::byte> workspace,
                          std::span<const int64_t> cu_seqlens) {
     note_op_use("dsa_indexer");
-    cpu_only("dsa_indexer", {q, k, w, indices, scores});
+    const Device device = op_device("dsa_indexer", {q, k, w, indices, scores});
     const IndexerDims d = check_indexer(q, k, w, "dsa_indexer");
     TESSERA_CHECK(p.topk >= 1, "dsa_indexer: topk must be positive, not {}", p.topk);
     check_shape(indices, Shape{d.B, d.T, p.topk}, "dsa_indexer: indices");
     check_dtype(indices, DType::i32, "dsa_indexer: indices");
     check_shape(scores, Shape{d.B, d.T, p.topk}, "dsa_indexer: scores");
+    check_dtype(scores, q.dtype, "dsa_indexer: scores");
+    check_contiguous(indices, "dsa_indexer: indices");
+    check_contiguous(scores, "dsa_indexer: scores");
     const Segments seg(d.B, d.T, cu_seqlens, "dsa_indexer");
+    if (device == Device::cuda)
+        return TESSERA_ON_CUDA(dsa_indexer_forward(p, q, k, w, indices, scores, workspace, cu_seqlens));
     dispatch_float(q.dtype, "dsa_indexer",
                    [&]<class T>(T) { indexer_forward<T>(p, d, q, k, w, indices, scores, seg, workspace); });
 }

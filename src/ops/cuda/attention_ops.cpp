@@ -1,5 +1,5 @@
-// The CUDA entry points of attention (ops/attention.h) and DSA's sparse attention (ops/dsa.h). The neutral entry
-// points (ops/cpu/attention.cpp, ops/cpu/sparse_attention.cpp) have checked shapes, dtypes, strides and
+// The CUDA entry points of attention (ops/attention.h) and DSA's indexer and sparse attention (ops/dsa.h). The neutral
+// entry points (ops/cpu/attention.cpp, dsa_indexer.cpp, sparse_attention.cpp) have checked shapes, dtypes, strides and
 // cu_seqlens already; here attention's tile plan is made on the host (ops/attention_tiles.h) and copied with
 // backward's Δ scratch into one device scratch request.
 #include <cmath>
@@ -153,6 +153,34 @@ void sparse_attention_backward(const SparseAttentionParams& p,
                          lse.ptr<T>(), reinterpret_cast<T*>(base), reinterpret_cast<T*>(base + delta_bytes),
                          dq.ptr<T>(), dkv.ptr<T>(), stream()),
                      "sparse_attention backward");
+    });
+}
+
+void dsa_indexer_forward(const DsaIndexerParams& p,
+                         TensorView q,
+                         TensorView k,
+                         TensorView w,
+                         TensorView indices,
+                         TensorView scores,
+                         std::span<std::byte> /*workspace*/,
+                         std::span<const int64_t> cu_seqlens) {
+    const IndexerShape s{q.size(0),
+                         q.size(1),
+                         q.size(2),
+                         q.size(3),
+                         p.topk,
+                         indexer_list_size(p.topk),
+                         cu_seqlens.empty() ? 0 : int64_t(cu_seqlens.size()) - 1};
+    const size_t need = indexer_smem(s.HI, s.DI, s.topk, dtype_size(q.dtype)), limit = max_shared_memory();
+    TESSERA_CHECK(need <= limit,
+                  "dsa_indexer (CUDA): {} heads of {} dims with topk {} need {} bytes of shared memory; the device "
+                  "allows {}",
+                  s.HI, s.DI, s.topk, need, limit);
+    dispatch_float(q.dtype, "dsa_indexer", [&]<class T>(T) {
+        const int64_t* cu = cu_seqlens.empty() ? nullptr : to_scratch(cu_seqlens);
+        check_launch(launch_dsa_indexer<T>(s, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), indices.ptr<int32_t>(),
+                                           scores.ptr<T>(), stream()),
+                     "dsa_indexer");
     });
 }
 

@@ -89,6 +89,16 @@ void attention_backward(const AttentionParams& p,
                         std::span<std::byte> workspace,
                         std::span<const int64_t> cu_seqlens);
 
+// DSA's lightning indexer and top-k (ops/cuda/dsa_indexer.cu): cu_seqlens copied to the device per call.
+void dsa_indexer_forward(const DsaIndexerParams& p,
+                         TensorView q,
+                         TensorView k,
+                         TensorView w,
+                         TensorView indices,
+                         TensorView scores,
+                         std::span<std::byte> workspace,
+                         std::span<const int64_t> cu_seqlens);
+
 // DSA's sparse attention (ops/cuda/sparse_attention.cu); backward's Δ and dkv slabs live in the thread's device
 // scratch, the host workspace is not used.
 void sparse_attention_forward(const SparseAttentionParams& p,

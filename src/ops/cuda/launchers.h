@@ -191,6 +191,24 @@ cudaError_t launch_attention_backward(AttnShape s,
                                       HeadsArg<T> dv,
                                       cudaStream_t stream);
 
+// DSA's lightning indexer with its top-k (ops/dsa.h): q [B, T, HI, DI], k [B, T, DI], w [B, T, HI], indices and
+// scores [B, T, topk], contiguous; cu: the `segments` + 1 sequence offsets of a packed row (device memory), or
+// null. The block's candidate list holds P = indexer_list_size(topk) entries.
+struct IndexerShape {
+    int64_t B, T, HI, DI, topk, P, segments;
+};
+int64_t indexer_list_size(int64_t topk);
+size_t indexer_smem(int64_t HI, int64_t DI, int64_t topk, size_t elem);
+template <class T>
+cudaError_t launch_dsa_indexer(IndexerShape s,
+                               const int64_t* cu,
+                               const T* q,
+                               const T* k,
+                               const T* w,
+                               int32_t* indices,
+                               T* scores,
+                               cudaStream_t stream);
+
 // DSA's sparse MQA attention (ops/dsa.h): q [B, T, H, DK], kv [B, T, DK], indices [B, T, K] i32, o [B, T, H, DV],
 // lse [B, T, H], all contiguous; DV <= 512 and DK <= 640. Backward accumulates into dq and dkv; its scratch: delta
 // (B·T·H values) and acc (slabs·B·T·DK values).

@@ -1,0 +1,162 @@
+// DSA's lightning indexer on CUDA (ops/dsa.h): I[t, s] = Σ_j w[t, j]·relu(q[t, j]·k[s]) for the candidates s of t
+// (s <= t within t's sequence) and the top-k under dsa_ranks_before's total order (higher I first, ties to the
+// larger s), written in ascending s and padded with −1. One block per query: a thread per candidate computes its
+// score (heads and dims in order, so I is a pure function of (t, s)); the valid scores are appended to a running
+// candidate list in shared memory by a fixed-order block scan; when the list could overflow, a bitonic sort under
+// the total order keeps the best topk. A total order makes the result independent of the order of the work.
+#include <climits>
+#include <cmath>
+
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace tessera::ops::cuda {
+
+namespace {
+constexpr int kThreads = 256;
+
+template <class T>
+__device__ inline bool ranks_before(T sa, int32_t a, T sb, int32_t b) {
+    return sa > sb || (sa == sb && a > b);
+}
+
+// Sorts the P (a power of two) pairs of the block's shared list: by rank (best first) or by s ascending.
+template <class T>
+__device__ void bitonic(T* score, int32_t* pos, int64_t P, bool by_rank) {
+    for (int64_t k = 2; k <= P; k <<= 1) {
+        for (int64_t j = k >> 1; j > 0; j >>= 1) {
+            for (int64_t i = threadIdx.x; i < P; i += blockDim.x) {
+                const int64_t x = i ^ j;
+                if (x <= i) continue;
+                // "before(a, b)": a belongs first in the ascending sequence
+                const bool x_first = by_rank ? ranks_before(score[x], pos[x], score[i], pos[i]) : pos[x] < pos[i];
+                const bool i_first = by_rank ? ranks_before(score[i], pos[i], score[x], pos[x]) : pos[i] < pos[x];
+                const bool ascending = (i & k) == 0;
+                if (ascending ? x_first : i_first) {
+                    const T ts = score[i];
+                    score[i] = score[x];
+                    score[x] = ts;
+                    const int32_t tp = pos[i];
+                    pos[i] = pos[x];
+                    pos[x] = tp;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Keeps the best `keep` of the list's n entries at its front; the rest become sentinels that rank last.
+template <class T>
+__device__ int64_t keep_best(T* score, int32_t* pos, int64_t P, int64_t n, int64_t keep) {
+    bitonic(score, pos, P, true);
+    const int64_t m = n < keep ? n : keep;
+    for (int64_t i = m + threadIdx.x; i < P; i += blockDim.x) {
+        score[i] = T(-INFINITY);
+        pos[i] = -1;
+    }
+    __syncthreads();
+    return m;
+}
+
+template <class T>
+__global__ void indexer_kernel(
+    IndexerShape s, const int64_t* cu, const T* q, const T* k, const T* w, int32_t* indices, T* scores) {
+    extern __shared__ unsigned char smem_raw[];
+    T* qs = reinterpret_cast<T*>(smem_raw);              // [HI, DI]
+    T* ws = qs + s.HI * s.DI;                            // [HI]
+    T* cs = ws + s.HI;                                   // [P] candidate scores
+    int32_t* cp = reinterpret_cast<int32_t*>(cs + s.P);  // [P] candidate positions
+    __shared__ int warp_count[kThreads / 32];
+    const int64_t bt = blockIdx.x, b = bt / s.T, t = bt % s.T, tid = threadIdx.x, nt = blockDim.x;
+    int64_t lo = 0;  // the first position of t's sequence
+    if (cu) {
+        for (int64_t i = 0; i < s.segments; ++i)
+            if (cu[i] <= t) lo = cu[i];
+    }
+    for (int64_t i = tid; i < s.HI * s.DI; i += nt) qs[i] = q[bt * s.HI * s.DI + i];
+    for (int64_t i = tid; i < s.HI; i += nt) ws[i] = w[bt * s.HI + i];
+    for (int64_t i = tid; i < s.P; i += nt) {
+        cs[i] = T(-INFINITY);
+        cp[i] = -1;
+    }
+    __syncthreads();
+    int64_t n = 0;  // entries in the list (the same in every thread)
+    for (int64_t s0 = lo; s0 <= t; s0 += nt) {
+        const int64_t c = s0 + tid;
+        T score = 0;
+        bool ok = c <= t;
+        if (ok) {
+            const T* kr = k + (b * s.T + c) * s.DI;
+            for (int64_t j = 0; j < s.HI; ++j) {
+                T a = 0;
+                for (int64_t d = 0; d < s.DI; ++d) a += qs[j * s.DI + d] * kr[d];
+                score += ws[j] * (a > T(0) ? a : T(0));
+            }
+            ok = !isnan(score) && score != T(-INFINITY);
+        }
+        if (n + nt > s.P) n = keep_best(cs, cp, s.P, n, s.topk);  // room for this chunk
+        // append the valid ones in candidate order: a warp ballot, then the warps in order
+        const unsigned mask = __ballot_sync(0xffffffffu, ok);
+        const int lane = tid % 32, warp = tid / 32;
+        if (lane == 0) warp_count[warp] = __popc(mask);
+        __syncthreads();
+        int64_t at = n, total = 0;
+        for (int i = 0; i < int(nt / 32); ++i) {
+            if (i < warp) at += warp_count[i];
+            total += warp_count[i];
+        }
+        if (ok) {
+            at += __popc(mask & ((1u << lane) - 1u));
+            cs[at] = score;
+            cp[at] = int32_t(c);
+        }
+        n += total;
+        __syncthreads();
+    }
+    const int64_t m = keep_best(cs, cp, s.P, n, s.topk);
+    for (int64_t i = m + tid; i < s.P; i += nt) cp[i] = INT_MAX;  // the selected ones first when sorted by s
+    __syncthreads();
+    bitonic(cs, cp, s.P, false);
+    for (int64_t i = tid; i < s.topk; i += nt) {
+        const bool valid = i < m;
+        indices[bt * s.topk + i] = valid ? cp[i] : -1;
+        scores[bt * s.topk + i] = valid ? cs[i] : T(0);
+    }
+}
+}  // namespace
+
+int64_t indexer_list_size(int64_t topk) {
+    int64_t P = 32;
+    while (P < 2 * topk || P < topk + kThreads) P <<= 1;
+    return P;
+}
+
+size_t indexer_smem(int64_t HI, int64_t DI, int64_t topk, size_t elem) {
+    const int64_t P = indexer_list_size(topk);
+    return size_t(HI * DI + HI + P) * elem + size_t(P) * sizeof(int32_t);
+}
+
+template <class T>
+cudaError_t launch_dsa_indexer(IndexerShape s,
+                               const int64_t* cu,
+                               const T* q,
+                               const T* k,
+                               const T* w,
+                               int32_t* indices,
+                               T* scores,
+                               cudaStream_t stream) {
+    if (s.B * s.T == 0) return cudaSuccess;
+    const size_t smem = indexer_smem(s.HI, s.DI, s.topk, sizeof(T));
+    cudaError_t err = cudaFuncSetAttribute(indexer_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+    indexer_kernel<T><<<unsigned(s.B * s.T), kThreads, smem, stream>>>(s, cu, q, k, w, indices, scores);
+    return cudaGetLastError();
+}
+
+template cudaError_t launch_dsa_indexer<float>(
+    IndexerShape, const int64_t*, const float*, const float*, const float*, int32_t*, float*, cudaStream_t);
+template cudaError_t launch_dsa_indexer<double>(
+    IndexerShape, const int64_t*, const double*, const double*, const double*, int32_t*, double*, cudaStream_t);
+
+}  // namespace tessera::ops::cuda
