@@ -1,6 +1,8 @@
 // The op registry, the op context and run_op (the core of `tessera op`).
 #include "ops/registry.h"
 
+#include "core/element.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -63,6 +65,26 @@ TensorView OpContext::host_in(const std::string& name) const {
     auto it = inputs_.find(name);
     TESSERA_CHECK(it != inputs_.end(), "missing input tensor \"{}\"", name);
     return it->second.view();
+}
+
+double OpContext::host_value(const std::string& name) const {
+    const TensorView t = host_in(name);
+    TESSERA_CHECK(t.numel() == 1 && (t.dtype == DType::f32 || t.dtype == DType::f64),
+                  "{} must be one f32 or f64 value, not {} {}", name, dtype_name(t.dtype), t.shape.str());
+    return element_as_double(t, 0);
+}
+
+void OpContext::set_value(const std::string& name, DType dtype, Shape shape, double v) {
+    Tensor t(dtype, std::move(shape));
+    TESSERA_CHECK(t.numel() == 1, "{}: one value, not {}", name, t.shape().str());
+    if (dtype == DType::i64) {
+        *t.ptr<int64_t>() = int64_t(v);
+    } else if (dtype == DType::f32) {
+        *t.ptr<float>() = float(v);
+    } else {
+        *t.ptr<double>() = v;
+    }
+    set_output(name, std::move(t));
 }
 
 TensorView OpContext::in(const std::string& name) const {

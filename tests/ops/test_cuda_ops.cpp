@@ -54,7 +54,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 21) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 22) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -374,6 +374,46 @@ TEST(CudaOps, DsaIndexerSelectsTheCpusTokens) {
         ops::dsa_indexer_forward({.topk = topk}, dq, dk, dw, didx, dsc, ws, cu);
         EXPECT_TRUE(test::all_close(didx.to(Device::cpu), idx, 0, 0)) << "topk " << topk;
         EXPECT_TRUE(test::all_close(dsc.to(Device::cpu), sc, 1e-12, 1e-12)) << "topk " << topk;
+    }
+}
+
+// The indexer's KL loss on the GPU against the CPU: over the selected entries (with padding) and dense over every
+// candidate of packed sequences; the loss, the rows with support, and the accumulated dq, dk, dw.
+TEST(CudaOps, IndexerKlMatchesTheCpuSparseAndDense) {
+    SKIP_WITHOUT_GPU();
+    const int64_t T = 50, HI = 3, DI = 16, K = 8;
+    const std::vector<int64_t> cu{0, 7, 50};
+    Tensor idx(DType::i32, Shape{1, T, K});
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < K; ++i)
+            idx.ptr<int32_t>()[t * K + i] = int32_t(i <= t ? (t * 3 + i * 7) % (t + 1) : -1);
+    for (const bool sparse : {true, false}) {
+        const Shape ps = sparse ? Shape{1, T, K} : Shape{1, T, T};
+        std::vector<Tensor> host;
+        host.push_back(test::randn(DType::f32, Shape{1, T, HI, DI}, 1, 0.3));  // q
+        host.push_back(test::randn(DType::f32, Shape{1, T, DI}, 2, 0.3));      // k
+        host.push_back(test::randn(DType::f32, Shape{1, T, HI}, 3));           // w
+        host.push_back(test::uniform(DType::f32, ps, 4, 0.0, 0.2));            // p
+        host.push_back(test::randn(DType::f32, Shape{1, T, HI, DI}, 5, 0.1));  // dq
+        host.push_back(test::randn(DType::f32, Shape{1, T, DI}, 6, 0.1));      // dk
+        host.push_back(test::randn(DType::f32, Shape{1, T, HI}, 7, 0.1));      // dw
+        std::vector<Tensor> dev;
+        for (const Tensor& t : host) dev.push_back(t.to(Device::cuda));
+        const Tensor dev_idx = idx.to(Device::cuda);
+        std::vector<std::byte> ws(
+            ops::indexer_kl_workspace_bytes(DType::f32, 1, T, HI, DI, sparse ? K : T, 3, omp_get_max_threads()));
+        const std::vector<int64_t> none;
+        std::vector<ops::IndexerKlResult> r;
+        for (auto [x, ind] : {std::pair{&host, TensorView(idx)}, std::pair{&dev, TensorView(dev_idx)}}) {
+            auto& t = *x;
+            r.push_back(ops::indexer_kl(t[0], t[1], t[2], t[3], sparse ? ind : TensorView(), sparse ? none : cu, 0.7,
+                                        t[4], t[5], t[6], ws, 3));
+        }
+        EXPECT_EQ(r[1].rows, r[0].rows);
+        EXPECT_NEAR(r[1].loss, r[0].loss, 1e-5 * std::abs(r[0].loss));
+        for (size_t i = 4; i < host.size(); ++i)
+            EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], 1e-4, 1e-5))
+                << "tensor " << i << " sparse " << sparse;
     }
 }
 

@@ -129,18 +129,9 @@ void run_cross_entropy(OpContext& c) {
     TESSERA_CHECK(logits.ndim() == 2, "logits must be [N, V]");
     TensorView lse = c.out("lse", logits.dtype, Shape{logits.size(0)});
     CrossEntropyResult r = cross_entropy_forward(p, logits, targets, lse);
-    Tensor loss(logits.dtype, Shape{});
-    if (logits.dtype == DType::f64) {
-        *loss.ptr<double>() = r.loss;
-    } else {
-        *loss.ptr<float>() = float(r.loss);
-    }
-    c.set_output("loss", std::move(loss));
+    c.set_value("loss", logits.dtype, Shape{}, r.loss);
     if (!c.has("dloss")) return;
-    TensorView dloss = c.host_in("dloss");
-    TESSERA_CHECK(dloss.numel() == 1, "dloss must be a scalar");
-    const double g = dloss.dtype == DType::f64 ? *dloss.ptr<double>() : double(*dloss.ptr<float>());
-    cross_entropy_backward(p, g, logits, targets, lse, c.out_like("dlogits", logits));
+    cross_entropy_backward(p, c.host_value("dloss"), logits, targets, lse, c.out_like("dlogits", logits));
 }
 
 void run_rope(OpContext& c) {

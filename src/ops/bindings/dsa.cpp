@@ -10,11 +10,6 @@
 namespace tessera::ops {
 
 namespace {
-double scalar(const TensorView& t, const char* name) {
-    TESSERA_CHECK(t.numel() == 1, "{} must be a scalar", name);
-    return t.dtype == DType::f64 ? *t.ptr<double>() : double(*t.ptr<float>());
-}
-
 void run_dsa_indexer(OpContext& c) {
     const DsaIndexerParams p{.topk = c.param_i64("topk")};
     TensorView q = c.in("q"), k = c.in("k"), w = c.in("w");
@@ -45,7 +40,7 @@ void run_sparse_attention(OpContext& c) {
 void run_indexer_kl(OpContext& c) {
     TensorView q = c.in("q"), k = c.in("k"), w = c.in("w"), p = c.in("p");
     const bool backward = c.has("dloss");
-    const double dloss = backward ? scalar(c.in("dloss"), "dloss") : 0.0;
+    const double dloss = backward ? c.host_value("dloss") : 0.0;
     const TensorView idx = c.in_or_absent("indices");
     TESSERA_CHECK(q.ndim() == 4, "q must be [B, T, HI, DI]");
     const int64_t support = idx.defined() && idx.ndim() == 3 ? idx.size(2) : q.size(1);
@@ -54,12 +49,7 @@ void run_indexer_kl(OpContext& c) {
     const IndexerKlResult r =
         indexer_kl(q, k, w, p, idx, c.index_span("cu_seqlens"), dloss, backward ? c.out_like("dq", q) : TensorView(),
                    backward ? c.out_like("dk", k) : TensorView(), backward ? c.out_like("dw", w) : TensorView(), ws);
-    TensorView loss = c.out("loss", q.dtype, Shape{});
-    if (q.dtype == DType::f64) {
-        *loss.ptr<double>() = r.loss;
-    } else {
-        *loss.ptr<float>() = float(r.loss);
-    }
+    c.set_value("loss", q.dtype, Shape{}, r.loss);
 }
 }  // namespace
 
@@ -98,7 +88,8 @@ void register_dsa_ops(OpRegistry& r) {
            {},
            {"loss"},
            {"given dloss: dq, dk, dw"},
-           run_indexer_kl});
+           run_indexer_kl,
+           /*cuda=*/true});
 }
 
 }  // namespace tessera::ops

@@ -27,18 +27,6 @@ std::vector<OpParamSpec> router_param_specs() {
             {"topk_groups", ParamKind::integer, "1", {}, "groups kept per token", 1, 1 << 16}};
 }
 
-TensorView one_value(OpContext& c, const std::string& name, DType t, double v) {
-    TensorView out = c.out(name, t, Shape{1});
-    if (t == DType::i64) {
-        out.ptr<int64_t>()[0] = int64_t(v);
-    } else if (t == DType::f32) {
-        out.ptr<float>()[0] = float(v);
-    } else {
-        out.ptr<double>()[0] = v;
-    }
-    return out;
-}
-
 void run_router(OpContext& c) {
     const RouterParams p = router_params(c);
     TensorView x = c.in("x"), w = c.in("w"), bias = c.in_or_absent("bias");
@@ -97,8 +85,8 @@ void run_moe(OpContext& c) {
     copy_out("demand", s.demand);
     copy_out("indices", s.expert);
     copy_out("weights", s.gates);
-    one_value(c, "rerouted", DType::i64, double(st.rerouted));
-    one_value(c, "dropped", DType::i64, double(st.dropped));
+    c.set_value("rerouted", DType::i64, Shape{1}, double(st.rerouted));
+    c.set_value("dropped", DType::i64, Shape{1}, double(st.dropped));
     // the global balance loss of this one layer: its choices and scores pooled over the N tokens (ops/router.h)
     const double global_coeff = c.param_f64("global_aux_coeff");
     std::vector<double> choices(size_t(d.experts)), prob_sums(size_t(d.experts)), balance_grad(size_t(d.experts));
@@ -107,7 +95,7 @@ void run_moe(OpContext& c) {
         router_balance_stats(s.scores.slice0(0, N), s.choice.slice0(0, N), choices, prob_sums);
         global = router_global_aux_loss(global_coeff, choices, prob_sums, double(N), balance_grad);
     }
-    one_value(c, "aux_loss", x.dtype, st.seq_aux_loss + st.z_loss + global);
+    c.set_value("aux_loss", x.dtype, Shape{1}, st.seq_aux_loss + st.z_loss + global);
     if (!c.has("dy") && !c.has("daux_loss")) return;
     // The aux losses' gradients are linear in their weights: scale them by the loss's output gradient.
     double aux_scale = 0.0;

@@ -1,5 +1,5 @@
-// The lightning indexer (streaming scores + running top-k) and its KL loss: entry points (CUDA tensors of the
-// indexer to ops/cuda) and the CPU kernels (dsa.h). Every buffer comes from the caller's workspace: the running
+// The lightning indexer (streaming scores + running top-k) and its KL loss: entry points (CUDA tensors to
+// ops/cuda) and the CPU kernels (dsa.h). Every buffer comes from the caller's workspace: the running
 // top-k of a query is a fixed array of 2·topk candidates (cut back to the best topk whenever it fills), so
 // nothing grows.
 #include <omp.h>
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
@@ -390,7 +391,7 @@ IndexerKlResult indexer_kl(TensorView q,
                            std::span<std::byte> workspace,
                            int64_t dk_slabs) {
     note_op_use("indexer_kl");
-    cpu_only("indexer_kl", {q, k, w, p, indices, dq, dk, dw});
+    const Device device = op_device("indexer_kl", {q, k, w, p, indices, dq, dk, dw});
     const IndexerDims d = check_indexer(q, k, w, "indexer_kl");
     TESSERA_CHECK(dk_slabs >= 1, "indexer_kl: dk_slabs must be positive");
     if (indices.defined()) {
@@ -402,12 +403,20 @@ IndexerKlResult indexer_kl(TensorView q,
         check_shape(p, Shape{d.B, d.T, d.T}, "indexer_kl: p (dense, over every s <= t)");
     }
     check_contiguous(p, "indexer_kl: p");
+    check_dtype(p, q.dtype, "indexer_kl: p");
+    if (indices.defined()) check_contiguous(indices, "indexer_kl: indices");
     if (dq.defined()) {
-        check_shape(dq, q.shape, "indexer_kl: dq");
-        check_shape(dk, k.shape, "indexer_kl: dk");
-        check_shape(dw, w.shape, "indexer_kl: dw");
+        for (const auto& [g, like, what] :
+             {std::tuple{&dq, &q, "indexer_kl: dq"}, std::tuple{&dk, &k, "indexer_kl: dk"},
+              std::tuple{&dw, &w, "indexer_kl: dw"}}) {
+            check_shape(*g, like->shape, what);
+            check_dtype(*g, q.dtype, what);
+            check_contiguous(*g, what);
+        }
     }
     const Segments seg(d.B, d.T, cu_seqlens, "indexer_kl");
+    if (device == Device::cuda)
+        return TESSERA_ON_CUDA(indexer_kl(q, k, w, p, indices, cu_seqlens, dloss, dq, dk, dw, workspace, dk_slabs));
     IndexerKlResult r;
     dispatch_float(q.dtype, "indexer_kl", [&]<class T>(T) {
         r = indexer_kl_impl<T>(d, q, k, w, p, indices, seg, dloss, dq, dk, dw, dk_slabs, workspace);

@@ -1,4 +1,5 @@
-// The CUDA entry points of attention (ops/attention.h) and DSA's indexer and sparse attention (ops/dsa.h). The neutral
+// The CUDA entry points of attention (ops/attention.h) and DSA's indexer, its KL loss and sparse attention
+// (ops/dsa.h). The neutral
 // entry points (ops/cpu/attention.cpp, dsa_indexer.cpp, sparse_attention.cpp) have checked shapes, dtypes, strides and
 // cu_seqlens already; here attention's tile plan is made on the host (ops/attention_tiles.h) and copied with
 // backward's Δ scratch into one device scratch request.
@@ -182,6 +183,63 @@ void dsa_indexer_forward(const DsaIndexerParams& p,
                                            scores.ptr<T>(), stream()),
                      "dsa_indexer");
     });
+}
+
+IndexerKlResult indexer_kl(TensorView q,
+                           TensorView k,
+                           TensorView w,
+                           TensorView p,
+                           TensorView indices,
+                           std::span<const int64_t> cu_seqlens,
+                           double dloss,
+                           TensorView dq,
+                           TensorView dk,
+                           TensorView dw,
+                           std::span<std::byte> /*workspace*/,
+                           int64_t dk_slabs) {
+    const KlShape s{q.size(0),
+                    q.size(1),
+                    q.size(2),
+                    q.size(3),
+                    indices.defined() ? indices.size(2) : 0,
+                    cu_seqlens.empty() ? 0 : int64_t(cu_seqlens.size()) - 1};
+    const int64_t BT = s.B * s.T;
+    const bool grads = dq.defined();
+    IndexerKlResult r;
+    dispatch_float(q.dtype, "indexer_kl", [&]<class T>(T) {
+        // one scratch request: cu_seqlens, the rows' kl, lse, Σp and support flags, the dk slabs
+        const size_t cu_bytes = round_up(sizeof(int64_t) * cu_seqlens.size()), row_bytes = round_up(8 * size_t(BT));
+        const size_t acc_bytes = grads ? sizeof(T) * size_t(dk_slabs * BT * s.DI) : 0;
+        auto* base = static_cast<std::byte*>(scratch(cu_bytes + 4 * row_bytes + acc_bytes));
+        const int64_t* cu = cu_seqlens.empty() ? nullptr : upload(base, cu_seqlens);
+        std::byte* rb = base + cu_bytes;
+        const KlRows rows{reinterpret_cast<double*>(rb), reinterpret_cast<double*>(rb + row_bytes),
+                          reinterpret_cast<double*>(rb + 2 * row_bytes),
+                          reinterpret_cast<int32_t*>(rb + 3 * row_bytes)};
+        const T* pp = p.ptr<T>();
+        const int32_t* idx = indices.defined() ? indices.ptr<int32_t>() : nullptr;
+        check_launch(launch_indexer_kl_rows<T>(s, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), pp, idx, rows, stream()),
+                     "indexer_kl");
+        std::vector<double> kl(static_cast<size_t>(BT));
+        std::vector<int32_t> has(static_cast<size_t>(BT));
+        check_launch(cudaMemcpyAsync(kl.data(), rows.kl, 8 * size_t(BT), cudaMemcpyDeviceToHost, stream()),
+                     "indexer_kl read-back");
+        check_launch(cudaMemcpyAsync(has.data(), rows.has, 4 * size_t(BT), cudaMemcpyDeviceToHost, stream()),
+                     "indexer_kl read-back");
+        check_launch(cudaStreamSynchronize(stream()), "indexer_kl");
+        double sum = 0;
+        for (int64_t i = 0; i < BT; ++i) {  // in row order, as the CPU sums
+            sum += kl[size_t(i)];
+            r.rows += has[size_t(i)];
+        }
+        r.loss = r.rows ? sum / double(r.rows) : 0.0;
+        if (!grads || r.rows == 0 || dloss == 0) return;
+        check_launch(launch_indexer_kl_backward<T>(s, dk_slabs, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), pp, idx, rows,
+                                                   dloss / double(r.rows), reinterpret_cast<T*>(rb + 4 * row_bytes),
+                                                   dq.ptr<T>(), dk.ptr<T>(), dw.ptr<T>(), stream()),
+                     "indexer_kl backward");
+    });
+    return r;
 }
 
 }  // namespace tessera::ops::cuda

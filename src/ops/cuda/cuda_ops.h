@@ -99,6 +99,21 @@ void dsa_indexer_forward(const DsaIndexerParams& p,
                          std::span<std::byte> workspace,
                          std::span<const int64_t> cu_seqlens);
 
+// The indexer's KL loss (ops/cuda/indexer_kl.cu): the per-row KL values are read back to sum them on the host in
+// row order (one synchronisation per call, as the loss is returned).
+IndexerKlResult indexer_kl(TensorView q,
+                           TensorView k,
+                           TensorView w,
+                           TensorView p,
+                           TensorView indices,
+                           std::span<const int64_t> cu_seqlens,
+                           double dloss,
+                           TensorView dq,
+                           TensorView dk,
+                           TensorView dw,
+                           std::span<std::byte> workspace,
+                           int64_t dk_slabs);
+
 // DSA's sparse attention (ops/cuda/sparse_attention.cu); backward's Δ and dkv slabs live in the thread's device
 // scratch, the host workspace is not used.
 void sparse_attention_forward(const SparseAttentionParams& p,

@@ -47,6 +47,17 @@ __device__ A block_max(A v, A* shared) {
     return m;
 }
 
+// out[i] += Σ_sl acc[sl·n + i], the slabs in order: the reduction of the fixed query slabs that the backward
+// scatters of DSA (dkv, the indexer's dk) accumulate into (spec/dsa.md §3.7 scheme B).
+template <class T>
+__global__ void slab_sum_kernel(int64_t n, int64_t slabs, const T* acc, T* out) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        T x = out[i];
+        for (int64_t sl = 0; sl < slabs; ++sl) x += acc[sl * n + i];
+        out[i] = x;
+    }
+}
+
 __device__ inline int64_t load_id(const void* ids, bool ids32, int64_t i) {
     return ids32 ? int64_t(static_cast<const int32_t*>(ids)[i]) : static_cast<const int64_t*>(ids)[i];
 }

@@ -209,6 +209,46 @@ cudaError_t launch_dsa_indexer(IndexerShape s,
                                T* scores,
                                cudaStream_t stream);
 
+// The indexer's KL loss (ops/dsa.h): q [B, T, HI, DI], k [B, T, DI], w [B, T, HI]; p [B, T, K] over the selected
+// entries idx [B, T, K] (K > 0), or p [B, T, T] over every candidate (K = 0, idx null; cu: the `segments` + 1
+// offsets of a packed row in device memory, or null). The row pass writes per query its KL, lse and Σp (double)
+// and whether it has support; backward (g = dloss / rows) accumulates into dq, dk, dw, with acc the dk slabs'
+// scratch (slabs·B·T·DI values).
+struct KlShape {
+    int64_t B, T, HI, DI, K, segments;
+};
+struct KlRows {
+    double *kl, *lse, *psum;
+    int32_t* has;
+};
+size_t indexer_kl_smem(int64_t HI, size_t elem);
+template <class T>
+cudaError_t launch_indexer_kl_rows(KlShape s,
+                                   const int64_t* cu,
+                                   const T* q,
+                                   const T* k,
+                                   const T* w,
+                                   const T* p,
+                                   const int32_t* idx,
+                                   KlRows rows,
+                                   cudaStream_t stream);
+template <class T>
+cudaError_t launch_indexer_kl_backward(KlShape s,
+                                       int64_t slabs,
+                                       const int64_t* cu,
+                                       const T* q,
+                                       const T* k,
+                                       const T* w,
+                                       const T* p,
+                                       const int32_t* idx,
+                                       KlRows rows,
+                                       double g,
+                                       T* acc,
+                                       T* dq,
+                                       T* dk,
+                                       T* dw,
+                                       cudaStream_t stream);
+
 // DSA's sparse MQA attention (ops/dsa.h): q [B, T, H, DK], kv [B, T, DK], indices [B, T, K] i32, o [B, T, H, DV],
 // lse [B, T, H], all contiguous; DV <= 512 and DK <= 640. Backward accumulates into dq and dkv; its scratch: delta
 // (B·T·H values) and acc (slabs·B·T·DK values).

@@ -209,15 +209,6 @@ __global__ void dkv_kernel(SparseShape s,
     }
 }
 
-// dkv[i] += Σ_sl acc[sl][i], slabs in order
-template <class T>
-__global__ void slab_sum_kernel(int64_t n, int64_t slabs, const T* acc, T* dkv) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        T x = dkv[i];
-        for (int64_t sl = 0; sl < slabs; ++sl) x += acc[sl * n + i];
-        dkv[i] = x;
-    }
-}
 }  // namespace
 
 size_t sparse_dkv_smem(int64_t H, size_t elem) { return size_t(2 * kPairs * H) * elem; }

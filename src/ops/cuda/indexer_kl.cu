@@ -1,0 +1,285 @@
+// The indexer's KL loss on CUDA (ops/dsa.h): mean over the rows with support of KL(p_t ‖ softmax(I_t)), the support
+// being the valid selected entries (indices) or every candidate s <= t of t's sequence (dense warm-up).
+//   row pass: one block per query; a thread per support entry computes I = Σ_j w_j·relu(q_j·k_s) (heads in order,
+//     in double) and the row's max, log-sum-exp, Σp and KL by fixed-order block reductions.
+//   gradients (g = dloss / rows): dI = g·(softmax(I)·Σp − p); dw and dq per query block (entries in order), dk by
+//     the fixed query slabs of sparse attention's dkv (no atomics), then the slabs in order.
+#include <cmath>
+
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace tessera::ops::cuda {
+
+namespace {
+constexpr int kThreads = 128;
+constexpr int kChunk = 32;  // support entries per step of the gradient kernels
+
+// Slot `slot` of query bt's support: its key position (−1 when the slot is not in the support) and p's element.
+__device__ inline int64_t support_pos(const KlShape& s, const int32_t* idx, int64_t bt, int64_t slot, int64_t& pidx) {
+    if (idx) {
+        pidx = bt * s.K + slot;
+        const int32_t sel = idx[pidx];
+        return sel >= 0 && sel < s.T ? sel : -1;
+    }
+    pidx = bt * s.T + slot;
+    return slot;
+}
+
+// The slots [lo, hi) of query bt (sparse: every entry; dense: t's candidates)
+__device__ inline void support_slots(const KlShape& s, const int64_t* cu, int64_t bt, int64_t& lo, int64_t& hi) {
+    const int64_t t = bt % s.T;
+    if (s.K > 0) {
+        lo = 0;
+        hi = s.K;
+        return;
+    }
+    lo = 0;
+    if (cu)
+        for (int64_t i = 0; i < s.segments; ++i)
+            if (cu[i] <= t) lo = cu[i];
+    hi = t + 1;
+}
+
+// I of query bt against key row kr (heads in order, in double), with the head dots a_j = q_j·k written to a.
+template <class T>
+__device__ inline double score(const KlShape& s, const T* q, const T* w, int64_t bt, const T* kr, T* a) {
+    double I = 0;
+    for (int64_t j = 0; j < s.HI; ++j) {
+        const T* qj = q + (bt * s.HI + j) * s.DI;
+        T acc = 0;
+        for (int64_t d = 0; d < s.DI; ++d) acc += qj[d] * kr[d];
+        if (a) a[j] = acc;
+        I += double(w[bt * s.HI + j]) * (acc > T(0) ? double(acc) : 0.0);
+    }
+    return I;
+}
+
+// Per query: kl, whether it has support, lse and Σp of its support.
+template <class T>
+__global__ void row_kernel(
+    KlShape s, const int64_t* cu, const T* q, const T* k, const T* w, const T* p, const int32_t* idx, KlRows rows) {
+    __shared__ double red[kThreads / 32];
+    const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x;
+    int64_t lo, hi;
+    support_slots(s, cu, bt, lo, hi);
+    double m = -INFINITY, n = 0;
+    for (int64_t x = lo + tid; x < hi; x += kThreads) {
+        int64_t pi;
+        const int64_t pos = support_pos(s, idx, bt, x, pi);
+        if (pos < 0) continue;
+        m = fmax(m, score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI, nullptr));
+        n += 1;
+    }
+    m = block_max(m, red);
+    n = block_sum(n, red);
+    if (n == 0) {
+        if (tid == 0) {
+            rows.kl[bt] = rows.lse[bt] = rows.psum[bt] = 0;
+            rows.has[bt] = 0;
+        }
+        return;
+    }
+    double z = 0, psum = 0;
+    for (int64_t x = lo + tid; x < hi; x += kThreads) {
+        int64_t pi;
+        const int64_t pos = support_pos(s, idx, bt, x, pi);
+        if (pos < 0) continue;
+        z += exp(score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI, nullptr) - m);
+        psum += double(p[pi]);
+    }
+    z = block_sum(z, red);
+    psum = block_sum(psum, red);
+    const double lse = m + log(z);
+    double kl = 0;
+    for (int64_t x = lo + tid; x < hi; x += kThreads) {
+        int64_t pi;
+        const int64_t pos = support_pos(s, idx, bt, x, pi);
+        const double pv = pos < 0 ? 0.0 : double(p[pi]);
+        if (pv > 0) kl += pv * (log(pv) - score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI, nullptr) + lse);
+    }
+    kl = block_sum(kl, red);
+    if (tid == 0) {
+        rows.kl[bt] = kl;
+        rows.lse[bt] = lse;
+        rows.psum[bt] = psum;
+        rows.has[bt] = 1;
+    }
+}
+
+// The support chunk [x0, x0 + kChunk) of query bt into shared memory: positions, head dots A [kChunk][HI] and
+// dI·w_j·[a > 0] as DA [kChunk][HI] (0 outside the support). Every thread takes part.
+template <class T>
+__device__ void chunk_grads(const KlShape& s,
+                            const T* q,
+                            const T* k,
+                            const T* w,
+                            const T* p,
+                            const int32_t* idx,
+                            const KlRows& rows,
+                            double g,
+                            int64_t bt,
+                            int64_t x0,
+                            int64_t hi,
+                            int64_t* pos,
+                            T* A,
+                            T* DA) {
+    const int64_t b = bt / s.T;
+    for (int64_t i = threadIdx.x; i < kChunk; i += blockDim.x) {
+        int64_t pi = 0, at = -1;
+        if (x0 + i < hi) at = support_pos(s, idx, bt, x0 + i, pi);
+        pos[i] = at;
+        if (at < 0) {
+            for (int64_t j = 0; j < s.HI; ++j) DA[i * s.HI + j] = A[i * s.HI + j] = T(0);
+            continue;
+        }
+        const double I = score<T>(s, q, w, bt, k + (b * s.T + at) * s.DI, A + i * s.HI);
+        const double dI = g * (exp(I - rows.lse[bt]) * rows.psum[bt] - double(p[pi]));
+        for (int64_t j = 0; j < s.HI; ++j) {
+            const T a = A[i * s.HI + j];
+            DA[i * s.HI + j] = a > T(0) ? T(dI * double(w[bt * s.HI + j])) : T(0);
+            A[i * s.HI + j] = T(dI * (a > T(0) ? double(a) : 0.0));  // now dI·relu(a): dw's term
+        }
+    }
+    __syncthreads();
+}
+
+// dw[t, j] += Σ_i dI_i·relu(a_ij), dq[t, j] += Σ_i da_ij·k_i, entries in order (a thread per output element).
+template <class T>
+__global__ void dqw_kernel(KlShape s,
+                           const int64_t* cu,
+                           const T* q,
+                           const T* k,
+                           const T* w,
+                           const T* p,
+                           const int32_t* idx,
+                           KlRows rows,
+                           double g,
+                           T* dq,
+                           T* dw) {
+    extern __shared__ unsigned char smem_raw[];
+    T* A = reinterpret_cast<T*>(smem_raw);
+    T* DA = A + kChunk * s.HI;
+    int64_t* pos = reinterpret_cast<int64_t*>(DA + kChunk * s.HI);
+    const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x;
+    if (!rows.has[bt]) return;  // uniform over the block
+    int64_t lo, hi;
+    support_slots(s, cu, bt, lo, hi);
+    for (int64_t x0 = lo; x0 < hi; x0 += kChunk) {
+        __syncthreads();  // the previous chunk is consumed
+        chunk_grads<T>(s, q, k, w, p, idx, rows, g, bt, x0, hi, pos, A, DA);
+        for (int64_t o = tid; o < s.HI * s.DI; o += blockDim.x) {
+            const int64_t j = o / s.DI, d = o % s.DI;
+            T acc = dq[bt * s.HI * s.DI + o];
+            for (int i = 0; i < kChunk; ++i)
+                if (pos[i] >= 0) acc += DA[i * s.HI + j] * k[(b * s.T + pos[i]) * s.DI + d];
+            dq[bt * s.HI * s.DI + o] = acc;
+        }
+        for (int64_t j = tid; j < s.HI; j += blockDim.x) {
+            T acc = dw[bt * s.HI + j];
+            for (int i = 0; i < kChunk; ++i) acc += A[i * s.HI + j];
+            dw[bt * s.HI + j] = acc;
+        }
+    }
+}
+
+// Slab sl of batch row b: acc[sl][b·T + s_i] += Σ_j da_ij·q[t, j] over its queries ascending and their support in
+// order; blockIdx.z picks kThreads dims.
+template <class T>
+__global__ void dk_kernel(KlShape s,
+                          int64_t slabs,
+                          const int64_t* cu,
+                          const T* q,
+                          const T* k,
+                          const T* w,
+                          const T* p,
+                          const int32_t* idx,
+                          KlRows rows,
+                          double g,
+                          T* acc) {
+    extern __shared__ unsigned char smem_raw[];
+    T* A = reinterpret_cast<T*>(smem_raw);
+    T* DA = A + kChunk * s.HI;
+    int64_t* pos = reinterpret_cast<int64_t*>(DA + kChunk * s.HI);
+    const int64_t b = blockIdx.x, sl = blockIdx.y, d = blockIdx.z * int64_t(blockDim.x) + threadIdx.x;
+    T* slab = acc + (sl * s.B * s.T + b * s.T) * s.DI;
+    for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
+        const int64_t bt = b * s.T + t;
+        if (!rows.has[bt]) continue;  // uniform over the block
+        int64_t lo, hi;
+        support_slots(s, cu, bt, lo, hi);
+        for (int64_t x0 = lo; x0 < hi; x0 += kChunk) {
+            __syncthreads();
+            chunk_grads<T>(s, q, k, w, p, idx, rows, g, bt, x0, hi, pos, A, DA);
+            if (d >= s.DI) continue;
+            for (int i = 0; i < kChunk; ++i) {
+                if (pos[i] < 0) continue;
+                T v = 0;
+                for (int64_t j = 0; j < s.HI; ++j) v += DA[i * s.HI + j] * q[(bt * s.HI + j) * s.DI + d];
+                slab[pos[i] * s.DI + d] += v;
+            }
+        }
+    }
+}
+}  // namespace
+
+size_t indexer_kl_smem(int64_t HI, size_t elem) { return size_t(2 * kChunk * HI) * elem + kChunk * sizeof(int64_t); }
+
+template <class T>
+cudaError_t launch_indexer_kl_rows(KlShape s,
+                                   const int64_t* cu,
+                                   const T* q,
+                                   const T* k,
+                                   const T* w,
+                                   const T* p,
+                                   const int32_t* idx,
+                                   KlRows rows,
+                                   cudaStream_t stream) {
+    if (s.B * s.T == 0) return cudaSuccess;
+    row_kernel<T><<<unsigned(s.B * s.T), kThreads, 0, stream>>>(s, cu, q, k, w, p, idx, rows);
+    return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_indexer_kl_backward(KlShape s,
+                                       int64_t slabs,
+                                       const int64_t* cu,
+                                       const T* q,
+                                       const T* k,
+                                       const T* w,
+                                       const T* p,
+                                       const int32_t* idx,
+                                       KlRows rows,
+                                       double g,
+                                       T* acc,
+                                       T* dq,
+                                       T* dk,
+                                       T* dw,
+                                       cudaStream_t stream) {
+    if (s.B * s.T == 0) return cudaSuccess;
+    const size_t smem = indexer_kl_smem(s.HI, sizeof(T));
+    for (const void* f : {(const void*)dqw_kernel<T>, (const void*)dk_kernel<T>}) {
+        const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        if (e != cudaSuccess) return e;
+    }
+    dqw_kernel<T><<<unsigned(s.B * s.T), kThreads, smem, stream>>>(s, cu, q, k, w, p, idx, rows, g, dq, dw);
+    cudaError_t err = cudaMemsetAsync(acc, 0, sizeof(T) * size_t(slabs * s.B * s.T * s.DI), stream);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned((s.DI + kThreads - 1) / kThreads));
+    dk_kernel<T><<<grid, kThreads, smem, stream>>>(s, slabs, cu, q, k, w, p, idx, rows, g, acc);
+    const int64_t n = s.B * s.T * s.DI;
+    slab_sum_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(n, slabs, acc, dk);
+    return cudaGetLastError();
+}
+
+#define TESSERA_KL(T)                                                                                                  \
+    template cudaError_t launch_indexer_kl_rows<T>(KlShape, const int64_t*, const T*, const T*, const T*, const T*,    \
+                                                   const int32_t*, KlRows, cudaStream_t);                              \
+    template cudaError_t launch_indexer_kl_backward<T>(KlShape, int64_t, const int64_t*, const T*, const T*, const T*, \
+                                                       const T*, const int32_t*, KlRows, double, T*, T*, T*, T*,       \
+                                                       cudaStream_t);
+TESSERA_KL(float)
+TESSERA_KL(double)
+#undef TESSERA_KL
+
+}  // namespace tessera::ops::cuda
