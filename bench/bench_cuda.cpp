@@ -1,7 +1,9 @@
 // The CUDA backend's ops on the GPU (built with -DTESSERA_CUDA=ON; run by scripts/device-check.sh): time per call
 // (median of 20 after 3 warm-ups, each timed to its stream's completion), and the rate as a fraction of the
 // device's peak: GEMM-bound ops in FLOP/s against the f32 (FFMA, no tensor cores) peak, memory-bound ones in
-// bytes moved against HBM bandwidth. Peaks default to the H200's (67 TFLOP/s f32, 4.8 TB/s); --f32-tflops and
+// bytes moved against HBM bandwidth. Attention's backward counts 2.5× its forward FLOPs (FlashAttention-2's
+// count), KDA's forward the Kimi Linear paper's chunk count and its backward twice that. Peaks default to the H200's
+// (67 TFLOP/s f32, 4.8 TB/s); --f32-tflops and
 // --hbm-tbs override them. Prints a markdown table (bench/RESULTS.md).
 #include <algorithm>
 #include <chrono>
@@ -14,8 +16,10 @@
 
 #include "bench/bench_util.h"
 #include "core/device.h"
+#include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
+#include "ops/kda.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
 #include "ops/swiglu.h"
@@ -102,6 +106,41 @@ int main(int argc, char** argv) {
         Tensor table = gpu_random(Shape{V, 4096}, 10), e = gpu_zeros(Shape{N, 4096});
         rows.push_back({"embedding", fmt::format("{} of {} x 4096", N, V), "forward",
                         median_ms([&] { ops::embedding_forward(targets, table, e); }), 2.0 * 4 * N * 4096, false});
+    }
+    {
+        const int64_t B = 2, T = 4096, H = 16, HKV = 4, D = 128;
+        Tensor q = gpu_random(Shape{B, T, H, D}, 11), k = gpu_random(Shape{B, T, HKV, D}, 12),
+               v = gpu_random(Shape{B, T, HKV, D}, 13), o = gpu_zeros(Shape{B, T, H, D}),
+               lse = gpu_zeros(Shape{B, H, T}), dout = gpu_random(Shape{B, T, H, D}, 14),
+               dq = gpu_zeros(Shape{B, T, H, D}), dk = gpu_zeros(Shape{B, T, HKV, D}),
+               dv = gpu_zeros(Shape{B, T, HKV, D});
+        const std::string shape = fmt::format("B {} T {} H {}/{} D {}, causal", B, T, H, HKV, D);
+        const double fl = ops::attention_forward_flops(B, T, H, D, true);
+        rows.push_back({"attention", shape, "forward",
+                        median_ms([&] { ops::attention_forward({}, q, k, v, o, lse, {}); }), fl, true});
+        rows.push_back({"attention", shape, "backward",
+                        median_ms([&] { ops::attention_backward({}, dout, q, k, v, o, lse, dq, dk, dv, {}); }),
+                        2.5 * fl, true});
+    }
+    {
+        const int64_t B = 4, T = 2048, H = 16, D = 128;
+        Tensor q = gpu_random(Shape{B, T, H, D}, 15),
+               k = bench::random_tensor(Shape{B, T, H, D}, 16, -0.15, 0.15, 0).to(Device::cuda),  // |k|² < 1
+            v = gpu_random(Shape{B, T, H, D}, 17), o = gpu_zeros(Shape{B, T, H, D});
+        Tensor g = (bench::random_tensor(Shape{B, T, H, D}, 18, -0.5, -0.01, 0)).to(Device::cuda);
+        Tensor beta = (bench::random_tensor(Shape{B, T, H}, 19, 0.1, 0.9, 0)).to(Device::cuda);
+        Tensor dout = gpu_random(Shape{B, T, H, D}, 20), dq = gpu_zeros(Shape{B, T, H, D}),
+               dk = gpu_zeros(Shape{B, T, H, D}), dv = gpu_zeros(Shape{B, T, H, D}), dg = gpu_zeros(Shape{B, T, H, D}),
+               db = gpu_zeros(Shape{B, T, H});
+        const ops::KdaInputs in{q, k, v, g, beta, {}, {}};
+        const std::string shape = fmt::format("B {} T {} H {} K = V = {}", B, T, H, D);
+        const double fl = ops::kda_forward_flops(B * T, H, D, 64);
+        rows.push_back(
+            {"kda (recurrent)", shape, "forward", median_ms([&] { ops::kda_forward({}, in, o, {}, {}); }), fl, true});
+        rows.push_back({"kda (recurrent)", shape, "backward", median_ms([&] {
+                            ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {});
+                        }),
+                        2 * fl, true});
     }
     std::printf("| op | shape | pass | ms | rate | fraction of peak |\n|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
