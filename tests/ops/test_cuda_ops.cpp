@@ -480,6 +480,41 @@ TEST(CudaOps, RouterPicksTheCpusExpertsWithGroupsAndBias) {
         EXPECT_TRUE(test::all_close(out[1][i], out[0][i], 1e-5, 1e-6)) << "tensor " << i;
 }
 
+// The router's aux losses on the GPU against the CPU: the sequence-wise balance loss over three sequences, the
+// global balance statistics accumulated onto sums that hold values already and their backward, the z-loss; the
+// losses' values and the gradients.
+TEST(CudaOps, RouterAuxLossesMatchTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 64, E = 10, K = 3;
+    Tensor scores = test::uniform(DType::f32, Shape{N, E}, 1, 0.01, 1.0),
+           logits = test::randn(DType::f32, Shape{N, E}, 2);
+    Tensor idx(DType::i32, Shape{N, K});
+    for (int64_t i = 0; i < N * K; ++i) idx.ptr<int32_t>()[i] = int32_t(i % 7 == 3 ? -1 : (i * 5) % E);
+    const std::vector<int64_t> starts{0, 1, 30, 64};
+    Tensor ds = test::randn(DType::f32, Shape{N, E}, 3, 0.1), du = test::randn(DType::f32, Shape{N, E}, 4, 0.1);
+    const Tensor d_scores = scores.to(Device::cuda), d_logits = logits.to(Device::cuda), d_idx = idx.to(Device::cuda);
+    Tensor d_ds = ds.to(Device::cuda), d_du = du.to(Device::cuda);
+    std::vector<double> scratch(size_t(2 * E));
+    const double seq = ops::router_seq_aux_loss(0.01, scores, idx, starts, ds, scratch);
+    const double d_seq = ops::router_seq_aux_loss(0.01, d_scores, d_idx, starts, d_ds, scratch);
+    EXPECT_NEAR(d_seq, seq, 1e-12 * std::abs(seq));
+    std::vector<double> c(size_t(E), 2.0), p(size_t(E), 0.5), dc = c, dp = p;
+    ops::router_balance_stats(scores, idx, c, p);
+    ops::router_balance_stats(d_scores, d_idx, dc, dp);
+    for (int64_t e = 0; e < E; ++e) {
+        EXPECT_EQ(dc[size_t(e)], c[size_t(e)]) << e;
+        EXPECT_NEAR(dp[size_t(e)], p[size_t(e)], 1e-12) << e;
+    }
+    std::vector<double> grad(static_cast<size_t>(E));
+    ops::router_global_aux_loss(0.02, c, p, double(N), grad);
+    ops::router_balance_backward(grad, scores, ds);
+    ops::router_balance_backward(grad, d_scores, d_ds);
+    EXPECT_TRUE(test::all_close(d_ds.to(Device::cpu), ds, 1e-5, 1e-7));
+    const double z = ops::router_z_loss(0.001, logits, du), d_z = ops::router_z_loss(0.001, d_logits, d_du);
+    EXPECT_NEAR(d_z, z, 1e-12 * std::abs(z));
+    EXPECT_TRUE(test::all_close(d_du.to(Device::cpu), du, 1e-5, 1e-7));
+}
+
 TEST(CudaOps, TheDeviceArenaHandsOutDeviceViewsAndReusesFreedBlocks) {
     SKIP_WITHOUT_GPU();
     Arena arena(64 << 20, 256, Device::cuda);

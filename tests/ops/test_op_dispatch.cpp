@@ -13,6 +13,7 @@
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
 #include "ops/lora.h"
+#include "ops/moe_balance.h"
 #include "ops/registry.h"
 #include "ops/rmsnorm.h"
 #include "ops/router.h"
@@ -83,8 +84,9 @@ TEST(OpDispatch, TensorsOnDifferentDevicesAreRefused) {
 
 TEST(OpDispatch, AnOpTheCudaBackendLacksRefusesCudaTensors) {
     const TensorView scores = fake_cuda(Shape{4, 16});
-    const std::string e = error_of([&] { ops::router_z_loss(0.1, scores, {}); });
-    EXPECT_NE(e.find("router: the CUDA backend has no implementation of this op yet"), std::string::npos) << e;
+    const std::string e = error_of([&] { ops::routing_entropy_sum(scores); });
+    EXPECT_NE(e.find("routing_entropy_sum: the CUDA backend has no implementation of this op yet"), std::string::npos)
+        << e;
 }
 
 TEST(OpDispatch, AnOpTheCudaBackendHasFailsCleanlyWithoutAGpu) {

@@ -19,6 +19,14 @@ using cpu::rows_of;
 
 namespace {
 
+// A gradient shaped, typed and laid out like its input (absent: nothing to check).
+void check_dscores(const TensorView& x, const TensorView& dx, const char* what = "router: dscores") {
+    if (!dx.defined()) return;
+    check_shape(dx, x.shape, what);
+    check_dtype(dx, x.dtype, what);
+    check_contiguous(dx, what);
+}
+
 void check_router_shapes(const TensorView& scores,
                          const TensorView& indices,
                          const TensorView& weights,
@@ -187,12 +195,14 @@ double router_seq_aux_loss(double alpha,
                            std::span<const int64_t> starts,
                            TensorView dscores,
                            std::span<double> scratch) {
-    cpu_only("router", {scores, indices, dscores});
+    const Device device = op_device("router", {scores, indices, dscores});
     check_router_shapes(scores, indices, {}, "router seq aux loss");
-    if (dscores.defined()) check_shape(dscores, scores.shape, "router: dscores");
+    check_dscores(scores, dscores);
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     TESSERA_CHECK(starts.size() >= 2 && starts.front() == 0 && starts.back() == N,
                   "router seq aux loss: sequence starts must run from 0 to N = {}", N);
+    if (device == Device::cuda)
+        return TESSERA_ON_CUDA(router_seq_aux_loss(alpha, scores, indices, starts, dscores, scratch));
     TESSERA_CHECK(scratch.size() >= size_t(2 * E), "router seq aux loss: scratch of {} doubles < 2·E = {}",
                   scratch.size(), 2 * E);
     const double nseq = double(starts.size() - 1);
@@ -235,11 +245,12 @@ void router_balance_stats(TensorView scores,
                           TensorView indices,
                           std::span<double> choices,
                           std::span<double> prob_sums) {
-    cpu_only("router", {scores, indices});
+    const Device device = op_device("router", {scores, indices});
     check_router_shapes(scores, indices, {}, "router balance stats");
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     TESSERA_CHECK(int64_t(choices.size()) == E && int64_t(prob_sums.size()) == E,
                   "router balance stats: {} and {} slots for {} experts", choices.size(), prob_sums.size(), E);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(router_balance_stats(scores, indices, choices, prob_sums));
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
         for (int64_t t = 0; t < N; ++t) {
             const int32_t* idx = indices.ptr<int32_t>() + t * K;
@@ -271,11 +282,15 @@ double router_global_aux_loss(double alpha,
 }
 
 void router_balance_backward(std::span<const double> grad, TensorView scores, TensorView dscores) {
-    cpu_only("router", {scores, dscores});
-    check_shape(dscores, scores.shape, "router: dscores");
+    const Device device = op_device("router", {scores, dscores});
+    TESSERA_CHECK(scores.ndim() == 2, "router balance backward: scores must be [N, E], not {}", scores.shape.str());
+    check_contiguous(scores, "router: scores");
+    TESSERA_CHECK(dscores.defined(), "router balance backward: dscores is required");
+    check_dscores(scores, dscores);
     const int64_t N = scores.size(0), E = scores.size(1);
     TESSERA_CHECK(int64_t(grad.size()) == E, "router balance backward: {} gradient slots for {} experts", grad.size(),
                   E);
+    if (device == Device::cuda) return TESSERA_ON_CUDA(router_balance_backward(grad, scores, dscores));
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
         for (int64_t t = 0; t < N; ++t) {  // ∂/∂s_j Σ_e g_e s_e/z = (g_j − Σ_e g_e ŝ_e) / z
             const T* s = scores.ptr<T>() + t * E;
@@ -289,11 +304,13 @@ void router_balance_backward(std::span<const double> grad, TensorView scores, Te
 }
 
 double router_z_loss(double beta, TensorView logits, TensorView dlogits) {
-    cpu_only("router", {logits, dlogits});
-    if (dlogits.defined()) check_shape(dlogits, logits.shape, "router: dlogits");
+    const Device device = op_device("router", {logits, dlogits});
+    TESSERA_CHECK(logits.ndim() == 2, "router z-loss: logits must be [N, E], not {}", logits.shape.str());
+    check_contiguous(logits, "router: logits");
+    check_dscores(logits, dlogits, "router: dlogits");
+    if (device == Device::cuda) return TESSERA_ON_CUDA(router_z_loss(beta, logits, dlogits));
     double loss = 0;
     dispatch_float(logits.dtype, "router z-loss", [&]<class T>(T) {
-        check_contiguous(logits, "router: logits");
         Rows<T> U = rows_of<T>(logits, "router: logits");
         const double N = double(U.rows);
         for (int64_t n = 0; n < U.rows; ++n) {

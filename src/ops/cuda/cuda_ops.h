@@ -240,6 +240,20 @@ void router_weights(const RouterParams& p, TensorView scores, TensorView indices
 void router_weights_backward(
     const RouterParams& p, TensorView dweights, TensorView scores, TensorView indices, TensorView dscores);
 void router_score_backward(const RouterParams& p, TensorView scores, TensorView dscores, TensorView dlogits);
+// The aux losses: per-row and per-sequence values read back and summed on the host in the CPU's order (one
+// synchronisation per call, as the loss is returned); the balance statistics' host sums copied over and back.
+double router_seq_aux_loss(double alpha,
+                           TensorView scores,
+                           TensorView indices,
+                           std::span<const int64_t> starts,
+                           TensorView dscores,
+                           std::span<double> scratch);
+void router_balance_stats(TensorView scores,
+                          TensorView indices,
+                          std::span<double> choices,
+                          std::span<double> prob_sums);
+void router_balance_backward(std::span<const double> grad, TensorView scores, TensorView dscores);
+double router_z_loss(double beta, TensorView logits, TensorView dlogits);
 
 void situ_glu_forward(const SituParams& p, TensorView gate, TensorView up, TensorView y);
 void situ_glu_backward(

@@ -427,6 +427,30 @@ template <class T>
 cudaError_t launch_router_score_backward(
     RowsArg<const T> scores, RowsArg<const T> dscores, RowsArg<T> dlogits, bool softmax, cudaStream_t stream);
 
+// The router's aux losses (ops/router.h), in double. scores [N, E] and indices [N, K] contiguous; starts: the
+// sequences' (or, for the balance statistics, {0, N}) token offsets in device memory; z: N doubles of scratch.
+template <class T>
+struct RouterAuxArgs {
+    const T* scores;
+    const int32_t* indices;
+    const int64_t* starts;
+    double* z;
+    int64_t N, E, K;
+};
+// choices[e] += the choices of e, prob_sums[e] += Σ_t ŝ_e (device copies of the host sums)
+template <class T>
+cudaError_t launch_router_balance_stats(RouterAuxArgs<T> a, double* choices, double* prob_sums, cudaStream_t stream);
+template <class T>
+cudaError_t launch_router_balance_backward(RouterAuxArgs<T> a, const double* grad, T* dscores, cudaStream_t stream);
+// Per sequence q: f, P [nseq, E] (contiguous, P right after f) and ls[q] = Σ_e f·P; dscores (may be null) += the
+// gradient of α·mean_q ls.
+template <class T>
+cudaError_t launch_router_seq_aux(
+    RouterAuxArgs<T> a, int64_t nseq, double alpha, double* f, double* P, double* ls, T* dscores, cudaStream_t stream);
+// lse[t] of each row; dlogits (may be null) += the z-loss's gradient.
+template <class T>
+cudaError_t launch_router_z_loss(RowsArg<const T> logits, double beta, double* lse, T* dlogits, cudaStream_t stream);
+
 // y[r, :] += b; db += Σ_r dy[r, :] (each column in row order).
 template <class T>
 cudaError_t launch_add_bias(RowsArg<T> y, const T* b, cudaStream_t stream);

@@ -1,6 +1,9 @@
 // The CUDA entry points of the MoE router (ops/router.h): the score function, selection, gate weights and their
 // backward (the logits' GEMM is linear's). The neutral entry points (ops/cpu/router.cpp) have checked shapes,
-// dtypes and the parameters already; the aux losses are CPU-only for now.
+// dtypes and the parameters already. The aux losses read their per-row or per-sequence values back and sum them on
+// the host in the CPU's order.
+#include <vector>
+
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/entry_util.h"
 
@@ -53,6 +56,96 @@ void router_score_backward(const RouterParams& p, TensorView scores, TensorView 
                          marg<T>(dlogits, "router: dlogits"), p.score == RouterScore::softmax, stream()),
                      "router score backward");
     });
+}
+
+namespace {
+size_t round_up(size_t b) { return (b + 255) / 256 * 256; }
+
+// Device doubles copied back to the host (synchronising the stream).
+std::vector<double> read_back(const double* d, size_t n) {
+    std::vector<double> h(n);
+    check_launch(cudaMemcpyAsync(h.data(), d, n * sizeof(double), cudaMemcpyDeviceToHost, stream()), "read-back");
+    check_launch(cudaStreamSynchronize(stream()), "read-back");
+    return h;
+}
+}  // namespace
+
+double router_seq_aux_loss(double alpha,
+                           TensorView scores,
+                           TensorView indices,
+                           std::span<const int64_t> starts,
+                           TensorView dscores,
+                           std::span<double> /*scratch*/) {
+    const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1), nseq = int64_t(starts.size()) - 1;
+    double loss = 0;
+    dispatch_float(scores.dtype, "router", [&]<class T>(T) {
+        // one scratch request: starts, z [N], f and P [nseq, E], ls [nseq]
+        const size_t sb = round_up(starts.size_bytes()), zb = round_up(8 * size_t(N)), fb = 8 * size_t(nseq * E);
+        auto* base = static_cast<std::byte*>(scratch(sb + zb + round_up(2 * fb) + 8 * size_t(nseq)));
+        const RouterAuxArgs<T> a{scores.ptr<T>(),
+                                 indices.ptr<int32_t>(),
+                                 upload(base, starts),
+                                 reinterpret_cast<double*>(base + sb),
+                                 N,
+                                 E,
+                                 K};
+        auto* f = reinterpret_cast<double*>(base + sb + zb);
+        auto* ls = reinterpret_cast<double*>(base + sb + zb + round_up(2 * fb));
+        check_launch(launch_router_seq_aux<T>(a, nseq, alpha, f, f + nseq * E, ls,
+                                              dscores.defined() ? dscores.ptr<T>() : nullptr, stream()),
+                     "router seq aux loss");
+        for (const double v : read_back(ls, size_t(nseq))) loss += alpha * v / double(nseq);
+    });
+    return loss;
+}
+
+void router_balance_stats(TensorView scores,
+                          TensorView indices,
+                          std::span<double> choices,
+                          std::span<double> prob_sums) {
+    const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
+    dispatch_float(scores.dtype, "router", [&]<class T>(T) {
+        const int64_t range[2] = {0, N};
+        const size_t zb = round_up(8 * size_t(N)), eb = round_up(8 * size_t(E));
+        auto* base = static_cast<std::byte*>(scratch(256 + zb + 2 * eb));
+        auto* c = reinterpret_cast<double*>(base + 256 + zb);
+        auto* pr = reinterpret_cast<double*>(base + 256 + zb + eb);
+        upload(c, std::span<const double>(choices));
+        upload(pr, std::span<const double>(prob_sums));
+        const RouterAuxArgs<T> a{scores.ptr<T>(),
+                                 indices.ptr<int32_t>(),
+                                 upload(base, std::span<const int64_t>(range)),
+                                 reinterpret_cast<double*>(base + 256),
+                                 N,
+                                 E,
+                                 K};
+        check_launch(launch_router_balance_stats<T>(a, c, pr, stream()), "router balance stats");
+        const std::vector<double> hc = read_back(c, size_t(E)), hp = read_back(pr, size_t(E));
+        std::copy(hc.begin(), hc.end(), choices.begin());
+        std::copy(hp.begin(), hp.end(), prob_sums.begin());
+    });
+}
+
+void router_balance_backward(std::span<const double> grad, TensorView scores, TensorView dscores) {
+    const int64_t N = scores.size(0), E = scores.size(1);
+    dispatch_float(scores.dtype, "router", [&]<class T>(T) {
+        const RouterAuxArgs<T> a{scores.ptr<T>(), nullptr, nullptr, nullptr, N, E, 0};
+        check_launch(launch_router_balance_backward<T>(a, to_scratch(grad), dscores.ptr<T>(), stream()),
+                     "router balance backward");
+    });
+}
+
+double router_z_loss(double beta, TensorView logits, TensorView dlogits) {
+    double loss = 0;
+    dispatch_float(logits.dtype, "router z-loss", [&]<class T>(T) {
+        const RowsArg<const T> U = carg<T>(logits, "router: logits");
+        auto* lse = static_cast<double*>(scratch(8 * size_t(U.rows)));
+        check_launch(launch_router_z_loss<T>(U, beta, lse, dlogits.defined() ? dlogits.ptr<T>() : nullptr, stream()),
+                     "router z-loss");
+        const double N = double(U.rows);
+        for (const double l : read_back(lse, size_t(U.rows))) loss += beta * l * l / N;
+    });
+    return loss;
 }
 
 }  // namespace tessera::ops::cuda
