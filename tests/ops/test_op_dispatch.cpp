@@ -10,6 +10,7 @@
 #include "core/arena.h"
 #include "core/device.h"
 #include "ops/attn_res.h"
+#include "ops/dsa.h"
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
 #include "ops/lora.h"
@@ -130,6 +131,27 @@ TEST(OpDispatch, SharedEntryChecksAreOneLineErrors) {
     EXPECT_NE(e.find("kda: o"), std::string::npos) << e;
     e = error_of([&] { ops::kda_backward({}, in, o, {}, {.dv = dv64}, ws); });
     EXPECT_NE(e.find("kda: dv"), std::string::npos) << e;
+
+    // DSA: a gradient of another dtype
+    Tensor sq = test::randn(DType::f32, Shape{1, 4, 2, 8}, 14), skv = test::randn(DType::f32, Shape{1, 4, 8}, 15),
+           sidx(DType::i32, Shape{1, 4, 2}), so(DType::f32, Shape{1, 4, 2, 8}), slse(DType::f32, Shape{1, 4, 2}),
+           sdq(DType::f32, Shape{1, 4, 2, 8}), sdkv64(DType::f64, Shape{1, 4, 8});
+    std::vector<std::byte> sws(ops::sparse_attention_workspace_bytes(DType::f32, {}, 1, 4, 2, 8, 2, 1));
+    e = error_of([&] { ops::sparse_attention_backward({}, so, sq, skv, sidx, so, slse, sdq, sdkv64, sws); });
+    EXPECT_NE(e.find("sparse_attention: do, dq and dkv must have q's dtype"), std::string::npos) << e;
+    Tensor iw = test::randn(DType::f32, Shape{1, 4, 2}, 16), ip(DType::f32, Shape{1, 4, 2}),
+           idq64(DType::f64, Shape{1, 4, 2, 8}), idk(DType::f32, Shape{1, 4, 8}), idw(DType::f32, Shape{1, 4, 2});
+    std::vector<std::byte> iws(ops::indexer_kl_workspace_bytes(DType::f32, 1, 4, 2, 8, 2, 4, 1));
+    e = error_of([&] { ops::indexer_kl(sq, skv, iw, ip, sidx, {}, 1.0, idq64, idk, idw, iws); });
+    EXPECT_NE(e.find("indexer_kl: dq"), std::string::npos) << e;
+
+    // the router's aux losses: a gradient of another dtype, a missing one
+    Tensor logits = test::randn(DType::f32, Shape{4, 6}, 17), dlogits64(DType::f64, Shape{4, 6});
+    e = error_of([&] { ops::router_z_loss(0.1, logits, dlogits64); });
+    EXPECT_NE(e.find("router: dlogits"), std::string::npos) << e;
+    const std::vector<double> grad(6, 0.1);
+    e = error_of([&] { ops::router_balance_backward(grad, logits, {}); });
+    EXPECT_NE(e.find("router balance backward: dscores is required"), std::string::npos) << e;
 }
 
 TEST(OpDispatch, RunOpOnCudaNamesTheOpsTheBackendHas) {

@@ -12,16 +12,6 @@
 namespace tessera::ops::cuda {
 
 namespace {
-size_t round_up(size_t b) { return (b + 255) / 256 * 256; }
-
-template <class T>
-HeadsArg<T> heads(const TensorView& x) {
-    return {x.ptr<T>(), x.strides[0], x.strides[1], x.strides[2]};
-}
-template <class T>
-HeadsArg<const T> cheads(const TensorView& x) {
-    return {x.ptr<T>(), x.strides[0], x.strides[1], x.strides[2]};
-}
 
 AttnShape shape_of(const AttentionParams& p, const TensorView& q, const TensorView& k) {
     const int64_t D = q.size(3);
@@ -79,8 +69,8 @@ void attention_backward(const AttentionParams& p,
         AttnPlan queries = plan_for(AttnKernel::dq, s, sizeof(T), cu_seqlens, qtiles);
         AttnPlan keys = plan_for(AttnKernel::dkv, s, sizeof(T), cu_seqlens, ktiles);
         // one scratch request: Δ [B, H, T], then the query tiles, then the key tiles
-        const size_t delta_bytes = round_up(sizeof(T) * size_t(s.B * s.H * s.T));
-        const size_t qbytes = round_up(sizeof(AttnTile) * qtiles.size());
+        const size_t delta_bytes = scratch_part(sizeof(T) * size_t(s.B * s.H * s.T));
+        const size_t qbytes = scratch_part(sizeof(AttnTile) * qtiles.size());
         auto* base = static_cast<std::byte*>(scratch(delta_bytes + qbytes + sizeof(AttnTile) * ktiles.size()));
         queries.list = upload(base + delta_bytes, std::span<const AttnTile>(qtiles));
         keys.list = upload(base + delta_bytes + qbytes, std::span<const AttnTile>(ktiles));
@@ -147,7 +137,7 @@ void sparse_attention_backward(const SparseAttentionParams& p,
                   "sparse_attention (CUDA): {} heads need more shared memory than the device allows", s.H);
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
         // one scratch request: Δ [B·T·H], then the dkv slabs [slabs, B·T, DK]
-        const size_t delta_bytes = round_up(sizeof(T) * size_t(s.B * s.T * s.H));
+        const size_t delta_bytes = scratch_part(sizeof(T) * size_t(s.B * s.T * s.H));
         auto* base = static_cast<std::byte*>(scratch(delta_bytes + sizeof(T) * size_t(p.dkv_slabs * s.B * s.T * s.DK)));
         check_launch(launch_sparse_attention_backward<T>(
                          s, p.dkv_slabs, dout.ptr<T>(), q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
@@ -208,7 +198,8 @@ IndexerKlResult indexer_kl(TensorView q,
     IndexerKlResult r;
     dispatch_float(q.dtype, "indexer_kl", [&]<class T>(T) {
         // one scratch request: cu_seqlens, the rows' kl, lse, Σp and support flags, the dk slabs
-        const size_t cu_bytes = round_up(sizeof(int64_t) * cu_seqlens.size()), row_bytes = round_up(8 * size_t(BT));
+        const size_t cu_bytes = scratch_part(sizeof(int64_t) * cu_seqlens.size()),
+                     row_bytes = scratch_part(8 * size_t(BT));
         const size_t acc_bytes = grads ? sizeof(T) * size_t(dk_slabs * BT * s.DI) : 0;
         auto* base = static_cast<std::byte*>(scratch(cu_bytes + 4 * row_bytes + acc_bytes));
         const int64_t* cu = cu_seqlens.empty() ? nullptr : upload(base, cu_seqlens);
@@ -220,13 +211,8 @@ IndexerKlResult indexer_kl(TensorView q,
         const int32_t* idx = indices.defined() ? indices.ptr<int32_t>() : nullptr;
         check_launch(launch_indexer_kl_rows<T>(s, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), pp, idx, rows, stream()),
                      "indexer_kl");
-        std::vector<double> kl(static_cast<size_t>(BT));
-        std::vector<int32_t> has(static_cast<size_t>(BT));
-        check_launch(cudaMemcpyAsync(kl.data(), rows.kl, 8 * size_t(BT), cudaMemcpyDeviceToHost, stream()),
-                     "indexer_kl read-back");
-        check_launch(cudaMemcpyAsync(has.data(), rows.has, 4 * size_t(BT), cudaMemcpyDeviceToHost, stream()),
-                     "indexer_kl read-back");
-        check_launch(cudaStreamSynchronize(stream()), "indexer_kl");
+        const std::vector<double> kl = download(rows.kl, size_t(BT));
+        const std::vector<int32_t> has = download(rows.has, size_t(BT));
         double sum = 0;
         for (int64_t i = 0; i < BT; ++i) {  // in row order, as the CPU sums
             sum += kl[size_t(i)];

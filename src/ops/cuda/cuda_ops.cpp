@@ -117,7 +117,7 @@ void rmsnorm_backward(
     dispatch_float(x.dtype, "rmsnorm", [&]<class T>(T) {
         const RowsArg<T> DX = dx.defined() ? marg<T>(dx, "rmsnorm: dx") : RowsArg<T>{nullptr, 0, 0, 0};
         check_launch(launch_rmsnorm_backward<T>(carg<T>(dy, "rmsnorm: dy"), carg<T>(x, "rmsnorm: x"), w.ptr<T>(),
-                                                rstd.ptr<T>(), DX, dw.defined() ? dw.ptr<T>() : nullptr, stream()),
+                                                rstd.ptr<T>(), DX, ptr_or_null<T>(dw), stream()),
                      "rmsnorm backward");
     });
 }

@@ -33,11 +33,10 @@ void layernorm_backward(const LayerNormParams&,
                         TensorView db) {
     dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
         const RowsArg<T> DX = dx.defined() ? marg<T>(dx, "layernorm: dx") : RowsArg<T>{nullptr, 0, 0, 0};
-        check_launch(
-            launch_layernorm_backward<T>(carg<T>(dy, "layernorm: dy"), carg<T>(x, "layernorm: x"), w.ptr<T>(),
-                                         mean.ptr<T>(), rstd.ptr<T>(), DX, dw.defined() ? dw.ptr<T>() : nullptr,
-                                         db.defined() ? db.ptr<T>() : nullptr, stream()),
-            "layernorm backward");
+        check_launch(launch_layernorm_backward<T>(carg<T>(dy, "layernorm: dy"), carg<T>(x, "layernorm: x"), w.ptr<T>(),
+                                                  mean.ptr<T>(), rstd.ptr<T>(), DX, ptr_or_null<T>(dw),
+                                                  ptr_or_null<T>(db), stream()),
+                     "layernorm backward");
     });
 }
 
@@ -58,8 +57,8 @@ void rotate(const RopeParams& p, TensorView src, TensorView dst, double sign, bo
                       .m = p.scaling.cos_sin_factor(),
                       .sign = sign};
     dispatch_float(src.dtype, "rope", [&]<class T>(T) {
-        const HeadsArg<const T> a{src.ptr<T>(), src.strides[0], src.strides[1], src.strides[2]};
-        const HeadsArg<T> b{dst.ptr<T>(), dst.strides[0], dst.strides[1], dst.strides[2]};
+        const HeadsArg<const T> a = cheads<T>(src);
+        const HeadsArg<T> b = heads<T>(dst);
         check_launch(launch_rope<T>(s, freq, a, b, stream()), "rope");
     });
 }
@@ -127,10 +126,10 @@ void attn_res_mix_backward(const AttnResParams& p,
         MixGradArg<T> dm{};
         for (size_t i = 0; i < dsources.size(); ++i) dm.dsrc[i] = dsources[i].ptr<T>();
         T* ds_rs = scratch.ptr<T>() + gamma.numel();  // the CPU's layout: w⊙γ [C], then ds and r [N, S] each
-        check_launch(launch_attn_res_backward<T>(mix_arg<T>(sources), dout.ptr<T>(), gamma.ptr<T>(), w.ptr<T>(),
-                                                 probs.ptr<T>(), dm, dgamma.defined() ? dgamma.ptr<T>() : nullptr,
-                                                 dw.defined() ? dw.ptr<T>() : nullptr, ds_rs, p.eps, stream()),
-                     "attn_res_mix backward");
+        check_launch(
+            launch_attn_res_backward<T>(mix_arg<T>(sources), dout.ptr<T>(), gamma.ptr<T>(), w.ptr<T>(), probs.ptr<T>(),
+                                        dm, ptr_or_null<T>(dgamma), ptr_or_null<T>(dw), ds_rs, p.eps, stream()),
+            "attn_res_mix backward");
     });
 }
 

@@ -37,23 +37,48 @@ RowsArg<T> marg(const TensorView& v, const char* what) {
     return arg(rows_of<T>(v, what));
 }
 
+// A view's data, or null for an absent view (an optional gradient or bias).
+template <class T>
+T* ptr_or_null(const TensorView& t) {
+    return t.defined() ? t.ptr<T>() : nullptr;
+}
+// A [B, T, H, D] view with D contiguous as a kernel argument.
+template <class T>
+HeadsArg<T> heads(const TensorView& x) {
+    return {x.ptr<T>(), x.strides[0], x.strides[1], x.strides[2]};
+}
+template <class T>
+HeadsArg<const T> cheads(const TensorView& x) {
+    return {x.ptr<T>(), x.strides[0], x.strides[1], x.strides[2]};
+}
+
 // Grow-only device scratch of the calling thread (small per-call buffers: loss partials, check flags, copied
 // offsets), so a step allocates nothing after its first call. One buffer: a call's earlier pointer is invalid
 // after a larger request.
 void* scratch(size_t bytes);
+
+// The parts of one scratch request start at multiples of 256 bytes.
+inline size_t scratch_part(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Host values copied into the calling thread's scratch, asynchronously on the current stream (the copy reads the
 // host buffer before it returns, so the caller may reuse it). The scratch's one-buffer rule applies. upload copies
 // into a given place of device memory (a part of one scratch request).
 template <class T>
 const T* upload(void* device, std::span<const T> host) {
-    check_launch(cudaMemcpyAsync(device, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream()),
-                 "host-to-device copy");
+    copy_bytes(device, Device::cuda, host.data(), Device::cpu, host.size_bytes());
     return static_cast<const T*>(device);
 }
 template <class T>
 const T* to_scratch(std::span<const T> host) {
     return upload(scratch(host.size_bytes()), host);
+}
+
+// Device values copied back to the host, synchronising the current stream (a loss the call returns).
+template <class T>
+std::vector<T> download(const T* device, size_t n) {
+    std::vector<T> host(n);
+    copy_bytes(host.data(), Device::cpu, device, Device::cuda, n * sizeof(T));
+    return host;
 }
 
 // The strides between the operands of a batch of GEMMs (in elements) and its size; one GEMM by default.

@@ -1,7 +1,7 @@
 // The indexer's KL loss on CUDA (ops/dsa.h): mean over the rows with support of KL(p_t ‖ softmax(I_t)), the support
 // being the valid selected entries (indices) or every candidate s <= t of t's sequence (dense warm-up).
 //   row pass: one block per query; a thread per support entry computes I = Σ_j w_j·relu(q_j·k_s) (heads in order,
-//     in double) and the row's max, log-sum-exp, Σp and KL by fixed-order block reductions.
+//     in double), once, into an online softmax; the row's log-sum-exp, Σp and KL by fixed-order block reductions.
 //   gradients (g = dloss / rows): dI = g·(softmax(I)·Σp − p); dw and dq per query block (entries in order), dk by
 //     the fixed query slabs of sparse attention's dkv (no atomics), then the slabs in order.
 #include <cmath>
@@ -55,7 +55,9 @@ __device__ inline double score(const KlShape& s, const T* q, const T* w, int64_t
     return I;
 }
 
-// Per query: kl, whether it has support, lse and Σp of its support.
+// Per query: kl, whether it has support, lse and Σp of its support, in one pass over the support: each thread keeps
+// an online softmax (its max and the sum of exp(I − max)) and the sums Σp, Σ_{p>0} p·log p and Σ_{p>0} p·I; the
+// block combines them in a fixed order, and KL = Σ p·log p − Σ p·I + (Σ_{p>0} p)·lse.
 template <class T>
 __global__ void row_kernel(
     KlShape s, const int64_t* cu, const T* q, const T* k, const T* w, const T* p, const int32_t* idx, KlRows rows) {
@@ -63,44 +65,41 @@ __global__ void row_kernel(
     const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x;
     int64_t lo, hi;
     support_slots(s, cu, bt, lo, hi);
-    double m = -INFINITY, n = 0;
+    double m = -INFINITY, z = 0, psum = 0, ppos = 0, plogp = 0, pI = 0;
     for (int64_t x = lo + tid; x < hi; x += kThreads) {
         int64_t pi;
         const int64_t pos = support_pos(s, idx, bt, x, pi);
         if (pos < 0) continue;
-        m = fmax(m, score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI, nullptr));
-        n += 1;
+        const double I = score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI, nullptr), pv = double(p[pi]);
+        if (I > m) {
+            z = z * exp(m - I) + 1.0;  // exp(−inf) = 0 for the first entry
+            m = I;
+        } else {
+            z += exp(I - m);
+        }
+        psum += pv;
+        if (pv > 0) {
+            ppos += pv;
+            plogp += pv * log(pv);
+            pI += pv * I;
+        }
     }
-    m = block_max(m, red);
-    n = block_sum(n, red);
-    if (n == 0) {
+    const double M = block_max(m, red);
+    if (M == -INFINITY) {  // no support (uniform over the block)
         if (tid == 0) {
             rows.kl[bt] = rows.lse[bt] = rows.psum[bt] = 0;
             rows.has[bt] = 0;
         }
         return;
     }
-    double z = 0, psum = 0;
-    for (int64_t x = lo + tid; x < hi; x += kThreads) {
-        int64_t pi;
-        const int64_t pos = support_pos(s, idx, bt, x, pi);
-        if (pos < 0) continue;
-        z += exp(score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI, nullptr) - m);
-        psum += double(p[pi]);
-    }
-    z = block_sum(z, red);
+    const double Z = block_sum(m == -INFINITY ? 0.0 : z * exp(m - M), red);
     psum = block_sum(psum, red);
-    const double lse = m + log(z);
-    double kl = 0;
-    for (int64_t x = lo + tid; x < hi; x += kThreads) {
-        int64_t pi;
-        const int64_t pos = support_pos(s, idx, bt, x, pi);
-        const double pv = pos < 0 ? 0.0 : double(p[pi]);
-        if (pv > 0) kl += pv * (log(pv) - score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI, nullptr) + lse);
-    }
-    kl = block_sum(kl, red);
+    ppos = block_sum(ppos, red);
+    plogp = block_sum(plogp, red);
+    pI = block_sum(pI, red);
+    const double lse = M + log(Z);
     if (tid == 0) {
-        rows.kl[bt] = kl;
+        rows.kl[bt] = plogp - pI + ppos * lse;
         rows.lse[bt] = lse;
         rows.psum[bt] = psum;
         rows.has[bt] = 1;

@@ -115,7 +115,8 @@ __global__ void __launch_bounds__(kKdaBackwardMaxV) backward_kernel(KdaShape s,
     const bool valid = j < V;
     const KdaSeq sq = seqs[seq];
     const T scale = T(s.scale);
-    T* St = states + unit * (s.C + 1) * K * V;  // the chunk's states: slot τ enters token τ
+    T* St = states + unit * ((s.C + 1) * K * V + s.C * V);  // the chunk's states: slot τ enters token τ
+    T* Ut = St + (s.C + 1) * K * V;                         // then each token's u = v − S'ᵀk, [C, V]
     // dq, dk rows: per value head (summed over the group afterwards) when G > 1
     const int64_t qk_heads = G > 1 ? s.HV : s.H, qk_head = G > 1 ? i : h;
     for (int64_t c = 0; c < K; ++c) dS[c * nt + tid] = valid && dht ? dht[(unit * K + c) * V + j] : T(0);
@@ -141,6 +142,7 @@ __global__ void __launch_bounds__(kKdaBackwardMaxV) backward_kernel(KdaShape s,
             T acc = 0;
             for (int64_t c = 0; c < K; ++c) acc += ks[c] * (as[c] * Sp[c * V]);
             const T u = in.v[(tok * s.HV + i) * V + j] - acc;
+            Ut[tau * V + j] = u;
             for (int64_t c = 0; c < K; ++c) Sn[c * V] = as[c] * Sp[c * V] + bs[0] * ks[c] * u;
         }
         for (int64_t tau = n - 1; tau >= 0; --tau) {
@@ -157,12 +159,7 @@ __global__ void __launch_bounds__(kKdaBackwardMaxV) backward_kernel(KdaShape s,
             const T* Sprev = St + tau * K * V + j;
             const T* Scur = St + (tau + 1) * K * V + j;
             const T go = valid && dout ? dout[(tok * s.HV + i) * V + j] : T(0);
-            T u = 0;
-            if (valid) {
-                T acc = 0;
-                for (int64_t c = 0; c < K; ++c) acc += ks[c] * (as[c] * Sprev[c * V]);
-                u = in.v[(tok * s.HV + i) * V + j] - acc;
-            }
+            const T u = valid ? Ut[tau * V + j] : T(0);
             // pass 1: dS += scale·q·dO; the column parts of Σ_j S·dO (dq) and Σ_j dS·u (dk, dβ); du
             T du = 0;
             for (int64_t cb = 0; cb < KP; cb += 32) {

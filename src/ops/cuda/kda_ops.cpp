@@ -10,7 +10,6 @@
 namespace tessera::ops::cuda {
 
 namespace {
-size_t round_up(size_t b) { return (b + 255) / 256 * 256; }
 
 // The geometry of a KDA call and its sequence table (host), as ops/cuda/kda.cu takes them.
 struct KdaCall {
@@ -51,10 +50,6 @@ KdaTensors<T> kda_tensors(const KdaInputs& in) {
             in.g.ptr<T>(), in.beta.ptr<T>(), in.h0.defined() ? in.h0.ptr<T>() : nullptr};
 }
 
-template <class T>
-T* ptr_or_null(const TensorView& t) {
-    return t.defined() ? t.ptr<T>() : nullptr;
-}
 }  // namespace
 
 void kda_forward(
@@ -81,10 +76,10 @@ void kda_backward(const KdaParams& p,
         const bool gva = c.s.HV > c.s.H;
         // one scratch request: the sequence table, the checkpoints (without saved states), the chunk states, and
         // dq, dk per value head (GVA)
-        const size_t seq_bytes = round_up(sizeof(KdaSeq) * c.seqs.size());
-        const size_t ckpt_bytes = saved.defined() ? 0 : round_up(sizeof(T) * size_t(c.total_chunks * c.s.HV * KV));
-        const size_t state_bytes = round_up(sizeof(T) * size_t(c.units * (c.s.C + 1) * KV));
-        const size_t head_bytes = gva ? round_up(sizeof(T) * size_t(c.tokens * c.s.HV * c.s.K)) : 0;
+        const size_t seq_bytes = scratch_part(sizeof(KdaSeq) * c.seqs.size());
+        const size_t ckpt_bytes = saved.defined() ? 0 : scratch_part(sizeof(T) * size_t(c.total_chunks * c.s.HV * KV));
+        const size_t state_bytes = scratch_part(sizeof(T) * size_t(c.units * ((c.s.C + 1) * KV + c.s.C * c.s.V)));
+        const size_t head_bytes = gva ? scratch_part(sizeof(T) * size_t(c.tokens * c.s.HV * c.s.K)) : 0;
         auto* base = static_cast<std::byte*>(scratch(seq_bytes + ckpt_bytes + state_bytes + 2 * head_bytes));
         const KdaSeq* seqs = upload(base, std::span<const KdaSeq>(c.seqs));
         T* ckpt = saved.defined() ? saved.ptr<T>() : reinterpret_cast<T*>(base + seq_bytes);
@@ -140,13 +135,12 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
         const RowsArg<const T> X = carg<T>(x, "gated_rmsnorm: x");
         const RowsArg<T> none{nullptr, 0, 0, 0};
         auto* rstd = static_cast<T*>(scratch(sizeof(T) * size_t(X.rows)));
-        check_launch(
-            launch_gated_rmsnorm_backward<T>(carg<T>(dy, "gated_rmsnorm: dy"), X, carg<T>(gate, "gated_rmsnorm: gate"),
-                                             weight.ptr<T>(), dx.defined() ? marg<T>(dx, "gated_rmsnorm: dx") : none,
-                                             dgate.defined() ? marg<T>(dgate, "gated_rmsnorm: dgate") : none,
-                                             dweight.defined() ? dweight.ptr<T>() : nullptr, rstd, p.eps,
-                                             p.activation == GateActivation::silu, stream()),
-            "gated_rmsnorm backward");
+        check_launch(launch_gated_rmsnorm_backward<T>(
+                         carg<T>(dy, "gated_rmsnorm: dy"), X, carg<T>(gate, "gated_rmsnorm: gate"), weight.ptr<T>(),
+                         dx.defined() ? marg<T>(dx, "gated_rmsnorm: dx") : none,
+                         dgate.defined() ? marg<T>(dgate, "gated_rmsnorm: dgate") : none, ptr_or_null<T>(dweight), rstd,
+                         p.eps, p.activation == GateActivation::silu, stream()),
+                     "gated_rmsnorm backward");
     });
 }
 
@@ -169,11 +163,10 @@ void kda_gate_backward(const KdaGateParams& p,
                        TensorView ddt_bias) {
     const int64_t HV = f.size(-2), K = f.size(-1);
     dispatch_float(f.dtype, "kda_gate", [&]<class T>(T) {
-        auto ptr = [](TensorView t) { return t.defined() ? t.ptr<T>() : nullptr; };
-        check_launch(
-            launch_kda_gate_backward<T>(dg.ptr<T>(), f.ptr<T>(), A_log.ptr<T>(), dt_bias.ptr<T>(), ptr(df), ptr(dA_log),
-                                        ptr(ddt_bias), f.numel() / (HV * K), HV, K, p.lower_bound, stream()),
-            "kda_gate backward");
+        check_launch(launch_kda_gate_backward<T>(dg.ptr<T>(), f.ptr<T>(), A_log.ptr<T>(), dt_bias.ptr<T>(),
+                                                 ptr_or_null<T>(df), ptr_or_null<T>(dA_log), ptr_or_null<T>(ddt_bias),
+                                                 f.numel() / (HV * K), HV, K, p.lower_bound, stream()),
+                     "kda_gate backward");
     });
 }
 
@@ -211,10 +204,9 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
                   kConvMaxWidth, w.size(1));
     const ConvShape s = conv_shape(p, x, w, cu_seqlens);
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
-        check_launch(
-            launch_conv1d_backward<T>(s, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), dx.defined() ? dx.ptr<T>() : nullptr,
-                                      dw.defined() ? dw.ptr<T>() : nullptr, stream()),
-            "causal_conv1d backward");
+        check_launch(launch_conv1d_backward<T>(s, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), ptr_or_null<T>(dx),
+                                               ptr_or_null<T>(dw), stream()),
+                     "causal_conv1d backward");
     });
 }
 

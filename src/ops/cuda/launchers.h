@@ -283,8 +283,8 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
 // contiguous as ops/kda.h shapes them; the sequences as a table in device memory (first token in the flattened
 // B·T axis, length, index of its first chunk of C tokens among all sequences'). saved (forward, may be null): the
 // states entering every chunk [total chunks, HV, K, V]; backward reads them from ckpt and needs `states` scratch
-// of units·(C + 1)·K·V values, and dqv, dkv of tokens·HV·K values each when HV > H. Backward accumulates into the
-// gradients that are not null.
+// of units·((C + 1)·K·V + C·V) values (a chunk's states and its tokens' u), and dqv, dkv of tokens·HV·K values each
+// when HV > H. Backward accumulates into the gradients that are not null.
 struct KdaShape {
     int64_t H, HV, K, V, C;
     double scale;

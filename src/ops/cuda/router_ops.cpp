@@ -25,7 +25,7 @@ void router_select(const RouterParams& p,
                    TensorView counts) {
     const int64_t N = scores.size(0), E = scores.size(1);
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
-        check_launch(launch_router_select<T>(p.row(), scores.ptr<T>(), bias.defined() ? bias.ptr<T>() : nullptr, N, E,
+        check_launch(launch_router_select<T>(p.row(), scores.ptr<T>(), ptr_or_null<T>(bias), N, E,
                                              indices.ptr<int32_t>(), weights.ptr<T>(), counts.ptr<int32_t>(), stream()),
                      "router select");
     });
@@ -58,18 +58,6 @@ void router_score_backward(const RouterParams& p, TensorView scores, TensorView 
     });
 }
 
-namespace {
-size_t round_up(size_t b) { return (b + 255) / 256 * 256; }
-
-// Device doubles copied back to the host (synchronising the stream).
-std::vector<double> read_back(const double* d, size_t n) {
-    std::vector<double> h(n);
-    check_launch(cudaMemcpyAsync(h.data(), d, n * sizeof(double), cudaMemcpyDeviceToHost, stream()), "read-back");
-    check_launch(cudaStreamSynchronize(stream()), "read-back");
-    return h;
-}
-}  // namespace
-
 double router_seq_aux_loss(double alpha,
                            TensorView scores,
                            TensorView indices,
@@ -80,8 +68,9 @@ double router_seq_aux_loss(double alpha,
     double loss = 0;
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
         // one scratch request: starts, z [N], f and P [nseq, E], ls [nseq]
-        const size_t sb = round_up(starts.size_bytes()), zb = round_up(8 * size_t(N)), fb = 8 * size_t(nseq * E);
-        auto* base = static_cast<std::byte*>(scratch(sb + zb + round_up(2 * fb) + 8 * size_t(nseq)));
+        const size_t sb = scratch_part(starts.size_bytes()), zb = scratch_part(8 * size_t(N)),
+                     fb = 8 * size_t(nseq * E);
+        auto* base = static_cast<std::byte*>(scratch(sb + zb + scratch_part(2 * fb) + 8 * size_t(nseq)));
         const RouterAuxArgs<T> a{scores.ptr<T>(),
                                  indices.ptr<int32_t>(),
                                  upload(base, starts),
@@ -90,11 +79,10 @@ double router_seq_aux_loss(double alpha,
                                  E,
                                  K};
         auto* f = reinterpret_cast<double*>(base + sb + zb);
-        auto* ls = reinterpret_cast<double*>(base + sb + zb + round_up(2 * fb));
-        check_launch(launch_router_seq_aux<T>(a, nseq, alpha, f, f + nseq * E, ls,
-                                              dscores.defined() ? dscores.ptr<T>() : nullptr, stream()),
+        auto* ls = reinterpret_cast<double*>(base + sb + zb + scratch_part(2 * fb));
+        check_launch(launch_router_seq_aux<T>(a, nseq, alpha, f, f + nseq * E, ls, ptr_or_null<T>(dscores), stream()),
                      "router seq aux loss");
-        for (const double v : read_back(ls, size_t(nseq))) loss += alpha * v / double(nseq);
+        for (const double v : download(ls, size_t(nseq))) loss += alpha * v / double(nseq);
     });
     return loss;
 }
@@ -106,7 +94,7 @@ void router_balance_stats(TensorView scores,
     const int64_t N = scores.size(0), E = scores.size(1), K = indices.size(1);
     dispatch_float(scores.dtype, "router", [&]<class T>(T) {
         const int64_t range[2] = {0, N};
-        const size_t zb = round_up(8 * size_t(N)), eb = round_up(8 * size_t(E));
+        const size_t zb = scratch_part(8 * size_t(N)), eb = scratch_part(8 * size_t(E));
         auto* base = static_cast<std::byte*>(scratch(256 + zb + 2 * eb));
         auto* c = reinterpret_cast<double*>(base + 256 + zb);
         auto* pr = reinterpret_cast<double*>(base + 256 + zb + eb);
@@ -120,7 +108,7 @@ void router_balance_stats(TensorView scores,
                                  E,
                                  K};
         check_launch(launch_router_balance_stats<T>(a, c, pr, stream()), "router balance stats");
-        const std::vector<double> hc = read_back(c, size_t(E)), hp = read_back(pr, size_t(E));
+        const std::vector<double> hc = download(c, size_t(E)), hp = download(pr, size_t(E));
         std::copy(hc.begin(), hc.end(), choices.begin());
         std::copy(hp.begin(), hp.end(), prob_sums.begin());
     });
@@ -140,10 +128,9 @@ double router_z_loss(double beta, TensorView logits, TensorView dlogits) {
     dispatch_float(logits.dtype, "router z-loss", [&]<class T>(T) {
         const RowsArg<const T> U = carg<T>(logits, "router: logits");
         auto* lse = static_cast<double*>(scratch(8 * size_t(U.rows)));
-        check_launch(launch_router_z_loss<T>(U, beta, lse, dlogits.defined() ? dlogits.ptr<T>() : nullptr, stream()),
-                     "router z-loss");
+        check_launch(launch_router_z_loss<T>(U, beta, lse, ptr_or_null<T>(dlogits), stream()), "router z-loss");
         const double N = double(U.rows);
-        for (const double l : read_back(lse, size_t(U.rows))) loss += beta * l * l / N;
+        for (const double l : download(lse, size_t(U.rows))) loss += beta * l * l / N;
     });
     return loss;
 }
