@@ -64,16 +64,26 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_cuda: no CUDA device on this machine\n");
         return 1;
     }
-    std::vector<Row> rows;
+    std::printf("| op | shape | pass | ms | rate | fraction of peak |\n|---|---|---|---|---|---|\n");
+    // each row printed as soon as it is measured: a run cut short keeps what it measured
+    const auto report = [&](const Row& r) {
+        const double rate = r.amount / (r.ms * 1e-3);
+        if (r.flops)
+            std::printf("| %s | %s | %s | %.3f | %.1f TFLOP/s | %.0f%% of f32 |\n", r.op.c_str(), r.shape.c_str(),
+                        r.pass.c_str(), r.ms, rate / 1e12, 100 * rate / (f32_tflops * 1e12));
+        else
+            std::printf("| %s | %s | %s | %.3f | %.0f GB/s | %.0f%% of HBM |\n", r.op.c_str(), r.shape.c_str(),
+                        r.pass.c_str(), r.ms, rate / 1e9, 100 * rate / (hbm_tbs * 1e12));
+        std::fflush(stdout);
+    };
     for (auto [N, IN, OUT] : {std::array<int64_t, 3>{8192, 4096, 4096}, {16384, 7168, 2048}, {4096, 512, 1536}}) {
         Tensor x = gpu_random(Shape{N, IN}, 1), w = gpu_random(Shape{OUT, IN}, 2), y = gpu_zeros(Shape{N, OUT});
         Tensor dy = gpu_random(Shape{N, OUT}, 3), dx = gpu_zeros(Shape{N, IN}), dw = gpu_zeros(Shape{OUT, IN});
         const std::string shape = fmt::format("{} x {} -> {}", N, IN, OUT);
         const double fl = 2.0 * N * IN * OUT;
-        rows.push_back(
-            {"linear", shape, "forward", median_ms([&] { ops::linear_forward({}, x, w, {}, y); }), fl, true});
-        rows.push_back({"linear", shape, "backward", median_ms([&] { ops::linear_backward(dy, x, w, dx, dw, {}); }),
-                        2 * fl, true});
+        report({"linear", shape, "forward", median_ms([&] { ops::linear_forward({}, x, w, {}, y); }), fl, true});
+        report({"linear", shape, "backward", median_ms([&] { ops::linear_backward(dy, x, w, dx, dw, {}); }), 2 * fl,
+                true});
     }
     for (auto [N, D] : {std::array<int64_t, 2>{16384, 4096}, {8192, 7168}}) {
         Tensor x = gpu_random(Shape{N, D}, 4), w = gpu_random(Shape{D}, 5), y = gpu_zeros(Shape{N, D});
@@ -81,14 +91,12 @@ int main(int argc, char** argv) {
         Tensor dw = gpu_zeros(Shape{D});
         const std::string shape = fmt::format("{} x {}", N, D);
         const double b = 4.0 * N * D;
-        rows.push_back(
-            {"rmsnorm", shape, "forward", median_ms([&] { ops::rmsnorm_forward({}, x, w, y, r); }), 2 * b, false});
-        rows.push_back({"rmsnorm", shape, "backward",
-                        median_ms([&] { ops::rmsnorm_backward({}, dy, x, w, r, dx, dw); }), 5 * b, false});
+        report({"rmsnorm", shape, "forward", median_ms([&] { ops::rmsnorm_forward({}, x, w, y, r); }), 2 * b, false});
+        report({"rmsnorm", shape, "backward", median_ms([&] { ops::rmsnorm_backward({}, dy, x, w, r, dx, dw); }), 5 * b,
+                false});
         Tensor g = gpu_random(Shape{N, D}, 7), u = gpu_random(Shape{N, D}, 8), dg = gpu_zeros(Shape{N, D});
-        rows.push_back({"swiglu", shape, "forward", median_ms([&] { ops::swiglu_forward(g, u, y); }), 3 * b, false});
-        rows.push_back(
-            {"swiglu", shape, "backward", median_ms([&] { ops::swiglu_backward(dy, g, u, dg, dx); }), 7 * b, false});
+        report({"swiglu", shape, "forward", median_ms([&] { ops::swiglu_forward(g, u, y); }), 3 * b, false});
+        report({"swiglu", shape, "backward", median_ms([&] { ops::swiglu_backward(dy, g, u, dg, dx); }), 7 * b, false});
     }
     {
         const int64_t N = 8192, V = 16384;
@@ -98,14 +106,13 @@ int main(int argc, char** argv) {
         Tensor targets = t.to(Device::cuda);
         const std::string shape = fmt::format("{} x {}", N, V);
         const double b = 4.0 * N * V;
-        rows.push_back({"cross_entropy", shape, "forward",
-                        median_ms([&] { ops::cross_entropy_forward({}, logits, targets, lse); }), b, false});
-        rows.push_back({"cross_entropy", shape, "backward",
-                        median_ms([&] { ops::cross_entropy_backward({}, 1.0, logits, targets, lse, dl); }), 3 * b,
-                        false});
+        report({"cross_entropy", shape, "forward",
+                median_ms([&] { ops::cross_entropy_forward({}, logits, targets, lse); }), b, false});
+        report({"cross_entropy", shape, "backward",
+                median_ms([&] { ops::cross_entropy_backward({}, 1.0, logits, targets, lse, dl); }), 3 * b, false});
         Tensor table = gpu_random(Shape{V, 4096}, 10), e = gpu_zeros(Shape{N, 4096});
-        rows.push_back({"embedding", fmt::format("{} of {} x 4096", N, V), "forward",
-                        median_ms([&] { ops::embedding_forward(targets, table, e); }), 2.0 * 4 * N * 4096, false});
+        report({"embedding", fmt::format("{} of {} x 4096", N, V), "forward",
+                median_ms([&] { ops::embedding_forward(targets, table, e); }), 2.0 * 4 * N * 4096, false});
     }
     {
         const int64_t B = 2, T = 4096, H = 16, HKV = 4, D = 128;
@@ -116,11 +123,11 @@ int main(int argc, char** argv) {
                dv = gpu_zeros(Shape{B, T, HKV, D});
         const std::string shape = fmt::format("B {} T {} H {}/{} D {}, causal", B, T, H, HKV, D);
         const double fl = ops::attention_forward_flops(B, T, H, D, true);
-        rows.push_back({"attention", shape, "forward",
-                        median_ms([&] { ops::attention_forward({}, q, k, v, o, lse, {}); }), fl, true});
-        rows.push_back({"attention", shape, "backward",
-                        median_ms([&] { ops::attention_backward({}, dout, q, k, v, o, lse, dq, dk, dv, {}); }),
-                        2.5 * fl, true});
+        report({"attention", shape, "forward", median_ms([&] { ops::attention_forward({}, q, k, v, o, lse, {}); }), fl,
+                true});
+        report({"attention", shape, "backward",
+                median_ms([&] { ops::attention_backward({}, dout, q, k, v, o, lse, dq, dk, dv, {}); }), 2.5 * fl,
+                true});
     }
     {
         const int64_t B = 4, T = 2048, H = 16, D = 128;
@@ -135,22 +142,12 @@ int main(int argc, char** argv) {
         const ops::KdaInputs in{q, k, v, g, beta, {}, {}};
         const std::string shape = fmt::format("B {} T {} H {} K = V = {}", B, T, H, D);
         const double fl = ops::kda_forward_flops(B * T, H, D, 64);
-        rows.push_back(
+        report(
             {"kda (recurrent)", shape, "forward", median_ms([&] { ops::kda_forward({}, in, o, {}, {}); }), fl, true});
-        rows.push_back({"kda (recurrent)", shape, "backward", median_ms([&] {
-                            ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {});
-                        }),
-                        2 * fl, true});
-    }
-    std::printf("| op | shape | pass | ms | rate | fraction of peak |\n|---|---|---|---|---|---|\n");
-    for (const Row& r : rows) {
-        const double rate = r.amount / (r.ms * 1e-3);
-        if (r.flops)
-            std::printf("| %s | %s | %s | %.3f | %.1f TFLOP/s | %.0f%% of f32 |\n", r.op.c_str(), r.shape.c_str(),
-                        r.pass.c_str(), r.ms, rate / 1e12, 100 * rate / (f32_tflops * 1e12));
-        else
-            std::printf("| %s | %s | %s | %.3f | %.0f GB/s | %.0f%% of HBM |\n", r.op.c_str(), r.shape.c_str(),
-                        r.pass.c_str(), r.ms, rate / 1e9, 100 * rate / (hbm_tbs * 1e12));
+        report({"kda (recurrent)", shape, "backward", median_ms([&] {
+                    ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {});
+                }),
+                2 * fl, true});
     }
     return 0;
 }

@@ -55,7 +55,8 @@ run() {
         if ldconfig -p | grep -qE "^[[:space:]]+$(basename "$lib") "; then rm "$lib"; fi
     done
     export LD_LIBRARY_PATH="$b/lib:$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    if ! strings "$(ldconfig -p | awk '/libstdc\+\+.so.6 /{print $NF; exit}')" 2>/dev/null | grep -q GLIBCXX_3.4.30; then
+    # (grep -a, not strings: binutils may be missing there, and a wrongly taken fallback shadows a newer libstdc++)
+    if ! grep -aq GLIBCXX_3.4.30 "$(ldconfig -p | awk '/libstdc\+\+.so.6 /{print $NF; exit}')" 2>/dev/null; then
         export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$b/lib-fallback"
     fi
     local md=$out/device-check.md status=0
@@ -66,16 +67,39 @@ run() {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true
         echo '```'
     } >"$md"
+    # each test in its own process (a kernel fault poisons its CUDA context, a hang only costs its own timeout);
+    # a failed test runs again under compute-sanitizer's memcheck, which names the faulting kernel and address
     echo "## test_cuda" >>"$md"
-    if TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 300 "$b/bin/test_cuda" --gtest_brief=0 >"$out/test_cuda.log" 2>&1; then
-        echo "passed" >>"$md"
-    else
-        echo "FAILED (test_cuda.log)" >>"$md"
+    local tests failed=()
+    tests=$("$b/bin/test_cuda" --gtest_list_tests | awk '/^[^ ]/{s=$1} /^  /{print s $1}')
+    : >"$out/test_cuda.log"
+    : >"$out/sanitizer.log"
+    echo '```' >>"$md"
+    for t in $tests; do
+        local t0=$SECONDS rc=0
+        TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 120 "$b/bin/test_cuda" --gtest_filter="$t" \
+            >>"$out/test_cuda.log" 2>&1 || rc=$?
+        if [ $rc -eq 0 ]; then echo "ok      $t ($((SECONDS - t0)) s)" >>"$md"; else
+            echo "FAILED  $t (exit $rc, $((SECONDS - t0)) s)" >>"$md"
+            failed+=("$t")
+        fi
+    done
+    grep -E '^\[ cuda \]' "$out/test_cuda.log" >>"$md" || true
+    echo '```' >>"$md"
+    if [ ${#failed[@]} -gt 0 ]; then
         status=1
+        local sanitizer
+        sanitizer=$(command -v compute-sanitizer || find /usr/local/cuda*/ /opt -name compute-sanitizer -type f -print -quit 2>/dev/null || true)
+        for t in "${failed[@]}"; do
+            [ -n "$sanitizer" ] || break
+            echo "=== $t" >>"$out/sanitizer.log"
+            TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 150 "$sanitizer" --tool memcheck --print-limit 20 \
+                "$b/bin/test_cuda" --gtest_filter="$t" >>"$out/sanitizer.log" 2>&1 || true
+        done
+        { echo "failures: test_cuda.log; memcheck of each failed test: sanitizer.log"; echo '```'
+            grep -E 'Failure|error|Error|expected|Which is|tensor [0-9]' "$out/test_cuda.log" | head -60; echo '```'
+        } >>"$md"
     fi
-    { echo '```'; grep -E '^\[ +(cuda|OK|SKIPPED|FAILED|PASSED) +\]' "$out/test_cuda.log" | head -80 || true
-        echo '```'
-    } >>"$md"
     echo "## tessera op --device cuda" >>"$md"
     if "$b/bin/tessera" op linear --device cuda --in tests/golden/ops/linear.safetensors --out /tmp/linear_cuda.safetensors \
         >>"$md" 2>&1; then :; else status=1; fi

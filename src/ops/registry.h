@@ -57,7 +57,7 @@ class OpContext {
     // A zero-filled output tensor (or input to be updated in place, when the names agree).
     TensorView out(const std::string& name, DType dtype, Shape shape);
     TensorView out_like(const std::string& name, const TensorView& like) { return out(name, like.dtype, like.shape); }
-    std::span<std::byte> workspace(size_t bytes);           // host memory (CPU kernels only)
+    std::span<std::byte> workspace(size_t bytes);           // host memory for CPU kernels (empty on CUDA)
     void set_output(const std::string& name, Tensor host);  // an output the binding computed on the host
     double host_value(const std::string& name) const;       // a one-element f32 or f64 input (one-line error else)
     void set_value(const std::string& name, DType dtype, Shape shape, double v);  // a one-element host output

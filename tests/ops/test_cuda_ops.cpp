@@ -8,6 +8,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -49,7 +50,13 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         const ops::OpDef* op = ops::op_registry().find(file.metadata().at("op"));
         ASSERT_NE(op, nullptr) << f;
         if (!op->cuda) continue;
-        const ops::GoldenCheck r = ops::check_golden(f, Device::cuda);
+        ops::GoldenCheck r;
+        try {  // one op's error does not hide the others'
+            r = ops::check_golden(f, Device::cuda);
+        } catch (const std::exception& e) {
+            ADD_FAILURE() << f << " (CUDA): " << e.what();
+            continue;
+        }
         for (const std::string& p : r.problems) ADD_FAILURE() << r.name << " (" << r.op << ", CUDA): " << p;
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
@@ -88,13 +95,21 @@ TEST(CudaOps, AdamWMatchesTheCpuOracle) {
     EXPECT_TRUE(test::all_close(dv.to(Device::cpu), v, 1e-6, 1e-7));
 }
 
-// Runs `op` on random host tensors of these shapes and on copies of them on the GPU: afterwards every tensor agrees.
+// Runs `op` on random host tensors of these shapes and on copies of them on the GPU: afterwards every tensor agrees,
+// but those listed in `private_scratch` (an op's own scratch, whose contents each backend uses its own way).
+// Ops whose results sum many terms in a backend's own order (parameter gradients, GEMMs) compare in f64, where both
+// backends' rounding is far below the tolerance; in f32 such sums differ by their rounding (cancellation included).
 template <class Op>
-void expect_cuda_like_cpu(const std::vector<Shape>& shapes, Op op, double rtol = 1e-5, double atol = 1e-6) {
+void expect_cuda_like_cpu(const std::vector<Shape>& shapes,
+                          Op op,
+                          double rtol = 1e-5,
+                          double atol = 1e-6,
+                          DType dtype = DType::f32,
+                          const std::vector<size_t>& private_scratch = {}) {
     std::vector<Tensor> host, dev;
     std::vector<TensorView> hv, dv;
     for (size_t i = 0; i < shapes.size(); ++i) {
-        host.push_back(test::randn(DType::f32, shapes[i], 100 + i));
+        host.push_back(test::randn(dtype, shapes[i], 100 + i));
         dev.push_back(host.back().to(Device::cuda));
     }
     for (size_t i = 0; i < host.size(); ++i) {
@@ -103,8 +118,10 @@ void expect_cuda_like_cpu(const std::vector<Shape>& shapes, Op op, double rtol =
     }
     op(hv);
     op(dv);
-    for (size_t i = 0; i < host.size(); ++i)
+    for (size_t i = 0; i < host.size(); ++i) {
+        if (std::find(private_scratch.begin(), private_scratch.end(), i) != private_scratch.end()) continue;
         EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], rtol, atol)) << "tensor " << i;
+    }
 }
 
 TEST(CudaOps, RowGlueOpsMatchTheCpuOnColumnBlocks) {
@@ -183,17 +200,17 @@ TEST(CudaOps, BlockSmallOpsMatchTheCpuAsTheBlocksCallThem) {
         });
     for (const bool frozen : {false, true}) {  // Attention Residuals over 3 stored activations
         const int64_t C = 96, S = 3;
-        expect_cuda_like_cpu(
-            {Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{C}, Shape{C}, Shape{N, C}, Shape{N, S},
-             Shape{ops::attn_res_mix_scratch(N, S, C)}, Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{C},
-             Shape{C}},
-            [&](std::vector<TensorView> t) {
-                const std::vector<TensorView> src{t[0], t[1], t[2]}, dsrc{t[9], t[10], t[11]};
-                ops::attn_res_mix_forward({}, src, t[3], t[4], t[5], t[6], t[7]);
-                ops::attn_res_mix_backward({}, t[8], src, t[3], t[4], t[6], dsrc, frozen ? TensorView{} : t[12],
-                                           frozen ? TensorView{} : t[13], t[7]);
-            },
-            1e-5, 1e-5);
+        expect_cuda_like_cpu({Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{C}, Shape{C}, Shape{N, C}, Shape{N, S},
+                              Shape{ops::attn_res_mix_scratch(N, S, C)}, Shape{N, C}, Shape{N, C}, Shape{N, C},
+                              Shape{N, C}, Shape{C}, Shape{C}},
+                             [&](std::vector<TensorView> t) {
+                                 const std::vector<TensorView> src{t[0], t[1], t[2]}, dsrc{t[9], t[10], t[11]};
+                                 ops::attn_res_mix_forward({}, src, t[3], t[4], t[5], t[6], t[7]);
+                                 ops::attn_res_mix_backward({}, t[8], src, t[3], t[4], t[6], dsrc,
+                                                            frozen ? TensorView{} : t[12],
+                                                            frozen ? TensorView{} : t[13], t[7]);
+                             },
+                             1e-10, 1e-10, DType::f64, {7});
     }
     for (const double lower_bound : {0.0, -5.0}) {  // GDN's scalar gate (K = 1) and KDA's safe form
         const int64_t k = lower_bound == 0 ? 1 : K;
@@ -205,7 +222,7 @@ TEST(CudaOps, BlockSmallOpsMatchTheCpuAsTheBlocksCallThem) {
                 ops::kda_gate_forward(p, t[0], t[1], t[2], t[3]);
                 ops::kda_gate_backward(p, t[4], t[0], t[1], t[2], t[5], t[6], t[7]);
             },
-            1e-5, 1e-5);
+            1e-10, 1e-10, DType::f64);
     }
 }
 
@@ -431,14 +448,14 @@ TEST(CudaOps, LoraMatchesTheCpuWithDropoutOnColumnBlocksAndOnExperts) {
             ops::lora_forward(p, x, t[1], t[2], t[3], t[4].columns(OUT, OUT), t[5]);
             ops::lora_backward(p, x, t[6], t[1], t[2], t[3], t[7], t[8].columns(0, IN), t[9], t[10], t[5]);
         },
-        1e-5, 1e-5);
+        1e-10, 1e-10, DType::f64);
     expect_cuda_like_cpu(
         {Shape{OUT, IN}, Shape{R, IN}, Shape{OUT, R}, Shape{OUT, IN}, Shape{OUT, IN}, Shape{R, IN}, Shape{OUT, R}},
         [&](std::vector<TensorView> t) {
             ops::lora_merge(p, t[0], t[1], t[2], t[3]);
             ops::lora_weight_backward(p, t[4], t[1], t[2], t[5], t[6]);
         },
-        1e-5, 1e-5);
+        1e-10, 1e-10, DType::f64);
     // the routed experts' form: one grouped GEMM per product over experts of uneven sizes, empty ones among them,
     // rows of a wider buffer
     const std::vector<int32_t> offsets{0, 0, 37, 38, 38, 150};
@@ -451,7 +468,7 @@ TEST(CudaOps, LoraMatchesTheCpuWithDropoutOnColumnBlocksAndOnExperts) {
             ops::lora_grouped_forward({.scale = 0.5}, g, x, t[1], t[2], t[3], t[4]);
             ops::lora_grouped_backward({.scale = 0.5}, g, x, t[5], t[1], t[2], t[3], t[6], t[7], t[8], t[9]);
         },
-        1e-5, 1e-5);
+        1e-10, 1e-10, DType::f64);
 }
 
 // Group-limited routing with a selection bias: the same experts in the same slots, the same counts, close weights,
