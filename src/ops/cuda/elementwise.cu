@@ -1,34 +1,12 @@
 // Elementwise kernels on CUDA: the gated activations SwiGLU and SiTU-GLU (ops/swiglu.h, ops/situ_glu.h, the math
 // of ops/cpu/glu_math.h), the KDA forget gate (ops/kda_gate.h), the linear layer's bias add and bias gradient,
 // and the integer-id check the embedding and cross-entropy ops share.
-#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/glu_math.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace tessera::ops::cuda {
 
 namespace {
-// The gated activations' element math (ops/cpu/glu_math.h): value(g, u) and the partials ∂y/∂g, ∂y/∂u.
-template <class T>
-struct SwiGlu {
-    __device__ T value(T g, T u) const { return g * sigmoid(g) * u; }
-    __device__ void partials(T g, T u, T& pg, T& pu) const {
-        const T s = sigmoid(g);
-        pg = u * s * (T(1) + g * (T(1) - s));
-        pu = g * s;
-    }
-};
-
-template <class T>
-struct SituGlu {
-    T b, bl, ib, ibl;  // β, β_lin and their inverses
-    __device__ T value(T g, T u) const { return b * tanh(g * ib) * sigmoid(g) * (bl * tanh(u * ibl)); }
-    __device__ void partials(T g, T u, T& pg, T& pu) const {
-        const T t = tanh(g * ib), s = sigmoid(g), tu = tanh(u * ibl);
-        pg = bl * tu * ((T(1) - t * t) * s + b * t * s * (T(1) - s));
-        pu = b * t * s * (T(1) - tu * tu);
-    }
-};
-
 template <class T, class Act>
 __global__ void glu_forward_kernel(Act act, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y) {
     const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -69,11 +47,6 @@ cudaError_t glu_backward(Act act,
     if (g.rows == 0 || g.cols == 0) return cudaSuccess;
     glu_backward_kernel<T><<<rows_grid(g.rows, g.cols), kBlock, 0, stream>>>(act, dy, g, u, dg, du);
     return cudaGetLastError();
-}
-
-template <class T>
-SituGlu<T> situ(double beta, double linear_beta) {
-    return {T(beta), T(linear_beta), T(1.0 / beta), T(1.0 / linear_beta)};
 }
 
 // softplus(z) = z above PyTorch's threshold 20, in double below it (as the CPU computes it)

@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "ops/cuda/launchers.h"
 #include "ops/gemm.h"
+#include "ops/grouped_gemm.h"
 #include "ops/views.h"
 
 namespace tessera::ops::cuda {
@@ -151,6 +152,51 @@ class GemmGroup {
     std::vector<const T*> a_, b_;
     std::vector<T*> c_;
 };
+
+// The two grouped kinds of ops/grouped_gemm.h over experts' rows (offsets on the host), each one grouped-batched
+// cuBLAS call: C[rows_e] = alpha·A[rows_e]·op(B_e) + beta·C (B_e = B + e·b_stride), and C_e += A[rows_e]ᵀ·B[rows_e]
+// (C_e = C + e·c_stride; experts without rows are skipped).
+template <class T>
+void grouped_rows(Trans tb,
+                  const ExpertRows& g,
+                  int64_t N,
+                  int64_t K,
+                  T alpha,
+                  const T* A,
+                  int64_t lda,
+                  const T* B,
+                  int64_t b_stride,
+                  int64_t ldb,
+                  T beta,
+                  T* C,
+                  int64_t ldc) {
+    thread_local GemmGroup<T> group;
+    for (int64_t e = 0; e < g.experts; ++e) {
+        const int64_t o = g.offsets[e], n = g.offsets[e + 1] - o;
+        group.add_rows(Trans::N, tb, n, N, K, alpha, A + o * lda, lda, B + e * b_stride, ldb, beta, C + o * ldc, ldc);
+    }
+    group.run();
+}
+template <class T>
+void grouped_wgrad(const ExpertRows& g,
+                   int64_t M,
+                   int64_t N,
+                   const T* A,
+                   int64_t lda,
+                   const T* B,
+                   int64_t ldb,
+                   T* C,
+                   int64_t c_stride,
+                   int64_t ldc) {
+    thread_local GemmGroup<T> group;
+    for (int64_t e = 0; e < g.experts; ++e) {
+        const int64_t o = g.offsets[e], n = g.offsets[e + 1] - o;
+        if (n > 0)
+            group.add_rows(Trans::T, Trans::N, M, N, n, T(1), A + o * lda, lda, B + o * ldb, ldb, T(1),
+                           C + e * c_stride, ldc);
+    }
+    group.run();
+}
 
 // The most dynamic shared memory a block may opt in to on the current device.
 size_t max_shared_memory();

@@ -66,52 +66,6 @@ void lora_backward(const LoraParams& p,
     });
 }
 
-namespace {
-// The two grouped kinds of ops/grouped_gemm.h, over the experts' rows: C[rows_e] = alpha·A[rows_e]·op(B_e) + beta·C
-// and C_e += A[rows_e]ᵀ·B[rows_e].
-template <class T>
-void grouped(Trans tb,
-             const ExpertRows& g,
-             int64_t N,
-             int64_t K,
-             T alpha,
-             const T* A,
-             int64_t lda,
-             const T* B,
-             int64_t b_stride,
-             int64_t ldb,
-             T beta,
-             T* C,
-             int64_t ldc) {
-    thread_local GemmGroup<T> group;
-    for (int64_t e = 0; e < g.experts; ++e) {
-        const int64_t o = g.offsets[e], n = g.offsets[e + 1] - o;
-        group.add_rows(Trans::N, tb, n, N, K, alpha, A + o * lda, lda, B + e * b_stride, ldb, beta, C + o * ldc, ldc);
-    }
-    group.run();
-}
-template <class T>
-void grouped_wgrad(const ExpertRows& g,
-                   int64_t M,
-                   int64_t N,
-                   const T* A,
-                   int64_t lda,
-                   const T* B,
-                   int64_t ldb,
-                   T* C,
-                   int64_t c_stride,
-                   int64_t ldc) {
-    thread_local GemmGroup<T> group;
-    for (int64_t e = 0; e < g.experts; ++e) {
-        const int64_t o = g.offsets[e], n = g.offsets[e + 1] - o;
-        if (n > 0)
-            group.add_rows(Trans::T, Trans::N, M, N, n, T(1), A + o * lda, lda, B + o * ldb, ldb, T(1),
-                           C + e * c_stride, ldc);
-    }
-    group.run();
-}
-}  // namespace
-
 void lora_grouped_forward(
     const LoraParams& p, const ExpertRows& g, TensorView x, TensorView a, TensorView b, TensorView u, TensorView y) {
     const int64_t in = a.size(2), out = b.size(1), r = a.size(1);
@@ -119,8 +73,8 @@ void lora_grouped_forward(
         const Rows<T> X = rows_of<T>(x, "lora: x"), Y = rows_of<T>(y, "lora: y");
         T* U = u.ptr<T>();
         // u = s·x·A_eᵀ, y += u·B_eᵀ (the CPU's order: u carries the scale)
-        grouped<T>(Trans::T, g, r, in, T(p.scale), X.data, X.ld, a.ptr<T>(), r * in, in, T(0), U, r);
-        grouped<T>(Trans::T, g, out, r, T(1), U, r, b.ptr<T>(), out * r, r, T(1), Y.data, Y.ld);
+        grouped_rows<T>(Trans::T, g, r, in, T(p.scale), X.data, X.ld, a.ptr<T>(), r * in, in, T(0), U, r);
+        grouped_rows<T>(Trans::T, g, out, r, T(1), U, r, b.ptr<T>(), out * r, r, T(1), Y.data, Y.ld);
     });
 }
 
@@ -141,14 +95,14 @@ void lora_grouped_backward(const LoraParams& p,
         T *U = u.ptr<T>(), *DU = du.ptr<T>();
         const T s = T(p.scale);
         if (db.defined()) {  // dB_e += dy_eᵀ·(s·u_e)
-            grouped<T>(Trans::T, g, r, in, s, X.data, X.ld, a.ptr<T>(), r * in, in, T(0), U, r);
+            grouped_rows<T>(Trans::T, g, r, in, s, X.data, X.ld, a.ptr<T>(), r * in, in, T(0), U, r);
             grouped_wgrad<T>(g, out, r, DY.data, DY.ld, U, r, db.ptr<T>(), out * r, r);
         }
-        grouped<T>(Trans::N, g, r, out, s, DY.data, DY.ld, b.ptr<T>(), out * r, r, T(0), DU, r);  // du = s·dy·B_e
+        grouped_rows<T>(Trans::N, g, r, out, s, DY.data, DY.ld, b.ptr<T>(), out * r, r, T(0), DU, r);  // du = s·dy·B_e
         if (da.defined()) grouped_wgrad<T>(g, r, in, DU, r, X.data, X.ld, da.ptr<T>(), r * in, in);
         if (dx.defined()) {
             const Rows<T> DX = rows_of<T>(dx, "lora: dx");
-            grouped<T>(Trans::N, g, in, r, T(1), DU, r, a.ptr<T>(), r * in, in, T(1), DX.data, DX.ld);
+            grouped_rows<T>(Trans::N, g, in, r, T(1), DU, r, a.ptr<T>(), r * in, in, T(1), DX.data, DX.ld);
         }
     });
 }
