@@ -108,6 +108,7 @@ class ArenaBlock {
     void release();
     std::byte* data() const { return static_cast<std::byte*>(ptr_); }
     size_t size() const { return bytes_; }
+    Device device() const { return arena_ ? arena_->device() : Device::cpu; }
 
   private:
     std::shared_ptr<Arena> arena_;

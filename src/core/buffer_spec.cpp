@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/device.h"
+
 namespace tessera {
 
 std::string_view buffer_kind_name(BufferKind k) {
@@ -67,12 +69,12 @@ int BufferGroup::index_of(const std::string& name) const {
 
 void BufferGroup::allocate(const std::shared_ptr<Arena>& arena) {
     block_ = ArenaBlock(arena, std::max<size_t>(nbytes_, 1));
-    std::memset(block_.data(), 0, nbytes_);
+    device_zero(block_.device(), block_.data(), nbytes_);
 }
 
 void BufferGroup::zero() const {
     TESSERA_CHECK(block_.data() != nullptr, "buffer group {} is not allocated", name_);
-    std::memset(block_.data(), 0, nbytes_);
+    device_zero(block_.device(), block_.data(), nbytes_);
 }
 
 TensorView BufferGroup::view(size_t i) const {
@@ -80,9 +82,9 @@ TensorView BufferGroup::view(size_t i) const {
     if (offsets_[i] == kOutside) {
         TESSERA_CHECK(i < outside_.size() && outside_[i], "buffer group {}: \"{}\" was never placed", name_,
                       specs_[i].name);
-        return TensorView(outside_[i], specs_[i].dtype, specs_[i].shape);
+        return TensorView(outside_[i], specs_[i].dtype, specs_[i].shape);  // (host memory: a mapped file)
     }
-    return TensorView(block_.data() + offsets_[i], specs_[i].dtype, specs_[i].shape);
+    return TensorView(block_.data() + offsets_[i], specs_[i].dtype, specs_[i].shape, block_.device());
 }
 
 void BufferGroup::place_outside(size_t i, std::byte* p) {
@@ -115,8 +117,14 @@ int64_t first_non_finite(const T* p, int64_t n, ToFloat to_float) {
 }  // namespace
 
 void check_finite(const BufferGroup& g, const std::string& where) {
+    Tensor host;  // a device group's buffer, copied to the host one at a time
     for (size_t i = 0; i < g.size(); ++i) {
-        const TensorView v = g.view(i);
+        TensorView v = g.view(i);
+        if (v.device != Device::cpu) {
+            host = Tensor(v.dtype, v.shape);
+            copy_bytes(host.view().data, Device::cpu, v.data, v.device, v.nbytes());
+            v = host.view();
+        }
         int64_t bad = -1;
         double value = 0;
         if (v.dtype == DType::f32) {

@@ -63,7 +63,8 @@ class BufferGroup {
     // train/weight_budget.h).
     void place_outside(size_t i, std::byte* p);
     std::byte* base() const { return block_.data(); }
-    void zero() const;  // all buffers to zero bytes
+    Device device() const { return block_.device(); }  // where its block lives (its arena's device)
+    void zero() const;                                 // all buffers to zero bytes
     TensorView view(size_t i) const;
     TensorView view(const std::string& name) const;  // throws if absent
     TensorView find(const std::string& name) const;  // undefined if absent
