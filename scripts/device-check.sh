@@ -8,7 +8,8 @@
 #   scripts/device-check.sh run    there (the device tool: carry [".device"]): unpack, find cuBLAS, then run
 #                                  1. nvidia-smi, 2. test_cuda (every golden file of every CUDA op on the GPU in f64
 #                                  and f32 against the reference, bitwise determinism, AdamW vs the CPU, the device
-#                                  arena), 3. `tessera op --device cuda` on a golden file, 4. bench_cuda;
+#                                  arena), 3. `tessera op --device cuda` on a golden file, 4. bench_cuda (SKIP_BENCH=1:
+#                                  not);
 #                                  results in $OUT/device-check.md (+ logs), within a few minutes.
 #
 # Not yet in it (the backend does not have them): training the demo hybrid on the GPU and comparing its losses with
@@ -90,21 +91,64 @@ run() {
         status=1
         local sanitizer
         sanitizer=$(command -v compute-sanitizer || find /usr/local/cuda*/ /opt -name compute-sanitizer -type f -print -quit 2>/dev/null || true)
+        local gdb
+        gdb=$(command -v cuda-gdb || find /usr/local/cuda*/bin -name cuda-gdb -print -quit 2>/dev/null || true)
         for t in "${failed[@]}"; do
-            [ -n "$sanitizer" ] || break
             echo "=== $t" >>"$out/sanitizer.log"
-            TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 150 "$sanitizer" --tool memcheck --print-limit 20 \
-                "$b/bin/test_cuda" --gtest_filter="$t" >>"$out/sanitizer.log" 2>&1 || true
+            if [ -n "$sanitizer" ]; then
+                TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 150 "$sanitizer" --tool memcheck --print-limit 20 \
+                    "$b/bin/test_cuda" --gtest_filter="$t" >>"$out/sanitizer.log" 2>&1 || true
+            fi
+            if [ -n "$gdb" ]; then  # a crash on the host side: where (cuda-gdb debugs host code too)
+                echo "--- backtrace" >>"$out/sanitizer.log"
+                TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 150 "$gdb" -batch -ex run -ex bt \
+                    --args "$b/bin/test_cuda" --gtest_filter="$t" 2>&1 | grep -E '^#|signal|Error' | head -40 \
+                    >>"$out/sanitizer.log" || true
+            fi
         done
-        { echo "failures: test_cuda.log; memcheck of each failed test: sanitizer.log"; echo '```'
+        { echo "failures: test_cuda.log; memcheck and a backtrace of each failed test: sanitizer.log"; echo '```'
             grep -E 'Failure|error|Error|expected|Which is|tensor [0-9]' "$out/test_cuda.log" | head -60; echo '```'
         } >>"$md"
     fi
-    echo "## tessera op --device cuda" >>"$md"
-    if "$b/bin/tessera" op linear --device cuda --in tests/golden/ops/linear.safetensors --out /tmp/linear_cuda.safetensors \
-        >>"$md" 2>&1; then :; else status=1; fi
+    # the CLI path: `tessera op` on golden inputs on both devices (python3 there has numpy and safetensors)
+    echo "## tessera op --device cpu|cuda" >>"$md"
+    echo '```' >>"$md"
+    python3 - "$b/bin/tessera" >>"$md" 2>&1 <<'PY' || status=1
+import subprocess, sys, numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file, load_file
+bad = 0
+for golden in ["linear", "attention", "kda_varlen", "moe_capacity_reroute", "moe_latent_norm_situ", "sparse_attention"]:
+    path = f"tests/golden/ops/{golden}.safetensors"
+    with safe_open(path, "np") as f:
+        meta = f.metadata()
+        inputs = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("expected.")}
+    save_file(inputs, "/tmp/in.safetensors")
+    sets = [a for k, v in meta.items() if k.startswith("param.") for a in ("--set", f"{k[6:]}={v}")]
+    out = {}
+    for dev in ("cpu", "cuda"):
+        r = subprocess.run([sys.argv[1], "op", meta["op"], "--device", dev, "--in", "/tmp/in.safetensors", "--out",
+                            f"/tmp/out_{dev}.safetensors"] + sets, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{golden} on {dev}: exit {r.returncode}: {r.stderr.strip()}")
+            bad += 1
+            break
+        out[dev] = load_file(f"/tmp/out_{dev}.safetensors")
+    if len(out) < 2:
+        continue
+    worst = max(float(np.abs(out["cuda"][k].astype(np.float64) - v.astype(np.float64)).max() /
+                      (np.abs(v.astype(np.float64)).max() + 1e-30)) for k, v in out["cpu"].items())
+    ok = worst < 1e-5
+    bad += not ok
+    print(f"{golden:24s} {meta['op']:18s} {len(out['cpu'])} outputs, worst |cuda - cpu| / max|cpu| {worst:.2e} "
+          f"{'ok' if ok else 'FAILED'}")
+sys.exit(1 if bad else 0)
+PY
+    echo '```' >>"$md"
     echo "## bench_cuda" >>"$md"
-    if timeout 240 "$b/bin/bench_cuda" >"$out/bench_cuda.md" 2>&1; then cat "$out/bench_cuda.md" >>"$md"; else
+    if [ -n "${SKIP_BENCH:-}" ]; then
+        echo "skipped (SKIP_BENCH)" >>"$md"
+    elif timeout 240 "$b/bin/bench_cuda" >"$out/bench_cuda.md" 2>&1; then cat "$out/bench_cuda.md" >>"$md"; else
         echo "FAILED" >>"$md"
         cat "$out/bench_cuda.md" >>"$md"
         status=1

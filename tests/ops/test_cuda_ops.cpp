@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <vector>
 
 #include "core/arena.h"
@@ -29,6 +30,7 @@
 #include "ops/linear.h"
 #include "ops/lora.h"
 #include "ops/matmul.h"
+#include "ops/moe.h"
 #include "ops/registry.h"
 #include "ops/rope.h"
 #include "ops/router.h"
@@ -61,7 +63,7 @@ TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
         std::printf("[ cuda ] %-28s f64 %.2e  f32 %.2e\n", r.name.c_str(), r.f64_error, r.f32_error);
         ++checked;
     }
-    EXPECT_GE(checked, 22) << "fewer golden cases than CUDA ops";
+    EXPECT_GE(checked, 23) << "fewer golden cases than CUDA ops";
 }
 
 TEST(CudaOps, LinearIsBitwiseRunToRun) {
@@ -530,6 +532,133 @@ TEST(CudaOps, RouterAuxLossesMatchTheCpu) {
     const double z = ops::router_z_loss(0.001, logits, du), d_z = ops::router_z_loss(0.001, d_logits, d_du);
     EXPECT_NEAR(d_z, z, 1e-12 * std::abs(z));
     EXPECT_TRUE(test::all_close(d_du.to(Device::cpu), du, 1e-5, 1e-7));
+}
+
+// The MoE layer on both devices from the same f64 tensors: capacity with re-routing, group-limited sigmoid routing
+// with a bias, the latent projections with their norm, SiTU experts, a gated shared expert and the router losses in one
+// variant; dropless softmax routing, SwiGLU experts without latent and adapters on every routed expert in the other.
+// The routing (final experts, loads) is the same, every output and gradient within f64 rounding.
+TEST(CudaOps, MoeMatchesTheCpuWithCapacityLatentSharedExpertsAndExpertLora) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 96, D = 24, E = 8, F = 16, FS = 20, r = 4;
+    const std::vector<int64_t> starts{0, 40, 96};
+    for (const bool plain : {false, true}) {
+        const int64_t L = plain ? D : 12;
+        ops::MoeParams p{.router = {.topk = 3,
+                                    .score = plain ? ops::RouterScore::softmax : ops::RouterScore::sigmoid,
+                                    .normalize = true,
+                                    .scaling = 1.5,
+                                    .groups = plain ? 1 : 4,
+                                    .topk_groups = plain ? 1 : 2},
+                         .capacity_factor = plain ? 0.0 : 0.9,
+                         .activation = plain ? ops::ExpertActivation::swiglu : ops::ExpertActivation::situ,
+                         .seq_aux_coeff = plain ? 0.0 : 0.01,
+                         .z_loss_coeff = plain ? 0.0 : 0.001};
+        p.lora.scale = 0.5;
+        const std::vector<double> balance_grad(size_t(E), 0.003);
+        if (!plain) p.balance_grad = balance_grad;
+        std::map<std::string, Shape> shapes{
+            {"x", Shape{N, D}},         {"dy", Shape{N, D}},      {"router_w", Shape{E, D}}, {"router_bias", Shape{E}},
+            {"w_gate", Shape{E, F, L}}, {"w_up", Shape{E, F, L}}, {"w_down", Shape{E, L, F}}};
+        if (plain) {
+            for (const char* m : {"w_gate", "w_up"}) {
+                shapes[std::string(m) + ".a"] = Shape{E, r, L};
+                shapes[std::string(m) + ".b"] = Shape{E, F, r};
+            }
+            shapes["w_down.a"] = Shape{E, r, F};
+            shapes["w_down.b"] = Shape{E, L, r};
+        } else {
+            for (auto [name, shape] :
+                 std::initializer_list<std::pair<const char*, Shape>>{{"latent_down", Shape{L, D}},
+                                                                      {"latent_up", Shape{D, L}},
+                                                                      {"latent_norm", Shape{L}},
+                                                                      {"shared_gate", Shape{FS, D}},
+                                                                      {"shared_up", Shape{FS, D}},
+                                                                      {"shared_down", Shape{D, FS}},
+                                                                      {"shared_scale", Shape{1, D}}})
+                shapes[name] = shape;
+        }
+        std::map<std::string, Tensor> host, grads_host;
+        uint64_t seed = 200;
+        for (const auto& [name, shape] : shapes) {
+            host.emplace(name, name == "router_bias" ? test::uniform(DType::f64, shape, seed++, -0.05, 0.05)
+                                                     : test::randn(DType::f64, shape, seed++, 0.3));
+            if (name != "x" && name != "dy" && name != "router_bias")
+                grads_host.emplace(name, Tensor(DType::f64, shape));
+        }
+        grads_host.emplace("x", Tensor(DType::f64, Shape{N, D}));
+        struct Side {
+            std::map<std::string, Tensor> t, g;
+            BufferGroup buffers;
+            std::shared_ptr<Arena> arena;
+            ops::MoeStats stats;
+        };
+        auto run = [&](Device device) {
+            Side side;
+            for (const auto& [name, t] : host) side.t.emplace(name, t.to(device));
+            for (const auto& [name, t] : grads_host) side.g.emplace(name, t.to(device));
+            auto view = [](std::map<std::string, Tensor>& m, const std::string& name) {
+                auto it = m.find(name);
+                return it == m.end() ? TensorView() : it->second.view();
+            };
+            auto weights = [&](std::map<std::string, Tensor>& m) {
+                ops::MoeWeights w{view(m, "router_w"),  view(m, "router_bias"), view(m, "w_gate"),
+                                  view(m, "w_up"),      view(m, "w_down"),      view(m, "latent_down"),
+                                  view(m, "latent_up"), view(m, "latent_norm"), view(m, "shared_gate"),
+                                  view(m, "shared_up"), view(m, "shared_down"), view(m, "shared_scale")};
+                w.lora.w_gate = {view(m, "w_gate.a"), view(m, "w_gate.b")};
+                w.lora.w_up = {view(m, "w_up.a"), view(m, "w_up.b")};
+                w.lora.w_down = {view(m, "w_down.a"), view(m, "w_down.b")};
+                return w;
+            };
+            const ops::MoeWeights w = weights(side.t);
+            ops::MoeWeights g = weights(side.g);
+            g.router_bias = {};
+            const ops::MoeDims d = ops::moe_dims(p, w, N);
+            std::vector<BufferSpec> specs;
+            ops::moe_saved_specs(d, DType::f64, "", specs);
+            ops::moe_scratch_specs(d, DType::f64, "", specs);
+            side.buffers = BufferGroup("moe", specs);
+            side.arena = std::make_shared<Arena>(predict_arena_bytes({&side.buffers}, 256), 256, device);
+            side.buffers.allocate(side.arena);
+            const ops::MoeSaved sv = ops::moe_bind_saved(d, side.buffers, "");
+            const ops::MoeScratch sc = ops::moe_bind_scratch(d, side.buffers, "");
+            Tensor y(DType::f64, Shape{N, D}, device);
+            side.stats = ops::moe_forward(p, w, side.t.at("x"), y, false, sv, sc, starts);
+            ops::moe_backward(p, w, side.t.at("x"), side.t.at("dy"), side.g.at("x"), g, sv, sc, starts);
+            side.g.emplace("y", std::move(y));
+            return side;
+        };
+        Side cpu = run(Device::cpu), gpu = run(Device::cuda);
+        EXPECT_EQ(gpu.stats.rerouted, cpu.stats.rerouted);
+        EXPECT_EQ(gpu.stats.dropped, cpu.stats.dropped);
+        EXPECT_NEAR(gpu.stats.seq_aux_loss, cpu.stats.seq_aux_loss, 1e-12);
+        EXPECT_NEAR(gpu.stats.z_loss, cpu.stats.z_loss, 1e-12);
+        if (!plain) {
+            EXPECT_GT(cpu.stats.rerouted + cpu.stats.dropped, 0) << "the capacity must bind";
+        }
+        for (const char* name : {"expert", "counts", "demand", "row", "offsets"}) {
+            const TensorView a = gpu.buffers.view(name), b = cpu.buffers.view(name);
+            EXPECT_TRUE(test::bitwise_equal(Tensor::copy_of(a).to(Device::cpu), b))
+                << name << (plain ? " (plain)" : "");
+        }
+        for (auto& [name, t] : cpu.g)
+            EXPECT_TRUE(test::all_close(gpu.g.at(name).to(Device::cpu), t, 1e-10, 1e-12))
+                << "d" << name << (plain ? " (plain)" : "");
+    }
+}
+
+TEST(CudaOps, DsaAllCandidatesMatchTheCpuOnPackedSequences) {
+    SKIP_WITHOUT_GPU();
+    const std::vector<int64_t> cu{0, 1, 17, 40};
+    Tensor cpu(DType::i32, Shape{1, 40, 24}), gpu(DType::i32, Shape{1, 40, 24}, Device::cuda);
+    ops::dsa_all_candidates(cpu, cu);
+    ops::dsa_all_candidates(gpu, cu);
+    EXPECT_TRUE(test::bitwise_equal(gpu.to(Device::cpu), cpu));
+    Tensor cpu2(DType::i32, Shape{2, 9, 9}), gpu2(DType::i32, Shape{2, 9, 9}, Device::cuda);
+    ops::dsa_all_candidates(cpu2);
+    ops::dsa_all_candidates(gpu2);
+    EXPECT_TRUE(test::bitwise_equal(gpu2.to(Device::cpu), cpu2));
 }
 
 TEST(CudaOps, TheDeviceArenaHandsOutDeviceViewsAndReusesFreedBlocks) {

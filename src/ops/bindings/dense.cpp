@@ -64,7 +64,7 @@ void run_lora_experts(OpContext& c) {
     for (int64_t e = 0; e < E; ++e) TESSERA_CHECK(off[e + 1] >= off[e], "offsets must not decrease (entry {})", e + 1);
     const ExpertRows g{offsets.data(), E};
     const LoraParams p{.scale = c.param_f64("scale")};
-    Tensor u(x.dtype, Shape{R, r}), du(x.dtype, Shape{R, r});
+    Tensor u(x.dtype, Shape{R, r}, x.device), du(x.dtype, Shape{R, r}, x.device);
     lora_grouped_forward(p, g, x, a, b, u.view(), c.out("y", x.dtype, Shape{R, b.size(1)}));
     if (c.has("dy"))
         lora_grouped_backward(p, g, x, c.in("dy"), a, b, u.view(), du.view(), c.out_like("dx", x), c.out_like("da", a),

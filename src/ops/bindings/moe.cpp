@@ -1,7 +1,7 @@
 // Op-runner bindings of the MoE family: router, moe, situ_glu (docs/ops.md, docs/moe.md).
-#include <cstring>
 #include <memory>
 
+#include "core/device.h"
 #include "ops/bindings/bindings.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
@@ -72,14 +72,14 @@ void run_moe(OpContext& c) {
     moe_saved_specs(d, x.dtype, "", specs);
     moe_scratch_specs(d, x.dtype, "", specs);
     BufferGroup buffers("moe", specs);
-    auto arena = std::make_shared<Arena>(predict_arena_bytes({&buffers}, 256), 256);
+    auto arena = std::make_shared<Arena>(predict_arena_bytes({&buffers}, 256), 256, x.device);
     buffers.allocate(arena);
     const MoeSaved s = moe_bind_saved(d, buffers, "");
     const MoeScratch t = moe_bind_scratch(d, buffers, "");
     const auto starts = c.index_span("cu_seqlens");
     const MoeStats st = moe_forward(p, w, x, c.out_like("y", x), false, s, t, starts);
     auto copy_out = [&](const std::string& name, TensorView v) {
-        std::memcpy(c.out(name, v.dtype, v.shape).data, v.data, v.nbytes());
+        copy_bytes(c.out(name, v.dtype, v.shape).data, x.device, v.data, v.device, v.nbytes());
     };
     copy_out("counts", s.counts);
     copy_out("demand", s.demand);
@@ -103,13 +103,13 @@ void run_moe(OpContext& c) {
         const TensorView d = c.in("daux_loss");
         TESSERA_CHECK(d.numel() == 1 && d.dtype == x.dtype, "daux_loss must be one {} value, not {} {}",
                       dtype_name(x.dtype), dtype_name(d.dtype), d.shape.str());
-        aux_scale = d.dtype == DType::f32 ? double(d.ptr<float>()[0]) : d.ptr<double>()[0];
+        aux_scale = c.host_value("daux_loss");
     }
     p.seq_aux_coeff *= aux_scale;
     p.z_loss_coeff *= aux_scale;
     for (double& g : balance_grad) g *= aux_scale;
     if (global_coeff != 0) p.balance_grad = balance_grad;
-    Tensor zero_dy(x.dtype, x.shape);
+    Tensor zero_dy(x.dtype, x.shape, x.device);
     TensorView dy = c.has("dy") ? c.in("dy") : zero_dy.view();
     auto grad = [&](const char* name, const TensorView& v) {
         return v.defined() ? c.out_like(std::string("d") + name, v) : TensorView();
@@ -178,7 +178,8 @@ void register_moe_ops(OpRegistry& r) {
            moe_params,
            {"y", "counts", "demand", "indices", "weights", "rerouted", "dropped", "aux_loss"},
            {"given dy and/or daux_loss: dx and d<weight> for every weight but router_bias"},
-           run_moe});
+           run_moe,
+           /*cuda=*/true});
     r.add({"situ_glu",
            "Kimi K3 SiTU-GLU: y = [β·tanh(gate/β)·σ(gate)] · [β_lin·tanh(up/β_lin)]",
            {{"gate", "[N, F]"}, {"up", "[N, F]"}, {"dy", "[N, F]", true}},

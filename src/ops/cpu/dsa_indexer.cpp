@@ -152,7 +152,7 @@ void indexer_forward(const DsaIndexerParams& p,
 }  // namespace
 
 void dsa_all_candidates(TensorView indices, std::span<const int64_t> cu_seqlens) {
-    cpu_only("dsa_all_candidates", {indices});
+    const Device device = op_device("dsa_all_candidates", {indices});
     TESSERA_CHECK(indices.ndim() == 3, "dsa_all_candidates: indices must be [B, T, K], not {}", indices.shape.str());
     check_dtype(indices, DType::i32, "dsa_all_candidates: indices");
     check_contiguous(indices, "dsa_all_candidates: indices");
@@ -162,6 +162,7 @@ void dsa_all_candidates(TensorView indices, std::span<const int64_t> cu_seqlens)
         TESSERA_CHECK(seg.length(s) <= K, "dsa_all_candidates: a sequence of {} tokens needs K >= {}, not {}",
                       seg.length(s), seg.length(s), K);
     }
+    if (device == Device::cuda) return TESSERA_ON_CUDA(dsa_all_candidates(indices, cu_seqlens));
     int32_t* out = indices.ptr<int32_t>();
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < B * T; ++n) {

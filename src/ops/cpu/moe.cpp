@@ -7,12 +7,15 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <tuple>
 
+#include "core/device.h"
 #include "ops/backend.h"
 #include "ops/cpu/glu_math.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/grouped_gemm.h"
 #include "ops/linear.h"
+#include "ops/moe_layout.h"
 #include "ops/op_use.h"
 #include "ops/rmsnorm.h"
 #include "ops/rows.h"
@@ -99,6 +102,18 @@ void check_weight(const TensorView& t, const Shape& shape, std::string_view name
     check_contiguous(t, "moe", name);
 }
 
+// The layer's device (one for all its tensors). On CUDA the experts are all here (expert parallelism's exchange runs
+// over MPI on host memory; NCCL is not built yet) and stored in the tensors' dtype.
+void check_device(const MoeParams& p, const MoeWeights& w, std::initializer_list<TensorView> tensors) {
+    if (op_device("moe", tensors) != Device::cuda) return;
+    TESSERA_CHECK(!p.stage, "moe: expert parallelism on CUDA tensors is not supported yet (it needs NCCL)");
+    for (const TensorView* e : {&w.w_gate, &w.w_up, &w.w_down})
+        TESSERA_CHECK(e->dtype == w.router_w.dtype,
+                      "moe (CUDA): expert weights in {} (a frozen base held narrow) are not supported on CUDA yet; "
+                      "hold the base in {}",
+                      dtype_name(e->dtype), dtype_name(w.router_w.dtype));
+}
+
 struct Pairs {  // the (token, slot) arrays of a layout, N·K long
     const int32_t* expert;
     const int32_t* row;
@@ -108,82 +123,32 @@ Pairs pairs_of(const MoeSaved& s, int64_t N) {
     return {s.expert.ptr<int32_t>(), s.row.ptr<int32_t>(), N, s.expert.size(1)};
 }
 
-// Capacity with re-routing or dropping (moe.h); writes s.expert, returns (rerouted, dropped). share: each
-// expert's room for this rank's rows (expert parallelism), or null for ⌈c·N·k/E⌉ each.
-template <class T>
+// Capacity (moe.h): writes s.expert from s.choice (s.row and s.counts as scratch); share: each expert's room for
+// this rank's rows (expert parallelism), or null for ⌈c·N·k/E⌉ each. Returns (rerouted, dropped).
 std::pair<int64_t, int64_t> apply_capacity(
-    const MoeParams& p, const MoeDims& d, const MoeSaved& s, int64_t N, const T* bias, const int64_t* share) {
-    const int64_t E = d.experts, K = d.topk, uniform = d.capacity(p.capacity_factor);
-    auto cap = [&](int64_t e) { return share ? share[e] : uniform; };
-    const T* S = s.scores.ptr<T>();
-    const int32_t* choice = s.choice.ptr<int32_t>();
-    int32_t* expert = s.expert.ptr<int32_t>();
-    int32_t* order = s.row.ptr<int32_t>();  // the priority order, until the layout overwrites it
-    int32_t* load = s.counts.ptr<int32_t>();
-    auto key = [&](int64_t n, int64_t e) { return bias ? S[n * E + e] + bias[e] : S[n * E + e]; };
-    std::iota(order, order + N * K, 0);
-    std::sort(order, order + N * K, [&](int32_t a, int32_t b) {
-        const T ka = key(a / K, choice[a]), kb = key(b / K, choice[b]);
-        return ka > kb || (ka == kb && a < b);
+    const MoeParams& p, const MoeDims& d, const MoeSaved& s, int64_t N, TensorView bias, const int64_t* share) {
+    if (op_device("moe", {s.scores, s.choice, s.expert, bias}) == Device::cuda)
+        return TESSERA_ON_CUDA(moe_apply_capacity(p, s, N, d.capacity(p.capacity_factor), bias, share));
+    std::pair<int64_t, int64_t> r;
+    dispatch_float(s.scores.dtype, "moe", [&]<class T>(T) {
+        r = moe_capacity_rows<T>(p, N, d.experts, d.topk, d.capacity(p.capacity_factor), s.scores.ptr<T>(),
+                                 s.choice.ptr<int32_t>(), bias.defined() ? bias.ptr<T>() : nullptr, share,
+                                 s.expert.ptr<int32_t>(), s.row.ptr<int32_t>(), s.counts.ptr<int32_t>());
     });
-    std::fill(load, load + E, 0);
-    constexpr int32_t kOver = -2;
-    for (int64_t q = 0; q < N * K; ++q) {
-        const int32_t i = order[q], e = choice[i];
-        expert[i] = load[e] < cap(e) ? (++load[e], e) : kOver;
-    }
-    int64_t rerouted = 0, dropped = 0;
-    uint8_t allowed[kRouterMaxGroups];
-    for (int64_t q = 0; q < N * K; ++q) {
-        const int32_t i = order[q];
-        if (expert[i] != kOver) continue;
-        int32_t best = -1;
-        const int64_t n = i / K;
-        if (p.overflow == MoeOverflow::reroute) {
-            router_allowed_groups(p.router, S + n * E, bias, E, allowed);
-            const int32_t* mine = expert + n * K;
-            for (int64_t e = 0; e < E; ++e) {
-                if (load[e] >= cap(e) || !router_expert_allowed(p.router, allowed, E, e)) continue;
-                if (std::find(mine, mine + K, int32_t(e)) != mine + K) continue;
-                if (best < 0 || key(n, e) > key(n, best)) best = int32_t(e);
-            }
-        }
-        if (best >= 0) {
-            ++load[best];
-            ++rerouted;
-        } else {
-            ++dropped;
-        }
-        expert[i] = best;
-    }
-    return {rerouted, dropped};
+    return r;
 }
 
-template <class T>
-void build_layout(const MoeSaved& s, int64_t N) {
-    const int64_t E = s.counts.size(0), K = s.expert.size(1);
-    const int32_t* expert = s.expert.ptr<int32_t>();
-    int32_t* row = s.row.ptr<int32_t>();
-    int32_t* counts = s.counts.ptr<int32_t>();
-    int32_t* off = s.offsets.ptr<int32_t>();
-    std::fill(counts, counts + E, 0);
-    for (int64_t i = 0; i < N * K; ++i) {
-        if (expert[i] >= 0) ++counts[expert[i]];
-    }
-    off[0] = 0;
-    for (int64_t e = 0; e < E; ++e)
-        off[e + 1] = off[e] + int32_t((counts[e] + kMoeRowAlign - 1) / kMoeRowAlign * kMoeRowAlign);
-    std::fill(counts, counts + E, 0);      // recounted as the cursor of each segment
-    for (int64_t i = 0; i < N * K; ++i) {  // (token, slot) order within each expert
-        const int32_t e = expert[i];
-        row[i] = e >= 0 ? off[e] + counts[e]++ : -1;
-    }
-    T* rg = s.row_gate.ptr<T>();
-    const T* gates = s.gates.ptr<T>();
-    std::fill(rg, rg + off[E], T(0));
-    for (int64_t i = 0; i < N * K; ++i) {
-        if (row[i] >= 0) rg[row[i]] = gates[i];
-    }
+// The gate gradient of each (token, slot) from its row's: dg[i] = row_dot[row(i)], 0 for a dropped pair
+void gate_grads(const MoeSaved& s, TensorView row_dot, TensorView dg, int64_t N) {
+    if (op_device("moe", {s.row, row_dot, dg}) == Device::cuda)
+        return TESSERA_ON_CUDA(moe_gate_grads(s, row_dot, dg, N));
+    const int32_t* row = s.row.ptr<int32_t>();
+    const int64_t K = s.row.size(1);
+    dispatch_float(dg.dtype, "moe", [&]<class T>(T) {
+        const T* dot = row_dot.ptr<T>();
+        T* g = dg.ptr<T>();
+        for (int64_t i = 0; i < N * K; ++i) g[i] = row[i] >= 0 ? dot[row[i]] : T(0);
+    });
 }
 }  // namespace
 
@@ -388,7 +353,8 @@ MoeStats moe_route(const MoeParams& p,
                    const MoeSaved& s,
                    const MoeScratch& t,
                    std::span<const int64_t> seq_starts) {
-    cpu_only("moe", {x, w.router_w, w.router_bias, s.logits, s.scores, s.choice, s.expert, s.gates});
+    const Device device =
+        op_device("moe", {x, w.router_w, w.router_bias, s.logits, s.scores, s.choice, s.expert, s.gates, s.row});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     TESSERA_CHECK(x.ndim() == 2 && x.size(1) == d.d_model, "moe: x must be [N, D = {}], not {}", d.d_model,
@@ -398,16 +364,13 @@ MoeStats moe_route(const MoeParams& p,
     TensorView scores = first(s.scores, N), logits = first(s.logits, N), choice = first(s.choice, N);
     router_scores(p.router, x, w.router_w, logits, scores);
     router_select(p.router, scores, w.router_bias, choice, first(s.gates, N), s.demand);
-    std::memcpy(s.expert.data, s.choice.data, size_t(N * d.topk) * sizeof(int32_t));
-    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
-        if (p.capacity_factor > 0) {
-            const T* bias = w.router_bias.defined() ? w.router_bias.ptr<T>() : nullptr;
-            const int64_t* share = p.stage ? p.stage->capacity_shares(p.capacity_factor, N, s.demand) : nullptr;
-            std::tie(st.rerouted, st.dropped) = apply_capacity<T>(p, d, s, N, bias, share);
-            router_weights(p.router, scores, first(s.expert, N), first(s.gates, N));
-        }
-        build_layout<T>(s, N);
-    });
+    copy_bytes(s.expert.data, device, s.choice.data, device, size_t(N * d.topk) * sizeof(int32_t));
+    if (p.capacity_factor > 0) {
+        const int64_t* share = p.stage ? p.stage->capacity_shares(p.capacity_factor, N, s.demand) : nullptr;
+        std::tie(st.rerouted, st.dropped) = apply_capacity(p, d, s, N, w.router_bias, share);
+        router_weights(p.router, scores, first(s.expert, N), first(s.gates, N));
+    }
+    moe_build_layout(s, N);
     const int64_t whole[2] = {0, N};
     if (seq_starts.empty()) seq_starts = whole;
     if (p.seq_aux_coeff > 0)
@@ -417,15 +380,29 @@ MoeStats moe_route(const MoeParams& p,
 }
 
 void moe_build_layout(const MoeSaved& s, int64_t tokens) {
-    cpu_only("moe", {s.expert, s.gates, s.row, s.offsets, s.counts, s.row_gate});
-    dispatch_float(s.gates.dtype, "moe", [&]<class T>(T) { build_layout<T>(s, tokens); });
+    if (op_device("moe", {s.expert, s.gates, s.row, s.offsets, s.counts, s.row_gate}) == Device::cuda)
+        return TESSERA_ON_CUDA(moe_build_layout(s, tokens));
+    const int64_t E = s.counts.size(0), K = s.expert.size(1);
+    const int32_t* row = s.row.ptr<int32_t>();
+    const int32_t* off = s.offsets.ptr<int32_t>();
+    moe_layout_rows(tokens, K, E, s.expert.ptr<int32_t>(), s.row.ptr<int32_t>(), s.counts.ptr<int32_t>(),
+                    s.offsets.ptr<int32_t>());
+    dispatch_float(s.gates.dtype, "moe", [&]<class T>(T) {  // each row's gate (0 for padding)
+        T* rg = s.row_gate.ptr<T>();
+        const T* gates = s.gates.ptr<T>();
+        std::fill(rg, rg + off[E], T(0));
+        for (int64_t i = 0; i < tokens * K; ++i) {
+            if (row[i] >= 0) rg[row[i]] = gates[i];
+        }
+    });
 }
 
 void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows) {
-    cpu_only("moe", {src, rows, s.row, s.offsets, s.counts});
     const int64_t N = src.size(0), W = src.size(1), E = s.counts.size(0);
-    const Pairs pr = pairs_of(s, N);
     TESSERA_CHECK(rows.ndim() == 2 && rows.size(1) == W, "moe dispatch: rows must be [R, {}]", W);
+    if (op_device("moe", {src, rows, s.row, s.offsets, s.counts}) == Device::cuda)
+        return TESSERA_ON_CUDA(moe_dispatch(s, src, rows));
+    const Pairs pr = pairs_of(s, N);
     dispatch_float(src.dtype, "moe dispatch", [&]<class T>(T) {
         cpu::Rows<T> S = cpu::rows_of<T>(src, "moe dispatch: src");
         T* out = rows.ptr<T>();
@@ -445,8 +422,10 @@ void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows) {
 }
 
 void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumulate) {
-    cpu_only("moe", {rows, dst, s.row});
     const int64_t N = dst.size(0), W = dst.size(1);
+    TESSERA_CHECK(rows.ndim() == 2 && rows.size(1) == W, "moe combine: rows must be [R, {}]", W);
+    if (op_device("moe", {rows, dst, s.row}) == Device::cuda)
+        return TESSERA_ON_CUDA(moe_combine(s, rows, dst, accumulate));
     const Pairs pr = pairs_of(s, N);
     dispatch_float(dst.dtype, "moe combine", [&]<class T>(T) {
         cpu::Rows<T> D = cpu::rows_of<T>(dst, "moe combine: dst");
@@ -486,7 +465,8 @@ void expert_gemm(Trans tb,
 }  // namespace
 
 void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t) {
-    cpu_only("moe", {w.w_gate, w.w_up, w.w_down, s.offsets, s.row_gate, s.xe, s.h, s.a, t.ye});
+    if (op_device("moe", {w.w_gate, w.w_up, w.w_down, s.offsets, s.row_gate, s.xe, s.h, s.a, t.ye}) == Device::cuda)
+        return TESSERA_ON_CUDA(moe_experts_forward(p, w, s, t));
     const int64_t E = s.counts.size(0), R = s.offsets.ptr<int32_t>()[E], F = w.w_gate.size(1), L = w.w_gate.size(2);
     const ExpertRows g{s.offsets.ptr<int32_t>(), E};
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
@@ -516,8 +496,9 @@ void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved
 
 void moe_experts_backward(
     const MoeParams& p, const MoeWeights& w, const MoeWeights& g, const MoeSaved& s, const MoeScratch& t) {
-    cpu_only("moe", {w.w_gate, w.w_up, w.w_down, g.w_gate, g.w_up, g.w_down, s.offsets, s.row_gate, s.xe, s.h, s.a});
-    cpu_only("moe", {t.ye, t.da, t.dh, t.dxe, t.row_dot});
+    if (op_device("moe", {w.w_gate, w.w_up, w.w_down, g.w_gate, g.w_up, g.w_down, s.offsets, s.row_gate, s.xe, s.h, s.a,
+                          t.ye, t.da, t.dh, t.dxe, t.row_dot}) == Device::cuda)
+        return TESSERA_ON_CUDA(moe_experts_backward(p, w, g, s, t));
     const int64_t E = s.counts.size(0), R = s.offsets.ptr<int32_t>()[E], F = w.w_gate.size(1), L = w.w_gate.size(2);
     const ExpertRows eg{s.offsets.ptr<int32_t>(), E};
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
@@ -571,6 +552,7 @@ namespace {
 void shared_scale_forward(TensorView x, TensorView w_ss, TensorView ss, TensorView sa) {
     const int64_t N = x.size(0), FS = sa.size(1);
     linear_forward({}, x, w_ss, {}, ss.reshape(Shape{N, 1}));
+    if (op_device("moe", {ss, sa}) == Device::cuda) return TESSERA_ON_CUDA(moe_shared_scale_forward(ss, sa));
     dispatch_float(x.dtype, "moe", [&]<class T>(T) {
         T *g = ss.ptr<T>(), *a = sa.ptr<T>();
 #pragma omp parallel for schedule(static)
@@ -592,17 +574,21 @@ void shared_scale_backward(TensorView x,
                            TensorView dx,
                            TensorView dw_ss) {
     const int64_t N = x.size(0), FS = sa.size(1);
-    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
-        const T *g = ss.ptr<T>(), *a = sa.ptr<T>();
-        T *d = dsa.ptr<T>(), *u = du.ptr<T>();
+    if (op_device("moe", {ss, sa, dsa, du}) == Device::cuda) {
+        TESSERA_ON_CUDA(moe_shared_scale_backward(ss, sa, dsa, du));
+    } else {
+        dispatch_float(x.dtype, "moe", [&]<class T>(T) {
+            const T *g = ss.ptr<T>(), *a = sa.ptr<T>();
+            T *d = dsa.ptr<T>(), *u = du.ptr<T>();
 #pragma omp parallel for schedule(static)
-        for (int64_t n = 0; n < N; ++n) {
-            double dot = 0;
-            for (int64_t f = 0; f < FS; ++f) dot += double(d[n * FS + f]) * double(a[n * FS + f]);
-            u[n] = T((1.0 - double(g[n])) * dot);
-            for (int64_t f = 0; f < FS; ++f) d[n * FS + f] *= g[n];
-        }
-    });
+            for (int64_t n = 0; n < N; ++n) {
+                double dot = 0;
+                for (int64_t f = 0; f < FS; ++f) dot += double(d[n * FS + f]) * double(a[n * FS + f]);
+                u[n] = T((1.0 - double(g[n])) * dot);
+                for (int64_t f = 0; f < FS; ++f) d[n * FS + f] *= g[n];
+            }
+        });
+    }
     linear_backward(du.reshape(Shape{N, 1}), x, w_ss, dx, dw_ss, {});
 }
 }  // namespace
@@ -616,7 +602,7 @@ MoeStats moe_forward(const MoeParams& p,
                      const MoeScratch& t,
                      std::span<const int64_t> seq_starts) {
     note_op_use("moe");
-    cpu_only("moe", {x, y, w.router_w, w.w_gate, w.w_up, w.w_down, s.scores, s.xe, t.ye});
+    check_device(p, w, {x, y, w.router_w, w.w_gate, w.w_up, w.w_down, s.scores, s.xe, t.ye});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(y, x.shape, "moe: y");
@@ -673,13 +659,14 @@ void moe_backward(const MoeParams& p,
                   const MoeSaved& s,
                   const MoeScratch& t,
                   std::span<const int64_t> seq_starts) {
-    cpu_only("moe", {x, dy, dx, w.router_w, w.w_gate, w.w_up, w.w_down, g.router_w, g.w_gate, g.w_up, g.w_down});
-    cpu_only("moe", {s.scores, s.xe, t.ye, t.dxe});
+    check_device(p, w,
+                 {x, dy, dx, w.router_w, w.w_gate, w.w_up, w.w_down, g.router_w, g.w_gate, g.w_up, g.w_down, s.scores,
+                  s.xe, t.ye, t.dxe});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(dy, x.shape, "moe: dy");
     check_shape(dx, x.shape, "moe: dx");
-    const int64_t K = d.topk, FS = d.shared_ffn;
+    const int64_t FS = d.shared_ffn;
     // the shared expert's backward needs no exchanged rows: under expert parallelism it runs while they travel
     // (its input gradient still reaches dx first, so the sum's order is the same either way)
     auto shared_backward = [&] {
@@ -719,12 +706,7 @@ void moe_backward(const MoeParams& p,
         shared_backward();
         moe_experts_backward(p, w, g, s, t);
     }
-    const int32_t* row = s.row.ptr<int32_t>();
-    dispatch_float(x.dtype, "moe", [&]<class T>(T) {  // gate gradients per (token, slot)
-        const T* dot = t.row_dot.ptr<T>();
-        T* dg = t.dg.ptr<T>();
-        for (int64_t i = 0; i < N * K; ++i) dg[i] = row[i] >= 0 ? dot[row[i]] : T(0);
-    });
+    gate_grads(s, t.row_dot, t.dg, N);
     if (d.has_latent) {
         moe_combine(s, t.dxe, first(t.dc, N), false);  // the backward of dispatch: dz
         linear_backward(first(t.dc, N), x, w.latent_down, dx, g.latent_down, {});

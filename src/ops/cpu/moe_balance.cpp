@@ -118,7 +118,7 @@ void moe_load(std::span<const int64_t> load, double routing_entropy, MoeLoad& m)
 }
 
 double routing_entropy_sum(TensorView scores) {
-    cpu_only("routing_entropy_sum", {scores});
+    if (op_device("routing_entropy_sum", {scores}) == Device::cuda) return TESSERA_ON_CUDA(routing_entropy_sum(scores));
     double sum = 0;
     cpu::dispatch_float(scores.dtype, "routing entropy", [&]<class T>(T) {
         cpu::Rows<T> S = cpu::rows_of<T>(scores, "routing entropy: scores");

@@ -147,6 +147,13 @@ void sparse_attention_backward(const SparseAttentionParams& p,
     });
 }
 
+void dsa_all_candidates(TensorView indices, std::span<const int64_t> cu_seqlens) {
+    const int64_t* cu = cu_seqlens.empty() ? nullptr : to_scratch(cu_seqlens);
+    check_launch(launch_dsa_all_candidates(indices.ptr<int32_t>(), indices.size(0), indices.size(1), indices.size(2),
+                                           cu, cu_seqlens.empty() ? 0 : int64_t(cu_seqlens.size()) - 1, stream()),
+                 "dsa_all_candidates");
+}
+
 void dsa_indexer_forward(const DsaIndexerParams& p,
                          TensorView q,
                          TensorView k,

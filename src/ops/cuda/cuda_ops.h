@@ -19,6 +19,8 @@
 #include "ops/linear.h"
 #include "ops/lora.h"
 #include "ops/matmul.h"
+#include "ops/moe.h"
+#include "ops/moe_balance.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/router.h"
@@ -90,6 +92,7 @@ void attention_backward(const AttentionParams& p,
                         std::span<const int64_t> cu_seqlens);
 
 // DSA's lightning indexer and top-k (ops/cuda/dsa_indexer.cu): cu_seqlens copied to the device per call.
+void dsa_all_candidates(TensorView indices, std::span<const int64_t> cu_seqlens);
 void dsa_indexer_forward(const DsaIndexerParams& p,
                          TensorView q,
                          TensorView k,
@@ -287,5 +290,20 @@ void expand_groups(TensorView src, TensorView dst);
 void sum_groups(TensorView src, TensorView dst);
 void output_gate_forward(TensorView z, TensorView o, TensorView gate, TensorView y);
 void output_gate_backward(TensorView dy, TensorView o, TensorView gate, TensorView dov, TensorView dz);
+
+// The MoE layer (ops/cuda/moe_ops.cpp, kernels in moe.cu): capacity and layout on the host from the routing read
+// back (ops/moe_layout.h), rows moved by kernels, the experts as grouped-batched cuBLAS GEMMs on offsets read back.
+std::pair<int64_t, int64_t> moe_apply_capacity(
+    const MoeParams& p, const MoeSaved& s, int64_t N, int64_t uniform, TensorView bias, const int64_t* share);
+void moe_build_layout(const MoeSaved& s, int64_t tokens);
+void moe_dispatch(const MoeSaved& s, TensorView src, TensorView rows);
+void moe_combine(const MoeSaved& s, TensorView rows, TensorView dst, bool accumulate);
+void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved& s, const MoeScratch& t);
+void moe_experts_backward(
+    const MoeParams& p, const MoeWeights& w, const MoeWeights& g, const MoeSaved& s, const MoeScratch& t);
+void moe_gate_grads(const MoeSaved& s, TensorView row_dot, TensorView dg, int64_t N);
+void moe_shared_scale_forward(TensorView ss, TensorView sa);
+void moe_shared_scale_backward(TensorView ss, TensorView sa, TensorView dsa, TensorView du);
+double routing_entropy_sum(TensorView scores);
 
 }  // namespace tessera::ops::cuda

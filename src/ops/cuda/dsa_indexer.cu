@@ -132,6 +132,28 @@ int64_t indexer_list_size(int64_t topk) {
     return P;
 }
 
+namespace {
+// The dense warm-up's selection: a block-row per token (y), x-threads over its K slots
+__global__ void all_candidates_kernel(
+    int32_t* out, int64_t B, int64_t T, int64_t K, const int64_t* cu, int64_t segments) {
+    for (int64_t n = blockIdx.y; n < B * T; n += gridDim.y) {
+        const int64_t t = n % T;
+        int64_t lo = 0;  // the first position of t's sequence
+        for (int64_t i = 0; cu && i < segments; ++i)
+            if (cu[i] <= t) lo = cu[i];
+        for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < K; k += int64_t(gridDim.x) * blockDim.x)
+            out[n * K + k] = lo + k <= t ? int32_t(lo + k) : -1;
+    }
+}
+}  // namespace
+
+cudaError_t launch_dsa_all_candidates(
+    int32_t* indices, int64_t B, int64_t T, int64_t K, const int64_t* cu, int64_t segments, cudaStream_t stream) {
+    if (B * T == 0 || K == 0) return cudaSuccess;
+    all_candidates_kernel<<<rows_grid(B * T, K), kBlock, 0, stream>>>(indices, B, T, K, cu, segments);
+    return cudaGetLastError();
+}
+
 size_t indexer_smem(int64_t HI, int64_t DI, int64_t topk, size_t elem) {
     const int64_t P = indexer_list_size(topk);
     return size_t(HI * DI + HI + P) * elem + size_t(P) * sizeof(int32_t);

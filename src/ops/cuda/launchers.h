@@ -209,6 +209,11 @@ cudaError_t launch_dsa_indexer(IndexerShape s,
                                T* scores,
                                cudaStream_t stream);
 
+// The dense warm-up's selection (ops/dsa.h dsa_all_candidates): indices [B, T, K] i32, every s <= t of t's sequence
+// ascending, then −1; cu as for the indexer.
+cudaError_t launch_dsa_all_candidates(
+    int32_t* indices, int64_t B, int64_t T, int64_t K, const int64_t* cu, int64_t segments, cudaStream_t stream);
+
 // The indexer's KL loss (ops/dsa.h): q [B, T, HI, DI], k [B, T, DI], w [B, T, HI]; p [B, T, K] over the selected
 // entries idx [B, T, K] (K > 0), or p [B, T, T] over every candidate (K = 0, idx null; cu: the `segments` + 1
 // offsets of a packed row in device memory, or null). The row pass writes per query its KL, lse and Σp (double)
@@ -520,5 +525,52 @@ cudaError_t launch_output_gate_backward(RowsArg<const float> dy,
                                         RowsArg<float> dz,
                                         int64_t per,
                                         cudaStream_t stream);
+
+// The MoE layer's row kernels (ops/cuda/moe.cu): rows [R, W] contiguous in the expert-contiguous layout, row [N, K]
+// each (token, slot) pair's row (−1: dropped). dispatch: rows[row(n, j)] = src[n]; combine: dst[n] (+)= Σ_j
+// rows[row(n, j)] in slot order; row_gate: zeroed over R rows, then row_gate[row(i)] = gates[i]; gated_act:
+// a = row_gate·act(h) for h [R, 2F] = [gate | up] (act SiTU-GLU with β, β_lin when situ_act, else SwiGLU) and its
+// backward (dot[r] = ⟨act(h_r), da_r⟩, dh written); gate_grads: dg[i] = dot[row(i)] or 0; the shared-expert gate
+// g = σ(g) in place then a[n] *= g[n], and its backward du[n] = (1 − g[n])⟨da_n, a_n⟩, da_n *= g[n]; each token's
+// routing entropy −Σ p log p (p = s / Σ s) in double.
+template <class T>
+cudaError_t launch_moe_dispatch(RowsArg<const T> src, const int32_t* row, int64_t K, T* rows, cudaStream_t stream);
+template <class T>
+cudaError_t launch_moe_combine(
+    const T* rows, const int32_t* row, int64_t K, RowsArg<T> dst, bool accumulate, cudaStream_t stream);
+template <class T>
+cudaError_t launch_moe_row_gate(
+    const int32_t* row, const T* gates, int64_t pairs, T* row_gate, int64_t R, cudaStream_t stream);
+template <class T>
+cudaError_t launch_moe_gated_act(bool situ_act,
+                                 double beta,
+                                 double linear_beta,
+                                 const T* h,
+                                 const T* row_gate,
+                                 T* a,
+                                 int64_t R,
+                                 int64_t F,
+                                 cudaStream_t stream);
+template <class T>
+cudaError_t launch_moe_gated_act_backward(bool situ_act,
+                                          double beta,
+                                          double linear_beta,
+                                          const T* h,
+                                          const T* da,
+                                          const T* row_gate,
+                                          T* dot,
+                                          T* dh,
+                                          int64_t R,
+                                          int64_t F,
+                                          cudaStream_t stream);
+template <class T>
+cudaError_t launch_moe_gate_grads(const int32_t* row, const T* dot, T* dg, int64_t pairs, cudaStream_t stream);
+template <class T>
+cudaError_t launch_moe_shared_scale_forward(T* g, T* a, int64_t N, int64_t F, cudaStream_t stream);
+template <class T>
+cudaError_t launch_moe_shared_scale_backward(
+    const T* g, const T* a, T* da, T* du, int64_t N, int64_t F, cudaStream_t stream);
+template <class T>
+cudaError_t launch_routing_entropy(RowsArg<const T> scores, double* out, cudaStream_t stream);
 
 }  // namespace tessera::ops::cuda
