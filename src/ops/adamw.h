@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 
@@ -21,5 +22,13 @@ struct AdamWParams {
 };
 
 void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, TensorView m, TensorView v);
+
+// The optimizer's passes over flat f32 gradient ranges (train/optimizer.h, train/grad_sum.h), on either device:
+// the gradient norm's partial sums, out[k] = Σ x_i² over elements [k·chunk, (k+1)·chunk) in double, each chunk in
+// element order (the caller adds them in chunk order: the same sum on any thread count); clipping, x *= factor;
+// and the micro-batches' sum, dst += src.
+void sum_squares_by_chunk(TensorView x, int64_t chunk, std::span<double> out);
+void scale_vector(TensorView x, float factor);
+void add_vector(TensorView src, TensorView dst);
 
 }  // namespace tessera::ops

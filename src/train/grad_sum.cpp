@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/device.h"
+#include "ops/adamw.h"
 
 namespace tessera::train {
 
@@ -75,14 +77,14 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
             continue;
         }
         if (accumulation_ == 1) continue;  // the model's gradients are the sum
-        float* s = first(sum_[r]);
-        const int64_t n = reg.shard.total;
+        const Device d = grads.device();
+        const TensorView s(first(sum_[r]), DType::f32, Shape{reg.shard.total}, d),
+            gv(const_cast<float*>(g), DType::f32, Shape{reg.shard.total}, d);
         if (micro == 0) {
-            std::memcpy(s, g, size_t(n) * sizeof(float));
+            copy_bytes(s.data, d, gv.data, d, s.nbytes());
             continue;
         }
-#pragma omp parallel for simd schedule(static)
-        for (int64_t i = 0; i < n; ++i) s[i] += g[i];
+        ops::add_vector(gv, s);
     }
 }
 

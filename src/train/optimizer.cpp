@@ -84,6 +84,10 @@ ParamRanges AdamW::ranges_of(const BufferGroup& params) const {
     return p;
 }
 
+TensorView AdamW::flat(std::span<const float> range) const {
+    return TensorView(const_cast<float*>(range.data()), DType::f32, Shape{int64_t(range.size())}, device());
+}
+
 double AdamW::region_sum_of_squares(int r, std::span<const float> grad) {
     const parallel::ShardedRegion& g = regions_[size_t(r)];
     TESSERA_CHECK(int64_t(grad.size()) == g.shard.size(), "grad_norm: {} gradient elements for a range of {}",
@@ -92,14 +96,8 @@ double AdamW::region_sum_of_squares(int r, std::span<const float> grad) {
     // (ranges are whole chunks), and the chunk sums are added in flat order, so the sum has the same bits.
     std::vector<double>& mine = mine_[size_t(r)];
     std::vector<double>& all = partial_[size_t(r)];
-    const int64_t n = g.shard.size();
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < int64_t(mine.size()); ++k) {
-        const int64_t e0 = std::min(n, k * kChunk), e1 = std::min(n, e0 + kChunk);
-        double s = 0;
-        for (int64_t e = e0; e < e1; ++e) s += double(grad[size_t(e)]) * double(grad[size_t(e)]);
-        mine[size_t(k)] = s;
-    }
+    std::fill(mine.begin(), mine.end(), 0.0);  // (chunks past the range's end, on the ranks whose range is short)
+    ops::sum_squares_by_chunk(flat(grad), kChunk, mine);
     if (g.comm)
         g.comm->all_gather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
     else
@@ -126,13 +124,7 @@ void AdamW::clip(const GradRanges& g, double norm, double max_norm) const {
     if (max_norm <= 0) return;
     const double coef = max_norm / (norm + 1e-6);
     if (coef >= 1.0) return;
-    const float f = float(coef);
-    for (std::span<float> r : g.region) {
-        float* p = r.data();
-        const int64_t n = int64_t(r.size());
-#pragma omp parallel for simd schedule(static)
-        for (int64_t e = 0; e < n; ++e) p[e] *= f;
-    }
+    for (std::span<float> r : g.region) ops::scale_vector(flat(r), float(coef));
 }
 
 void AdamW::update(const TrainConfig& c,
@@ -159,10 +151,11 @@ void AdamW::update(const TrainConfig& c,
         const Shape s{piece.length};
         const size_t r = size_t(piece.region);
         const int64_t k = piece.flat_offset - regions_[r].lo();  // within the region's ranges
-        ops::adamw_update(p, TensorView(params.region[r].data() + k, DType::f32, s),
-                          TensorView(g.region[r].data() + k, DType::f32, s),
-                          TensorView(m + piece.state_offset, DType::f32, s),
-                          TensorView(v + piece.state_offset, DType::f32, s));
+        const Device d = device();
+        ops::adamw_update(p, TensorView(params.region[r].data() + k, DType::f32, s, d),
+                          TensorView(g.region[r].data() + k, DType::f32, s, d),
+                          TensorView(m + piece.state_offset, DType::f32, s, d),
+                          TensorView(v + piece.state_offset, DType::f32, s, d));
     }
 }
 

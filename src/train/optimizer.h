@@ -55,6 +55,8 @@ class AdamW {
     BufferGroup& v() { return v_; }
     const BufferGroup& m() const { return m_; }
     const BufferGroup& v() const { return v_; }
+    // Where the moments live (their arena's device), and with them the parameter and gradient ranges it updates.
+    Device device() const { return m_.device(); }
     // m and v hold this rank's range of each region in turn
     const std::array<parallel::ShardedRegion, kRegions>& regions() const { return regions_; }
     // Where region r starts in a group of param_specs() (whole, or placed by FSDP with the data region
@@ -83,6 +85,7 @@ class AdamW {
     void share_params(const BufferGroup& params, bool fsdp = false) const;
 
   private:
+    TensorView flat(std::span<const float> range) const;  // a range as a flat f32 view on device()
     double region_sum_of_squares(int region, std::span<const float> g);
 
     std::array<parallel::ShardedRegion, kRegions> regions_;

@@ -1,6 +1,7 @@
 // AdamW on CUDA: the same update, in the same operation order, as ops/cpu/adamw.cpp (the oracle).
 // Kernels, then launchers. Launchers take raw pointers, counts and a stream only; checks and error
 // messages live in cuda_ops.cpp.
+#include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace tessera::ops::cuda {
@@ -26,6 +27,25 @@ __global__ void adamw_kernel(T* __restrict__ param,
         v[i] = vi;
     }
 }
+// A block per chunk: Σ x² in double, the block's fixed tree
+__global__ void sum_squares_kernel(const float* x, int64_t n, int64_t chunk, double* out) {
+    __shared__ double shared[kBlock / 32];
+    const int64_t k = blockIdx.x, e0 = k * chunk, e1 = e0 + chunk < n ? e0 + chunk : n;
+    double s = 0;
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) s += double(x[e]) * double(x[e]);
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) out[k] = s;
+}
+
+__global__ void scale_vector_kernel(float* x, int64_t n, float factor) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        x[i] *= factor;
+}
+
+__global__ void add_vector_kernel(const float* src, float* dst, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] += src[i];
+}
 }  // namespace
 
 // ---- launchers ----
@@ -37,6 +57,25 @@ cudaError_t launch_adamw(T* param, const T* grad, T* m, T* v, int64_t n, AdamWSc
     const int64_t want = (n + threads - 1) / threads;
     const int blocks = int(want < 4096 ? want : 4096);
     adamw_kernel<T><<<blocks, threads, 0, stream>>>(param, grad, m, v, n, s);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double* out, cudaStream_t stream) {
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    if (chunks == 0) return cudaSuccess;
+    sum_squares_kernel<<<unsigned(chunks), kBlock, 0, stream>>>(x, n, chunk, out);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_scale_vector(float* x, int64_t n, float factor, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    scale_vector_kernel<<<grid_for(n), kBlock, 0, stream>>>(x, n, factor);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_add_vector(const float* src, float* dst, int64_t n, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    add_vector_kernel<<<grid_for(n), kBlock, 0, stream>>>(src, dst, n);
     return cudaGetLastError();
 }
 

@@ -68,6 +68,21 @@ void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, Tenso
     });
 }
 
+void sum_squares_by_chunk(TensorView x, int64_t chunk, std::span<double> out) {
+    const int64_t n = x.numel(), chunks = (n + chunk - 1) / chunk;
+    auto* sums = static_cast<double*>(scratch(8 * size_t(chunks)));
+    check_launch(launch_sum_squares(x.ptr<float>(), n, chunk, sums, stream()), "sum_squares_by_chunk");
+    copy_bytes(out.data(), Device::cpu, sums, Device::cuda, 8 * size_t(chunks));
+}
+
+void scale_vector(TensorView x, float factor) {
+    check_launch(launch_scale_vector(x.ptr<float>(), x.numel(), factor, stream()), "scale_vector");
+}
+
+void add_vector(TensorView src, TensorView dst) {
+    check_launch(launch_add_vector(src.ptr<float>(), dst.ptr<float>(), src.numel(), stream()), "add_vector");
+}
+
 namespace {
 // A frozen base's bf16 or MXFP4 weights with f32 inputs (the CPU widens them per block) are not on CUDA yet.
 void check_weight_dtype(const TensorView& x, const TensorView& w) {

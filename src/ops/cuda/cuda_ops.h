@@ -31,6 +31,9 @@
 namespace tessera::ops::cuda {
 
 void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, TensorView m, TensorView v);
+void sum_squares_by_chunk(TensorView x, int64_t chunk, std::span<double> out);
+void scale_vector(TensorView x, float factor);
+void add_vector(TensorView src, TensorView dst);
 
 // GEMMs through cuBLAS (f32 without TF32, or f64), the bias add and its gradient by own kernels.
 void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y);

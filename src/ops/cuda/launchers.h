@@ -28,6 +28,11 @@ struct AdamWScalars {
 
 template <class T>
 cudaError_t launch_adamw(T* param, const T* grad, T* m, T* v, int64_t n, AdamWScalars<T> s, cudaStream_t stream);
+// The optimizer's vector passes (ops/adamw.h): out[k] = Σ x² over chunk k in double (a block per chunk, fixed tree
+// order); x *= factor; dst += src.
+cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double* out, cudaStream_t stream);
+cudaError_t launch_scale_vector(float* x, int64_t n, float factor, cudaStream_t stream);
+cudaError_t launch_add_vector(const float* src, float* dst, int64_t n, cudaStream_t stream);
 
 // A row-major matrix view: element (r, c) at data[r * ld + c].
 template <class T>
