@@ -8,12 +8,13 @@
 #   scripts/device-check.sh run    there (the device tool: carry [".device"]): unpack, find cuBLAS, then run
 #                                  1. nvidia-smi, 2. test_cuda (every golden file of every CUDA op on the GPU in f64
 #                                  and f32 against the reference, bitwise determinism, AdamW vs the CPU, the device
-#                                  arena), 3. `tessera op --device cuda` on a golden file, 4. bench_cuda (SKIP_BENCH=1:
-#                                  not);
+#                                  arena) and test_cuda_train (models trained on both devices, checkpoints moved
+#                                  between them), each test in its own process, 3. `tessera op` on golden inputs on
+#                                  both devices, 4. the demo for DEMO_STEPS (200) steps on both, 5. bench_cuda
+#                                  (SKIP_BENCH=1: not);
 #                                  results in $OUT/device-check.md (+ logs), within a few minutes.
 #
-# Not yet in it (the backend does not have them): training the demo hybrid on the GPU and comparing its losses with
-# the CPU's; NCCL collectives. The note of issue 17 says what is compiled but not yet run on a GPU.
+# Not yet in it (the backend does not have it): NCCL collectives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,11 +23,12 @@ pack() {
     local build=${BUILD_DIR:-build-test}
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=ON -DTESSERA_CUDA=ON \
         -DCMAKE_CUDA_COMPILER=${CMAKE_CUDA_COMPILER:-/usr/local/cuda/bin/nvcc} >/dev/null
-    cmake --build "$build" -j"${JOBS:-2}" --target test_cuda bench_cuda tessera
+    cmake --build "$build" -j"${JOBS:-2}" --target test_cuda test_cuda_train bench_cuda tessera
     local stage
     stage=$(mktemp -d)
     mkdir -p "$stage/bin" "$stage/lib" "$stage/lib-fallback"
-    cp "$build/tests/test_cuda" "$build/bench/bench_cuda" "$build/apps/tessera" "$stage/bin/"
+    cp "$build/tests/test_cuda" "$build/tests/e2e/test_cuda_train" "$build/bench/bench_cuda" "$build/apps/tessera" \
+        "$stage/bin/"
     # every library they load, except the C library's own, the driver and cuBLAS (the device's CUDA toolkit has
     # cuBLAS; its Lt half is 540 MB); libstdc++/libgcc_s only as a fallback for an older system one
     for lib in $(ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u); do
@@ -72,18 +74,20 @@ run() {
     # a failed test runs again under compute-sanitizer's memcheck, which names the faulting kernel and address
     echo "## test_cuda" >>"$md"
     local tests failed=()
-    tests=$("$b/bin/test_cuda" --gtest_list_tests | awk '/^[^ ]/{s=$1} /^  /{print s $1}')
     : >"$out/test_cuda.log"
     : >"$out/sanitizer.log"
     echo '```' >>"$md"
-    for t in $tests; do
-        local t0=$SECONDS rc=0
-        TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 120 "$b/bin/test_cuda" --gtest_filter="$t" \
-            >>"$out/test_cuda.log" 2>&1 || rc=$?
-        if [ $rc -eq 0 ]; then echo "ok      $t ($((SECONDS - t0)) s)" >>"$md"; else
-            echo "FAILED  $t (exit $rc, $((SECONDS - t0)) s)" >>"$md"
-            failed+=("$t")
-        fi
+    for bin in test_cuda test_cuda_train; do  # the ops, then training
+        tests=$("$b/bin/$bin" --gtest_list_tests | awk '/^[^ ]/{s=$1} /^  /{print s $1}' | sed 's/ *#.*//')
+        for t in $tests; do
+            local t0=$SECONDS rc=0
+            TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 180 "$b/bin/$bin" --gtest_filter="$t" \
+                >>"$out/test_cuda.log" 2>&1 || rc=$?
+            if [ $rc -eq 0 ]; then echo "ok      $t ($((SECONDS - t0)) s)" >>"$md"; else
+                echo "FAILED  $t (exit $rc, $((SECONDS - t0)) s)" >>"$md"
+                failed+=("$bin:$t")
+            fi
+        done
     done
     grep -E '^\[ cuda \]' "$out/test_cuda.log" >>"$md" || true
     echo '```' >>"$md"
@@ -93,16 +97,17 @@ run() {
         sanitizer=$(command -v compute-sanitizer || find /usr/local/cuda*/ /opt -name compute-sanitizer -type f -print -quit 2>/dev/null || true)
         local gdb
         gdb=$(command -v cuda-gdb || find /usr/local/cuda*/bin -name cuda-gdb -print -quit 2>/dev/null || true)
-        for t in "${failed[@]}"; do
-            echo "=== $t" >>"$out/sanitizer.log"
+        for f in "${failed[@]}"; do
+            local bin=${f%%:*} t=${f#*:}
+            echo "=== $bin $t" >>"$out/sanitizer.log"
             if [ -n "$sanitizer" ]; then
                 TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 150 "$sanitizer" --tool memcheck --print-limit 20 \
-                    "$b/bin/test_cuda" --gtest_filter="$t" >>"$out/sanitizer.log" 2>&1 || true
+                    "$b/bin/$bin" --gtest_filter="$t" >>"$out/sanitizer.log" 2>&1 || true
             fi
             if [ -n "$gdb" ]; then  # a crash on the host side: where (cuda-gdb debugs host code too)
                 echo "--- backtrace" >>"$out/sanitizer.log"
                 TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 150 "$gdb" -batch -ex run -ex bt \
-                    --args "$b/bin/test_cuda" --gtest_filter="$t" 2>&1 | grep -E '^#|signal|Error' | head -40 \
+                    --args "$b/bin/$bin" --gtest_filter="$t" 2>&1 | grep -E '^#|signal|Error' | head -40 \
                     >>"$out/sanitizer.log" || true
             fi
         done
@@ -145,6 +150,40 @@ for golden in ["linear", "attention", "kda_varlen", "moe_capacity_reroute", "moe
 sys.exit(1 if bad else 0)
 PY
     echo '```' >>"$md"
+    # the demo hybrid (configs/demo.json) for DEMO_STEPS steps on the GPU and on this machine's CPUs: the losses
+    # step by step, the eval loss, tokens/s of each
+    local steps=${DEMO_STEPS:-200}
+    echo "## the demo hybrid, $steps steps, GPU against CPU" >>"$md"
+    echo '```' >>"$md"
+    for dev in cuda cpu; do
+        rm -rf "/tmp/demo_$dev"
+        if ! timeout 400 "$b/bin/tessera" train --steps "$steps" --out "/tmp/demo_$dev" --set train.device=$dev \
+            --set train.eval_interval=$steps --set train.checkpoint_interval=0 >"$out/demo_$dev.log" 2>&1; then
+            echo "demo on $dev FAILED (demo_$dev.log)" >>"$md"
+            status=1
+        fi
+    done
+    python3 - >>"$md" 2>&1 <<'PY' || status=1
+import json, sys
+def read(dev):
+    steps, evals, tps = {}, {}, []
+    for line in open(f"/tmp/demo_{dev}/metrics.jsonl"):
+        j = json.loads(line)
+        if "loss" in j: steps[j["step"]] = j["loss"]; tps.append(j.get("tokens_per_s", 0))
+        if "eval_loss" in j: evals[j["step"]] = j["eval_loss"]
+    return steps, evals, sorted(tps)[len(tps) // 2]
+g, ge, gt = read("cuda")
+c, ce, ct = read("cpu")
+worst = max(abs(g[s] - c[s]) / abs(c[s]) for s in c)
+last = max(c)
+print(f"steps {len(c)}: loss at step {last} GPU {g[last]:.6f} CPU {c[last]:.6f}; worst relative difference over every "
+      f"step {worst:.2e}; eval loss GPU {ge[last]:.6f} CPU {ce[last]:.6f}; median tokens/s GPU {gt:.0f} CPU {ct:.0f}")
+ok = worst <= 1e-3 and abs(ge[last] - ce[last]) <= 1e-3 * ce[last]
+print("ok" if ok else "FAILED: the GPU's losses are not within 1e-3 of the CPU's")
+sys.exit(0 if ok else 1)
+PY
+    echo '```' >>"$md"
+    grep -E "GEMM rate|memory by|predicted peak" "$out/demo_cuda.log" >>"$md" || true
     echo "## bench_cuda" >>"$md"
     if [ -n "${SKIP_BENCH:-}" ]; then
         echo "skipped (SKIP_BENCH)" >>"$md"

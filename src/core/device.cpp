@@ -120,4 +120,16 @@ void synchronize(Device d) {
 #endif
 }
 
+std::string cuda_device_name() {
+#if TESSERA_WITH_CUDA
+    if (!cuda_available()) return "";
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return "";
+    return prop.name;
+#else
+    return "";
+#endif
+}
+
 }  // namespace tessera

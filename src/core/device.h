@@ -9,6 +9,9 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -48,5 +51,18 @@ void device_zero(Device d, void* p, size_t bytes);  // on the current stream
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Waits until the current stream's work on the device is done (a no-op on the CPU).
 void synchronize(Device d);
+
+// The values of a small contiguous view on the host: its own memory on the CPU, else copied into `buffer` (grown
+// once, then reused).
+template <class T>
+std::span<const T> read_to_host(const TensorView& v, std::vector<T>& buffer) {
+    if (v.device == Device::cpu) return {v.ptr<T>(), size_t(v.numel())};
+    buffer.resize(size_t(v.numel()));
+    copy_bytes(buffer.data(), Device::cpu, v.data, v.device, buffer.size() * sizeof(T));
+    return buffer;
+}
+
+// The name of the CUDA device in use ("" without one).
+std::string cuda_device_name();
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ops/attn_res.h"
+#include "ops/rows.h"
 
 namespace tessera::model {
 
@@ -124,15 +125,13 @@ void AttnRes::output_backward(TensorView dres, int64_t N) {
     mix_backward(wiring_.back(), mixes_.back(), dres, N);
 }
 
-void AttnRes::begin_backward(TensorView dres, int64_t N) {
-    std::memcpy(dmix_.data, dres.data, size_t(N * C_) * sizeof(float));
-}
+void AttnRes::begin_backward(TensorView dres, int64_t N) { ops::copy_rows(dres.slice0(0, N), dmix_.slice0(0, N)); }
 
 void AttnRes::end_backward(size_t j, TensorView dres, int64_t N) {
     const Wiring& wr = wiring_[j];
     // the P before sublayer j: its gradient continues dres (P ← P + f) or, when P restarted, is what the later
     // mixes gave it as an R entry
-    if (wr.base < 0) std::memcpy(dres.data, dr_[size_t(wr.sources.back())].data, size_t(N * C_) * sizeof(float));
+    if (wr.base < 0) ops::copy_rows(dr_[size_t(wr.sources.back())].slice0(0, N), dres.slice0(0, N));
     mix_backward(wr, mixes_[j], dres, N);
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/device.h"
 #include "core/mxfp4.h"
 #include "core/rng.h"
 #include "core/trace.h"
@@ -334,8 +335,14 @@ void Model::bind(const BufferGroup& params,
 }
 
 void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, size_t last) const {
+    Tensor staging;  // a device's parameter: its values made on the host, then copied
     for (size_t i = first; i < std::min(last, param_specs_.size()); ++i) {
-        TensorView v = params.view(param_specs_[i].name);
+        const TensorView dst = params.view(param_specs_[i].name);
+        TensorView v = dst;
+        if (dst.device != Device::cpu) {
+            staging = Tensor(dst.dtype, dst.shape);
+            v = staging.view();
+        }
         const int64_t n = v.numel();
         const ParamInit init = inits_[i];
         const RandomStream rs{seed, hash_name(param_specs_[i].name)};
@@ -353,17 +360,16 @@ void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, 
                 for (int64_t j = 0; j < kMxfp4Block; ++j) block[j] = value(b * kMxfp4Block + j);
                 f32_to_mxfp4(block, kMxfp4Block, p + b * kMxfp4BlockBytes);
             }
-            continue;
-        }
-        if (v.dtype == DType::bf16) {  // a frozen base kept in bf16: the f32 values rounded
+        } else if (v.dtype == DType::bf16) {  // a frozen base kept in bf16: the f32 values rounded
             bf16* p = v.ptr<bf16>();
 #pragma omp parallel for schedule(static)
             for (int64_t e = 0; e < n; ++e) p[e] = float_to_bf16(value(e));
-            continue;
-        }
-        float* p = v.ptr<float>();
+        } else {
+            float* p = v.ptr<float>();
 #pragma omp parallel for schedule(static)
-        for (int64_t e = 0; e < n; ++e) p[e] = value(e);
+            for (int64_t e = 0; e < n; ++e) p[e] = value(e);
+        }
+        if (v.data != dst.data) copy_bytes(dst.data, dst.device, v.data, Device::cpu, v.nbytes());
     }
 }
 
@@ -387,7 +393,7 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
     TESSERA_CHECK(N <= max_.tokens() && s.seq <= max_.seq, "model: step {}x{} exceeds the allocated {}x{}", s.batch,
                   s.seq, max_.batch, max_.seq);
     TESSERA_CHECK(int64_t(ids.size()) == N, "model: {} ids for {} tokens", ids.size(), N);
-    std::memcpy(ids_.data, ids.data(), size_t(N) * sizeof(int32_t));
+    copy_bytes(ids_.data, ids_.device, ids.data(), Device::cpu, size_t(N) * sizeof(int32_t));
     visit(
         embed_unit_, false, [&] { ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N)); },
         "embedding");
@@ -430,7 +436,7 @@ double Model::take_global_aux_loss() {
 LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale) {
     const int64_t N = s.tokens(), R = head_chunk_rows(N);
     TESSERA_CHECK(int64_t(targets.size()) == N, "model: {} targets for {} tokens", targets.size(), N);
-    std::memcpy(targets_.data, targets.data(), size_t(N) * sizeof(int32_t));
+    copy_bytes(targets_.data, targets_.device, targets.data(), Device::cpu, size_t(N) * sizeof(int32_t));
     final_norm(N);
     int64_t total = 0;
     for (int32_t t : targets) total += t != kIgnoreIndex;
@@ -579,7 +585,7 @@ void Model::decode_step(int64_t pos, std::span<const int32_t> ids, TensorView lo
                   max_.tokens());
     check_shape(logits, Shape{B, cfg_.vocab_size}, "model: logits");
     set_pass({});
-    std::memcpy(ids_.data, ids.data(), size_t(B) * sizeof(int32_t));
+    copy_bytes(ids_.data, ids_.device, ids.data(), Device::cpu, size_t(B) * sizeof(int32_t));
     ops::embedding_forward(ids_.slice0(0, B), embed_, x_[0].slice0(0, B));
     run_trunk(B, [&](size_t j, TensorView in, TensorView out) { blocks_[j]->step(B, pos, in, out, ws_); });
     final_norm(B);

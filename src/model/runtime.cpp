@@ -102,15 +102,18 @@ ModelRuntime::ModelRuntime(Model& model,
                            bool with_grads,
                            bool recompute,
                            std::vector<BufferGroup*> extra,
-                           ParamPlacement* placement)
+                           ParamPlacement* placement,
+                           Device device)
     : ModelRuntime(model,
                    max,
                    recompute,
                    std::move(extra),
-                   runtime_groups(model, max, with_grads, recompute, placement, omp_get_max_threads())) {}
+                   runtime_groups(
+                       model, max, with_grads, recompute, placement, device == Device::cpu ? omp_get_max_threads() : 1),
+                   device) {}
 
 ModelRuntime::ModelRuntime(
-    Model& model, StepShape max, bool recompute, std::vector<BufferGroup*> extra, RuntimeGroups groups)
+    Model& model, StepShape max, bool recompute, std::vector<BufferGroup*> extra, RuntimeGroups groups, Device device)
     : model_(model),
       max_(max),
       g_(std::move(groups)),
@@ -119,10 +122,10 @@ ModelRuntime::ModelRuntime(
       acts_(g_.acts),
       workspace_(g_.workspace) {
     groups_ = g_.all(extra);
-    check_fits_in_memory(groups_);
+    if (device == Device::cpu) check_fits_in_memory(groups_);  // (a device too small: cudaMalloc's one-line error)
     std::vector<const BufferGroup*> cg(groups_.begin(), groups_.end());
     const size_t min_block = min_block_for(cg);
-    arena_ = std::make_shared<Arena>(predict_arena_bytes(cg, min_block), min_block);
+    arena_ = std::make_shared<Arena>(predict_arena_bytes(cg, min_block), min_block, device);
     allocate_groups(arena_, groups_);
     TensorView ws = workspace_.view(0);
     model.bind(params_, g_.with_grads ? &grads_ : nullptr, acts_,
@@ -138,7 +141,7 @@ MemoryReport ModelRuntime::memory_report() const {
         r.predicted_bytes += blocks[i];
     }
     r.capacity_bytes = arena_->stats().capacity;
-    r.outside_arena_bytes = ops::gemm_copy_buffer_bytes() * size_t(omp_get_max_threads());
+    if (device() == Device::cpu) r.outside_arena_bytes = ops::gemm_copy_buffer_bytes() * size_t(omp_get_max_threads());
     r.process_peak_rss_bytes = process_peak_rss();
     r.arena_peak_bytes = arena_->stats().peak_bytes_in_use;
     return r;

@@ -50,24 +50,33 @@ std::vector<size_t> arena_block_bytes(const std::vector<const BufferGroup*>& gro
 
 class ModelRuntime {
   public:
+    // device: where the arena lives (Device::cuda: one cudaMalloc'ed region; the ops run there, with the host's
+    // workspace sized for one thread, which the CUDA kernels do not use)
     ModelRuntime(Model& model,
                  StepShape max,
                  bool with_grads,
                  bool recompute,
                  std::vector<BufferGroup*> extra = {},
-                 ParamPlacement* placement = nullptr);
+                 ParamPlacement* placement = nullptr,
+                 Device device = Device::cpu);
 
     Model& model() { return model_; }
     BufferGroup& params() { return params_; }
     BufferGroup& grads() { return grads_; }
     BufferGroup& activations() { return acts_; }
     const Arena& arena() const { return *arena_; }
+    Device device() const { return arena_->device(); }
     Arena& arena() { return *arena_; }
     StepShape max_shape() const { return max_; }
     MemoryReport memory_report() const;
 
   private:
-    ModelRuntime(Model& model, StepShape max, bool recompute, std::vector<BufferGroup*> extra, RuntimeGroups groups);
+    ModelRuntime(Model& model,
+                 StepShape max,
+                 bool recompute,
+                 std::vector<BufferGroup*> extra,
+                 RuntimeGroups groups,
+                 Device device);
     Model& model_;
     StepShape max_;
     RuntimeGroups g_;

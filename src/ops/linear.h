@@ -20,4 +20,8 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
 // FLOPs of forward and backward (for throughput and MFU): 2·N·IN·OUT and 4·N·IN·OUT.
 inline double linear_forward_flops(int64_t n, int64_t in, int64_t out) { return 2.0 * n * in * out; }
 
+// The device's f32 GEMM rate in GFLOP/s, measured now: the best of five n × n × n linear_forward calls on it (the
+// denominator of "MFU" for a run on a GPU; the CPU's is ops::measure_gemm_gflops).
+double measure_linear_gflops(Device device, int64_t n = 4096);
+
 }  // namespace tessera::ops

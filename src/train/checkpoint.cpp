@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/file.h"
 #include "core/mxfp4.h"
 #include "core/safetensors.h"
@@ -163,10 +164,10 @@ bool holds_checkpoint(const std::string& run_dir) {
 
 RankFiles rank_files(const CheckpointContents& c, int rank, int world, bool copy) {
     RankFiles f;
-    auto keep = [&](TensorView v) {  // a snapshot holds copies; otherwise the live buffer is written
-        if (!copy) return v;
+    auto keep = [&](TensorView v) {  // a snapshot (and a device's buffer) is copied; else the live buffer is written
+        if (!copy && v.device == Device::cpu) return v;
         f.owned.push_back(Tensor(v.dtype, v.shape));
-        std::memcpy(f.owned.back().view().data, v.data, v.nbytes());
+        copy_bytes(f.owned.back().view().data, Device::cpu, v.data, v.device, v.nbytes());
         return f.owned.back().view();
     };
     f.files.push_back(
@@ -518,20 +519,44 @@ void ParamTarget::store(
                   *bad, whole_offset + at + (bad - src));
     TESSERA_CHECK(at >= 0 && at + n <= length, "{}: {} elements at {} of \"{}\" outside the {} wanted", where, n, at,
                   name, length);
-    if (dtype == DType::bf16) {
-        bf16* out = static_cast<bf16*>(dst) + at;
-        for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(src[i]);
+    auto* to = static_cast<std::byte*>(dst);
+    if (dtype == DType::f32) {
+        copy_bytes(to + at * 4, device, src, Device::cpu, size_t(n) * 4);
         return;
     }
-    if (dtype == DType::mxfp4) {  // frozen experts: quantised in whole blocks of 32
-        TESSERA_CHECK(at % kMxfp4Block == 0 && n % kMxfp4Block == 0,
+    // narrow: converted where it lives, or in host memory first on a device
+    thread_local std::vector<std::byte> staging;
+    size_t offset = 0, bytes = 0;
+    if (dtype == DType::bf16) {
+        offset = size_t(at) * 2;
+        bytes = size_t(n) * 2;
+    } else {
+        TESSERA_CHECK(dtype == DType::mxfp4, "{}: \"{}\" is held as {}", where, name, dtype_name(dtype));
+        TESSERA_CHECK(at % kMxfp4Block == 0 && n % kMxfp4Block == 0,  // frozen experts: quantised in blocks of 32
                       "{}: \"{}\" is held in MXFP4, whose blocks of 32 values a piece of {} at {} cuts", where, name, n,
                       whole_offset + at);
-        f32_to_mxfp4(src, n, static_cast<uint8_t*>(dst) + at / kMxfp4Block * kMxfp4BlockBytes);
-        return;
+        offset = size_t(at / kMxfp4Block * kMxfp4BlockBytes);
+        bytes = size_t(n / kMxfp4Block * kMxfp4BlockBytes);
     }
-    TESSERA_CHECK(dtype == DType::f32, "{}: \"{}\" is held as {}", where, name, dtype_name(dtype));
-    std::copy_n(src, n, static_cast<float*>(dst) + at);
+    std::byte* out = to + offset;
+    if (device != Device::cpu) {
+        staging.resize(bytes);
+        out = staging.data();
+    }
+    if (dtype == DType::bf16) {
+        auto* o = reinterpret_cast<bf16*>(out);
+        for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(src[i]);
+    } else {
+        f32_to_mxfp4(src, n, reinterpret_cast<uint8_t*>(out));
+    }
+    if (device != Device::cpu) copy_bytes(to + offset, device, out, Device::cpu, bytes);
+}
+
+const void* ParamTarget::host_values(std::vector<std::byte>& staging) const {
+    if (device == Device::cpu) return dst;
+    staging.resize(dtype_bytes(dtype, length));
+    copy_bytes(staging.data(), Device::cpu, dst, device, staging.size());
+    return staging.data();
 }
 
 Shape whole_shape(const BufferSpec& spec, ExpertSlice experts) {
@@ -540,16 +565,17 @@ Shape whole_shape(const BufferSpec& spec, ExpertSlice experts) {
     return s;
 }
 
-ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, void* dst) {
+ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, void* dst, Device device) {
     const int64_t n = spec.shape.numel();
     const bool slice = spec.sharding == Sharding::expert && experts.total > 0;
-    return {param, slice ? experts.first * (n / spec.shape[0]) : 0, n, dst, spec.dtype};
+    return {param, slice ? experts.first * (n / spec.shape[0]) : 0, n, dst, spec.dtype, device};
 }
 
 std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, size_t last, ExpertSlice experts) {
     std::vector<ParamTarget> targets;
     for (size_t i = first; i < std::min(last, params.size()); ++i) {
-        targets.push_back(held_target(i, params.specs()[i], experts, params.view(i).data));
+        const TensorView v = params.view(i);
+        targets.push_back(held_target(i, params.specs()[i], experts, v.data, v.device));
     }
     return targets;
 }
@@ -588,6 +614,7 @@ void load_optimizer(const std::string& ckpt_dir, AdamW& opt) {
     for (const BufferSpec& spec : opt.param_specs()) known.insert(spec.name);
     float* m = opt.m().view(0).ptr<float>();
     float* v = opt.v().view(0).ptr<float>();
+    const Device device = opt.device();  // (the moments of a device's optimizer: copied piece by piece)
     for (int r = 0; r < world; ++r) {
         const std::string path = (fs::path(ckpt_dir) / optimizer_file(r, world)).string();
         TESSERA_CHECK(fs::exists(path), "{}: missing (the checkpoint holds the optimizer files of {} ranks)", path,
@@ -618,10 +645,11 @@ void load_optimizer(const std::string& ckpt_dir, AdamW& opt) {
                     const int64_t lo = std::max(whole, p->whole_offset),
                                   hi = std::min(whole + length, p->whole_offset + p->length);
                     if (lo >= hi) continue;
-                    std::copy_n(fm.ptr<float>() + at + (lo - whole), hi - lo,
-                                m + p->state_offset + (lo - p->whole_offset));
-                    std::copy_n(fv.ptr<float>() + at + (lo - whole), hi - lo,
-                                v + p->state_offset + (lo - p->whole_offset));
+                    const size_t bytes = size_t(hi - lo) * sizeof(float);
+                    copy_bytes(m + p->state_offset + (lo - p->whole_offset), device,
+                               fm.ptr<float>() + at + (lo - whole), Device::cpu, bytes);
+                    copy_bytes(v + p->state_offset + (lo - p->whole_offset), device,
+                               fv.ptr<float>() + at + (lo - whole), Device::cpu, bytes);
                     found += hi - lo;
                 }
             }

@@ -139,15 +139,19 @@ struct ParamTarget {
     size_t param = 0;
     int64_t whole_offset = 0, length = 0;  // elements
     void* dst = nullptr;
-    DType dtype = DType::f32;  // of dst: f32, or held narrow (a frozen base in bf16, frozen experts in mxfp4)
+    DType dtype = DType::f32;     // of dst: f32, or held narrow (a frozen base in bf16, frozen experts in mxfp4)
+    Device device = Device::cpu;  // where dst is (a device's values go through host memory)
     // n f32 values into elements [at, at + n) of the target (rounded to bf16 or quantised to MXFP4 there: then in
     // whole blocks); throws naming `where` and the parameter at a NaN or Inf
     void store(int64_t at, const float* src, int64_t n, const std::string& where, const std::string& name) const;
+    // its values on the host: dst itself, or a device's copied into `staging`
+    const void* host_values(std::vector<std::byte>& staging) const;
 };
 // A parameter's shape in the checkpoint (all experts), and the target for all of it that this rank holds (whole,
 // or its expert slice) at dst.
 Shape whole_shape(const BufferSpec& spec, ExpertSlice experts);
-ParamTarget held_target(size_t param, const BufferSpec& spec, ExpertSlice experts, void* dst);
+ParamTarget held_target(
+    size_t param, const BufferSpec& spec, ExpertSlice experts, void* dst, Device device = Device::cpu);
 // held_target for the parameters [first, last) of a group, at their own memory.
 std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, size_t last, ExpertSlice experts);
 // Reads the targets from a checkpoint's parameters, whichever layout wrote them (model.safetensors, or the

@@ -66,6 +66,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     tc.log_interval = t.integer("log_interval", d.log_interval);
     tc.seed = uint64_t(t.integer("seed", int64_t(d.seed)));
     tc.recompute = t.boolean("recompute", d.recompute);
+    tc.device = t.choice("device", d.device, {"cpu", "cuda"});
     tc.async_checkpoints = t.boolean("async_checkpoints", d.async_checkpoints);
     tc.base = t.text("base", d.base);
     t.finish();
@@ -191,6 +192,7 @@ Json to_json(const RunConfig& c) {
                   {"log_interval", t.log_interval},
                   {"seed", t.seed},
                   {"recompute", t.recompute},
+                  {"device", t.device},
                   {"async_checkpoints", t.async_checkpoints},
                   {"base", t.base}};
     Json alerts = Json::object();

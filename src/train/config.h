@@ -33,6 +33,10 @@ struct TrainConfig {
     int64_t log_interval = 10;
     uint64_t seed = 1234;
     bool recompute = false;  // recompute block activations in backward
+    // Where the model trains: "cpu", or "cuda" (the whole step on the GPU: parameters, gradients, optimizer state and
+    // activations in one device arena; batches go up, losses and statistics come back; one process: NCCL is not
+    // built yet). Checkpoints are the same files either way.
+    std::string device = "cpu";
     // checkpoints written by a thread of their own while training goes on (a copy of the state is taken at the
     // step; docs/operations.md); false: the step loop writes them
     bool async_checkpoints = true;

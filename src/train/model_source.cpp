@@ -227,25 +227,27 @@ int64_t frozen_hash(const model::Model& m,
     const bool dense_here = !mesh || mesh->rank() == 0;
     const bool experts_here = !mesh || mesh->expert_data().rank() == 0;
     int64_t sum = 0;
+    std::vector<std::byte> staging;  // a device's values, copied to the host
     for (const ParamTarget& t : pieces) {
         if (t.param >= m.frozen_params()) continue;
         const BufferSpec& spec = m.param_specs()[t.param];
         const bool counted = sharded(t.param) || (spec.sharding == Sharding::expert ? experts_here : dense_here);
         if (!counted) continue;
         const uint64_t name = hash_name(spec.name);
+        const void* values = t.host_values(staging);
         int64_t part = 0;
 #pragma omp parallel for reduction(+ : part) schedule(static)
         for (int64_t j = 0; j < t.length; ++j) {
             // an element's f32 bits (a bf16 or MXFP4 one's widened: the hash does not depend on how it is held)
             uint32_t bits;
             if (t.dtype == DType::bf16) {
-                bits = uint32_t(static_cast<const bf16*>(t.dst)[j].bits) << 16;
+                bits = uint32_t(static_cast<const bf16*>(values)[j].bits) << 16;
             } else if (t.dtype == DType::mxfp4) {
                 float x;
-                mxfp4_to_f32(Mxfp4{static_cast<const uint8_t*>(t.dst), j}, 1, &x);
+                mxfp4_to_f32(Mxfp4{static_cast<const uint8_t*>(values), j}, 1, &x);
                 bits = std::bit_cast<uint32_t>(x);
             } else {
-                std::memcpy(&bits, static_cast<const float*>(t.dst) + j, sizeof bits);
+                std::memcpy(&bits, static_cast<const float*>(values) + j, sizeof bits);
             }
             part += int64_t(mix64((name + uint64_t(t.whole_offset + j) * 0x9e3779b97f4a7c15ull) ^ bits) >> 44);
         }

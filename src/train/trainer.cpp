@@ -10,12 +10,14 @@
 #include <optional>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/file.h"
 #include "core/rng.h"
 #include "core/trace.h"
 #include "model/hf_config.h"
 #include "ops/gemm.h"
 #include "ops/isa.h"
+#include "ops/linear.h"
 #include "train/alerts.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
@@ -261,6 +263,18 @@ TrainSummary train(const TrainOptions& opts) {
                   "parallel.ep = {} needs several ranks (mpirun -n W, W a multiple of "
                   "it)",
                   cfg.parallel.ep);
+    const Device device = tc.device == "cuda" ? Device::cuda : Device::cpu;
+    if (device == Device::cuda) {
+        TESSERA_CHECK(
+            cuda_available(), "train.device = cuda: {}; train on the CPU (train.device = cpu)",
+            cuda_built() ? "no CUDA device on this machine" : "this build has no CUDA backend (-DTESSERA_CUDA=ON)");
+        TESSERA_CHECK(!comm,
+                      "train.device = cuda runs one process for now (the ranks' exchanges need NCCL, not built "
+                      "yet); run without mpirun, or train on the CPU");
+        TESSERA_CHECK(cfg.memory.weights_budget == 0,
+                      "train.device = cuda: memory.weights_budget (a frozen base read in place from its files) is a "
+                      "CPU feature; set it to 0");
+    }
     std::optional<parallel::Mesh> mesh;  // one-line error when W is not a multiple of parallel.ep
     if (comm) mesh.emplace(*comm, int(cfg.parallel.ep));
     if (mesh) mesh->expert().set_link_delay(cfg.parallel.link_delay_ns_per_byte * 1e-9);
@@ -289,7 +303,7 @@ TrainSummary train(const TrainOptions& opts) {
     std::optional<Fsdp>& fsdp = st.fsdp;
     const model::StepShape shape{micro, tc.seq_len};
     model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, st.extra,
-                           st.placement ? &*st.placement : nullptr);
+                           st.placement ? &*st.placement : nullptr, device);
     if (fsdp) fsdp->bind(rt.params(), rt.grads());
     model::HooksPair both(fsdp ? &*fsdp : nullptr, budget ? &*budget : nullptr);
     if (fsdp || budget) model.set_param_hooks(&both);
@@ -364,8 +378,10 @@ TrainSummary train(const TrainOptions& opts) {
         metrics.emplace(metrics_path.string(), fresh ? -1 : state.step);
     }
 
-    // every rank measures its own threads (side by side, as they train); the job's rate is W times that
-    const double gemm_gflops = ops::measure_gemm_gflops() * ranks;
+    // every rank measures its own threads (side by side, as they train); the job's rate is W times that; on a GPU
+    // its cuBLAS f32 rate
+    const double gemm_gflops =
+        device == Device::cpu ? ops::measure_gemm_gflops() * ranks : ops::measure_linear_gflops(device);
     const double train_flops_per_token = 3.0 * model.forward_flops_per_token(tc.seq_len);
     const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
     note(fmt::format("tessera: {} parameters ({} layers, d_model {}), {} tokens per step, {} steps", model.num_params(),
@@ -391,8 +407,10 @@ TrainSummary train(const TrainOptions& opts) {
             double(b.mapped_bytes) / 0x1p20, double(b.budget_bytes) / 0x1p20, double(b.floor_bytes) / 0x1p20));
     }
     note(fmt::format("GEMM rate of {}: {:.0f} GFLOP/s (measured now; {}); run directory: {}",
-                     ranks > 1 ? fmt::format("the {} ranks", ranks) : std::string("this machine"), gemm_gflops,
-                     ops::isa_summary(), setup.out_dir));
+                     device == Device::cuda ? "the GPU (f32)"
+                     : ranks > 1            ? fmt::format("the {} ranks", ranks)
+                                            : std::string("this machine"),
+                     gemm_gflops, device == Device::cuda ? cuda_device_name() : ops::isa_summary(), setup.out_dir));
     if (!setup.checkpoint.empty()) note(fmt::format("resumed from {} at step {}", setup.checkpoint, state.step));
     if (setup.base) {
         int64_t train_params = 0, all_params = 0;

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/rows.h"
+
 namespace tessera::model {
 
 double ParamInit::value(double u, double n) const {
@@ -49,7 +51,7 @@ void Block::start_output(TensorView x_in, TensorView x_out, int64_t rows) const 
     if (!residual_) {
         ops::zero_rows(x_out, rows);
     } else if (x_in.data != x_out.data) {
-        std::memcpy(x_out.data, x_in.data, size_t(rows * x_in.size(1)) * sizeof(float));
+        ops::copy_rows(x_in.slice0(0, rows), x_out.slice0(0, rows));
     }
 }
 

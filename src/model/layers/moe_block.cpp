@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/device.h"
 #include "core/rng.h"
 #include "ops/rmsnorm.h"
 
@@ -228,8 +229,8 @@ void MoeBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
         bal_rows_ = N;
     }
     if (!pass_.record) return;
-    const int32_t* demand = saved_.demand.ptr<int32_t>();
-    for (int64_t e = 0; e < m_.experts; ++e) demand_[size_t(e)] += demand[e];
+    const std::span<const int32_t> demand = read_to_host(saved_.demand, demand_host_);
+    for (int64_t e = 0; e < m_.experts; ++e) demand_[size_t(e)] += demand[size_t(e)];
     tokens_ += N;
     rerouted_ += st.rerouted;
     if (ep_) a2a_bytes_ += ep_->last_forward_bytes();
@@ -238,8 +239,11 @@ void MoeBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     z_loss_ += st.z_loss;
     ++forwards_;
     entropy_sum_ += ops::routing_entropy_sum(saved_.scores.slice0(0, N));
-    if (quantile_) {
-        quantile_->add(saved_.scores.slice0(0, N), {w_.router_bias.ptr<float>(), size_t(m_.experts)});
+    if (quantile_) {  // (on the host: the scores of a device copied there)
+        const TensorView scores = saved_.scores.slice0(0, N);
+        const std::span<const float> s = read_to_host(scores, scores_host_);
+        quantile_->add(TensorView(const_cast<float*>(s.data()), DType::f32, scores.shape),
+                       read_to_host(w_.router_bias, bias_host_));
     }
 }
 
@@ -275,9 +279,15 @@ void MoeBlock::update_bias(const std::function<void(std::span<int64_t>)>& sum_ov
         if (rule_ == ops::BalanceRule::quantile) quantile_->clear();
         return;
     }
-    std::span<float> bias(w_.router_bias.ptr<float>(), size_t(m_.experts));
+    const TensorView b = w_.router_bias;  // moved on the host (a device's copied there and back)
+    std::span<float> bias(b.ptr<float>(), size_t(m_.experts));
+    if (b.device != Device::cpu) {
+        read_to_host(b, bias_host_);
+        bias = bias_host_;
+    }
     if (rule_ == ops::BalanceRule::sign && forwards_ > 0) ops::balance_sign_update(demand_, m_.bias_update_rate, bias);
     if (rule_ == ops::BalanceRule::quantile) quantile_->update(bias);
+    if (b.device != Device::cpu) copy_bytes(b.data, b.device, bias.data(), Device::cpu, bias.size_bytes());
 }
 
 void MoeBlock::take_stats(MoeLayerStats& st) {
@@ -293,9 +303,9 @@ void MoeBlock::take_stats(MoeLayerStats& st) {
     }
     st.seq_aux_loss = forwards_ ? seq_aux_ / double(forwards_) : 0.0;
     st.z_loss = forwards_ ? z_loss_ / double(forwards_) : 0.0;
-    const float* b = w_.router_bias.ptr<float>();
-    st.bias_min = *std::min_element(b, b + m_.experts);
-    st.bias_max = *std::max_element(b, b + m_.experts);
+    const std::span<const float> b = read_to_host(w_.router_bias, bias_host_);
+    st.bias_min = *std::min_element(b.begin(), b.end());
+    st.bias_max = *std::max_element(b.begin(), b.end());
     std::fill(demand_.begin(), demand_.end(), 0);
     tokens_ = rerouted_ = dropped_ = forwards_ = a2a_bytes_ = 0;
     entropy_sum_ = seq_aux_ = z_loss_ = 0.0;

@@ -100,6 +100,9 @@ class MoeBlock : public Block {
     std::vector<int64_t> starts_;
     // this step's statistics
     std::vector<int64_t> demand_;
+    // host copies of a device's small buffers (the step's demand, the selection bias, quantile balancing's scores)
+    std::vector<int32_t> demand_host_;
+    std::vector<float> bias_host_, scores_host_;
     int64_t tokens_ = 0, rerouted_ = 0, dropped_ = 0, forwards_ = 0, a2a_bytes_ = 0;
     double entropy_sum_ = 0.0, seq_aux_ = 0.0, z_loss_ = 0.0;
     std::vector<double> bal_choices_, bal_probs_, bal_grad_, bal_scaled_;

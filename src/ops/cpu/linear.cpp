@@ -3,6 +3,10 @@
 // dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy (summed in row order for determinism).
 #include "ops/linear.h"
 
+#include <algorithm>
+#include <chrono>
+
+#include "core/device.h"
 #include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
 #include "ops/gemm.h"
@@ -82,6 +86,21 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
             }
         }
     });
+}
+
+double measure_linear_gflops(Device device, int64_t n) {
+    Tensor x(DType::f32, Shape{n, n}, device), w(DType::f32, Shape{n, n}, device), y(DType::f32, Shape{n, n}, device);
+    linear_forward({}, x, w, {}, y);  // warm up
+    synchronize(device);
+    double best = 0;
+    for (int r = 0; r < 5; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        linear_forward({}, x, w, {}, y);
+        synchronize(device);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::max(best, linear_forward_flops(n, n, n) / s / 1e9);
+    }
+    return best;
 }
 
 }  // namespace tessera::ops

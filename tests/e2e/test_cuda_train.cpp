@@ -1,0 +1,144 @@
+// Training on the GPU (train.device = cuda) against training on the CPU, the oracle: the hybrid models train with
+// the CPU's losses (f32 on both: within 1e-3 relative over every step), bitwise run to run on the GPU, and
+// checkpoints move between the devices (a run begun on one continues on the other with the other's losses). Every
+// test but the last skips without a GPU (scripts/device-check.sh runs them on one); the last checks, on a machine
+// without one, that asking for the GPU is a one-line error that leaves nothing behind.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/device.h"
+#include "core/file.h"
+#include "train/trainer.h"
+#include "util/test_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define SKIP_WITHOUT_GPU() \
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine"
+
+// The demo's hybrid in miniature: KDA, GDN and gated DSA over MLA (the lightning indexer and its KL), LatentMoE with
+// SiTU experts, a shared expert and aux-loss-free balancing, the elementwise output gate, documents masked.
+const char* kHybrid = R"({
+  "model": {"vocab_size": 258, "d_model": 64, "n_layers": 4, "n_heads": 4, "ffn_dim": 128,
+            "attention": ["kda", "gdn", "kda", "dsa"], "output_gate": "elementwise",
+            "kda": {"num_heads": 2, "head_dim": 16, "gate_lower_bound": -5.0},
+            "mla": {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 16,
+                    "rope": false, "dsa": {"topk": 16, "heads": 2, "head_dim": 16, "rope_dim": 8, "stage": "sparse"}},
+            "moe": {"experts": 8, "topk": 2, "ffn_dim": 32, "latent_dim": 32, "latent_norm": true,
+                    "shared_ffn_dim": 32, "score": "sigmoid", "activation": "situ", "first_dense": 1,
+                    "balance": "sign", "bias_update_rate": 0.01}},
+  "train": {"seq_len": 64, "batch_size": 4, "steps": 20, "lr": 0.003, "warmup_steps": 4, "eval_interval": 10,
+            "eval_batches": 2, "checkpoint_interval": 0, "log_interval": 5, "seed": 11}
+})";
+
+// Kimi K3's other pieces: Attention Residuals, gated GQA, softmax routing with a capacity (re-routing) and Quantile
+// Balancing, recomputed activations, two micro-batches per step.
+const char* kResidualsAndCapacity = R"({
+  "model": {"vocab_size": 258, "d_model": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 128,
+            "attention": ["gqa", "kda", "kda", "gqa"], "output_gate": "headwise", "attn_res_block_size": 2,
+            "kda": {"num_heads": 2, "head_dim": 16},
+            "moe": {"experts": 8, "topk": 2, "ffn_dim": 32, "shared_ffn_dim": 32, "score": "softmax",
+                    "capacity_factor": 1.0, "first_dense": 1, "balance": "quantile"}},
+  "train": {"seq_len": 64, "batch_size": 4, "micro_batch_size": 2, "steps": 20, "lr": 0.003, "warmup_steps": 4,
+            "eval_interval": 10, "eval_batches": 2, "checkpoint_interval": 0, "log_interval": 5, "seed": 7,
+            "recompute": true}
+})";
+
+train::TrainSummary run(const test::TempDir& d,
+                        const std::string& config,
+                        const std::string& device,
+                        const std::string& name,
+                        std::optional<int64_t> steps = {},
+                        const std::string& resume = "") {
+    train::TrainOptions o;
+    if (resume.empty()) {
+        o.config_path = d.file(name + ".json");
+        write_text_atomic(o.config_path, config);
+    }
+    o.overrides = {"train.device=" + device, "train.async_checkpoints=false"};
+    o.steps = steps;
+    o.out_dir = d.file(name);
+    o.resume_dir = resume;
+    return train::train(o);
+}
+
+void expect_close_losses(const std::vector<double>& gpu, const std::vector<double>& cpu, double rtol) {
+    ASSERT_EQ(gpu.size(), cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], rtol * std::abs(cpu[i])) << "step " << i + 1;
+}
+
+class CudaTrain : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaTrain, TheModelTrainsOnTheGpuWithTheCpusLosses) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    const train::TrainSummary cpu = run(d, GetParam(), "cpu", "cpu"), gpu = run(d, GetParam(), "cuda", "gpu");
+    ASSERT_EQ(cpu.losses.size(), 20u);
+    expect_close_losses(gpu.losses, cpu.losses, 1e-3);
+    EXPECT_LT(cpu.losses.back(), cpu.losses.front() - 0.3) << "the model must learn";
+    ASSERT_TRUE(cpu.eval_loss && gpu.eval_loss);
+    EXPECT_NEAR(*gpu.eval_loss, *cpu.eval_loss, 1e-3 * *cpu.eval_loss);
+    // one arena on the device with the CPU's buffer groups (the host workspace sized for one thread, not all)
+    ASSERT_EQ(gpu.memory.groups.size(), cpu.memory.groups.size());
+    for (size_t i = 0; i < cpu.memory.groups.size(); ++i) {
+        EXPECT_EQ(gpu.memory.groups[i].name, cpu.memory.groups[i].name);
+        if (cpu.memory.groups[i].name != "workspace") {
+            EXPECT_EQ(gpu.memory.groups[i].bytes, cpu.memory.groups[i].bytes) << cpu.memory.groups[i].name;
+        }
+    }
+    EXPECT_EQ(gpu.memory.arena_peak_bytes, gpu.memory.predicted_bytes) << "every group allocated, nothing else";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaTrain, ::testing::Values(kHybrid, kResidualsAndCapacity));
+
+TEST(CudaTrain, GpuTrainingIsBitwiseRunToRun) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    const train::TrainSummary a = run(d, kHybrid, "cuda", "a", 8), b = run(d, kHybrid, "cuda", "b", 8);
+    ASSERT_EQ(a.losses.size(), 8u);
+    for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(read_text(d.file("a") + "/checkpoints/step_0000008/model.safetensors"),
+              read_text(d.file("b") + "/checkpoints/step_0000008/model.safetensors"));
+}
+
+// A run begun on one device continues on the other: its checkpoint (parameters, AdamW moments, the selection bias)
+// is the same files either way, so the continued losses are the other device's own.
+TEST(CudaTrain, CheckpointsMoveBetweenTheDevices) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu", 12), gpu = run(d, kHybrid, "cuda", "gpu", 12);
+    run(d, kHybrid, "cuda", "gpu_then_cpu", 6);
+    const train::TrainSummary to_cpu = run(d, "", "cpu", "gpu_then_cpu", 12, d.file("gpu_then_cpu"));
+    run(d, kHybrid, "cpu", "cpu_then_gpu", 6);
+    const train::TrainSummary to_gpu = run(d, "", "cuda", "cpu_then_gpu", 12, d.file("cpu_then_gpu"));
+    ASSERT_EQ(to_cpu.first_step, 6);
+    ASSERT_EQ(to_cpu.losses.size(), 6u);
+    ASSERT_EQ(to_gpu.losses.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) {  // both continue the same trajectory, within the devices' difference
+        EXPECT_NEAR(to_cpu.losses[i], cpu.losses[6 + i], 1e-3 * cpu.losses[6 + i]) << "step " << 7 + i;
+        EXPECT_NEAR(to_gpu.losses[i], gpu.losses[6 + i], 1e-3 * gpu.losses[6 + i]) << "step " << 7 + i;
+    }
+}
+
+TEST(CudaTrain, WithoutAGpuTheDeviceIsAOneLineErrorThatLeavesNothing) {
+    if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+    test::TempDir d;
+    try {
+        run(d, kHybrid, "cuda", "run", 2);
+        ADD_FAILURE() << "training on a missing GPU must fail";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("train.device = cuda: "), std::string::npos) << m;
+        EXPECT_NE(m.find(cuda_built() ? "no CUDA device on this machine" : "no CUDA backend"), std::string::npos) << m;
+        EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+    EXPECT_FALSE(fs::exists(d.file("run"))) << "nothing is written before the device is known";
+}
+
+}  // namespace
+}  // namespace tessera
