@@ -43,8 +43,12 @@ std::string format_duration(double s) {
     return fmt::format("{}s", t);
 }
 
-Progress::Progress(std::ostream* out, bool is_tty, int64_t total_steps, int64_t log_interval)
-    : out_(out), tty_(out != nullptr && is_tty), total_(total_steps), interval_(log_interval) {}
+Progress::Progress(std::ostream* out, bool is_tty, int64_t total_steps, int64_t log_interval, std::string engine)
+    : out_(out),
+      tty_(out != nullptr && is_tty),
+      total_(total_steps),
+      interval_(log_interval),
+      engine_(engine.empty() ? ops::kernel_isa() : std::move(engine)) {}
 
 void Progress::step(
     int64_t step, double loss, double lr, double tokens_per_s, double step_s, double mfu, const std::string& extra) {
@@ -54,8 +58,8 @@ void Progress::step(
     if (!tty_ && !milestone) return;
     std::string line =
         fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | {:.1f}k tok/s | {:.0f}% of GEMM rate ({}) | ETA {}",
-                    step, std::to_string(total_).size(), total_, loss, lr, tokens_per_s / 1e3, 100.0 * mfu,
-                    ops::kernel_isa(), format_duration(ema_step_s_ * double(total_ - step)));
+                    step, std::to_string(total_).size(), total_, loss, lr, tokens_per_s / 1e3, 100.0 * mfu, engine_,
+                    format_duration(ema_step_s_ * double(total_ - step)));
     if (!extra.empty()) line += " | " + extra;
     if (tty_) {
         *out_ << "\r\033[K" << line << (milestone ? "\n" : "") << std::flush;

@@ -24,7 +24,8 @@ class MetricsLog {
 
 class Progress {
   public:
-    Progress(std::ostream* out, bool is_tty, int64_t total_steps, int64_t log_interval);
+    // engine: what the GEMM rate is of, named in the line ("": the CPU kernels' ISA, ops::kernel_isa())
+    Progress(std::ostream* out, bool is_tty, int64_t total_steps, int64_t log_interval, std::string engine = "");
     // Per-step update: loss, lr, tokens/s, step seconds, MFU (fraction of the GEMM rate), and an
     // optional extra field (the MoE load summary).
     void step(int64_t step,
@@ -42,6 +43,7 @@ class Progress {
     std::ostream* out_;
     bool tty_;
     int64_t total_, interval_;
+    std::string engine_;
     double ema_step_s_ = 0;
     bool dirty_ = false;
 };

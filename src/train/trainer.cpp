@@ -465,7 +465,7 @@ TrainSummary train(const TrainOptions& opts) {
     };
     TrainSummary summary;
     summary.first_step = state.step;
-    Progress progress(log, opts.log_is_tty, tc.steps, tc.log_interval);
+    Progress progress(log, opts.log_is_tty, tc.steps, tc.log_interval, device == Device::cuda ? "GPU f32" : "");
     // operations (docs/operations.md): one metrics sink on every rank (its step() gathers each rank's share), the
     // alert rules and the HTTP endpoint on rank 0, a watchdog on every rank
     Telemetry telemetry(comm);

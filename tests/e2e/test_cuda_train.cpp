@@ -54,13 +54,15 @@ train::TrainSummary run(const test::TempDir& d,
                         const std::string& device,
                         const std::string& name,
                         std::optional<int64_t> steps = {},
-                        const std::string& resume = "") {
+                        const std::string& resume = "",
+                        const std::vector<std::string>& more = {}) {
     train::TrainOptions o;
     if (resume.empty()) {
         o.config_path = d.file(name + ".json");
         write_text_atomic(o.config_path, config);
     }
     o.overrides = {"train.device=" + device, "train.async_checkpoints=false"};
+    o.overrides.insert(o.overrides.end(), more.begin(), more.end());
     o.steps = steps;
     o.out_dir = d.file(name);
     o.resume_dir = resume;
@@ -106,16 +108,22 @@ TEST(CudaTrain, GpuTrainingIsBitwiseRunToRun) {
               read_text(d.file("b") + "/checkpoints/step_0000008/model.safetensors"));
 }
 
-// A run begun on one device continues on the other: its checkpoint (parameters, AdamW moments, the selection bias)
-// is the same files either way, so the continued losses are the other device's own.
+// A run begun on one device continues on the other: its checkpoint (parameters, AdamW moments, the selection bias, the
+// data position) is the same files either way, so the continued losses are the other device's own. The uninterrupted
+// runs write a checkpoint at step 6; a copy of it alone in a new run directory is resumed on the other device.
 TEST(CudaTrain, CheckpointsMoveBetweenTheDevices) {
     SKIP_WITHOUT_GPU();
     test::TempDir d;
-    const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu", 12), gpu = run(d, kHybrid, "cuda", "gpu", 12);
-    run(d, kHybrid, "cuda", "gpu_then_cpu", 6);
-    const train::TrainSummary to_cpu = run(d, "", "cpu", "gpu_then_cpu", 12, d.file("gpu_then_cpu"));
-    run(d, kHybrid, "cpu", "cpu_then_gpu", 6);
-    const train::TrainSummary to_gpu = run(d, "", "cuda", "cpu_then_gpu", 12, d.file("cpu_then_gpu"));
+    const std::vector<std::string> at6 = {"train.checkpoint_interval=6"};
+    const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu", 12, "", at6),
+                              gpu = run(d, kHybrid, "cuda", "gpu", 12, "", at6);
+    auto resume_on = [&](const std::string& from, const std::string& device) {
+        const std::string dir = d.file(from + "_then_" + device);
+        fs::create_directories(dir + "/checkpoints");
+        fs::copy(d.file(from) + "/checkpoints/step_0000006", dir + "/checkpoints/step_0000006");
+        return run(d, "", device, from + "_then_" + device, {}, dir);
+    };
+    const train::TrainSummary to_cpu = resume_on("gpu", "cpu"), to_gpu = resume_on("cpu", "cuda");
     ASSERT_EQ(to_cpu.first_step, 6);
     ASSERT_EQ(to_cpu.losses.size(), 6u);
     ASSERT_EQ(to_gpu.losses.size(), 6u);
