@@ -133,6 +133,38 @@ TEST(CudaTrain, CheckpointsMoveBetweenTheDevices) {
     }
 }
 
+// The DSA dense warm-up (spec/dsa.md §3.1): only the indexers train, against every candidate (dsa_all_candidates).
+TEST(CudaTrain, TheDsaDenseWarmupTrainsOnTheGpuWithTheCpusLosses) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    const std::vector<std::string> warmup = {"model.mla.dsa.stage=dense_warmup"};
+    const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu", 10, "", warmup),
+                              gpu = run(d, kHybrid, "cuda", "gpu", 10, "", warmup);
+    expect_close_losses(gpu.losses, cpu.losses, 1e-3);
+}
+
+// LoRA on a base trained on the CPU: adapters on the attention, KDA and expert projections (the routed experts' through
+// the grouped GEMMs), the base frozen and hashed on the GPU; the fine-tune resumes there with its losses.
+TEST(CudaTrain, LoraFineTunesABaseOnTheGpuWithTheCpusLosses) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    run(d, kHybrid, "cpu", "base", 8);
+    const std::vector<std::string> lora = {
+        "train.base=" + d.file("base"), "model.lora.rank=4", "model.lora.alpha=8", "train.checkpoint_interval=4",
+        R"(model.lora.target_modules=["q_proj","kv_b_proj","o_proj","experts.gate_proj","experts.up_proj",)"
+        R"("experts.down_proj","shared_experts.down_proj","gate_proj","down_proj"])"};
+    const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu", 8, "", lora),
+                              gpu = run(d, kHybrid, "cuda", "gpu", 8, "", lora);
+    ASSERT_EQ(cpu.losses.size(), 8u);
+    expect_close_losses(gpu.losses, cpu.losses, 1e-3);
+    const std::string dir = d.file("gpu_resumed");  // the GPU run's step-4 checkpoint, resumed on the GPU
+    fs::create_directories(dir + "/checkpoints");
+    fs::copy(d.file("gpu") + "/checkpoints/step_0000004", dir + "/checkpoints/step_0000004");
+    const train::TrainSummary resumed = run(d, "", "cuda", "gpu_resumed", {}, dir);
+    ASSERT_EQ(resumed.losses.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], gpu.losses[4 + i]) << "step " << 5 + i;
+}
+
 TEST(CudaTrain, WithoutAGpuTheDeviceIsAOneLineErrorThatLeavesNothing) {
     if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
     test::TempDir d;
