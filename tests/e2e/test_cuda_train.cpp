@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "core/device.h"
 #include "core/file.h"
 #include "train/trainer.h"
@@ -69,6 +71,15 @@ train::TrainSummary run(const test::TempDir& d,
     return train::train(o);
 }
 
+// A copy of run `from`'s checkpoint at `step`, alone in a new run directory `name`, resumed on `device`.
+train::TrainSummary resume_copy(
+    const test::TempDir& d, const std::string& from, int64_t step, const std::string& device, const std::string& name) {
+    const std::string ckpt = fmt::format("/checkpoints/step_{:07d}", step);
+    fs::create_directories(d.file(name) + "/checkpoints");
+    fs::copy(d.file(from) + ckpt, d.file(name) + ckpt);
+    return run(d, "", device, name, {}, d.file(name));
+}
+
 void expect_close_losses(const std::vector<double>& gpu, const std::vector<double>& cpu, double rtol) {
     ASSERT_EQ(gpu.size(), cpu.size());
     for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], rtol * std::abs(cpu[i])) << "step " << i + 1;
@@ -96,7 +107,12 @@ TEST_P(CudaTrain, TheModelTrainsOnTheGpuWithTheCpusLosses) {
     EXPECT_EQ(gpu.memory.arena_peak_bytes, gpu.memory.predicted_bytes) << "every group allocated, nothing else";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaTrain, ::testing::Values(kHybrid, kResidualsAndCapacity));
+INSTANTIATE_TEST_SUITE_P(Models,
+                         CudaTrain,
+                         ::testing::Values(kHybrid, kResidualsAndCapacity),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                             return i.index == 0 ? "Hybrid" : "ResidualsAndCapacity";
+                         });
 
 TEST(CudaTrain, GpuTrainingIsBitwiseRunToRun) {
     SKIP_WITHOUT_GPU();
@@ -117,13 +133,8 @@ TEST(CudaTrain, CheckpointsMoveBetweenTheDevices) {
     const std::vector<std::string> at6 = {"train.checkpoint_interval=6"};
     const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu", 12, "", at6),
                               gpu = run(d, kHybrid, "cuda", "gpu", 12, "", at6);
-    auto resume_on = [&](const std::string& from, const std::string& device) {
-        const std::string dir = d.file(from + "_then_" + device);
-        fs::create_directories(dir + "/checkpoints");
-        fs::copy(d.file(from) + "/checkpoints/step_0000006", dir + "/checkpoints/step_0000006");
-        return run(d, "", device, from + "_then_" + device, {}, dir);
-    };
-    const train::TrainSummary to_cpu = resume_on("gpu", "cpu"), to_gpu = resume_on("cpu", "cuda");
+    const train::TrainSummary to_cpu = resume_copy(d, "gpu", 6, "cpu", "gpu_then_cpu"),
+                              to_gpu = resume_copy(d, "cpu", 6, "cuda", "cpu_then_gpu");
     ASSERT_EQ(to_cpu.first_step, 6);
     ASSERT_EQ(to_cpu.losses.size(), 6u);
     ASSERT_EQ(to_gpu.losses.size(), 6u);
@@ -157,10 +168,7 @@ TEST(CudaTrain, LoraFineTunesABaseOnTheGpuWithTheCpusLosses) {
                               gpu = run(d, kHybrid, "cuda", "gpu", 8, "", lora);
     ASSERT_EQ(cpu.losses.size(), 8u);
     expect_close_losses(gpu.losses, cpu.losses, 1e-3);
-    const std::string dir = d.file("gpu_resumed");  // the GPU run's step-4 checkpoint, resumed on the GPU
-    fs::create_directories(dir + "/checkpoints");
-    fs::copy(d.file("gpu") + "/checkpoints/step_0000004", dir + "/checkpoints/step_0000004");
-    const train::TrainSummary resumed = run(d, "", "cuda", "gpu_resumed", {}, dir);
+    const train::TrainSummary resumed = resume_copy(d, "gpu", 4, "cuda", "gpu_resumed");  // resumed on the GPU
     ASSERT_EQ(resumed.losses.size(), 4u);
     for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], gpu.losses[4 + i]) << "step " << 5 + i;
 }

@@ -123,15 +123,16 @@ Pairs pairs_of(const MoeSaved& s, int64_t N) {
     return {s.expert.ptr<int32_t>(), s.row.ptr<int32_t>(), N, s.expert.size(1)};
 }
 
-// Capacity (moe.h): writes s.expert from s.choice (s.row and s.counts as scratch); share: each expert's room for
-// this rank's rows (expert parallelism), or null for ⌈c·N·k/E⌉ each. Returns (rerouted, dropped).
-std::pair<int64_t, int64_t> apply_capacity(
-    const MoeParams& p, const MoeDims& d, const MoeSaved& s, int64_t N, TensorView bias, const int64_t* share) {
+// Capacity (moe.h): writes s.expert from s.choice (s.row and s.counts as scratch); uniform: ⌈c·N·k/E⌉ rows per expert,
+// or share: each expert's room for this rank's rows (expert parallelism). Returns (rerouted, dropped). (The names and
+// signatures of these helpers are their CUDA entry points': ops/backend.h.)
+std::pair<int64_t, int64_t> moe_apply_capacity(
+    const MoeParams& p, const MoeSaved& s, int64_t N, int64_t uniform, TensorView bias, const int64_t* share) {
     if (op_device("moe", {s.scores, s.choice, s.expert, bias}) == Device::cuda)
-        return TESSERA_ON_CUDA(moe_apply_capacity(p, s, N, d.capacity(p.capacity_factor), bias, share));
+        return TESSERA_ON_CUDA(moe_apply_capacity(p, s, N, uniform, bias, share));
     std::pair<int64_t, int64_t> r;
     dispatch_float(s.scores.dtype, "moe", [&]<class T>(T) {
-        r = moe_capacity_rows<T>(p, N, d.experts, d.topk, d.capacity(p.capacity_factor), s.scores.ptr<T>(),
+        r = moe_capacity_rows<T>(p, N, s.scores.size(1), s.choice.size(1), uniform, s.scores.ptr<T>(),
                                  s.choice.ptr<int32_t>(), bias.defined() ? bias.ptr<T>() : nullptr, share,
                                  s.expert.ptr<int32_t>(), s.row.ptr<int32_t>(), s.counts.ptr<int32_t>());
     });
@@ -139,7 +140,7 @@ std::pair<int64_t, int64_t> apply_capacity(
 }
 
 // The gate gradient of each (token, slot) from its row's: dg[i] = row_dot[row(i)], 0 for a dropped pair
-void gate_grads(const MoeSaved& s, TensorView row_dot, TensorView dg, int64_t N) {
+void moe_gate_grads(const MoeSaved& s, TensorView row_dot, TensorView dg, int64_t N) {
     if (op_device("moe", {s.row, row_dot, dg}) == Device::cuda)
         return TESSERA_ON_CUDA(moe_gate_grads(s, row_dot, dg, N));
     const int32_t* row = s.row.ptr<int32_t>();
@@ -367,7 +368,8 @@ MoeStats moe_route(const MoeParams& p,
     copy_bytes(s.expert.data, device, s.choice.data, device, size_t(N * d.topk) * sizeof(int32_t));
     if (p.capacity_factor > 0) {
         const int64_t* share = p.stage ? p.stage->capacity_shares(p.capacity_factor, N, s.demand) : nullptr;
-        std::tie(st.rerouted, st.dropped) = apply_capacity(p, d, s, N, w.router_bias, share);
+        std::tie(st.rerouted, st.dropped) =
+            moe_apply_capacity(p, s, N, d.capacity(p.capacity_factor), w.router_bias, share);
         router_weights(p.router, scores, first(s.expert, N), first(s.gates, N));
     }
     moe_build_layout(s, N);
@@ -547,13 +549,11 @@ void moe_experts_backward(
 }
 
 namespace {
-// Qwen3-Next's shared-expert gate: ss = σ(x·w_ssᵀ) per token, then sa ← ss·sa (the scaled activation feeds
-// the down projection, which equals scaling the shared output).
-void shared_scale_forward(TensorView x, TensorView w_ss, TensorView ss, TensorView sa) {
-    const int64_t N = x.size(0), FS = sa.size(1);
-    linear_forward({}, x, w_ss, {}, ss.reshape(Shape{N, 1}));
+// ss = σ(ss) in place, then sa ← ss·sa per token
+void moe_shared_scale_forward(TensorView ss, TensorView sa) {
     if (op_device("moe", {ss, sa}) == Device::cuda) return TESSERA_ON_CUDA(moe_shared_scale_forward(ss, sa));
-    dispatch_float(x.dtype, "moe", [&]<class T>(T) {
+    const int64_t N = sa.size(0), FS = sa.size(1);
+    dispatch_float(sa.dtype, "moe", [&]<class T>(T) {
         T *g = ss.ptr<T>(), *a = sa.ptr<T>();
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
@@ -563,8 +563,33 @@ void shared_scale_forward(TensorView x, TensorView w_ss, TensorView ss, TensorVi
     });
 }
 
-// With sa' = ss·act saved and dsa' = dL/dsa': du = (1 − ss)·⟨dsa', sa'⟩ (= ss(1 − ss)·⟨dsa', act⟩, no division),
-// dsa ← ss·dsa' (the gradient of act), dx += du·w_ss, dw_ss += Σ du·x.
+// With sa' = ss·act saved and dsa' = dL/dsa': du = (1 − ss)·⟨dsa', sa'⟩ (= ss(1 − ss)·⟨dsa', act⟩, no division) and
+// dsa ← ss·dsa' (the gradient of act)
+void moe_shared_scale_backward(TensorView ss, TensorView sa, TensorView dsa, TensorView du) {
+    if (op_device("moe", {ss, sa, dsa, du}) == Device::cuda)
+        return TESSERA_ON_CUDA(moe_shared_scale_backward(ss, sa, dsa, du));
+    const int64_t N = sa.size(0), FS = sa.size(1);
+    dispatch_float(sa.dtype, "moe", [&]<class T>(T) {
+        const T *g = ss.ptr<T>(), *a = sa.ptr<T>();
+        T *d = dsa.ptr<T>(), *u = du.ptr<T>();
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            double dot = 0;
+            for (int64_t f = 0; f < FS; ++f) dot += double(d[n * FS + f]) * double(a[n * FS + f]);
+            u[n] = T((1.0 - double(g[n])) * dot);
+            for (int64_t f = 0; f < FS; ++f) d[n * FS + f] *= g[n];
+        }
+    });
+}
+
+// Qwen3-Next's shared-expert gate: ss = σ(x·w_ssᵀ) per token, then sa ← ss·sa (the scaled activation feeds the down
+// projection, which equals scaling the shared output)
+void shared_scale_forward(TensorView x, TensorView w_ss, TensorView ss, TensorView sa) {
+    linear_forward({}, x, w_ss, {}, ss.reshape(Shape{x.size(0), 1}));
+    moe_shared_scale_forward(ss, sa);
+}
+
+// ... and its backward: the above, then dx += du·w_ss, dw_ss += Σ du·x
 void shared_scale_backward(TensorView x,
                            TensorView w_ss,
                            TensorView ss,
@@ -573,23 +598,8 @@ void shared_scale_backward(TensorView x,
                            TensorView du,
                            TensorView dx,
                            TensorView dw_ss) {
-    const int64_t N = x.size(0), FS = sa.size(1);
-    if (op_device("moe", {ss, sa, dsa, du}) == Device::cuda) {
-        TESSERA_ON_CUDA(moe_shared_scale_backward(ss, sa, dsa, du));
-    } else {
-        dispatch_float(x.dtype, "moe", [&]<class T>(T) {
-            const T *g = ss.ptr<T>(), *a = sa.ptr<T>();
-            T *d = dsa.ptr<T>(), *u = du.ptr<T>();
-#pragma omp parallel for schedule(static)
-            for (int64_t n = 0; n < N; ++n) {
-                double dot = 0;
-                for (int64_t f = 0; f < FS; ++f) dot += double(d[n * FS + f]) * double(a[n * FS + f]);
-                u[n] = T((1.0 - double(g[n])) * dot);
-                for (int64_t f = 0; f < FS; ++f) d[n * FS + f] *= g[n];
-            }
-        });
-    }
-    linear_backward(du.reshape(Shape{N, 1}), x, w_ss, dx, dw_ss, {});
+    moe_shared_scale_backward(ss, sa, dsa, du);
+    linear_backward(du.reshape(Shape{x.size(0), 1}), x, w_ss, dx, dw_ss, {});
 }
 }  // namespace
 
@@ -706,7 +716,7 @@ void moe_backward(const MoeParams& p,
         shared_backward();
         moe_experts_backward(p, w, g, s, t);
     }
-    gate_grads(s, t.row_dot, t.dg, N);
+    moe_gate_grads(s, t.row_dot, t.dg, N);
     if (d.has_latent) {
         moe_combine(s, t.dxe, first(t.dc, N), false);  // the backward of dispatch: dz
         linear_backward(first(t.dc, N), x, w.latent_down, dx, g.latent_down, {});

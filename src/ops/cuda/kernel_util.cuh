@@ -21,6 +21,15 @@ inline dim3 rows_grid(int64_t rows, int64_t cols) {
     return dim3(unsigned((cols + kBlock - 1) / kBlock), unsigned(gy < 1 ? 1 : gy));
 }
 
+// The body of a kernel on the rows_grid: f(row, column) for each element, x-threads over the columns, blockIdx.y
+// striding over the rows.
+template <class F>
+__device__ void each(int64_t rows, int64_t cols, F f) {
+    const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    if (c >= cols) return;
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) f(r, c);
+}
+
 // The sum over a block of each thread's value, in a fixed tree order; every thread gets the result.
 // `shared` holds at least blockDim.x / 32 elements. blockDim.x is a multiple of 32.
 template <class A>

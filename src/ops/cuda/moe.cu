@@ -9,14 +9,6 @@
 namespace tessera::ops::cuda {
 
 namespace {
-// x-threads over columns, blockIdx.y striding over items: f(item, column)
-template <class F>
-__device__ void each(int64_t items, int64_t cols, F f) {
-    const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    if (c >= cols) return;
-    for (int64_t i = blockIdx.y; i < items; i += gridDim.y) f(i, c);
-}
-
 template <class T>
 __global__ void dispatch_kernel(RowsArg<const T> src, const int32_t* row, int64_t K, T* rows) {
     each(src.rows * K, src.cols, [&](int64_t i, int64_t c) {

@@ -7,14 +7,6 @@
 namespace tessera::ops::cuda {
 
 namespace {
-// One thread per (row, column) of a: f(r, c).
-template <class F>
-__device__ void each(int64_t rows, int64_t cols, F f) {
-    const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    if (c >= cols) return;
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) f(r, c);
-}
-
 __global__ void scale_rows_kernel(RowsArg<const float> s, float scale, RowsArg<float> d) {
     each(s.rows, s.cols, [&](int64_t r, int64_t c) { d.data[r * d.ld + c] = scale * s.data[r * s.ld + c]; });
 }
