@@ -1,11 +1,13 @@
-// The CUDA backend's ops on the GPU (built with -DTESSERA_CUDA=ON; run by scripts/device-check.sh): time per call
-// (median of 20 after 3 warm-ups, each timed to its stream's completion), and the rate as a fraction of the
-// device's peak: GEMM-bound ops in FLOP/s against the f32 (FFMA, no tensor cores) peak, memory-bound ones in
-// bytes moved against HBM bandwidth. Attention's backward counts 2.5× its forward FLOPs (FlashAttention-2's
-// count), KDA's forward the Kimi Linear paper's chunk count and its backward twice that. Peaks default to the H200's
-// (67 TFLOP/s f32, 4.8 TB/s); --f32-tflops and
-// --hbm-tbs override them. Prints a markdown table (bench/RESULTS.md).
+// The CUDA backend's ops on the GPU (built with -DTESSERA_CUDA=ON; run by scripts/device-check.sh run or bench): time
+// per call (median of 20 after 3 warm-ups, of 5 or fewer for the slow rows, each timed to its stream's completion),
+// and the rate as a fraction of the device's peak: GEMM-bound ops in FLOP/s against the f32 (FFMA, no tensor cores)
+// peak, memory-bound ones in bytes moved against HBM bandwidth. Attention's and sparse attention's backward count
+// 2.5× their forward FLOPs (FlashAttention-2's count), KDA's forward the Kimi Linear paper's chunk count and its
+// backward twice that; the MoE experts' forward + backward 3 × 6·rows·L·F, next to one dense GEMM of the forward's
+// FLOPs (the bar: grouped ≥ 70% of dense). Peaks default to the H200's (67 TFLOP/s f32, 4.8 TB/s);
+// --f32-tflops and --hbm-tbs override them. Prints a markdown table (bench/RESULTS.md), row by row.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,22 +18,25 @@
 
 #include "bench/bench_util.h"
 #include "core/device.h"
+#include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
+#include "ops/dsa.h"
 #include "ops/embedding.h"
 #include "ops/kda.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/rmsnorm.h"
 #include "ops/swiglu.h"
 
 namespace tessera {
 namespace {
 
-double median_ms(const std::function<void()>& f) {
-    for (int i = 0; i < 3; ++i) f();
+double median_ms(const std::function<void()>& f, int reps = 20) {
+    for (int i = 0; i < (reps >= 20 ? 3 : 1); ++i) f();
     synchronize(Device::cuda);
     std::vector<double> t;
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < reps; ++i) {
         const auto a = std::chrono::steady_clock::now();
         f();
         synchronize(Device::cuda);
@@ -148,6 +153,110 @@ int main(int argc, char** argv) {
                     ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {});
                 }),
                 2 * fl, true});
+    }
+    {  // KDA at the shape: T = 4096, H = 32, K = V = 128 (one sequence: 32 units for 132 SMs)
+        const int64_t B = 1, T = 4096, H = 32, D = 128;
+        Tensor q = gpu_random(Shape{B, T, H, D}, 21),
+               k = bench::random_tensor(Shape{B, T, H, D}, 22, -0.15, 0.15, 0).to(Device::cuda),
+               v = gpu_random(Shape{B, T, H, D}, 23), o = gpu_zeros(Shape{B, T, H, D});
+        Tensor g = bench::random_tensor(Shape{B, T, H, D}, 24, -0.5, -0.01, 0).to(Device::cuda);
+        Tensor beta = bench::random_tensor(Shape{B, T, H}, 25, 0.1, 0.9, 0).to(Device::cuda);
+        Tensor dout = gpu_random(Shape{B, T, H, D}, 26), dq = gpu_zeros(Shape{B, T, H, D}),
+               dk = gpu_zeros(Shape{B, T, H, D}), dv = gpu_zeros(Shape{B, T, H, D}), dg = gpu_zeros(Shape{B, T, H, D}),
+               db = gpu_zeros(Shape{B, T, H});
+        const ops::KdaInputs in{q, k, v, g, beta, {}, {}};
+        const std::string shape = fmt::format("B {} T {} H {} K = V = {}", B, T, H, D);
+        const double fl = ops::kda_forward_flops(B * T, H, D, 64);
+        report({"kda (recurrent)", shape, "forward", median_ms([&] { ops::kda_forward({}, in, o, {}, {}); }, 5), fl,
+                true});
+        report({"kda (recurrent)", shape, "backward",
+                median_ms(
+                    [&] {
+                        ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {});
+                    },
+                    3),
+                2 * fl, true});
+    }
+    {  // DSA's sparse MQA attention, DeepSeek-V3.2's entry (576 dims, values 512), top-2048 of T = 8192, H = 16
+        const int64_t B = 1, T = 8192, H = 16, DK = 576, DV = 512, K = 2048;
+        std::vector<int32_t> idx(size_t(B * T * K));
+        int64_t entries = 0;
+        for (int64_t t = 0; t < T; ++t) {  // the last K positions (causal), −1 padded at the start
+            for (int64_t i = 0; i < K; ++i) {
+                const int64_t s = t - K + 1 + i;
+                idx[size_t(t * K + i)] = s >= 0 ? int32_t(s) : -1;
+                entries += s >= 0;
+            }
+        }
+        Tensor ih(DType::i32, Shape{B, T, K});
+        std::memcpy(ih.view().data, idx.data(), idx.size() * sizeof(int32_t));
+        Tensor indices = ih.to(Device::cuda);
+        Tensor q = gpu_random(Shape{B, T, H, DK}, 31),
+               kv = bench::random_tensor(Shape{B, T, DK}, 32, -0.1, 0.1, 0).to(Device::cuda);
+        Tensor o = gpu_zeros(Shape{B, T, H, DV}), lse = gpu_zeros(Shape{B, T, H}),
+               dout = gpu_random(Shape{B, T, H, DV}, 33), dq = gpu_zeros(Shape{B, T, H, DK}),
+               dkv = gpu_zeros(Shape{B, T, DK});
+        const ops::SparseAttentionParams sp{.dv = DV};
+        const std::string shape = fmt::format("B {} T {} H {} entry {}/{} top-{}", B, T, H, DK, DV, K);
+        const double fl = 2.0 * double(entries) * double(H) * double(DK + DV);  // QKᵀ and PV over the valid entries
+        report({"sparse_attention", shape, "forward",
+                median_ms([&] { ops::sparse_attention_forward(sp, q, kv, indices, o, lse, {}); }, 3), fl, true});
+        report({"sparse_attention", shape, "backward",
+                median_ms([&] { ops::sparse_attention_backward(sp, dout, q, kv, indices, o, lse, dq, dkv, {}); }, 1),
+                2.5 * fl, true});
+    }
+    // MoE expert compute (the layer between dispatch and combine, forward + backward) against one dense GEMM of the
+    // forward's FLOPs: N = 4096 tokens, L = 512, F = 256, SwiGLU; bench/bench_moe.cpp's table on the CPU
+    const int64_t N = 4096, L = 512, F = 256;
+    for (auto [E, K] : {std::array<int64_t, 2>{64, 4}, {256, 8}, {896, 16}}) {
+        ops::MoeParams p;
+        p.router.topk = K;
+        Tensor router_w = gpu_zeros(Shape{E, L}),
+               wg = bench::random_tensor(Shape{E, F, L}, 41, -0.04, 0.04, 0).to(Device::cuda),
+               wu = bench::random_tensor(Shape{E, F, L}, 42, -0.04, 0.04, 0).to(Device::cuda),
+               wd = bench::random_tensor(Shape{E, L, F}, 43, -0.06, 0.06, 0).to(Device::cuda);
+        Tensor gwg = gpu_zeros(wg.shape()), gwu = gpu_zeros(wu.shape()), gwd = gpu_zeros(wd.shape()),
+               grw = gpu_zeros(router_w.shape());
+        const ops::MoeWeights w{.router_w = router_w, .w_gate = wg, .w_up = wu, .w_down = wd};
+        const ops::MoeWeights gr{.router_w = grw, .w_gate = gwg, .w_up = gwu, .w_down = gwd};
+        const ops::MoeDims d = ops::moe_dims(p, w, N);
+        std::vector<BufferSpec> specs;
+        ops::moe_saved_specs(d, DType::f32, "", specs);
+        ops::moe_scratch_specs(d, DType::f32, "", specs);
+        BufferGroup buffers("moe", specs);
+        buffers.allocate(std::make_shared<Arena>(predict_arena_bytes({&buffers}, 4096), 4096, Device::cuda));
+        const ops::MoeSaved sv = ops::moe_bind_saved(d, buffers, "");
+        const ops::MoeScratch sc = ops::moe_bind_scratch(d, buffers, "");
+        const int64_t R = N * K;
+        const double fwd = 6.0 * double(R) * double(L) * double(F);
+        Tensor da = gpu_random(Shape{R, L}, 44),
+               db = bench::random_tensor(Shape{3 * F, L}, 45, -0.04, 0.04, 0).to(Device::cuda),
+               dc = gpu_zeros(Shape{R, 3 * F});
+        const double dense_ms = median_ms([&] { ops::linear_forward({}, da, db, {}, dc); });
+        report({"dense GEMM (the MoE forward's FLOPs)", fmt::format("{} x {} -> {}", R, L, 3 * F), "forward", dense_ms,
+                fwd, true});
+        Tensor x = gpu_random(Shape{N, L}, 46), dye = gpu_random(Shape{R, L}, 47);
+        const std::vector<float> gates(size_t(R), 1.0f / float(K));
+        for (const bool zipf : {false, true}) {
+            std::vector<int32_t> expert(static_cast<size_t>(R));
+            bench::route_experts(zipf, N, E, K, expert.data());
+            copy_bytes(sv.expert.data, Device::cuda, expert.data(), Device::cpu, expert.size() * sizeof(int32_t));
+            copy_bytes(sv.gates.data, Device::cuda, gates.data(), Device::cpu, gates.size() * sizeof(float));
+            ops::moe_build_layout(sv, N);
+            ops::moe_dispatch(sv, x, sv.xe);
+            auto set_dye = [&] {
+                copy_bytes(sc.ye.data, Device::cuda, dye.view().data, Device::cuda, dye.view().nbytes());
+            };
+            const double both = median_ms([&] {
+                ops::moe_experts_forward(p, w, sv, sc);
+                set_dye();
+                ops::moe_experts_backward(p, w, gr, sv, sc);
+            });
+            const double copy = median_ms(set_dye);
+            report({"moe experts (grouped GEMMs)",
+                    fmt::format("E {} k {} {}, {} rows", E, K, zipf ? "Zipf" : "uniform", R), "fwd+bwd", both - copy,
+                    3 * fwd, true});
+        }
     }
     return 0;
 }

@@ -42,23 +42,6 @@ double median_ms(int reps, const std::function<void()>& f) {
     return ms[ms.size() / 2];
 }
 
-// k distinct experts per token: uniform, or Zipf (p(e) ∝ 1/(e+1))
-void route(bool zipf, int64_t N, int64_t E, int64_t K, int32_t* expert) {
-    std::vector<double> cdf(static_cast<size_t>(E));
-    double z = 0;
-    for (int64_t e = 0; e < E; ++e) cdf[size_t(e)] = (z += zipf ? 1.0 / double(e + 1) : 1.0);
-    RandomStream rs{zipf ? 11u : 12u, 3};
-    uint64_t draw = 0;
-    for (int64_t n = 0; n < N; ++n) {
-        for (int64_t j = 0; j < K;) {
-            const double u = rs.uniform(draw++) * z;
-            const int32_t e = int32_t(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
-            if (e >= E || std::find(expert + n * K, expert + n * K + j, e) != expert + n * K + j) continue;
-            expert[n * K + j++] = e;
-        }
-    }
-}
-
 struct Layer {
     ops::MoeParams p;
     ops::MoeDims d;
@@ -196,7 +179,7 @@ int main(int argc, char** argv) {
             ops::moe_backward(l.p, l.w, l.x.view(), l.dy.view(), l.dx.view(), l.g, l.s, l.t);
         });
         for (bool zipf : {false, true}) {
-            route(zipf, N, E, K, l.s.expert.ptr<int32_t>());
+            bench::route_experts(zipf, N, E, K, l.s.expert.ptr<int32_t>());
             std::fill(l.s.gates.ptr<float>(), l.s.gates.ptr<float>() + R0, 1.0f / float(K));
             ops::moe_build_layout(l.s, N);
             ops::moe_dispatch(l.s, l.x.view(), l.s.xe);

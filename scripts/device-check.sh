@@ -15,6 +15,7 @@
 #                                  minutes
 #   scripts/device-check.sh profile there: the demo's GPU step with blocking launches and a trace, its spans summed
 #                                  ($OUT/profile.md, trace.json)
+#   scripts/device-check.sh bench   there: bench_cuda and the dense bench model's training on the GPU
 #
 # Not yet in it (the backend does not have it): NCCL collectives.
 set -euo pipefail
@@ -256,12 +257,25 @@ for (name, cat), us in total.most_common(25):
 PY
 }
 
+# The benchmarks alone: bench_cuda (each row written as it is measured) and the dense bench model's training on
+# the GPU (tokens/s and the share of the GEMM rate).
+bench() {
+    local out b
+    setup
+    timeout 400 "$b/bin/bench_cuda" | tee "$out/bench_cuda.md" || true
+    rm -rf /tmp/bench_dense
+    timeout 120 "$b/bin/tessera" train --config configs/bench_dense.json --steps 12 --out /tmp/bench_dense \
+        --set train.device=cuda --set train.log_interval=4 --set train.eval_interval=0 \
+        --set train.checkpoint_interval=0 2>&1 | grep -E "^tessera:|^step|GEMM rate" | tee "$out/bench_dense.log"
+}
+
 case ${1:-} in
     pack) pack ;;
     run) run ;;
     profile) profile ;;
+    bench) bench ;;
     *)
-        echo "usage: scripts/device-check.sh pack|run|profile (see the comment at its top)" >&2
+        echo "usage: scripts/device-check.sh pack|run|profile|bench (see the comment at its top)" >&2
         exit 2
         ;;
 esac
