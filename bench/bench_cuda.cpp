@@ -134,49 +134,26 @@ int main(int argc, char** argv) {
                 median_ms([&] { ops::attention_backward({}, dout, q, k, v, o, lse, dq, dk, dv, {}); }), 2.5 * fl,
                 true});
     }
-    {
-        const int64_t B = 4, T = 2048, H = 16, D = 128;
-        Tensor q = gpu_random(Shape{B, T, H, D}, 15),
-               k = bench::random_tensor(Shape{B, T, H, D}, 16, -0.15, 0.15, 0).to(Device::cuda),  // |k|² < 1
-            v = gpu_random(Shape{B, T, H, D}, 17), o = gpu_zeros(Shape{B, T, H, D});
-        Tensor g = (bench::random_tensor(Shape{B, T, H, D}, 18, -0.5, -0.01, 0)).to(Device::cuda);
-        Tensor beta = (bench::random_tensor(Shape{B, T, H}, 19, 0.1, 0.9, 0)).to(Device::cuda);
-        Tensor dout = gpu_random(Shape{B, T, H, D}, 20), dq = gpu_zeros(Shape{B, T, H, D}),
+    // KDA's recurrent kernels, forward and backward (medians of reps_f and reps_b calls), |k|² < 1
+    const auto kda_rows = [&](int64_t B, int64_t T, int64_t H, int64_t D, int reps_f, int reps_b, uint64_t seed) {
+        Tensor q = gpu_random(Shape{B, T, H, D}, seed),
+               k = bench::random_tensor(Shape{B, T, H, D}, seed + 1, -0.15, 0.15, 0).to(Device::cuda),
+               v = gpu_random(Shape{B, T, H, D}, seed + 2), o = gpu_zeros(Shape{B, T, H, D});
+        Tensor g = bench::random_tensor(Shape{B, T, H, D}, seed + 3, -0.5, -0.01, 0).to(Device::cuda);
+        Tensor beta = bench::random_tensor(Shape{B, T, H}, seed + 4, 0.1, 0.9, 0).to(Device::cuda);
+        Tensor dout = gpu_random(Shape{B, T, H, D}, seed + 5), dq = gpu_zeros(Shape{B, T, H, D}),
                dk = gpu_zeros(Shape{B, T, H, D}), dv = gpu_zeros(Shape{B, T, H, D}), dg = gpu_zeros(Shape{B, T, H, D}),
                db = gpu_zeros(Shape{B, T, H});
         const ops::KdaInputs in{q, k, v, g, beta, {}, {}};
         const std::string shape = fmt::format("B {} T {} H {} K = V = {}", B, T, H, D);
         const double fl = ops::kda_forward_flops(B * T, H, D, 64);
-        report(
-            {"kda (recurrent)", shape, "forward", median_ms([&] { ops::kda_forward({}, in, o, {}, {}); }), fl, true});
-        report({"kda (recurrent)", shape, "backward", median_ms([&] {
-                    ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {});
-                }),
-                2 * fl, true});
-    }
-    {  // KDA at the shape: T = 4096, H = 32, K = V = 128 (one sequence: 32 units for 132 SMs)
-        const int64_t B = 1, T = 4096, H = 32, D = 128;
-        Tensor q = gpu_random(Shape{B, T, H, D}, 21),
-               k = bench::random_tensor(Shape{B, T, H, D}, 22, -0.15, 0.15, 0).to(Device::cuda),
-               v = gpu_random(Shape{B, T, H, D}, 23), o = gpu_zeros(Shape{B, T, H, D});
-        Tensor g = bench::random_tensor(Shape{B, T, H, D}, 24, -0.5, -0.01, 0).to(Device::cuda);
-        Tensor beta = bench::random_tensor(Shape{B, T, H}, 25, 0.1, 0.9, 0).to(Device::cuda);
-        Tensor dout = gpu_random(Shape{B, T, H, D}, 26), dq = gpu_zeros(Shape{B, T, H, D}),
-               dk = gpu_zeros(Shape{B, T, H, D}), dv = gpu_zeros(Shape{B, T, H, D}), dg = gpu_zeros(Shape{B, T, H, D}),
-               db = gpu_zeros(Shape{B, T, H});
-        const ops::KdaInputs in{q, k, v, g, beta, {}, {}};
-        const std::string shape = fmt::format("B {} T {} H {} K = V = {}", B, T, H, D);
-        const double fl = ops::kda_forward_flops(B * T, H, D, 64);
-        report({"kda (recurrent)", shape, "forward", median_ms([&] { ops::kda_forward({}, in, o, {}, {}); }, 5), fl,
-                true});
-        report({"kda (recurrent)", shape, "backward",
-                median_ms(
-                    [&] {
-                        ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {});
-                    },
-                    3),
-                2 * fl, true});
-    }
+        report({"kda (recurrent)", shape, "forward", median_ms([&] { ops::kda_forward({}, in, o, {}, {}); }, reps_f),
+                fl, true});
+        const auto backward = [&] { ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {}); };
+        report({"kda (recurrent)", shape, "backward", median_ms(backward, reps_b), 2 * fl, true});
+    };
+    kda_rows(4, 2048, 16, 128, 20, 20, 15);
+    kda_rows(1, 4096, 32, 128, 5, 3, 21);  // the shape: one sequence, 32 units for 132 SMs
     {  // DSA's sparse MQA attention, DeepSeek-V3.2's entry (576 dims, values 512), top-2048 of T = 8192, H = 16
         const int64_t B = 1, T = 8192, H = 16, DK = 576, DV = 512, K = 2048;
         std::vector<int32_t> idx(size_t(B * T * K));

@@ -14,6 +14,7 @@
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
 #include "ops/lora.h"
+#include "ops/moe.h"
 #include "ops/moe_balance.h"
 #include "ops/registry.h"
 #include "ops/rmsnorm.h"
@@ -89,6 +90,42 @@ TEST(OpDispatch, WhatTheCudaBackendLacksRefusesCudaTensors) {
     const std::string e = error_of([&] { q.add(fake_cuda(Shape{4, 16}), bias); });
     EXPECT_NE(e.find("QuantileBalancer::add: the CUDA backend has no implementation of this op yet"), std::string::npos)
         << e;
+}
+
+// What the MoE layer cannot do on CUDA tensors yet is refused before anything is read: an expert stage (expert
+// parallelism needs NCCL) and frozen experts held narrow.
+TEST(OpDispatch, MoeOnCudaTensorsRefusesExpertParallelismAndNarrowExperts) {
+    struct NoStage final : ops::MoeExpertStage {
+        int64_t local_experts() const override { return 4; }
+        const int64_t* capacity_shares(double, int64_t, TensorView) const override { return nullptr; }
+        void forward(const ops::MoeParams&,
+                     const ops::MoeWeights&,
+                     const ops::MoeSaved&,
+                     const ops::MoeScratch&,
+                     ops::OverlapWork) const override {}
+        void backward(const ops::MoeParams&,
+                      const ops::MoeWeights&,
+                      const ops::MoeWeights&,
+                      const ops::MoeSaved&,
+                      const ops::MoeScratch&,
+                      ops::OverlapWork) const override {}
+    } stage;
+    ops::MoeWeights w{.router_w = fake_cuda(Shape{4, 8}),
+                      .w_gate = fake_cuda(Shape{4, 6, 8}),
+                      .w_up = fake_cuda(Shape{4, 6, 8}),
+                      .w_down = fake_cuda(Shape{4, 8, 6})};
+    const ops::MoeSaved s{};
+    const ops::MoeScratch t{};
+    ops::MoeParams p;
+    p.stage = &stage;
+    std::string e = error_of([&] {
+        ops::moe_forward(p, w, fake_cuda(Shape{3, 8}), fake_cuda(Shape{3, 8}), false, s, t);
+    });
+    EXPECT_NE(e.find("moe: expert parallelism on CUDA tensors is not supported yet"), std::string::npos) << e;
+    p.stage = nullptr;
+    w.w_down = TensorView(w.w_down.data, DType::bf16, w.w_down.shape, Device::cuda);
+    e = error_of([&] { ops::moe_forward(p, w, fake_cuda(Shape{3, 8}), fake_cuda(Shape{3, 8}), false, s, t); });
+    EXPECT_NE(e.find("moe (CUDA): expert weights in bf16"), std::string::npos) << e;
 }
 
 TEST(OpDispatch, AnOpTheCudaBackendHasFailsCleanlyWithoutAGpu) {
