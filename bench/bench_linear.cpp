@@ -28,8 +28,8 @@ struct LinearShape {
 };
 
 // tokens x in -> out: the projections of a d=512 / d=1024 model at 4K-8K tokens per step
-const std::vector<LinearShape> kShapes = {
-    {4096, 512, 1536}, {4096, 512, 512}, {4096, 512, 2048}, {4096, 2048, 512}, {8192, 1024, 4096}};
+const std::vector<LinearShape> kShapes = {{4096, 256, 256},  {4096, 512, 1536}, {4096, 512, 512},
+                                          {4096, 512, 2048}, {4096, 2048, 512}, {8192, 1024, 4096}};
 
 Tensor filled(Shape s, float v) {
     Tensor t(DType::f32, s);
