@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "core/check.h"
+#include "ops/causal_conv1d.h"
 
 namespace tessera::model {
 
@@ -396,7 +397,7 @@ void KdaConfig::validate(const std::string& where) const {
     in_range(head_dim, 1, kMaxWidth, where, "head_dim");
     in_range(head_v_dim, 0, kMaxWidth, where, "head_v_dim");
     in_range(gate_rank, 0, kMaxWidth, where, "gate_rank");
-    in_range(conv_size, 1, 1024, where, "conv_size");
+    in_range(conv_size, 1, ops::kCausalConvMaxWidth, where, "conv_size");
     TESSERA_CHECK(o_norm_eps > 0, "{}: o_norm_eps must be positive", where);
     TESSERA_CHECK(hv() % num_heads == 0, "{}: num_v_heads {} must be a multiple of num_heads {}", where, hv(),
                   num_heads);

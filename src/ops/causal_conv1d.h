@@ -15,6 +15,8 @@ namespace tessera::ops {
 
 enum class Activation : uint8_t { none, silu };
 
+inline constexpr int64_t kCausalConvMaxWidth = 16;  // the widest kernel W (KDA, GDN and Mamba use 4)
+
 struct CausalConv1dParams {
     Activation activation = Activation::none;
 };

@@ -79,7 +79,7 @@ TEST(ConfigKeys, SizesHaveUpperBounds) {
         {{"ffn_dim=1099511627776"}, "model.ffn_dim"},
         {{"moe.experts=1000000", "moe.ffn_dim=8"}, "model.moe.experts = 1000000 must be in [0, 65536]"},
         {{"attention=dsa", "mla.dsa.topk=1099511627776"}, "dsa.topk = 1099511627776 must be in [1, 16777216]"},
-        {{"attention=kda", "kda.conv_size=1000000"}, "conv_size = 1000000 must be in [1, 1024]"},
+        {{"attention=kda", "kda.conv_size=1000000"}, "conv_size = 1000000 must be in [1, 16]"},
     };
     for (const auto& [sets, needle] : cases) {
         SCOPED_TRACE(sets.back());
