@@ -5,6 +5,7 @@
 
 #include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/op_use.h"
 
 namespace tessera::ops {
@@ -22,10 +23,10 @@ void l2norm_forward(const L2NormParams& p, TensorView x, TensorView y) {
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < X.rows; ++n) {
             const T* xr = X.row(n);
-            double ss = 0;
-            for (int64_t c = 0; c < X.cols; ++c) ss += double(xr[c]) * double(xr[c]);
+            const double ss = cpu::lane_sum<double>(X.cols, [&](int64_t c) { return double(xr[c]) * double(xr[c]); });
             const T rho = T(1.0 / std::sqrt(ss + p.eps));
             T* yr = Y.row(n);
+#pragma omp simd
             for (int64_t c = 0; c < X.cols; ++c) yr[c] = xr[c] * rho;
         }
     });
@@ -42,12 +43,11 @@ void l2norm_backward(const L2NormParams& p, TensorView dy, TensorView x, TensorV
         for (int64_t n = 0; n < X.rows; ++n) {
             const T* xr = X.row(n);
             const T* g = DY.row(n);
-            double ss = 0;
-            for (int64_t c = 0; c < X.cols; ++c) ss += double(xr[c]) * double(xr[c]);
+            const double ss = cpu::lane_sum<double>(X.cols, [&](int64_t c) { return double(xr[c]) * double(xr[c]); });
             const T rho = T(1.0 / std::sqrt(ss + p.eps));
-            T ydy = 0;
-            for (int64_t c = 0; c < X.cols; ++c) ydy += xr[c] * rho * g[c];
+            const T ydy = cpu::lane_sum<T>(X.cols, [&](int64_t c) { return xr[c] * rho * g[c]; });
             T* d = DX.row(n);
+#pragma omp simd
             for (int64_t c = 0; c < X.cols; ++c) d[c] += rho * (g[c] - xr[c] * rho * ydy);
         }
     });

@@ -7,6 +7,7 @@
 
 #include "ops/backend.h"
 #include "ops/cpu/kernel_util.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/op_use.h"
 
 namespace tessera::ops {
@@ -31,8 +32,7 @@ void rmsnorm_forward(const RmsNormParams& p, TensorView x, TensorView w, TensorV
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < X.rows; ++n) {
             const T* xr = X.row(n);
-            double ss = 0.0;
-            for (int64_t d = 0; d < D; ++d) ss += double(xr[d]) * double(xr[d]);
+            const double ss = cpu::lane_sum<double>(D, [&](int64_t d) { return double(xr[d]) * double(xr[d]); });
             const T r = T(1.0 / std::sqrt(ss / double(D) + p.eps));
             R[n] = r;
             T* yr = Y.row(n);
@@ -66,8 +66,8 @@ void rmsnorm_backward(
                 const T* xr = X.row(n);
                 const T* dyr = DY.row(n);
                 const T r = R[n];
-                double dot = 0.0;  // Σ g∘x̂
-                for (int64_t d = 0; d < D; ++d) dot += double(dyr[d] * W[d]) * double(xr[d] * r);
+                const double dot = cpu::lane_sum<double>(  // Σ g∘x̂
+                    D, [&](int64_t d) { return double(dyr[d] * W[d]) * double(xr[d] * r); });
                 const T mean = T(dot / double(D));
                 T* dxr = DX.row(n);
                 for (int64_t d = 0; d < D; ++d) dxr[d] += r * (dyr[d] * W[d] - xr[d] * r * mean);

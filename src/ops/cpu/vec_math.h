@@ -56,4 +56,22 @@ inline float vtanh(float x) {
 }
 inline double vtanh(double x) { return std::tanh(x); }
 
+// Σ_{c < n} term(c) in Acc, in one order on every ISA and thread count: kSumLanes partial sums (lane j takes c ≡ j mod
+// kSumLanes, in increasing c), then the lanes in order. The lane loop vectorizes (a sequential sum does not: its
+// order is the dependence chain), so a row's sum of squares runs at the row's load rate.
+inline constexpr int kSumLanes = 16;
+template <class Acc, class Term>
+inline Acc lane_sum(int64_t n, Term&& term) {
+    Acc acc[kSumLanes] = {};
+    int64_t c = 0;
+    for (; c + kSumLanes <= n; c += kSumLanes) {
+#pragma omp simd
+        for (int j = 0; j < kSumLanes; ++j) acc[j] += term(c + j);
+    }
+    for (int j = 0; c + j < n; ++j) acc[j] += term(c + j);
+    Acc s = 0;
+    for (int j = 0; j < kSumLanes; ++j) s += acc[j];
+    return s;
+}
+
 }  // namespace tessera::ops::cpu
