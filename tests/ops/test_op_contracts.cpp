@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 
 #include "ops/attention.h"
@@ -11,8 +12,12 @@
 #include "ops/cpu/vec_math.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
+#include "ops/gated_rmsnorm.h"
+#include "ops/kda_gate.h"
+#include "ops/l2norm.h"
 #include "ops/linear.h"
 #include "ops/registry.h"
+#include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "util/test_util.h"
 
@@ -208,6 +213,78 @@ TEST(Attention, SameBitsOnOneAndTwoThreads) {
     };
     auto a = run(1), b = run(2);
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i], b[i])) << "output " << i;
+}
+
+// The row ops' sums over tokens (parameter gradients) and over a row's columns (lane_sum) have one order: the same
+// bits on one and two threads, on inputs shaped like the demo's (64 columns per head, 3 × 256 channels).
+TEST(RowOps, SameBitsOnOneAndTwoThreads) {
+    const int64_t N = 300, H = 4, K = 64, C = 768;
+    Tensor x = test::randn(DType::f32, Shape{N * H, K}, 1), z = test::randn(DType::f32, Shape{N * H, K}, 2),
+           w = test::randn(DType::f32, Shape{K}, 3), dy = test::randn(DType::f32, Shape{N * H, K}, 4);
+    Tensor f = test::randn(DType::f32, Shape{N, H, K}, 5), a_log = test::randn(DType::f32, Shape{H}, 6),
+           bias = test::randn(DType::f32, Shape{H * K}, 7), dg = test::randn(DType::f32, Shape{N, H, K}, 8);
+    Tensor cx = test::randn(DType::f32, Shape{2, N / 2, C}, 9), cw = test::randn(DType::f32, Shape{C, 4}, 10),
+           cdy = test::randn(DType::f32, Shape{2, N / 2, C}, 11);
+    auto run = [&](int threads) {
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        std::vector<Tensor> r;
+        auto out = [&](Shape s) -> Tensor& { return r.emplace_back(DType::f32, s); };
+        r.reserve(16);
+        Tensor& y = out(x.shape());
+        Tensor& rstd = out(Shape{N * H});
+        ops::rmsnorm_forward({.eps = 1e-6}, x, w, y, rstd);
+        ops::rmsnorm_backward({.eps = 1e-6}, dy, x, w, rstd, out(x.shape()), out(w.shape()));
+        ops::l2norm_forward({}, x, out(x.shape()));
+        ops::l2norm_backward({}, dy, x, out(x.shape()));
+        ops::gated_rmsnorm_forward({.eps = 1e-6}, x, z, w, out(x.shape()));
+        ops::gated_rmsnorm_backward({.eps = 1e-6}, dy, x, z, w, out(x.shape()), out(x.shape()), out(w.shape()));
+        for (double lb : {0.0, -5.0}) {
+            ops::kda_gate_forward({.lower_bound = lb}, f, a_log, bias, out(f.shape()));
+            ops::kda_gate_backward({.lower_bound = lb}, dg, f, a_log, bias, out(f.shape()), out(a_log.shape()),
+                                   out(bias.shape()));
+        }
+        const ops::CausalConv1dParams cp{.activation = ops::Activation::silu};
+        ops::causal_conv1d_forward(cp, cx, cw, out(cx.shape()));
+        ops::causal_conv1d_backward(cp, cdy, cx, cw, out(cx.shape()), out(cw.shape()));
+        omp_set_num_threads(saved);
+        return r;
+    };
+    auto a = run(1), b = run(2);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::bitwise_equal(a[i], b[i])) << "output " << i;
+}
+
+// The backward of the short convolution with only dx or only dw wanted gives the bits of the full backward.
+TEST(CausalConv1d, EitherGradientAloneMatchesBoth) {
+    const int64_t B = 2, T = 50, C = 200, W = 4;
+    Tensor x = test::randn(DType::f32, Shape{B, T, C}, 1), w = test::randn(DType::f32, Shape{C, W}, 2),
+           dy = test::randn(DType::f32, Shape{B, T, C}, 3);
+    for (ops::Activation act : {ops::Activation::none, ops::Activation::silu}) {
+        Tensor dx(DType::f32, x.shape()), dw(DType::f32, w.shape()), dx1(DType::f32, x.shape()),
+            dw1(DType::f32, w.shape());
+        ops::causal_conv1d_backward({.activation = act}, dy, x, w, dx, dw);
+        ops::causal_conv1d_backward({.activation = act}, dy, x, w, dx1, {});
+        ops::causal_conv1d_backward({.activation = act}, dy, x, w, {}, dw1);
+        EXPECT_TRUE(test::bitwise_equal(dx, dx1));
+        EXPECT_TRUE(test::bitwise_equal(dw, dw1));
+    }
+    Tensor wide = test::randn(DType::f32, Shape{C, ops::kCausalConvMaxWidth + 1}, 4), y(DType::f32, x.shape());
+    test::expect_error([&] { ops::causal_conv1d_forward({}, x, wide, y); }, "1 <= W <= 16");
+}
+
+// lane_sum adds 16 column lanes (lane j: c = j, j + 16, ...) and then the lanes in order: that order, written out
+TEST(VecMath, LaneSumHasOneOrder) {
+    Tensor v = test::randn(DType::f32, Shape{1000}, 5);
+    const float* p = v.ptr<float>();
+    for (int64_t n : {1, 15, 16, 17, 64, 1000}) {
+        float lanes[16] = {};
+        for (int64_t c = 0; c < n; ++c) lanes[c % 16] += p[c] * p[c];
+        float want = 0;
+        for (float l : lanes) want += l;
+        const float got = ops::cpu::lane_sum<float>(n, [&](int64_t c) { return p[c] * p[c]; });
+        EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << "n = " << n;
+    }
 }
 
 // Packed sequences (cu_seqlens, B = 1) give what each sequence gives on its own (attention: no query
