@@ -1,6 +1,8 @@
 // The row glue ops (ops/rows.h): the entry points (checks, then CUDA tensors to ops/cuda) and the CPU loops.
 #include "ops/rows.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -74,7 +76,13 @@ void zero_rows(TensorView t, int64_t rows) {
     if (contiguous) {  // in pieces of 64 KiB shared by the threads (a layer's gradient is megabytes)
         constexpr size_t kPiece = size_t(1) << 16;
         const size_t bytes = row_bytes * size_t(rows), pieces = (bytes + kPiece - 1) / kPiece;
-#pragma omp parallel for schedule(static) if (pieces > 4)
+        // NOTES: a plain branch, not an `if` clause: libgomp allocates a team for every region it runs serially, and
+        // the training step allocates nothing after its first (tests/model/test_no_alloc.cpp)
+        if (pieces <= 4 || omp_in_parallel()) {
+            std::memset(t.data, 0, bytes);
+            return;
+        }
+#pragma omp parallel for schedule(static)
         for (size_t i = 0; i < pieces; ++i)
             std::memset(static_cast<std::byte*>(t.data) + i * kPiece, 0, std::min(kPiece, bytes - i * kPiece));
         return;
