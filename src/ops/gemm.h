@@ -84,11 +84,11 @@ void gemm(Trans ta,
           int64_t ldc);
 
 // The blocks of C that gemm() computes one sgemm call each: rows × cols blocks of block_m × block_n
-// (the last ones cut short), a function of the shape only.
+// (the last ones cut short), a function of the shape (and of whether A is transposed) only.
 struct GemmGrid {
     int64_t block_m = 0, block_n = 0, rows = 0, cols = 0;
 };
-GemmGrid gemm_grid(int64_t M, int64_t N, int64_t K);
+GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K);
 
 // Bytes of the per-thread copy buffer the weight-gradient products (op(A) = Aᵀ) use, outside any
 // arena: allocated on a thread's first such product, one fixed size, never grown.

@@ -118,22 +118,30 @@ TEST(Gemm, NarrowWeightGivesTheBitsOfItsWidenedF32Product) {
 TEST(Gemm, GridCoversTheProductInAPowerOfTwoOfBlocks) {
     for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{4096, 512, 512}, GemmCase{512, 512, 4096}, GemmCase{1000, 777, 129},
                        GemmCase{100000, 16, 16}, GemmCase{3, 70000, 512}}) {
-        const ops::GemmGrid g = ops::gemm_grid(s.M, s.N, s.K);
-        SCOPED_TRACE(fmt::format("M={} N={} K={}", s.M, s.N, s.K));
-        EXPECT_GE(g.rows * g.block_m, s.M);
-        EXPECT_LT((g.rows - 1) * g.block_m, s.M);
-        EXPECT_GE(g.cols * g.block_n, s.N);
-        EXPECT_LT((g.cols - 1) * g.block_n, s.N);
-        EXPECT_TRUE(g.rows == 1 || g.block_m % 16 == 0);
-        EXPECT_TRUE(g.cols == 1 || g.block_n % 16 == 0);
-        EXPECT_LE(g.rows * g.cols, 16);
-        EXPECT_EQ(g.rows * g.cols & (g.rows * g.cols - 1), 0);
+        for (Trans ta : {Trans::N, Trans::T}) {
+            const ops::GemmGrid g = ops::gemm_grid(ta, s.M, s.N, s.K);
+            SCOPED_TRACE(fmt::format("M={} N={} K={} ta={}", s.M, s.N, s.K, int(ta)));
+            EXPECT_GE(g.rows * g.block_m, s.M);
+            EXPECT_LT((g.rows - 1) * g.block_m, s.M);
+            EXPECT_GE(g.cols * g.block_n, s.N);
+            EXPECT_LT((g.cols - 1) * g.block_n, s.N);
+            EXPECT_TRUE(g.rows == 1 || g.block_m % 16 == 0);
+            EXPECT_TRUE(g.cols == 1 || g.block_n % 16 == 0);
+            EXPECT_LE(g.rows * g.cols, 16);
+            EXPECT_EQ(g.rows * g.cols & (g.rows * g.cols - 1), 0);
+        }
     }
-    const ops::GemmGrid big = ops::gemm_grid(4096, 512, 512), small = ops::gemm_grid(64, 64, 64);
+    const ops::GemmGrid big = ops::gemm_grid(Trans::N, 4096, 512, 512), small = ops::gemm_grid(Trans::N, 64, 64, 64);
     EXPECT_EQ(big.rows * big.cols, 16);
     EXPECT_EQ(small.rows * small.cols, 1);
-    // a weight gradient of a d_model-256 linear (256 × 256 over 4096 tokens) is shared by the threads
-    EXPECT_EQ(ops::gemm_grid(256, 256, 4096).rows * ops::gemm_grid(256, 256, 4096).cols, 4);
+    // weight gradients: blocks of 256 when that makes at least 4 (512 × 512 over 4096 tokens), else of 128 (a
+    // d_model-256 linear, 256 × 256: one block of 256 would leave the other threads idle)
+    const ops::GemmGrid wide = ops::gemm_grid(Trans::T, 512, 512, 4096),
+                        narrow = ops::gemm_grid(Trans::T, 256, 256, 4096);
+    EXPECT_EQ(wide.rows * wide.cols, 4);
+    EXPECT_EQ(wide.block_m, 256);
+    EXPECT_EQ(narrow.rows * narrow.cols, 4);
+    EXPECT_EQ(narrow.block_m, 128);
 }
 
 }  // namespace

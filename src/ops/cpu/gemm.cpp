@@ -107,23 +107,28 @@ auto on_this_thread(Fn fn) {
 
 size_t gemm_copy_buffer_bytes() { return kCopyElems * sizeof(float); }
 
-GemmGrid gemm_grid(int64_t M, int64_t N, int64_t K) {
+GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K) {
     // NOTES: halve the longer block edge until there are kMaxBlocks blocks, an edge would drop below
     // the minimum, or a block would hold less than kMinWork multiply-adds. Blocks stay large enough
     // that oneDNN's packing of each block's operands is amortised; the block counts are powers of
     // two, so 2, 4, 8 or 16 threads share them evenly. With op(A) = Aᵀ (weight gradients, long K)
-    // each block also copies its operands (sgemm_transposed_a_copied): K·(m + n) moves against
-    // K·m·n multiply-adds, 1.6% at edges of 128. (Edges of 256 there left a d_model-256 weight
-    // gradient, 256 × 256 over 4096 tokens, as one single-threaded block: 0.66 of oneDNN's threaded
-    // sgemm on that linear's backward, 0.89 with edges of 128; edges of 64 measured no better.)
-    constexpr int64_t kMaxBlocks = 16, kMinWork = int64_t(1) << 21, kMinEdge = 128;
+    // each block also copies its operands (sgemm_transposed_a_copied): edges of at least 256 keep
+    // that copy small, unless that leaves fewer than kFewBlocks blocks; then edges go down to 128.
+    // (Edges of 256 alone left a d_model-256 weight gradient, 256 × 256 over 4096 tokens, as one
+    // single-threaded block: 0.66 of oneDNN's threaded sgemm on that linear's backward, 0.89 with
+    // edges of 128. Edges of 128 everywhere cost the wider AVX2 shapes up to 0.1, e.g. 512 × 512.)
+    constexpr int64_t kMaxBlocks = 16, kFewBlocks = 4, kMinWork = int64_t(1) << 21;
     int64_t pm = 1, pn = 1;
-    while (pm * pn < kMaxBlocks) {
-        const int64_t em = (M + pm - 1) / pm, en = (N + pn - 1) / pn;
-        const bool rows = em >= en;
-        if ((rows ? em : en) < 2 * kMinEdge || em * en * std::max<int64_t>(K, 1) / 2 < kMinWork) break;
-        (rows ? pm : pn) *= 2;
-    }
+    auto halve = [&](int64_t min_edge) {
+        while (pm * pn < kMaxBlocks) {
+            const int64_t em = (M + pm - 1) / pm, en = (N + pn - 1) / pn;
+            const bool rows = em >= en;
+            if ((rows ? em : en) < 2 * min_edge || em * en * std::max<int64_t>(K, 1) / 2 < kMinWork) break;
+            (rows ? pm : pn) *= 2;
+        }
+    };
+    halve(ta == Trans::T ? 256 : 128);
+    if (pm * pn < kFewBlocks) halve(128);
     auto edge = [](int64_t extent, int64_t parts) {  // multiples of 16 floats (one AVX-512 vector)
         return parts == 1 ? extent : ((extent + parts - 1) / parts + 15) / 16 * 16;
     };
@@ -152,7 +157,7 @@ void run_grid(Trans ta,
               float* C,
               int64_t ldc) {
     if (M == 0 || N == 0) return;
-    const GemmGrid g = gemm_grid(M, N, K);
+    const GemmGrid g = gemm_grid(ta, M, N, K);
     const int64_t blocks = g.rows * g.cols;
     // one block of C: single-threaded sgemm on its rows of op(A) and columns of op(B)
     auto block = [&](int64_t b) {
