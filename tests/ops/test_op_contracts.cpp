@@ -273,6 +273,36 @@ TEST(CausalConv1d, EitherGradientAloneMatchesBoth) {
     test::expect_error([&] { ops::causal_conv1d_forward({}, x, wide, y); }, "1 <= W <= 16");
 }
 
+// kda_gate's backward sums a head's channels in chunks of 64: a head of 150 channels gives what its channels give as
+// two narrower heads (df and ddt_bias per channel; dA_log the sum of the two parts' dA_log), in both gate forms.
+TEST(KdaGate, WideHeadsMatchTheirChannelsSplit) {
+    const int64_t N = 40, K = 150, K1 = 64, K2 = K - K1;
+    Tensor f = test::randn(DType::f64, Shape{N, 1, K}, 1), dg = test::randn(DType::f64, Shape{N, 1, K}, 2),
+           a_log = test::randn(DType::f64, Shape{1}, 3), bias = test::randn(DType::f64, Shape{K}, 4);
+    auto part = [](const Tensor& t, int64_t c0, int64_t width) {  // channels [c0, c0 + width) of each row
+        const int64_t rows = t.numel() / K;
+        Tensor out(DType::f64, t.shape().ndim == 1 ? Shape{width} : Shape{rows, 1, width});
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < width; ++c) out.ptr<double>()[r * width + c] = t.ptr<double>()[r * K + c0 + c];
+        return out;
+    };
+    for (double lb : {0.0, -5.0}) {
+        const ops::KdaGateParams p{.lower_bound = lb};
+        Tensor df(DType::f64, f.shape()), da(DType::f64, Shape{1}), db(DType::f64, bias.shape());
+        ops::kda_gate_backward(p, dg, f, a_log, bias, df, da, db);
+        double da_parts = 0;
+        for (auto [c0, w] : {std::pair{int64_t(0), K1}, {K1, K2}}) {
+            Tensor fp = part(f, c0, w), gp = part(dg, c0, w), bp = part(bias, c0, w);
+            Tensor dfp(DType::f64, fp.shape()), dap(DType::f64, Shape{1}), dbp(DType::f64, bp.shape());
+            ops::kda_gate_backward(p, gp, fp, a_log, bp, dfp, dap, dbp);
+            EXPECT_TRUE(test::all_close(part(df, c0, w), dfp, 1e-14, 1e-14));
+            EXPECT_TRUE(test::all_close(part(db, c0, w), dbp, 1e-14, 1e-14));
+            da_parts += dap.ptr<double>()[0];
+        }
+        EXPECT_NEAR(da.ptr<double>()[0], da_parts, 1e-12 * std::abs(da_parts)) << "lower bound " << lb;
+    }
+}
+
 // lane_sum adds 16 column lanes (lane j: c = j, j + 16, ...) and then the lanes in order: that order, written out
 TEST(VecMath, LaneSumHasOneOrder) {
     Tensor v = test::randn(DType::f32, Shape{1000}, 5);

@@ -109,9 +109,9 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
         }
         if (!dweight.defined()) return;
         T* DW = dweight.ptr<T>();
-        // NOTES: rows summed in order per column block (deterministic)
-        // NOTES: a task per 16 columns (one cache line of f32) walks every row in order: fixed sums, and a head's 64
-        // channels still make 4 tasks; each task recomputes its rows' rstd (a vectorized row sum).
+        // NOTES: rows summed in order per column block (deterministic): a task per 16 columns (one cache line of f32)
+        // walks every row in order: fixed sums, and a head's 64 channels still make 4 tasks; each task recomputes its
+        // rows' rstd (a vectorized row sum).
         constexpr int64_t kCols = 16;
 #pragma omp parallel for schedule(static)
         for (int64_t c0 = 0; c0 < D; c0 += kCols) {

@@ -2,6 +2,7 @@
 // (formulas: ops/kda_gate.h, spec/kda.md §3.3).
 #include "ops/kda_gate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/backend.h"
@@ -14,7 +15,7 @@ namespace tessera::ops {
 using cpu::dispatch_float;
 
 namespace {
-constexpr int64_t kMaxK = 1024;  // the widest head (K) the gate takes
+constexpr int64_t kChunk = 64;  // channels of a head the backward sums together
 
 struct GateDims {
     int64_t N, HV, K;
@@ -24,7 +25,6 @@ GateDims check(const TensorView& f, const TensorView& A_log, const TensorView& d
     TESSERA_CHECK(f.ndim() >= 2 && f.size(-1) > 0 && f.size(-2) > 0, "kda_gate: f must be [..., HV, K], not {}",
                   f.shape.str());
     GateDims d{f.numel() / (f.size(-1) * f.size(-2)), f.size(-2), f.size(-1)};
-    TESSERA_CHECK(d.K <= kMaxK, "kda_gate: heads of at most {} channels, not {}", kMaxK, d.K);
     check_shape(A_log, Shape{d.HV}, "kda_gate: A_log");
     TESSERA_CHECK(dt_bias.numel() == d.HV * d.K, "kda_gate: dt_bias must hold HV·K = {} values, not {}", d.HV * d.K,
                   dt_bias.shape.str());
@@ -103,50 +103,51 @@ void kda_gate_backward(const KdaGateParams& p,
         const T lb = T(p.lower_bound);
         // NOTES: one task per head walks every token in order: the parameter sums have a fixed order. ddt_bias adds
         // each token's term in place, in token order; dA_log sums per channel c (the same lanes on every ISA), then
-        // over c.
+        // over c. Channels go in chunks of kChunk (a head of any width; each chunk walks the tokens again).
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < d.HV; ++i) {
             const T a = T(std::exp(double(A[i])));
-            T db[kMaxK], da[kMaxK], dz[kMaxK];
-            const T* b = bias + i * d.K;
-            for (int64_t c = 0; c < d.K; ++c) {
-                db[c] = DB ? DB[i * d.K + c] : T(0);
-                da[c] = 0;
-            }
-            for (int64_t n = 0; n < d.N; ++n) {
-                const int64_t e0 = (n * d.HV + i) * d.K;
-                const T* fz = F + e0;
-                const T* g = DG + e0;
-                if (lb == T(0)) {  // g = −a·softplus(z): dz = −a·σ(z)·dg, dA = dg·g
-                    for (int64_t c = 0; c < d.K; ++c) {
-                        const T z = fz[c] + b[c];
-                        dz[c] = -a * cpu::vsigmoid(z) * g[c];
-                        da[c] += g[c] * (-a * softplus(z));
-                    }
-                } else {  // g = lb·σ(u), u = a·z: du = dg·lb·σ(u)(1 − σ(u)), dz = a·du, dA = du·u
-#pragma omp simd
-                    for (int64_t c = 0; c < d.K; ++c) {
-                        const T u = a * (fz[c] + b[c]), s = cpu::vsigmoid(u);
-                        const T du = g[c] * lb * s * (T(1) - s);
-                        dz[c] = a * du;
-                        da[c] += du * u;
-                    }
+            T da_sum = 0;
+            for (int64_t c0 = 0; c0 < d.K; c0 += kChunk) {
+                const int64_t m = std::min(kChunk, d.K - c0);
+                T db[kChunk], da[kChunk], dz[kChunk];
+                const T* b = bias + i * d.K + c0;
+                for (int64_t c = 0; c < m; ++c) {
+                    db[c] = DB ? DB[i * d.K + c0 + c] : T(0);
+                    da[c] = 0;
                 }
-                if (DF) {
-                    T* df_row = DF + e0;
+                for (int64_t n = 0; n < d.N; ++n) {
+                    const int64_t e0 = (n * d.HV + i) * d.K + c0;
+                    const T* fz = F + e0;
+                    const T* g = DG + e0;
+                    if (lb == T(0)) {  // g = −a·softplus(z): dz = −a·σ(z)·dg, dA = dg·g
+                        for (int64_t c = 0; c < m; ++c) {
+                            const T z = fz[c] + b[c];
+                            dz[c] = -a * cpu::vsigmoid(z) * g[c];
+                            da[c] += g[c] * (-a * softplus(z));
+                        }
+                    } else {  // g = lb·σ(u), u = a·z: du = dg·lb·σ(u)(1 − σ(u)), dz = a·du, dA = du·u
 #pragma omp simd
-                    for (int64_t c = 0; c < d.K; ++c) df_row[c] += dz[c];
+                        for (int64_t c = 0; c < m; ++c) {
+                            const T u = a * (fz[c] + b[c]), s = cpu::vsigmoid(u);
+                            const T du = g[c] * lb * s * (T(1) - s);
+                            dz[c] = a * du;
+                            da[c] += du * u;
+                        }
+                    }
+                    if (DF) {
+                        T* df_row = DF + e0;
+#pragma omp simd
+                        for (int64_t c = 0; c < m; ++c) df_row[c] += dz[c];
+                    }
+#pragma omp simd
+                    for (int64_t c = 0; c < m; ++c) db[c] += dz[c];
                 }
-#pragma omp simd
-                for (int64_t c = 0; c < d.K; ++c) db[c] += dz[c];
+                if (DB)
+                    for (int64_t c = 0; c < m; ++c) DB[i * d.K + c0 + c] = db[c];
+                for (int64_t c = 0; c < m; ++c) da_sum += da[c];
             }
-            if (DB)
-                for (int64_t c = 0; c < d.K; ++c) DB[i * d.K + c] = db[c];
-            if (DA) {
-                T sum = 0;
-                for (int64_t c = 0; c < d.K; ++c) sum += da[c];
-                DA[i] += sum;
-            }
+            if (DA) DA[i] += da_sum;
         }
     });
 }
