@@ -53,7 +53,8 @@ Json candidate_json(const plan::Candidate& c) {
               {"fsdp", t.fsdp},
               {"fsdp_exposed", t.fsdp_exposed},
               {"grad_sync", t.grad_sync},
-              {"optimizer", t.optimizer}}},
+              {"optimizer", t.optimizer},
+              {"gradients", t.gradients}}},
             {"imbalance", t.imbalance},
             {"tokens_per_s_per_device", c.tokens_per_s_per_device},
             {"mfu", c.mfu}};

@@ -22,13 +22,14 @@ namespace tessera::plan {
 
 namespace {
 
-// median seconds of fn over at least 3 runs and ~0.5 s, after one warm-up run
+// median seconds of fn after one warm-up run: over at least 3 runs and ~0.5 s, or over exactly `runs` (a collective,
+// where every rank must run it as often as the others)
 template <class F>
-double median_seconds(F&& fn) {
+double median_seconds(F&& fn, size_t runs = 0) {
     fn();
     std::vector<double> t;
     double total = 0;
-    while (t.size() < 3 || (total < 0.5 && t.size() < 50)) {
+    while (runs > 0 ? t.size() < runs : t.size() < 3 || (total < 0.5 && t.size() < 50)) {
         const auto t0 = std::chrono::steady_clock::now();
         fn();
         t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -45,10 +46,17 @@ void fill(TensorView v, uint64_t seed, float scale, float offset) {
         p[i] = offset + scale * (float(mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(i)) >> 40) / float(1 << 23) - 1.f);
 }
 
-// forward + backward seconds of block j at `shape`
-double time_block(model::Model& m, size_t j, model::StepShape shape, int64_t d_model) {
+struct BlockSeconds {
+    double forward = 0, both = 0;  // the forward alone; forward + backward
+};
+
+// block j's seconds at each of `shapes` (ascending), in one rig sized for the last
+std::vector<BlockSeconds> time_block(model::Model& m,
+                                     size_t j,
+                                     const std::vector<model::StepShape>& shapes,
+                                     int64_t d_model) {
     model::Block& block = m.block(j);
-    model::BlockRig rig(block, shape);
+    model::BlockRig rig(block, shapes.back());
     for (size_t i = 0; i < rig.specs.size(); ++i) {
         const BufferSpec& s = rig.specs[i];
         if (s.dtype != DType::f32) continue;
@@ -56,13 +64,23 @@ double time_block(model::Model& m, size_t j, model::StepShape shape, int64_t d_m
         const float fan = float(s.shape.ndim > 0 ? s.shape[s.shape.ndim - 1] : 1);
         fill(rig.params.view(s.name), i + 1, norm ? 0.f : 1.f / std::sqrt(fan), norm ? 1.f : 0.f);
     }
-    Tensor x(DType::f32, Shape{shape.batch * shape.seq, d_model}), out(DType::f32, x.shape()), d(DType::f32, x.shape());
+    const int64_t rows = shapes.back().batch * shapes.back().seq;
+    Tensor x(DType::f32, Shape{rows, d_model}), out(DType::f32, x.shape()), d(DType::f32, x.shape());
     fill(x.view(), 101, 1.f, 0.f);
     fill(d.view(), 102, 1.f, 0.f);
-    return median_seconds([&] {
-        block.forward(shape, x.view(), out.view(), rig.ws);
-        block.backward(shape, x.view(), d.view(), rig.ws);
-    });
+    std::vector<BlockSeconds> t;
+    for (const model::StepShape& shape : shapes) {
+        const int64_t n = shape.batch * shape.seq;
+        const TensorView xs = x.view().slice0(0, n), os = out.view().slice0(0, n), ds = d.view().slice0(0, n);
+        BlockSeconds b;
+        b.forward = median_seconds([&] { block.forward(shape, xs, os, rig.ws); });
+        b.both = median_seconds([&] {
+            block.forward(shape, xs, os, rig.ws);
+            block.backward(shape, xs, ds, rig.ws);
+        });
+        t.push_back(b);
+    }
+    return t;
 }
 
 double memcpy_bandwidth() {
@@ -79,7 +97,7 @@ std::pair<double, double> measure_links(parallel::Comm& c) {
         std::vector<std::byte> send(size_t(per_peer * W)), recv(send.size());
         std::vector<int64_t> counts(size_t(W), per_peer);
         c.barrier();
-        return median_seconds([&] { c.all_to_all_v(send, counts, recv, counts); });
+        return median_seconds([&] { c.all_to_all_v(send, counts, recv, counts); }, 10);
     };
     const double small = exchange(8), big_bytes = double(8 << 20);
     const double big = exchange(int64_t(big_bytes));
@@ -123,44 +141,65 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
                       "machine has {:.1f} GiB; time a smaller model of the same kinds (--model)",
                       largest / 0x1p30, have / 0x1p30);
     }
-    const model::StepShape shape{1, cfg.train.seq_len};
-    const double T = double(shape.seq);
-    std::map<std::string, double> eff;
-    std::vector<std::pair<size_t, double>> moe;  // block, seconds
+    // micro-batches of 1, 2, 4, ... sequences, up to a rank's share of the batch (at most 16 sequences, 16K tokens)
+    const int64_t seq = cfg.train.seq_len, share = std::max<int64_t>(1, cfg.train.batch_size / W);
+    std::vector<model::StepShape> shapes;
+    for (int64_t b = 1; b <= std::min<int64_t>(share, 16) && (b == 1 || b * seq <= 16384); b *= 2)
+        shapes.push_back({b, seq});
+    for (const model::StepShape& s : shapes) c.device.tokens.push_back(double(s.batch * s.seq));
+    const size_t P = shapes.size();
+    std::map<OpClass, std::vector<double>> eff;  // per shape
+    std::map<OpClass, double> fwd;               // the forward's share of the time at the largest shape
+    std::vector<BlockSeconds> moe;
+    size_t moe_block = 0;
     for (size_t j = 0; j < m.block_kinds().size(); ++j) {
         const std::string& kind = m.block_kinds()[j];
-        const std::string cls = kind == "kda" || kind == "gdn" ? "kda"
-                                : kind == "mlp"                ? "gemm"
-                                : kind == "moe"                ? "moe"
-                                                               : "attention";
-        if (eff.count(cls) || (cls == "moe" && !moe.empty())) continue;
-        const double s = time_block(m, j, shape, cfg.model.d_model);
-        const double flops = 3.0 * T * m.block_forward_flops_per_token(j, shape.seq);
-        note(
-            fmt::format("block {} ({}): {:.2f} ms forward+backward at {} tokens, {:.1f} GFLOP/s ({:.0f}% of the GEMM "
-                        "rate)",
-                        j, kind, s * 1e3, shape.seq, flops / s / 1e9, 100 * flops / s / peak));
-        if (cls == "moe")
-            moe.emplace_back(j, s);
-        else
-            eff[cls] = flops / s / peak;
+        const OpClass cls = kind == "kda" || kind == "gdn" ? OpClass::kda
+                            : kind == "mlp"                ? OpClass::gemm
+                            : kind == "moe"                ? OpClass::grouped_gemm
+                                                           : OpClass::attention;
+        if (eff.count(cls) || (cls == OpClass::grouped_gemm && !moe.empty())) continue;
+        const std::vector<BlockSeconds> t = time_block(m, j, shapes, cfg.model.d_model);
+        std::vector<double> e;
+        for (size_t i = 0; i < P; ++i) {
+            const double T = c.device.tokens[i], flops = 3.0 * T * m.block_forward_flops_per_token(j, seq);
+            e.push_back(flops / t[i].both / peak);
+            note(fmt::format(
+                "block {} ({}) at {:>5} tokens: {:7.2f} ms forward+backward ({:.0f}% forward), {:.1f} "
+                "GFLOP/s ({:.0f}% of the GEMM rate)",
+                j, kind, T, t[i].both * 1e3, 100 * t[i].forward / t[i].both, flops / t[i].both / 1e9, 100 * e.back()));
+        }
+        fwd[cls] = std::clamp(t.back().forward / t.back().both, 0.05, 0.95);
+        if (cls == OpClass::grouped_gemm) {
+            moe = t;
+            moe_block = j;
+        } else {
+            eff[cls] = e;
+        }
     }
     const auto clamp = [](double e) { return std::clamp(e, 1e-3, 1.0); };
-    const double gemm = clamp(eff.count("gemm") ? eff["gemm"] : 0.9);
-    c.device.efficiency[OpClass::gemm] = gemm;
-    c.device.efficiency[OpClass::attention] = clamp(eff.count("attention") ? eff["attention"] : gemm);
-    c.device.efficiency[OpClass::kda] = clamp(eff.count("kda") ? eff["kda"] : gemm);
-    double grouped = gemm;
+    if (!eff.count(OpClass::gemm)) eff[OpClass::gemm] = std::vector<double>(P, 0.9);  // no dense block: the 1024^3 rate
+    for (OpClass cls : {OpClass::attention, OpClass::kda})
+        if (!eff.count(cls)) eff[cls] = eff[OpClass::gemm];
+    for (auto& [cls, e] : eff)
+        for (double& x : e) x = clamp(x);
+    std::vector<double> grouped = eff[OpClass::gemm];
     if (!moe.empty()) {
         // the block's time = its routed FLOPs at the grouped rate + the rest at the GEMM rate (plan.cpp's split)
         const auto& mo = cfg.model.moe;
         const double routed =
             double(mo.topk) * 6.0 * double(mo.latent_dim > 0 ? mo.latent_dim : cfg.model.d_model) * double(mo.ffn_dim);
-        const double rest = m.block_forward_flops_per_token(moe[0].first, shape.seq) - routed;
-        const double left = moe[0].second * peak / (3.0 * T) - rest / gemm;
-        grouped = left > 0 ? clamp(routed / left) : gemm;
+        const double rest = m.block_forward_flops_per_token(moe_block, seq) - routed;
+        for (size_t i = 0; i < P; ++i) {
+            const double left = moe[i].both * peak / (3.0 * c.device.tokens[i]) - rest / eff[OpClass::gemm][i];
+            grouped[i] = left > 0 ? clamp(routed / left) : eff[OpClass::gemm][i];
+        }
     }
-    c.device.efficiency[OpClass::grouped_gemm] = grouped;
+    eff[OpClass::grouped_gemm] = grouped;
+    for (auto& [cls, e] : eff) c.device.efficiency[cls] = e.back();  // the largest shape's, for readers of one number
+    c.device.efficiency_by_tokens = eff;
+    for (OpClass cls : {OpClass::gemm, OpClass::grouped_gemm, OpClass::attention, OpClass::kda})
+        if (fwd.count(cls)) c.device.forward_share[cls] = fwd[cls];
     c.device.memory_bandwidth = memcpy_bandwidth();
     note(fmt::format("memcpy: {:.1f} GB/s", c.device.memory_bandwidth / 1e9));
     const int local = world ? parallel::local_ranks() : 1;
@@ -184,8 +223,9 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     note(fmt::format("resident outside the arena: {:.1f} MB", c.device.reserved / 1e6));
     c.source = fmt::format(
         "tessera calibrate on {}: the GEMM rate as the f32 peak; efficiencies from one block of each kind of the model "
-        "(d_model {}, seq {}){}",
-        ops::isa_summary(), cfg.model.d_model, cfg.train.seq_len, W > 1 ? "; the link from an all-to-all sweep" : "");
+        "(d_model {}, seq {}) at micro-batches of {}-{} sequences{}",
+        ops::isa_summary(), cfg.model.d_model, cfg.train.seq_len, shapes.front().batch, shapes.back().batch,
+        W > 1 ? "; the link from an all-to-all sweep" : "");
     return c;
 }
 
@@ -199,29 +239,36 @@ std::string cluster_json(const Cluster& c) {
                          {"bandwidth_gbs", l.bandwidth / 1e9},
                          {"latency_us", l.latency * 1e6}});
     const auto e = [&](OpClass k) { return c.device.efficiency.at(k); };
-    const Json doc = {{"name", c.name},
-                      {"source", c.source},
-                      {"devices", c.devices},
-                      {"device",
-                       {{"name", c.device.name},
-                        {"memory_gb", c.device.memory / 1e9},
-                        {"usable_fraction", c.device.usable_fraction},
-                        {"reserved_gb", c.device.reserved / 1e9},
-                        {"peak_tflops", peaks},
-                        {"compute_dtype", c.device.compute_dtype},
-                        {"efficiency",
-                         {{"gemm", e(OpClass::gemm)},
-                          {"grouped_gemm", e(OpClass::grouped_gemm)},
-                          {"attention", e(OpClass::attention)},
-                          {"kda", e(OpClass::kda)}}},
-                        {"memory_bandwidth_gbs", c.device.memory_bandwidth / 1e9},
-                        {"threads", c.device.threads}}},
-                      {"host",
-                       {{"devices", c.host.devices},
-                        {"memory_gb", c.host.memory / 1e9},
-                        {"disk_gb", c.host.disk / 1e9},
-                        {"link_bandwidth_gbs", c.host.link_bandwidth / 1e9}}},
-                      {"links", links}};
+    const char* names[] = {"gemm", "grouped_gemm", "attention", "kda"};  // OpClass order
+    Json by_tokens = Json::object(), shares = Json::object();
+    if (!c.device.tokens.empty()) by_tokens["tokens"] = c.device.tokens;
+    for (const auto& [cls, v] : c.device.efficiency_by_tokens) by_tokens[names[int(cls)]] = v;
+    for (const auto& [cls, v] : c.device.forward_share) shares[names[int(cls)]] = v;
+    Json doc = {{"name", c.name},
+                {"source", c.source},
+                {"devices", c.devices},
+                {"device",
+                 {{"name", c.device.name},
+                  {"memory_gb", c.device.memory / 1e9},
+                  {"usable_fraction", c.device.usable_fraction},
+                  {"reserved_gb", c.device.reserved / 1e9},
+                  {"peak_tflops", peaks},
+                  {"compute_dtype", c.device.compute_dtype},
+                  {"efficiency",
+                   {{"gemm", e(OpClass::gemm)},
+                    {"grouped_gemm", e(OpClass::grouped_gemm)},
+                    {"attention", e(OpClass::attention)},
+                    {"kda", e(OpClass::kda)}}},
+                  {"memory_bandwidth_gbs", c.device.memory_bandwidth / 1e9},
+                  {"threads", c.device.threads}}},
+                {"host",
+                 {{"devices", c.host.devices},
+                  {"memory_gb", c.host.memory / 1e9},
+                  {"disk_gb", c.host.disk / 1e9},
+                  {"link_bandwidth_gbs", c.host.link_bandwidth / 1e9}}},
+                {"links", links}};
+    if (!c.device.tokens.empty()) doc["device"]["efficiency_by_tokens"] = by_tokens;
+    if (!shares.empty()) doc["device"]["forward_share"] = shares;
     return doc.dump(2) + "\n";
 }
 

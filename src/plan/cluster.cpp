@@ -1,6 +1,9 @@
 // Cluster files (see cluster.h).
 #include "plan/cluster.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/check.h"
 #include "core/config_reader.h"
 #include "core/file.h"
@@ -15,6 +18,61 @@ const Link& Cluster::link_for(int64_t size) const {
 }
 
 namespace {
+constexpr std::pair<const char*, OpClass> kClasses[] = {{"gemm", OpClass::gemm},
+                                                        {"grouped_gemm", OpClass::grouped_gemm},
+                                                        {"attention", OpClass::attention},
+                                                        {"kda", OpClass::kda}};
+}  // namespace
+
+double Cluster::Device::efficiency_at(OpClass cls, double n) const {
+    const auto it = efficiency_by_tokens.find(cls);
+    if (it == efficiency_by_tokens.end() || tokens.empty()) return efficiency.at(cls);
+    const std::vector<double>& e = it->second;
+    if (n <= tokens.front()) return e.front();
+    if (n >= tokens.back()) return e.back();
+    const size_t i = size_t(std::upper_bound(tokens.begin(), tokens.end(), n) - tokens.begin());  // tokens[i-1] < n
+    const double f = std::log(n / tokens[i - 1]) / std::log(tokens[i] / tokens[i - 1]);
+    return e[i - 1] + f * (e[i] - e[i - 1]);
+}
+
+double Cluster::Device::forward_fraction(OpClass cls) const {
+    const auto it = forward_share.find(cls);
+    return it == forward_share.end() ? 1.0 / 3.0 : it->second;
+}
+
+namespace {
+// A list of numbers: one-line error naming the key when it is not one.
+std::vector<double> numbers(const Json& v, const std::string& where) {
+    TESSERA_CHECK(v.is_array() && !v.empty(), "{}: must be a non-empty list of numbers", where);
+    std::vector<double> out;
+    for (const Json& x : v) {
+        TESSERA_CHECK(x.is_number(), "{}: must be a list of numbers", where);
+        out.push_back(x.get<double>());
+    }
+    return out;
+}
+
+// device.efficiency_by_tokens: {"tokens": [ascending], "<class>": [one fraction per token count], ...}
+void read_efficiency_table(const Json& t, Cluster::Device& dev, const std::string& where) {
+    TESSERA_CHECK(t.is_object() && t.contains("tokens"), "{}: needs \"tokens\" and one list per op class", where);
+    dev.tokens = numbers(t["tokens"], where + ".tokens");
+    for (size_t i = 0; i < dev.tokens.size(); ++i)
+        TESSERA_CHECK(dev.tokens[i] >= 1 && (i == 0 || dev.tokens[i] > dev.tokens[i - 1]),
+                      "{}.tokens: must be ascending counts of at least 1", where);
+    for (const auto& [key, v] : t.items()) {
+        if (key == "tokens") continue;
+        const auto* cls =
+            std::find_if(std::begin(kClasses), std::end(kClasses), [&](const auto& c) { return key == c.first; });
+        TESSERA_CHECK(cls != std::end(kClasses), "{}: unknown op class {} (gemm, grouped_gemm, attention, kda)", where,
+                      key);
+        std::vector<double> e = numbers(v, where + "." + key);
+        TESSERA_CHECK(e.size() == dev.tokens.size(), "{}.{}: {} values for {} token counts", where, key, e.size(),
+                      dev.tokens.size());
+        for (double x : e) TESSERA_CHECK(x > 0 && x <= 1, "{}.{}: fractions must be in (0, 1] (got {})", where, key, x);
+        dev.efficiency_by_tokens[cls->second] = std::move(e);
+    }
+}
+
 double positive(ConfigReader& r, const std::string& key, const std::string& where) {
     TESSERA_CHECK(r.has(key), "{}: {} is missing", where, key);
     const double v = r.number(key, 0);
@@ -58,16 +116,24 @@ Cluster load_cluster(const std::string& path) {
                       where, c.device.compute_dtype);
         {
             ConfigReader e(d.section("efficiency"), where + ".efficiency");
-            const std::pair<const char*, OpClass> classes[] = {{"gemm", OpClass::gemm},
-                                                               {"grouped_gemm", OpClass::grouped_gemm},
-                                                               {"attention", OpClass::attention},
-                                                               {"kda", OpClass::kda}};
-            for (const auto& [key, cls] : classes) {
+            for (const auto& [key, cls] : kClasses) {
                 const double v = e.number(key, 0.5);
                 TESSERA_CHECK(v > 0 && v <= 1, "{}.efficiency: {} must be in (0, 1] (got {})", where, key, v);
                 c.device.efficiency[cls] = v;
             }
             e.finish();
+        }
+        if (d.has("efficiency_by_tokens"))
+            read_efficiency_table(d.section("efficiency_by_tokens"), c.device, where + ".efficiency_by_tokens");
+        {
+            ConfigReader f(d.section("forward_share"), where + ".forward_share");
+            for (const auto& [key, cls] : kClasses) {
+                if (!f.has(key)) continue;
+                const double v = f.number(key, 0);
+                TESSERA_CHECK(v > 0 && v < 1, "{}.forward_share: {} must be in (0, 1) (got {})", where, key, v);
+                c.device.forward_share[cls] = v;
+            }
+            f.finish();
         }
         c.device.memory_bandwidth = positive(d, "memory_bandwidth_gbs", where) * 1e9;
         c.device.threads = d.integer("threads", 0);

@@ -34,9 +34,20 @@ struct Cluster {
         double usable() const { return memory * usable_fraction - reserved; }
         std::map<std::string, double> peak_flops;  // per dtype (f32, bf16, fp8), FLOP/s
         std::string compute_dtype = "bf16";        // the dtype the engine's GEMMs run in on it
-        std::map<OpClass, double> efficiency;      // fraction of peak per op class
-        double memory_bandwidth = 0;               // bytes/s
-        int64_t threads = 0;                       // CPU devices: OpenMP threads per rank (sizes the workspace)
+        std::map<OpClass, double> efficiency;      // fraction of peak per op class (a datasheet's one number)
+        // measured (`tessera calibrate`): the fraction by tokens per call, at `tokens` ascending, which takes the place
+        // of `efficiency` where present; and the share of a forward + backward's time that is the forward
+        std::vector<double> tokens;
+        std::map<OpClass, std::vector<double>> efficiency_by_tokens;
+        std::map<OpClass, double> forward_share;
+        // The class's fraction of peak for calls of `tokens` tokens (a micro-batch's; for grouped_gemm the tokens
+        // routed over the whole expert set): `efficiency_by_tokens` interpolated linearly in log tokens and held at
+        // its ends, or `efficiency`.
+        double efficiency_at(OpClass cls, double tokens) const;
+        // The forward's share of a forward + backward's time: measured, or the FLOP count's 1/3.
+        double forward_fraction(OpClass cls) const;
+        double memory_bandwidth = 0;  // bytes/s
+        int64_t threads = 0;          // CPU devices: OpenMP threads per rank (sizes the workspace)
         double peak() const { return peak_flops.at(compute_dtype); }
     } device;
     struct Host {

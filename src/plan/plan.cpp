@@ -93,12 +93,12 @@ struct BlockCost {
     std::string kind;
     OpClass cls = OpClass::gemm;
     double flops = 0, routed = 0;  // forward per token; of which the routed experts' (grouped GEMM)
+    bool recomputed = false;       // under train.recompute (every block but the last of its kind: model.cpp's bind)
 };
 
 struct ModelCosts {
-    double flops[4] = {0, 0, 0, 0};  // forward FLOPs per token per OpClass
-    std::vector<BlockCost> blocks;   // two per layer
-    double head_flops = 0;           // embedding and head, forward per token
+    std::vector<BlockCost> blocks;  // two per layer
+    double head_flops = 0;          // embedding and head, forward per token
     struct UnitBytes {
         double params = 0, grads = 0, expert_params = 0, expert_grads = 0;  // as held; gradients f32
     };
@@ -107,6 +107,7 @@ struct ModelCosts {
     double dense_param_bytes = 0, dense_grad_bytes = 0;  // whole model, as held
     double expert_param_bytes = 0, expert_grad_bytes = 0;
     double trained_elements = 0;
+    double dense_grad_elements = 0, expert_grad_elements = 0;  // the gradient buffers' (whole model)
 };
 
 ModelCosts model_costs(const train::RunConfig& cfg) {
@@ -127,14 +128,16 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
         } else if (kind == "moe") {
             const double width = double(moe.latent_dim > 0 ? moe.latent_dim : cfg.model.d_model);
             b.routed = double(moe.topk) * 6.0 * width * double(moe.ffn_dim);
-            c.flops[int(OpClass::grouped_gemm)] += b.routed;
             ++c.moe_layers;
         }
-        c.flops[int(b.cls)] += f - b.routed;
         c.blocks.push_back(b);
     }
+    std::vector<std::string> seen;  // walking backwards: the first met of a kind is its last, which keeps its set
+    for (auto it = c.blocks.rbegin(); it != c.blocks.rend(); ++it) {
+        it->recomputed = std::find(seen.begin(), seen.end(), it->kind) != seen.end();
+        if (!it->recomputed) seen.push_back(it->kind);
+    }
     c.head_flops = m.forward_flops_per_token(seq) - blocks;
-    c.flops[int(OpClass::gemm)] += c.head_flops;
     c.units = int64_t(m.block_kinds().size() / 2) + 2;
     c.units_bytes.assign(size_t(cfg.model.n_layers) + 1, {});
     for (const BufferSpec& s : m.param_specs()) {
@@ -142,7 +145,10 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
         const bool expert = s.sharding == Sharding::expert;
         (expert ? c.expert_param_bytes : c.dense_param_bytes) += b;
         (expert ? c.expert_grad_bytes : c.dense_grad_bytes) += g;
-        if (s.trainable) c.trained_elements += double(s.shape.numel());
+        if (s.trainable) {
+            c.trained_elements += double(s.shape.numel());
+            (expert ? c.expert_grad_elements : c.dense_grad_elements) += double(s.shape.numel());
+        }
         const size_t at = s.name.find("layers.");
         size_t u = at == std::string::npos ? 0 : 1 + size_t(std::strtoull(s.name.c_str() + at + 7, nullptr, 10));
         if (u >= c.units_bytes.size()) u = 0;
@@ -173,10 +179,49 @@ double zero2_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
     return link_seconds(cl.link_for(l.ranks), bytes, 2.0 * (W - 1));
 }
 
-// AdamW reads parameter, gradient, m and v and writes parameter, m and v (f32) of this rank's ranges.
-double optimizer_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
+// The step's optimizer (trainer.cpp): the gradient norm reads the gradient, clipping rescales it, AdamW reads
+// parameter, gradient, m and v and writes parameter, m and v (f32) of this rank's ranges: 40 bytes per element (32
+// unclipped).
+double optimizer_seconds(const ModelCosts& c, const train::RunConfig& cfg, const Cluster& cl, const Layout& l) {
     const double local = l.ranks > 1 ? c.trained_elements / double(l.ranks) : c.trained_elements;
-    return local * 28.0 / cl.device.memory_bandwidth;
+    return local * (cfg.train.grad_clip > 0 ? 40.0 : 32.0) / cl.device.memory_bandwidth;
+}
+
+// Each micro-batch clears this rank's gradient buffers (4 bytes per element) and, accumulating without FSDP (whose
+// reduce-scatter does the sum), adds them into the step's sum (reads two, writes one: 12 bytes).
+double gradient_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l, double accumulation) {
+    const double local = c.dense_grad_elements + c.expert_grad_elements / double(l.ep);
+    const bool adding = accumulation > 1 && !(l.fsdp && l.ranks > 1);
+    return accumulation * local * (4.0 + (adding ? 12.0 : 0.0)) / cl.device.memory_bandwidth;
+}
+
+// One micro-batch of `tokens` tokens through one block on the busiest rank: forward and backward seconds at the
+// device's rate for calls of that size (the routed experts' at the tokens the expert-parallel group routes over the
+// whole expert set, × the busiest rank's skew), split by the measured forward share; and the routed experts' part.
+struct BlockPass {
+    double forward = 0, backward = 0;
+    double expert_forward = 0, expert_backward = 0;  // of which the routed experts'
+};
+BlockPass block_pass(
+    const Cluster::Device& dev, const BlockCost& b, double tokens, double ep, double skew, bool frozen_base) {
+    const auto both = [&](OpClass cls, double flops, double n) {
+        return 3.0 * tokens * flops / (dev.peak() * dev.efficiency_at(cls, n));
+    };
+    const double dense = both(b.cls, b.flops - b.routed, tokens);
+    const double routed = b.routed > 0 ? both(OpClass::grouped_gemm, b.routed, tokens * ep) * skew : 0.0;
+    const double fd = dev.forward_fraction(b.cls), fr = dev.forward_fraction(OpClass::grouped_gemm);
+    const double bwd = frozen_base ? 0.5 : 1.0;  // a frozen base: input gradients only, half the backward's FLOPs
+    BlockPass p;
+    p.forward = fd * dense + fr * routed;
+    p.backward = bwd * ((1 - fd) * dense + (1 - fr) * routed);
+    p.expert_forward = fr * routed;
+    p.expert_backward = bwd * (1 - fr) * routed;
+    return p;
+}
+
+// The embedding and head of one micro-batch (at the GEMM rate), forward + backward.
+double head_seconds(const Cluster::Device& dev, const ModelCosts& c, double tokens, bool frozen_base) {
+    return (frozen_base ? 2.0 : 3.0) * tokens * c.head_flops / (dev.peak() * dev.efficiency_at(OpClass::gemm, tokens));
 }
 
 StepTime step_time(const train::RunConfig& run,
@@ -185,28 +230,27 @@ StepTime step_time(const train::RunConfig& run,
                    const Cluster& cl,
                    const Layout& l) {
     const train::RunConfig cfg = with_layout(run, l);
-    const auto& dev = cl.device;
     const int ranks = int(l.ranks);
     const double W = double(l.ranks), ep = double(l.ep);
-    const double tokens = double(cfg.train.batch_size * cfg.train.seq_len) / W;  // per rank per step
+    const double micro_tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);
     const double accumulation = double(cfg.train.accumulation(ranks));
     const bool frozen_base = cfg.model.lora.enabled();
-    // forward + backward (input and weight gradients; a frozen base's weights get none) + recomputed forward
-    const double passes = (frozen_base ? 2.0 : 3.0) + (l.recompute ? 1.0 : 0.0);
     StepTime t;
     t.imbalance = loads.empty() ? 1.0 : imbalance(loads, l.ep);
-    for (OpClass cls : {OpClass::gemm, OpClass::grouped_gemm, OpClass::attention, OpClass::kda}) {
-        const double rate = dev.peak() * dev.efficiency.at(cls);
-        const double skew = cls == OpClass::grouped_gemm ? t.imbalance : 1.0;
-        const double s = passes * tokens * c.flops[int(cls)] * skew / rate;
-        t.compute += s;
-        if (cls == OpClass::grouped_gemm) t.expert_compute = s;
+    // per micro-batch: every block forward and backward, the recomputed ones' forward once more, the head
+    for (const BlockCost& b : c.blocks) {
+        const BlockPass p = block_pass(cl.device, b, micro_tokens, ep, t.imbalance, frozen_base);
+        const bool again = l.recompute && b.recomputed;
+        t.compute += accumulation * (p.forward * (again ? 2.0 : 1.0) + p.backward);
+        t.expert_compute += accumulation * (p.expert_forward * (again ? 2.0 : 1.0) + p.expert_backward);
     }
+    t.compute += accumulation * head_seconds(cl.device, c, micro_tokens, frozen_base);
     if (l.ep > 1 && c.moe_layers > 0) {
         // every MoE layer of every micro-batch: forward and backward (+ recompute)
-        const double per_micro = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);
-        const double a2a_passes = 2.0 + (l.recompute ? 1.0 : 0.0);
-        t.a2a = a2a_pass_seconds(cfg, cl, l, per_micro, t.imbalance) * double(c.moe_layers) * a2a_passes * accumulation;
+        double passes = 0;  // forward and backward of every MoE layer, and the recomputed ones' forward again
+        for (const BlockCost& b : c.blocks)
+            if (b.kind == "moe") passes += 2.0 + (l.recompute && b.recomputed ? 1.0 : 0.0);
+        t.a2a = a2a_pass_seconds(cfg, cl, l, micro_tokens, t.imbalance) * passes * accumulation;
         // chunked overlap: the first chunk's exchange is exposed, the rest hides behind the other chunks' experts
         const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
         t.a2a_exposed = t.a2a / chunks + std::max(0.0, (t.a2a - t.expert_compute) * (chunks - 1) / chunks);
@@ -225,8 +269,9 @@ StepTime step_time(const train::RunConfig& run,
     } else if (l.ranks > 1) {
         t.grad_sync = zero2_seconds(c, cl, l);
     }
-    t.optimizer = optimizer_seconds(c, cl, l);
-    t.total = t.compute + t.a2a_exposed + t.fsdp_exposed + t.grad_sync + t.optimizer;
+    t.optimizer = optimizer_seconds(c, cfg, cl, l);
+    t.gradients = gradient_seconds(c, cl, l, accumulation);
+    t.total = t.compute + t.a2a_exposed + t.fsdp_exposed + t.grad_sync + t.optimizer + t.gradients;
     return t;
 }
 
@@ -246,17 +291,15 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     const ModelCosts c = model_costs(cfg);
     const auto loads = loads_of(cfg, o);
     const double I = loads.empty() ? 1.0 : imbalance(loads, l.ep);
-    const auto& dev = cl.device;
     const int ranks = int(l.ranks);
     const double W = double(l.ranks), ep = double(l.ep), edp = W / ep;
     const int64_t accumulation = cfg.train.accumulation(ranks);
     const double tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);  // per micro-batch
-    const double backward = cfg.model.lora.enabled() ? 1.0 : 2.0;                    // passes
+    const bool frozen_base = cfg.model.lora.enabled();
     const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
-    const auto rate = [&](OpClass k) { return dev.peak() * dev.efficiency.at(k); };
-    const auto fwd_seconds = [&](const BlockCost& b) {
-        return tokens * ((b.flops - b.routed) / rate(b.cls) + b.routed * I / rate(OpClass::grouped_gemm));
-    };
+    std::vector<BlockPass> pass;
+    for (const BlockCost& b : c.blocks) pass.push_back(block_pass(cl.device, b, tokens, ep, I, frozen_base));
+    const double grads = gradient_seconds(c, cl, l, double(accumulation)) / double(accumulation);  // per micro-batch
     const double a2a = a2a_pass_seconds(cfg, cl, l, tokens, I);  // one pass of one MoE layer
     const Link& world = cl.link_for(l.ranks);
     const bool fsdp = l.ranks > 1 && l.fsdp;
@@ -285,6 +328,8 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     };
     const size_t B = c.blocks.size();
     for (int64_t m = 0; m < accumulation; ++m) {
+        span("gradients (clear, accumulate)", "step", 0, now, grads, -1);
+        now += grads;
         // forward: the embedding's unit, then the layers, then the head (in the embedding's unit)
         std::vector<double> ready(L + 1, 0.0);
         if (fsdp) ready[0] = transfer("gather embedding+head", now, unit_seconds(0, false), -1);
@@ -297,38 +342,38 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
                     ready[layer + 2] = transfer("gather", now, unit_seconds(layer + 2, false), int64_t(layer + 1));
                 now = std::max(now, ready[layer + 1]);
             }
-            double d = fwd_seconds(c.blocks[j]);
+            double d = pass[j].forward;
             if (c.blocks[j].kind == "moe" && a2a > 0) {
                 transfer("all-to-all", now, a2a, int64_t(layer));
-                const double expert = tokens * c.blocks[j].routed * I / rate(OpClass::grouped_gemm);
-                d += a2a / chunks + std::max(0.0, (a2a - expert) * (chunks - 1) / chunks);
+                d += a2a / chunks + std::max(0.0, (a2a - pass[j].expert_forward) * (chunks - 1) / chunks);
             }
             span(c.blocks[j].kind, "forward", 0, now, d, int64_t(layer));
             now += d;
         }
-        const double head = tokens * c.head_flops / rate(OpClass::gemm);
-        span("embedding+head", "forward", 0, now, head, -1);
-        now += head;
-        span("embedding+head", "backward", 0, now, backward * head, -1);
-        now += backward * head;
+        const double head = head_seconds(cl.device, c, tokens, frozen_base),
+                     head_forward = head / (frozen_base ? 2 : 3);
+        span("embedding+head", "forward", 0, now, head_forward, -1);
+        now += head_forward;
+        span("embedding+head", "backward", 0, now, head - head_forward, -1);
+        now += head - head_forward;
         // backward, layer by layer in reverse: each unit gathered again, its gradient reduce-scattered after
         for (size_t jj = B; jj-- > 0;) {
             const size_t layer = jj / 2;
             if (jj % 2 == 1 && fsdp)
                 now = std::max(now, transfer("gather", now, unit_seconds(layer + 1, false), int64_t(layer)));
-            const double f = fwd_seconds(c.blocks[jj]);
+            const bool again = l.recompute && c.blocks[jj].recomputed;
             double extra = 0;
             if (c.blocks[jj].kind == "moe" && a2a > 0) {
-                const double passes = l.recompute ? 3.0 : 2.0;  // the backward's two exchanges (+ the recompute's)
-                transfer("all-to-all", now, a2a * (passes - 1), int64_t(layer));
-                extra = (a2a * (passes - 1)) / chunks;
+                const double passes = again ? 2.0 : 1.0;  // the backward's exchange (+ the recompute's)
+                transfer("all-to-all", now, a2a * passes, int64_t(layer));
+                extra = (a2a * passes) / chunks;
             }
-            if (l.recompute) {
-                span(c.blocks[jj].kind, "recompute", 0, now, f, int64_t(layer));
-                now += f;
+            if (again) {
+                span(c.blocks[jj].kind, "recompute", 0, now, pass[jj].forward, int64_t(layer));
+                now += pass[jj].forward;
             }
-            span(c.blocks[jj].kind, "backward", 0, now, backward * f + extra, int64_t(layer));
-            now += backward * f + extra;
+            span(c.blocks[jj].kind, "backward", 0, now, pass[jj].backward + extra, int64_t(layer));
+            now += pass[jj].backward + extra;
             if (jj % 2 == 0 && fsdp) transfer("reduce-scatter", now, unit_seconds(layer + 1, true), int64_t(layer));
         }
         if (fsdp) transfer("reduce-scatter embedding+head", now, unit_seconds(0, true), -1);
@@ -336,7 +381,7 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     if (fsdp) now = std::max(now, comm_free);
     if (l.ranks > 1 && !l.fsdp)
         now = transfer("gradient reduce-scatter + parameter all-gather (ZeRO-2)", now, zero2_seconds(c, cl, l), -1);
-    const double opt = optimizer_seconds(c, cl, l);
+    const double opt = optimizer_seconds(c, cfg, cl, l);
     span("AdamW", "optimizer", 0, now, opt, -1);
     now += opt;
     const std::string pname = fmt::format("{}: busiest rank, {}", cl.name, l.str());
@@ -447,7 +492,7 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
             unit(double(cat["gradients"])), unit(double(cat["optimizer"])), unit(double(cat["activations"])),
             unit(double(cat["communication"] + cat["workspace"])), c.fits ? "yes" : "NO", ms(c.time.total),
             ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),
-            ms(c.time.optimizer), c.tokens_per_s_per_device, c.mfu * 100);
+            ms(c.time.optimizer + c.time.gradients), c.tokens_per_s_per_device, c.mfu * 100);
     }
     if (!p.candidates.empty() && !p.candidates.front().fits) {
         const Candidate& c = p.candidates.front();  // the smallest

@@ -31,6 +31,7 @@ struct StepTime {
     double fsdp = 0, fsdp_exposed = 0;  // FSDP's gathers and reduce-scatters, and what prefetch leaves
     double grad_sync = 0;               // ZeRO-2's reduce-scatter and all-gather after backward
     double optimizer = 0;               // AdamW over this rank's ranges (memory bound)
+    double gradients = 0;               // clearing the gradients per micro-batch and summing them (memory bound)
     double total = 0;
     double imbalance = 1;  // busiest rank's routed tokens over the mean
 };

@@ -23,14 +23,14 @@ using test::TempDir;
 const std::string kTiny = TESSERA_TINY_CONFIG;
 const std::string kClusters = std::string(TESSERA_SOURCE_DIR) + "/configs/cluster/";
 
-// A CPU cluster of `devices` ranks (this machine's MPI ranks).
-std::string cpu_cluster(const TempDir& d, int devices) {
+// A CPU cluster of `devices` ranks (this machine's MPI ranks); `device`: more keys of its device.
+std::string cpu_cluster(const TempDir& d, int devices, const std::string& device = "") {
     const std::string f = d.file("cpu.json");
     write_text_atomic(f, fmt::format(R"({{"name": "test", "devices": {0},
-        "device": {{"memory_gb": 4, "peak_tflops": {{"f32": 0.1}}, "compute_dtype": "f32", "memory_bandwidth_gbs": 10}},
+        "device": {{"memory_gb": 4, "peak_tflops": {{"f32": 0.1}}, "compute_dtype": "f32", "memory_bandwidth_gbs": 10{1}}},
         "host": {{"devices": {0}, "memory_gb": 16}},
         "links": [{{"span": {0}, "bandwidth_gbs": 5, "latency_us": 2}}]}})",
-                                     devices));
+                                     devices, device));
     return f;
 }
 
@@ -147,10 +147,17 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     EXPECT_EQ(c["devices"], 1);
     EXPECT_EQ(c["device"]["compute_dtype"], "f32");
     EXPECT_GT(c["device"]["peak_tflops"]["f32"].get<double>(), 0.001) << "a GEMM rate above 1 GFLOP/s";
+    // every class at micro-batches of 1, 2, 4, 8 and 16 sequences of 64 (the demo's batch of 16 on one rank)
+    const Json& table = c["device"]["efficiency_by_tokens"];
+    EXPECT_EQ(table["tokens"], Json::parse("[64, 128, 256, 512, 1024]")) << table.dump();
     for (const char* k : {"gemm", "grouped_gemm", "attention", "kda"}) {
         const double e = c["device"]["efficiency"][k].get<double>();
         EXPECT_TRUE(e > 0 && e <= 1) << k << " " << e;
+        ASSERT_EQ(table[k].size(), 5u) << k;
+        for (const Json& x : table[k]) EXPECT_TRUE(x.get<double>() > 0 && x.get<double>() <= 1) << k << " " << x;
     }
+    for (const auto& [k, v] : c["device"]["forward_share"].items())  // the forward's share of each timed block
+        EXPECT_TRUE(v.get<double>() > 0.05 && v.get<double>() < 0.95) << k << " " << v;
     // what the process holds outside an arena (code, libraries, oneDNN): tens of MB, not nothing, not GBs
     const double reserved = c["device"]["reserved_gb"].get<double>();
     EXPECT_TRUE(reserved > 0.005 && reserved < 1.0) << reserved;
@@ -168,6 +175,24 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     EXPECT_FALSE(fs::exists(d.file("k3.json")));
 }
 
+// A measured efficiency table: a micro-batch's blocks run at the fraction for their tokens per call, interpolated in
+// log tokens. tiny.json (seq 32, batch 4) on one rank: micro-batches of 32, 64 and 128 tokens; the table says 0.2 at 32
+// and 0.8 at 128 tokens for every class, so 0.5 at 64: the step's compute at micro 1, 2 and 4 (the same tokens per
+// step) goes as 1/0.2 : 1/0.5 : 1/0.8.
+TEST(Plan, BlocksRunAtTheRateOfTheirCallSize) {
+    TempDir d;
+    const std::string cluster = cpu_cluster(d, 1, R"(, "efficiency_by_tokens": {"tokens": [32, 128],
+        "gemm": [0.2, 0.8], "grouped_gemm": [0.2, 0.8], "attention": [0.2, 0.8], "kda": [0.2, 0.8]})");
+    const Json plan = plan_json(kTiny + " --cluster " + cluster, d);
+    std::map<int, double> compute;  // micro-batch -> seconds
+    for (const Json& c : plan["candidates"])
+        if (!c["layout"]["recompute"].get<bool>())
+            compute[c["layout"]["micro_batch"].get<int>()] = c["step_seconds"]["compute"].get<double>();
+    ASSERT_EQ(compute.size(), 3u);
+    EXPECT_NEAR(compute[1] / compute[4], 4.0, 1e-6);
+    EXPECT_NEAR(compute[2] / compute[4], 0.8 / 0.5, 1e-6);
+}
+
 // tessera simulate: the step of one layout as a Chrome trace. The tiny MoE model on 2 ranks (EP2, FSDP, micro 1 of
 // the 2 sequences per rank, recompute): per micro-batch every block forward, recomputed and backward once on the
 // compute track, in order and without overlap; the MoE layer's exchanges (forward; backward with the recompute's) and
@@ -175,12 +200,13 @@ TEST(Plan, CalibrateWritesAClusterFile) {
 TEST(Plan, SimulateWritesATraceOfTheStep) {
     TempDir d;
     const std::string out = d.file("trace.json");
-    const test::CliResult r =
-        test::run_tessera(fmt::format("simulate {}{} --cluster {} --ep 2 --micro-batch 1 --recompute --out {}", kTiny,
-                                      test::kTinyMoe, cpu_cluster(d, 2), out));
+    const test::CliResult r = test::run_tessera(
+        fmt::format("simulate {}{} --cluster {} --ep 2 --micro-batch 1 --recompute --out {}", kTiny, test::kTinyMoe,
+                    cpu_cluster(d, 2, R"(, "forward_share": {"attention": 0.25})"), out));
     ASSERT_EQ(r.status, 0) << r.err;
     const Json t = Json::parse(read_text(out));
-    std::map<std::string, int> count;  // "cat/name"
+    std::map<std::string, int> count;           // "cat/name"
+    std::map<std::string, double> layer0_span;  // "cat" of layer 0's attention block: its last span's duration
     double end = 0, compute_end = 0;
     for (const Json& e : t["traceEvents"]) {
         if (e["ph"] != "X") continue;
@@ -192,15 +218,23 @@ TEST(Plan, SimulateWritesATraceOfTheStep) {
         }
         end = std::max(end, ts + dur);
         count[e["cat"].get<std::string>() + "/" + e["name"].get<std::string>()]++;
+        if (e["name"] == "attention" && e.contains("args") && e["args"]["layer"] == 0)
+            layer0_span[e["cat"].get<std::string>()] = dur;
     }
-    // tiny.json: 2 layers (attention + mlp, attention + moe); 2 micro-batches per rank
+    // tiny.json: 2 layers (attention + mlp, attention + moe); 2 micro-batches per rank. Recompute re-runs every block
+    // but the last of its kind (whose saved set is still there; model.cpp): layer 0's attention only.
     EXPECT_EQ(count["forward/attention"], 4);
     EXPECT_EQ(count["forward/mlp"], 2);
     EXPECT_EQ(count["forward/moe"], 2);
-    EXPECT_EQ(count["recompute/moe"], 2);
+    EXPECT_EQ(count["recompute/attention"], 2);
+    EXPECT_EQ(count["recompute/moe"] + count["recompute/mlp"], 0);
     EXPECT_EQ(count["backward/attention"], 4);
+    EXPECT_EQ(count["step/gradients (clear, accumulate)"], 2);
     EXPECT_EQ(count["optimizer/AdamW"], 1);
     EXPECT_EQ(count["comm/all-to-all"], 4) << "forward and backward, per micro-batch";
+    // the cluster's forward share: a quarter of the block's forward + backward, recomputed at the forward's cost
+    EXPECT_NEAR(layer0_span["backward"], 3.0 * layer0_span["forward"], 1e-3 * layer0_span["backward"]);
+    EXPECT_NEAR(layer0_span["recompute"], layer0_span["forward"], 1e-3 * layer0_span["forward"]);
     EXPECT_GT(count["comm/gather"], 0);
     EXPECT_GT(count["comm/reduce-scatter"], 0);
     const std::smatch m = [&] {
@@ -241,6 +275,14 @@ TEST(Plan, MistakesAreOneLineErrors) {
         test::run_tessera("simulate " + kTiny + test::kTinyMoe + " --cluster " + ok + " --ep 3 --out " + d.file("t")),
         "does not divide the 2 ranks", "ep");
     EXPECT_FALSE(fs::exists(d.file("t")));
+    cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
+                     "memory_bandwidth_gbs": 1, "efficiency_by_tokens": {"tokens": [256, 512], "kda": [0.5]}},
+                     "links": [{"bandwidth_gbs": 1}]})",
+                  "efficiency_by_tokens.kda: 1 values for 2 token counts");
+    cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
+                     "memory_bandwidth_gbs": 1, "efficiency_by_tokens": {"tokens": [512, 256], "kda": [0.5, 0.6]}},
+                     "links": [{"bandwidth_gbs": 1}]})",
+                  "tokens: must be ascending");
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "reserved_gb": -1, "peak_tflops": {"f32": 1},
                      "compute_dtype": "f32", "memory_bandwidth_gbs": 1}, "links": [{"bandwidth_gbs": 1}]})",
                   "reserved_gb must be >= 0");
