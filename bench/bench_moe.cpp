@@ -7,7 +7,8 @@
 // and the whole layer (router + dispatch + experts + combine, forward + backward) in tokens/s, to
 // compare with tools/ref/compare_moe_speed.py (PyTorch) on the same sizes.
 // FLOPs counted: forward 6·N·k·L·F (gate, up, down), backward twice that; padding rows are not counted.
-//   build/bench/bench_moe [--tokens 4096] [--latent 256] [--ffn 128] [--reps 5]
+//   build/bench/bench_moe [--tokens 4096] [--latent 256] [--ffn 128] [--reps 5] [--experts E (one row pair: 64, 256,
+//   896)]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -155,6 +156,7 @@ int main(int argc, char** argv) {
     const int64_t N = arg(argc, argv, "--tokens", 4096), L = arg(argc, argv, "--latent", 256),
                   F = arg(argc, argv, "--ffn", 128);
     const int reps = int(arg(argc, argv, "--reps", 5));
+    const int64_t only = arg(argc, argv, "--experts", 0);
     std::printf("MoE experts forward+backward, N = %lld tokens, L = %lld, F = %lld, median of %d\n", (long long)N,
                 (long long)L, (long long)F, reps);
     std::printf("machine GEMM rate (1024^3, best): %.0f GFLOP/s\n\n", ops::measure_gemm_gflops());
@@ -163,6 +165,7 @@ int main(int argc, char** argv) {
         "per-expert GFLOP/s | merging gain | layer fwd+bwd tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     const std::pair<int64_t, int64_t> configs[] = {{64, 4}, {256, 8}, {896, 16}};
     for (auto [E, K] : configs) {
+        if (only > 0 && E != only) continue;
         Layer l(N, L, F, E, K);
         const int64_t R0 = N * K;
         Tensor dense_a = random(Shape{R0, L}, 8, 1.0), dense_b = random(Shape{L, 3 * F}, 9, 0.1),
