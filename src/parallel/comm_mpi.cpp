@@ -4,8 +4,11 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <thread>
 
 #include "core/check.h"
 
@@ -28,6 +31,21 @@ void check_mpi(int rc, const char* what) {
 int as_count(int64_t bytes, const char* what) {
     TESSERA_CHECK(bytes <= INT_MAX, "MPI: {} of {} bytes exceeds MPI's int count per rank", what, bytes);
     return int(bytes);
+}
+
+// Completes a nonblocking collective. MPI's own wait spins (sched_yield when oversubscribed), which on a CPU
+// machine takes the cores the ranks compute on while the communication thread waits for a peer that is still
+// computing. So: poll, and after a short spin, sleep between polls, longer the longer it waits (at most 100 µs).
+void finish(MPI_Request& req, const char* what) {
+    int done = 0;
+    std::chrono::microseconds nap{2};
+    for (int spins = 0;; ++spins) {
+        check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+        if (done) return;
+        if (spins < 64) continue;
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::microseconds{100});
+    }
 }
 
 class MpiComm final : public Comm {
@@ -63,9 +81,11 @@ class MpiComm final : public Comm {
             rd[size_t(r)] = as_count(at, "all_gather offset");
             at += recv_bytes[size_t(r)];
         }
-        check_mpi(MPI_Allgatherv(send.data(), as_count(int64_t(send.size()), "all_gather"), MPI_BYTE, recv.data(),
-                                 rc.data(), rd.data(), MPI_BYTE, comm_),
-                  "MPI_Allgatherv");
+        MPI_Request req;
+        check_mpi(MPI_Iallgatherv(send.data(), as_count(int64_t(send.size()), "all_gather"), MPI_BYTE, recv.data(),
+                                  rc.data(), rd.data(), MPI_BYTE, comm_, &req),
+                  "MPI_Iallgatherv");
+        finish(req, "MPI_Iallgatherv");
     }
 
     void do_all_to_all_v(std::span<const std::byte> send,
@@ -83,17 +103,25 @@ class MpiComm final : public Comm {
             so += send_bytes[size_t(r)];
             ro += recv_bytes[size_t(r)];
         }
-        check_mpi(MPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, recv.data(), rc.data(), rd.data(),
-                                MPI_BYTE, comm_),
-                  "MPI_Alltoallv");
+        MPI_Request req;
+        check_mpi(MPI_Ialltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, recv.data(), rc.data(), rd.data(),
+                                 MPI_BYTE, comm_, &req),
+                  "MPI_Ialltoallv");
+        finish(req, "MPI_Ialltoallv");
     }
 
     void do_broadcast(std::span<std::byte> buf, int root) override {
-        check_mpi(MPI_Bcast(buf.data(), as_count(int64_t(buf.size()), "broadcast"), MPI_BYTE, root, comm_),
-                  "MPI_Bcast");
+        MPI_Request req;
+        check_mpi(MPI_Ibcast(buf.data(), as_count(int64_t(buf.size()), "broadcast"), MPI_BYTE, root, comm_, &req),
+                  "MPI_Ibcast");
+        finish(req, "MPI_Ibcast");
     }
 
-    void do_barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+    void do_barrier() override {
+        MPI_Request req;
+        check_mpi(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+        finish(req, "MPI_Ibarrier");
+    }
 
   private:
     MPI_Comm comm_;
