@@ -3,10 +3,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
+#include <span>
 
 #include "core/check.h"
 #include "core/file.h"
@@ -68,16 +70,24 @@ std::vector<HfTensor> base_tensors(const std::vector<BufferSpec>& specs,
     return hf_tensor_map(base, plain, model_type);
 }
 
+// A tessera parameter as transformers stores it: its tensor's name, and what the stored value is less than tessera's
+// (Qwen3NextRMSNorm keeps w of its scale 1 + w: offset 1)
+struct Stored {
+    std::string name;
+    float offset = 0.f;
+};
+
 // tessera parameter -> the transformers tensor it is (its stored name, renamed), for every parameter stored one to
-// one; "" for those stored fused, split, padded, offset or per expert (no PEFT tensor of their own)
-std::map<std::string, std::string> param_names(const std::vector<BufferSpec>& specs,
-                                               const ModelConfig& c,
-                                               const std::string& model_type) {
-    std::map<std::string, std::string> out;
+// one (whole, perhaps with an offset); name "" for those stored fused, split, padded or per expert (no PEFT tensor of
+// their own)
+std::map<std::string, Stored> param_names(const std::vector<BufferSpec>& specs,
+                                          const ModelConfig& c,
+                                          const std::string& model_type) {
+    std::map<std::string, Stored> out;
     for (const HfTensor& t : base_tensors(specs, c, model_type)) {
         if (t.copy != HfTensor::Copy::none) continue;
-        const bool one_to_one = t.expert < 0 && is_plain(t) && !out.count(t.param);
-        out[t.param] = one_to_one ? transformers_module(t.name, model_type) : std::string();
+        const bool one_to_one = t.expert < 0 && t.rows.groups == 0 && t.pad_to == 0 && !out.count(t.param);
+        out[t.param] = one_to_one ? Stored{transformers_module(t.name, model_type), t.offset} : Stored{};
     }
     return out;
 }
@@ -87,9 +97,11 @@ std::map<std::string, std::string> module_names(const std::vector<BufferSpec>& s
                                                 const ModelConfig& c,
                                                 const std::string& model_type) {
     std::map<std::string, std::string> out;
-    for (const auto& [param, name] : param_names(specs, c, model_type)) {
+    for (const auto& [param, stored] : param_names(specs, c, model_type)) {
+        const std::string& name = stored.name;
         if (ends_with(param, ".weight"))
-            out[strip(param, ".weight")] = ends_with(name, ".weight") ? strip(name, ".weight") : std::string();
+            out[strip(param, ".weight")] =
+                ends_with(name, ".weight") && stored.offset == 0.f ? strip(name, ".weight") : std::string();
     }
     return out;
 }
@@ -205,16 +217,18 @@ std::vector<PeftTensor> peft_tensor_map(const std::vector<BufferSpec>& specs,
     }
     // modules_to_save: the parameters that train whole, under their transformers names (PEFT saves a wrapped
     // module's copy under the module's own name)
-    const std::map<std::string, std::string> stored = param_names(specs, c, model_type);
+    const std::map<std::string, Stored> stored = param_names(specs, c, model_type);
     for (const BufferSpec& s : specs) {
         if (!s.trainable || is_adapter(s.name)) continue;
         const auto it = stored.find(s.name);
-        TESSERA_CHECK(it != stored.end() && !it->second.empty(),
+        TESSERA_CHECK(it != stored.end() && !it->second.name.empty(),
                       "PEFT adapters: model.lora.modules_to_save: {} is not stored as one tensor of its own in the {} "
                       "layout, so PEFT's form of it is not written; export-hf --merge-lora writes the fine-tuned "
                       "model whole",
                       s.name, model_type);
-        out.push_back({s.name, kPrefix + it->second});
+        PeftTensor t{s.name, kPrefix + it->second.name};
+        t.offset = it->second.offset;
+        out.push_back(t);
     }
     TESSERA_CHECK(!out.empty(), "PEFT adapters: the model has no adapters and no modules_to_save");
     return out;
@@ -257,6 +271,8 @@ Tensor peft_param(const Tensor& stored, const PeftTensor& t, const Shape& shape,
                       shape.str());
         Tensor param(DType::f32, shape);
         convert(v, param.view());
+        if (t.offset != 0.f)
+            for (float& x : std::span(param.ptr<float>(), size_t(param.view().numel()))) x += t.offset;
         return param;
     }
     TESSERA_CHECK(v.dtype == DType::f32, "{}: \"{}\" must be f32", file, t.name);
@@ -305,9 +321,17 @@ void save_peft_adapter(const std::string& dir,
     std::map<std::string, Tensor> stacked;  // PEFT key -> the tensor its parts are written into
     // several parts adapted: the module's adapter at rank parts·r, alpha scaled so that its scale is r's
     Json rank_pattern = Json::object(), alpha_pattern = Json::object();
+    std::deque<Tensor> stored;  // modules_to_save kept less an offset (a deque: the views stay put)
     for (const PeftTensor& t : map) {
         if (t.parts == 0) {
-            tensors.push_back({t.name, params.view(t.param)});
+            if (t.offset != 0.f) {
+                const TensorView v = params.view(t.param);
+                Tensor& w = stored.emplace_back(DType::f32, v.shape);
+                const float* src = v.ptr<float>();
+                float* dst = w.ptr<float>();
+                for (int64_t i = 0; i < v.numel(); ++i) dst[i] = src[i] - t.offset;
+            }
+            tensors.push_back({t.name, t.offset != 0.f ? stored.back().view() : params.view(t.param)});
             if (ends_with(t.name, kA)) modules.push_back(strip(t.name, kA).substr(std::strlen(kPrefix)));
             if (!is_adapter(t.param)) saved.insert(module_of(t.name.substr(std::strlen(kPrefix))));
             continue;
@@ -401,7 +425,7 @@ PeftAdapter read_peft_config(const std::string& dir, const ModelConfig& base, co
         if (!hf.empty()) by_hf[hf] = module;
     std::map<std::string, std::string> by_tensor;  // transformers tensor -> tessera parameter (modules_to_save)
     for (const auto& [param, hf] : param_names(specs, plain, model_type))
-        if (!hf.empty()) by_tensor[hf] = param;
+        if (!hf.name.empty()) by_tensor[hf.name] = param;
     // the PEFT modules of several tessera projections -> those (in part order) and their number of parts: the
     // stacked expert parameters (target_parameters; "<experts module>.gate_up_proj" adapts tessera's gate_proj and
     // up_proj of those experts, ".down_proj" its down_proj; an entry names every key that ends with it, as PEFT) and

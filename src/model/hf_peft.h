@@ -45,6 +45,8 @@ struct PeftTensor {
     HfTensor::Rows rows = {};  // groups 0: `count` rows from `offset`
     int64_t out = 0;
     bool wide = false;  // two or more parts adapted: written at rank parts·r, each part its own block
+    // modules_to_save: what the stored tensor is less than tessera's parameter (Qwen3NextRMSNorm's w of 1 + w: 1)
+    float offset = 0.f;
 };
 
 // The PEFT keys of a model's adapter parameters and of those it trains whole (modules_to_save) (specs: the model with

@@ -259,6 +259,65 @@ TEST(Peft, Qwen3NextFusedProjectionsAreOnePeftModuleEach) {
     EXPECT_TRUE(test::bitwise_equal(back.logits(golden).view(), logits.view()));
 }
 
+// A safetensors file rewritten with `extra` tensors added or replacing those of the same name
+void rewrite_safetensors(const std::string& from,
+                         const std::string& to,
+                         const std::map<std::string, TensorView>& extra) {
+    const SafetensorsFile f(from);
+    std::map<std::string, Tensor> kept;
+    for (const auto& e : f.entries())
+        if (!extra.count(e.name)) kept.emplace(e.name, f.load(e.name));
+    std::vector<NamedTensor> named;
+    for (const auto& [name, t] : kept) named.push_back({name, t.view()});
+    for (const auto& [name, v] : extra) named.push_back({name, v});
+    write_safetensors(to, named);
+}
+
+// Qwen3-Next's decoder norms are zero-centred (Qwen3NextRMSNorm scales by 1 + w and stores w): as modules_to_save PEFT
+// keeps the module's own stored form. A PEFT directory whose saved model.norm holds w trains from the same model as
+// the base with w stored in its place (logits bitwise), and tessera writes w back (bitwise: 1 + w and back is exact
+// for |w| < 1/2), and reads its own file back to the same logits.
+TEST(Peft, Qwen3NextZeroCentredNormsTrainWholeInTheirStoredForm) {
+    const test::TempDir d;
+    const std::string golden_dir = test::golden_path("hf/qwen3_next_tiny_peft");
+    const SafetensorsFile golden(test::golden_path("hf/qwen3_next_tiny_peft_expected.safetensors"));
+    const std::string base = test::golden_path("hf/qwen3_next_tiny");
+    Tensor w(DType::f32, Shape{32});  // a trained norm, as transformers stores it
+    for (int64_t i = 0; i < 32; ++i) w.ptr<float>()[i] = 0.03125f * float(i - 13);
+    // the base with w in place of model.norm.weight, and the golden adapters on it
+    fs::create_directories(d.file("base"));
+    for (const char* f : {"config.json", "generation_config.json"}) fs::copy_file(base + "/" + f, d.file("base/") + f);
+    rewrite_safetensors(base + "/model.safetensors", d.file("base/model.safetensors"),
+                        {{"model.norm.weight", w.view()}});
+    Json c = Json::parse(read_text(golden_dir + "/adapter_config.json"));
+    const auto adapter_dir = [&](const std::string& name, const std::string& on, bool saved) {
+        fs::create_directories(d.file(name));
+        Json cc = c;
+        cc["base_model_name_or_path"] = fs::absolute(on).string();
+        if (saved) cc["modules_to_save"] = Json::array({"model.norm"});
+        write_text_atomic(d.file(name + "/adapter_config.json"), cc.dump());
+        std::map<std::string, TensorView> extra;
+        if (saved) extra.emplace("base_model.model.model.norm.weight", w.view());
+        rewrite_safetensors(golden_dir + "/adapter_model.safetensors", d.file(name + "/adapter_model.safetensors"),
+                            extra);
+        return d.file(name);
+    };
+    PeftRun on_base(adapter_dir("on_base", d.file("base"), false));
+    PeftRun saved(adapter_dir("saved", base, true));
+    EXPECT_EQ(saved.src.config.lora.modules_to_save, (std::vector<std::string>{"model.norm"}));
+    const Tensor logits = saved.logits(golden);
+    EXPECT_TRUE(test::bitwise_equal(logits.view(), on_base.logits(golden).view()));
+    const std::vector<model::PeftTensor> map =
+        model::peft_tensor_map(saved.m.param_specs(), saved.src.config, "qwen3_next");
+    model::save_peft_adapter(d.file("out"), map, saved.rt->params(), saved.src.config.lora, saved.src.base);
+    const SafetensorsFile mine(d.file("out/adapter_model.safetensors"));
+    EXPECT_TRUE(test::bitwise_equal(mine.load("base_model.model.model.norm.weight").view(), w.view()));
+    EXPECT_EQ(Json::parse(read_text(d.file("out/adapter_config.json")))["modules_to_save"],
+              Json::array({"model.norm"}));
+    PeftRun back(d.file("out"));
+    EXPECT_TRUE(test::bitwise_equal(back.logits(golden).view(), logits.view()));
+}
+
 TEST(Peft, WhatTesseraDoesNotReadIsAOneLineError) {
     const test::TempDir d;
     const std::string base = test::golden_path("hf/deepseek_v32_tiny_peft");
