@@ -254,6 +254,16 @@ int64_t Model::head_chunk_rows(int64_t tokens) const {
     return std::min<int64_t>(tokens, std::max<int64_t>(128, (int64_t(1) << 25) / cfg_.vocab_size));
 }
 
+std::vector<bool> Model::recomputed_blocks() const {
+    std::vector<bool> out(block_kinds_.size(), false);
+    std::vector<std::string> seen;  // kinds already met walking backwards: their shared set is stale
+    for (size_t jj = block_kinds_.size(); jj-- > 0;) {
+        out[jj] = std::find(seen.begin(), seen.end(), block_kinds_[jj]) != seen.end();
+        if (!out[jj]) seen.push_back(block_kinds_[jj]);
+    }
+    return out;
+}
+
 std::vector<BufferSpec> Model::activation_specs(StepShape max, bool recompute) const {
     const int64_t N = max.tokens(), C = cfg_.d_model, V = cfg_.vocab_size, R = head_chunk_rows(N);
     std::vector<BufferSpec> s;
@@ -311,16 +321,12 @@ void Model::bind(const BufferGroup& params,
     }
     x_.clear();
     for (size_t j = 0; j <= blocks_.size(); ++j) x_.push_back(acts.view(fmt::format("x.{}", j)));
-    recompute_block_.assign(blocks_.size(), false);
-    std::vector<std::string> seen;  // kinds already met walking backwards: their shared set is stale
+    recompute_block_ = recompute ? recomputed_blocks() : std::vector<bool>(blocks_.size(), false);
     for (size_t jj = blocks_.size(); jj-- > 0;) {
         Block& b = *blocks_[jj];
         b.bind_params(params, grads);
         b.bind_saved(acts, recompute ? shared_prefix(b) : saved_prefix(int64_t(jj), b));
         b.bind_scratch(acts, scratch_prefix(b));
-        const bool last_of_kind = std::find(seen.begin(), seen.end(), b.kind()) == seen.end();
-        recompute_block_[jj] = recompute && !last_of_kind;
-        if (last_of_kind) seen.push_back(b.kind());
     }
     ids_ = acts.view("ids");
     targets_ = acts.view("targets");

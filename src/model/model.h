@@ -157,6 +157,9 @@ class Model {
     // "attention", "mla", "dsa", "mlp", "moe") and forward FLOPs per token; the rest of forward_flops_per_token is the
     // embedding and head's. The planner's compute per op class (plan/plan.h).
     const std::vector<std::string>& block_kinds() const { return block_kinds_; }
+    // Under train.recompute, whether block j re-runs its forward before its backward: every block but the last of its
+    // kind, whose saved set (one shared set per kind) still holds its own activations. The planner prices the same.
+    std::vector<bool> recomputed_blocks() const;
     Block& block(size_t j) { return *blocks_.at(j); }  // `tessera calibrate` times one block of each kind
     double block_forward_flops_per_token(size_t block, int64_t seq) const;
 

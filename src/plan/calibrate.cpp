@@ -154,10 +154,7 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     size_t moe_block = 0;
     for (size_t j = 0; j < m.block_kinds().size(); ++j) {
         const std::string& kind = m.block_kinds()[j];
-        const OpClass cls = kind == "kda" || kind == "gdn" ? OpClass::kda
-                            : kind == "mlp"                ? OpClass::gemm
-                            : kind == "moe"                ? OpClass::grouped_gemm
-                                                           : OpClass::attention;
+        const OpClass cls = kind == "moe" ? OpClass::grouped_gemm : block_class(kind);  // an MoE block: its experts
         if (eff.count(cls) || (cls == OpClass::grouped_gemm && !moe.empty())) continue;
         const std::vector<BlockSeconds> t = time_block(m, j, shapes, cfg.model.d_model);
         std::vector<double> e;
@@ -198,8 +195,7 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     eff[OpClass::grouped_gemm] = grouped;
     for (auto& [cls, e] : eff) c.device.efficiency[cls] = e.back();  // the largest shape's, for readers of one number
     c.device.efficiency_by_tokens = eff;
-    for (OpClass cls : {OpClass::gemm, OpClass::grouped_gemm, OpClass::attention, OpClass::kda})
-        if (fwd.count(cls)) c.device.forward_share[cls] = fwd[cls];
+    c.device.forward_share = fwd;
     c.device.memory_bandwidth = memcpy_bandwidth();
     note(fmt::format("memcpy: {:.1f} GB/s", c.device.memory_bandwidth / 1e9));
     const int local = world ? parallel::local_ranks() : 1;
@@ -238,12 +234,11 @@ std::string cluster_json(const Cluster& c) {
                          {"span", l.span},
                          {"bandwidth_gbs", l.bandwidth / 1e9},
                          {"latency_us", l.latency * 1e6}});
-    const auto e = [&](OpClass k) { return c.device.efficiency.at(k); };
-    const char* names[] = {"gemm", "grouped_gemm", "attention", "kda"};  // OpClass order
-    Json by_tokens = Json::object(), shares = Json::object();
+    Json by_tokens = Json::object(), shares = Json::object(), efficiency = Json::object();
     if (!c.device.tokens.empty()) by_tokens["tokens"] = c.device.tokens;
-    for (const auto& [cls, v] : c.device.efficiency_by_tokens) by_tokens[names[int(cls)]] = v;
-    for (const auto& [cls, v] : c.device.forward_share) shares[names[int(cls)]] = v;
+    for (const auto& [cls, v] : c.device.efficiency_by_tokens) by_tokens[op_class_name(cls)] = v;
+    for (const auto& [cls, v] : c.device.forward_share) shares[op_class_name(cls)] = v;
+    for (const auto& [cls, v] : c.device.efficiency) efficiency[op_class_name(cls)] = v;
     Json doc = {{"name", c.name},
                 {"source", c.source},
                 {"devices", c.devices},
@@ -254,11 +249,7 @@ std::string cluster_json(const Cluster& c) {
                   {"reserved_gb", c.device.reserved / 1e9},
                   {"peak_tflops", peaks},
                   {"compute_dtype", c.device.compute_dtype},
-                  {"efficiency",
-                   {{"gemm", e(OpClass::gemm)},
-                    {"grouped_gemm", e(OpClass::grouped_gemm)},
-                    {"attention", e(OpClass::attention)},
-                    {"kda", e(OpClass::kda)}}},
+                  {"efficiency", efficiency},
                   {"memory_bandwidth_gbs", c.device.memory_bandwidth / 1e9},
                   {"threads", c.device.threads}}},
                 {"host",

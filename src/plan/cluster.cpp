@@ -17,12 +17,16 @@ const Link& Cluster::link_for(int64_t size) const {
     return links.back();
 }
 
-namespace {
-constexpr std::pair<const char*, OpClass> kClasses[] = {{"gemm", OpClass::gemm},
-                                                        {"grouped_gemm", OpClass::grouped_gemm},
-                                                        {"attention", OpClass::attention},
-                                                        {"kda", OpClass::kda}};
-}  // namespace
+const char* op_class_name(OpClass cls) {
+    static const char* const names[] = {"gemm", "grouped_gemm", "attention", "kda"};  // OpClass order
+    return names[int(cls)];
+}
+
+OpClass block_class(const std::string& kind) {
+    if (kind == "kda" || kind == "gdn") return OpClass::kda;
+    if (kind == "attention" || kind == "mla" || kind == "dsa") return OpClass::attention;
+    return OpClass::gemm;
+}
 
 double Cluster::Device::efficiency_at(OpClass cls, double n) const {
     const auto it = efficiency_by_tokens.find(cls);
@@ -61,15 +65,15 @@ void read_efficiency_table(const Json& t, Cluster::Device& dev, const std::strin
                       "{}.tokens: must be ascending counts of at least 1", where);
     for (const auto& [key, v] : t.items()) {
         if (key == "tokens") continue;
-        const auto* cls =
-            std::find_if(std::begin(kClasses), std::end(kClasses), [&](const auto& c) { return key == c.first; });
-        TESSERA_CHECK(cls != std::end(kClasses), "{}: unknown op class {} (gemm, grouped_gemm, attention, kda)", where,
-                      key);
+        const auto* cls = std::find_if(std::begin(kOpClasses), std::end(kOpClasses),
+                                       [&](OpClass c) { return key == op_class_name(c); });
+        TESSERA_CHECK(cls != std::end(kOpClasses), "{}: unknown op class {} (gemm, grouped_gemm, attention, kda)",
+                      where, key);
         std::vector<double> e = numbers(v, where + "." + key);
         TESSERA_CHECK(e.size() == dev.tokens.size(), "{}.{}: {} values for {} token counts", where, key, e.size(),
                       dev.tokens.size());
         for (double x : e) TESSERA_CHECK(x > 0 && x <= 1, "{}.{}: fractions must be in (0, 1] (got {})", where, key, x);
-        dev.efficiency_by_tokens[cls->second] = std::move(e);
+        dev.efficiency_by_tokens[*cls] = std::move(e);
     }
 }
 
@@ -116,7 +120,8 @@ Cluster load_cluster(const std::string& path) {
                       where, c.device.compute_dtype);
         {
             ConfigReader e(d.section("efficiency"), where + ".efficiency");
-            for (const auto& [key, cls] : kClasses) {
+            for (OpClass cls : kOpClasses) {
+                const std::string key = op_class_name(cls);
                 const double v = e.number(key, 0.5);
                 TESSERA_CHECK(v > 0 && v <= 1, "{}.efficiency: {} must be in (0, 1] (got {})", where, key, v);
                 c.device.efficiency[cls] = v;
@@ -127,7 +132,8 @@ Cluster load_cluster(const std::string& path) {
             read_efficiency_table(d.section("efficiency_by_tokens"), c.device, where + ".efficiency_by_tokens");
         {
             ConfigReader f(d.section("forward_share"), where + ".forward_share");
-            for (const auto& [key, cls] : kClasses) {
+            for (OpClass cls : kOpClasses) {
+                const std::string key = op_class_name(cls);
                 if (!f.has(key)) continue;
                 const double v = f.number(key, 0);
                 TESSERA_CHECK(v > 0 && v < 1, "{}.forward_share: {} must be in (0, 1) (got {})", where, key, v);

@@ -13,6 +13,13 @@ namespace tessera::plan {
 
 // The op classes a device's efficiency is given for (fraction of the compute dtype's peak).
 enum class OpClass { gemm, grouped_gemm, attention, kda };
+inline constexpr OpClass kOpClasses[] = {OpClass::gemm, OpClass::grouped_gemm, OpClass::attention, OpClass::kda};
+// Its key in cluster files: "gemm", "grouped_gemm", "attention", "kda".
+const char* op_class_name(OpClass cls);
+// The class a block's own FLOPs are priced at, by the block's kind (model::Model::block_kinds): KDA and GDN kda,
+// attention, MLA and DSA attention, the rest (dense MLP; an MoE block's router and shared experts) gemm. An MoE
+// block's routed experts are grouped_gemm.
+OpClass block_class(const std::string& kind);
 
 struct Link {
     std::string name;

@@ -93,7 +93,7 @@ struct BlockCost {
     std::string kind;
     OpClass cls = OpClass::gemm;
     double flops = 0, routed = 0;  // forward per token; of which the routed experts' (grouped GEMM)
-    bool recomputed = false;       // under train.recompute (every block but the last of its kind: model.cpp's bind)
+    bool recomputed = false;       // under train.recompute (Model::recomputed_blocks)
 };
 
 struct ModelCosts {
@@ -106,8 +106,7 @@ struct ModelCosts {
     int64_t moe_layers = 0, units = 0;
     double dense_param_bytes = 0, dense_grad_bytes = 0;  // whole model, as held
     double expert_param_bytes = 0, expert_grad_bytes = 0;
-    double trained_elements = 0;
-    double dense_grad_elements = 0, expert_grad_elements = 0;  // the gradient buffers' (whole model)
+    double dense_grad_elements = 0, expert_grad_elements = 0;  // trained elements (gradient buffers), whole model
 };
 
 ModelCosts model_costs(const train::RunConfig& cfg) {
@@ -120,23 +119,16 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
         const std::string& kind = m.block_kinds()[j];
         const double f = m.block_forward_flops_per_token(j, seq);
         blocks += f;
-        BlockCost b{kind, OpClass::gemm, f, 0};
-        if (kind == "kda" || kind == "gdn") {
-            b.cls = OpClass::kda;
-        } else if (kind == "attention" || kind == "mla" || kind == "dsa") {
-            b.cls = OpClass::attention;
-        } else if (kind == "moe") {
+        BlockCost b{kind, block_class(kind), f, 0};
+        if (kind == "moe") {
             const double width = double(moe.latent_dim > 0 ? moe.latent_dim : cfg.model.d_model);
             b.routed = double(moe.topk) * 6.0 * width * double(moe.ffn_dim);
             ++c.moe_layers;
         }
         c.blocks.push_back(b);
     }
-    std::vector<std::string> seen;  // walking backwards: the first met of a kind is its last, which keeps its set
-    for (auto it = c.blocks.rbegin(); it != c.blocks.rend(); ++it) {
-        it->recomputed = std::find(seen.begin(), seen.end(), it->kind) != seen.end();
-        if (!it->recomputed) seen.push_back(it->kind);
-    }
+    const std::vector<bool> recomputed = m.recomputed_blocks();
+    for (size_t j = 0; j < c.blocks.size(); ++j) c.blocks[j].recomputed = recomputed[j];
     c.head_flops = m.forward_flops_per_token(seq) - blocks;
     c.units = int64_t(m.block_kinds().size() / 2) + 2;
     c.units_bytes.assign(size_t(cfg.model.n_layers) + 1, {});
@@ -145,10 +137,7 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
         const bool expert = s.sharding == Sharding::expert;
         (expert ? c.expert_param_bytes : c.dense_param_bytes) += b;
         (expert ? c.expert_grad_bytes : c.dense_grad_bytes) += g;
-        if (s.trainable) {
-            c.trained_elements += double(s.shape.numel());
-            (expert ? c.expert_grad_elements : c.dense_grad_elements) += double(s.shape.numel());
-        }
+        if (s.trainable) (expert ? c.expert_grad_elements : c.dense_grad_elements) += double(s.shape.numel());
         const size_t at = s.name.find("layers.");
         size_t u = at == std::string::npos ? 0 : 1 + size_t(std::strtoull(s.name.c_str() + at + 7, nullptr, 10));
         if (u >= c.units_bytes.size()) u = 0;
@@ -183,7 +172,8 @@ double zero2_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
 // parameter, gradient, m and v and writes parameter, m and v (f32) of this rank's ranges: 40 bytes per element (32
 // unclipped).
 double optimizer_seconds(const ModelCosts& c, const train::RunConfig& cfg, const Cluster& cl, const Layout& l) {
-    const double local = l.ranks > 1 ? c.trained_elements / double(l.ranks) : c.trained_elements;
+    const double trained = c.dense_grad_elements + c.expert_grad_elements;
+    const double local = l.ranks > 1 ? trained / double(l.ranks) : trained;
     return local * (cfg.train.grad_clip > 0 ? 40.0 : 32.0) / cl.device.memory_bandwidth;
 }
 
