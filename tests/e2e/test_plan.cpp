@@ -283,6 +283,13 @@ TEST(Plan, MistakesAreOneLineErrors) {
                      "memory_bandwidth_gbs": 1, "efficiency_by_tokens": {"tokens": [512, 256], "kda": [0.5, 0.6]}},
                      "links": [{"bandwidth_gbs": 1}]})",
                   "tokens: must be ascending");
+    cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
+                     "memory_bandwidth_gbs": 1, "efficiency_by_tokens": {"tokens": [256], "conv": [0.5]}},
+                     "links": [{"bandwidth_gbs": 1}]})",
+                  "unknown op class conv");
+    cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
+                     "memory_bandwidth_gbs": 1, "forward_share": {"kda": 1.5}}, "links": [{"bandwidth_gbs": 1}]})",
+                  "forward_share: kda must be in (0, 1)");
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "reserved_gb": -1, "peak_tflops": {"f32": 1},
                      "compute_dtype": "f32", "memory_bandwidth_gbs": 1}, "links": [{"bandwidth_gbs": 1}]})",
                   "reserved_gb must be >= 0");

@@ -275,8 +275,8 @@ void rewrite_safetensors(const std::string& from,
 
 // Qwen3-Next's decoder norms are zero-centred (Qwen3NextRMSNorm scales by 1 + w and stores w): as modules_to_save PEFT
 // keeps the module's own stored form. A PEFT directory whose saved model.norm holds w trains from the same model as
-// the base with w stored in its place (logits bitwise), and tessera writes w back (bitwise: 1 + w and back is exact
-// for |w| < 1/2), and reads its own file back to the same logits.
+// the base with w stored in its place (logits bitwise), and tessera writes w back (bitwise here: w is a multiple of
+// 1/32, so 1 + w is exact), and reads its own file back to the same logits.
 TEST(Peft, Qwen3NextZeroCentredNormsTrainWholeInTheirStoredForm) {
     const test::TempDir d;
     const std::string golden_dir = test::golden_path("hf/qwen3_next_tiny_peft");
