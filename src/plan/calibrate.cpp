@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "core/json.h"
@@ -90,22 +91,56 @@ double memcpy_bandwidth() {
     return 2.0 * double(n) / s;  // read and write
 }
 
-// all-to-all over every rank: (bandwidth per rank each way, seconds per message)
-std::pair<double, double> measure_links(parallel::Comm& c) {
-    const int W = c.size();
-    const auto exchange = [&](int64_t per_peer) {
-        std::vector<std::byte> send(size_t(per_peer * W)), recv(send.size());
-        std::vector<int64_t> counts(size_t(W), per_peer);
-        c.barrier();
-        return median_seconds([&] { c.all_to_all_v(send, counts, recv, counts); }, 10);
-    };
-    const double small = exchange(8), big_bytes = double(8 << 20);
-    const double big = exchange(int64_t(big_bytes));
-    double lat = small / double(W - 1), bw = big_bytes * double(W - 1) / std::max(1e-9, big - small);
-    // every rank takes rank 0's numbers (the file is one description)
-    double v[2] = {bw, lat};
-    c.broadcast(std::as_writable_bytes(std::span(v)), 0);
-    return {v[0], v[1]};
+// seconds of one call of collective k in c that sends `per_peer` bytes to each other rank of c (median of `runs` after
+// a warm-up, every rank running it as often as the others)
+double time_collective(parallel::Comm& c, Collective k, int64_t per_peer, size_t runs) {
+    const int64_t g = c.size();
+    std::vector<std::byte> send(size_t(k == Collective::all_gather ? per_peer : per_peer * g)),
+        recv(size_t(k == Collective::reduce_scatter ? per_peer : per_peer * g)), scratch;
+    std::vector<int64_t> counts(size_t(g), per_peer);
+    if (k == Collective::reduce_scatter) scratch.resize(send.size());
+    c.barrier();
+    return median_seconds(
+        [&] {
+            switch (k) {
+                case Collective::all_gather:
+                    return c.all_gather(send, recv);
+                case Collective::reduce_scatter:  // f32 sums, as FSDP's gradients
+                    return c.reduce_scatter_async(DType::f32, send.data(), recv.data(), per_peer / 4, scratch).wait();
+                case Collective::all_to_all:
+                    return c.all_to_all_v(send, counts, recv, counts);
+            }
+        },
+        runs);
+}
+
+// Every collective over groups of g consecutive ranks, for each g in `groups` (all groups at once, as the runtime's
+// groups run): α-β from a small and a large call (bytes per peer; the small one's median over 30 runs, as ranks
+// sharing cores wake late), rank 0's numbers on every rank (the file is one description). The link's own bandwidth and
+// latency: the all-to-all over every rank.
+void measure_links(parallel::Comm& world, const std::vector<int64_t>& groups, Link& link) {
+    constexpr int64_t kSmall = 8, kLarge = int64_t(8) << 20;
+    std::vector<double> v;  // per group, per collective: bandwidth, latency
+    for (int64_t g : groups) {
+        std::unique_ptr<parallel::Comm> sub =
+            g < world.size() ? world.split(world.rank() / int(g), world.rank()) : nullptr;
+        parallel::Comm& c = sub ? *sub : world;
+        for (Collective k : kCollectives) {
+            const double small = time_collective(c, k, kSmall, 30), large = time_collective(c, k, kLarge, 10);
+            v.push_back(double(kLarge - kSmall) * double(g - 1) / std::max(1e-9, large - small));
+            v.push_back(small / double(g - 1));
+        }
+    }
+    world.broadcast(std::as_writable_bytes(std::span(v)), 0);
+    link.ranks.assign(groups.begin(), groups.end());
+    size_t i = 0;
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+        for (Collective k : kCollectives) {
+            link.bandwidth_by_ranks[k].push_back(v[i++]);
+            link.latency_by_ranks[k].push_back(v[i++]);
+        }
+    link.bandwidth = link.bandwidth_by_ranks[Collective::all_to_all].back();
+    link.latency = link.latency_by_ranks[Collective::all_to_all].back();
 }
 
 }  // namespace
@@ -205,12 +240,18 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     c.host.memory = train::physical_memory_bytes();
     Link link{"shared memory (one host)", W, 5e9, 2e-6};
     if (W > 1) {
-        const auto [bw, lat] = measure_links(*world);
-        link.bandwidth = bw;
-        link.latency = lat;
-        link.name = fmt::format("{} all-to-all", world->backend());
-        note(fmt::format("all-to-all over {} ranks: {:.2f} GB/s per rank each way, {:.1f} us per message", W, bw / 1e9,
-                         lat * 1e6));
+        // groups of 2, 4, ... ranks that divide the world, and the world
+        std::vector<int64_t> groups;
+        for (int64_t g = 2; g < W; g *= 2)
+            if (W % g == 0) groups.push_back(g);
+        groups.push_back(W);
+        measure_links(*world, groups, link);
+        link.name = fmt::format("{} collectives", world->backend());
+        for (size_t gi = 0; gi < groups.size(); ++gi)
+            for (Collective k : kCollectives)
+                note(fmt::format("{:<14} over groups of {}: {:.2f} GB/s per rank each way, {:.1f} us per message",
+                                 collective_name(k), groups[gi], link.bandwidth_by_ranks[k][gi] / 1e9,
+                                 link.latency_by_ranks[k][gi] * 1e6));
     }
     c.links = {link};
     // what a rank holds outside its arena: this process's resident memory now, its timed blocks freed (the code,
@@ -221,7 +262,7 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
         "tessera calibrate on {}: the GEMM rate as the f32 peak; efficiencies from one block of each kind of the model "
         "(d_model {}, seq {}) at micro-batches of {}-{} sequences{}",
         ops::isa_summary(), cfg.model.d_model, cfg.train.seq_len, shapes.front().batch, shapes.back().batch,
-        W > 1 ? "; the link from an all-to-all sweep" : "");
+        W > 1 ? "; the link from all-gathers, reduce-scatters and all-to-alls by group size" : "");
     return c;
 }
 
@@ -229,11 +270,23 @@ std::string cluster_json(const Cluster& c) {
     Json peaks = Json::object();
     for (const auto& [dt, f] : c.device.peak_flops) peaks[dt] = f / 1e12;
     Json links = Json::array();
-    for (const Link& l : c.links)
-        links.push_back({{"name", l.name},
-                         {"span", l.span},
-                         {"bandwidth_gbs", l.bandwidth / 1e9},
-                         {"latency_us", l.latency * 1e6}});
+    for (const Link& l : c.links) {
+        Json link = {
+            {"name", l.name}, {"span", l.span}, {"bandwidth_gbs", l.bandwidth / 1e9}, {"latency_us", l.latency * 1e6}};
+        if (!l.ranks.empty()) {
+            Json by = {{"ranks", std::vector<int64_t>(l.ranks.begin(), l.ranks.end())}};
+            for (const auto& [k, bw] : l.bandwidth_by_ranks) {
+                Json gbs = Json::array(), us = Json::array();
+                for (size_t i = 0; i < bw.size(); ++i) {
+                    gbs.push_back(bw[i] / 1e9);
+                    us.push_back(l.latency_by_ranks.at(k)[i] * 1e6);
+                }
+                by[collective_name(k)] = {{"bandwidth_gbs", gbs}, {"latency_us", us}};
+            }
+            link["collectives"] = by;
+        }
+        links.push_back(link);
+    }
     Json by_tokens = Json::object(), shares = Json::object(), efficiency = Json::object();
     if (!c.device.tokens.empty()) by_tokens["tokens"] = c.device.tokens;
     for (const auto& [cls, v] : c.device.efficiency_by_tokens) by_tokens[op_class_name(cls)] = v;

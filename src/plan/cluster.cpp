@@ -28,15 +28,35 @@ OpClass block_class(const std::string& kind) {
     return OpClass::gemm;
 }
 
+const char* collective_name(Collective k) {
+    static const char* const names[] = {"all_gather", "reduce_scatter", "all_to_all"};  // Collective order
+    return names[int(k)];
+}
+
+namespace {
+// y at x from the points (xs ascending, ys): linear in log x, held at the ends
+double log_interpolate(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
+    if (x <= xs.front()) return ys.front();
+    if (x >= xs.back()) return ys.back();
+    const size_t i = size_t(std::upper_bound(xs.begin(), xs.end(), x) - xs.begin());  // xs[i-1] < x
+    const double f = std::log(x / xs[i - 1]) / std::log(xs[i] / xs[i - 1]);
+    return ys[i - 1] + f * (ys[i] - ys[i - 1]);
+}
+}  // namespace
+
 double Cluster::Device::efficiency_at(OpClass cls, double n) const {
     const auto it = efficiency_by_tokens.find(cls);
     if (it == efficiency_by_tokens.end() || tokens.empty()) return efficiency.at(cls);
-    const std::vector<double>& e = it->second;
-    if (n <= tokens.front()) return e.front();
-    if (n >= tokens.back()) return e.back();
-    const size_t i = size_t(std::upper_bound(tokens.begin(), tokens.end(), n) - tokens.begin());  // tokens[i-1] < n
-    const double f = std::log(n / tokens[i - 1]) / std::log(tokens[i] / tokens[i - 1]);
-    return e[i - 1] + f * (e[i] - e[i - 1]);
+    return log_interpolate(tokens, it->second, n);
+}
+
+double Link::seconds(Collective k, int64_t group, double bytes, double messages) const {
+    double bw = bandwidth, lat = latency;
+    if (const auto it = bandwidth_by_ranks.find(k); it != bandwidth_by_ranks.end() && !ranks.empty()) {
+        bw = log_interpolate(ranks, it->second, double(group));
+        lat = log_interpolate(ranks, latency_by_ranks.at(k), double(group));
+    }
+    return bytes / bw + messages * lat;
 }
 
 double Cluster::Device::forward_fraction(OpClass cls) const {
@@ -74,6 +94,37 @@ void read_efficiency_table(const Json& t, Cluster::Device& dev, const std::strin
                       dev.tokens.size());
         for (double x : e) TESSERA_CHECK(x > 0 && x <= 1, "{}.{}: fractions must be in (0, 1] (got {})", where, key, x);
         dev.efficiency_by_tokens[*cls] = std::move(e);
+    }
+}
+
+// links[i].collectives: {"ranks": [ascending group sizes], "<collective>": {"bandwidth_gbs": [...], "latency_us":
+// [...]} with one value per group size, ...}
+void read_collectives(const Json& t, Link& link, const std::string& where) {
+    TESSERA_CHECK(t.is_object() && t.contains("ranks"), "{}: needs \"ranks\" and one entry per collective", where);
+    link.ranks = numbers(t["ranks"], where + ".ranks");
+    for (size_t i = 0; i < link.ranks.size(); ++i)
+        TESSERA_CHECK(link.ranks[i] >= 2 && (i == 0 || link.ranks[i] > link.ranks[i - 1]),
+                      "{}.ranks: must be ascending group sizes of at least 2", where);
+    for (const auto& [key, v] : t.items()) {
+        if (key == "ranks") continue;
+        const auto* k = std::find_if(std::begin(kCollectives), std::end(kCollectives),
+                                     [&](Collective c) { return key == collective_name(c); });
+        TESSERA_CHECK(k != std::end(kCollectives), "{}: unknown collective {} (all_gather, reduce_scatter, all_to_all)",
+                      where, key);
+        const std::string at = where + "." + key;
+        TESSERA_CHECK(v.is_object() && v.contains("bandwidth_gbs") && v.contains("latency_us") && v.size() == 2,
+                      "{}: needs bandwidth_gbs and latency_us (one value per group size), nothing else", at);
+        std::vector<double> bw = numbers(v["bandwidth_gbs"], at + ".bandwidth_gbs"),
+                            lat = numbers(v["latency_us"], at + ".latency_us");
+        TESSERA_CHECK(bw.size() == link.ranks.size() && lat.size() == link.ranks.size(),
+                      "{}: {} and {} values for {} group sizes", at, bw.size(), lat.size(), link.ranks.size());
+        for (size_t i = 0; i < bw.size(); ++i) {
+            TESSERA_CHECK(bw[i] > 0 && lat[i] >= 0, "{}: bandwidths must be positive, latencies not negative", at);
+            bw[i] *= 1e9;
+            lat[i] *= 1e-6;
+        }
+        link.bandwidth_by_ranks[*k] = std::move(bw);
+        link.latency_by_ranks[*k] = std::move(lat);
     }
 }
 
@@ -165,10 +216,14 @@ Cluster load_cluster(const std::string& path) {
         int64_t prev = 0;
         for (size_t i = 0; i < doc["links"].size(); ++i) {
             const std::string where = fmt::format("{}: links[{}]", path, i);
-            const Json& l = doc["links"][i];
+            Json l = doc["links"][i];
             TESSERA_CHECK(l.is_object(), "{}: not an object", where);
-            ConfigReader r(l, where);
             Link link;
+            if (l.contains("collectives")) {
+                read_collectives(l["collectives"], link, where + ".collectives");
+                l.erase("collectives");
+            }
+            ConfigReader r(l, where);
             link.name = r.text("name", fmt::format("level {}", i));
             link.span = r.integer("span", 0);
             link.bandwidth = positive(r, "bandwidth_gbs", where) * 1e9;

@@ -21,11 +21,28 @@ const char* op_class_name(OpClass cls);
 // block's routed experts are grouped_gemm.
 OpClass block_class(const std::string& kind);
 
+// The collectives the runtime's traffic is made of: FSDP's and ZeRO-2's parameter gathers and gradient
+// reduce-scatters (parallel/comm.h: an all-to-all of the chunks and a sum in rank order), expert parallelism's
+// exchanges.
+enum class Collective { all_gather, reduce_scatter, all_to_all };
+inline constexpr Collective kCollectives[] = {Collective::all_gather, Collective::reduce_scatter,
+                                              Collective::all_to_all};
+// Its key in cluster files: "all_gather", "reduce_scatter", "all_to_all".
+const char* collective_name(Collective k);
+
 struct Link {
     std::string name;
     int64_t span = 0;      // devices per group at this level (0: the whole cluster)
     double bandwidth = 0;  // bytes/s per device per direction
     double latency = 0;    // seconds per message
+    // measured (`tessera calibrate`): per collective, the bandwidth and latency of groups of `ranks` devices
+    // (ascending), which take the place of bandwidth and latency for that collective where present
+    std::vector<double> ranks;
+    std::map<Collective, std::vector<double>> bandwidth_by_ranks, latency_by_ranks;
+    // α-β time of one collective over a group of `group` devices that moves `bytes` per device in `messages`
+    // messages: the collective's measured bandwidth and latency at that group size (interpolated linearly in log
+    // ranks, held at the ends), or the link's.
+    double seconds(Collective k, int64_t group, double bytes, double messages) const;
 };
 
 struct Cluster {

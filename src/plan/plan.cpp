@@ -86,9 +86,6 @@ double imbalance(const std::vector<std::vector<double>>& loads, int64_t ep) {
 
 double dtype_size(const std::string& dt) { return dt == "f32" ? 4.0 : dt == "bf16" ? 2.0 : 1.0; }
 
-// α-β time of moving `bytes` per device in `messages` messages over a link
-double link_seconds(const Link& l, double bytes, double messages) { return bytes / l.bandwidth + messages * l.latency; }
-
 struct BlockCost {
     std::string kind;
     OpClass cls = OpClass::gemm;
@@ -156,16 +153,32 @@ double a2a_pass_seconds(const train::RunConfig& cfg, const Cluster& cl, const La
     const double width = double(cfg.model.moe.latent_dim > 0 ? cfg.model.moe.latent_dim : cfg.model.d_model);
     const double bytes =
         tokens * 2.0 * double(cfg.model.moe.topk) * width * dtype_size(cl.device.compute_dtype) * (ep - 1) / ep * skew;
-    return link_seconds(cl.link_for(l.ep), bytes, 2.0 * chunks * (ep - 1));
+    return cl.link_for(l.ep).seconds(Collective::all_to_all, l.ep, bytes, 2.0 * chunks * (ep - 1));
+}
+
+// FSDP's or ZeRO-2's transfers of parameters (all-gathers) or gradients (reduce-scatters) over the cluster's link for
+// every rank: `dense` bytes (as held, whole) over every rank, `expert` bytes (this rank's experts, as held) over
+// the expert-data group, in `dense_calls` and `expert_calls` collectives (one message to each peer each).
+double shard_seconds(const Cluster& cl,
+                     const Layout& l,
+                     Collective k,
+                     double dense,
+                     double expert,
+                     double dense_calls,
+                     double expert_calls) {
+    const double W = double(l.ranks), edp = W / double(l.ep);
+    const Link& link = cl.link_for(l.ranks);
+    double t = dense > 0 ? link.seconds(k, l.ranks, dense * (W - 1) / W, dense_calls * (W - 1)) : 0.0;
+    if (edp > 1 && expert > 0) t += link.seconds(k, l.ranks / l.ep, expert * (edp - 1) / edp, expert_calls * (edp - 1));
+    return t;
 }
 
 // ZeRO-2, after the last micro-batch: the summed gradient reduce-scattered and the updated parameters all-gathered,
 // the dense ones over every rank, this rank's experts over the expert-data group.
 double zero2_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
-    const double W = double(l.ranks), ep = double(l.ep), edp = W / ep;
-    double bytes = (c.dense_grad_bytes + c.dense_param_bytes) * (W - 1) / W;
-    if (edp > 1) bytes += (c.expert_grad_bytes + c.expert_param_bytes) / ep * (edp - 1) / edp;
-    return link_seconds(cl.link_for(l.ranks), bytes, 2.0 * (W - 1));
+    const double ep = double(l.ep);
+    return shard_seconds(cl, l, Collective::reduce_scatter, c.dense_grad_bytes, c.expert_grad_bytes / ep, 1, 1) +
+           shard_seconds(cl, l, Collective::all_gather, c.dense_param_bytes, c.expert_param_bytes / ep, 1, 1);
 }
 
 // The step's optimizer (trainer.cpp): the gradient norm reads the gradient, clipping rescales it, AdamW reads
@@ -221,7 +234,7 @@ StepTime step_time(const train::RunConfig& run,
                    const Layout& l) {
     const train::RunConfig cfg = with_layout(run, l);
     const int ranks = int(l.ranks);
-    const double W = double(l.ranks), ep = double(l.ep);
+    const double ep = double(l.ep);
     const double micro_tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);
     const double accumulation = double(cfg.train.accumulation(ranks));
     const bool frozen_base = cfg.model.lora.enabled();
@@ -245,15 +258,15 @@ StepTime step_time(const train::RunConfig& run,
         const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
         t.a2a_exposed = t.a2a / chunks + std::max(0.0, (t.a2a - t.expert_compute) * (chunks - 1) / chunks);
     }
-    const Link& world = cl.link_for(l.ranks);
-    const double edp = W / ep;
-    const double local_expert_params = c.expert_param_bytes / ep, local_expert_grads = c.expert_grad_bytes / ep;
     if (l.ranks > 1 && l.fsdp) {
-        // every micro-batch gathers each unit twice (forward, backward) and reduce-scatters its gradient
-        double bytes = accumulation * (2.0 * c.dense_param_bytes + c.dense_grad_bytes) * (W - 1) / W;
-        if (edp > 1) bytes += accumulation * (2.0 * local_expert_params + local_expert_grads) * (edp - 1) / edp;
-        const double messages = accumulation * 3.0 * double(c.units) * (W - 1);
-        t.fsdp = link_seconds(world, bytes, messages);
+        // every micro-batch gathers each unit twice (forward, backward) and reduce-scatters its gradient: one
+        // collective per unit over every rank, and one per MoE layer for its experts over the expert-data group
+        const double units = double(c.units), moe = double(c.moe_layers);
+        const double gathers = shard_seconds(cl, l, Collective::all_gather, 2.0 * c.dense_param_bytes,
+                                             2.0 * c.expert_param_bytes / ep, 2.0 * units, 2.0 * moe);
+        const double scatters =
+            shard_seconds(cl, l, Collective::reduce_scatter, c.dense_grad_bytes, c.expert_grad_bytes / ep, units, moe);
+        t.fsdp = accumulation * (gathers + scatters);
         // the next unit's gather arrives while this one computes: the first is exposed, the rest beyond compute
         t.fsdp_exposed = t.fsdp / double(c.units) + std::max(0.0, t.fsdp - t.compute);
     } else if (l.ranks > 1) {
@@ -282,7 +295,7 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     const auto loads = loads_of(cfg, o);
     const double I = loads.empty() ? 1.0 : imbalance(loads, l.ep);
     const int ranks = int(l.ranks);
-    const double W = double(l.ranks), ep = double(l.ep), edp = W / ep;
+    const double ep = double(l.ep);
     const int64_t accumulation = cfg.train.accumulation(ranks);
     const double tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);  // per micro-batch
     const bool frozen_base = cfg.model.lora.enabled();
@@ -291,16 +304,13 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     for (const BlockCost& b : c.blocks) pass.push_back(block_pass(cl.device, b, tokens, ep, I, frozen_base));
     const double grads = gradient_seconds(c, cl, l, double(accumulation)) / double(accumulation);  // per micro-batch
     const double a2a = a2a_pass_seconds(cfg, cl, l, tokens, I);  // one pass of one MoE layer
-    const Link& world = cl.link_for(l.ranks);
     const bool fsdp = l.ranks > 1 && l.fsdp;
     const size_t L = c.units_bytes.size() - 1;
-    // a unit's FSDP transfer (u = 0: embedding and head; u = 1 + layer), of its parameters or its gradient: the dense
-    // part over the world, this rank's experts (1/ep of them) over the expert-data group
+    // a unit's FSDP transfer (u = 0: embedding and head; u = 1 + layer), of its parameters or its gradient
     const auto unit_seconds = [&](size_t u, bool grads) {
         const ModelCosts::UnitBytes& b = c.units_bytes[u];
-        double bytes = (grads ? b.grads : b.params) * (W - 1) / W;
-        if (edp > 1) bytes += (grads ? b.expert_grads : b.expert_params) / ep * (edp - 1) / edp;
-        return link_seconds(world, bytes, W - 1);
+        return shard_seconds(cl, l, grads ? Collective::reduce_scatter : Collective::all_gather,
+                             grads ? b.grads : b.params, (grads ? b.expert_grads : b.expert_params) / ep, 1, 1);
     };
     Json events = Json::array();
     const auto span = [&](const std::string& name, const char* cat, int tid, double t0, double dur, int64_t layer) {

@@ -165,9 +165,17 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     const test::CliResult b = test::run_tessera("launch -n 2 -- calibrate --seq 64 --out " + two);
     ASSERT_EQ(b.status, 0) << b.err;
     const Json l = Json::parse(read_text(two))["links"][0];
-    EXPECT_EQ(l["name"], "mpi all-to-all");
+    EXPECT_EQ(l["name"], "mpi collectives");
     EXPECT_GT(l["bandwidth_gbs"].get<double>(), 0.01);
     EXPECT_GT(l["latency_us"].get<double>(), 0.0);
+    // each collective over the group of both ranks; the link's own numbers are the all-to-all's
+    EXPECT_EQ(l["collectives"]["ranks"], Json::parse("[2]")) << l.dump();
+    for (const char* k : {"all_gather", "reduce_scatter", "all_to_all"}) {
+        ASSERT_EQ(l["collectives"][k]["bandwidth_gbs"].size(), 1u) << k;
+        EXPECT_GT(l["collectives"][k]["bandwidth_gbs"][0].get<double>(), 0.01) << k;
+        EXPECT_GT(l["collectives"][k]["latency_us"][0].get<double>(), 0.0) << k;
+    }
+    EXPECT_EQ(l["bandwidth_gbs"], l["collectives"]["all_to_all"]["bandwidth_gbs"][0]);
     // a model whose layers do not fit this machine: one line, no file
     test::expect_one_line_error(test::run_tessera("calibrate --model " + std::string(TESSERA_SOURCE_DIR) +
                                                   "/configs/hf/kimi_k3.json --out " + d.file("k3.json")),
@@ -191,6 +199,83 @@ TEST(Plan, BlocksRunAtTheRateOfTheirCallSize) {
     ASSERT_EQ(compute.size(), 3u);
     EXPECT_NEAR(compute[1] / compute[4], 4.0, 1e-6);
     EXPECT_NEAR(compute[2] / compute[4], 0.8 / 0.5, 1e-6);
+}
+
+// Measured collectives: FSDP's gathers run at the all-gather's rate, its gradients at the reduce-scatter's, expert
+// parallelism's exchanges at the all-to-all's, each at the size of its group. The tiny MoE model on 2 ranks, latencies
+// 0: every parameter trains in f32, so a gather (twice per unit) moves twice a reduce-scatter's bytes; slowing one
+// collective to half its rate adds exactly its time and leaves the others alone.
+TEST(Plan, CollectivesRunAtTheirMeasuredRates) {
+    TempDir d;
+    const auto cluster = [&](int devices, const std::string& ranks, const std::string& ag, const std::string& rs,
+                             const std::string& a2a) {
+        const std::string f = d.file("coll.json");
+        write_text_atomic(f, fmt::format(R"({{"name": "test", "devices": {0},
+            "device": {{"memory_gb": 4, "peak_tflops": {{"f32": 0.1}}, "compute_dtype": "f32", "memory_bandwidth_gbs": 10}},
+            "host": {{"devices": {0}, "memory_gb": 16}},
+            "links": [{{"span": {0}, "bandwidth_gbs": 5, "latency_us": 2, "collectives": {{"ranks": {1},
+                "all_gather": {{"bandwidth_gbs": {2}, "latency_us": [0, 0]}},
+                "reduce_scatter": {{"bandwidth_gbs": {3}, "latency_us": [0, 0]}},
+                "all_to_all": {{"bandwidth_gbs": {4}, "latency_us": [0, 0]}}}}}}]}})",
+                                         devices, ranks, ag, rs, a2a));
+        return f;
+    };
+    // (ep, fsdp, micro, recompute) -> step_seconds
+    const auto times = [&](const std::string& file, const std::string& extra = "") {
+        std::map<std::string, Json> t;
+        const Json plan = plan_json(kTiny + test::kTinyMoe + extra + " --cluster " + file, d);
+        for (const Json& c : plan["candidates"]) t[c["layout"].dump()] = c["step_seconds"];
+        return t;
+    };
+    const auto base = times(cluster(2, "[2, 4]", "[1, 1]", "[1, 1]", "[1, 1]"));
+    const auto ag = times(cluster(2, "[2, 4]", "[0.5, 0.5]", "[1, 1]", "[1, 1]"));
+    const auto rs = times(cluster(2, "[2, 4]", "[1, 1]", "[0.5, 0.5]", "[1, 1]"));
+    const auto a2a = times(cluster(2, "[2, 4]", "[1, 1]", "[1, 1]", "[0.25, 0.25]"));
+    ASSERT_FALSE(base.empty());
+    int fsdp = 0, zero2 = 0, ep2 = 0;
+    for (const auto& [layout, t] : base) {
+        const double f = t["fsdp"].get<double>(), g = t["grad_sync"].get<double>(), x = t["a2a"].get<double>();
+        const double gathers = ag.at(layout)["fsdp"].get<double>() - f,
+                     scatters = rs.at(layout)["fsdp"].get<double>() - f;
+        if (f > 0) {
+            ++fsdp;
+            EXPECT_NEAR(gathers / scatters, 2.0, 1e-9) << layout;
+            EXPECT_NEAR((gathers + scatters) / f, 1.0, 1e-9) << layout;
+        }
+        if (g > 0) {
+            ++zero2;  // one reduce-scatter and one all-gather of as many bytes
+            EXPECT_NEAR(ag.at(layout)["grad_sync"].get<double>() / g, 1.5, 1e-9) << layout;
+            EXPECT_NEAR(rs.at(layout)["grad_sync"].get<double>() / g, 1.5, 1e-9) << layout;
+        }
+        EXPECT_DOUBLE_EQ(ag.at(layout)["a2a"].get<double>(), x) << layout;
+        EXPECT_DOUBLE_EQ(a2a.at(layout)["fsdp"].get<double>(), f) << layout;
+        if (x > 0) {
+            ++ep2;
+            EXPECT_NEAR(a2a.at(layout)["a2a"].get<double>() / x, 4.0, 1e-9) << layout;
+        }
+    }
+    EXPECT_GT(fsdp, 0);
+    EXPECT_GT(zero2, 0);
+    EXPECT_GT(ep2, 0);
+    // by group size, linear in log ranks: measured at 2 and 8, a group of 4 sees the middle (2.5 GB/s). On 4 ranks
+    // with EP1 every collective spans 4 ranks, as with a table of 4 alone; with EP2 the experts' go over groups of 2.
+    const auto wide = times(cluster(4, "[2, 8]", "[1, 4]", "[1, 4]", "[1, 4]"), " --global-batch 4");
+    const auto four = times(cluster(4, "[4, 5]", "[2.5, 2.5]", "[2.5, 2.5]", "[2.5, 2.5]"), " --global-batch 4");
+    int same = 0, apart = 0;
+    for (const auto& [layout, t] : wide) {
+        const Json l = Json::parse(layout);
+        const double a = t["fsdp"].get<double>() + t["grad_sync"].get<double>(),
+                     b = four.at(layout)["fsdp"].get<double>() + four.at(layout)["grad_sync"].get<double>();
+        if (l["ep"] == 1) {
+            EXPECT_NEAR(a / b, 1.0, 1e-9) << layout;
+            ++same;
+        } else if (l["ep"] == 2) {
+            EXPECT_GT(a / b, 1.01) << layout;  // the experts' collectives at 1 GB/s, not 2.5
+            ++apart;
+        }
+    }
+    EXPECT_GT(same, 0);
+    EXPECT_GT(apart, 0);
 }
 
 // tessera simulate: the step of one layout as a Chrome trace. The tiny MoE model on 2 ranks (EP2, FSDP, micro 1 of
@@ -290,6 +375,21 @@ TEST(Plan, MistakesAreOneLineErrors) {
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
                      "memory_bandwidth_gbs": 1, "forward_share": {"kda": 1.5}}, "links": [{"bandwidth_gbs": 1}]})",
                   "forward_share: kda must be in (0, 1)");
+    const auto collectives_error = [&](const std::string& collectives, const std::string& needle) {
+        cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
+                         "memory_bandwidth_gbs": 1}, "links": [{"bandwidth_gbs": 1, "collectives": )" +
+                          collectives + "}]}",
+                      needle);
+    };
+    collectives_error(R"({"ranks": [2, 4], "all_gather": {"bandwidth_gbs": [1], "latency_us": [1, 2]}})",
+                      "all_gather: 1 and 2 values for 2 group sizes");
+    collectives_error(R"({"ranks": [4, 2], "all_gather": {"bandwidth_gbs": [1, 1], "latency_us": [1, 2]}})",
+                      "ranks: must be ascending group sizes of at least 2");
+    collectives_error(R"({"ranks": [2], "broadcast": {"bandwidth_gbs": [1], "latency_us": [1]}})",
+                      "unknown collective broadcast");
+    collectives_error(R"({"ranks": [2], "all_to_all": {"bandwidth_gbs": [0], "latency_us": [1]}})",
+                      "bandwidths must be positive");
+    collectives_error(R"({"ranks": [2], "all_to_all": {"bandwidth_gbs": [1]}})", "needs bandwidth_gbs and latency_us");
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "reserved_gb": -1, "peak_tflops": {"f32": 1},
                      "compute_dtype": "f32", "memory_bandwidth_gbs": 1}, "links": [{"bandwidth_gbs": 1}]})",
                   "reserved_gb must be >= 0");
