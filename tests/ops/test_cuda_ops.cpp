@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "ops/attention.h"
 #include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
+#include "ops/cuda/entry_util.h"
 #include "ops/dsa.h"
 #include "ops/gated_rmsnorm.h"
 #include "ops/kda.h"
@@ -43,6 +46,21 @@ namespace {
 
 #define SKIP_WITHOUT_GPU() \
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine"
+
+// cuBLAS is opened at the first GEMM, not at start (its libraries cost a CUDA build's every process ~200 MB of
+// resident memory): not mapped until then, then mapped with every entry point the backend calls bound. Runs without a
+// GPU too (nothing is called).
+TEST(CudaOps, CublasLoadsAtItsFirstUse) {
+    const auto mapped = [] {
+        std::ifstream maps("/proc/self/maps");
+        const std::string text((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+        return text.find("libcublas") != std::string::npos;
+    };
+    EXPECT_FALSE(mapped()) << "cuBLAS mapped before any GEMM";
+    ops::cuda::load_cublas();
+    EXPECT_TRUE(mapped());
+    ops::cuda::load_cublas();  // once per process
+}
 
 TEST(CudaOps, EveryGoldenOfEveryCudaOpMatchesItsReference) {
     SKIP_WITHOUT_GPU();

@@ -1,10 +1,58 @@
 // The CUDA entry points' per-thread scratch, cuBLAS handle and GEMMs (ops/cuda/entry_util.h).
 #include "ops/cuda/entry_util.h"
 
+#include <dlfcn.h>
+
 #include <climits>
+#include <string>
 #include <type_traits>
 
 namespace tessera::ops::cuda {
+
+namespace {
+// cuBLAS, opened at the first GEMM instead of linked: its libraries (libcublas and libcublasLt, ~600 MB of code)
+// loaded at start cost every process of a CUDA build ~200 MB of resident memory, CPU runs included (docs/ops.md).
+struct CublasApi {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSgemm_v2) sgemm;
+    decltype(&cublasDgemm_v2) dgemm;
+    decltype(&cublasSgemmStridedBatched) sgemm_strided;
+    decltype(&cublasDgemmStridedBatched) dgemm_strided;
+    decltype(&cublasSgemmGroupedBatched) sgemm_grouped;
+    decltype(&cublasDgemmGroupedBatched) dgemm_grouped;
+};
+
+const CublasApi& cublas() {
+    static const CublasApi api = [] {
+        // the soname the headers belong to, through the loader's search (the executable's run path, the cache), else
+        // the file the build linked against
+        const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+        void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (!lib) lib = dlopen(TESSERA_CUBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+        TESSERA_CHECK(lib, "cuBLAS: cannot load {} ({})", soname, dlerror());
+        const auto bind = [&]<class F>(F& f, const char* name) {
+            f = reinterpret_cast<F>(dlsym(lib, name));
+            TESSERA_CHECK(f, "cuBLAS: {} has no {}", soname, name);
+        };
+        CublasApi a{};
+        bind(a.create, "cublasCreate_v2");
+        bind(a.destroy, "cublasDestroy_v2");
+        bind(a.set_stream, "cublasSetStream_v2");
+        bind(a.sgemm, "cublasSgemm_v2");
+        bind(a.dgemm, "cublasDgemm_v2");
+        bind(a.sgemm_strided, "cublasSgemmStridedBatched");
+        bind(a.dgemm_strided, "cublasDgemmStridedBatched");
+        bind(a.sgemm_grouped, "cublasSgemmGroupedBatched");
+        bind(a.dgemm_grouped, "cublasDgemmGroupedBatched");
+        return a;
+    }();
+    return api;
+}
+}  // namespace
+
+void load_cublas() { cublas(); }
 
 void* scratch(size_t bytes) {
     struct Buffer {
@@ -35,15 +83,15 @@ cublasHandle_t blas() {
     struct Handle {
         cublasHandle_t h = nullptr;
         ~Handle() {
-            if (h) cublasDestroy(h);
+            if (h) cublas().destroy(h);
         }
     };
     thread_local Handle handle;
     if (!handle.h) {
-        const cublasStatus_t st = cublasCreate(&handle.h);
+        const cublasStatus_t st = cublas().create(&handle.h);
         TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS: cannot create a handle (status {})", int(st));
     }
-    cublasSetStream(handle.h, stream());
+    cublas().set_stream(handle.h, stream());
     return handle.h;
 }
 
@@ -73,13 +121,13 @@ void gemm(bool ta,
     const int count = blas_int(batch.count, "batch");
     cublasStatus_t st;
     if constexpr (std::is_same_v<T, float>) {
-        st = count == 1 ? cublasSgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
-                        : cublasSgemmStridedBatched(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b,
-                                                    &beta, c, LC, batch.c, count);
+        st = count == 1 ? cublas().sgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
+                        : cublas().sgemm_strided(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b, &beta,
+                                                 c, LC, batch.c, count);
     } else {
-        st = count == 1 ? cublasDgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
-                        : cublasDgemmStridedBatched(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b,
-                                                    &beta, c, LC, batch.c, count);
+        st = count == 1 ? cublas().dgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
+                        : cublas().dgemm_strided(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b, &beta,
+                                                 c, LC, batch.c, count);
     }
     TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM {}x{}x{} (batch {}) failed (status {})", m, n, k, count,
                   int(st));
@@ -157,13 +205,13 @@ void GemmGroup<T>::run() {
         T* const* C = upload(base + 2 * bytes, std::span<T* const>(c_));
         cublasStatus_t st;
         if constexpr (std::is_same_v<T, float>) {
-            st = cublasSgemmGroupedBatched(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
-                                           alpha_.data(), A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(),
-                                           count, size_.data());
+            st = cublas().sgemm_grouped(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(),
+                                        A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(), count,
+                                        size_.data());
         } else {
-            st = cublasDgemmGroupedBatched(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
-                                           alpha_.data(), A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(),
-                                           count, size_.data());
+            st = cublas().dgemm_grouped(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(),
+                                        A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(), count,
+                                        size_.data());
         }
         TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS grouped GEMM of {} problems failed (status {})", count,
                       int(st));

@@ -201,6 +201,9 @@ void grouped_wgrad(const ExpertRows& g,
 // The most dynamic shared memory a block may opt in to on the current device.
 size_t max_shared_memory();
 
+// Opens cuBLAS and binds the entry points the backend uses, once per process; a one-line error when the library or
+// one of them is missing. The first GEMM does it (blas()), so a process that runs no CUDA GEMM never maps cuBLAS.
+void load_cublas();
 // cuBLAS: one handle per thread, on the current stream. Default math mode: f32 GEMMs stay f32 (no TF32), so they
 // compare with the CPU's at f32 tolerance.
 cublasHandle_t blas();
