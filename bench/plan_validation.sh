@@ -8,6 +8,8 @@
 #     over repeats, MAPE, the largest error, Kendall's tau of the ranking per rank count, the pick's regret;
 #   - memory: the predicted rank-0 arena against the arena's high-water mark (byte-exact expected), and the predicted
 #     resident memory of rank 0 (arena + the calibrated reserve outside it) against its largest resident set;
+#   - a posteriori (not a prediction): the step time re-planned with the expert load each run recorded, which shows
+#     how much of the error is the routing the blind plan assumes uniform;
 #   - fit / OOM: a confusion matrix under memory caps set from the predictions before the runs (each layout's
 #     predicted resident memory x 0.97 and x 1.03, every layout of the model against every cap): "fits" measured is
 #     the largest resident set at or under the cap. A false fit (predicted to fit, measured over) is the failure that
@@ -61,6 +63,18 @@ for cfg in "${configs[@]}"; do
     done
 done
 
+# a posteriori, not a prediction: each layout re-planned with the expert load its first repeat recorded (--routing
+# metrics.jsonl), to show how much of the error is the routing the blind plan assumed uniform
+for cfg in "${configs[@]}"; do
+    name=$(basename "$cfg" .json)
+    for d in "$tmp"/run-"$name"-*-1; do
+        IFS=- read -r _ ranks _ <<< "${d#"$tmp"/run-"$name"}"
+        run=$(basename "$d")
+        $bin plan "$cfg" --cluster "$tmp/$name-cal$ranks.json" --ranks "$ranks" --threads $((ranks == 1 ? 2 : 1)) \
+            --routing "$d/metrics.jsonl" --json "$tmp/routed-${run%-1}.json" > /dev/null
+    done
+done
+
 python3 - "$tmp" "$repeats" "${configs[@]}" <<'PY'
 import itertools, json, os, statistics, sys
 tmp, repeats, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -74,7 +88,9 @@ for cfg in configs:
         ranks, ep, fsdp, micro, rec = run[len(f"run-{name}-"):].split("-")
         ranks = int(ranks)
         key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=rec == "true")
-        cand = next(c for c in plans[ranks] if all(c["layout"][k] == v for k, v in key.items()))
+        pick = lambda cands: next(c for c in cands if all(c["layout"][k] == v for k, v in key.items()))
+        cand = pick(plans[ranks])
+        routed = pick(json.load(open(f"{tmp}/routed-{run}.json"))["candidates"])
         medians, arenas, resident = [], [], []
         for rep in range(1, repeats + 1):
             recs = [json.loads(l) for l in open(f"{tmp}/{run}-{rep}/metrics.jsonl")]
@@ -87,24 +103,30 @@ for cfg in configs:
         label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", ep {ep}, {'fsdp' if fsdp == 'true' else 'zero-2'}"
                  if ranks > 1 else "") + f", micro {micro}" + (", recompute" if rec == "true" else ""))
         rows.append((name, ranks, label, cand["step_seconds"]["total"], statistics.median(medians), cv, arena,
-                     max(arenas), arena + reserved[ranks], max(resident)))
+                     max(arenas), arena + reserved[ranks], max(resident), routed["step_seconds"]["total"],
+                     routed["imbalance"]))
 
 for name in dict.fromkeys(r[0] for r in rows):
     print(f"\n{name}:\n")
     print("| layout | predicted step ms | measured step ms (median of repeats) | CV | error | predicted arena MiB | "
-          "measured arena MiB | predicted resident MiB | measured resident MiB | resident error |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "measured arena MiB | predicted resident MiB | measured resident MiB | resident error | recorded "
+          "imbalance | error with the recorded routing |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r[0] != name: continue
-        _, _, label, p, m, cv, pa, ma, pr, mr = r
+        _, _, label, p, m, cv, pa, ma, pr, mr, pp, imb = r
         print(f"| {label} | {p*1e3:.0f} | {m*1e3:.0f} | {100*cv:.1f}% | {100*(p-m)/m:+.0f}% | {pa/2**20:.1f} | "
-              f"{ma/2**20:.1f} | {pr/2**20:.1f} | {mr/2**20:.1f} | {100*(pr-mr)/mr:+.1f}% |")
+              f"{ma/2**20:.1f} | {pr/2**20:.1f} | {mr/2**20:.1f} | {100*(pr-mr)/mr:+.1f}% | {imb:.2f} | "
+              f"{100*(pp-m)/m:+.0f}% |")
 
 errs = [abs(r[3] - r[4]) / r[4] for r in rows]
 print(f"\n{len(rows)} layouts x {repeats} repeats: step time MAPE {100*statistics.mean(errs):.1f}%, largest error "
       f"{100*max(errs):.1f}%, median CV over repeats {100*statistics.median(r[5] for r in rows):.1f}%; "
       f"arenas equal to the byte: {sum(r[6] == r[7] for r in rows)}/{len(rows)}; resident memory within "
       f"{100*max(abs(r[8]-r[9])/r[9] for r in rows):.1f}% (largest error)")
+routed = [abs(r[10] - r[4]) / r[4] for r in rows]
+print(f"a posteriori, each layout re-planned with the expert load its run recorded (not a prediction): MAPE "
+      f"{100*statistics.mean(routed):.1f}%, largest error {100*max(routed):.1f}%")
 for name, ranks in dict.fromkeys((r[0], r[1]) for r in rows):
     sub = [r for r in rows if r[0] == name and r[1] == ranks]
     if len(sub) < 2: continue
