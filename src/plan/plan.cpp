@@ -494,6 +494,11 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
             ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),
             ms(c.time.optimizer + c.time.gradients), c.tokens_per_s_per_device, c.mfu * 100);
     }
+    const bool ep =
+        std::any_of(p.candidates.begin(), p.candidates.end(), [](const Candidate& c) { return c.layout.ep > 1; });
+    if (ep && p.routing == "uniform")
+        s += "routing uniform is expert parallelism's best case: in a run's first steps the busiest EP rank routed "
+             "1.1-1.9x the mean (docs/plan.md); --routing RUN/metrics.jsonl prices a recorded load\n";
     if (!p.candidates.empty() && !p.candidates.front().fits) {
         const Candidate& c = p.candidates.front();  // the smallest
         auto cat = c.memory.by_category();

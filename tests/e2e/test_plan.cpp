@@ -278,6 +278,35 @@ TEST(Plan, CollectivesRunAtTheirMeasuredRates) {
     EXPECT_GT(apart, 0);
 }
 
+// Uniform routing is expert parallelism's best case, and the report says so; a skewed load (zipf:1) slows the EP2
+// layouts (their busiest rank's experts), not the EP1 ones, and drops the remark.
+TEST(Plan, UniformRoutingIsNamedTheBestCase) {
+    TempDir d;
+    const std::string cluster = cpu_cluster(d, 2);
+    const std::string args = "plan " + kTiny + test::kTinyMoe + " --cluster " + cluster;
+    const test::CliResult uniform = test::run_tessera(args + " --json " + d.file("u.json"));
+    const test::CliResult zipf = test::run_tessera(args + " --routing zipf:1 --json " + d.file("z.json"));
+    ASSERT_EQ(uniform.status, 0) << uniform.err;
+    ASSERT_EQ(zipf.status, 0) << zipf.err;
+    EXPECT_NE(uniform.out.find("routing uniform is expert parallelism's best case"), std::string::npos) << uniform.out;
+    EXPECT_EQ(zipf.out.find("best case"), std::string::npos) << zipf.out;
+    const Json before_json = Json::parse(read_text(d.file("u.json"))), after = Json::parse(read_text(d.file("z.json")));
+    std::map<std::string, double> u;
+    for (const Json& c : before_json["candidates"]) u[c["layout"].dump()] = c["step_seconds"]["total"].get<double>();
+    int slower = 0;
+    for (const Json& c : after["candidates"]) {
+        const double t = c["step_seconds"]["total"].get<double>(), before = u.at(c["layout"].dump());
+        if (c["layout"]["ep"] == 1) {
+            EXPECT_DOUBLE_EQ(t, before) << c["layout"].dump();
+        } else {
+            EXPECT_GT(t, before) << c["layout"].dump();
+            EXPECT_GT(c["imbalance"].get<double>(), 1.0);
+            ++slower;
+        }
+    }
+    EXPECT_GT(slower, 0);
+}
+
 // tessera simulate: the step of one layout as a Chrome trace. The tiny MoE model on 2 ranks (EP2, FSDP, micro 1 of
 // the 2 sequences per rank, recompute): per micro-batch every block forward, recomputed and backward once on the
 // compute track, in order and without overlap; the MoE layer's exchanges (forward; backward with the recompute's) and
