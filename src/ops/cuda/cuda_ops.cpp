@@ -4,6 +4,7 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -84,15 +85,42 @@ void add_vector(TensorView src, TensorView dst) {
 }
 
 namespace {
-// A frozen base's bf16 or MXFP4 weights with f32 inputs (the CPU widens them per block) are not on CUDA yet.
-void check_weight_dtype(const TensorView& x, const TensorView& w) {
-    TESSERA_CHECK(w.dtype == x.dtype, "linear (CUDA): {} weights with {} inputs are not implemented yet",
+// A frozen base's bf16 weight [OUT, IN] with f32 inputs (model.lora.base_dtype): fn(o0, rows, w) for consecutive row
+// blocks of at most kWidenBytes widened to f32 in the thread's scratch (the CPU widens per GEMM block instead; both
+// products equal those on the widened f32 weight up to the order of the sum over OUT in dx). Other narrow weights
+// (MXFP4 is for routed experts) and other input dtypes are one-line errors.
+constexpr int64_t kWidenBytes = int64_t(64) << 20;
+void check_narrow_weight(const TensorView& x, const TensorView& w) {
+    TESSERA_CHECK(w.dtype == DType::bf16 && x.dtype == DType::f32,
+                  "linear (CUDA): {} weights with {} inputs are not implemented (bf16 weights take f32 inputs)",
                   dtype_name(w.dtype), dtype_name(x.dtype));
+}
+template <class F>
+void with_f32_weight(const TensorView& w, F&& fn) {
+    const int64_t OUT = w.size(0), IN = w.numel() / std::max<int64_t>(1, OUT);
+    const int64_t rows =
+        std::clamp<int64_t>(kWidenBytes / (4 * std::max<int64_t>(1, IN)), 1, std::max<int64_t>(1, OUT));
+    auto* wide = static_cast<float*>(scratch(size_t(rows * IN) * sizeof(float)));
+    for (int64_t o0 = 0; o0 < OUT; o0 += rows) {
+        const int64_t n = std::min(rows, OUT - o0);
+        check_launch(launch_widen_bf16(static_cast<const uint16_t*>(w.data) + o0 * IN, n * IN, wide, stream()),
+                     "linear: widen bf16 weight");
+        fn(o0, n, static_cast<const float*>(wide));
+    }
 }
 }  // namespace
 
 void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y) {
-    check_weight_dtype(x, w);
+    if (w.dtype != x.dtype) {  // y[:, o0:o0+n] = x·w[o0:o0+n]ᵀ per widened row block
+        check_narrow_weight(x, w);
+        const Rows<float> X = rows_of<float>(x, "linear: x"), Y = rows_of<float>(y, "linear: y");
+        with_f32_weight(w, [&](int64_t o0, int64_t n, const float* W) {
+            gemm<float>(true, false, n, X.rows, X.cols, 1.f, W, X.cols, X.data, X.ld, p.accumulate ? 1.f : 0.f,
+                        Y.data + o0, Y.ld);
+        });
+        if (b.defined()) check_launch(launch_add_bias<float>(arg(Y), b.ptr<float>(), stream()), "linear bias");
+        return;
+    }
     dispatch_float(x.dtype, "linear", [&]<class T>(T) {
         const Rows<T> X = rows_of<T>(x, "linear: x"), Y = rows_of<T>(y, "linear: y");
         const T* W = w.ptr<T>();
@@ -103,7 +131,21 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
 }
 
 void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw, TensorView db) {
-    check_weight_dtype(x, w);
+    if (w.dtype != x.dtype) {  // a frozen weight: no dw; dx += dy[:, o0:o0+n]·w[o0:o0+n] per widened row block
+        check_narrow_weight(x, w);
+        TESSERA_CHECK(!dw.defined(), "linear (CUDA): a {} weight is frozen; it has no gradient", dtype_name(w.dtype));
+        const Rows<float> X = rows_of<float>(x, "linear: x"), DY = rows_of<float>(dy, "linear: dy");
+        if (dx.defined()) {
+            const Rows<float> DX = rows_of<float>(dx, "linear: dx");
+            with_f32_weight(w, [&](int64_t o0, int64_t n, const float* W) {
+                gemm<float>(false, false, X.cols, X.rows, n, 1.f, W, X.cols, DY.data + o0, DY.ld, 1.f, DX.data, DX.ld);
+            });
+        }
+        if (db.defined())
+            check_launch(launch_column_sums<float>(carg<float>(dy, "linear: dy"), db.ptr<float>(), stream()),
+                         "linear db");
+        return;
+    }
     dispatch_float(x.dtype, "linear", [&]<class T>(T) {
         const Rows<T> X = rows_of<T>(x, "linear: x"), DY = rows_of<T>(dy, "linear: dy");
         const int64_t N = X.rows, IN = X.cols, OUT = DY.cols;

@@ -1,4 +1,5 @@
-// Embedding lookup and its gradient on CUDA (ops/embedding.h; the oracle is ops/cpu/embedding.cpp). The
+// Embedding lookup and its gradient on CUDA (ops/embedding.h; the oracle is ops/cpu/embedding.cpp), and bf16 rows
+// widened to f32 (a bf16 table's lookup, a frozen bf16 weight for linear). The
 // backward keeps the CPU's order: each column walks the tokens in order, so repeated ids accumulate
 // identically on every run (no atomics).
 #include "ops/cuda/kernel_util.cuh"
@@ -25,6 +26,11 @@ __global__ void embedding_forward_bf16_kernel(
     }
 }
 
+__global__ void widen_bf16_kernel(const uint16_t* src, int64_t n, float* dst) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] = __uint_as_float(static_cast<unsigned>(src[i]) << 16);
+}
+
 template <class T>
 __global__ void embedding_backward_kernel(const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable) {
     for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < d; c += int64_t(gridDim.x) * blockDim.x) {
@@ -45,6 +51,12 @@ cudaError_t launch_embedding_forward_bf16(
     const void* ids, bool ids32, int64_t n, const uint16_t* table, int64_t d, float* y, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     embedding_forward_bf16_kernel<<<grid_for(n, 1, 65535), kBlock, 0, stream>>>(ids, ids32, n, table, d, y);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    widen_bf16_kernel<<<grid_for(n), kBlock, 0, stream>>>(src, n, dst);
     return cudaGetLastError();
 }
 
