@@ -76,24 +76,39 @@ std::vector<double> numbers(const Json& v, const std::string& where) {
     return out;
 }
 
+// A table's axis: ascending numbers of at least `least` (token counts, group sizes).
+std::vector<double> ascending(const Json& v, double least, const std::string& where, const char* what) {
+    std::vector<double> axis = numbers(v, where);
+    for (size_t i = 0; i < axis.size(); ++i)
+        TESSERA_CHECK(axis[i] >= least && (i == 0 || axis[i] > axis[i - 1]), "{}: must be ascending {} of at least {}",
+                      where, what, least);
+    return axis;
+}
+
+// The entry of `all` whose name(e) is `key`, or a one-line error listing the names.
+template <class E, size_t N>
+E named(const E (&all)[N], const char* (*name)(E), const std::string& key, const std::string& where, const char* kind) {
+    const E* e = std::find_if(std::begin(all), std::end(all), [&](E x) { return key == name(x); });
+    if (e == std::end(all)) {
+        std::string names;
+        for (E x : all) names += std::string(names.empty() ? "" : ", ") + name(x);
+        TESSERA_FAIL("{}: unknown {} {} ({})", where, kind, key, names);
+    }
+    return *e;
+}
+
 // device.efficiency_by_tokens: {"tokens": [ascending], "<class>": [one fraction per token count], ...}
 void read_efficiency_table(const Json& t, Cluster::Device& dev, const std::string& where) {
     TESSERA_CHECK(t.is_object() && t.contains("tokens"), "{}: needs \"tokens\" and one list per op class", where);
-    dev.tokens = numbers(t["tokens"], where + ".tokens");
-    for (size_t i = 0; i < dev.tokens.size(); ++i)
-        TESSERA_CHECK(dev.tokens[i] >= 1 && (i == 0 || dev.tokens[i] > dev.tokens[i - 1]),
-                      "{}.tokens: must be ascending counts of at least 1", where);
+    dev.tokens = ascending(t["tokens"], 1, where + ".tokens", "counts");
     for (const auto& [key, v] : t.items()) {
         if (key == "tokens") continue;
-        const auto* cls = std::find_if(std::begin(kOpClasses), std::end(kOpClasses),
-                                       [&](OpClass c) { return key == op_class_name(c); });
-        TESSERA_CHECK(cls != std::end(kOpClasses), "{}: unknown op class {} (gemm, grouped_gemm, attention, kda)",
-                      where, key);
+        const OpClass cls = named(kOpClasses, op_class_name, key, where, "op class");
         std::vector<double> e = numbers(v, where + "." + key);
         TESSERA_CHECK(e.size() == dev.tokens.size(), "{}.{}: {} values for {} token counts", where, key, e.size(),
                       dev.tokens.size());
         for (double x : e) TESSERA_CHECK(x > 0 && x <= 1, "{}.{}: fractions must be in (0, 1] (got {})", where, key, x);
-        dev.efficiency_by_tokens[*cls] = std::move(e);
+        dev.efficiency_by_tokens[cls] = std::move(e);
     }
 }
 
@@ -101,16 +116,10 @@ void read_efficiency_table(const Json& t, Cluster::Device& dev, const std::strin
 // [...]} with one value per group size, ...}
 void read_collectives(const Json& t, Link& link, const std::string& where) {
     TESSERA_CHECK(t.is_object() && t.contains("ranks"), "{}: needs \"ranks\" and one entry per collective", where);
-    link.ranks = numbers(t["ranks"], where + ".ranks");
-    for (size_t i = 0; i < link.ranks.size(); ++i)
-        TESSERA_CHECK(link.ranks[i] >= 2 && (i == 0 || link.ranks[i] > link.ranks[i - 1]),
-                      "{}.ranks: must be ascending group sizes of at least 2", where);
+    link.ranks = ascending(t["ranks"], 2, where + ".ranks", "group sizes");
     for (const auto& [key, v] : t.items()) {
         if (key == "ranks") continue;
-        const auto* k = std::find_if(std::begin(kCollectives), std::end(kCollectives),
-                                     [&](Collective c) { return key == collective_name(c); });
-        TESSERA_CHECK(k != std::end(kCollectives), "{}: unknown collective {} (all_gather, reduce_scatter, all_to_all)",
-                      where, key);
+        const Collective k = named(kCollectives, collective_name, key, where, "collective");
         const std::string at = where + "." + key;
         TESSERA_CHECK(v.is_object() && v.contains("bandwidth_gbs") && v.contains("latency_us") && v.size() == 2,
                       "{}: needs bandwidth_gbs and latency_us (one value per group size), nothing else", at);
@@ -123,8 +132,8 @@ void read_collectives(const Json& t, Link& link, const std::string& where) {
             bw[i] *= 1e9;
             lat[i] *= 1e-6;
         }
-        link.bandwidth_by_ranks[*k] = std::move(bw);
-        link.latency_by_ranks[*k] = std::move(lat);
+        link.bandwidth_by_ranks[k] = std::move(bw);
+        link.latency_by_ranks[k] = std::move(lat);
     }
 }
 
