@@ -18,11 +18,6 @@ constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.
 // 2^(e − 127) exactly (e = 0: the subnormal 2^−127)
 float scale_of(uint8_t e) { return e == 0 ? std::ldexp(1.0f, -127) : std::bit_cast<float>(uint32_t(e) << 23); }
 
-uint8_t nibble(const uint8_t* block, int64_t i) {  // value i (0-31) of a held block
-    const uint8_t byte = block[1 + i / 2];
-    return i % 2 == 0 ? byte & 0x0F : byte >> 4;
-}
-
 // |v| (already divided by the scale) to the nearest E2M1 code, ties to the even code, saturating at 6
 uint8_t e2m1_code(float a) {
     if (a <= 0.25f) return 0;
@@ -57,7 +52,7 @@ void mxfp4_to_f32(Mxfp4 src, int64_t n, float* out) {
                 out[k + 2 * b + 1] = kE2M1[block[1 + b] >> 4] * s;
             }
         } else {
-            for (int64_t j = 0; j < count; ++j) out[k + j] = kE2M1[nibble(block, first + j)] * s;
+            for (int64_t j = 0; j < count; ++j) out[k + j] = mxfp4_value(src.blocks, i + j);
         }
         i += count;
         k += count;

@@ -13,7 +13,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
+
+#include "core/host_device.h"
 
 namespace tessera {
 
@@ -30,6 +33,22 @@ struct Mxfp4 {
         return m;
     }
 };
+
+// Held value v of `blocks` as f32, exactly: the E2M1 code (even values in the low nibble) times 2^(scale − 127)
+// (scale byte 0: 2^−127). One definition for the CPU (mxfp4_to_f32) and CUDA (the linear's weight widening).
+TESSERA_HOST_DEVICE inline float mxfp4_value(const uint8_t* blocks, int64_t v) {
+    const uint8_t* block = blocks + v / kMxfp4Block * kMxfp4BlockBytes;
+    const int64_t j = v % kMxfp4Block;
+    const unsigned code = j % 2 == 0 ? block[1 + j / 2] & 0x0Fu : unsigned(block[1 + j / 2]) >> 4;
+    const unsigned m = code & 7u, e = m >> 1;  // E2M1: 0, 0.5 (e = 0), (1 + m/2)·2^(e−1)
+    const float magnitude = e == 0 ? 0.5f * float(m & 1u) : (1.0f + 0.5f * float(m & 1u)) * float(1u << (e - 1));
+    float scale = 0x1p-127f;
+    if (block[0] != 0) {
+        const uint32_t bits = uint32_t(block[0]) << 23;
+        std::memcpy(&scale, &bits, sizeof scale);
+    }
+    return (code & 8u ? -magnitude : magnitude) * scale;
+}
 
 // n held values from src into out as f32 (exactly).
 void mxfp4_to_f32(Mxfp4 src, int64_t n, float* out);

@@ -19,6 +19,7 @@
 
 #include "core/arena.h"
 #include "core/device.h"
+#include "core/mxfp4.h"
 #include "core/safetensors.h"
 #include "ops/adamw.h"
 #include "ops/attention.h"
@@ -102,32 +103,42 @@ TEST(CudaOps, LinearIsBitwiseRunToRun) {
     for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(test::all_close(runs[i], runs[i + 4], 0, 0)) << "tensor " << i;
 }
 
-// A frozen base held in bf16 (model.lora.base_dtype) with f32 activations: the GPU widens the weight in row blocks
-// and runs the f32 GEMMs; forward and dx against the CPU (which widens per GEMM block) at f32 tolerance, the bias
-// gradient too; a weight gradient is refused (a bf16 weight is frozen).
-TEST(CudaOps, LinearWithABf16WeightMatchesTheCpu) {
+// A frozen weight held narrow (bf16: model.lora.base_dtype; MXFP4) with f32 activations: the GPU widens the weight
+// in row blocks and runs the f32 GEMMs; forward and dx against the CPU (which widens per GEMM block) at f32
+// tolerance, the bias gradient too; a weight gradient is refused (a narrow weight is frozen), and so are f64 inputs.
+TEST(CudaOps, LinearWithANarrowWeightMatchesTheCpu) {
     SKIP_WITHOUT_GPU();
     // one row block; and a weight of 300 rows of 131072 (150 MB in f32), widened in blocks of 128 rows (64 MiB)
-    for (const auto [N, IN, OUT] : {std::array<int64_t, 3>{384, 256, 512}, std::array<int64_t, 3>{8, 131072, 300}}) {
-        const Tensor x = test::randn(DType::f32, Shape{N, IN}, 1), dy = test::randn(DType::f32, Shape{N, OUT}, 4);
-        const Tensor wf = test::randn(DType::f32, Shape{OUT, IN}, 2), b = test::randn(DType::f32, Shape{OUT}, 3);
-        Tensor w(DType::bf16, wf.shape());
-        for (int64_t i = 0; i < w.numel(); ++i) w.ptr<bf16>()[i] = float_to_bf16(wf.ptr<float>()[i]);
-        Tensor y(DType::f32, Shape{N, OUT}), dx(DType::f32, x.shape()), db(DType::f32, Shape{OUT});
-        ops::linear_forward({}, x, w, b, y);
-        ops::linear_backward(dy, x, w, dx, {}, db);
-        const Tensor xg = x.to(Device::cuda), wg = w.to(Device::cuda), bg = b.to(Device::cuda),
-                     dyg = dy.to(Device::cuda);
-        Tensor yg(DType::f32, y.shape(), Device::cuda), dxg(DType::f32, x.shape(), Device::cuda),
-            dbg(DType::f32, Shape{OUT}, Device::cuda);
-        ops::linear_forward({}, xg, wg, bg, yg);
-        ops::linear_backward(dyg, xg, wg, dxg, {}, dbg);
-        EXPECT_TRUE(test::rel_rms_close(yg.to(Device::cpu), y, 1e-5)) << "y, IN " << IN;
-        EXPECT_TRUE(test::rel_rms_close(dxg.to(Device::cpu), dx, 1e-5)) << "dx, IN " << IN;
-        EXPECT_TRUE(test::rel_rms_close(dbg.to(Device::cpu), db, 1e-5)) << "db, IN " << IN;
-        Tensor dwg(DType::f32, Shape{OUT, IN}, Device::cuda);
-        test::expect_error([&] { ops::linear_backward(dyg, xg, wg, dxg, dwg, {}); }, "is frozen");
-    }
+    for (const DType dt : {DType::bf16, DType::mxfp4})
+        for (const auto [N, IN, OUT] :
+             {std::array<int64_t, 3>{384, 256, 512}, std::array<int64_t, 3>{8, 131072, 300}}) {
+            const std::string what = fmt::format("{} weight, IN {}", dtype_name(dt), IN);
+            const Tensor x = test::randn(DType::f32, Shape{N, IN}, 1), dy = test::randn(DType::f32, Shape{N, OUT}, 4);
+            const Tensor wf = test::randn(DType::f32, Shape{OUT, IN}, 2), b = test::randn(DType::f32, Shape{OUT}, 3);
+            Tensor w(dt, wf.shape());
+            if (dt == DType::bf16) {
+                for (int64_t i = 0; i < w.numel(); ++i) w.ptr<bf16>()[i] = float_to_bf16(wf.ptr<float>()[i]);
+            } else {
+                f32_to_mxfp4(wf.ptr<float>(), wf.numel(), static_cast<uint8_t*>(w.view().data));
+            }
+            Tensor y(DType::f32, Shape{N, OUT}), dx(DType::f32, x.shape()), db(DType::f32, Shape{OUT});
+            ops::linear_forward({}, x, w, b, y);
+            ops::linear_backward(dy, x, w, dx, {}, db);
+            const Tensor xg = x.to(Device::cuda), wg = w.to(Device::cuda), bg = b.to(Device::cuda),
+                         dyg = dy.to(Device::cuda);
+            Tensor yg(DType::f32, y.shape(), Device::cuda), dxg(DType::f32, x.shape(), Device::cuda),
+                dbg(DType::f32, Shape{OUT}, Device::cuda);
+            ops::linear_forward({}, xg, wg, bg, yg);
+            ops::linear_backward(dyg, xg, wg, dxg, {}, dbg);
+            EXPECT_TRUE(test::rel_rms_close(yg.to(Device::cpu), y, 1e-5)) << "y, " << what;
+            EXPECT_TRUE(test::rel_rms_close(dxg.to(Device::cpu), dx, 1e-5)) << "dx, " << what;
+            EXPECT_TRUE(test::rel_rms_close(dbg.to(Device::cpu), db, 1e-5)) << "db, " << what;
+            Tensor dwg(DType::f32, Shape{OUT, IN}, Device::cuda);
+            test::expect_error([&] { ops::linear_backward(dyg, xg, wg, dxg, dwg, {}); }, "is frozen");
+            const Tensor x64 = test::randn(DType::f64, Shape{N, IN}, 1).to(Device::cuda);
+            Tensor y64(DType::f64, y.shape(), Device::cuda);
+            test::expect_error([&] { ops::linear_forward({}, x64, wg, {}, y64); }, "in a f64 product");
+        }
 }
 
 TEST(CudaOps, AdamWMatchesTheCpuOracle) {

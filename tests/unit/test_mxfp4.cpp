@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/mxfp4.h"
@@ -27,6 +28,27 @@ TEST(Mxfp4, HandPackedBytesGiveTheirE2M1ValuesTimesTheScale) {
                                                      {32, 0.1875f}, {33, 0.375f}, {62, 0.5f}, {63, -0.25f}};
     for (auto [i, v] : want) EXPECT_EQ(out[size_t(i)], v) << "element " << i;
     for (int i = 7; i < 31; ++i) EXPECT_EQ(out[size_t(i)], 0.0f) << i;
+}
+
+// mxfp4_value (the arithmetic the CUDA widening kernel runs too) against the format's table: every scale byte but
+// NaN's, every code, in either nibble of any byte of a block after another block; bitwise, -0 included.
+TEST(Mxfp4, EveryCodeAtEveryScaleDecodesToItsTableValue) {
+    const float table[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    uint8_t blocks[2 * kMxfp4BlockBytes] = {};
+    uint8_t* block = blocks + kMxfp4BlockBytes;  // the second block: values 32-63
+    for (int e = 0; e < 255; ++e) {
+        block[0] = uint8_t(e);
+        for (int code = 0; code < 16; ++code) {
+            const int byte = (e + code) % 16;
+            block[1 + byte] = uint8_t(code | (15 - code) << 4);  // the low nibble: code; the high one: 15 - code
+            const float want_lo = std::ldexp(table[code], e == 0 ? -127 : e - 127),
+                        want_hi = std::ldexp(table[15 - code], e == 0 ? -127 : e - 127);
+            const float lo = mxfp4_value(blocks, 32 + 2 * byte), hi = mxfp4_value(blocks, 32 + 2 * byte + 1);
+            ASSERT_EQ(std::memcmp(&lo, &want_lo, 4), 0) << "scale " << e << " code " << code << ": " << lo;
+            ASSERT_EQ(std::memcmp(&hi, &want_hi, 4), 0) << "scale " << e << " code " << 15 - code << ": " << hi;
+        }
+    }
 }
 
 TEST(Mxfp4, RefusesNanScalesAndPartialGroups) {

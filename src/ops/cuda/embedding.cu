@@ -1,7 +1,8 @@
-// Embedding lookup and its gradient on CUDA (ops/embedding.h; the oracle is ops/cpu/embedding.cpp), and bf16 rows
-// widened to f32 (a bf16 table's lookup, a frozen bf16 weight for linear). The
+// Embedding lookup and its gradient on CUDA (ops/embedding.h; the oracle is ops/cpu/embedding.cpp), and narrow rows
+// widened to f32 (a bf16 table's lookup; a frozen bf16 or MXFP4 weight for linear). The
 // backward keeps the CPU's order: each column walks the tokens in order, so repeated ids accumulate
 // identically on every run (no atomics).
+#include "core/mxfp4.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -24,6 +25,12 @@ __global__ void embedding_forward_bf16_kernel(
         for (int64_t c = threadIdx.x; c < d; c += blockDim.x)
             y[t * d + c] = __uint_as_float(static_cast<unsigned>(src[c]) << 16);
     }
+}
+
+// held MXFP4 values index..index+n-1 to f32, exactly (core/mxfp4.h's mxfp4_value, the CPU's arithmetic)
+__global__ void widen_mxfp4_kernel(const uint8_t* blocks, int64_t index, int64_t n, float* dst) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] = mxfp4_value(blocks, index + i);
 }
 
 __global__ void widen_bf16_kernel(const uint16_t* src, int64_t n, float* dst) {
@@ -57,6 +64,12 @@ cudaError_t launch_embedding_forward_bf16(
 cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     widen_bf16_kernel<<<grid_for(n), kBlock, 0, stream>>>(src, n, dst);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_widen_mxfp4(const uint8_t* blocks, int64_t index, int64_t n, float* dst, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    widen_mxfp4_kernel<<<grid_for(n), kBlock, 0, stream>>>(blocks, index, n, dst);
     return cudaGetLastError();
 }
 

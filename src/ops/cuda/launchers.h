@@ -478,8 +478,10 @@ cudaError_t launch_embedding_forward(
     const void* ids, bool ids32, int64_t n, const void* table, int64_t row_bytes, void* y, cudaStream_t stream);
 cudaError_t launch_embedding_forward_bf16(
     const void* ids, bool ids32, int64_t n, const uint16_t* table, int64_t d, float* y, cudaStream_t stream);
-// n bf16 values widened to f32 (exactly): a frozen bf16 weight's rows for the f32 GEMMs (linear).
+// Narrow values widened to f32 (exactly): a frozen weight's rows for the f32 GEMMs (linear). bf16: n values; MXFP4:
+// the held values index..index+n-1 of `blocks` (core/mxfp4.h).
 cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaStream_t stream);
+cudaError_t launch_widen_mxfp4(const uint8_t* blocks, int64_t index, int64_t n, float* dst, cudaStream_t stream);
 template <class T>
 cudaError_t launch_embedding_backward(
     const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable, cudaStream_t stream);
