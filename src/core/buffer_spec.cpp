@@ -82,16 +82,21 @@ TensorView BufferGroup::view(size_t i) const {
     if (offsets_[i] == kOutside) {
         TESSERA_CHECK(i < outside_.size() && outside_[i], "buffer group {}: \"{}\" was never placed", name_,
                       specs_[i].name);
-        return TensorView(outside_[i], specs_[i].dtype, specs_[i].shape);  // (host memory: a mapped file)
+        const std::vector<void*>& at = *outside_[i];  // (host memory: a mapped file)
+        return at.size() == 1 ? TensorView(at[0], specs_[i].dtype, specs_[i].shape)
+                              : TensorView::stored_apart(at.data(), specs_[i].dtype, specs_[i].shape);
     }
     return TensorView(block_.data() + offsets_[i], specs_[i].dtype, specs_[i].shape, block_.device());
 }
 
-void BufferGroup::place_outside(size_t i, std::byte* p) {
+void BufferGroup::place_outside(size_t i, std::vector<std::byte*> where) {
     TESSERA_CHECK(i < specs_.size() && offsets_[i] == kOutside, "buffer group {}: buffer {} is not one placed outside",
                   name_, i);
-    outside_.resize(specs_.size(), nullptr);
-    outside_[i] = p;
+    TESSERA_CHECK(where.size() == 1 || (specs_[i].shape.ndim >= 1 && int64_t(where.size()) == specs_[i].shape[0]),
+                  "buffer group {}: \"{}\" {} placed in {} pieces (one, or one per slice)", name_, specs_[i].name,
+                  specs_[i].shape.str(), where.size());
+    outside_.resize(specs_.size());
+    outside_[i] = std::make_shared<const std::vector<void*>>(where.begin(), where.end());
 }
 
 TensorView BufferGroup::view(const std::string& name) const {
@@ -119,26 +124,32 @@ int64_t first_non_finite(const T* p, int64_t n, ToFloat to_float) {
 void check_finite(const BufferGroup& g, const std::string& where) {
     Tensor host;  // a device group's buffer, copied to the host one at a time
     for (size_t i = 0; i < g.size(); ++i) {
-        TensorView v = g.view(i);
-        if (v.device != Device::cpu) {
-            host = Tensor(v.dtype, v.shape);
-            copy_bytes(host.view().data, Device::cpu, v.data, v.device, v.nbytes());
-            v = host.view();
+        const TensorView whole = g.view(i);
+        // its contiguous pieces: all of it, or each slice when they are stored apart
+        const int64_t pieces = whole.slices ? whole.size(0) : 1;
+        for (int64_t k = 0; k < pieces; ++k) {
+            TensorView v = whole.slices ? whole.slice0(k, k + 1) : whole;
+            if (v.device != Device::cpu) {
+                host = Tensor(v.dtype, v.shape);
+                copy_bytes(host.view().data, Device::cpu, v.data, v.device, v.nbytes());
+                v = host.view();
+            }
+            int64_t bad = -1;
+            double value = 0;
+            if (v.dtype == DType::f32) {
+                bad = first_non_finite(v.ptr<float>(), v.numel(), [](float x) { return x; });
+                if (bad >= 0) value = v.ptr<float>()[bad];
+            } else if (v.dtype == DType::f64) {
+                bad = first_non_finite(v.ptr<double>(), v.numel(), [](double x) { return x; });
+                if (bad >= 0) value = v.ptr<double>()[bad];
+            } else if (v.dtype == DType::bf16) {
+                bad = first_non_finite(v.ptr<bf16>(), v.numel(), bf16_to_float);
+                if (bad >= 0) value = bf16_to_float(v.ptr<bf16>()[bad]);
+            }  // (mxfp4 values are finite by construction: core/mxfp4.h)
+            TESSERA_CHECK(bad < 0,
+                          "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it",
+                          where, g.specs()[i].name, value, k * v.numel() + bad);
         }
-        int64_t bad = -1;
-        double value = 0;
-        if (v.dtype == DType::f32) {
-            bad = first_non_finite(v.ptr<float>(), v.numel(), [](float x) { return x; });
-            if (bad >= 0) value = v.ptr<float>()[bad];
-        } else if (v.dtype == DType::f64) {
-            bad = first_non_finite(v.ptr<double>(), v.numel(), [](double x) { return x; });
-            if (bad >= 0) value = v.ptr<double>()[bad];
-        } else if (v.dtype == DType::bf16) {
-            bad = first_non_finite(v.ptr<bf16>(), v.numel(), bf16_to_float);
-            if (bad >= 0) value = bf16_to_float(v.ptr<bf16>()[bad]);
-        }  // (mxfp4 values are finite by construction: core/mxfp4.h)
-        TESSERA_CHECK(bad < 0, "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it",
-                      where, g.specs()[i].name, value, bad);
     }
 }
 

@@ -59,9 +59,10 @@ class BufferGroup {
 
     // Allocates the group's block from the arena (zero-filled) and binds the views.
     void allocate(const std::shared_ptr<Arena>& arena);
-    // Buffer i (offset kOutside) lives at p (a frozen weight read in place from a mapped file: the weight budget,
-    // train/weight_budget.h).
-    void place_outside(size_t i, std::byte* p);
+    // Buffer i (offset kOutside) lives at where: one address for all of it, or one per dimension-0 slice (its view
+    // then has its slices stored apart, core/tensor.h). A frozen weight read in place from a mapped file: the weight
+    // budget, train/weight_budget.h.
+    void place_outside(size_t i, std::vector<std::byte*> where);
     std::byte* base() const { return block_.data(); }
     Device device() const { return block_.device(); }  // where its block lives (its arena's device)
     void zero() const;                                 // all buffers to zero bytes
@@ -74,7 +75,8 @@ class BufferGroup {
     std::vector<BufferSpec> specs_;
     std::vector<size_t> offsets_;
     std::unordered_map<std::string, size_t> index_;
-    std::vector<std::byte*> outside_;  // per buffer: where it lives when not in the block (null: in it)
+    // per buffer: where it lives when not in the block (empty: in it), shared so that views outlive copies
+    std::vector<std::shared_ptr<const std::vector<void*>>> outside_;
     size_t nbytes_ = 0;
     ArenaBlock block_;
 };

@@ -61,7 +61,16 @@ TensorView::TensorView(void* data_, DType dtype_, Shape shape_, Device device_)
     }
 }
 
+TensorView TensorView::stored_apart(void* const* slices, DType dtype, Shape shape) {
+    TESSERA_CHECK(shape.ndim >= 1 && dtype != DType::mxfp4, "a {} {} tensor cannot have its slices stored apart",
+                  dtype_name(dtype), shape.str());
+    TensorView v(nullptr, dtype, shape);
+    v.slices = slices;
+    return v;
+}
+
 bool TensorView::is_contiguous() const {
+    if (slices) return false;
     int64_t stride = 1;
     for (int i = shape.ndim - 1; i >= 0; --i) {
         if (shape.dims[i] != 1 && strides[i] != stride) return false;
@@ -77,15 +86,24 @@ TensorView TensorView::reshape(Shape s) const {
 }
 
 TensorView TensorView::slice0(int64_t begin, int64_t end) const {
-    TESSERA_CHECK(is_contiguous() && shape.ndim >= 1, "slice0 needs a contiguous tensor of rank >= 1");
+    TESSERA_CHECK((slices || is_contiguous()) && shape.ndim >= 1, "slice0 needs a contiguous tensor of rank >= 1");
     TESSERA_CHECK(0 <= begin && begin <= end && end <= shape.dims[0], "slice [{}, {}) out of range for {}", begin, end,
                   shape.str());
     Shape s = shape;
     s.dims[0] = end - begin;
+    if (slices)
+        return end - begin == 1 ? TensorView(slices[begin], dtype, s, device) : stored_apart(slices + begin, dtype, s);
     TESSERA_CHECK(dtype != DType::mxfp4 || begin * strides[0] % 32 == 0,
                   "slice0 of an mxfp4 tensor {} must start at a block of 32 values", shape.str());
     char* base = static_cast<char*>(data) + dtype_bytes(dtype, begin * strides[0]);
     return TensorView(base, dtype, s, device);
+}
+
+void* TensorView::slice_data(int64_t i) const {
+    TESSERA_CHECK(0 <= i && i < shape.dims[0], "row {} out of range for {}", i, shape.str());
+    if (slices) return slices[i];
+    TESSERA_CHECK(is_contiguous(), "slice_data needs a contiguous tensor, not one with strides");
+    return static_cast<char*>(data) + dtype_bytes(dtype, i * strides[0]);
 }
 
 TensorView TensorView::prefix(Shape s) const {
@@ -99,6 +117,7 @@ TensorView TensorView::narrow(int dim, int64_t begin, int64_t length) const {
     TESSERA_CHECK(0 <= begin && 0 <= length && begin + length <= shape.dims[dim],
                   "narrow: [{}, {}) of dimension {} is out of range for {}", begin, begin + length, dim, shape.str());
     TESSERA_CHECK(dtype != DType::mxfp4, "narrow of an mxfp4 tensor {}", shape.str());
+    TESSERA_CHECK(!slices, "narrow of a tensor {} whose slices are stored apart", shape.str());
     TensorView v = *this;
     v.data = static_cast<char*>(data) + dtype_bytes(dtype, begin * strides[dim]);
     v.shape.dims[dim] = length;

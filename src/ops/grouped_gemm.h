@@ -2,8 +2,8 @@
 // [offsets[e], offsets[e+1]) of the row operands. Two kinds cover the MoE forward and backward:
 //   grouped_gemm        (M-grouped)  C[rows_e] = A[rows_e] · op(B_e) (+ beta·C)   fc1/fc2 forward and dgrad
 //   grouped_gemm_wgrad  (K-grouped)  C_e += A[rows_e]ᵀ · B[rows_e]                 weight gradients
-// B_e = B + e·b_stride and C_e = C + e·c_stride. op(B_e) is [K, N]: B_e stored [K, N] (Trans::N) or
-// [N, K] (Trans::T, a weight in [out, in] layout).
+// B_e = B + e·b_stride (or b_slices[e]: experts stored apart, core/tensor.h) and C_e = C + e·c_stride. op(B_e) is
+// [K, N]: B_e stored [K, N] (Trans::N) or [N, K] (Trans::T, a weight in [out, in] layout).
 // NOTES: one flat list of tiles over all experts, dealt round-robin to the threads, each tile one
 // single-threaded oneDNN sgemm (ops/gemm.h): (expert, ≤256 rows, all columns) for the M-grouped kind,
 // (expert, band of output rows, all columns, the expert's whole reduction) for the K-grouped one, with
@@ -37,7 +37,8 @@ void grouped_gemm(Trans tb,
                   int64_t ldb,
                   float beta,
                   float* C,
-                  int64_t ldc);
+                  int64_t ldc,
+                  void* const* b_slices = nullptr);
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
                   int64_t N,
@@ -49,7 +50,8 @@ void grouped_gemm(Trans tb,
                   int64_t ldb,
                   double beta,
                   double* C,
-                  int64_t ldc);
+                  int64_t ldc,
+                  void* const* b_slices = nullptr);
 
 // The f32 kind with B frozen experts held in bf16 or MXFP4 (ops/gemm.h): bitwise the product with the widened weight.
 void grouped_gemm(Trans tb,
@@ -63,7 +65,8 @@ void grouped_gemm(Trans tb,
                   int64_t ldb,
                   float beta,
                   float* C,
-                  int64_t ldc);
+                  int64_t ldc,
+                  void* const* b_slices = nullptr);
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
                   int64_t N,
@@ -75,7 +78,8 @@ void grouped_gemm(Trans tb,
                   int64_t ldb,
                   float beta,
                   float* C,
-                  int64_t ldc);
+                  int64_t ldc,
+                  void* const* b_slices = nullptr);
 
 // C_e[M, N] += A[rows_e, M]ᵀ · B[rows_e, N]
 void grouped_gemm_wgrad(const ExpertRows& g,

@@ -576,6 +576,13 @@ std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, s
     for (size_t i = first; i < std::min(last, params.size()); ++i) {
         const TensorView v = params.view(i);
         targets.push_back(held_target(i, params.specs()[i], experts, v.data, v.device));
+        if (!v.slices) continue;
+        // slices stored apart (a base read in place from per-expert tensors): a target each
+        const ParamTarget whole = targets.back();
+        targets.pop_back();
+        const int64_t per = whole.length / v.size(0);
+        for (int64_t e = 0; e < v.size(0); ++e)
+            targets.push_back({i, whole.whole_offset + e * per, per, v.slices[e], whole.dtype, whole.device});
     }
     return targets;
 }

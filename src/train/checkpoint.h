@@ -152,7 +152,8 @@ struct ParamTarget {
 Shape whole_shape(const BufferSpec& spec, ExpertSlice experts);
 ParamTarget held_target(
     size_t param, const BufferSpec& spec, ExpertSlice experts, void* dst, Device device = Device::cpu);
-// held_target for the parameters [first, last) of a group, at their own memory.
+// held_target for the parameters [first, last) of a group, at their own memory (one per slice of a parameter whose
+// slices are stored apart).
 std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, size_t last, ExpertSlice experts);
 // Reads the targets from a checkpoint's parameters, whichever layout wrote them (model.safetensors, or the
 // model files of any number of ranks): every target must be covered, every stored tensor must be one of the

@@ -157,7 +157,7 @@ Fsdp::Fsdp(const model::Model& model,
     };
     placement_.params = place(0, slot_at_, slot_bytes_, "params", specs_);
     for (size_t i = 0; i < frozen_ && outside_; ++i)
-        if (std::byte* p = outside_(i)) placement_.params.place_outside(i, p);
+        if (std::byte* p = outside_(i)) placement_.params.place_outside(i, {p});
     placement_.grads = place(frozen_, grad_slot_at_, grad_slot_bytes_, "grads", model::grad_specs(specs_));
     // one scratch serves every reduce-scatter, since every collective of the process runs on its one
     // communication thread, in turn (parallel/comm.h)
@@ -345,7 +345,7 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
     }
     for (size_t i = 0; i < specs_.size(); ++i) {  // the rest whole (experts: this rank's slice)
         if (holds_param(i)) continue;
-        targets.push_back(held_target(i, specs_[i], experts, params.view(i).data));
+        for (const ParamTarget& t : held_targets(params, i, i + 1, experts)) targets.push_back(t);
     }
     return targets;
 }

@@ -166,7 +166,7 @@ model::ParamPlacement WeightBudget::placement() const {
     model::ParamPlacement p{BufferGroup("params", specs_, offsets, std::max<size_t>(at, kBufferAlign)),
                             BufferGroup("grads", model::grad_specs(specs_))};
     for (size_t i = 0; i < where_.size(); ++i)
-        if (where_[i]) p.params.place_outside(i, where_[i]);
+        if (where_[i]) p.params.place_outside(i, {where_[i]});
     return p;
 }
 

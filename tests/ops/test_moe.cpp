@@ -101,6 +101,19 @@ TEST(GroupedGemm, MatchesPerExpertProducts) {
                     << "trans " << trans << " at " << r << ", " << n;
             }
         }
+        // the experts' weights stored apart (each its own allocation, in reverse order): the same bits
+        const Tensor& B = trans ? Bt : Bn;
+        std::vector<Tensor> apart;
+        std::vector<void*> slices(4);
+        for (int64_t e = 3; e >= 0; --e) {
+            apart.push_back(Tensor::copy_of(B.view().slice0(e, e + 1)));
+            slices[size_t(e)] = apart.back().view().data;
+        }
+        Tensor C2(DType::f32, Shape{R, N});
+        ops::grouped_gemm(trans ? ops::Trans::T : ops::Trans::N, g, N, K, A.ptr<float>(), K,
+                          static_cast<const float*>(nullptr), 0, trans ? K : N, 0.0f, C2.ptr<float>(), N,
+                          slices.data());
+        EXPECT_TRUE(test::bitwise_equal(C.view(), C2.view())) << "trans " << trans;
     }
     // K-grouped: W_e[K, N] += A_eᵀ · dC_e
     Tensor W(DType::f32, Shape{4, K, N});

@@ -32,6 +32,36 @@ TEST(Tensor, ContiguousStridesAndViews) {
     EXPECT_FALSE(TensorView().defined());
 }
 
+// A stacked tensor whose dimension-0 slices live apart (a base's experts read in place from one tensor each): a
+// buffer group placed outside in one piece per slice gives such a view; slice0 and slice_data reach each slice where
+// it is, a single slice is an ordinary contiguous view, and reshaping calls that would read it as one block refuse
+TEST(Tensor, SlicesStoredApartAreReachedWhereTheyAre) {
+    Tensor a(DType::f32, Shape{3, 4}), b(DType::f32, Shape{3, 4}), c(DType::f32, Shape{3, 4});
+    BufferGroup g("params", {{"w", DType::f32, Shape{3, 3, 4}}}, {BufferGroup::kOutside}, kBufferAlign);
+    g.allocate(std::make_shared<Arena>(kBufferAlign, kBufferAlign));
+    g.place_outside(0, {reinterpret_cast<std::byte*>(c.ptr<float>()), reinterpret_cast<std::byte*>(a.ptr<float>()),
+                        reinterpret_cast<std::byte*>(b.ptr<float>())});
+    const TensorView v = g.view(0);
+    EXPECT_EQ(v.shape, (Shape{3, 3, 4}));
+    EXPECT_FALSE(v.is_contiguous());
+    EXPECT_EQ(v.slice_data(0), c.ptr<float>());
+    EXPECT_EQ(v.slice_data(2), b.ptr<float>());
+    const TensorView one = v.slice0(1, 2);
+    EXPECT_TRUE(one.is_contiguous());
+    EXPECT_EQ(one.data, a.ptr<float>());
+    EXPECT_EQ(one.reshape(Shape{3, 4}).data, a.ptr<float>());
+    const TensorView two = v.slice0(1, 3);
+    EXPECT_EQ(two.shape, (Shape{2, 3, 4}));
+    EXPECT_EQ(two.slice_data(1), b.ptr<float>());
+    test::expect_error([&] { (void)v.reshape(Shape{9, 4}); }, "reshape of a non-contiguous tensor");
+    test::expect_error([&] { (void)v.narrow(1, 0, 2); }, "slices are stored apart");
+    test::expect_error([&] { (void)v.slice_data(3); }, "row 3 out of range");
+    test::expect_error([&] { g.place_outside(0, {nullptr, nullptr}); }, "placed in 2 pieces");
+    // the finiteness check of loaded weights reads every slice, and names the element's index in the whole
+    b.ptr<float>()[5] = NAN;
+    test::expect_error([&] { check_finite(g, "base"); }, "holds nan at index 29");
+}
+
 TEST(Tensor, Bf16RoundsToNearestEven) {
     EXPECT_EQ(float_to_bf16(1.0f).bits, 0x3f80);
     EXPECT_EQ(bf16_to_float(float_to_bf16(3.140625f)), 3.140625f);  // exactly representable

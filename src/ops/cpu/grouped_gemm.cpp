@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace tessera::ops {
 
@@ -14,6 +15,17 @@ constexpr int64_t kGradRowsPerBand = 256;  // K-grouped: one band of output rows
 // Tiles are dealt round-robin over the team; each runs one single-threaded GEMM (ops::gemm inside a
 // parallel region). Tile boundaries depend only on the layout, never on the thread count.
 // B: the experts' weights in T, or held narrow (bf16, MXFP4: widened by ops::gemm)
+// expert e's weight: B + e·stride, or its own address when the experts are stored apart
+template <class TB>
+TB expert_weight(TB B, int64_t stride, void* const* slices, int64_t e) {
+    if (!slices) return B + e * stride;
+    if constexpr (std::is_same_v<TB, Mxfp4>) {
+        return Mxfp4{static_cast<const uint8_t*>(slices[e])};
+    } else {
+        return static_cast<TB>(slices[e]);
+    }
+}
+
 template <class T, class TB>
 void m_grouped(Trans tb,
                const ExpertRows& g,
@@ -26,17 +38,19 @@ void m_grouped(Trans tb,
                int64_t ldb,
                T beta,
                T* C,
-               int64_t ldc) {
+               int64_t ldc,
+               void* const* b_slices) {
 #pragma omp parallel
     {
         const int64_t me = omp_get_thread_num(), nt = omp_get_num_threads();
         int64_t tile = 0;
         for (int64_t e = 0; e < g.experts; ++e) {
             const int64_t r1 = g.offsets[e + 1];
+            const TB Be = expert_weight(B, b_stride, b_slices, e);
             for (int64_t m0 = g.offsets[e]; m0 < r1; m0 += kRowBlock) {
                 if (tile++ % nt != me) continue;
-                gemm(Trans::N, tb, std::min(kRowBlock, r1 - m0), N, K, T(1), A + m0 * lda, lda, B + e * b_stride, ldb,
-                     beta, C + m0 * ldc, ldc);
+                gemm(Trans::N, tb, std::min(kRowBlock, r1 - m0), N, K, T(1), A + m0 * lda, lda, Be, ldb, beta,
+                     C + m0 * ldc, ldc);
             }
         }
     }
@@ -85,8 +99,9 @@ void grouped_gemm(Trans tb,
                   int64_t ldb,
                   float beta,
                   float* C,
-                  int64_t ldc) {
-    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
+                  int64_t ldc,
+                  void* const* b_slices) {
+    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc, b_slices);
 }
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
@@ -99,8 +114,9 @@ void grouped_gemm(Trans tb,
                   int64_t ldb,
                   float beta,
                   float* C,
-                  int64_t ldc) {
-    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
+                  int64_t ldc,
+                  void* const* b_slices) {
+    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc, b_slices);
 }
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
@@ -113,8 +129,9 @@ void grouped_gemm(Trans tb,
                   int64_t ldb,
                   float beta,
                   float* C,
-                  int64_t ldc) {
-    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
+                  int64_t ldc,
+                  void* const* b_slices) {
+    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc, b_slices);
 }
 void grouped_gemm(Trans tb,
                   const ExpertRows& g,
@@ -127,8 +144,9 @@ void grouped_gemm(Trans tb,
                   int64_t ldb,
                   double beta,
                   double* C,
-                  int64_t ldc) {
-    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc);
+                  int64_t ldc,
+                  void* const* b_slices) {
+    m_grouped(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc, b_slices);
 }
 void grouped_gemm_wgrad(const ExpertRows& g,
                         int64_t M,

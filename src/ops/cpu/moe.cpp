@@ -99,7 +99,7 @@ void with_activation(const MoeParams& p, Fn&& f) {
 void check_weight(const TensorView& t, const Shape& shape, std::string_view name) {
     TESSERA_CHECK(t.defined(), "moe: {} is required", name);
     check_shape(t, shape, "moe", name);
-    check_contiguous(t, "moe", name);
+    if (!t.slices) check_contiguous(t, "moe", name);  // (experts stored apart: each contiguous)
 }
 
 // The layer's device (one for all its tensors). On CUDA the experts are all here (expert parallelism's exchange runs
@@ -462,7 +462,8 @@ void expert_gemm(Trans tb,
                  T beta,
                  T* C,
                  int64_t ldc) {
-    cpu::with_weight<T>(w, "moe", [&](auto B) { grouped_gemm(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc); });
+    cpu::with_weight<T>(w, "moe",
+                        [&](auto B) { grouped_gemm(tb, g, N, K, A, lda, B, b_stride, ldb, beta, C, ldc, w.slices); });
 }
 }  // namespace
 
