@@ -1,27 +1,36 @@
 #!/usr/bin/env bash
 # The weight budget (memory.weights_budget, train/weight_budget.h; issue 14): a LoRA fine-tune whose frozen base is
 # read in place from its file, resident vs budgets of 1/2 and 1/4 of the base's bytes, and the same base copied
-# into the arena (no budget). Per run: median tokens/s over steps 2.., the base's resident bytes after the last
-# unit of a step (max over steps) and the most seen before a release, bytes faulted in ahead of use by the prefetch
-# thread and released per step, major faults (pages read from storage) over the run, the process's peak RSS.
+# into the arena (no budget). Per run: median tokens/s over steps 2.., the bytes read in place, the base's resident
+# bytes after the last unit of a step (max over steps) and the most seen before a release, bytes faulted in ahead of
+# use by the prefetch thread and released per step, major faults (pages read from storage) over the run, the
+# process's peak RSS.
 # The base: CONFIG (default configs/bench_dense.json, ~30M parameters, 120 MiB f32) trained for one step.
-# Usage: bench/weight_budget.sh [CONFIG] [STEPS]
+# With HF=1 the base is first written by export-hf (a model with gdn layers: Qwen3-Next, routed experts one tensor per
+# expert) and read from that directory. SETS: more `--set` words for the model (one string, split on spaces).
+# Usage: [HF=1] bench/weight_budget.sh [CONFIG] [STEPS] [SETS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cfg=${1:-configs/bench_dense.json}
 steps=${2:-6}
+read -r -a sets <<< "${3:-}"
 bin=${TESSERA_BIN:-build/apps/tessera}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-common=(--set train.eval_interval=0 --set train.checkpoint_interval=0 --set train.eval_batches=0)
+common=(--set train.eval_interval=0 --set train.checkpoint_interval=0 --set train.eval_batches=0 "${sets[@]}")
 $bin train --config "$cfg" --steps 1 --out "$tmp/base" "${common[@]}" > "$tmp/base.log"
+base="$tmp/base"
 base_mib=$(python3 -c "import os,sys; print(os.path.getsize(sys.argv[1]) >> 20)" "$tmp/base/checkpoints/step_0000001/model.safetensors")
-lora=(--set train.base="$tmp/base" --set model.lora.rank=16 --set model.lora.alpha=32
+if [ "${HF:-0}" = 1 ]; then
+    $bin export-hf --checkpoint "$tmp/base" --out "$tmp/hf" > /dev/null
+    base="$tmp/hf"
+fi
+lora=(--set train.base="$base" --set model.lora.rank=16 --set model.lora.alpha=32
       --set 'model.lora.target_modules=["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]')
-echo "base: $base_mib MiB ($cfg, f32)"
+echo "base: $base_mib MiB ($cfg ${3:-}, f32$([ "${HF:-0}" = 1 ] && echo ", Hugging Face directory"))"
 echo
-echo "| budget MiB | tokens/s | vs resident | base resident after a step MiB (max) | peak before release MiB | prefetched MiB / step | released MiB / step | major faults | process peak RSS MiB |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| budget MiB | tokens/s | vs resident | read in place MiB | base resident after a step MiB (max) | peak before release MiB | prefetched MiB / step | released MiB / step | major faults | process peak RSS MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 ref=""
 for budget in 0 $((base_mib / 2)) $((base_mib / 4)); do
     out="$tmp/b$budget"
@@ -36,11 +45,11 @@ rss = int(open(out + ".rss").read().split()[-1]) / 1024
 mib = lambda b: f"{b / 2**20:.1f}"
 ratio = f"{tps / float(ref):.2f}" if ref else "1.00"
 if budget == 0:
-    row = ["resident (no budget)", f"{tps:,.0f}", ratio, "all", "-", "-", "-", "-", f"{rss:,.0f}"]
+    row = ["resident (no budget)", f"{tps:,.0f}", ratio, "-", "all", "-", "-", "-", "-", f"{rss:,.0f}"]
 else:
     w = [r["weights"] for r in recs]
     n = len(recs)
-    row = [str(budget), f"{tps:,.0f}", ratio, mib(max(x["resident_bytes"] for x in w)),
+    row = [str(budget), f"{tps:,.0f}", ratio, mib(w[-1]["mapped_bytes"]), mib(max(x["resident_bytes"] for x in w)),
            mib(w[-1]["peak_resident_bytes"]), mib(w[-1]["prefetched_bytes"] / n), mib(w[-1]["released_bytes"] / n),
            str(w[-1]["major_faults"]), f"{rss:,.0f}"]
 print("| " + " | ".join(row) + " |", file=sys.stderr)

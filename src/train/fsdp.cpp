@@ -29,7 +29,7 @@ void wait_all(std::vector<parallel::Handle>& hs) {
 Fsdp::Fsdp(const model::Model& model,
            const AdamW& opt,
            GradientSum& grads,
-           const std::function<std::byte*(size_t)>& outside)
+           const std::function<std::vector<std::byte*>(size_t)>& outside)
     : specs_(model.param_specs()), frozen_(model.frozen_params()), grads_(grads), outside_(outside) {
     TESSERA_CHECK(opt.regions()[AdamW::data].comm != nullptr, "FSDP needs several data-parallel ranks");
     for (int r : {AdamW::data, AdamW::expert}) {  // the experts too when replicas share them (W / ep > 1)
@@ -131,7 +131,7 @@ Fsdp::Fsdp(const model::Model& model,
         size_t at = 0;
         for (size_t i = first; i < specs_.size(); ++i) {
             if (held(i)) continue;
-            if (first == 0 && i < frozen_ && outside_ && outside_(i)) {  // read in place: place_outside below
+            if (first == 0 && i < frozen_ && outside_ && !outside_(i).empty()) {  // read in place: place_outside below
                 offsets[i] = BufferGroup::kOutside;
                 continue;
             }
@@ -157,7 +157,7 @@ Fsdp::Fsdp(const model::Model& model,
     };
     placement_.params = place(0, slot_at_, slot_bytes_, "params", specs_);
     for (size_t i = 0; i < frozen_ && outside_; ++i)
-        if (std::byte* p = outside_(i)) placement_.params.place_outside(i, {p});
+        if (std::vector<std::byte*> at = outside_(i); !at.empty()) placement_.params.place_outside(i, std::move(at));
     placement_.grads = place(frozen_, grad_slot_at_, grad_slot_bytes_, "grads", model::grad_specs(specs_));
     // one scratch serves every reduce-scatter, since every collective of the process runs on its one
     // communication thread, in turn (parallel/comm.h)
@@ -304,7 +304,8 @@ void Fsdp::init(const model::Model& model, uint64_t seed) {
         for (const auto& [first, last] : u.specs)
             std::fill(in_unit.begin() + long(first), in_unit.begin() + long(last), true);
     for (size_t i = 0; i < specs_.size(); ++i)  // (a weight budget's mapped base is read-only: its file's)
-        if (!in_unit[i] && !(i < frozen_ && outside_ && outside_(i))) model.init_params(*params_, seed, i, i + 1);
+        if (!in_unit[i] && !(i < frozen_ && outside_ && !outside_(i).empty()))
+            model.init_params(*params_, seed, i, i + 1);
     for (size_t k = 0; k < units_.size(); ++k) {  // each unit whole in its slot, this rank's pieces kept
         const Unit& u = units_[k];
         std::memset(slot_params(u.slot), 0, u.bytes);

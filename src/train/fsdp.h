@@ -57,7 +57,7 @@ class Fsdp final : public model::ParamHooks {
     Fsdp(const model::Model& model,
          const AdamW& opt,
          GradientSum& grads,
-         const std::function<std::byte*(size_t)>& outside = {});
+         const std::function<std::vector<std::byte*>(size_t)>& outside = {});
 
     // For the runtime: the parameter and gradient groups with the units in their slots (taken once), and
     // the groups FSDP itself needs (this rank's ranges of the sharded parameters, reduce-scatter scratch).
@@ -118,9 +118,9 @@ class Fsdp final : public model::ParamHooks {
     const std::vector<BufferSpec>& specs_;  // every parameter, the frozen ones first
     size_t frozen_ = 0;                     // how many (whole on every rank, no gradient)
     GradientSum& grads_;
-    std::function<std::byte*(size_t)> outside_;        // a weight budget's mapped frozen parameters
-    std::array<Region, AdamW::kRegions + 2> regions_;  // the optimizer's, then kFrozen, kFrozenExperts
-    std::vector<size_t> flat_;                         // each parameter's flat element offset
+    std::function<std::vector<std::byte*>(size_t)> outside_;  // a weight budget's mapped frozen parameters
+    std::array<Region, AdamW::kRegions + 2> regions_;         // the optimizer's, then kFrozen, kFrozenExperts
+    std::vector<size_t> flat_;                                // each parameter's flat element offset
     std::vector<Unit> units_;
     std::array<size_t, kSlots> slot_at_{}, grad_slot_at_{}, slot_bytes_{},
         grad_slot_bytes_{};  // each slot's byte offset in the placed

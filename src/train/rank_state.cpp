@@ -13,7 +13,7 @@ RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accu
 
 void RankState::place(WeightBudget* budget) {
     if (sharded) {
-        std::function<std::byte*(size_t)> outside;
+        std::function<std::vector<std::byte*>(size_t)> outside;
         if (budget) outside = [budget](size_t i) { return budget->where(i); };
         fsdp.emplace(model, opt, grad_sum, outside);
     }

@@ -288,7 +288,8 @@ Json Telemetry::step(const StepReport& r) {
     }
     if (r.weights) {
         const WeightBudgetStats& w = *r.weights;
-        rec["weights"] = {{"resident_bytes", w.resident_bytes},
+        rec["weights"] = {{"mapped_bytes", w.mapped_bytes},
+                          {"resident_bytes", w.resident_bytes},
                           {"peak_resident_bytes", w.peak_resident_bytes},
                           {"released_bytes", w.released_bytes},
                           {"prefetched_bytes", w.prefetched_bytes},

@@ -33,14 +33,19 @@ int layer_of(const std::string& name) {
 }  // namespace
 
 WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, ExpertSlice experts, size_t budget)
-    : specs_(m.param_specs()), where_(m.param_specs().size(), nullptr) {
+    : specs_(m.param_specs()), where_(m.param_specs().size()) {
     stats_.budget_bytes = budget;
     const ModelSource base = source.peft ? open_model_source(source.base) : source;
     const std::vector<BufferSpec>& specs = m.param_specs();
-    // stored name -> (parameter, first element of this rank's part), for the frozen parameters that may be read as
-    // stored: the same dtype as held and the whole shape
-    std::map<std::string, std::string> file_of;                  // stored name -> file
-    std::map<std::string, std::pair<size_t, int64_t>> param_of;  // stored name -> (parameter, offset)
+    // stored name -> where it goes, for the frozen parameters that may be read as stored (the same dtype as held and
+    // the whole shape): a parameter from the first element of this rank's part, or one expert's slice of it
+    struct Place {
+        size_t param = 0;
+        int64_t offset = 0;  // elements, into the stored tensor
+        int64_t slice = -1;  // >= 0: the tensor is this slice of the parameter (an expert here), stored apart
+    };
+    std::map<std::string, std::string> file_of;  // stored name -> file
+    std::map<std::string, Place> place_of;
     if (base.hf) {
         std::vector<BufferSpec> whole;
         for (const BufferSpec& s : specs) {
@@ -52,15 +57,23 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
         std::map<std::string, size_t> frozen;  // parameter name -> index
         for (size_t k = 0; k < m.frozen_params(); ++k) frozen[specs[k].name] = k;
         for (const model::HfTensor& t : model::hf_tensor_map(whole, base.config, base.model_type)) {
-            if (t.expert >= 0 || !model::is_plain(t) || t.copy != model::HfTensor::Copy::none) continue;
+            if (!model::is_plain(t) || t.copy != model::HfTensor::Copy::none) continue;
             const std::string name =
                 !t.alias.empty() && !stored.count(t.name) && stored.count(t.alias) ? t.alias : t.name;
             const auto it = stored.find(name);
-            if (it == stored.end()) continue;
             const auto f = frozen.find(t.param);
-            if (f == frozen.end() || specs[f->second].shape != t.shape) continue;
+            if (it == stored.end() || f == frozen.end()) continue;
+            const Shape& held = specs[f->second].shape;
+            Place at{f->second};
+            if (t.expert >= 0) {  // one expert of a stacked parameter (Qwen3-Next, DeepSeek-V3.2): this rank's only
+                const int64_t first = experts.total > 0 ? experts.first : 0;
+                if (t.expert < first || t.expert >= first + held[0]) continue;
+                at.slice = t.expert - first;
+            } else if (held != t.shape) {
+                continue;
+            }
             file_of[name] = it->second;
-            param_of[name] = {f->second, 0};
+            place_of[name] = at;
         }
     } else {
         const fs::path single = fs::path(base.path) / "model.safetensors";
@@ -72,7 +85,7 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
             const BufferSpec& s = specs[i];
             const bool slice = s.sharding == Sharding::expert && experts.total > 0;
             file_of[s.name] = single.string();
-            param_of[s.name] = {i, slice ? experts.first * (s.shape.numel() / s.shape[0]) : 0};
+            place_of[s.name] = {i, slice ? experts.first * (s.shape.numel() / s.shape[0]) : 0};
         }
     }
     std::map<std::string, SafetensorsFile*> opened;
@@ -83,24 +96,38 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
             f = files_.back().get();
         }
         if (!f->contains(name)) continue;
-        const auto [i, offset] = param_of.at(name);
-        const BufferSpec& s = specs[i];
+        const Place at = place_of.at(name);
+        const BufferSpec& s = specs[at.param];
         const SafetensorsEntry& e = f->entry(name);
-        if (e.dtype != s.dtype || e.shape != whole_shape(s, experts) || !f->is_aligned(name)) continue;
-        where_[i] = static_cast<std::byte*>(f->view(name).data) + dtype_bytes(s.dtype, offset);
+        Shape want = whole_shape(s, experts);
+        if (at.slice >= 0) want = Shape::from_span(std::span(s.shape.dims).subspan(1, size_t(s.shape.ndim - 1)));
+        if (e.dtype != s.dtype || e.shape != want || !f->is_aligned(name)) continue;
+        std::byte* data = static_cast<std::byte*>(f->view(name).data) + dtype_bytes(s.dtype, at.offset);
+        std::vector<std::byte*>& w = where_[at.param];
+        if (at.slice < 0) {
+            w = {data};
+        } else {
+            w.resize(size_t(s.shape[0]), nullptr);
+            w[size_t(at.slice)] = data;
+        }
     }
+    // a parameter stored apart is mapped when every slice of it is
+    for (std::vector<std::byte*>& w : where_)
+        if (std::count(w.begin(), w.end(), nullptr) > 0) w.clear();
     // parameters read together as one tensor (BufferSpec::fused_next) are mapped only when the file keeps them back
     // to back in that order (tessera's files do; a Hugging Face file sorted by name may not: then they load)
     for (size_t i = 0; i < specs.size();) {
         size_t j = i;
-        bool whole = where_[i] != nullptr;
+        auto one = [&](size_t k) { return where_[k].size() == 1; };
+        bool whole = one(i);
         for (; specs[j].fused_next && j + 1 < specs.size(); ++j)
-            whole = whole && where_[j + 1] && where_[j] + specs[j].nbytes() == where_[j + 1];
-        if (!whole) std::fill(where_.begin() + long(i), where_.begin() + long(j) + 1, nullptr);
+            whole = whole && one(j + 1) && where_[j][0] + specs[j].nbytes() == where_[j + 1][0];
+        if (!whole && j > i)
+            for (size_t k = i; k <= j; ++k) where_[k].clear();
         i = j + 1;
     }
     for (size_t i = 0; i < specs.size(); ++i)
-        if (where_[i]) stats_.mapped_bytes += specs[i].nbytes();
+        if (mapped(i)) stats_.mapped_bytes += specs[i].nbytes();
     // pieces per unit: a unit's frozen dense parameters, and each MoE layer's frozen experts one piece an expert
     const std::vector<model::ParamUnit>& units = m.param_units();
     unit_pieces_.resize(units.size());
@@ -114,7 +141,7 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
         for (size_t i = units[u].frozen_expert_first; i < units[u].frozen_expert_last; ++i) unit_of[i] = int(u);
     }
     for (size_t i = 0; i < specs.size(); ++i) {
-        if (!where_[i]) continue;
+        if (!mapped(i)) continue;
         const BufferSpec& s = specs[i];
         const int layer = layer_of(s.name);
         int unit = unit_of[i];
@@ -125,9 +152,12 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
         };
         if (s.sharding == Sharding::expert) {
             const size_t per = s.nbytes() / size_t(s.shape[0]);
-            for (int64_t e = 0; e < s.shape[0]; ++e) add(where_[i] + size_t(e) * per, per, experts.first + e);
+            for (int64_t e = 0; e < s.shape[0]; ++e) {
+                const std::byte* at = where_[i].size() == 1 ? where_[i][0] + size_t(e) * per : where_[i][size_t(e)];
+                add(at, per, experts.first + e);
+            }
         } else {
-            add(where_[i], s.nbytes(), -1);
+            add(where_[i][0], s.nbytes(), -1);
         }
     }
     std::vector<size_t> unit_bytes;
@@ -159,14 +189,14 @@ model::ParamPlacement WeightBudget::placement() const {
     std::vector<size_t> offsets(specs_.size(), BufferGroup::kOutside);
     size_t at = 0;
     for (size_t i = 0; i < specs_.size(); ++i) {
-        if (where_[i]) continue;
+        if (mapped(i)) continue;
         offsets[i] = at;
         at = (at + specs_[i].nbytes() + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
     }
     model::ParamPlacement p{BufferGroup("params", specs_, offsets, std::max<size_t>(at, kBufferAlign)),
                             BufferGroup("grads", model::grad_specs(specs_))};
     for (size_t i = 0; i < where_.size(); ++i)
-        if (where_[i]) p.params.place_outside(i, {where_[i]});
+        if (mapped(i)) p.params.place_outside(i, where_[i]);
     return p;
 }
 

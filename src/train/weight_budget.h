@@ -2,10 +2,12 @@
 // safetensors files instead of copied into the arena, with this process's resident share of it held to a budget,
 // so a base larger than memory fine-tunes.
 //
-// Which parameters: every frozen one the base stores as is, a tensor of the same name, dtype (as held:
-// model.lora.base_dtype) and whole shape (a tessera checkpoint's model.safetensors: all of them, experts as this
-// rank's slice of the stacked tensor; a Hugging Face directory: its plain dense tensors). The others (fused,
-// padded, quantised, per-expert or converted tensors) load into the arena as without a budget.
+// Which parameters: every frozen one the base stores as is, in the dtype it is held in (model.lora.base_dtype): a
+// tessera checkpoint's model.safetensors, all of them, experts as this rank's slice of the stacked tensor; a Hugging
+// Face directory, its plain tensors of the same whole shape, and stacked experts stored one tensor per expert
+// (Qwen3-Next, DeepSeek-V3.2), whose views then have their slices stored apart (core/tensor.h) and reach the MoE's
+// grouped GEMMs expert by expert. The others (fused, padded, quantised or converted tensors) load into the arena as
+// without a budget.
 //
 // How: the model's passes visit their units in a known order (model::ParamHooks). Entering a visit, a background
 // thread faults in the pages of the next visit's unit (its dense weights, then its experts, most routed first)
@@ -51,9 +53,12 @@ class WeightBudget final : public model::ParamHooks {
     WeightBudget(const WeightBudget&) = delete;
     WeightBudget& operator=(const WeightBudget&) = delete;
 
-    bool mapped(size_t param) const { return param < where_.size() && where_[param] != nullptr; }
-    // where a mapped parameter lives in the files (null: not mapped)
-    std::byte* where(size_t param) const { return mapped(param) ? where_[param] : nullptr; }
+    bool mapped(size_t param) const { return param < where_.size() && !where_[param].empty(); }
+    // where a mapped parameter lives in the files: all of it, or (stored one tensor per expert) each expert here;
+    // empty: not mapped
+    std::vector<std::byte*> where(size_t param) const {
+        return mapped(param) ? where_[param] : std::vector<std::byte*>{};
+    }
     // The runtime's parameter and gradient groups: the mapped parameters take no arena bytes, their views point
     // into the files.
     model::ParamPlacement placement() const;
@@ -87,7 +92,7 @@ class WeightBudget final : public model::ParamHooks {
 
     std::vector<BufferSpec> specs_;
     std::vector<std::unique_ptr<SafetensorsFile>> files_;
-    std::vector<std::byte*> where_;  // per parameter: its bytes in a file, or null
+    std::vector<std::vector<std::byte*>> where_;  // per parameter: where(), or empty
     std::vector<Piece> pieces_;
     std::vector<std::vector<size_t>> unit_pieces_;  // per unit: its pieces
     std::vector<std::vector<int64_t>> load_;        // per layer: routing load per expert, summed over steps

@@ -553,6 +553,57 @@ TEST(FineTune, AWeightBudgetReadsTheBaseInPlaceAndTrainsAsTheResidentBase) {
     expect_close_losses(d.file("ep_one"), d.file("ep_two"));
 }
 
+// memory.weights_budget on a Hugging Face base that stores its routed experts one tensor per expert (Qwen3-Next, as
+// export-hf writes it; in f32, and in bf16 held as bf16): every expert is read in place from its own tensor (the mapped
+// bytes cover them all), the budget holds with pieces released, and the losses are the resident run's bit for bit;
+// two EP ranks, each mapping its experts, train like one process, two FSDP ranks bit for bit
+TEST(FineTune, AWeightBudgetReadsExpertsStoredOneTensorEachInPlace) {
+    TempDir d;
+    const int64_t layers = 2, experts = 8, F = 128, L = 128;
+    const std::string arch = test::kTinyQwen3Next + fmt::format(
+                                                        " --set model.d_model={} --set model.moe.experts={}"
+                                                        " --set model.moe.ffn_dim={} --set model.moe.topk=2",
+                                                        L, experts, F);
+    train_base(d.file("base"), arch + " --steps 2");
+    for (const std::string dtype : {"f32", "bf16"}) {
+        SCOPED_TRACE(dtype);
+        const std::string hf = d.file("hf_" + dtype);
+        test::CliResult r =
+            run_tessera("export-hf --checkpoint " + d.file("base") + " --out " + hf + " --dtype " + dtype);
+        ASSERT_EQ(r.status, 0) << r.err;
+        ASSERT_TRUE(Json::parse(read_text(hf + "/model.safetensors.index.json"))["weight_map"].contains(
+            "model.layers.1.mlp.experts.7.down_proj.weight"));
+        const std::string args = "train --config " + kTiny + arch +
+                                 " --set train.micro_batch_size=1 --set train.base=" + hf +
+                                 " --set model.lora.base_dtype=" + dtype + kLora;
+        const std::string resident = d.file("resident_" + dtype), budget = d.file("budget_" + dtype);
+        r = run_tessera(args + " --out " + resident);
+        ASSERT_EQ(r.status, 0) << r.err;
+        r = run_tessera(args + " --set memory.weights_budget=1 --out " + budget);
+        ASSERT_EQ(r.status, 0) << r.err;
+        EXPECT_EQ(losses(resident), losses(budget));
+        const int64_t expert_bytes = layers * experts * 3 * F * L * (dtype == "f32" ? 4 : 2);
+        int64_t steps = 0;
+        for_each_line(read_text(budget + "/metrics.jsonl"), [&](std::string_view line, size_t) {
+            const Json rec = Json::parse(line);
+            if (!rec.contains("weights")) return;
+            ++steps;
+            EXPECT_GE(rec["weights"]["mapped_bytes"].get<int64_t>(), expert_bytes) << line;
+            EXPECT_LE(rec["weights"]["resident_bytes"].get<int64_t>(), int64_t(1) << 20) << line;
+            EXPECT_GT(rec["weights"]["released_bytes"].get<int64_t>(), 0) << line;
+        });
+        EXPECT_EQ(steps, 12);
+        if (dtype != "f32") continue;
+        r = run_tessera_mpi(2, args + " --set memory.weights_budget=1 --set parallel.ep=2 --out " + d.file("ep2"));
+        ASSERT_EQ(r.status, 0) << r.out << r.err;
+        expect_close_losses(budget, d.file("ep2"));
+        r = run_tessera_mpi(2,
+                            args + " --set memory.weights_budget=1 --set parallel.fsdp=true --out " + d.file("fsdp2"));
+        ASSERT_EQ(r.status, 0) << r.out << r.err;
+        EXPECT_EQ(losses(budget), losses(d.file("fsdp2")));
+    }
+}
+
 // Supervised data (prompt tokens masked): a step's loss is the mean over every counted target of the step, so one
 // forward of the batch, four accumulated micro-batches and two ranks train alike (micro-batches of uneven counted
 // targets weigh by their count, not equally).
