@@ -65,7 +65,7 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
             if (it == stored.end() || f == frozen.end()) continue;
             const Shape& held = specs[f->second].shape;
             Place at{f->second};
-            if (t.expert >= 0) {  // one expert of a stacked parameter (Qwen3-Next, DeepSeek-V3.2): this rank's only
+            if (t.expert >= 0) {  // one expert of a stacked parameter (per-expert files): this rank's only
                 const int64_t first = experts.total > 0 ? experts.first : 0;
                 if (t.expert < first || t.expert >= first + held[0]) continue;
                 at.slice = t.expert - first;

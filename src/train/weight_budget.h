@@ -5,9 +5,9 @@
 // Which parameters: every frozen one the base stores as is, in the dtype it is held in (model.lora.base_dtype): a
 // tessera checkpoint's model.safetensors, all of them, experts as this rank's slice of the stacked tensor; a Hugging
 // Face directory, its plain tensors of the same whole shape, and stacked experts stored one tensor per expert
-// (Qwen3-Next, DeepSeek-V3.2), whose views then have their slices stored apart (core/tensor.h) and reach the MoE's
-// grouped GEMMs expert by expert. The others (fused, padded, quantised or converted tensors) load into the arena as
-// without a budget.
+// (all four families when not quantised), whose views then have their slices stored apart (core/tensor.h) and reach the
+// MoE's grouped GEMMs expert by expert. The others (fused, padded, quantised or converted tensors) load into the arena
+// as without a budget.
 //
 // How: the model's passes visit their units in a known order (model::ParamHooks). Entering a visit, a background
 // thread faults in the pages of the next visit's unit (its dense weights, then its experts, most routed first)
