@@ -3,12 +3,15 @@
 # read in place from its file, resident vs budgets of 1/2 and 1/4 of the base's bytes, and the same base copied
 # into the arena (no budget). Per run: median tokens/s over steps 2.., the bytes read in place, the base's resident
 # bytes after the last unit of a step (max over steps) and the most seen before a release, bytes faulted in ahead of
-# use by the prefetch thread and released per step, major faults (pages read from storage) over the run, the
-# process's peak RSS.
+# use by the prefetch thread and released per step, major faults over the run, bytes read from storage per step
+# (the process's file system inputs, whole run over steps), the process's peak RSS.
 # The base: CONFIG (default configs/bench_dense.json, ~30M parameters, 120 MiB f32) trained for one step.
 # With HF=1 the base is first written by export-hf (a model with gdn layers: Qwen3-Next, routed experts one tensor per
 # expert) and read from that directory. SETS: more `--set` words for the model (one string, split on spaces).
-# Usage: [HF=1] bench/weight_budget.sh [CONFIG] [STEPS] [SETS]
+# With EVICT=1 a helper drops the base's files from the page cache every 20 ms during the budgeted runs
+# (posix_fadvise DONTNEED: only pages no process maps, i.e. what the budget released), so that every re-map reads
+# storage (major faults): a base larger than the page cache, on a machine whose memory holds it.
+# Usage: [HF=1] [EVICT=1] bench/weight_budget.sh [CONFIG] [STEPS] [SETS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cfg=${1:-configs/bench_dense.json}
@@ -27,31 +30,48 @@ if [ "${HF:-0}" = 1 ]; then
 fi
 lora=(--set train.base="$base" --set model.lora.rank=16 --set model.lora.alpha=32
       --set 'model.lora.target_modules=["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]')
-echo "base: $base_mib MiB ($cfg ${3:-}, f32$([ "${HF:-0}" = 1 ] && echo ", Hugging Face directory"))"
+echo "base: $base_mib MiB ($cfg ${3:-}, f32$([ "${HF:-0}" = 1 ] && echo ", Hugging Face directory")$([ "${EVICT:-0}" = 1 ] && echo ", evicted from the page cache"))"
 echo
-echo "| budget MiB | tokens/s | vs resident | read in place MiB | base resident after a step MiB (max) | peak before release MiB | prefetched MiB / step | released MiB / step | major faults | process peak RSS MiB |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| budget MiB | tokens/s | vs resident | read in place MiB | base resident after a step MiB (max) | peak before release MiB | prefetched MiB / step | released MiB / step | major faults | read from storage MiB / step | process peak RSS MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 ref=""
 for budget in 0 $((base_mib / 2)) $((base_mib / 4)); do
     out="$tmp/b$budget"
-    /usr/bin/time -f "%M" -o "$out.rss" $bin train --config "$cfg" --steps "$steps" --out "$out" "${common[@]}" "${lora[@]}" \
+    evictor=""
+    if [ "${EVICT:-0}" = 1 ] && [ "$budget" -gt 0 ]; then
+        python3 - "$base" <<'PY' &
+import glob, os, sys, time
+files = [f for f in glob.glob(os.path.join(sys.argv[1], "**", "*.safetensors"), recursive=True)]
+while True:
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    time.sleep(0.02)
+PY
+        evictor=$!
+    fi
+    /usr/bin/time -f "%M %I" -o "$out.rss" $bin train --config "$cfg" --steps "$steps" --out "$out" "${common[@]}" "${lora[@]}" \
         --set memory.weights_budget=$budget > "$out.log"
+    if [ -n "$evictor" ]; then kill "$evictor"; wait "$evictor" 2> /dev/null || true; fi
     ref=$(python3 - "$out" "$budget" "$ref" <<'PY'
 import json, statistics, sys
 out, budget, ref = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 recs = [json.loads(l) for l in open(out + "/metrics.jsonl") if '"tokens_per_s"' in l]
 tps = statistics.median(r["tokens_per_s"] for r in recs[1:])
-rss = int(open(out + ".rss").read().split()[-1]) / 1024
+rss_kib, inblocks = (int(v) for v in open(out + ".rss").read().split()[-2:])
+rss = rss_kib / 1024
+read = inblocks * 512 / len(recs)  # bytes read from storage per step (file system inputs, 512-byte blocks)
 mib = lambda b: f"{b / 2**20:.1f}"
 ratio = f"{tps / float(ref):.2f}" if ref else "1.00"
 if budget == 0:
-    row = ["resident (no budget)", f"{tps:,.0f}", ratio, "-", "all", "-", "-", "-", "-", f"{rss:,.0f}"]
+    row = ["resident (no budget)", f"{tps:,.0f}", ratio, "-", "all", "-", "-", "-", "-", mib(read), f"{rss:,.0f}"]
 else:
     w = [r["weights"] for r in recs]
     n = len(recs)
     row = [str(budget), f"{tps:,.0f}", ratio, mib(w[-1]["mapped_bytes"]), mib(max(x["resident_bytes"] for x in w)),
            mib(w[-1]["peak_resident_bytes"]), mib(w[-1]["prefetched_bytes"] / n), mib(w[-1]["released_bytes"] / n),
-           str(w[-1]["major_faults"]), f"{rss:,.0f}"]
+           str(w[-1]["major_faults"]), mib(read), f"{rss:,.0f}"]
 print("| " + " | ".join(row) + " |", file=sys.stderr)
 print(ref or tps)
 PY
