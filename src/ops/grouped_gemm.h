@@ -4,11 +4,13 @@
 //   grouped_gemm_wgrad  (K-grouped)  C_e += A[rows_e]ᵀ · B[rows_e]                 weight gradients
 // B_e = B + e·b_stride (or b_slices[e]: experts stored apart, core/tensor.h) and C_e = C + e·c_stride. op(B_e) is
 // [K, N]: B_e stored [K, N] (Trans::N) or [N, K] (Trans::T, a weight in [out, in] layout).
-// NOTES: one flat list of tiles over all experts, dealt round-robin to the threads, each tile one
+// NOTES: one flat list of tiles over all experts, run biggest first by whichever thread is free, each tile one
 // single-threaded oneDNN sgemm (ops/gemm.h): (expert, ≤256 rows, all columns) for the M-grouped kind,
 // (expert, band of output rows, all columns, the expert's whole reduction) for the K-grouped one, with
-// more bands for experts with many rows. Small experts share the threads with large ones instead of
-// each expert's GEMM being split over all threads; a tile reads its rows of A from memory once.
+// bands only for experts holding more than 1/16 of the call's rows. Small experts share the threads with large
+// ones instead of each expert's GEMM being split over all threads; a tile reads its rows of A from memory once.
+// (Also measured and dropped, bench/RESULTS.md: the register kernel for experts of ≤16-64 rows, no packing:
+// slower; transposing the weight to call Trans::N: slower; gate and up in one tile: within noise.)
 // (A register-kernel version on ops/cpu/small_gemm.h reached 0.44–0.59 of the dense GEMM rate against
 // 0.54–0.71 for this one: oneDNN's packing keeps both operands in cache; bench/RESULTS.md.)
 // Every output element is computed by one tile in a fixed order, so results do not depend on the
