@@ -3,9 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <optional>
+
 #include "model/runtime.h"
 #include "parallel/mesh.h"
 #include "train/rank_state.h"
+#include "train/weight_budget.h"
 
 namespace tessera::plan {
 
@@ -61,12 +65,17 @@ std::string category_of(const BufferGroup& g) {
 
 RankMemory predict_rank_memory(const train::RunConfig& run, const Layout& l, int rank, int threads) {
     const train::RunConfig cfg = with_layout(run, l);
-    TESSERA_CHECK(cfg.memory.weights_budget == 0, "plan: memory.weights_budget is not modelled yet (set it to 0)");
     std::unique_ptr<parallel::Mesh> mesh;
     if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep));
     const int ranks = int(l.ranks);
     train::RankState st(cfg, mesh.get(), cfg.train.accumulation(ranks));
-    st.place(nullptr);
+    std::optional<train::WeightBudget> budget;  // as train() builds it: what of the base is read in place
+    if (cfg.memory.weights_budget > 0) {
+        const train::ExpertSlice slice{st.model.local_experts().first, l.ep > 1 ? cfg.model.moe.experts : 0};
+        budget.emplace(train::open_model_source(cfg.train.base), st.model, slice,
+                       size_t(cfg.memory.weights_budget) << 20);
+    }
+    st.place(budget ? &*budget : nullptr);
     model::RuntimeGroups rg =
         model::runtime_groups(st.model, {cfg.train.micro_batch(ranks), cfg.train.seq_len}, /*with_grads=*/true,
                               cfg.train.recompute, st.placement ? &*st.placement : nullptr, threads);
@@ -77,6 +86,11 @@ RankMemory predict_rank_memory(const train::RunConfig& run, const Layout& l, int
     for (size_t i = 0; i < groups.size(); ++i) {
         m.groups.push_back({groups[i]->name(), category_of(*groups[i]), groups[i]->nbytes(), blocks[i]});
         m.arena_bytes += blocks[i];
+    }
+    if (budget) {
+        const train::WeightBudgetStats b = budget->stats();
+        m.mapped_bytes = b.mapped_bytes;
+        m.mapped_resident_bytes = std::min(b.mapped_bytes, b.budget_bytes + b.floor_bytes);
     }
     return m;
 }

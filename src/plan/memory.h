@@ -34,12 +34,18 @@ struct RankMemory {
         size_t bytes = 0, block_bytes = 0;  // packed; in the arena
     };
     std::vector<Group> groups;
-    size_t arena_bytes = 0;                             // Σ block_bytes
-    std::map<std::string, size_t> by_category() const;  // block bytes
-    size_t model_state_bytes() const;                   // parameters + gradients + optimizer
+    size_t arena_bytes = 0;  // Σ block_bytes
+    // memory.weights_budget: the frozen base read in place from its files, outside the arena, and what of it is
+    // resident at most: the budget plus the two largest units (the one computing, the next one prefetched), never
+    // more than all of it (train/weight_budget.h)
+    size_t mapped_bytes = 0, mapped_resident_bytes = 0;
+    size_t peak_bytes() const { return arena_bytes + mapped_resident_bytes; }  // what the device must hold
+    std::map<std::string, size_t> by_category() const;                         // block bytes
+    size_t model_state_bytes() const;                                          // parameters + gradients + optimizer
 };
 
-// Rank `rank`'s arena in layout l, with `threads` OpenMP threads per rank (the workspace is per thread).
+// Rank `rank`'s arena in layout l, with `threads` OpenMP threads per rank (the workspace is per thread). With
+// memory.weights_budget the base (train.base) is opened as the run would open it, to know what is read in place.
 RankMemory predict_rank_memory(const train::RunConfig& cfg, const Layout& l, int rank, int threads);
 
 }  // namespace tessera::plan

@@ -431,12 +431,12 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
                     for (int rank : W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0}) {
                         RankMemory m = predict_rank_memory(cfg, c.layout, rank, threads);
                         c.rank_arena_bytes.emplace_back(rank, m.arena_bytes);
-                        if (rank == 0 || m.arena_bytes > c.memory.arena_bytes) {
+                        if (rank == 0 || m.peak_bytes() > c.memory.peak_bytes()) {
                             c.memory = std::move(m);
                             c.memory_rank = rank;
                         }
                     }
-                    c.fits = double(c.memory.arena_bytes) <= p.usable_bytes;
+                    c.fits = double(c.memory.peak_bytes()) <= p.usable_bytes;
                     c.time = step_time(cfg, costs, loads, cl, c.layout);
                     const double tokens = double(p.tokens_per_step) / double(W);
                     c.tokens_per_s_per_device = tokens / c.time.total;
@@ -446,7 +446,7 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
             }
     std::stable_sort(p.candidates.begin(), p.candidates.end(), [](const Candidate& a, const Candidate& b) {
         if (a.fits != b.fits) return a.fits;
-        return a.fits ? a.time.total < b.time.total : a.memory.arena_bytes < b.memory.arena_bytes;
+        return a.fits ? a.time.total < b.time.total : a.memory.peak_bytes() < b.memory.peak_bytes();
     });
     return p;
 }
@@ -471,7 +471,7 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
         cl.device.reserved > 0 ? fmt::format(" less {:.3g} GB reserved", cl.device.reserved / 1e9) : "",
         cl.device.compute_dtype, cl.device.peak() / 1e12, p.routing);
     size_t largest = 0;
-    for (const Candidate& c : p.candidates) largest = std::max(largest, c.memory.arena_bytes);
+    for (const Candidate& c : p.candidates) largest = std::max(largest, c.memory.peak_bytes());
     const Unit unit = largest >= size_t(1e9) ? Unit{1e9, "GB"} : Unit{1e6, "MB"};
     s += fmt::format(
         "memory is per device ({}: the busiest rank's arena, byte-exact from the runtime's buffer groups); time per "
@@ -488,11 +488,19 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
         s += fmt::format(
             "{:>3}  {:<33} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10.4g} "
             "{:>5.1f}%\n",
-            i + 1, c.layout.str(), unit(double(c.memory.arena_bytes)), unit(double(cat["parameters"])),
+            i + 1, c.layout.str(), unit(double(c.memory.peak_bytes())), unit(double(cat["parameters"])),
             unit(double(cat["gradients"])), unit(double(cat["optimizer"])), unit(double(cat["activations"])),
             unit(double(cat["communication"] + cat["workspace"])), c.fits ? "yes" : "NO", ms(c.time.total),
             ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),
             ms(c.time.optimizer + c.time.gradients), c.tokens_per_s_per_device, c.mfu * 100);
+    }
+    if (!p.candidates.empty() && p.candidates.front().memory.mapped_bytes > 0) {
+        const RankMemory& m = p.candidates.front().memory;
+        s += fmt::format(
+            "memory.weights_budget: {} {} of the frozen base read in place from its files, at most {} {} of it "
+            "resident "
+            "(the budget and the two largest units; in the memory column, not in params)\n",
+            unit(double(m.mapped_bytes)), unit.name, unit(double(m.mapped_resident_bytes)), unit.name);
     }
     const bool ep =
         std::any_of(p.candidates.begin(), p.candidates.end(), [](const Candidate& c) { return c.layout.ep > 1; });
@@ -503,17 +511,17 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
         const Candidate& c = p.candidates.front();  // the smallest
         auto cat = c.memory.by_category();
         const double states = double(c.memory.model_state_bytes()) * double(c.layout.ranks);
-        const double rest = double(c.memory.arena_bytes - c.memory.model_state_bytes());
+        const double rest = double(c.memory.peak_bytes() - c.memory.model_state_bytes());
         s += fmt::format(
             "no layout fits {} GB per device: the smallest ({}) needs {} GB: model states {} GB, activations {} GB, "
             "communication buffers {} GB\n",
-            gb(p.usable_bytes), c.layout.str(), gb(double(c.memory.arena_bytes)),
+            gb(p.usable_bytes), c.layout.str(), gb(double(c.memory.peak_bytes())),
             gb(double(c.memory.model_state_bytes())), gb(double(cat["activations"])), gb(double(cat["communication"])));
         if (p.usable_bytes > rest)
             s += fmt::format(
                 "  more devices: the model states ({} GB in all) fit at about {:.0f} devices of this kind\n",
                 gb(states), std::ceil(states / (p.usable_bytes - rest)));
-        const double on_device = double(c.memory.arena_bytes - cat["optimizer"]);
+        const double on_device = double(c.memory.peak_bytes() - cat["optimizer"]);
         s += fmt::format(
             "  optimizer offload (not in the runtime yet): the device keeps {} GB ({}), the host {} GB per device "
             "(AdamW moments; the host has {} GB for {} devices)\n",

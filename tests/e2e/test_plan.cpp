@@ -90,6 +90,41 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
     }
 }
 
+// memory.weights_budget: the plan opens the base as the run does, so its arena (without the base read in place) is
+// the run's byte for byte and the bytes it says are read in place are the run's; what of them may be resident (the
+// budget and the two largest units, at most all of them) joins the memory column
+TEST(Plan, AWeightBudgetKeepsTheBaseOutOfTheArena) {
+    TempDir d;
+    const std::string model = kTiny + test::kTinyMoe + " --set model.d_model=128 --set model.ffn_dim=512";
+    test::CliResult r = test::run_tessera("train --config " + model + " --steps 2 --out " + d.file("base"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::string lora =
+        " --set model.lora.rank=4 --set model.lora.alpha=8 --set model.lora.base_dtype=f32 --set "
+        "model.lora.expert_dtype=f32 --set 'model.lora.target_modules=[\"q_proj\",\"gate_proj\"]' --set train.base=" +
+        d.file("base") + " --set memory.weights_budget=1";
+    const Json plan = plan_json(model + lora + " --mode lora --cluster " + cpu_cluster(d, 1) + " --threads 2", d);
+    const Case c{1, 1, true, 2, false};
+    const size_t predicted = predicted_rank0(plan, c);
+    Json memory;
+    for (const Json& cand : plan["candidates"])
+        if (cand["layout"]["micro_batch"] == 2 && cand["layout"]["recompute"] == false) memory = cand["memory"];
+    ASSERT_TRUE(memory.contains("mapped_bytes")) << plan.dump();
+    const std::string run = d.file("run");
+    r = test::run_tessera("train --config " + model + lora +
+                          " --steps 1 --set train.checkpoint_interval=0 --set train.micro_batch_size=2 --out " + run);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
+    ASSERT_FALSE(records.empty());
+    EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
+    const size_t mapped = records[0]["weights"]["mapped_bytes"].get<size_t>();
+    EXPECT_GT(mapped, size_t(1) << 20);
+    EXPECT_EQ(memory["mapped_bytes"].get<size_t>(), mapped);
+    const size_t resident = memory["mapped_resident_bytes"].get<size_t>();
+    EXPECT_LE(resident, mapped);
+    EXPECT_GE(resident, std::min(mapped, size_t(1) << 20));
+    EXPECT_EQ(memory["peak_bytes"].get<size_t>(), predicted + resident);
+}
+
 // --write-config: the best layout as a run config that trains under launch.
 TEST(Plan, WrittenLayoutTrains) {
     TempDir d;
