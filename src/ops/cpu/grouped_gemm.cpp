@@ -2,6 +2,7 @@
 #include "ops/grouped_gemm.h"
 
 #include <algorithm>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -29,7 +30,12 @@ struct Tile {
 
 template <class Fn>
 void run_tiles(std::vector<Tile>& tiles, Fn&& fn) {
-    std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.cost > b.cost; });
+    // (std::sort with a total order, not stable_sort: that one allocates on every call, and the step makes no heap
+    // allocation after its first)
+    std::sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) {
+        if (a.cost != b.cost) return a.cost > b.cost;
+        return std::tie(a.e, a.r0, a.m0) < std::tie(b.e, b.r0, b.m0);
+    });
     const int64_t n = int64_t(tiles.size());
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) fn(tiles[size_t(i)]);
