@@ -6,9 +6,9 @@
 // [K, N]: B_e stored [K, N] (Trans::N) or [N, K] (Trans::T, a weight in [out, in] layout).
 // NOTES: one flat list of tiles over all experts, run biggest first by whichever thread is free, each tile one
 // single-threaded oneDNN sgemm (ops/gemm.h): (expert, ≤256 rows, all columns) for the M-grouped kind,
-// (expert, band of output rows, all columns, the expert's whole reduction) for the K-grouped one, with
-// bands only for experts holding more than 1/16 of the call's rows. Small experts share the threads with large
-// ones instead of each expert's GEMM being split over all threads; a tile reads its rows of A from memory once.
+// (expert, band of output rows, all columns, the expert's whole reduction) for the K-grouped one, with a band per
+// 2048 of the expert's rows. Small experts share the threads with large ones instead of each expert's GEMM being
+// split over all threads; a tile reads its rows of A from memory once.
 // (Also measured and dropped, bench/RESULTS.md: the register kernel for experts of ≤16-64 rows, no packing:
 // slower; transposing the weight to call Trans::N: slower; gate and up in one tile: within noise.)
 // (A register-kernel version on ops/cpu/small_gemm.h reached 0.44–0.59 of the dense GEMM rate against

@@ -1,6 +1,8 @@
 // Grouped GEMMs over expert-contiguous rows (see grouped_gemm.h).
 #include "ops/grouped_gemm.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <tuple>
 #include <type_traits>
@@ -10,22 +12,24 @@ namespace tessera::ops {
 
 namespace {
 constexpr int64_t kRowBlock = 256;  // M-grouped tile: up to this many rows of one expert, all columns
-// K-grouped: an expert's weight gradient is one tile (its whole output, reducing over all its rows: each tile re-reads
-// the rows' operand, and oneDNN packs it per call) unless its rows are more than 1/kGradShares of the call's; then
-// it is cut into bands of output rows, enough that no band holds more than that share (load balance for up to
-// ~kGradShares threads). Bands of rows/256 measured 0.62-0.65 of the dense rate at E = 896 with Zipf routing, this
-// 0.66-0.67 (bench_moe, 2 threads).
-constexpr int64_t kGradShares = 16;
+// K-grouped: an expert's weight gradient is cut into bands of output rows, one band per this many of its rows (each
+// band re-reads all the expert's rows, and oneDNN packs them per call; a band per 256 rows measured 0.61-0.65 of the
+// dense rate at E = 896 with Zipf routing, one band for up to 4095 rows 0.65-0.69, bench_moe on 2 threads). The
+// bands depend on the expert's own rows only, not on the call's: expert parallelism's chunks of experts compute
+// every expert with the bands of one call over all of them (oneDNN's AVX2 sgemm rounds differently with m).
+constexpr int64_t kGradRowsPerBand = 2048;
 
 // A tile: one single-threaded GEMM (ops::gemm inside a parallel region) on rows [r0, r0 + rows) of expert e, output
 // rows [m0, m0 + m) of the K-grouped kind. Tile boundaries depend only on the layout, never on the thread count, and
-// each output element belongs to one tile, so which thread runs a tile changes no bit. The tiles are run biggest
-// first, each by the next free thread (longest-processing-time order): with skewed routing the few large experts'
-// tiles start first and the small ones fill in (dealing them round-robin left one thread with ~55% of the work at
-// E = 896 under Zipf routing, the experts' loads alternating between the threads).
+// each output element belongs to one tile. The tiles go to the threads biggest first, each to the thread with the
+// least work so far (longest processing time first), before the region starts: with skewed routing the few large
+// experts' tiles spread out and the small ones fill in (dealing them round-robin left one thread with ~55% of the
+// work at E = 896 under Zipf routing, the experts' loads alternating between the threads). Which thread runs a tile
+// changes no bit; the assignment is still fixed by the layout and the thread count, so a run repeats exactly.
 struct Tile {
     int64_t e, r0, rows, m0, m;
     double cost;
+    int owner;
 };
 
 template <class Fn>
@@ -36,9 +40,19 @@ void run_tiles(std::vector<Tile>& tiles, Fn&& fn) {
         if (a.cost != b.cost) return a.cost > b.cost;
         return std::tie(a.e, a.r0, a.m0) < std::tie(b.e, b.r0, b.m0);
     });
-    const int64_t n = int64_t(tiles.size());
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) fn(tiles[size_t(i)]);
+    const int planned = omp_get_max_threads();
+    thread_local std::vector<double> load;
+    load.assign(size_t(planned), 0.0);
+    for (Tile& t : tiles) {
+        t.owner = int(std::min_element(load.begin(), load.end()) - load.begin());
+        load[size_t(t.owner)] += t.cost;
+    }
+#pragma omp parallel
+    {
+        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
+        for (size_t i = 0; i < tiles.size(); ++i)
+            if ((nt == planned ? tiles[i].owner : int(i % size_t(nt))) == me) fn(tiles[i]);
+    }
 }
 
 // the tile list of a call, reused (a grouped GEMM runs on its caller's thread: one list per thread)
@@ -79,7 +93,7 @@ void m_grouped(Trans tb,
         const int64_t r1 = g.offsets[e + 1];
         for (int64_t m0 = g.offsets[e]; m0 < r1; m0 += kRowBlock) {
             const int64_t rows = std::min(kRowBlock, r1 - m0);
-            tiles.push_back({e, m0, rows, 0, 0, double(rows)});
+            tiles.push_back({e, m0, rows, 0, 0, double(rows), 0});
         }
     }
     run_tiles(tiles, [&](const Tile& t) {
@@ -100,15 +114,14 @@ void k_grouped(const ExpertRows& g,
                int64_t c_stride,
                int64_t ldc) {
     std::vector<Tile>& tiles = tile_list();
-    const int64_t total = g.offsets[g.experts] - g.offsets[0];
     for (int64_t e = 0; e < g.experts; ++e) {
         const int64_t r0 = g.offsets[e], rows = g.offsets[e + 1] - r0;
         if (rows == 0) continue;
-        const int64_t bands = std::clamp<int64_t>((kGradShares * rows + total - 1) / total, 1, (M + 7) / 8);
+        const int64_t bands = std::clamp<int64_t>(rows / kGradRowsPerBand, 1, (M + 7) / 8);
         const int64_t band = (M + bands * 8 - 1) / (bands * 8) * 8;
         for (int64_t m0 = 0; m0 < M; m0 += band) {
             const int64_t m = std::min(band, M - m0);
-            tiles.push_back({e, r0, rows, m0, m, double(rows) * double(m)});
+            tiles.push_back({e, r0, rows, m0, m, double(rows) * double(m), 0});
         }
     }
     run_tiles(tiles, [&](const Tile& t) {
