@@ -13,10 +13,10 @@ namespace tessera::ops {
 namespace {
 constexpr int64_t kRowBlock = 256;  // M-grouped tile: up to this many rows of one expert, all columns
 // K-grouped: an expert's weight gradient is cut into bands of output rows, one band per this many of its rows (each
-// band re-reads all the expert's rows, and oneDNN packs them per call; a band per 256 rows measured 0.61-0.65 of the
-// dense rate at E = 896 with Zipf routing, one band for up to 4095 rows 0.65-0.69, bench_moe on 2 threads). The
-// bands depend on the expert's own rows only, not on the call's: expert parallelism's chunks of experts compute
-// every expert with the bands of one call over all of them (oneDNN's AVX2 sgemm rounds differently with m).
+// band re-reads all the expert's rows, and oneDNN packs them per call, so fewer bands read less; more bands balance
+// the threads when one expert holds much of the call; the numbers are in bench/RESULTS.md, MoE). The bands depend on
+// the expert's own rows only, not on the call's: expert parallelism's chunks of experts then compute every expert
+// with the bands of one call over all of them (oneDNN's AVX2 sgemm rounds differently with m).
 constexpr int64_t kGradRowsPerBand = 2048;
 
 // A tile: one single-threaded GEMM (ops::gemm inside a parallel region) on rows [r0, r0 + rows) of expert e, output
