@@ -99,13 +99,6 @@ TensorView TensorView::slice0(int64_t begin, int64_t end) const {
     return TensorView(base, dtype, s, device);
 }
 
-void* TensorView::slice_data(int64_t i) const {
-    TESSERA_CHECK(0 <= i && i < shape.dims[0], "row {} out of range for {}", i, shape.str());
-    if (slices) return slices[i];
-    TESSERA_CHECK(is_contiguous(), "slice_data needs a contiguous tensor, not one with strides");
-    return static_cast<char*>(data) + dtype_bytes(dtype, i * strides[0]);
-}
-
 TensorView TensorView::prefix(Shape s) const {
     TESSERA_CHECK(is_contiguous(), "prefix of a non-contiguous tensor {}", shape.str());
     TESSERA_CHECK(s.numel() <= numel(), "prefix {} is larger than the tensor {}", s.str(), shape.str());

@@ -42,7 +42,7 @@ struct TensorView {
     std::array<int64_t, kMaxDims> strides{};  // in elements
     // Non-null: dimension 0's slices are stored apart, slice i at slices[i], each contiguous (a stacked expert
     // weight read in place from a file that stores one tensor per expert: train/weight_budget.h). data is then null
-    // and the view is not contiguous; slice0 and slice_data reach the slices, the other reshaping calls refuse it.
+    // and the view is not contiguous; slice0 reaches the slices, the other reshaping calls refuse it.
     void* const* slices = nullptr;
 
     TensorView() = default;
@@ -69,8 +69,6 @@ struct TensorView {
     TensorView reshape(Shape s) const;
     // rows [begin, end) of dimension 0 (contiguous views, or slices stored apart: one is then contiguous)
     TensorView slice0(int64_t begin, int64_t end) const;
-    // where row i of dimension 0 starts (contiguous views or slices stored apart)
-    void* slice_data(int64_t i) const;
     // the first shape.numel() elements seen with a new shape (contiguous views only)
     TensorView prefix(Shape s) const;
     // positions [begin, begin + length) of dimension `dim`, same strides (no copy; any view)

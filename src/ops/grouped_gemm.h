@@ -4,7 +4,7 @@
 //   grouped_gemm_wgrad  (K-grouped)  C_e += A[rows_e]ᵀ · B[rows_e]                 weight gradients
 // B_e = B + e·b_stride (or b_slices[e]: experts stored apart, core/tensor.h) and C_e = C + e·c_stride. op(B_e) is
 // [K, N]: B_e stored [K, N] (Trans::N) or [N, K] (Trans::T, a weight in [out, in] layout).
-// NOTES: one flat list of tiles over all experts, run biggest first by whichever thread is free, each tile one
+// NOTES: one flat list of tiles over all experts, dealt biggest first to the least loaded thread, each tile one
 // single-threaded oneDNN sgemm (ops/gemm.h): (expert, ≤256 rows, all columns) for the M-grouped kind,
 // (expert, band of output rows, all columns, the expert's whole reduction) for the K-grouped one, with a band per
 // 2048 of the expert's rows. Small experts share the threads with large ones instead of each expert's GEMM being

@@ -92,7 +92,7 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
 
 // memory.weights_budget: the plan opens the base as the run does, so its arena (without the base read in place) is
 // the run's byte for byte and the bytes it says are read in place are the run's; what of them may be resident (the
-// budget and the two largest units, at most all of them) joins the memory column
+// budget and the two largest units, at most all of them) joins the memory column; a missing base is a one-line error
 TEST(Plan, AWeightBudgetKeepsTheBaseOutOfTheArena) {
     TempDir d;
     const std::string model = kTiny + test::kTinyMoe + " --set model.d_model=128 --set model.ffn_dim=512";
@@ -123,6 +123,11 @@ TEST(Plan, AWeightBudgetKeepsTheBaseOutOfTheArena) {
     EXPECT_LE(resident, mapped);
     EXPECT_GE(resident, std::min(mapped, size_t(1) << 20));
     EXPECT_EQ(memory["peak_bytes"].get<size_t>(), predicted + resident);
+    // a budget whose base is not there: the plan cannot know what is read in place, and says so in one line
+    const std::string missing = d.file("no_base");
+    test::expect_one_line_error(test::run_tessera("plan " + model + lora + " --set train.base=" + missing +
+                                                  " --mode lora --cluster " + cpu_cluster(d, 1)),
+                                missing, "a budget without its base");
 }
 
 // --write-config: the best layout as a run config that trains under launch.

@@ -33,7 +33,7 @@ TEST(Tensor, ContiguousStridesAndViews) {
 }
 
 // A stacked tensor whose dimension-0 slices live apart (a base's experts read in place from one tensor each): a
-// buffer group placed outside in one piece per slice gives such a view; slice0 and slice_data reach each slice where
+// buffer group placed outside in one piece per slice gives such a view; slice0 reaches each slice where
 // it is, a single slice is an ordinary contiguous view, and reshaping calls that would read it as one block refuse
 TEST(Tensor, SlicesStoredApartAreReachedWhereTheyAre) {
     Tensor a(DType::f32, Shape{3, 4}), b(DType::f32, Shape{3, 4}), c(DType::f32, Shape{3, 4});
@@ -44,18 +44,18 @@ TEST(Tensor, SlicesStoredApartAreReachedWhereTheyAre) {
     const TensorView v = g.view(0);
     EXPECT_EQ(v.shape, (Shape{3, 3, 4}));
     EXPECT_FALSE(v.is_contiguous());
-    EXPECT_EQ(v.slice_data(0), c.ptr<float>());
-    EXPECT_EQ(v.slice_data(2), b.ptr<float>());
+    EXPECT_EQ(v.slice0(0, 1).data, c.ptr<float>());
+    EXPECT_EQ(v.slice0(2, 3).data, b.ptr<float>());
     const TensorView one = v.slice0(1, 2);
     EXPECT_TRUE(one.is_contiguous());
     EXPECT_EQ(one.data, a.ptr<float>());
     EXPECT_EQ(one.reshape(Shape{3, 4}).data, a.ptr<float>());
     const TensorView two = v.slice0(1, 3);
     EXPECT_EQ(two.shape, (Shape{2, 3, 4}));
-    EXPECT_EQ(two.slice_data(1), b.ptr<float>());
+    EXPECT_EQ(two.slice0(1, 2).data, b.ptr<float>());
     test::expect_error([&] { (void)v.reshape(Shape{9, 4}); }, "reshape of a non-contiguous tensor");
     test::expect_error([&] { (void)v.narrow(1, 0, 2); }, "slices are stored apart");
-    test::expect_error([&] { (void)v.slice_data(3); }, "row 3 out of range");
+    test::expect_error([&] { (void)v.slice0(2, 4); }, "slice [2, 4) out of range");
     test::expect_error([&] { g.place_outside(0, {nullptr, nullptr}); }, "placed in 2 pieces");
     // the finiteness check of loaded weights reads every slice, and names the element's index in the whole
     b.ptr<float>()[5] = NAN;
