@@ -90,7 +90,8 @@ struct GemmGrid {
 };
 GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K);
 
-// Bytes of the per-thread copy buffer the weight-gradient products (op(A) = Aᵀ) use, outside any
+// Bytes of the per-thread buffer of the products whose operands go through copies with padded strides (on oneDNN's
+// AVX2 kernels: weight gradients, op(A) = Aᵀ, and B untransposed at a stride of a multiple of 512), outside any
 // arena: allocated on a thread's first such product, one fixed size, never grown.
 size_t gemm_copy_buffer_bytes();
 

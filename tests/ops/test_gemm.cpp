@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <utility>
 #include <vector>
 
 #include "ops/gemm.h"
@@ -23,23 +24,25 @@ TEST(Gemm, MatchesFloat64ReferenceForAllLayouts) {
                        GemmCase{520, 70, 1100}, GemmCase{40, 530, 1030}}) {
         for (Trans ta : {Trans::N, Trans::T}) {
             for (Trans tb : {Trans::N, Trans::T}) {
-                for (double beta : {0.0, 1.3}) {
+                // B's row stride padded, or a multiple of 512 floats (the AVX2 path copies such a B: ops/cpu/gemm.cpp)
+                for (auto [beta, b_stride_512] : {std::pair(0.0, false), std::pair(1.3, false), std::pair(1.3, true)}) {
                     const int64_t pad = 3;
                     const int64_t arows = ta == Trans::N ? s.M : s.K, acols = ta == Trans::N ? s.K : s.M;
                     const int64_t brows = tb == Trans::N ? s.K : s.N, bcols = tb == Trans::N ? s.N : s.K;
+                    const int64_t ldb = b_stride_512 ? (bcols + 511) / 512 * 512 : bcols + pad;
                     Tensor A = test::randn(DType::f64, Shape{arows, acols + pad}, 1);
-                    Tensor B = test::randn(DType::f64, Shape{brows, bcols + pad}, 2);
+                    Tensor B = test::randn(DType::f64, Shape{brows, ldb}, 2);
                     Tensor C = test::randn(DType::f64, Shape{s.M, s.N + pad}, 3);
                     Tensor A32(DType::f32, A.shape()), B32(DType::f32, B.shape()), C32(DType::f32, C.shape());
                     convert(A, A32);
                     convert(B, B32);
                     convert(C, C32);
-                    ops::gemm(ta, tb, s.M, s.N, s.K, 0.7, A.ptr<double>(), acols + pad, B.ptr<double>(), bcols + pad,
-                              beta, C.ptr<double>(), s.N + pad);
-                    ops::gemm(ta, tb, s.M, s.N, s.K, 0.7f, A32.ptr<float>(), acols + pad, B32.ptr<float>(), bcols + pad,
+                    ops::gemm(ta, tb, s.M, s.N, s.K, 0.7, A.ptr<double>(), acols + pad, B.ptr<double>(), ldb, beta,
+                              C.ptr<double>(), s.N + pad);
+                    ops::gemm(ta, tb, s.M, s.N, s.K, 0.7f, A32.ptr<float>(), acols + pad, B32.ptr<float>(), ldb,
                               float(beta), C32.ptr<float>(), s.N + pad);
-                    SCOPED_TRACE(
-                        fmt::format("M={} N={} K={} ta={} tb={} beta={}", s.M, s.N, s.K, int(ta), int(tb), beta));
+                    SCOPED_TRACE(fmt::format("M={} N={} K={} ta={} tb={} beta={} ldb={}", s.M, s.N, s.K, int(ta),
+                                             int(tb), beta, ldb));
                     EXPECT_TRUE(test::all_close(C32, C, 2e-5, 2e-5 * std::sqrt(double(s.K))));
                 }
             }
@@ -80,9 +83,11 @@ TEST(Gemm, SameBitsOnOneTwoAndThreeThreads) {
 TEST(Gemm, NarrowWeightGivesTheBitsOfItsWidenedF32Product) {
     for (DType narrow : {DType::bf16, DType::mxfp4}) {
         for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{17, 33, 5}, GemmCase{512, 384, 256}, GemmCase{1000, 777, 129}}) {
-            for (Trans tb : {Trans::N, Trans::T}) {
+            for (auto [tb, stride_1024] :
+                 {std::pair(Trans::N, false), std::pair(Trans::T, false), std::pair(Trans::N, true)}) {
                 const int64_t rows = tb == Trans::N ? s.K : s.N, cols = tb == Trans::N ? s.N : s.K;
-                const int64_t ld = narrow == DType::bf16 ? cols + 5 : (cols + 1 + 31) / 32 * 32;  // MXFP4: whole blocks
+                // MXFP4: whole blocks; a stride of 1024 floats: the AVX2 path copies the f32 B (ops/cpu/gemm.cpp)
+                const int64_t ld = stride_1024 ? 1024 : narrow == DType::bf16 ? cols + 5 : (cols + 1 + 31) / 32 * 32;
                 const Tensor A = test::randn(DType::f32, Shape{s.M, s.K}, 6);
                 const Tensor B32 = test::randn(DType::f32, Shape{rows, ld}, 7);
                 Tensor Bn(narrow, B32.shape()), Bw(DType::f32, B32.shape());
@@ -106,7 +111,7 @@ TEST(Gemm, NarrowWeightGivesTheBitsOfItsWidenedF32Product) {
                     }
                     EXPECT_TRUE(test::bitwise_equal(got, want))
                         << dtype_name(narrow) << " M=" << s.M << " N=" << s.N << " K=" << s.K << " tb=" << int(tb)
-                        << " threads " << threads;
+                        << " ld=" << ld << " threads " << threads;
                 }
                 omp_set_num_threads(saved);
             }

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/mxfp4.h"
+#include "ops/isa.h"
 
 namespace tessera::ops {
 
@@ -39,54 +40,93 @@ void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
     TESSERA_CHECK(ok, "oneDNN sgemm failed for M={} N={} K={}", M, N, K);
 }
 
-// sgemm with op(A) = Aᵀ (the weight gradients dW = dYᵀ·X, K = tokens) on copies of both operands.
-// NOTES: oneDNN's single-threaded AVX2 sgemm reads operands whose row stride is a power of two
-// (d_model = 512, 2048, ...) at half speed (63 vs 120 GFLOP/s per core measured on dW = dYᵀ·X with
-// ldb = 2048, K = 4096; cache-set conflicts while packing). Its own threaded sgemm hides this, our
-// per-block calls did not. So the block runs in panels of at most kPanel × kPanel, and each K chunk
-// of kCopyK of a panel's columns of A and rows of B is copied to padded strides first: K·(m + n) moves
-// against K·m·n multiply-adds. Panels and chunks depend on the shape only, so results still do not
-// depend on the thread count; the copy buffer has one fixed size (4.3 MB per thread, allocated on a
-// thread's first such product, never grown).
+// Operands a block's sgemm reads through copies with padded row strides.
+// NOTES: oneDNN's AVX2 sgemm (not its AVX-512 one, measured on the same machine) is slow on some strides when it
+// runs single-threaded on a block, as ours do; its own threaded sgemm hides this:
+// - op(A) = Aᵀ, the weight gradients dW = dYᵀ·X (K = tokens): reading operands whose row stride is a power of two
+//   (d_model = 512, 2048, ...) runs at half speed (63 vs 120 GFLOP/s per core on ldb = 2048, K = 4096: cache-set
+//   conflicts while packing), and C at a stride of 512 costs another ~10% (the block's C is read and written once
+//   per K block): all three are copied;
+// - B not transposed (the input gradients dX = dY·W, W [out, in]) with a row stride that is a multiple of 512 floats
+//   (2 KB): 52-76 GFLOP/s per core against 102-114 on other strides, or on the same stride 16 bytes off a cache line:
+//   B is copied. (Strides of 256 and 768 run at full speed.)
+// Copying costs K·(m + n) moves per block against K·m·n multiply-adds (~15% of a block's time), so the AVX-512 path
+// copies nothing: there the weight gradients ran at 0.74-0.81 of oneDNN's threaded sgemm with the copies and
+// faster without. The block runs in panels of at most kPanel × kPanel of C, and each K chunk of kCopyK of a panel's
+// operands is copied first. Panels and chunks depend on the shape only, so results still do not depend on the
+// thread count; the copy buffer has one fixed size (5.4 MB per thread, allocated on a thread's first copying
+// product, never grown).
+struct Copies {
+    bool a = false, b = false, c = false;
+    bool any() const { return a || b || c; }
+};
+
+Copies copies_for(Trans ta, Trans tb, int64_t ldb) {
+    static const bool avx2 = onednn_isa().rfind("avx512", 0) != 0;
+    if (!avx2) return {};
+    if (ta == Trans::T) return {true, true, true};
+    if (tb == Trans::N && ldb % 512 == 0) return {false, true, false};
+    return {};
+}
+
 constexpr int64_t kCopyK = 1024, kPanel = 512;
 // padded strides, never a power of two: rows of a panel's width, or of a K chunk (B transposed)
 constexpr int64_t kStride = kPanel + 16, kStrideK = kCopyK + 16;
-constexpr size_t kCopyElems = size_t(kCopyK * kStride + std::max(kCopyK * kStride, kPanel* kStrideK));
+constexpr int64_t kCopyA = kCopyK * kStride, kCopyB = std::max(kCopyK * kStride, kPanel*kStrideK);
+constexpr size_t kCopyElems = size_t(kCopyA + kCopyB + kPanel * kStride);
 
-dnnl_status_t sgemm_transposed_a_copied(Trans tb,
-                                        int64_t m,
-                                        int64_t n,
-                                        int64_t K,
-                                        float alpha,
-                                        const float* A,
-                                        int64_t lda,
-                                        const float* B,
-                                        int64_t ldb,
-                                        float beta,
-                                        float* C,
-                                        int64_t ldc) {
-    const int64_t ldb_c = tb == Trans::N ? kStride : kStrideK;
+dnnl_status_t sgemm_copied(Copies cp,
+                           Trans ta,
+                           Trans tb,
+                           int64_t m,
+                           int64_t n,
+                           int64_t K,
+                           float alpha,
+                           const float* A,
+                           int64_t lda,
+                           const float* B,
+                           int64_t ldb,
+                           float beta,
+                           float* C,
+                           int64_t ldc) {
     thread_local std::vector<float> copy;
     if (copy.empty()) copy.resize(kCopyElems);
     float* a = copy.data();
-    float* b = a + kCopyK * kStride;
+    float* b = a + kCopyA;
+    float* c = b + kCopyB;
     dnnl_status_t st = dnnl_success;
     for (int64_t i0 = 0; i0 < m; i0 += kPanel) {
         const int64_t mi = std::min(kPanel, m - i0);
         for (int64_t j0 = 0; j0 < n; j0 += kPanel) {
             const int64_t nj = std::min(kPanel, n - j0);
-            const float* Bj = tb == Trans::N ? B + j0 : B + j0 * ldb;
+            float* Cij = C + i0 * ldc + j0;
+            if (cp.c && beta != 0.0f)
+                for (int64_t i = 0; i < mi; ++i) std::copy_n(Cij + i * ldc, nj, c + i * kStride);
             for (int64_t k0 = 0; st == dnnl_success && (k0 == 0 || k0 < K); k0 += kCopyK) {
                 const int64_t kk = std::min(kCopyK, K - k0);
-                for (int64_t k = 0; k < kk; ++k) std::copy_n(A + (k0 + k) * lda + i0, mi, a + k * kStride);
-                if (tb == Trans::N) {
-                    for (int64_t k = 0; k < kk; ++k) std::copy_n(Bj + (k0 + k) * ldb, nj, b + k * ldb_c);
-                } else {
-                    for (int64_t j = 0; j < nj; ++j) std::copy_n(Bj + j * ldb + k0, kk, b + j * ldb_c);
+                // this chunk's op(A) rows [i0, i0 + mi), columns [k0, k0 + kk); op(B) rows [k0, +kk), columns [j0, +nj)
+                const float* Ak = ta == Trans::N ? A + i0 * lda + k0 : A + k0 * lda + i0;
+                const float* Bk = tb == Trans::N ? B + k0 * ldb + j0 : B + j0 * ldb + k0;
+                int64_t lda_k = lda, ldb_k = ldb;
+                if (cp.a) {  // op(A) = Aᵀ: kk rows of mi
+                    for (int64_t k = 0; k < kk; ++k) std::copy_n(Ak + k * lda, mi, a + k * kStride);
+                    Ak = a, lda_k = kStride;
                 }
-                st = sgemm(Trans::T, tb, mi, nj, kk, alpha, a, kStride, b, ldb_c, k0 == 0 ? beta : 1.0f,
-                           C + i0 * ldc + j0, ldc);
+                if (cp.b) {
+                    if (tb == Trans::N) {
+                        for (int64_t k = 0; k < kk; ++k) std::copy_n(Bk + k * ldb, nj, b + k * kStride);
+                        ldb_k = kStride;
+                    } else {
+                        for (int64_t j = 0; j < nj; ++j) std::copy_n(Bk + j * ldb, kk, b + j * kStrideK);
+                        ldb_k = kStrideK;
+                    }
+                    Bk = b;
+                }
+                st = sgemm(ta, tb, mi, nj, kk, alpha, Ak, lda_k, Bk, ldb_k, k0 == 0 ? beta : 1.0f, cp.c ? c : Cij,
+                           cp.c ? kStride : ldc);
             }
+            if (cp.c)
+                for (int64_t i = 0; i < mi; ++i) std::copy_n(c + i * kStride, nj, Cij + i * ldc);
         }
     }
     return st;
@@ -112,7 +152,7 @@ GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K) {
     // the minimum, or a block would hold less than kMinWork multiply-adds. Blocks stay large enough
     // that oneDNN's packing of each block's operands is amortised; the block counts are powers of
     // two, so 2, 4, 8 or 16 threads share them evenly. With op(A) = Aᵀ (weight gradients, long K)
-    // each block also copies its operands (sgemm_transposed_a_copied): edges of at least 256 keep
+    // each block may also copy its operands (sgemm_copied): edges of at least 256 keep
     // that copy small, unless that leaves fewer than kFewBlocks blocks; then edges go down to 128.
     // (Edges of 256 alone left a d_model-256 weight gradient, 256 × 256 over 4096 tokens, as one
     // single-threaded block: 0.66 of oneDNN's threaded sgemm on that linear's backward, 0.89 with
@@ -142,7 +182,8 @@ GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K) {
 
 namespace {
 // The grid of single-threaded sgemm calls; panel(c0, n) gives the B operand of the blocks of columns [c0, c0 + n) of
-// op(B) as (pointer, row stride).
+// op(B) as (pointer, row stride); cp is what the blocks copy, chosen on the caller's B (a narrow B's widened panel
+// then takes the f32 weight's path: the same bits).
 template <class Panel>
 void run_grid(Trans ta,
               Trans tb,
@@ -152,6 +193,7 @@ void run_grid(Trans ta,
               float alpha,
               const float* A,
               int64_t lda,
+              Copies cp,
               Panel panel,
               float beta,
               float* C,
@@ -164,9 +206,9 @@ void run_grid(Trans ta,
         const int64_t r0 = b / g.cols * g.block_m, c0 = b % g.cols * g.block_n;
         const int64_t m = std::min(g.block_m, M - r0), n = std::min(g.block_n, N - c0);
         const auto [Bb, ldb] = panel(c0, n);
-        if (ta == Trans::N)
-            return sgemm(ta, tb, m, n, K, alpha, A + r0 * lda, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
-        return sgemm_transposed_a_copied(tb, m, n, K, alpha, A + r0, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
+        const float* Ab = ta == Trans::N ? A + r0 * lda : A + r0;
+        if (!cp.any()) return sgemm(ta, tb, m, n, K, alpha, Ab, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
+        return sgemm_copied(cp, ta, tb, m, n, K, alpha, Ab, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
     };
     const int threads = omp_in_parallel() ? 1 : int(std::min<int64_t>(omp_get_max_threads(), blocks));
     if (threads <= 1) {
@@ -199,7 +241,7 @@ void gemm(Trans ta,
           float* C,
           int64_t ldc) {
     auto panel = [&](int64_t c0, int64_t) { return std::pair(tb == Trans::N ? B + c0 : B + c0 * ldb, ldb); };
-    run_grid(ta, tb, M, N, K, alpha, A, lda, panel, beta, C, ldc);
+    run_grid(ta, tb, M, N, K, alpha, A, lda, copies_for(ta, tb, ldb), panel, beta, C, ldc);
 }
 
 namespace {
@@ -227,14 +269,13 @@ void gemm_widened(Trans ta,
     TESSERA_CHECK(ta == Trans::N, "gemm: a {} B needs op(A) = A", std::is_same_v<TB, Mxfp4> ? "mxfp4" : "bf16");
     auto panel = [&](int64_t c0, int64_t n) {
         thread_local std::vector<float> wide;
-        if (wide.size() < size_t(n * K)) wide.resize(size_t(n * K));
-        float* out = wide.data();
         const int64_t rows = tb == Trans::T ? n : K, cols = tb == Trans::T ? K : n;
+        if (wide.size() < size_t(rows * cols)) wide.resize(size_t(rows * cols));
         for (int64_t r = 0; r < rows; ++r)
-            widen(tb == Trans::T ? B + (c0 + r) * ldb : B + r * ldb + c0, cols, out + r * cols);
-        return std::pair<const float*, int64_t>(out, cols);
+            widen(tb == Trans::T ? B + (c0 + r) * ldb : B + r * ldb + c0, cols, wide.data() + r * cols);
+        return std::pair<const float*, int64_t>(wide.data(), cols);
     };
-    run_grid(ta, tb, M, N, K, alpha, A, lda, panel, beta, C, ldc);
+    run_grid(ta, tb, M, N, K, alpha, A, lda, copies_for(ta, tb, ldb), panel, beta, C, ldc);
 }
 }  // namespace
 
