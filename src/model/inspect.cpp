@@ -67,7 +67,7 @@ ModelSummary summarize(const ModelConfig& c, int64_t seq) {
     const double routed_share = c.moe.experts > 0 ? double(c.moe.topk) / double(c.moe.experts) : 0.0;
     s.active_params = double(s.params - s.routed_expert_params) + routed_share * double(s.routed_expert_params);
     s.forward_flops_per_token = m.forward_flops_per_token(seq);
-    s.train_flops_per_token = 3.0 * s.forward_flops_per_token;
+    s.train_flops_per_token = m.train_flops_per_token(seq);
     return s;
 }
 
@@ -90,8 +90,10 @@ std::string ModelSummary::str() const {
                        human(double(params), ""), human(double(embedding_params), ""),
                        human(double(routed_expert_params), ""));
     out += fmt::format("active parameters per token: {}\n", human(active_params, ""));
-    out += fmt::format("FLOPs per token at sequence {}: forward {}, training {} (3x forward)\n", seq,
-                       human(forward_flops_per_token, "FLOP"), human(train_flops_per_token, "FLOP"));
+    out += fmt::format("FLOPs per token at sequence {}: forward {}, training {} ({:.2g}x forward{})\n", seq,
+                       human(forward_flops_per_token, "FLOP"), human(train_flops_per_token, "FLOP"),
+                       train_flops_per_token / forward_flops_per_token,
+                       frozen_params > 0 ? ": no weight gradients for the frozen base" : "");
     out += fmt::format("weights: {} in bf16, {} in f32\n", gib(2.0 * double(params)), gib(4.0 * double(params)));
     out += fmt::format(
         "full AdamW training state (f32 weights, gradients, two moments: 16 B per parameter): {} before "

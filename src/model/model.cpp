@@ -638,4 +638,18 @@ double Model::forward_flops_per_token(int64_t seq) const {
     return f;
 }
 
+double Model::train_flops_per_token(int64_t seq) const {
+    // a frozen matmul weight's gradient is not computed: 2 FLOPs per weight it applies per token (routed experts
+    // [E_local, out, in]: top-k of them per token, whatever this rank holds); vectors (norms, biases, gates) count
+    // nothing, nor does the embedding's lookup
+    double skipped = 0;
+    for (const BufferSpec& s : param_specs_) {
+        if (s.trainable || s.shape.ndim < 2 || (s.name == kEmbed && !cfg_.tie_embeddings)) continue;
+        const bool expert = s.name.find(".mlp.experts.") != std::string::npos;
+        const double applied = expert ? double(s.shape.numel() / s.shape[0] * cfg_.moe.topk) : double(s.shape.numel());
+        skipped += 2.0 * applied;
+    }
+    return 3.0 * forward_flops_per_token(seq) - skipped;
+}
+
 }  // namespace tessera::model

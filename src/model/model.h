@@ -151,8 +151,11 @@ class Model {
     void bind_cache(const BufferGroup& cache);
     void decode_step(int64_t pos, std::span<const int32_t> ids, TensorView logits);
 
-    // Model FLOPs per token: forward, and training (3 × forward, recompute not counted).
+    // Model FLOPs per token: forward, and training (recompute not counted): the forward, the input gradients (as many
+    // FLOPs) and the weight gradients of the parameters that train (a matmul weight's as many as its forward product:
+    // 3 × forward when everything trains; a frozen base, model.lora, skips its own).
     double forward_flops_per_token(int64_t seq) const;
+    double train_flops_per_token(int64_t seq) const;
     // The blocks (two per layer: attention or linear attention, then the feed-forward) by kind ("kda", "gdn",
     // "attention", "mla", "dsa", "mlp", "moe") and forward FLOPs per token; the rest of forward_flops_per_token is the
     // embedding and head's. The planner's compute per op class (plan/plan.h).

@@ -382,7 +382,7 @@ TrainSummary train(const TrainOptions& opts) {
     // its cuBLAS f32 rate
     const double gemm_gflops =
         device == Device::cpu ? ops::measure_gemm_gflops() * ranks : ops::measure_linear_gflops(device);
-    const double train_flops_per_token = 3.0 * model.forward_flops_per_token(tc.seq_len);
+    const double train_flops_per_token = model.train_flops_per_token(tc.seq_len);
     const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
     note(fmt::format("tessera: {} parameters ({} layers, d_model {}), {} tokens per step, {} steps", model.num_params(),
                      cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));

@@ -333,6 +333,37 @@ INSTANTIATE_TEST_SUITE_P(Models,
                                            "attn_res_mla_moe"),
                          [](const auto& info) { return info.param; });
 
+// The step's FLOPs (the MFU of the progress line): a frozen base's weight gradients are not computed, so its matmul
+// weights count 2 FLOPs per token less each (routed experts: top-k per token), counted here from the configs' shapes.
+TEST(LoraFlops, AFrozenBaseSkipsItsWeightGradients) {
+    const int64_t seq = 16;
+    auto flops = [&](const std::string& name, bool adapters) {
+        test::GoldenModel g(name, false, [&](Json& doc) {
+            if (adapters) doc["model"]["lora"] = lora(4, 8.0);
+        });
+        return std::pair(g.model->forward_flops_per_token(seq), g.model->train_flops_per_token(seq));
+    };
+    {
+        const auto [fwd, train] = flops("dense_gqa", false);
+        EXPECT_EQ(train, 3.0 * fwd);  // everything trains
+    }
+    {
+        // d 32, 4 heads of 8 (2 kv heads), ffn 48, vocab 64 (untied head), 2 layers: q, k, v, o, gate, up, down, head
+        const double base = 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 48) + 64 * 32;
+        const auto [fwd, train] = flops("dense_gqa", true);
+        EXPECT_DOUBLE_EQ(train, 3.0 * fwd - 2.0 * base);
+    }
+    {
+        // the same attention; layer 0 a dense MLP (ffn 48), layer 1 an MoE: router 8 × 32, latent 32 -> 16 -> 32,
+        // shared expert ffn 24, 8 experts (gate, up, down of 16 × 16) of which 3 per token
+        const double attention = 32 * 32 + 2 * 32 * 16 + 32 * 32;
+        const double moe = 8 * 32 + 2 * 32 * 16 + 3 * 32 * 24 + 3 * (3 * 16 * 16);
+        const double base = 2 * attention + 3 * 32 * 48 + moe + 64 * 32;
+        const auto [fwd, train] = flops("moe_latent_situ", true);
+        EXPECT_DOUBLE_EQ(train, 3.0 * fwd - 2.0 * base);
+    }
+}
+
 TEST(LoraConfig, MistakesAreOneLineErrors) {
     auto build = [](Json l) { test::GoldenModel g("dense_gqa", false, [&](Json& doc) { doc["model"]["lora"] = l; }); };
     test::expect_error(
