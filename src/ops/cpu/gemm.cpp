@@ -45,8 +45,8 @@ void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
 // runs single-threaded on a block, as ours do; its own threaded sgemm hides this:
 // - op(A) = Aᵀ, the weight gradients dW = dYᵀ·X (K = tokens): reading operands whose row stride is a power of two
 //   (d_model = 512, 2048, ...) runs at half speed (63 vs 120 GFLOP/s per core on ldb = 2048, K = 4096: cache-set
-//   conflicts while packing), and C at a stride of 512 costs another ~10% (the block's C is read and written once
-//   per K block): all three are copied;
+//   conflicts while packing), and C at a stride of 512 costs another ~10% on long reductions (the block's C is read
+//   and written once per K block): all three are copied;
 // - B not transposed (the input gradients dX = dY·W, W [out, in]) with a row stride that is a multiple of 512 floats
 //   (2 KB): 52-76 GFLOP/s per core against 102-114 on other strides, or on the same stride 16 bytes off a cache line:
 //   B is copied. (Strides of 256 and 768 run at full speed.)
@@ -56,22 +56,26 @@ void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
 // operands is copied first. Panels and chunks depend on the shape only, so results still do not depend on the
 // thread count; the copy buffer has one fixed size (5.4 MB per thread, allocated on a thread's first copying
 // product, never grown).
+constexpr int64_t kCopyK = 1024, kPanel = 512;
+// padded strides, never a power of two: rows of a panel's width, or of a K chunk (B transposed)
+constexpr int64_t kStride = kPanel + 16, kStrideK = kCopyK + 16;
+// C is copied only for a reduction at least this long: a short one (an expert's few rows) reads and writes C once
+// and would only pay for the copy
+constexpr int64_t kCopyCK = 1024;
+
 struct Copies {
     bool a = false, b = false, c = false;
     bool any() const { return a || b || c; }
 };
 
-Copies copies_for(Trans ta, Trans tb, int64_t ldb) {
+Copies copies_for(Trans ta, Trans tb, int64_t K, int64_t ldb) {
     static const bool avx2 = onednn_isa().rfind("avx512", 0) != 0;
     if (!avx2) return {};
-    if (ta == Trans::T) return {true, true, true};
+    if (ta == Trans::T) return {true, true, K >= kCopyCK};
     if (tb == Trans::N && ldb % 512 == 0) return {false, true, false};
     return {};
 }
 
-constexpr int64_t kCopyK = 1024, kPanel = 512;
-// padded strides, never a power of two: rows of a panel's width, or of a K chunk (B transposed)
-constexpr int64_t kStride = kPanel + 16, kStrideK = kCopyK + 16;
 constexpr int64_t kCopyA = kCopyK * kStride, kCopyB = std::max(kCopyK * kStride, kPanel*kStrideK);
 constexpr size_t kCopyElems = size_t(kCopyA + kCopyB + kPanel * kStride);
 
@@ -241,7 +245,7 @@ void gemm(Trans ta,
           float* C,
           int64_t ldc) {
     auto panel = [&](int64_t c0, int64_t) { return std::pair(tb == Trans::N ? B + c0 : B + c0 * ldb, ldb); };
-    run_grid(ta, tb, M, N, K, alpha, A, lda, copies_for(ta, tb, ldb), panel, beta, C, ldc);
+    run_grid(ta, tb, M, N, K, alpha, A, lda, copies_for(ta, tb, K, ldb), panel, beta, C, ldc);
 }
 
 namespace {
@@ -275,7 +279,7 @@ void gemm_widened(Trans ta,
             widen(tb == Trans::T ? B + (c0 + r) * ldb : B + r * ldb + c0, cols, wide.data() + r * cols);
         return std::pair<const float*, int64_t>(wide.data(), cols);
     };
-    run_grid(ta, tb, M, N, K, alpha, A, lda, copies_for(ta, tb, ldb), panel, beta, C, ldc);
+    run_grid(ta, tb, M, N, K, alpha, A, lda, copies_for(ta, tb, K, ldb), panel, beta, C, ldc);
 }
 }  // namespace
 
