@@ -51,11 +51,11 @@ void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
 //   (2 KB): 52-76 GFLOP/s per core against 102-114 on other strides, or on the same stride 16 bytes off a cache line:
 //   B is copied. (Strides of 256 and 768 run at full speed.)
 // Copying costs K·(m + n) moves per block against K·m·n multiply-adds (~15% of a block's time), so the AVX-512 path
-// copies nothing: there the weight gradients ran at 0.74-0.81 of oneDNN's threaded sgemm with the copies and
-// faster without. The block runs in panels of at most kPanel × kPanel of C, and each K chunk of kCopyK of a panel's
-// operands is copied first. Panels and chunks depend on the shape only, so results still do not depend on the
-// thread count; the copy buffer has one fixed size (5.4 MB per thread, allocated on a thread's first copying
-// product, never grown).
+// copies nothing: there the weight gradients ran at 0.74-0.89 of oneDNN's threaded sgemm with the copies and at
+// 0.89-0.95 without (bench/RESULTS.md, `linear`). The block runs in panels of at most kPanel × kPanel of C, and each K
+// chunk of kCopyK of a panel's operands is copied first. Panels and chunks depend on the shape only, so results still
+// do not depend on the thread count; the copy buffer has one fixed size (5.4 MB per thread, allocated on a thread's
+// first copying product, never grown).
 constexpr int64_t kCopyK = 1024, kPanel = 512;
 // padded strides, never a power of two: rows of a panel's width, or of a K chunk (B transposed)
 constexpr int64_t kStride = kPanel + 16, kStrideK = kCopyK + 16;
