@@ -6,6 +6,8 @@
 // ops/views.h), f32 unless said.
 #pragma once
 
+#include <span>
+
 #include "core/tensor.h"
 
 namespace tessera::ops {
@@ -16,6 +18,10 @@ void copy_rows(TensorView src, TensorView dst, float scale = 1.f);
 void add_rows(TensorView src, TensorView dst);
 // Zero-fills the first `rows` rows of t (any dtype; row-strided views too).
 void zero_rows(TensorView t, int64_t rows);
+// dst[at[i]] = src[i] for i < at.size() (src [at.size(), W], dst [N, W]; the positions distinct, in [0, N)), and
+// the rows `at` of t zeroed: image rows spliced into the embedding's output and kept out of its gradient (CPU only).
+void scatter_rows(TensorView src, std::span<const int64_t> at, TensorView dst);
+void zero_rows_at(TensorView t, std::span<const int64_t> at);
 
 // y = σ(x); backward accumulates dx += dy · y(1 − y) from the forward's output y.
 void sigmoid_forward(TensorView x, TensorView y);
