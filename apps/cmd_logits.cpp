@@ -1,5 +1,7 @@
 // tessera logits: score token ids with a checkpoint: ids [B, T] (i32 or i64) in, logits [B, T, V] (f32) out,
-// from one full forward pass (every batch row its own sequence).
+// from one full forward pass (every batch row its own sequence). With an image tower (Kimi K3), images too: the
+// processor's pixel_values (patches) and image_grid_hws, their image tokens already expanded in the ids.
+#include <algorithm>
 #include <filesystem>
 
 #include "apps/commands.h"
@@ -8,6 +10,44 @@
 #include "train/model_source.h"
 
 namespace tessera::apps {
+
+namespace {
+// pixel_values [N, C, p, p] or [N, C·p·p] (any float dtype) and image_grid_hws [images, 2] (integers) of `file`
+void read_images(const SafetensorsFile& in,
+                 const std::string& file,
+                 const model::VisionConfig& v,
+                 std::vector<ops::PatchGrid>& grids,
+                 Tensor& patches) {
+    TESSERA_CHECK(in.contains("pixel_values") && in.contains("image_grid_hws"),
+                  "{}: images need both pixel_values and image_grid_hws", file);
+    const Tensor g = in.load("image_grid_hws");
+    TESSERA_CHECK(g.view().ndim() == 2 && g.view().size(1) == 2 && g.view().size(0) > 0 &&
+                      (g.view().dtype == DType::i32 || g.view().dtype == DType::i64),
+                  "{}: image_grid_hws must be [images, 2] i32 or i64, not {} {}", file, dtype_name(g.view().dtype),
+                  g.view().shape.str());
+    for (int64_t i = 0; i < g.view().size(0); ++i) {
+        auto at = [&](int64_t k) {
+            return g.view().dtype == DType::i32 ? int64_t(g.view().ptr<int32_t>()[2 * i + k])
+                                                : g.view().ptr<int64_t>()[2 * i + k];
+        };
+        grids.push_back({at(0), at(1)});
+    }
+    const Tensor p = in.load("pixel_values");
+    const int64_t N = p.view().ndim() > 0 ? p.view().size(0) : 0;
+    TESSERA_CHECK((p.view().ndim() == 4 && p.view().shape == (Shape{N, v.channels, v.patch_size, v.patch_size})) ||
+                      (p.view().ndim() == 2 && p.view().size(1) == v.patch_dim()),
+                  "{}: pixel_values must be [patches, {}, {}, {}] or [patches, {}], not {}", file, v.channels,
+                  v.patch_size, v.patch_size, v.patch_dim(), p.view().shape.str());
+    int64_t want = 0;
+    for (const ops::PatchGrid& grid : grids) {
+        TESSERA_CHECK(grid.h > 0 && grid.w > 0, "{}: image_grid_hws holds a {}x{} image", file, grid.h, grid.w);
+        want += grid.patches();
+    }
+    TESSERA_CHECK(N == want, "{}: pixel_values holds {} patches, image_grid_hws {}", file, N, want);
+    patches = Tensor(DType::f32, Shape{N, v.patch_dim()});
+    convert(p.view().reshape(Shape{N, v.patch_dim()}), patches);
+}
+}  // namespace
 
 void add_logits_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("logits", "Write the logits of token ids under a checkpoint");
@@ -19,7 +59,11 @@ void add_logits_command(CLI::App& app) {
                     "A checkpoint, a run directory (its latest checkpoint), or a Hugging Face checkpoint directory "
                     "(Kimi-Linear, Kimi K3, Qwen3-Next or DeepSeek-V3.2; a feature tessera does not build is an error)")
         ->required();
-    cmd->add_option("--in", a->in, "safetensors file with ids [B, T] (i32 or i64)")->required();
+    cmd->add_option("--in", a->in,
+                    "safetensors file with ids [B, T] (i32 or i64); for a model with an image tower also "
+                    "pixel_values [N, 3, 14, 14] (or [N, 588]) and image_grid_hws [images, 2], as Kimi's processor "
+                    "writes them, with each image's h·w/4 image tokens in the ids")
+        ->required();
     cmd->add_option("--out", a->out, "safetensors file to write: logits [B, T, V] (f32)")->required();
     cmd->callback([a] {
         const train::ModelSource src = train::open_model_source(a->checkpoint);
@@ -40,10 +84,19 @@ void add_logits_command(CLI::App& app) {
                           i % T, v, V);
             ids[size_t(i)] = int32_t(v);
         }
-        model::Model model(mc);
+        model::ModelConfig run = mc;
+        std::vector<ops::PatchGrid> grids;
+        Tensor patches;
+        if (in.contains("pixel_values") || in.contains("image_grid_hws")) {
+            TESSERA_CHECK(mc.vision.enabled(), "{}: images given, but {} has no image tower", a->in, src.path);
+            read_images(in, a->in, mc.vision, grids, patches);
+            run.vision.max_patches = std::max<int64_t>(patches.shape()[0], 1);  // this call's images
+        }
+        model::Model model(run);
         const model::StepShape shape{B, T};
         model::ModelRuntime rt(model, shape, /*with_grads=*/false, /*recompute=*/false);
         src.load(model, rt.params());
+        if (!grids.empty()) model.set_images(grids, patches);
         Tensor logits(DType::f32, Shape{B * T, V});
         model.forward_logits(shape, ids, logits);
         write_safetensors(a->out, {{"logits", logits.view().reshape(Shape{B, T, V})}}, {{"checkpoint", src.path}});

@@ -107,6 +107,15 @@ bool onboard(const OnboardArgs& a, const Loaded& w, const std::string& name, con
         for (const auto& u : w.doc.unsupported) md += "- " + u + "\n";
         md += "\n";
     }
+    if (mc.vision.enabled()) {  // frozen, forward only: not part of the miniature's training run
+        md += fmt::format(
+            "Image tower: MoonViT-V2, {} blocks of width {} and the projector ({:.4g}B parameters, frozen, "
+            "`model/vision.h`), checked against its float64 reference by tests/model/test_vision.cpp; the miniature "
+            "below trains on text.\n\n",
+            mc.vision.layers, mc.vision.width, double(mc.vision.num_params()) / 1e9);
+        report["vision"] = {
+            {"layers", mc.vision.layers}, {"width", mc.vision.width}, {"params", mc.vision.num_params()}};
+    }
     report["modules"] = modules;
     report["missing"] = w.doc.unsupported;
 

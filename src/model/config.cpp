@@ -86,6 +86,31 @@ MlaConfig parse_mla_config(const Json& section, const std::string& where) {
     return c;
 }
 
+VisionConfig parse_vision_config(const Json& section, const std::string& where, int64_t d_model) {
+    ConfigReader r(section, where);
+    VisionConfig d, c;
+    c.layers = r.integer("layers", d.layers);
+    c.width = r.integer("width", d.width);
+    c.heads = r.integer("heads", d.heads);
+    c.head_dim = r.integer("head_dim", d.head_dim);
+    c.ffn_dim = r.integer("ffn_dim", d.ffn_dim);
+    c.patch_size = r.integer("patch_size", d.patch_size);
+    c.channels = r.integer("channels", d.channels);
+    c.pos_height = r.integer("pos_height", d.pos_height);
+    c.pos_width = r.integer("pos_width", d.pos_width);
+    c.merge_h = r.integer("merge_h", d.merge_h);
+    c.merge_w = r.integer("merge_w", d.merge_w);
+    c.max_grid = r.integer("max_grid", d.max_grid);
+    c.rope_theta = r.number("rope_theta", d.rope_theta);
+    c.norm_eps = r.number("norm_eps", d.norm_eps);
+    c.projector_eps = r.number("projector_eps", d.projector_eps);
+    c.max_patches = r.integer("max_patches", d.max_patches);
+    c.image_token = r.integer("image_token", d.image_token);
+    c.text_width = d_model;
+    r.finish();
+    return c;
+}
+
 KdaConfig parse_kda_config(const Json& section, const std::string& where, int64_t n_heads) {
     ConfigReader r(section, where);
     KdaConfig d, c;
@@ -281,6 +306,7 @@ ModelConfig parse_model_config(const Json& section, const std::string& where) {
     }
     if (r.has("moe")) c.moe = parse_moe_config(r.section("moe"), where + ".moe");
     if (r.has("lora")) c.lora = parse_lora_config(r.section("lora"), where + ".lora");
+    if (r.has("vision")) c.vision = parse_vision_config(r.section("vision"), where + ".vision", c.d_model);
     r.finish();
     c.validate(where);
     check_unread_keys(c, where);
@@ -341,6 +367,12 @@ void ModelConfig::validate(const std::string& where) const {
     }
     if (has_layer_type("kda")) kda_layer(false).validate(where + ": model.kda");
     if (has_layer_type("gdn")) kda_layer(true).validate(where + ": model.kda");
+    if (vision.enabled()) {
+        vision.validate(where + ": model.vision");
+        TESSERA_CHECK(vision.text_width == d_model, "{}: model.vision projects to {} columns, not model.d_model {}",
+                      where, vision.text_width, d_model);
+        in_range(vision.image_token, 0, vocab_size - 1, where, "model.vision.image_token");
+    }
 }
 
 bool ModelConfig::has_layer_type(const std::string& type) const {
@@ -471,7 +503,28 @@ Json to_json(const ModelConfig& c) {
         if (!c.has_layer_type("dsa")) j["mla"].erase("dsa");  // the indexer settings only matter to dsa layers
     }
     if (c.has_layer_type("kda") || c.has_layer_type("gdn")) j["kda"] = to_json(c.kda);
+    if (c.vision.enabled()) j["vision"] = to_json(c.vision);
     return j;
+}
+
+Json to_json(const VisionConfig& v) {
+    return Json{{"layers", v.layers},
+                {"width", v.width},
+                {"heads", v.heads},
+                {"head_dim", v.head_dim},
+                {"ffn_dim", v.ffn_dim},
+                {"patch_size", v.patch_size},
+                {"channels", v.channels},
+                {"pos_height", v.pos_height},
+                {"pos_width", v.pos_width},
+                {"merge_h", v.merge_h},
+                {"merge_w", v.merge_w},
+                {"max_grid", v.max_grid},
+                {"rope_theta", v.rope_theta},
+                {"norm_eps", v.norm_eps},
+                {"projector_eps", v.projector_eps},
+                {"max_patches", v.max_patches},
+                {"image_token", v.image_token}};
 }
 
 Json to_json(const LoraConfig& l) {

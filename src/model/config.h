@@ -157,6 +157,34 @@ struct LoraConfig {
     void validate(const std::string& where) const;
 };
 
+// Kimi K3's image tower and projector (the "vision" section; model/vision.h): images in, one row of the language
+// model's width per image token out. layers = 0: no tower.
+struct VisionConfig {
+    int64_t layers = 0;  // 0: no tower
+    int64_t width = 1024;
+    int64_t heads = 12;
+    int64_t head_dim = 128;  // q, k, v are heads × head_dim wide (not necessarily width)
+    int64_t ffn_dim = 4096;
+    int64_t patch_size = 14;
+    int64_t channels = 3;
+    int64_t pos_height = 64, pos_width = 64;  // the learned position table, resized to each grid
+    int64_t merge_h = 2, merge_w = 2;         // patches per image token
+    int64_t max_grid = 512;                   // the 2-D RoPE's largest grid side
+    double rope_theta = 10000.0;
+    double norm_eps = 0x1p-7;  // the tower's RMSNorms set none: bf16's machine epsilon, as the released model runs
+    double projector_eps = 1e-5;
+    int64_t max_patches = 4096;  // patches one forward takes (its buffers): 64x64, one 896x896-pixel image
+    int64_t text_width = 0;      // the projector's output: the language model's d_model (not a key: set from it)
+    int64_t image_token = 0;     // the token whose positions take the image rows, in order (Kimi K3: 163605)
+
+    bool enabled() const { return layers > 0; }
+    int64_t patch_dim() const { return channels * patch_size * patch_size; }
+    int64_t qkv_width() const { return heads * head_dim; }
+    int64_t merged_width() const { return merge_h * merge_w * width; }
+    int64_t num_params() const;
+    void validate(const std::string& where) const;
+};
+
 struct ModelConfig {
     int64_t vocab_size = 258;  // byte tokenizer: 256 bytes + <|endoftext|> + <|pad|>
     int64_t d_model = 256;
@@ -183,12 +211,15 @@ struct ModelConfig {
     KdaConfig kda;
     MoeConfig moe;
     LoraConfig lora;
+    VisionConfig vision;
 
     int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
     const std::string& layer_type(int64_t layer) const {
         return attention.size() == 1 ? attention[0] : attention[layer];
     }
     bool has_layer_type(const std::string& type) const;
+    // frozen parameters, which checkpoints do not hold (they come from train.base): a LoRA base, an image tower
+    bool has_frozen_params() const { return lora.enabled() || vision.enabled(); }
     bool has_rotary_dims() const;  // a gqa layer, an mla/dsa layer with rope, or a dsa indexer with rope dims
     MlaConfig mla_layer(
         bool dsa) const;  // mla with the model's width, heads, rope θ, gate, eps, init; topk 0 unless dsa
@@ -206,6 +237,7 @@ Json to_json(const MoeConfig& m);
 Json to_json(const MlaConfig& m);
 Json to_json(const KdaConfig& k);
 Json to_json(const LoraConfig& l);
+Json to_json(const VisionConfig& v);
 Json to_json(const ops::RopeScaling& s);
 
 }  // namespace tessera::model

@@ -1,5 +1,6 @@
 // Hugging Face checkpoint layout of the Kimi family and sharded safetensors I/O (see hf_checkpoint.h).
 #include "model/hf_checkpoint.h"
+#include "model/vision.h"
 
 #include <cstring>
 #include <filesystem>
@@ -168,6 +169,11 @@ std::vector<HfTensor> family_map(const std::vector<BufferSpec>& params,
         const std::string& n = spec.name;
         if (n == "lm_head.weight") {
             out.push_back({n, k3 ? "language_model.lm_head.weight" : n, spec.shape});
+            continue;
+        }
+        if (is_vision_param(n)) {  // K3's image tower and projector: the checkpoint's own names
+            TESSERA_CHECK(k3, "hf_tensor_map: {} checkpoints have no image tower ({})", model_type, n);
+            out.push_back({n, n, spec.shape});
             continue;
         }
         TESSERA_CHECK(n.rfind("model.", 0) == 0, "hf_tensor_map: unexpected parameter {}", n);

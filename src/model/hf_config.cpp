@@ -415,6 +415,82 @@ void require_supported(const HfImport& imported, const std::string& where) {
         more ? fmt::format(" (and {} more)", more) : std::string());
 }
 
+namespace {
+
+// Kimi K3's vision_config (spec/kimi_k3.md §1.5); text_width: the language model's hidden size. Keys that ask for
+// what the tower does not build (another norm, activation, merge or projector type, biases) are unsupported.
+VisionConfig parse_hf_vision_config(const Json& doc,
+                                    int64_t text_width,
+                                    const std::string& where,
+                                    std::vector<std::string>& unsupported) {
+    TESSERA_CHECK(doc.is_object(), "{}: vision_config must be an object", where);
+    auto integer = [&](const char* key) -> int64_t {
+        TESSERA_CHECK(doc.contains(key) && doc[key].is_number_integer(), "{}: vision_config.{} must be an integer",
+                      where, key);
+        return doc[key].get<int64_t>();
+    };
+    auto text_or = [&](const char* key, const std::string& built) {
+        if (doc.contains(key) && doc[key] != Json(built))
+            unsupported.push_back(
+                fmt::format("vision_config.{} {} (the tower builds \"{}\")", key, doc[key].dump(), built));
+    };
+    auto flag_false = [&](const char* key) {
+        if (doc.contains(key) && doc[key] != Json(false))
+            unsupported.push_back(fmt::format("vision_config.{} {} (the tower has no biases)", key, doc[key].dump()));
+    };
+    VisionConfig c;
+    c.patch_size = integer("patch_size");
+    c.width = integer("vt_hidden_size");
+    c.layers = integer("vt_num_hidden_layers");
+    c.heads = integer("vt_num_attention_heads");
+    c.ffn_dim = integer("vt_intermediate_size");
+    TESSERA_CHECK(doc.contains("qkv_hidden_size") || c.width % c.heads == 0,
+                  "{}: vision_config: vt_hidden_size {} is not a whole number of {} heads", where, c.width, c.heads);
+    const int64_t qkv = doc.contains("qkv_hidden_size") ? integer("qkv_hidden_size") : c.width;
+    TESSERA_CHECK(c.heads > 0 && qkv % c.heads == 0, "{}: vision_config.qkv_hidden_size {} is not {} whole heads",
+                  where, qkv, c.heads);
+    c.head_dim = qkv / c.heads;
+    if (doc.contains("init_pos_emb_height")) c.pos_height = integer("init_pos_emb_height");
+    if (doc.contains("init_pos_emb_width")) c.pos_width = integer("init_pos_emb_width");
+    if (doc.contains("merge_kernel_size")) {
+        const Json& m = doc["merge_kernel_size"];
+        TESSERA_CHECK(m.is_array() && m.size() == 2 && m[0].is_number_integer() && m[1].is_number_integer(),
+                      "{}: vision_config.merge_kernel_size must be [h, w]", where);
+        c.merge_h = m[0].get<int64_t>();
+        c.merge_w = m[1].get<int64_t>();
+    }
+    if (doc.contains("projector_ln_eps")) {
+        TESSERA_CHECK(doc["projector_ln_eps"].is_number(), "{}: vision_config.projector_ln_eps must be a number",
+                      where);
+        c.projector_eps = doc["projector_ln_eps"].get<double>();
+    }
+    if (doc.contains("text_hidden_size")) {
+        TESSERA_CHECK(integer("text_hidden_size") == text_width,
+                      "{}: vision_config.text_hidden_size {} is not the language model's hidden size {}", where,
+                      integer("text_hidden_size"), text_width);
+    }
+    if (doc.contains("mm_hidden_size")) {
+        TESSERA_CHECK(integer("mm_hidden_size") == c.width,
+                      "{}: vision_config.mm_hidden_size {} must equal vt_hidden_size {}", where,
+                      integer("mm_hidden_size"), c.width);
+    }
+    c.text_width = text_width;
+    text_or("norm_type", "rmsnorm");
+    text_or("mlp_type", "mlp2");
+    text_or("activation_func", "gelu_pytorch_tanh");
+    text_or("projector_hidden_act", "gelu");
+    text_or("pos_emb_type", "divided_fixed");
+    text_or("pos_emb_interpolation_mode", "bilinear");
+    text_or("merge_type", "sd2_tpool");
+    text_or("mm_projector_type", "patchmergerv2");
+    flag_false("attn_bias");
+    flag_false("linear_bias");
+    flag_false("patch_embed_proj_bias");
+    return c;
+}
+
+}  // namespace
+
 bool is_hf_config(const Json& doc) {
     return doc.is_object() && (doc.contains("model_type") || doc.contains("architectures"));
 }
@@ -429,15 +505,18 @@ HfImport import_hf_config(const Json& doc, const std::string& where) {
         top.ignore({"architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id", "dtype",
                     "ignore_index", "tie_word_embeddings", "transformers_version"});
         top.ignore({"image_placeholder", "media_placeholder_token_id", "vision_config"});
-        if (doc.contains("vision_config")) {
-            r.unsupported.push_back(
-                "the vision tower and projector (vision_config): text only; their 447M parameters "
-                "are not counted");
-        }
         Keys text(top.get("text_config"), where + ": text_config");
         ignore_common(text);
         import_kimi(text, r);
         text.report_rest(r.unsupported);
+        if (doc.contains("vision_config")) {
+            r.model.vision = parse_hf_vision_config(doc["vision_config"], r.model.d_model, where, r.unsupported);
+            TESSERA_CHECK(
+                doc.contains("media_placeholder_token_id") && doc["media_placeholder_token_id"].is_number_integer(),
+                "{}: vision_config is set but media_placeholder_token_id (the image token) is not", where);
+            r.model.vision.image_token = doc["media_placeholder_token_id"].get<int64_t>();
+            r.model.vision.validate(where + ": vision_config");
+        }
         r.family = text.has("index_topk") ? "Kimi K3 with gated DSA (kimi_k3)" : r.family;
     } else if (type == "kimi_linear") {
         r.family =

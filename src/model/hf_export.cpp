@@ -99,6 +99,38 @@ double partial_factor(int64_t rot, int64_t D) {
     return f;
 }
 
+// Kimi K3's vision_config (the keys the import reads; what it does not read must be the tower's defaults)
+Json export_vision(const VisionConfig& v) {
+    const Need need{"Kimi K3 vision"};
+    const VisionConfig d;
+    need(v.channels == d.channels && v.max_grid == d.max_grid && v.rope_theta == d.rope_theta &&
+             v.norm_eps == d.norm_eps,
+         "the tower sees 3 colours, rotates grids up to 512 patches at theta 10000 and its norms use bf16's epsilon");
+    return Json{{"patch_size", v.patch_size},
+                {"vt_hidden_size", v.width},
+                {"vt_num_hidden_layers", v.layers},
+                {"vt_num_attention_heads", v.heads},
+                {"qkv_hidden_size", v.qkv_width()},
+                {"vt_intermediate_size", v.ffn_dim},
+                {"norm_type", "rmsnorm"},
+                {"mlp_type", "mlp2"},
+                {"activation_func", "gelu_pytorch_tanh"},
+                {"attn_bias", false},
+                {"linear_bias", false},
+                {"patch_embed_proj_bias", false},
+                {"pos_emb_type", "divided_fixed"},
+                {"init_pos_emb_height", v.pos_height},
+                {"init_pos_emb_width", v.pos_width},
+                {"pos_emb_interpolation_mode", "bilinear"},
+                {"merge_kernel_size", {v.merge_h, v.merge_w}},
+                {"merge_type", "sd2_tpool"},
+                {"mm_projector_type", "patchmergerv2"},
+                {"mm_hidden_size", v.width},
+                {"projector_hidden_act", "gelu"},
+                {"projector_ln_eps", v.projector_eps},
+                {"text_hidden_size", v.text_width}};
+}
+
 Json export_kimi(const ModelConfig& m, const HfSpecialTokens& tokens) {
     const Need need{"Kimi-Linear / Kimi K3"};
     Json kda_layers = Json::array(), full_layers = Json::array();
@@ -167,6 +199,7 @@ Json export_kimi(const ModelConfig& m, const HfSpecialTokens& tokens) {
     }
     j["tie_word_embeddings"] = false;  // a tied model's head is written as lm_head.weight: no loader ties it
     token_keys(m, tokens, j);
+    need(m.attn_res_block_size > 0 || !m.vision.enabled(), "an image tower comes with Kimi K3's Attention Residuals");
     if (m.attn_res_block_size == 0) return j;
     // Attention Residuals exist only in Kimi K3: its wrapper around the Kimi-Linear text config
     j["attn_res_block_size"] = m.attn_res_block_size;
@@ -175,11 +208,16 @@ Json export_kimi(const ModelConfig& m, const HfSpecialTokens& tokens) {
                {"tie_word_embeddings", false},
                {"text_config", j}};
     token_keys(m, tokens, k3);
+    if (m.vision.enabled()) {
+        k3["vision_config"] = export_vision(m.vision);
+        k3["media_placeholder_token_id"] = m.vision.image_token;
+    }
     return k3;
 }
 
 Json export_qwen3_next(const ModelConfig& m, const HfSpecialTokens& tokens) {
     const Need need{"Qwen3-Next"};
+    need(!m.vision.enabled(), "an image tower exists only in Kimi K3");
     Json types = Json::array();
     for (int64_t i = 0; i < m.n_layers; ++i) {
         const std::string& t = m.layer_type(i);
@@ -229,6 +267,7 @@ Json export_qwen3_next(const ModelConfig& m, const HfSpecialTokens& tokens) {
 
 Json export_deepseek_v32(const ModelConfig& m, const HfSpecialTokens& tokens) {
     const Need need{"DeepSeek-V3.2"};
+    need(!m.vision.enabled(), "an image tower exists only in Kimi K3");
     for (int64_t i = 0; i < m.n_layers; ++i) need(m.layer_type(i) == "dsa", "every layer is dsa");
     const MlaConfig& a = m.mla;
     need(m.output_gate == "none" && a.rope && a.q_lora_rank > 0 && a.softmax_scale == 0 && a.latent_eps == 1e-6,

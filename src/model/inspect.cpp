@@ -54,6 +54,7 @@ ModelSummary summarize(const ModelConfig& c, int64_t seq) {
     }
     const Model m(c);  // declares parameter specs only; nothing is allocated
     s.lora = c.lora;
+    s.vision = c.vision;
     for (const auto& spec : m.param_specs()) {
         const int64_t n = spec.shape.numel();
         (spec.trainable ? s.trained_params : s.frozen_params) += n;
@@ -63,9 +64,11 @@ ModelSummary summarize(const ModelConfig& c, int64_t seq) {
         s.params += n;
         if (spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight") s.embedding_params += n;
         if (spec.name.find(".mlp.experts.") != std::string::npos) s.routed_expert_params += n;
+        if (is_vision_param(spec.name)) s.vision_params += n;
     }
     const double routed_share = c.moe.experts > 0 ? double(c.moe.topk) / double(c.moe.experts) : 0.0;
-    s.active_params = double(s.params - s.routed_expert_params) + routed_share * double(s.routed_expert_params);
+    s.active_params =
+        double(s.params - s.routed_expert_params - s.vision_params) + routed_share * double(s.routed_expert_params);
     s.forward_flops_per_token = m.forward_flops_per_token(seq);
     s.train_flops_per_token = m.train_flops_per_token(seq);
     return s;
@@ -86,14 +89,22 @@ std::string ModelSummary::str() const {
     }
     out += fmt::format("residuals: {}\n", residuals);
     out += fmt::format("positions: {}\n", positions);
-    out += fmt::format("parameters: {} total ({} in embeddings and head, {} in routed experts)\n",
-                       human(double(params), ""), human(double(embedding_params), ""),
-                       human(double(routed_expert_params), ""));
+    out += fmt::format(
+        "parameters: {} total ({} in embeddings and head, {} in routed experts{})\n", human(double(params), ""),
+        human(double(embedding_params), ""), human(double(routed_expert_params), ""),
+        vision_params ? fmt::format(", {} in the frozen image tower and projector", human(double(vision_params), ""))
+                      : std::string());
     out += fmt::format("active parameters per token: {}\n", human(active_params, ""));
+    if (vision_params) {
+        out += fmt::format(
+            "image input: {} patches of {}x{} px per image token; the tower's FLOPs are not in the "
+            "per-token counts\n",
+            vision.merge_h * vision.merge_w, vision.patch_size, vision.patch_size);
+    }
     out += fmt::format("FLOPs per token at sequence {}: forward {}, training {} ({:.2g}x forward{})\n", seq,
                        human(forward_flops_per_token, "FLOP"), human(train_flops_per_token, "FLOP"),
                        train_flops_per_token / forward_flops_per_token,
-                       frozen_params > 0 ? ": no weight gradients for the frozen base" : "");
+                       lora.enabled() ? ": no weight gradients for the frozen base" : "");
     out += fmt::format("weights: {} in bf16, {} in f32\n", gib(2.0 * double(params)), gib(4.0 * double(params)));
     out += fmt::format(
         "full AdamW training state (f32 weights, gradients, two moments: 16 B per parameter): {} before "

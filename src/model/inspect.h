@@ -22,6 +22,8 @@ struct ModelSummary {
     std::string residuals;  // "plain" or the Attention Residuals block structure
     std::string positions;  // the rotary embedding and its YaRN scaling, or none
     int64_t params = 0, embedding_params = 0, routed_expert_params = 0;
+    int64_t vision_params = 0;  // model.vision: the image tower and projector (frozen; not in active_params)
+    VisionConfig vision;
     // model.lora: the parameters that train (adapters and modules_to_save), the adapted modules, the config
     int64_t trained_params = 0, frozen_params = 0, adapted_modules = 0;
     int64_t frozen_bytes = 0;  // as held (model.lora.base_dtype)

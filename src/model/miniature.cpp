@@ -86,6 +86,9 @@ ModelConfig miniature(const ModelConfig& c) {
         if (any_dense)
             for (int64_t i : keep) e.layers.push_back(kind[size_t(i)].second ? "moe" : "dense");
     }
+    // the image tower is frozen and comes from a checkpoint: a miniature trained from scratch has none (its forward is
+    // checked against its reference in tests/model/test_vision.cpp)
+    m.vision = VisionConfig{};
     clear_unread_keys(m);
     return m;
 }

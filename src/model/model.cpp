@@ -27,7 +27,7 @@ const std::string kNormF = "model.norm.weight";
 const std::string kHead = "lm_head.weight";
 
 // who uses a parameter (its FSDP unit): a block's index, or one of these
-constexpr int kEmbedOwner = -1, kHeadOwner = -2, kBetweenBlocks = -3;
+constexpr int kEmbedOwner = -1, kHeadOwner = -2, kBetweenBlocks = -3, kVisionOwner = -4;
 
 std::string saved_prefix(int64_t block, const Block& b) { return fmt::format("saved.{}.{}.", block, b.kind()); }
 std::string shared_prefix(const Block& b) { return "recompute." + b.kind() + "."; }
@@ -77,6 +77,16 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) :
         owned(kBetweenBlocks);
         for (auto& b : blocks_) b->set_residual(false);
     }
+    if (cfg_.vision.enabled()) {  // frozen (forward only) and whole on every rank
+        vision_ = std::make_unique<VisionTower>(cfg_.vision);
+        const size_t first = param_specs_.size();
+        vision_->declare_params(param_specs_, inits_);
+        for (size_t i = first; i < param_specs_.size(); ++i) {
+            param_specs_[i].trainable = false;
+            param_specs_[i].sharding = Sharding::replicated;
+        }
+        owned(kVisionOwner);
+    }
     if (cfg_.lora.enabled()) freeze_base();
     // frozen parameters first, then the flat space the optimizer trains, [replicated | data | expert]
     // (train/optimizer.h), each unit's data contiguous
@@ -117,6 +127,13 @@ void Model::freeze_base() {
     };
     const DType base = held(cfg_.lora.base_dtype), experts = held(cfg_.lora.expert_dtype);
     for (BufferSpec& s : param_specs_) {
+        if (is_vision_param(s.name)) {
+            TESSERA_CHECK(!saved(s.name),
+                          "model.lora.modules_to_save names {}: the image tower and projector stay frozen (their "
+                          "backward is not built)",
+                          s.name);
+            continue;
+        }
         s.trainable = is_adapter(s.name) || saved(s.name);
         if (s.trainable || !s.narrowable || s.sharding == Sharding::replicated) continue;
         s.dtype = s.sharding == Sharding::expert ? experts : base;
@@ -292,12 +309,18 @@ std::vector<BufferSpec> Model::activation_specs(StepShape max, bool recompute) c
     s.push_back({"scratch.dln_f", DType::f32, Shape{N, C}});
     s.push_back({"scratch.dres", DType::f32, Shape{N, C}});
     if (attn_res_) attn_res_->declare_acts(s, max);
+    if (vision_) {
+        const VisionConfig& v = cfg_.vision;
+        for (BufferSpec& b : vision_->activation_specs(v.max_patches)) s.push_back(std::move(b));
+        s.push_back({"vision.rows", DType::f32, Shape{v.max_patches / (v.merge_h * v.merge_w) + 1, C}});
+    }
     return s;
 }
 
 size_t Model::workspace_bytes(StepShape max, int num_threads) const {
     size_t ws = 0;
     for (auto& b : blocks_) ws = std::max(ws, b->workspace_bytes(max, num_threads));
+    if (vision_) ws = std::max(ws, vision_->workspace_bytes(cfg_.vision.max_patches, num_threads));
     return ws;
 }
 
@@ -338,6 +361,43 @@ void Model::bind(const BufferGroup& params,
     dln_f_ = acts.view("scratch.dln_f");
     dres_ = acts.view("scratch.dres");
     if (attn_res_) attn_res_->bind(params, grads, acts, x_);
+    if (vision_) {
+        const VisionConfig& v = cfg_.vision;
+        const int64_t max_images = v.max_patches / (v.merge_h * v.merge_w);
+        vision_->bind(params, acts, workspace, max_images);
+        image_rows_ = acts.view("vision.rows");
+        image_grids_.clear();
+        image_grids_.reserve(size_t(max_images));
+        image_pos_.clear();
+        image_pos_.reserve(size_t(max.tokens()));
+    }
+}
+
+void Model::set_images(std::span<const ops::PatchGrid> grids, TensorView patches) {
+    TESSERA_CHECK(vision_ || grids.empty(), "model: images given, but the model has no image tower (model.vision)");
+    TESSERA_CHECK(grids.size() <= image_grids_.capacity(), "model: {} images in one pass; at most {} fit", grids.size(),
+                  image_grids_.capacity());
+    image_grids_.assign(grids.begin(), grids.end());
+    image_patches_ = patches;
+}
+
+void Model::splice_images(std::span<const int32_t> ids) {
+    if (!vision_) return;
+    image_pos_.clear();
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] == cfg_.vision.image_token) image_pos_.push_back(int64_t(i));
+    }
+    const int64_t M = vision_->tokens(image_grids_);
+    TESSERA_CHECK(int64_t(image_pos_.size()) == M,
+                  "model: the ids hold {} image tokens (model.vision.image_token {}), the images give {}",
+                  image_pos_.size(), cfg_.vision.image_token, M);
+    if (M == 0) return;
+    const TensorView rows = image_rows_.slice0(0, M);
+    {
+        trace::Span span("vision tower", "forward", -1);
+        vision_->forward(image_grids_, image_patches_, rows);
+    }
+    ops::scatter_rows(rows, image_pos_, x_[0]);
 }
 
 void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, size_t last) const {
@@ -403,6 +463,7 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
     visit(
         embed_unit_, false, [&] { ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N)); },
         "embedding");
+    splice_images(ids);
     run_trunk(N, [&](size_t j, TensorView in, TensorView out) {
         visit(
             block_unit_[j], false, [&] { blocks_[j]->forward(s, in, out, ws_); }, block_kinds_[j], int64_t(j / 2));
@@ -534,7 +595,9 @@ LossResult Model::forward_backward(StepShape s,
     visit(
         embed_unit_, true,
         [&] {
-            if (d_embed_.defined()) ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
+            if (!d_embed_.defined()) return;
+            if (!image_pos_.empty()) ops::zero_rows_at(dres_, image_pos_);  // image rows: not the token's embedding
+            ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
         },
         "embedding");
     end_pass();

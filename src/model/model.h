@@ -19,6 +19,7 @@
 #include "model/layers/block.h"
 #include "model/layers/mla_block.h"
 #include "model/layers/moe_block.h"
+#include "model/vision.h"
 #include "parallel/comm.h"
 
 namespace tessera::model {
@@ -143,6 +144,14 @@ class Model {
     // logits: [B·T, V] f32
     void forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits);
 
+    // Image input (model.vision, Kimi K3): the images of the next passes' ids, until set again. The ids hold
+    // model.vision.image_token once per image token (VisionTower::tokens: an h × w grid of patches gives
+    // h·w / (merge_h·merge_w)), images in order; the embedding rows there are replaced by the tower's output rows,
+    // in order (spec/kimi_k3.md §6: the placeholder expanded). patches: [Σ h·w, patch_dim] f32 on the host, alive
+    // until the passes ran. The tower is frozen and runs forward only; no grids: text only.
+    bool has_vision() const { return vision_ != nullptr; }
+    void set_images(std::span<const ops::PatchGrid> grids, TensorView patches);
+
     // Incremental decoding (docs/model.md): the caches for `batch` sequences of up to `max_len` tokens
     // (a buffer group the caller allocates, e.g. as an extra group of the runtime, then binds), and one
     // step: ids [batch] at position pos of every sequence (pos = 0 starts new sequences) -> logits
@@ -212,6 +221,7 @@ class Model {
     void set_pass(const PassOptions& o);
     uint64_t lora_seed_ = 0;   // set_lora_seed: the next training pass's
     void pool_balance_loss();  // after a trunk forward: the global balance loss over every MoE layer
+    void splice_images(std::span<const int32_t> ids);  // after the embedding: image tokens' rows from the tower
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
     int64_t head_chunk_rows(int64_t tokens) const;
 
@@ -220,8 +230,12 @@ class Model {
     std::vector<std::string> block_kinds_;            // blocks_[j]->kind(), for step traces
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
     std::vector<DsaLayer> dsa_;
-    std::unique_ptr<AttnRes> attn_res_;  // null: the plain residual stream
-    bool decoding_ = false;              // decoding caches bound
+    std::unique_ptr<AttnRes> attn_res_;        // null: the plain residual stream
+    std::unique_ptr<VisionTower> vision_;      // null: text only
+    std::vector<ops::PatchGrid> image_grids_;  // set_images (capacity reserved at bind)
+    TensorView image_patches_, image_rows_;
+    std::vector<int64_t> image_pos_;  // the last forward's image token positions (capacity reserved at bind)
+    bool decoding_ = false;           // decoding caches bound
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;
     std::vector<bool> trainable_mask_;  // empty: every parameter trains

@@ -54,7 +54,7 @@ ModelSource open_model_source(const std::string& path) {
     const RunConfig cfg = parse_run_config(load_checkpoint_config(s.path), (fs::path(s.path) / "config.json").string());
     s.config = cfg.model;
     s.context = cfg.train.seq_len;
-    if (cfg.model.lora.enabled()) s.base = cfg.train.base;
+    if (cfg.model.has_frozen_params()) s.base = cfg.train.base;
     return s;
 }
 

@@ -110,7 +110,7 @@ Setup resolve_setup(const TrainOptions& o, bool lead) {
                       "--resume: model.* cannot change when resuming from {} (only model.mla.dsa.stage and kl_coeff)",
                       s.checkpoint);
         s.out_dir = o.out_dir.empty() ? fs::path(s.checkpoint).parent_path().parent_path().string() : o.out_dir;
-        if (s.cfg.model.lora.enabled() && !s.cfg.train.base.empty()) s.base = open_model_source(s.cfg.train.base);
+        if (s.cfg.model.has_frozen_params() && !s.cfg.train.base.empty()) s.base = open_model_source(s.cfg.train.base);
     } else {
         s.config_json = load_config_json(o.config_path, o.overrides);
         TESSERA_CHECK(!model::is_hf_config(s.config_json),
@@ -129,6 +129,10 @@ Setup resolve_setup(const TrainOptions& o, bool lead) {
                 *s.base, s.config_json.contains("model") ? s.config_json["model"] : Json::object(), where);
         }
         s.cfg = parse_run_config(s.config_json, where);
+        TESSERA_CHECK(!s.cfg.model.vision.enabled() || s.base,
+                      "{}: model.vision's image tower is frozen and its weights come from train.base (a Kimi K3 "
+                      "checkpoint), but none is named",
+                      where);
         s.out_dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
         TESSERA_CHECK(!fs::exists(s.out_dir) || fs::is_directory(s.out_dir), "--out {}: exists and is not a directory",
                       s.out_dir);

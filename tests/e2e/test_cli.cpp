@@ -249,7 +249,8 @@ TEST(Cli, InspectSummarisesHuggingFaceAndTesseraConfigs) {
     for (const char* needle :
          {"family: Kimi K3", "layers: kda 69, mla 24, mlp 1, moe 92", "2.78 T total",
           "active parameters per token: 105 G",
-          "residuals: Attention Residuals, depth blocks of 12 layers (9 sources at the output mix)", "vision tower"}) {
+          "residuals: Attention Residuals, depth blocks of 12 layers (9 sources at the output mix)",
+          "447 M in the frozen image tower and projector"}) {
         EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
     }
     r = run_tessera("inspect " + kTiny);

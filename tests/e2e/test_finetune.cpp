@@ -11,6 +11,9 @@
 #include "core/file.h"
 #include "core/safetensors.h"
 #include "e2e/cli_util.h"
+#include "model/hf_checkpoint.h"
+#include "model/hf_config.h"
+#include "model/runtime.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -718,6 +721,101 @@ TEST(FineTune, AHuggingFaceDirectoryIsABase) {
     EXPECT_TRUE(
         test::rel_rms_close(logits_of(d.file("merged"), d.file("in.safetensors"), d.file("m.safetensors")).view(),
                             logits_of(d.file("one"), d.file("in.safetensors"), d.file("o.safetensors")).view(), 1e-5));
+}
+
+TEST(FineTune, AKimiK3BaseWithItsImageTowerScoresImagesAndFineTunesOnText) {
+    // a tiny Kimi K3 with its image tower, as a Hugging Face directory: `logits` takes images as Kimi's processor
+    // writes them; LoRA and full fine-tunes on text keep the tower frozen, their checkpoints leave it to the base, and
+    // both resume bitwise
+    TempDir d;
+    const model::ModelConfig c = model::parse_model_config(Json::parse(R"({
+        "vocab_size": 64, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "attn_res_block_size": 2,
+        "attention": ["kda", "kda", "mla"],
+        "kda": {"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true, "o_norm_eps": 1e-6},
+        "mla": {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 8},
+        "moe": {"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "first_dense": 1},
+        "vision": {"layers": 2, "width": 16, "heads": 2, "head_dim": 8, "ffn_dim": 32, "patch_size": 2,
+                   "pos_height": 4, "pos_width": 4, "image_token": 5}})"),
+                                                           "tiny k3");
+    // one sequence of 16 tokens, 4 of them the image token (5) for one image of 4x4 patches of 3x2x2 pixels
+    std::vector<int32_t> seq(16);
+    for (int i = 0; i < 16; ++i) seq[size_t(i)] = i >= 3 && i < 7 ? 5 : 6 + (i * 5) % 50;
+    const Tensor pixels = test::randn(DType::f32, Shape{16, 3, 2, 2}, 4);
+    std::vector<int64_t> hw{4, 4};
+    Tensor want(DType::f32, Shape{16, 64});
+    {
+        model::Model m(c);
+        model::ModelRuntime rt(m, {1, 16}, false, false);
+        m.init_params(rt.params(), 3);
+        model::save_hf_checkpoint(d.file("k3"), model::hf_tensor_map(m.param_specs(), c, "kimi_k3"), rt.params());
+        write_text_atomic(d.file("k3/config.json"), model::export_hf_config(c).dump());
+        const std::vector<ops::PatchGrid> grids{{4, 4}};
+        m.set_images(grids, pixels.view().reshape(Shape{16, 12}));
+        m.forward_logits({1, 16}, seq, want);
+    }
+    write_safetensors(d.file("in.safetensors"), {{"ids", TensorView(seq.data(), DType::i32, Shape{1, 16})},
+                                                 {"pixel_values", pixels.view()},
+                                                 {"image_grid_hws", TensorView(hw.data(), DType::i64, Shape{1, 2})}});
+    test::CliResult s = run_tessera("logits --checkpoint " + d.file("k3") + " --in " + d.file("in.safetensors") +
+                                    " --out " + d.file("logits.safetensors"));
+    ASSERT_EQ(s.status, 0) << s.err;
+    EXPECT_TRUE(test::bitwise_equal(SafetensorsFile(d.file("logits.safetensors")).load("logits").view(),
+                                    want.view().reshape(Shape{1, 16, 64})));
+    hw = {2, 4};  // 2 image tokens' worth of patches for 4 image tokens
+    write_safetensors(d.file("bad.safetensors"), {{"ids", TensorView(seq.data(), DType::i32, Shape{1, 16})},
+                                                  {"pixel_values", pixels.view().prefix(Shape{8, 3, 2, 2})},
+                                                  {"image_grid_hws", TensorView(hw.data(), DType::i64, Shape{1, 2})}});
+    s = run_tessera("logits --checkpoint " + d.file("k3") + " --in " + d.file("bad.safetensors") + " --out " +
+                    d.file("bad_logits.safetensors"));
+    EXPECT_NE(s.status, 0);
+    EXPECT_NE(s.err.find("the ids hold 4 image tokens (model.vision.image_token 5), the images give 2"),
+              std::string::npos)
+        << s.err;
+    EXPECT_FALSE(fs::exists(d.file("bad_logits.safetensors")));
+    std::vector<uint16_t> ids(6000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t(6 + (i * 7 + i / 13) % 58);  // no image token
+    write_safetensors(d.file("ids.safetensors"),
+                      {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})}},
+                      {{"vocab_size", "64"}});
+    write_text_atomic(d.file("run.json"), Json{{"train",
+                                                {{"seq_len", 16},
+                                                 {"batch_size", 2},
+                                                 {"steps", 4},
+                                                 {"eval_interval", 2},
+                                                 {"eval_batches", 2},
+                                                 {"checkpoint_interval", 2},
+                                                 {"base", d.file("k3")}}},
+                                               {"data", {{"path", d.file("ids.safetensors")}}}}
+                                              .dump());
+    const std::string args = "train --config " + d.file("run.json");
+    for (const std::string& how :
+         {std::string(" --set model.lora.rank=2 --set 'model.lora.target_modules=[\"o_proj\"]'"), std::string()}) {
+        SCOPED_TRACE(how.empty() ? "full" : "lora");
+        const std::string run = d.file(how.empty() ? "full" : "lora"), resumed = run + "_resumed";
+        test::CliResult r = run_tessera(args + how + " --out " + run);
+        ASSERT_EQ(r.status, 0) << r.err;
+        for (const std::string& name : stored_names(ckpt(run, 4) + "/model.safetensors")) {
+            EXPECT_FALSE(name.starts_with("vision_tower.") || name.starts_with("mm_projector.")) << name;
+            if (!how.empty()) {
+                EXPECT_TRUE(name.find(".lora_") != std::string::npos) << name;
+            }
+        }
+        fs::create_directories(resumed + "/checkpoints");
+        fs::copy(ckpt(run, 2), ckpt(resumed, 2));
+        r = run_tessera("train --resume " + resumed);
+        ASSERT_EQ(r.status, 0) << r.err;
+        EXPECT_EQ(losses(run, 2), losses(resumed));
+        EXPECT_EQ(read_text(ckpt(run, 4) + "/model.safetensors"), read_text(ckpt(resumed, 4) + "/model.safetensors"));
+    }
+    // without its base the tower would start random and be missing from every checkpoint: refused
+    write_text_atomic(d.file("scratch.json"), Json{{"model", model::to_json(c)},
+                                                   {"train", {{"seq_len", 16}, {"batch_size", 2}, {"steps", 1}}},
+                                                   {"data", {{"path", d.file("ids.safetensors")}}}}
+                                                  .dump());
+    const test::CliResult r = run_tessera("train --config " + d.file("scratch.json") + " --out " + d.file("scratch"));
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("image tower is frozen and its weights come from train.base"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(d.file("scratch")));
 }
 
 }  // namespace

@@ -91,8 +91,15 @@ std::vector<Unsupported> unsupported_cases() {
         "partial_rotary_factor 0.5 of the MLA rope dims");
     with(
         "MLP bias", "deepseek_v32_tiny", [](Json& c) { c["mlp_bias"] = true; }, "MLP biases");
-    Json k3 = {{"model_type", "kimi_k3"}, {"text_config", golden_config("kimi_linear_tiny")}, {"vision_config", {}}};
-    cs.push_back({"vision tower", k3, "the vision tower"});
+    // an image tower other than MoonViT-V2's (K3's own imports: tests/model/test_vision.cpp)
+    Json vision = Json::parse(read_text(TESSERA_SOURCE_DIR "/configs/hf/kimi_k3.json"))["vision_config"];
+    vision["norm_type"] = "layernorm";
+    vision["text_hidden_size"] = golden_config("kimi_linear_tiny")["hidden_size"];
+    Json k3 = {{"model_type", "kimi_k3"},
+               {"text_config", golden_config("kimi_linear_tiny")},
+               {"vision_config", vision},
+               {"media_placeholder_token_id", 3}};
+    cs.push_back({"another image tower", k3, "vision_config.norm_type \"layernorm\" (the tower builds \"rmsnorm\")"});
     k3.erase("vision_config");
     k3["text_config"]["image_size"] = 32;
     cs.push_back({"unknown text_config key (K3)", k3, "\"image_size\" = 32 is not interpreted"});

@@ -76,6 +76,16 @@ TEST(HfCheckpoint, KimiK3NamesAndShapesAreThePublishedOnes) {
         {P + "1.block_sparse_moe.shared_experts.down_proj.weight", Shape{7168, 6144}},
         {P + "92.block_sparse_moe.experts.895.w1.weight", Shape{3072, 3584}},
         {P + "92.block_sparse_moe.experts.895.w2.weight", Shape{3584, 3072}},
+        // the image tower and projector (spec §5), under their own names
+        {"vision_tower.patch_embed.proj.weight", Shape{1024, 3, 14, 14}},
+        {"vision_tower.patch_embed.pos_emb.weight", Shape{64, 64, 1024}},
+        {"vision_tower.encoder.blocks.26.wqkv.weight", Shape{4608, 1024}},
+        {"vision_tower.encoder.blocks.26.wo.weight", Shape{1024, 1536}},
+        {"vision_tower.encoder.blocks.0.mlp.fc0.weight", Shape{4096, 1024}},
+        {"vision_tower.encoder.final_layernorm.weight", Shape{1024}},
+        {"mm_projector.proj.0.weight", Shape{4096, 4096}},
+        {"mm_projector.proj.2.weight", Shape{7168, 4096}},
+        {"mm_projector.post_norm.weight", Shape{7168}},
     };
     for (const auto& [name, shape] : want) {
         const model::HfTensor* t = find(map, name);
@@ -85,8 +95,9 @@ TEST(HfCheckpoint, KimiK3NamesAndShapesAreThePublishedOnes) {
     for (const auto& t : map) EXPECT_EQ(t.name.find("g_a_proj"), std::string::npos) << t.name;
     // §5's text tensors, with each routed expert's w1/w2/w3 counted dense: 2 embeddings + norm + 2 output
     // AttnRes; per layer 2 norms + 4 AttnRes + g + o; KDA q, k, v, 3 convs, f_a, f_b, b, A_log, dt_bias,
-    // o_norm (12); MLA 6; the dense MLP 3; MoE router, bias, 3 latent, 3 shared (8) + 3·896 experts
-    EXPECT_EQ(map.size(), size_t(5 + 93 * 8 + 69 * 12 + 24 * 6 + 3 + 92 * (8 + 3 * 896)));
+    // o_norm (12); MLA 6; the dense MLP 3; MoE router, bias, 3 latent, 3 shared (8) + 3·896 experts; then the
+    // tower: patch conv, position table, 6 per block, final norm; the projector 3
+    EXPECT_EQ(map.size(), size_t(5 + 93 * 8 + 69 * 12 + 24 * 6 + 3 + 92 * (8 + 3 * 896) + 2 + 27 * 6 + 1 + 3));
 }
 
 // Every tensor of a safetensors file but `skip`, as owned copies: tests rewrite a shard around a replaced tensor.
@@ -321,6 +332,36 @@ TEST(HfCheckpoint, KimiK3LayoutPadsALogAndRefusesANonZeroPad) {
     }
     write_safetensors(file, named);
     test::expect_error([&] { model::load_hf_checkpoint(d.path(), map, b.rt.params()); }, "pads with 0.5 at 7");
+}
+
+TEST(HfCheckpoint, AKimiK3WithAnImageTowerExportsAndLoadsBackBitwise) {
+    const model::ModelConfig c = tiny_kimi([](Json& j) {
+        j["attn_res_block_size"] = 2;
+        j["kda"]["o_norm_eps"] = 1e-6;
+        j["vision"] = Json::parse(R"({"layers": 2, "width": 16, "heads": 2, "head_dim": 8, "ffn_dim": 32,
+            "patch_size": 2, "pos_height": 4, "pos_width": 4, "image_token": 5})");
+    });
+    const Json hf = model::export_hf_config(c);
+    ASSERT_TRUE(hf.contains("vision_config")) << hf.dump();
+    EXPECT_EQ(hf["media_placeholder_token_id"], 5);
+    const model::HfImport back = model::import_hf_config(hf, "exported");
+    EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
+    EXPECT_EQ(model::to_json(back.model.vision), model::to_json(c.vision));
+    model::Model m(c);
+    model::ModelRuntime a(m, {1, 1}, false, false), b(m, {1, 1}, false, false);
+    m.init_params(a.params(), 1);
+    const auto map = model::hf_tensor_map(m.param_specs(), c, "kimi_k3");
+    test::TempDir d;
+    model::save_hf_checkpoint(d.path(), map, a.params());
+    model::load_hf_checkpoint(d.path(), map, b.params());  // every stored tensor used, the tower's included
+    for (const char* name : {"vision_tower.patch_embed.proj.weight", "vision_tower.encoder.blocks.1.wqkv.weight",
+                             "mm_projector.proj.2.weight"}) {
+        EXPECT_TRUE(test::bitwise_equal(a.params().view(name), b.params().view(name))) << name;
+    }
+    // the tower lives only in Kimi K3's format
+    model::ModelConfig plain = c;
+    plain.attn_res_block_size = 0;
+    test::expect_error([&] { (void)model::export_hf_config(plain); }, "an image tower comes with Kimi K3");
 }
 
 TEST(HfCheckpoint, TiedKimiModelsWriteTheirHeadAndAcceptItBack) {

@@ -58,11 +58,13 @@ TEST(HfConfig, KimiK3MapsEveryLayerAndCountsParametersExactly) {
     EXPECT_EQ(m.moe.scaling, 1.0);
     EXPECT_EQ(m.attn_res_block_size, 12);
     const model::ModelSummary s = model::summarize(m, 4096);
-    // spec/kimi_k3.md §4: text model 2,779,484,476,000 (Attention Residuals included: 4·d per layer + 2·d)
-    EXPECT_EQ(s.params, 2779484476000LL);
+    // spec/kimi_k3.md §4: text model 2,779,484,476,000 (Attention Residuals included: 4·d per layer + 2·d), plus the
+    // image tower and projector's 447,358,976 (§5)
+    EXPECT_EQ(s.vision_params, 447358976);
+    EXPECT_EQ(s.params - s.vision_params, 2779484476000LL);
     EXPECT_EQ(s.routed_expert_params, 2722740830208LL);
     EXPECT_DOUBLE_EQ(s.active_params, double(56743645792LL + 92LL * 16 * 33030144));
-    EXPECT_TRUE(mentions(r.unsupported, "vision tower"));
+    EXPECT_TRUE(r.unsupported.empty()) << r.unsupported.front();
     EXPECT_FALSE(mentions(r.unsupported, "Attention Residuals"));
     EXPECT_FALSE(mentions(r.unsupported, "MXFP4"));  // dequantised on load
     EXPECT_EQ(m.mlp_activation, "situ");             // layer 0's dense MLP

@@ -318,8 +318,11 @@ class DenseLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.sdpa = on
 
-    def forward(self, ids):
+    def forward(self, ids, image_rows=None, image_token=None):
         x = self.model.embed_tokens(ids)
+        if image_rows is not None:  # Kimi K3's image tokens: their embedding rows replaced by the tower's, in order
+            x = x.clone()
+            x[ids == image_token] = image_rows.to(x.dtype)
         B = self.c.get("attn_res_block_size", 0)
         if B:
             R, P = [], x
@@ -334,8 +337,8 @@ class DenseLM(nn.Module):
         w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
         return x @ w.t()
 
-    def loss(self, ids, targets):
-        logits = self.forward(ids)
+    def loss(self, ids, targets, image_rows=None, image_token=None):
+        logits = self.forward(ids, image_rows, image_token)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=-100)
 
     def moe_layers(self):
