@@ -49,8 +49,9 @@ def rope_2d(x, grids, theta):
     angle = torch.empty(n, d // 2, dtype=torch.float64)
     angle[:, 0::2] = torch.outer(col, freq)
     angle[:, 1::2] = torch.outer(row, freq)
-    turn = torch.polar(torch.ones_like(angle), angle)[:, None, :]
-    return torch.view_as_real(torch.view_as_complex(x.reshape(n, h, d // 2, 2).contiguous()) * turn).reshape(n, h, d)
+    xc = torch.view_as_complex(x.reshape(n, h, d // 2, 2).contiguous())
+    turn = torch.polar(torch.ones_like(angle), angle)[:, None, :].to(xc.dtype)  # computed in f64, used in x's dtype
+    return torch.view_as_real(xc * turn).reshape(n, h, d)
 
 
 def pos_embed(table, grids):
