@@ -507,6 +507,37 @@ Json to_json(const ModelConfig& c) {
     return j;
 }
 
+int64_t VisionConfig::num_params() const {
+    if (!enabled()) return 0;
+    const int64_t block = 2 * width + 3 * qkv_width() * width + width * qkv_width() + 2 * ffn_dim * width;
+    return width * patch_dim() + pos_height * pos_width * width + layers * block + width  // tower
+           + merged_width() * merged_width() + text_width * merged_width() + text_width;  // projector
+}
+
+void VisionConfig::validate(const std::string& where) const {
+    if (!enabled()) return;
+    auto within = [&](int64_t v, int64_t hi, const char* key) {
+        TESSERA_CHECK(v > 0 && v <= hi, "{}: vision {} = {} must be in [1, {}]", where, key, v, hi);
+    };
+    within(layers, kMaxCount, "layers");
+    within(heads, kMaxCount, "heads");
+    within(width, kMaxWidth, "width");
+    within(head_dim, kMaxWidth, "head_dim");
+    within(ffn_dim, kMaxWidth, "ffn_dim");
+    within(text_width, kMaxWidth, "text_width");
+    within(patch_size, 64, "patch_size");
+    within(channels, 16, "channels");
+    within(pos_height, 1024, "pos_height");
+    within(pos_width, 1024, "pos_width");
+    within(merge_h, 16, "merge_h");
+    within(merge_w, 16, "merge_w");
+    within(max_grid, 65536, "max_grid");
+    within(max_patches, kMaxSeqLen, "max_patches");
+    TESSERA_CHECK(head_dim % 4 == 0, "{}: vision head_dim {} must be a multiple of 4 (2-D RoPE)", where, head_dim);
+    TESSERA_CHECK(norm_eps > 0 && projector_eps > 0 && rope_theta > 1,
+                  "{}: vision norm_eps and projector_eps must be positive and rope_theta > 1", where);
+}
+
 Json to_json(const VisionConfig& v) {
     return Json{{"layers", v.layers},
                 {"width", v.width},

@@ -313,6 +313,7 @@ std::vector<BufferSpec> Model::activation_specs(StepShape max, bool recompute) c
         const VisionConfig& v = cfg_.vision;
         for (BufferSpec& b : vision_->activation_specs(v.max_patches)) s.push_back(std::move(b));
         s.push_back({"vision.rows", DType::f32, Shape{v.max_patches / (v.merge_h * v.merge_w) + 1, C}});
+        s.push_back({"vision.patches", DType::f32, Shape{v.max_patches, v.patch_dim()}});  // the images, on the device
     }
     return s;
 }
@@ -366,6 +367,7 @@ void Model::bind(const BufferGroup& params,
         const int64_t max_images = v.max_patches / (v.merge_h * v.merge_w);
         vision_->bind(params, acts, workspace, max_images);
         image_rows_ = acts.view("vision.rows");
+        image_buf_ = acts.view("vision.patches");
         image_grids_.clear();
         image_grids_.reserve(size_t(max_images));
         image_pos_.clear();
@@ -379,6 +381,14 @@ void Model::set_images(std::span<const ops::PatchGrid> grids, TensorView patches
                   image_grids_.capacity());
     image_grids_.assign(grids.begin(), grids.end());
     image_patches_ = patches;
+    if (grids.empty()) return;
+    const int64_t n = ops::grid_patches(grids);
+    TESSERA_CHECK(patches.device == Device::cpu && patches.dtype == DType::f32 && patches.is_contiguous() &&
+                      patches.shape == (Shape{n, cfg_.vision.patch_dim()}),
+                  "model: the images' patches must be f32 [{}, {}] on the host, not {} {}", n, cfg_.vision.patch_dim(),
+                  dtype_name(patches.dtype), patches.shape.str());
+    TESSERA_CHECK(n <= cfg_.vision.max_patches, "model: {} patches in one pass; model.vision.max_patches is {}", n,
+                  cfg_.vision.max_patches);
 }
 
 void Model::splice_images(std::span<const int32_t> ids) {
@@ -392,10 +402,11 @@ void Model::splice_images(std::span<const int32_t> ids) {
                   "model: the ids hold {} image tokens (model.vision.image_token {}), the images give {}",
                   image_pos_.size(), cfg_.vision.image_token, M);
     if (M == 0) return;
-    const TensorView rows = image_rows_.slice0(0, M);
+    const TensorView rows = image_rows_.slice0(0, M), patches = image_buf_.slice0(0, image_patches_.size(0));
+    copy_bytes(patches.data, patches.device, image_patches_.data, Device::cpu, image_patches_.nbytes());
     {
         trace::Span span("vision tower", "forward", -1);
-        vision_->forward(image_grids_, image_patches_, rows);
+        vision_->forward(image_grids_, patches, rows);
     }
     ops::scatter_rows(rows, image_pos_, x_[0]);
 }

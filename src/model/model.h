@@ -147,8 +147,9 @@ class Model {
     // Image input (model.vision, Kimi K3): the images of the next passes' ids, until set again. The ids hold
     // model.vision.image_token once per image token (VisionTower::tokens: an h × w grid of patches gives
     // h·w / (merge_h·merge_w)), images in order; the embedding rows there are replaced by the tower's output rows,
-    // in order (spec/kimi_k3.md §6: the placeholder expanded). patches: [Σ h·w, patch_dim] f32 on the host, alive
-    // until the passes ran. The tower is frozen and runs forward only; no grids: text only.
+    // in order (spec/kimi_k3.md §6: the placeholder expanded). patches: [Σ h·w, patch_dim] f32 on the host (copied
+    // to the model's device each pass), alive until the passes ran. The tower is frozen and runs forward only; no
+    // grids: text only.
     bool has_vision() const { return vision_ != nullptr; }
     void set_images(std::span<const ops::PatchGrid> grids, TensorView patches);
 
@@ -230,10 +231,10 @@ class Model {
     std::vector<std::string> block_kinds_;            // blocks_[j]->kind(), for step traces
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
     std::vector<DsaLayer> dsa_;
-    std::unique_ptr<AttnRes> attn_res_;        // null: the plain residual stream
-    std::unique_ptr<VisionTower> vision_;      // null: text only
-    std::vector<ops::PatchGrid> image_grids_;  // set_images (capacity reserved at bind)
-    TensorView image_patches_, image_rows_;
+    std::unique_ptr<AttnRes> attn_res_;                  // null: the plain residual stream
+    std::unique_ptr<VisionTower> vision_;                // null: text only
+    std::vector<ops::PatchGrid> image_grids_;            // set_images (capacity reserved at bind)
+    TensorView image_patches_, image_rows_, image_buf_;  // set_images' host patches; the tower's rows; patches there
     std::vector<int64_t> image_pos_;  // the last forward's image token positions (capacity reserved at bind)
     bool decoding_ = false;           // decoding caches bound
     std::vector<BufferSpec> param_specs_;

@@ -10,38 +10,6 @@
 
 namespace tessera::model {
 
-int64_t VisionConfig::num_params() const {
-    if (!enabled()) return 0;
-    const int64_t block = 2 * width + 3 * qkv_width() * width + width * qkv_width() + 2 * ffn_dim * width;
-    return width * patch_dim() + pos_height * pos_width * width + layers * block + width  // tower
-           + merged_width() * merged_width() + text_width * merged_width() + text_width;  // projector
-}
-
-void VisionConfig::validate(const std::string& where) const {
-    if (!enabled()) return;
-    auto positive = [&](int64_t v, const char* key) {
-        TESSERA_CHECK(v > 0 && v <= kMaxWidth, "{}: vision {} = {} must be in [1, {}]", where, key, v, kMaxWidth);
-    };
-    positive(layers, "layers");
-    positive(width, "width");
-    positive(heads, "heads");
-    positive(head_dim, "head_dim");
-    positive(ffn_dim, "ffn_dim");
-    positive(patch_size, "patch_size");
-    positive(channels, "channels");
-    positive(pos_height, "pos_height");
-    positive(pos_width, "pos_width");
-    positive(merge_h, "merge_h");
-    positive(merge_w, "merge_w");
-    positive(max_grid, "max_grid");
-    positive(text_width, "text_width");
-    TESSERA_CHECK(max_patches > 0 && max_patches <= kMaxSeqLen, "{}: vision max_patches = {} must be in [1, {}]", where,
-                  max_patches, kMaxSeqLen);
-    TESSERA_CHECK(head_dim % 4 == 0, "{}: vision head_dim {} must be a multiple of 4 (2-D RoPE)", where, head_dim);
-    TESSERA_CHECK(norm_eps > 0 && projector_eps > 0 && rope_theta > 1, "{}: vision eps and rope_theta must be positive",
-                  where);
-}
-
 VisionTower::VisionTower(VisionConfig cfg) : cfg_(std::move(cfg)) {
     cfg_.validate("vision tower");
     TESSERA_CHECK(cfg_.enabled(), "vision tower: no layers");

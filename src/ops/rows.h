@@ -19,7 +19,7 @@ void add_rows(TensorView src, TensorView dst);
 // Zero-fills the first `rows` rows of t (any dtype; row-strided views too).
 void zero_rows(TensorView t, int64_t rows);
 // dst[at[i]] = src[i] for i < at.size() (src [at.size(), W], dst [N, W]; the positions distinct, in [0, N)), and
-// the rows `at` of t zeroed: image rows spliced into the embedding's output and kept out of its gradient (CPU only).
+// the rows `at` of t zeroed: image rows spliced into the embedding's output and kept out of its gradient.
 void scatter_rows(TensorView src, std::span<const int64_t> at, TensorView dst);
 void zero_rows_at(TensorView t, std::span<const int64_t> at);
 

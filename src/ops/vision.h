@@ -13,10 +13,11 @@
 //   - patch_merge: each kh × kw cell of an image's grid becomes one row, its patches side by side in row-major
 //     order within the cell: [Σ h·w, C] → [Σ (h/kh)·(w/kw), kh·kw·C], cells in row-major order.
 // Rows: 2-D views [rows, cols] with the last dim contiguous (row strides allowed); rope_2d's x, y [N, H, D] with D
-// contiguous. Backward accumulates (+=) into what it writes, as every op's backward does. f32 and f64, CPU only
-// (CUDA tensors get a one-line error).
+// contiguous. Backward accumulates (+=) into what it writes, as every op's backward does. f32 and f64 on both
+// backends; the index arithmetic both share is below (host code: the CUDA entry points upload its tables).
 #pragma once
 
+#include <algorithm>
 #include <span>
 
 #include "core/tensor.h"
@@ -30,6 +31,36 @@ struct PatchGrid {
 
 // Σ h·w over the grids (checked: positive sizes)
 int64_t grid_patches(std::span<const PatchGrid> grids);
+
+// The position table's two source indices along one axis and their weights for output index d of `out` when
+// resizing `in` (PyTorch's bilinear, align_corners = False); the identity when in == out.
+struct BilinearTaps {
+    int64_t i0 = 0, i1 = 0;
+    double w0 = 1.0, w1 = 0.0;
+};
+inline BilinearTaps bilinear_taps(int64_t d, int64_t in, int64_t out) {
+    if (in == out) return {d, d, 1.0, 0.0};
+    const double src = std::max((double(d) + 0.5) * double(in) / double(out) - 0.5, 0.0);
+    const auto i0 = std::min(int64_t(src), in - 1);
+    const int64_t i1 = std::min(i0 + 1, in - 1);
+    const double l1 = src - double(i0);
+    return {i0, i1, 1.0 - l1, l1};
+}
+// f(merged row, slot, patch row) for every merged row's kh·kw slots (slot u·kw + v of its cell), images in order.
+template <class F>
+void for_each_merge_slot(std::span<const PatchGrid> grids, int64_t kh, int64_t kw, F&& f) {
+    int64_t base = 0, out = 0;
+    for (const PatchGrid& g : grids) {
+        const int64_t cells_w = g.w / kw, cells = g.patches() / (kh * kw);
+        for (int64_t m = 0; m < cells; ++m) {
+            const int64_t a = m / cells_w, b = m % cells_w;
+            for (int64_t u = 0; u < kh; ++u)
+                for (int64_t v = 0; v < kw; ++v) f(out + m, u * kw + v, base + (a * kh + u) * g.w + b * kw + v);
+        }
+        base += g.patches();
+        out += cells;
+    }
+}
 
 enum class Gelu : uint8_t { erf, tanh };
 

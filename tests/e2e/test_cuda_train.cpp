@@ -1,8 +1,9 @@
 // Training on the GPU (train.device = cuda) against training on the CPU, the oracle: the hybrid models train with
-// the CPU's losses (f32 on both: within 1e-3 relative over every step), bitwise run to run on the GPU, and
-// checkpoints move between the devices (a run begun on one continues on the other with the other's losses). Every
-// test but the last skips without a GPU (scripts/device-check.sh runs them on one); the last checks, on a machine
-// without one, that asking for the GPU is a one-line error that leaves nothing behind.
+// the CPU's losses (f32 on both: within 1e-3 relative over every step), bitwise run to run on the GPU, checkpoints
+// move between the devices (a run begun on one continues on the other with the other's losses), and Kimi K3's image
+// tower feeding a model gives the CPU's logits and gradients. Every test but the last skips without a GPU
+// (scripts/device-check.sh runs them on one); the last checks, on a machine without one, that asking for the GPU is a
+// one-line error that leaves nothing behind.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,8 @@
 
 #include "core/device.h"
 #include "core/file.h"
+#include "core/safetensors.h"
+#include "model/runtime.h"
 #include "train/trainer.h"
 #include "util/test_util.h"
 
@@ -171,6 +174,45 @@ TEST(CudaTrain, LoraFineTunesABaseOnTheGpuWithTheCpusLosses) {
     const train::TrainSummary resumed = resume_copy(d, "gpu", 4, "cuda", "gpu_resumed");  // resumed on the GPU
     ASSERT_EQ(resumed.losses.size(), 4u);
     for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], gpu.losses[4 + i]) << "step " << 5 + i;
+}
+
+// Kimi K3's image tower feeding a language model (the golden of tests/model/test_vision.cpp) on both devices: the
+// CPU's logits, loss and gradients within f32 rounding of each device's own order.
+TEST(CudaTrain, AnImageTowerGivesTheCpusLogitsAndGradients) {
+    SKIP_WITHOUT_GPU();
+    const SafetensorsFile f(test::golden_path("model/vision_lm.safetensors"));
+    const model::ModelConfig cfg =
+        model::parse_model_config(Json::parse(f.metadata().at("config"))["model"], "vision_lm golden");
+    const model::StepShape shape{2, 24};
+    model::Model cpu(cfg), gpu(cfg);
+    model::ModelRuntime rc(cpu, shape, true, false), rg(gpu, shape, true, false, {}, nullptr, Device::cuda);
+    for (const BufferSpec& s : cpu.param_specs()) {
+        f.load_into("param." + s.name, rc.params().view(s.name));
+        const TensorView h = rc.params().view(s.name), d = rg.params().view(s.name);
+        copy_bytes(d.data, Device::cuda, h.data, Device::cpu, h.nbytes());
+    }
+    std::vector<ops::PatchGrid> grids;
+    const Tensor g = f.load("grids");
+    for (int64_t i = 0; i < g.shape()[0]; ++i) grids.push_back({g.ptr<int64_t>()[2 * i], g.ptr<int64_t>()[2 * i + 1]});
+    const Tensor patches = f.load("patches"), ids_t = f.load("ids"), targets_t = f.load("targets");
+    const std::span<const int32_t> ids(ids_t.ptr<int32_t>(), size_t(ids_t.numel())),
+        targets(targets_t.ptr<int32_t>(), size_t(targets_t.numel()));
+    cpu.set_images(grids, patches);
+    gpu.set_images(grids, patches);
+    Tensor lc(DType::f32, Shape{48, cfg.vocab_size}), lg(DType::f32, Shape{48, cfg.vocab_size}, Device::cuda);
+    cpu.forward_logits(shape, ids, lc);
+    gpu.forward_logits(shape, ids, lg);
+    EXPECT_TRUE(test::rel_rms_close(lg.to(Device::cpu), lc, 1e-5));
+    rc.grads().zero();
+    rg.grads().zero();
+    const double a = cpu.forward_backward(shape, ids, targets, 1.0).loss,
+                 b = gpu.forward_backward(shape, ids, targets, 1.0).loss;
+    EXPECT_NEAR(b, a, 1e-5 * std::abs(a));
+    for (const BufferSpec& s : cpu.trained_specs()) {
+        EXPECT_TRUE(test::rel_rms_close(Tensor::copy_of(rg.grads().view(s.name)).to(Device::cpu),
+                                        rc.grads().view(s.name), 1e-4))
+            << s.name;
+    }
 }
 
 TEST(CudaTrain, WithoutAGpuTheDeviceIsAOneLineErrorThatLeavesNothing) {

@@ -138,6 +138,23 @@ TEST(VisionModel, ImageRowsTakeTheImageTokensPlaces) {
     test::expect_error([&] { m.forward_logits(shape, ids, logits); }, "the ids hold 20 image tokens");
 }
 
+TEST(VisionTower, BadVisionSectionsAreOneLineErrorsNamingTheKey) {
+    const Json lm = Json::parse(R"({"vocab_size": 40, "d_model": 48, "n_layers": 1, "n_heads": 4, "ffn_dim": 64})");
+    auto with = [&](const char* vision) {
+        Json m = lm;
+        m["vision"] = Json::parse(vision);
+        return m;
+    };
+    test::expect_error([&] { (void)model::parse_model_config(with(R"({"layers": 2, "patch_size": 0})"), "c.json"); },
+                       "vision patch_size = 0 must be in [1, 64]");
+    test::expect_error([&] { (void)model::parse_model_config(with(R"({"layers": 2, "head_dim": 6})"), "c.json"); },
+                       "vision head_dim 6 must be a multiple of 4");
+    test::expect_error([&] { (void)model::parse_model_config(with(R"({"layers": 2, "image_token": 40})"), "c.json"); },
+                       "model.vision.image_token = 40 must be in [0, 39]");
+    test::expect_error([&] { (void)model::parse_model_config(with(R"({"layers": 2, "depth": 3})"), "c.json"); },
+                       "depth");
+}
+
 TEST(VisionTower, KimiK3VisionConfigImportsWithTheSpecsParameterCount) {
     std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/configs/hf/kimi_k3.json");
     const Json doc = Json::parse(in);

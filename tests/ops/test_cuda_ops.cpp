@@ -41,6 +41,7 @@
 #include "ops/router.h"
 #include "ops/rows.h"
 #include "ops/verify.h"
+#include "ops/vision.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -207,6 +208,55 @@ TEST(CudaOps, RowGlueOpsMatchTheCpuOnColumnBlocks) {
             ops::output_gate_forward(t[0].columns(2, G), t[1], t[2], t[3]);
             ops::output_gate_backward(t[4], t[1], t[2], t[5], t[6]);
         });
+}
+
+// The image tower's ops (ops/vision.h) on packed images of three sizes (one at the position table's own size), as the
+// tower calls them: q and k head views of a fused projection's rows, the rope in place; and the rows the model puts
+// at its image tokens.
+TEST(CudaOps, VisionOpsMatchTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const std::vector<ops::PatchGrid> grids{{4, 6}, {2, 4}, {6, 8}};  // 24 + 8 + 48 patches, 6 + 2 + 12 cells
+    const int64_t N = 80, M = 20, C = 24, H = 2, D = 12;
+    for (DType dtype : {DType::f32, DType::f64}) {
+        SCOPED_TRACE(dtype_name(dtype));
+        expect_cuda_like_cpu(
+            {Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{N, C}, Shape{N, C}},
+            [&](std::vector<TensorView> t) {
+                ops::gelu_forward(ops::Gelu::tanh, t[0], t[1]);
+                ops::gelu_forward(ops::Gelu::erf, t[0].columns(2, 10), t[2].columns(4, 10));
+                ops::gelu_backward(ops::Gelu::tanh, t[3], t[0], t[4]);
+                ops::gelu_backward(ops::Gelu::erf, t[3].columns(0, 8), t[0].columns(8, 8), t[4].columns(16, 8));
+            },
+            1e-5, 1e-6, dtype);
+        expect_cuda_like_cpu(
+            {Shape{N, 3 * H * D}, Shape{N, H * D}},
+            [&](std::vector<TensorView> t) {
+                auto heads = [&](TensorView rows, int64_t col) {
+                    TensorView v = rows.columns(col, H * D);
+                    v.shape = Shape{N, H, D};
+                    v.strides = {rows.strides[0], D, 1};
+                    return v;
+                };
+                ops::rope_2d_forward(10000.0, grids, heads(t[0], 0), heads(t[0], 0));  // in place, as the tower
+                ops::rope_2d_backward(500.0, grids, heads(t[0], H * D), heads(t[1], 0));
+            },
+            1e-5, 1e-6, dtype);
+        expect_cuda_like_cpu(
+            {Shape{4, 6, C}, Shape{N, C}, Shape{N, C}, Shape{4, 6, C}, Shape{N, C}, Shape{M, 4 * C}, Shape{M, 4 * C},
+             Shape{N, C}},
+            [&](std::vector<TensorView> t) {
+                ops::pos_embed_forward(grids, t[0], t[1]);
+                ops::pos_embed_backward(grids, t[2], t[3]);
+                ops::patch_merge_forward(grids, 2, 2, t[4], t[5]);
+                ops::patch_merge_backward(grids, 2, 2, t[6], t[7]);
+            },
+            1e-5, 1e-6, dtype);
+    }
+    const std::vector<int64_t> at{3, 17, 4, 40, 41};
+    expect_cuda_like_cpu({Shape{5, C}, Shape{N, C + 8}, Shape{N, C}}, [&](std::vector<TensorView> t) {
+        ops::scatter_rows(t[0], at, t[1].columns(8, C));
+        ops::zero_rows_at(t[2], at);
+    });
 }
 
 TEST(CudaOps, MatmulHeadsMatchesTheCpuInEveryTransposition) {

@@ -63,19 +63,19 @@ void add_rows(TensorView src, TensorView dst) {
 }
 
 void scatter_rows(TensorView src, std::span<const int64_t> at, TensorView dst) {
-    cpu_only("scatter_rows", {src, dst});
     const Rows<float> S = f32_rows(src, "scatter_rows: src"), D = f32_rows(dst, "scatter_rows: dst");
     TESSERA_CHECK(S.rows == int64_t(at.size()) && S.cols == D.cols, "scatter_rows: src {} for {} positions into {}",
                   src.shape.str(), at.size(), dst.shape.str());
     for (int64_t p : at) TESSERA_CHECK(p >= 0 && p < D.rows, "scatter_rows: position {} of {} rows", p, D.rows);
+    if (op_device("scatter_rows", {src, dst}) == Device::cuda) return TESSERA_ON_CUDA(scatter_rows(src, at, dst));
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < S.rows; ++i) std::memcpy(D.row(at[size_t(i)]), S.row(i), size_t(S.cols) * sizeof(float));
 }
 
 void zero_rows_at(TensorView t, std::span<const int64_t> at) {
-    cpu_only("zero_rows_at", {t});
     const Rows<float> T = f32_rows(t, "zero_rows_at: t");
     for (int64_t p : at) TESSERA_CHECK(p >= 0 && p < T.rows, "zero_rows_at: position {} of {} rows", p, T.rows);
+    if (op_device("zero_rows_at", {t}) == Device::cuda) return TESSERA_ON_CUDA(zero_rows_at(t, at));
     for (int64_t p : at) std::memset(T.row(p), 0, size_t(T.cols) * sizeof(float));
 }
 

@@ -1,4 +1,4 @@
-// The image tower's ops (ops/vision.h): entry points (checks; CUDA tensors refused) and the CPU kernels. Every
+// The image tower's ops (ops/vision.h): entry points (checks, then CUDA tensors to ops/cuda) and the CPU kernels. Every
 // output element is written by one thread walking its inputs in a fixed order, so results do not depend on the
 // thread count.
 #include "ops/vision.h"
@@ -116,21 +116,6 @@ void check_rope_2d(std::span<const PatchGrid> grids, const TensorView& a, const 
 
 // ---- pos_embed ----
 
-// The two source indices and their weights of output index d when resizing `in` to `out` (PyTorch's bilinear,
-// align_corners = False); the identity when in == out.
-struct Taps {
-    int64_t i0, i1;
-    double w0, w1;
-};
-Taps taps(int64_t d, int64_t in, int64_t out) {
-    if (in == out) return {d, d, 1.0, 0.0};
-    const double src = std::max((double(d) + 0.5) * double(in) / double(out) - 0.5, 0.0);
-    const auto i0 = std::min(int64_t(src), in - 1);
-    const int64_t i1 = std::min(i0 + 1, in - 1);
-    const double l1 = src - double(i0);
-    return {i0, i1, 1.0 - l1, l1};
-}
-
 void check_table(std::span<const PatchGrid> grids, const TensorView& table, const TensorView& x, std::string_view op) {
     TESSERA_CHECK(table.ndim() == 3 && table.is_contiguous(), "{}: the table must be a contiguous [Ht, Wt, C], not {}",
                   op, table.shape.str());
@@ -151,7 +136,7 @@ void pos_embed_fwd(std::span<const PatchGrid> grids, const TensorView& table, co
     for (const PatchGrid& g : grids) {
 #pragma omp parallel for schedule(static)
         for (int64_t p = 0; p < g.patches(); ++p) {
-            const Taps r = taps(p / g.w, Ht, g.h), c = taps(p % g.w, Wt, g.w);
+            const BilinearTaps r = bilinear_taps(p / g.w, Ht, g.h), c = bilinear_taps(p % g.w, Wt, g.w);
             const T* t00 = tab + (r.i0 * Wt + c.i0) * C;
             const T* t01 = tab + (r.i0 * Wt + c.i1) * C;
             const T* t10 = tab + (r.i1 * Wt + c.i0) * C;
@@ -177,7 +162,7 @@ void pos_embed_bwd(std::span<const PatchGrid> grids, const TensorView& dx, const
         int64_t base = 0;
         for (const PatchGrid& g : grids) {
             for (int64_t p = 0; p < g.patches(); ++p) {
-                const Taps r = taps(p / g.w, Ht, g.h), c = taps(p % g.w, Wt, g.w);
+                const BilinearTaps r = bilinear_taps(p / g.w, Ht, g.h), c = bilinear_taps(p % g.w, Wt, g.w);
                 const T* d = dr.row(base + p);
                 const std::array<std::pair<int64_t, T>, 4> to{{{r.i0 * Wt + c.i0, T(r.w0 * c.w0)},
                                                                {r.i0 * Wt + c.i1, T(r.w0 * c.w1)},
@@ -217,28 +202,11 @@ void check_merge(std::span<const PatchGrid> grids,
                   dtype_name(y.dtype));
 }
 
-// f(merged row, slot, patch row) for every (cell, slot): slot s = u·kw + v of the cell's kh × kw patches.
-template <class F>
-void for_each_merge(std::span<const PatchGrid> grids, int64_t kh, int64_t kw, F&& f) {
-    int64_t base = 0, out = 0;
-    for (const PatchGrid& g : grids) {
-        const int64_t cells_w = g.w / kw, cells = g.patches() / (kh * kw);
-#pragma omp parallel for schedule(static)
-        for (int64_t m = 0; m < cells; ++m) {
-            const int64_t a = m / cells_w, b = m % cells_w;
-            for (int64_t u = 0; u < kh; ++u)
-                for (int64_t v = 0; v < kw; ++v) f(out + m, u * kw + v, base + (a * kh + u) * g.w + b * kw + v);
-        }
-        base += g.patches();
-        out += cells;
-    }
-}
-
 }  // namespace
 
 void gelu_forward(Gelu kind, TensorView x, TensorView y) {
-    cpu_only("gelu", {x, y});
     check_rows_like(x, y, "gelu", "y");
+    if (op_device("gelu", {x, y}) == Device::cuda) return TESSERA_ON_CUDA(gelu_forward(kind, x, y));
     dispatch_float(x.dtype, "gelu", [&]<class T>(T) {
         const cpu::Rows<T> xr = cpu::rows_of<T>(x, "gelu: x");
         const cpu::Rows<T> yr = cpu::rows_of<T>(y, "gelu: y");
@@ -252,9 +220,9 @@ void gelu_forward(Gelu kind, TensorView x, TensorView y) {
 }
 
 void gelu_backward(Gelu kind, TensorView dy, TensorView x, TensorView dx) {
-    cpu_only("gelu", {dy, x, dx});
     check_rows_like(x, dy, "gelu", "dy");
     check_rows_like(x, dx, "gelu", "dx");
+    if (op_device("gelu", {dy, x, dx}) == Device::cuda) return TESSERA_ON_CUDA(gelu_backward(kind, dy, x, dx));
     dispatch_float(x.dtype, "gelu", [&]<class T>(T) {
         const cpu::Rows<T> xr = cpu::rows_of<T>(x, "gelu: x"), dr = cpu::rows_of<T>(dy, "gelu: dy");
         const cpu::Rows<T> gr = cpu::rows_of<T>(dx, "gelu: dx");
@@ -268,51 +236,54 @@ void gelu_backward(Gelu kind, TensorView dy, TensorView x, TensorView dx) {
 }
 
 void rope_2d_forward(double theta, std::span<const PatchGrid> grids, TensorView x, TensorView y) {
-    cpu_only("rope_2d", {x, y});
     check_rope_2d(grids, x, y, "y");
+    if (op_device("rope_2d", {x, y}) == Device::cuda) return TESSERA_ON_CUDA(rope_2d_forward(theta, grids, x, y));
     dispatch_float(x.dtype, "rope_2d", [&]<class T>(T) { rope_2d<T>(theta, grids, x, y, +1.0, false); });
 }
 
 void rope_2d_backward(double theta, std::span<const PatchGrid> grids, TensorView dy, TensorView dx) {
-    cpu_only("rope_2d", {dy, dx});
     check_rope_2d(grids, dy, dx, "dx");
     TESSERA_CHECK(dx.data != dy.data, "rope_2d: dx must not alias dy");
+    if (op_device("rope_2d", {dy, dx}) == Device::cuda) return TESSERA_ON_CUDA(rope_2d_backward(theta, grids, dy, dx));
     dispatch_float(dy.dtype, "rope_2d", [&]<class T>(T) { rope_2d<T>(theta, grids, dy, dx, -1.0, true); });
 }
 
 void pos_embed_forward(std::span<const PatchGrid> grids, TensorView table, TensorView x) {
-    cpu_only("pos_embed", {table, x});
     check_table(grids, table, x, "pos_embed");
+    if (op_device("pos_embed", {table, x}) == Device::cuda) return TESSERA_ON_CUDA(pos_embed_forward(grids, table, x));
     dispatch_float(x.dtype, "pos_embed", [&]<class T>(T) { pos_embed_fwd<T>(grids, table, x); });
 }
 
 void pos_embed_backward(std::span<const PatchGrid> grids, TensorView dx, TensorView dtable) {
-    cpu_only("pos_embed", {dx, dtable});
     check_table(grids, dtable, dx, "pos_embed");
+    if (op_device("pos_embed", {dx, dtable}) == Device::cuda)
+        return TESSERA_ON_CUDA(pos_embed_backward(grids, dx, dtable));
     dispatch_float(dx.dtype, "pos_embed", [&]<class T>(T) { pos_embed_bwd<T>(grids, dx, dtable); });
 }
 
 void patch_merge_forward(std::span<const PatchGrid> grids, int64_t kh, int64_t kw, TensorView x, TensorView y) {
-    cpu_only("patch_merge", {x, y});
     check_merge(grids, kh, kw, x, y, "patch_merge");
+    if (op_device("patch_merge", {x, y}) == Device::cuda)
+        return TESSERA_ON_CUDA(patch_merge_forward(grids, kh, kw, x, y));
     dispatch_float(x.dtype, "patch_merge", [&]<class T>(T) {
         const cpu::Rows<T> xr = cpu::rows_of<T>(x, "patch_merge: x");
         const cpu::Rows<T> yr = cpu::rows_of<T>(y, "patch_merge: y");
         const int64_t C = xr.cols;
-        for_each_merge(grids, kh, kw, [&](int64_t m, int64_t s, int64_t n) {
+        for_each_merge_slot(grids, kh, kw, [&](int64_t m, int64_t s, int64_t n) {
             std::copy(xr.row(n), xr.row(n) + C, yr.row(m) + s * C);
         });
     });
 }
 
 void patch_merge_backward(std::span<const PatchGrid> grids, int64_t kh, int64_t kw, TensorView dy, TensorView dx) {
-    cpu_only("patch_merge", {dy, dx});
     check_merge(grids, kh, kw, dx, dy, "patch_merge");
+    if (op_device("patch_merge", {dy, dx}) == Device::cuda)
+        return TESSERA_ON_CUDA(patch_merge_backward(grids, kh, kw, dy, dx));
     dispatch_float(dx.dtype, "patch_merge", [&]<class T>(T) {
         const cpu::Rows<T> yr = cpu::rows_of<T>(dy, "patch_merge: dy");
         const cpu::Rows<T> xr = cpu::rows_of<T>(dx, "patch_merge: dx");
         const int64_t C = xr.cols;
-        for_each_merge(grids, kh, kw, [&](int64_t m, int64_t s, int64_t n) {
+        for_each_merge_slot(grids, kh, kw, [&](int64_t m, int64_t s, int64_t n) {
             const T* d = yr.row(m) + s * C;
             T* g = xr.row(n);
             for (int64_t k = 0; k < C; ++k) g[k] += d[k];

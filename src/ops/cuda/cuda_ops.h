@@ -27,6 +27,7 @@
 #include "ops/rows.h"
 #include "ops/situ_glu.h"
 #include "ops/swiglu.h"
+#include "ops/vision.h"
 
 namespace tessera::ops::cuda {
 
@@ -308,5 +309,19 @@ void moe_gate_grads(const MoeSaved& s, TensorView row_dot, TensorView dg, int64_
 void moe_shared_scale_forward(TensorView ss, TensorView sa);
 void moe_shared_scale_backward(TensorView ss, TensorView sa, TensorView dsa, TensorView du);
 double routing_entropy_sum(TensorView scores);
+
+// The image tower's ops (ops/vision.h; vision_ops.cpp, vision.cu): the per-patch positions, the position table's
+// taps and the merge's source rows computed on the host (the CPU's own arithmetic) and uploaded per call; every
+// output element written by one thread, sums in the CPU's order.
+void gelu_forward(Gelu kind, TensorView x, TensorView y);
+void gelu_backward(Gelu kind, TensorView dy, TensorView x, TensorView dx);
+void rope_2d_forward(double theta, std::span<const PatchGrid> grids, TensorView x, TensorView y);
+void rope_2d_backward(double theta, std::span<const PatchGrid> grids, TensorView dy, TensorView dx);
+void pos_embed_forward(std::span<const PatchGrid> grids, TensorView table, TensorView x);
+void pos_embed_backward(std::span<const PatchGrid> grids, TensorView dx, TensorView dtable);
+void patch_merge_forward(std::span<const PatchGrid> grids, int64_t kh, int64_t kw, TensorView x, TensorView y);
+void patch_merge_backward(std::span<const PatchGrid> grids, int64_t kh, int64_t kw, TensorView dy, TensorView dx);
+void scatter_rows(TensorView src, std::span<const int64_t> at, TensorView dst);
+void zero_rows_at(TensorView t, std::span<const int64_t> at);
 
 }  // namespace tessera::ops::cuda

@@ -582,4 +582,49 @@ cudaError_t launch_moe_shared_scale_backward(
 template <class T>
 cudaError_t launch_routing_entropy(RowsArg<const T> scores, double* out, cudaStream_t stream);
 
+// The image tower's ops (ops/vision.h; vision.cu).
+// GELU, exact (erf) or PyTorch's tanh form; backward dx += gelu'(x)·dy.
+template <class T>
+cudaError_t launch_gelu_forward(bool tanh_form, RowsArg<const T> x, RowsArg<T> y, cudaStream_t stream);
+template <class T>
+cudaError_t launch_gelu_backward(
+    bool tanh_form, RowsArg<const T> dy, RowsArg<const T> x, RowsArg<T> dx, cudaStream_t stream);
+// 2-D RoPE over [N, H, D] views (src.st / dst.st: the patch stride, .sh: the head stride; sb unused): pair i of patch n
+// turns by sign·(i even ? col : row)·freq[i / 2], colrow [N, 2] (column, row of each patch), freq D/4 values.
+template <class T>
+cudaError_t launch_rope_2d(HeadsArg<const T> src,
+                           HeadsArg<T> dst,
+                           int64_t N,
+                           int64_t H,
+                           int64_t D,
+                           const int32_t* colrow,
+                           const double* freq,
+                           double sign,
+                           bool accumulate,
+                           cudaStream_t stream);
+// The position table's four taps of each patch (cells of the [Ht·Wt, C] table and their weights, in the CPU's order:
+// (r0, c0), (r0, c1), (r1, c0), (r1, c1)). Forward x[n] += Σ w·table[cell]; backward dtable[cell] += w·dx[n], one
+// thread per column walking the patches in order.
+struct PosTaps {
+    int64_t cell[4];
+    double w[4];
+};
+template <class T>
+cudaError_t launch_pos_embed_forward(const PosTaps* taps, const T* table, RowsArg<T> x, cudaStream_t stream);
+template <class T>
+cudaError_t launch_pos_embed_backward(const PosTaps* taps, RowsArg<const T> dx, T* dtable, cudaStream_t stream);
+// Rows moved by an index: segment i of `wide` is row i / per of it at column (i % per)·cols (per = 1: whole rows).
+// gather: wide segment i = narrow row idx[i]; scatter_add: narrow row idx[i] += wide segment i (idx distinct);
+// scatter: narrow row idx[i] = wide segment i; zero: narrow row idx[i] = 0. n segments of `cols` values.
+enum class RowMove : int { gather, scatter_add, scatter, zero };
+template <class T>
+cudaError_t launch_move_rows(RowMove how,
+                             RowsArg<T> narrow,
+                             RowsArg<T> wide,
+                             int64_t per,
+                             const int64_t* idx,
+                             int64_t n,
+                             int64_t cols,
+                             cudaStream_t stream);
+
 }  // namespace tessera::ops::cuda
