@@ -377,8 +377,9 @@ void Model::bind(const BufferGroup& params,
 
 void Model::set_images(std::span<const ops::PatchGrid> grids, TensorView patches) {
     TESSERA_CHECK(vision_ || grids.empty(), "model: images given, but the model has no image tower (model.vision)");
-    TESSERA_CHECK(grids.size() <= image_grids_.capacity(), "model: {} images in one pass; at most {} fit", grids.size(),
-                  image_grids_.capacity());
+    TESSERA_CHECK(!vision_ || int64_t(grids.size()) <= vision_->max_images(),
+                  "model: {} images in one pass; at most {} fit (model.vision.max_patches)", grids.size(),
+                  vision_ ? vision_->max_images() : 0);
     image_grids_.assign(grids.begin(), grids.end());
     image_patches_ = patches;
     if (grids.empty()) return;

@@ -90,6 +90,7 @@ void VisionTower::bind(const BufferGroup& params,
     proj_hidden_ = acts.view("vision.proj_hidden");
     proj_out_ = acts.view("vision.proj_out");
     ws_ = workspace;
+    max_images_ = max_images;
     cu_.clear();
     cu_.reserve(size_t(max_images) + 1);
 }
@@ -111,8 +112,8 @@ void VisionTower::forward(std::span<const ops::PatchGrid> grids, TensorView patc
     const VisionConfig& c = cfg_;
     const int64_t M = tokens(grids), N = ops::grid_patches(grids), D = c.head_dim, H = c.heads;
     TESSERA_CHECK(N <= x_.size(0), "vision tower: {} patches, but the buffers hold {}", N, x_.size(0));
-    TESSERA_CHECK(grids.size() < cu_.capacity(), "vision tower: {} images, but at most {} were bound", grids.size(),
-                  cu_.capacity() - 1);
+    TESSERA_CHECK(int64_t(grids.size()) <= max_images_, "vision tower: {} images, but at most {} were bound",
+                  grids.size(), max_images_);
     TESSERA_CHECK(patches.ndim() == 2 && patches.size(0) == N && patches.size(1) == c.patch_dim(),
                   "vision tower: patches {} must be [{}, {}]", patches.shape.str(), N, c.patch_dim());
     TESSERA_CHECK(out.ndim() == 2 && out.size(0) == M && out.size(1) == c.text_width,

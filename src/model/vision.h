@@ -43,6 +43,7 @@ class VisionTower {
 
     // Image tokens the grids give (Σ h·w / (merge_h·merge_w)); checks every grid is whole cells within max_grid.
     int64_t tokens(std::span<const ops::PatchGrid> grids) const;
+    int64_t max_images() const { return max_images_; }  // as bound
     // patches [Σ h·w, patch_dim] → out [tokens(grids), text_width]
     void forward(std::span<const ops::PatchGrid> grids, TensorView patches, TensorView out);
     double forward_flops(std::span<const ops::PatchGrid> grids) const;
@@ -56,6 +57,7 @@ class VisionTower {
     std::vector<Layer> layers_;
     TensorView x_, h_, qkv_, o_, tmp_, ffn_, lse_, rstd_, merged_, proj_hidden_, proj_out_;
     std::span<std::byte> ws_;
+    int64_t max_images_ = 0;
     std::vector<int64_t> cu_;  // image boundaries of the packed patches (capacity set at bind)
 };
 
