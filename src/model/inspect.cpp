@@ -107,9 +107,10 @@ std::string ModelSummary::str() const {
                        lora.enabled() ? ": no weight gradients for the frozen base" : "");
     out += fmt::format("weights: {} in bf16, {} in f32\n", gib(2.0 * double(params)), gib(4.0 * double(params)));
     out += fmt::format(
-        "full AdamW training state (f32 weights, gradients, two moments: 16 B per parameter): {} before "
+        "full AdamW training state (f32 weights, gradients, two moments: 16 B per parameter{}): {} before "
         "activations\n",
-        gib(16.0 * double(params)));
+        vision_params ? "; the frozen image tower its f32 weights, 4 B" : "",
+        gib(16.0 * double(params - vision_params) + 4.0 * double(vision_params)));
     if (lora.enabled()) {
         out += fmt::format(
             "LoRA rank {} (alpha {}{}) on {} modules: {} parameters train ({:.3f}% of the base); training state "

@@ -9,8 +9,8 @@
 //   z = RMSNorm_final(x); m = patch_merge(z) (2×2 cells side by side: 4·width per image token)
 //   out = RMSNorm_post(proj2(gelu_erf(proj0(m))))  [Σ h·w / 4, text width]: one row per image token of the LM.
 // The tower runs forward only (frozen: a fine-tune trains the language model's adapters; its backward is not
-// built yet). Parameter names are the checkpoint's (`vision_tower.*`, `mm_projector.*`). CPU only for now: the
-// tower's own ops (ops/vision.h) have no CUDA kernels yet.
+// built yet). Parameter names are the checkpoint's (`vision_tower.*`, `mm_projector.*`). It runs on either backend:
+// its ops (ops/vision.h) have CUDA kernels, compiled but not yet run on a GPU.
 #pragma once
 
 #include <span>

@@ -34,6 +34,12 @@ const std::string kLora =
 
 std::string ckpt(const std::string& run, int step) { return fmt::format("{}/checkpoints/step_{:07d}", run, step); }
 
+// a run directory `to` holding only `run`'s checkpoint at `step`: `train --resume to` continues from there
+void continue_from(const std::string& run, int step, const std::string& to) {
+    fs::create_directories(to + "/checkpoints");
+    fs::copy(ckpt(run, step), ckpt(to, step));
+}
+
 // the last evaluation's loss, as written
 std::string final_eval(const std::string& run) {
     std::string last;
@@ -88,8 +94,7 @@ TEST(FineTune, LoraCheckpointsHoldTheAdaptersAndResumeBitwise) {
     EXPECT_TRUE(st.contains("base_hash") && st["base_hash"].is_number_integer());
     EXPECT_EQ(Json::parse(read_text(ckpt(run, 12) + "/config.json"))["train"]["base"], ckpt(d.file("base"), 12));
     // step 6 continued: the uninterrupted run's bits
-    fs::create_directories(resumed + "/checkpoints");
-    fs::copy(ckpt(run, 6), ckpt(resumed, 6));
+    continue_from(run, 6, resumed);
     r = run_tessera("train --resume " + resumed);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(losses(run, 6), losses(resumed));
@@ -351,8 +356,7 @@ TEST(FineTune, UnderMpiEqualsOneProcess) {
     expect_close_losses(d.file("moe_one"), d.file("moe_ep2"));
     // the W-rank checkpoint resumes in one process
     const std::string resumed = d.file("moe_resumed");
-    fs::create_directories(resumed + "/checkpoints");
-    fs::copy(ckpt(d.file("moe_ep2"), 6), ckpt(resumed, 6));
+    continue_from(d.file("moe_ep2"), 6, resumed);
     a = run_tessera("train --resume " + resumed + " --set parallel.ep=1");
     ASSERT_EQ(a.status, 0) << a.err;
     expect_close_losses(d.file("moe_one"), resumed, 6);
@@ -379,8 +383,7 @@ TEST(FineTune, FrozenExpertsAreCutOverTheirReplicas) {
         EXPECT_NE(b.out.find("params.shard.frozen_experts"), std::string::npos) << b.out;
         EXPECT_EQ(losses(d.file("one")), losses(d.file("two")));
         const std::string resumed = d.file("resumed");
-        fs::create_directories(resumed + "/checkpoints");
-        fs::copy(ckpt(d.file("two"), 6), ckpt(resumed, 6));
+        continue_from(d.file("two"), 6, resumed);
         const test::CliResult c = run_tessera("train --resume " + resumed);
         ASSERT_EQ(c.status, 0) << c.err;
         EXPECT_EQ(losses(d.file("one"), 6), losses(resumed));
@@ -425,8 +428,7 @@ TEST(FineTune, ABf16BaseShardsAndResumes) {
     for (const auto& [key, value] : losses(d.file("f32")))
         EXPECT_NEAR(std::stod(losses(d.file("one")).at(key)), std::stod(value), 2e-2) << key.first << " " << key.second;
     const std::string resumed = d.file("resumed");
-    fs::create_directories(resumed + "/checkpoints");
-    fs::copy(ckpt(d.file("two"), 6), ckpt(resumed, 6));
+    continue_from(d.file("two"), 6, resumed);
     a = run_tessera("train --resume " + resumed);
     ASSERT_EQ(a.status, 0) << a.err;
     EXPECT_EQ(losses(d.file("one"), 6), losses(resumed));
@@ -463,8 +465,7 @@ TEST(FineTune, Mxfp4ExpertsTrainUnderExpertParallelismAndResume) {
     for (const auto& [key, value] : losses(d.file("f32")))
         EXPECT_NEAR(std::stod(losses(d.file("one")).at(key)), std::stod(value), 0.1) << key.first << " " << key.second;
     const std::string resumed = d.file("resumed");
-    fs::create_directories(resumed + "/checkpoints");
-    fs::copy(ckpt(d.file("one"), 6), ckpt(resumed, 6));
+    continue_from(d.file("one"), 6, resumed);
     a = run_tessera("train --resume " + resumed);
     ASSERT_EQ(a.status, 0) << a.err;
     EXPECT_EQ(losses(d.file("one"), 6), losses(resumed));
@@ -504,8 +505,7 @@ TEST(FineTune, AWeightBudgetReadsTheBaseInPlaceAndTrainsAsTheResidentBase) {
         EXPECT_EQ(steps, 12);
         // step 6 continued under the budget: the uninterrupted run's bits
         const std::string resumed = base + "_resumed";
-        fs::create_directories(resumed + "/checkpoints");
-        fs::copy(ckpt(base + "_budget", 6), ckpt(resumed, 6));
+        continue_from(base + "_budget", 6, resumed);
         const test::CliResult c = run_tessera("train --resume " + resumed);
         ASSERT_EQ(c.status, 0) << c.err;
         EXPECT_EQ(losses(base + "_budget", 6), losses(resumed));
@@ -800,8 +800,7 @@ TEST(FineTune, AKimiK3BaseWithItsImageTowerScoresImagesAndFineTunesOnText) {
                 EXPECT_TRUE(name.find(".lora_") != std::string::npos) << name;
             }
         }
-        fs::create_directories(resumed + "/checkpoints");
-        fs::copy(ckpt(run, 2), ckpt(resumed, 2));
+        continue_from(run, 2, resumed);
         r = run_tessera("train --resume " + resumed);
         ASSERT_EQ(r.status, 0) << r.err;
         EXPECT_EQ(losses(run, 2), losses(resumed));

@@ -3,6 +3,7 @@
 // thread's scratch in one request, and launches the kernels of vision.cu.
 #include <array>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
@@ -11,10 +12,10 @@
 namespace tessera::ops::cuda {
 
 namespace {
-// [B = 1, T = N, H, D] kernel arguments of an [N, H, D] view
+// [B = 1, T = N, H, D] kernel arguments of an [N, H, D] view (T const-qualified for an input)
 template <class T>
 HeadsArg<T> patch_heads(const TensorView& v) {
-    return {v.ptr<T>(), 0, v.strides[0], v.strides[1]};
+    return {v.ptr<std::remove_const_t<T>>(), 0, v.strides[0], v.strides[1]};
 }
 
 void rotate_2d(double theta, std::span<const PatchGrid> grids, TensorView src, TensorView dst, double sign, bool acc) {
@@ -34,9 +35,8 @@ void rotate_2d(double theta, std::span<const PatchGrid> grids, TensorView src, T
     const int32_t* d_colrow = upload(s, std::span<const int32_t>(colrow));
     const double* d_freq = upload(s + a, std::span<const double>(freq.data(), size_t(D / 4)));
     dispatch_float(src.dtype, "rope_2d", [&]<class T>(T) {
-        const HeadsArg<T> from = patch_heads<T>(src);
-        check_launch(launch_rope_2d<T>({from.data, 0, from.st, from.sh}, patch_heads<T>(dst), N, H, D, d_colrow, d_freq,
-                                       sign, acc, stream()),
+        check_launch(launch_rope_2d<T>(patch_heads<const T>(src), patch_heads<T>(dst), N, H, D, d_colrow, d_freq, sign,
+                                       acc, stream()),
                      "rope_2d");
     });
 }
