@@ -772,6 +772,32 @@ TEST(FineTune, AKimiK3BaseWithItsImageTowerScoresImagesAndFineTunesOnText) {
               std::string::npos)
         << s.err;
     EXPECT_FALSE(fs::exists(d.file("bad_logits.safetensors")));
+    // the images' tensors themselves: each mistake one line, nothing written
+    const std::vector<std::pair<std::vector<NamedTensor>, std::string>> bad = {
+        {{{"ids", TensorView(seq.data(), DType::i32, Shape{1, 16})}, {"pixel_values", pixels.view()}},
+         "images need both pixel_values and image_grid_hws"},
+        {{{"ids", TensorView(seq.data(), DType::i32, Shape{1, 16})},
+          {"pixel_values", pixels.view().reshape(Shape{16, 2, 6})},
+          {"image_grid_hws", TensorView(hw.data(), DType::i64, Shape{1, 2})}},
+         "pixel_values must be [patches, 3, 2, 2] or [patches, 12], not [16, 2, 6]"},
+        {{{"ids", TensorView(seq.data(), DType::i32, Shape{1, 16})},
+          {"pixel_values", pixels.view()},
+          {"image_grid_hws", TensorView(hw.data(), DType::i64, Shape{2})}},
+         "image_grid_hws must be [images, 2] i32 or i64"},
+    };
+    for (const auto& [tensors, needle] : bad) {
+        write_safetensors(d.file("bad.safetensors"), tensors);
+        test::expect_one_line_error(
+            run_tessera("logits --checkpoint " + d.file("k3") + " --in " + d.file("bad.safetensors") + " --out " +
+                        d.file("bad_logits.safetensors")),
+            needle, needle);
+        EXPECT_FALSE(fs::exists(d.file("bad_logits.safetensors")));
+    }
+    // images for a model without a tower
+    test::expect_one_line_error(
+        run_tessera("logits --checkpoint " + test::golden_path("hf/kimi_linear_tiny") + " --in " +
+                    d.file("in.safetensors") + " --out " + d.file("bad_logits.safetensors")),
+        "images given, but", "a model without a tower");
     std::vector<uint16_t> ids(6000);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t(6 + (i * 7 + i / 13) % 58);  // no image token
     write_safetensors(d.file("ids.safetensors"),
