@@ -83,8 +83,9 @@ TensorView BufferGroup::view(size_t i) const {
         TESSERA_CHECK(i < outside_.size() && outside_[i], "buffer group {}: \"{}\" was never placed", name_,
                       specs_[i].name);
         const std::vector<void*>& at = *outside_[i];  // (host memory: a mapped file)
-        return at.size() == 1 ? TensorView(at[0], specs_[i].dtype, specs_[i].shape)
-                              : TensorView::stored_apart(at.data(), specs_[i].dtype, specs_[i].shape);
+        return at.size() == 1 && specs_[i].dtype != DType::mxfp4
+                   ? TensorView(at[0], specs_[i].dtype, specs_[i].shape)
+                   : TensorView::stored_apart(at.data(), specs_[i].dtype, specs_[i].shape);
     }
     return TensorView(block_.data() + offsets_[i], specs_[i].dtype, specs_[i].shape, block_.device());
 }
@@ -92,9 +93,11 @@ TensorView BufferGroup::view(size_t i) const {
 void BufferGroup::place_outside(size_t i, std::vector<std::byte*> where) {
     TESSERA_CHECK(i < specs_.size() && offsets_[i] == kOutside, "buffer group {}: buffer {} is not one placed outside",
                   name_, i);
-    TESSERA_CHECK(where.size() == 1 || (specs_[i].shape.ndim >= 1 && int64_t(where.size()) == specs_[i].shape[0]),
-                  "buffer group {}: \"{}\" {} placed in {} pieces (one, or one per slice)", name_, specs_[i].name,
-                  specs_[i].shape.str(), where.size());
+    const int64_t per_slice = specs_[i].dtype == DType::mxfp4 ? 2 : 1;  // (mxfp4: packed values and scales)
+    TESSERA_CHECK((where.size() == 1 && per_slice == 1) ||
+                      (specs_[i].shape.ndim >= 1 && int64_t(where.size()) == per_slice * specs_[i].shape[0]),
+                  "buffer group {}: \"{}\" {} {} placed in {} pieces (one, or {} per slice)", name_, specs_[i].name,
+                  specs_[i].shape.str(), dtype_name(specs_[i].dtype), where.size(), per_slice == 1 ? "one" : "two");
     outside_.resize(specs_.size());
     outside_[i] = std::make_shared<const std::vector<void*>>(where.begin(), where.end());
 }
@@ -125,6 +128,7 @@ void check_finite(const BufferGroup& g, const std::string& where) {
     Tensor host;  // a device group's buffer, copied to the host one at a time
     for (size_t i = 0; i < g.size(); ++i) {
         const TensorView whole = g.view(i);
+        if (whole.dtype == DType::mxfp4) continue;  // finite by construction (core/mxfp4.h)
         // its contiguous pieces: all of it, or each slice when they are stored apart
         const int64_t pieces = whole.slices ? whole.size(0) : 1;
         for (int64_t k = 0; k < pieces; ++k) {
@@ -145,7 +149,7 @@ void check_finite(const BufferGroup& g, const std::string& where) {
             } else if (v.dtype == DType::bf16) {
                 bad = first_non_finite(v.ptr<bf16>(), v.numel(), bf16_to_float);
                 if (bad >= 0) value = bf16_to_float(v.ptr<bf16>()[bad]);
-            }  // (mxfp4 values are finite by construction: core/mxfp4.h)
+            }
             TESSERA_CHECK(bad < 0,
                           "{}: tensor \"{}\" holds {} at index {} (a diverged run's weights?); refusing to use it",
                           where, g.specs()[i].name, value, k * v.numel() + bad);

@@ -60,8 +60,8 @@ class BufferGroup {
     // Allocates the group's block from the arena (zero-filled) and binds the views.
     void allocate(const std::shared_ptr<Arena>& arena);
     // Buffer i (offset kOutside) lives at where: one address for all of it, or one per dimension-0 slice (its view
-    // then has its slices stored apart, core/tensor.h). A frozen weight read in place from a mapped file: the weight
-    // budget, train/weight_budget.h.
+    // then has its slices stored apart, core/tensor.h; an mxfp4 one two a slice, its packed values and its scales). A
+    // frozen weight read in place from a mapped file: the weight budget, train/weight_budget.h.
     void place_outside(size_t i, std::vector<std::byte*> where);
     std::byte* base() const { return block_.data(); }
     Device device() const { return block_.device(); }  // where its block lives (its arena's device)

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <vector>
 
 #include "core/check.h"
 
@@ -43,16 +42,17 @@ void check_block(uint8_t e, const uint8_t* packed16, int64_t row, int64_t group,
 void mxfp4_to_f32(Mxfp4 src, int64_t n, float* out) {
     int64_t i = src.index, k = 0;
     while (k < n) {
-        const uint8_t* block = src.blocks + i / kMxfp4Block * kMxfp4BlockBytes;
-        const float s = scale_of(block[0]);
         const int64_t first = i % kMxfp4Block, count = std::min(kMxfp4Block - first, n - k);
         if (count == kMxfp4Block) {  // a whole block: two values a byte
+            const uint8_t* block = src.blocks + i / kMxfp4Block * kMxfp4BlockBytes;
+            const uint8_t* values = src.scales ? src.blocks + i / 2 : block + 1;
+            const float s = scale_of(src.scales ? src.scales[i / kMxfp4Block] : block[0]);
             for (int64_t b = 0; b < 16; ++b) {
-                out[k + 2 * b] = kE2M1[block[1 + b] & 0x0F] * s;
-                out[k + 2 * b + 1] = kE2M1[block[1 + b] >> 4] * s;
+                out[k + 2 * b] = kE2M1[values[b] & 0x0F] * s;
+                out[k + 2 * b + 1] = kE2M1[values[b] >> 4] * s;
             }
         } else {
-            for (int64_t j = 0; j < count; ++j) out[k + j] = mxfp4_value(src.blocks, i + j);
+            for (int64_t j = 0; j < count; ++j) out[k + j] = mxfp4_value(Mxfp4{src.blocks, i + j, src.scales});
         }
         i += count;
         k += count;
@@ -77,32 +77,32 @@ void f32_to_mxfp4(const float* src, int64_t n, uint8_t* blocks) {
     }
 }
 
+void check_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, const std::string& what) {
+    TESSERA_CHECK(rows >= 0 && cols % kMxfp4Block == 0, "{}: MXFP4 rows of {} values are not whole groups of 32", what,
+                  cols);
+    const int64_t groups = cols / kMxfp4Block;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t g = 0; g < groups; ++g)
+            check_block(scales[r * groups + g], packed + r * (cols / 2) + g * 16, r, g, what);
+}
+
 void mxfp4_blocks(const uint8_t* packed,
                   const uint8_t* scales,
                   int64_t rows,
                   int64_t cols,
                   uint8_t* blocks,
                   const std::string& what) {
-    TESSERA_CHECK(rows >= 0 && cols % kMxfp4Block == 0, "{}: MXFP4 rows of {} values are not whole groups of 32", what,
-                  cols);
-    const int64_t groups = cols / kMxfp4Block;
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < groups; ++g) {
-            const uint8_t e = scales[r * groups + g];
-            const uint8_t* values = packed + r * (cols / 2) + g * 16;
-            check_block(e, values, r, g, what);
-            uint8_t* block = blocks + (r * groups + g) * kMxfp4BlockBytes;
-            block[0] = e;
-            std::copy_n(values, 16, block + 1);
-        }
+    check_mxfp4(packed, scales, rows, cols, what);
+    for (int64_t b = 0; b < rows * (cols / kMxfp4Block); ++b) {
+        blocks[b * kMxfp4BlockBytes] = scales[b];
+        std::copy_n(packed + b * 16, 16, blocks + b * kMxfp4BlockBytes + 1);
     }
 }
 
 void dequantize_mxfp4(
     const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, float* out, const std::string& what) {
-    std::vector<uint8_t> blocks(size_t(std::max<int64_t>(rows, 0) * (cols / kMxfp4Block) * kMxfp4BlockBytes));
-    mxfp4_blocks(packed, scales, rows, cols, blocks.data(), what);
-    mxfp4_to_f32(Mxfp4{blocks.data()}, rows * cols, out);
+    check_mxfp4(packed, scales, rows, cols, what);
+    mxfp4_to_f32(Mxfp4{packed, 0, scales}, rows * cols, out);
 }
 
 }  // namespace tessera

@@ -5,7 +5,7 @@
 // Two layouts:
 //  - compressed-tensors' `mxfp4-pack-quantized` checkpoints (Kimi K3's routed experts, spec/kimi_k3.md §1.2): two
 //    tensors, `weight_packed` [rows, cols/2] (element 2i in the low nibble, 2i+1 in the high one) and
-//    `weight_scale` [rows, cols/32];
+//    `weight_scale` [rows, cols/32]. Read in place from the files under a weight budget (train/weight_budget.h);
 //  - held in memory (DType::mxfp4: frozen routed experts, model.lora.expert_dtype): 17-byte blocks, the scale byte
 //    then the block's 16 packed bytes, so a block's scale sits beside its values and any run of whole blocks (an
 //    expert, a row) is one contiguous range of bytes.
@@ -23,34 +23,42 @@ namespace tessera {
 constexpr int64_t kMxfp4Block = 32;       // values per block
 constexpr int64_t kMxfp4BlockBytes = 17;  // held: scale byte + 16 packed bytes
 
-// A read position in held MXFP4 blocks: value `index` of those starting at `blocks`. Adding to it moves the index
-// (it stands where ops::gemm takes a pointer to its B operand; ops/gemm.h).
+// A read position in MXFP4 values: value `index` of those starting at `blocks` (held), or, with `scales` set, of the
+// checkpoint's layout (packed values at `blocks`, a scale byte per 32 values at `scales`). Adding to it moves the
+// index (it stands where ops::gemm takes a pointer to its B operand; ops/gemm.h).
 struct Mxfp4 {
     const uint8_t* blocks = nullptr;
     int64_t index = 0;
+    const uint8_t* scales = nullptr;
     friend Mxfp4 operator+(Mxfp4 m, int64_t n) {
         m.index += n;
         return m;
     }
 };
 
-// Held value v of `blocks` as f32, exactly: the E2M1 code (even values in the low nibble) times 2^(scale − 127)
-// (scale byte 0: 2^−127). One definition for the CPU (mxfp4_to_f32) and CUDA (the linear's weight widening).
-TESSERA_HOST_DEVICE inline float mxfp4_value(const uint8_t* blocks, int64_t v) {
-    const uint8_t* block = blocks + v / kMxfp4Block * kMxfp4BlockBytes;
-    const int64_t j = v % kMxfp4Block;
-    const unsigned code = j % 2 == 0 ? block[1 + j / 2] & 0x0Fu : unsigned(block[1 + j / 2]) >> 4;
+// E2M1 code (bit 3 the sign) times 2^(scale − 127) (scale byte 0: 2^−127), exactly.
+TESSERA_HOST_DEVICE inline float mxfp4_decode(unsigned code, uint8_t scale_byte) {
     const unsigned m = code & 7u, e = m >> 1;  // E2M1: 0, 0.5 (e = 0), (1 + m/2)·2^(e−1)
     const float magnitude = e == 0 ? 0.5f * float(m & 1u) : (1.0f + 0.5f * float(m & 1u)) * float(1u << (e - 1));
     float scale = 0x1p-127f;
-    if (block[0] != 0) {
-        const uint32_t bits = uint32_t(block[0]) << 23;
+    if (scale_byte != 0) {
+        const uint32_t bits = uint32_t(scale_byte) << 23;
         std::memcpy(&scale, &bits, sizeof scale);
     }
     return (code & 8u ? -magnitude : magnitude) * scale;
 }
 
-// n held values from src into out as f32 (exactly).
+// Value m.index as f32, exactly: its code (even values in the low nibble) and its block's scale, in either layout.
+// One definition for the CPU (mxfp4_to_f32) and CUDA (the linear's weight widening, held blocks).
+TESSERA_HOST_DEVICE inline float mxfp4_value(Mxfp4 m) {
+    const int64_t v = m.index;
+    const uint8_t* block = m.blocks + v / kMxfp4Block * kMxfp4BlockBytes;
+    const uint8_t byte = m.scales ? m.blocks[v / 2] : block[1 + v % kMxfp4Block / 2];
+    const uint8_t scale = m.scales ? m.scales[v / kMxfp4Block] : block[0];
+    return mxfp4_decode(v % 2 == 0 ? byte & 0x0Fu : unsigned(byte) >> 4, scale);
+}
+
+// n values from src (either layout) into out as f32 (exactly).
 void mxfp4_to_f32(Mxfp4 src, int64_t n, float* out);
 
 // n f32 values (n a multiple of 32, all finite) into n/32 held blocks: a block's scale is 2^(⌊log2 max|v|⌋ − 2)
@@ -59,9 +67,12 @@ void mxfp4_to_f32(Mxfp4 src, int64_t n, float* out);
 // came from MXFP4 with such scales.
 void f32_to_mxfp4(const float* src, int64_t n, uint8_t* blocks);
 
-// A checkpoint's packed [rows, cols/2] and scales [rows, cols/32] (cols a multiple of 32) interleaved into
-// rows × cols/32 held blocks, bytes unchanged. Refuses a NaN scale (255) and values beyond f32 (a scale of 2^127
-// with a value of 2 or more), naming `what`.
+// Checks a checkpoint's packed [rows, cols/2] and scales [rows, cols/32] (cols a multiple of 32): refuses a NaN
+// scale (255) and values beyond f32 (a scale of 2^127 with a value of 2 or more), naming `what`.
+void check_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, const std::string& what);
+
+// A checkpoint's packed [rows, cols/2] and scales [rows, cols/32] interleaved into rows × cols/32 held blocks, bytes
+// unchanged (checked as check_mxfp4 does).
 void mxfp4_blocks(
     const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, uint8_t* blocks, const std::string& what);
 

@@ -62,8 +62,8 @@ TensorView::TensorView(void* data_, DType dtype_, Shape shape_, Device device_)
 }
 
 TensorView TensorView::stored_apart(void* const* slices, DType dtype, Shape shape) {
-    TESSERA_CHECK(shape.ndim >= 1 && dtype != DType::mxfp4, "a {} {} tensor cannot have its slices stored apart",
-                  dtype_name(dtype), shape.str());
+    TESSERA_CHECK(shape.ndim >= 1, "a {} {} tensor cannot have its slices stored apart", dtype_name(dtype),
+                  shape.str());
     TensorView v(nullptr, dtype, shape);
     v.slices = slices;
     return v;
@@ -91,6 +91,7 @@ TensorView TensorView::slice0(int64_t begin, int64_t end) const {
                   shape.str());
     Shape s = shape;
     s.dims[0] = end - begin;
+    if (dtype == DType::mxfp4 && slices) return stored_apart(slices + 2 * begin, dtype, s);  // (pairs: see tensor.h)
     if (slices)
         return end - begin == 1 ? TensorView(slices[begin], dtype, s, device) : stored_apart(slices + begin, dtype, s);
     TESSERA_CHECK(dtype != DType::mxfp4 || begin * strides[0] % 32 == 0,

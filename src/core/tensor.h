@@ -41,14 +41,17 @@ struct TensorView {
     Shape shape;
     std::array<int64_t, kMaxDims> strides{};  // in elements
     // Non-null: dimension 0's slices are stored apart, slice i at slices[i], each contiguous (a stacked expert
-    // weight read in place from a file that stores one tensor per expert: train/weight_budget.h). data is then null
-    // and the view is not contiguous; slice0 reaches the slices, the other reshaping calls refuse it.
+    // weight read in place from a file that stores one tensor per expert: train/weight_budget.h). An mxfp4 one is in
+    // the checkpoint's layout (core/mxfp4.h): slice i's packed values at slices[2i], its scales at slices[2i + 1].
+    // data is then null and the view is not contiguous; slice0 reaches the slices (a single one contiguous, but for
+    // mxfp4), the other reshaping calls refuse it.
     void* const* slices = nullptr;
 
     TensorView() = default;
     // a contiguous (row-major) view
     TensorView(void* data, DType dtype, Shape shape, Device device = Device::cpu);
-    // a view whose dimension-0 slices live at slices[0 .. shape[0]) (see above; host memory)
+    // a view whose dimension-0 slices live at slices[0 .. shape[0]), for mxfp4 [0 .. 2·shape[0]) (see above; host
+    // memory)
     static TensorView stored_apart(void* const* slices, DType dtype, Shape shape);
 
     int ndim() const { return shape.ndim; }

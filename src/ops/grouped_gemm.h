@@ -2,8 +2,8 @@
 // [offsets[e], offsets[e+1]) of the row operands. Two kinds cover the MoE forward and backward:
 //   grouped_gemm        (M-grouped)  C[rows_e] = A[rows_e] · op(B_e) (+ beta·C)   fc1/fc2 forward and dgrad
 //   grouped_gemm_wgrad  (K-grouped)  C_e += A[rows_e]ᵀ · B[rows_e]                 weight gradients
-// B_e = B + e·b_stride (or b_slices[e]: experts stored apart, core/tensor.h) and C_e = C + e·c_stride. op(B_e) is
-// [K, N]: B_e stored [K, N] (Trans::N) or [N, K] (Trans::T, a weight in [out, in] layout).
+// B_e = B + e·b_stride (or b_slices[e]: experts stored apart; MXFP4 ones in pairs, core/tensor.h) and C_e = C +
+// e·c_stride. op(B_e) is [K, N]: B_e stored [K, N] (Trans::N) or [N, K] (Trans::T, a weight in [out, in] layout).
 // NOTES: one flat list of tiles over all experts, dealt biggest first to the least loaded thread, each tile one
 // single-threaded oneDNN sgemm (ops/gemm.h): (expert, ≤256 rows, all columns) for the M-grouped kind,
 // (expert, band of output rows, all columns, the expert's whole reduction) for the K-grouped one, with a band per

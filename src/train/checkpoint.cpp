@@ -581,8 +581,10 @@ std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, s
         const ParamTarget whole = targets.back();
         targets.pop_back();
         const int64_t per = whole.length / v.size(0);
+        const bool pairs = v.dtype == DType::mxfp4;  // packed values and scales (core/tensor.h)
         for (int64_t e = 0; e < v.size(0); ++e)
-            targets.push_back({i, whole.whole_offset + e * per, per, v.slices[e], whole.dtype, whole.device});
+            targets.push_back({i, whole.whole_offset + e * per, per, v.slices[pairs ? 2 * e : e], whole.dtype,
+                               whole.device, pairs ? v.slices[2 * e + 1] : nullptr});
     }
     return targets;
 }

@@ -141,6 +141,8 @@ struct ParamTarget {
     void* dst = nullptr;
     DType dtype = DType::f32;     // of dst: f32, or held narrow (a frozen base in bf16, frozen experts in mxfp4)
     Device device = Device::cpu;  // where dst is (a device's values go through host memory)
+    // set: an mxfp4 target read in place in the checkpoint's layout (core/mxfp4.h), dst its packed values
+    const void* scales = nullptr;
     // n f32 values into elements [at, at + n) of the target (rounded to bf16 or quantised to MXFP4 there: then in
     // whole blocks); throws naming `where` and the parameter at a NaN or Inf
     void store(int64_t at, const float* src, int64_t n, const std::string& where, const std::string& name) const;

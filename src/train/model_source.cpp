@@ -244,7 +244,8 @@ int64_t frozen_hash(const model::Model& m,
                 bits = uint32_t(static_cast<const bf16*>(values)[j].bits) << 16;
             } else if (t.dtype == DType::mxfp4) {
                 float x;
-                mxfp4_to_f32(Mxfp4{static_cast<const uint8_t*>(values), j}, 1, &x);
+                mxfp4_to_f32(Mxfp4{static_cast<const uint8_t*>(values), j, static_cast<const uint8_t*>(t.scales)}, 1,
+                             &x);
                 bits = std::bit_cast<uint32_t>(x);
             } else {
                 std::memcpy(&bits, static_cast<const float*>(values) + j, sizeof bits);

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/file.h"
+#include "core/mxfp4.h"
 #include "model/hf_checkpoint.h"
 #include "model/lora.h"
 
@@ -43,6 +44,8 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
         size_t param = 0;
         int64_t offset = 0;  // elements, into the stored tensor
         int64_t slice = -1;  // >= 0: the tensor is this slice of the parameter (an expert here), stored apart
+        std::string
+            scales;  // an expert held in MXFP4 stored so (K3's): the stored name its packed values, this its scales
     };
     std::map<std::string, std::string> file_of;  // stored name -> file
     std::map<std::string, Place> place_of;
@@ -58,13 +61,21 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
         for (size_t k = 0; k < m.frozen_params(); ++k) frozen[specs[k].name] = k;
         for (const model::HfTensor& t : model::hf_tensor_map(whole, base.config, base.model_type)) {
             if (!model::is_plain(t) || t.copy != model::HfTensor::Copy::none) continue;
-            const std::string name =
-                !t.alias.empty() && !stored.count(t.name) && stored.count(t.alias) ? t.alias : t.name;
-            const auto it = stored.find(name);
             const auto f = frozen.find(t.param);
-            if (it == stored.end() || f == frozen.end()) continue;
-            const Shape& held = specs[f->second].shape;
+            if (f == frozen.end()) continue;
+            std::string name = !t.alias.empty() && !stored.count(t.name) && stored.count(t.alias) ? t.alias : t.name;
             Place at{f->second};
+            // MXFP4 in the checkpoint's layout (core/mxfp4.h) read as is by experts held in MXFP4
+            const std::string quantised = t.name.substr(0, t.name.size() - std::string("weight").size());
+            if (specs[f->second].dtype == DType::mxfp4 && t.expert >= 0 && !stored.count(name) &&
+                stored.count(quantised + "weight_packed") && stored.count(quantised + "weight_scale")) {
+                name = quantised + "weight_packed";
+                at.scales = quantised + "weight_scale";
+                file_of[at.scales] = stored.at(at.scales);
+            }
+            const auto it = stored.find(name);
+            if (it == stored.end()) continue;
+            const Shape& held = specs[f->second].shape;
             if (t.expert >= 0) {  // one expert of a stacked parameter (per-expert files): this rank's only
                 const int64_t first = experts.total > 0 ? experts.first : 0;
                 if (t.expert < first || t.expert >= first + held[0]) continue;
@@ -89,21 +100,39 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
         }
     }
     std::map<std::string, SafetensorsFile*> opened;
-    for (const auto& [name, file] : file_of) {
-        SafetensorsFile*& f = opened[file];
+    auto open = [&](const std::string& name) {
+        SafetensorsFile*& f = opened[file_of.at(name)];
         if (!f) {
-            files_.push_back(std::make_unique<SafetensorsFile>(file));
+            files_.push_back(std::make_unique<SafetensorsFile>(file_of.at(name)));
             f = files_.back().get();
         }
-        if (!f->contains(name)) continue;
-        const Place at = place_of.at(name);
+        return f->contains(name) ? f : nullptr;
+    };
+    for (const auto& [name, at] : place_of) {
+        SafetensorsFile* f = open(name);
+        if (!f) continue;
         const BufferSpec& s = specs[at.param];
         const SafetensorsEntry& e = f->entry(name);
         Shape want = whole_shape(s, experts);
         if (at.slice >= 0) want = Shape::from_span(std::span(s.shape.dims).subspan(1, size_t(s.shape.ndim - 1)));
+        std::vector<std::byte*>& w = where_[at.param];
+        if (!at.scales.empty()) {  // two pieces an expert: its packed values and its scales
+            SafetensorsFile* fs = open(at.scales);
+            const int64_t rows = want[0], cols = want[1];
+            if (!fs || want.ndim != 2 || e.dtype != DType::u8 || e.shape != (Shape{rows, cols / 2}) ||
+                fs->entry(at.scales).dtype != DType::u8 || fs->entry(at.scales).shape != (Shape{rows, cols / 32}))
+                continue;  // (then it loads, and the load names what is wrong)
+            auto* packed = static_cast<std::byte*>(f->view(name).data);
+            auto* scales = static_cast<std::byte*>(fs->view(at.scales).data);
+            check_mxfp4(reinterpret_cast<const uint8_t*>(packed), reinterpret_cast<const uint8_t*>(scales), rows, cols,
+                        name.substr(0, name.size() - std::string("_packed").size()));  // (the parameter's name)
+            w.resize(size_t(2 * s.shape[0]), nullptr);
+            w[size_t(2 * at.slice)] = packed;
+            w[size_t(2 * at.slice + 1)] = scales;
+            continue;
+        }
         if (e.dtype != s.dtype || e.shape != want || !f->is_aligned(name)) continue;
         std::byte* data = static_cast<std::byte*>(f->view(name).data) + dtype_bytes(s.dtype, at.offset);
-        std::vector<std::byte*>& w = where_[at.param];
         if (at.slice < 0) {
             w = {data};
         } else {
@@ -150,7 +179,13 @@ WeightBudget::WeightBudget(const ModelSource& source, const model::Model& m, Exp
             pieces_.push_back({data, bytes, unit, layer, expert});
             if (unit >= 0) unit_pieces_[size_t(unit)].push_back(pieces_.size() - 1);
         };
-        if (s.sharding == Sharding::expert) {
+        if (s.dtype == DType::mxfp4) {  // (in the checkpoint's layout: its packed values, then its scales)
+            const size_t values = size_t(s.shape.numel() / s.shape[0]);
+            for (int64_t e = 0; e < s.shape[0]; ++e) {
+                add(where_[i][size_t(2 * e)], values / 2, experts.first + e);
+                add(where_[i][size_t(2 * e + 1)], values / size_t(kMxfp4Block), experts.first + e);
+            }
+        } else if (s.sharding == Sharding::expert) {
             const size_t per = s.nbytes() / size_t(s.shape[0]);
             for (int64_t e = 0; e < s.shape[0]; ++e) {
                 const std::byte* at = where_[i].size() == 1 ? where_[i][0] + size_t(e) * per : where_[i][size_t(e)];

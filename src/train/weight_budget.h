@@ -6,8 +6,10 @@
 // tessera checkpoint's model.safetensors, all of them, experts as this rank's slice of the stacked tensor; a Hugging
 // Face directory, its plain tensors of the same whole shape, and stacked experts stored one tensor per expert
 // (all four families when not quantised), whose views then have their slices stored apart (core/tensor.h) and reach the
-// MoE's grouped GEMMs expert by expert. The others (fused, padded, quantised or converted tensors) load into the arena
-// as without a budget.
+// MoE's grouped GEMMs expert by expert; so do routed experts stored in MXFP4 (Kimi K3's release) when they are held
+// in MXFP4 (model.lora.expert_dtype): their packed values and scales are read as the checkpoint lays them out, checked
+// once when mapped (core/mxfp4.h). The others (fused, padded, FP8 or converted tensors) load into the arena as
+// without a budget.
 //
 // How: the model's passes visit their units in a known order (model::ParamHooks). Entering a visit, a background
 // thread faults in the pages of the next visit's unit (its dense weights, then its experts, most routed first)

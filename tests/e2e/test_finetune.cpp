@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 
 #include "core/config_reader.h"
 #include "core/file.h"
+#include "core/mxfp4.h"
 #include "core/safetensors.h"
 #include "e2e/cli_util.h"
 #include "model/hf_checkpoint.h"
@@ -608,6 +610,126 @@ TEST(FineTune, AWeightBudgetReadsExpertsStoredOneTensorEachInPlace) {
                             args + " --set memory.weights_budget=1 --set parallel.fsdp=true --out " + d.file("fsdp2"));
         ASSERT_EQ(r.status, 0) << r.out << r.err;
         EXPECT_EQ(losses(budget), losses(d.file("fsdp2")));
+    }
+}
+
+// Rewrites the f32 Hugging Face directory `dir` with every routed expert's weight in MXFP4 as compressed-tensors stores
+// it (Kimi K3's release): <name>_packed [rows, cols/2], element 2i in the low nibble, and <name>_scale [rows, cols/32],
+// quantised with the format's rule (core/mxfp4.h). Returns the expert values stored so.
+int64_t store_experts_as_mxfp4(const std::string& dir) {
+    Json index = Json::parse(read_text(dir + "/model.safetensors.index.json"));
+    std::set<std::string> shards;
+    for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
+    int64_t values = 0;
+    for (const std::string& shard : shards) {
+        std::vector<Tensor> owned;
+        std::vector<NamedTensor> out;
+        {
+            const SafetensorsFile f(dir + "/" + shard);
+            for (const auto& e : f.entries()) {
+                Tensor t = f.load(e.name);
+                if (e.name.find(".experts.") == std::string::npos || !e.name.ends_with(".weight")) {
+                    owned.push_back(std::move(t));
+                    continue;
+                }
+                const int64_t rows = e.shape[0], cols = e.shape[1];
+                std::vector<uint8_t> blocks(size_t(rows * cols / kMxfp4Block * kMxfp4BlockBytes));
+                f32_to_mxfp4(t.ptr<float>(), rows * cols, blocks.data());
+                Tensor packed(DType::u8, Shape{rows, cols / 2}), scale(DType::u8, Shape{rows, cols / kMxfp4Block});
+                for (int64_t b = 0; b < rows * cols / kMxfp4Block; ++b) {
+                    scale.ptr<uint8_t>()[b] = blocks[size_t(b * kMxfp4BlockBytes)];
+                    std::copy_n(&blocks[size_t(b * kMxfp4BlockBytes + 1)], 16, packed.ptr<uint8_t>() + b * 16);
+                }
+                owned.push_back(std::move(packed));
+                owned.push_back(std::move(scale));
+                index["weight_map"].erase(e.name);
+                index["weight_map"][e.name + "_packed"] = shard;
+                index["weight_map"][e.name + "_scale"] = shard;
+                values += rows * cols;
+            }
+            size_t k = 0;
+            for (const auto& e : f.entries()) {
+                const bool expert = e.name.find(".experts.") != std::string::npos && e.name.ends_with(".weight");
+                out.push_back({expert ? e.name + "_packed" : e.name, owned[k++].view()});
+                if (expert) out.push_back({e.name + "_scale", owned[k++].view()});
+            }
+        }
+        write_safetensors(dir + "/" + shard, out);
+    }
+    write_text_atomic(dir + "/model.safetensors.index.json", index.dump());
+    return values;
+}
+
+// Kimi K3's routed experts come in MXFP4. Held in MXFP4 (model.lora.expert_dtype) under memory.weights_budget they
+// are read in place in the checkpoint's layout (packed values and scales, two pieces an expert) instead of copied into
+// the arena: the mapped bytes cover them (17 bytes a block of 32), the budget holds with pieces released, and the
+// losses are the resident run's bit for bit, in one process and on two EP ranks; a NaN scale is refused in one line
+// as the resident load refuses it
+TEST(FineTune, AWeightBudgetReadsMxfp4ExpertsInTheCheckpointsLayout) {
+    TempDir d;
+    const std::string arch = test::kTinyKimiLinear +
+                             " --set model.d_model=128 --set model.moe.experts=8 --set model.moe.ffn_dim=128"
+                             " --set model.moe.topk=2 --set model.moe.shared_ffn_dim=256";
+    const std::string hf = d.file("hf");
+    train_base(d.file("base"), arch + " --steps 2");
+    test::CliResult r = run_tessera("export-hf --checkpoint " + d.file("base") + " --out " + hf);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const int64_t values = store_experts_as_mxfp4(hf);
+    ASSERT_EQ(values, 2 * 8 * 3 * 128 * 128);  // the MoE layers (first_dense = 1) × experts × w1, w2, w3
+    const std::string base_args = "train --config " + kTiny + arch +
+                                  " --set train.micro_batch_size=1 --set train.base=" + hf + kLora,
+                      args = base_args + " --set model.lora.expert_dtype=mxfp4";
+    r = run_tessera(args + " --out " + d.file("resident"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    r = run_tessera(args + " --set memory.weights_budget=1 --out " + d.file("budget"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(losses(d.file("resident")), losses(d.file("budget")));
+    // experts widened to f32 are converted, so they load into the arena: only the dense weights are mapped
+    r = run_tessera(base_args + " --set memory.weights_budget=1 --out " + d.file("widened"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto weights = [&](const std::string& run) {
+        std::vector<Json> out;
+        for_each_line(read_text(run + "/metrics.jsonl"), [&](std::string_view line, size_t) {
+            const Json rec = Json::parse(line);
+            if (rec.contains("weights")) out.push_back(rec["weights"]);
+        });
+        return out;
+    };
+    const std::vector<Json> held = weights(d.file("budget")), widened = weights(d.file("widened"));
+    ASSERT_EQ(held.size(), 12u);
+    ASSERT_EQ(widened.size(), 12u);
+    for (size_t k = 0; k < held.size(); ++k) {
+        EXPECT_EQ(held[k]["mapped_bytes"].get<int64_t>() - widened[k]["mapped_bytes"].get<int64_t>(),
+                  values / kMxfp4Block * kMxfp4BlockBytes)
+            << held[k].dump();
+        EXPECT_LE(held[k]["resident_bytes"].get<int64_t>(), int64_t(1) << 20) << held[k].dump();
+        EXPECT_GT(held[k]["released_bytes"].get<int64_t>(), 0) << held[k].dump();
+    }
+    r = run_tessera_mpi(2, args + " --set memory.weights_budget=1 --set parallel.ep=2 --out " + d.file("ep2"));
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    expect_close_losses(d.file("budget"), d.file("ep2"));
+    // expert 5's w2 of layer 1 with a NaN scale: refused when mapped, as when loaded
+    const Json index = Json::parse(read_text(hf + "/model.safetensors.index.json"));
+    const std::string bad = "model.layers.1.block_sparse_moe.experts.5.w2.weight_scale";
+    const std::string shard = hf + "/" + index["weight_map"][bad].get<std::string>();
+    {
+        std::vector<Tensor> owned;
+        std::vector<NamedTensor> out;
+        {
+            const SafetensorsFile f(shard);
+            for (const auto& e : f.entries()) owned.push_back(f.load(e.name));
+            size_t k = 0;
+            for (const auto& e : f.entries()) out.push_back({e.name, owned[k++].view()});
+        }
+        for (size_t k = 0; k < out.size(); ++k)
+            if (out[k].name == bad) owned[k].ptr<uint8_t>()[3] = 255;
+        write_safetensors(shard, out);
+    }
+    for (const std::string& budget : {std::string(), std::string(" --set memory.weights_budget=1")}) {
+        const std::string out = d.file("nan" + std::to_string(budget.size()));
+        test::expect_one_line_error(run_tessera(args + budget + " --out " + out),
+                                    "experts.5.w2.weight: MXFP4 scale of row 0 group 3 is NaN", budget);
+        EXPECT_FALSE(fs::exists(out + "/checkpoints")) << budget;
     }
 }
 

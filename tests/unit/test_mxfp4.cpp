@@ -31,22 +31,28 @@ TEST(Mxfp4, HandPackedBytesGiveTheirE2M1ValuesTimesTheScale) {
 }
 
 // mxfp4_value (the arithmetic the CUDA widening kernel runs too) against the format's table: every scale byte but
-// NaN's, every code, in either nibble of any byte of a block after another block; bitwise, -0 included.
+// NaN's, every code, in either nibble of any byte of a block after another block, held and in the checkpoint's
+// layout; bitwise, -0 included.
 TEST(Mxfp4, EveryCodeAtEveryScaleDecodesToItsTableValue) {
     const float table[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
     uint8_t blocks[2 * kMxfp4BlockBytes] = {};
     uint8_t* block = blocks + kMxfp4BlockBytes;  // the second block: values 32-63
+    uint8_t packed[32] = {}, scales[2] = {};     // the same values as the checkpoint stores them
     for (int e = 0; e < 255; ++e) {
         block[0] = uint8_t(e);
+        scales[1] = uint8_t(e);
         for (int code = 0; code < 16; ++code) {
             const int byte = (e + code) % 16;
             block[1 + byte] = uint8_t(code | (15 - code) << 4);  // the low nibble: code; the high one: 15 - code
+            packed[16 + byte] = block[1 + byte];
             const float want_lo = std::ldexp(table[code], e == 0 ? -127 : e - 127),
                         want_hi = std::ldexp(table[15 - code], e == 0 ? -127 : e - 127);
-            const float lo = mxfp4_value(blocks, 32 + 2 * byte), hi = mxfp4_value(blocks, 32 + 2 * byte + 1);
-            ASSERT_EQ(std::memcmp(&lo, &want_lo, 4), 0) << "scale " << e << " code " << code << ": " << lo;
-            ASSERT_EQ(std::memcmp(&hi, &want_hi, 4), 0) << "scale " << e << " code " << 15 - code << ": " << hi;
+            for (const Mxfp4 m : {Mxfp4{blocks}, Mxfp4{packed, 0, scales}}) {
+                const float lo = mxfp4_value(m + (32 + 2 * byte)), hi = mxfp4_value(m + (32 + 2 * byte + 1));
+                ASSERT_EQ(std::memcmp(&lo, &want_lo, 4), 0) << "scale " << e << " code " << code << ": " << lo;
+                ASSERT_EQ(std::memcmp(&hi, &want_hi, 4), 0) << "scale " << e << " code " << 15 - code << ": " << hi;
+            }
         }
     }
 }
@@ -67,6 +73,7 @@ std::vector<float> decoded(const std::vector<uint8_t>& blocks, int64_t n) {
     return out;
 }
 
+// (and the checkpoint's layout, read in place under a weight budget, reads the same from any position)
 TEST(Mxfp4, HeldBlocksKeepTheCheckpointsBytesAndReadFromAnyPosition) {
     std::vector<uint8_t> packed(32), scales = {128, 124};  // one row of 64: scales 2^1, 2^-3
     for (size_t i = 0; i < packed.size(); ++i) packed[i] = uint8_t(i * 37 + 11);
@@ -86,6 +93,8 @@ TEST(Mxfp4, HeldBlocksKeepTheCheckpointsBytesAndReadFromAnyPosition) {
         std::vector<float> part(static_cast<size_t>(n));
         mxfp4_to_f32(Mxfp4{blocks.data()} + at, n, part.data());
         EXPECT_EQ(part, std::vector<float>(want.begin() + at, want.end())) << at;
+        mxfp4_to_f32(Mxfp4{packed.data(), 0, scales.data()} + at, n, part.data());
+        EXPECT_EQ(part, std::vector<float>(want.begin() + at, want.end())) << "in place, " << at;
     }
     // 2^127 · 2 is beyond f32: refused, as a NaN scale is
     std::vector<uint8_t> big(16, 0x00), top = {254};

@@ -62,12 +62,13 @@ std::vector<Tile>& tile_list() {
     return tiles;
 }
 
-// expert e's weight: B + e·stride, or its own address when the experts are stored apart
+// expert e's weight: B + e·stride, or its own address when the experts are stored apart (MXFP4 ones in the checkpoint's
+// layout: core/tensor.h)
 template <class TB>
 TB expert_weight(TB B, int64_t stride, void* const* slices, int64_t e) {
     if (!slices) return B + e * stride;
     if constexpr (std::is_same_v<TB, Mxfp4>) {
-        return Mxfp4{static_cast<const uint8_t*>(slices[e])};
+        return Mxfp4{static_cast<const uint8_t*>(slices[2 * e]), 0, static_cast<const uint8_t*>(slices[2 * e + 1])};
     } else {
         return static_cast<TB>(slices[e]);
     }

@@ -30,7 +30,7 @@ __global__ void embedding_forward_bf16_kernel(
 // held MXFP4 values index..index+n-1 to f32, exactly (core/mxfp4.h's mxfp4_value, the CPU's arithmetic)
 __global__ void widen_mxfp4_kernel(const uint8_t* blocks, int64_t index, int64_t n, float* dst) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        dst[i] = mxfp4_value(blocks, index + i);
+        dst[i] = mxfp4_value(Mxfp4{blocks, index + i});
 }
 
 __global__ void widen_bf16_kernel(const uint16_t* src, int64_t n, float* dst) {
