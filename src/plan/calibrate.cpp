@@ -23,20 +23,35 @@ namespace tessera::plan {
 
 namespace {
 
-// median seconds of fn after one warm-up run: over at least 3 runs and ~0.5 s, or over exactly `runs` (a collective,
-// where every rank must run it as often as the others)
+// fn's seconds (what it returns) over the runs after one warm-up run, sorted: at least 3 runs and ~0.5 s, or exactly
+// `runs` (a collective, where every rank must run it as often as the others)
 template <class F>
-double median_seconds(F&& fn, size_t runs = 0) {
+std::vector<double> timed_runs(F&& fn, size_t runs = 0) {
     fn();
     std::vector<double> t;
     double total = 0;
     while (runs > 0 ? t.size() < runs : t.size() < 3 || (total < 0.5 && t.size() < 50)) {
-        const auto t0 = std::chrono::steady_clock::now();
-        fn();
-        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        t.push_back(fn());
         total += t.back();
     }
     std::sort(t.begin(), t.end());
+    return t;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// median seconds of fn after one warm-up run (timed_runs)
+template <class F>
+double median_seconds(F&& fn, size_t runs = 0) {
+    const std::vector<double> t = timed_runs(
+        [&] {
+            const auto t0 = std::chrono::steady_clock::now();
+            fn();
+            return seconds_since(t0);
+        },
+        runs);
     return t[t.size() / 2];
 }
 
@@ -73,13 +88,20 @@ std::vector<BlockSeconds> time_block(model::Model& m,
     for (const model::StepShape& shape : shapes) {
         const int64_t n = shape.batch * shape.seq;
         const TensorView xs = x.view().slice0(0, n), os = out.view().slice0(0, n), ds = d.view().slice0(0, n);
-        BlockSeconds b;
-        b.forward = median_seconds([&] { block.forward(shape, xs, os, rig.ws); });
-        b.both = median_seconds([&] {
+        // the forward and forward + backward timed in the same runs: each run's forward is part of its pair, so the
+        // forward's median cannot exceed the pair's, however noisy the machine (timed apart, a busy moment in one
+        // and not the other could)
+        std::vector<double> fwd;
+        const std::vector<double> both = timed_runs([&] {
+            const auto t0 = std::chrono::steady_clock::now();
             block.forward(shape, xs, os, rig.ws);
+            fwd.push_back(seconds_since(t0));
             block.backward(shape, xs, ds, rig.ws);
+            return seconds_since(t0);
         });
-        t.push_back(b);
+        fwd.erase(fwd.begin());  // the warm-up's
+        std::sort(fwd.begin(), fwd.end());
+        t.push_back({fwd[fwd.size() / 2], both[both.size() / 2]});
     }
     return t;
 }
