@@ -30,7 +30,7 @@ void add_export_command(CLI::App& app) {
     struct Args {
         std::string checkpoint, out;
         int64_t shard_mib = 4096;
-        std::string dtype = "f32";
+        std::string dtype = "f32", expert_dtype;
         bool merge_lora = false;
     };
     auto a = std::make_shared<Args>();
@@ -41,6 +41,11 @@ void add_export_command(CLI::App& app) {
     cmd->add_option("--dtype", a->dtype, "Stored dtype: f32 (exact) or bf16 (rounded)")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "bf16"}));
+    cmd->add_option(
+           "--expert-dtype", a->expert_dtype,
+           "mxfp4: the routed experts as compressed-tensors' weight_packed + weight_scale, Kimi K3's "
+           "release format (quantised by the OCP MX rule: lossy where adapters were merged in); default: as --dtype")
+        ->check(CLI::IsMember({"mxfp4"}));
     cmd->add_flag("--merge-lora", a->merge_lora,
                   "A LoRA fine-tune: write its base with the adapters merged in (without: the adapters alone, as a "
                   "PEFT directory on the base)");
@@ -54,6 +59,12 @@ void add_export_command(CLI::App& app) {
         const bool lora = src.config.lora.enabled();
         TESSERA_CHECK(lora || !a->merge_lora, "--merge-lora: {} has no LoRA adapters", src.path);
         const bool peft = lora && !a->merge_lora;  // the adapters alone, as PEFT writes them
+        const bool mxfp4 = a->expert_dtype == "mxfp4";
+        TESSERA_CHECK(
+            !peft || a->expert_dtype.empty(),
+            "--expert-dtype: {} is a LoRA fine-tune whose adapters are written (add --merge-lora to write its "
+            "base)",
+            src.path);
         model::Model model(src.config);
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
         src.load(model, rt.params());
@@ -70,10 +81,18 @@ void add_export_command(CLI::App& app) {
         // config the layers imply, refusing what the format cannot express, with the byte tokenizer's
         // <|endoftext|> and <|pad|> as the special ids
         const train::ModelSource base = lora ? train::open_model_source(src.base) : train::ModelSource{};
-        const Json hf = base.hf ? train::load_config_json((fs::path(base.path) / "config.json").string(), {})
-                                : model::export_hf_config(plain_cfg, {.bos = train::ByteTokenizer::kEndOfText,
-                                                                      .eos = train::ByteTokenizer::kEndOfText,
-                                                                      .pad = train::ByteTokenizer::kPad});
+        Json hf = base.hf ? train::load_config_json((fs::path(base.path) / "config.json").string(), {})
+                          : model::export_hf_config(plain_cfg, {.bos = train::ByteTokenizer::kEndOfText,
+                                                                .eos = train::ByteTokenizer::kEndOfText,
+                                                                .pad = train::ByteTokenizer::kPad});
+        // the weights' quantisation as written: MXFP4 experts keep a base's MXFP4 quantization_config or get one;
+        // dense ones drop a base's (K3's MXFP4, DeepSeek's FP8), which would otherwise describe tensors not written
+        if (!mxfp4) {
+            hf.erase("quantization_config");
+        } else if (!hf.contains("quantization_config") ||
+                   hf["quantization_config"].value("format", "") != "mxfp4-pack-quantized") {
+            hf["quantization_config"] = model::mxfp4_experts_quantization_config();
+        }
         const std::string type = base.hf ? base.model_type : hf.at("model_type").get<std::string>();
         // NOTES: written under <out>.tmp-<host>-<pid> and renamed at the end, so an export that fails or is killed
         // midway leaves no half directory that the next export would refuse; a dead writer's is removed here.
@@ -92,7 +111,8 @@ void add_export_command(CLI::App& app) {
             } else {
                 model::save_hf_checkpoint(tmp.string(), model::hf_tensor_map(plain.param_specs(), plain_cfg, type),
                                           params, size_t(a->shard_mib) << 20,
-                                          a->dtype == "bf16" ? DType::bf16 : DType::f32);
+                                          a->dtype == "bf16" ? DType::bf16 : DType::f32,
+                                          mxfp4 ? DType::mxfp4 : DType::f32);
                 write_text_atomic((tmp / "config.json").string(), hf.dump(2) + "\n");
             }
             if (base.hf && !peft) {  // its tokenizer and generation defaults go with it

@@ -8,10 +8,13 @@
 # The base: CONFIG (default configs/bench_dense.json, ~30M parameters, 120 MiB f32) trained for one step.
 # With HF=1 the base is first written by export-hf (a model with gdn layers: Qwen3-Next, routed experts one tensor per
 # expert) and read from that directory. SETS: more `--set` words for the model (one string, split on spaces).
+# With MXFP4=1 (implies HF=1) export-hf writes the routed experts in MXFP4 (--expert-dtype mxfp4, Kimi K3's release
+# layout) and the fine-tunes hold them in MXFP4 (model.lora.expert_dtype=mxfp4): the budget reads them in place.
+# With HF=1 the budgets are fractions of the directory's safetensors bytes.
 # With EVICT=1 a helper drops the base's files from the page cache every 20 ms during the budgeted runs
 # (posix_fadvise DONTNEED: only pages no process maps, i.e. what the budget released), so that every re-map reads
 # storage (major faults): a base larger than the page cache, on a machine whose memory holds it.
-# Usage: [HF=1] [EVICT=1] bench/weight_budget.sh [CONFIG] [STEPS] [SETS]
+# Usage: [HF=1] [MXFP4=1] [EVICT=1] bench/weight_budget.sh [CONFIG] [STEPS] [SETS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cfg=${1:-configs/bench_dense.json}
@@ -24,13 +27,23 @@ common=(--set train.eval_interval=0 --set train.checkpoint_interval=0 --set trai
 $bin train --config "$cfg" --steps 1 --out "$tmp/base" "${common[@]}" > "$tmp/base.log"
 base="$tmp/base"
 base_mib=$(python3 -c "import os,sys; print(os.path.getsize(sys.argv[1]) >> 20)" "$tmp/base/checkpoints/step_0000001/model.safetensors")
-if [ "${HF:-0}" = 1 ]; then
-    $bin export-hf --checkpoint "$tmp/base" --out "$tmp/hf" > /dev/null
-    base="$tmp/hf"
-fi
-lora=(--set train.base="$base" --set model.lora.rank=16 --set model.lora.alpha=32
+lora=(--set model.lora.rank=16 --set model.lora.alpha=32
       --set 'model.lora.target_modules=["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]')
-echo "base: $base_mib MiB ($cfg ${3:-}, f32$([ "${HF:-0}" = 1 ] && echo ", Hugging Face directory")$([ "${EVICT:-0}" = 1 ] && echo ", evicted from the page cache"))"
+kind="f32"
+export_args=()
+if [ "${MXFP4:-0}" = 1 ]; then
+    HF=1
+    export_args=(--expert-dtype mxfp4)
+    lora+=(--set model.lora.expert_dtype=mxfp4)
+    kind="f32, routed experts in MXFP4"
+fi
+if [ "${HF:-0}" = 1 ]; then
+    $bin export-hf --checkpoint "$tmp/base" --out "$tmp/hf" "${export_args[@]}" > /dev/null
+    base="$tmp/hf"
+    base_mib=$(python3 -c "import glob,os,sys; print(sum(os.path.getsize(f) for f in glob.glob(sys.argv[1] + '/*.safetensors')) >> 20)" "$base")
+fi
+lora+=(--set train.base="$base")
+echo "base: $base_mib MiB ($cfg ${3:-}, $kind$([ "${HF:-0}" = 1 ] && echo ", Hugging Face directory")$([ "${EVICT:-0}" = 1 ] && echo ", evicted from the page cache"))"
 echo
 echo "| budget MiB | tokens/s | vs resident | read in place MiB | base resident after a step MiB (max) | peak before release MiB | prefetched MiB / step | released MiB / step | major faults | read from storage MiB / step | process peak RSS MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"

@@ -99,6 +99,13 @@ void mxfp4_blocks(const uint8_t* packed,
     }
 }
 
+void mxfp4_split(const uint8_t* blocks, int64_t rows, int64_t cols, uint8_t* packed, uint8_t* scales) {
+    for (int64_t b = 0; b < rows * (cols / kMxfp4Block); ++b) {
+        scales[b] = blocks[b * kMxfp4BlockBytes];
+        std::copy_n(blocks + b * kMxfp4BlockBytes + 1, 16, packed + b * 16);
+    }
+}
+
 void dequantize_mxfp4(
     const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, float* out, const std::string& what) {
     check_mxfp4(packed, scales, rows, cols, what);

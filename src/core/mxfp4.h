@@ -76,6 +76,9 @@ void check_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int
 void mxfp4_blocks(
     const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, uint8_t* blocks, const std::string& what);
 
+// The reverse: rows × cols/32 held blocks into a checkpoint's packed [rows, cols/2] and scales [rows, cols/32].
+void mxfp4_split(const uint8_t* blocks, int64_t rows, int64_t cols, uint8_t* packed, uint8_t* scales);
+
 // The checkpoint layout straight to f32: out [rows, cols] (the same checks).
 void dequantize_mxfp4(
     const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, float* out, const std::string& what);

@@ -241,16 +241,37 @@ void save_hf_checkpoint(const std::string& dir,
                         const std::vector<HfTensor>& map,
                         const BufferGroup& params,
                         size_t shard_bytes,
-                        DType dtype) {
+                        DType dtype,
+                        DType expert_dtype) {
     TESSERA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "save_hf_checkpoint: dtype must be f32 or bf16");
     fs::create_directories(dir);
     std::vector<Tensor> owned;  // assembled (padded, fused, offset) or converted copies
     owned.reserve(2 * map.size());
     std::vector<NamedTensor> all;
+    std::vector<NamedTensor> quantised;       // MXFP4 experts (written as they are)
     std::map<std::string, size_t> assembled;  // stored name -> index in all
     for (const auto& t : map) {
         TensorView p = params.view(t.param);
         if (t.copy == HfTensor::Copy::load_only) continue;
+        if (expert_dtype == DType::mxfp4 && t.expert >= 0) {
+            TESSERA_CHECK(is_plain(t) && t.shape.ndim == 2 && t.shape[1] % kMxfp4Block == 0,
+                          "MXFP4 experts: \"{}\" {} does not have rows of whole blocks of 32 values", t.name,
+                          t.shape.str());
+            const TensorView v = place(t, p);
+            const int64_t rows = t.shape[0], cols = t.shape[1];
+            Tensor wide(DType::f32, t.shape);
+            convert(v, wide.view());
+            std::vector<uint8_t> blocks(size_t(rows * cols / kMxfp4Block * kMxfp4BlockBytes));
+            f32_to_mxfp4(wide.ptr<float>(), rows * cols, blocks.data());
+            Tensor packed(DType::u8, Shape{rows, cols / 2}), scales(DType::u8, Shape{rows, cols / kMxfp4Block});
+            mxfp4_split(blocks.data(), rows, cols, packed.ptr<uint8_t>(), scales.ptr<uint8_t>());
+            const std::string stem = t.name.substr(0, t.name.size() - std::string("weight").size());
+            owned.push_back(std::move(packed));
+            quantised.push_back({stem + "weight_packed", owned.back().view()});
+            owned.push_back(std::move(scales));
+            quantised.push_back({stem + "weight_scale", owned.back().view()});
+            continue;
+        }
         if (is_plain(t)) {
             all.push_back({t.name, place(t, p)});
             continue;
@@ -281,6 +302,7 @@ void save_hf_checkpoint(const std::string& dir,
             nt.tensor = owned.back().view();
         }
     }
+    all.insert(all.end(), quantised.begin(), quantised.end());
     // consecutive tensors into shards of at most shard_bytes (a larger tensor gets a shard of its own)
     std::vector<std::vector<NamedTensor>> shards(1);
     size_t bytes = 0, total = 0;

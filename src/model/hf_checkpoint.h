@@ -56,12 +56,16 @@ std::map<std::string, std::string> stored_tensors(const std::string& dir);
 inline bool is_plain(const HfTensor& t) { return t.rows.groups == 0 && t.pad_to == 0 && t.offset == 0.f; }
 
 // Writes safetensors shards (f32, or bf16 rounded to nearest even) of at most ~shard_bytes each plus
-// model.safetensors.index.json into dir (created; every file written atomically).
+// model.safetensors.index.json into dir (created; every file written atomically). expert_dtype mxfp4: the routed
+// experts (map entries with an expert) as compressed-tensors' MXFP4, Kimi K3's release layout: <name minus "weight">
+// weight_packed + weight_scale, quantised by core/mxfp4.h's rule (exact for values that came from MXFP4 with its
+// scales); otherwise (f32, the default) as dtype.
 void save_hf_checkpoint(const std::string& dir,
                         const std::vector<HfTensor>& map,
                         const BufferGroup& params,
                         size_t shard_bytes = size_t(4) << 30,
-                        DType dtype = DType::f32);
+                        DType dtype = DType::f32,
+                        DType expert_dtype = DType::f32);
 // A rank holding experts [first, first + count) of the grouped expert parameters (expert parallelism): their
 // tensors land in its slice, the other experts' are marked not here.
 std::vector<HfTensor> slice_experts(std::vector<HfTensor> map, int64_t first, int64_t count);

@@ -541,4 +541,33 @@ HfImport import_hf_config(const Json& doc, const std::string& where) {
     return r;
 }
 
+Json mxfp4_experts_quantization_config() {
+    // the entry of Kimi K3's release (configs/hf/kimi_k3.json), its ignore list one pattern: not a routed expert
+    const Json weights = {{"actorder", nullptr},
+                          {"block_structure", nullptr},
+                          {"dynamic", false},
+                          {"group_size", 32},
+                          {"num_bits", 4},
+                          {"observer", "minmax"},
+                          {"observer_kwargs", Json::object()},
+                          {"scale_dtype", "torch.uint8"},
+                          {"strategy", "group"},
+                          {"symmetric", true},
+                          {"type", "float"},
+                          {"zp_dtype", nullptr}};
+    return {{"config_groups",
+             {{"group_0",
+               {{"format", "mxfp4-pack-quantized"},
+                {"input_activations", nullptr},
+                {"output_activations", nullptr},
+                {"targets", {"Linear"}},
+                {"weights", weights}}}}},
+            {"format", "mxfp4-pack-quantized"},
+            {"global_compression_ratio", nullptr},
+            {"ignore", {"re:^(?!.*\\.experts\\.[0-9]+\\.).*$"}},
+            {"kv_cache_scheme", nullptr},
+            {"quant_method", "compressed-tensors"},
+            {"quantization_status", "compressed"}};
+}
+
 }  // namespace tessera::model

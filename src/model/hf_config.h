@@ -44,5 +44,9 @@ struct HfSpecialTokens {
     int64_t bos = -1, eos = -1, pad = -1;
 };
 Json export_hf_config(const ModelConfig& m, const HfSpecialTokens& tokens = {});
+// config.json's quantization_config for routed experts written in MXFP4 (`export-hf --expert-dtype mxfp4`): Kimi K3's
+// compressed-tensors entry (mxfp4-pack-quantized, groups of 32, uint8 scales) with every module but the routed
+// experts' ignored.
+Json mxfp4_experts_quantization_config();
 
 }  // namespace tessera::model

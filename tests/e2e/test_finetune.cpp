@@ -613,74 +613,45 @@ TEST(FineTune, AWeightBudgetReadsExpertsStoredOneTensorEachInPlace) {
     }
 }
 
-// Rewrites the f32 Hugging Face directory `dir` with every routed expert's weight in MXFP4 as compressed-tensors stores
-// it (Kimi K3's release): <name>_packed [rows, cols/2], element 2i in the low nibble, and <name>_scale [rows, cols/32],
-// quantised with the format's rule (core/mxfp4.h). Returns the expert values stored so.
-int64_t store_experts_as_mxfp4(const std::string& dir) {
-    Json index = Json::parse(read_text(dir + "/model.safetensors.index.json"));
-    std::set<std::string> shards;
-    for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
-    int64_t values = 0;
-    for (const std::string& shard : shards) {
-        std::vector<Tensor> owned;
-        std::vector<NamedTensor> out;
-        {
-            const SafetensorsFile f(dir + "/" + shard);
-            for (const auto& e : f.entries()) {
-                Tensor t = f.load(e.name);
-                if (e.name.find(".experts.") == std::string::npos || !e.name.ends_with(".weight")) {
-                    owned.push_back(std::move(t));
-                    continue;
-                }
-                const int64_t rows = e.shape[0], cols = e.shape[1];
-                std::vector<uint8_t> blocks(size_t(rows * cols / kMxfp4Block * kMxfp4BlockBytes));
-                f32_to_mxfp4(t.ptr<float>(), rows * cols, blocks.data());
-                Tensor packed(DType::u8, Shape{rows, cols / 2}), scale(DType::u8, Shape{rows, cols / kMxfp4Block});
-                for (int64_t b = 0; b < rows * cols / kMxfp4Block; ++b) {
-                    scale.ptr<uint8_t>()[b] = blocks[size_t(b * kMxfp4BlockBytes)];
-                    std::copy_n(&blocks[size_t(b * kMxfp4BlockBytes + 1)], 16, packed.ptr<uint8_t>() + b * 16);
-                }
-                owned.push_back(std::move(packed));
-                owned.push_back(std::move(scale));
-                index["weight_map"].erase(e.name);
-                index["weight_map"][e.name + "_packed"] = shard;
-                index["weight_map"][e.name + "_scale"] = shard;
-                values += rows * cols;
-            }
-            size_t k = 0;
-            for (const auto& e : f.entries()) {
-                const bool expert = e.name.find(".experts.") != std::string::npos && e.name.ends_with(".weight");
-                out.push_back({expert ? e.name + "_packed" : e.name, owned[k++].view()});
-                if (expert) out.push_back({e.name + "_scale", owned[k++].view()});
-            }
-        }
-        write_safetensors(dir + "/" + shard, out);
-    }
-    write_text_atomic(dir + "/model.safetensors.index.json", index.dump());
-    return values;
-}
-
-// Kimi K3's routed experts come in MXFP4. Held in MXFP4 (model.lora.expert_dtype) under memory.weights_budget they
-// are read in place in the checkpoint's layout (packed values and scales, two pieces an expert) instead of copied into
-// the arena: the mapped bytes cover them (17 bytes a block of 32), the budget holds with pieces released, and the
+// Kimi K3's routed experts come in MXFP4 (export-hf --expert-dtype mxfp4 writes that layout; the reading side is
+// checked on hand-packed bytes in test_hf_checkpoint): a LoRA fine-tune of such a base with the experts held in MXFP4
+// trains bit for bit as one whose f32 experts are quantised on load. Under memory.weights_budget they are read in
+// place in the checkpoint's layout (packed values and scales, two pieces an expert) instead of copied into the arena:
+// the mapped bytes grow by exactly theirs (17 bytes a block of 32), the budget holds with pieces released, and the
 // losses are the resident run's bit for bit, in one process and on two EP ranks; a NaN scale is refused in one line
-// as the resident load refuses it
+// as the resident load refuses it. A merged export writes dense experts without the base's quantization_config.
 TEST(FineTune, AWeightBudgetReadsMxfp4ExpertsInTheCheckpointsLayout) {
     TempDir d;
     const std::string arch = test::kTinyKimiLinear +
                              " --set model.d_model=128 --set model.moe.experts=8 --set model.moe.ffn_dim=128"
                              " --set model.moe.topk=2 --set model.moe.shared_ffn_dim=256";
-    const std::string hf = d.file("hf");
+    const std::string hf = d.file("hf"), hf32 = d.file("hf32");
     train_base(d.file("base"), arch + " --steps 2");
-    test::CliResult r = run_tessera("export-hf --checkpoint " + d.file("base") + " --out " + hf);
+    test::CliResult r = run_tessera("export-hf --checkpoint " + d.file("base") + " --out " + hf32);
     ASSERT_EQ(r.status, 0) << r.err;
-    const int64_t values = store_experts_as_mxfp4(hf);
+    r = run_tessera("export-hf --checkpoint " + d.file("base") + " --out " + hf + " --expert-dtype mxfp4");
+    ASSERT_EQ(r.status, 0) << r.err;
+    int64_t values = 0;  // the MXFP4 experts' values (weight_packed: two a byte)
+    const Json index = Json::parse(read_text(hf + "/model.safetensors.index.json"));
+    for (const auto& [name, file] : index["weight_map"].items()) {
+        if (name.find(".experts.") == std::string::npos) continue;
+        EXPECT_FALSE(name.ends_with(".weight")) << name;
+        if (name.ends_with(".weight_packed"))
+            values += 2 * SafetensorsFile(hf + "/" + file.get<std::string>()).entry(name).shape.numel();
+    }
     ASSERT_EQ(values, 2 * 8 * 3 * 128 * 128);  // the MoE layers (first_dense = 1) × experts × w1, w2, w3
+    EXPECT_EQ(Json::parse(read_text(hf + "/config.json"))["quantization_config"]["format"], "mxfp4-pack-quantized");
     const std::string base_args = "train --config " + kTiny + arch +
                                   " --set train.micro_batch_size=1 --set train.base=" + hf + kLora,
                       args = base_args + " --set model.lora.expert_dtype=mxfp4";
     r = run_tessera(args + " --out " + d.file("resident"));
     ASSERT_EQ(r.status, 0) << r.err;
+    const std::string from_f32 = "train --config " + kTiny + arch +
+                                 " --set train.micro_batch_size=1 --set train.base=" + hf32 + kLora +
+                                 " --set model.lora.expert_dtype=mxfp4";
+    r = run_tessera(from_f32 + " --out " + d.file("quantised_on_load"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(losses(d.file("resident")), losses(d.file("quantised_on_load")));
     r = run_tessera(args + " --set memory.weights_budget=1 --out " + d.file("budget"));
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(losses(d.file("resident")), losses(d.file("budget")));
@@ -708,8 +679,21 @@ TEST(FineTune, AWeightBudgetReadsMxfp4ExpertsInTheCheckpointsLayout) {
     r = run_tessera_mpi(2, args + " --set memory.weights_budget=1 --set parallel.ep=2 --out " + d.file("ep2"));
     ASSERT_EQ(r.status, 0) << r.out << r.err;
     expect_close_losses(d.file("budget"), d.file("ep2"));
+    // merged: dense experts, so the base's quantization_config goes; with --expert-dtype mxfp4 both stay
+    r = run_tessera("export-hf --checkpoint " + d.file("budget") + " --merge-lora --out " + d.file("merged"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_FALSE(Json::parse(read_text(d.file("merged") + "/config.json")).contains("quantization_config"));
+    EXPECT_TRUE(Json::parse(read_text(d.file("merged") + "/model.safetensors.index.json"))["weight_map"].contains(
+        "model.layers.1.block_sparse_moe.experts.5.w2.weight"));
+    r = run_tessera("export-hf --checkpoint " + d.file("budget") + " --merge-lora --expert-dtype mxfp4 --out " +
+                    d.file("merged4"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(read_text(d.file("merged4") + "/config.json"), read_text(hf + "/config.json"));
+    test::expect_one_line_error(
+        run_tessera("export-hf --checkpoint " + d.file("budget") + " --expert-dtype mxfp4 --out " + d.file("peft")),
+        "--expert-dtype: " + d.file("budget"), "MXFP4 experts for a PEFT export");
+    EXPECT_FALSE(fs::exists(d.file("peft")));
     // expert 5's w2 of layer 1 with a NaN scale: refused when mapped, as when loaded
-    const Json index = Json::parse(read_text(hf + "/model.safetensors.index.json"));
     const std::string bad = "model.layers.1.block_sparse_moe.experts.5.w2.weight_scale";
     const std::string shard = hf + "/" + index["weight_map"][bad].get<std::string>();
     {
