@@ -67,8 +67,11 @@ class Keys {
     std::set<std::string> used_;
 };
 
-// Keys that describe tokens, storage, caching or generation, not the architecture.
+// Keys that describe tokens, storage, caching or generation, not the architecture. (quantization_config: how the
+// weights are stored, which the load reads per tensor: MXFP4 `weight_packed` + `weight_scale` and block FP8 with
+// `weight_scale_inv` dequantised or held, model/hf_checkpoint.h; a tensor stored any other way is missing there.)
 void ignore_common(Keys& k) {
+    k.ignore({"quantization_config"});
     k.ignore({"architectures", "auto_map", "model_type", "dtype", "torch_dtype", "transformers_version", "use_cache",
               "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "max_position_embeddings",
               "model_max_length", "attention_dropout", "output_router_logits", "ignore_index", "ep_size",
@@ -297,7 +300,6 @@ void import_kimi(Keys& k, HfImport& r) {
     if (method != "noaux_tc") r.unsupported.push_back(fmt::format("topk_method \"{}\"", method));
     check_moe_layer_freq(k, r.unsupported);
     m.attn_res_block_size = k.integer_or("attn_res_block_size", 0);
-    k.ignore({"quantization_config"});  // MXFP4 routed experts: dequantised on load or held (model/hf_checkpoint.h)
 }
 
 void import_qwen3_next(Keys& k, HfImport& r) {
@@ -400,7 +402,6 @@ void import_deepseek_v32(Keys& k, HfImport& r) {
     const std::string method = k.text_or("topk_method", "noaux_tc");
     if (method != "noaux_tc") r.unsupported.push_back(fmt::format("topk_method \"{}\"", method));
     check_moe_layer_freq(k, r.unsupported);
-    k.ignore({"quantization_config"});  // FP8 block-scaled weights: dequantised on load (core/fp8.h)
 }
 
 }  // namespace
