@@ -339,6 +339,11 @@ TEST(HfConfig, Qwen3NextAndDeepSeekV32ExportsImportBackToTheSameModel) {
         const model::HfImport back = model::import_hf_config(out, "exported");
         EXPECT_EQ(model::to_json(back.model), model::to_json(hf.model)) << name;
         EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
+        Json quantised = out;  // weights stored in MXFP4 (export-hf --expert-dtype mxfp4): the same model
+        quantised["quantization_config"] = model::mxfp4_experts_quantization_config();
+        const model::HfImport q = model::import_hf_config(quantised, "quantised");
+        EXPECT_EQ(model::to_json(q.model), model::to_json(hf.model)) << name;
+        EXPECT_TRUE(q.unsupported.empty()) << q.unsupported.front();
         model::ModelConfig yarn = hf.model;  // with YaRN (every field away from its default)
         yarn.rope_scaling = {.type = ops::RopeScaling::Type::yarn,
                              .factor = 8.0,
