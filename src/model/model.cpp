@@ -370,17 +370,31 @@ void Model::bind(const BufferGroup& params,
         image_buf_ = acts.view("vision.patches");
         image_grids_.clear();
         image_grids_.reserve(size_t(max_images));
+        image_keep_.clear();
+        image_keep_.reserve(size_t(max_images));
         image_pos_.clear();
         image_pos_.reserve(size_t(max.tokens()));
     }
 }
 
-void Model::set_images(std::span<const ops::PatchGrid> grids, TensorView patches) {
+void Model::set_images(std::span<const ops::PatchGrid> grids,
+                       TensorView patches,
+                       std::span<const ops::ImageRows> rows) {
     TESSERA_CHECK(vision_ || grids.empty(), "model: images given, but the model has no image tower (model.vision)");
     TESSERA_CHECK(!vision_ || int64_t(grids.size()) <= vision_->max_images(),
                   "model: {} images in one pass; at most {} fit (model.vision.max_patches)", grids.size(),
                   vision_ ? vision_->max_images() : 0);
+    TESSERA_CHECK(rows.empty() || rows.size() == grids.size(), "model: rows of {} images for {} images", rows.size(),
+                  grids.size());
     image_grids_.assign(grids.begin(), grids.end());
+    image_keep_.clear();
+    for (size_t i = 0; i < grids.size(); ++i) {
+        const int64_t all = vision_->tokens(grids.subspan(i, 1));
+        const ops::ImageRows keep = rows.empty() ? ops::ImageRows{0, all} : rows[i];
+        TESSERA_CHECK(0 <= keep.begin && keep.begin < keep.end && keep.end <= all,
+                      "model: rows [{}, {}) of image {}, which has {}", keep.begin, keep.end, i, all);
+        image_keep_.push_back(keep);
+    }
     image_patches_ = patches;
     if (grids.empty()) return;
     const int64_t n = ops::grid_patches(grids);
@@ -398,18 +412,28 @@ void Model::splice_images(std::span<const int32_t> ids) {
     for (size_t i = 0; i < ids.size(); ++i) {
         if (ids[i] == cfg_.vision.image_token) image_pos_.push_back(int64_t(i));
     }
-    const int64_t M = vision_->tokens(image_grids_);
-    TESSERA_CHECK(int64_t(image_pos_.size()) == M,
+    int64_t kept = 0;
+    for (const ops::ImageRows& k : image_keep_) kept += k.end - k.begin;
+    TESSERA_CHECK(int64_t(image_pos_.size()) == kept,
                   "model: the ids hold {} image tokens (model.vision.image_token {}), the images give {}",
-                  image_pos_.size(), cfg_.vision.image_token, M);
-    if (M == 0) return;
+                  image_pos_.size(), cfg_.vision.image_token, kept);
+    if (kept == 0) return;
+    const int64_t M = vision_->tokens(image_grids_);
     const TensorView rows = image_rows_.slice0(0, M), patches = image_buf_.slice0(0, image_patches_.size(0));
     copy_bytes(patches.data, patches.device, image_patches_.data, Device::cpu, image_patches_.nbytes());
     {
         trace::Span span("vision tower", "forward", -1);
         vision_->forward(image_grids_, patches, rows);
     }
-    ops::scatter_rows(rows, image_pos_, x_[0]);
+    // each image's kept rows to its tokens' positions, in order (its rows follow the images before it)
+    int64_t first = 0, placed = 0;
+    for (size_t i = 0; i < image_keep_.size(); ++i) {
+        const ops::ImageRows k = image_keep_[i];
+        const std::span<const int64_t> at(image_pos_.data() + placed, size_t(k.end - k.begin));
+        ops::scatter_rows(rows.slice0(first + k.begin, first + k.end), at, x_[0]);
+        placed += k.end - k.begin;
+        first += vision_->tokens(std::span(image_grids_).subspan(i, 1));
+    }
 }
 
 void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, size_t last) const {

@@ -148,10 +148,13 @@ class Model {
     // model.vision.image_token once per image token (VisionTower::tokens: an h × w grid of patches gives
     // h·w / (merge_h·merge_w)), images in order; the embedding rows there are replaced by the tower's output rows,
     // in order (spec/kimi_k3.md §6: the placeholder expanded). patches: [Σ h·w, patch_dim] f32 on the host (copied
-    // to the model's device each pass), alive until the passes ran. The tower is frozen and runs forward only; no
-    // grids: text only.
+    // to the model's device each pass), alive until the passes ran. rows: per image, the rows the ids hold (a
+    // training window may cut an image at either end; the tower still sees the whole image); empty: all of them.
+    // The tower is frozen and runs forward only; no grids: text only.
     bool has_vision() const { return vision_ != nullptr; }
-    void set_images(std::span<const ops::PatchGrid> grids, TensorView patches);
+    void set_images(std::span<const ops::PatchGrid> grids,
+                    TensorView patches,
+                    std::span<const ops::ImageRows> rows = {});
 
     // Incremental decoding (docs/model.md): the caches for `batch` sequences of up to `max_len` tokens
     // (a buffer group the caller allocates, e.g. as an extra group of the runtime, then binds), and one
@@ -234,6 +237,7 @@ class Model {
     std::unique_ptr<AttnRes> attn_res_;                  // null: the plain residual stream
     std::unique_ptr<VisionTower> vision_;                // null: text only
     std::vector<ops::PatchGrid> image_grids_;            // set_images (capacity reserved at bind)
+    std::vector<ops::ImageRows> image_keep_;             // each image's rows the ids hold (same)
     TensorView image_patches_, image_rows_, image_buf_;  // set_images' host patches; the tower's rows; patches there
     std::vector<int64_t> image_pos_;  // the last forward's image token positions (capacity reserved at bind)
     bool decoding_ = false;           // decoding caches bound

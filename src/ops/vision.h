@@ -29,6 +29,12 @@ struct PatchGrid {
     int64_t patches() const { return h * w; }
 };
 
+// The merged rows [begin, end) of an image that a pass's ids hold: all of them, or, where a training window cuts the
+// image (train/data/loader.h), the part inside the window.
+struct ImageRows {
+    int64_t begin = 0, end = 0;
+};
+
 // Σ h·w over the grids (checked: positive sizes)
 int64_t grid_patches(std::span<const PatchGrid> grids);
 

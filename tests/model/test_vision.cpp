@@ -133,6 +133,19 @@ TEST(VisionModel, ImageRowsTakeTheImageTokensPlaces) {
         convert(rt.grads().view(s.name), got);
         EXPECT_TRUE(test::rel_rms_close(got, want, 1e-4)) << s.name;
     }
+    // windows that cut images: each image's rows inside them (the tower still sees whole images)
+    const Tensor cut_t = f.load("cut.ids"), cut_rows = f.load("cut.rows"), want_cut = f.load("cut.expected.logits");
+    std::vector<ops::ImageRows> rows;
+    for (int64_t i = 0; i < cut_rows.shape()[0]; ++i)
+        rows.push_back({cut_rows.ptr<int64_t>()[2 * i], cut_rows.ptr<int64_t>()[2 * i + 1]});
+    const std::span<const int32_t> cut(cut_t.ptr<int32_t>(), size_t(cut_t.numel()));
+    m.set_images(grids, patches, rows);
+    m.forward_logits(shape, cut, logits);
+    convert(logits, wide);
+    EXPECT_TRUE(test::rel_rms_close(wide, want_cut, 1e-5));
+    test::expect_error([&] { m.set_images(grids, patches, std::span(rows).first(2)); }, "rows of 2 images for 3");
+    rows[2] = {0, 13};
+    test::expect_error([&] { m.set_images(grids, patches, rows); }, "rows [0, 13) of image 2, which has 12");
     // text only: the same model without images refuses ids that hold image tokens
     m.set_images({}, {});
     test::expect_error([&] { m.forward_logits(shape, ids, logits); }, "the ids hold 20 image tokens");

@@ -7,7 +7,8 @@ as is when the grid has its size; the 2x2 merge puts a cell's patches side by si
 
 The first file holds the tower alone. The second puts the tower's rows into a small language model
 (tools/ref/dense_model.py) at its image tokens, as Kimi K3 does after expanding each image's placeholder: the logits,
-the loss and every language-model parameter's gradient, the tower frozen.
+the loss and every language-model parameter's gradient, the tower frozen; and the logits of sequences whose
+windows cut images (some of an image's rows only, as tessera's training windows may).
 
 Three images: one at the table's size (no resize), one smaller and one larger than the table, so every path of the
 position embedding runs; heads x head_dim differs from the width, as in K3 (12 x 128 over 1024).
@@ -158,6 +159,18 @@ def language_model(tower_params, patches, rows):
                     "expected.loss": loss.detach()})
     for n, q in lm.checkpoint_params():
         tensors["expected.grad." + n] = q.grad.detach()
+    # training windows cut images (tessera's data loader): a window's image tokens take the rows of the whole image's
+    # output that fall inside it. Here the last 3 rows of image 0 open the first sequence, image 1 whole, and the
+    # first 4 rows of image 2 close the second.
+    cut = torch.randint(0, LM["vocab_size"], (2, 24), generator=gen)
+    cut[cut == IMAGE_TOKEN] = IMAGE_TOKEN + 1
+    cut[0, 0:3] = IMAGE_TOKEN
+    cut[0, 15:17] = IMAGE_TOKEN
+    cut[1, 20:24] = IMAGE_TOKEN
+    with torch.no_grad():
+        cut_logits = lm(cut, torch.cat([image_rows[3:6], image_rows[6:8], image_rows[8:12]]), IMAGE_TOKEN)
+    tensors.update({"cut.ids": cut.int(), "cut.rows": torch.tensor([[3, 6], [0, 2], [0, 4]], dtype=torch.int64),
+                    "cut.expected.logits": cut_logits.reshape(-1, LM["vocab_size"])})
     model = dict(LM, vision=dict({k: v for k, v in CFG.items() if k != "text_width"}, image_token=IMAGE_TOKEN))
     golden.save("model/vision_lm.safetensors", tensors, SEED, config=json.dumps({"model": model}))
 
