@@ -12,9 +12,12 @@ void add_data_command(CLI::App& app) {
     auto inputs = std::make_shared<std::vector<std::string>>();
     auto out = std::make_shared<std::string>();
     auto opts = std::make_shared<train::ShardOptions>();
-    cmd->add_option("inputs", *inputs,
-                    "Files, or directories of .txt and .jsonl files: a .txt file is one document; a .jsonl line is "
-                    "{\"text\": ...} or {\"prompt\": ..., \"completion\": ...} (loss on the completion only)")
+    cmd->add_option(
+           "inputs", *inputs,
+           "Files, or directories of .txt and .jsonl files: a .txt file is one document; a .jsonl line is "
+           "{\"text\": ...} or {\"prompt\": ..., \"completion\": ...} (loss on the completion only), either with "
+           "\"images\": [files of Kimi's processor: pixel_values, image_grid_hws], one per image token in "
+           "the text (a --tokenizer checkpoint with an image tower, Kimi K3)")
         ->required();
     cmd->add_option("--out", *out, "Output shard (.safetensors)")->required();
     cmd->add_option("--tokenizer", opts->tokenizer,
@@ -26,11 +29,13 @@ void add_data_command(CLI::App& app) {
         if (!out->ends_with(".safetensors"))
             throw Error(fmt::format("--out {}: a shard must end in .safetensors", *out));
         const train::ShardInfo info = train::write_token_shard(*inputs, *out, *opts);
-        std::cout << fmt::format("{}: {} tokens from {} documents ({} tokenizer, vocab {}){}\n", *out, info.num_tokens,
-                                 info.num_documents, info.tokenizer, info.vocab_size,
+        std::cout << fmt::format("{}: {} tokens from {} documents ({} tokenizer, vocab {}){}{}\n", *out,
+                                 info.num_tokens, info.num_documents, info.tokenizer, info.vocab_size,
                                  info.num_targets < info.num_tokens
-                                     ? fmt::format("; {} of them training targets (prompts masked)", info.num_targets)
-                                     : "");
+                                     ? fmt::format("; {} of them training targets (prompts{} masked)", info.num_targets,
+                                                   info.num_images > 0 ? " and image tokens" : "")
+                                     : "",
+                                 info.num_images > 0 ? fmt::format("; {} images", info.num_images) : "");
     });
 }
 

@@ -11,44 +11,6 @@
 
 namespace tessera::apps {
 
-namespace {
-// pixel_values [N, C, p, p] or [N, C·p·p] (any float dtype) and image_grid_hws [images, 2] (integers) of `file`
-void read_images(const SafetensorsFile& in,
-                 const std::string& file,
-                 const model::VisionConfig& v,
-                 std::vector<ops::PatchGrid>& grids,
-                 Tensor& patches) {
-    TESSERA_CHECK(in.contains("pixel_values") && in.contains("image_grid_hws"),
-                  "{}: images need both pixel_values and image_grid_hws", file);
-    const Tensor g = in.load("image_grid_hws");
-    TESSERA_CHECK(g.view().ndim() == 2 && g.view().size(1) == 2 && g.view().size(0) > 0 &&
-                      (g.view().dtype == DType::i32 || g.view().dtype == DType::i64),
-                  "{}: image_grid_hws must be [images, 2] i32 or i64, not {} {}", file, dtype_name(g.view().dtype),
-                  g.view().shape.str());
-    for (int64_t i = 0; i < g.view().size(0); ++i) {
-        auto at = [&](int64_t k) {
-            return g.view().dtype == DType::i32 ? int64_t(g.view().ptr<int32_t>()[2 * i + k])
-                                                : g.view().ptr<int64_t>()[2 * i + k];
-        };
-        grids.push_back({at(0), at(1)});
-    }
-    const Tensor p = in.load("pixel_values");
-    const int64_t N = p.view().ndim() > 0 ? p.view().size(0) : 0;
-    TESSERA_CHECK((p.view().ndim() == 4 && p.view().shape == (Shape{N, v.channels, v.patch_size, v.patch_size})) ||
-                      (p.view().ndim() == 2 && p.view().size(1) == v.patch_dim()),
-                  "{}: pixel_values must be [patches, {}, {}, {}] or [patches, {}], not {}", file, v.channels,
-                  v.patch_size, v.patch_size, v.patch_dim(), p.view().shape.str());
-    int64_t want = 0;
-    for (const ops::PatchGrid& grid : grids) {
-        TESSERA_CHECK(grid.h > 0 && grid.w > 0, "{}: image_grid_hws holds a {}x{} image", file, grid.h, grid.w);
-        want += grid.patches();
-    }
-    TESSERA_CHECK(N == want, "{}: pixel_values holds {} patches, image_grid_hws {}", file, N, want);
-    patches = Tensor(DType::f32, Shape{N, v.patch_dim()});
-    convert(p.view().reshape(Shape{N, v.patch_dim()}), patches);
-}
-}  // namespace
-
 void add_logits_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("logits", "Write the logits of token ids under a checkpoint");
     struct Args {
@@ -89,7 +51,7 @@ void add_logits_command(CLI::App& app) {
         Tensor patches;
         if (in.contains("pixel_values") || in.contains("image_grid_hws")) {
             TESSERA_CHECK(mc.vision.enabled(), "{}: images given, but {} has no image tower", a->in, src.path);
-            read_images(in, a->in, mc.vision, grids, patches);
+            patches = model::read_processor_images(in, a->in, mc.vision, grids);
             run.vision.max_patches = std::max<int64_t>(patches.shape()[0], 1);  // this call's images
         }
         model::Model model(run);

@@ -97,14 +97,7 @@ void VisionTower::bind(const BufferGroup& params,
 
 int64_t VisionTower::tokens(std::span<const ops::PatchGrid> grids) const {
     int64_t n = 0;
-    for (const ops::PatchGrid& g : grids) {
-        TESSERA_CHECK(g.h > 0 && g.w > 0 && g.h <= cfg_.max_grid && g.w <= cfg_.max_grid,
-                      "vision tower: an image of {}x{} patches (sides 1 to {})", g.h, g.w, cfg_.max_grid);
-        TESSERA_CHECK(g.h % cfg_.merge_h == 0 && g.w % cfg_.merge_w == 0,
-                      "vision tower: an image of {}x{} patches is not whole {}x{} cells", g.h, g.w, cfg_.merge_h,
-                      cfg_.merge_w);
-        n += g.patches() / (cfg_.merge_h * cfg_.merge_w);
-    }
+    for (const ops::PatchGrid& g : grids) n += image_tokens(cfg_, g);
     return n;
 }
 

@@ -20,6 +20,7 @@
 #include "core/buffer_spec.h"
 #include "core/config_reader.h"
 #include "model/config.h"
+#include "model/image_input.h"
 #include "model/layers/block.h"
 #include "ops/vision.h"
 

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "core/trace.h"
 #include "model/hf_config.h"
+#include "model/image_input.h"
 #include "ops/gemm.h"
 #include "ops/isa.h"
 #include "ops/linear.h"
@@ -292,6 +293,27 @@ TrainSummary train(const TrainOptions& opts) {
                   "data {} holds token id {} (its tokenizer has {} ids) but model.vocab_size is {}", data_path,
                   tokens.max_token(), tokens.vocab_size(), cfg.model.vocab_size);
     DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {rank, ranks, accumulation});
+    // images in the data (token_source.h): made for this model's tower (its image token, patch size, merge)
+    const model::VisionConfig& vision = cfg.model.vision;
+    const bool with_images = !tokens.images().empty();
+    if (with_images) {
+        TESSERA_CHECK(vision.enabled(), "data {} holds {} images but the model has no image tower (model.vision)",
+                      data_path, tokens.images().size());
+        TESSERA_CHECK(tokens.image_token() == vision.image_token && tokens.patch_dim() == vision.patch_dim(),
+                      "data {}: its images are image token {} with patches of {} values; the model's tower takes "
+                      "image token {} with patches of {}",
+                      data_path, tokens.image_token(), tokens.patch_dim(), vision.image_token, vision.patch_dim());
+        for (const ShardImage& im : tokens.images())
+            TESSERA_CHECK(im.count == model::image_tokens(vision, im.grid),
+                          "data {}: an image of {}x{} patches has {} image tokens; the model's tower gives it {}",
+                          data_path, im.grid.h, im.grid.w, im.count, model::image_tokens(vision, im.grid));
+    }
+    ImageBatch images;  // the current micro-batch's (capacity for the most a pass takes)
+    if (with_images) {
+        images.patches.reserve(size_t(vision.max_patches * vision.patch_dim()));
+        images.grids.reserve(size_t(vision.max_patches));
+        images.rows.reserve(size_t(vision.max_patches));
+    }
 
     RankState st(cfg, m, accumulation);
     model::Model& model = st.model;
@@ -433,6 +455,12 @@ TrainSummary train(const TrainOptions& opts) {
 
     std::vector<int32_t> ids(size_t(shape.tokens())), targets(size_t(shape.tokens()));
     std::vector<int64_t> cu(size_t(shape.tokens()) + 1);  // document boundaries of the current batch
+    auto set_images = [&] {                               // the batch's images to the model (with data that has them)
+        if (!with_images) return;
+        const int64_t n = int64_t(images.patches.size()) / std::max<int64_t>(1, vision.patch_dim());
+        model.set_images(images.grids, TensorView(images.patches.data(), DType::f32, Shape{n, vision.patch_dim()}),
+                         images.rows);
+    };
     auto shape_of = [&](std::span<const int32_t> i) {
         if (!cfg.data.mask_documents) return shape;
         const int64_t n = document_starts(i, shape.batch, shape.seq, tokens.end_of_document(), cu);
@@ -453,7 +481,8 @@ TrainSummary train(const TrainOptions& opts) {
         // the last round run one whose result they drop
         const bool lockstep = m && (m->ep() > 1 || fsdp);  // FSDP: every rank gathers each block's parameters
         for (int64_t i = rank; i < (lockstep ? (n + ranks - 1) / ranks * ranks : n); i += ranks) {
-            loader.eval_batch(i % n, ids, targets);
+            loader.eval_batch(i % n, ids, targets, with_images ? &images : nullptr);
+            set_images();
             model::LossResult r = model.forward_loss(shape_of(ids), ids, targets);
             if (i >= n) continue;
             eval_parts[size_t(2 * i)] = r.loss * double(r.count);
@@ -582,7 +611,8 @@ TrainSummary train(const TrainOptions& opts) {
 
     int64_t last_saved = setup.checkpoint.empty() ? -1 : state.step;
     const BatchSource next_batch = [&](std::span<int32_t> i, std::span<int32_t> t) {
-        loader.next_batch(i, t);
+        loader.next_batch(i, t, with_images ? &images : nullptr);
+        set_images();
         return shape_of(i);
     };
     FsdpStats fsdp_last;

@@ -949,5 +949,157 @@ TEST(FineTune, AKimiK3BaseWithItsImageTowerScoresImagesAndFineTunesOnText) {
     EXPECT_FALSE(fs::exists(d.file("scratch")));
 }
 
+// Image and text data for a Kimi K3 fine-tune (token_source.h, loader.h): `tessera data` with the checkpoint's
+// tokenizer turns each image token of a JSONL line into its image's image tokens (never targets) and keeps the
+// processor's patches in the shard; training windows cut images where they fall and the tower sees each whole image.
+// The images change the losses (the tower's rows reach the model), the run resumes bitwise, two ranks (each its own
+// micro-batches' images) train like one process, and bad lines are one-line errors naming file and line.
+TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
+    TempDir d;
+    const int32_t kMediaPad = 1513;  // Kimi's <|media_pad|>, added to the golden Kimi tokenizer
+    const model::ModelConfig c = model::parse_model_config(Json::parse(fmt::format(R"({{
+        "vocab_size": 1536, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "attn_res_block_size": 2,
+        "attention": ["kda", "kda", "mla"],
+        "kda": {{"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true, "o_norm_eps": 1e-6}},
+        "mla": {{"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 8}},
+        "moe": {{"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "first_dense": 1}},
+        "vision": {{"layers": 2, "width": 16, "heads": 2, "head_dim": 8, "ffn_dim": 32, "patch_size": 2,
+                   "pos_height": 4, "pos_width": 4, "image_token": {}}}}})",
+                                                                                   kMediaPad)),
+                                                           "tiny k3");
+    const std::string k3 = d.file("k3");
+    {
+        model::Model m(c);
+        model::ModelRuntime rt(m, {1, 16}, false, false);
+        m.init_params(rt.params(), 3);
+        model::save_hf_checkpoint(k3, model::hf_tensor_map(m.param_specs(), c, "kimi_k3"), rt.params());
+        write_text_atomic(k3 + "/config.json", model::export_hf_config(c).dump());
+    }
+    const std::string kimi = test::golden_path("tokenizers/kimi");
+    fs::copy_file(kimi + "/tiktoken.model", k3 + "/tiktoken.model");
+    Json tok = Json::parse(read_text(kimi + "/tokenizer_config.json"));
+    tok["added_tokens_decoder"][std::to_string(kMediaPad)] = {{"content", "<|media_pad|>"}, {"special", true}};
+    write_text_atomic(k3 + "/tokenizer_config.json", tok.dump());
+    // images of 4x4, 2x4 and 4x6 patches (4, 2 and 6 image tokens), each file as Kimi's processor writes one
+    const std::vector<std::pair<int64_t, int64_t>> grids = {{4, 4}, {2, 4}, {4, 6}};
+    for (size_t k = 0; k < grids.size(); ++k) {
+        const auto [h, w] = grids[k];
+        const Tensor pixels = test::randn(DType::f32, Shape{h * w, 3, 2, 2}, 10 + k);
+        std::vector<int64_t> hw{h, w};
+        write_safetensors(
+            d.file(fmt::format("img{}.safetensors", k)),
+            {{"pixel_values", pixels.view()}, {"image_grid_hws", TensorView(hw.data(), DType::i64, Shape{1, 2})}});
+    }
+    std::string lines;
+    int64_t images = 0, image_tokens = 0;
+    for (int i = 0; i < 60; ++i) {
+        const int k = i % 3, n = int(grids[size_t(k)].first * grids[size_t(k)].second / 4);
+        if (i % 4 == 3) {
+            lines += fmt::format("{{\"text\": \"plain line {} without a picture\"}}\n", i);
+        } else if (i % 2 == 0) {
+            lines +=
+                fmt::format("{{\"text\": \"look <|media_pad|> at {}\", \"images\": [\"img{}.safetensors\"]}}\n", i, k);
+            ++images;
+            image_tokens += n;
+        } else {
+            lines += fmt::format(
+                "{{\"prompt\": \"<|media_pad|> and <|media_pad|> show\", \"completion\": \" two things {}\", "
+                "\"images\": [\"img{}.safetensors\", \"img{}.safetensors\"]}}\n",
+                i, k, (k + 1) % 3);
+            images += 2;
+            image_tokens += n + int(grids[size_t((k + 1) % 3)].first * grids[size_t((k + 1) % 3)].second / 4);
+        }
+    }
+    write_text_atomic(d.file("data.jsonl"), lines);
+    test::CliResult r =
+        run_tessera("data " + d.file("data.jsonl") + " --tokenizer " + k3 + " --out " + d.file("shard.safetensors"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    {
+        const SafetensorsFile shard(d.file("shard.safetensors"));
+        ASSERT_TRUE(shard.contains("image_patches"));
+        EXPECT_EQ(shard.entry("image_grids").shape, (Shape{images, 2}));
+        EXPECT_EQ(shard.entry("image_patches").shape[1], 12);
+        const Tensor tokens = shard.load("tokens"), mask = shard.load("loss_mask");
+        int64_t found = 0, targets = 0;
+        for (int64_t i = 0; i < tokens.numel(); ++i) {
+            const bool image = tokens.ptr<uint16_t>()[i] == kMediaPad;
+            found += image;
+            if (image) targets += mask.ptr<uint8_t>()[i];
+        }
+        EXPECT_EQ(found, image_tokens);
+        EXPECT_EQ(targets, 0) << "image tokens are never targets";
+    }
+    const Json run = {{"train",
+                       {{"seq_len", 16},
+                        {"batch_size", 2},
+                        {"steps", 4},
+                        {"eval_interval", 2},
+                        {"eval_batches", 2},
+                        {"checkpoint_interval", 2},
+                        {"base", k3}}},
+                      {"data", {{"path", d.file("shard.safetensors")}, {"val_fraction", 0.2}}}};
+    write_text_atomic(d.file("run.json"), run.dump());
+    const std::string args = "train --config " + d.file("run.json") +
+                             " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"o_proj\"]'";
+    r = run_tessera(args + " --out " + d.file("lora"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find(fmt::format("{} images", images)), std::string::npos) << r.out;
+    continue_from(d.file("lora"), 2, d.file("resumed"));
+    r = run_tessera("train --resume " + d.file("resumed"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(losses(d.file("lora"), 2), losses(d.file("resumed")));
+    r = run_tessera_mpi(2, args + " --set train.micro_batch_size=1 --out " + d.file("two"));
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    expect_close_losses(d.file("lora"), d.file("two"));
+    // the same shard with other pixels: other losses
+    {
+        const SafetensorsFile shard(d.file("shard.safetensors"));
+        std::vector<Tensor> owned;
+        std::vector<NamedTensor> out;
+        for (const auto& e : shard.entries()) owned.push_back(shard.load(e.name));
+        size_t k = 0;
+        for (const auto& e : shard.entries()) {
+            if (e.name == "image_patches")
+                for (int64_t i = 0; i < owned[k].numel(); ++i) owned[k].ptr<float>()[i] *= -1.f;
+            out.push_back({e.name, owned[k++].view()});
+        }
+        std::map<std::string, std::string> meta = shard.metadata();
+        meta.erase("crc32c");
+        write_safetensors(d.file("flipped.safetensors"), out, meta);
+    }
+    r = run_tessera(args + " --set data.path=" + d.file("flipped.safetensors") + " --out " + d.file("flipped"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto a = losses(d.file("lora")), b = losses(d.file("flipped"));
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [key, value] : a) EXPECT_NE(value, b.at(key)) << key.first << " " << key.second;
+    // bad lines: one line naming the file and line, no shard
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {R"({"text": "one <|media_pad|> two <|media_pad|>", "images": ["img0.safetensors"]})",
+         "more image tokens (id 1513) in the text than the 1 image(s)"},
+        {R"({"text": "no token", "images": ["img0.safetensors"]})", "1 image(s) but 0 image token(s)"},
+        {R"({"text": "<|media_pad|>", "images": ["missing.safetensors"]})", "image file"},
+        {R"({"text": "<|media_pad|>", "images": "img0.safetensors"})", "\"images\" must be a non-empty array"},
+    };
+    for (const auto& [line, needle] : bad) {
+        write_text_atomic(d.file("bad.jsonl"), lines + line + "\n");
+        test::expect_one_line_error(
+            run_tessera("data " + d.file("bad.jsonl") + " --tokenizer " + k3 + " --out " + d.file("bad.safetensors")),
+            "bad.jsonl:61: ", line);
+        test::expect_one_line_error(
+            run_tessera("data " + d.file("bad.jsonl") + " --tokenizer " + k3 + " --out " + d.file("bad.safetensors")),
+            needle, line);
+        EXPECT_FALSE(fs::exists(d.file("bad.safetensors")));
+    }
+    // images without a tower to read them
+    test::expect_one_line_error(run_tessera("data " + d.file("data.jsonl") + " --out " + d.file("bad.safetensors")),
+                                "data.jsonl:1: images, but the byte tokenizer has no image tower",
+                                "the byte tokenizer");
+    // a model without a tower refuses image data
+    test::expect_one_line_error(
+        run_tessera("train --config " + kTiny + " --set data.path=" + d.file("shard.safetensors") +
+                    " --set model.vocab_size=1536 --out " + d.file("text_model")),
+        fmt::format("holds {} images but the model has no image tower", images), "a model without a tower");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -74,8 +74,9 @@ void token_shard(Input data) {
         if (tokens.size() < 5) return;
         train::DataLoader loader(tokens, 2, 1, 0.25, 7);
         std::vector<int32_t> ids(2), targets(2);
-        for (int i = 0; i < 4; ++i) loader.next_batch(ids, targets);
-        for (int64_t i = 0; i < loader.num_eval_batches() && i < 4; ++i) loader.eval_batch(i, ids, targets);
+        train::ImageBatch images;  // (a shard's images: the windows' rows and patches)
+        for (int i = 0; i < 4; ++i) loader.next_batch(ids, targets, &images);
+        for (int64_t i = 0; i < loader.num_eval_batches() && i < 4; ++i) loader.eval_batch(i, ids, targets, &images);
     });
     std::remove(path.c_str());
 }

@@ -2,6 +2,7 @@
 // loader (same seed, same batches; resumable position; fixed eval batches), document boundaries.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <fstream>
 
@@ -126,6 +127,78 @@ TEST(Loader, RanksShareEachStepsWindowsMicroBatchMajor) {
     EXPECT_EQ(ranks[W - 1].position().cursor, one.position().cursor);
     ranks[0].next_batch(ir, tr);
     EXPECT_THROW(ranks[0].position(), Error) << "mid-step: no position to save";
+}
+
+// A shard with images (token_source.h): each window's images are the ones whose tokens it meets, with the rows of
+// each that fall inside it, and their whole patches; a shard whose image spans are wrong is refused in one line.
+TEST(Loader, WindowsTakeTheRowsOfTheImagesTheyCut) {
+    test::TempDir d;
+    const int32_t kImage = 9;
+    std::vector<uint16_t> ids(101);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint16_t(10 + i % 40);
+    // images A [55, 63) and B [63, 65) back to back, C [78, 92) across three windows; patches of 2 values
+    const std::vector<std::array<int64_t, 4>> images = {
+        {2, 4, 55, 8}, {1, 2, 63, 2}, {4, 4, 78, 14}};  // h, w, first, n
+    std::vector<int32_t> grids;
+    std::vector<int64_t> spans;
+    std::vector<float> patches;
+    for (size_t k = 0; k < images.size(); ++k) {
+        const auto [h, w, first, n] = images[k];
+        grids.insert(grids.end(), {int32_t(h), int32_t(w)});
+        spans.insert(spans.end(), {first, n});
+        for (int64_t t = first; t < first + n; ++t) ids[size_t(t)] = kImage;
+        for (int64_t p = 0; p < 2 * h * w; ++p) patches.push_back(float(100 * (k + 1) + p));
+    }
+    auto write = [&](const std::string& name) {
+        write_safetensors(
+            d.file(name),
+            {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})},
+             {"image_patches", TensorView(patches.data(), DType::f32, Shape{int64_t(patches.size()) / 2, 2})},
+             {"image_grids", TensorView(grids.data(), DType::i32, Shape{3, 2})},
+             {"image_tokens", TensorView(spans.data(), DType::i64, Shape{3, 2})}},
+            {{"vocab_size", "64"}, {"image_token", std::to_string(kImage)}});
+    };
+    write("img.safetensors");
+    const train::TokenSource src(d.file("img.safetensors"));
+    ASSERT_EQ(src.images().size(), 3u);
+    // val_fraction 0.5: the evaluation windows of 10 tokens start at 50, 60, 70, 80 and 90
+    train::DataLoader loader(src, 10, 1, 0.5, 1);
+    ASSERT_EQ(loader.num_eval_batches(), 5);
+    std::vector<int32_t> in(10), tgt(10);
+    train::ImageBatch batch;
+    // window -> (image, rows begin, rows end) in order
+    const std::vector<std::vector<std::array<int64_t, 3>>> want = {
+        {{0, 0, 5}}, {{0, 5, 8}, {1, 0, 2}}, {{2, 0, 2}}, {{2, 2, 12}}, {{2, 12, 14}}};
+    for (int64_t w = 0; w < 5; ++w) {
+        loader.eval_batch(w, in, tgt, &batch);
+        ASSERT_EQ(batch.grids.size(), want[size_t(w)].size()) << "window " << w;
+        std::vector<float> patches_want;
+        for (size_t k = 0; k < want[size_t(w)].size(); ++k) {
+            const auto [image, begin, end] = want[size_t(w)][k];
+            const auto [h, w_, first, n] = images[size_t(image)];
+            EXPECT_EQ(batch.grids[k].h, h);
+            EXPECT_EQ(batch.grids[k].w, w_);
+            EXPECT_EQ(batch.rows[k].begin, begin) << "window " << w;
+            EXPECT_EQ(batch.rows[k].end, end) << "window " << w;
+            for (int64_t p = 0; p < 2 * h * w_; ++p) patches_want.push_back(float(100 * (image + 1) + p));
+        }
+        EXPECT_EQ(batch.patches, patches_want) << "window " << w;
+        int64_t tokens = 0;  // the image tokens of the window are the rows it takes
+        for (int32_t id : in) tokens += id == kImage;
+        int64_t rows = 0;
+        for (const ops::ImageRows& r : batch.rows) rows += r.end - r.begin;
+        EXPECT_EQ(tokens, rows) << "window " << w;
+    }
+    // spans that do not hold the image token, or overlap
+    spans[0] = 54;
+    write("bad1.safetensors");
+    test::expect_error([&] { train::TokenSource(d.file("bad1.safetensors")); },
+                       "image 0's token 54 is 24, not the image token 9");
+    spans[0] = 55;
+    spans[2] = 62;
+    write("bad2.safetensors");
+    test::expect_error([&] { train::TokenSource(d.file("bad2.safetensors")); },
+                       "image 1's 2 tokens from 62 are not after the image before it");
 }
 
 TEST(Loader, DocumentStartsFollowEndOfTextTokens) {

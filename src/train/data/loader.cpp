@@ -1,6 +1,7 @@
 // Deterministic batch loader.
 #include "train/data/loader.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/check.h"
@@ -66,21 +67,47 @@ void DataLoader::skip(int64_t windows) {
     for (int64_t i = 0; i < windows; ++i) next_window();
 }
 
-void DataLoader::read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets) const {
+void DataLoader::read_window(int64_t start,
+                             std::span<int32_t> ids,
+                             std::span<int32_t> targets,
+                             ImageBatch* images) const {
     for (int64_t t = 0; t < seq_len_; ++t) {
         ids[size_t(t)] = tokens_[start + t];
         // a prompt token (loss_mask 0) is no target: the loss ignores it
         targets[size_t(t)] = tokens_.is_target(start + t + 1) ? tokens_[start + t + 1] : model::Model::kIgnoreIndex;
     }
+    if (!images) return;
+    // the images whose tokens meet [start, start + seq_len): from the first that ends after start
+    const std::span<const ShardImage> all = tokens_.images();
+    auto it = std::partition_point(all.begin(), all.end(),
+                                   [&](const ShardImage& im) { return im.first + im.count <= start; });
+    const int64_t dim = tokens_.patch_dim();
+    for (; it != all.end() && it->first < start + seq_len_; ++it) {
+        images->grids.push_back(it->grid);
+        images->rows.push_back(
+            {std::max(start, it->first) - it->first, std::min(start + seq_len_, it->first + it->count) - it->first});
+        const float* p = tokens_.image_patches() + it->patch_row * dim;
+        images->patches.insert(images->patches.end(), p, p + it->grid.patches() * dim);
+    }
 }
 
-void DataLoader::next_batch(std::span<int32_t> ids, std::span<int32_t> targets) {
+namespace {
+void clear(ImageBatch* images) {
+    if (!images) return;
+    images->grids.clear();
+    images->rows.clear();
+    images->patches.clear();
+}
+}  // namespace
+
+void DataLoader::next_batch(std::span<int32_t> ids, std::span<int32_t> targets, ImageBatch* images) {
     TESSERA_CHECK(int64_t(ids.size()) == batch_ * seq_len_ && ids.size() == targets.size(),
                   "data: batch buffers must hold {} tokens", batch_ * seq_len_);
+    clear(images);
     skip(shard_.rank * batch_);  // the lower ranks' share of this round of micro-batches
     for (int64_t b = 0; b < batch_; ++b) {
         read_window(next_window() * seq_len_, ids.subspan(size_t(b * seq_len_), size_t(seq_len_)),
-                    targets.subspan(size_t(b * seq_len_), size_t(seq_len_)));
+                    targets.subspan(size_t(b * seq_len_), size_t(seq_len_)), images);
     }
     skip((shard_.world - 1 - shard_.rank) * batch_);  // the higher ranks' share
     if (++micro_ == shard_.accumulation) micro_ = 0;
@@ -105,12 +132,13 @@ int64_t DataLoader::step_targets() const {
     return count;
 }
 
-void DataLoader::eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets) const {
+void DataLoader::eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets, ImageBatch* images) const {
     TESSERA_CHECK(i >= 0 && i < num_eval_batches(), "data: eval batch {} of {}", i, num_eval_batches());
+    clear(images);
     for (int64_t b = 0; b < batch_; ++b) {
         const int64_t start = train_tokens_ + (i * batch_ + b) * seq_len_;
         read_window(start, ids.subspan(size_t(b * seq_len_), size_t(seq_len_)),
-                    targets.subspan(size_t(b * seq_len_), size_t(seq_len_)));
+                    targets.subspan(size_t(b * seq_len_), size_t(seq_len_)), images);
     }
 }
 

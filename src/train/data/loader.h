@@ -17,9 +17,19 @@
 #include <span>
 #include <vector>
 
+#include "ops/vision.h"
 #include "train/data/token_source.h"
 
 namespace tessera::train {
+
+// The images of a micro-batch's windows (a shard with images), in token order: each one's grid, the rows of it the
+// windows hold (a window may cut an image at either end; the tower still sees the whole image) and the patches,
+// f32 [Σ h·w, patch_dim]: what model::Model::set_images takes. The vectors keep their capacity between batches.
+struct ImageBatch {
+    std::vector<ops::PatchGrid> grids;
+    std::vector<ops::ImageRows> rows;
+    std::vector<float> patches;
+};
 
 struct LoaderPosition {
     int64_t epoch = 0;
@@ -41,10 +51,10 @@ class DataLoader {
                uint64_t seed,
                DataShard shard = {});
 
-    // This rank's next micro-batch. ids, targets: [batch · seq_len]
-    void next_batch(std::span<int32_t> ids, std::span<int32_t> targets);
+    // This rank's next micro-batch. ids, targets: [batch · seq_len]; images: the windows' images (none without)
+    void next_batch(std::span<int32_t> ids, std::span<int32_t> targets, ImageBatch* images = nullptr);
     // The i-th evaluation batch (i < num_eval_batches()).
-    void eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets) const;
+    void eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets, ImageBatch* images = nullptr) const;
     int64_t num_eval_batches() const { return num_val_windows_ / batch_; }
     int64_t num_train_windows() const { return int64_t(order_.size()); }
     // Between steps: the targets that count (not prompt tokens) in the windows the next step reads on every rank,
@@ -59,7 +69,7 @@ class DataLoader {
     void shuffle_epoch();
     int64_t next_window();  // the next window of the sequence (a new epoch after the last)
     void skip(int64_t windows);
-    void read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets) const;
+    void read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets, ImageBatch* images) const;
 
     const TokenSource& tokens_;
     int64_t seq_len_, batch_;

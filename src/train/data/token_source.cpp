@@ -8,6 +8,8 @@
 #include "core/check.h"
 #include "core/file.h"
 #include "core/json.h"
+#include "model/hf_config.h"
+#include "model/image_input.h"
 #include "train/data/hf_tokenizer.h"
 #include "train/data/jsonl.h"
 #include "train/data/tokenizer.h"
@@ -83,14 +85,44 @@ class DocumentWriter {
             eos = *hf_->eos;
         }
         if (hf_->add_bos) bos = *hf_->bos;
+        // a checkpoint with an image tower: its image token in a text stands for the next image of the example
+        const fs::path config = fs::path(o.tokenizer) / "config.json";
+        if (fs::exists(config)) {
+            const model::VisionConfig v =
+                model::import_hf_config(parse_json(read_text(config.string()), config.string()), config.string())
+                    .model.vision;
+            if (v.enabled()) vision_ = v;
+        }
     }
 
     // [bos] prompt completion eos; the bos and prompt of a supervised example are not targets
     void add(const Example& e, const std::string& where) {
+        pending_.clear();
+        if (!e.images.empty()) {
+            TESSERA_CHECK(vision_.has_value(),
+                          "{}: images, but {} has no image tower to read them (--tokenizer: a checkpoint directory "
+                          "whose config.json has one, e.g. Kimi K3's)",
+                          where, hf_ ? tokenizer : std::string("the byte tokenizer"));
+            for (const std::string& file : e.images) {
+                TESSERA_CHECK(fs::is_regular_file(file), "{}: image file {} does not exist", where, file);
+                std::vector<ops::PatchGrid> grids;
+                Tensor p = model::read_processor_images(SafetensorsFile(file), file, *vision_, grids);
+                int64_t row = 0;
+                for (const ops::PatchGrid& g : grids) {
+                    pending_.push_back({g, p.view().slice0(row, row + g.patches())});
+                    row += g.patches();
+                }
+                owned_.push_back(std::move(p));  // (its views stay valid: the storage does not move)
+            }
+        }
+        next_ = 0;
         if (bos >= 0) push(bos, e.supervised ? 0 : 1);
         encode(e.prompt, where, 0);
         encode(e.completion, where, 1);
         push(eos, 1);
+        TESSERA_CHECK(next_ == pending_.size(), "{}: {} image(s) but {} image token(s) (id {}) in the text", where,
+                      pending_.size(), next_, vision_ ? vision_->image_token : -1);
+        owned_.clear();
         ++documents;
     }
     bool byte() const { return !hf_; }
@@ -101,6 +133,12 @@ class DocumentWriter {
     int64_t vocab_size = ByteTokenizer::kVocabSize;
     int32_t eos = ByteTokenizer::kEndOfText, bos = -1;
     std::string tokenizer = "byte";
+    // the images, in token order: patches f32 [Σ h·w, patch_dim], their grids, and each one's image tokens
+    // (first position, count); none without an image tower
+    std::vector<float> image_patches;
+    std::vector<int32_t> image_grids;   // h, w per image
+    std::vector<int64_t> image_tokens;  // first, count per image
+    std::optional<model::VisionConfig> vision() const { return vision_; }
 
   private:
     void push(int32_t id, uint8_t target) {
@@ -108,17 +146,40 @@ class DocumentWriter {
         mask.push_back(target);
     }
     void encode(const std::string& text, const std::string& where, uint8_t target) {
+        piece_.clear();
         if (hf_) {
             const size_t bad = invalid_utf8_at(text);
             TESSERA_CHECK(bad == std::string::npos, "{}: not valid UTF-8 at byte {} ({} reads UTF-8 text)", where, bad,
                           tokenizer);
-            hf_->bpe.encode(text, tokens);
+            hf_->bpe.encode(text, piece_);
         } else {
-            ByteTokenizer::encode(text, tokens);
+            ByteTokenizer::encode(text, piece_);
         }
-        mask.resize(tokens.size(), target);
+        for (const int32_t id : piece_) {
+            if (!vision_ || id != vision_->image_token) {
+                push(id, target);
+                continue;
+            }
+            // the next image: its image tokens (never targets) in place of this one
+            TESSERA_CHECK(next_ < pending_.size(), "{}: more image tokens (id {}) in the text than the {} image(s)",
+                          where, id, pending_.size());
+            const auto& [grid, patches] = pending_[next_++];
+            const int64_t n = model::image_tokens(*vision_, grid);
+            image_tokens.push_back(int64_t(tokens.size()));
+            image_tokens.push_back(n);
+            image_grids.push_back(int32_t(grid.h));
+            image_grids.push_back(int32_t(grid.w));
+            const float* p = patches.ptr<float>();
+            image_patches.insert(image_patches.end(), p, p + patches.numel());
+            for (int64_t k = 0; k < n; ++k) push(id, 0);
+        }
     }
     std::optional<HfTokenizer> hf_;
+    std::optional<model::VisionConfig> vision_;
+    std::vector<std::pair<ops::PatchGrid, TensorView>> pending_;  // the example's images
+    std::vector<Tensor> owned_;                                   // (their patches)
+    size_t next_ = 0;                                             // the next of them to place
+    std::vector<int32_t> piece_;
 };
 }  // namespace
 
@@ -170,6 +231,16 @@ ShardInfo write_token_shard(const std::vector<std::string>& inputs,
                                                 {"vocab_size", std::to_string(info.vocab_size)},
                                                 {"num_documents", std::to_string(info.num_documents)}};
     if (!w.byte()) metadata.emplace("end_of_document", std::to_string(info.end_of_document));
+    const int64_t images = int64_t(w.image_grids.size() / 2);
+    info.num_images = images;
+    if (images > 0) {  // the patches, grids and image tokens, as TokenSource reads them
+        const int64_t dim = w.vision()->patch_dim();
+        tensors.push_back({"image_patches", TensorView(w.image_patches.data(), DType::f32,
+                                                       Shape{int64_t(w.image_patches.size()) / dim, dim})});
+        tensors.push_back({"image_grids", TensorView(w.image_grids.data(), DType::i32, Shape{images, 2})});
+        tensors.push_back({"image_tokens", TensorView(w.image_tokens.data(), DType::i64, Shape{images, 2})});
+        metadata.emplace("image_token", std::to_string(w.vision()->image_token));
+    }
     write_safetensors(out_path, tensors, metadata);
     return info;
 }
@@ -218,8 +289,10 @@ TokenSource::TokenSource(const std::string& path) {
                 TESSERA_CHECK(mask_[i] <= 1, "{}: loss_mask[{}] is {}, not 0 or 1", path, i, int(mask_[i]));
             }
         }
+        read_images(path);
         description_ =
-            fmt::format("{} ({} tokens, shard{})", path, num_tokens_, mask_ ? ", prompts masked from the loss" : "");
+            fmt::format("{} ({} tokens, shard{}{})", path, num_tokens_, mask_ ? ", prompts masked from the loss" : "",
+                        images_.empty() ? "" : fmt::format(", {} images", images_.size()));
         return;
     }
     int64_t docs = 0;
@@ -229,6 +302,53 @@ TokenSource::TokenSource(const std::string& path) {
     vocab_size_ = ByteTokenizer::kVocabSize;
     for (int32_t id : owned_) max_token_ = std::max(max_token_, id);
     description_ = fmt::format("{} ({} tokens in {} documents, byte tokenizer)", path, num_tokens_, docs);
+}
+
+void TokenSource::read_images(const std::string& path) {
+    const bool any =
+        shard_->contains("image_patches") || shard_->contains("image_grids") || shard_->contains("image_tokens");
+    if (!any) return;
+    TESSERA_CHECK(shard_->contains("image_patches") && shard_->contains("image_grids") &&
+                      shard_->contains("image_tokens") && shard_->metadata().contains("image_token"),
+                  "{}: images need image_patches, image_grids, image_tokens and the metadata image_token", path);
+    const int64_t token = metadata_integer(*shard_, "image_token", path);
+    TESSERA_CHECK(0 <= token && token < vocab_size_, "{}: image_token {} is outside [0, {})", path, token, vocab_size_);
+    image_token_ = int32_t(token);
+    const SafetensorsEntry &p = shard_->entry("image_patches"), &g = shard_->entry("image_grids"),
+                           &t = shard_->entry("image_tokens");
+    const int64_t n = g.shape.ndim == 2 ? g.shape[0] : -1;
+    TESSERA_CHECK(n > 0 && g.dtype == DType::i32 && g.shape[1] == 2 && t.dtype == DType::i64 &&
+                      t.shape == (Shape{n, 2}) && p.dtype == DType::f32 && p.shape.ndim == 2 && p.shape[1] > 0,
+                  "{}: images need image_grids i32 [images, 2], image_tokens i64 [images, 2] and image_patches f32 "
+                  "[patches, patch_dim], not {} {}, {} {}, {} {}",
+                  path, dtype_name(g.dtype), g.shape.str(), dtype_name(t.dtype), t.shape.str(), dtype_name(p.dtype),
+                  p.shape.str());
+    const Tensor grids = shard_->load("image_grids"), spans = shard_->load("image_tokens");
+    patches_ = (shard_->is_aligned("image_patches") ? shard_->view("image_patches")
+                                                    : patches_copy_.emplace(shard_->load("image_patches")).view())
+                   .ptr<float>();
+    patch_dim_ = p.shape[1];
+    int64_t row = 0, end = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        ShardImage im{{grids.ptr<int32_t>()[2 * i], grids.ptr<int32_t>()[2 * i + 1]},
+                      row,
+                      spans.ptr<int64_t>()[2 * i],
+                      spans.ptr<int64_t>()[2 * i + 1]};
+        TESSERA_CHECK(im.grid.h > 0 && im.grid.w > 0, "{}: image {} has a {}x{} grid", path, i, im.grid.h, im.grid.w);
+        TESSERA_CHECK(im.count > 0 && im.first >= end && im.first <= num_tokens_ && im.count <= num_tokens_ - im.first,
+                      "{}: image {}'s {} tokens from {} are not after the image before it within the {} tokens", path,
+                      i, im.count, im.first, num_tokens_);
+        for (int64_t k = im.first; k < im.first + im.count; ++k)
+            TESSERA_CHECK((*this)[k] == image_token_, "{}: image {}'s token {} is {}, not the image token {}", path, i,
+                          k, (*this)[k], image_token_);
+        row += im.grid.patches();
+        TESSERA_CHECK(row <= p.shape[0], "{}: image {} needs patches up to row {}; image_patches holds {}", path, i,
+                      row, p.shape[0]);
+        end = im.first + im.count;
+        images_.push_back(im);
+    }
+    TESSERA_CHECK(row == p.shape[0], "{}: the images' grids give {} patches; image_patches holds {}", path, row,
+                  p.shape[0]);
 }
 
 }  // namespace tessera::train
