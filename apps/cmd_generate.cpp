@@ -5,6 +5,8 @@
 
 #include "apps/commands.h"
 #include "apps/options.h"
+#include "core/safetensors.h"
+#include "model/image_input.h"
 #include "model/runtime.h"
 #include "model/sampling.h"
 #include "train/checkpoint.h"
@@ -21,7 +23,7 @@ void add_generate_command(CLI::App& app) {
         std::string checkpoint, prompt;
         model::SampleParams p;
         int64_t context = 0;
-        std::string tokenizer;
+        std::string tokenizer, images;
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("--checkpoint", a->checkpoint,
@@ -38,9 +40,21 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--tokenizer", a->tokenizer,
                     "A Hugging Face directory whose tokenizer reads the prompt and writes the text (default: the "
                     "model's own, or its fine-tuning base's; else the byte tokenizer)");
+    cmd->add_option("--images", a->images,
+                    "A model with an image tower (Kimi K3): a safetensors file of Kimi's processor (pixel_values, "
+                    "image_grid_hws); the prompt holds the image token (<|media_pad|>) once per image");
     cmd->callback([a] {
         const train::ModelSource src = train::open_model_source(a->checkpoint);
-        model::Model model(src.config);
+        model::ModelConfig run = src.config;
+        std::vector<ops::PatchGrid> grids;
+        Tensor patches;
+        if (!a->images.empty()) {
+            TESSERA_CHECK(run.vision.enabled(), "--images: {} has no image tower", src.path);
+            TESSERA_CHECK(std::filesystem::is_regular_file(a->images), "--images {}: no such file", a->images);
+            patches = model::read_processor_images(SafetensorsFile(a->images), a->images, run.vision, grids);
+            run.vision.max_patches = std::max<int64_t>(patches.shape()[0], 1);  // this prompt's images
+        }
+        model::Model model(run);
         const int64_t context = a->context > 0 ? a->context : src.context;  // default: the trained length
         BufferGroup cache("cache", model.cache_specs(1, context));
         model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false, {&cache});
@@ -62,6 +76,24 @@ void add_generate_command(CLI::App& app) {
             train::ByteTokenizer::encode(a->prompt, tokens);
         }
         if (tokens.empty()) throw Error("--prompt is empty");
+        if (!grids.empty()) {  // each image token of the prompt: its image's h·w/4 image tokens
+            model.set_images(grids, patches);
+            std::vector<int32_t> expanded;
+            size_t image = 0;
+            for (const int32_t t : tokens) {
+                if (t != run.vision.image_token) {
+                    expanded.push_back(t);
+                    continue;
+                }
+                TESSERA_CHECK(image < grids.size(),
+                              "--prompt holds more image tokens (id {}) than the {} image(s) of {}", t, grids.size(),
+                              a->images);
+                expanded.insert(expanded.end(), size_t(model::image_tokens(run.vision, grids[image++])), t);
+            }
+            TESSERA_CHECK(image == grids.size(), "--prompt holds {} image token(s) (id {}) for the {} image(s) of {}",
+                          image, run.vision.image_token, grids.size(), a->images);
+            tokens = std::move(expanded);
+        }
         std::cout << a->prompt << std::flush;
         model::generate(model, context, tokens, a->p, eos, [&](int32_t t) {
             std::cout << (tok ? tok->bpe.decode(std::span(&t, 1)) : train::ByteTokenizer::decode(std::span(&t, 1)))

@@ -396,6 +396,8 @@ void Model::set_images(std::span<const ops::PatchGrid> grids,
         image_keep_.push_back(keep);
     }
     image_patches_ = patches;
+    image_next_ = 0;
+    image_rows_ready_ = false;
     if (grids.empty()) return;
     const int64_t n = ops::grid_patches(grids);
     TESSERA_CHECK(patches.device == Device::cpu && patches.dtype == DType::f32 && patches.is_contiguous() &&
@@ -434,6 +436,28 @@ void Model::splice_images(std::span<const int32_t> ids) {
         placed += k.end - k.begin;
         first += vision_->tokens(std::span(image_grids_).subspan(i, 1));
     }
+}
+
+void Model::splice_decoded_images(int64_t pos, std::span<const int32_t> ids) {
+    if (!vision_) return;
+    if (pos == 0) image_next_ = 0;  // new sequences: their images from the first
+    image_pos_.clear();
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] == cfg_.vision.image_token) image_pos_.push_back(int64_t(i));
+    }
+    const int64_t n = int64_t(image_pos_.size()), M = vision_->tokens(image_grids_);
+    if (n == 0) return;
+    TESSERA_CHECK(image_next_ + n <= M, "model: image token {} decoded, but the images give {}", image_next_ + n, M);
+    const TensorView rows = image_rows_.slice0(0, M);
+    if (!image_rows_ready_) {
+        const TensorView patches = image_buf_.slice0(0, image_patches_.size(0));
+        copy_bytes(patches.data, patches.device, image_patches_.data, Device::cpu, image_patches_.nbytes());
+        trace::Span span("vision tower", "forward", -1);
+        vision_->forward(image_grids_, patches, rows);
+        image_rows_ready_ = true;
+    }
+    ops::scatter_rows(rows.slice0(image_next_, image_next_ + n), image_pos_, x_[0]);
+    image_next_ += n;
 }
 
 void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, size_t last) const {
@@ -692,6 +716,7 @@ void Model::decode_step(int64_t pos, std::span<const int32_t> ids, TensorView lo
     set_pass({});
     copy_bytes(ids_.data, ids_.device, ids.data(), Device::cpu, size_t(B) * sizeof(int32_t));
     ops::embedding_forward(ids_.slice0(0, B), embed_, x_[0].slice0(0, B));
+    splice_decoded_images(pos, ids);
     run_trunk(B, [&](size_t j, TensorView in, TensorView out) { blocks_[j]->step(B, pos, in, out, ws_); });
     final_norm(B);
     ops::linear_forward({}, ln_f_.slice0(0, B), head_, {}, logits);

@@ -150,8 +150,10 @@ class Model {
     // in order (spec/kimi_k3.md §6: the placeholder expanded). patches: [Σ h·w, patch_dim] f32 on the host (copied
     // to the model's device each pass), alive until the passes ran. rows: per image, the rows the ids hold (a
     // training window may cut an image at either end; the tower still sees the whole image); empty: all of them.
-    // The tower is frozen and runs forward only; no grids: text only.
+    // The tower is frozen and runs forward only; no grids: text only. Decoding (decode_step) places the images'
+    // rows in the order their image tokens are decoded, from the first row at each pos = 0.
     bool has_vision() const { return vision_ != nullptr; }
+    bool has_images() const { return !image_grids_.empty(); }
     void set_images(std::span<const ops::PatchGrid> grids,
                     TensorView patches,
                     std::span<const ops::ImageRows> rows = {});
@@ -226,6 +228,8 @@ class Model {
     uint64_t lora_seed_ = 0;   // set_lora_seed: the next training pass's
     void pool_balance_loss();  // after a trunk forward: the global balance loss over every MoE layer
     void splice_images(std::span<const int32_t> ids);  // after the embedding: image tokens' rows from the tower
+    // decoding: the image tokens among ids take the next rows of the images (the tower runs once, at the first)
+    void splice_decoded_images(int64_t pos, std::span<const int32_t> ids);
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
     int64_t head_chunk_rows(int64_t tokens) const;
 
@@ -240,6 +244,8 @@ class Model {
     std::vector<ops::ImageRows> image_keep_;             // each image's rows the ids hold (same)
     TensorView image_patches_, image_rows_, image_buf_;  // set_images' host patches; the tower's rows; patches there
     std::vector<int64_t> image_pos_;  // the last forward's image token positions (capacity reserved at bind)
+    int64_t image_next_ = 0;          // decoding: the next image row to place; its rows are in image_rows_ once
+    bool image_rows_ready_ = false;   // the tower ran for these images
     bool decoding_ = false;           // decoding caches bound
     std::vector<BufferSpec> param_specs_;
     std::vector<ParamInit> inits_;

@@ -41,6 +41,10 @@ void generate(Model& model,
               const std::function<void(int32_t)>& on_token) {
     TESSERA_CHECK(!tokens.empty(), "generate: the prompt is empty");
     TESSERA_CHECK(context >= 2, "generate: the context must hold at least 2 tokens");
+    // (a full context restarts from its later half, which could cut an image: with images all must fit)
+    TESSERA_CHECK(!model.has_images() || int64_t(tokens.size()) + p.max_new_tokens <= context,
+                  "generate: with images the context ({} tokens) must hold the prompt ({}) and the new tokens ({})",
+                  context, tokens.size(), p.max_new_tokens);
     Rng rng(p.seed, 0x5a3b1eull);
     const int64_t V = model.config().vocab_size;
     Tensor logits(DType::f32, Shape{1, V});

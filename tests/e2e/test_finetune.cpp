@@ -958,7 +958,7 @@ TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
     TempDir d;
     const int32_t kMediaPad = 1513;  // Kimi's <|media_pad|>, added to the golden Kimi tokenizer
     const model::ModelConfig c = model::parse_model_config(Json::parse(fmt::format(R"({{
-        "vocab_size": 1536, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "attn_res_block_size": 2,
+        "vocab_size": 1792, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "attn_res_block_size": 2,
         "attention": ["kda", "kda", "mla"],
         "kda": {{"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true, "o_norm_eps": 1e-6}},
         "mla": {{"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 8}},
@@ -1051,6 +1051,18 @@ TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
     r = run_tessera_mpi(2, args + " --set train.micro_batch_size=1 --out " + d.file("two"));
     ASSERT_EQ(r.status, 0) << r.out << r.err;
     expect_close_losses(d.file("lora"), d.file("two"));
+    // generate with an image: the prompt's image token becomes the image's tokens
+    r = run_tessera("generate --checkpoint " + d.file("lora") + " --prompt '<|media_pad|> look' --images " +
+                    d.file("img0.safetensors") + " --max-new-tokens 4 --temperature 0");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_TRUE(r.out.starts_with("<|media_pad|> look")) << r.out;
+    test::expect_one_line_error(run_tessera("generate --checkpoint " + d.file("lora") + " --prompt 'look' --images " +
+                                            d.file("img0.safetensors")),
+                                "--prompt holds 0 image token(s) (id 1513) for the 1 image(s)", "no image token");
+    test::expect_one_line_error(
+        run_tessera("generate --checkpoint " + d.file("lora") + " --prompt '<|media_pad|> look' --context 8 --images " +
+                    d.file("img0.safetensors")),
+        "with images the context (8 tokens) must hold the prompt", "a short context");
     // the same shard with other pixels: other losses
     {
         const SafetensorsFile shard(d.file("shard.safetensors"));
@@ -1097,7 +1109,7 @@ TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
     // a model without a tower refuses image data
     test::expect_one_line_error(
         run_tessera("train --config " + kTiny + " --set data.path=" + d.file("shard.safetensors") +
-                    " --set model.vocab_size=1536 --out " + d.file("text_model")),
+                    " --set model.vocab_size=1792 --out " + d.file("text_model")),
         fmt::format("holds {} images but the model has no image tower", images), "a model without a tower");
 }
 

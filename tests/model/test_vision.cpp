@@ -151,6 +151,34 @@ TEST(VisionModel, ImageRowsTakeTheImageTokensPlaces) {
     test::expect_error([&] { m.forward_logits(shape, ids, logits); }, "the ids hold 20 image tokens");
 }
 
+// Decoding with images (generate): token by token over the caches, each image token takes the next row of the
+// images, and the logits follow the float64 reference's full forward (the first sequence of the golden: images 0
+// and 1 at positions 2-7 and 15-16); more image tokens than the images give is an error.
+TEST(VisionModel, DecodingPlacesTheImagesRowsInOrder) {
+    const SafetensorsFile f(test::golden_path("model/vision_lm.safetensors"));
+    const model::ModelConfig cfg =
+        model::parse_model_config(Json::parse(f.metadata().at("config"))["model"], "vision_lm golden");
+    model::Model m(cfg);
+    const int64_t T = 24, V = cfg.vocab_size;
+    BufferGroup cache("cache", m.cache_specs(1, T));
+    model::ModelRuntime rt(m, {1, 1}, false, false, {&cache});
+    m.bind_cache(cache);
+    for (const BufferSpec& s : m.param_specs()) f.load_into("param." + s.name, rt.params().view(s.name));
+    const std::vector<ops::PatchGrid> all = grids_of(f), grids(all.begin(), all.begin() + 2);
+    const Tensor patches = f.load("patches"), ids = f.load("ids"), want = f.load("expected.logits");
+    m.set_images(grids, patches.view().slice0(0, grids[0].patches() + grids[1].patches()));
+    Tensor logits(DType::f32, Shape{1, V}), got(DType::f64, Shape{1, V}), ref(DType::f64, Shape{1, V});
+    for (int64_t pos = 0; pos < T; ++pos) {
+        m.decode_step(pos, std::span(ids.ptr<int32_t>() + pos, 1), logits);
+        convert(logits, got);
+        std::copy_n(want.ptr<double>() + pos * V, V, ref.ptr<double>());
+        EXPECT_TRUE(test::rel_rms_close(got, ref, 1e-5)) << "position " << pos;
+    }
+    const int32_t image = cfg.vision.image_token;
+    test::expect_error([&] { m.decode_step(T - 1, std::span(&image, 1), logits); },
+                       "image token 9 decoded, but the images give 8");
+}
+
 TEST(VisionTower, BadVisionSectionsAreOneLineErrorsNamingTheKey) {
     const Json lm = Json::parse(R"({"vocab_size": 40, "d_model": 48, "n_layers": 1, "n_heads": 4, "ffn_dim": 64})");
     auto with = [&](const char* vision) {
