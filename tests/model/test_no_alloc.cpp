@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "model/model_fixture.h"
+#include "util/test_util.h"
 
 extern "C" {
 void* __libc_malloc(size_t);
@@ -160,6 +161,37 @@ TEST(HotPath, RecomputeDocumentsAccumulationAndTheDsaWarmupMakeNoHeapAllocation)
         EXPECT_EQ(g_ours.load() - ours, 0) << "heap allocations by tessera in 2 steps of " << v.golden << " (recompute "
                                            << v.recompute << ", documents " << v.documents << ")";
     }
+}
+
+// Image input (Kimi K3's tower): each pass's images set anew, whole or cut by the windows (Model::set_images with
+// rows), then forward and backward: nothing from the heap after the first pass (the tower's buffers and the image
+// lists are sized at bind for model.vision.max_patches).
+TEST(HotPath, PassesWithImagesMakeNoHeapAllocation) {
+    const SafetensorsFile f(test::golden_path("model/vision_lm.safetensors"));
+    const model::ModelConfig cfg =
+        model::parse_model_config(Json::parse(f.metadata().at("config"))["model"], "vision_lm golden");
+    model::Model m(cfg);
+    const model::StepShape shape{2, 24};
+    model::ModelRuntime rt(m, shape, true, false);
+    for (const BufferSpec& s : m.param_specs()) f.load_into("param." + s.name, rt.params().view(s.name));
+    const Tensor g = f.load("grids"), patches = f.load("patches"), ids = f.load("ids"), cut = f.load("cut.ids"),
+                 targets = f.load("targets"), rows = f.load("cut.rows");
+    std::vector<ops::PatchGrid> grids;
+    for (int64_t i = 0; i < g.shape()[0]; ++i) grids.push_back({g.ptr<int64_t>()[2 * i], g.ptr<int64_t>()[2 * i + 1]});
+    std::vector<ops::ImageRows> kept;
+    for (int64_t i = 0; i < rows.shape()[0]; ++i)
+        kept.push_back({rows.ptr<int64_t>()[2 * i], rows.ptr<int64_t>()[2 * i + 1]});
+    auto pass = [&](int k) {
+        const Tensor& in = k % 2 ? cut : ids;
+        m.set_images(grids, patches, k % 2 ? std::span<const ops::ImageRows>(kept) : std::span<const ops::ImageRows>());
+        m.forward_backward(shape, std::span(in.ptr<int32_t>(), size_t(in.numel())),
+                           std::span(targets.ptr<int32_t>(), size_t(targets.numel())), 1.0);
+    };
+    pass(0);
+    pass(1);  // first passes: may allocate
+    const long ours = g_ours.load();
+    for (int k = 2; k < 6; ++k) pass(k);
+    EXPECT_EQ(g_ours.load() - ours, 0) << "heap allocations by tessera in 4 passes with images";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models,
