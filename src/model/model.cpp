@@ -132,6 +132,7 @@ void Model::freeze_base() {
                           "model.lora.modules_to_save names {}: the image tower and projector stay frozen (their "
                           "backward is not built)",
                           s.name);
+            if (s.narrowable && base == DType::bf16) s.dtype = base;  // its GEMM weights, as the base's
             continue;
         }
         s.trainable = is_adapter(s.name) || saved(s.name);

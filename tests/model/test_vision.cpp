@@ -10,6 +10,7 @@
 #include "core/arena.h"
 #include "core/safetensors.h"
 #include "model/hf_config.h"
+#include "model/lora.h"
 #include "model/runtime.h"
 #include "model/vision.h"
 #include "util/test_util.h"
@@ -177,6 +178,44 @@ TEST(VisionModel, DecodingPlacesTheImagesRowsInOrder) {
     const int32_t image = cfg.vision.image_token;
     test::expect_error([&] { m.decode_step(T - 1, std::span(&image, 1), logits); },
                        "image token 9 decoded, but the images give 8");
+}
+
+// A LoRA fine-tune with its base held in bf16 (model.lora.base_dtype) holds the tower's and projector's GEMM weights in
+// bf16 too (the norms and the position table stay f32), and computes bit for bit what the f32-held model computes on
+// the same weights rounded to bf16.
+TEST(VisionModel, ABf16BaseHoldsTheTowersGemmWeightsInBf16) {
+    const SafetensorsFile f(test::golden_path("model/vision_lm.safetensors"));
+    Json doc = Json::parse(f.metadata().at("config"))["model"];
+    doc["lora"] = {{"rank", 2}, {"target_modules", {"o_proj"}}, {"base_dtype", "f32"}};
+    const model::ModelConfig wide_cfg = model::parse_model_config(doc, "f32 base");
+    doc["lora"]["base_dtype"] = "bf16";
+    const model::ModelConfig narrow_cfg = model::parse_model_config(doc, "bf16 base");
+    model::Model wide(wide_cfg), narrow(narrow_cfg);
+    const model::StepShape shape{2, 24};
+    model::ModelRuntime wrt(wide, shape, false, false), nrt(narrow, shape, false, false);
+    wide.init_params(wrt.params(), 5);  // the adapters (B = 0)
+    narrow.init_params(nrt.params(), 5);
+    int64_t narrowed = 0;
+    for (const BufferSpec& s : narrow.param_specs()) {
+        if (model::is_adapter(s.name)) continue;
+        f.load_into("param." + s.name, nrt.params().view(s.name));
+        f.load_into("param." + s.name, wrt.params().view(s.name));
+        if (s.dtype != DType::bf16) continue;
+        convert(nrt.params().view(s.name), wrt.params().view(s.name));  // the f32 model's: the same rounded values
+        if (model::is_vision_param(s.name)) ++narrowed;
+    }
+    EXPECT_EQ(narrowed, 1 + 2 * 4 + 2);  // the patch embedding, 2 layers' wqkv, wo, fc0, fc1, the projector's two
+    EXPECT_EQ(narrow.param_specs()[size_t(nrt.params().index_of("vision_tower.patch_embed.pos_emb.weight"))].dtype,
+              DType::f32);
+    const std::vector<ops::PatchGrid> grids = grids_of(f);
+    const Tensor patches = f.load("patches"), ids_t = f.load("ids");
+    const std::span<const int32_t> ids(ids_t.ptr<int32_t>(), size_t(ids_t.numel()));
+    Tensor a(DType::f32, Shape{shape.tokens(), wide_cfg.vocab_size}), b(DType::f32, a.shape());
+    wide.set_images(grids, patches);
+    narrow.set_images(grids, patches);
+    wide.forward_logits(shape, ids, a);
+    narrow.forward_logits(shape, ids, b);
+    EXPECT_TRUE(test::bitwise_equal(a.view(), b.view()));
 }
 
 TEST(VisionTower, BadVisionSectionsAreOneLineErrorsNamingTheKey) {
