@@ -154,6 +154,10 @@ class Model {
     // rows in the order their image tokens are decoded, from the first row at each pos = 0.
     bool has_vision() const { return vision_ != nullptr; }
     bool has_images() const { return !image_grids_.empty(); }
+    // the tower's forward FLOPs over images of these grids (0 without a tower)
+    double image_forward_flops(std::span<const ops::PatchGrid> grids) const {
+        return vision_ ? vision_->forward_flops(grids) : 0.0;
+    }
     void set_images(std::span<const ops::PatchGrid> grids,
                     TensorView patches,
                     std::span<const ops::ImageRows> rows = {});

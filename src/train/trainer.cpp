@@ -308,8 +308,10 @@ TrainSummary train(const TrainOptions& opts) {
                           "data {}: an image of {}x{} patches has {} image tokens; the model's tower gives it {}",
                           data_path, im.grid.h, im.grid.w, im.count, model::image_tokens(vision, im.grid));
     }
-    ImageBatch images;  // the current micro-batch's (capacity for the most a pass takes)
+    ImageBatch images;                       // the current micro-batch's (capacity for the most a pass takes)
+    std::vector<ops::PatchGrid> step_grids;  // the images of a step's windows on every rank
     if (with_images) {
+        step_grids.reserve(size_t(tc.batch_size * tc.seq_len));  // (an image takes at least one token of a window)
         images.patches.reserve(size_t(vision.max_patches * vision.patch_dim()));
         images.grids.reserve(size_t(vision.max_patches));
         images.rows.reserve(size_t(vision.max_patches));
@@ -626,6 +628,12 @@ TrainSummary train(const TrainOptions& opts) {
         std::optional<trace::Span> step_span;
         step_span.emplace("step", "step", state.step + 1, "step");
         fault.before_step(state.step + 1);
+        // the image tower's FLOPs of the step on every rank (from the data alone, as its counted targets)
+        double step_image_flops = 0;
+        if (with_images) {
+            loader.step_images(step_grids);
+            step_image_flops = model.image_forward_flops(step_grids);
+        }
         StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, comm,
                                   fsdp ? &*fsdp : nullptr, loader.step_targets(),
                                   {.skip_nonfinite = true,  // (the nonfinite rule decides: skip, or stop)
@@ -645,7 +653,7 @@ TrainSummary train(const TrainOptions& opts) {
         rep.phases.step = seconds_since(t0);
         for (const auto& [layer, s] : r.moe) rep.phases.communication += s.a2a_exposed_seconds;
         const double tps = double(tokens_per_step) / rep.phases.step;
-        rep.flops_per_s = tps * train_flops_per_token;
+        rep.flops_per_s = tps * train_flops_per_token + step_image_flops / rep.phases.step;
         rep.mfu = rep.flops_per_s / (gemm_gflops * 1e9);
         summary.losses.push_back(r.loss);
         if (state.step == summary.first_step + 1) rep.arena_peak_bytes = rt.arena().stats().peak_bytes_in_use;

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include "train/data/loader.h"
 #include "train/data/tokenizer.h"
@@ -189,6 +190,13 @@ TEST(Loader, WindowsTakeTheRowsOfTheImagesTheyCut) {
         for (const ops::ImageRows& r : batch.rows) rows += r.end - r.begin;
         EXPECT_EQ(tokens, rows) << "window " << w;
     }
+    // a step over all ten windows: each window's images, an image two windows cut in both (the tower's work)
+    train::DataLoader all(src, 10, 10, 0.0, 1);
+    std::vector<ops::PatchGrid> step;
+    all.step_images(step);
+    std::map<std::pair<int64_t, int64_t>, int> seen;
+    for (const ops::PatchGrid& g : step) ++seen[{g.h, g.w}];
+    EXPECT_EQ(seen, (std::map<std::pair<int64_t, int64_t>, int>{{{2, 4}, 2}, {{1, 2}, 1}, {{4, 4}, 3}}));
     // spans that do not hold the image token, or overlap
     spans[0] = 54;
     write("bad1.safetensors");

@@ -67,6 +67,12 @@ void DataLoader::skip(int64_t windows) {
     for (int64_t i = 0; i < windows; ++i) next_window();
 }
 
+std::span<const ShardImage>::iterator DataLoader::first_image_after(int64_t start) const {
+    const std::span<const ShardImage> all = tokens_.images();
+    return std::partition_point(all.begin(), all.end(),
+                                [&](const ShardImage& im) { return im.first + im.count <= start; });
+}
+
 void DataLoader::read_window(int64_t start,
                              std::span<int32_t> ids,
                              std::span<int32_t> targets,
@@ -77,12 +83,9 @@ void DataLoader::read_window(int64_t start,
         targets[size_t(t)] = tokens_.is_target(start + t + 1) ? tokens_[start + t + 1] : model::Model::kIgnoreIndex;
     }
     if (!images) return;
-    // the images whose tokens meet [start, start + seq_len): from the first that ends after start
-    const std::span<const ShardImage> all = tokens_.images();
-    auto it = std::partition_point(all.begin(), all.end(),
-                                   [&](const ShardImage& im) { return im.first + im.count <= start; });
+    // the images whose tokens meet [start, start + seq_len)
     const int64_t dim = tokens_.patch_dim();
-    for (; it != all.end() && it->first < start + seq_len_; ++it) {
+    for (auto it = first_image_after(start); it != tokens_.images().end() && it->first < start + seq_len_; ++it) {
         images->grids.push_back(it->grid);
         images->rows.push_back(
             {std::max(start, it->first) - it->first, std::min(start + seq_len_, it->first + it->count) - it->first});
@@ -113,11 +116,11 @@ void DataLoader::next_batch(std::span<int32_t> ids, std::span<int32_t> targets, 
     if (++micro_ == shard_.accumulation) micro_ = 0;
 }
 
-int64_t DataLoader::step_targets() const {
-    if (!tokens_.has_loss_mask()) return 0;
-    TESSERA_CHECK(micro_ == 0, "data: step_targets is taken between steps");
+template <class F>
+void DataLoader::for_each_step_window(F&& f) const {
+    TESSERA_CHECK(micro_ == 0, "data: the next step's windows are taken between steps");
     const int64_t windows = shard_.world * shard_.accumulation * batch_, n = int64_t(order_.size());
-    int64_t count = 0, cursor = pos_.cursor;
+    int64_t cursor = pos_.cursor;
     const std::vector<int64_t>* order = &order_;
     for (int64_t w = 0, epoch = pos_.epoch; w < windows; ++w, ++cursor) {
         if (cursor == n) {  // the step reaches into the next epoch: its permutation, as next_window will draw it
@@ -126,10 +129,26 @@ int64_t DataLoader::step_targets() const {
             order = &next_order_;
             cursor = 0;
         }
-        const int64_t start = (*order)[size_t(cursor)] * seq_len_;
-        for (int64_t t = 0; t < seq_len_; ++t) count += tokens_.is_target(start + t + 1) ? 1 : 0;
+        f((*order)[size_t(cursor)] * seq_len_);
     }
+}
+
+int64_t DataLoader::step_targets() const {
+    if (!tokens_.has_loss_mask()) return 0;
+    int64_t count = 0;
+    for_each_step_window([&](int64_t start) {
+        for (int64_t t = 0; t < seq_len_; ++t) count += tokens_.is_target(start + t + 1) ? 1 : 0;
+    });
     return count;
+}
+
+void DataLoader::step_images(std::vector<ops::PatchGrid>& grids) const {
+    grids.clear();
+    if (tokens_.images().empty()) return;
+    for_each_step_window([&](int64_t start) {
+        for (auto it = first_image_after(start); it != tokens_.images().end() && it->first < start + seq_len_; ++it)
+            grids.push_back(it->grid);
+    });
 }
 
 void DataLoader::eval_batch(int64_t i, std::span<int32_t> ids, std::span<int32_t> targets, ImageBatch* images) const {

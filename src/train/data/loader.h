@@ -60,6 +60,9 @@ class DataLoader {
     // Between steps: the targets that count (not prompt tokens) in the windows the next step reads on every rank,
     // from the data alone (no communication); 0 when the data has no loss mask (every target counts).
     int64_t step_targets() const;
+    // Between steps: the grids of the images the next step's windows take on every rank, from the data alone (an
+    // image that two windows cut is in both: the tower runs on it in each). Empty without images.
+    void step_images(std::vector<ops::PatchGrid>& grids) const;
 
     // between optimizer steps (after every micro-batch of a step was read)
     LoaderPosition position() const;
@@ -67,8 +70,13 @@ class DataLoader {
 
   private:
     void shuffle_epoch();
+    // f(start) for the first token of each window the next step reads on every rank, in order
+    template <class F>
+    void for_each_step_window(F&& f) const;
     int64_t next_window();  // the next window of the sequence (a new epoch after the last)
     void skip(int64_t windows);
+    // the first image whose tokens end after position start
+    std::span<const ShardImage>::iterator first_image_after(int64_t start) const;
     void read_window(int64_t start, std::span<int32_t> ids, std::span<int32_t> targets, ImageBatch* images) const;
 
     const TokenSource& tokens_;
