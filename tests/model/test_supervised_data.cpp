@@ -226,6 +226,15 @@ TEST(SupervisedShard, CheckpointTokenizersAddBosAndTheirEndOfText) {
     const std::string qwen = test::golden_path("tokenizers/qwen2");
     train::write_token_shard({d.file("a.jsonl")}, d.file("eos.safetensors"), {.tokenizer = qwen, .eos = "<|im_end|>"});
     EXPECT_EQ(train::TokenSource(d.file("eos.safetensors")).end_of_document(), 1502);
+    // a checkpoint directory of any model: its config.json (no image tower) is not read
+    std::filesystem::create_directories(d.file("qwen2_ckpt"));
+    for (const auto& e : std::filesystem::directory_iterator(qwen))
+        std::filesystem::copy_file(e.path(), d.file("qwen2_ckpt") + "/" + e.path().filename().string());
+    write_text_atomic(d.file("qwen2_ckpt/config.json"), R"({"model_type": "qwen2", "hidden_size": 64})");
+    train::write_token_shard({d.file("a.jsonl")}, d.file("ckpt.safetensors"),
+                             {.tokenizer = d.file("qwen2_ckpt"), .eos = "<|im_end|>"});
+    EXPECT_TRUE(test::bitwise_equal(SafetensorsFile(d.file("ckpt.safetensors")).load("tokens").view(),
+                                    SafetensorsFile(d.file("eos.safetensors")).load("tokens").view()));
 }
 
 TEST(SupervisedShard, LargeVocabulariesGiveI32TokensAndBadOptionsAreRefused) {

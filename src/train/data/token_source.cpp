@@ -85,13 +85,15 @@ class DocumentWriter {
             eos = *hf_->eos;
         }
         if (hf_->add_bos) bos = *hf_->bos;
-        // a checkpoint with an image tower: its image token in a text stands for the next image of the example
+        // a checkpoint with an image tower (config.json with a vision_config: Kimi K3): its image token in a text
+        // stands for the next image of the example. Any other config.json is not read (a tokenizer of any model)
         const fs::path config = fs::path(o.tokenizer) / "config.json";
         if (fs::exists(config)) {
-            const model::VisionConfig v =
-                model::import_hf_config(parse_json(read_text(config.string()), config.string()), config.string())
-                    .model.vision;
-            if (v.enabled()) vision_ = v;
+            const Json doc = parse_json(read_text(config.string()), config.string());
+            if (doc.is_object() && doc.contains("vision_config")) {
+                const model::VisionConfig v = model::import_hf_config(doc, config.string()).model.vision;
+                if (v.enabled()) vision_ = v;
+            }
         }
     }
 
