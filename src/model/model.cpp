@@ -389,12 +389,15 @@ void Model::set_images(std::span<const ops::PatchGrid> grids,
                   grids.size());
     image_grids_.assign(grids.begin(), grids.end());
     image_keep_.clear();
+    image_kept_ = image_rows_total_ = 0;
     for (size_t i = 0; i < grids.size(); ++i) {
         const int64_t all = vision_->tokens(grids.subspan(i, 1));
         const ops::ImageRows keep = rows.empty() ? ops::ImageRows{0, all} : rows[i];
         TESSERA_CHECK(0 <= keep.begin && keep.begin < keep.end && keep.end <= all,
                       "model: rows [{}, {}) of image {}, which has {}", keep.begin, keep.end, i, all);
-        image_keep_.push_back(keep);
+        image_keep_.push_back({image_rows_total_ + keep.begin, image_rows_total_ + keep.end});
+        image_kept_ += keep.end - keep.begin;
+        image_rows_total_ += all;
     }
     image_patches_ = patches;
     image_next_ = 0;
@@ -409,54 +412,50 @@ void Model::set_images(std::span<const ops::PatchGrid> grids,
                   cfg_.vision.max_patches);
 }
 
-void Model::splice_images(std::span<const int32_t> ids) {
-    if (!vision_) return;
+int64_t Model::find_image_tokens(std::span<const int32_t> ids) {
     image_pos_.clear();
     for (size_t i = 0; i < ids.size(); ++i) {
         if (ids[i] == cfg_.vision.image_token) image_pos_.push_back(int64_t(i));
     }
-    int64_t kept = 0;
-    for (const ops::ImageRows& k : image_keep_) kept += k.end - k.begin;
-    TESSERA_CHECK(int64_t(image_pos_.size()) == kept,
-                  "model: the ids hold {} image tokens (model.vision.image_token {}), the images give {}",
-                  image_pos_.size(), cfg_.vision.image_token, kept);
-    if (kept == 0) return;
-    const int64_t M = vision_->tokens(image_grids_);
-    const TensorView rows = image_rows_.slice0(0, M), patches = image_buf_.slice0(0, image_patches_.size(0));
+    return int64_t(image_pos_.size());
+}
+
+TensorView Model::run_tower() {
+    const TensorView rows = image_rows_.slice0(0, image_rows_total_),
+                     patches = image_buf_.slice0(0, image_patches_.size(0));
     copy_bytes(patches.data, patches.device, image_patches_.data, Device::cpu, image_patches_.nbytes());
-    {
-        trace::Span span("vision tower", "forward", -1);
-        vision_->forward(image_grids_, patches, rows);
-    }
-    // each image's kept rows to its tokens' positions, in order (its rows follow the images before it)
-    int64_t first = 0, placed = 0;
-    for (size_t i = 0; i < image_keep_.size(); ++i) {
-        const ops::ImageRows k = image_keep_[i];
+    trace::Span span("vision tower", "forward", -1);
+    vision_->forward(image_grids_, patches, rows);
+    image_rows_ready_ = true;
+    return rows;
+}
+
+void Model::splice_images(std::span<const int32_t> ids) {
+    if (!vision_) return;
+    const int64_t n = find_image_tokens(ids);
+    TESSERA_CHECK(n == image_kept_,
+                  "model: the ids hold {} image tokens (model.vision.image_token {}), the images give {}", n,
+                  cfg_.vision.image_token, image_kept_);
+    if (n == 0) return;
+    const TensorView rows = run_tower();
+    // each image's kept rows to its tokens' positions, in order
+    int64_t placed = 0;
+    for (const ops::ImageRows& k : image_keep_) {
         const std::span<const int64_t> at(image_pos_.data() + placed, size_t(k.end - k.begin));
-        ops::scatter_rows(rows.slice0(first + k.begin, first + k.end), at, x_[0]);
+        ops::scatter_rows(rows.slice0(k.begin, k.end), at, x_[0]);
         placed += k.end - k.begin;
-        first += vision_->tokens(std::span(image_grids_).subspan(i, 1));
     }
 }
 
 void Model::splice_decoded_images(int64_t pos, std::span<const int32_t> ids) {
     if (!vision_) return;
     if (pos == 0) image_next_ = 0;  // new sequences: their images from the first
-    image_pos_.clear();
-    for (size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] == cfg_.vision.image_token) image_pos_.push_back(int64_t(i));
-    }
-    const int64_t n = int64_t(image_pos_.size()), M = vision_->tokens(image_grids_);
+    const int64_t n = find_image_tokens(ids);
     if (n == 0) return;
-    TESSERA_CHECK(image_next_ + n <= M, "model: image token {} decoded, but the images give {}", image_next_ + n, M);
-    const TensorView rows = image_rows_.slice0(0, M);
-    if (!image_rows_ready_) {
-        const TensorView patches = image_buf_.slice0(0, image_patches_.size(0));
-        copy_bytes(patches.data, patches.device, image_patches_.data, Device::cpu, image_patches_.nbytes());
-        trace::Span span("vision tower", "forward", -1);
-        vision_->forward(image_grids_, patches, rows);
-        image_rows_ready_ = true;
-    }
+    TESSERA_CHECK(image_next_ + n <= image_rows_total_, "model: image token {} decoded, but the images give {}",
+                  image_next_ + n, image_rows_total_);
+    // the tower runs once for the images set; decoding places their rows in order
+    const TensorView rows = image_rows_ready_ ? image_rows_.slice0(0, image_rows_total_) : run_tower();
     ops::scatter_rows(rows.slice0(image_next_, image_next_ + n), image_pos_, x_[0]);
     image_next_ += n;
 }

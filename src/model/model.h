@@ -231,7 +231,9 @@ class Model {
     void set_pass(const PassOptions& o);
     uint64_t lora_seed_ = 0;   // set_lora_seed: the next training pass's
     void pool_balance_loss();  // after a trunk forward: the global balance loss over every MoE layer
-    void splice_images(std::span<const int32_t> ids);  // after the embedding: image tokens' rows from the tower
+    void splice_images(std::span<const int32_t> ids);         // after the embedding: image tokens' rows from the tower
+    int64_t find_image_tokens(std::span<const int32_t> ids);  // their positions into image_pos_; how many
+    TensorView run_tower();                                   // the images' rows: [tokens of image_grids_, d]
     // decoding: the image tokens among ids take the next rows of the images (the tower runs once, at the first)
     void splice_decoded_images(int64_t pos, std::span<const int32_t> ids);
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
@@ -245,7 +247,9 @@ class Model {
     std::unique_ptr<AttnRes> attn_res_;                  // null: the plain residual stream
     std::unique_ptr<VisionTower> vision_;                // null: text only
     std::vector<ops::PatchGrid> image_grids_;            // set_images (capacity reserved at bind)
-    std::vector<ops::ImageRows> image_keep_;             // each image's rows the ids hold (same)
+    std::vector<ops::ImageRows> image_keep_;             // each image's rows the ids hold, as rows of the
+                                                         // tower's output over all the images (same)
+    int64_t image_kept_ = 0, image_rows_total_ = 0;      // Σ kept rows; the tower's output rows
     TensorView image_patches_, image_rows_, image_buf_;  // set_images' host patches; the tower's rows; patches there
     std::vector<int64_t> image_pos_;  // the last forward's image token positions (capacity reserved at bind)
     int64_t image_next_ = 0;          // decoding: the next image row to place; its rows are in image_rows_ once
