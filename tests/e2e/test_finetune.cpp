@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <set>
 
 #include "core/config_reader.h"
@@ -613,6 +614,55 @@ TEST(FineTune, AWeightBudgetReadsExpertsStoredOneTensorEachInPlace) {
     }
 }
 
+// Rewrites safetensors file `from` into `to` (may be the same), each tensor loaded and passed to edit first; the
+// metadata is kept but for the checksum, which the write recomputes.
+void rewrite_tensors(const std::string& from,
+                     const std::string& to,
+                     const std::function<void(const std::string&, Tensor&)>& edit) {
+    std::vector<Tensor> owned;
+    std::vector<NamedTensor> out;
+    std::map<std::string, std::string> meta;
+    {
+        const SafetensorsFile f(from);
+        for (const auto& e : f.entries()) owned.push_back(f.load(e.name));
+        size_t k = 0;
+        for (const auto& e : f.entries()) {
+            edit(e.name, owned[k]);
+            out.push_back({e.name, owned[k++].view()});
+        }
+        meta = f.metadata();
+        meta.erase("crc32c");
+    }
+    write_safetensors(to, out, meta);
+}
+
+// A tiny Kimi K3 with its image tower (patches of 3x2x2 pixels, 2x2 merge) whose image token is `image_token`
+model::ModelConfig tiny_k3(int64_t vocab, int64_t image_token) {
+    return model::parse_model_config(Json::parse(fmt::format(R"({{
+        "vocab_size": {}, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "attn_res_block_size": 2,
+        "attention": ["kda", "kda", "mla"],
+        "kda": {{"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true, "o_norm_eps": 1e-6}},
+        "mla": {{"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 8}},
+        "moe": {{"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "first_dense": 1}},
+        "vision": {{"layers": 2, "width": 16, "heads": 2, "head_dim": 8, "ffn_dim": 32, "patch_size": 2,
+                   "pos_height": 4, "pos_width": 4, "image_token": {}}}}})",
+                                                             vocab, image_token)),
+                                     "tiny k3");
+}
+
+// A 4-step fine-tune of `base` (sequences of 16, batches of 2, evaluation and checkpoints every 2 steps)
+Json k3_run(const std::string& base, const Json& data) {
+    return {{"train",
+             {{"seq_len", 16},
+              {"batch_size", 2},
+              {"steps", 4},
+              {"eval_interval", 2},
+              {"eval_batches", 2},
+              {"checkpoint_interval", 2},
+              {"base", base}}},
+            {"data", data}};
+}
+
 // Kimi K3's routed experts come in MXFP4 (export-hf --expert-dtype mxfp4 writes that layout; the reading side is
 // checked on hand-packed bytes in test_hf_checkpoint): a LoRA fine-tune of such a base with the experts held in MXFP4
 // trains bit for bit as one whose f32 experts are quantised on load. Under memory.weights_budget they are read in
@@ -696,19 +746,9 @@ TEST(FineTune, AWeightBudgetReadsMxfp4ExpertsInTheCheckpointsLayout) {
     // expert 5's w2 of layer 1 with a NaN scale: refused when mapped, as when loaded
     const std::string bad = "model.layers.1.block_sparse_moe.experts.5.w2.weight_scale";
     const std::string shard = hf + "/" + index["weight_map"][bad].get<std::string>();
-    {
-        std::vector<Tensor> owned;
-        std::vector<NamedTensor> out;
-        {
-            const SafetensorsFile f(shard);
-            for (const auto& e : f.entries()) owned.push_back(f.load(e.name));
-            size_t k = 0;
-            for (const auto& e : f.entries()) out.push_back({e.name, owned[k++].view()});
-        }
-        for (size_t k = 0; k < out.size(); ++k)
-            if (out[k].name == bad) owned[k].ptr<uint8_t>()[3] = 255;
-        write_safetensors(shard, out);
-    }
+    rewrite_tensors(shard, shard, [&](const std::string& name, Tensor& t) {
+        if (name == bad) t.ptr<uint8_t>()[3] = 255;
+    });
     for (const std::string& budget : {std::string(), std::string(" --set memory.weights_budget=1")}) {
         const std::string out = d.file("nan" + std::to_string(budget.size()));
         test::expect_one_line_error(run_tessera(args + budget + " --out " + out),
@@ -834,15 +874,7 @@ TEST(FineTune, AKimiK3BaseWithItsImageTowerScoresImagesAndFineTunesOnText) {
     // writes them; LoRA and full fine-tunes on text keep the tower frozen, their checkpoints leave it to the base, and
     // both resume bitwise
     TempDir d;
-    const model::ModelConfig c = model::parse_model_config(Json::parse(R"({
-        "vocab_size": 64, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "attn_res_block_size": 2,
-        "attention": ["kda", "kda", "mla"],
-        "kda": {"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true, "o_norm_eps": 1e-6},
-        "mla": {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 8},
-        "moe": {"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "first_dense": 1},
-        "vision": {"layers": 2, "width": 16, "heads": 2, "head_dim": 8, "ffn_dim": 32, "patch_size": 2,
-                   "pos_height": 4, "pos_width": 4, "image_token": 5}})"),
-                                                           "tiny k3");
+    const model::ModelConfig c = tiny_k3(64, 5);
     // one sequence of 16 tokens, 4 of them the image token (5) for one image of 4x4 patches of 3x2x2 pixels
     std::vector<int32_t> seq(16);
     for (int i = 0; i < 16; ++i) seq[size_t(i)] = i >= 3 && i < 7 ? 5 : 6 + (i * 5) % 50;
@@ -909,16 +941,7 @@ TEST(FineTune, AKimiK3BaseWithItsImageTowerScoresImagesAndFineTunesOnText) {
     write_safetensors(d.file("ids.safetensors"),
                       {{"tokens", TensorView(ids.data(), DType::u16, Shape{int64_t(ids.size())})}},
                       {{"vocab_size", "64"}});
-    write_text_atomic(d.file("run.json"), Json{{"train",
-                                                {{"seq_len", 16},
-                                                 {"batch_size", 2},
-                                                 {"steps", 4},
-                                                 {"eval_interval", 2},
-                                                 {"eval_batches", 2},
-                                                 {"checkpoint_interval", 2},
-                                                 {"base", d.file("k3")}}},
-                                               {"data", {{"path", d.file("ids.safetensors")}}}}
-                                              .dump());
+    write_text_atomic(d.file("run.json"), k3_run(d.file("k3"), {{"path", d.file("ids.safetensors")}}).dump());
     const std::string args = "train --config " + d.file("run.json");
     for (const std::string& how :
          {std::string(" --set model.lora.rank=2 --set 'model.lora.target_modules=[\"o_proj\"]'"), std::string()}) {
@@ -957,16 +980,7 @@ TEST(FineTune, AKimiK3BaseWithItsImageTowerScoresImagesAndFineTunesOnText) {
 TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
     TempDir d;
     const int32_t kMediaPad = 1513;  // Kimi's <|media_pad|>, added to the golden Kimi tokenizer
-    const model::ModelConfig c = model::parse_model_config(Json::parse(fmt::format(R"({{
-        "vocab_size": 1792, "d_model": 32, "n_layers": 3, "n_heads": 2, "ffn_dim": 48, "attn_res_block_size": 2,
-        "attention": ["kda", "kda", "mla"],
-        "kda": {{"head_dim": 16, "gate_lower_bound": -5.0, "full_rank_output_gate": true, "o_norm_eps": 1e-6}},
-        "mla": {{"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_dim": 8, "qk_rope_dim": 8, "v_head_dim": 8}},
-        "moe": {{"experts": 4, "topk": 2, "ffn_dim": 16, "shared_ffn_dim": 16, "first_dense": 1}},
-        "vision": {{"layers": 2, "width": 16, "heads": 2, "head_dim": 8, "ffn_dim": 32, "patch_size": 2,
-                   "pos_height": 4, "pos_width": 4, "image_token": {}}}}})",
-                                                                                   kMediaPad)),
-                                                           "tiny k3");
+    const model::ModelConfig c = tiny_k3(1792, kMediaPad);
     const std::string k3 = d.file("k3");
     {
         model::Model m(c);
@@ -1029,16 +1043,8 @@ TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
         EXPECT_EQ(found, image_tokens);
         EXPECT_EQ(targets, 0) << "image tokens are never targets";
     }
-    const Json run = {{"train",
-                       {{"seq_len", 16},
-                        {"batch_size", 2},
-                        {"steps", 4},
-                        {"eval_interval", 2},
-                        {"eval_batches", 2},
-                        {"checkpoint_interval", 2},
-                        {"base", k3}}},
-                      {"data", {{"path", d.file("shard.safetensors")}, {"val_fraction", 0.2}}}};
-    write_text_atomic(d.file("run.json"), run.dump());
+    write_text_atomic(d.file("run.json"),
+                      k3_run(k3, {{"path", d.file("shard.safetensors")}, {"val_fraction", 0.2}}).dump());
     const std::string args = "train --config " + d.file("run.json") +
                              " --set model.lora.rank=2 --set 'model.lora.target_modules=[\"o_proj\"]'";
     r = run_tessera(args + " --out " + d.file("lora"));
@@ -1064,21 +1070,10 @@ TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
                     d.file("img0.safetensors")),
         "with images the context (8 tokens) must hold the prompt", "a short context");
     // the same shard with other pixels: other losses
-    {
-        const SafetensorsFile shard(d.file("shard.safetensors"));
-        std::vector<Tensor> owned;
-        std::vector<NamedTensor> out;
-        for (const auto& e : shard.entries()) owned.push_back(shard.load(e.name));
-        size_t k = 0;
-        for (const auto& e : shard.entries()) {
-            if (e.name == "image_patches")
-                for (int64_t i = 0; i < owned[k].numel(); ++i) owned[k].ptr<float>()[i] *= -1.f;
-            out.push_back({e.name, owned[k++].view()});
-        }
-        std::map<std::string, std::string> meta = shard.metadata();
-        meta.erase("crc32c");
-        write_safetensors(d.file("flipped.safetensors"), out, meta);
-    }
+    rewrite_tensors(d.file("shard.safetensors"), d.file("flipped.safetensors"), [](const std::string& name, Tensor& t) {
+        if (name == "image_patches")
+            for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] *= -1.f;
+    });
     r = run_tessera(args + " --set data.path=" + d.file("flipped.safetensors") + " --out " + d.file("flipped"));
     ASSERT_EQ(r.status, 0) << r.err;
     const auto a = losses(d.file("lora")), b = losses(d.file("flipped"));
