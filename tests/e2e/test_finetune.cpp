@@ -1069,6 +1069,31 @@ TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
         run_tessera("generate --checkpoint " + d.file("lora") + " --prompt '<|media_pad|> look' --context 8 --images " +
                     d.file("img0.safetensors")),
         "with images the context (8 tokens) must hold the prompt", "a short context");
+    test::expect_one_line_error(run_tessera("generate --checkpoint " + d.file("lora") +
+                                            " --prompt '<|media_pad|>' --images " + d.file("missing.safetensors")),
+                                "--images " + d.file("missing.safetensors") + ": no such file", "a missing image file");
+    test::expect_one_line_error(run_tessera("generate --checkpoint " + test::golden_path("hf/kimi_linear_tiny") +
+                                            " --prompt 'look' --images " + d.file("img0.safetensors")),
+                                "has no image tower", "images for a model without a tower");
+    // a shard made for another tower: patches of 4x4 pixels (48 values), so grids of half the sides
+    rewrite_tensors(d.file("shard.safetensors"), d.file("other.safetensors"), [](const std::string& name, Tensor& t) {
+        if (name == "image_patches") t = Tensor::copy_of(t.view().reshape(Shape{t.numel() / 48, 48}));
+        if (name == "image_grids")
+            for (int64_t i = 0; i < t.numel(); ++i) t.ptr<int32_t>()[i] /= 2;
+    });
+    test::expect_one_line_error(
+        run_tessera(args + " --set data.path=" + d.file("other.safetensors") + " --out " + d.file("other")),
+        "its images are image token 1513 with patches of 48 values; the model's tower takes image token 1513 with "
+        "patches of 12",
+        "a shard for another tower");
+    EXPECT_FALSE(fs::exists(d.file("other") + "/checkpoints"));
+    // an image whose token count is not the tower's (its first image's tokens one short)
+    rewrite_tensors(d.file("shard.safetensors"), d.file("short.safetensors"), [](const std::string& name, Tensor& t) {
+        if (name == "image_tokens") t.ptr<int64_t>()[1] -= 1;
+    });
+    test::expect_one_line_error(
+        run_tessera(args + " --set data.path=" + d.file("short.safetensors") + " --out " + d.file("short")),
+        "an image of 4x4 patches has 3 image tokens; the model's tower gives it 4", "a short image");
     // the same shard with other pixels: other losses
     rewrite_tensors(d.file("shard.safetensors"), d.file("flipped.safetensors"), [](const std::string& name, Tensor& t) {
         if (name == "image_patches")
