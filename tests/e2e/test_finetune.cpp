@@ -691,6 +691,12 @@ TEST(FineTune, AWeightBudgetReadsMxfp4ExpertsInTheCheckpointsLayout) {
     }
     ASSERT_EQ(values, 2 * 8 * 3 * 128 * 128);  // the MoE layers (first_dense = 1) × experts × w1, w2, w3
     EXPECT_EQ(Json::parse(read_text(hf + "/config.json"))["quantization_config"]["format"], "mxfp4-pack-quantized");
+    // experts whose rows are not whole blocks of 32 values (ffn_dim 16) cannot be written in MXFP4
+    train_base(d.file("narrow"), test::kTinyKimiLinear + " --steps 1");
+    test::expect_one_line_error(run_tessera("export-hf --checkpoint " + d.file("narrow") + " --out " +
+                                            d.file("narrow_hf") + " --expert-dtype mxfp4"),
+                                "does not have rows of whole blocks of 32 values", "experts of 16 columns");
+    EXPECT_FALSE(fs::exists(d.file("narrow_hf")));
     const std::string base_args = "train --config " + kTiny + arch +
                                   " --set train.micro_batch_size=1 --set train.base=" + hf + kLora,
                       args = base_args + " --set model.lora.expert_dtype=mxfp4";
