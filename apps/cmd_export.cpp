@@ -66,14 +66,14 @@ void add_export_command(CLI::App& app) {
             "base)",
             src.path);
         model::Model model(src.config);
-        model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false);
+        model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/{});
         src.load(model, rt.params());
         model::ModelConfig plain_cfg = src.config;
         plain_cfg.lora = {};
         model::Model plain(plain_cfg);
         std::optional<model::ModelRuntime> merged;
         if (lora && !peft) {
-            merged.emplace(plain, model::StepShape{1, 1}, false, false);
+            merged.emplace(plain, model::StepShape{1, 1}, false, model::Recompute{});
             model::merge_lora(src.config.lora, rt.params(), merged->params());
         }
         const BufferGroup& params = merged ? merged->params() : rt.params();

@@ -57,7 +57,7 @@ void add_generate_command(CLI::App& app) {
         model::Model model(run);
         const int64_t context = a->context > 0 ? a->context : src.context;  // default: the trained length
         BufferGroup cache("cache", model.cache_specs(1, context));
-        model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/false, {&cache});
+        model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/{}, {&cache});
         model.bind_cache(cache);
         src.load(model, rt.params());
         std::vector<int32_t> tokens;

@@ -56,7 +56,7 @@ void add_logits_command(CLI::App& app) {
         }
         model::Model model(run);
         const model::StepShape shape{B, T};
-        model::ModelRuntime rt(model, shape, /*with_grads=*/false, /*recompute=*/false);
+        model::ModelRuntime rt(model, shape, /*with_grads=*/false, /*recompute=*/{});
         src.load(model, rt.params());
         if (!grids.empty()) model.set_images(grids, patches);
         Tensor logits(DType::f32, Shape{B * T, V});

@@ -35,7 +35,7 @@ Json candidate_json(const plan::Candidate& c) {
               {"ep", c.layout.ep},
               {"fsdp", c.layout.fsdp},
               {"micro_batch", c.layout.micro_batch},
-              {"recompute", c.layout.recompute}}},
+              {"recompute", c.layout.recompute.to_json()}}},
             {"memory",
              {{"rank", c.memory_rank},
               {"arena_bytes", c.memory.arena_bytes},
@@ -119,7 +119,8 @@ void add_simulate_command(CLI::App& app) {
     struct Args : Workload {
         std::string out;
         int64_t ep = 1, micro = 0;
-        bool zero2 = false, recompute = false;
+        bool zero2 = false;
+        std::string recompute;  // "", "all" or kinds separated by commas
     };
     auto a = std::make_shared<Args>();
     add_workload_options(cmd, *a);
@@ -127,7 +128,8 @@ void add_simulate_command(CLI::App& app) {
     add_int_option(cmd, "--micro-batch", a->micro, 0, train::kMaxBatch,
                    "Sequences per forward on each rank (0 = the whole per-rank batch)");
     cmd->add_flag("--zero2", a->zero2, "ZeRO-2 instead of FSDP");
-    cmd->add_flag("--recompute", a->recompute, "Recompute the blocks' activations in backward");
+    cmd->add_flag("--recompute{all}", a->recompute,
+                  "Recompute the blocks' activations in backward: every kind, or --recompute=KIND,... (kda, moe, ...)");
     cmd->add_option("--out", a->out, "The trace file to write (open it in https://ui.perfetto.dev)")->required();
     cmd->footer(
         "Example: tessera simulate configs/hf/kimi_k3.json --cluster configs/cluster/supernode_128.json --mode lora "
@@ -138,7 +140,16 @@ void add_simulate_command(CLI::App& app) {
         const train::RunConfig& cfg = w.cfg;
         const plan::Cluster& cluster = w.cluster;
         const int64_t W = plan::plan_ranks(cfg, cluster, a->ranks);
-        const plan::Layout l{W, a->ep, !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W, a->recompute};
+        Json kinds = Json::array();
+        for (size_t at = 0; at < a->recompute.size();) {
+            const size_t comma = std::min(a->recompute.find(',', at), a->recompute.size());
+            kinds.push_back(a->recompute.substr(at, comma - at));
+            at = comma + 1;
+        }
+        const model::Recompute recompute = a->recompute == "all"
+                                               ? model::Recompute::every()
+                                               : model::Recompute::from_json(kinds, "simulate: --recompute");
+        const plan::Layout l{W, a->ep, !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W, recompute};
         const plan::PlanOptions o{W, 0, a->routing};
         const plan::Simulation s = plan::simulate(cfg, cluster, l, o);
         write_output(a->out, s.trace);

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
         {
             model::Model m(cfg.model);
             BufferGroup cache("cache", m.cache_specs(1, max_pos));
-            model::ModelRuntime rt(m, {1, 1}, false, false, {&cache});
+            model::ModelRuntime rt(m, {1, 1}, false, {}, {&cache});
             m.bind_cache(cache);
             m.init_params(rt.params(), 1);
             Tensor logits(DType::f32, Shape{1, V});
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
         }
         {
             model::Model m(cfg.model);
-            model::ModelRuntime rt(m, {1, pos + 1}, false, false);
+            model::ModelRuntime rt(m, {1, pos + 1}, false, {});
             m.init_params(rt.params(), 1);
             std::vector<int32_t> ids(size_t(pos + 1), 65);
             Tensor logits(DType::f32, Shape{pos + 1, V});

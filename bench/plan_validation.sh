@@ -26,13 +26,15 @@ bin=${TESSERA_BIN:-build/apps/tessera}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# the layouts: (ranks ep fsdp micro recompute), per model
+# the layouts: (ranks ep fsdp micro recompute), per model; recompute: true, false or block kinds joined by '+'
 layouts_for() {
     case "$(basename "$1" .json)" in
-        demo) echo "1 1 true 8 false;1 1 true 4 true;2 1 true 8 false;2 2 true 4 false;2 2 false 8 true;4 2 true 4 false;4 4 false 4 false" ;;
-        *) echo "1 1 true 4 false;1 1 true 16 false;1 1 true 8 true;2 1 true 8 false;2 2 true 8 false;2 2 false 4 false;2 1 false 8 true;4 1 true 4 false;4 2 true 4 false;4 4 true 4 false;4 4 false 2 true" ;;
+        demo) echo "1 1 true 8 false;1 1 true 4 true;1 1 true 8 moe;2 1 true 8 false;2 2 true 4 false;2 2 false 8 true;2 2 true 8 kda;4 2 true 4 false;4 4 false 4 false" ;;
+        *) echo "1 1 true 4 false;1 1 true 16 false;1 1 true 8 true;1 1 true 16 moe;2 1 true 8 false;2 2 true 8 false;2 2 false 4 false;2 1 false 8 true;2 2 true 8 attention;4 1 true 4 false;4 2 true 4 false;4 4 true 4 false;4 4 false 2 true" ;;
     esac
 }
+# train.recompute's value for a layout's recompute field
+recompute_json() { case $1 in true | false) echo "$1" ;; *) echo "[\"${1//+/\",\"}\"]" ;; esac }
 
 for cfg in "${configs[@]}"; do
     name=$(basename "$cfg" .json)
@@ -57,7 +59,7 @@ for cfg in "${configs[@]}"; do
             read -r ranks ep fsdp micro rec <<< "$l"
             args="train --config $cfg --steps $steps --set train.eval_interval=0 --set train.checkpoint_interval=0
                   --set parallel.ep=$ep --set parallel.fsdp=$fsdp --set train.micro_batch_size=$micro
-                  --set train.recompute=$rec --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$rep"
+                  --set train.recompute=$(recompute_json "$rec") --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$rep"
             if [ "$ranks" = 1 ]; then $bin --threads 2 $args > /dev/null; else $bin launch -n "$ranks" -- $args > /dev/null; fi
         done
     done
@@ -87,7 +89,8 @@ for cfg in configs:
     for run in runs:
         ranks, ep, fsdp, micro, rec = run[len(f"run-{name}-"):].split("-")
         ranks = int(ranks)
-        key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=rec == "true")
+        recompute = rec == "true" if rec in ("true", "false") else rec.split("+")
+        key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=recompute)
         pick = lambda cands: next(c for c in cands if all(c["layout"][k] == v for k, v in key.items()))
         cand = pick(plans[ranks])
         routed = pick(json.load(open(f"{tmp}/routed-{run}.json"))["candidates"])
@@ -101,7 +104,8 @@ for cfg in configs:
         arena = next(r["arena_bytes"] for r in cand["memory"]["ranks"] if r["rank"] == 0)
         cv = statistics.stdev(medians) / statistics.mean(medians) if len(medians) > 1 else 0.0
         label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", ep {ep}, {'fsdp' if fsdp == 'true' else 'zero-2'}"
-                 if ranks > 1 else "") + f", micro {micro}" + (", recompute" if rec == "true" else ""))
+                 if ranks > 1 else "") + f", micro {micro}" +
+                 (", recompute" if rec == "true" else "" if rec == "false" else f", recompute {rec}"))
         rows.append((name, ranks, label, cand["step_seconds"]["total"], statistics.median(medians), cv, arena,
                      max(arenas), arena + reserved[ranks], max(resident), routed["step_seconds"]["total"],
                      routed["imbalance"]))

@@ -29,6 +29,12 @@ class ConfigReader {
     // a list of non-empty strings (empty if absent)
     std::vector<std::string> names(const std::string& key);
     bool has(const std::string& key) const { return obj_.contains(key); }
+    // a value of a shape of its own, read by parse(value, "<where>: <section.key>") (def when absent)
+    template <class T, class Parse>
+    T parsed(const std::string& key, T def, Parse parse) {
+        const Json* v = find(key);
+        return v ? parse(*v, where_ + ": " + key_path(key)) : def;
+    }
     const Json& section(const std::string& key);  // a nested object (empty if absent)
 
     // Throws if the section held keys nobody read.

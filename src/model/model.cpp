@@ -272,17 +272,19 @@ int64_t Model::head_chunk_rows(int64_t tokens) const {
     return std::min<int64_t>(tokens, std::max<int64_t>(128, (int64_t(1) << 25) / cfg_.vocab_size));
 }
 
-std::vector<bool> Model::recomputed_blocks() const {
+std::vector<bool> Model::recomputed_blocks(const Recompute& recompute) const {
     std::vector<bool> out(block_kinds_.size(), false);
     std::vector<std::string> seen;  // kinds already met walking backwards: their shared set is stale
     for (size_t jj = block_kinds_.size(); jj-- > 0;) {
-        out[jj] = std::find(seen.begin(), seen.end(), block_kinds_[jj]) != seen.end();
-        if (!out[jj]) seen.push_back(block_kinds_[jj]);
+        const bool later = std::find(seen.begin(), seen.end(), block_kinds_[jj]) != seen.end();
+        out[jj] = later && recompute.covers(block_kinds_[jj]);
+        if (!later) seen.push_back(block_kinds_[jj]);
     }
     return out;
 }
 
-std::vector<BufferSpec> Model::activation_specs(StepShape max, bool recompute) const {
+std::vector<BufferSpec> Model::activation_specs(StepShape max, const Recompute& recompute) const {
+    recompute.check(block_kinds_);
     const int64_t N = max.tokens(), C = cfg_.d_model, V = cfg_.vocab_size, R = head_chunk_rows(N);
     std::vector<BufferSpec> s;
     s.push_back({"ids", DType::i32, Shape{N}});
@@ -292,7 +294,7 @@ std::vector<BufferSpec> Model::activation_specs(StepShape max, bool recompute) c
     for (size_t j = 0; j < blocks_.size(); ++j) {
         const Block& b = *blocks_[j];
         const bool first_of_kind = std::find(kinds.begin(), kinds.end(), b.kind()) == kinds.end();
-        if (recompute) {
+        if (recompute.covers(b.kind())) {
             if (first_of_kind) b.declare_saved(s, shared_prefix(b), max);
         } else {
             b.declare_saved(s, saved_prefix(int64_t(j), b), max);
@@ -331,9 +333,8 @@ void Model::bind(const BufferGroup& params,
                  const BufferGroup& acts,
                  std::span<std::byte> workspace,
                  StepShape max,
-                 bool recompute) {
+                 const Recompute& recompute) {
     max_ = max;
-    recompute_ = recompute;
     has_grads_ = grads != nullptr;
     ws_ = workspace;
     embed_ = params.view(kEmbed);
@@ -346,11 +347,11 @@ void Model::bind(const BufferGroup& params,
     }
     x_.clear();
     for (size_t j = 0; j <= blocks_.size(); ++j) x_.push_back(acts.view(fmt::format("x.{}", j)));
-    recompute_block_ = recompute ? recomputed_blocks() : std::vector<bool>(blocks_.size(), false);
+    recompute_block_ = recomputed_blocks(recompute);
     for (size_t jj = blocks_.size(); jj-- > 0;) {
         Block& b = *blocks_[jj];
         b.bind_params(params, grads);
-        b.bind_saved(acts, recompute ? shared_prefix(b) : saved_prefix(int64_t(jj), b));
+        b.bind_saved(acts, recompute.covers(b.kind()) ? shared_prefix(b) : saved_prefix(int64_t(jj), b));
         b.bind_scratch(acts, scratch_prefix(b));
     }
     ids_ = acts.view("ids");

@@ -19,6 +19,7 @@
 #include "model/layers/block.h"
 #include "model/layers/mla_block.h"
 #include "model/layers/moe_block.h"
+#include "model/recompute.h"
 #include "model/vision.h"
 #include "parallel/comm.h"
 
@@ -116,7 +117,8 @@ class Model {
     // Expert parallelism: the experts of each MoE layer whose weights are here, [first, first + count)
     // of model.moe.experts (all of them without it).
     std::pair<int64_t, int64_t> local_experts() const;
-    std::vector<BufferSpec> activation_specs(StepShape max, bool recompute) const;
+    // recompute: one-line error when it names a block kind the model does not have
+    std::vector<BufferSpec> activation_specs(StepShape max, const Recompute& recompute) const;
     size_t workspace_bytes(StepShape max, int num_threads) const;
     int64_t num_params() const;
 
@@ -126,7 +128,7 @@ class Model {
               const BufferGroup& acts,
               std::span<std::byte> workspace,
               StepShape max,
-              bool recompute);
+              const Recompute& recompute);
     // Initial values from (seed, parameter name, element index) only (see ParamInit), of the specs
     // [first, last) (all by default).
     void init_params(const BufferGroup& params, uint64_t seed, size_t first = 0, size_t last = SIZE_MAX) const;
@@ -179,9 +181,10 @@ class Model {
     // "attention", "mla", "dsa", "mlp", "moe") and forward FLOPs per token; the rest of forward_flops_per_token is the
     // embedding and head's. The planner's compute per op class (plan/plan.h).
     const std::vector<std::string>& block_kinds() const { return block_kinds_; }
-    // Under train.recompute, whether block j re-runs its forward before its backward: every block but the last of its
-    // kind, whose saved set (one shared set per kind) still holds its own activations. The planner prices the same.
-    std::vector<bool> recomputed_blocks() const;
+    // Under train.recompute, whether block j re-runs its forward before its backward: every block of a kind it covers
+    // but the last of the kind, whose saved set (one shared set per kind) still holds its own activations
+    // (model/recompute.h). The planner prices the same.
+    std::vector<bool> recomputed_blocks(const Recompute& recompute) const;
     Block& block(size_t j) { return *blocks_.at(j); }  // `tessera calibrate` times one block of each kind
     double block_forward_flops_per_token(size_t block, int64_t seq) const;
 
@@ -267,7 +270,6 @@ class Model {
     ParamHooks* hooks_ = nullptr;
     std::shared_ptr<StepStats> stats_;  // the last take_step_stats() result, refilled when no one else holds it
     StepShape max_;
-    bool recompute_ = false;
     bool has_grads_ = false;
     std::vector<bool> recompute_block_;  // re-run forward before backward
     // parameters and gradients

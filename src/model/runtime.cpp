@@ -68,8 +68,12 @@ std::vector<BufferSpec> grad_specs(const std::vector<BufferSpec>& params) {
     return g;
 }
 
-RuntimeGroups runtime_groups(
-    const Model& model, StepShape max, bool with_grads, bool recompute, ParamPlacement* placement, int threads) {
+RuntimeGroups runtime_groups(const Model& model,
+                             StepShape max,
+                             bool with_grads,
+                             const Recompute& recompute,
+                             ParamPlacement* placement,
+                             int threads) {
     RuntimeGroups g;
     g.params = placement ? std::move(placement->params) : BufferGroup("params", model.param_specs());
     g.acts = BufferGroup("activations", model.activation_specs(max, recompute));
@@ -100,7 +104,7 @@ std::vector<size_t> arena_block_bytes(const std::vector<const BufferGroup*>& gro
 ModelRuntime::ModelRuntime(Model& model,
                            StepShape max,
                            bool with_grads,
-                           bool recompute,
+                           const Recompute& recompute,
                            std::vector<BufferGroup*> extra,
                            ParamPlacement* placement,
                            Device device)
@@ -112,8 +116,12 @@ ModelRuntime::ModelRuntime(Model& model,
                        model, max, with_grads, recompute, placement, device == Device::cpu ? omp_get_max_threads() : 1),
                    device) {}
 
-ModelRuntime::ModelRuntime(
-    Model& model, StepShape max, bool recompute, std::vector<BufferGroup*> extra, RuntimeGroups groups, Device device)
+ModelRuntime::ModelRuntime(Model& model,
+                           StepShape max,
+                           const Recompute& recompute,
+                           std::vector<BufferGroup*> extra,
+                           RuntimeGroups groups,
+                           Device device)
     : model_(model),
       max_(max),
       g_(std::move(groups)),

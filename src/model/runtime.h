@@ -42,8 +42,12 @@ struct RuntimeGroups {
     // every group the arena holds, in allocation order: these, then extra
     std::vector<BufferGroup*> all(const std::vector<BufferGroup*>& extra);
 };
-RuntimeGroups runtime_groups(
-    const Model& model, StepShape max, bool with_grads, bool recompute, ParamPlacement* placement, int threads);
+RuntimeGroups runtime_groups(const Model& model,
+                             StepShape max,
+                             bool with_grads,
+                             const Recompute& recompute,
+                             ParamPlacement* placement,
+                             int threads);
 
 // What each group takes in the arena that holds them all: its bytes rounded up to the arena's allocation unit.
 std::vector<size_t> arena_block_bytes(const std::vector<const BufferGroup*>& groups);
@@ -55,7 +59,7 @@ class ModelRuntime {
     ModelRuntime(Model& model,
                  StepShape max,
                  bool with_grads,
-                 bool recompute,
+                 const Recompute& recompute,
                  std::vector<BufferGroup*> extra = {},
                  ParamPlacement* placement = nullptr,
                  Device device = Device::cpu);
@@ -73,7 +77,7 @@ class ModelRuntime {
   private:
     ModelRuntime(Model& model,
                  StepShape max,
-                 bool recompute,
+                 const Recompute& recompute,
                  std::vector<BufferGroup*> extra,
                  RuntimeGroups groups,
                  Device device);

@@ -15,7 +15,9 @@ namespace tessera::plan {
 
 std::string Layout::str() const {
     return fmt::format("ep {}, {}, micro {}{}", ep, ranks > 1 ? (fsdp ? "fsdp" : "zero-2") : "one rank", micro_batch,
-                       recompute ? ", recompute" : "");
+                       recompute.all     ? ", recompute"
+                       : recompute.any() ? ", recompute " + recompute.str()
+                                         : "");
 }
 
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
@@ -44,6 +46,13 @@ size_t RankMemory::model_state_bytes() const {
 }
 
 namespace {
+// an unallocated group's layout, again
+BufferGroup layout_of(const BufferGroup& g) {
+    std::vector<size_t> offsets;
+    for (size_t i = 0; i < g.size(); ++i) offsets.push_back(g.offset(i));
+    return BufferGroup(g.name(), g.specs(), std::move(offsets), g.nbytes());
+}
+
 std::string category_of(const BufferGroup& g) {
     if (g.name().ends_with(".scratch")) return "communication";
     if (g.size() == 0) return "parameters";
@@ -63,7 +72,11 @@ std::string category_of(const BufferGroup& g) {
 }
 }  // namespace
 
-RankMemory predict_rank_memory(const train::RunConfig& run, const Layout& l, int rank, int threads) {
+std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
+                                            const Layout& l,
+                                            const std::vector<model::Recompute>& recompute,
+                                            int rank,
+                                            int threads) {
     const train::RunConfig cfg = with_layout(run, l);
     std::unique_ptr<parallel::Mesh> mesh;
     if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep));
@@ -76,23 +89,33 @@ RankMemory predict_rank_memory(const train::RunConfig& run, const Layout& l, int
                        size_t(cfg.memory.weights_budget) << 20);
     }
     st.place(budget ? &*budget : nullptr);
-    model::RuntimeGroups rg =
-        model::runtime_groups(st.model, {cfg.train.micro_batch(ranks), cfg.train.seq_len}, /*with_grads=*/true,
-                              cfg.train.recompute, st.placement ? &*st.placement : nullptr, threads);
-    const std::vector<BufferGroup*> all = rg.all(st.extra);
-    const std::vector<const BufferGroup*> groups(all.begin(), all.end());
-    const std::vector<size_t> blocks = model::arena_block_bytes(groups);
-    RankMemory m;
-    for (size_t i = 0; i < groups.size(); ++i) {
-        m.groups.push_back({groups[i]->name(), category_of(*groups[i]), groups[i]->nbytes(), blocks[i]});
-        m.arena_bytes += blocks[i];
+    std::vector<RankMemory> out;
+    for (const model::Recompute& r : recompute) {
+        std::optional<model::ParamPlacement> placement;  // runtime_groups takes its groups: a copy of each
+        if (st.placement)
+            placement = model::ParamPlacement{layout_of(st.placement->params), layout_of(st.placement->grads)};
+        model::RuntimeGroups rg =
+            model::runtime_groups(st.model, {cfg.train.micro_batch(ranks), cfg.train.seq_len}, /*with_grads=*/true, r,
+                                  placement ? &*placement : nullptr, threads);
+        const std::vector<BufferGroup*> all = rg.all(st.extra);
+        const std::vector<const BufferGroup*> groups(all.begin(), all.end());
+        const std::vector<size_t> blocks = model::arena_block_bytes(groups);
+        RankMemory& m = out.emplace_back();
+        for (size_t i = 0; i < groups.size(); ++i) {
+            m.groups.push_back({groups[i]->name(), category_of(*groups[i]), groups[i]->nbytes(), blocks[i]});
+            m.arena_bytes += blocks[i];
+        }
+        if (budget) {
+            const train::WeightBudgetStats b = budget->stats();
+            m.mapped_bytes = b.mapped_bytes;
+            m.mapped_resident_bytes = std::min(b.mapped_bytes, b.budget_bytes + b.floor_bytes);
+        }
     }
-    if (budget) {
-        const train::WeightBudgetStats b = budget->stats();
-        m.mapped_bytes = b.mapped_bytes;
-        m.mapped_resident_bytes = std::min(b.mapped_bytes, b.budget_bytes + b.floor_bytes);
-    }
-    return m;
+    return out;
+}
+
+RankMemory predict_rank_memory(const train::RunConfig& cfg, const Layout& l, int rank, int threads) {
+    return std::move(predict_rank_memory(cfg, l, {l.recompute}, rank, threads).front());
 }
 
 }  // namespace tessera::plan

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/recompute.h"
 #include "train/config.h"
 
 namespace tessera::plan {
@@ -18,9 +19,9 @@ namespace tessera::plan {
 struct Layout {
     int64_t ranks = 1, ep = 1;
     bool fsdp = true;
-    int64_t micro_batch = 1;  // sequences per forward on each rank (train.micro_batch_size)
-    bool recompute = false;
-    std::string str() const;  // e.g. "ep 8, fsdp, micro 2, recompute"
+    int64_t micro_batch = 1;     // sequences per forward on each rank (train.micro_batch_size)
+    model::Recompute recompute;  // the block kinds that recompute (model/recompute.h)
+    std::string str() const;     // e.g. "ep 8, fsdp, micro 2, recompute" or "..., recompute kda+moe"
 };
 
 // The run config with the layout's choices in it (parallel.ep, parallel.fsdp, train.micro_batch_size,
@@ -47,5 +48,11 @@ struct RankMemory {
 // Rank `rank`'s arena in layout l, with `threads` OpenMP threads per rank (the workspace is per thread). With
 // memory.weights_budget the base (train.base) is opened as the run would open it, to know what is read in place.
 RankMemory predict_rank_memory(const train::RunConfig& cfg, const Layout& l, int rank, int threads);
+// The same for each of `recompute` in place of l.recompute (the rest of the rank's state built once).
+std::vector<RankMemory> predict_rank_memory(const train::RunConfig& cfg,
+                                            const Layout& l,
+                                            const std::vector<model::Recompute>& recompute,
+                                            int rank,
+                                            int threads);
 
 }  // namespace tessera::plan

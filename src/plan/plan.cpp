@@ -86,16 +86,17 @@ double imbalance(const std::vector<std::vector<double>>& loads, int64_t ep) {
 
 double dtype_size(const std::string& dt) { return dt == "f32" ? 4.0 : dt == "bf16" ? 2.0 : 1.0; }
 
-struct BlockCost {
+struct BlockCost {  // one block (two per layer)
     std::string kind;
     OpClass cls = OpClass::gemm;
     double flops = 0, routed = 0;  // forward per token; of which the routed experts' (grouped GEMM)
-    bool recomputed = false;       // under train.recompute (Model::recomputed_blocks)
+    bool recomputable = false;     // re-runs its forward when train.recompute covers its kind (not the kind's last)
 };
 
 struct ModelCosts {
-    std::vector<BlockCost> blocks;  // two per layer
-    double head_flops = 0;          // embedding and head, forward per token
+    std::vector<BlockCost> blocks;   // two per layer
+    std::vector<std::string> kinds;  // each block's (Model::block_kinds)
+    double head_flops = 0;           // embedding and head, forward per token
     struct UnitBytes {
         double params = 0, grads = 0, expert_params = 0, expert_grads = 0;  // as held; gradients f32
     };
@@ -124,8 +125,9 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
         }
         c.blocks.push_back(b);
     }
-    const std::vector<bool> recomputed = m.recomputed_blocks();
-    for (size_t j = 0; j < c.blocks.size(); ++j) c.blocks[j].recomputed = recomputed[j];
+    c.kinds = m.block_kinds();
+    const std::vector<bool> recomputable = m.recomputed_blocks(model::Recompute::every());
+    for (size_t j = 0; j < c.blocks.size(); ++j) c.blocks[j].recomputable = recomputable[j];
     c.head_flops = m.forward_flops_per_token(seq) - blocks;
     c.units = int64_t(m.block_kinds().size() / 2) + 2;
     c.units_bytes.assign(size_t(cfg.model.n_layers) + 1, {});
@@ -233,6 +235,7 @@ StepTime step_time(const train::RunConfig& run,
                    const Cluster& cl,
                    const Layout& l) {
     const train::RunConfig cfg = with_layout(run, l);
+    l.recompute.check(c.kinds);
     const int ranks = int(l.ranks);
     const double ep = double(l.ep);
     const double micro_tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);
@@ -243,7 +246,7 @@ StepTime step_time(const train::RunConfig& run,
     // per micro-batch: every block forward and backward, the recomputed ones' forward once more, the head
     for (const BlockCost& b : c.blocks) {
         const BlockPass p = block_pass(cl.device, b, micro_tokens, ep, t.imbalance, frozen_base);
-        const bool again = l.recompute && b.recomputed;
+        const bool again = b.recomputable && l.recompute.covers(b.kind);
         t.compute += accumulation * (p.forward * (again ? 2.0 : 1.0) + p.backward);
         t.expert_compute += accumulation * (p.expert_forward * (again ? 2.0 : 1.0) + p.expert_backward);
     }
@@ -252,7 +255,7 @@ StepTime step_time(const train::RunConfig& run,
         // every MoE layer of every micro-batch: forward and backward (+ recompute)
         double passes = 0;  // forward and backward of every MoE layer, and the recomputed ones' forward again
         for (const BlockCost& b : c.blocks)
-            if (b.kind == "moe") passes += 2.0 + (l.recompute && b.recomputed ? 1.0 : 0.0);
+            if (b.kind == "moe") passes += 2.0 + (b.recomputable && l.recompute.covers(b.kind) ? 1.0 : 0.0);
         t.a2a = a2a_pass_seconds(cfg, cl, l, micro_tokens, t.imbalance) * passes * accumulation;
         // chunked overlap: the first chunk's exchange is exposed, the rest hides behind the other chunks' experts
         const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
@@ -292,6 +295,7 @@ StepTime predict_step(const train::RunConfig& cfg, const Cluster& cl, const Layo
 Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout& l, const PlanOptions& o) {
     const train::RunConfig cfg = with_layout(run, l);
     const ModelCosts c = model_costs(cfg);
+    l.recompute.check(c.kinds);
     const auto loads = loads_of(cfg, o);
     const double I = loads.empty() ? 1.0 : imbalance(loads, l.ep);
     const int ranks = int(l.ranks);
@@ -361,7 +365,7 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
             const size_t layer = jj / 2;
             if (jj % 2 == 1 && fsdp)
                 now = std::max(now, transfer("gather", now, unit_seconds(layer + 1, false), int64_t(layer)));
-            const bool again = l.recompute && c.blocks[jj].recomputed;
+            const bool again = c.blocks[jj].recomputable && l.recompute.covers(c.blocks[jj].kind);
             double extra = 0;
             if (c.blocks[jj].kind == "moe" && a2a > 0) {
                 const double passes = again ? 2.0 : 1.0;  // the backward's exchange (+ the recompute's)
@@ -402,6 +406,25 @@ int64_t plan_ranks(const train::RunConfig& cfg, const Cluster& cl, int64_t ranks
     return W;
 }
 
+namespace {
+// train.recompute's choices: off, and every combination of the kinds with more than one block (the last block of a
+// kind is never re-run, so recomputing a kind with one block changes nothing); all of them is `true`
+std::vector<model::Recompute> recompute_choices(const ModelCosts& c) {
+    std::vector<std::string> kinds;
+    for (const BlockCost& b : c.blocks)
+        if (b.recomputable && std::find(kinds.begin(), kinds.end(), b.kind) == kinds.end()) kinds.push_back(b.kind);
+    std::vector<model::Recompute> out;
+    for (uint32_t mask = 0; mask < (1u << kinds.size()); ++mask) {
+        std::vector<std::string> some;
+        for (size_t i = 0; i < kinds.size(); ++i)
+            if (mask >> i & 1) some.push_back(kinds[i]);
+        out.push_back(some.size() == kinds.size() && !some.empty() ? model::Recompute::every()
+                                                                   : model::Recompute::of(some));
+    }
+    return out;
+}
+}  // namespace
+
 Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions& o) {
     const int64_t W = plan_ranks(cfg, cl, o.ranks);
     const int64_t batch = cfg.train.batch_size;
@@ -416,6 +439,7 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
     p.train_flops_per_token = s.train_flops_per_token;
     const ModelCosts costs = model_costs(cfg);
     const std::vector<std::vector<double>> loads = loads_of(cfg, o);
+    const std::vector<model::Recompute> choices = recompute_choices(costs);
     const int64_t experts = cfg.model.moe.experts;
     std::vector<int64_t> eps = {1};
     for (int64_t e = 2; e <= W; ++e)
@@ -424,18 +448,24 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
         for (bool fsdp : W > 1 ? std::vector<bool>{true, false} : std::vector<bool>{true})
             for (int64_t micro = 1; micro <= batch / W; ++micro) {
                 if ((batch / W) % micro != 0) continue;
-                for (bool recompute : {false, true}) {
-                    Candidate c;
-                    c.layout = {W, ep, fsdp, micro, recompute};
-                    // the first and the last rank: ranges cut unevenly put the remainder at one end
-                    for (int rank : W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0}) {
-                        RankMemory m = predict_rank_memory(cfg, c.layout, rank, threads);
-                        c.rank_arena_bytes.emplace_back(rank, m.arena_bytes);
-                        if (rank == 0 || m.peak_bytes() > c.memory.peak_bytes()) {
-                            c.memory = std::move(m);
+                const Layout base{W, ep, fsdp, micro, {}};
+                std::vector<Candidate> cs(choices.size());
+                // the first and the last rank: ranges cut unevenly put the remainder at one end
+                for (int rank : W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0}) {
+                    std::vector<RankMemory> ms = predict_rank_memory(cfg, base, choices, rank, threads);
+                    for (size_t i = 0; i < cs.size(); ++i) {
+                        Candidate& c = cs[i];
+                        c.rank_arena_bytes.emplace_back(rank, ms[i].arena_bytes);
+                        if (rank == 0 || ms[i].peak_bytes() > c.memory.peak_bytes()) {
+                            c.memory = std::move(ms[i]);
                             c.memory_rank = rank;
                         }
                     }
+                }
+                for (size_t i = 0; i < cs.size(); ++i) {
+                    Candidate& c = cs[i];
+                    c.layout = base;
+                    c.layout.recompute = choices[i];
                     c.fits = double(c.memory.peak_bytes()) <= p.usable_bytes;
                     c.time = step_time(cfg, costs, loads, cl, c.layout);
                     const double tokens = double(p.tokens_per_step) / double(W);
@@ -477,18 +507,21 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
         "memory is per device ({}: the busiest rank's arena, byte-exact from the runtime's buffer groups); time per "
         "step (ms)\n",
         unit.name);
+    size_t width = 33;  // the layout column: its longest row
+    for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i)
+        width = std::max(width, p.candidates[i].layout.str().size());
     s += fmt::format(
-        "{:>3}  {:<33} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10} "
+        "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10} "
         "{:>6}\n",
-        "#", "layout", "memory", "params", "grads", "optim", "activ", "comm", "fits", "step", "compute", "a2a", "fsdp",
-        "optim", "tok/s/dev", "MFU");
+        "#", "layout", width, "memory", "params", "grads", "optim", "activ", "comm", "fits", "step", "compute", "a2a",
+        "fsdp", "optim", "tok/s/dev", "MFU");
     for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i) {
         const Candidate& c = p.candidates[i];
         auto cat = c.memory.by_category();
         s += fmt::format(
-            "{:>3}  {:<33} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10.4g} "
+            "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10.4g} "
             "{:>5.1f}%\n",
-            i + 1, c.layout.str(), unit(double(c.memory.peak_bytes())), unit(double(cat["parameters"])),
+            i + 1, c.layout.str(), width, unit(double(c.memory.peak_bytes())), unit(double(cat["parameters"])),
             unit(double(cat["gradients"])), unit(double(cat["optimizer"])), unit(double(cat["activations"])),
             unit(double(cat["communication"] + cat["workspace"])), c.fits ? "yes" : "NO", ms(c.time.total),
             ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),

@@ -65,7 +65,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     tc.checkpoint_interval = t.integer("checkpoint_interval", d.checkpoint_interval);
     tc.log_interval = t.integer("log_interval", d.log_interval);
     tc.seed = uint64_t(t.integer("seed", int64_t(d.seed)));
-    tc.recompute = t.boolean("recompute", d.recompute);
+    tc.recompute = t.parsed("recompute", d.recompute, model::Recompute::from_json);
     tc.device = t.choice("device", d.device, {"cpu", "cuda"});
     tc.async_checkpoints = t.boolean("async_checkpoints", d.async_checkpoints);
     tc.base = t.text("base", d.base);
@@ -191,7 +191,7 @@ Json to_json(const RunConfig& c) {
                   {"checkpoint_interval", t.checkpoint_interval},
                   {"log_interval", t.log_interval},
                   {"seed", t.seed},
-                  {"recompute", t.recompute},
+                  {"recompute", t.recompute.to_json()},
                   {"device", t.device},
                   {"async_checkpoints", t.async_checkpoints},
                   {"base", t.base}};

@@ -9,6 +9,7 @@
 
 #include "core/config_reader.h"
 #include "model/config.h"
+#include "model/recompute.h"
 
 namespace tessera::train {
 
@@ -32,7 +33,7 @@ struct TrainConfig {
     int64_t checkpoint_interval = 500;  // 0 = only at the end
     int64_t log_interval = 10;
     uint64_t seed = 1234;
-    bool recompute = false;  // recompute block activations in backward
+    model::Recompute recompute;  // blocks that recompute their activations in backward (model/recompute.h)
     // Where the model trains: "cpu", or "cuda" (the whole step on the GPU: parameters, gradients, optimizer state and
     // activations in one device arena; batches go up, losses and statistics come back; one process: NCCL is not
     // built yet). Checkpoints are the same files either way.

@@ -69,6 +69,21 @@ TEST(Cli, BadConfigsGiveOneClearLine) {
                                       " --set model.attention=dsa --set model.mla.dsa.topk=4 "
                                       "--set model.mla.dsa.stage=warm"),
                           "model.mla.dsa.stage", "unknown DSA stage");
+    expect_one_line_error(run_tessera("train --config " + kTiny + r + " --set train.recompute=1"),
+                          "train.recompute must be true, false, a block kind or a list of them",
+                          "recompute as a number");
+    expect_one_line_error(
+        run_tessera("train --config " + kTiny + r + " --set train.recompute=mlpp"),
+        "train.recompute must be a block kind (attention, dsa, gdn, kda, mla, mlp, moe), not \"mlpp\"",
+        "unknown block kind");
+    expect_one_line_error(run_tessera("train --config " + kTiny + r + " --set 'train.recompute=[\"kda\",\"mpl\"]'"),
+                          "train.recompute[1] must be a block kind (attention, dsa, gdn, kda, mla, mlp, moe), not "
+                          "\"mpl\"",
+                          "unknown block kind in a list");
+    expect_one_line_error(run_tessera("train --config " + kTiny + r + " --set 'train.recompute=[\"kda\"]'"),
+                          "train.recompute names 'kda' blocks, which the model does not have (its blocks: attention, "
+                          "mlp)",
+                          "recompute of a kind the model lacks");
     expect_one_line_error(run_tessera("train --config " + kTiny + r + " --set model.attn_res_block_size=-1"),
                           "model.attn_res_block_size must be >= 0", "negative AttnRes block size");
     expect_one_line_error(run_tessera("train --config " + kTiny + moe + " --set model.moe.shared_expert_gate=true"),

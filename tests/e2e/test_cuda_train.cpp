@@ -185,7 +185,7 @@ TEST(CudaTrain, AnImageTowerGivesTheCpusLogitsAndGradients) {
         model::parse_model_config(Json::parse(f.metadata().at("config"))["model"], "vision_lm golden");
     const model::StepShape shape{2, 24};
     model::Model cpu(cfg), gpu(cfg);
-    model::ModelRuntime rc(cpu, shape, true, false), rg(gpu, shape, true, false, {}, nullptr, Device::cuda);
+    model::ModelRuntime rc(cpu, shape, true, {}), rg(gpu, shape, true, {}, {}, nullptr, Device::cuda);
     for (const BufferSpec& s : cpu.param_specs()) {
         f.load_into("param." + s.name, rc.params().view(s.name));
         const TensorView h = rc.params().view(s.name), d = rg.params().view(s.name);

@@ -889,7 +889,7 @@ TEST(FineTune, AKimiK3BaseWithItsImageTowerScoresImagesAndFineTunesOnText) {
     Tensor want(DType::f32, Shape{16, 64});
     {
         model::Model m(c);
-        model::ModelRuntime rt(m, {1, 16}, false, false);
+        model::ModelRuntime rt(m, {1, 16}, false, {});
         m.init_params(rt.params(), 3);
         model::save_hf_checkpoint(d.file("k3"), model::hf_tensor_map(m.param_specs(), c, "kimi_k3"), rt.params());
         write_text_atomic(d.file("k3/config.json"), model::export_hf_config(c).dump());
@@ -990,7 +990,7 @@ TEST(FineTune, AKimiK3FineTunesOnImagesAndText) {
     const std::string k3 = d.file("k3");
     {
         model::Model m(c);
-        model::ModelRuntime rt(m, {1, 16}, false, false);
+        model::ModelRuntime rt(m, {1, 16}, false, {});
         m.init_params(rt.params(), 3);
         model::save_hf_checkpoint(k3, model::hf_tensor_map(m.param_specs(), c, "kimi_k3"), rt.params());
         write_text_atomic(k3 + "/config.json", model::export_hf_config(c).dump());

@@ -46,7 +46,7 @@ struct Case {
     int ep;
     bool fsdp;
     int micro;
-    bool recompute;
+    Json recompute;  // train.recompute: true, false or the block kinds
 };
 
 // The predicted rank-0 arena of one layout, from a plan over all layouts.
@@ -62,31 +62,35 @@ size_t predicted_rank0(const Json& plan, const Case& c) {
 }
 
 // Model states, activations and scratch: the plan's rank-0 arena is the arena rank 0 of the real run fills (its
-// high-water mark after the first step, metrics.jsonl), for eight layouts of the tiny MoE model.
+// high-water mark after the first step, metrics.jsonl), for ten layouts of the tiny MoE model with three layers
+// (attention + mlp, then twice attention + moe; recompute: every block kind, or only the MoE blocks or only the
+// attention blocks).
 TEST(Plan, PredictedArenaIsTheMeasuredArena) {
-    const Case cases[] = {{1, 1, true, 2, false}, {1, 1, true, 4, true},   {2, 1, true, 2, false},
-                          {2, 2, true, 1, true},  {2, 2, false, 2, false}, {2, 1, false, 1, true},
-                          {4, 2, true, 1, false}, {4, 4, false, 1, true}};
+    const std::string model = kTiny + test::kTinyMoe + " --set model.n_layers=3";
+    const Json moe = Json::array({"moe"}), attention = Json::array({"attention"});
+    const Case cases[] = {{1, 1, true, 2, false}, {1, 1, true, 4, true},      {1, 1, true, 4, moe},
+                          {2, 1, true, 2, false}, {2, 2, true, 1, true},      {2, 2, false, 2, false},
+                          {2, 1, false, 1, true}, {2, 2, true, 2, attention}, {4, 2, true, 1, false},
+                          {4, 4, false, 1, true}};
     TempDir d;
     std::map<int, Json> plans;
     for (const Case& c : cases) {
         if (!plans.count(c.ranks))
-            plans[c.ranks] = plan_json(fmt::format("{} {} --cluster {} --threads {}", kTiny, test::kTinyMoe,
-                                                   cpu_cluster(d, c.ranks), c.ranks == 1 ? 2 : 1),
-                                       d);
+            plans[c.ranks] = plan_json(
+                fmt::format("{} --cluster {} --threads {}", model, cpu_cluster(d, c.ranks), c.ranks == 1 ? 2 : 1), d);
         const size_t predicted = predicted_rank0(plans[c.ranks], c);
-        const std::string run = d.file(fmt::format("run{}{}{}{}{}", c.ranks, c.ep, c.fsdp, c.micro, c.recompute));
+        const std::string run = d.file(fmt::format("run{}", &c - cases));
         const std::string args = fmt::format(
-            "train --config {}{} --steps 1 --set train.checkpoint_interval=0 --set parallel.ep={} --set "
-            "parallel.fsdp={} --set train.micro_batch_size={} --set train.recompute={} --out {}",
-            kTiny, test::kTinyMoe, c.ep, c.fsdp, c.micro, c.recompute, run);
+            "train --config {} --steps 1 --set train.checkpoint_interval=0 --set parallel.ep={} --set "
+            "parallel.fsdp={} --set train.micro_batch_size={} --set 'train.recompute={}' --out {}",
+            model, c.ep, c.fsdp, c.micro, c.recompute.dump(), run);
         const test::CliResult r = c.ranks == 1 ? test::run_tessera(args) : test::run_tessera_mpi(c.ranks, args);
         ASSERT_EQ(r.status, 0) << r.err;
         const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
         ASSERT_FALSE(records.empty());
         EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted)
             << c.ranks << " ranks, ep " << c.ep << (c.fsdp ? " fsdp" : " zero-2") << ", micro " << c.micro
-            << (c.recompute ? ", recompute" : "");
+            << ", recompute " << c.recompute.dump();
     }
 }
 
@@ -234,7 +238,7 @@ TEST(Plan, BlocksRunAtTheRateOfTheirCallSize) {
     const Json plan = plan_json(kTiny + " --cluster " + cluster, d);
     std::map<int, double> compute;  // micro-batch -> seconds
     for (const Json& c : plan["candidates"])
-        if (!c["layout"]["recompute"].get<bool>())
+        if (c["layout"]["recompute"] == false)
             compute[c["layout"]["micro_batch"].get<int>()] = c["step_seconds"]["compute"].get<double>();
     ASSERT_EQ(compute.size(), 3u);
     EXPECT_NEAR(compute[1] / compute[4], 4.0, 1e-6);

@@ -7,10 +7,12 @@
 
 namespace tessera::test {
 
-GoldenModel::GoldenModel(const std::string& case_name, bool recompute, const std::function<void(Json&)>& edit)
+GoldenModel::GoldenModel(const std::string& case_name,
+                         const model::Recompute& recompute,
+                         const std::function<void(Json&)>& edit)
     : file(golden_path("model/" + case_name + ".safetensors")) {
     Json doc = Json::parse(file.metadata().at("config"));
-    doc["train"]["recompute"] = recompute;
+    doc["train"]["recompute"] = recompute.to_json();
     const Json golden_model = doc["model"];
     if (edit) edit(doc);
     cfg = train::parse_run_config(doc, "golden " + case_name);
@@ -20,7 +22,7 @@ GoldenModel::GoldenModel(const std::string& case_name, bool recompute, const std
     grads = std::make_unique<train::GradientSum>(*opt, cfg.train.accumulation(1));
     std::vector<BufferGroup*> extra{&opt->m(), &opt->v()};
     for (BufferGroup* g : grads->groups()) extra.push_back(g);
-    rt = std::make_unique<model::ModelRuntime>(*model, shape, true, recompute, extra);
+    rt = std::make_unique<model::ModelRuntime>(*model, shape, true, cfg.train.recompute, extra);
     if (doc["model"] != golden_model) {  // the golden's parameters do not fit an edited model
         model->init_params(rt->params(), 1);
         return;
@@ -55,7 +57,7 @@ GoldenModel::Decoder GoldenModel::decoder() const {
     Decoder d;
     d.model = std::make_unique<model::Model>(cfg.model);
     d.cache = std::make_unique<BufferGroup>("cache", d.model->cache_specs(shape.batch, shape.seq));
-    d.rt = std::make_unique<model::ModelRuntime>(*d.model, model::StepShape{shape.batch, 1}, false, false,
+    d.rt = std::make_unique<model::ModelRuntime>(*d.model, model::StepShape{shape.batch, 1}, false, model::Recompute{},
                                                  std::vector<BufferGroup*>{d.cache.get()});
     d.model->bind_cache(*d.cache);
     for (const auto& spec : d.model->param_specs()) {

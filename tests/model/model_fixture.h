@@ -18,7 +18,7 @@ struct GoldenModel {
     // `edit` may change the golden's run config (JSON) before the model is built; when it changes the
     // model, the parameters start from Model::init_params (seed 1) instead of the golden's.
     explicit GoldenModel(const std::string& case_name,
-                         bool recompute = false,
+                         const model::Recompute& recompute = {},
                          const std::function<void(Json&)>& edit = {});
 
     SafetensorsFile file;

@@ -39,7 +39,7 @@ void warmup(Json& doc) {
 }
 
 TEST(DsaTraining, DenseWarmupTrainsOnlyTheIndexerAndLowersTheKl) {
-    test::GoldenModel g("dsa_sparse", false, warmup);
+    test::GoldenModel g("dsa_sparse", {}, warmup);
     ASSERT_TRUE(g.model->indexer_warmup());
     const auto before = snapshot(g);
     std::vector<train::StepResult> steps;
@@ -64,7 +64,7 @@ TEST(DsaTraining, DenseWarmupTrainsOnlyTheIndexerAndLowersTheKl) {
 }
 
 TEST(DsaTraining, DenseWarmupIsBitwiseIdenticalWithRecompute) {
-    test::GoldenModel plain("dsa_sparse", false, warmup), recompute("dsa_sparse", true, warmup);
+    test::GoldenModel plain("dsa_sparse", {}, warmup), recompute("dsa_sparse", model::Recompute::every(), warmup);
     std::vector<train::StepResult> a, b;
     EXPECT_EQ(plain.run_trajectory(&a), recompute.run_trajectory(&b));
     for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].dsa[0].second.kl, b[i].dsa[0].second.kl);

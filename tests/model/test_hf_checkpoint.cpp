@@ -118,7 +118,7 @@ ShardCopy all_but(const SafetensorsFile& file, const std::string& skip) {
 }
 
 struct Rig {
-    explicit Rig(uint64_t seed) : m(tiny_kimi()), rt(m, {1, 1}, false, false) { m.init_params(rt.params(), seed); }
+    explicit Rig(uint64_t seed) : m(tiny_kimi()), rt(m, {1, 1}, false, {}) { m.init_params(rt.params(), seed); }
     model::Model m;
     model::ModelRuntime rt;
 };
@@ -202,7 +202,7 @@ TEST(HfCheckpoint, Mxfp4ExpertsAreHeldByteForByte) {
     test::TempDir d;
     {
         model::Model plain(tiny_kimi(wide_experts));
-        model::ModelRuntime rt(plain, {1, 1}, false, false);
+        model::ModelRuntime rt(plain, {1, 1}, false, {});
         plain.init_params(rt.params(), 1);
         model::save_hf_checkpoint(d.path(), model::hf_tensor_map(plain.param_specs(), plain.config(), "kimi_linear"),
                                   rt.params());
@@ -214,7 +214,7 @@ TEST(HfCheckpoint, Mxfp4ExpertsAreHeldByteForByte) {
     }
     store_w1_as_mxfp4(d, packed, scale);
     model::Model f(with_lora("f32")), m(with_lora("mxfp4"));
-    model::ModelRuntime frt(f, {1, 8}, false, false), mrt(m, {1, 8}, false, false);
+    model::ModelRuntime frt(f, {1, 8}, false, {}), mrt(m, {1, 8}, false, {});
     f.init_params(frt.params(), 3);  // the adapters (B = 0)
     m.init_params(mrt.params(), 3);
     std::vector<BufferSpec> base;
@@ -252,7 +252,7 @@ TEST(HfCheckpoint, DeepSeekFp8WeightsAreDequantisedOnLoad) {
     const std::string src = test::golden_path("hf/deepseek_v32_tiny");
     const model::HfImport hf = model::import_hf_config(Json::parse(read_text(src + "/config.json")), "config.json");
     model::Model m(hf.model);
-    model::ModelRuntime rt(m, {1, 1}, false, false);
+    model::ModelRuntime rt(m, {1, 1}, false, {});
     const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
     const std::string w = "model.layers.1.self_attn.q_b_proj.weight";
     const SafetensorsFile orig(src + "/model.safetensors");
@@ -348,7 +348,7 @@ TEST(HfCheckpoint, AKimiK3WithAnImageTowerExportsAndLoadsBackBitwise) {
     EXPECT_TRUE(back.unsupported.empty()) << back.unsupported.front();
     EXPECT_EQ(model::to_json(back.model.vision), model::to_json(c.vision));
     model::Model m(c);
-    model::ModelRuntime a(m, {1, 1}, false, false), b(m, {1, 1}, false, false);
+    model::ModelRuntime a(m, {1, 1}, false, {}), b(m, {1, 1}, false, {});
     m.init_params(a.params(), 1);
     const auto map = model::hf_tensor_map(m.param_specs(), c, "kimi_k3");
     test::TempDir d;
@@ -372,7 +372,7 @@ TEST(HfCheckpoint, TiedKimiModelsWriteTheirHeadAndAcceptItBack) {
         model::ModelConfig c = tiny_kimi();
         c.tie_embeddings = true;
         model::Model m(c);
-        model::ModelRuntime a(m, {1, 1}, false, false), b(m, {1, 1}, false, false);
+        model::ModelRuntime a(m, {1, 1}, false, {}), b(m, {1, 1}, false, {});
         m.init_params(a.params(), 1);
         const auto map = model::hf_tensor_map(m.param_specs(), c, type);
         test::TempDir d;
@@ -398,7 +398,7 @@ TEST(HfCheckpoint, TiedKimiModelsWriteTheirHeadAndAcceptItBack) {
         EXPECT_TRUE(model::untie_stored_head(d.path(), again, type));
         EXPECT_FALSE(again.tie_embeddings);
         model::Model untied(again);
-        model::ModelRuntime u(untied, {1, 1}, false, false);
+        model::ModelRuntime u(untied, {1, 1}, false, {});
         model::load_hf_checkpoint(d.path(), model::hf_tensor_map(untied.param_specs(), again, type), u.params());
         EXPECT_TRUE(test::bitwise_equal(u.params().view("lm_head.weight"), other.view()));
     }
@@ -412,7 +412,7 @@ TEST(HfCheckpoint, TiedQwenAndDeepSeekModelsStoreNoHeadAndRefuseADifferentOne) {
         model::HfImport hf = model::import_hf_config(Json::parse(read_text(src + "/config.json")), "config.json");
         hf.model.tie_embeddings = true;
         model::Model m(hf.model);
-        model::ModelRuntime rt(m, {1, 1}, false, false);
+        model::ModelRuntime rt(m, {1, 1}, false, {});
         m.init_params(rt.params(), 3);
         const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
         test::TempDir d;
@@ -450,7 +450,7 @@ TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
     SafetensorsFile golden(test::golden_path("hf/" + GetParam() + "_logits.safetensors"));
     const Tensor ids64 = golden.load("ids");
     const int64_t B = ids64.view().size(0), T = ids64.view().size(1), V = hf.model.vocab_size;
-    model::ModelRuntime rt(m, {B, T}, false, false);
+    model::ModelRuntime rt(m, {B, T}, false, {});
     const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
     model::load_hf_checkpoint(dir, map, rt.params());
     std::vector<int32_t> ids(ids64.view().ptr<int64_t>(), ids64.view().ptr<int64_t>() + B * T);
@@ -460,7 +460,7 @@ TEST_P(TransformersInterop, ASavedTransformersModelGivesTransformersLogits) {
     // saving in the same layout and loading again is bitwise (fused tensors reassembled, norm offsets undone)
     test::TempDir d;
     model::save_hf_checkpoint(d.path(), map, rt.params(), 4096);
-    model::ModelRuntime back(m, {1, 1}, false, false);
+    model::ModelRuntime back(m, {1, 1}, false, {});
     model::load_hf_checkpoint(d.path(), map, back.params());
     for (const auto& spec : m.param_specs()) {
         EXPECT_TRUE(test::bitwise_equal(rt.params().view(spec.name), back.params().view(spec.name))) << spec.name;
@@ -488,7 +488,7 @@ TEST(TransformersInterop, DecodingWithYarnGivesTransformersLogitsAtEveryPosition
         const int64_t B = ids64.view().size(0), T = ids64.view().size(1), V = hf.model.vocab_size;
         model::Model m(hf.model);
         BufferGroup cache("cache", m.cache_specs(B, T));
-        model::ModelRuntime rt(m, {B, 1}, false, false, {&cache});
+        model::ModelRuntime rt(m, {B, 1}, false, {}, {&cache});
         m.bind_cache(cache);
         model::load_hf_checkpoint(dir, model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type), rt.params());
         Tensor step(DType::f32, Shape{B, V}), expected(DType::f64, Shape{B, V});
@@ -516,7 +516,7 @@ TEST(TransformersInterop, Qwen3NextTrainingLossAndGradientsWithTheRouterAuxLossA
     SafetensorsFile golden(test::golden_path("hf/qwen3_next_yarn_tiny_logits.safetensors"));
     const Tensor ids64 = golden.load("ids");
     const int64_t B = ids64.view().size(0), T = ids64.view().size(1);
-    model::ModelRuntime rt(m, {B, T}, /*with_grads=*/true, false);
+    model::ModelRuntime rt(m, {B, T}, /*with_grads=*/true, {});
     const auto map = model::hf_tensor_map(m.param_specs(), hf.model, hf.model_type);
     model::load_hf_checkpoint(dir, map, rt.params());
     std::vector<int32_t> ids(size_t(B * T)), targets(size_t(B * T));
@@ -547,7 +547,7 @@ TEST(TransformersInterop, Qwen3NextTrainingLossAndGradientsWithTheRouterAuxLossA
     model::ModelConfig plain = hf.model;
     plain.moe.global_aux_coeff = 0;
     model::Model p(plain);
-    model::ModelRuntime prt(p, {B, T}, true, false);
+    model::ModelRuntime prt(p, {B, T}, true, {});
     model::load_hf_checkpoint(dir, map, prt.params());
     prt.grads().zero();
     p.forward_backward({B, T}, ids, targets, 1.0);

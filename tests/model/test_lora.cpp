@@ -64,7 +64,7 @@ class Lora : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Lora, ZeroBLeavesTheBaseLogitsBitwise) {
     test::GoldenModel base(GetParam());
-    test::GoldenModel lo(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
+    test::GoldenModel lo(GetParam(), {}, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
     copy_base(base, lo);
     ASSERT_FALSE(adapted(*lo.model).empty());
     const int64_t N = base.shape.tokens(), V = base.cfg.model.vocab_size;
@@ -85,7 +85,7 @@ void randomize_b(const test::GoldenModel& lo, uint32_t seed) {
 }
 
 TEST_P(Lora, IncrementalDecodingWithAdaptersMatchesTheFullForward) {
-    test::GoldenModel lo(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
+    test::GoldenModel lo(GetParam(), {}, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
     randomize_b(lo, 3);
     test::GoldenModel::Decoder d = lo.decoder();
     lo.expect_decoding_matches_forward(d, 1e-5);  // as the models' own decoding
@@ -94,7 +94,7 @@ TEST_P(Lora, IncrementalDecodingWithAdaptersMatchesTheFullForward) {
 TEST_P(Lora, RecomputeIsBitwiseIdentical) {
     // with dropout: a recomputed forward draws the masks the first forward drew
     auto with = [](Json& doc) { doc["model"]["lora"] = lora(4, 8, false, 0.25); };
-    test::GoldenModel plain(GetParam(), false, with), recompute(GetParam(), true, with);
+    test::GoldenModel plain(GetParam(), {}, with), recompute(GetParam(), model::Recompute::every(), with);
     EXPECT_EQ(plain.run_trajectory(), recompute.run_trajectory());
     for (const std::string& mod : adapted(*plain.model)) {
         for (const char* w : {".lora_A.weight", ".lora_B.weight"})
@@ -107,8 +107,8 @@ TEST_P(Lora, RecomputeIsBitwiseIdentical) {
 // seed: evaluation is the dropout-free model's, bit for bit; a seed gives the same loss and gradients every time,
 // another seed other ones
 TEST_P(Lora, DropoutMasksTrainingPassesByTheirSeedOnly) {
-    test::GoldenModel plain(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
-    test::GoldenModel drop(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8, false, 0.3); });
+    test::GoldenModel plain(GetParam(), {}, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
+    test::GoldenModel drop(GetParam(), {}, [](Json& doc) { doc["model"]["lora"] = lora(4, 8, false, 0.3); });
     copy_base(plain, drop);  // every parameter, adapters included
     randomize_b(plain, 5);
     randomize_b(drop, 5);
@@ -132,7 +132,7 @@ TEST_P(Lora, DropoutMasksTrainingPassesByTheirSeedOnly) {
 }
 
 TEST_P(Lora, EveryTargetedProjectionGetsAnAdapter) {
-    test::GoldenModel lo(GetParam(), false, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
+    test::GoldenModel lo(GetParam(), {}, [](Json& doc) { doc["model"]["lora"] = lora(4, 8); });
     std::set<std::string> names;
     for (const auto& spec : lo.model->param_specs()) names.insert(spec.name);
     int64_t adapted_count = 0;
@@ -152,7 +152,7 @@ TEST_P(Lora, AdaptersEqualTheMergedWeightsAndTheirGradientsAreItsGradientsProjec
     for (const bool rslora : {false, true}) {
         SCOPED_TRACE(rslora ? "rslora" : "lora");
         test::GoldenModel base(GetParam()), merged(GetParam());
-        test::GoldenModel lo(GetParam(), false, [&](Json& doc) { doc["model"]["lora"] = lora(4, 8, rslora); });
+        test::GoldenModel lo(GetParam(), {}, [&](Json& doc) { doc["model"]["lora"] = lora(4, 8, rslora); });
         copy_base(base, lo);
         randomize_b(lo, 7);
         const double s = rslora ? 8.0 / 2.0 : 8.0 / 4.0;
@@ -208,9 +208,9 @@ TEST_P(Lora, AdaptersEqualTheMergedWeightsAndTheirGradientsAreItsGradientsProjec
 // logits, ten training steps, the adapters they train, decoding; and the bf16 weights take half the bytes
 TEST_P(Lora, BaseKeptInBf16ComputesAsTheF32BaseOfTheSameValues) {
     Json l = lora(4, 8);
-    test::GoldenModel f32(GetParam(), false, [&](Json& doc) { doc["model"]["lora"] = l; });
+    test::GoldenModel f32(GetParam(), {}, [&](Json& doc) { doc["model"]["lora"] = l; });
     l["base_dtype"] = "bf16";
-    test::GoldenModel b16(GetParam(), false, [&](Json& doc) { doc["model"]["lora"] = l; });
+    test::GoldenModel b16(GetParam(), {}, [&](Json& doc) { doc["model"]["lora"] = l; });
     randomize_b(f32, 5);
     size_t narrow = 0, bytes32 = 0, bytes16 = 0;
     for (const auto& spec : b16.model->param_specs()) {
@@ -258,9 +258,9 @@ TEST(LoraMxfp4, ExpertsHeldInMxfp4ComputeAsTheF32ExpertsOfTheSameValues) {
             doc["model"]["moe"]["ffn_dim"] = 32;
             if (doc["model"]["moe"].value("latent_dim", 0) > 0) doc["model"]["moe"]["latent_dim"] = 32;
         };
-        test::GoldenModel f32(name, false, edit);
+        test::GoldenModel f32(name, {}, edit);
         l["expert_dtype"] = "mxfp4";
-        test::GoldenModel mx(name, false, edit);
+        test::GoldenModel mx(name, {}, edit);
         randomize_b(f32, 5);
         size_t held = 0, bytes32 = 0, bytes4 = 0;
         for (const auto& spec : mx.model->param_specs()) {
@@ -301,7 +301,7 @@ TEST(LoraMxfp4, ExpertsHeldInMxfp4ComputeAsTheF32ExpertsOfTheSameValues) {
 TEST(LoraMxfp4, ExpertRowsMustBeWholeBlocks) {
     test::expect_error(
         [] {
-            test::GoldenModel g("moe_latent_situ", false, [](Json& doc) {
+            test::GoldenModel g("moe_latent_situ", {}, [](Json& doc) {
                 Json l = lora(4, 8);
                 l["expert_dtype"] = "mxfp4";
                 doc["model"]["lora"] = l;
@@ -310,7 +310,7 @@ TEST(LoraMxfp4, ExpertRowsMustBeWholeBlocks) {
         "model.lora.expert_dtype = \"mxfp4\": the routed experts' ");
     test::expect_error(
         [] {
-            test::GoldenModel g("moe_latent_situ", false, [](Json& doc) {
+            test::GoldenModel g("moe_latent_situ", {}, [](Json& doc) {
                 Json l = lora(4, 8);
                 l["expert_dtype"] = "fp4";
                 doc["model"]["lora"] = l;
@@ -338,7 +338,7 @@ INSTANTIATE_TEST_SUITE_P(Models,
 TEST(LoraFlops, AFrozenBaseSkipsItsWeightGradients) {
     const int64_t seq = 16;
     auto flops = [&](const std::string& name, bool adapters) {
-        test::GoldenModel g(name, false, [&](Json& doc) {
+        test::GoldenModel g(name, {}, [&](Json& doc) {
             if (adapters) doc["model"]["lora"] = lora(4, 8.0);
         });
         return std::pair(g.model->forward_flops_per_token(seq), g.model->train_flops_per_token(seq));
@@ -365,7 +365,7 @@ TEST(LoraFlops, AFrozenBaseSkipsItsWeightGradients) {
 }
 
 TEST(LoraConfig, MistakesAreOneLineErrors) {
-    auto build = [](Json l) { test::GoldenModel g("dense_gqa", false, [&](Json& doc) { doc["model"]["lora"] = l; }); };
+    auto build = [](Json l) { test::GoldenModel g("dense_gqa", {}, [&](Json& doc) { doc["model"]["lora"] = l; }); };
     test::expect_error(
         [&] {
             build(Json{{"rank", 4}, {"target_modules", {"q_prj"}}});

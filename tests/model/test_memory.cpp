@@ -59,7 +59,7 @@ TEST_P(ProcessMemory, GrowsByThePredictionWhenTraining) {
     if (!reset_peak_rss()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here";
     const size_t base = proc_status_bytes("VmRSS");
     const MemoryCase c = GetParam();
-    test::GoldenModel g(c.golden, false, [&](Json& doc) {
+    test::GoldenModel g(c.golden, {}, [&](Json& doc) {
         doc["train"]["batch_size"] = c.batch;
         doc["train"]["seq_len"] = c.seq;
         if (c.edit) c.edit(doc);

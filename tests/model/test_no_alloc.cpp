@@ -66,7 +66,7 @@ namespace {
 
 TEST(HotPath, TrainingStepsAfterTheFirstDoNotTouchTheHeap) {
     for (bool recompute : {false, true}) {
-        test::GoldenModel g("dense_gqa", recompute);
+        test::GoldenModel g("dense_gqa", model::Recompute{.all = recompute});
         std::vector<int32_t> ids(size_t(g.shape.tokens())), tgt(size_t(g.shape.tokens()));
         const train::BatchSource batch = [&](std::span<int32_t> i, std::span<int32_t> t) {
             auto si = g.ids("ids"), st = g.ids("targets");
@@ -138,7 +138,7 @@ TEST(HotPath, RecomputeDocumentsAccumulationAndTheDsaWarmupMakeNoHeapAllocation)
          }},
     };
     for (const Variant& v : variants) {
-        test::GoldenModel g(v.golden, v.recompute, [&](Json& d) {
+        test::GoldenModel g(v.golden, model::Recompute{.all = v.recompute}, [&](Json& d) {
             if (v.edit) v.edit(d);
         });
         std::vector<int32_t> ids(size_t(g.shape.tokens())), tgt(size_t(g.shape.tokens()));
@@ -172,7 +172,7 @@ TEST(HotPath, PassesWithImagesMakeNoHeapAllocation) {
         model::parse_model_config(Json::parse(f.metadata().at("config"))["model"], "vision_lm golden");
     model::Model m(cfg);
     const model::StepShape shape{2, 24};
-    model::ModelRuntime rt(m, shape, true, false);
+    model::ModelRuntime rt(m, shape, true, {});
     for (const BufferSpec& s : m.param_specs()) f.load_into("param." + s.name, rt.params().view(s.name));
     const Tensor g = f.load("grids"), patches = f.load("patches"), ids = f.load("ids"), cut = f.load("cut.ids"),
                  targets = f.load("targets"), rows = f.load("cut.rows");

@@ -39,7 +39,7 @@ TEST(Peft, AdaptersOnTheirBaseGivePeftsLogitsLossAndGradients) {
     }
     model::Model m(src.config);
     const model::StepShape shape{B, T};
-    model::ModelRuntime rt(m, shape, /*with_grads=*/true, /*recompute=*/false);
+    model::ModelRuntime rt(m, shape, /*with_grads=*/true, /*recompute=*/{});
     src.load(m, rt.params());
     Tensor logits(DType::f32, Shape{B * T, V});
     m.forward_logits(shape, ids, logits);
@@ -77,7 +77,7 @@ struct PeftRun {
         ids.resize(size_t(B * T));
         for (int64_t i = 0; i < B * T; ++i) ids[size_t(i)] = int32_t(ids64.ptr<int64_t>()[i]);
         shape = {B, T};
-        rt = std::make_unique<model::ModelRuntime>(m, shape, /*with_grads=*/true, /*recompute=*/false);
+        rt = std::make_unique<model::ModelRuntime>(m, shape, /*with_grads=*/true, model::Recompute{});
         src.load(m, rt->params());
         Tensor out(DType::f32, Shape{B * T, src.config.vocab_size});
         m.forward_logits(shape, ids, out);

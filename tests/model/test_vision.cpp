@@ -111,7 +111,7 @@ TEST(VisionModel, ImageRowsTakeTheImageTokensPlaces) {
     EXPECT_EQ(m.frozen_params(), size_t(2 + 2 * 6 + 1 + 3));  // the tower and projector, nothing else
     for (size_t i = 0; i < m.frozen_params(); ++i) EXPECT_TRUE(model::is_vision_param(m.param_specs()[i].name));
     const model::StepShape shape{2, 24};
-    model::ModelRuntime rt(m, shape, true, false);
+    model::ModelRuntime rt(m, shape, true, {});
     for (const BufferSpec& s : m.param_specs()) f.load_into("param." + s.name, rt.params().view(s.name));
     const std::vector<ops::PatchGrid> grids = grids_of(f);
     const Tensor patches = f.load("patches"), ids_t = f.load("ids"), targets_t = f.load("targets");
@@ -162,7 +162,7 @@ TEST(VisionModel, DecodingPlacesTheImagesRowsInOrder) {
     model::Model m(cfg);
     const int64_t T = 24, V = cfg.vocab_size;
     BufferGroup cache("cache", m.cache_specs(1, T));
-    model::ModelRuntime rt(m, {1, 1}, false, false, {&cache});
+    model::ModelRuntime rt(m, {1, 1}, false, {}, {&cache});
     m.bind_cache(cache);
     for (const BufferSpec& s : m.param_specs()) f.load_into("param." + s.name, rt.params().view(s.name));
     const std::vector<ops::PatchGrid> all = grids_of(f), grids(all.begin(), all.begin() + 2);
@@ -192,7 +192,7 @@ TEST(VisionModel, ABf16BaseHoldsTheTowersGemmWeightsInBf16) {
     const model::ModelConfig narrow_cfg = model::parse_model_config(doc, "bf16 base");
     model::Model wide(wide_cfg), narrow(narrow_cfg);
     const model::StepShape shape{2, 24};
-    model::ModelRuntime wrt(wide, shape, false, false), nrt(narrow, shape, false, false);
+    model::ModelRuntime wrt(wide, shape, false, {}), nrt(narrow, shape, false, {});
     wide.init_params(wrt.params(), 5);  // the adapters (B = 0)
     narrow.init_params(nrt.params(), 5);
     int64_t narrowed = 0;
