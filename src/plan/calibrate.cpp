@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "model/model.h"
 #include "ops/gemm.h"
 #include "ops/isa.h"
+#include "ops/linear.h"
 #include "parallel/comm_mpi.h"
 #include "train/telemetry.h"
 
@@ -106,6 +108,34 @@ std::vector<BlockSeconds> time_block(model::Model& m,
     return t;
 }
 
+// A linear layer [T, in] -> [T, out] at each of `shapes`: forward, and forward + backward (dx and dw), timed as
+// time_block times a block: the GEMM class of a model with no dense block to time
+std::vector<BlockSeconds> time_linear(int64_t in, int64_t out, const std::vector<model::StepShape>& shapes) {
+    const int64_t rows = shapes.back().batch * shapes.back().seq;
+    Tensor x(DType::f32, Shape{rows, in}), w(DType::f32, Shape{out, in}), y(DType::f32, Shape{rows, out}),
+        dy(DType::f32, y.shape()), dx(DType::f32, x.shape()), dw(DType::f32, w.shape());
+    fill(x.view(), 201, 1.f, 0.f);
+    fill(w.view(), 202, 1.f / std::sqrt(float(in)), 0.f);
+    fill(dy.view(), 203, 1.f, 0.f);
+    std::vector<BlockSeconds> t;
+    for (const model::StepShape& shape : shapes) {
+        const int64_t n = shape.batch * shape.seq;
+        std::vector<double> fwd;
+        const std::vector<double> both = timed_runs([&] {
+            const auto t0 = std::chrono::steady_clock::now();
+            ops::linear_forward({}, x.view().slice0(0, n), w.view(), {}, y.view().slice0(0, n));
+            fwd.push_back(seconds_since(t0));
+            ops::linear_backward(dy.view().slice0(0, n), x.view().slice0(0, n), w.view(), dx.view().slice0(0, n),
+                                 dw.view(), {});
+            return seconds_since(t0);
+        });
+        fwd.erase(fwd.begin());  // the warm-up's
+        std::sort(fwd.begin(), fwd.end());
+        t.push_back({fwd[fwd.size() / 2], both[both.size() / 2]});
+    }
+    return t;
+}
+
 double memcpy_bandwidth() {
     const size_t n = size_t(64) << 20;
     std::vector<char> a(n, 1), b(n, 0);
@@ -137,20 +167,25 @@ double time_collective(parallel::Comm& c, Collective k, int64_t per_peer, size_t
 }
 
 // Every collective over groups of g consecutive ranks, for each g in `groups` (all groups at once, as the runtime's
-// groups run): α-β from a small and a large call (bytes per peer; the small one's median over 30 runs, as ranks
-// sharing cores wake late), rank 0's numbers on every rank (the file is one description). The link's own bandwidth and
-// latency: the all-to-all over every rank.
+// groups run): α-β fitted over calls of 8 B, 64 KiB, 1 MiB and 8 MiB per peer (fit_alpha_beta; a call's median over
+// 30 runs for the small ones, as ranks sharing cores wake late, 10 for the large), rank 0's numbers on every rank (the
+// file is one description). The link's own bandwidth and latency: the all-to-all over every rank.
 void measure_links(parallel::Comm& world, const std::vector<int64_t>& groups, Link& link) {
-    constexpr int64_t kSmall = 8, kLarge = int64_t(8) << 20;
+    const std::vector<int64_t> sizes = {8, int64_t(64) << 10, int64_t(1) << 20, int64_t(8) << 20};
     std::vector<double> v;  // per group, per collective: bandwidth, latency
     for (int64_t g : groups) {
         std::unique_ptr<parallel::Comm> sub =
             g < world.size() ? world.split(world.rank() / int(g), world.rank()) : nullptr;
         parallel::Comm& c = sub ? *sub : world;
         for (Collective k : kCollectives) {
-            const double small = time_collective(c, k, kSmall, 30), large = time_collective(c, k, kLarge, 10);
-            v.push_back(double(kLarge - kSmall) * double(g - 1) / std::max(1e-9, large - small));
-            v.push_back(small / double(g - 1));
+            std::vector<double> x, t;  // bytes per peer; seconds
+            for (int64_t n : sizes) {
+                x.push_back(double(n));
+                t.push_back(time_collective(c, k, n, n < (int64_t(1) << 20) ? 30 : 10));
+            }
+            const AlphaBeta f = fit_alpha_beta(x, t);  // t = (g − 1) · (latency + per peer / bandwidth)
+            v.push_back(f.beta * double(g - 1));
+            v.push_back(f.alpha / double(g - 1));
         }
     }
     world.broadcast(std::as_writable_bytes(std::span(v)), 0);
@@ -232,7 +267,21 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
         }
     }
     const auto clamp = [](double e) { return std::clamp(e, 1e-3, 1.0); };
-    if (!eff.count(OpClass::gemm)) eff[OpClass::gemm] = std::vector<double>(P, 0.9);  // no dense block: the 1024^3 rate
+    if (!eff.count(OpClass::gemm)) {  // no dense block: a linear layer of the shared expert's (or the model's) width
+        const int64_t d = cfg.model.d_model, f = cfg.model.moe.shared_ffn_dim > 0 ? cfg.model.moe.shared_ffn_dim : d;
+        const std::vector<BlockSeconds> t = time_linear(d, f, shapes);
+        std::vector<double> e;
+        for (size_t i = 0; i < P; ++i) {
+            const double T = c.device.tokens[i], flops = 3.0 * ops::linear_forward_flops(int64_t(T), d, f);
+            e.push_back(flops / t[i].both / peak);
+            note(
+                fmt::format("linear {} -> {} at {:>5} tokens: {:7.2f} ms forward+backward, {:.1f} GFLOP/s ({:.0f}% of "
+                            "the GEMM rate)",
+                            d, f, T, t[i].both * 1e3, flops / t[i].both / 1e9, 100 * e.back()));
+        }
+        eff[OpClass::gemm] = e;
+        fwd[OpClass::gemm] = std::clamp(t.back().forward / t.back().both, 0.05, 0.95);
+    }
     for (OpClass cls : {OpClass::attention, OpClass::kda})
         if (!eff.count(cls)) eff[cls] = eff[OpClass::gemm];
     for (auto& [cls, e] : eff)

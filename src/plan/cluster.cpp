@@ -59,6 +59,23 @@ double Link::seconds(Collective k, int64_t group, double bytes, double messages)
     return bytes / bw + messages * lat;
 }
 
+AlphaBeta fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds) {
+    TESSERA_CHECK(bytes.size() == seconds.size() && bytes.size() >= 2, "fit_alpha_beta: {} sizes, {} times",
+                  bytes.size(), seconds.size());
+    // weighted least squares in (α, γ = 1/β), weights 1/t²
+    double s = 0, sx = 0, sxx = 0, st = 0, sxt = 0;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+        TESSERA_CHECK(seconds[i] > 0 && bytes[i] >= 0, "fit_alpha_beta: {} bytes in {} s", bytes[i], seconds[i]);
+        const double w = 1.0 / (seconds[i] * seconds[i]), x = bytes[i], t = seconds[i];
+        s += w, sx += w * x, sxx += w * x * x, st += w * t, sxt += w * x * t;
+    }
+    const double det = s * sxx - sx * sx;
+    TESSERA_CHECK(det > 0, "fit_alpha_beta: needs two distinct sizes");
+    double alpha = (st * sxx - sx * sxt) / det, gamma = (s * sxt - sx * st) / det;
+    if (alpha < 0) alpha = 0, gamma = sxt / sxx;  // through the origin
+    return {alpha, 1.0 / std::max(gamma, 1e-30)};
+}
+
 double Cluster::Device::forward_fraction(OpClass cls) const {
     const auto it = forward_share.find(cls);
     return it == forward_share.end() ? 1.0 / 3.0 : it->second;

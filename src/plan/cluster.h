@@ -45,6 +45,14 @@ struct Link {
     double seconds(Collective k, int64_t group, double bytes, double messages) const;
 };
 
+// A collective's time t = α + x / β for x bytes, fitted to measured (x, t) points by least squares on relative
+// errors (Σ ((α + x/β − t) / t)²: a small call's latency weighs as much as a large one's bandwidth); α held at 0 when
+// the unconstrained fit would make it negative. At least two distinct sizes.
+struct AlphaBeta {
+    double alpha = 0, beta = 0;  // seconds; bytes per second
+};
+AlphaBeta fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds);
+
 struct Cluster {
     std::string name, source;  // source: where the numbers come from (a datasheet, `tessera calibrate`)
     int64_t devices = 1;

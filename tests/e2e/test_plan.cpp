@@ -12,6 +12,7 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "e2e/cli_util.h"
+#include "plan/cluster.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -180,6 +181,31 @@ TEST(Plan, KimiK3OnASupernode) {
     EXPECT_TRUE(ep64_fits);
 }
 
+// calibrate's α-β fit of a collective over its call sizes: exact on exact points; points whose best line would cross
+// zero below the smallest call held at α = 0; the relative weighting lets the small call set α although the large ones
+// are a million times longer; fewer than two sizes is an error.
+TEST(Plan, AlphaBetaFitsTheMeasuredSizes) {
+    const std::vector<double> x = {8, 65536, 1 << 20, 8 << 20};
+    std::vector<double> t;
+    for (double b : x) t.push_back(3e-6 + b / 4e9);
+    plan::AlphaBeta f = plan::fit_alpha_beta(x, t);
+    EXPECT_NEAR(f.alpha, 3e-6, 1e-12);
+    EXPECT_NEAR(f.beta, 4e9, 1e-6 * 4e9);
+    // no latency, noisy: the best line would cross zero below 8 B; through the origin, the relative fit is
+    // Σ (x/t)² / Σ (x/t) (each call's own bandwidth x/t, weighted by itself)
+    t = {1.5e-9, 65536 / 4e9 * 0.9, (1 << 20) / 4e9, (8 << 20) / 4e9 * 1.05};
+    f = plan::fit_alpha_beta(x, t);
+    EXPECT_EQ(f.alpha, 0.0);
+    double r = 0, rr = 0;
+    for (size_t i = 0; i < x.size(); ++i) r += x[i] / t[i], rr += (x[i] / t[i]) * (x[i] / t[i]);
+    EXPECT_NEAR(f.beta, rr / r, 1e-9 * f.beta);
+    t = {1e-5, 2e-5 + 65536 / 4e9, 2e-5 + (1 << 20) / 4e9, 2e-5 + (8 << 20) / 4e9};  // the small call: 10 us alone
+    f = plan::fit_alpha_beta(x, t);
+    EXPECT_GT(f.alpha, 8e-6);
+    EXPECT_LT(f.alpha, 2.1e-5);
+    test::expect_error([&] { plan::fit_alpha_beta({8}, {1e-6}); }, "fit_alpha_beta");
+}
+
 // tessera calibrate: a cluster file of what it measured, which plan reads; under launch the link between the ranks.
 TEST(Plan, CalibrateWritesAClusterFile) {
     TempDir d;
@@ -206,6 +232,20 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     const double reserved = c["device"]["reserved_gb"].get<double>();
     EXPECT_TRUE(reserved > 0.005 && reserved < 1.0) << reserved;
     EXPECT_EQ(test::run_tessera("plan " + kTiny + " --cluster " + one).status, 0);
+    // a model without a dense block: the GEMM class from a linear layer of its shared expert's width, by call size
+    const std::string moe = d.file("moe.json");
+    write_text_atomic(moe, R"({"model": {"vocab_size": 258, "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1,
+        "moe": {"experts": 8, "topk": 2, "ffn_dim": 32, "shared_ffn_dim": 48, "first_dense": 0}},
+        "train": {"seq_len": 64, "batch_size": 4}})");
+    const test::CliResult m = test::run_tessera("calibrate --model " + moe + " --out " + d.file("moe_cluster.json"));
+    ASSERT_EQ(m.status, 0) << m.err;
+    for (const char* tokens : {"   64", "  128", "  256"})
+        EXPECT_NE(m.out.find(fmt::format("linear 32 -> 48 at {} tokens", tokens)), std::string::npos) << m.out;
+    EXPECT_EQ(m.out.find("(mlp)"), std::string::npos) << m.out;
+    const Json mc = Json::parse(read_text(d.file("moe_cluster.json")));
+    ASSERT_EQ(mc["device"]["efficiency_by_tokens"]["gemm"].size(), 3u);
+    for (const Json& x : mc["device"]["efficiency_by_tokens"]["gemm"])
+        EXPECT_TRUE(x.get<double>() > 0 && x.get<double>() <= 1 && x.get<double>() != 0.9) << x;
     const test::CliResult b = test::run_tessera("launch -n 2 -- calibrate --seq 64 --out " + two);
     ASSERT_EQ(b.status, 0) << b.err;
     const Json l = Json::parse(read_text(two))["links"][0];
