@@ -461,43 +461,44 @@ void Model::splice_decoded_images(int64_t pos, std::span<const int32_t> ids) {
     image_next_ += n;
 }
 
-void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, size_t last) const {
+void init_param(TensorView dst, const ParamInit& init, uint64_t seed, std::string_view name) {
     Tensor staging;  // a device's parameter: its values made on the host, then copied
-    for (size_t i = first; i < std::min(last, param_specs_.size()); ++i) {
-        const TensorView dst = params.view(param_specs_[i].name);
-        TensorView v = dst;
-        if (dst.device != Device::cpu) {
-            staging = Tensor(dst.dtype, dst.shape);
-            v = staging.view();
-        }
-        const int64_t n = v.numel();
-        const ParamInit init = inits_[i];
-        const RandomStream rs{seed, hash_name(param_specs_[i].name)};
-        const bool uniform = init.kind != ParamInit::Kind::normal;
-        const int64_t at = init.element_offset;
-        auto value = [&](int64_t e) {
-            const uint64_t k = uint64_t(at + e);
-            return float(uniform ? init.value(rs.uniform(k), 0.0) : init.value(0.0, rs.normal(k)));
-        };
-        if (v.dtype == DType::mxfp4) {  // frozen experts held in MXFP4: the f32 values quantised a block at a time
-            uint8_t* p = static_cast<uint8_t*>(v.data);
-#pragma omp parallel for schedule(static)
-            for (int64_t b = 0; b < n / kMxfp4Block; ++b) {
-                float block[kMxfp4Block];
-                for (int64_t j = 0; j < kMxfp4Block; ++j) block[j] = value(b * kMxfp4Block + j);
-                f32_to_mxfp4(block, kMxfp4Block, p + b * kMxfp4BlockBytes);
-            }
-        } else if (v.dtype == DType::bf16) {  // a frozen base kept in bf16: the f32 values rounded
-            bf16* p = v.ptr<bf16>();
-#pragma omp parallel for schedule(static)
-            for (int64_t e = 0; e < n; ++e) p[e] = float_to_bf16(value(e));
-        } else {
-            float* p = v.ptr<float>();
-#pragma omp parallel for schedule(static)
-            for (int64_t e = 0; e < n; ++e) p[e] = value(e);
-        }
-        if (v.data != dst.data) copy_bytes(dst.data, dst.device, v.data, Device::cpu, v.nbytes());
+    TensorView v = dst;
+    if (dst.device != Device::cpu) {
+        staging = Tensor(dst.dtype, dst.shape);
+        v = staging.view();
     }
+    const int64_t n = v.numel();
+    const RandomStream rs{seed, hash_name(name)};
+    const bool uniform = init.kind != ParamInit::Kind::normal;
+    const int64_t at = init.element_offset;
+    auto value = [&](int64_t e) {
+        const uint64_t k = uint64_t(at + e);
+        return float(uniform ? init.value(rs.uniform(k), 0.0) : init.value(0.0, rs.normal(k)));
+    };
+    if (v.dtype == DType::mxfp4) {  // frozen experts held in MXFP4: the f32 values quantised a block at a time
+        uint8_t* p = static_cast<uint8_t*>(v.data);
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < n / kMxfp4Block; ++b) {
+            float block[kMxfp4Block];
+            for (int64_t j = 0; j < kMxfp4Block; ++j) block[j] = value(b * kMxfp4Block + j);
+            f32_to_mxfp4(block, kMxfp4Block, p + b * kMxfp4BlockBytes);
+        }
+    } else if (v.dtype == DType::bf16) {  // a frozen base kept in bf16: the f32 values rounded
+        bf16* p = v.ptr<bf16>();
+#pragma omp parallel for schedule(static)
+        for (int64_t e = 0; e < n; ++e) p[e] = float_to_bf16(value(e));
+    } else {
+        float* p = v.ptr<float>();
+#pragma omp parallel for schedule(static)
+        for (int64_t e = 0; e < n; ++e) p[e] = value(e);
+    }
+    if (v.data != dst.data) copy_bytes(dst.data, dst.device, v.data, Device::cpu, v.nbytes());
+}
+
+void Model::init_params(const BufferGroup& params, uint64_t seed, size_t first, size_t last) const {
+    for (size_t i = first; i < std::min(last, param_specs_.size()); ++i)
+        init_param(params.view(param_specs_[i].name), inits_[i], seed, param_specs_[i].name);
 }
 
 template <class Run>

@@ -88,6 +88,10 @@ class HooksPair final : public ParamHooks {
     ParamHooks *a_, *b_;
 };
 
+// One parameter's initial values, from (seed, its name, element index) only: what Model::init_params gives it (a
+// block timed alone, `tessera calibrate`, starts where training does).
+void init_param(TensorView v, const ParamInit& init, uint64_t seed, std::string_view name);
+
 struct LossResult {
     double loss = 0.0;  // mean over counted targets
     int64_t count = 0;  // targets that count (not ignore_index)

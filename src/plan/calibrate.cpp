@@ -75,13 +75,10 @@ std::vector<BlockSeconds> time_block(model::Model& m,
                                      int64_t d_model) {
     model::Block& block = m.block(j);
     model::BlockRig rig(block, shapes.back());
-    for (size_t i = 0; i < rig.specs.size(); ++i) {
-        const BufferSpec& s = rig.specs[i];
-        if (s.dtype != DType::f32) continue;
-        const bool norm = s.name.find("norm") != std::string::npos;
-        const float fan = float(s.shape.ndim > 0 ? s.shape[s.shape.ndim - 1] : 1);
-        fill(rig.params.view(s.name), i + 1, norm ? 0.f : 1.f / std::sqrt(fan), norm ? 1.f : 0.f);
-    }
+    // the parameters as training starts them: the same numbers a run's first steps compute on (random weights of
+    // another scale can drive a linear-attention block's decays into subnormals, several times slower on some CPUs)
+    for (size_t i = 0; i < rig.specs.size(); ++i)
+        model::init_param(rig.params.view(rig.specs[i].name), rig.inits[i], 1, rig.specs[i].name);
     const int64_t rows = shapes.back().batch * shapes.back().seq;
     Tensor x(DType::f32, Shape{rows, d_model}), out(DType::f32, x.shape()), d(DType::f32, x.shape());
     fill(x.view(), 101, 1.f, 0.f);
