@@ -10,14 +10,21 @@
 
 namespace tessera::model {
 
+namespace {
+std::vector<std::string> sorted_unique(std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+}
+}  // namespace
+
 const std::vector<std::string>& Recompute::known_kinds() {
     static const std::vector<std::string> kinds = {"attention", "dsa", "gdn", "kda", "mla", "mlp", "moe"};
     return kinds;
 }
 
 Recompute Recompute::of(std::vector<std::string> kinds) {
-    std::sort(kinds.begin(), kinds.end());
-    kinds.erase(std::unique(kinds.begin(), kinds.end()), kinds.end());
+    kinds = sorted_unique(std::move(kinds));
     if (kinds == known_kinds()) return every();
     return {.all = false, .kinds = std::move(kinds)};
 }
@@ -46,11 +53,8 @@ bool Recompute::covers(std::string_view kind) const {
 void Recompute::check(const std::vector<std::string>& block_kinds) const {
     for (const std::string& kind : kinds) {
         if (std::find(block_kinds.begin(), block_kinds.end(), kind) != block_kinds.end()) continue;
-        std::vector<std::string> has = block_kinds;
-        std::sort(has.begin(), has.end());
-        has.erase(std::unique(has.begin(), has.end()), has.end());
         TESSERA_FAIL("train.recompute names '{}' blocks, which the model does not have (its blocks: {})", kind,
-                     fmt::join(has, ", "));
+                     fmt::join(sorted_unique(block_kinds), ", "));
     }
 }
 

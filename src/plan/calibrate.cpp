@@ -68,6 +68,29 @@ struct BlockSeconds {
     double forward = 0, both = 0;  // the forward alone; forward + backward
 };
 
+// forward(shape, n) alone and with backward(shape, n) after it at each of `shapes`, n = its tokens. Both are timed in
+// the same runs: each run's forward is part of its pair, so the forward's median cannot exceed the pair's, however
+// noisy the machine (timed apart, a busy moment in one and not the other could).
+template <class Forward, class Backward>
+std::vector<BlockSeconds> time_passes(const std::vector<model::StepShape>& shapes, Forward forward, Backward backward) {
+    std::vector<BlockSeconds> t;
+    for (const model::StepShape& shape : shapes) {
+        const int64_t n = shape.batch * shape.seq;
+        std::vector<double> fwd;
+        const std::vector<double> both = timed_runs([&] {
+            const auto t0 = std::chrono::steady_clock::now();
+            forward(shape, n);
+            fwd.push_back(seconds_since(t0));
+            backward(shape, n);
+            return seconds_since(t0);
+        });
+        fwd.erase(fwd.begin());  // the warm-up's
+        std::sort(fwd.begin(), fwd.end());
+        t.push_back({fwd[fwd.size() / 2], both[both.size() / 2]});
+    }
+    return t;
+}
+
 // block j's seconds at each of `shapes` (ascending), in one rig sized for the last
 std::vector<BlockSeconds> time_block(model::Model& m,
                                      size_t j,
@@ -83,30 +106,18 @@ std::vector<BlockSeconds> time_block(model::Model& m,
     Tensor x(DType::f32, Shape{rows, d_model}), out(DType::f32, x.shape()), d(DType::f32, x.shape());
     fill(x.view(), 101, 1.f, 0.f);
     fill(d.view(), 102, 1.f, 0.f);
-    std::vector<BlockSeconds> t;
-    for (const model::StepShape& shape : shapes) {
-        const int64_t n = shape.batch * shape.seq;
-        const TensorView xs = x.view().slice0(0, n), os = out.view().slice0(0, n), ds = d.view().slice0(0, n);
-        // the forward and forward + backward timed in the same runs: each run's forward is part of its pair, so the
-        // forward's median cannot exceed the pair's, however noisy the machine (timed apart, a busy moment in one
-        // and not the other could)
-        std::vector<double> fwd;
-        const std::vector<double> both = timed_runs([&] {
-            const auto t0 = std::chrono::steady_clock::now();
-            block.forward(shape, xs, os, rig.ws);
-            fwd.push_back(seconds_since(t0));
-            block.backward(shape, xs, ds, rig.ws);
-            return seconds_since(t0);
+    return time_passes(
+        shapes,
+        [&](model::StepShape s, int64_t n) {
+            block.forward(s, x.view().slice0(0, n), out.view().slice0(0, n), rig.ws);
+        },
+        [&](model::StepShape s, int64_t n) {
+            block.backward(s, x.view().slice0(0, n), d.view().slice0(0, n), rig.ws);
         });
-        fwd.erase(fwd.begin());  // the warm-up's
-        std::sort(fwd.begin(), fwd.end());
-        t.push_back({fwd[fwd.size() / 2], both[both.size() / 2]});
-    }
-    return t;
 }
 
-// A linear layer [T, in] -> [T, out] at each of `shapes`: forward, and forward + backward (dx and dw), timed as
-// time_block times a block: the GEMM class of a model with no dense block to time
+// A linear layer [T, in] -> [T, out] at each of `shapes`, forward and backward (dx and dw): the GEMM class of a model
+// with no dense block to time
 std::vector<BlockSeconds> time_linear(int64_t in, int64_t out, const std::vector<model::StepShape>& shapes) {
     const int64_t rows = shapes.back().batch * shapes.back().seq;
     Tensor x(DType::f32, Shape{rows, in}), w(DType::f32, Shape{out, in}), y(DType::f32, Shape{rows, out}),
@@ -114,23 +125,15 @@ std::vector<BlockSeconds> time_linear(int64_t in, int64_t out, const std::vector
     fill(x.view(), 201, 1.f, 0.f);
     fill(w.view(), 202, 1.f / std::sqrt(float(in)), 0.f);
     fill(dy.view(), 203, 1.f, 0.f);
-    std::vector<BlockSeconds> t;
-    for (const model::StepShape& shape : shapes) {
-        const int64_t n = shape.batch * shape.seq;
-        std::vector<double> fwd;
-        const std::vector<double> both = timed_runs([&] {
-            const auto t0 = std::chrono::steady_clock::now();
+    return time_passes(
+        shapes,
+        [&](model::StepShape, int64_t n) {
             ops::linear_forward({}, x.view().slice0(0, n), w.view(), {}, y.view().slice0(0, n));
-            fwd.push_back(seconds_since(t0));
+        },
+        [&](model::StepShape, int64_t n) {
             ops::linear_backward(dy.view().slice0(0, n), x.view().slice0(0, n), w.view(), dx.view().slice0(0, n),
                                  dw.view(), {});
-            return seconds_since(t0);
         });
-        fwd.erase(fwd.begin());  // the warm-up's
-        std::sort(fwd.begin(), fwd.end());
-        t.push_back({fwd[fwd.size() / 2], both[both.size() / 2]});
-    }
-    return t;
 }
 
 double memcpy_bandwidth() {
@@ -239,6 +242,19 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     const size_t P = shapes.size();
     std::map<OpClass, std::vector<double>> eff;  // per shape
     std::map<OpClass, double> fwd;               // the forward's share of the time at the largest shape
+    // the fraction of the GEMM rate at each shape of something of `flops` forward FLOPs per token (3x with backward)
+    const auto fractions = [&](const std::string& what, double flops, const std::vector<BlockSeconds>& t) {
+        std::vector<double> e;
+        for (size_t i = 0; i < P; ++i) {
+            const double T = c.device.tokens[i], rate = 3.0 * T * flops / t[i].both;
+            e.push_back(rate / peak);
+            note(fmt::format(
+                "{} at {:>5} tokens: {:7.2f} ms forward+backward ({:.0f}% forward), {:.1f} GFLOP/s ({:.0f}% "
+                "of the GEMM rate)",
+                what, T, t[i].both * 1e3, 100 * t[i].forward / t[i].both, rate / 1e9, 100 * e.back()));
+        }
+        return e;
+    };
     std::vector<BlockSeconds> moe;
     size_t moe_block = 0;
     for (size_t j = 0; j < m.block_kinds().size(); ++j) {
@@ -246,15 +262,8 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
         const OpClass cls = kind == "moe" ? OpClass::grouped_gemm : block_class(kind);  // an MoE block: its experts
         if (eff.count(cls) || (cls == OpClass::grouped_gemm && !moe.empty())) continue;
         const std::vector<BlockSeconds> t = time_block(m, j, shapes, cfg.model.d_model);
-        std::vector<double> e;
-        for (size_t i = 0; i < P; ++i) {
-            const double T = c.device.tokens[i], flops = 3.0 * T * m.block_forward_flops_per_token(j, seq);
-            e.push_back(flops / t[i].both / peak);
-            note(fmt::format(
-                "block {} ({}) at {:>5} tokens: {:7.2f} ms forward+backward ({:.0f}% forward), {:.1f} "
-                "GFLOP/s ({:.0f}% of the GEMM rate)",
-                j, kind, T, t[i].both * 1e3, 100 * t[i].forward / t[i].both, flops / t[i].both / 1e9, 100 * e.back()));
-        }
+        const std::vector<double> e =
+            fractions(fmt::format("block {} ({})", j, kind), m.block_forward_flops_per_token(j, seq), t);
         fwd[cls] = std::clamp(t.back().forward / t.back().both, 0.05, 0.95);
         if (cls == OpClass::grouped_gemm) {
             moe = t;
@@ -267,16 +276,7 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     if (!eff.count(OpClass::gemm)) {  // no dense block: a linear layer of the shared expert's (or the model's) width
         const int64_t d = cfg.model.d_model, f = cfg.model.moe.shared_ffn_dim > 0 ? cfg.model.moe.shared_ffn_dim : d;
         const std::vector<BlockSeconds> t = time_linear(d, f, shapes);
-        std::vector<double> e;
-        for (size_t i = 0; i < P; ++i) {
-            const double T = c.device.tokens[i], flops = 3.0 * ops::linear_forward_flops(int64_t(T), d, f);
-            e.push_back(flops / t[i].both / peak);
-            note(
-                fmt::format("linear {} -> {} at {:>5} tokens: {:7.2f} ms forward+backward, {:.1f} GFLOP/s ({:.0f}% of "
-                            "the GEMM rate)",
-                            d, f, T, t[i].both * 1e3, flops / t[i].both / 1e9, 100 * e.back()));
-        }
-        eff[OpClass::gemm] = e;
+        eff[OpClass::gemm] = fractions(fmt::format("linear {} -> {}", d, f), ops::linear_forward_flops(1, d, f), t);
         fwd[OpClass::gemm] = std::clamp(t.back().forward / t.back().both, 0.05, 0.95);
     }
     for (OpClass cls : {OpClass::attention, OpClass::kda})

@@ -91,6 +91,7 @@ struct BlockCost {  // one block (two per layer)
     OpClass cls = OpClass::gemm;
     double flops = 0, routed = 0;  // forward per token; of which the routed experts' (grouped GEMM)
     bool recomputable = false;     // re-runs its forward when train.recompute covers its kind (not the kind's last)
+    bool reruns(const model::Recompute& r) const { return recomputable && r.covers(kind); }
 };
 
 struct ModelCosts {
@@ -246,7 +247,7 @@ StepTime step_time(const train::RunConfig& run,
     // per micro-batch: every block forward and backward, the recomputed ones' forward once more, the head
     for (const BlockCost& b : c.blocks) {
         const BlockPass p = block_pass(cl.device, b, micro_tokens, ep, t.imbalance, frozen_base);
-        const bool again = b.recomputable && l.recompute.covers(b.kind);
+        const bool again = b.reruns(l.recompute);
         t.compute += accumulation * (p.forward * (again ? 2.0 : 1.0) + p.backward);
         t.expert_compute += accumulation * (p.expert_forward * (again ? 2.0 : 1.0) + p.expert_backward);
     }
@@ -255,7 +256,7 @@ StepTime step_time(const train::RunConfig& run,
         // every MoE layer of every micro-batch: forward and backward (+ recompute)
         double passes = 0;  // forward and backward of every MoE layer, and the recomputed ones' forward again
         for (const BlockCost& b : c.blocks)
-            if (b.kind == "moe") passes += 2.0 + (b.recomputable && l.recompute.covers(b.kind) ? 1.0 : 0.0);
+            if (b.kind == "moe") passes += 2.0 + (b.reruns(l.recompute) ? 1.0 : 0.0);
         t.a2a = a2a_pass_seconds(cfg, cl, l, micro_tokens, t.imbalance) * passes * accumulation;
         // chunked overlap: the first chunk's exchange is exposed, the rest hides behind the other chunks' experts
         const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
@@ -365,7 +366,7 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
             const size_t layer = jj / 2;
             if (jj % 2 == 1 && fsdp)
                 now = std::max(now, transfer("gather", now, unit_seconds(layer + 1, false), int64_t(layer)));
-            const bool again = c.blocks[jj].recomputable && l.recompute.covers(c.blocks[jj].kind);
+            const bool again = c.blocks[jj].reruns(l.recompute);
             double extra = 0;
             if (c.blocks[jj].kind == "moe" && a2a > 0) {
                 const double passes = again ? 2.0 : 1.0;  // the backward's exchange (+ the recompute's)
