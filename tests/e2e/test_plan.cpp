@@ -472,6 +472,12 @@ TEST(Plan, MistakesAreOneLineErrors) {
     test::expect_one_line_error(
         test::run_tessera("simulate " + kTiny + test::kTinyMoe + " --cluster " + ok + " --ep 3 --out " + d.file("t")),
         "does not divide the 2 ranks", "ep");
+    test::expect_one_line_error(
+        test::run_tessera("simulate " + kTiny + " --cluster " + ok + " --recompute=attention,mop --out " + d.file("t")),
+        "simulate: --recompute[1] must be a block kind", "unknown recompute kind");
+    test::expect_one_line_error(
+        test::run_tessera("simulate " + kTiny + " --cluster " + ok + " --recompute=kda --out " + d.file("t")),
+        "train.recompute names 'kda' blocks, which the model does not have", "recompute of a kind the model lacks");
     EXPECT_FALSE(fs::exists(d.file("t")));
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
                      "memory_bandwidth_gbs": 1, "efficiency_by_tokens": {"tokens": [256, 512], "kda": [0.5]}},
