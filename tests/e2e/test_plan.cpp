@@ -4,8 +4,10 @@
 // (full AdamW does not fit 128 devices, LoRA does); bad cluster files and impossible requests are one-line errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <regex>
 
@@ -24,14 +26,14 @@ using test::TempDir;
 const std::string kTiny = TESSERA_TINY_CONFIG;
 const std::string kClusters = std::string(TESSERA_SOURCE_DIR) + "/configs/cluster/";
 
-// A CPU cluster of `devices` ranks (this machine's MPI ranks); `device`: more keys of its device.
-std::string cpu_cluster(const TempDir& d, int devices, const std::string& device = "") {
+// A CPU cluster of `devices` ranks (this machine's MPI ranks) of `memory_gb` each; `device`: more keys of its device.
+std::string cpu_cluster(const TempDir& d, int devices, const std::string& device = "", double memory_gb = 4) {
     const std::string f = d.file("cpu.json");
     write_text_atomic(f, fmt::format(R"({{"name": "test", "devices": {0},
-        "device": {{"memory_gb": 4, "peak_tflops": {{"f32": 0.1}}, "compute_dtype": "f32", "memory_bandwidth_gbs": 10{1}}},
+        "device": {{"memory_gb": {2}, "peak_tflops": {{"f32": 0.1}}, "compute_dtype": "f32", "memory_bandwidth_gbs": 10{1}}},
         "host": {{"devices": {0}, "memory_gb": 16}},
         "links": [{{"span": {0}, "bandwidth_gbs": 5, "latency_us": 2}}]}})",
-                                     devices, device));
+                                     devices, device, memory_gb));
     return f;
 }
 
@@ -147,6 +149,37 @@ TEST(Plan, WrittenLayoutTrains) {
         test::run_tessera("launch -n 2 -- train --config " + cfg + " --steps 2 --out " + d.file("run"));
     ASSERT_EQ(t.status, 0) << t.err;
     EXPECT_EQ(test::jsonl(d.file("run") + "/metrics.jsonl").size() >= 2, true);
+}
+
+// A best layout that recomputes some block kinds only is written as their list, and train takes it: the device's
+// memory set between that layout's and that of every faster one, so the plan must pick it.
+TEST(Plan, WrittenKindListTrains) {
+    TempDir d;
+    const std::string model = kTiny + test::kTinyMoe + " --set model.n_layers=3";
+    const Json all = plan_json(model + " --cluster " + cpu_cluster(d, 1) + " --threads 1", d);
+    ASSERT_TRUE(all.is_object());
+    Json pick;
+    double cap = 0, faster = std::numeric_limits<double>::infinity();  // the least memory of the faster candidates
+    for (const Json& c : all["candidates"]) {                          // fastest first
+        const double m = c["memory"]["peak_bytes"].get<double>();
+        if (c["layout"]["recompute"].is_array() && m < faster) {
+            pick = c;
+            cap = std::isinf(faster) ? 2 * m : (m + faster) / 2;
+            break;
+        }
+        faster = std::min(faster, m);
+    }
+    ASSERT_TRUE(pick.is_object()) << all.dump();
+    const std::string cfg = d.file("best.json");
+    const test::CliResult p =
+        test::run_tessera(fmt::format("plan {} --cluster {} --threads 1 --write-config {}", model,
+                                      cpu_cluster(d, 1, R"(, "usable_fraction": 1)", cap / 1e9), cfg));
+    ASSERT_EQ(p.status, 0) << p.err;
+    const Json written = Json::parse(read_text(cfg));
+    EXPECT_EQ(written["train"]["recompute"], pick["layout"]["recompute"]) << written.dump();
+    const test::CliResult t = test::run_tessera("train --config " + cfg + " --steps 2 --out " + d.file("run"));
+    ASSERT_EQ(t.status, 0) << t.err;
+    EXPECT_GE(test::jsonl(d.file("run") + "/metrics.jsonl").size(), 2u);
 }
 
 // Kimi K3 on the 128-device supernode (spec/scale.md §2, §4): full AdamW's optimizer state alone is 8 B per
