@@ -29,9 +29,11 @@ ExpertParallelStage::ExpertParallelStage(Comm& expert_group, EpDims dims) : comm
 }
 
 int64_t ExpertParallelStage::max_rows(int64_t tokens) const {
-    const int64_t dropless = int64_t(comm_.size()) * tokens * d_.topk;
+    // a token's k experts are distinct, so at most min(k, E/EP) of its rows come here
+    const int64_t routed = int64_t(comm_.size()) * tokens * d_.topk,
+                  dropless = int64_t(comm_.size()) * tokens * std::min(d_.topk, local_);
     if (d_.capacity_factor <= 0) return dropless;
-    const double room = std::ceil(d_.capacity_factor * double(dropless) / double(d_.experts));
+    const double room = std::ceil(d_.capacity_factor * double(routed) / double(d_.experts));
     return std::min(dropless, local_ * int64_t(room));
 }
 

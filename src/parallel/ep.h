@@ -11,9 +11,9 @@
 //             dxe and each row's gate gradient home; the local experts' weight gradients stay here.
 // The order of rows on the expert's rank is fixed by (expert, source rank, source row), so the result
 // does not depend on timing. Buffers come from buffer specs like every other activation; the rows that
-// can reach one rank are bounded by EP × tokens × top-k (every token of every rank choosing its experts:
-// dropless worst case), or with a capacity factor by the local experts' room. parallel/ knows token
-// layouts, never the model.
+// can reach one rank are bounded by EP × tokens × min(top-k, E/EP) (every token of every rank choosing as many
+// of its distinct experts here as it can: the dropless worst case), or with a capacity factor by the local
+// experts' room. parallel/ knows token layouts, never the model.
 #pragma once
 
 #include <vector>
@@ -57,7 +57,7 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     int64_t first_expert() const { return int64_t(comm_.rank()) * local_; }
     int64_t chunks() const { return int64_t(chunk_.size()) - 1; }
     // rows that can reach this rank when each rank routes at most `tokens` tokens: every token of every rank
-    // choosing experts here (dropless), or each local expert full (with a capacity)
+    // choosing min(top-k, E/EP) experts here (dropless), or each local expert full (with a capacity)
     int64_t max_rows(int64_t tokens) const;
 
     // Per layer, kept for backward (the layout handle and the local rows), and shared transients; tokens: the

@@ -61,6 +61,31 @@ struct Result {
     Tensor y, dx;
 };
 
+// The layer's saved and scratch buffers for N tokens under p, and its expert stage's (null: none), in one arena.
+struct Buffers {
+    Buffers(const ops::MoeParams& p, const ops::MoeWeights& w, parallel::ExpertParallelStage* stage) {
+        const ops::MoeDims d = ops::moe_dims(p, w, N);
+        std::vector<BufferSpec> specs;
+        ops::moe_saved_specs(d, DType::f32, "s.", specs);
+        ops::moe_scratch_specs(d, DType::f32, "t.", specs);
+        if (stage) {
+            stage->saved_specs("es.", N, specs);
+            stage->scratch_specs("et.", N, specs);
+        }
+        grp = BufferGroup("moe", specs);
+        grp.allocate(std::make_shared<Arena>(predict_arena_bytes({&grp}, 256), 256));
+        s = ops::moe_bind_saved(d, grp, "s.");
+        t = ops::moe_bind_scratch(d, grp, "t.");
+        if (stage) {
+            stage->bind_saved(grp, "es.");
+            stage->bind_scratch(grp, "et.");
+        }
+    }
+    BufferGroup grp;
+    ops::MoeSaved s;
+    ops::MoeScratch t;
+};
+
 // One forward and backward; stage null: every expert here.
 Result run_layer(const Layer& l,
                  const ops::MoeWeights& w,
@@ -71,25 +96,10 @@ Result run_layer(const Layer& l,
     ops::MoeParams p;
     p.router.topk = K;
     p.stage = stage;
-    const ops::MoeDims d = ops::moe_dims(p, w, N);
-    std::vector<BufferSpec> specs;
-    ops::moe_saved_specs(d, DType::f32, "s.", specs);
-    ops::moe_scratch_specs(d, DType::f32, "t.", specs);
-    if (stage) {
-        stage->saved_specs("es.", N, specs);
-        stage->scratch_specs("et.", N, specs);
-    }
-    BufferGroup grp("moe", specs);
-    grp.allocate(std::make_shared<Arena>(predict_arena_bytes({&grp}, 256), 256));
-    const ops::MoeSaved s = ops::moe_bind_saved(d, grp, "s.");
-    const ops::MoeScratch t = ops::moe_bind_scratch(d, grp, "t.");
-    if (stage) {
-        stage->bind_saved(grp, "es.");
-        stage->bind_scratch(grp, "et.");
-    }
+    const Buffers b(p, w, stage);
     Result r{Tensor(DType::f32, Shape{N, D}), Tensor(DType::f32, Shape{N, D})};
-    ops::moe_forward(p, w, x.view(), r.y.view(), false, s, t);
-    ops::moe_backward(p, w, x.view(), dy.view(), r.dx.view(), g, s, t);
+    ops::moe_forward(p, w, x.view(), r.y.view(), false, b.s, b.t);
+    ops::moe_backward(p, w, x.view(), dy.view(), r.dx.view(), g, b.s, b.t);
     return r;
 }
 
@@ -168,17 +178,9 @@ TEST(ExpertParallel, CapacityIsSharedOverTheExpertGroup) {
                 p.overflow = overflow;
                 p.stage = &stage;
                 const ops::MoeDims d = ops::moe_dims(p, w, N);
-                std::vector<BufferSpec> specs;
-                ops::moe_saved_specs(d, DType::f32, "s.", specs);
-                ops::moe_scratch_specs(d, DType::f32, "t.", specs);
-                stage.saved_specs("es.", N, specs);
-                stage.scratch_specs("et.", N, specs);
-                BufferGroup grp("moe", specs);
-                grp.allocate(std::make_shared<Arena>(predict_arena_bytes({&grp}, 256), 256));
-                const ops::MoeSaved s = ops::moe_bind_saved(d, grp, "s.");
-                const ops::MoeScratch t = ops::moe_bind_scratch(d, grp, "t.");
-                stage.bind_saved(grp, "es.");
-                stage.bind_scratch(grp, "et.");
+                const Buffers b(p, w, &stage);
+                const ops::MoeSaved& s = b.s;
+                const ops::MoeScratch& t = b.t;
                 Tensor y(DType::f32, Shape{N, D});
                 const ops::MoeStats st = ops::moe_forward(p, w, tokens(c.rank()).view(), y.view(), false, s, t);
                 // over the group: choices per expert, rows kept per expert, rows dropped
@@ -212,6 +214,37 @@ TEST(ExpertParallel, CapacityIsSharedOverTheExpertGroup) {
             });
         }
     }
+}
+
+// Dropless, the rows that can reach a rank are EP × tokens × min(k, E/EP): a token's k experts are distinct. Every
+// token of every rank alike, with top-3 experts 0, 1 and 2 at EP 4 (two experts per rank): rank 0 receives two rows
+// per token of every rank, exactly the bound (a bound of k rows per token would be loose by half, and any tighter
+// one would fail the exchange).
+TEST(ExpertParallel, DroplessRowsReachTheDistinctExpertBound) {
+    constexpr int W = 4;
+    parallel::run_local(W, [&](parallel::Comm& c) {
+        Layer l = full_layer();
+        for (int64_t e = 0; e < E; ++e)  // expert e scores 0.1 (E - e) per unit of input
+            std::fill_n(l.t.at("router_w").ptr<float>() + e * D, D, 0.1f * float(E - e));
+        parallel::ExpertParallelStage stage(c, {.experts = E, .topk = 3, .latent = L, .ffn = F});
+        const int64_t El = stage.local_experts(), e0 = stage.first_expert();
+        ASSERT_EQ(El, 2);
+        ops::MoeWeights w = l.w;
+        for (TensorView* v : {&w.w_gate, &w.w_up, &w.w_down}) *v = v->slice0(e0, e0 + El);
+        ops::MoeParams p;
+        p.router.topk = 3;
+        p.stage = &stage;
+        const Buffers b(p, w, &stage);
+        Tensor x(DType::f32, Shape{N, D}), y(DType::f32, Shape{N, D});
+        std::fill_n(x.ptr<float>(), N * D, 1.f);
+        ops::moe_forward(p, w, x.view(), y.view(), false, b.s, b.t);
+        std::vector<int64_t> demand(E);
+        for (int64_t e = 0; e < E; ++e) demand[size_t(e)] = b.s.demand.ptr<int32_t>()[e];
+        c.all_reduce(std::span(demand));
+        EXPECT_EQ(demand[0] + demand[1], stage.max_rows(N));  // rank 0's rows: every token's experts 0 and 1
+        EXPECT_EQ(demand[2], W * N);
+        EXPECT_EQ(stage.max_rows(N), W * N * 2);
+    });
 }
 
 TEST(ExpertParallel, ExpertsMustDivideOverTheRanks) {
