@@ -2,7 +2,7 @@
 #include "parallel/comm_local.h"
 
 #include <algorithm>
-#include <barrier>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -13,10 +13,60 @@
 namespace tessera::parallel {
 
 namespace {
+// A barrier that can be broken: when a rank fails, run_local breaks every barrier of its ranks' communicators, and a
+// rank waiting at one (or arriving later) throws instead of waiting for a member that will never come.
+class Barrier {
+  public:
+    explicit Barrier(int n) : n_(n) {}
+    void arrive_and_wait() {
+        std::unique_lock lock(mu_);
+        const uint64_t generation = generation_;
+        if (!broken_ && ++waiting_ == n_) {
+            waiting_ = 0;
+            ++generation_;
+            cv_.notify_all();
+            return;
+        }
+        cv_.wait(lock, [&] { return broken_ || generation_ != generation; });
+        TESSERA_CHECK(generation_ != generation, "in-process ranks: another rank failed");
+    }
+    void break_all() {
+        std::lock_guard lock(mu_);
+        broken_ = true;
+        cv_.notify_all();
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    const int n_;
+    int waiting_ = 0;
+    uint64_t generation_ = 0;
+    bool broken_ = false;
+};
+
+// Every barrier of one run_local's communicators (the world and its splits), to break them all when a rank fails.
+struct Barriers {
+    std::mutex mu;
+    std::vector<std::weak_ptr<Barrier>> all;
+    std::shared_ptr<Barrier> make(int n) {
+        auto b = std::make_shared<Barrier>(n);
+        std::lock_guard lock(mu);
+        all.push_back(b);
+        return b;
+    }
+    void break_all() {
+        std::lock_guard lock(mu);
+        for (const std::weak_ptr<Barrier>& w : all)
+            if (const std::shared_ptr<Barrier> b = w.lock()) b->break_all();
+    }
+};
+
 // What the members of one communicator share: a barrier and one slot per member for a collective's
 // arguments (posted, read by the others between two barriers).
 struct Group {
-    explicit Group(int n) : size(n), sync(n), slots(size_t(n)) {}
+    Group(int n, std::shared_ptr<Barriers> registry)
+        : size(n), barriers(std::move(registry)), sync(barriers->make(n)), slots(size_t(n)) {}
     struct Slot {
         const std::byte* send = nullptr;
         const int64_t* send_bytes = nullptr;
@@ -24,7 +74,8 @@ struct Group {
         int color = 0, key = 0;
     };
     int size;
-    std::barrier<> sync;
+    std::shared_ptr<Barriers> barriers;
+    std::shared_ptr<Barrier> sync;
     std::vector<Slot> slots;
     std::mutex mu;                                  // guards splits
     std::map<int, std::shared_ptr<Group>> splits;   // color -> the new group, during a split
@@ -45,22 +96,22 @@ class LocalComm final : public Comm {
             Group::Slot& me = g_->slots[size_t(rank_)];
             me.color = color;
             me.key = key;
-            g_->sync.arrive_and_wait();
+            g_->sync->arrive_and_wait();
             if (rank_ == 0) {                                              // one member forms every new group
                 std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, rank)
                 for (int r = 0; r < g_->size; ++r)
                     by_color[g_->slots[size_t(r)].color].push_back({g_->slots[size_t(r)].key, r});
                 for (auto& [c, members] : by_color) {
                     std::sort(members.begin(), members.end());
-                    g_->splits[c] = std::make_shared<Group>(int(members.size()));
+                    g_->splits[c] = std::make_shared<Group>(int(members.size()), g_->barriers);
                     for (auto& m : members) g_->split_members[c].push_back(m.second);
                 }
             }
-            g_->sync.arrive_and_wait();
+            g_->sync->arrive_and_wait();
             const std::vector<int>& members = g_->split_members.at(color);
             const int new_rank = int(std::find(members.begin(), members.end(), rank_) - members.begin());
             out = std::make_unique<LocalComm>(g_->splits.at(color), new_rank, thread_);
-            g_->sync.arrive_and_wait();
+            g_->sync->arrive_and_wait();
             if (rank_ == 0) {
                 g_->splits.clear();
                 g_->split_members.clear();
@@ -76,14 +127,14 @@ class LocalComm final : public Comm {
                          std::span<std::byte> recv,
                          std::span<const int64_t> recv_bytes) override {
         g_->slots[size_t(rank_)].send = send.data();
-        g_->sync.arrive_and_wait();
+        g_->sync->arrive_and_wait();
         size_t at = 0;
         for (int r = 0; r < g_->size; ++r) {
             const size_t n = size_t(recv_bytes[size_t(r)]);
             if (n) std::memcpy(recv.data() + at, g_->slots[size_t(r)].send, n);
             at += n;
         }
-        g_->sync.arrive_and_wait();  // nobody reuses a send buffer before every member read it
+        g_->sync->arrive_and_wait();  // nobody reuses a send buffer before every member read it
     }
 
     void do_all_to_all_v(std::span<const std::byte> send,
@@ -92,7 +143,7 @@ class LocalComm final : public Comm {
                          std::span<const int64_t> recv_bytes) override {
         g_->slots[size_t(rank_)].send = send.data();
         g_->slots[size_t(rank_)].send_bytes = send_bytes.data();
-        g_->sync.arrive_and_wait();
+        g_->sync->arrive_and_wait();
         std::string error;
         int64_t at = 0;
         for (int r = 0; r < g_->size; ++r) {
@@ -108,18 +159,18 @@ class LocalComm final : public Comm {
             }
             at += recv_bytes[size_t(r)];
         }
-        g_->sync.arrive_and_wait();
+        g_->sync->arrive_and_wait();
         TESSERA_CHECK(error.empty(), "{}", error);
     }
 
     void do_broadcast(std::span<std::byte> buf, int root) override {
         if (rank_ == root) g_->slots[size_t(rank_)].send = buf.data();
-        g_->sync.arrive_and_wait();
+        g_->sync->arrive_and_wait();
         if (rank_ != root) std::memcpy(buf.data(), g_->slots[size_t(root)].send, buf.size());
-        g_->sync.arrive_and_wait();
+        g_->sync->arrive_and_wait();
     }
 
-    void do_barrier() override { g_->sync.arrive_and_wait(); }
+    void do_barrier() override { g_->sync->arrive_and_wait(); }
 
   private:
     std::shared_ptr<Group> g_;
@@ -130,8 +181,10 @@ class LocalComm final : public Comm {
 
 void run_local(int ranks, const std::function<void(Comm&)>& fn) {
     TESSERA_CHECK(ranks >= 1, "run_local: {} ranks", ranks);
-    auto world = std::make_shared<Group>(ranks);
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+    auto barriers = std::make_shared<Barriers>();
+    auto world = std::make_shared<Group>(ranks, barriers);
+    std::mutex mu;
+    std::exception_ptr first;  // the first rank's error to arrive: the cause, not a peer's "another rank failed"
     {
         std::vector<std::jthread> threads;
         for (int r = 0; r < ranks; ++r) {
@@ -140,13 +193,16 @@ void run_local(int ranks, const std::function<void(Comm&)>& fn) {
                     LocalComm comm(world, r, std::make_shared<ProgressThread>());
                     fn(comm);
                 } catch (...) {
-                    errors[size_t(r)] = std::current_exception();
+                    {
+                        std::lock_guard lock(mu);
+                        if (!first) first = std::current_exception();
+                    }
+                    barriers->break_all();
                 }
             });
         }
     }
-    for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
+    if (first) std::rethrow_exception(first);
 }
 
 }  // namespace tessera::parallel

@@ -10,9 +10,10 @@
 
 namespace tessera::parallel {
 
-// Runs fn(world communicator) on `ranks` threads and waits for all; the first error is rethrown.
-// NOTES: a rank that throws leaves the others waiting inside a collective they cannot finish, so
-// errors inside collectives (mismatched counts) are raised after the collective's last barrier.
+// Runs fn(world communicator) on `ranks` threads and waits for all; the first error is rethrown. A rank that throws
+// breaks every communicator's barrier, so the others fail at their next collective ("another rank failed") instead
+// of waiting for it forever. Errors inside collectives (mismatched counts) are still raised after the collective's
+// last barrier, so every member sees the same data.
 void run_local(int ranks, const std::function<void(Comm&)>& fn);
 
 }  // namespace tessera::parallel

@@ -2,6 +2,10 @@
 // mpirun in test_comm_mpi.cpp).
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "core/check.h"
 #include "parallel/comm_checks.h"
 #include "parallel/comm_local.h"
@@ -38,6 +42,24 @@ TEST(LocalComm, MismatchedCountsAreAnErrorNotAHang) {
                 c.all_to_all_v(send, sb, recv, rb);
             }),
         Error);
+}
+
+// A rank that fails outside any collective, while the others wait in one (the world's and a split's): run_local
+// rethrows that rank's error instead of hanging, and the waiting ranks come out of their collectives.
+TEST(LocalComm, ARanksErrorEndsTheOthersCollectives) {
+    for (bool in_split : {false, true}) {
+        try {
+            parallel::run_local(4, [&](parallel::Comm& c) {
+                std::unique_ptr<parallel::Comm> half = c.split(c.rank() / 2, c.rank());
+                if (c.rank() == 2) TESSERA_FAIL("rank 2 gives up");
+                std::vector<std::byte> send(8), recv(8 * size_t(in_split ? half->size() : c.size()));
+                (in_split ? *half : c).all_gather(send, recv);
+            });
+            ADD_FAILURE() << "no error";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("rank 2 gives up"), std::string::npos) << e.what();
+        }
+    }
 }
 
 // ZeRO's cut of a flat buffer: consecutive ranges tiling [0, N), whole quanta except where N ends, the same
