@@ -26,6 +26,10 @@ namespace tessera::plan {
 
 namespace {
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // fn's seconds (what it returns) over the runs after one warm-up run, sorted: at least 3 runs and ~0.5 s of wall time
 // (what fn does untimed counts too), or exactly `runs` (a collective, where every rank must run it as often as the
 // others)
@@ -34,17 +38,9 @@ std::vector<double> timed_runs(F&& fn, size_t runs = 0) {
     fn();
     std::vector<double> t;
     const auto t0 = std::chrono::steady_clock::now();
-    while (runs > 0
-               ? t.size() < runs
-               : t.size() < 3 || (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.5 &&
-                                  t.size() < 50))
-        t.push_back(fn());
+    while (runs > 0 ? t.size() < runs : t.size() < 3 || (seconds_since(t0) < 0.5 && t.size() < 50)) t.push_back(fn());
     std::sort(t.begin(), t.end());
     return t;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // median seconds of fn after one warm-up run (timed_runs)
