@@ -72,7 +72,12 @@ AlphaBeta fit_alpha_beta(const std::vector<double>& bytes, const std::vector<dou
     const double det = s * sxx - sx * sx;
     TESSERA_CHECK(det > 0, "fit_alpha_beta: needs two distinct sizes");
     double alpha = (st * sxx - sx * sxt) / det, gamma = (s * sxt - sx * st) / det;
-    if (alpha < 0) alpha = 0, gamma = sxt / sxx;  // through the origin
+    if (alpha < 0) {  // the line through the smallest and the largest call, α within [0, the fastest call's time]
+        const auto [lo, hi] = std::minmax_element(bytes.begin(), bytes.end());
+        const double t_lo = seconds[size_t(lo - bytes.begin())], t_hi = seconds[size_t(hi - bytes.begin())];
+        gamma = (t_hi - t_lo) / (*hi - *lo);
+        alpha = std::clamp(t_lo - *lo * gamma, 0.0, *std::min_element(seconds.begin(), seconds.end()));
+    }
     return {alpha, 1.0 / std::max(gamma, 1e-30)};
 }
 

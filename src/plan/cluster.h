@@ -46,8 +46,10 @@ struct Link {
 };
 
 // A collective's time t = α + x / β for x bytes, fitted to measured (x, t) points by least squares on relative
-// errors (Σ ((α + x/β − t) / t)²: a small call's latency weighs as much as a large one's bandwidth); α held at 0 when
-// the unconstrained fit would make it negative. At least two distinct sizes.
+// errors (Σ ((α + x/β − t) / t)²: a small call's latency weighs as much as a large one's bandwidth). When the
+// unconstrained fit's α is negative (the larger calls' line crosses zero: late wake-ups slowed the small calls, or the
+// bandwidth falls with size), the line through the smallest and the largest call instead: the latency from the one, the
+// bandwidth from the other, α no less than 0 and no more than the fastest call took. At least two distinct sizes.
 struct AlphaBeta {
     double alpha = 0, beta = 0;  // seconds; bytes per second
 };

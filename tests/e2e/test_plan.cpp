@@ -224,14 +224,19 @@ TEST(Plan, AlphaBetaFitsTheMeasuredSizes) {
     plan::AlphaBeta f = plan::fit_alpha_beta(x, t);
     EXPECT_NEAR(f.alpha, 3e-6, 1e-12);
     EXPECT_NEAR(f.beta, 4e9, 1e-6 * 4e9);
-    // no latency, noisy: the best line would cross zero below 8 B; through the origin, the relative fit is
-    // Σ (x/t)² / Σ (x/t) (each call's own bandwidth x/t, weighted by itself)
+    // no latency, noisy: the best line would cross zero below 8 B; the line through the 8 B and the 8 MiB call does
+    // too, so α is 0, and β the 8 MiB call's bandwidth (4 GB/s, 5% slow)
     t = {1.5e-9, 65536 / 4e9 * 0.9, (1 << 20) / 4e9, (8 << 20) / 4e9 * 1.05};
     f = plan::fit_alpha_beta(x, t);
     EXPECT_EQ(f.alpha, 0.0);
-    double r = 0, rr = 0;
-    for (size_t i = 0; i < x.size(); ++i) r += x[i] / t[i], rr += (x[i] / t[i]) * (x[i] / t[i]);
-    EXPECT_NEAR(f.beta, rr / r, 1e-9 * f.beta);
+    EXPECT_NEAR(f.beta, 4e9 / 1.05, 1e-3 * f.beta);
+    // two ranks on two cores (as CI measured them): the 8 B calls woke late, 40 us against the 64 KiB calls' 12. The
+    // best line crosses zero, and through the origin it called a small collective free. The latency is at most the
+    // fastest call's 12 us, the bandwidth the 8 MiB call's after the 8 B call's time: 8 MiB in 2.86 ms
+    t = {40e-6, 12e-6, 450e-6, 2900e-6};
+    f = plan::fit_alpha_beta(x, t);
+    EXPECT_EQ(f.alpha, 12e-6);
+    EXPECT_NEAR(f.beta, ((8 << 20) - 8) / (2900e-6 - 40e-6), 1e-9 * f.beta);
     t = {1e-5, 2e-5 + 65536 / 4e9, 2e-5 + (1 << 20) / 4e9, 2e-5 + (8 << 20) / 4e9};  // the small call: 10 us alone
     f = plan::fit_alpha_beta(x, t);
     EXPECT_GT(f.alpha, 8e-6);
