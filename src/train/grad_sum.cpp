@@ -30,9 +30,16 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
         sum_[r] = BufferGroup(
             name, {BufferSpec{.name = name, .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::grad}});
         if (!reg.comm || by_fsdp(r)) continue;
-        scratch_elems = std::max(scratch_elems, std::min(stretch_, reg.shard.per_rank) * reg.comm->size());
-        for (int64_t a = 0; a < reg.shard.total; a += stretch_)
-            stretches_[r].push_back({a, reg.shard.parts(a, std::min(reg.shard.total, a + stretch_), reg.comm->size())});
+        const int W = reg.comm->size();
+        const int64_t longest = reg.shard.hi_of(0) - reg.shard.lo_of(0);  // rank 0's range: no other is longer
+        Rounds& rounds = rounds_[r];
+        rounds.chunk = std::min(std::max(kRound / W, kPiece), longest);
+        for (int64_t a = 0; a < longest; a += rounds.chunk) {
+            std::vector<int64_t>& n = rounds.counts.emplace_back(size_t(W));
+            for (int q = 0; q < W; ++q)
+                n[size_t(q)] = std::clamp<int64_t>(reg.shard.hi_of(q) - reg.shard.lo_of(q) - a, 0, rounds.chunk);
+        }
+        scratch_elems = std::max(scratch_elems, 2 * W * rounds.chunk);
     }
     if (scratch_elems > 0)
         scratch_ = BufferGroup("grad.scratch", {BufferSpec{.name = "grad.scratch",
@@ -66,13 +73,15 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
         const parallel::ShardedRegion& reg = regions_[r];
         const float* g = opt_.region_base(grads, r);
         if (!g || by_fsdp(r)) continue;
-        if (reg.comm) {  // this micro-batch of every rank, in rank order, onto the ranges, a stretch at a time
+        if (reg.comm) {  // this micro-batch of every rank, in rank order, onto the ranges, a round at a time
             const TensorView scratch = scratch_.view(0);
-            for (const auto& [a, parts] : stretches_[r]) {
-                float* recv = first(sum_[r]) + (std::clamp(a, reg.shard.lo, reg.shard.hi) - reg.shard.lo);
+            const Rounds& rounds = rounds_[r];
+            for (size_t j = 0; j < rounds.counts.size(); ++j) {
+                const int64_t a = int64_t(j) * rounds.chunk;  // into every rank's range (rank q's at q · per_rank)
+                const std::vector<int64_t>& n = rounds.counts[j];
                 pending_.push_back(reg.comm->reduce_scatter_v_async(
-                    DType::f32, g + a, parts, recv, parts[size_t(reg.comm->rank())], micro > 0,
-                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes())));
+                    DType::f32, g + a, n, first(sum_[r]) + a, n[size_t(reg.comm->rank())], micro > 0,
+                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), reg.shard.per_rank));
             }
             continue;
         }

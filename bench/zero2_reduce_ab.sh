@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# ZeRO-2's gradient reduction, two builds side by side (e.g. before and after a change to train/grad_sum.cpp): the demo
+# hybrid (or $3) with parallel.fsdp = false on 2 and 4 ranks, REPEATS runs per build interleaved, 14 steps each. Per
+# build and rank count: each run's median step time and median communication phase (steps 4..14; the phase is the
+# compute thread waiting for the reductions), and the median over runs.
+# Usage: bench/zero2_reduce_ab.sh OLD_BIN NEW_BIN [CONFIG] [REPEATS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 2 ] || { echo "usage: bench/zero2_reduce_ab.sh OLD_BIN NEW_BIN [CONFIG] [REPEATS]" >&2; exit 2; }
+old=$1 new=$2 cfg=${3:-configs/demo.json} repeats=${4:-3}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for W in 2 4; do
+    for rep in $(seq 1 "$repeats"); do
+        for v in old new; do
+            bin=$old
+            [ $v = new ] && bin=$new
+            "$bin" launch -n $W -- train --config "$cfg" --steps 14 --set parallel.fsdp=false \
+                --set train.eval_interval=0 --set train.checkpoint_interval=0 --out "$tmp/$v-$W-$rep" > /dev/null
+        done
+    done
+done
+python3 - "$tmp" "$repeats" <<'PY'
+import json, statistics as st, sys
+tmp, repeats = sys.argv[1], int(sys.argv[2])
+print("| ranks | build | step ms (each run) | median | communication ms (each run) | median |")
+print("|---|---|---|---|---|---|")
+for W in (2, 4):
+    for v in ("old", "new"):
+        steps, comm = [], []
+        for rep in range(1, repeats + 1):
+            rows = [json.loads(l) for l in open(f"{tmp}/{v}-{W}-{rep}/metrics.jsonl")]
+            rows = [r for r in rows if r.get("step", 0) >= 4 and "step_ms" in r]
+            steps.append(st.median(r["step_ms"] for r in rows))
+            comm.append(st.median(r["phase_ms"]["communication"] for r in rows))
+        fmt = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
+        print(f"| {W} | {v} | {fmt(steps)} | {st.median(steps):.1f} | {fmt(comm)} | {st.median(comm):.1f} |")
+PY
