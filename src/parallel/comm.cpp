@@ -239,47 +239,51 @@ Handle Comm::reduce_scatter_v_async(DType dtype,
                                     int64_t recv_count,
                                     bool accumulate,
                                     std::span<std::byte> scratch,
-                                    int64_t send_stride) {
+                                    std::span<const int64_t> send_offsets) {
     const int W = size();
     TESSERA_CHECK(int(send_counts.size()) == W && recv_count >= 0 && send_counts[size_t(rank())] == recv_count,
                   "reduce_scatter: {} counts for {} ranks, {} elements kept here and {} received", send_counts.size(),
                   W, send_counts.size() == size_t(W) ? send_counts[size_t(rank())] : -1, recv_count);
     const int64_t es = int64_t(dtype_size(dtype));
-    std::vector<int64_t> send_bytes(static_cast<size_t>(W)), recv_bytes(static_cast<size_t>(W), recv_count * es);
+    TESSERA_CHECK(send_offsets.empty() || int(send_offsets.size()) == W,
+                  "reduce_scatter: {} block offsets for {} ranks", send_offsets.size(), W);
+    std::vector<int64_t> send_bytes(static_cast<size_t>(W)), recv_bytes(static_cast<size_t>(W), recv_count * es),
+        at(send_offsets.begin(), send_offsets.end());
     int64_t total = 0;
     for (int r = 0; r < W; ++r) {
-        TESSERA_CHECK(send_stride < 0 || send_counts[size_t(r)] <= send_stride,
-                      "reduce_scatter: a block of {} elements at a stride of {}", send_counts[size_t(r)], send_stride);
+        TESSERA_CHECK(at.empty() || at[size_t(r)] >= 0, "reduce_scatter: block offset {}",
+                      at.empty() ? 0 : at[size_t(r)]);
         send_bytes[size_t(r)] = send_counts[size_t(r)] * es;
         total += send_bytes[size_t(r)];
     }
-    const int64_t received = recv_count * es * W, need = received + (send_stride >= 0 ? total : 0);
+    const int64_t received = recv_count * es * W, need = received + (at.empty() ? 0 : total);
     TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= need, "reduce_scatter: scratch of {} bytes, needs {}",
                   scratch.size(), need);
-    return submit([=, this, send_bytes = std::move(send_bytes), recv_bytes = std::move(recv_bytes)] {
-        trace::Span span("reduce_scatter", "comm", total, "bytes");
-        std::vector<std::byte> own;
-        std::span<std::byte> buffer = scratch;
-        if (buffer.empty()) {
-            own.resize(size_t(need));
-            buffer = own;
-        }
-        const std::byte* packed = static_cast<const std::byte*>(send);
-        if (send_stride >= 0) {  // the blocks one after another, behind the received parts
-            std::byte* at = buffer.data() + received;
-            for (int r = 0; r < W; ++r) {
-                if (send_bytes[size_t(r)] > 0)
-                    std::memcpy(at, packed + int64_t(r) * send_stride * es, size_t(send_bytes[size_t(r)]));
-                at += send_bytes[size_t(r)];
+    return submit(
+        [=, this, send_bytes = std::move(send_bytes), recv_bytes = std::move(recv_bytes), at = std::move(at)] {
+            trace::Span span("reduce_scatter", "comm", total, "bytes");
+            std::vector<std::byte> own;
+            std::span<std::byte> buffer = scratch;
+            if (buffer.empty()) {
+                own.resize(size_t(need));
+                buffer = own;
             }
-            packed = buffer.data() + received;
-        }
-        // nothing received: no receive buffer, as MPI would read a send buffer at the receive buffer's address as
-        // an in-place exchange
-        const std::span<std::byte> parts = received > 0 ? buffer.first(size_t(received)) : std::span<std::byte>();
-        all_to_all_v_now({packed, size_t(total)}, send_bytes, parts, recv_bytes);
-        sum_parts(dtype, parts.data(), W, recv_count, recv, accumulate);
-    });
+            const std::byte* packed = static_cast<const std::byte*>(send);
+            if (!at.empty()) {  // the blocks one after another, behind the received parts
+                std::byte* to = buffer.data() + received;
+                for (int r = 0; r < W; ++r) {
+                    if (send_bytes[size_t(r)] > 0)
+                        std::memcpy(to, packed + at[size_t(r)] * es, size_t(send_bytes[size_t(r)]));
+                    to += send_bytes[size_t(r)];
+                }
+                packed = buffer.data() + received;
+            }
+            // nothing received: no receive buffer, as MPI would read a send buffer at the receive buffer's address as
+            // an in-place exchange
+            const std::span<std::byte> parts = received > 0 ? buffer.first(size_t(received)) : std::span<std::byte>();
+            all_to_all_v_now({packed, size_t(total)}, send_bytes, parts, recv_bytes);
+            sum_parts(dtype, parts.data(), W, recv_count, recv, accumulate);
+        });
 }
 
 Handle Comm::reduce_scatter_async(

@@ -93,9 +93,9 @@ class Comm {
     // block must have rank r's recv_count elements); recv (recv_count elements) = Σ_r rank r's block for this
     // rank, in rank order. accumulate: the blocks are added to recv's values in rank order (recv + b_0 + b_1
     // + ...) instead of replacing them, so summing micro-batch after micro-batch this way gives the bits of one
-    // rank adding every micro-batch in turn. send_stride ≥ 0: rank r's block starts at element r·send_stride of
-    // send instead (each block at most that long; the communication thread packs them). scratch: recv_count·size()
-    // elements, and Σ send_counts more with a stride, or empty to allocate.
+    // rank adding every micro-batch in turn. send_offsets (one per rank): rank r's block starts at element
+    // send_offsets[r] of send instead (the communication thread packs the blocks). scratch: recv_count·size()
+    // elements, and Σ send_counts more with offsets, or empty to allocate.
     Handle reduce_scatter_v_async(DType dtype,
                                   const void* send,
                                   std::span<const int64_t> send_counts,
@@ -103,7 +103,7 @@ class Comm {
                                   int64_t recv_count,
                                   bool accumulate,
                                   std::span<std::byte> scratch = {},
-                                  int64_t send_stride = -1);
+                                  std::span<const int64_t> send_offsets = {});
     // In place, summed in rank order. count need not divide by size() (the last chunk is padded).
     Handle all_reduce_async(DType dtype, void* buf, int64_t count);
     void barrier();

@@ -40,6 +40,11 @@ struct FlatShard {
     }
 };
 
+// A reduce-scatter of large pieces runs in rounds of this many elements of every rank's piece at once, so every rank
+// receives in every round and the scratch (a round's W pieces received, and its W pieces packed to send) stays
+// 2·W·round elements: 2²⁰ elements over all ranks, at least 2¹⁴ per rank (64 KiB to each peer: not latency-bound).
+inline int64_t reduce_round(int ranks) { return std::max<int64_t>((int64_t(1) << 20) / ranks, int64_t(1) << 14); }
+
 // One region of a buffer group's flat element space, cut over the ranks that share it.
 struct ShardedRegion {
     int64_t base = 0;      // the region's first element in the flat space

@@ -112,8 +112,13 @@ Fsdp::Fsdp(const model::Model& model,
             p.mine = p.piece[size_t(g.comm->rank())];
             p.at = u.bytes;
             u.bytes = align_up(u.bytes + size_t(p.hi - p.lo) * sizeof(float));
-            if (p.region < kFrozen) {  // a reduce-scatter receives a piece from every rank of the group
-                scratch = std::max(scratch, p.mine * g.comm->size());
+            if (p.region < kFrozen) {  // a round receives a piece from every rank of the group, and packs its own
+                const int W = g.comm->size();
+                const int64_t longest = *std::max_element(p.piece.begin(), p.piece.end());
+                p.round = std::max<int64_t>(1, std::min(parallel::reduce_round(W), longest));
+                p.rounds = std::max<int64_t>(1, (longest + p.round - 1) / p.round);
+                for (int64_t n = 0; int64_t k : p.piece) p.offsets.push_back(std::exchange(n, n + k));
+                scratch = std::max(scratch, 2 * W * p.round);
                 u.grad_bytes = u.bytes;
             }
             u.parts.push_back(std::move(p));
@@ -281,9 +286,16 @@ void Fsdp::leave(model::UnitVisit v) {
             if (p.region >= kFrozen) continue;  // no gradient
             const Region& g = regions_[size_t(p.region)];
             float* recv = grads_.range(p.region).data() + (p.mine_lo - g.cut.lo);
-            reduce_h_[size_t(s)].push_back(
-                g.comm->reduce_scatter_v_async(DType::f32, slot_grads(s) + p.at, p.piece, recv, p.mine, grads_.adding(),
-                                               std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes())));
+            const float* send = reinterpret_cast<const float*>(slot_grads(s) + p.at);
+            const int me = g.comm->rank();
+            std::vector<int64_t> n(p.piece.size());
+            for (int64_t j = 0; j < p.rounds; ++j) {
+                const int64_t a = j * p.round;
+                for (size_t q = 0; q < n.size(); ++q) n[q] = std::clamp<int64_t>(p.piece[q] - a, 0, p.round);
+                reduce_h_[size_t(s)].push_back(g.comm->reduce_scatter_v_async(
+                    DType::f32, send + a, n, recv + std::min(a, p.mine), n[size_t(me)], grads_.adding(),
+                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), p.offsets));
+            }
         }
         stats_.reductions += 1;
     }

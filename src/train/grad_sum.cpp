@@ -33,7 +33,8 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
         const int W = reg.comm->size();
         const int64_t longest = reg.shard.hi_of(0) - reg.shard.lo_of(0);  // rank 0's range: no other is longer
         Rounds& rounds = rounds_[r];
-        rounds.chunk = std::min(std::max(kRound / W, kPiece), longest);
+        rounds.chunk = std::min(parallel::reduce_round(W), longest);
+        for (int q = 0; q < W; ++q) rounds.offsets.push_back(reg.shard.lo_of(q));
         for (int64_t a = 0; a < longest; a += rounds.chunk) {
             std::vector<int64_t>& n = rounds.counts.emplace_back(size_t(W));
             for (int q = 0; q < W; ++q)
@@ -77,11 +78,11 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
             const TensorView scratch = scratch_.view(0);
             const Rounds& rounds = rounds_[r];
             for (size_t j = 0; j < rounds.counts.size(); ++j) {
-                const int64_t a = int64_t(j) * rounds.chunk;  // into every rank's range (rank q's at q · per_rank)
+                const int64_t a = int64_t(j) * rounds.chunk;  // into every rank's range
                 const std::vector<int64_t>& n = rounds.counts[j];
                 pending_.push_back(reg.comm->reduce_scatter_v_async(
                     DType::f32, g + a, n, first(sum_[r]) + a, n[size_t(reg.comm->rank())], micro > 0,
-                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), reg.shard.per_rank));
+                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), rounds.offsets));
             }
             continue;
         }

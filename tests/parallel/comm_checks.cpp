@@ -133,7 +133,7 @@ void check_reductions_sum_in_rank_order(Comm& c) {
                 << (accumulate ? "accumulating" : "replacing") << ", element " << i;
         }
     }
-    // the same blocks at a stride of 7 elements (ZeRO-2's rounds: a piece of every rank's range), padding between
+    // the same blocks 7 elements apart (ZeRO-2's rounds: a piece of every rank's range), padding between
     // them that no rank may receive; with the scratch given (the received parts, then the packed blocks). At 4 ranks
     // rank 2 receives nothing: its receive buffer must not sit at its packed blocks' address, which MPI would read
     // as an in-place exchange (MPI_ERR_TRUNCATE, or a hang in the next collective)
@@ -145,15 +145,18 @@ void check_reductions_sum_in_rank_order(Comm& c) {
     for (int64_t n : counts) sent += n;
     std::vector<std::byte> scratch(size_t((piece(me) * W + sent) * 4));  // exactly what it needs
     std::vector<float> out(size_t(piece(me)));
-    c.reduce_scatter_v_async(DType::f32, strided.data(), counts, out.data(), piece(me), false, scratch, stride).wait();
+    std::vector<int64_t> offsets(static_cast<size_t>(W));
+    for (int q = 0; q < W; ++q) offsets[size_t(q)] = q * stride;
+    c.reduce_scatter_v_async(DType::f32, strided.data(), counts, out.data(), piece(me), false, scratch, offsets).wait();
     for (int64_t i = 0; i < piece(me); ++i) {
         float want = 0;
         for (int r = 0; r < W; ++r) want = r == 0 ? value(r, before + i) : want + value(r, before + i);
         ASSERT_EQ(std::memcmp(&out[size_t(i)], &want, 4), 0) << "strided, element " << i;
     }
-    EXPECT_THROW(c.reduce_scatter_v_async(DType::f32, strided.data(), counts, out.data(), piece(me), false, {}, 1),
+    EXPECT_THROW(c.reduce_scatter_v_async(DType::f32, strided.data(), counts, out.data(), piece(me), false, {},
+                                          std::vector<int64_t>(size_t(W) + 1)),
                  Error)
-        << "rank 0's block (2 elements) is longer than the stride";
+        << "an offset for each rank, no more";
     // all-reduce of a count that does not divide by W, in place; and of integers
     std::vector<float> buf(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) buf[size_t(i)] = value(me, i);
