@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -40,10 +41,29 @@ struct FlatShard {
     }
 };
 
-// A reduce-scatter of large pieces runs in rounds of this many elements of every rank's piece at once, so every rank
-// receives in every round and the scratch (a round's W pieces received, and its W pieces packed to send) stays
-// 2·W·round elements: 2²⁰ elements over all ranks, at least 2¹⁴ per rank (64 KiB to each peer: not latency-bound).
-inline int64_t reduce_round(int ranks) { return std::max<int64_t>((int64_t(1) << 20) / ranks, int64_t(1) << 14); }
+// A reduce-scatter of large pieces (rank q's: pieces[q] elements at offsets[q] of the send buffer) in rounds: round j
+// sums elements [j·c, (j+1)·c) of every rank's piece at once, so every rank receives in every round, and the scratch
+// (a round's W pieces received, and its W pieces packed to send) stays 2·W·c elements; c = 2²⁰ / W elements, at least
+// 2¹⁴ (64 KiB to each peer: not latency-bound), at most the longest piece.
+struct ReduceRounds {
+    std::vector<int64_t> pieces, offsets;
+    int64_t round = 1, rounds = 1;  // c; how many
+
+    ReduceRounds() = default;
+    ReduceRounds(std::vector<int64_t> p, std::vector<int64_t> o) : pieces(std::move(p)), offsets(std::move(o)) {
+        TESSERA_CHECK(!pieces.empty() && pieces.size() == offsets.size(), "ReduceRounds: {} pieces, {} offsets",
+                      pieces.size(), offsets.size());
+        const int64_t W = int64_t(pieces.size()), longest = *std::max_element(pieces.begin(), pieces.end());
+        round = std::max<int64_t>(1, std::min(std::max<int64_t>((int64_t(1) << 20) / W, int64_t(1) << 14), longest));
+        rounds = std::max<int64_t>(1, (longest + round - 1) / round);
+    }
+    int64_t scratch_elements() const { return 2 * int64_t(pieces.size()) * round; }
+    // every rank's piece of round j, into n (W elements)
+    void counts(int64_t j, std::vector<int64_t>& n) const {
+        n.resize(pieces.size());
+        for (size_t q = 0; q < pieces.size(); ++q) n[q] = std::clamp<int64_t>(pieces[q] - j * round, 0, round);
+    }
+};
 
 // One region of a buffer group's flat element space, cut over the ranks that share it.
 struct ShardedRegion {

@@ -113,12 +113,10 @@ Fsdp::Fsdp(const model::Model& model,
             p.at = u.bytes;
             u.bytes = align_up(u.bytes + size_t(p.hi - p.lo) * sizeof(float));
             if (p.region < kFrozen) {  // a round receives a piece from every rank of the group, and packs its own
-                const int W = g.comm->size();
-                const int64_t longest = *std::max_element(p.piece.begin(), p.piece.end());
-                p.round = std::max<int64_t>(1, std::min(parallel::reduce_round(W), longest));
-                p.rounds = std::max<int64_t>(1, (longest + p.round - 1) / p.round);
-                for (int64_t n = 0; int64_t k : p.piece) p.offsets.push_back(std::exchange(n, n + k));
-                scratch = std::max(scratch, 2 * W * p.round);
+                std::vector<int64_t> offsets;  // the pieces one after another in the unit's part
+                for (int64_t n = 0; int64_t k : p.piece) offsets.push_back(std::exchange(n, n + k));
+                p.reduce = parallel::ReduceRounds(p.piece, std::move(offsets));
+                scratch = std::max(scratch, p.reduce.scratch_elements());
                 u.grad_bytes = u.bytes;
             }
             u.parts.push_back(std::move(p));
@@ -288,13 +286,13 @@ void Fsdp::leave(model::UnitVisit v) {
             float* recv = grads_.range(p.region).data() + (p.mine_lo - g.cut.lo);
             const float* send = reinterpret_cast<const float*>(slot_grads(s) + p.at);
             const int me = g.comm->rank();
-            std::vector<int64_t> n(p.piece.size());
-            for (int64_t j = 0; j < p.rounds; ++j) {
-                const int64_t a = j * p.round;
-                for (size_t q = 0; q < n.size(); ++q) n[q] = std::clamp<int64_t>(p.piece[q] - a, 0, p.round);
+            std::vector<int64_t> n;
+            for (int64_t j = 0; j < p.reduce.rounds; ++j) {
+                const int64_t a = j * p.reduce.round;
+                p.reduce.counts(j, n);
                 reduce_h_[size_t(s)].push_back(g.comm->reduce_scatter_v_async(
                     DType::f32, send + a, n, recv + std::min(a, p.mine), n[size_t(me)], grads_.adding(),
-                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), p.offsets));
+                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), p.reduce.offsets));
             }
         }
         stats_.reductions += 1;

@@ -20,7 +20,7 @@
 // Memory per rank: the replicated (and unsharded expert) parameters and gradients, 1/W of the dense
 // parameters (1/(W/ep) of this rank's experts), of their summed gradient and moments, three gathered units of
 // parameters and gradients, and the scratch of one round of a unit's reduce-scatter (the unit's gradient is
-// reduce-scattered in rounds of every rank's piece at once: parallel::reduce_round).
+// reduce-scattered in rounds of every rank's piece at once: parallel::ReduceRounds).
 #pragma once
 
 #include <array>
@@ -102,10 +102,7 @@ class Fsdp final : public model::ParamHooks {
         std::vector<int64_t> bytes;     // the same in bytes (the gather's counts)
         int64_t mine_lo = 0, mine = 0;  // this rank's piece: first element, length
         size_t at = 0;
-        // the gradient's reduce-scatter, in rounds of `round` elements of every rank's piece (parallel::reduce_round):
-        // where each rank's piece starts in the unit's part
-        int64_t round = 0, rounds = 0;
-        std::vector<int64_t> offsets;
+        parallel::ReduceRounds reduce;  // the gradient's reduce-scatter of the pieces
     };
     struct Unit {
         int slot = 0;

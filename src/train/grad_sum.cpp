@@ -30,17 +30,13 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
         sum_[r] = BufferGroup(
             name, {BufferSpec{.name = name, .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::grad}});
         if (!reg.comm || by_fsdp(r)) continue;
-        const int W = reg.comm->size();
-        const int64_t longest = reg.shard.hi_of(0) - reg.shard.lo_of(0);  // rank 0's range: no other is longer
-        Rounds& rounds = rounds_[r];
-        rounds.chunk = std::min(parallel::reduce_round(W), longest);
-        for (int q = 0; q < W; ++q) rounds.offsets.push_back(reg.shard.lo_of(q));
-        for (int64_t a = 0; a < longest; a += rounds.chunk) {
-            std::vector<int64_t>& n = rounds.counts.emplace_back(size_t(W));
-            for (int q = 0; q < W; ++q)
-                n[size_t(q)] = std::clamp<int64_t>(reg.shard.hi_of(q) - reg.shard.lo_of(q) - a, 0, rounds.chunk);
+        std::vector<int64_t> pieces, offsets;  // every rank's range, where it starts in the region
+        for (int q = 0; q < reg.comm->size(); ++q) {
+            pieces.push_back(reg.shard.hi_of(q) - reg.shard.lo_of(q));
+            offsets.push_back(reg.shard.lo_of(q));
         }
-        scratch_elems = std::max(scratch_elems, 2 * W * rounds.chunk);
+        rounds_[r] = parallel::ReduceRounds(std::move(pieces), std::move(offsets));
+        scratch_elems = std::max(scratch_elems, rounds_[r].scratch_elements());
     }
     if (scratch_elems > 0)
         scratch_ = BufferGroup("grad.scratch", {BufferSpec{.name = "grad.scratch",
@@ -76,12 +72,13 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
         if (!g || by_fsdp(r)) continue;
         if (reg.comm) {  // this micro-batch of every rank, in rank order, onto the ranges, a round at a time
             const TensorView scratch = scratch_.view(0);
-            const Rounds& rounds = rounds_[r];
-            for (size_t j = 0; j < rounds.counts.size(); ++j) {
-                const int64_t a = int64_t(j) * rounds.chunk;  // into every rank's range
-                const std::vector<int64_t>& n = rounds.counts[j];
+            const parallel::ReduceRounds& rounds = rounds_[r];
+            for (int64_t j = 0; j < rounds.rounds; ++j) {
+                const int64_t a = j * rounds.round;  // into every rank's range
+                rounds.counts(j, counts_);
+                const int64_t mine = counts_[size_t(reg.comm->rank())];
                 pending_.push_back(reg.comm->reduce_scatter_v_async(
-                    DType::f32, g + a, n, first(sum_[r]) + a, n[size_t(reg.comm->rank())], micro > 0,
+                    DType::f32, g + a, counts_, first(sum_[r]) + std::min(a, reg.shard.size()), mine, micro > 0,
                     std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), rounds.offsets));
             }
             continue;

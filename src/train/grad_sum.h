@@ -51,17 +51,13 @@ class GradientSum {
     bool by_fsdp(size_t region) const;
     // per region: this rank's range of the sum (shared regions), or the step's sum (local, accumulating)
     std::array<BufferGroup, AdamW::kRegions> sum_;
-    // NOTES: a shared region is reduced in rounds (parallel::reduce_round): round j sums elements [j·c, (j+1)·c) of
+    // NOTES: a shared region is reduced in rounds (parallel::ReduceRounds): round j sums elements [j·c, (j+1)·c) of
     // every rank's range at once. (Stretches of the flat space, as before 2026-12-05, each went to the one or two ranks
     // whose range holds it while the others waited: at W ranks a W-fold incast, and W stretches of scratch.) The
     // rounds queue on the communication thread, which runs them in turn with one scratch.
     BufferGroup scratch_;
-    struct Rounds {
-        int64_t chunk = 0;                         // c: elements of each rank's range per round
-        std::vector<int64_t> offsets;              // where each rank's range starts in the region (q · per_rank)
-        std::vector<std::vector<int64_t>> counts;  // per round, every rank's piece of it (computed once)
-    };
-    std::array<Rounds, AdamW::kRegions> rounds_;  // per shared region
+    std::array<parallel::ReduceRounds, AdamW::kRegions> rounds_;  // per shared region: the ranges over the ranks
+    std::vector<int64_t> counts_;                                 // a round's (scratch of after())
     std::vector<parallel::Handle> pending_;
 };
 

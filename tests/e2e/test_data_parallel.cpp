@@ -112,7 +112,7 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"dense_2_zero2", 2, " --set parallel.fsdp=false"},
         Layout{"dense_2_zero2_accumulating", 2, " --set parallel.fsdp=false", 1},
         // feed-forward units of 1.6M elements: a unit's (FSDP) or a range's (ZeRO-2) reduce-scatter runs in several
-        // rounds of a piece of every rank's part (parallel::reduce_round: 2^19 elements at 2 ranks, 2^18 at 4)
+        // rounds of a piece of every rank's part (parallel::ReduceRounds: 2^19 elements at 2 ranks, 2^18 at 4)
         Layout{"wide_ffn_2", 2, " --set model.ffn_dim=16384"},
         Layout{"wide_ffn_4_zero2", 4, " --set model.ffn_dim=16384 --set parallel.fsdp=false"},
         // one FSDP unit holds the embedding and the final norm; Attention Residuals stay whole

@@ -84,5 +84,34 @@ TEST(FlatShard, RangesTileTheBufferInWholeQuanta) {
     EXPECT_THROW(parallel::FlatShard(10, 2, 2, 64), Error);
 }
 
+// A reduce-scatter in rounds: every rank's piece is covered exactly once, a round's piece never exceeds the round,
+// every rank with that much left receives a full round each time (no rank waits while another drains its piece), and
+// the scratch does not grow with the pieces: 2^21 elements up to 64 ranks, 2 · 2^14 per rank beyond.
+TEST(ReduceRounds, EveryRankReceivesInEveryRoundAndTheScratchIsBounded) {
+    for (int W : {1, 2, 4, 128, 2048}) {
+        for (int64_t piece : {int64_t(1), int64_t(1000), int64_t(1) << 20, int64_t(470) << 20}) {
+            std::vector<int64_t> pieces(static_cast<size_t>(W), piece), offsets(static_cast<size_t>(W));
+            pieces.back() = piece / 3;  // the last range short, as a flat cut leaves it
+            for (int q = 0; q < W; ++q) offsets[size_t(q)] = int64_t(q) * piece;
+            const parallel::ReduceRounds r(pieces, offsets);
+            std::vector<int64_t> covered(static_cast<size_t>(W), 0), n;
+            for (int64_t j = 0; j < r.rounds; ++j) {
+                r.counts(j, n);
+                for (int q = 0; q < W; ++q) {
+                    ASSERT_LE(n[size_t(q)], r.round);
+                    ASSERT_EQ(n[size_t(q)], std::min(r.round, pieces[size_t(q)] - covered[size_t(q)]));
+                    covered[size_t(q)] += n[size_t(q)];
+                }
+            }
+            EXPECT_EQ(covered, pieces) << W << " ranks, pieces of " << piece;
+            EXPECT_LE(r.scratch_elements(), std::max<int64_t>(int64_t(1) << 21, 2 * int64_t(W) << 14)) << W;
+            const int64_t longest = *std::max_element(pieces.begin(), pieces.end());
+            EXPECT_EQ(r.rounds, std::max<int64_t>(1, (longest + r.round - 1) / r.round))
+                << "as the longest piece needs";
+        }
+    }
+    EXPECT_THROW(parallel::ReduceRounds({1, 2}, {0}), Error);
+}
+
 }  // namespace
 }  // namespace tessera
