@@ -63,6 +63,25 @@ struct ReduceRounds {
         n.resize(pieces.size());
         for (size_t q = 0; q < pieces.size(); ++q) n[q] = std::clamp<int64_t>(pieces[q] - j * round, 0, round);
     }
+    // Issues every round on c (f32 sums in rank order; accumulate: added to recv's values): send holds each rank's
+    // piece at its offset, recv this rank's piece; scratch: scratch_elements() floats. The handles go to `out`.
+    void reduce_scatter(Comm& c,
+                        const float* send,
+                        float* recv,
+                        bool accumulate,
+                        std::span<std::byte> scratch,
+                        std::vector<Handle>& out) {
+        const int64_t mine = pieces[size_t(c.rank())];
+        for (int64_t j = 0; j < rounds; ++j) {
+            const int64_t a = j * round;
+            counts(j, counts_);
+            out.push_back(c.reduce_scatter_v_async(DType::f32, send + a, counts_, recv + std::min(a, mine),
+                                                   counts_[size_t(c.rank())], accumulate, scratch, offsets));
+        }
+    }
+
+  private:
+    std::vector<int64_t> counts_;  // a round's (reduce_scatter copies them when it issues the round)
 };
 
 // One region of a buffer group's flat element space, cut over the ranks that share it.

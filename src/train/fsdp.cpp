@@ -277,23 +277,16 @@ void Fsdp::leave(model::UnitVisit v) {
     TESSERA_CHECK(cursor_ < plan_.size() && plan_[cursor_] == v, "FSDP: the model left its announced plan (visit {})",
                   cursor_);
     if (reduce_at_[cursor_]) {  // the unit's gradient of this micro-batch, onto the ranges, in rank order
-        const Unit& u = units_[size_t(v.unit)];
+        Unit& u = units_[size_t(v.unit)];
         const int s = u.slot;
         const TensorView scratch = scratch_.view(0);
-        for (const Part& p : u.parts) {
+        for (Part& p : u.parts) {
             if (p.region >= kFrozen) continue;  // no gradient
             const Region& g = regions_[size_t(p.region)];
             float* recv = grads_.range(p.region).data() + (p.mine_lo - g.cut.lo);
-            const float* send = reinterpret_cast<const float*>(slot_grads(s) + p.at);
-            const int me = g.comm->rank();
-            std::vector<int64_t> n;
-            for (int64_t j = 0; j < p.reduce.rounds; ++j) {
-                const int64_t a = j * p.reduce.round;
-                p.reduce.counts(j, n);
-                reduce_h_[size_t(s)].push_back(g.comm->reduce_scatter_v_async(
-                    DType::f32, send + a, n, recv + std::min(a, p.mine), n[size_t(me)], grads_.adding(),
-                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), p.reduce.offsets));
-            }
+            p.reduce.reduce_scatter(*g.comm, reinterpret_cast<const float*>(slot_grads(s) + p.at), recv,
+                                    grads_.adding(), std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()),
+                                    reduce_h_[size_t(s)]);
         }
         stats_.reductions += 1;
     }

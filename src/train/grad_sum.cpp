@@ -72,15 +72,8 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
         if (!g || by_fsdp(r)) continue;
         if (reg.comm) {  // this micro-batch of every rank, in rank order, onto the ranges, a round at a time
             const TensorView scratch = scratch_.view(0);
-            const parallel::ReduceRounds& rounds = rounds_[r];
-            for (int64_t j = 0; j < rounds.rounds; ++j) {
-                const int64_t a = j * rounds.round;  // into every rank's range
-                rounds.counts(j, counts_);
-                const int64_t mine = counts_[size_t(reg.comm->rank())];
-                pending_.push_back(reg.comm->reduce_scatter_v_async(
-                    DType::f32, g + a, counts_, first(sum_[r]) + std::min(a, reg.shard.size()), mine, micro > 0,
-                    std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), rounds.offsets));
-            }
+            rounds_[r].reduce_scatter(*reg.comm, g, first(sum_[r]), micro > 0,
+                                      std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), pending_);
             continue;
         }
         if (accumulation_ == 1) continue;  // the model's gradients are the sum

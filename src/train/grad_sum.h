@@ -57,7 +57,6 @@ class GradientSum {
     // rounds queue on the communication thread, which runs them in turn with one scratch.
     BufferGroup scratch_;
     std::array<parallel::ReduceRounds, AdamW::kRegions> rounds_;  // per shared region: the ranges over the ranks
-    std::vector<int64_t> counts_;                                 // a round's (scratch of after())
     std::vector<parallel::Handle> pending_;
 };
 
