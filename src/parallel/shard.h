@@ -1,8 +1,17 @@
-// How ZeRO shards a buffer group over the data group: its flat element space [0, N) (every buffer at
-// its offset, alignment gaps included) cut into W consecutive ranges of `per_rank` elements, a multiple
-// of the quantum so that fixed-size reduction chunks (the gradient norm's) never straddle two ranks.
-// The last ranges may be short or empty. The cut depends only on (N, W, quantum), so a checkpoint's
-// shards can be re-cut for another world size.
+// How ZeRO shards a region of a buffer group over the ranks that share it. The region's flat element space [0, N)
+// (every buffer at its offset, alignment gaps included) is split into segments (the model's units, which FSDP gathers
+// one at a time; one segment when none are given), and each segment into chunks of `quantum` elements from its start,
+// the last one short: the fixed chunks the gradient norm sums (optimizer.h), so that no chunk is split between ranks.
+// Two cuts deal the chunks out:
+//  - contiguous (ZeRO-2, and the regions FSDP does not hold): rank r holds the region's chunks [r·p, (r+1)·p) in
+//    order, p = ⌈chunks / W⌉: one stretch of the flat space, which the optimizer updates in place;
+//  - spread (FSDP): each segment's c chunks are dealt over the ranks in rank order, ⌊c / W⌋ to each and the c mod W
+//    left over to the ranks next in turn (the turn carries over from one segment to the next), so every unit is
+//    gathered from and reduced onto every rank evenly. (A contiguous cut leaves a unit in one or two ranks' stretches,
+//    and those ranks send and receive all of it: W times the traffic of the busiest link.)
+// A rank's range is its intervals one after another; an interval never crosses a segment's end. The cut depends only on
+// (N, W, quantum, segments, spread), so a checkpoint's shards can be re-cut for another layout (their pieces name
+// elements of the whole tensors).
 #pragma once
 
 #include <algorithm>
@@ -15,30 +24,44 @@
 
 namespace tessera::parallel {
 
-struct FlatShard {
-    int64_t total = 0;       // N: elements of the flat space
-    int64_t per_rank = 0;    // elements per range (a multiple of the quantum)
-    int64_t lo = 0, hi = 0;  // this rank's range
+class FlatShard {
+  public:
+    struct Interval {
+        int64_t lo = 0, hi = 0;  // elements [lo, hi) of the region
+        int64_t at = 0;          // where they start in the rank's range
+    };
 
     FlatShard() = default;
-    FlatShard(int64_t n, int rank, int world, int64_t quantum) : total(n) {
-        TESSERA_CHECK(n >= 0 && world >= 1 && rank >= 0 && rank < world && quantum >= 1,
-                      "FlatShard: {} elements, rank {} of {}, quantum {}", n, rank, world, quantum);
-        const int64_t quanta = (n + quantum - 1) / quantum;
-        per_rank = (quanta + world - 1) / world * quantum;
-        lo = std::min(n, int64_t(rank) * per_rank);
-        hi = std::min(n, lo + per_rank);
+    // segments: where each starts (0 is one whether named or not); spread: FSDP's cut, else the contiguous one
+    FlatShard(int64_t n, int rank, int world, int64_t quantum, std::vector<int64_t> segments = {}, bool spread = false);
+
+    int64_t total() const { return total_; }
+    int64_t quantum() const { return quantum_; }
+    int64_t longest() const { return longest_; }  // the longest rank's range: a buffer for any rank's
+    const std::vector<Interval>& mine() const { return of_[size_t(rank_)]; }
+    const std::vector<Interval>& of(int r) const { return of_[size_t(r)]; }
+    int64_t size() const { return size_of(rank_); }
+    int64_t size_of(int r) const {
+        return of_[size_t(r)].empty() ? 0 : of_[size_t(r)].back().at + len(of_[size_t(r)].back());
     }
-    int64_t size() const { return hi - lo; }
-    int64_t lo_of(int r) const { return std::min(total, int64_t(r) * per_rank); }
-    int64_t hi_of(int r) const { return std::min(total, lo_of(r) + per_rank); }
-    // How many of the elements [a, b) each rank holds (rank order: the parts tile [a, b)).
-    std::vector<int64_t> parts(int64_t a, int64_t b, int world) const {
-        std::vector<int64_t> n(static_cast<size_t>(world));
-        for (int r = 0; r < world; ++r)
-            n[size_t(r)] = std::max<int64_t>(0, std::min(b, hi_of(r)) - std::max(a, lo_of(r)));
-        return n;
-    }
+    // Rank r's stretch [lo, hi) of a contiguous cut (empty ranges: [N, N)).
+    std::pair<int64_t, int64_t> stretch_of(int r) const;
+    std::pair<int64_t, int64_t> stretch() const { return stretch_of(rank_); }
+    bool spread() const { return spread_; }
+    // How many of the elements [a, b) each rank holds; checked to tile [a, b) in rank order, one stretch per rank (what
+    // an all-gather-v of the ranks' pieces puts together).
+    std::vector<int64_t> parts(int64_t a, int64_t b) const;
+    // Where this rank's first element at or after a (in [a, b), which parts() tiled) is in its range (0: none).
+    int64_t at(int64_t a, int64_t b) const;
+    // Chunks of an interval (whole chunks of its segment, the last one perhaps short).
+    int64_t chunks(const Interval& i) const { return (len(i) + quantum_ - 1) / quantum_; }
+
+  private:
+    static int64_t len(const Interval& i) { return i.hi - i.lo; }
+    int64_t total_ = 0, quantum_ = 1, longest_ = 0;
+    int rank_ = 0;
+    bool spread_ = false;
+    std::vector<std::vector<Interval>> of_ = {{}};  // every rank's intervals, in flat order
 };
 
 // A reduce-scatter of large pieces (rank q's: pieces[q] elements at offsets[q] of the send buffer) in rounds: round j
@@ -89,8 +112,6 @@ struct ShardedRegion {
     int64_t base = 0;      // the region's first element in the flat space
     FlatShard shard;       // this rank's range, relative to base
     Comm* comm = nullptr;  // the ranks that share the region (null: this rank alone)
-    int64_t lo() const { return base + shard.lo; }
-    int64_t hi() const { return base + shard.hi; }
 };
 
 }  // namespace tessera::parallel

@@ -92,7 +92,7 @@ Tensor model_ranges(const AdamW& opt, const ParamRanges& ranges) {
     std::fill_n(out, flat.view().numel(), 0.0f);
     for (const StatePiece& p : opt.pieces()) {
         const std::span<const float> r = ranges.region[size_t(p.region)];
-        std::copy_n(r.data() + (p.flat_offset - opt.regions()[size_t(p.region)].lo()), p.length, out + p.state_offset);
+        std::copy_n(r.data() + p.range_offset, p.length, out + p.state_offset);
     }
     return flat;
 }

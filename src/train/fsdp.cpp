@@ -42,7 +42,7 @@ Fsdp::Fsdp(const model::Model& model,
         const std::string name = r == AdamW::data ? "params.shard.data" : "params.shard.expert";
         g.shard = BufferGroup(name, {BufferSpec{.name = name,
                                                 .dtype = DType::f32,
-                                                .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
+                                                .shape = Shape{std::max<int64_t>(1, g.cut.longest())},
                                                 .kind = BufferKind::param}});
     }
     // the optimizer's flat space: the trained parameters (after the frozen ones). The frozen dense ones form a flat
@@ -66,21 +66,28 @@ Fsdp::Fsdp(const model::Model& model,
         expert_words = (expert_words + words(specs_[i]) + align - 1) / align * align;
     }
     for (size_t i = 0; i < layout.size(); ++i) flat_.push_back(layout.offset(i) / sizeof(float));
-    auto frozen_region = [&](int r, parallel::Comm* comm, int64_t total, int64_t cut_align, const char* name) {
+    std::vector<int64_t> dense_units, expert_units;  // where the units' frozen parts start
+    for (const model::ParamUnit& pu : model.param_units()) {
+        if (pu.frozen_first < pu.frozen_last) dense_units.push_back(int64_t(flat_[pu.frozen_first]));
+        if (pu.frozen_expert_first < pu.frozen_expert_last)
+            expert_units.push_back(int64_t(flat_[pu.frozen_expert_first]));
+    }
+    auto frozen_region = [&](int r, parallel::Comm* comm, int64_t total, int64_t cut_align,
+                             std::vector<int64_t> segments, const char* name) {
         Region& g = regions_[size_t(r)];
         g.comm = comm;
-        g.cut = parallel::FlatShard(total, comm->rank(), comm->size(), cut_align);
+        g.cut = parallel::FlatShard(total, comm->rank(), comm->size(), cut_align, std::move(segments), true);
         g.base = 0;
         g.shard = BufferGroup(name, {BufferSpec{.name = name,
                                                 .dtype = DType::f32,
-                                                .shape = Shape{std::max<int64_t>(1, g.cut.per_rank)},
+                                                .shape = Shape{std::max<int64_t>(1, g.cut.longest())},
                                                 .kind = BufferKind::param}});
     };
     if (!frozen_dense.empty() && !outside_)
         frozen_region(kFrozen, opt.regions()[AdamW::data].comm, int64_t(frozen_layout.nbytes() / sizeof(float)),
-                      kAlignElems, "params.shard.frozen");
+                      kAlignElems, dense_units, "params.shard.frozen");
     if (expert_words > 0 && !outside_ && opt.regions()[AdamW::expert].comm)
-        frozen_region(kFrozenExperts, opt.regions()[AdamW::expert].comm, expert_words, align,
+        frozen_region(kFrozenExperts, opt.regions()[AdamW::expert].comm, expert_words, align, expert_units,
                       "params.shard.frozen_experts");
     auto held = [&](size_t i) { return holds_param(i); };
     int64_t scratch = 1;  // elements
@@ -104,12 +111,13 @@ Fsdp::Fsdp(const model::Model& model,
             const int64_t end = int64_t(flat_[last - 1]) + words(specs_[last - 1]);
             p.lo = int64_t(flat_[first]) - g.base;
             p.hi = (end + kAlignElems - 1) / kAlignElems * kAlignElems - g.base;
-            TESSERA_CHECK(p.lo >= 0 && p.hi <= g.cut.total, "FSDP: unit {} .. {} outside its region",
+            TESSERA_CHECK(p.lo >= 0 && p.hi <= g.cut.total(), "FSDP: unit {} .. {} outside its region",
                           specs_[first].name, specs_[last - 1].name);
-            p.piece = g.cut.parts(p.lo, p.hi, g.comm->size());
+            p.piece = g.cut.parts(p.lo, p.hi);  // (the ranks' pieces tile the part in rank order)
             for (int64_t n : p.piece) p.bytes.push_back(n * int64_t(sizeof(float)));
-            p.mine_lo = std::clamp(p.lo, g.cut.lo, g.cut.hi);
+            p.mine_at = g.cut.at(p.lo, p.hi);
             p.mine = p.piece[size_t(g.comm->rank())];
+            for (int q = 0; q < g.comm->rank(); ++q) p.mine_off += p.piece[size_t(q)];
             p.at = u.bytes;
             u.bytes = align_up(u.bytes + size_t(p.hi - p.lo) * sizeof(float));
             if (p.region < kFrozen) {  // a round receives a piece from every rank of the group, and packs its own
@@ -201,7 +209,7 @@ bool Fsdp::holds_param(size_t i) const {
     return s == Sharding::data || (s == Sharding::expert && holds(AdamW::expert));
 }
 
-float* Fsdp::mine(const Part& p) { return shard(p.region).data() + (p.mine_lo - regions_[size_t(p.region)].cut.lo); }
+float* Fsdp::mine(const Part& p) { return shard(p.region).data() + p.mine_at; }
 
 void Fsdp::gather(int unit) {
     Unit& u = units_[size_t(unit)];
@@ -283,7 +291,7 @@ void Fsdp::leave(model::UnitVisit v) {
         for (Part& p : u.parts) {
             if (p.region >= kFrozen) continue;  // no gradient
             const Region& g = regions_[size_t(p.region)];
-            float* recv = grads_.range(p.region).data() + (p.mine_lo - g.cut.lo);
+            float* recv = grads_.range(p.region).data() + p.mine_at;
             p.reduce.reduce_scatter(*g.comm, reinterpret_cast<const float*>(slot_grads(s) + p.at), recv,
                                     grads_.adding(), std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()),
                                     reduce_h_[size_t(s)]);
@@ -315,7 +323,7 @@ void Fsdp::init(const model::Model& model, uint64_t seed) {
         for (size_t j = 0; j < u.parts.size(); ++j) {
             const Part& p = u.parts[j];
             model.init_params(*params_, seed, u.specs[j].first, u.specs[j].second);
-            std::memcpy(mine(p), slot_params(u.slot) + p.at + size_t(p.mine_lo - p.lo) * sizeof(float),
+            std::memcpy(mine(p), slot_params(u.slot) + p.at + size_t(p.mine_off) * sizeof(float),
                         size_t(p.mine) * sizeof(float));
         }
         occupant_[size_t(u.slot)] = int(k);
@@ -326,26 +334,26 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
     std::vector<ParamTarget> targets;
     for (const StatePiece& p : opt.pieces()) {  // this rank's ranges of what FSDP holds
         if (!holds(p.region)) continue;
-        const Region& g = regions_[size_t(p.region)];
-        targets.push_back({p.param + frozen_, p.whole_offset, p.length,
-                           shard(p.region).data() + (p.flat_offset - g.base - g.cut.lo)});
+        targets.push_back({p.param + frozen_, p.whole_offset, p.length, shard(p.region).data() + p.range_offset});
     }
     for (size_t i = 0; i < frozen_; ++i) {  // this rank's ranges of the frozen parameters (words: see words())
         if (!holds_param(i)) continue;
         const int r = specs_[i].sharding == Sharding::expert ? kFrozenExperts : kFrozen;
         const Region& g = regions_[size_t(r)];
         const int64_t start = int64_t(flat_[i]), n = words(specs_[i]);
-        const int64_t lo = std::max(start, g.cut.lo), hi = std::min(start + n, g.cut.hi);
-        if (hi <= lo) continue;
         // elements of words [lo, hi) of the parameter (an MXFP4 one's cut at whole blocks: see the constructor)
         const DType d = specs_[i].dtype;
         auto elements = [&](int64_t w) {
             const int64_t bytes = w * int64_t(sizeof(float));
             return d == DType::mxfp4 ? bytes / int64_t(kMxfp4BlockBytes) * kMxfp4Block : bytes / int64_t(dtype_size(d));
         };
-        const int64_t first = elements(lo - start), count = std::min(elements(hi - start), specs_[i].shape.numel());
-        targets.push_back({i, held_target(i, specs_[i], experts, nullptr).whole_offset + first, count - first,
-                           shard(r).data() + (lo - g.cut.lo), d});
+        for (const parallel::FlatShard::Interval& iv : g.cut.mine()) {
+            const int64_t lo = std::max(start, iv.lo), hi = std::min(start + n, iv.hi);
+            if (hi <= lo) continue;
+            const int64_t first = elements(lo - start), count = std::min(elements(hi - start), specs_[i].shape.numel());
+            targets.push_back({i, held_target(i, specs_[i], experts, nullptr).whole_offset + first, count - first,
+                               shard(r).data() + iv.at + (lo - iv.lo), d});
+        }
     }
     for (size_t i = 0; i < specs_.size(); ++i) {  // the rest whole (experts: this rank's slice)
         if (holds_param(i)) continue;

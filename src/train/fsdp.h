@@ -3,10 +3,11 @@
 // expert-data replicas (W / ep > 1) the experts (Sharding::expert) are cut over the expert-data group,
 // exactly as the optimizer cuts those regions (parallel/shard.h): a rank's range of the parameters, of the
 // summed gradient and of the AdamW moments are the same elements, and the optimizer updates the range in
-// place. Each unit of the model (a block with its experts, the embedding, the head; model/model.h) is
-// gathered from the ranks' pieces of it (all-gather-v over each part's group) into a gather slot just before
-// use, the next unit's gather issued when a unit is entered so it arrives while this one computes, and
-// overwritten when a later unit needs the slot (three slots: the embedding and head, and two alternating
+// place. The cut is spread: each unit's elements are dealt over every rank of the group, so its gather and
+// its reduce-scatter move 1/W of it to or from each rank. Each unit of the model (a block with its experts, the
+// embedding, the head; model/model.h) is gathered from the ranks' pieces of it (all-gather-v over each part's group)
+// into a gather slot just before use, the next unit's gather issued when a unit is entered so it arrives while this one
+// computes, and overwritten when a later unit needs the slot (three slots: the embedding and head, and two alternating
 // over the blocks). In backward each unit's gradient is computed into the slot's gradient buffer and
 // reduce-scattered onto the ranges (rank order, added to the previous micro-batches' sum: train/grad_sum.h)
 // as soon as the unit is done, while the next unit computes. A frozen base (model.lora) is sharded the same way:
@@ -100,7 +101,8 @@ class Fsdp final : public model::ParamHooks {
         int64_t lo = 0, hi = 0;         // elements of the region
         std::vector<int64_t> piece;     // elements on each rank of the region's group
         std::vector<int64_t> bytes;     // the same in bytes (the gather's counts)
-        int64_t mine_lo = 0, mine = 0;  // this rank's piece: first element, length
+        int64_t mine_at = 0, mine = 0;  // this rank's piece: where it is in the rank's range, its length
+        int64_t mine_off = 0;           // where it is in the part (the ranks' pieces tile it in rank order)
         size_t at = 0;
         parallel::ReduceRounds reduce;  // the gradient's reduce-scatter of the pieces
     };

@@ -24,7 +24,7 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
     for (size_t r = 0; r < AdamW::kRegions; ++r) {
         const parallel::ShardedRegion& reg = regions_[r];
         // shared: the reduce-scatters write whole ranges; local: the sum of micro-batches, when there are several
-        const int64_t n = reg.comm ? reg.shard.per_rank : accumulation > 1 ? reg.shard.total : 0;
+        const int64_t n = reg.comm ? reg.shard.longest() : accumulation > 1 ? reg.shard.total() : 0;
         if (n == 0) continue;
         const std::string name = fmt::format("grad.{}.{}", reg.comm ? "range" : "sum", kRegionName[r]);
         sum_[r] = BufferGroup(
@@ -32,8 +32,9 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
         if (!reg.comm || by_fsdp(r)) continue;
         std::vector<int64_t> pieces, offsets;  // every rank's range, where it starts in the region
         for (int q = 0; q < reg.comm->size(); ++q) {
-            pieces.push_back(reg.shard.hi_of(q) - reg.shard.lo_of(q));
-            offsets.push_back(reg.shard.lo_of(q));
+            const auto [lo, hi] = reg.shard.stretch_of(q);
+            pieces.push_back(hi - lo);
+            offsets.push_back(lo);
         }
         rounds_[r] = parallel::ReduceRounds(std::move(pieces), std::move(offsets));
         scratch_elems = std::max(scratch_elems, rounds_[r].scratch_elements());
@@ -78,8 +79,8 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
         }
         if (accumulation_ == 1) continue;  // the model's gradients are the sum
         const Device d = grads.device();
-        const TensorView s(first(sum_[r]), DType::f32, Shape{reg.shard.total}, d),
-            gv(const_cast<float*>(g), DType::f32, Shape{reg.shard.total}, d);
+        const TensorView s(first(sum_[r]), DType::f32, Shape{reg.shard.total()}, d),
+            gv(const_cast<float*>(g), DType::f32, Shape{reg.shard.total()}, d);
         if (micro == 0) {
             copy_bytes(s.data, d, gv.data, d, s.nbytes());
             continue;

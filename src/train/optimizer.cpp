@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/check.h"
 #include "ops/adamw.h"
@@ -13,7 +14,12 @@ namespace {
 parallel::Comm* shared(parallel::Comm& c) { return c.size() > 1 ? &c : nullptr; }
 }  // namespace
 
-AdamW::AdamW(const std::vector<BufferSpec>& params, const parallel::Mesh* mesh, int64_t first_expert) : specs_(params) {
+AdamW::AdamW(const std::vector<BufferSpec>& params,
+             const parallel::Mesh* mesh,
+             int64_t first_expert,
+             const std::vector<size_t>& units,
+             bool fsdp)
+    : specs_(params) {
     const BufferGroup layout("params", params);  // offsets only: nothing is allocated
     const int64_t total = int64_t(layout.nbytes() / sizeof(float));
     std::array<int64_t, kRegions + 1> bound;  // region r is [bound[r], bound[r + 1]): its first parameter's offset
@@ -37,11 +43,19 @@ AdamW::AdamW(const std::vector<BufferSpec>& params, const parallel::Mesh* mesh, 
     parallel::Comm* dp = mesh ? shared(mesh->data()) : nullptr;
     parallel::Comm* expert_data = mesh ? shared(mesh->expert_data()) : nullptr;
     expert_ = mesh ? shared(mesh->expert()) : nullptr;
+    std::array<std::vector<int64_t>, kRegions> segments;  // where the units start in each region
+    for (size_t t : units) {
+        TESSERA_CHECK(t < params.size(), "AdamW: a unit starts at parameter {} of {}", t, params.size());
+        const size_t r = size_t(region_of(params[t].sharding));
+        segments[r].push_back(offsets_[t] - bound[r]);
+    }
     int64_t n = 0;
     for (size_t r = 0; r < kRegions; ++r) {
         parallel::Comm* c = r == expert ? expert_data : dp;
         regions_[r] = {bound[r],
-                       parallel::FlatShard(bound[r + 1] - bound[r], c ? c->rank() : 0, c ? c->size() : 1, kChunk), c};
+                       parallel::FlatShard(bound[r + 1] - bound[r], c ? c->rank() : 0, c ? c->size() : 1, kChunk,
+                                           segments[r], fsdp && c && r != replicated),
+                       c};
         state_at_[r] = n;
         n += regions_[r].shard.size();
     }
@@ -55,17 +69,37 @@ AdamW::AdamW(const std::vector<BufferSpec>& params, const parallel::Mesh* mesh, 
     for (size_t t = 0; t < params.size(); ++t) {  // the pieces of each parameter held here
         const int r = region_of(params[t].sharding);
         const parallel::ShardedRegion& reg = regions_[size_t(r)];
-        const int64_t b = offsets_[t], len = params[t].shape.numel(), e0 = std::max(b, reg.lo()),
-                      e1 = std::min(b + len, reg.hi());
-        if (e0 >= e1) continue;
+        const int64_t b = offsets_[t] - reg.base, len = params[t].shape.numel();
         const bool ex = r == expert;
         const int64_t slice_at = ex ? first_expert * (len / params[t].shape[0]) : 0;  // the slice in the whole tensor
-        pieces_.push_back({t, slice_at + (e0 - b), state_at_[size_t(r)] + (e0 - reg.lo()), e1 - e0, e0, r});
+        for (const parallel::FlatShard::Interval& i : reg.shard.mine()) {
+            const int64_t e0 = std::max(b, i.lo), e1 = std::min(b + len, i.hi);
+            if (e0 >= e1) continue;
+            const int64_t at = i.at + (e0 - i.lo);
+            pieces_.push_back({t, slice_at + (e0 - b), state_at_[size_t(r)] + at, e1 - e0, at, r});
+        }
     }
-    for (size_t r = 0; r < kRegions; ++r) {
+    for (size_t r = 0; r < kRegions; ++r) {  // the norm's chunks: this rank's, every rank's, and their flat order
         const parallel::ShardedRegion& g = regions_[r];
-        mine_[r].resize(size_t(g.shard.per_rank / kChunk));
-        partial_[r].resize(mine_[r].size() * size_t(g.comm ? g.comm->size() : 1));
+        const int W = g.comm ? g.comm->size() : 1;
+        struct Run {
+            int64_t lo;       // an interval's first element
+            int rank;         // whose it is
+            ChunkRun chunks;  // its chunks among the rank's
+        };
+        std::vector<Run> runs;
+        std::vector<size_t> count(size_t(W), 0);
+        for (int q = 0; q < W; ++q) {
+            for (const parallel::FlatShard::Interval& i : g.shard.of(q)) {
+                const size_t n = size_t(g.shard.chunks(i));
+                runs.push_back({i.lo, q, {std::exchange(count[size_t(q)], count[size_t(q)] + n), n}});
+            }
+        }
+        const size_t most = *std::max_element(count.begin(), count.end());
+        mine_[r].resize(most);
+        partial_[r].resize(most * size_t(W));
+        std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.lo < y.lo; });
+        for (const Run& run : runs) order_[r].push_back({size_t(run.rank) * most + run.chunks.at, run.chunks.n});
     }
 }
 
@@ -78,8 +112,9 @@ ParamRanges AdamW::ranges_of(const BufferGroup& params) const {
     ParamRanges p;
     for (size_t r = 0; r < kRegions; ++r) {
         float* base = region_base(params, r);
-        p.region[r] =
-            base ? std::span<float>(base + regions_[r].shard.lo, size_t(regions_[r].shard.size())) : std::span<float>();
+        if (!base || regions_[r].shard.spread()) continue;  // (FSDP holds a spread region's range: Fsdp::shard)
+        const auto [lo, hi] = regions_[r].shard.stretch();
+        p.region[r] = std::span<float>(base + lo, size_t(hi - lo));
     }
     return p;
 }
@@ -92,18 +127,25 @@ double AdamW::region_sum_of_squares(int r, std::span<const float> grad) {
     const parallel::ShardedRegion& g = regions_[size_t(r)];
     TESSERA_CHECK(int64_t(grad.size()) == g.shard.size(), "grad_norm: {} gradient elements for a range of {}",
                   grad.size(), g.shard.size());
-    // NOTES: chunk c always covers the same flat elements whatever the thread count and the number of ranks
-    // (ranges are whole chunks), and the chunk sums are added in flat order, so the sum has the same bits.
+    // NOTES: a chunk always covers the same flat elements whatever the thread count, the number of ranks and the cut
+    // (ranges are whole chunks of the units), and the chunk sums are added in flat order, so the sum has the same bits.
     std::vector<double>& mine = mine_[size_t(r)];
     std::vector<double>& all = partial_[size_t(r)];
     std::fill(mine.begin(), mine.end(), 0.0);  // (chunks past the range's end, on the ranks whose range is short)
-    ops::sum_squares_by_chunk(flat(grad), kChunk, mine);
+    size_t k = 0;
+    for (const parallel::FlatShard::Interval& i : g.shard.mine()) {
+        const size_t n = size_t(g.shard.chunks(i));
+        ops::sum_squares_by_chunk(flat(grad.subspan(size_t(i.at), size_t(i.hi - i.lo))), kChunk,
+                                  std::span(mine).subspan(k, n));
+        k += n;
+    }
     if (g.comm)
         g.comm->all_gather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
     else
         all = mine;
     double total = 0;
-    for (double p : all) total += p;
+    for (const ChunkRun& run : order_[size_t(r)])
+        for (size_t c = run.at; c < run.at + run.n; ++c) total += all[c];
     return total;
 }
 
@@ -150,7 +192,7 @@ void AdamW::update(const TrainConfig& c,
                                  .step = step_};
         const Shape s{piece.length};
         const size_t r = size_t(piece.region);
-        const int64_t k = piece.flat_offset - regions_[r].lo();  // within the region's ranges
+        const int64_t k = piece.range_offset;
         const Device d = device();
         ops::adamw_update(p, TensorView(params.region[r].data() + k, DType::f32, s, d),
                           TensorView(g.region[r].data() + k, DType::f32, s, d),
@@ -166,7 +208,7 @@ void AdamW::share_params(const BufferGroup& params, bool fsdp) const {
         float* base = region_base(params, r);
         if (!reg.comm || !base || (fsdp && r != replicated)) continue;
         for (int q = 0; q < reg.comm->size(); ++q) {
-            const int64_t lo = reg.shard.lo_of(q), hi = reg.shard.hi_of(q);
+            const auto [lo, hi] = reg.shard.stretch_of(q);
             pending.push_back(
                 reg.comm->broadcast_async(std::as_writable_bytes(std::span(base + lo, size_t(hi - lo))), q));
         }

@@ -7,9 +7,9 @@
 // parameters (train/fsdp.h). The moments are buffer groups (kind optimizer), so they are sized,
 // allocated and checkpointed like everything else. Weight decay applies to parameters whose spec says so
 // (matrices, not norms). Global-norm gradient clipping reduces in a fixed order: Σ g² per fixed chunk of
-// kChunk elements of a region, the chunk sums of each region gathered and added in order, the expert
-// region's sums of the EP ranks added in rank order, so the norm has the same bits on any thread count and
-// any number of data-parallel ranks.
+// kChunk elements of a region (from the start of each of the model's units), the chunk sums of each region gathered
+// and added in flat order, the expert region's sums of the EP ranks added in rank order, so the norm has the same bits
+// on any thread count, any number of data-parallel ranks, with or without FSDP.
 #pragma once
 
 #include <array>
@@ -37,8 +37,8 @@ struct ParamRanges {
 struct StatePiece {
     size_t param = 0;  // index into the parameter specs
     int64_t whole_offset = 0, state_offset = 0, length = 0;
-    int64_t flat_offset = 0;  // where the piece starts in the flat parameter space
-    int region = 0;           // AdamW::Region
+    int64_t range_offset = 0;  // where the piece starts in this rank's range of its region
+    int region = 0;            // AdamW::Region
 };
 
 class AdamW {
@@ -48,8 +48,14 @@ class AdamW {
     static constexpr size_t kRegions = 3;
 
     // mesh null (one process): every element here. first_expert: the first of the experts whose (sliced)
-    // parameters are here, with expert parallelism.
-    AdamW(const std::vector<BufferSpec>& param_specs, const parallel::Mesh* mesh = nullptr, int64_t first_expert = 0);
+    // parameters are here, with expert parallelism. units: the parameters that start one of the model's units (its
+    // trained dense parameters, its experts): the regions' segments, where the norm's chunks start afresh, whatever
+    // the layout; fsdp: the data and expert regions are cut spread over their ranks, unit by unit (parallel/shard.h).
+    AdamW(const std::vector<BufferSpec>& param_specs,
+          const parallel::Mesh* mesh = nullptr,
+          int64_t first_expert = 0,
+          const std::vector<size_t>& units = {},
+          bool fsdp = false);
 
     BufferGroup& m() { return m_; }
     BufferGroup& v() { return v_; }
@@ -98,6 +104,10 @@ class AdamW {
     BufferGroup m_, v_;
     std::array<std::vector<double>, kRegions> mine_,
         partial_;  // Σ g² per chunk: this rank's, every rank's (sized once)
+    struct ChunkRun {
+        size_t at = 0, n = 0;  // chunks [at, at + n) of partial_
+    };
+    std::array<std::vector<ChunkRun>, kRegions> order_;  // partial_'s chunks in flat order, run by run
     int64_t step_ = 0;
 };
 

@@ -5,9 +5,22 @@
 
 namespace tessera::train {
 
+namespace {
+// The trained parameters that start one of the model's units (its dense parameters, its experts): AdamW's segments.
+std::vector<size_t> unit_starts(const model::Model& m) {
+    std::vector<size_t> starts;
+    const size_t frozen = m.frozen_params();
+    for (const model::ParamUnit& u : m.param_units()) {
+        if (u.first < u.last) starts.push_back(u.first - frozen);
+        if (u.expert_first < u.expert_last) starts.push_back(u.expert_first - frozen);
+    }
+    return starts;
+}
+}  // namespace
+
 RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accumulation)
     : model(cfg.model, m ? &m->expert() : nullptr, cfg.parallel.ep_chunks),
-      opt(model.trained_specs(), m, model.local_experts().first),
+      opt(model.trained_specs(), m, model.local_experts().first, unit_starts(model), m && cfg.parallel.fsdp),
       sharded(m && cfg.parallel.fsdp),
       grad_sum(opt, accumulation, sharded) {}
 

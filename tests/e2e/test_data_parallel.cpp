@@ -274,12 +274,11 @@ TEST(DataParallelCheckpoint, RefusesOptimizerFilesThatDoNotAddUp) {
     resume("optimizer-00001-of-00002.safetensors: missing (the checkpoint holds the optimizer files of 2 ranks)");
     fs::copy_file(r0, ckpt + "optimizer-00000-of-00001.safetensors");
     resume("optimizer files of 2 and 1 ranks");
-    // one file, rank 1's of the two (the tiny model's moments fit in rank 0's first 64K-element range: rank 1's
-    // range is empty)
+    // one file, rank 1's of the two: a part of the moments
     fs::remove(r0);
     fs::remove(ckpt + "optimizer-00000-of-00001.safetensors");
     fs::rename(d.file("kept"), ckpt + "optimizer-00000-of-00001.safetensors");
-    resume("the optimizer files hold 0 of the");
+    resume("moments this rank needs (corrupted?)");
 }
 
 // The parameters of a multi-rank checkpoint are the ranks' model files and their index: a file missing, pieces

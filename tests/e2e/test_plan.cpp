@@ -14,7 +14,9 @@
 #include "core/file.h"
 #include "core/json.h"
 #include "e2e/cli_util.h"
+#include "parallel/mesh.h"
 #include "plan/cluster.h"
+#include "train/rank_state.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -219,6 +221,49 @@ TEST(Plan, KimiK3OnASupernode) {
         }
     }
     EXPECT_TRUE(ep64_fits);
+}
+
+// FSDP deals each unit over every rank (parallel/shard.h's spread cut), so a unit's gather and reduce-scatter move
+// 1/W of it to or from each rank, as the step-time model assumes; ZeRO-2 keeps each rank's range one stretch. Every
+// trained unit of a wide MoE model (a dense feed-forward unit of 25 chunks over 4 ranks, a MoE layer whose 2 experts
+// per rank, 48 chunks, two expert-data replicas share at EP 2).
+TEST(Plan, FsdpSpreadsEveryUnitOverEveryRank) {
+    const train::RunConfig base = train::parse_run_config(
+        train::load_config_json(kTiny, {"model.ffn_dim=16384", "model.moe.experts=4", "model.moe.topk=2",
+                                        "model.moe.ffn_dim=16384", "model.moe.shared_ffn_dim=32", "parallel.ep=2"}),
+        "test");
+    for (bool fsdp : {true, false}) {
+        train::RunConfig cfg = base;
+        cfg.parallel.fsdp = fsdp;
+        const std::unique_ptr<parallel::Mesh> mesh = parallel::Mesh::layout(4, 1, 2);
+        const train::RankState st(cfg, mesh.get(), 1);
+        const BufferGroup layout("params", st.model.trained_specs());  // the optimizer's flat space
+        const size_t frozen = st.model.frozen_params();
+        int wide = 0;  // units of more chunks than ranks
+        for (const model::ParamUnit& u : st.model.param_units()) {
+            for (auto [first, last, region] : {std::tuple{u.first, u.last, train::AdamW::data},
+                                               std::tuple{u.expert_first, u.expert_last, train::AdamW::expert}}) {
+                if (first >= last) continue;
+                const parallel::ShardedRegion& reg = st.opt.regions()[size_t(region)];
+                ASSERT_TRUE(reg.comm) << "shared by " << (region == train::AdamW::data ? "4 ranks" : "2 replicas");
+                ASSERT_EQ(reg.shard.spread(), fsdp);
+                const BufferSpec& end = st.model.trained_specs()[last - 1 - frozen];
+                const int64_t lo = int64_t(layout.offset(first - frozen) / 4) - reg.base,
+                              hi = int64_t(layout.offset(last - 1 - frozen) / 4) + end.shape.numel() - reg.base;
+                const std::vector<int64_t> parts = reg.shard.parts(lo, hi);
+                const int64_t W = int64_t(parts.size()),
+                              chunks = (hi - lo + train::AdamW::kChunk - 1) / train::AdamW::kChunk;
+                if (!fsdp || chunks < W) continue;
+                ++wide;
+                for (int64_t n : parts) EXPECT_GE(n, (chunks / W - 1) * train::AdamW::kChunk) << end.name;
+            }
+        }
+        if (fsdp) {
+            EXPECT_EQ(wide, 2) << "the first layer's feed-forward unit, the second's experts";
+        } else {
+            for (const parallel::ShardedRegion& reg : st.opt.regions()) EXPECT_NO_THROW(reg.shard.stretch());
+        }
+    }
 }
 
 // calibrate's α-β fit of a collective over its call sizes: exact on exact points; points whose best line would cross

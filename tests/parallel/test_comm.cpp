@@ -62,26 +62,86 @@ TEST(LocalComm, ARanksErrorEndsTheOthersCollectives) {
     }
 }
 
-// ZeRO's cut of a flat buffer: consecutive ranges tiling [0, N), whole quanta except where N ends, the same
-// cut from every rank's view.
+// ZeRO's contiguous cut of a flat buffer: consecutive ranges tiling [0, N), whole quanta except where N ends, the
+// same cut from every rank's view.
 TEST(FlatShard, RangesTileTheBufferInWholeQuanta) {
     for (int64_t n : {0, 1, 63, 64, 65, 640, 1000}) {
         for (int world : {1, 2, 3, 4, 7}) {
             int64_t next = 0;
+            const parallel::FlatShard first(n, 0, world, 64);
             for (int r = 0; r < world; ++r) {
                 const parallel::FlatShard s(n, r, world, 64);
-                ASSERT_EQ(s.lo, next) << n << " / " << world << " rank " << r;
-                ASSERT_EQ(s.per_rank % 64, 0);
-                ASSERT_TRUE(s.hi == n || s.size() == s.per_rank) << "only the end cuts a range short";
-                ASSERT_EQ(s.lo_of(r), s.lo);
-                ASSERT_EQ(parallel::FlatShard(n, 0, world, 64).hi_of(r), s.hi);
-                next = s.hi;
+                const auto [lo, hi] = s.stretch();
+                if (s.size() == 0) continue;
+                ASSERT_EQ(lo, next) << n << " / " << world << " rank " << r;
+                ASSERT_EQ(lo % 64, 0);
+                ASSERT_TRUE(hi == n || s.size() == s.longest()) << "only the end cuts a range short";
+                ASSERT_EQ(first.stretch_of(r), s.stretch());
+                next = hi;
             }
             EXPECT_EQ(next, n);
-            EXPECT_LT(parallel::FlatShard(n, 0, world, 64).per_rank, n / world + 64 + 1) << "balanced within a quantum";
+            EXPECT_LT(first.longest(), n / world + 64 + 1) << "balanced within a quantum";
         }
     }
     EXPECT_THROW(parallel::FlatShard(10, 2, 2, 64), Error);
+    EXPECT_THROW(parallel::FlatShard(10, 0, 2, 64, {20}), Error);
+}
+
+// Segments (the model's units) under both cuts: chunks start afresh at each segment, and both cuts deal out the same
+// chunks whole (what keeps the gradient norm's bits), every rank's intervals one after another in its range; the
+// spread cut (FSDP) gives every rank an even share of every segment, in rank order (what an all-gather-v puts
+// together), and the ranks' totals differ by one chunk at most; the contiguous one keeps each rank's range one stretch.
+TEST(FlatShard, SegmentsAreDealtInWholeChunksSpreadOrContiguous) {
+    const int64_t n = 9000, q = 64;
+    const std::vector<int64_t> segments = {1000, 1100, 1130, 5000};  // (0 is one too)
+    const std::vector<int64_t> bounds = {0, 1000, 1100, 1130, 5000, n};
+    // the chunks of [lo, hi) cut every q elements from lo
+    auto chunks = [&](int64_t lo, int64_t hi, std::vector<std::pair<int64_t, int64_t>>& out) {
+        for (int64_t c = lo; c < hi; c += q) out.push_back({c, std::min(hi, c + q)});
+    };
+    std::vector<std::pair<int64_t, int64_t>> expected;  // every segment's chunks
+    for (size_t k = 0; k + 1 < bounds.size(); ++k) chunks(bounds[k], bounds[k + 1], expected);
+    for (bool spread : {false, true}) {
+        for (int world : {1, 2, 3, 4, 7, 64}) {
+            const parallel::FlatShard s(n, 0, world, q, segments, spread);
+            std::vector<std::pair<int64_t, int64_t>> dealt;
+            std::vector<int64_t> count(static_cast<size_t>(world), 0);
+            for (int r = 0; r < world; ++r) {
+                int64_t at = 0;
+                for (const parallel::FlatShard::Interval& i : s.of(r)) {
+                    ASSERT_EQ(i.at, at) << "rank " << r << "'s intervals one after another";
+                    at += i.hi - i.lo;
+                    const auto seg = std::upper_bound(bounds.begin(), bounds.end(), i.lo) - 1;
+                    ASSERT_EQ((i.lo - *seg) % q, 0) << "an interval starts at one of its segment's chunks";
+                    ASSERT_LE(i.hi, *(seg + 1)) << "an interval ends in its segment";
+                    chunks(i.lo, i.hi, dealt);
+                    count[size_t(r)] += s.chunks(i);
+                }
+                ASSERT_EQ(s.size_of(r), at);
+                if (!spread) {
+                    ASSERT_EQ(s.stretch_of(r).second - s.stretch_of(r).first, at) << "one stretch";
+                }
+            }
+            std::sort(dealt.begin(), dealt.end());
+            ASSERT_EQ(dealt, expected) << "world " << world << (spread ? " spread" : " contiguous");
+            const auto [few, most] = std::minmax_element(count.begin(), count.end());
+            if (!spread) continue;
+            EXPECT_LE(*most - *few, 1) << "world " << world;
+            for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+                const std::vector<int64_t> parts = s.parts(bounds[k], bounds[k + 1]);  // (checks rank order)
+                const int64_t c = (bounds[k + 1] - bounds[k] + q - 1) / q;
+                for (int r = 0; r < world; ++r) {
+                    EXPECT_LE(parts[size_t(r)], (c + world - 1) / world * q);
+                    if (c >= world) {
+                        EXPECT_GE(parts[size_t(r)], c / world * q - q) << "every rank holds its share";
+                    }
+                }
+            }
+            if (world > 1) {
+                EXPECT_THROW(s.parts(0, 5000), Error) << "two segments are not one piece per rank";
+            }
+        }
+    }
 }
 
 // A reduce-scatter in rounds: every rank's piece is covered exactly once, a round's piece never exceeds the round,
