@@ -70,6 +70,24 @@ std::string category_of(const BufferGroup& g) {
     }
     return "workspace";
 }
+// See RankMemory::largest_state_rank: world rank q holds its data-group range (rank q) and its expert-data group's
+// (rank q / ep) of the expert region.
+int largest_state_rank(const train::AdamW& opt, int ranks, int ep) {
+    int best = 0;
+    int64_t most = -1;
+    for (int q = 0; q < ranks; ++q) {
+        int64_t n = 0;
+        for (size_t r = 0; r < train::AdamW::kRegions; ++r) {
+            const parallel::ShardedRegion& g = opt.regions()[r];
+            n += g.comm ? g.shard.size_of(r == train::AdamW::expert ? q / ep : q) : g.shard.size();
+        }
+        if (n > most) {
+            most = n;
+            best = q;
+        }
+    }
+    return best;
+}
 }  // namespace
 
 std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
@@ -101,6 +119,7 @@ std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
         const std::vector<const BufferGroup*> groups(all.begin(), all.end());
         const std::vector<size_t> blocks = model::arena_block_bytes(groups);
         RankMemory& m = out.emplace_back();
+        m.largest_state_rank = largest_state_rank(st.opt, ranks, int(l.ep));
         for (size_t i = 0; i < groups.size(); ++i) {
             m.groups.push_back({groups[i]->name(), category_of(*groups[i]), groups[i]->nbytes(), blocks[i]});
             m.arena_bytes += blocks[i];

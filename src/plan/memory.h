@@ -40,6 +40,9 @@ struct RankMemory {
     // resident at most: the budget plus the two largest units (the one computing, the next one prefetched), never
     // more than all of it (train/weight_budget.h)
     size_t mapped_bytes = 0, mapped_resident_bytes = 0;
+    // the rank of the layout whose AdamW moments are the most (FSDP's spread cut deals each unit's leftover chunks to
+    // the ranks in turn; every other group has the same size on every rank, or is largest on rank 0 or the last)
+    int largest_state_rank = 0;
     size_t peak_bytes() const { return arena_bytes + mapped_resident_bytes; }  // what the device must hold
     std::map<std::string, size_t> by_category() const;                         // block bytes
     size_t model_state_bytes() const;                                          // parameters + gradients + optimizer

@@ -451,9 +451,14 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
                 if ((batch / W) % micro != 0) continue;
                 const Layout base{W, ep, fsdp, micro, {}};
                 std::vector<Candidate> cs(choices.size());
-                // the first and the last rank: ranges cut unevenly put the remainder at one end
-                for (int rank : W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0}) {
+                // the first and the last rank (a contiguous cut puts the remainder at one end), and the one with the
+                // most moments (a spread cut deals the leftover chunks in turn)
+                std::vector<int> ranks = W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0};
+                for (size_t k = 0; k < ranks.size(); ++k) {
+                    const int rank = ranks[k];
                     std::vector<RankMemory> ms = predict_rank_memory(cfg, base, choices, rank, threads);
+                    if (const int most = ms.front().largest_state_rank; k == 0 && most != 0 && most != int(W - 1))
+                        ranks.push_back(most);
                     for (size_t i = 0; i < cs.size(); ++i) {
                         Candidate& c = cs[i];
                         c.rank_arena_bytes.emplace_back(rank, ms[i].arena_bytes);

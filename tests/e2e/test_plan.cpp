@@ -16,6 +16,7 @@
 #include "e2e/cli_util.h"
 #include "parallel/mesh.h"
 #include "plan/cluster.h"
+#include "plan/memory.h"
 #include "train/rank_state.h"
 #include "util/test_util.h"
 
@@ -262,6 +263,30 @@ TEST(Plan, FsdpSpreadsEveryUnitOverEveryRank) {
             EXPECT_EQ(wide, 2) << "the first layer's feed-forward unit, the second's experts";
         } else {
             for (const parallel::ShardedRegion& reg : st.opt.regions()) EXPECT_NO_THROW(reg.shard.stretch());
+        }
+    }
+}
+
+// The planner prices the busiest rank. Under FSDP's spread cut that can be neither the first nor the last rank (each
+// unit's leftover chunks go to the ranks in turn): RankMemory::largest_state_rank names it, and its arena is the
+// largest of all ranks', over wide models of 2 to 4 layers, with and without expert parallelism (the last rank's is
+// not: it has the fewest leftovers).
+TEST(Plan, TheRankWithTheMostMomentsHasTheLargestArena) {
+    for (int layers : {2, 3, 4}) {
+        for (int ffn : {16384, 20000, 24576}) {
+            const train::RunConfig cfg = train::parse_run_config(
+                train::load_config_json(kTiny,
+                                        {fmt::format("model.ffn_dim={}", ffn), fmt::format("model.n_layers={}", layers),
+                                         "model.moe.experts=4", "model.moe.topk=2", "model.moe.ffn_dim=16384"}),
+                "test");
+            for (int64_t ep : {1, 2}) {
+                const plan::Layout l{4, ep, true, 1, {}};
+                std::vector<size_t> arena;
+                for (int r = 0; r < 4; ++r) arena.push_back(plan::predict_rank_memory(cfg, l, r, 1).arena_bytes);
+                const int q = plan::predict_rank_memory(cfg, l, 0, 1).largest_state_rank;
+                const size_t most = *std::max_element(arena.begin(), arena.end());
+                EXPECT_EQ(arena[size_t(q)], most) << layers << " layers, ffn " << ffn << ", ep " << ep;
+            }
         }
     }
 }
