@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# ZeRO-2's gradient reduction, two builds side by side (e.g. before and after a change to train/grad_sum.cpp): the demo
-# hybrid (or $3) with parallel.fsdp = false on 2 and 4 ranks, REPEATS runs per build interleaved, 14 steps each. Per
-# build and rank count: each run's median step time and median communication phase (steps 4..14; the phase is the
-# compute thread waiting for the reductions), and the median over runs.
-# Usage: bench/zero2_reduce_ab.sh OLD_BIN NEW_BIN [CONFIG] [REPEATS]
+# Sharded training, two builds side by side (e.g. before and after a change to train/grad_sum.cpp, train/fsdp.cpp or
+# parallel/shard.h): the demo hybrid (or CONFIG) under ZeRO-2 (MODE zero2, the default: parallel.fsdp = false) or FSDP
+# (MODE fsdp) on 2 and 4 ranks, REPEATS runs per build interleaved, 14 steps each. Per build and rank count: each
+# run's median step time and median communication phase (steps 4..14; the phase is the compute thread waiting for
+# gathers and reductions), and the median over runs.
+# Usage: bench/shard_ab.sh OLD_BIN NEW_BIN [MODE] [CONFIG] [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { echo "usage: bench/zero2_reduce_ab.sh OLD_BIN NEW_BIN [CONFIG] [REPEATS]" >&2; exit 2; }
-old=$1 new=$2 cfg=${3:-configs/demo.json} repeats=${4:-3}
+[ $# -ge 2 ] || { echo "usage: bench/shard_ab.sh OLD_BIN NEW_BIN [zero2|fsdp] [CONFIG] [REPEATS]" >&2; exit 2; }
+old=$1 new=$2 mode=${3:-zero2} cfg=${4:-configs/demo.json} repeats=${5:-3}
+case $mode in
+    zero2) fsdp=false ;;
+    fsdp) fsdp=true ;;
+    *) echo "bench/shard_ab.sh: MODE is zero2 or fsdp, not '$mode'" >&2; exit 2 ;;
+esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for W in 2 4; do
@@ -15,7 +21,7 @@ for W in 2 4; do
         for v in old new; do
             bin=$old
             [ $v = new ] && bin=$new
-            "$bin" launch -n $W -- train --config "$cfg" --steps 14 --set parallel.fsdp=false \
+            "$bin" launch -n $W -- train --config "$cfg" --steps 14 --set parallel.fsdp=$fsdp \
                 --set train.eval_interval=0 --set train.checkpoint_interval=0 --out "$tmp/$v-$W-$rep" > /dev/null
         done
     done
