@@ -36,7 +36,6 @@ class FlatShard {
     FlatShard(int64_t n, int rank, int world, int64_t quantum, std::vector<int64_t> segments = {}, bool spread = false);
 
     int64_t total() const { return total_; }
-    int64_t quantum() const { return quantum_; }
     int64_t longest() const { return longest_; }  // the longest rank's range: a buffer for any rank's
     const std::vector<Interval>& mine() const { return of_[size_t(rank_)]; }
     const std::vector<Interval>& of(int r) const { return of_[size_t(r)]; }
