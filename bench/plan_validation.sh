@@ -14,6 +14,8 @@
 #     predicted resident memory x 0.97 and x 1.03, every layout of the model against every cap): "fits" measured is
 #     the largest resident set at or under the cap. A false fit (predicted to fit, measured over) is the failure that
 #     matters.
+# TESSERA_BASELINE_BIN=another build: its predictions too, from the same calibrations (written and hashed with the
+# others), scored against the same runs: a change to the planner's model, side by side on one set of measurements.
 # Usage: bench/plan_validation.sh [STEPS] [REPEATS] [CONFIG ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,7 @@ shift $(($# > 2 ? 2 : $#))
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(configs/moe_small.json configs/demo.json)
 bin=${TESSERA_BIN:-build/apps/tessera}
+baseline=${TESSERA_BASELINE_BIN:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -45,11 +48,15 @@ for cfg in "${configs[@]}"; do
             $bin launch -n "$r" -- calibrate --model "$cfg" --out "$tmp/$name-cal$r.json" > /dev/null
         fi
         threads=$((r == 1 ? 2 : 1))
-        $bin plan "$cfg" --cluster "$tmp/$name-cal$r.json" --ranks "$r" --threads "$threads" \
-            --json "$tmp/$name-plan$r.json" > /dev/null
+        for b in $bin $baseline; do
+            out=$tmp/$name-plan$r.json
+            [ "$b" = "$bin" ] || out=$tmp/$name-baseline$r.json
+            $b plan "$cfg" --cluster "$tmp/$name-cal$r.json" --ranks "$r" --threads "$threads" --json "$out" > /dev/null
+        done
     done
 done
 echo "predictions written before the runs: sha256 $(cat "$tmp"/*-plan*.json "$tmp"/*-cal*.json | sha256sum | cut -c1-16)"
+[ -z "$baseline" ] || echo "the baseline's: sha256 $(cat "$tmp"/*-baseline*.json | sha256sum | cut -c1-16)"
 
 for cfg in "${configs[@]}"; do
     name=$(basename "$cfg" .json)
@@ -84,6 +91,8 @@ rows = []  # (model, ranks, label, predicted s, measured s, cv, pred arena, aren
 for cfg in configs:
     name = os.path.basename(cfg)[:-5]
     plans = {r: json.load(open(f"{tmp}/{name}-plan{r}.json"))["candidates"] for r in (1, 2, 4)}
+    base = {r: json.load(open(f"{tmp}/{name}-baseline{r}.json"))["candidates"] for r in (1, 2, 4)
+            if os.path.exists(f"{tmp}/{name}-baseline{r}.json")}
     reserved = {r: json.load(open(f"{tmp}/{name}-cal{r}.json"))["device"]["reserved_gb"] * 1e9 for r in (1, 2, 4)}
     runs = sorted({d.rsplit("-", 1)[0] for d in os.listdir(tmp) if d.startswith(f"run-{name}-")})
     for run in runs:
@@ -108,7 +117,7 @@ for cfg in configs:
                  (", recompute" if rec == "true" else "" if rec == "false" else f", recompute {rec}"))
         rows.append((name, ranks, label, cand["step_seconds"]["total"], statistics.median(medians), cv, arena,
                      max(arenas), arena + reserved[ranks], max(resident), routed["step_seconds"]["total"],
-                     routed["imbalance"]))
+                     routed["imbalance"], pick(base[ranks])["step_seconds"]["total"] if base else None))
 
 for name in dict.fromkeys(r[0] for r in rows):
     print(f"\n{name}:\n")
@@ -118,12 +127,21 @@ for name in dict.fromkeys(r[0] for r in rows):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r[0] != name: continue
-        _, _, label, p, m, cv, pa, ma, pr, mr, pp, imb = r
+        _, _, label, p, m, cv, pa, ma, pr, mr, pp, imb, _ = r
         print(f"| {label} | {p*1e3:.0f} | {m*1e3:.0f} | {100*cv:.1f}% | {100*(p-m)/m:+.0f}% | {pa/2**20:.1f} | "
               f"{ma/2**20:.1f} | {pr/2**20:.1f} | {mr/2**20:.1f} | {100*(pr-mr)/mr:+.1f}% | {imb:.2f} | "
               f"{100*(pp-m)/m:+.0f}% |")
 
 errs = [abs(r[3] - r[4]) / r[4] for r in rows]
+if rows[0][12] is not None:
+    print("\nthe baseline build's predictions against the same runs:\n\n| layout | measured step ms | predicted | error | "
+          "baseline predicted | baseline error |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]}, {r[2]} | {r[4]*1e3:.0f} | {r[3]*1e3:.0f} | {100*(r[3]-r[4])/r[4]:+.1f}% | {r[12]*1e3:.0f} | "
+              f"{100*(r[12]-r[4])/r[4]:+.1f}% |")
+    base_errs = [abs(r[12] - r[4]) / r[4] for r in rows]
+    print(f"\nMAPE {100*statistics.mean(errs):.2f}% against the baseline's {100*statistics.mean(base_errs):.2f}%; "
+          f"largest error {100*max(errs):.1f}% against {100*max(base_errs):.1f}%")
 print(f"\n{len(rows)} layouts x {repeats} repeats: step time MAPE {100*statistics.mean(errs):.1f}%, largest error "
       f"{100*max(errs):.1f}%, median CV over repeats {100*statistics.median(r[5] for r in rows):.1f}%; "
       f"arenas equal to the byte: {sum(r[6] == r[7] for r in rows)}/{len(rows)}; resident memory within "

@@ -130,7 +130,7 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
     const std::vector<bool> recomputable = m.recomputed_blocks(model::Recompute::every());
     for (size_t j = 0; j < c.blocks.size(); ++j) c.blocks[j].recomputable = recomputable[j];
     c.head_flops = m.forward_flops_per_token(seq) - blocks;
-    c.units = int64_t(m.block_kinds().size() / 2) + 2;
+    c.units = int64_t(m.param_units().size());  // FSDP's: one per block, the embedding, the head
     c.units_bytes.assign(size_t(cfg.model.n_layers) + 1, {});
     for (const BufferSpec& s : m.param_specs()) {
         const double b = double(s.nbytes()), g = s.trainable ? double(s.shape.numel()) * 4.0 : 0.0;
