@@ -44,8 +44,8 @@ void check_layout(int W, int ep) {
 Mesh::Mesh(Comm& world, int ep) : world_(world), ep_(ep) {
     const int W = world_.size(), r = world_.rank();
     check_layout(W, ep);
-    expert_ = world_.split(r / ep, r % ep);
-    expert_data_ = world_.split(r % ep, r / ep);
+    expert_ = world_.split(expert_data_rank(r, ep), expert_rank(r, ep));
+    expert_data_ = world_.split(expert_rank(r, ep), expert_data_rank(r, ep));
 }
 
 Mesh::Mesh(std::unique_ptr<Comm> world, std::unique_ptr<Comm> expert, std::unique_ptr<Comm> expert_data, int ep)
@@ -58,9 +58,9 @@ Mesh::Mesh(std::unique_ptr<Comm> world, std::unique_ptr<Comm> expert, std::uniqu
 std::unique_ptr<Mesh> Mesh::layout(int world_size, int rank, int ep) {
     check_layout(world_size, ep);
     TESSERA_CHECK(rank >= 0 && rank < world_size, "layout: rank {} of {} ranks", rank, world_size);
-    return std::unique_ptr<Mesh>(new Mesh(std::make_unique<LayoutComm>(rank, world_size),
-                                          std::make_unique<LayoutComm>(rank % ep, ep),
-                                          std::make_unique<LayoutComm>(rank / ep, world_size / ep), ep));
+    return std::unique_ptr<Mesh>(new Mesh(
+        std::make_unique<LayoutComm>(rank, world_size), std::make_unique<LayoutComm>(expert_rank(rank, ep), ep),
+        std::make_unique<LayoutComm>(expert_data_rank(rank, ep), world_size / ep), ep));
 }
 
 }  // namespace tessera::parallel

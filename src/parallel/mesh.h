@@ -20,6 +20,9 @@ class Mesh {
     // One rank's mesh of a job that is not running (the planner, plan/memory.h): each communicator knows its
     // rank and size, and a transfer on it throws.
     static std::unique_ptr<Mesh> layout(int world_size, int rank, int ep);
+    // World rank r's place in its expert group and in its expert-data group.
+    static int expert_rank(int r, int ep) { return r % ep; }
+    static int expert_data_rank(int r, int ep) { return r / ep; }
     Comm& data() const { return world_; }
     Comm& expert() const { return *expert_; }
     Comm& expert_data() const { return *expert_data_; }

@@ -71,7 +71,7 @@ std::string category_of(const BufferGroup& g) {
     return "workspace";
 }
 // See RankMemory::largest_state_rank: world rank q holds its data-group range (rank q) and its expert-data group's
-// (rank q / ep) of the expert region.
+// of the expert region.
 int largest_state_rank(const train::AdamW& opt, int ranks, int ep) {
     int best = 0;
     int64_t most = -1;
@@ -79,7 +79,8 @@ int largest_state_rank(const train::AdamW& opt, int ranks, int ep) {
         int64_t n = 0;
         for (size_t r = 0; r < train::AdamW::kRegions; ++r) {
             const parallel::ShardedRegion& g = opt.regions()[r];
-            n += g.comm ? g.shard.size_of(r == train::AdamW::expert ? q / ep : q) : g.shard.size();
+            n += g.comm ? g.shard.size_of(r == train::AdamW::expert ? parallel::Mesh::expert_data_rank(q, ep) : q)
+                        : g.shard.size();
         }
         if (n > most) {
             most = n;
