@@ -3,11 +3,16 @@
 # parallel/shard.h): the demo hybrid (or CONFIG) under ZeRO-2 (MODE zero2, the default: parallel.fsdp = false) or FSDP
 # (MODE fsdp) on 2 and 4 ranks, REPEATS runs per build interleaved, 14 steps each. Per build and rank count: each
 # run's median step time and median communication phase (steps 4..14; the phase is the compute thread waiting for
-# gathers and reductions), and the median over runs.
-# Usage: bench/shard_ab.sh OLD_BIN NEW_BIN [MODE] [CONFIG] [REPEATS]
+# gathers and reductions), and the median over runs. A side may be BIN:KEY=VALUE,... to run with those config keys
+# too, e.g. one build as FSDP against HSDP: bench/shard_ab.sh BIN BIN:parallel.shard=2 fsdp (at 2 ranks a shard
+# group of 2 is every rank: plain FSDP on both sides).
+# Usage: bench/shard_ab.sh OLD_BIN[:SETS] NEW_BIN[:SETS] [MODE] [CONFIG] [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { echo "usage: bench/shard_ab.sh OLD_BIN NEW_BIN [zero2|fsdp] [CONFIG] [REPEATS]" >&2; exit 2; }
+[ $# -ge 2 ] || {
+    echo "usage: bench/shard_ab.sh OLD_BIN[:KEY=VALUE,...] NEW_BIN[:KEY=VALUE,...] [zero2|fsdp] [CONFIG] [REPEATS]" >&2
+    exit 2
+}
 old=$1 new=$2 mode=${3:-zero2} cfg=${4:-configs/demo.json} repeats=${5:-3}
 case $mode in
     zero2) fsdp=false ;;
@@ -19,9 +24,14 @@ trap 'rm -rf "$tmp"' EXIT
 for W in 2 4; do
     for rep in $(seq 1 "$repeats"); do
         for v in old new; do
-            bin=$old
-            [ $v = new ] && bin=$new
-            "$bin" launch -n $W -- train --config "$cfg" --steps 14 --set parallel.fsdp=$fsdp \
+            side=$old
+            [ $v = new ] && side=$new
+            bin=${side%%:*} sets=()
+            if [[ $side == *:* ]]; then
+                IFS=, read -ra kv <<< "${side#*:}"
+                for s in "${kv[@]}"; do sets+=(--set "$s"); done
+            fi
+            "$bin" launch -n $W -- train --config "$cfg" --steps 14 --set parallel.fsdp=$fsdp "${sets[@]}" \
                 --set train.eval_interval=0 --set train.checkpoint_interval=0 --out "$tmp/$v-$W-$rep" > /dev/null
         done
     done

@@ -111,6 +111,8 @@ struct ShardedRegion {
     int64_t base = 0;      // the region's first element in the flat space
     FlatShard shard;       // this rank's range, relative to base
     Comm* comm = nullptr;  // the ranks that share the region (null: this rank alone)
+    // the ranks that hold the same range of it (HSDP's replicas of the dense region; null: none)
+    Comm* replicas = nullptr;
 };
 
 }  // namespace tessera::parallel

@@ -58,13 +58,33 @@ constexpr const char* kModelIndex = "model.index.json";
 
 std::string model_file(int rank, int world) { return fmt::format("model-{:05d}-of-{:05d}.safetensors", rank, world); }
 
-// This rank's pieces as metadata: "name whole_offset length offset" per line (offset: where the piece starts in
-// the file's flat tensors, laid out as m and v; the elements between pieces are alignment gaps).
-std::string pieces_text(const AdamW& opt) {
+// The pieces this rank writes (AdamW::saves: HSDP's replicas leave the dense ranges to the first one), each with
+// where it starts in the rank's files' flat tensors: its place in the moments when the rank writes every piece (the
+// live buffers are written), else one after another (copies).
+struct SavedPieces {
+    std::vector<std::pair<const StatePiece*, int64_t>> at;
+    int64_t n = 0;  // elements of the flat tensors
+    bool all = true;
+};
+SavedPieces saved_pieces(const AdamW& opt) {
+    SavedPieces s;
+    for (const StatePiece& p : opt.pieces()) s.all = s.all && opt.saves(p);
+    s.n = s.all ? opt.m().specs()[0].shape.numel() : 0;
+    for (const StatePiece& p : opt.pieces()) {
+        if (s.all)
+            s.at.emplace_back(&p, p.state_offset);
+        else if (opt.saves(p))
+            s.at.emplace_back(&p, std::exchange(s.n, s.n + p.length));
+    }
+    return s;
+}
+
+// The pieces as metadata: "name whole_offset length offset" per line (offset: where the piece starts in the file's
+// flat tensors; the elements between pieces are alignment gaps).
+std::string pieces_text(const AdamW& opt, const SavedPieces& saved) {
     std::string pieces;
-    for (const StatePiece& p : opt.pieces())
-        pieces +=
-            fmt::format("{} {} {} {}\n", opt.param_specs()[p.param].name, p.whole_offset, p.length, p.state_offset);
+    for (const auto& [p, at] : saved.at)
+        pieces += fmt::format("{} {} {} {}\n", opt.param_specs()[p->param].name, p->whole_offset, p->length, at);
     return pieces;
 }
 
@@ -85,15 +105,25 @@ void write_model_index(const fs::path& dir, const std::vector<BufferSpec>& specs
     write_text_atomic((dir / kModelIndex).string(), index.dump(2) + "\n");
 }
 
-// Several ranks: this rank's ranges of the parameters, laid out as its moments (the same pieces).
-Tensor model_ranges(const AdamW& opt, const ParamRanges& ranges) {
-    Tensor flat(DType::f32, opt.m().specs()[0].shape);
+// Several ranks: this rank's ranges of the parameters, laid out as the pieces it saves.
+Tensor model_ranges(const SavedPieces& saved, const ParamRanges& ranges) {
+    Tensor flat(DType::f32, Shape{saved.n});
     float* out = flat.view().ptr<float>();
     std::fill_n(out, flat.view().numel(), 0.0f);
-    for (const StatePiece& p : opt.pieces()) {
-        const std::span<const float> r = ranges.region[size_t(p.region)];
-        std::copy_n(r.data() + p.range_offset, p.length, out + p.state_offset);
+    for (const auto& [p, at] : saved.at) {
+        const std::span<const float> r = ranges.region[size_t(p->region)];
+        std::copy_n(r.data() + p->range_offset, p->length, out + at);
     }
+    return flat;
+}
+
+// The saved pieces of a moment (m or v), one after another (SavedPieces::all false).
+Tensor packed_moments(const SavedPieces& saved, const BufferGroup& moments) {
+    Tensor flat(DType::f32, Shape{saved.n});
+    const TensorView from = moments.view(0);
+    for (const auto& [p, at] : saved.at)
+        copy_bytes(flat.view().ptr<float>() + at, Device::cpu, from.ptr<float>() + p->state_offset, from.device,
+                   size_t(p->length) * sizeof(float));
     return flat;
 }
 
@@ -170,15 +200,21 @@ RankFiles rank_files(const CheckpointContents& c, int rank, int world, bool copy
         copy_bytes(f.owned.back().view().data, Device::cpu, v.data, v.device, v.nbytes());
         return f.owned.back().view();
     };
-    f.files.push_back(
-        {optimizer_file(rank, world),
-         {{"m", keep(c.opt.m().view(0))}, {"v", keep(c.opt.v().view(0))}},
-         {{"optimizer", "adamw"}, {"step", std::to_string(c.state.optimizer_step)}, {"pieces", pieces_text(c.opt)}}});
+    const SavedPieces saved = saved_pieces(c.opt);
+    const std::string pieces = pieces_text(c.opt, saved);
+    auto moments = [&](const BufferGroup& g) {
+        if (saved.all) return keep(g.view(0));
+        f.owned.push_back(packed_moments(saved, g));
+        return f.owned.back().view();
+    };
+    f.files.push_back({optimizer_file(rank, world),
+                       {{"m", moments(c.opt.m())}, {"v", moments(c.opt.v())}},
+                       {{"optimizer", "adamw"}, {"step", std::to_string(c.state.optimizer_step)}, {"pieces", pieces}}});
     if (world > 1) {
-        f.owned.push_back(model_ranges(c.opt, c.ranges));
+        f.owned.push_back(model_ranges(saved, c.ranges));
         f.files.push_back({model_file(rank, world),
                            {{"params", f.owned.back().view()}},
-                           {{"format", "tessera ranges"}, {"pieces", pieces_text(c.opt)}}});
+                           {{"format", "tessera ranges"}, {"pieces", pieces}}});
     } else {
         std::vector<NamedTensor> params = named(c.params, c.frozen);
         for (NamedTensor& t : params) t.tensor = keep(t.tensor);

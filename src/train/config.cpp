@@ -77,6 +77,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     dr.finish();
     ConfigReader pr(top.section("parallel"), where + ": parallel");
     c.parallel.fsdp = pr.boolean("fsdp", c.parallel.fsdp);
+    c.parallel.shard = pr.integer("shard", c.parallel.shard);
     c.parallel.ep = pr.integer("ep", c.parallel.ep);
     c.parallel.ep_chunks = pr.integer("ep_chunks", c.parallel.ep_chunks);
     c.parallel.link_delay_ns_per_byte = pr.number("link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte);
@@ -138,6 +139,8 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(std::isfinite(mon.watchdog_seconds) && mon.watchdog_seconds >= 0 && mon.watchdog_seconds <= 1e7,
           "monitor.watchdog_seconds must be in [0, 1e7] (0 = off)");
     check(c.parallel.ep >= 1 && c.parallel.ep <= (int64_t(1) << 16), "parallel.ep must be in [1, 65536]");
+    check(c.parallel.shard == 0 || (c.parallel.shard >= 2 && c.parallel.shard <= (int64_t(1) << 20)),
+          "parallel.shard must be 0 (every rank) or a number of ranks in [2, 1048576]");
     check(c.parallel.ep_chunks >= 1 && c.parallel.ep_chunks <= 1024, "parallel.ep_chunks must be in [1, 1024]");
     check(std::isfinite(c.parallel.link_delay_ns_per_byte) && c.parallel.link_delay_ns_per_byte >= 0 &&
               c.parallel.link_delay_ns_per_byte <= 1e6,
@@ -166,6 +169,8 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
            "data.val_fraction = 0 (nothing to evaluate)");
     unread(tc.eval_interval != d.eval_interval && c.data.val_fraction == 0, "train.eval_interval",
            "data.val_fraction = 0 (nothing to evaluate)");
+    unread(c.parallel.shard != 0 && !c.parallel.fsdp, "parallel.shard",
+           "parallel.fsdp is false (ZeRO-2 has no shard groups)");
     unread(c.parallel.ep != 1 && c.model.moe.experts == 0, "parallel.ep", "the model has no MoE layers");
     return c;
 }
@@ -210,6 +215,7 @@ Json to_json(const RunConfig& c) {
                 {"data", data},
                 {"parallel",
                  {{"fsdp", c.parallel.fsdp},
+                  {"shard", c.parallel.shard},
                   {"ep", c.parallel.ep},
                   {"ep_chunks", c.parallel.ep_chunks},
                   {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte}}},

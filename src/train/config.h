@@ -64,6 +64,11 @@ struct ParallelConfig {
     // FSDP / ZeRO-3 (train/fsdp.h): each rank keeps a range of the dense parameters and gathers each block's
     // just before use; false: ZeRO-2 (whole parameters on every rank, sharded optimizer state)
     bool fsdp = true;
+    // HSDP: FSDP shards the dense parameters over groups of this many consecutive ranks (a divisor of the world size,
+    // at least 2), and the world size / shard groups hold replicas of them whose gradients are all-reduced once per
+    // step (parallel/mesh.h). Fewer ranks per collective (latency), more dense state per rank. 0: every rank (plain
+    // FSDP).
+    int64_t shard = 0;
     int64_t ep = 1;         // expert parallelism: ranks per expert group (divides the world size and the experts)
     int64_t ep_chunks = 2;  // overlap: expert groups per rank whose exchanges pipeline with compute (1 = none)
     double link_delay_ns_per_byte = 0.0;  // test and bench option: the expert group's links made this much slower

@@ -39,6 +39,18 @@ GradientSum::GradientSum(const AdamW& opt, int64_t accumulation, bool fsdp)
         rounds_[r] = parallel::ReduceRounds(std::move(pieces), std::move(offsets));
         scratch_elems = std::max(scratch_elems, rounds_[r].scratch_elements());
     }
+    for (size_t r = 0; r < AdamW::kRegions; ++r) {  // HSDP: the replicas' ranges, cut into one piece per replica
+        const parallel::ShardedRegion& reg = regions_[r];
+        if (!reg.replicas) continue;
+        const int64_t n = reg.shard.size(), R = reg.replicas->size(), each = (n + R - 1) / R;
+        std::vector<int64_t> pieces, offsets;
+        for (int64_t q = 0; q < R; ++q) {
+            offsets.push_back(std::min(n, q * each));
+            pieces.push_back(std::min(n, (q + 1) * each) - offsets.back());
+        }
+        replica_rounds_[r] = parallel::ReduceRounds(std::move(pieces), std::move(offsets));
+        scratch_elems = std::max(scratch_elems, replica_rounds_[r].scratch_elements());
+    }
     if (scratch_elems > 0)
         scratch_ = BufferGroup("grad.scratch", {BufferSpec{.name = "grad.scratch",
                                                            .dtype = DType::f32,
@@ -91,6 +103,21 @@ void GradientSum::after(int64_t micro, const BufferGroup& grads) {
 
 GradRanges GradientSum::finish(const BufferGroup& grads) {
     wait();
+    for (size_t r = 0; r < AdamW::kRegions; ++r) {
+        // HSDP: each shard group summed its ranks' gradients; the replicas' sums are added in replica order (a
+        // reduce-scatter of the range's pieces in place, then each piece broadcast by its replica)
+        const parallel::ShardedRegion& reg = regions_[r];
+        if (!reg.replicas) continue;
+        parallel::ReduceRounds& rr = replica_rounds_[r];
+        float* range = first(sum_[r]);
+        const TensorView scratch = scratch_.view(0);
+        rr.reduce_scatter(*reg.replicas, range, range + rr.offsets[size_t(reg.replicas->rank())], false,
+                          std::span(static_cast<std::byte*>(scratch.data), scratch.nbytes()), pending_);
+        for (int q = 0; q < reg.replicas->size(); ++q)
+            pending_.push_back(reg.replicas->broadcast_async(
+                std::as_writable_bytes(std::span(range + rr.offsets[size_t(q)], size_t(rr.pieces[size_t(q)]))), q));
+        wait();
+    }
     GradRanges out;
     for (size_t r = 0; r < AdamW::kRegions; ++r) {
         const parallel::ShardedRegion& reg = regions_[r];

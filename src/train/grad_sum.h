@@ -7,6 +7,10 @@
 // So the sum is g_0 + g_1 + g_2 + ... in the step's micro-batch order, the bits of one rank accumulating
 // every micro-batch, on any number of ranks. With FSDP the data region is reduce-scattered block by block
 // during backward (train/fsdp.h) into the same ranges, the same way.
+//
+// HSDP (parallel.shard < W) is the exception: the data region is reduce-scattered within each shard group, and
+// after the last micro-batch the shard groups' sums are added in replica order (an all-reduce over the replica
+// group). Two levels of sums: deterministic run to run and on any thread count, but not the bits of one rank.
 #pragma once
 
 #include <vector>
@@ -57,6 +61,7 @@ class GradientSum {
     // rounds queue on the communication thread, which runs them in turn with one scratch.
     BufferGroup scratch_;
     std::array<parallel::ReduceRounds, AdamW::kRegions> rounds_;  // per shared region: the ranges over the ranks
+    std::array<parallel::ReduceRounds, AdamW::kRegions> replica_rounds_;  // HSDP: a range's pieces over the replicas
     std::vector<parallel::Handle> pending_;
 };
 

@@ -41,6 +41,8 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
         last = r;
     }
     parallel::Comm* dp = mesh ? shared(mesh->data()) : nullptr;
+    // FSDP shards the dense parameters over the shard group (HSDP: replicated over the replica group)
+    parallel::Comm* dense = mesh && fsdp ? shared(mesh->shard()) : dp;
     parallel::Comm* expert_data = mesh ? shared(mesh->expert_data()) : nullptr;
     expert_ = mesh ? shared(mesh->expert()) : nullptr;
     std::array<std::vector<int64_t>, kRegions> segments;  // where the units start in each region
@@ -51,11 +53,11 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
     }
     int64_t n = 0;
     for (size_t r = 0; r < kRegions; ++r) {
-        parallel::Comm* c = r == expert ? expert_data : dp;
+        parallel::Comm* c = r == expert ? expert_data : r == data ? dense : dp;
         regions_[r] = {bound[r],
                        parallel::FlatShard(bound[r + 1] - bound[r], c ? c->rank() : 0, c ? c->size() : 1, kChunk,
                                            segments[r], fsdp && c && r != replicated),
-                       c};
+                       c, r == data && fsdp && mesh ? mesh->replicas() : nullptr};
         state_at_[r] = n;
         n += regions_[r].shard.size();
     }

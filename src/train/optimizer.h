@@ -1,7 +1,8 @@
 // AdamW over the parameter group, sharded ZeRO-style: the group's flat f32 element space is
 // [replicated | data | expert] (Model::param_specs orders the parameters by their Sharding); each region is
 // cut into ranges over the ranks that hold the same values (the data group for the replicated and data
-// parameters, the expert-data group for this rank's experts; parallel/shard.h), and each rank keeps the
+// parameters, with FSDP the shard group for the data ones, the expert-data group for this rank's experts;
+// parallel/shard.h, parallel/mesh.h), and each rank keeps the
 // first and second moments of its three ranges only, updating those ranges of the parameters from the same
 // ranges of the summed gradient (GradientSum). With FSDP the data region's range is all a rank holds of those
 // parameters (train/fsdp.h). The moments are buffer groups (kind optimizer), so they are sized,
@@ -71,6 +72,12 @@ class AdamW {
     // this rank's ranges of the parameters of a group of param_specs()
     ParamRanges ranges_of(const BufferGroup& params) const;
     const std::vector<StatePiece>& pieces() const { return pieces_; }
+    // Whether this rank writes a piece to a checkpoint: every piece but HSDP's copies of the dense ranges, which
+    // the first replica writes.
+    bool saves(const StatePiece& p) const {
+        const parallel::Comm* rep = regions_[size_t(p.region)].replicas;
+        return !rep || rep->rank() == 0;
+    }
     const std::vector<BufferSpec>& param_specs() const { return specs_; }
     int64_t step() const { return step_; }
     void set_step(int64_t s) { step_ = s; }

@@ -268,6 +268,8 @@ TrainSummary train(const TrainOptions& opts) {
                   "parallel.ep = {} needs several ranks (mpirun -n W, W a multiple of "
                   "it)",
                   cfg.parallel.ep);
+    TESSERA_CHECK(cfg.parallel.shard == 0 || ranks > 1,
+                  "parallel.shard = {} needs several ranks (mpirun -n W, W a multiple of it)", cfg.parallel.shard);
     const Device device = tc.device == "cuda" ? Device::cuda : Device::cpu;
     if (device == Device::cuda) {
         TESSERA_CHECK(
@@ -281,7 +283,7 @@ TrainSummary train(const TrainOptions& opts) {
                       "CPU feature; set it to 0");
     }
     std::optional<parallel::Mesh> mesh;  // one-line error when W is not a multiple of parallel.ep
-    if (comm) mesh.emplace(*comm, int(cfg.parallel.ep));
+    if (comm) mesh.emplace(*comm, int(cfg.parallel.ep), int(cfg.parallel.shard));
     if (mesh) mesh->expert().set_link_delay(cfg.parallel.link_delay_ns_per_byte * 1e-9);
     const parallel::Mesh* m = mesh ? &*mesh : nullptr;
 
@@ -415,15 +417,18 @@ TrainSummary train(const TrainOptions& opts) {
     note(fmt::format("tessera: {} parameters ({} layers, d_model {}), {} tokens per step, {} steps", model.num_params(),
                      cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));
     if (comm)
-        note(
-            fmt::format("{} ranks ({}): each runs {} micro-batch{} of {} sequences per step{}; {}; memory below is "
-                        "per rank",
-                        ranks, comm->backend(), accumulation, accumulation == 1 ? "" : "es", micro,
-                        m->ep() > 1 ? fmt::format(", holds {} of {} experts per MoE layer (parallel.ep {})",
-                                                  model.local_experts().second, cfg.model.moe.experts, m->ep())
-                                    : std::string(),
-                        fsdp ? "parameters, gradients and optimizer state sharded (FSDP)"
-                             : "optimizer state and summed gradients sharded (ZeRO-2)"));
+        note(fmt::format(
+            "{} ranks ({}): each runs {} micro-batch{} of {} sequences per step{}; {}; memory below is "
+            "per rank",
+            ranks, comm->backend(), accumulation, accumulation == 1 ? "" : "es", micro,
+            m->ep() > 1 ? fmt::format(", holds {} of {} experts per MoE layer (parallel.ep {})",
+                                      model.local_experts().second, cfg.model.moe.experts, m->ep())
+                        : std::string(),
+            !fsdp           ? "optimizer state and summed gradients sharded (ZeRO-2)"
+            : m->replicas() ? fmt::format("dense parameters, gradients and optimizer state sharded over groups of {} "
+                                          "ranks, {} replicas (HSDP)",
+                                          m->shard().size(), m->replicas()->size())
+                            : "parameters, gradients and optimizer state sharded (FSDP)"));
     note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(), loader.num_train_windows(),
                      loader.num_eval_batches()));
     note(rt.memory_report().str());

@@ -242,6 +242,51 @@ TEST(ExpertParallelTraining, ResumesOnAnotherExpertLayout) {
     }
 }
 
+// HSDP (parallel.shard = 2 on 4 ranks): the dense parameters sharded within two groups of two ranks, the groups'
+// gradients all-reduced after the last micro-batch. Two levels of sums, so not one process's bits: within 1e-5 of it,
+// and the same bits twice; a dense model, and the MoE model with EP2 (its experts over the expert-data group, as with
+// FSDP). The dense ranges are saved once (by the first replica; a duplicate or a missing piece is a load error): the
+// step-6 checkpoint resumes on the same layout with the uninterrupted run's bits, and on one process and on FSDP over
+// 2 ranks within 1e-5 of it.
+TEST(Hsdp, ShardsWithinGroupsAndMatchesOneProcess) {
+    TempDir d;
+    const std::string micro = " --set train.micro_batch_size=1";
+    const std::string hsdp = micro + " --set parallel.shard=2";
+    for (const std::string& model : {std::string(), kMoeSign + " --set parallel.ep=2"}) {
+        const bool moe = !model.empty();
+        const std::string one = d.file(fmt::format("one{}", moe)), full = d.file(fmt::format("hsdp{}", moe)),
+                          again = d.file(fmt::format("again{}", moe));
+        const std::string base = "train --config " + kTiny + model;
+        // (EP needs ranks: the one process runs the same model without it)
+        const std::string one_model = moe ? kMoeSign : std::string();
+        ASSERT_EQ(run_tessera("train --config " + kTiny + one_model + micro + " --out " + one).status, 0);
+        test::CliResult r = run_tessera_mpi(4, base + hsdp + " --out " + full);
+        ASSERT_EQ(r.status, 0) << r.out << r.err;
+        EXPECT_NE(r.out.find("sharded over groups of 2 ranks, 2 replicas (HSDP)"), std::string::npos) << r.out;
+        ASSERT_EQ(run_tessera_mpi(4, base + hsdp + " --out " + again).status, 0);
+        EXPECT_EQ(losses(full), losses(again)) << "the same layout twice";
+        EXPECT_TRUE(final_model(full) == final_model(again));
+        expect_close_losses(one, full);
+        if (moe) continue;
+        // resumed from step 6 on HSDP, one process, FSDP over 2 ranks (the same micro-batches on each)
+        const std::string fsdp = micro + " --set parallel.shard=0";
+        for (const auto& [ranks, sets] : std::vector<std::pair<int, std::string>>{{4, hsdp}, {1, fsdp}, {2, fsdp}}) {
+            const std::string run = d.file(fmt::format("resume{}", ranks));
+            fs::create_directories(run + "/checkpoints");
+            fs::copy(full + "/checkpoints/step_0000006", run + "/checkpoints/step_0000006");
+            const std::string args = "train --resume " + run + sets;
+            test::CliResult b = ranks == 1 ? run_tessera(args) : run_tessera_mpi(ranks, args);
+            ASSERT_EQ(b.status, 0) << ranks << " ranks: " << b.out << b.err;
+            if (ranks == 4) {
+                EXPECT_EQ(losses(full, 6), losses(run)) << "HSDP resumed on HSDP: the same bits";
+                EXPECT_TRUE(final_model(full) == final_model(run));
+            } else {
+                expect_close_losses(full, run, 6);
+            }
+        }
+    }
+}
+
 // tessera launch starts mpirun itself (threads per rank, root, oversubscription) and trains like mpirun does
 TEST(Launch, RunsTheCommandAsRanks) {
     TempDir d;
@@ -329,6 +374,9 @@ TEST(DataParallelErrors, BatchAndLayoutKeysAreOneLineErrors) {
         {" --set parallel.ep_chunks=0", "parallel.ep_chunks must be in [1, 1024]"},
         {" --set parallel.fsdp=3", "parallel.fsdp must be true or false, not 3"},
         {" --set parallel.link_delay_ns_per_byte=-1", "parallel.link_delay_ns_per_byte must be in [0, 1e6]"},
+        {" --set parallel.shard=1", "parallel.shard must be 0 (every rank) or a number of ranks in [2, 1048576]"},
+        {" --set parallel.fsdp=false --set parallel.shard=2",
+         "parallel.shard is set but parallel.fsdp is false (ZeRO-2 has no shard groups)"},
     };
     for (const auto& [set, message] : cases) {
         test::CliResult r = run_tessera("train --config " + kTiny + " --out " + d.file("x") + set);
@@ -355,6 +403,14 @@ TEST(DataParallelErrors, LayoutsThatDoNotFitAreOneLineErrors) {
     r = run_tessera("train --config " + kTiny + " --out " + d.file("e") + kMoeSign + " --set parallel.ep=2");
     EXPECT_NE(r.status, 0);
     EXPECT_NE(r.err.find("parallel.ep = 2 needs several ranks"), std::string::npos) << r.err;
+    r = run_tessera("train --config " + kTiny + " --out " + d.file("f") + " --set parallel.shard=2");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("parallel.shard = 2 needs several ranks"), std::string::npos) << r.err;
+    r = run_tessera_mpi(4, "train --config " + kTiny + " --out " + d.file("g") + " --set parallel.shard=3");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("parallel.shard = 3 does not divide the 4 ranks into groups of at least 2"), std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(d.file("g") + "/config.json")) << "a failed start leaves nothing";
 }
 
 }  // namespace
