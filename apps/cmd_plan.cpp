@@ -34,6 +34,7 @@ Json candidate_json(const plan::Candidate& c) {
              {{"ranks", c.layout.ranks},
               {"ep", c.layout.ep},
               {"fsdp", c.layout.fsdp},
+              {"shard", c.layout.shard},
               {"micro_batch", c.layout.micro_batch},
               {"recompute", c.layout.recompute.to_json()}}},
             {"memory",
@@ -118,7 +119,7 @@ void add_simulate_command(CLI::App& app) {
         "simulate", "Write one layout's predicted step as a Chrome trace (compute and communication tracks; Perfetto)");
     struct Args : Workload {
         std::string out;
-        int64_t ep = 1, micro = 0;
+        int64_t ep = 1, micro = 0, shard = 0;
         bool zero2 = false;
         std::string recompute;  // "", "all" or kinds separated by commas
     };
@@ -128,6 +129,8 @@ void add_simulate_command(CLI::App& app) {
     add_int_option(cmd, "--micro-batch", a->micro, 0, train::kMaxBatch,
                    "Sequences per forward on each rank (0 = the whole per-rank batch)");
     cmd->add_flag("--zero2", a->zero2, "ZeRO-2 instead of FSDP");
+    add_int_option(cmd, "--shard", a->shard, 0, 1 << 20,
+                   "HSDP: FSDP shards the dense parameters over groups of this many ranks (0 = every rank)");
     cmd->add_flag("--recompute{all}", a->recompute,
                   "Recompute the blocks' activations in backward: every kind, or --recompute=KIND,... (kda, moe, ...)");
     cmd->add_option("--out", a->out, "The trace file to write (open it in https://ui.perfetto.dev)")->required();
@@ -149,7 +152,7 @@ void add_simulate_command(CLI::App& app) {
         const model::Recompute recompute = a->recompute == "all"
                                                ? model::Recompute::every()
                                                : model::Recompute::from_json(kinds, "simulate: --recompute");
-        const plan::Layout l{W, a->ep, !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W, recompute};
+        const plan::Layout l{W, a->ep, !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W, recompute, a->shard};
         const plan::PlanOptions o{W, 0, a->routing};
         const plan::Simulation s = plan::simulate(cfg, cluster, l, o);
         write_output(a->out, s.trace);

@@ -36,7 +36,8 @@ for i, (name, pred, pub, unit, c) in enumerate(anchors):
     o = anchors[1 - i]
     f = o[2] / o[1]  # the other anchor's published / predicted
     l = c["layout"]
-    lay = f"ep {l['ep']}, {'fsdp' if l['fsdp'] else 'zero-2'}, micro {l['micro_batch']}" + (
+    shard = f"hsdp {l['shard']}" if l.get("shard") else "fsdp"
+    lay = f"ep {l['ep']}, {shard if l['fsdp'] else 'zero-2'}, micro {l['micro_batch']}" + (
         ", recompute" if l["recompute"] is True else f", recompute {'+'.join(l['recompute'])}" if l["recompute"] else "")
     print(f"| {name} | {lay} | {pred:.4g} {unit} | {pub:.4g} | {100*(pred-pub)/pub:+.0f}% | {f:.3f} | "
           f"{100*(f*pred-pub)/pub:+.0f}% |")

@@ -14,7 +14,11 @@
 namespace tessera::plan {
 
 std::string Layout::str() const {
-    return fmt::format("ep {}, {}, micro {}{}", ep, ranks > 1 ? (fsdp ? "fsdp" : "zero-2") : "one rank", micro_batch,
+    const std::string sharding = ranks == 1                   ? "one rank"
+                                 : !fsdp                      ? "zero-2"
+                                 : shard > 0 && shard < ranks ? fmt::format("hsdp {}", shard)
+                                                              : "fsdp";
+    return fmt::format("ep {}, {}, micro {}{}", ep, sharding, micro_batch,
                        recompute.all     ? ", recompute"
                        : recompute.any() ? ", recompute " + recompute.str()
                                          : "");
@@ -23,6 +27,9 @@ std::string Layout::str() const {
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
     cfg.parallel.ep = l.ep;
     cfg.parallel.fsdp = l.fsdp;
+    cfg.parallel.shard = l.shard;
+    TESSERA_CHECK(l.shard == 0 || (l.fsdp && l.shard >= 2 && l.ranks % l.shard == 0),
+                  "parallel.shard = {} does not divide the {} ranks into FSDP groups of at least 2", l.shard, l.ranks);
     cfg.train.micro_batch_size = l.micro_batch;
     cfg.train.recompute = l.recompute;
     cfg.train.micro_batch(int(l.ranks));  // checks that the batch splits
@@ -70,8 +77,8 @@ std::string category_of(const BufferGroup& g) {
     }
     return "workspace";
 }
-// See RankMemory::largest_state_rank: world rank q holds its data-group range (rank q) and its expert-data group's
-// of the expert region.
+// See RankMemory::largest_state_rank: world rank q holds its range of each region over the region's group: rank q of
+// the data group (replicated region), q % S of its shard group (data region), q / ep of its expert-data group.
 int largest_state_rank(const train::AdamW& opt, int ranks, int ep) {
     int best = 0;
     int64_t most = -1;
@@ -79,8 +86,12 @@ int largest_state_rank(const train::AdamW& opt, int ranks, int ep) {
         int64_t n = 0;
         for (size_t r = 0; r < train::AdamW::kRegions; ++r) {
             const parallel::ShardedRegion& g = opt.regions()[r];
-            n += g.comm ? g.shard.size_of(r == train::AdamW::expert ? parallel::Mesh::expert_data_rank(q, ep) : q)
-                        : g.shard.size();
+            if (!g.comm) {
+                n += g.shard.size();
+                continue;
+            }
+            n += g.shard.size_of(r == train::AdamW::expert ? parallel::Mesh::expert_data_rank(q, ep)
+                                                           : q % g.comm->size());
         }
         if (n > most) {
             most = n;
@@ -98,7 +109,7 @@ std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
                                             int threads) {
     const train::RunConfig cfg = with_layout(run, l);
     std::unique_ptr<parallel::Mesh> mesh;
-    if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep));
+    if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep), int(l.shard));
     const int ranks = int(l.ranks);
     train::RankState st(cfg, mesh.get(), cfg.train.accumulation(ranks));
     std::optional<train::WeightBudget> budget;  // as train() builds it: what of the base is read in place

@@ -21,10 +21,13 @@ struct Layout {
     bool fsdp = true;
     int64_t micro_batch = 1;     // sequences per forward on each rank (train.micro_batch_size)
     model::Recompute recompute;  // the block kinds that recompute (model/recompute.h)
-    std::string str() const;     // e.g. "ep 8, fsdp, micro 2, recompute" or "..., recompute kda+moe"
+    int64_t shard = 0;           // FSDP's shard group (parallel.shard): 0 every rank, else HSDP
+    // ranks the dense parameters are sharded over (FSDP: the shard group; ZeRO-2: every rank)
+    int64_t shard_ranks() const { return shard > 0 ? shard : ranks; }
+    std::string str() const;  // e.g. "ep 8, fsdp, micro 2, recompute", "ep 8, hsdp 8, micro 1, recompute kda+moe"
 };
 
-// The run config with the layout's choices in it (parallel.ep, parallel.fsdp, train.micro_batch_size,
+// The run config with the layout's choices in it (parallel.ep, parallel.fsdp, parallel.shard, train.micro_batch_size,
 // train.recompute); one-line error when the batch does not split so.
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l);
 

@@ -159,9 +159,10 @@ double a2a_pass_seconds(const train::RunConfig& cfg, const Cluster& cl, const La
     return cl.link_for(l.ep).seconds(Collective::all_to_all, l.ep, bytes, 2.0 * chunks * (ep - 1));
 }
 
-// FSDP's or ZeRO-2's transfers of parameters (all-gathers) or gradients (reduce-scatters) over the cluster's link for
-// every rank: `dense` bytes (as held, whole) over every rank, `expert` bytes (this rank's experts, as held) over
-// the expert-data group, in `dense_calls` and `expert_calls` collectives (one message to each peer each).
+// FSDP's or ZeRO-2's transfers of parameters (all-gathers) or gradients (reduce-scatters): `dense` bytes (as held,
+// whole) over the S ranks that shard them (every rank, or HSDP's shard group of consecutive ranks) on the link that
+// holds such a group, `expert` bytes (this rank's experts, as held) over the expert-data group on the link for every
+// rank, in `dense_calls` and `expert_calls` collectives (one message to each peer each).
 double shard_seconds(const Cluster& cl,
                      const Layout& l,
                      Collective k,
@@ -169,11 +170,26 @@ double shard_seconds(const Cluster& cl,
                      double expert,
                      double dense_calls,
                      double expert_calls) {
-    const double W = double(l.ranks), edp = W / double(l.ep);
-    const Link& link = cl.link_for(l.ranks);
-    double t = dense > 0 ? link.seconds(k, l.ranks, dense * (W - 1) / W, dense_calls * (W - 1)) : 0.0;
-    if (edp > 1 && expert > 0) t += link.seconds(k, l.ranks / l.ep, expert * (edp - 1) / edp, expert_calls * (edp - 1));
+    const double S = double(l.shard_ranks()), edp = double(l.ranks) / double(l.ep);
+    double t =
+        dense > 0 && S > 1
+            ? cl.link_for(l.shard_ranks()).seconds(k, l.shard_ranks(), dense * (S - 1) / S, dense_calls * (S - 1))
+            : 0.0;
+    if (edp > 1 && expert > 0)
+        t += cl.link_for(l.ranks).seconds(k, l.ranks / l.ep, expert * (edp - 1) / edp, expert_calls * (edp - 1));
     return t;
+}
+
+// HSDP, after the last micro-batch: the shard groups' sums of the dense gradient all-reduced over the replica group
+// (W / S ranks, one at each shard group's same place: spread over the cluster): a reduce-scatter and broadcasts of the
+// rank's range, 1/S of the dense gradient.
+double replica_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
+    const int64_t S = l.shard_ranks(), R = l.ranks / S;
+    if (!l.fsdp || R <= 1) return 0.0;
+    const double range = c.dense_grad_bytes / double(S), moved = range * double(R - 1) / double(R);
+    const Link& link = cl.link_for(l.ranks);
+    return link.seconds(Collective::reduce_scatter, R, moved, double(R - 1)) +
+           link.seconds(Collective::all_gather, R, moved, double(R - 1));
 }
 
 // ZeRO-2, after the last micro-batch: the summed gradient reduce-scattered and the updated parameters all-gathered,
@@ -188,8 +204,7 @@ double zero2_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
 // parameter, gradient, m and v and writes parameter, m and v (f32) of this rank's ranges: 40 bytes per element (32
 // unclipped).
 double optimizer_seconds(const ModelCosts& c, const train::RunConfig& cfg, const Cluster& cl, const Layout& l) {
-    const double trained = c.dense_grad_elements + c.expert_grad_elements;
-    const double local = l.ranks > 1 ? trained / double(l.ranks) : trained;
+    const double local = c.dense_grad_elements / double(l.shard_ranks()) + c.expert_grad_elements / double(l.ranks);
     return local * (cfg.train.grad_clip > 0 ? 40.0 : 32.0) / cl.device.memory_bandwidth;
 }
 
@@ -273,6 +288,7 @@ StepTime step_time(const train::RunConfig& run,
         t.fsdp = accumulation * (gathers + scatters);
         // the next unit's gather arrives while this one computes: the first is exposed, the rest beyond compute
         t.fsdp_exposed = t.fsdp / double(c.units) + std::max(0.0, t.fsdp - t.compute);
+        t.grad_sync = replica_seconds(c, cl, l);
     } else if (l.ranks > 1) {
         t.grad_sync = zero2_seconds(c, cl, l);
     }
@@ -384,6 +400,8 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
         if (fsdp) transfer("reduce-scatter embedding+head", now, unit_seconds(0, true), -1);
     }
     if (fsdp) now = std::max(now, comm_free);
+    if (fsdp && l.shard_ranks() < l.ranks)
+        now = transfer("replica all-reduce of the dense gradient (HSDP)", now, replica_seconds(c, cl, l), -1);
     if (l.ranks > 1 && !l.fsdp)
         now = transfer("gradient reduce-scatter + parameter all-gather (ZeRO-2)", now, zero2_seconds(c, cl, l), -1);
     const double opt = optimizer_seconds(c, cfg, cl, l);
@@ -445,11 +463,24 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
     std::vector<int64_t> eps = {1};
     for (int64_t e = 2; e <= W; ++e)
         if (W % e == 0 && experts > 0 && experts % e == 0) eps.push_back(e);
+    // FSDP over every rank, or HSDP over groups of s·2^k consecutive ranks (s: the innermost link level's span, or 2
+    // on a one-level cluster) that divide W: fewer ranks per collective, more of the dense state per rank
+    std::vector<int64_t> shards = {0};
+    const int64_t inner = cl.links.size() > 1 && cl.links.front().span > 1 ? cl.links.front().span : 2;
+    for (int64_t S = inner; S < W; S *= 2)
+        if (W % S == 0) shards.push_back(S);
+    struct Sharding {
+        bool fsdp;
+        int64_t shard;
+    };
+    std::vector<Sharding> shardings;
+    for (int64_t S : shards) shardings.push_back({true, S});
+    if (W > 1) shardings.push_back({false, 0});
     for (int64_t ep : eps)
-        for (bool fsdp : W > 1 ? std::vector<bool>{true, false} : std::vector<bool>{true})
+        for (const auto [fsdp, shard] : shardings)
             for (int64_t micro = 1; micro <= batch / W; ++micro) {
                 if ((batch / W) % micro != 0) continue;
-                const Layout base{W, ep, fsdp, micro, {}};
+                const Layout base{W, ep, fsdp, micro, {}, shard};
                 std::vector<Candidate> cs(choices.size());
                 // the first and the last rank (a contiguous cut puts the remainder at one end), and the one with the
                 // most moments (a spread cut deals the leftover chunks in turn)

@@ -29,9 +29,9 @@ struct StepTime {
     double expert_compute = 0;          // of which the routed experts'
     double a2a = 0, a2a_exposed = 0;    // the expert all-to-all, and what the chunked overlap leaves
     double fsdp = 0, fsdp_exposed = 0;  // FSDP's gathers and reduce-scatters, and what prefetch leaves
-    double grad_sync = 0;               // ZeRO-2's reduce-scatter and all-gather after backward
-    double optimizer = 0;               // AdamW over this rank's ranges (memory bound)
-    double gradients = 0;               // clearing the gradients per micro-batch and summing them (memory bound)
+    double grad_sync = 0;  // after backward: ZeRO-2's reduce-scatter and all-gather, or HSDP's replica all-reduce
+    double optimizer = 0;  // AdamW over this rank's ranges (memory bound)
+    double gradients = 0;  // clearing the gradients per micro-batch and summing them (memory bound)
     double total = 0;
     double imbalance = 1;  // busiest rank's routed tokens over the mean
 };

@@ -54,13 +54,15 @@ struct Case {
     bool fsdp;
     int micro;
     Json recompute;  // train.recompute: true, false or the block kinds
+    int shard = 0;   // parallel.shard (HSDP)
 };
 
 // The predicted rank-0 arena of one layout, from a plan over all layouts.
 size_t predicted_rank0(const Json& plan, const Case& c) {
     for (const Json& cand : plan["candidates"]) {
         const Json& l = cand["layout"];
-        if (l["ep"] == c.ep && l["fsdp"] == c.fsdp && l["micro_batch"] == c.micro && l["recompute"] == c.recompute)
+        if (l["ep"] == c.ep && l["fsdp"] == c.fsdp && l["micro_batch"] == c.micro && l["recompute"] == c.recompute &&
+            l["shard"] == c.shard)
             for (const Json& r : cand["memory"]["ranks"])
                 if (r["rank"] == 0) return r["arena_bytes"].get<size_t>();
     }
@@ -69,16 +71,16 @@ size_t predicted_rank0(const Json& plan, const Case& c) {
 }
 
 // Model states, activations and scratch: the plan's rank-0 arena is the arena rank 0 of the real run fills (its
-// high-water mark after the first step, metrics.jsonl), for ten layouts of the tiny MoE model with three layers
+// high-water mark after the first step, metrics.jsonl), for twelve layouts of the tiny MoE model with three layers
 // (attention + mlp, then twice attention + moe; recompute: every block kind, or only the MoE blocks or only the
-// attention blocks).
+// attention blocks; two of them HSDP: shard groups of 2 of the 4 ranks).
 TEST(Plan, PredictedArenaIsTheMeasuredArena) {
     const std::string model = kTiny + test::kTinyMoe + " --set model.n_layers=3";
     const Json moe = Json::array({"moe"}), attention = Json::array({"attention"});
     const Case cases[] = {{1, 1, true, 2, false}, {1, 1, true, 4, true},      {1, 1, true, 4, moe},
                           {2, 1, true, 2, false}, {2, 2, true, 1, true},      {2, 2, false, 2, false},
                           {2, 1, false, 1, true}, {2, 2, true, 2, attention}, {4, 2, true, 1, false},
-                          {4, 4, false, 1, true}};
+                          {4, 4, false, 1, true}, {4, 2, true, 1, false, 2},  {4, 1, true, 1, moe, 2}};
     TempDir d;
     std::map<int, Json> plans;
     for (const Case& c : cases) {
@@ -89,15 +91,16 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
         const std::string run = d.file(fmt::format("run{}", &c - cases));
         const std::string args = fmt::format(
             "train --config {} --steps 1 --set train.checkpoint_interval=0 --set parallel.ep={} --set "
-            "parallel.fsdp={} --set train.micro_batch_size={} --set 'train.recompute={}' --out {}",
-            model, c.ep, c.fsdp, c.micro, c.recompute.dump(), run);
+            "parallel.fsdp={} --set parallel.shard={} --set train.micro_batch_size={} --set 'train.recompute={}' --out "
+            "{}",
+            model, c.ep, c.fsdp, c.shard, c.micro, c.recompute.dump(), run);
         const test::CliResult r = c.ranks == 1 ? test::run_tessera(args) : test::run_tessera_mpi(c.ranks, args);
         ASSERT_EQ(r.status, 0) << r.err;
         const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
         ASSERT_FALSE(records.empty());
         EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted)
-            << c.ranks << " ranks, ep " << c.ep << (c.fsdp ? " fsdp" : " zero-2") << ", micro " << c.micro
-            << ", recompute " << c.recompute.dump();
+            << c.ranks << " ranks, ep " << c.ep << (c.fsdp ? " fsdp" : " zero-2") << ", shard " << c.shard << ", micro "
+            << c.micro << ", recompute " << c.recompute.dump();
     }
 }
 
@@ -198,10 +201,38 @@ TEST(Plan, KimiK3OnASupernode) {
     // spec/scale.md §1's 2.78T; the routed experts from configs/hf/kimi_k3.json: 92 MoE layers x 896 experts x gate,
     // up and down of routed_expert_hidden_size 3584 x moe_intermediate_size 3072
     const double params = 2.779e12, routed = 92.0 * 896 * 3 * 3584 * 3072;
+    // AdamW's bytes by layout without its shard group; HSDP with shard groups of S keeps 8 B per dense parameter / S,
+    // not / 128: the excess over FSDP's is ∝ 1/S − 1/128, 128/S − 1 times the excess at S = 64
+    // (the groups' packed bytes: the arena's blocks of so large an arena are coarse)
+    std::map<std::string, double> fsdp_optimizer, hsdp64_excess;
+    const auto key = [](Json l) {
+        l.erase("shard");
+        return l.dump();
+    };
+    const auto optimizer_bytes = [](const Json& c) {
+        double n = 0;
+        for (const Json& g : c["memory"]["groups"])
+            if (g["category"] == "optimizer") n += g["bytes"].get<double>();
+        return n;
+    };
+    for (const Json& c : full["candidates"])
+        if (c["layout"]["shard"] == 0) fsdp_optimizer[key(c["layout"])] = optimizer_bytes(c);
+    for (const Json& c : full["candidates"])
+        if (c["layout"]["shard"] == 64)
+            hsdp64_excess[key(c["layout"])] = optimizer_bytes(c) - fsdp_optimizer.at(key(c["layout"]));
+    int hsdp = 0;
     for (const Json& c : full["candidates"]) {
         EXPECT_FALSE(c["fits"].get<bool>()) << c["layout"].dump();
-        const double optimizer = c["memory"]["by_category"]["optimizer"].get<double>();
-        EXPECT_NEAR(optimizer / (8.0 * params / 128), 1.0, 0.01) << c["layout"].dump();
+        const double optimizer = optimizer_bytes(c);
+        if (const int64_t S = c["layout"]["shard"].get<int64_t>(); S == 0) {
+            EXPECT_NEAR(optimizer / (8.0 * params / 128), 1.0, 0.01) << c["layout"].dump();
+        } else {
+            ++hsdp;
+            EXPECT_GT(hsdp64_excess.at(key(c["layout"])), 0.0);
+            EXPECT_NEAR((optimizer - fsdp_optimizer.at(key(c["layout"]))) / hsdp64_excess.at(key(c["layout"])),
+                        128.0 / double(S) - 1.0, 0.01 * (128.0 / double(S) - 1.0))
+                << c["layout"].dump();
+        }
         // the gradient's reduce-scatters run in rounds: each scratch is one round's (16 MiB at 128 ranks), not 128 x a
         // rank's part of a unit (236.8 GB at EP8 when it was; the arena's blocks of so large an arena are coarser)
         for (const Json& g : c["memory"]["groups"]) {
@@ -223,6 +254,7 @@ TEST(Plan, KimiK3OnASupernode) {
         }
     }
     EXPECT_TRUE(ep64_fits);
+    EXPECT_GT(hsdp, 0);
 }
 
 // Each trained unit's part of a region of the optimizer's flat space (AdamW::data: its dense parameters,
@@ -317,14 +349,16 @@ TEST(Plan, TheRankWithTheMostMomentsHasTheLargestArena) {
                                         {fmt::format("model.ffn_dim={}", ffn), fmt::format("model.n_layers={}", layers),
                                          "model.moe.experts=4", "model.moe.topk=2", "model.moe.ffn_dim=16384"}),
                 "test");
-            for (int64_t ep : {1, 2}) {
-                const plan::Layout l{4, ep, true, 1, {}};
-                std::vector<size_t> arena;
-                for (int r = 0; r < 4; ++r) arena.push_back(plan::predict_rank_memory(cfg, l, r, 1).arena_bytes);
-                const int q = plan::predict_rank_memory(cfg, l, 0, 1).largest_state_rank;
-                const size_t most = *std::max_element(arena.begin(), arena.end());
-                EXPECT_EQ(arena[size_t(q)], most) << layers << " layers, ffn " << ffn << ", ep " << ep;
-            }
+            for (int64_t ep : {1, 2})
+                for (int64_t shard : {0, 2}) {  // FSDP over the 4 ranks, HSDP over groups of 2
+                    const plan::Layout l{4, ep, true, 1, {}, shard};
+                    std::vector<size_t> arena;
+                    for (int r = 0; r < 4; ++r) arena.push_back(plan::predict_rank_memory(cfg, l, r, 1).arena_bytes);
+                    const int q = plan::predict_rank_memory(cfg, l, 0, 1).largest_state_rank;
+                    const size_t most = *std::max_element(arena.begin(), arena.end());
+                    EXPECT_EQ(arena[size_t(q)], most)
+                        << layers << " layers, ffn " << ffn << ", ep " << ep << ", shard " << shard;
+                }
         }
     }
 }
@@ -497,14 +531,24 @@ TEST(Plan, CollectivesRunAtTheirMeasuredRates) {
     EXPECT_GT(ep2, 0);
     // by group size, linear in log ranks: measured at 2 and 8, a group of 4 sees the middle (2.5 GB/s). On 4 ranks
     // with EP1 every collective spans 4 ranks, as with a table of 4 alone; with EP2 the experts' go over groups of 2.
+    // HSDP with shard groups of 2 (EP1): the replica all-reduce over the 2 replicas runs at 1 GB/s, not 2.5, and so
+    // do the dense collectives over the groups of 2 (the experts' stay over the expert-data group of 4).
     const auto wide = times(cluster(4, "[2, 8]", "[1, 4]", "[1, 4]", "[1, 4]"), " --global-batch 4");
     const auto four = times(cluster(4, "[4, 5]", "[2.5, 2.5]", "[2.5, 2.5]", "[2.5, 2.5]"), " --global-batch 4");
-    int same = 0, apart = 0;
+    int same = 0, apart = 0, hsdp = 0;
     for (const auto& [layout, t] : wide) {
         const Json l = Json::parse(layout);
         const double a = t["fsdp"].get<double>() + t["grad_sync"].get<double>(),
                      b = four.at(layout)["fsdp"].get<double>() + four.at(layout)["grad_sync"].get<double>();
-        if (l["ep"] == 1) {
+        if (l["shard"] == 2) {
+            EXPECT_GT(t["grad_sync"].get<double>(), 0.0) << layout;  // the replicas' all-reduce
+            if (l["ep"] == 1) {
+                EXPECT_NEAR(t["grad_sync"].get<double>() / four.at(layout)["grad_sync"].get<double>(), 2.5, 1e-9)
+                    << layout;
+                EXPECT_GT(t["fsdp"].get<double>() / four.at(layout)["fsdp"].get<double>(), 1.01) << layout;
+                ++hsdp;
+            }
+        } else if (l["ep"] == 1) {
             EXPECT_NEAR(a / b, 1.0, 1e-9) << layout;
             ++same;
         } else if (l["ep"] == 2) {
@@ -514,6 +558,7 @@ TEST(Plan, CollectivesRunAtTheirMeasuredRates) {
     }
     EXPECT_GT(same, 0);
     EXPECT_GT(apart, 0);
+    EXPECT_GT(hsdp, 0);
 }
 
 // Uniform routing is expert parallelism's best case, and the report says so; a skewed load (zipf:1) slows the EP2
