@@ -115,6 +115,12 @@ class Model {
     const std::vector<BufferSpec>& trained_specs() const { return trained_specs_; }
     size_t frozen_params() const { return frozen_; }
     const std::vector<ParamUnit>& param_units() const { return units_; }
+    // The unit of block j, of the embedding and of the head (the same with tied embeddings); −1: none (nothing of it
+    // in the flat spaces FSDP shards). A training pass visits the embedding's, the blocks' in order, the head's
+    // (forward and backward in one visit), the blocks' in reverse, the embedding's.
+    int block_unit(size_t j) const { return block_unit_.at(j); }
+    int embed_unit() const { return embed_unit_; }
+    int head_unit() const { return head_unit_; }
     // FSDP: the hooks every training and evaluation pass calls around each unit's use (null: none). Not for
     // decoding (decode_step refuses while hooks are set).
     void set_param_hooks(ParamHooks* h) { hooks_ = h; }

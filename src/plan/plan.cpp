@@ -101,7 +101,10 @@ struct ModelCosts {
     struct UnitBytes {
         double params = 0, grads = 0, expert_params = 0, expert_grads = 0;  // as held; gradients f32
     };
-    std::vector<UnitBytes> units_bytes;  // [0]: the embedding and head (and what no layer holds), [1 + l]: layer l
+    std::vector<UnitBytes> units_bytes;  // per FSDP unit (Model::param_units)
+    std::vector<int> unit_slot;          // its gather slot
+    std::vector<int> block_unit;         // the unit of each block (−1: none)
+    int embed_unit = -1, head_unit = -1;
     int64_t moe_layers = 0, units = 0;
     double dense_param_bytes = 0, dense_grad_bytes = 0;  // whole model, as held
     double expert_param_bytes = 0, expert_grad_bytes = 0;
@@ -131,19 +134,28 @@ ModelCosts model_costs(const train::RunConfig& cfg) {
     for (size_t j = 0; j < c.blocks.size(); ++j) c.blocks[j].recomputable = recomputable[j];
     c.head_flops = m.forward_flops_per_token(seq) - blocks;
     c.units = int64_t(m.param_units().size());  // FSDP's: one per block, the embedding, the head
-    c.units_bytes.assign(size_t(cfg.model.n_layers) + 1, {});
+    const auto params = [](const BufferSpec& s) { return double(s.nbytes()); };
+    const auto grads = [](const BufferSpec& s) { return s.trainable ? double(s.shape.numel()) * 4.0 : 0.0; };
     for (const BufferSpec& s : m.param_specs()) {
-        const double b = double(s.nbytes()), g = s.trainable ? double(s.shape.numel()) * 4.0 : 0.0;
         const bool expert = s.sharding == Sharding::expert;
-        (expert ? c.expert_param_bytes : c.dense_param_bytes) += b;
-        (expert ? c.expert_grad_bytes : c.dense_grad_bytes) += g;
+        (expert ? c.expert_param_bytes : c.dense_param_bytes) += params(s);
+        (expert ? c.expert_grad_bytes : c.dense_grad_bytes) += grads(s);
         if (s.trainable) (expert ? c.expert_grad_elements : c.dense_grad_elements) += double(s.shape.numel());
-        const size_t at = s.name.find("layers.");
-        size_t u = at == std::string::npos ? 0 : 1 + size_t(std::strtoull(s.name.c_str() + at + 7, nullptr, 10));
-        if (u >= c.units_bytes.size()) u = 0;
-        (expert ? c.units_bytes[u].expert_params : c.units_bytes[u].params) += b;
-        (expert ? c.units_bytes[u].expert_grads : c.units_bytes[u].grads) += g;
     }
+    for (const model::ParamUnit& u : m.param_units()) {
+        ModelCosts::UnitBytes& b = c.units_bytes.emplace_back();
+        const auto add = [&](size_t first, size_t last, double& p, double& g) {
+            for (size_t i = first; i < last; ++i) p += params(m.param_specs()[i]), g += grads(m.param_specs()[i]);
+        };
+        add(u.first, u.last, b.params, b.grads);
+        add(u.frozen_first, u.frozen_last, b.params, b.grads);
+        add(u.expert_first, u.expert_last, b.expert_params, b.expert_grads);
+        add(u.frozen_expert_first, u.frozen_expert_last, b.expert_params, b.expert_grads);
+        c.unit_slot.push_back(u.slot);
+    }
+    for (size_t j = 0; j < c.blocks.size(); ++j) c.block_unit.push_back(m.block_unit(j));
+    c.embed_unit = m.embed_unit();
+    c.head_unit = m.head_unit();
     return c;
 }
 
@@ -326,10 +338,9 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     const double grads = gradient_seconds(c, cl, l, double(accumulation)) / double(accumulation);  // per micro-batch
     const double a2a = a2a_pass_seconds(cfg, cl, l, tokens, I);  // one pass of one MoE layer
     const bool fsdp = l.ranks > 1 && l.fsdp;
-    const size_t L = c.units_bytes.size() - 1;
-    // a unit's FSDP transfer (u = 0: embedding and head; u = 1 + layer), of its parameters or its gradient
-    const auto unit_seconds = [&](size_t u, bool grads) {
-        const ModelCosts::UnitBytes& b = c.units_bytes[u];
+    // a unit's FSDP transfer, of its parameters or its gradient
+    const auto unit_seconds = [&](int u, bool grads) {
+        const ModelCosts::UnitBytes& b = c.units_bytes[size_t(u)];
         return shard_seconds(cl, l, grads ? Collective::reduce_scatter : Collective::all_gather,
                              grads ? b.grads : b.params, (grads ? b.expert_grads : b.expert_params) / ep, 1, 1);
     };
@@ -347,57 +358,83 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
         comm_free = t0 + dur;
         return comm_free;  // when it is done
     };
+    // A training pass's unit visits (Model::block_unit): the embedding's, each block's forward, the head's (forward and
+    // backward), each block's backward in reverse, the embedding's backward. FSDP (train/fsdp.h) keeps each unit in its
+    // slot until another unit needs the slot: entering a visit issues the next visit's gather unless its unit is still
+    // in its slot, the visit waits for its own, and a unit's last backward visit of the pass reduce-scatters its
+    // gradient. The slots start empty (the optimizer step left them stale) and keep their units from one micro-batch
+    // to the next.
+    struct Visit {
+        int unit;
+        int64_t block;  // −1: the embedding or the head
+        bool backward;
+        bool head = false;
+    };
     const size_t B = c.blocks.size();
+    std::vector<Visit> visits{{c.embed_unit, -1, false}};
+    for (size_t j = 0; j < B; ++j) visits.push_back({c.block_unit[j], int64_t(j), false});
+    visits.push_back({c.head_unit, -1, true, true});
+    for (size_t j = B; j-- > 0;) visits.push_back({c.block_unit[j], int64_t(j), true});
+    visits.push_back({c.embed_unit, -1, true});
+    std::vector<size_t> last_backward(c.units_bytes.size(), visits.size());
+    for (size_t v = 0; v < visits.size(); ++v)
+        if (visits[v].unit >= 0 && visits[v].backward) last_backward[size_t(visits[v].unit)] = v;
+    const auto unit_name = [&](const Visit& v) {
+        return v.block >= 0 ? c.blocks[size_t(v.block)].kind : v.head ? "head" : "embedding";
+    };
+    const auto layer_of = [](const Visit& v) { return v.block >= 0 ? v.block / 2 : int64_t(-1); };
+    std::array<int, 3> occupant{-1, -1, -1};
+    std::vector<double> ready(c.units_bytes.size(), 0.0);
+    const auto gather = [&](const Visit& v) {  // unless the unit is in its slot
+        if (!fsdp || v.unit < 0) return;
+        int& in = occupant[size_t(c.unit_slot[size_t(v.unit)])];
+        if (in == v.unit) return;
+        in = v.unit;
+        ready[size_t(v.unit)] = transfer("gather " + unit_name(v), now, unit_seconds(v.unit, false), layer_of(v));
+    };
+    const double head = head_seconds(cl.device, c, tokens, frozen_base), head_forward = head / (frozen_base ? 2 : 3);
     for (int64_t m = 0; m < accumulation; ++m) {
         span("gradients (clear, accumulate)", "step", 0, now, grads, -1);
         now += grads;
-        // forward: the embedding's unit, then the layers, then the head (in the embedding's unit)
-        std::vector<double> ready(L + 1, 0.0);
-        if (fsdp) ready[0] = transfer("gather embedding+head", now, unit_seconds(0, false), -1);
-        now = std::max(now, ready[0]);
-        for (size_t j = 0; j < B; ++j) {
-            const size_t layer = j / 2;
-            if (j % 2 == 0) {
-                if (fsdp && layer == 0) ready[1] = transfer("gather", now, unit_seconds(1, false), 0);
-                if (fsdp && layer + 1 < L)
-                    ready[layer + 2] = transfer("gather", now, unit_seconds(layer + 2, false), int64_t(layer + 1));
-                now = std::max(now, ready[layer + 1]);
+        for (size_t v = 0; v < visits.size(); ++v) {
+            const Visit& vis = visits[v];
+            gather(vis);  // (prefetched when the previous visit began, unless it was the first)
+            if (v + 1 < visits.size()) gather(visits[v + 1]);
+            if (fsdp && vis.unit >= 0) now = std::max(now, ready[size_t(vis.unit)]);
+            const int64_t layer = layer_of(vis);
+            if (vis.head) {
+                span("embedding+head", "forward", 0, now, head_forward, -1);
+                now += head_forward;
+                span("embedding+head", "backward", 0, now, head - head_forward, -1);
+                now += head - head_forward;
+            } else if (vis.block >= 0 && !vis.backward) {
+                const size_t j = size_t(vis.block);
+                double d = pass[j].forward;
+                if (c.blocks[j].kind == "moe" && a2a > 0) {
+                    transfer("all-to-all", now, a2a, layer);
+                    d += a2a / chunks + std::max(0.0, (a2a - pass[j].expert_forward) * (chunks - 1) / chunks);
+                }
+                span(c.blocks[j].kind, "forward", 0, now, d, layer);
+                now += d;
+            } else if (vis.block >= 0) {
+                const size_t j = size_t(vis.block);
+                const bool again = c.blocks[j].reruns(l.recompute);
+                double extra = 0;
+                if (c.blocks[j].kind == "moe" && a2a > 0) {
+                    const double passes = again ? 2.0 : 1.0;  // the backward's exchange (+ the recompute's)
+                    transfer("all-to-all", now, a2a * passes, layer);
+                    extra = (a2a * passes) / chunks;
+                }
+                if (again) {
+                    span(c.blocks[j].kind, "recompute", 0, now, pass[j].forward, layer);
+                    now += pass[j].forward;
+                }
+                span(c.blocks[j].kind, "backward", 0, now, pass[j].backward + extra, layer);
+                now += pass[j].backward + extra;
             }
-            double d = pass[j].forward;
-            if (c.blocks[j].kind == "moe" && a2a > 0) {
-                transfer("all-to-all", now, a2a, int64_t(layer));
-                d += a2a / chunks + std::max(0.0, (a2a - pass[j].expert_forward) * (chunks - 1) / chunks);
-            }
-            span(c.blocks[j].kind, "forward", 0, now, d, int64_t(layer));
-            now += d;
+            if (fsdp && vis.unit >= 0 && last_backward[size_t(vis.unit)] == v)
+                transfer("reduce-scatter " + unit_name(vis), now, unit_seconds(vis.unit, true), layer);
         }
-        const double head = head_seconds(cl.device, c, tokens, frozen_base),
-                     head_forward = head / (frozen_base ? 2 : 3);
-        span("embedding+head", "forward", 0, now, head_forward, -1);
-        now += head_forward;
-        span("embedding+head", "backward", 0, now, head - head_forward, -1);
-        now += head - head_forward;
-        // backward, layer by layer in reverse: each unit gathered again, its gradient reduce-scattered after
-        for (size_t jj = B; jj-- > 0;) {
-            const size_t layer = jj / 2;
-            if (jj % 2 == 1 && fsdp)
-                now = std::max(now, transfer("gather", now, unit_seconds(layer + 1, false), int64_t(layer)));
-            const bool again = c.blocks[jj].reruns(l.recompute);
-            double extra = 0;
-            if (c.blocks[jj].kind == "moe" && a2a > 0) {
-                const double passes = again ? 2.0 : 1.0;  // the backward's exchange (+ the recompute's)
-                transfer("all-to-all", now, a2a * passes, int64_t(layer));
-                extra = (a2a * passes) / chunks;
-            }
-            if (again) {
-                span(c.blocks[jj].kind, "recompute", 0, now, pass[jj].forward, int64_t(layer));
-                now += pass[jj].forward;
-            }
-            span(c.blocks[jj].kind, "backward", 0, now, pass[jj].backward + extra, int64_t(layer));
-            now += pass[jj].backward + extra;
-            if (jj % 2 == 0 && fsdp) transfer("reduce-scatter", now, unit_seconds(layer + 1, true), int64_t(layer));
-        }
-        if (fsdp) transfer("reduce-scatter embedding+head", now, unit_seconds(0, true), -1);
     }
     if (fsdp) now = std::max(now, comm_free);
     if (fsdp && l.shard_ranks() < l.ranks)

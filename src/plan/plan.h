@@ -63,9 +63,10 @@ StepTime predict_step(const train::RunConfig& cfg, const Cluster& cluster, const
 
 // The predicted step of one layout as a Chrome trace (tessera simulate; Perfetto reads it): the busiest rank's blocks
 // on a compute track (per micro-batch: forward, then per block in reverse its recomputed forward and backward; then the
-// optimizer) and its transfers on a communication track (each MoE layer's all-to-all; FSDP's gather of the next unit,
-// issued as a unit starts, and each unit's reduce-scatter after its backward; or ZeRO-2's exchange after the last
-// micro-batch), a unit's compute waiting for its gather. The same rates and bytes as predict_step, events in time.
+// optimizer) and its transfers on a communication track (each MoE layer's all-to-all; FSDP's transfers unit by unit
+// as train/fsdp.h makes them: the next visit's gather issued as a visit starts unless its unit is still in its slot,
+// each unit's reduce-scatter after its last backward visit; HSDP's replica all-reduce or ZeRO-2's exchange after the
+// last micro-batch), a unit's compute waiting for its gather. The same rates and bytes as predict_step, events in time.
 struct Simulation {
     std::string trace;   // Chrome trace JSON
     double seconds = 0;  // the step's end
