@@ -29,11 +29,12 @@ baseline=${TESSERA_BASELINE_BIN:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# the layouts: (ranks ep fsdp micro recompute), per model; recompute: true, false or block kinds joined by '+'
+# the layouts: (ranks ep fsdp micro recompute shard), per model; recompute: true, false or block kinds joined by '+';
+# shard: parallel.shard (0: FSDP over every rank; 2 of 4 ranks: HSDP)
 layouts_for() {
     case "$(basename "$1" .json)" in
-        demo) echo "1 1 true 8 false;1 1 true 4 true;1 1 true 8 moe;2 1 true 8 false;2 2 true 4 false;2 2 false 8 true;2 2 true 8 kda;4 2 true 4 false;4 4 false 4 false" ;;
-        *) echo "1 1 true 4 false;1 1 true 16 false;1 1 true 8 true;1 1 true 16 moe;2 1 true 8 false;2 2 true 8 false;2 2 false 4 false;2 1 false 8 true;2 2 true 8 attention;4 1 true 4 false;4 2 true 4 false;4 4 true 4 false;4 4 false 2 true" ;;
+        demo) echo "1 1 true 8 false 0;1 1 true 4 true 0;1 1 true 8 moe 0;2 1 true 8 false 0;2 2 true 4 false 0;2 2 false 8 true 0;2 2 true 8 kda 0;4 2 true 4 false 0;4 2 true 4 false 2;4 4 false 4 false 0" ;;
+        *) echo "1 1 true 4 false 0;1 1 true 16 false 0;1 1 true 8 true 0;1 1 true 16 moe 0;2 1 true 8 false 0;2 2 true 8 false 0;2 2 false 4 false 0;2 1 false 8 true 0;2 2 true 8 attention 0;4 1 true 4 false 0;4 1 true 4 false 2;4 2 true 4 false 0;4 4 true 4 false 0;4 4 false 2 true 0" ;;
     esac
 }
 # train.recompute's value for a layout's recompute field
@@ -63,10 +64,11 @@ for cfg in "${configs[@]}"; do
     IFS=';' read -r -a layouts <<< "$(layouts_for "$cfg")"
     for rep in $(seq 1 "$repeats"); do  # repeats interleaved: the machine's drift spreads over every layout
         for l in "${layouts[@]}"; do
-            read -r ranks ep fsdp micro rec <<< "$l"
+            read -r ranks ep fsdp micro rec shard <<< "$l"
             args="train --config $cfg --steps $steps --set train.eval_interval=0 --set train.checkpoint_interval=0
-                  --set parallel.ep=$ep --set parallel.fsdp=$fsdp --set train.micro_batch_size=$micro
-                  --set train.recompute=$(recompute_json "$rec") --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$rep"
+                  --set parallel.ep=$ep --set parallel.fsdp=$fsdp --set parallel.shard=$shard
+                  --set train.micro_batch_size=$micro --set train.recompute=$(recompute_json "$rec")
+                  --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$shard-$rep"
             if [ "$ranks" = 1 ]; then $bin --threads 2 $args > /dev/null; else $bin launch -n "$ranks" -- $args > /dev/null; fi
         done
     done
@@ -96,11 +98,12 @@ for cfg in configs:
     reserved = {r: json.load(open(f"{tmp}/{name}-cal{r}.json"))["device"]["reserved_gb"] * 1e9 for r in (1, 2, 4)}
     runs = sorted({d.rsplit("-", 1)[0] for d in os.listdir(tmp) if d.startswith(f"run-{name}-")})
     for run in runs:
-        ranks, ep, fsdp, micro, rec = run[len(f"run-{name}-"):].split("-")
+        ranks, ep, fsdp, micro, rec, shard = run[len(f"run-{name}-"):].split("-")
         ranks = int(ranks)
         recompute = rec == "true" if rec in ("true", "false") else rec.split("+")
-        key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=recompute)
-        pick = lambda cands: next(c for c in cands if all(c["layout"][k] == v for k, v in key.items()))
+        key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=recompute, shard=int(shard))
+        # (a baseline build from before HSDP names no shard: 0)
+        pick = lambda cands: next((c for c in cands if all(c["layout"].get(k, 0) == v for k, v in key.items())), None)
         cand = pick(plans[ranks])
         routed = pick(json.load(open(f"{tmp}/routed-{run}.json"))["candidates"])
         medians, arenas, resident = [], [], []
@@ -112,12 +115,14 @@ for cfg in configs:
             resident.append(max(r["memory"]["resident_bytes"] for r in recs))
         arena = next(r["arena_bytes"] for r in cand["memory"]["ranks"] if r["rank"] == 0)
         cv = statistics.stdev(medians) / statistics.mean(medians) if len(medians) > 1 else 0.0
-        label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", ep {ep}, {'fsdp' if fsdp == 'true' else 'zero-2'}"
+        sharding = "zero-2" if fsdp != "true" else f"hsdp {shard}" if shard != "0" else "fsdp"
+        label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", ep {ep}, {sharding}"
                  if ranks > 1 else "") + f", micro {micro}" +
                  (", recompute" if rec == "true" else "" if rec == "false" else f", recompute {rec}"))
         rows.append((name, ranks, label, cand["step_seconds"]["total"], statistics.median(medians), cv, arena,
                      max(arenas), arena + reserved[ranks], max(resident), routed["step_seconds"]["total"],
-                     routed["imbalance"], pick(base[ranks])["step_seconds"]["total"] if base else None))
+                     routed["imbalance"],
+                     pick(base[ranks])["step_seconds"]["total"] if base and pick(base[ranks]) else None))
 
 for name in dict.fromkeys(r[0] for r in rows):
     print(f"\n{name}:\n")
@@ -133,15 +138,17 @@ for name in dict.fromkeys(r[0] for r in rows):
               f"{100*(pp-m)/m:+.0f}% |")
 
 errs = [abs(r[3] - r[4]) / r[4] for r in rows]
-if rows[0][12] is not None:
+based = [r for r in rows if r[12] is not None]  # (a baseline without HSDP does not price those layouts)
+if based:
     print("\nthe baseline build's predictions against the same runs:\n\n| layout | measured step ms | predicted | error | "
           "baseline predicted | baseline error |\n|---|---|---|---|---|---|")
-    for r in rows:
+    for r in based:
         print(f"| {r[0]}, {r[2]} | {r[4]*1e3:.0f} | {r[3]*1e3:.0f} | {100*(r[3]-r[4])/r[4]:+.1f}% | {r[12]*1e3:.0f} | "
               f"{100*(r[12]-r[4])/r[4]:+.1f}% |")
-    base_errs = [abs(r[12] - r[4]) / r[4] for r in rows]
-    print(f"\nMAPE {100*statistics.mean(errs):.2f}% against the baseline's {100*statistics.mean(base_errs):.2f}%; "
-          f"largest error {100*max(errs):.1f}% against {100*max(base_errs):.1f}%")
+    base_errs = [abs(r[12] - r[4]) / r[4] for r in based]
+    errs_based = [abs(r[3] - r[4]) / r[4] for r in based]
+    print(f"\nover these {len(based)} layouts: MAPE {100*statistics.mean(errs_based):.2f}% against the baseline's "
+          f"{100*statistics.mean(base_errs):.2f}%; largest error {100*max(errs_based):.1f}% against {100*max(base_errs):.1f}%")
 print(f"\n{len(rows)} layouts x {repeats} repeats: step time MAPE {100*statistics.mean(errs):.1f}%, largest error "
       f"{100*max(errs):.1f}%, median CV over repeats {100*statistics.median(r[5] for r in rows):.1f}%; "
       f"arenas equal to the byte: {sum(r[6] == r[7] for r in rows)}/{len(rows)}; resident memory within "
