@@ -16,6 +16,8 @@
 #     matters.
 # TESSERA_BASELINE_BIN=another build: its predictions too, from the same calibrations (written and hashed with the
 # others), scored against the same runs: a change to the planner's model, side by side on one set of measurements.
+# TESSERA_BASELINE_DROP=KEY: the baseline plans from the calibrations without device.KEY (e.g. beside_fsdp, with
+# TESSERA_BASELINE_BIN the same build: a calibrated term against its absence on the same runs).
 # Usage: bench/plan_validation.sh [STEPS] [REPEATS] [CONFIG ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +28,7 @@ configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(configs/moe_small.json configs/demo.json)
 bin=${TESSERA_BIN:-build/apps/tessera}
 baseline=${TESSERA_BASELINE_BIN:-}
+drop=${TESSERA_BASELINE_DROP:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -49,11 +52,18 @@ for cfg in "${configs[@]}"; do
             $bin launch -n "$r" -- calibrate --model "$cfg" --out "$tmp/$name-cal$r.json" > /dev/null
         fi
         threads=$((r == 1 ? 2 : 1))
-        for b in $bin $baseline; do
-            out=$tmp/$name-plan$r.json
-            [ "$b" = "$bin" ] || out=$tmp/$name-baseline$r.json
-            $b plan "$cfg" --cluster "$tmp/$name-cal$r.json" --ranks "$r" --threads "$threads" --json "$out" > /dev/null
-        done
+        $bin plan "$cfg" --cluster "$tmp/$name-cal$r.json" --ranks "$r" --threads "$threads" \
+            --json "$tmp/$name-plan$r.json" > /dev/null
+        if [ -n "$baseline" ]; then
+            cal=$tmp/$name-cal$r.json
+            if [ -n "$drop" ]; then
+                python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["device"].pop(sys.argv[2], None); json.dump(c, open(sys.argv[3], "w"))' \
+                    "$cal" "$drop" "$tmp/$name-basecal$r.json"
+                cal=$tmp/$name-basecal$r.json
+            fi
+            $baseline plan "$cfg" --cluster "$cal" --ranks "$r" --threads "$threads" \
+                --json "$tmp/$name-baseline$r.json" > /dev/null
+        fi
     done
 done
 echo "predictions written before the runs: sha256 $(cat "$tmp"/*-plan*.json "$tmp"/*-cal*.json | sha256sum | cut -c1-16)"

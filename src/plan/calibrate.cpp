@@ -120,11 +120,73 @@ std::vector<BlockSeconds> time_passes(const std::vector<model::StepShape>& shape
     return t;
 }
 
+// With several ranks (Device::beside_fsdp): how much slower a block's forward + backward at `shape` runs while FSDP's
+// transfers of its unit run beside it, from cold caches, timed alone and beside the transfers in turn, every rank at
+// once (the transfers are collectives over world; a barrier starts each pair): as FSDP issues them in a step, an
+// all-gather of the unit's parameters (each rank's 1/W) as the forward starts, another and the reduce-scatter of its
+// gradient as the backward starts. Only the passes are timed, not the transfers. The ratio of the medians less one, at
+// least 0 (a pass cannot gain from traffic beside it: less is noise).
+template <class Forward, class Backward>
+double beside_fsdp(
+    parallel::Comm& world, double unit_bytes, model::StepShape shape, Forward forward, Backward backward) {
+    const int W = world.size();
+    const int64_t piece = std::max<int64_t>(1, int64_t(unit_bytes / sizeof(float)) / W);
+    std::vector<float> mine(static_cast<size_t>(piece), 1.f), gathered(static_cast<size_t>(piece * W)),
+        grads(static_cast<size_t>(piece * W), 1.f), reduced(static_cast<size_t>(piece));
+    CacheFlush flush;
+    const int64_t n = shape.batch * shape.seq;
+    std::vector<double> alone, beside;
+    constexpr int kRuns = 7;            // the same on every rank: each runs the collectives as often as the others
+    for (int r = 0; r <= kRuns; ++r) {  // (the first pair warms up)
+        for (bool traffic : {false, true}) {
+            world.barrier();
+            std::vector<parallel::Handle> hs;
+            flush();
+            if (traffic)
+                hs.push_back(world.all_gather_async(std::as_bytes(std::span(mine)),
+                                                    std::as_writable_bytes(std::span(gathered))));
+            auto t0 = std::chrono::steady_clock::now();
+            forward(shape, n);
+            double t = seconds_since(t0);
+            flush();
+            if (traffic) {
+                hs.push_back(world.all_gather_async(std::as_bytes(std::span(mine)),
+                                                    std::as_writable_bytes(std::span(gathered))));
+                hs.push_back(world.reduce_scatter_async(DType::f32, grads.data(), reduced.data(), piece));
+            }
+            t0 = std::chrono::steady_clock::now();
+            backward(shape, n);
+            t += seconds_since(t0);
+            for (auto& h : hs) h.wait();
+            if (r > 0) (traffic ? beside : alone).push_back(t);
+        }
+    }
+    std::sort(alone.begin(), alone.end());
+    std::sort(beside.begin(), beside.end());
+    return std::max(0.0, beside[beside.size() / 2] / alone[alone.size() / 2] - 1.0);
+}
+
+// What time_block and time_linear measure: the passes at each shape, and with several ranks the slowdown beside FSDP's
+// transfers at the largest (0 on one rank)
+struct Timed {
+    std::vector<BlockSeconds> passes;
+    double beside_fsdp = 0;
+};
+
+template <class Forward, class Backward>
+Timed time_unit(const std::vector<model::StepShape>& shapes,
+                parallel::Comm* world,
+                double unit_bytes,
+                Forward forward,
+                Backward backward) {
+    Timed t{time_passes(shapes, forward, backward), 0.0};
+    if (world && world->size() > 1) t.beside_fsdp = beside_fsdp(*world, unit_bytes, shapes.back(), forward, backward);
+    return t;
+}
+
 // block j's seconds at each of `shapes` (ascending), in one rig sized for the last
-std::vector<BlockSeconds> time_block(model::Model& m,
-                                     size_t j,
-                                     const std::vector<model::StepShape>& shapes,
-                                     int64_t d_model) {
+Timed time_block(
+    model::Model& m, size_t j, const std::vector<model::StepShape>& shapes, int64_t d_model, parallel::Comm* world) {
     model::Block& block = m.block(j);
     model::BlockRig rig(block, shapes.back());
     // the parameters as training starts them: the same numbers a run's first steps compute on (random weights of
@@ -135,8 +197,8 @@ std::vector<BlockSeconds> time_block(model::Model& m,
     Tensor x(DType::f32, Shape{rows, d_model}), out(DType::f32, x.shape()), d(DType::f32, x.shape());
     fill(x.view(), 101, 1.f, 0.f);
     fill(d.view(), 102, 1.f, 0.f);
-    return time_passes(
-        shapes,
+    return time_unit(
+        shapes, world, double(rig.params.nbytes()),
         [&](model::StepShape s, int64_t n) {
             block.forward(s, x.view().slice0(0, n), out.view().slice0(0, n), rig.ws);
         },
@@ -147,15 +209,15 @@ std::vector<BlockSeconds> time_block(model::Model& m,
 
 // A linear layer [T, in] -> [T, out] at each of `shapes`, forward and backward (dx and dw): the GEMM class of a model
 // with no dense block to time
-std::vector<BlockSeconds> time_linear(int64_t in, int64_t out, const std::vector<model::StepShape>& shapes) {
+Timed time_linear(int64_t in, int64_t out, const std::vector<model::StepShape>& shapes, parallel::Comm* world) {
     const int64_t rows = shapes.back().batch * shapes.back().seq;
     Tensor x(DType::f32, Shape{rows, in}), w(DType::f32, Shape{out, in}), y(DType::f32, Shape{rows, out}),
         dy(DType::f32, y.shape()), dx(DType::f32, x.shape()), dw(DType::f32, w.shape());
     fill(x.view(), 201, 1.f, 0.f);
     fill(w.view(), 202, 1.f / std::sqrt(float(in)), 0.f);
     fill(dy.view(), 203, 1.f, 0.f);
-    return time_passes(
-        shapes,
+    return time_unit(
+        shapes, world, double(w.view().nbytes()),
         [&](model::StepShape, int64_t n) {
             ops::linear_forward({}, x.view().slice0(0, n), w.view(), {}, y.view().slice0(0, n));
         },
@@ -271,6 +333,7 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     const size_t P = shapes.size();
     std::map<OpClass, std::vector<double>> eff;  // per shape
     std::map<OpClass, double> fwd;               // the forward's share of the time at the largest shape
+    std::map<OpClass, double> beside;            // the slowdown beside FSDP's transfers (several ranks)
     // the fraction of the GEMM rate at each shape of something of `flops` forward FLOPs per token (3x with backward)
     const auto fractions = [&](const std::string& what, double flops, const std::vector<BlockSeconds>& t) {
         std::vector<double> e;
@@ -290,10 +353,12 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
         const std::string& kind = m.block_kinds()[j];
         const OpClass cls = kind == "moe" ? OpClass::grouped_gemm : block_class(kind);  // an MoE block: its experts
         if (eff.count(cls) || (cls == OpClass::grouped_gemm && !moe.empty())) continue;
-        const std::vector<BlockSeconds> t = time_block(m, j, shapes, cfg.model.d_model);
+        const Timed timed = time_block(m, j, shapes, cfg.model.d_model, world);
+        const std::vector<BlockSeconds>& t = timed.passes;
         const std::vector<double> e =
             fractions(fmt::format("block {} ({})", j, kind), m.block_forward_flops_per_token(j, seq), t);
         fwd[cls] = std::clamp(t.back().forward / t.back().both, 0.05, 0.95);
+        beside[cls] = timed.beside_fsdp;
         if (cls == OpClass::grouped_gemm) {
             moe = t;
             moe_block = j;
@@ -304,9 +369,19 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     const auto clamp = [](double e) { return std::clamp(e, 1e-3, 1.0); };
     if (!eff.count(OpClass::gemm)) {  // no dense block: a linear layer of the shared expert's (or the model's) width
         const int64_t d = cfg.model.d_model, f = cfg.model.moe.shared_ffn_dim > 0 ? cfg.model.moe.shared_ffn_dim : d;
-        const std::vector<BlockSeconds> t = time_linear(d, f, shapes);
+        const Timed timed = time_linear(d, f, shapes, world);
+        const std::vector<BlockSeconds>& t = timed.passes;
         eff[OpClass::gemm] = fractions(fmt::format("linear {} -> {}", d, f), ops::linear_forward_flops(1, d, f), t);
         fwd[OpClass::gemm] = std::clamp(t.back().forward / t.back().both, 0.05, 0.95);
+        beside[OpClass::gemm] = timed.beside_fsdp;
+    }
+    for (OpClass cls : {OpClass::attention, OpClass::kda})  // (as their efficiency: the GEMM class's when untimed)
+        if (!beside.count(cls)) beside[cls] = beside[OpClass::gemm];
+    if (!beside.count(OpClass::grouped_gemm)) beside[OpClass::grouped_gemm] = beside[OpClass::gemm];
+    if (W > 1) {
+        c.device.beside_fsdp = beside;
+        for (const auto& [cls, v] : beside)
+            note(fmt::format("{} beside FSDP's transfers of its unit: {:+.1f}%", op_class_name(cls), 100 * v));
     }
     for (OpClass cls : {OpClass::attention, OpClass::kda})
         if (!eff.count(cls)) eff[cls] = eff[OpClass::gemm];
@@ -388,6 +463,8 @@ std::string cluster_json(const Cluster& c) {
     if (!c.device.tokens.empty()) by_tokens["tokens"] = c.device.tokens;
     for (const auto& [cls, v] : c.device.efficiency_by_tokens) by_tokens[op_class_name(cls)] = v;
     for (const auto& [cls, v] : c.device.forward_share) shares[op_class_name(cls)] = v;
+    Json beside = Json::object();
+    for (const auto& [cls, v] : c.device.beside_fsdp) beside[op_class_name(cls)] = v;
     for (const auto& [cls, v] : c.device.efficiency) efficiency[op_class_name(cls)] = v;
     Json doc = {{"name", c.name},
                 {"source", c.source},
@@ -410,6 +487,7 @@ std::string cluster_json(const Cluster& c) {
                 {"links", links}};
     if (!c.device.tokens.empty()) doc["device"]["efficiency_by_tokens"] = by_tokens;
     if (!shares.empty()) doc["device"]["forward_share"] = shares;
+    if (!beside.empty()) doc["device"]["beside_fsdp"] = beside;
     return doc.dump(2) + "\n";
 }
 

@@ -223,6 +223,17 @@ Cluster load_cluster(const std::string& path) {
             }
             f.finish();
         }
+        {
+            ConfigReader f(d.section("beside_fsdp"), where + ".beside_fsdp");
+            for (OpClass cls : kOpClasses) {
+                const std::string key = op_class_name(cls);
+                if (!f.has(key)) continue;
+                const double v = f.number(key, 0);
+                TESSERA_CHECK(v >= 0 && v <= 2, "{}.beside_fsdp: {} must be in [0, 2] (got {})", where, key, v);
+                c.device.beside_fsdp[cls] = v;
+            }
+            f.finish();
+        }
         c.device.memory_bandwidth = positive(d, "memory_bandwidth_gbs", where) * 1e9;
         c.device.threads = d.integer("threads", 0);
         TESSERA_CHECK(c.device.threads >= 0, "{}: threads must not be negative", where);

@@ -80,6 +80,14 @@ struct Cluster {
         double efficiency_at(OpClass cls, double tokens) const;
         // The forward's share of a forward + backward's time: measured, or the FLOP count's 1/3.
         double forward_fraction(OpClass cls) const;
+        // measured (`tessera calibrate` under mpirun): how much slower a block of the class computes while FSDP's
+        // gathers and reduce-scatters of its unit run beside it (memory bandwidth and caches shared with the
+        // transfers), as a fraction: 0.1 = 10% slower. Absent: 0.
+        std::map<OpClass, double> beside_fsdp;
+        double beside_fsdp_factor(OpClass cls) const {
+            const auto it = beside_fsdp.find(cls);
+            return 1.0 + (it == beside_fsdp.end() ? 0.0 : it->second);
+        }
         double memory_bandwidth = 0;  // bytes/s
         int64_t threads = 0;          // CPU devices: OpenMP threads per rank (sizes the workspace)
         double peak() const { return peak_flops.at(compute_dtype); }

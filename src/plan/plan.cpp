@@ -235,10 +235,16 @@ struct BlockPass {
     double forward = 0, backward = 0;
     double expert_forward = 0, expert_backward = 0;  // of which the routed experts'
 };
-BlockPass block_pass(
-    const Cluster::Device& dev, const BlockCost& b, double tokens, double ep, double skew, bool frozen_base) {
-    const auto both = [&](OpClass cls, double flops, double n) {
-        return 3.0 * tokens * flops / (dev.peak() * dev.efficiency_at(cls, n));
+BlockPass block_pass(const Cluster::Device& dev,
+                     const BlockCost& b,
+                     double tokens,
+                     double ep,
+                     double skew,
+                     bool frozen_base,
+                     bool fsdp) {
+    const auto both = [&](OpClass cls, double flops, double n) {  // (slower beside FSDP's transfers, as measured)
+        return 3.0 * tokens * flops / (dev.peak() * dev.efficiency_at(cls, n)) *
+               (fsdp ? dev.beside_fsdp_factor(cls) : 1.0);
     };
     const double dense = both(b.cls, b.flops - b.routed, tokens);
     const double routed = b.routed > 0 ? both(OpClass::grouped_gemm, b.routed, tokens * ep) * skew : 0.0;
@@ -253,8 +259,9 @@ BlockPass block_pass(
 }
 
 // The embedding and head of one micro-batch (at the GEMM rate), forward + backward.
-double head_seconds(const Cluster::Device& dev, const ModelCosts& c, double tokens, bool frozen_base) {
-    return (frozen_base ? 2.0 : 3.0) * tokens * c.head_flops / (dev.peak() * dev.efficiency_at(OpClass::gemm, tokens));
+double head_seconds(const Cluster::Device& dev, const ModelCosts& c, double tokens, bool frozen_base, bool fsdp) {
+    return (frozen_base ? 2.0 : 3.0) * tokens * c.head_flops / (dev.peak() * dev.efficiency_at(OpClass::gemm, tokens)) *
+           (fsdp ? dev.beside_fsdp_factor(OpClass::gemm) : 1.0);
 }
 
 StepTime step_time(const train::RunConfig& run,
@@ -272,13 +279,14 @@ StepTime step_time(const train::RunConfig& run,
     StepTime t;
     t.imbalance = loads.empty() ? 1.0 : imbalance(loads, l.ep);
     // per micro-batch: every block forward and backward, the recomputed ones' forward once more, the head
+    const bool fsdp = l.ranks > 1 && l.fsdp;  // (its transfers run beside the blocks)
     for (const BlockCost& b : c.blocks) {
-        const BlockPass p = block_pass(cl.device, b, micro_tokens, ep, t.imbalance, frozen_base);
+        const BlockPass p = block_pass(cl.device, b, micro_tokens, ep, t.imbalance, frozen_base, fsdp);
         const bool again = b.reruns(l.recompute);
         t.compute += accumulation * (p.forward * (again ? 2.0 : 1.0) + p.backward);
         t.expert_compute += accumulation * (p.expert_forward * (again ? 2.0 : 1.0) + p.expert_backward);
     }
-    t.compute += accumulation * head_seconds(cl.device, c, micro_tokens, frozen_base);
+    t.compute += accumulation * head_seconds(cl.device, c, micro_tokens, frozen_base, fsdp);
     if (l.ep > 1 && c.moe_layers > 0) {
         // every MoE layer of every micro-batch: forward and backward (+ recompute)
         double passes = 0;  // forward and backward of every MoE layer, and the recomputed ones' forward again
@@ -289,7 +297,7 @@ StepTime step_time(const train::RunConfig& run,
         const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
         t.a2a_exposed = t.a2a / chunks + std::max(0.0, (t.a2a - t.expert_compute) * (chunks - 1) / chunks);
     }
-    if (l.ranks > 1 && l.fsdp) {
+    if (fsdp) {
         // every micro-batch gathers each unit twice (forward, backward) and reduce-scatters its gradient: one
         // collective per unit over every rank, and one per MoE layer for its experts over the expert-data group
         const double units = double(c.units), moe = double(c.moe_layers);
@@ -333,11 +341,11 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     const double tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);  // per micro-batch
     const bool frozen_base = cfg.model.lora.enabled();
     const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
+    const bool fsdp = l.ranks > 1 && l.fsdp;
     std::vector<BlockPass> pass;
-    for (const BlockCost& b : c.blocks) pass.push_back(block_pass(cl.device, b, tokens, ep, I, frozen_base));
+    for (const BlockCost& b : c.blocks) pass.push_back(block_pass(cl.device, b, tokens, ep, I, frozen_base, fsdp));
     const double grads = gradient_seconds(c, cl, l, double(accumulation)) / double(accumulation);  // per micro-batch
     const double a2a = a2a_pass_seconds(cfg, cl, l, tokens, I);  // one pass of one MoE layer
-    const bool fsdp = l.ranks > 1 && l.fsdp;
     // a unit's FSDP transfer, of its parameters or its gradient
     const auto unit_seconds = [&](int u, bool grads) {
         const ModelCosts::UnitBytes& b = c.units_bytes[size_t(u)];
@@ -392,7 +400,8 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
         in = v.unit;
         ready[size_t(v.unit)] = transfer("gather " + unit_name(v), now, unit_seconds(v.unit, false), layer_of(v));
     };
-    const double head = head_seconds(cl.device, c, tokens, frozen_base), head_forward = head / (frozen_base ? 2 : 3);
+    const double head = head_seconds(cl.device, c, tokens, frozen_base, fsdp),
+                 head_forward = head / (frozen_base ? 2 : 3);
     for (int64_t m = 0; m < accumulation; ++m) {
         span("gradients (clear, accumulate)", "step", 0, now, grads, -1);
         now += grads;

@@ -448,6 +448,13 @@ TEST(Plan, CalibrateWritesAClusterFile) {
         EXPECT_GT(l["collectives"][k]["latency_us"][0].get<double>(), 0.0) << k;
     }
     EXPECT_EQ(l["bandwidth_gbs"], l["collectives"]["all_to_all"]["bandwidth_gbs"][0]);
+    // with ranks: each class's slowdown beside FSDP's transfers of its unit (0 alone: no such key)
+    EXPECT_FALSE(c["device"].contains("beside_fsdp"));
+    const Json beside = Json::parse(read_text(two))["device"]["beside_fsdp"];
+    for (const char* k : {"gemm", "grouped_gemm", "attention", "kda"})
+        EXPECT_TRUE(beside.contains(k) && beside[k].get<double>() >= 0 && beside[k].get<double>() <= 2)
+            << k << ": " << beside.dump();
+    EXPECT_NE(b.out.find("beside FSDP's transfers of its unit"), std::string::npos) << b.out;
     // a model whose layers do not fit this machine: one line, no file
     test::expect_one_line_error(test::run_tessera("calibrate --model " + std::string(TESSERA_SOURCE_DIR) +
                                                   "/configs/hf/kimi_k3.json --out " + d.file("k3.json")),
@@ -559,6 +566,35 @@ TEST(Plan, CollectivesRunAtTheirMeasuredRates) {
     EXPECT_GT(same, 0);
     EXPECT_GT(apart, 0);
     EXPECT_GT(hsdp, 0);
+}
+
+// A calibrated slowdown beside FSDP's transfers (device.beside_fsdp): FSDP's (and HSDP's) blocks and head compute that
+// much slower, exactly; ZeRO-2, which moves nothing while they compute, and one rank do not.
+TEST(Plan, BlocksBesideFsdpsTransfersComputeSlower) {
+    TempDir d;
+    const auto compute = [&](const std::string& device_keys, int ranks) {
+        std::map<std::string, double> t;
+        const Json plan =
+            plan_json(kTiny + test::kTinyMoe + " --global-batch 4 --cluster " + cpu_cluster(d, ranks, device_keys), d);
+        for (const Json& c : plan["candidates"]) t[c["layout"].dump()] = c["step_seconds"]["compute"];
+        return t;
+    };
+    for (int ranks : {1, 4}) {
+        const auto base = compute("", ranks);
+        const auto slow =
+            compute(R"(, "beside_fsdp": {"gemm": 0.25, "grouped_gemm": 0.25, "attention": 0.25, "kda": 0.25})", ranks);
+        int fsdp = 0, other = 0;
+        for (const auto& [layout, t] : base) {
+            const Json l = Json::parse(layout);
+            const bool beside = ranks > 1 && l["fsdp"].get<bool>();
+            EXPECT_NEAR(slow.at(layout) / t, beside ? 1.25 : 1.0, 1e-9) << layout;
+            ++(beside ? fsdp : other);
+        }
+        if (ranks > 1) {
+            EXPECT_GT(fsdp, 0);
+        }
+        EXPECT_GT(other, 0);
+    }
 }
 
 // Uniform routing is expert parallelism's best case, and the report says so; a skewed load (zipf:1) slows the EP2
@@ -679,6 +715,9 @@ TEST(Plan, MistakesAreOneLineErrors) {
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "memory_bandwidth_gbs": 1},
                      "links": [{"bandwidth_gbs": 1}]})",
                   "compute_dtype bf16 has no peak_tflops");
+    cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
+                     "memory_bandwidth_gbs": 1, "beside_fsdp": {"kda": -0.1}}, "links": [{"bandwidth_gbs": 1}]})",
+                  "beside_fsdp: kda must be in [0, 2] (got -0.1)");
     const std::string ok = cpu_cluster(d, 2);
     test::expect_one_line_error(test::run_tessera("plan " + kTiny + " --cluster " + ok + " --ranks 3"),
                                 "3 ranks but the cluster", "more ranks than devices");
