@@ -116,6 +116,7 @@ for cfg in configs:
         pick = lambda cands: next((c for c in cands if all(c["layout"].get(k, 0) == v for k, v in key.items())), None)
         cand = pick(plans[ranks])
         routed = pick(json.load(open(f"{tmp}/routed-{run}.json"))["candidates"])
+        baseline = pick(base[ranks]) if base else None  # (None: a baseline without this layout)
         medians, arenas, resident = [], [], []
         for rep in range(1, repeats + 1):
             recs = [json.loads(l) for l in open(f"{tmp}/{run}-{rep}/metrics.jsonl")]
@@ -131,8 +132,7 @@ for cfg in configs:
                  (", recompute" if rec == "true" else "" if rec == "false" else f", recompute {rec}"))
         rows.append((name, ranks, label, cand["step_seconds"]["total"], statistics.median(medians), cv, arena,
                      max(arenas), arena + reserved[ranks], max(resident), routed["step_seconds"]["total"],
-                     routed["imbalance"],
-                     pick(base[ranks])["step_seconds"]["total"] if base and pick(base[ranks]) else None))
+                     routed["imbalance"], baseline["step_seconds"]["total"] if baseline else None))
 
 for name in dict.fromkeys(r[0] for r in rows):
     print(f"\n{name}:\n")

@@ -375,9 +375,8 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
         fwd[OpClass::gemm] = std::clamp(t.back().forward / t.back().both, 0.05, 0.95);
         beside[OpClass::gemm] = timed.beside_fsdp;
     }
-    for (OpClass cls : {OpClass::attention, OpClass::kda})  // (as their efficiency: the GEMM class's when untimed)
+    for (OpClass cls : kOpClasses)  // (as their efficiency: the GEMM class's when untimed)
         if (!beside.count(cls)) beside[cls] = beside[OpClass::gemm];
-    if (!beside.count(OpClass::grouped_gemm)) beside[OpClass::grouped_gemm] = beside[OpClass::gemm];
     if (W > 1) {
         c.device.beside_fsdp = beside;
         for (const auto& [cls, v] : beside)

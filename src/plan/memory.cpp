@@ -28,8 +28,9 @@ train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
     cfg.parallel.ep = l.ep;
     cfg.parallel.fsdp = l.fsdp;
     cfg.parallel.shard = l.shard;
-    TESSERA_CHECK(l.shard == 0 || (l.fsdp && l.shard >= 2 && l.ranks % l.shard == 0),
-                  "parallel.shard = {} does not divide the {} ranks into FSDP groups of at least 2", l.shard, l.ranks);
+    TESSERA_CHECK(l.shard == 0 || l.fsdp, "parallel.shard = {} needs FSDP (ZeRO-2 has no shard groups)", l.shard);
+    TESSERA_CHECK(l.shard == 0 || (l.shard >= 2 && l.ranks % l.shard == 0),
+                  "parallel.shard = {} does not divide the {} ranks into groups of at least 2", l.shard, l.ranks);
     cfg.train.micro_batch_size = l.micro_batch;
     cfg.train.recompute = l.recompute;
     cfg.train.micro_batch(int(l.ranks));  // checks that the batch splits

@@ -719,6 +719,14 @@ TEST(Plan, MistakesAreOneLineErrors) {
                      "memory_bandwidth_gbs": 1, "beside_fsdp": {"kda": -0.1}}, "links": [{"bandwidth_gbs": 1}]})",
                   "beside_fsdp: kda must be in [0, 2] (got -0.1)");
     const std::string ok = cpu_cluster(d, 2);
+    // HSDP's shard group: a divisor of the ranks, under FSDP
+    for (const auto& [shard, needle] : {std::pair{"3", "parallel.shard = 3 does not divide the 2 ranks"},
+                                        std::pair{"2 --zero2", "parallel.shard = 2 needs FSDP"}})
+        test::expect_one_line_error(
+            test::run_tessera(fmt::format("simulate {} --cluster {} --ranks 2 --shard {} --out {}", kTiny, ok, shard,
+                                          d.file("sim.json"))),
+            needle, shard);
+    EXPECT_FALSE(fs::exists(d.file("sim.json")));
     test::expect_one_line_error(test::run_tessera("plan " + kTiny + " --cluster " + ok + " --ranks 3"),
                                 "3 ranks but the cluster", "more ranks than devices");
     test::expect_one_line_error(test::run_tessera("plan " + kTiny + " --cluster " + ok + " --global-batch 3"),
