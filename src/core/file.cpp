@@ -87,6 +87,33 @@ void release_pages(const void* p, size_t n) {
     TESSERA_CHECK(::madvise(reinterpret_cast<void*>(lo), len, MADV_DONTNEED) == 0, "madvise: {}", os_error());
 }
 
+void prefetch_pages(const void* p, size_t n) {
+    if (n == 0) return;
+    const auto [lo, len] = page_span(p, n);
+    ::madvise(reinterpret_cast<void*>(lo), len, MADV_WILLNEED);  // advice only: a refusal changes nothing
+}
+
+ScratchFile::ScratchFile(const std::string& dir, size_t bytes) : size_(bytes) {
+    std::error_code ec;
+    TESSERA_CHECK(std::filesystem::is_directory(dir, ec), "{}: not a directory (for a scratch file of {} bytes)", dir,
+                  bytes);
+    std::string path = (std::filesystem::path(dir) / "tessera-scratch-XXXXXX").string();
+    Fd f{::mkostemp(path.data(), O_CLOEXEC)};
+    TESSERA_CHECK(f.fd >= 0, "{}: cannot make a scratch file: {}", dir, os_error());
+    ::unlink(path.c_str());  // nothing is left on disk, however the process ends
+    if (bytes == 0) return;
+    const int err = ::posix_fallocate(f.fd, 0, off_t(bytes));
+    TESSERA_CHECK(err == 0, "{}: cannot reserve {:.1f} MiB for a scratch file: {}", dir, double(bytes) / (1 << 20),
+                  std::strerror(err));
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+    TESSERA_CHECK(p != MAP_FAILED, "{}: cannot map a scratch file of {} bytes: {}", dir, bytes, os_error());
+    data_ = static_cast<std::byte*>(p);
+}
+
+ScratchFile::~ScratchFile() {
+    if (data_) ::munmap(data_, size_);
+}
+
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     if (this != &o) {
         if (data_) ::munmap(const_cast<std::byte*>(data_), size_);

@@ -39,6 +39,28 @@ size_t resident_bytes(const void* p, size_t n, std::vector<uint64_t>& scratch);
 void touch_pages(const void* p, size_t n);
 void release_pages(const void* p, size_t n);
 size_t page_size();
+// Asks the kernel to read a range's pages ahead (madvise MADV_WILLNEED), without waiting for them.
+void prefetch_pages(const void* p, size_t n);
+
+// Read-write memory backed by a new file in `dir`, unlinked as soon as it is made: the file lives while it is mapped
+// and never outlives the process, even one that is killed. Its blocks are reserved up front (posix_fallocate), so a
+// full disk is an error here and not a SIGBUS later; it starts zero-filled. The kernel pages it to and from the disk as
+// it needs the memory; release_pages drops a range from the resident set (the values stay in the file). AdamW's moments
+// under memory.optimizer_offload (train/optimizer.h).
+class ScratchFile {
+  public:
+    ScratchFile(const std::string& dir, size_t bytes);  // throws with the directory and the OS error
+    ScratchFile(const ScratchFile&) = delete;
+    ScratchFile& operator=(const ScratchFile&) = delete;
+    ~ScratchFile();
+
+    std::byte* data() const { return data_; }
+    size_t size() const { return size_; }
+
+  private:
+    std::byte* data_ = nullptr;
+    size_t size_ = 0;
+};
 
 // Writes through `write` into "<path>.tmp-<pid>", fsyncs it, renames it to path and fsyncs the
 // directory. On any error the temporary file is removed and the previous file at path is untouched.

@@ -118,13 +118,33 @@ Tensor model_ranges(const SavedPieces& saved, const ParamRanges& ranges) {
 }
 
 // The saved pieces of a moment (m or v), one after another (SavedPieces::all false).
-Tensor packed_moments(const SavedPieces& saved, const BufferGroup& moments) {
-    Tensor flat(DType::f32, Shape{saved.n});
+// A copy that lives on of the moments a rank saves (a snapshot, or the saved pieces packed when it does not save them
+// all): a Tensor, or with the moments offloaded a scratch file beside theirs (train/optimizer.h), filled a window at a
+// time with both sides released as it goes, so that neither is ever resident whole.
+TensorView moments_copy(RankFiles& f, const AdamW& opt, const SavedPieces& saved, const BufferGroup& moments) {
     const TensorView from = moments.view(0);
-    for (const auto& [p, at] : saved.at)
-        copy_bytes(flat.view().ptr<float>() + at, Device::cpu, from.ptr<float>() + p->state_offset, from.device,
-                   size_t(p->length) * sizeof(float));
-    return flat;
+    float* to = nullptr;
+    if (opt.offloaded()) {
+        f.mapped.push_back(std::make_shared<ScratchFile>(opt.offload_dir(), size_t(saved.n) * sizeof(float)));
+        to = reinterpret_cast<float*>(f.mapped.back()->data());
+    } else {
+        f.owned.push_back(Tensor(DType::f32, Shape{saved.n}));
+        to = f.owned.back().view().ptr<float>();
+    }
+    auto copy = [&](int64_t from_at, int64_t to_at, int64_t n) {
+        for (int64_t k = 0; k < n; k += opt.offload_window()) {
+            const size_t bytes = size_t(std::min(opt.offload_window(), n - k)) * sizeof(float);
+            copy_bytes(to + to_at + k, Device::cpu, from.ptr<float>() + from_at + k, from.device, bytes);
+            if (!opt.offloaded()) continue;
+            release_pages(to + to_at + k, bytes);
+            release_pages(from.ptr<float>() + from_at + k, bytes);
+        }
+    };
+    if (saved.all)
+        copy(0, 0, saved.n);
+    else
+        for (const auto& [p, at] : saved.at) copy(p->state_offset, at, p->length);
+    return TensorView(to, DType::f32, Shape{saved.n});
 }
 
 // The step a directory name step_NNNNNNN stands for, or nothing for another name.
@@ -203,9 +223,7 @@ RankFiles rank_files(const CheckpointContents& c, int rank, int world, bool copy
     const SavedPieces saved = saved_pieces(c.opt);
     const std::string pieces = pieces_text(c.opt, saved);
     auto moments = [&](const BufferGroup& g) {
-        if (saved.all) return keep(g.view(0));
-        f.owned.push_back(packed_moments(saved, g));
-        return f.owned.back().view();
+        return saved.all && !copy && g.device() == Device::cpu ? g.view(0) : moments_copy(f, c.opt, saved, g);
     };
     f.files.push_back({optimizer_file(rank, world),
                        {{"m", moments(c.opt.m())}, {"v", moments(c.opt.v())}},
@@ -287,6 +305,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
     try {
         const RankFiles files = rank_files(c, rank, W, /*copy=*/false);
         write_rank_files(files, tmp);
+        c.opt.release();                // (offloaded moments: the write read them in)
         if (W > 1) agree(*comm, true);  // every rank's ranges are on disk
         if (rank != 0) {
             agree(*comm, true);  // rank 0 renamed the directory (or failed)
@@ -705,6 +724,7 @@ void load_optimizer(const std::string& ckpt_dir, AdamW& opt) {
                   ckpt_dir, found, wanted);
     check_finite(opt.m(), ckpt_dir);
     check_finite(opt.v(), ckpt_dir);
+    opt.release();
 }
 
 }  // namespace tessera::train

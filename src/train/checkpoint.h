@@ -79,6 +79,7 @@ struct RankFiles {
     };
     std::vector<File> files;
     std::vector<Tensor> owned;
+    std::vector<std::shared_ptr<ScratchFile>> mapped;  // copies of offloaded moments (train/optimizer.h)
     int rank = 0, world = 1;
     Json config;
     TrainerState state;

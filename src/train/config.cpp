@@ -84,6 +84,8 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     pr.finish();
     ConfigReader mr(top.section("memory"), where + ": memory");
     c.memory.weights_budget = mr.integer("weights_budget", c.memory.weights_budget);
+    c.memory.optimizer_offload = mr.boolean("optimizer_offload", c.memory.optimizer_offload);
+    c.memory.offload_dir = mr.text("offload_dir", c.memory.offload_dir);
     mr.finish();
     ConfigReader on(top.section("monitor"), where + ": monitor");
     MonitorConfig& mon = c.monitor;
@@ -219,7 +221,10 @@ Json to_json(const RunConfig& c) {
                   {"ep", c.parallel.ep},
                   {"ep_chunks", c.parallel.ep_chunks},
                   {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte}}},
-                {"memory", {{"weights_budget", c.memory.weights_budget}}},
+                {"memory",
+                 {{"weights_budget", c.memory.weights_budget},
+                  {"optimizer_offload", c.memory.optimizer_offload},
+                  {"offload_dir", c.memory.offload_dir}}},
                 {"monitor", monitor}};
 }
 

@@ -79,6 +79,10 @@ struct MemoryConfig {
     // MiB of a LoRA fine-tune's frozen base kept resident; the base is read in place from its files
     // (train/weight_budget.h). 0 = the whole base in memory (copied into the arena).
     int64_t weights_budget = 0;
+    // AdamW's moments in a file instead of the arena (docs/train.md, "Optimizer offload"; train/optimizer.h): the
+    // kernel pages them to and from the disk, and the step streams them through a window at a time.
+    bool optimizer_offload = false;
+    std::string offload_dir;  // where that file is made (and at once unlinked); empty: the run's directory
 };
 
 // Operations (docs/operations.md): the metrics endpoint, the alert rules evaluated every step and what each

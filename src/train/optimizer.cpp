@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "core/check.h"
@@ -18,8 +19,9 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
              const parallel::Mesh* mesh,
              int64_t first_expert,
              const std::vector<size_t>& units,
-             bool fsdp)
-    : specs_(params) {
+             bool fsdp,
+             bool offload)
+    : specs_(params), offloaded_(offload) {
     const BufferGroup layout("params", params);  // offsets only: nothing is allocated
     const int64_t total = int64_t(layout.nbytes() / sizeof(float));
     std::array<int64_t, kRegions + 1> bound;  // region r is [bound[r], bound[r + 1]): its first parameter's offset
@@ -62,13 +64,15 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
         n += regions_[r].shard.size();
     }
     auto state = [&](const char* name) {
-        return BufferGroup(
-            std::string("adamw.") + name,
-            {BufferSpec{.name = name, .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::optimizer}});
+        std::vector<BufferSpec> spec{
+            BufferSpec{.name = name, .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::optimizer}};
+        const std::string group = std::string("adamw.") + name;
+        return offload ? BufferGroup(group, std::move(spec), {BufferGroup::kOutside}, 0)  // (offload_to places it)
+                       : BufferGroup(group, std::move(spec));
     };
     m_ = state("m");
     v_ = state("v");
-    for (size_t t = 0; t < params.size(); ++t) {  // the pieces of each parameter held here
+    for (size_t t = 0; t < params.size(); ++t) {  // the pieces of each parameter held here (in state order)
         const int r = region_of(params[t].sharding);
         const parallel::ShardedRegion& reg = regions_[size_t(r)];
         const int64_t b = offsets_[t] - reg.base, len = params[t].shape.numel();
@@ -79,6 +83,9 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
             if (e0 >= e1) continue;
             const int64_t at = i.at + (e0 - i.lo);
             pieces_.push_back({t, slice_at + (e0 - b), state_at_[size_t(r)] + at, e1 - e0, at, r});
+            TESSERA_CHECK(
+                pieces_.size() == 1 || pieces_.back().state_offset >= pieces_[pieces_.size() - 2].state_offset,
+                "AdamW: the pieces of {} are out of state order", params[t].name);
         }
     }
     for (size_t r = 0; r < kRegions; ++r) {  // the norm's chunks: this rank's, every rank's, and their flat order
@@ -103,6 +110,39 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
         std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.lo < y.lo; });
         for (const Run& run : runs) order_[r].push_back({size_t(run.rank) * most + run.chunks.at, run.chunks.n});
     }
+}
+
+namespace {
+size_t moment_bytes(const BufferGroup& m) {  // one moment's bytes, rounded up to whole pages (v starts on a page)
+    const size_t page = page_size();
+    return (m.specs()[0].nbytes() + page - 1) / page * page;
+}
+}  // namespace
+
+void AdamW::offload_to(const std::string& dir, int64_t window) {
+    TESSERA_CHECK(offloaded_ && !offload_, "AdamW::offload_to: the moments are {}",
+                  offloaded_ ? "offloaded already" : "in the arena");
+    TESSERA_CHECK(window > 0, "AdamW::offload_to: a window of {} elements", window);
+    offload_window_ = window;
+    const size_t each = moment_bytes(m_);
+    offload_ = std::make_unique<ScratchFile>(dir, 2 * each);
+    offload_dir_ = dir;
+    m_.place_outside(0, {offload_->data()});
+    v_.place_outside(0, {offload_->data() + each});
+}
+
+size_t AdamW::offloaded_bytes() const { return offloaded_ ? 2 * moment_bytes(m_) : 0; }
+
+size_t AdamW::offload_resident_bytes() const {
+    if (!offloaded_) return 0;
+    const size_t page = page_size(), window = size_t(offload_window_) * sizeof(float);
+    // two windows of each moment, and the kernel's fault-around (64 KiB) and a page at either end
+    return 2 * std::min(moment_bytes(m_), 2 * window + 2 * ((64 << 10) + page));
+}
+
+void AdamW::release() const {
+    if (!offload_) return;
+    release_pages(offload_->data(), offload_->size());
 }
 
 float* AdamW::region_base(const BufferGroup& g, size_t r) const {
@@ -183,23 +223,66 @@ void AdamW::update(const TrainConfig& c,
         TESSERA_CHECK(int64_t(params.region[r].size()) == regions_[r].shard.size(),
                       "AdamW::update: {} parameter elements for a range of {}", params.region[r].size(),
                       regions_[r].shard.size());
+    // offloaded: window by window in state order, the next one asked for ahead, each finished one released
+    const int64_t window = offload_ ? offload_window_ : std::numeric_limits<int64_t>::max();
+    const int64_t total = m_.specs()[0].shape.numel();
+    int64_t current = -1;  // the window being updated
+    // (a read fault maps the cached pages around it too, the kernel's fault-around of up to 64 KiB: a finished window
+    // is released with that much before it, and the whole file after the step)
+    const int64_t around = int64_t(64 << 10) / int64_t(sizeof(float));
+    auto enter = [&](int64_t w) {
+        if (w == current || !offload_) return;
+        if (current >= 0) {
+            const int64_t lo = std::max<int64_t>(0, current * window - around),
+                          len = std::min((current + 1) * window, total) - lo;
+            release_pages(m + lo, size_t(len) * sizeof(float));
+            release_pages(v + lo, size_t(len) * sizeof(float));
+        }
+        current = w;
+        const int64_t next = (w + 1) * window;
+        if (next < total) {
+            const size_t len = size_t(std::min(window, total - next)) * sizeof(float);
+            prefetch_pages(m + next, len);
+            prefetch_pages(v + next, len);
+        }
+    };
     for (const StatePiece& piece : pieces_) {
-        const BufferSpec& spec = specs_[piece.param];
         if (!trainable.empty() && !trainable[piece.param]) continue;
+        for (int64_t lo = 0; lo < piece.length;) {  // the piece's part in each window
+            const int64_t at = piece.state_offset + lo;
+            const int64_t hi = std::min(piece.length, (at / window + 1) * window - piece.state_offset);
+            enter(at / window);
+            update_piece(c, piece, lo, hi, params, g, lr);
+            lo = hi;
+        }
+    }
+    release();
+}
+
+void AdamW::update_piece(const TrainConfig& c,
+                         const StatePiece& piece,
+                         int64_t lo,
+                         int64_t hi,
+                         const ParamRanges& params,
+                         const GradRanges& g,
+                         double lr) {
+    float* m = m_.view(0).ptr<float>();
+    float* v = v_.view(0).ptr<float>();
+    {
+        const BufferSpec& spec = specs_[piece.param];
         const ops::AdamWParams p{.lr = lr,
                                  .beta1 = c.beta1,
                                  .beta2 = c.beta2,
                                  .eps = c.eps,
                                  .weight_decay = spec.weight_decay ? c.weight_decay : 0.0,
                                  .step = step_};
-        const Shape s{piece.length};
+        const Shape s{hi - lo};
         const size_t r = size_t(piece.region);
-        const int64_t k = piece.range_offset;
+        const int64_t k = piece.range_offset + lo, at = piece.state_offset + lo;
         const Device d = device();
         ops::adamw_update(p, TensorView(params.region[r].data() + k, DType::f32, s, d),
-                          TensorView(g.region[r].data() + k, DType::f32, s, d),
-                          TensorView(m + piece.state_offset, DType::f32, s, d),
-                          TensorView(v + piece.state_offset, DType::f32, s, d));
+                          TensorView(g.region[r].data() + k, DType::f32, s, d), TensorView(m + at, DType::f32, s, d),
+                          TensorView(v + at, DType::f32, s, d));
     }
 }
 

@@ -11,13 +11,22 @@
 // kChunk elements of a region (from the start of each of the model's units), the chunk sums of each region gathered
 // and added in flat order, the expert region's sums of the EP ranks added in rank order, so the norm has the same bits
 // on any thread count, any number of data-parallel ranks, with or without FSDP.
+//
+// Optimizer offload (memory.optimizer_offload; docs/train.md): m and v live outside the arena, in a scratch file's
+// mapping (core/file.h: made in the offload directory, unlinked at once, its blocks reserved), which the kernel pages
+// to and from the disk. The update streams through them in state order a window of kOffloadWindow elements at a time:
+// the next window's pages are asked for ahead (MADV_WILLNEED) and each finished window is dropped from the resident
+// set, so at most two windows of each moment are resident. The update is elementwise, so the bits are the ones of
+// moments in the arena.
 #pragma once
 
 #include <array>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "core/buffer_spec.h"
+#include "core/file.h"
 #include "parallel/mesh.h"
 #include "parallel/shard.h"
 #include "train/config.h"
@@ -56,7 +65,19 @@ class AdamW {
           const parallel::Mesh* mesh = nullptr,
           int64_t first_expert = 0,
           const std::vector<size_t>& units = {},
-          bool fsdp = false);
+          bool fsdp = false,
+          bool offload = false);
+    static constexpr int64_t kOffloadWindow = int64_t(1) << 22;  // elements of each moment streamed at a time
+
+    // Offloaded: the moments' scratch file, made in dir (train() does this; a planned rank never does), streamed
+    // `window` elements at a time. Before any other use of m and v.
+    void offload_to(const std::string& dir, int64_t window = kOffloadWindow);
+    int64_t offload_window() const { return offload_window_; }
+    bool offloaded() const { return offloaded_; }
+    const std::string& offload_dir() const { return offload_dir_; }
+    size_t offloaded_bytes() const;         // m and v in their file (0 when not offloaded)
+    size_t offload_resident_bytes() const;  // the most of them resident during a step (two windows of each)
+    void release() const;                   // offloaded: m and v leave the resident set (after a checkpoint)
 
     BufferGroup& m() { return m_; }
     BufferGroup& v() { return v_; }
@@ -99,6 +120,14 @@ class AdamW {
 
   private:
     TensorView flat(std::span<const float> range) const;  // a range as a flat f32 view on device()
+    // AdamW on elements [lo, hi) of a piece
+    void update_piece(const TrainConfig& c,
+                      const StatePiece& piece,
+                      int64_t lo,
+                      int64_t hi,
+                      const ParamRanges& params,
+                      const GradRanges& g,
+                      double lr);
     double region_sum_of_squares(int region, std::span<const float> g);
 
     std::array<parallel::ShardedRegion, kRegions> regions_;
@@ -109,6 +138,10 @@ class AdamW {
     std::vector<int64_t> offsets_;  // flat element offset of each parameter
     std::vector<StatePiece> pieces_;
     BufferGroup m_, v_;
+    bool offloaded_ = false;
+    std::unique_ptr<ScratchFile> offload_;
+    std::string offload_dir_;
+    int64_t offload_window_ = kOffloadWindow;
     std::array<std::vector<double>, kRegions> mine_,
         partial_;  // Σ g² per chunk: this rank's, every rank's (sized once)
     struct ChunkRun {

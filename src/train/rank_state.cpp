@@ -20,7 +20,12 @@ std::vector<size_t> unit_starts(const model::Model& m) {
 
 RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accumulation)
     : model(cfg.model, m ? &m->expert() : nullptr, cfg.parallel.ep_chunks),
-      opt(model.trained_specs(), m, model.local_experts().first, unit_starts(model), m && cfg.parallel.fsdp),
+      opt(model.trained_specs(),
+          m,
+          model.local_experts().first,
+          unit_starts(model),
+          m && cfg.parallel.fsdp,
+          cfg.memory.optimizer_offload),
       sharded(m && cfg.parallel.fsdp),
       grad_sum(opt, accumulation, sharded) {}
 

@@ -281,6 +281,9 @@ TrainSummary train(const TrainOptions& opts) {
         TESSERA_CHECK(cfg.memory.weights_budget == 0,
                       "train.device = cuda: memory.weights_budget (a frozen base read in place from its files) is a "
                       "CPU feature; set it to 0");
+        TESSERA_CHECK(!cfg.memory.optimizer_offload,
+                      "train.device = cuda: memory.optimizer_offload (AdamW's moments in a file) is a CPU feature for "
+                      "now; set it to false");
     }
     std::optional<parallel::Mesh> mesh;  // one-line error when W is not a multiple of parallel.ep
     if (comm) mesh.emplace(*comm, int(cfg.parallel.ep), int(cfg.parallel.shard));
@@ -322,6 +325,12 @@ TrainSummary train(const TrainOptions& opts) {
     RankState st(cfg, m, accumulation);
     model::Model& model = st.model;
     AdamW& opt = st.opt;
+    // memory.optimizer_offload: the moments in a file (train/optimizer.h), in the run's directory unless told
+    const std::string offload_dir = cfg.memory.offload_dir.empty() ? setup.out_dir : cfg.memory.offload_dir;
+    if (opt.offloaded()) {
+        if (cfg.memory.offload_dir.empty()) fs::create_directories(setup.out_dir);
+        opt.offload_to(offload_dir);
+    }
     GradientSum& grad_sum = st.grad_sum;
     const ExpertSlice slice{model.local_experts().first, m && m->ep() > 1 ? cfg.model.moe.experts : 0};
     // memory.weights_budget: the frozen base read in place from its files on every rank, held to the budget
@@ -439,6 +448,11 @@ TrainSummary train(const TrainOptions& opts) {
             "resident at most (two units need {:.1f} MiB)",
             double(b.mapped_bytes) / 0x1p20, double(b.budget_bytes) / 0x1p20, double(b.floor_bytes) / 0x1p20));
     }
+    if (opt.offloaded())
+        note(fmt::format(
+            "optimizer offload: AdamW's moments, {:.1f} MiB, in a file in {} (unlinked; the kernel pages "
+            "it), at most {:.1f} MiB of them resident during a step",
+            double(opt.offloaded_bytes()) / 0x1p20, offload_dir, double(opt.offload_resident_bytes()) / 0x1p20));
     note(fmt::format("GEMM rate of {}: {:.0f} GFLOP/s (measured now; {}); run directory: {}",
                      device == Device::cuda ? "the GPU (f32)"
                      : ranks > 1            ? fmt::format("the {} ranks", ranks)

@@ -111,6 +111,8 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"dense_2_accumulating", 2, "", 1},
         Layout{"dense_2_zero2", 2, " --set parallel.fsdp=false"},
         Layout{"dense_2_zero2_accumulating", 2, " --set parallel.fsdp=false", 1},
+        // AdamW's moments in a file (memory.optimizer_offload), here and in the one process
+        Layout{"dense_2_offload", 2, " --set memory.optimizer_offload=true"},
         // feed-forward units of 1.6M elements: a unit's (FSDP) or a range's (ZeRO-2) reduce-scatter runs in several
         // rounds of a piece of every rank's part (parallel::ReduceRounds: 2^19 elements at 2 ranks, 2^18 at 4)
         Layout{"wide_ffn_2", 2, " --set model.ffn_dim=16384"},
@@ -263,9 +265,14 @@ TEST(Hsdp, ShardsWithinGroupsAndMatchesOneProcess) {
         test::CliResult r = run_tessera_mpi(4, base + hsdp + " --out " + full);
         ASSERT_EQ(r.status, 0) << r.out << r.err;
         EXPECT_NE(r.out.find("sharded over groups of 2 ranks, 2 replicas (HSDP)"), std::string::npos) << r.out;
-        ASSERT_EQ(run_tessera_mpi(4, base + hsdp + " --out " + again).status, 0);
+        // the same layout again, its moments offloaded (the checkpoint packs the saved pieces from the file)
+        ASSERT_EQ(run_tessera_mpi(4, base + hsdp + " --set memory.optimizer_offload=true --out " + again).status, 0);
         EXPECT_EQ(losses(full), losses(again)) << "the same layout twice";
         EXPECT_TRUE(final_model(full) == final_model(again));
+        for (int r = 0; r < 4; ++r) {
+            const std::string file = fmt::format("/checkpoints/step_0000012/optimizer-{:05d}-of-00004.safetensors", r);
+            EXPECT_TRUE(read_text(full + file) == read_text(again + file)) << file;
+        }
         expect_close_losses(one, full);
         if (moe) continue;
         // resumed from step 6 on HSDP, one process, FSDP over 2 ranks (the same micro-batches on each)

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/config_reader.h"
@@ -73,6 +74,48 @@ INSTANTIATE_TEST_SUITE_P(Runs,
                                                " --set model.moe.bias_update_rate=null",
                                            test::kTinyHybrid),
                          run_name);
+
+// memory.optimizer_offload: AdamW's moments in an unlinked file (train/optimizer.h) train the same bits, checkpoint
+// the same files (written while training goes on), resume either way, and leave nothing in the run directory.
+TEST(OptimizerOffload, SameBitsSameCheckpointsResumesEitherWay) {
+    TempDir d;
+    const std::string plain = d.file("plain"), off = d.file("off"), back = d.file("back");
+    const std::string offload = " --set memory.optimizer_offload=true";
+    ASSERT_EQ(run_tessera("train --config " + kTiny + " --out " + plain).status, 0);
+    test::CliResult r = run_tessera("train --config " + kTiny + " --out " + off + offload);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("optimizer offload: AdamW's moments"), std::string::npos) << r.out;
+    EXPECT_EQ(losses(plain), losses(off));
+    for (const char* file : {"model.safetensors", "optimizer-00000-of-00001.safetensors"})
+        for (const char* step : {"step_0000006", "step_0000012"}) {
+            const std::string f = std::string("/checkpoints/") + step + "/" + file;
+            EXPECT_TRUE(read_text(plain + f) == read_text(off + f)) << f;
+        }
+    std::set<std::string> entries;
+    for (const auto& e : fs::directory_iterator(off)) entries.insert(e.path().filename().string());
+    EXPECT_EQ(entries, (std::set<std::string>{"alerts.jsonl", "checkpoints", "config.json", "metrics.jsonl"}));
+    // the offloaded run's step-6 checkpoint resumed without offload, and the plain one's with it elsewhere
+    for (const auto& [from, sets] : {std::pair{off, std::string()}, std::pair{plain, offload +
+                                                                                         " --set "
+                                                                                         "memory.offload_dir=" +
+                                                                                         d.file("")}}) {
+        fs::remove_all(back);
+        fs::create_directories(back + "/checkpoints");
+        fs::copy(from + "/checkpoints/step_0000006", back + "/checkpoints/step_0000006");
+        r = run_tessera("train --resume " + back + sets);
+        ASSERT_EQ(r.status, 0) << r.err;
+        auto a = losses(plain), b = losses(back);
+        for (auto it = a.begin(); it != a.end() && it->first <= 6;) it = a.erase(it);
+        EXPECT_EQ(a, b) << sets;
+        EXPECT_TRUE(read_text(plain + "/checkpoints/step_0000012/model.safetensors") ==
+                    read_text(back + "/checkpoints/step_0000012/model.safetensors"))
+            << sets;
+    }
+    // where the file cannot be made: one line, nothing trained
+    r = run_tessera("train --config " + kTiny + " --out " + d.file("bad") + offload +
+                    " --set memory.offload_dir=" + d.file("missing"));
+    test::expect_one_line_error(r, d.file("missing") + ": not a directory", "an offload directory that is not there");
+}
 
 TEST(DsaRun, WarmupThenSparseStageOnTheSameRunLogsTheIndexerKl) {
     TempDir d;

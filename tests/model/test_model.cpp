@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "core/file.h"
 #include "core/rng.h"
 #include "model/model_fixture.h"
 #include "model/runtime.h"
@@ -102,6 +103,28 @@ TEST_P(ModelGolden, RecomputeIsBitwiseIdentical) {
         else
             EXPECT_EQ(recompute.rt->activations().nbytes(), plain.rt->activations().nbytes()) << r.str();
     }
+}
+
+// memory.optimizer_offload: the moments in a scratch file, streamed a window at a time (train/optimizer.h), give the
+// same bits as moments in the arena, leave the arena, and are not resident after a step.
+TEST_P(ModelGolden, OptimizerOffloadIsBitwiseIdentical) {
+    test::GoldenModel plain(GetParam(), {});
+    test::GoldenModel offload(GetParam(), {}, [](Json& doc) { doc["memory"]["optimizer_offload"] = true; });
+    ASSERT_TRUE(offload.opt->offloaded());
+    ASSERT_GT(offload.opt->m().view(0).numel(), 3 * offload.opt->offload_window());
+    EXPECT_EQ(plain.run_trajectory(), offload.run_trajectory());
+    std::vector<uint64_t> scratch;
+    for (const BufferGroup* g : {&offload.opt->m(), &offload.opt->v()}) {
+        EXPECT_EQ(g->nbytes(), 0u);  // not in the arena
+        EXPECT_EQ(resident_bytes(g->view(0).data, g->view(0).nbytes(), scratch), 0u) << g->name();
+    }
+    for (const auto& spec : plain.model->param_specs())
+        EXPECT_TRUE(test::bitwise_equal(plain.rt->params().view(spec.name), offload.rt->params().view(spec.name)))
+            << spec.name;
+    EXPECT_TRUE(test::bitwise_equal(plain.opt->m().view(0), offload.opt->m().view(0)));
+    EXPECT_TRUE(test::bitwise_equal(plain.opt->v().view(0), offload.opt->v().view(0)));
+    EXPECT_EQ(offload.opt->offloaded_bytes(),
+              2 * ((plain.opt->m().nbytes() + page_size() - 1) / page_size() * page_size()));
 }
 
 TEST_P(ModelGolden, ArenaPeakEqualsPrediction) {
