@@ -36,12 +36,15 @@ Json candidate_json(const plan::Candidate& c) {
               {"fsdp", c.layout.fsdp},
               {"shard", c.layout.shard},
               {"micro_batch", c.layout.micro_batch},
-              {"recompute", c.layout.recompute.to_json()}}},
+              {"recompute", c.layout.recompute.to_json()},
+              {"offload", c.layout.offload}}},
             {"memory",
              {{"rank", c.memory_rank},
               {"arena_bytes", c.memory.arena_bytes},
               {"mapped_bytes", c.memory.mapped_bytes},
               {"mapped_resident_bytes", c.memory.mapped_resident_bytes},
+              {"offloaded_bytes", c.memory.offloaded_bytes},
+              {"offload_resident_bytes", c.memory.offload_resident_bytes},
               {"peak_bytes", c.memory.peak_bytes()},
               {"ranks", ranks},
               {"groups", groups},
@@ -58,6 +61,7 @@ Json candidate_json(const plan::Candidate& c) {
               {"fsdp_exposed", t.fsdp_exposed},
               {"grad_sync", t.grad_sync},
               {"optimizer", t.optimizer},
+              {"offload", t.offload},
               {"gradients", t.gradients}}},
             {"imbalance", t.imbalance},
             {"tokens_per_s_per_device", c.tokens_per_s_per_device},
@@ -70,7 +74,7 @@ void add_plan_command(CLI::App& app) {
     auto* cmd = app.add_subcommand(
         "plan", "Search the parallel layout of a model on a cluster: memory per device, step time, a ranked table");
     struct Args : Workload {
-        std::string write_config, json;
+        std::string write_config, json, offload = "auto";
         int64_t threads = 0, top = 10;
     };
     auto a = std::make_shared<Args>();
@@ -78,6 +82,11 @@ void add_plan_command(CLI::App& app) {
     add_int_option(cmd, "--threads", a->threads, 0, 4096,
                    "OpenMP threads per rank (sizes the workspace; 0 = the cluster file's, else 1)");
     add_int_option(cmd, "--top", a->top, 1, 100000, "Rows of the table");
+    cmd->add_option("--offload", a->offload,
+                    "Optimizer offload (AdamW's moments in a file): auto = for the layouts that do not fit without it, "
+                    "all = every layout both ways, off")
+        ->check(CLI::IsMember({"auto", "all", "off"}))
+        ->capture_default_str();
     cmd->add_option("--write-config", a->write_config, "Write the best layout that fits as a run config here");
     cmd->add_option("--json", a->json, "Write every candidate (layout, memory by group, step breakdown) as JSON here");
     cmd->footer(
@@ -89,7 +98,7 @@ void add_plan_command(CLI::App& app) {
         const ModelDoc& doc = w.doc;
         const train::RunConfig& cfg = w.cfg;
         const plan::Cluster& cluster = w.cluster;
-        const plan::PlanOptions o{a->ranks, int(a->threads), a->routing};
+        const plan::PlanOptions o{a->ranks, int(a->threads), a->routing, a->offload};
         const plan::Plan p = plan::make_plan(cfg, cluster, o);
         std::cout << (doc.family.empty() ? "tessera config " + doc.file : doc.family + " (" + doc.file + ")") << ", "
                   << (cfg.model.lora.enabled() ? fmt::format("LoRA rank {}", cfg.model.lora.rank) : "full training")
@@ -120,7 +129,7 @@ void add_simulate_command(CLI::App& app) {
     struct Args : Workload {
         std::string out;
         int64_t ep = 1, micro = 0, shard = 0;
-        bool zero2 = false;
+        bool zero2 = false, offload = false;
         std::string recompute;  // "", "all" or kinds separated by commas
     };
     auto a = std::make_shared<Args>();
@@ -131,6 +140,7 @@ void add_simulate_command(CLI::App& app) {
     cmd->add_flag("--zero2", a->zero2, "ZeRO-2 instead of FSDP");
     add_int_option(cmd, "--shard", a->shard, 0, 1 << 20,
                    "HSDP: FSDP shards the dense parameters over groups of this many ranks (0 = every rank)");
+    cmd->add_flag("--offload", a->offload, "AdamW's moments in a file on the host (memory.optimizer_offload)");
     cmd->add_flag("--recompute{all}", a->recompute,
                   "Recompute the blocks' activations in backward: every kind, or --recompute=KIND,... (kda, moe, ...)");
     cmd->add_option("--out", a->out, "The trace file to write (open it in https://ui.perfetto.dev)")->required();
@@ -152,7 +162,8 @@ void add_simulate_command(CLI::App& app) {
         const model::Recompute recompute = a->recompute == "all"
                                                ? model::Recompute::every()
                                                : model::Recompute::from_json(kinds, "simulate: --recompute");
-        const plan::Layout l{W, a->ep, !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W, recompute, a->shard};
+        const plan::Layout l{W,         a->ep,    !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W,
+                             recompute, a->shard, a->offload};
         const plan::PlanOptions o{W, 0, a->routing};
         const plan::Simulation s = plan::simulate(cfg, cluster, l, o);
         write_output(a->out, s.trace);

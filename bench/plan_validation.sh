@@ -32,12 +32,13 @@ drop=${TESSERA_BASELINE_DROP:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# the layouts: (ranks ep fsdp micro recompute shard), per model; recompute: true, false or block kinds joined by '+';
-# shard: parallel.shard (0: FSDP over every rank; 2 of 4 ranks: HSDP)
+# the layouts: (ranks ep fsdp micro recompute shard offload), per model; recompute: true, false or block kinds joined by
+# '+'; shard: parallel.shard (0: FSDP over every rank; 2 of 4 ranks: HSDP); offload: memory.optimizer_offload (the plans
+# price every layout both ways, --offload all)
 layouts_for() {
     case "$(basename "$1" .json)" in
-        demo) echo "1 1 true 8 false 0;1 1 true 4 true 0;1 1 true 8 moe 0;2 1 true 8 false 0;2 2 true 4 false 0;2 2 false 8 true 0;2 2 true 8 kda 0;4 2 true 4 false 0;4 2 true 4 false 2;4 4 false 4 false 0" ;;
-        *) echo "1 1 true 4 false 0;1 1 true 16 false 0;1 1 true 8 true 0;1 1 true 16 moe 0;2 1 true 8 false 0;2 2 true 8 false 0;2 2 false 4 false 0;2 1 false 8 true 0;2 2 true 8 attention 0;4 1 true 4 false 0;4 1 true 4 false 2;4 2 true 4 false 0;4 4 true 4 false 0;4 4 false 2 true 0" ;;
+        demo) echo "1 1 true 8 false 0 false;1 1 true 4 true 0 false;1 1 true 8 moe 0 false;2 1 true 8 false 0 false;2 2 true 4 false 0 false;2 2 false 8 true 0 false;2 2 true 8 kda 0 false;4 2 true 4 false 0 false;4 2 true 4 false 2 false;4 4 false 4 false 0 false;1 1 true 8 false 0 true;2 2 true 4 false 0 true" ;;
+        *) echo "1 1 true 4 false 0 false;1 1 true 16 false 0 false;1 1 true 8 true 0 false;1 1 true 16 moe 0 false;2 1 true 8 false 0 false;2 2 true 8 false 0 false;2 2 false 4 false 0 false;2 1 false 8 true 0 false;2 2 true 8 attention 0 false;4 1 true 4 false 0 false;4 1 true 4 false 2 false;4 2 true 4 false 0 false;4 4 true 4 false 0 false;4 4 false 2 true 0 false;1 1 true 4 false 0 true;2 2 true 8 false 0 true" ;;
     esac
 }
 # train.recompute's value for a layout's recompute field
@@ -52,7 +53,7 @@ for cfg in "${configs[@]}"; do
             $bin launch -n "$r" -- calibrate --model "$cfg" --out "$tmp/$name-cal$r.json" > /dev/null
         fi
         threads=$((r == 1 ? 2 : 1))
-        $bin plan "$cfg" --cluster "$tmp/$name-cal$r.json" --ranks "$r" --threads "$threads" \
+        $bin plan "$cfg" --cluster "$tmp/$name-cal$r.json" --ranks "$r" --threads "$threads" --offload all \
             --json "$tmp/$name-plan$r.json" > /dev/null
         if [ -n "$baseline" ]; then
             cal=$tmp/$name-cal$r.json
@@ -74,11 +75,11 @@ for cfg in "${configs[@]}"; do
     IFS=';' read -r -a layouts <<< "$(layouts_for "$cfg")"
     for rep in $(seq 1 "$repeats"); do  # repeats interleaved: the machine's drift spreads over every layout
         for l in "${layouts[@]}"; do
-            read -r ranks ep fsdp micro rec shard <<< "$l"
+            read -r ranks ep fsdp micro rec shard off <<< "$l"
             args="train --config $cfg --steps $steps --set train.eval_interval=0 --set train.checkpoint_interval=0
                   --set parallel.ep=$ep --set parallel.fsdp=$fsdp --set parallel.shard=$shard
                   --set train.micro_batch_size=$micro --set train.recompute=$(recompute_json "$rec")
-                  --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$shard-$rep"
+                  --set memory.optimizer_offload=$off --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$shard-$off-$rep"
             if [ "$ranks" = 1 ]; then $bin --threads 2 $args > /dev/null; else $bin launch -n "$ranks" -- $args > /dev/null; fi
         done
     done
@@ -92,7 +93,7 @@ for cfg in "${configs[@]}"; do
         IFS=- read -r _ ranks _ <<< "${d#"$tmp"/run-"$name"}"
         run=$(basename "$d")
         $bin plan "$cfg" --cluster "$tmp/$name-cal$ranks.json" --ranks "$ranks" --threads $((ranks == 1 ? 2 : 1)) \
-            --routing "$d/metrics.jsonl" --json "$tmp/routed-${run%-1}.json" > /dev/null
+            --offload all --routing "$d/metrics.jsonl" --json "$tmp/routed-${run%-1}.json" > /dev/null
     done
 done
 
@@ -108,11 +109,12 @@ for cfg in configs:
     reserved = {r: json.load(open(f"{tmp}/{name}-cal{r}.json"))["device"]["reserved_gb"] * 1e9 for r in (1, 2, 4)}
     runs = sorted({d.rsplit("-", 1)[0] for d in os.listdir(tmp) if d.startswith(f"run-{name}-")})
     for run in runs:
-        ranks, ep, fsdp, micro, rec, shard = run[len(f"run-{name}-"):].split("-")
+        ranks, ep, fsdp, micro, rec, shard, off = run[len(f"run-{name}-"):].split("-")
         ranks = int(ranks)
         recompute = rec == "true" if rec in ("true", "false") else rec.split("+")
-        key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=recompute, shard=int(shard))
-        # (a baseline build from before HSDP names no shard: 0)
+        key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=recompute, shard=int(shard),
+                   offload=off == "true")
+        # (a baseline build from before HSDP or offload names no shard or offload: 0, false)
         pick = lambda cands: next((c for c in cands if all(c["layout"].get(k, 0) == v for k, v in key.items())), None)
         cand = pick(plans[ranks])
         routed = pick(json.load(open(f"{tmp}/routed-{run}.json"))["candidates"])
@@ -129,9 +131,10 @@ for cfg in configs:
         sharding = "zero-2" if fsdp != "true" else f"hsdp {shard}" if shard != "0" else "fsdp"
         label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", ep {ep}, {sharding}"
                  if ranks > 1 else "") + f", micro {micro}" +
-                 (", recompute" if rec == "true" else "" if rec == "false" else f", recompute {rec}"))
+                 (", recompute" if rec == "true" else "" if rec == "false" else f", recompute {rec}") +
+                 (", offload" if off == "true" else ""))
         rows.append((name, ranks, label, cand["step_seconds"]["total"], statistics.median(medians), cv, arena,
-                     max(arenas), arena + reserved[ranks], max(resident), routed["step_seconds"]["total"],
+                     max(arenas), arena + reserved[ranks] + cand["memory"].get("offload_resident_bytes", 0), max(resident), routed["step_seconds"]["total"],
                      routed["imbalance"], baseline["step_seconds"]["total"] if baseline else None))
 
 for name in dict.fromkeys(r[0] for r in rows):

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "ops/isa.h"
 #include "ops/linear.h"
 #include "parallel/comm_mpi.h"
+#include "train/optimizer.h"
 #include "train/telemetry.h"
 
 namespace tessera::plan {
@@ -234,6 +236,31 @@ double memcpy_bandwidth() {
     return 2.0 * double(n) / s;  // read and write
 }
 
+// Optimizer offload's rate (Cluster::Host::offload_bandwidth): one AdamW update of 16 Mi elements with its moments in
+// the arena and with them in a scratch file in `dir`, streamed `window_mib` at a time (train/optimizer.h), a median of
+// 5 each, every rank at once as in a step; the moment bytes over the extra seconds.
+double offload_bandwidth(const std::string& dir, double window_mib, parallel::Comm* world) {
+    const int64_t n = int64_t(1) << 24;
+    const std::vector<BufferSpec> specs{
+        BufferSpec{.name = "w", .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::param}};
+    std::vector<float> w(size_t(n), 0.01f), g(size_t(n), 0.001f);
+    const train::TrainConfig tc;
+    auto seconds = [&](bool offload) {
+        train::AdamW opt(specs, nullptr, 0, {}, false, offload ? train::AdamW::offload_window_elements(window_mib) : 0);
+        if (offload) opt.offload_to(dir);
+        auto arena = std::make_shared<Arena>(predict_arena_bytes({&opt.m(), &opt.v()}, 256), 256);
+        allocate_groups(arena, {&opt.m(), &opt.v()});
+        train::ParamRanges p;
+        train::GradRanges gr;
+        p.region[train::AdamW::data] = std::span<float>(w);
+        gr.region[train::AdamW::data] = std::span<float>(g);
+        if (world) world->barrier();
+        return median_seconds([&] { opt.update(tc, p, gr, 1e-4); }, 5);
+    };
+    const double plain = seconds(false), offloaded = seconds(true);
+    return double(n) * 8.0 / std::max(offloaded - plain, 1e-6);
+}
+
 // seconds of one call of collective k in c that sends `per_peer` bytes to each other rank of c (median of `runs` after
 // a warm-up, every rank running it as often as the others)
 double time_collective(parallel::Comm& c, Collective k, int64_t per_peer, size_t runs) {
@@ -409,6 +436,14 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     c.device.usable_fraction = 0.8;
     c.host.devices = std::max(1, local);
     c.host.memory = train::physical_memory_bytes();
+    {
+        const std::string dir =
+            cfg.memory.offload_dir.empty() ? std::filesystem::temp_directory_path().string() : cfg.memory.offload_dir;
+        c.host.disk = double(std::filesystem::space(dir).available);
+        c.host.offload_bandwidth = offload_bandwidth(dir, cfg.memory.offload_window_mib, world);
+        note(fmt::format("optimizer offload through {}: {:.1f} GB/s of moments ({:.0f} GB free there)", dir,
+                         c.host.offload_bandwidth / 1e9, c.host.disk / 1e9));
+    }
     Link link{"shared memory (one host)", W, 5e9, 2e-6};
     if (W > 1) {
         // groups of 2, 4, ... ranks that divide the world, and the world
@@ -482,7 +517,8 @@ std::string cluster_json(const Cluster& c) {
                  {{"devices", c.host.devices},
                   {"memory_gb", c.host.memory / 1e9},
                   {"disk_gb", c.host.disk / 1e9},
-                  {"link_bandwidth_gbs", c.host.link_bandwidth / 1e9}}},
+                  {"link_bandwidth_gbs", c.host.link_bandwidth / 1e9},
+                  {"offload_bandwidth_gbs", c.host.offload_bandwidth / 1e9}}},
                 {"links", links}};
     if (!c.device.tokens.empty()) doc["device"]["efficiency_by_tokens"] = by_tokens;
     if (!shares.empty()) doc["device"]["forward_share"] = shares;

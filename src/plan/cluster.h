@@ -96,6 +96,9 @@ struct Cluster {
         int64_t devices = 1;          // per host
         double memory = 0, disk = 0;  // bytes (optimizer / expert offload)
         double link_bandwidth = 0;    // bytes/s device <-> host memory (PCIe, C2C)
+        // optimizer offload (memory.optimizer_offload): the offloaded update's extra seconds per moment byte, as a
+        // rate (`tessera calibrate` measures it; 0: offload is not searched)
+        double offload_bandwidth = 0;
     } host;
     std::vector<Link> links;  // innermost first; the last spans the cluster
 

@@ -18,10 +18,11 @@ std::string Layout::str() const {
                                  : !fsdp                      ? "zero-2"
                                  : shard > 0 && shard < ranks ? fmt::format("hsdp {}", shard)
                                                               : "fsdp";
-    return fmt::format("ep {}, {}, micro {}{}", ep, sharding, micro_batch,
+    return fmt::format("ep {}, {}, micro {}{}{}", ep, sharding, micro_batch,
                        recompute.all     ? ", recompute"
                        : recompute.any() ? ", recompute " + recompute.str()
-                                         : "");
+                                         : "",
+                       offload ? ", offload" : "");
 }
 
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
@@ -33,6 +34,7 @@ train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
                   "parallel.shard = {} does not divide the {} ranks into groups of at least 2", l.shard, l.ranks);
     cfg.train.micro_batch_size = l.micro_batch;
     cfg.train.recompute = l.recompute;
+    cfg.memory.optimizer_offload = l.offload;
     cfg.train.micro_batch(int(l.ranks));  // checks that the batch splits
     TESSERA_CHECK(l.ep >= 1 && l.ranks % l.ep == 0, "parallel.ep = {} does not divide the {} ranks", l.ep, l.ranks);
     TESSERA_CHECK(l.ep == 1 || (cfg.model.moe.experts > 0 && cfg.model.moe.experts % l.ep == 0),
@@ -137,6 +139,8 @@ std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
             m.groups.push_back({groups[i]->name(), category_of(*groups[i]), groups[i]->nbytes(), blocks[i]});
             m.arena_bytes += blocks[i];
         }
+        m.offloaded_bytes = st.opt.offloaded_bytes();
+        m.offload_resident_bytes = st.opt.offload_resident_bytes();
         if (budget) {
             const train::WeightBudgetStats b = budget->stats();
             m.mapped_bytes = b.mapped_bytes;

@@ -22,13 +22,15 @@ struct Layout {
     int64_t micro_batch = 1;     // sequences per forward on each rank (train.micro_batch_size)
     model::Recompute recompute;  // the block kinds that recompute (model/recompute.h)
     int64_t shard = 0;           // FSDP's shard group (parallel.shard): 0 every rank, else HSDP
+    bool offload = false;        // AdamW's moments in a file (memory.optimizer_offload)
     // ranks the dense parameters are sharded over (FSDP: the shard group; ZeRO-2: every rank)
     int64_t shard_ranks() const { return shard > 0 ? shard : ranks; }
-    std::string str() const;  // e.g. "ep 8, fsdp, micro 2, recompute", "ep 8, hsdp 8, micro 1, recompute kda+moe"
+    // e.g. "ep 8, fsdp, micro 2, recompute", "ep 8, hsdp 8, micro 1, recompute kda+moe, offload"
+    std::string str() const;
 };
 
 // The run config with the layout's choices in it (parallel.ep, parallel.fsdp, parallel.shard, train.micro_batch_size,
-// train.recompute); one-line error when the batch does not split so.
+// train.recompute, memory.optimizer_offload); one-line error when the batch does not split so.
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l);
 
 struct RankMemory {
@@ -43,12 +45,17 @@ struct RankMemory {
     // resident at most: the budget plus the two largest units (the one computing, the next one prefetched), never
     // more than all of it (train/weight_budget.h)
     size_t mapped_bytes = 0, mapped_resident_bytes = 0;
+    // memory.optimizer_offload: AdamW's moments in their file, and the most of them resident during a step
+    // (train/optimizer.h)
+    size_t offloaded_bytes = 0, offload_resident_bytes = 0;
     // the rank of the layout whose AdamW moments are the most (FSDP's spread cut deals each unit's leftover chunks to
     // the ranks in turn; every other group has the same size on every rank, or is largest on rank 0 or the last)
     int largest_state_rank = 0;
-    size_t peak_bytes() const { return arena_bytes + mapped_resident_bytes; }  // what the device must hold
-    std::map<std::string, size_t> by_category() const;                         // block bytes
-    size_t model_state_bytes() const;                                          // parameters + gradients + optimizer
+    size_t peak_bytes() const {  // what the device must hold
+        return arena_bytes + mapped_resident_bytes + offload_resident_bytes;
+    }
+    std::map<std::string, size_t> by_category() const;  // block bytes
+    size_t model_state_bytes() const;                   // parameters + gradients + optimizer
 };
 
 // Rank `rank`'s arena in layout l, with `threads` OpenMP threads per rank (the workspace is per thread). With

@@ -220,6 +220,16 @@ double optimizer_seconds(const ModelCosts& c, const train::RunConfig& cfg, const
     return local * (cfg.train.grad_clip > 0 ? 40.0 : 32.0) / cl.device.memory_bandwidth;
 }
 
+// Optimizer offload (train/optimizer.h): the update's extra time for streaming this rank's m and v (f32 each) through
+// their file, at the rate `tessera calibrate` measures as the offloaded update's extra seconds per moment byte.
+double offload_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
+    if (!l.offload) return 0;
+    TESSERA_CHECK(cl.host.offload_bandwidth > 0,
+                  "{}: no host.offload_bandwidth_gbs, so optimizer offload is not priced", cl.name);
+    const double local = c.dense_grad_elements / double(l.shard_ranks()) + c.expert_grad_elements / double(l.ranks);
+    return local * 8.0 / cl.host.offload_bandwidth;
+}
+
 // Each micro-batch clears this rank's gradient buffers (4 bytes per element) and, accumulating without FSDP (whose
 // reduce-scatter does the sum), adds them into the step's sum (reads two, writes one: 12 bytes).
 double gradient_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l, double accumulation) {
@@ -313,8 +323,9 @@ StepTime step_time(const train::RunConfig& run,
         t.grad_sync = zero2_seconds(c, cl, l);
     }
     t.optimizer = optimizer_seconds(c, cfg, cl, l);
+    t.offload = offload_seconds(c, cl, l);
     t.gradients = gradient_seconds(c, cl, l, accumulation);
-    t.total = t.compute + t.a2a_exposed + t.fsdp_exposed + t.grad_sync + t.optimizer + t.gradients;
+    t.total = t.compute + t.a2a_exposed + t.fsdp_exposed + t.grad_sync + t.optimizer + t.offload + t.gradients;
     return t;
 }
 
@@ -453,6 +464,11 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     const double opt = optimizer_seconds(c, cfg, cl, l);
     span("AdamW", "optimizer", 0, now, opt, -1);
     now += opt;
+    if (l.offload) {
+        const double moments = offload_seconds(c, cl, l);
+        span("moments from and back to their file (offload)", "optimizer", 0, now, moments, -1);
+        now += moments;
+    }
     const std::string pname = fmt::format("{}: busiest rank, {}", cl.name, l.str());
     Json meta = Json::array(
         {{{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", pname}}}},
@@ -491,6 +507,8 @@ std::vector<model::Recompute> recompute_choices(const ModelCosts& c) {
 }  // namespace
 
 Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions& o) {
+    TESSERA_CHECK(o.offload == "auto" || o.offload == "all" || o.offload == "off",
+                  "plan: --offload {}: auto, all or off", o.offload);
     const int64_t W = plan_ranks(cfg, cl, o.ranks);
     const int64_t batch = cfg.train.batch_size;
     const int threads = o.threads > 0 ? o.threads : std::max<int>(1, int(cl.device.threads));
@@ -522,39 +540,55 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
     std::vector<Sharding> shardings;
     for (int64_t S : shards) shardings.push_back({true, S});
     if (W > 1) shardings.push_back({false, 0});
+    // a layout's candidates, one per recompute choice; whether every one of them fits
+    auto evaluate = [&](const Layout& base) {
+        std::vector<Candidate> cs(choices.size());
+        // the first and the last rank (a contiguous cut puts the remainder at one end), and the one with the most
+        // moments (a spread cut deals the leftover chunks in turn)
+        std::vector<int> ranks = W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0};
+        for (size_t k = 0; k < ranks.size(); ++k) {
+            const int rank = ranks[k];
+            std::vector<RankMemory> ms = predict_rank_memory(cfg, base, choices, rank, threads);
+            if (const int most = ms.front().largest_state_rank; k == 0 && most != 0 && most != int(W - 1))
+                ranks.push_back(most);
+            for (size_t i = 0; i < cs.size(); ++i) {
+                Candidate& c = cs[i];
+                c.rank_arena_bytes.emplace_back(rank, ms[i].arena_bytes);
+                if (rank == 0 || ms[i].peak_bytes() > c.memory.peak_bytes()) {
+                    c.memory = std::move(ms[i]);
+                    c.memory_rank = rank;
+                }
+            }
+        }
+        bool all_fit = true;
+        for (size_t i = 0; i < cs.size(); ++i) {
+            Candidate& c = cs[i];
+            c.layout = base;
+            c.layout.recompute = choices[i];
+            // offloaded moments live on the host's disk, every device's of the host
+            const bool host_holds =
+                cl.host.disk <= 0 || double(c.memory.offloaded_bytes) * double(cl.host.devices) <= cl.host.disk;
+            c.fits = double(c.memory.peak_bytes()) <= p.usable_bytes && host_holds;
+            all_fit = all_fit && c.fits;
+            c.time = step_time(cfg, costs, loads, cl, c.layout);
+            const double tokens = double(p.tokens_per_step) / double(W);
+            c.tokens_per_s_per_device = tokens / c.time.total;
+            c.mfu = c.tokens_per_s_per_device * p.train_flops_per_token / cl.device.peak();
+            p.candidates.push_back(std::move(c));
+        }
+        return all_fit;
+    };
     for (int64_t ep : eps)
         for (const auto [fsdp, shard] : shardings)
             for (int64_t micro = 1; micro <= batch / W; ++micro) {
                 if ((batch / W) % micro != 0) continue;
-                const Layout base{W, ep, fsdp, micro, {}, shard};
-                std::vector<Candidate> cs(choices.size());
-                // the first and the last rank (a contiguous cut puts the remainder at one end), and the one with the
-                // most moments (a spread cut deals the leftover chunks in turn)
-                std::vector<int> ranks = W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0};
-                for (size_t k = 0; k < ranks.size(); ++k) {
-                    const int rank = ranks[k];
-                    std::vector<RankMemory> ms = predict_rank_memory(cfg, base, choices, rank, threads);
-                    if (const int most = ms.front().largest_state_rank; k == 0 && most != 0 && most != int(W - 1))
-                        ranks.push_back(most);
-                    for (size_t i = 0; i < cs.size(); ++i) {
-                        Candidate& c = cs[i];
-                        c.rank_arena_bytes.emplace_back(rank, ms[i].arena_bytes);
-                        if (rank == 0 || ms[i].peak_bytes() > c.memory.peak_bytes()) {
-                            c.memory = std::move(ms[i]);
-                            c.memory_rank = rank;
-                        }
-                    }
-                }
-                for (size_t i = 0; i < cs.size(); ++i) {
-                    Candidate& c = cs[i];
-                    c.layout = base;
-                    c.layout.recompute = choices[i];
-                    c.fits = double(c.memory.peak_bytes()) <= p.usable_bytes;
-                    c.time = step_time(cfg, costs, loads, cl, c.layout);
-                    const double tokens = double(p.tokens_per_step) / double(W);
-                    c.tokens_per_s_per_device = tokens / c.time.total;
-                    c.mfu = c.tokens_per_s_per_device * p.train_flops_per_token / cl.device.peak();
-                    p.candidates.push_back(std::move(c));
+                Layout base{W, ep, fsdp, micro, {}, shard};
+                // optimizer offload where the moments in the arena do not fit (it is never faster;
+                // PlanOptions::offload), and where the cluster says how fast it streams
+                const bool fits = evaluate(base);
+                if (cl.host.offload_bandwidth > 0 && o.offload != "off" && (!fits || o.offload == "all")) {
+                    base.offload = true;
+                    evaluate(base);
                 }
             }
     std::stable_sort(p.candidates.begin(), p.candidates.end(), [](const Candidate& a, const Candidate& b) {
@@ -608,7 +642,7 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
             unit(double(cat["gradients"])), unit(double(cat["optimizer"])), unit(double(cat["activations"])),
             unit(double(cat["communication"] + cat["workspace"])), c.fits ? "yes" : "NO", ms(c.time.total),
             ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),
-            ms(c.time.optimizer + c.time.gradients), c.tokens_per_s_per_device, c.mfu * 100);
+            ms(c.time.optimizer + c.time.offload + c.time.gradients), c.tokens_per_s_per_device, c.mfu * 100);
     }
     if (!p.candidates.empty() && p.candidates.front().memory.mapped_bytes > 0) {
         const RankMemory& m = p.candidates.front().memory;
@@ -635,14 +669,16 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
             gb(double(c.memory.model_state_bytes())), gb(double(cat["activations"])), gb(double(cat["communication"])));
         if (p.usable_bytes > rest)
             s += fmt::format(
-                "  more devices: the model states ({} GB in all) fit at about {:.0f} devices of this kind\n",
-                gb(states), std::ceil(states / (p.usable_bytes - rest)));
-        const double on_device = double(c.memory.peak_bytes() - cat["optimizer"]);
-        s += fmt::format(
-            "  optimizer offload (not in the runtime yet): the device keeps {} GB ({}), the host {} GB per device "
-            "(AdamW moments; the host has {} GB for {} devices)\n",
-            gb(on_device), on_device <= p.usable_bytes ? "fits" : "does not fit", gb(double(cat["optimizer"])),
-            gb(cl.host.memory), cl.host.devices);
+                "  more devices: the model states ({} GB in all) fit at about {:.0f} devices of this kind{}\n",
+                gb(states), std::ceil(states / (p.usable_bytes - rest)), c.layout.offload ? ", with offload" : "");
+        if (c.layout.offload)
+            s += fmt::format(
+                "  optimizer offload is in it: the AdamW moments, {} GB per device, in a file on the host ({} GB "
+                "for its {} devices; {} GB of disk)\n",
+                gb(double(c.memory.offloaded_bytes)), gb(double(c.memory.offloaded_bytes) * double(cl.host.devices)),
+                cl.host.devices, gb(cl.host.disk));
+        else if (cl.host.offload_bandwidth <= 0)
+            s += "  optimizer offload is not searched: the cluster file gives no host.offload_bandwidth_gbs\n";
     }
     return s;
 }

@@ -22,6 +22,9 @@ struct PlanOptions {
     // expert load: "uniform", "zipf:S" (the expert of popularity rank i gets ∝ 1/i^S, placed in a fixed scrambled
     // order), or a run's metrics.jsonl (the mean load of its last records, per layer)
     std::string routing = "uniform";
+    // optimizer offload: "auto", for the layouts that do not fit with the moments in the arena; "all", every layout
+    // both ways (to compare, or to validate it); "off"
+    std::string offload = "auto";
 };
 
 struct StepTime {
@@ -31,6 +34,7 @@ struct StepTime {
     double fsdp = 0, fsdp_exposed = 0;  // FSDP's gathers and reduce-scatters, and what prefetch leaves
     double grad_sync = 0;  // after backward: ZeRO-2's reduce-scatter and all-gather, or HSDP's replica all-reduce
     double optimizer = 0;  // AdamW over this rank's ranges (memory bound)
+    double offload = 0;    // optimizer offload: the moments streamed from and back to their file
     double gradients = 0;  // clearing the gradients per micro-batch and summing them (memory bound)
     double total = 0;
     double imbalance = 1;  // busiest rank's routed tokens over the mean

@@ -132,8 +132,9 @@ TensorView moments_copy(RankFiles& f, const AdamW& opt, const SavedPieces& saved
         to = f.owned.back().view().ptr<float>();
     }
     auto copy = [&](int64_t from_at, int64_t to_at, int64_t n) {
-        for (int64_t k = 0; k < n; k += opt.offload_window()) {
-            const size_t bytes = size_t(std::min(opt.offload_window(), n - k)) * sizeof(float);
+        const int64_t window = opt.offloaded() ? opt.offload_window() : std::max<int64_t>(n, 1);
+        for (int64_t k = 0; k < n; k += window) {
+            const size_t bytes = size_t(std::min(window, n - k)) * sizeof(float);
             copy_bytes(to + to_at + k, Device::cpu, from.ptr<float>() + from_at + k, from.device, bytes);
             if (!opt.offloaded()) continue;
             release_pages(to + to_at + k, bytes);

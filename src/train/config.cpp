@@ -86,6 +86,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     c.memory.weights_budget = mr.integer("weights_budget", c.memory.weights_budget);
     c.memory.optimizer_offload = mr.boolean("optimizer_offload", c.memory.optimizer_offload);
     c.memory.offload_dir = mr.text("offload_dir", c.memory.offload_dir);
+    c.memory.offload_window_mib = mr.number("offload_window_mib", c.memory.offload_window_mib);
     mr.finish();
     ConfigReader on(top.section("monitor"), where + ": monitor");
     MonitorConfig& mon = c.monitor;
@@ -135,6 +136,8 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(c.memory.weights_budget == 0 || (c.model.lora.enabled() && !tc.base.empty()),
           "memory.weights_budget needs a LoRA fine-tune of a base (train.base and model.lora): only a frozen base is "
           "read in place");
+    check(c.memory.offload_window_mib >= 1.0 / 256 && c.memory.offload_window_mib <= 65536,
+          "memory.offload_window_mib must be in [1/256, 65536] (MiB of each moment streamed at a time)");
     check(mon.metrics_port >= 0 && mon.metrics_port <= 65535, "monitor.metrics_port must be in [0, 65535] (0 = off)");
     check(mon.webhook.empty() || mon.webhook.starts_with("http://"),
           "monitor.webhook must be an http:// URL (or empty)");
@@ -224,7 +227,8 @@ Json to_json(const RunConfig& c) {
                 {"memory",
                  {{"weights_budget", c.memory.weights_budget},
                   {"optimizer_offload", c.memory.optimizer_offload},
-                  {"offload_dir", c.memory.offload_dir}}},
+                  {"offload_dir", c.memory.offload_dir},
+                  {"offload_window_mib", c.memory.offload_window_mib}}},
                 {"monitor", monitor}};
 }
 

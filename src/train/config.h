@@ -82,7 +82,8 @@ struct MemoryConfig {
     // AdamW's moments in a file instead of the arena (docs/train.md, "Optimizer offload"; train/optimizer.h): the
     // kernel pages them to and from the disk, and the step streams them through a window at a time.
     bool optimizer_offload = false;
-    std::string offload_dir;  // where that file is made (and at once unlinked); empty: the run's directory
+    std::string offload_dir;         // where that file is made (and at once unlinked); empty: the run's directory
+    double offload_window_mib = 16;  // how much of each moment the step streams at a time
 };
 
 // Operations (docs/operations.md): the metrics endpoint, the alert rules evaluated every step and what each

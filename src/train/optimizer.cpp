@@ -20,8 +20,8 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
              int64_t first_expert,
              const std::vector<size_t>& units,
              bool fsdp,
-             bool offload)
-    : specs_(params), offloaded_(offload) {
+             int64_t offload_window)
+    : specs_(params), offload_window_(offload_window) {
     const BufferGroup layout("params", params);  // offsets only: nothing is allocated
     const int64_t total = int64_t(layout.nbytes() / sizeof(float));
     std::array<int64_t, kRegions + 1> bound;  // region r is [bound[r], bound[r + 1]): its first parameter's offset
@@ -67,8 +67,8 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
         std::vector<BufferSpec> spec{
             BufferSpec{.name = name, .dtype = DType::f32, .shape = Shape{n}, .kind = BufferKind::optimizer}};
         const std::string group = std::string("adamw.") + name;
-        return offload ? BufferGroup(group, std::move(spec), {BufferGroup::kOutside}, 0)  // (offload_to places it)
-                       : BufferGroup(group, std::move(spec));
+        return offloaded() ? BufferGroup(group, std::move(spec), {BufferGroup::kOutside}, 0)  // (offload_to places it)
+                           : BufferGroup(group, std::move(spec));
     };
     m_ = state("m");
     v_ = state("v");
@@ -119,11 +119,9 @@ size_t moment_bytes(const BufferGroup& m) {  // one moment's bytes, rounded up t
 }
 }  // namespace
 
-void AdamW::offload_to(const std::string& dir, int64_t window) {
-    TESSERA_CHECK(offloaded_ && !offload_, "AdamW::offload_to: the moments are {}",
-                  offloaded_ ? "offloaded already" : "in the arena");
-    TESSERA_CHECK(window > 0, "AdamW::offload_to: a window of {} elements", window);
-    offload_window_ = window;
+void AdamW::offload_to(const std::string& dir) {
+    TESSERA_CHECK(offloaded() && !offload_, "AdamW::offload_to: the moments are {}",
+                  offloaded() ? "offloaded already" : "in the arena");
     const size_t each = moment_bytes(m_);
     offload_ = std::make_unique<ScratchFile>(dir, 2 * each);
     offload_dir_ = dir;
@@ -131,10 +129,10 @@ void AdamW::offload_to(const std::string& dir, int64_t window) {
     v_.place_outside(0, {offload_->data() + each});
 }
 
-size_t AdamW::offloaded_bytes() const { return offloaded_ ? 2 * moment_bytes(m_) : 0; }
+size_t AdamW::offloaded_bytes() const { return offloaded() ? 2 * moment_bytes(m_) : 0; }
 
 size_t AdamW::offload_resident_bytes() const {
-    if (!offloaded_) return 0;
+    if (!offloaded()) return 0;
     const size_t page = page_size(), window = size_t(offload_window_) * sizeof(float);
     // two windows of each moment, and the kernel's fault-around (64 KiB) and a page at either end
     return 2 * std::min(moment_bytes(m_), 2 * window + 2 * ((64 << 10) + page));

@@ -14,12 +14,13 @@
 //
 // Optimizer offload (memory.optimizer_offload; docs/train.md): m and v live outside the arena, in a scratch file's
 // mapping (core/file.h: made in the offload directory, unlinked at once, its blocks reserved), which the kernel pages
-// to and from the disk. The update streams through them in state order a window of kOffloadWindow elements at a time:
+// to and from the disk. The update streams through them in state order a window (memory.offload_window_mib) at a time:
 // the next window's pages are asked for ahead (MADV_WILLNEED) and each finished window is dropped from the resident
 // set, so at most two windows of each moment are resident. The update is elementwise, so the bits are the ones of
 // moments in the arena.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <span>
@@ -66,14 +67,16 @@ class AdamW {
           int64_t first_expert = 0,
           const std::vector<size_t>& units = {},
           bool fsdp = false,
-          bool offload = false);
-    static constexpr int64_t kOffloadWindow = int64_t(1) << 22;  // elements of each moment streamed at a time
+          int64_t offload_window = 0);
+    // offload_window: 0, the moments in the arena; else they are offloaded, streamed this many elements at a time.
+    // The default window (memory.offload_window_mib): 4 Mi elements, 16 MiB of each moment.
+    static int64_t offload_window_elements(double mib) { return std::max<int64_t>(1024, int64_t(mib * (1 << 18))); }
 
-    // Offloaded: the moments' scratch file, made in dir (train() does this; a planned rank never does), streamed
-    // `window` elements at a time. Before any other use of m and v.
-    void offload_to(const std::string& dir, int64_t window = kOffloadWindow);
+    // Offloaded: the moments' scratch file, made in dir (train() does this; a planned rank never does). Before any
+    // other use of m and v.
+    void offload_to(const std::string& dir);
     int64_t offload_window() const { return offload_window_; }
-    bool offloaded() const { return offloaded_; }
+    bool offloaded() const { return offload_window_ > 0; }
     const std::string& offload_dir() const { return offload_dir_; }
     size_t offloaded_bytes() const;         // m and v in their file (0 when not offloaded)
     size_t offload_resident_bytes() const;  // the most of them resident during a step (two windows of each)
@@ -138,10 +141,9 @@ class AdamW {
     std::vector<int64_t> offsets_;  // flat element offset of each parameter
     std::vector<StatePiece> pieces_;
     BufferGroup m_, v_;
-    bool offloaded_ = false;
+    int64_t offload_window_ = 0;
     std::unique_ptr<ScratchFile> offload_;
     std::string offload_dir_;
-    int64_t offload_window_ = kOffloadWindow;
     std::array<std::vector<double>, kRegions> mine_,
         partial_;  // Σ g² per chunk: this rank's, every rank's (sized once)
     struct ChunkRun {

@@ -25,7 +25,7 @@ RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accu
           model.local_experts().first,
           unit_starts(model),
           m && cfg.parallel.fsdp,
-          cfg.memory.optimizer_offload),
+          cfg.memory.optimizer_offload ? AdamW::offload_window_elements(cfg.memory.offload_window_mib) : 0),
       sharded(m && cfg.parallel.fsdp),
       grad_sum(opt, accumulation, sharded) {}
 

@@ -30,14 +30,16 @@ using test::TempDir;
 const std::string kTiny = TESSERA_TINY_CONFIG;
 const std::string kClusters = std::string(TESSERA_SOURCE_DIR) + "/configs/cluster/";
 
-// A CPU cluster of `devices` ranks (this machine's MPI ranks) of `memory_gb` each; `device`: more keys of its device.
-std::string cpu_cluster(const TempDir& d, int devices, const std::string& device = "", double memory_gb = 4) {
+// A CPU cluster of `devices` ranks (this machine's MPI ranks) of `memory_gb` each; `device`, `host`: more keys of its
+// device and host.
+std::string cpu_cluster(
+    const TempDir& d, int devices, const std::string& device = "", double memory_gb = 4, const std::string& host = "") {
     const std::string f = d.file("cpu.json");
     write_text_atomic(f, fmt::format(R"({{"name": "test", "devices": {0},
         "device": {{"memory_gb": {2}, "peak_tflops": {{"f32": 0.1}}, "compute_dtype": "f32", "memory_bandwidth_gbs": 10{1}}},
-        "host": {{"devices": {0}, "memory_gb": 16}},
+        "host": {{"devices": {0}, "memory_gb": 16{3}}},
         "links": [{{"span": {0}, "bandwidth_gbs": 5, "latency_us": 2}}]}})",
-                                     devices, device, memory_gb));
+                                     devices, device, memory_gb, host));
     return f;
 }
 
@@ -53,8 +55,9 @@ struct Case {
     int ep;
     bool fsdp;
     int micro;
-    Json recompute;  // train.recompute: true, false or the block kinds
-    int shard = 0;   // parallel.shard (HSDP)
+    Json recompute;        // train.recompute: true, false or the block kinds
+    int shard = 0;         // parallel.shard (HSDP)
+    bool offload = false;  // memory.optimizer_offload
 };
 
 // The predicted rank-0 arena of one layout, from a plan over all layouts.
@@ -62,7 +65,7 @@ size_t predicted_rank0(const Json& plan, const Case& c) {
     for (const Json& cand : plan["candidates"]) {
         const Json& l = cand["layout"];
         if (l["ep"] == c.ep && l["fsdp"] == c.fsdp && l["micro_batch"] == c.micro && l["recompute"] == c.recompute &&
-            l["shard"] == c.shard)
+            l["shard"] == c.shard && l["offload"] == c.offload)
             for (const Json& r : cand["memory"]["ranks"])
                 if (r["rank"] == 0) return r["arena_bytes"].get<size_t>();
     }
@@ -102,6 +105,61 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
             << c.ranks << " ranks, ep " << c.ep << (c.fsdp ? " fsdp" : " zero-2") << ", shard " << c.shard << ", micro "
             << c.micro << ", recompute " << c.recompute.dump();
     }
+}
+
+// Optimizer offload: searched only for layouts that do not fit with the moments in the arena, and only when the
+// cluster file gives its rate. The offloaded layout's arena is the offloaded run's byte for byte, smaller by the
+// moments; its step is the same but for the moments' streaming, 8 bytes per element this rank updates at that rate.
+TEST(Plan, OptimizerOffloadWhereTheMomentsDoNotFit) {
+    TempDir d;
+    // (windows of 64 KiB: four of them, and the kernel's fault-around, are less than half the moments)
+    const std::string model =
+        kTiny + test::kTinyMoe + " --set model.d_model=128 --set memory.offload_window_mib=0.0625";
+    const Case plain{1, 1, true, 2, false}, offloaded{1, 1, true, 2, false, 0, true};
+    const std::string offload_rate = ", \"offload_bandwidth_gbs\": 2";
+    auto plan = [&](double memory_gb, const std::string& host) {
+        return plan_json(model + " --cluster " + cpu_cluster(d, 1, "", memory_gb, host) + " --threads 2", d);
+    };
+    auto find = [](const Json& p, const Case& c) {
+        for (const Json& cand : p["candidates"])
+            if (cand["layout"]["micro_batch"] == c.micro && cand["layout"]["recompute"] == c.recompute &&
+                cand["layout"]["offload"] == c.offload)
+                return cand;
+        return Json();
+    };
+    const Json roomy = plan(4, offload_rate);
+    const Json all_in = find(roomy, plain);
+    ASSERT_FALSE(all_in.is_null());
+    EXPECT_TRUE(find(roomy, offloaded).is_null()) << "offload searched where the moments fit";
+    const size_t arena = all_in["memory"]["arena_bytes"].get<size_t>();
+    const size_t moments = all_in["memory"]["by_category"]["optimizer"].get<size_t>();
+    ASSERT_GT(moments, size_t(1) << 20);
+    // a device whose usable memory (90%) is the arena less half the moments
+    const double memory_gb = double(arena - moments / 2) / 0.9 / 1e9;
+    const Json tight = plan(memory_gb, offload_rate);
+    const Json off = find(tight, offloaded), on = find(tight, plain);
+    ASSERT_FALSE(off.is_null()) << tight.dump();
+    EXPECT_FALSE(on["fits"].get<bool>());
+    EXPECT_TRUE(off["fits"].get<bool>());
+    const size_t predicted = predicted_rank0(tight, offloaded);
+    EXPECT_LT(predicted, arena - moments * 9 / 10);
+    EXPECT_GT(off["memory"]["offloaded_bytes"].get<size_t>(), moments * 9 / 10);
+    const double extra = off["step_seconds"]["offload"].get<double>();
+    EXPECT_GT(extra, 0);
+    EXPECT_NEAR(off["step_seconds"]["total"].get<double>() - extra, on["step_seconds"]["total"].get<double>(), 1e-12);
+    // moments bytes / 2 GB/s: 8 bytes per trained element (the offloaded bytes round each moment up to a page)
+    EXPECT_NEAR(extra * 2e9, double(off["memory"]["offloaded_bytes"].get<size_t>()), 2.0 * 4096);
+    EXPECT_TRUE(find(plan(memory_gb, ""), offloaded).is_null()) << "offload searched without a rate";
+    const std::string run = d.file("run");
+    const test::CliResult r =
+        test::run_tessera("train --config " + model +
+                          " --steps 1 --set train.checkpoint_interval=0 --set train.micro_batch_size=2 --set "
+                          "memory.optimizer_offload=true --out " +
+                          run);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
+    ASSERT_FALSE(records.empty());
+    EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
 }
 
 // memory.weights_budget: the plan opens the base as the run does, so its arena (without the base read in place) is
@@ -209,8 +267,8 @@ TEST(Plan, KimiK3OnASupernode) {
         l.erase("shard");
         return l.dump();
     };
-    const auto optimizer_bytes = [](const Json& c) {
-        double n = 0;
+    const auto optimizer_bytes = [](const Json& c) {  // in the arena, or offloaded (optimizer offload)
+        double n = c["memory"]["offloaded_bytes"].get<double>();
         for (const Json& g : c["memory"]["groups"])
             if (g["category"] == "optimizer") n += g["bytes"].get<double>();
         return n;
@@ -220,9 +278,10 @@ TEST(Plan, KimiK3OnASupernode) {
     for (const Json& c : full["candidates"])
         if (c["layout"]["shard"] == 64)
             hsdp64_excess[key(c["layout"])] = optimizer_bytes(c) - fsdp_optimizer.at(key(c["layout"]));
-    int hsdp = 0;
+    int hsdp = 0, offloaded = 0;
     for (const Json& c : full["candidates"]) {
         EXPECT_FALSE(c["fits"].get<bool>()) << c["layout"].dump();
+        offloaded += c["layout"]["offload"].get<bool>();
         const double optimizer = optimizer_bytes(c);
         if (const int64_t S = c["layout"]["shard"].get<int64_t>(); S == 0) {
             EXPECT_NEAR(optimizer / (8.0 * params / 128), 1.0, 0.01) << c["layout"].dump();
@@ -255,6 +314,9 @@ TEST(Plan, KimiK3OnASupernode) {
     }
     EXPECT_TRUE(ep64_fits);
     EXPECT_GT(hsdp, 0);
+    // nothing fits, so every layout is tried with its moments offloaded too, and the smallest is one of them
+    EXPECT_EQ(2 * offloaded, int(full["candidates"].size()));
+    EXPECT_TRUE(full["candidates"][0]["layout"]["offload"].get<bool>());
 }
 
 // Each trained unit's part of a region of the optimizer's flat space (AdamW::data: its dense parameters,

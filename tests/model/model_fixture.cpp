@@ -18,10 +18,10 @@ GoldenModel::GoldenModel(const std::string& case_name,
     cfg = train::parse_run_config(doc, "golden " + case_name);
     shape = {cfg.train.micro_batch(1), cfg.train.seq_len};
     model = std::make_unique<model::Model>(cfg.model);
+    // (offloaded in windows of 1,024 elements: the tiny models' moments stream through many, pieces cut at their edges)
     opt = std::make_unique<train::AdamW>(model->trained_specs(), nullptr, 0, std::vector<size_t>{}, false,
-                                         cfg.memory.optimizer_offload);
-    // (a window of 1,000 elements: the tiny models' moments stream through many, pieces cut at their edges)
-    if (opt->offloaded()) opt->offload_to(::testing::TempDir(), 1000);
+                                         cfg.memory.optimizer_offload ? 1024 : 0);
+    if (opt->offloaded()) opt->offload_to(::testing::TempDir());
     grads = std::make_unique<train::GradientSum>(*opt, cfg.train.accumulation(1));
     std::vector<BufferGroup*> extra{&opt->m(), &opt->v()};
     for (BufferGroup* g : grads->groups()) extra.push_back(g);
