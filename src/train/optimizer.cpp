@@ -88,7 +88,12 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
                 "AdamW: the pieces of {} are out of state order", params[t].name);
         }
     }
-    for (size_t r = 0; r < kRegions; ++r) {  // the norm's chunks: this rank's, every rank's, and their flat order
+}
+
+// The norm's chunks: this rank's, every rank's, and their flat order. At the first norm, not in the constructor: at
+// thousands of ranks it is most of a planned rank's cost (plan/memory.h), which never takes a norm.
+void AdamW::order_norm_chunks() {
+    for (size_t r = 0; r < kRegions; ++r) {
         const parallel::ShardedRegion& g = regions_[r];
         const int W = g.comm ? g.comm->size() : 1;
         struct Run {
@@ -106,7 +111,6 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
         }
         const size_t most = *std::max_element(count.begin(), count.end());
         mine_[r].resize(most);
-        partial_[r].resize(most * size_t(W));
         std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.lo < y.lo; });
         for (const Run& run : runs) order_[r].push_back({size_t(run.rank) * most + run.chunks.at, run.chunks.n});
     }
@@ -179,10 +183,13 @@ double AdamW::region_sum_of_squares(int r, std::span<const float> grad) {
                                   std::span(mine).subspan(k, n));
         k += n;
     }
-    if (g.comm)
+    if (g.comm) {
+        // (sized at the first norm, not before: W x a rank's chunks is large, and a planned rank never needs it)
+        all.resize(mine.size() * size_t(g.comm->size()));
         g.comm->all_gather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
-    else
+    } else {
         all = mine;
+    }
     double total = 0;
     for (const ChunkRun& run : order_[size_t(r)])
         for (size_t c = run.at; c < run.at + run.n; ++c) total += all[c];
@@ -190,6 +197,7 @@ double AdamW::region_sum_of_squares(int r, std::span<const float> grad) {
 }
 
 double AdamW::grad_norm(const GradRanges& g) {
+    if (order_[replicated].empty() && order_[data].empty() && order_[expert].empty()) order_norm_chunks();
     const double dense =
         region_sum_of_squares(replicated, g.region[replicated]) + region_sum_of_squares(data, g.region[data]);
     double experts = region_sum_of_squares(expert, g.region[expert]);

@@ -132,6 +132,7 @@ class AdamW {
                       const GradRanges& g,
                       double lr);
     double region_sum_of_squares(int region, std::span<const float> g);
+    void order_norm_chunks();  // sizes mine_ and fills order_ (at the first norm)
 
     std::array<parallel::ShardedRegion, kRegions> regions_;
     std::array<int64_t, kRegions> state_at_{};   // where each region's range starts in m and v
@@ -145,7 +146,7 @@ class AdamW {
     std::unique_ptr<ScratchFile> offload_;
     std::string offload_dir_;
     std::array<std::vector<double>, kRegions> mine_,
-        partial_;  // Σ g² per chunk: this rank's, every rank's (sized once)
+        partial_;  // Σ g² per chunk: this rank's, every rank's (sized at the first norm)
     struct ChunkRun {
         size_t at = 0, n = 0;  // chunks [at, at + n) of partial_
     };
