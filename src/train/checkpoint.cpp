@@ -117,7 +117,6 @@ Tensor model_ranges(const SavedPieces& saved, const ParamRanges& ranges) {
     return flat;
 }
 
-// The saved pieces of a moment (m or v), one after another (SavedPieces::all false).
 // A copy that lives on of the moments a rank saves (a snapshot, or the saved pieces packed when it does not save them
 // all): a Tensor, or with the moments offloaded a scratch file beside theirs (train/optimizer.h), filled a window at a
 // time with both sides released as it goes, so that neither is ever resident whole.

@@ -274,22 +274,19 @@ void AdamW::update_piece(const TrainConfig& c,
                          double lr) {
     float* m = m_.view(0).ptr<float>();
     float* v = v_.view(0).ptr<float>();
-    {
-        const BufferSpec& spec = specs_[piece.param];
-        const ops::AdamWParams p{.lr = lr,
-                                 .beta1 = c.beta1,
-                                 .beta2 = c.beta2,
-                                 .eps = c.eps,
-                                 .weight_decay = spec.weight_decay ? c.weight_decay : 0.0,
-                                 .step = step_};
-        const Shape s{hi - lo};
-        const size_t r = size_t(piece.region);
-        const int64_t k = piece.range_offset + lo, at = piece.state_offset + lo;
-        const Device d = device();
-        ops::adamw_update(p, TensorView(params.region[r].data() + k, DType::f32, s, d),
-                          TensorView(g.region[r].data() + k, DType::f32, s, d), TensorView(m + at, DType::f32, s, d),
-                          TensorView(v + at, DType::f32, s, d));
-    }
+    const ops::AdamWParams p{.lr = lr,
+                             .beta1 = c.beta1,
+                             .beta2 = c.beta2,
+                             .eps = c.eps,
+                             .weight_decay = specs_[piece.param].weight_decay ? c.weight_decay : 0.0,
+                             .step = step_};
+    const Shape s{hi - lo};
+    const size_t r = size_t(piece.region);
+    const int64_t k = piece.range_offset + lo, at = piece.state_offset + lo;
+    const Device d = device();
+    ops::adamw_update(p, TensorView(params.region[r].data() + k, DType::f32, s, d),
+                      TensorView(g.region[r].data() + k, DType::f32, s, d), TensorView(m + at, DType::f32, s, d),
+                      TensorView(v + at, DType::f32, s, d));
 }
 
 void AdamW::share_params(const BufferGroup& params, bool fsdp) const {

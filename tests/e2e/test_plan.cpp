@@ -805,6 +805,11 @@ TEST(Plan, MistakesAreOneLineErrors) {
     test::expect_one_line_error(
         test::run_tessera("simulate " + kTiny + " --cluster " + ok + " --recompute=kda --out " + d.file("t")),
         "train.recompute names 'kda' blocks, which the model does not have", "recompute of a kind the model lacks");
+    test::expect_one_line_error(
+        test::run_tessera("simulate " + kTiny + " --cluster " + ok + " --offload --out " + d.file("t")),
+        "no host.offload_bandwidth_gbs, so optimizer offload is not priced", "offload without a rate");
+    test::expect_one_line_error(test::run_tessera("plan " + kTiny + " --cluster " + ok + " --offload some"),
+                                "--offload", "an unknown offload mode");
     EXPECT_FALSE(fs::exists(d.file("t")));
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
                      "memory_bandwidth_gbs": 1, "efficiency_by_tokens": {"tokens": [256, 512], "kda": [0.5]}},
