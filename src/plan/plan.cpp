@@ -212,12 +212,16 @@ double zero2_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) {
            shard_seconds(cl, l, Collective::all_gather, c.dense_param_bytes, c.expert_param_bytes / ep, 1, 1);
 }
 
+// The elements AdamW updates on a rank: its range of the dense ones (over the shard group), and of the experts.
+double updated_elements(const ModelCosts& c, const Layout& l) {
+    return c.dense_grad_elements / double(l.shard_ranks()) + c.expert_grad_elements / double(l.ranks);
+}
+
 // The step's optimizer (trainer.cpp): the gradient norm reads the gradient, clipping rescales it, AdamW reads
 // parameter, gradient, m and v and writes parameter, m and v (f32) of this rank's ranges: 40 bytes per element (32
 // unclipped).
 double optimizer_seconds(const ModelCosts& c, const train::RunConfig& cfg, const Cluster& cl, const Layout& l) {
-    const double local = c.dense_grad_elements / double(l.shard_ranks()) + c.expert_grad_elements / double(l.ranks);
-    return local * (cfg.train.grad_clip > 0 ? 40.0 : 32.0) / cl.device.memory_bandwidth;
+    return updated_elements(c, l) * (cfg.train.grad_clip > 0 ? 40.0 : 32.0) / cl.device.memory_bandwidth;
 }
 
 // Optimizer offload (train/optimizer.h): the update's extra time for streaming this rank's m and v (f32 each) through
@@ -226,8 +230,7 @@ double offload_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) 
     if (!l.offload) return 0;
     TESSERA_CHECK(cl.host.offload_bandwidth > 0,
                   "{}: no host.offload_bandwidth_gbs, so optimizer offload is not priced", cl.name);
-    const double local = c.dense_grad_elements / double(l.shard_ranks()) + c.expert_grad_elements / double(l.ranks);
-    return local * 8.0 / cl.host.offload_bandwidth;
+    return updated_elements(c, l) * 8.0 / cl.host.offload_bandwidth;
 }
 
 // Each micro-batch clears this rank's gradient buffers (4 bytes per element) and, accumulating without FSDP (whose

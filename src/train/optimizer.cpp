@@ -117,6 +117,9 @@ void AdamW::order_norm_chunks() {
 }
 
 namespace {
+// A read fault on a file mapping also maps the cached pages around it, up to the kernel's fault-around (64 KiB).
+constexpr int64_t kFaultAroundBytes = int64_t(64) << 10;
+
 size_t moment_bytes(const BufferGroup& m) {  // one moment's bytes, rounded up to whole pages (v starts on a page)
     const size_t page = page_size();
     return (m.specs()[0].nbytes() + page - 1) / page * page;
@@ -139,7 +142,7 @@ size_t AdamW::offload_resident_bytes() const {
     if (!offloaded()) return 0;
     const size_t page = page_size(), window = size_t(offload_window_) * sizeof(float);
     // two windows of each moment, and the kernel's fault-around (64 KiB) and a page at either end
-    return 2 * std::min(moment_bytes(m_), 2 * window + 2 * ((64 << 10) + page));
+    return 2 * std::min(moment_bytes(m_), 2 * window + 2 * (size_t(kFaultAroundBytes) + page));
 }
 
 void AdamW::release() const {
@@ -235,7 +238,7 @@ void AdamW::update(const TrainConfig& c,
     int64_t current = -1;  // the window being updated
     // (a read fault maps the cached pages around it too, the kernel's fault-around of up to 64 KiB: a finished window
     // is released with that much before it, and the whole file after the step)
-    const int64_t around = int64_t(64 << 10) / int64_t(sizeof(float));
+    const int64_t around = kFaultAroundBytes / int64_t(sizeof(float));
     auto enter = [&](int64_t w) {
         if (w == current || !offload_) return;
         if (current >= 0) {

@@ -108,6 +108,9 @@ TEST(ConfigKeys, TrainKeys) {
         "train.min_lr_ratio is set but");
     test::expect_error([&] { run_with({"data.val_fraction=0", "train.eval_batches=4"}); }, "train.eval_batches is set");
     EXPECT_NO_THROW(run_with({"train.schedule=wsd", "train.decay_fraction=0.5"}));
+    for (const char* window : {"memory.offload_window_mib=0", "memory.offload_window_mib=100000"})
+        test::expect_error([&] { run_with({window}); }, "memory.offload_window_mib must be in [1/256, 65536]");
+    EXPECT_NO_THROW(run_with({"memory.optimizer_offload=true", "memory.offload_window_mib=0.0625"}));
 }
 
 // Every shipped config, and what to_json writes of it (a checkpoint's config.json), parses.
