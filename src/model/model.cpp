@@ -34,18 +34,35 @@ std::string shared_prefix(const Block& b) { return "recompute." + b.kind() + "."
 std::string scratch_prefix(const Block& b) { return "scratch." + b.kind() + "."; }
 }  // namespace
 
-Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks) : cfg_(std::move(cfg)) {
+Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, LayerRange layers)
+    : cfg_(std::move(cfg)), layers_(layers) {
     cfg_.validate("model");
+    if (layers_.last < 0) layers_.last = cfg_.n_layers;
+    TESSERA_CHECK(layers_.first >= 0 && layers_.first < layers_.last && layers_.last <= cfg_.n_layers,
+                  "model: a pipeline stage of layers [{}, {}) of {}", layers_.first, layers_.last, cfg_.n_layers);
+    if (!first_stage() || !last_stage()) {
+        const char* crossing = cfg_.tie_embeddings            ? "model.tie_embeddings (the embedding is the head)"
+                               : cfg_.attn_res_block_size > 0 ? "model.attn_res_block_size (Attention Residuals mix "
+                                                                "every earlier block's output)"
+                               : cfg_.vision.enabled()        ? "model.vision (the image tower)"
+                               : cfg_.moe.global_aux_coeff > 0
+                                   ? "model.moe.global_aux_coeff (the balance loss pools every MoE layer)"
+                                   : nullptr;
+        TESSERA_CHECK(!crossing, "pipeline stages (parallel.pipeline) cannot split a model with {}; use one stage",
+                      crossing);
+    }
     const int embed_owner = cfg_.tie_embeddings ? kHeadOwner : kEmbedOwner;
     std::vector<int> owner;
     auto owned = [&](int who) { owner.resize(param_specs_.size(), who); };
     const ParamInit w = ParamInit::normal(cfg_.init_std);
-    add_param(param_specs_, inits_, kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
+    if (first_stage()) add_param(param_specs_, inits_, kEmbed, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
     owned(embed_owner);
-    add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
-    if (!cfg_.tie_embeddings) add_param(param_specs_, inits_, kHead, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
+    if (last_stage()) {
+        add_param(param_specs_, inits_, kNormF, Shape{cfg_.d_model}, ParamInit::constant(1.0), false);
+        if (!cfg_.tie_embeddings) add_param(param_specs_, inits_, kHead, Shape{cfg_.vocab_size, cfg_.d_model}, w, true);
+    }
     owned(kHeadOwner);
-    for (int64_t i = 0; i < cfg_.n_layers; ++i) {
+    for (int64_t i = layers_.first; i < layers_.last; ++i) {
         const std::string prefix = fmt::format("model.layers.{}.", i);
         const std::string& type = cfg_.layer_type(i);
         if (type == "mla" || type == "dsa") {
@@ -304,12 +321,14 @@ std::vector<BufferSpec> Model::activation_specs(StepShape max, const Recompute& 
             kinds.push_back(b.kind());
         }
     }
-    s.push_back({"ln_f", DType::f32, Shape{N, C}});
-    s.push_back({"rstd_f", DType::f32, Shape{N}});
-    s.push_back({"head.logits", DType::f32, Shape{R, V}});
-    s.push_back({"head.dlogits", DType::f32, Shape{R, V}});
-    s.push_back({"head.lse", DType::f32, Shape{R}});
-    s.push_back({"scratch.dln_f", DType::f32, Shape{N, C}});
+    if (last_stage()) {
+        s.push_back({"ln_f", DType::f32, Shape{N, C}});
+        s.push_back({"rstd_f", DType::f32, Shape{N}});
+        s.push_back({"head.logits", DType::f32, Shape{R, V}});
+        s.push_back({"head.dlogits", DType::f32, Shape{R, V}});
+        s.push_back({"head.lse", DType::f32, Shape{R}});
+        s.push_back({"scratch.dln_f", DType::f32, Shape{N, C}});
+    }
     s.push_back({"scratch.dres", DType::f32, Shape{N, C}});
     if (attn_res_) attn_res_->declare_acts(s, max);
     if (vision_) {
@@ -337,11 +356,13 @@ void Model::bind(const BufferGroup& params,
     max_ = max;
     has_grads_ = grads != nullptr;
     ws_ = workspace;
-    embed_ = params.view(kEmbed);
-    norm_f_ = params.view(kNormF);
-    head_ = cfg_.tie_embeddings ? embed_ : params.view(kHead);
+    if (first_stage()) embed_ = params.view(kEmbed);
+    if (last_stage()) {
+        norm_f_ = params.view(kNormF);
+        head_ = cfg_.tie_embeddings ? embed_ : params.view(kHead);
+    }
     if (grads) {
-        d_embed_ = grads->find(kEmbed);  // undefined: frozen
+        d_embed_ = grads->find(kEmbed);  // undefined: frozen (or another stage's)
         d_norm_f_ = grads->find(kNormF);
         d_head_ = cfg_.tie_embeddings ? d_embed_ : grads->find(kHead);
     }
@@ -356,12 +377,14 @@ void Model::bind(const BufferGroup& params,
     }
     ids_ = acts.view("ids");
     targets_ = acts.view("targets");
-    ln_f_ = acts.view("ln_f");
-    rstd_f_ = acts.view("rstd_f");
-    logits_ = acts.view("head.logits");
-    dlogits_ = acts.view("head.dlogits");
-    lse_ = acts.view("head.lse");
-    dln_f_ = acts.view("scratch.dln_f");
+    if (last_stage()) {
+        ln_f_ = acts.view("ln_f");
+        rstd_f_ = acts.view("rstd_f");
+        logits_ = acts.view("head.logits");
+        dlogits_ = acts.view("head.dlogits");
+        lse_ = acts.view("head.lse");
+        dln_f_ = acts.view("scratch.dln_f");
+    }
     dres_ = acts.view("scratch.dres");
     if (attn_res_) attn_res_->bind(params, grads, acts, x_);
     if (vision_) {
@@ -514,6 +537,8 @@ void Model::final_norm(int64_t N) {
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, last.slice0(0, N), norm_f_, ln_f_.slice0(0, N), rstd_f_.slice0(0, N));
 }
 
+int64_t Model::layer_of(size_t j) const { return layers_.first + int64_t(j / 2); }
+
 TensorView Model::block_input(size_t j, int64_t N) { return attn_res_ ? attn_res_->input(j, N) : x_[j]; }
 
 void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
@@ -522,13 +547,15 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
                   s.seq, max_.batch, max_.seq);
     TESSERA_CHECK(int64_t(ids.size()) == N, "model: {} ids for {} tokens", ids.size(), N);
     copy_bytes(ids_.data, ids_.device, ids.data(), Device::cpu, size_t(N) * sizeof(int32_t));
-    visit(
-        embed_unit_, false, [&] { ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N)); },
-        "embedding");
-    splice_images(ids);
+    if (first_stage()) {  // (a later pipeline stage's input is in x[0] already)
+        visit(
+            embed_unit_, false, [&] { ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N)); },
+            "embedding");
+        splice_images(ids);
+    }
     run_trunk(N, [&](size_t j, TensorView in, TensorView out) {
         visit(
-            block_unit_[j], false, [&] { blocks_[j]->forward(s, in, out, ws_); }, block_kinds_[j], int64_t(j / 2));
+            block_unit_[j], false, [&] { blocks_[j]->forward(s, in, out, ws_); }, block_kinds_[j], layer_of(j));
     });
     pool_balance_loss();
 }
@@ -597,6 +624,7 @@ LossResult Model::forward_backward(StepShape s,
                                    std::span<const int32_t> targets,
                                    double loss_scale) {
     TESSERA_CHECK(has_grads_, "model: forward_backward needs gradient buffers");
+    TESSERA_CHECK(last_stage(), "model: forward_backward on a pipeline stage before the last (stage_forward)");
     const int64_t N = s.tokens();
     const bool warmup = indexer_warmup();
     begin_pass(warmup ? warmup_plan_ : train_plan_);
@@ -607,17 +635,7 @@ LossResult Model::forward_backward(StepShape s,
     if (warmup) {  // the trunk is frozen: no LM backward, only each indexer's KL (spec/dsa.md §3.1)
         visit(
             head_unit_, false, [&] { res = head_loss(s, targets, false, loss_scale); }, "head + loss");
-        for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) {  // backwards: the shared recompute set is the last's
-            const DsaLayer& d = *it;
-            visit(
-                block_unit_[d.block], true,
-                [&] {
-                    if (recompute_block_[d.block])
-                        blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
-                    d.mla->indexer_backward(s, ws_);
-                },
-                "indexer", int64_t(d.block / 2));
-        }
+        indexer_backward(s);
         end_pass();
         return res;
     }
@@ -638,6 +656,13 @@ LossResult Model::forward_backward(StepShape s,
             }
         },
         "head + loss");
+    backward_blocks(s);
+    end_pass();
+    return res;
+}
+
+void Model::backward_blocks(StepShape s) {
+    const int64_t N = s.tokens();
     for (size_t j = blocks_.size(); j-- > 0;) {
         const TensorView in = block_input(j, N);
         TensorView d = dres_;
@@ -651,9 +676,10 @@ LossResult Model::forward_backward(StepShape s,
                 if (recompute_block_[j]) blocks_[j]->forward(s, in, x_[j + 1], ws_);
                 blocks_[j]->backward(s, in, d, ws_);
             },
-            block_kinds_[j], int64_t(j / 2));
+            block_kinds_[j], layer_of(j));
         if (attn_res_) attn_res_->end_backward(j, dres_, N);
     }
+    if (!first_stage()) return;  // dres holds dL/d the stage's input
     visit(
         embed_unit_, true,
         [&] {
@@ -662,11 +688,55 @@ LossResult Model::forward_backward(StepShape s,
             ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
         },
         "embedding");
+}
+
+void Model::indexer_backward(StepShape s) {
+    const int64_t N = s.tokens();
+    for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) {  // backwards: the shared recompute set is the last's
+        const DsaLayer& d = *it;
+        visit(
+            block_unit_[d.block], true,
+            [&] {
+                if (recompute_block_[d.block])
+                    blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
+                d.mla->indexer_backward(s, ws_);
+            },
+            "indexer", layer_of(d.block));
+    }
+}
+
+void Model::check_whole(std::string_view what) const {
+    TESSERA_CHECK(first_stage() && last_stage(),
+                  "model: {} needs the whole model, not the pipeline stage of layers "
+                  "[{}, {})",
+                  what, layers_.first, layers_.last);
+}
+
+void Model::stage_forward(StepShape s, std::span<const int32_t> ids, bool record) {
+    TESSERA_CHECK(!last_stage(), "model: stage_forward on the last pipeline stage (forward_backward takes the loss)");
+    begin_pass(eval_plan_);
+    set_pass({.record = record, .lora_seed = record ? lora_seed_ : 0});
+    forward_trunk(s, ids);
     end_pass();
-    return res;
+}
+
+void Model::stage_backward(StepShape s, std::span<const int32_t> ids, double loss_scale) {
+    TESSERA_CHECK(has_grads_ && !last_stage(),
+                  "model: stage_backward needs gradient buffers and a stage before the "
+                  "last");
+    const bool warmup = indexer_warmup();  // (the indexers' KL needs no gradient from later stages)
+    begin_pass(warmup ? warmup_plan_ : train_plan_);
+    set_pass({.record = false, .loss_scale = loss_scale, .lora_seed = lora_seed_});  // (recomputed: not recorded)
+    forward_trunk(s, ids);
+    if (warmup)
+        indexer_backward(s);
+    else
+        backward_blocks(s);
+    end_pass();
 }
 
 LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets) {
+    TESSERA_CHECK(last_stage(), "model: forward_loss on a pipeline stage before the last (stage_forward)");
     begin_pass(eval_plan_);
     set_pass({});
     forward_trunk(s, ids);
@@ -679,6 +749,7 @@ LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::s
 
 void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits) {
     const int64_t N = s.tokens();
+    check_whole("forward_logits");
     check_shape(logits, Shape{N, cfg_.vocab_size}, "model: logits");
     begin_pass(eval_plan_);
     set_pass({});
@@ -711,6 +782,7 @@ void Model::bind_cache(const BufferGroup& cache) {
 void Model::decode_step(int64_t pos, std::span<const int32_t> ids, TensorView logits) {
     const int64_t B = int64_t(ids.size());
     TESSERA_CHECK(decoding_, "model: decode_step without bound caches (cache_specs, bind_cache)");
+    check_whole("decoding");
     TESSERA_CHECK(!hooks_, "model: decoding with sharded parameters (FSDP) is not supported");
     TESSERA_CHECK(B >= 1 && B <= max_.tokens(), "model: {} sequences exceed the {} tokens the runtime holds", B,
                   max_.tokens());
@@ -759,7 +831,7 @@ double Model::block_forward_flops_per_token(size_t block, int64_t seq) const {
 }
 
 double Model::forward_flops_per_token(int64_t seq) const {
-    double f = 2.0 * double(cfg_.d_model) * double(cfg_.vocab_size);  // head
+    double f = last_stage() ? 2.0 * double(cfg_.d_model) * double(cfg_.vocab_size) : 0.0;  // head
     for (auto& b : blocks_) f += b->forward_flops_per_token(seq);
     return f;
 }

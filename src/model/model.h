@@ -97,6 +97,12 @@ struct LossResult {
     int64_t count = 0;  // targets that count (not ignore_index)
 };
 
+// Pipeline parallelism (train/pipeline.h): the layers [first, last) one stage holds (last −1: to the end). The first
+// stage holds the embedding, the last the final norm and the head; a stage between holds its layers only.
+struct LayerRange {
+    int64_t first = 0, last = -1;
+};
+
 class Model {
   public:
     static constexpr int32_t kIgnoreIndex = -100;
@@ -104,7 +110,12 @@ class Model {
     // expert_group: the ranks among which each MoE layer's experts are spread (expert parallelism,
     // parallel/ep.h); null or one rank: every expert here.
     // ep_chunks: the local experts in this many groups whose exchanges overlap the previous group's compute.
-    explicit Model(ModelConfig cfg, parallel::Comm* expert_group = nullptr, int64_t ep_chunks = 1);
+    // layers: a pipeline stage's layers (all by default). A stage that is not the whole model refuses what crosses
+    // stages: tied embeddings, Attention Residuals, the image tower and the global balance loss (one-line errors).
+    explicit Model(ModelConfig cfg,
+                   parallel::Comm* expert_group = nullptr,
+                   int64_t ep_chunks = 1,
+                   LayerRange layers = {});
     ~Model();
 
     const ModelConfig& config() const { return cfg_; }
@@ -143,7 +154,9 @@ class Model {
     // [first, last) (all by default).
     void init_params(const BufferGroup& params, uint64_t seed, size_t first = 0, size_t last = SIZE_MAX) const;
 
-    // ids, targets: [B·T] token ids. Accumulates parameter gradients of loss_scale · mean loss.
+    // ids, targets: [B·T] token ids. Accumulates parameter gradients of loss_scale · mean loss. On a pipeline's last
+    // stage that is not also its first, stage_input() must hold the stage's input, and stage_grad() holds dL/d input
+    // afterwards.
     LossResult forward_backward(StepShape s,
                                 std::span<const int32_t> ids,
                                 std::span<const int32_t> targets,
@@ -153,6 +166,21 @@ class Model {
     // draws the same ones); 0 = no dropout. Evaluation and decoding never drop.
     void set_lora_seed(uint64_t seed) { lora_seed_ = seed; }
     LossResult forward_loss(StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets);
+
+    // A pipeline stage that is not the last (train/pipeline.h). stage_forward: the stage's layers from the embedding of
+    // ids (the first stage) or from stage_input() to stage_output(); record: a training forward (its routing and
+    // indexer statistics count). stage_backward: stage_grad() holds dL/d stage_output() and stage_input() the same
+    // input as that micro-batch's stage_forward; re-runs the forward (recording nothing: the same bits), then the
+    // backward, accumulating parameter gradients; stage_grad() then holds dL/d stage_input() (on the first stage the
+    // embedding's gradient is taken instead). loss_scale: as forward_backward's (the auxiliary losses' weight).
+    void stage_forward(StepShape s, std::span<const int32_t> ids, bool record);
+    void stage_backward(StepShape s, std::span<const int32_t> ids, double loss_scale);
+    bool first_stage() const { return layers_.first == 0; }
+    bool last_stage() const { return layers_.last == cfg_.n_layers; }
+    LayerRange layers() const { return layers_; }
+    TensorView stage_input(int64_t tokens) const { return x_.front().slice0(0, tokens); }
+    TensorView stage_output(int64_t tokens) const { return x_.back().slice0(0, tokens); }
+    TensorView stage_grad(int64_t tokens) const { return dres_.slice0(0, tokens); }
     // logits: [B·T, V] f32
     void forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits);
 
@@ -185,6 +213,7 @@ class Model {
     // Model FLOPs per token: forward, and training (recompute not counted): the forward, the input gradients (as many
     // FLOPs) and the weight gradients of the parameters that train (a matmul weight's as many as its forward product:
     // 3 × forward when everything trains; a frozen base, model.lora, skips its own).
+    // (A pipeline stage: its layers, and the head on the last.)
     double forward_flops_per_token(int64_t seq) const;
     double train_flops_per_token(int64_t seq) const;
     // The blocks (two per layer: attention or linear attention, then the feed-forward) by kind ("kda", "gdn",
@@ -252,7 +281,13 @@ class Model {
     LossResult head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale);
     int64_t head_chunk_rows(int64_t tokens) const;
 
+    void check_whole(std::string_view what) const;  // one-line error on a pipeline stage
+    void backward_blocks(StepShape s);              // the blocks' backward from dres_, then the embedding's
+    void indexer_backward(StepShape s);             // the DSA warm-up: each indexer's KL only
+    int64_t layer_of(size_t j) const;               // block j's layer in the whole model
+
     ModelConfig cfg_;
+    LayerRange layers_;  // (last resolved)
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<std::string> block_kinds_;            // blocks_[j]->kind(), for step traces
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers
