@@ -185,6 +185,12 @@ struct VisionConfig {
     void validate(const std::string& where) const;
 };
 
+// Pipeline parallelism (docs/parallel.md): the layers [first, last) one stage holds (last −1: to the end). The first
+// stage holds the embedding, the last the final norm and the head; a stage between holds its layers only.
+struct LayerRange {
+    int64_t first = 0, last = -1;
+};
+
 struct ModelConfig {
     int64_t vocab_size = 258;  // byte tokenizer: 256 bytes + <|endoftext|> + <|pad|>
     int64_t d_model = 256;

@@ -97,12 +97,6 @@ struct LossResult {
     int64_t count = 0;  // targets that count (not ignore_index)
 };
 
-// Pipeline parallelism (train/pipeline.h): the layers [first, last) one stage holds (last −1: to the end). The first
-// stage holds the embedding, the last the final norm and the head; a stage between holds its layers only.
-struct LayerRange {
-    int64_t first = 0, last = -1;
-};
-
 class Model {
   public:
     static constexpr int32_t kIgnoreIndex = -100;

@@ -1,6 +1,8 @@
 // The process mesh (see mesh.h).
 #include "parallel/mesh.h"
 
+#include <array>
+
 #include "core/check.h"
 
 namespace tessera::parallel {
@@ -35,24 +37,40 @@ class LayoutComm final : public Comm {
     int rank_, size_;
 };
 
-// Whether the layout has shard groups smaller than the world (HSDP); one-line errors for a layout that does not fit.
-bool check_layout(int W, int ep, int shard) {
-    TESSERA_CHECK(ep >= 1 && W % ep == 0,
-                  "parallel.ep = {} does not divide the {} ranks (world size must be a multiple)", ep, W);
-    TESSERA_CHECK(shard == 0 || (shard >= 2 && W % shard == 0),
-                  "parallel.shard = {} does not divide the {} ranks into groups of at least 2", shard, W);
-    return shard != 0 && shard < W;
+// Whether the layout has shard groups smaller than a stage (HSDP); one-line errors for a layout that does not fit.
+bool check_layout(int W, int ep, int shard, int pp) {
+    TESSERA_CHECK(pp >= 1 && W % pp == 0, "parallel.pipeline = {} does not divide the {} ranks into stages", pp, W);
+    const int D = W / pp;
+    TESSERA_CHECK(ep >= 1 && D % ep == 0,
+                  "parallel.ep = {} does not divide the {} ranks{} (world size must be a multiple)", ep, D,
+                  pp > 1 ? " of a pipeline stage" : "");
+    TESSERA_CHECK(shard == 0 || (shard >= 2 && D % shard == 0),
+                  "parallel.shard = {} does not divide the {} ranks{} into groups of at least 2", shard, D,
+                  pp > 1 ? " of a pipeline stage" : "");
+    return shard != 0 && shard < D;
 }
 }  // namespace
 
-Mesh::Mesh(Comm& world, int ep, int shard) : world_(world), ep_(ep) {
-    const int W = world_.size(), r = world_.rank();
-    const bool hsdp = check_layout(W, ep, shard);
-    expert_ = world_.split(expert_data_rank(r, ep), expert_rank(r, ep));
-    expert_data_ = world_.split(expert_rank(r, ep), expert_data_rank(r, ep));
+Mesh::Mesh(Comm& world, int ep, int shard, int pp) : world_(world), ep_(ep), pp_(pp) {
+    const int W = world_.size();
+    const bool hsdp = check_layout(W, ep, shard, pp);
+    if (pp > 1) {
+        const int D = W / pp, s = world_.rank() / D;
+        stage_ = world_.split(s, world_.rank());
+        pipeline_ = world_.split(world_.rank() % D, s);
+        // the stage pairs (0,1), (2,3), ... then (1,2), (3,4), ...; a stage at either end is alone in one of them
+        std::unique_ptr<Comm> even = pipeline_->split(s / 2, s), odd = pipeline_->split((s + 1) / 2, s);
+        std::unique_ptr<Comm>&after = s % 2 == 0 ? even : odd, &before = s % 2 == 0 ? odd : even;
+        if (s + 1 < pp) next_ = std::move(after);
+        if (s > 0) prev_ = std::move(before);
+    }
+    Comm& d = data();
+    const int r = d.rank();
+    expert_ = d.split(expert_data_rank(r, ep), expert_rank(r, ep));
+    expert_data_ = d.split(expert_rank(r, ep), expert_data_rank(r, ep));
     if (!hsdp) return;
-    shard_ = world_.split(r / shard, r % shard);
-    replicas_ = world_.split(r % shard, r / shard);
+    shard_ = d.split(r / shard, r % shard);
+    replicas_ = d.split(r % shard, r / shard);
 }
 
 Mesh::Mesh(std::unique_ptr<Comm> world, std::unique_ptr<Comm> expert, std::unique_ptr<Comm> expert_data, int ep)
@@ -62,17 +80,35 @@ Mesh::Mesh(std::unique_ptr<Comm> world, std::unique_ptr<Comm> expert, std::uniqu
       expert_data_(std::move(expert_data)),
       ep_(ep) {}
 
-std::unique_ptr<Mesh> Mesh::layout(int world_size, int rank, int ep, int shard) {
-    const bool hsdp = check_layout(world_size, ep, shard);
+std::unique_ptr<Mesh> Mesh::layout(int world_size, int rank, int ep, int shard, int pp) {
+    const bool hsdp = check_layout(world_size, ep, shard, pp);
     TESSERA_CHECK(rank >= 0 && rank < world_size, "layout: rank {} of {} ranks", rank, world_size);
+    const int D = world_size / pp, r = rank % D, s = rank / D;
     std::unique_ptr<Mesh> m(new Mesh(std::make_unique<LayoutComm>(rank, world_size),
-                                     std::make_unique<LayoutComm>(expert_rank(rank, ep), ep),
-                                     std::make_unique<LayoutComm>(expert_data_rank(rank, ep), world_size / ep), ep));
+                                     std::make_unique<LayoutComm>(expert_rank(r, ep), ep),
+                                     std::make_unique<LayoutComm>(expert_data_rank(r, ep), D / ep), ep));
+    m->pp_ = pp;
+    if (pp > 1) {
+        m->stage_ = std::make_unique<LayoutComm>(r, D);
+        m->pipeline_ = std::make_unique<LayoutComm>(s, pp);
+        if (s > 0) m->prev_ = std::make_unique<LayoutComm>(1, 2);
+        if (s + 1 < pp) m->next_ = std::make_unique<LayoutComm>(0, 2);
+    }
     if (hsdp) {
-        m->shard_ = std::make_unique<LayoutComm>(rank % shard, shard);
-        m->replicas_ = std::make_unique<LayoutComm>(rank / shard, world_size / shard);
+        m->shard_ = std::make_unique<LayoutComm>(r % shard, shard);
+        m->replicas_ = std::make_unique<LayoutComm>(r / shard, D / shard);
     }
     return m;
+}
+
+Handle exchange_async(Comm& pair, std::span<const std::byte> send, std::span<std::byte> recv) {
+    TESSERA_CHECK(pair.size() == 2, "exchange: a group of {} ranks, not a pair", pair.size());
+    const size_t peer = size_t(1 - pair.rank());
+    std::array<int64_t, 2> send_bytes{}, recv_bytes{};
+    send_bytes[peer] = int64_t(send.size());
+    recv_bytes[peer] = int64_t(recv.size());
+    // (the counts are copied: the collective runs later on the communication thread)
+    return pair.all_to_all_v_async(send, send_bytes, recv, recv_bytes);
 }
 
 }  // namespace tessera::parallel

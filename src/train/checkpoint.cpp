@@ -242,7 +242,7 @@ RankFiles rank_files(const CheckpointContents& c, int rank, int world, bool copy
     f.rank = rank;
     f.config = c.config;
     f.state = c.state;
-    f.specs = c.opt.param_specs();
+    f.specs = c.all_specs ? *c.all_specs : c.opt.param_specs();
     f.experts = c.experts;
     return f;
 }
@@ -298,7 +298,7 @@ void write_rank_files(const RankFiles& f, const fs::path& dir, const std::functi
 }
 
 std::string save_checkpoint(const std::string& run_dir, const CheckpointContents& c, const parallel::Mesh* mesh) {
-    parallel::Comm* comm = mesh ? &mesh->data() : nullptr;
+    parallel::Comm* comm = mesh ? &mesh->world() : nullptr;
     const int W = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     const auto [final_dir, tmp] = checkpoint_dirs(run_dir, c.state.step, comm);
     std::error_code ec;
@@ -329,7 +329,7 @@ std::string save_checkpoint(const std::string& run_dir, const CheckpointContents
 }
 
 CheckpointWriter::CheckpointWriter(std::string run_dir, const parallel::Mesh* mesh, std::function<void()> between)
-    : run_dir_(std::move(run_dir)), comm_(mesh ? &mesh->data() : nullptr), between_(std::move(between)) {
+    : run_dir_(std::move(run_dir)), comm_(mesh ? &mesh->world() : nullptr), between_(std::move(between)) {
     thread_ = std::thread([this] { loop(); });
 }
 
@@ -475,7 +475,8 @@ TrainerState load_trainer_state(const std::string& ckpt_dir) {
 void load_params(const std::string& ckpt_dir,
                  const std::vector<BufferSpec>& specs,
                  const std::vector<ParamTarget>& targets,
-                 ExpertSlice experts) {
+                 ExpertSlice experts,
+                 const std::set<std::string>& elsewhere) {
     // what the checkpoint holds: pieces (name, whole offset, length, data) of whole tensors, read in place from
     // model.safetensors (one process wrote it) or from the ranks' model-RRRRR-of-WWWWW files (several did)
     struct Source {
@@ -486,8 +487,10 @@ void load_params(const std::string& ckpt_dir,
     std::map<std::string, size_t> spec_of;
     for (size_t i = 0; i < specs.size(); ++i) spec_of[specs[i].name] = i;
     auto whole_numel = [&](size_t i) { return whole_shape(specs[i], experts).numel(); };
+    // a parameter's spec index, or SIZE_MAX for another pipeline stage's
     auto known = [&](const std::string& file, const std::string& name) {
         const auto it = spec_of.find(name);
+        if (it == spec_of.end() && elsewhere.count(name)) return SIZE_MAX;
         TESSERA_CHECK(it != spec_of.end(), "{}: unexpected tensor \"{}\" (a checkpoint of another model?)", file, name);
         return it->second;
     };
@@ -498,6 +501,7 @@ void load_params(const std::string& ckpt_dir,
         const SafetensorsFile& f = *files.back();
         for (const auto& e : f.entries()) {
             const size_t i = known(whole.string(), e.name);
+            if (i == SIZE_MAX) continue;
             const Shape want = whole_shape(specs[i], experts);
             // (f32 as written; a target held in bf16 takes the values rounded)
             TESSERA_CHECK(e.shape == want && e.dtype == DType::f32, "{}: tensor \"{}\" is {} {}, expected f32 {}",
@@ -520,6 +524,7 @@ void load_params(const std::string& ckpt_dir,
                           index_path, r, model_file(r, world));
         for (const auto& [name, t] : index["tensors"].items()) {
             const size_t i = known(index_path, name);
+            if (i == SIZE_MAX) continue;
             const Json shape = shape_json(whole_shape(specs[i], experts));
             TESSERA_CHECK(t.is_object() && t.value("shape", Json()) == shape, "{}: tensor \"{}\" is {}, expected {}",
                           index_path, name, t.is_object() ? t.value("shape", Json()).dump() : t.dump(), shape.dump());
@@ -542,6 +547,7 @@ void load_params(const std::string& ckpt_dir,
             int64_t w0 = 0, length = 0, at = 0;
             while (lines >> name >> w0 >> length >> at) {
                 const size_t i = known(path, name);
+                if (i == SIZE_MAX) continue;
                 TESSERA_CHECK(w0 >= 0 && length > 0 && at >= 0 && at + length <= n && w0 + length <= whole_numel(i),
                               "{}: piece {} {} {} {} is out of range (corrupted?)", path, name, w0, length, at);
                 sources[name].push_back({w0, length, data + at});
@@ -652,7 +658,7 @@ void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertS
 
 namespace tessera::train {
 
-void load_optimizer(const std::string& ckpt_dir, AdamW& opt) {
+void load_optimizer(const std::string& ckpt_dir, AdamW& opt, const std::set<std::string>& elsewhere) {
     // the files of the W ranks that wrote the checkpoint
     const std::regex re(R"(optimizer-(\d{5})-of-(\d{5})\.safetensors)");
     int world = 0;
@@ -702,7 +708,7 @@ void load_optimizer(const std::string& ckpt_dir, AdamW& opt) {
             TESSERA_CHECK(whole >= 0 && length > 0 && at >= 0 && at + length <= n,
                           "{}: piece {} {} {} {} is out of range (corrupted?)", path, name, whole, length, at);
             const auto mp = mine.find(name);
-            TESSERA_CHECK(mp != mine.end() || known.count(name),
+            TESSERA_CHECK(mp != mine.end() || known.count(name) || elsewhere.count(name),
                           "{}: moments of \"{}\", which this model does not have", path, name);
             if (mp != mine.end()) {
                 for (const StatePiece* p : mp->second) {  // copy the overlap of the two pieces

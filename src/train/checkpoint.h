@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +61,9 @@ struct CheckpointContents {
     ExpertSlice experts;        // expert parallelism: this rank's experts (for the index's whole shapes)
     TrainerState state;
     size_t frozen = 0;  // the first `frozen` parameters are a frozen base (train.base): not written
+    // pipeline stages: every trained parameter of the whole model (the index names them all; a rank holds its
+    // stage's); null: the optimizer's
+    const std::vector<BufferSpec>* all_specs = nullptr;
 };
 
 // Writes <run_dir>/checkpoints/step_<step>/ atomically; returns its path. With a mesh of several ranks:
@@ -161,14 +165,16 @@ std::vector<ParamTarget> held_targets(const BufferGroup& params, size_t first, s
 // Reads the targets from a checkpoint's parameters, whichever layout wrote them (model.safetensors, or the
 // model files of any number of ranks): every target must be covered, every stored tensor must be one of the
 // specs with its whole shape, and the values finite (a NaN or Inf weight is an error naming the tensor).
+// elsewhere: the names of parameters other pipeline stages hold (skipped, not refused).
 void load_params(const std::string& ckpt_dir,
                  const std::vector<BufferSpec>& specs,
                  const std::vector<ParamTarget>& targets,
-                 ExpertSlice experts = {});
+                 ExpertSlice experts = {},
+                 const std::set<std::string>& elsewhere = {});
 // The parameters of a group from index `first` on (whole, or this rank's expert slice).
 void load_params(const std::string& ckpt_dir, const BufferGroup& params, ExpertSlice experts = {}, size_t first = 0);
 // This rank's pieces of the optimizer moments (AdamW::pieces) from a checkpoint's optimizer files, whatever
 // number of ranks and EP degree wrote them: each file names its pieces by parameter and whole-tensor offset.
-void load_optimizer(const std::string& ckpt_dir, AdamW& opt);
+void load_optimizer(const std::string& ckpt_dir, AdamW& opt, const std::set<std::string>& elsewhere = {});
 
 }  // namespace tessera::train

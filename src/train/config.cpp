@@ -81,6 +81,17 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     c.parallel.ep = pr.integer("ep", c.parallel.ep);
     c.parallel.ep_chunks = pr.integer("ep_chunks", c.parallel.ep_chunks);
     c.parallel.link_delay_ns_per_byte = pr.number("link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte);
+    c.parallel.pipeline = pr.integer("pipeline", c.parallel.pipeline);
+    c.parallel.pipeline_split =
+        pr.parsed("pipeline_split", c.parallel.pipeline_split, [](const Json& v, const std::string& at) {
+            TESSERA_CHECK(v.is_array(), "{} must be a list of layer indices", at);
+            std::vector<int64_t> out;
+            for (const Json& x : v) {
+                TESSERA_CHECK(x.is_number_integer(), "{} must be a list of layer indices", at);
+                out.push_back(x.get<int64_t>());
+            }
+            return out;
+        });
     pr.finish();
     ConfigReader mr(top.section("memory"), where + ": memory");
     c.memory.weights_budget = mr.integer("weights_budget", c.memory.weights_budget);
@@ -150,6 +161,16 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(std::isfinite(c.parallel.link_delay_ns_per_byte) && c.parallel.link_delay_ns_per_byte >= 0 &&
               c.parallel.link_delay_ns_per_byte <= 1e6,
           "parallel.link_delay_ns_per_byte must be in [0, 1e6]");
+    check(c.parallel.pipeline >= 1 && c.parallel.pipeline <= c.model.n_layers,
+          fmt::format("parallel.pipeline must be in [1, {}] (stages of at least one layer)", c.model.n_layers));
+    const std::vector<int64_t>& split = c.parallel.pipeline_split;
+    check(split.empty() || int64_t(split.size()) == c.parallel.pipeline - 1,
+          fmt::format("parallel.pipeline_split names {} stage starts; {} stages need {}", split.size(),
+                      c.parallel.pipeline, c.parallel.pipeline - 1));
+    for (size_t i = 0; i < split.size(); ++i)
+        check(split[i] > (i ? split[i - 1] : 0) && split[i] < c.model.n_layers,
+              fmt::format("parallel.pipeline_split must be increasing layers in [1, {}) (each stage's first)",
+                          c.model.n_layers));
     auto bounded = [&](int64_t v, int64_t hi, const char* key) {
         TESSERA_CHECK(v <= hi, "{}: train.{} = {} must be at most {}", where, key, v, hi);
     };
@@ -178,6 +199,15 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
            "parallel.fsdp is false (ZeRO-2 has no shard groups)");
     unread(c.parallel.ep != 1 && c.model.moe.experts == 0, "parallel.ep", "the model has no MoE layers");
     return c;
+}
+
+model::LayerRange ParallelConfig::stage_layers(int64_t stage, int64_t n_layers) const {
+    const auto first = [&](int64_t s) {
+        if (s == 0) return int64_t(0);
+        if (s == pipeline) return n_layers;
+        return pipeline_split.empty() ? s * n_layers / pipeline : pipeline_split[size_t(s - 1)];
+    };
+    return {first(stage), first(stage + 1)};
 }
 
 Json to_json(const RunConfig& c) {
@@ -223,7 +253,9 @@ Json to_json(const RunConfig& c) {
                   {"shard", c.parallel.shard},
                   {"ep", c.parallel.ep},
                   {"ep_chunks", c.parallel.ep_chunks},
-                  {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte}}},
+                  {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte},
+                  {"pipeline", c.parallel.pipeline},
+                  {"pipeline_split", c.parallel.pipeline_split}}},
                 {"memory",
                  {{"weights_budget", c.memory.weights_budget},
                   {"optimizer_offload", c.memory.optimizer_offload},

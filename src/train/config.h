@@ -72,6 +72,13 @@ struct ParallelConfig {
     int64_t ep = 1;         // expert parallelism: ranks per expert group (divides the world size and the experts)
     int64_t ep_chunks = 2;  // overlap: expert groups per rank whose exchanges pipeline with compute (1 = none)
     double link_delay_ns_per_byte = 0.0;  // test and bench option: the expert group's links made this much slower
+    // Pipeline parallelism (docs/parallel.md): the world's ranks in this many stages of consecutive layers (every
+    // group above is one stage's), scheduled 1F1B over train.accumulation micro-batches. pipeline_split: the first
+    // layer of each stage after the first (pipeline − 1 increasing layers); empty: as even as the layers divide.
+    int64_t pipeline = 1;
+    std::vector<int64_t> pipeline_split;
+    // stage s's layers of a model of n_layers
+    model::LayerRange stage_layers(int64_t stage, int64_t n_layers) const;
 };
 
 // Memory limits of a run (docs/train.md, "Weight budget").

@@ -222,9 +222,9 @@ int64_t frozen_hash(const model::Model& m,
                     const std::function<bool(size_t)>& sharded,
                     const parallel::Mesh* mesh,
                     const std::function<void(const ParamTarget&)>& done) {
-    // each element once over the ranks: a sharded parameter's on the rank holding it, a whole dense one on rank 0,
-    // an expert on the first rank of its expert-data group
-    const bool dense_here = !mesh || mesh->rank() == 0;
+    // each element once over the ranks: a sharded parameter's on the rank holding it, a whole dense one on its
+    // stage's rank 0, an expert on the first rank of its expert-data group
+    const bool dense_here = !mesh || mesh->data().rank() == 0;
     const bool experts_here = !mesh || mesh->expert_data().rank() == 0;
     int64_t sum = 0;
     std::vector<std::byte> staging;  // a device's values, copied to the host
@@ -255,7 +255,7 @@ int64_t frozen_hash(const model::Model& m,
         sum += part;
         if (done) done(t);
     }
-    if (mesh && mesh->world_size() > 1) sum = mesh->data().all_reduce_sum<int64_t>(sum);
+    if (mesh && mesh->world_size() > 1) sum = mesh->world().all_reduce_sum<int64_t>(sum);
     return sum;
 }
 

@@ -47,6 +47,7 @@ AdamW::AdamW(const std::vector<BufferSpec>& params,
     parallel::Comm* dense = mesh && fsdp ? shared(mesh->shard()) : dp;
     parallel::Comm* expert_data = mesh ? shared(mesh->expert_data()) : nullptr;
     expert_ = mesh ? shared(mesh->expert()) : nullptr;
+    pipeline_ = mesh ? mesh->pipeline() : nullptr;
     std::array<std::vector<int64_t>, kRegions> segments;  // where the units start in each region
     for (size_t t : units) {
         TESSERA_CHECK(t < params.size(), "AdamW: a unit starts at parameter {} of {}", t, params.size());
@@ -210,7 +211,14 @@ double AdamW::grad_norm(const GradRanges& g) {
         experts = 0;
         for (double e : each) experts += e;
     }
-    return std::sqrt(dense + experts);
+    double sum = dense + experts;
+    if (pipeline_) {  // each stage's parameters: their sums added in stage order
+        std::vector<double> each(size_t(pipeline_->size()));
+        pipeline_->all_gather(std::as_bytes(std::span(&sum, 1)), std::as_writable_bytes(std::span(each)));
+        sum = 0;
+        for (double e : each) sum += e;
+    }
+    return std::sqrt(sum);
 }
 
 void AdamW::clip(const GradRanges& g, double norm, double max_norm) const {

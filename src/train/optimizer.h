@@ -138,6 +138,7 @@ class AdamW {
     std::array<int64_t, kRegions> state_at_{};   // where each region's range starts in m and v
     std::array<size_t, kRegions> first_spec_{};  // each region's first parameter (specs_.size(): empty)
     parallel::Comm* expert_ = nullptr;           // the EP ranks (their expert regions differ), null without EP
+    parallel::Comm* pipeline_ = nullptr;         // the pipeline stages (their parameters differ), null without
     std::vector<BufferSpec> specs_;
     std::vector<int64_t> offsets_;  // flat element offset of each parameter
     std::vector<StatePiece> pieces_;

@@ -16,18 +16,29 @@ std::vector<size_t> unit_starts(const model::Model& m) {
     }
     return starts;
 }
+// FSDP when parallel.fsdp and the data-parallel group (a pipeline stage's) has ranks to shard over
+bool sharded_over(const RunConfig& cfg, const parallel::Mesh* m) {
+    return m && cfg.parallel.fsdp && m->data().size() > 1;
+}
 }  // namespace
 
 RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accumulation)
-    : model(cfg.model, m ? &m->expert() : nullptr, cfg.parallel.ep_chunks),
+    : model(cfg.model,
+            m ? &m->expert() : nullptr,
+            cfg.parallel.ep_chunks,
+            m ? cfg.parallel.stage_layers(m->stage(), cfg.model.n_layers) : model::LayerRange{}),
       opt(model.trained_specs(),
           m,
           model.local_experts().first,
           unit_starts(model),
-          m && cfg.parallel.fsdp,
+          sharded_over(cfg, m),
           cfg.memory.optimizer_offload ? AdamW::offload_window_elements(cfg.memory.offload_window_mib) : 0),
-      sharded(m && cfg.parallel.fsdp),
-      grad_sum(opt, accumulation, sharded) {}
+      sharded(sharded_over(cfg, m)),
+      grad_sum(opt, accumulation, sharded) {
+    if (m && m->pp() > 1)
+        pipeline.emplace(model, *m, accumulation,
+                         model::StepShape{cfg.train.micro_batch(m->data().size()), cfg.train.seq_len});
+}
 
 void RankState::place(WeightBudget* budget) {
     if (sharded) {
@@ -37,6 +48,7 @@ void RankState::place(WeightBudget* budget) {
     }
     extra = {&opt.m(), &opt.v()};
     for (BufferGroup* g : grad_sum.groups()) extra.push_back(g);
+    if (pipeline) extra.push_back(&pipeline->group());
     if (fsdp) {
         for (BufferGroup* g : fsdp->groups()) extra.push_back(g);
         placement = fsdp->placement();

@@ -14,6 +14,7 @@
 #include "train/fsdp.h"
 #include "train/grad_sum.h"
 #include "train/optimizer.h"
+#include "train/pipeline.h"
 
 namespace tessera::train {
 
@@ -31,7 +32,8 @@ struct RankState {
     bool sharded = false;  // FSDP
     GradientSum grad_sum;
     std::optional<Fsdp> fsdp;
-    std::vector<BufferGroup*> extra;  // the optimizer's, the gradient sum's and FSDP's groups
+    std::optional<PipelineStep> pipeline;  // parallel.pipeline > 1
+    std::vector<BufferGroup*> extra;       // the optimizer's, the gradient sum's, FSDP's and the pipeline's groups
     std::optional<model::ParamPlacement> placement;
 };
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <numbers>
 #include <optional>
+#include <set>
 
 #include "core/check.h"
 #include "core/device.h"
@@ -183,19 +184,8 @@ StepResult train_step(model::Model& model,
         phase += std::chrono::duration<double>(now - t).count();
         t = now;
     };
-    double ignored = 0;
-    for (int64_t micro = 0; micro < micros; ++micro) {
-        {
-            trace::Span span("gradient wait", "wait");
-            grads.before(micro, rt.grads());
-        }
-        lap(r.phases.communication);  // (waits for the previous micro-batch's reductions)
-        model::StepShape shape;
-        {
-            trace::Span span("data", "step");
-            shape = next_batch(ids, targets);
-        }
-        lap(r.phases.data);
+    // micro-batch m's LoRA dropout masks and loss scale (before each pass over it)
+    auto prepare = [&](int64_t micro, std::span<const int32_t> tgt) {
         if (model.config().lora.dropout > 0) {  // the masks of the step's (micro · ranks + rank)-th micro-batch
             const uint64_t at =
                 uint64_t(step) * uint64_t(micros * ranks) + uint64_t(micro * ranks + (comm ? comm->rank() : 0));
@@ -203,23 +193,54 @@ StepResult train_step(model::Model& model,
             model.set_lora_seed((uint64_t(b[0]) << 32 | b[1]) | 1);
         }
         // the step's loss: the mean over every micro-batch, or over every counted target of the step
-        double scale = 1.0 / double(micros * ranks);
-        if (step_targets > 0) {
-            const int64_t n = std::count_if(targets.begin(), targets.end(),
-                                            [](int32_t t) { return t != model::Model::kIgnoreIndex; });
-            scale = double(n) / double(step_targets);
+        if (step_targets == 0) return 1.0 / double(micros * ranks);
+        const int64_t n =
+            std::count_if(tgt.begin(), tgt.end(), [](int32_t t) { return t != model::Model::kIgnoreIndex; });
+        return double(n) / double(step_targets);
+    };
+    auto before = [&](int64_t micro) {
+        trace::Span span("gradient wait", "wait");
+        grads.before(micro, rt.grads());
+    };
+    auto after = [&](int64_t micro) {
+        trace::Span span("gradient reduction", "wait");
+        grads.after(micro, rt.grads());
+    };
+    if (so.pipeline) {
+        auto timed = [&](auto& f) {
+            return [&](int64_t micro) {
+                const auto t0 = Clock::now();
+                f(micro);
+                r.phases.communication += seconds_since(t0);
+            };
+        };
+        const auto load = [&](int64_t, std::span<int32_t> i, std::span<int32_t> t) {
+            trace::Span span("data", "step");
+            return next_batch(i, t);
+        };
+        r.loss = so.pipeline->run(load, prepare, timed(before), timed(after), step_targets > 0, r.phases);
+        t = Clock::now();
+    }
+    double ignored = 0;
+    for (int64_t micro = 0; micro < (so.pipeline ? 0 : micros); ++micro) {
+        before(micro);
+        lap(r.phases.communication);  // (waits for the previous micro-batch's reductions)
+        model::StepShape shape;
+        {
+            trace::Span span("data", "step");
+            shape = next_batch(ids, targets);
         }
+        lap(r.phases.data);
+        const double scale = prepare(micro, targets);
         r.loss += model.forward_backward(shape, ids, targets, scale).loss * (step_targets > 0 ? scale : 1.0);
         lap(ignored);  // compute (the step's rest)
-        {
-            trace::Span span("gradient reduction", "wait");
-            grads.after(micro, rt.grads());
-        }
+        after(micro);
         lap(r.phases.communication);
     }
     const GradRanges g = [&] {
         trace::Span span("gradient reduction", "wait");
         if (ranks > 1) r.loss = comm->all_reduce_sum(r.loss);  // in rank order, as one rank would add them
+        if (so.pipeline) r.loss = so.pipeline->from_last(r.loss);
         if (step_targets == 0) r.loss /= double(micros * ranks);
         return grads.finish(rt.grads());  // this rank's ranges of the summed gradient
     }();
@@ -245,6 +266,7 @@ StepResult train_step(model::Model& model,
     }
     lap(r.phases.optimizer);
     r.stats = model.take_step_stats();
+    if (so.pipeline) r.stats = so.pipeline->all_stages(*r.stats);  // (every stage's layers)
     r.moe = r.stats->moe;
     r.dsa = r.stats->dsa;
     r.global_aux_loss = model.take_global_aux_loss();
@@ -263,7 +285,16 @@ TrainSummary train(const TrainOptions& opts) {
     auto note = [&](const std::string& s) {
         if (log) *log << s << '\n' << std::flush;
     };
-    const int64_t micro = tc.micro_batch(ranks), accumulation = tc.accumulation(ranks);
+    // parallel.pipeline: the ranks in stages; each stage's data-parallel ranks (dranks) share the batch
+    const int64_t stages = cfg.parallel.pipeline;
+    TESSERA_CHECK(stages == 1 || ranks > 1,
+                  "parallel.pipeline = {} needs several ranks (mpirun -n W, W a multiple of "
+                  "it)",
+                  stages);
+    TESSERA_CHECK(ranks % stages == 0, "parallel.pipeline = {} does not divide the {} ranks into stages", stages,
+                  ranks);
+    const int dranks = ranks / int(stages), drank = rank % dranks;
+    const int64_t micro = tc.micro_batch(dranks), accumulation = tc.accumulation(dranks);
     TESSERA_CHECK(cfg.parallel.ep == 1 || ranks > 1,
                   "parallel.ep = {} needs several ranks (mpirun -n W, W a multiple of "
                   "it)",
@@ -286,9 +317,10 @@ TrainSummary train(const TrainOptions& opts) {
                       "now; set it to false");
     }
     std::optional<parallel::Mesh> mesh;  // one-line error when W is not a multiple of parallel.ep
-    if (comm) mesh.emplace(*comm, int(cfg.parallel.ep), int(cfg.parallel.shard));
+    if (comm) mesh.emplace(*comm, int(cfg.parallel.ep), int(cfg.parallel.shard), int(stages));
     if (mesh) mesh->expert().set_link_delay(cfg.parallel.link_delay_ns_per_byte * 1e-9);
     const parallel::Mesh* m = mesh ? &*mesh : nullptr;
+    parallel::Comm* dcomm = m && dranks > 1 ? &m->data() : nullptr;  // the stage's data-parallel ranks
 
     const std::string data_path = cfg.data.path.empty() ? bundled_corpus_path() : cfg.data.path;
     TokenSource tokens(data_path);
@@ -297,7 +329,7 @@ TrainSummary train(const TrainOptions& opts) {
     TESSERA_CHECK(tokens.max_token() < cfg.model.vocab_size,
                   "data {} holds token id {} (its tokenizer has {} ids) but model.vocab_size is {}", data_path,
                   tokens.max_token(), tokens.vocab_size(), cfg.model.vocab_size);
-    DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {rank, ranks, accumulation});
+    DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {drank, dranks, accumulation});
     // images in the data (token_source.h): made for this model's tower (its image token, patch size, merge)
     const model::VisionConfig& vision = cfg.model.vision;
     const bool with_images = !tokens.images().empty();
@@ -344,10 +376,19 @@ TrainSummary train(const TrainOptions& opts) {
     model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, st.extra,
                            st.placement ? &*st.placement : nullptr, device);
     if (fsdp) fsdp->bind(rt.params(), rt.grads());
+    PipelineStep* pipeline = st.pipeline ? &*st.pipeline : nullptr;
+    if (pipeline) pipeline->bind(model);
     model::HooksPair both(fsdp ? &*fsdp : nullptr, budget ? &*budget : nullptr);
     if (fsdp || budget) model.set_param_hooks(&both);
 
     TrainerState state;
+    // pipeline stages: the whole model's trained parameters (a checkpoint's index names them all) and those of the
+    // other stages (a checkpoint holds them: loading skips them)
+    const std::vector<BufferSpec> whole_specs =
+        pipeline ? model::Model(cfg.model).trained_specs() : std::vector<BufferSpec>{};
+    std::set<std::string> other_stages;
+    for (const BufferSpec& spec : whole_specs) other_stages.insert(spec.name);
+    for (const BufferSpec& spec : model.param_specs()) other_stages.erase(spec.name);
     // what trains: this rank's ranges of what FSDP holds, the rest whole (experts: this rank's); the frozen base
     // (parameters [0, frozen)) is not in checkpoints: it comes from train.base
     const size_t frozen = model.frozen_params();
@@ -379,9 +420,9 @@ TrainSummary train(const TrainOptions& opts) {
                           "checkpoint says {})",
                           setup.checkpoint, setup.base->path, h, *state.base_hash);
         }
-        load_params(setup.checkpoint, model.param_specs(), trained, slice);
+        load_params(setup.checkpoint, model.param_specs(), trained, slice, other_stages);
         if (fsdp) fsdp->invalidate();
-        load_optimizer(setup.checkpoint, opt);
+        load_optimizer(setup.checkpoint, opt, other_stages);
         loader.set_position(state.data);
         opt.set_step(state.optimizer_step);
     } else {
@@ -421,19 +462,28 @@ TrainSummary train(const TrainOptions& opts) {
     // its cuBLAS f32 rate
     const double gemm_gflops =
         device == Device::cpu ? ops::measure_gemm_gflops() * ranks : ops::measure_linear_gflops(device);
-    const double train_flops_per_token = model.train_flops_per_token(tc.seq_len);
+    double train_flops_per_token = model.train_flops_per_token(tc.seq_len);  // (a stage's: summed over the stages)
+    if (m && m->pipeline()) train_flops_per_token = m->pipeline()->all_reduce_sum(train_flops_per_token);
     const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
     note(fmt::format("tessera: {} parameters ({} layers, d_model {}), {} tokens per step, {} steps", model.num_params(),
                      cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));
     if (comm)
         note(fmt::format(
-            "{} ranks ({}): each runs {} micro-batch{} of {} sequences per step{}; {}; memory below is "
+            "{} ranks ({}){}: each runs {} micro-batch{} of {} sequences per step{}; {}; memory below is "
             "per rank",
-            ranks, comm->backend(), accumulation, accumulation == 1 ? "" : "es", micro,
+            ranks, comm->backend(),
+            pipeline
+                ? fmt::format(" in {} pipeline stages of {} rank{} (1F1B; this rank: layers {}-{}, {} "
+                              "micro-batch{} in flight)",
+                              stages, dranks, dranks == 1 ? "" : "s", model.layers().first, model.layers().last - 1,
+                              pipeline->in_flight(), pipeline->in_flight() == 1 ? "" : "es")
+                : std::string(),
+            accumulation, accumulation == 1 ? "" : "es", micro,
             m->ep() > 1 ? fmt::format(", holds {} of {} experts per MoE layer (parallel.ep {})",
                                       model.local_experts().second, cfg.model.moe.experts, m->ep())
                         : std::string(),
-            !fsdp           ? "optimizer state and summed gradients sharded (ZeRO-2)"
+            dranks == 1     ? "each stage's parameters, gradients and optimizer state whole (one rank per stage)"
+            : !fsdp         ? "optimizer state and summed gradients sharded (ZeRO-2)"
             : m->replicas() ? fmt::format("dense parameters, gradients and optimizer state sharded over groups of {} "
                                           "ranks, {} replicas (HSDP)",
                                           m->shard().size(), m->replicas()->size())
@@ -487,8 +537,9 @@ TrainSummary train(const TrainOptions& opts) {
         const int64_t n = document_starts(i, shape.batch, shape.seq, tokens.end_of_document(), cu);
         return model::StepShape{shape.batch, shape.seq, std::span<const int64_t>(cu.data(), size_t(n))};
     };
-    // The ranks share the evaluation batches (batch i on rank i mod W); the per-batch sums are added in batch
-    // order, so the result does not depend on the number of ranks.
+    // The ranks share the evaluation batches (batch i on rank i mod W; with pipeline stages, on the stages' ranks i mod
+    // W / stages, the loss on the last); the per-batch sums are added in batch order, so the result does not depend on
+    // the number of ranks.
     // train.eval_batches counts batches of train.batch_size sequences: eval_batches · batch_size / micro of the
     // loader's micro-batches, the same sequences on any number of ranks
     std::vector<double> eval_parts(
@@ -501,10 +552,11 @@ TrainSummary train(const TrainOptions& opts) {
         // others), with FSDP every rank (each forward gathers from all): ranks without a batch of their own in
         // the last round run one whose result they drop
         const bool lockstep = m && (m->ep() > 1 || fsdp);  // FSDP: every rank gathers each block's parameters
-        for (int64_t i = rank; i < (lockstep ? (n + ranks - 1) / ranks * ranks : n); i += ranks) {
+        for (int64_t i = drank; i < (lockstep ? (n + dranks - 1) / dranks * dranks : n); i += dranks) {
             loader.eval_batch(i % n, ids, targets, with_images ? &images : nullptr);
             set_images();
-            model::LossResult r = model.forward_loss(shape_of(ids), ids, targets);
+            model::LossResult r = pipeline ? pipeline->forward_loss(shape_of(ids), ids, targets)
+                                           : model.forward_loss(shape_of(ids), ids, targets);
             if (i >= n) continue;
             eval_parts[size_t(2 * i)] = r.loss * double(r.count);
             eval_parts[size_t(2 * i + 1)] = double(r.count);
@@ -582,7 +634,8 @@ TrainSummary train(const TrainOptions& opts) {
                                           .ranges = param_ranges(opt, rt, fsdp ? &*fsdp : nullptr),
                                           .experts = slice,
                                           .state = state,
-                                          .frozen = frozen};
+                                          .frozen = frozen,
+                                          .all_specs = pipeline ? &whole_specs : nullptr};
         if (!writer) {
             const std::string path = save_checkpoint(setup.out_dir, contents, m);
             blocked = seconds_since(began);
@@ -653,10 +706,11 @@ TrainSummary train(const TrainOptions& opts) {
             loader.step_images(step_grids);
             step_image_flops = model.image_forward_flops(step_grids);
         }
-        StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, comm,
+        StepResult r = train_step(model, rt, opt, grad_sum, tc, state.step, next_batch, ids, targets, dcomm,
                                   fsdp ? &*fsdp : nullptr, loader.step_targets(),
                                   {.skip_nonfinite = true,  // (the nonfinite rule decides: skip, or stop)
-                                   .poison = fault.poisons(state.step + 1)});
+                                   .poison = fault.poisons(state.step + 1),
+                                   .pipeline = pipeline});
         step_span.reset();
         state.step++;
         state.tokens_seen += tokens_per_step;
@@ -670,7 +724,9 @@ TrainSummary train(const TrainOptions& opts) {
                        .layers = r.stats.get(),
                        .arena = &arena_stats};
         rep.phases.step = seconds_since(t0);
-        for (const auto& [layer, s] : r.moe) rep.phases.communication += s.a2a_exposed_seconds;
+        for (const auto& [layer, s] : r.moe)  // (this rank's layers: a pipeline's statistics hold every stage's)
+            if (layer >= model.layers().first && layer < model.layers().last)
+                rep.phases.communication += s.a2a_exposed_seconds;
         const double tps = double(tokens_per_step) / rep.phases.step;
         rep.flops_per_s = tps * train_flops_per_token + step_image_flops / rep.phases.step;
         rep.mfu = rep.flops_per_s / (gemm_gflops * 1e9);

@@ -23,6 +23,8 @@
 
 namespace tessera::train {
 
+class PipelineStep;
+
 struct TrainOptions {
     std::string config_path;             // empty: the built-in demo config
     std::vector<std::string> overrides;  // "section.key=value"
@@ -58,6 +60,9 @@ struct StepResult {
 struct StepOptions {
     bool skip_nonfinite = false;  // a non-finite loss or gradient skips the update (else: a one-line error)
     bool poison = false;          // test fault: the gradient norm is NaN (TESSERA_FAULT=nan:STEP)
+    // parallel.pipeline: this rank's stage runs the micro-batches in the 1F1B schedule (comm is then the stage's
+    // data-parallel group)
+    PipelineStep* pipeline = nullptr;
 };
 
 // Fills a micro-batch's ids and targets and returns its step shape (with document boundaries when

@@ -111,6 +111,37 @@ TEST(ConfigKeys, TrainKeys) {
     for (const char* window : {"memory.offload_window_mib=0", "memory.offload_window_mib=100000"})
         test::expect_error([&] { run_with({window}); }, "memory.offload_window_mib must be in [1/256, 65536]");
     EXPECT_NO_THROW(run_with({"memory.optimizer_offload=true", "memory.offload_window_mib=0.0625"}));
+    // pipeline stages: at most one per layer; a split names each later stage's first layer, increasing
+    test::expect_error(
+        [&] {
+            run_with({"model.n_layers=4", "parallel.pipeline=5"});
+        },
+        "parallel.pipeline must be in [1, 4]");
+    test::expect_error(
+        [&] {
+            run_with({"model.n_layers=4", "parallel.pipeline=3", "parallel.pipeline_split=[2]"});
+        },
+        "parallel.pipeline_split names 1 stage starts; 3 stages need 2");
+    for (const char* split :
+         {"parallel.pipeline_split=[2,2]", "parallel.pipeline_split=[0,2]", "parallel.pipeline_split=[1,4]"})
+        test::expect_error(
+            [&] {
+                run_with({"model.n_layers=4", "parallel.pipeline=3", split});
+            },
+            "parallel.pipeline_split must be increasing layers in [1, 4)");
+    test::expect_error([&] { run_with({"parallel.pipeline_split=[\"a\"]"}); }, "must be a list of layer indices");
+    const train::RunConfig even = run_with({"model.n_layers=4", "parallel.pipeline=3"});
+    const train::RunConfig split =
+        run_with({"model.n_layers=4", "parallel.pipeline=3", "parallel.pipeline_split=[1,3]"});
+    const std::vector<std::pair<int64_t, int64_t>> want_even{{0, 1}, {1, 2}, {2, 4}},
+        want_split{{0, 1}, {1, 3}, {3, 4}};
+    for (int64_t s = 0; s < 3; ++s) {
+        const model::LayerRange a = even.parallel.stage_layers(s, 4), b = split.parallel.stage_layers(s, 4);
+        EXPECT_EQ(std::pair(a.first, a.last), want_even[size_t(s)]) << s;
+        EXPECT_EQ(std::pair(b.first, b.last), want_split[size_t(s)]) << s;
+    }
+    EXPECT_EQ(train::parse_run_config(train::to_json(split), "saved").parallel.pipeline_split,
+              (std::vector<int64_t>{1, 3}));
 }
 
 // Every shipped config, and what to_json writes of it (a checkpoint's config.json), parses.

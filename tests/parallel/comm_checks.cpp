@@ -222,6 +222,43 @@ void check_split_into_mesh_groups(Comm& c) {
             EXPECT_NE(std::string(e.what()).find("does not divide the 3 ranks"), std::string::npos) << e.what();
         }
     }
+    // pipeline stages: stage s is the ranks [s·D, (s+1)·D), its groups inside it; a pair exchanges with its neighbour
+    for (int pp : {2, 4}) {
+        if (W % pp != 0) continue;
+        const int D = W / pp, s = c.rank() / D;
+        parallel::Mesh mesh(c, 1, 0, pp);
+        EXPECT_EQ(mesh.world().size(), W);
+        EXPECT_EQ(mesh.data().size(), D);
+        EXPECT_EQ(mesh.stage(), s);
+        ASSERT_NE(mesh.pipeline(), nullptr);
+        EXPECT_EQ(mesh.pipeline()->size(), pp);
+        EXPECT_EQ(mesh.pipeline()->rank(), s);
+        EXPECT_EQ(mesh.expert_data().size(), D);
+        EXPECT_EQ(mesh.prev() != nullptr, s > 0);
+        EXPECT_EQ(mesh.next() != nullptr, s + 1 < pp);
+        // each stage sends its world rank forward and its negation back, both at once where it has both neighbours
+        int32_t fwd_in = -1, bwd_in = -1;
+        const int32_t fwd_out = c.rank(), bwd_out = -c.rank() - 1;
+        auto bytes_of = [](auto& v) { return std::as_writable_bytes(std::span(&v, 1)); };
+        if (s % 2 == 0) {  // even stages first toward the next, odd ones toward the previous: the same pairs in order
+            if (mesh.next()) parallel::exchange(*mesh.next(), std::as_bytes(std::span(&fwd_out, 1)), bytes_of(bwd_in));
+            if (mesh.prev()) parallel::exchange(*mesh.prev(), std::as_bytes(std::span(&bwd_out, 1)), bytes_of(fwd_in));
+        } else {
+            if (mesh.prev()) parallel::exchange(*mesh.prev(), std::as_bytes(std::span(&bwd_out, 1)), bytes_of(fwd_in));
+            if (mesh.next()) parallel::exchange(*mesh.next(), std::as_bytes(std::span(&fwd_out, 1)), bytes_of(bwd_in));
+        }
+        EXPECT_EQ(fwd_in, s > 0 ? c.rank() - D : -1);
+        EXPECT_EQ(bwd_in, s + 1 < pp ? -(c.rank() + D) - 1 : -1);
+    }
+    if (W == 4) {
+        try {
+            parallel::Mesh bad(c, 4, 0, 2);
+            ADD_FAILURE() << "ep 4 in stages of 2 ranks was accepted";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("does not divide the 2 ranks of a pipeline stage"), std::string::npos)
+                << e.what();
+        }
+    }
 }
 
 }  // namespace tessera::test

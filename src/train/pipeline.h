@@ -1,0 +1,85 @@
+// Pipeline parallelism (parallel.pipeline; docs/parallel.md): one rank's part of a step as a stage of consecutive
+// layers, the micro-batches scheduled one forward, one backward (1F1B; Narayanan et al., "Memory-efficient
+// pipeline-parallel DNN training", arXiv 2006.09503; the non-interleaved schedule of Megatron-LM).
+//
+// Stage s of P with M micro-batches runs w = min(P − s − 1, M) forwards ahead, then alternates a forward and a
+// backward, then the w backwards left. Every transfer is a pairwise exchange with the stage before or after
+// (parallel::exchange): its activations forward, its input's gradient back, a send and a receive combined where the
+// schedule has both, so each pair of neighbours makes the same exchanges in the same order and none waits on a
+// third. The last stage runs each micro-batch's forward and backward together. A stage before it keeps only the
+// input of each micro-batch in flight (at most w + 1 of them, in an arena group) and re-runs the forward from it
+// before the backward (Model::stage_backward): one forward more per micro-batch, the activations of one. A
+// micro-batch's gradient is the whole model's bits (tests/model/test_model.cpp), and the step is one process's.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/buffer_spec.h"
+#include "model/model.h"
+#include "parallel/mesh.h"
+#include "train/telemetry.h"
+
+namespace tessera::train {
+
+class PipelineStep {
+  public:
+    // mesh: with pp() > 1; micros: micro-batches per step (train.accumulation); max: their shape
+    PipelineStep(const model::Model& model, const parallel::Mesh& mesh, int64_t micros, model::StepShape max);
+    // the inputs of the micro-batches in flight (empty on the first stage and the last): the runtime allocates it
+    BufferGroup& group() { return inputs_; }
+    void bind(model::Model& model) { model_ = &model; }
+
+    // One step's micro-batches. load(m, ids, targets): fills micro-batch m's data and returns its shape (called once
+    // per micro-batch, in order); prepare(m, targets): before each pass over micro-batch m (its forward and its
+    // backward), returns its loss scale; before(m) / after(m) around its backward (GradientSum). Returns the sum of
+    // the micro-batches' losses on the last stage, each times its scale when weighted (0 elsewhere); the time spent
+    // waiting for neighbours goes to phases.communication, load's to phases.data.
+    using Load = std::function<model::StepShape(int64_t, std::span<int32_t>, std::span<int32_t>)>;
+    using Prepare = std::function<double(int64_t, std::span<const int32_t>)>;
+    using Around = std::function<void(int64_t)>;
+    double run(const Load& load,
+               const Prepare& prepare,
+               const Around& before,
+               const Around& after,
+               bool weighted,
+               StepPhases& phases);
+
+    // Evaluation: one batch forward through the stages; the loss on the last stage, {} before it.
+    model::LossResult forward_loss(model::StepShape s, std::span<const int32_t> ids, std::span<const int32_t> targets);
+
+    // the last stage's value on every stage (a collective over the pipeline group)
+    double from_last(double v);
+    // every stage's layer statistics (routing, indexer KL) on every stage, in layer order (a collective over the
+    // pipeline group): the metrics and alerts of rank 0 see every layer
+    std::shared_ptr<const model::StepStats> all_stages(const model::StepStats& mine);
+
+    int64_t in_flight() const { return slots_; }  // micro-batches whose data this stage keeps at once
+
+  private:
+    struct Slot {
+        std::vector<int32_t> ids, targets;
+        std::vector<int64_t> cu;  // document boundaries
+        model::StepShape shape;
+    };
+    void receive(parallel::Comm* pair, std::span<std::byte> into, StepPhases& phases);
+    void send(parallel::Comm* pair, std::span<const std::byte> from, StepPhases& phases);
+    void send_receive(parallel::Comm* pair,
+                      std::span<const std::byte> from,
+                      std::span<std::byte> into,
+                      StepPhases& phases);
+    std::span<std::byte> bytes(TensorView v) const { return {static_cast<std::byte*>(v.data), v.nbytes()}; }
+
+    model::Model* model_ = nullptr;
+    parallel::Comm *pipeline_, *prev_, *next_;
+    int64_t micros_, warmup_, slots_;
+    model::StepShape max_;
+    int64_t d_model_;
+    BufferGroup inputs_;  // [slots·N, C]: the kept inputs (stages between the first and the last)
+    std::vector<Slot> data_;
+    std::vector<double> packed_, gathered_;  // all_stages' buffers
+};
+
+}  // namespace tessera::train
