@@ -37,7 +37,9 @@ Json candidate_json(const plan::Candidate& c) {
               {"shard", c.layout.shard},
               {"micro_batch", c.layout.micro_batch},
               {"recompute", c.layout.recompute.to_json()},
-              {"offload", c.layout.offload}}},
+              {"offload", c.layout.offload},
+              {"pipeline", c.layout.pp},
+              {"pipeline_split", c.layout.split}}},
             {"memory",
              {{"rank", c.memory_rank},
               {"arena_bytes", c.memory.arena_bytes},
@@ -62,7 +64,9 @@ Json candidate_json(const plan::Candidate& c) {
               {"grad_sync", t.grad_sync},
               {"optimizer", t.optimizer},
               {"offload", t.offload},
-              {"gradients", t.gradients}}},
+              {"gradients", t.gradients},
+              {"p2p", t.p2p},
+              {"bubble", t.bubble}}},
             {"imbalance", t.imbalance},
             {"tokens_per_s_per_device", c.tokens_per_s_per_device},
             {"mfu", c.mfu}};
@@ -76,6 +80,7 @@ void add_plan_command(CLI::App& app) {
     struct Args : Workload {
         std::string write_config, json, offload = "auto";
         int64_t threads = 0, top = 10;
+        bool no_pipeline = false;
     };
     auto a = std::make_shared<Args>();
     add_workload_options(cmd, *a);
@@ -87,6 +92,8 @@ void add_plan_command(CLI::App& app) {
                     "all = every layout both ways, off")
         ->check(CLI::IsMember({"auto", "all", "off"}))
         ->capture_default_str();
+    cmd->add_flag("--no-pipeline", a->no_pipeline,
+                  "Do not search pipeline stages (parallel.pipeline; searched by default where the model can be cut)");
     cmd->add_option("--write-config", a->write_config, "Write the best layout that fits as a run config here");
     cmd->add_option("--json", a->json, "Write every candidate (layout, memory by group, step breakdown) as JSON here");
     cmd->footer(
@@ -98,7 +105,7 @@ void add_plan_command(CLI::App& app) {
         const ModelDoc& doc = w.doc;
         const train::RunConfig& cfg = w.cfg;
         const plan::Cluster& cluster = w.cluster;
-        const plan::PlanOptions o{a->ranks, int(a->threads), a->routing, a->offload};
+        const plan::PlanOptions o{a->ranks, int(a->threads), a->routing, a->offload, !a->no_pipeline};
         const plan::Plan p = plan::make_plan(cfg, cluster, o);
         std::cout << (doc.family.empty() ? "tessera config " + doc.file : doc.family + " (" + doc.file + ")") << ", "
                   << (cfg.model.lora.enabled() ? fmt::format("LoRA rank {}", cfg.model.lora.rank) : "full training")

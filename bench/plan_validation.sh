@@ -32,13 +32,14 @@ drop=${TESSERA_BASELINE_DROP:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# the layouts: (ranks ep fsdp micro recompute shard offload), per model; recompute: true, false or block kinds joined by
-# '+'; shard: parallel.shard (0: FSDP over every rank; 2 of 4 ranks: HSDP); offload: memory.optimizer_offload (the plans
-# price every layout both ways, --offload all)
+# the layouts: (ranks ep fsdp micro recompute shard offload pp), per model; recompute: true, false or block kinds joined
+# by '+'; shard: parallel.shard (0: FSDP over every rank; 2 of 4 ranks: HSDP); offload: memory.optimizer_offload (the
+# plans price every layout both ways, --offload all); pp: parallel.pipeline (stages; the planner's split is the even one
+# for these 4-layer models)
 layouts_for() {
     case "$(basename "$1" .json)" in
-        demo) echo "1 1 true 8 false 0 false;1 1 true 4 true 0 false;1 1 true 8 moe 0 false;2 1 true 8 false 0 false;2 2 true 4 false 0 false;2 2 false 8 true 0 false;2 2 true 8 kda 0 false;4 2 true 4 false 0 false;4 2 true 4 false 2 false;4 4 false 4 false 0 false;1 1 true 8 false 0 true;2 2 true 4 false 0 true" ;;
-        *) echo "1 1 true 4 false 0 false;1 1 true 16 false 0 false;1 1 true 8 true 0 false;1 1 true 16 moe 0 false;2 1 true 8 false 0 false;2 2 true 8 false 0 false;2 2 false 4 false 0 false;2 1 false 8 true 0 false;2 2 true 8 attention 0 false;4 1 true 4 false 0 false;4 1 true 4 false 2 false;4 2 true 4 false 0 false;4 4 true 4 false 0 false;4 4 false 2 true 0 false;1 1 true 4 false 0 true;2 2 true 8 false 0 true" ;;
+        demo) echo "1 1 true 8 false 0 false 1;1 1 true 4 true 0 false 1;1 1 true 8 moe 0 false 1;2 1 true 8 false 0 false 1;2 2 true 4 false 0 false 1;2 2 false 8 true 0 false 1;2 2 true 8 kda 0 false 1;4 2 true 4 false 0 false 1;4 2 true 4 false 2 false 1;4 4 false 4 false 0 false 1;1 1 true 8 false 0 true 1;2 2 true 4 false 0 true 1;2 1 true 1 false 0 false 2;2 1 true 2 false 0 false 2;4 2 true 2 false 0 false 2" ;;
+        *) echo "1 1 true 4 false 0 false 1;1 1 true 16 false 0 false 1;1 1 true 8 true 0 false 1;1 1 true 16 moe 0 false 1;2 1 true 8 false 0 false 1;2 2 true 8 false 0 false 1;2 2 false 4 false 0 false 1;2 1 false 8 true 0 false 1;2 2 true 8 attention 0 false 1;4 1 true 4 false 0 false 1;4 1 true 4 false 2 false 1;4 2 true 4 false 0 false 1;4 4 true 4 false 0 false 1;4 4 false 2 true 0 false 1;1 1 true 4 false 0 true 1;2 2 true 8 false 0 true 1;2 1 true 2 false 0 false 2;4 1 true 2 false 0 false 2;4 1 true 1 false 0 false 4" ;;
     esac
 }
 # train.recompute's value for a layout's recompute field
@@ -75,11 +76,12 @@ for cfg in "${configs[@]}"; do
     IFS=';' read -r -a layouts <<< "$(layouts_for "$cfg")"
     for rep in $(seq 1 "$repeats"); do  # repeats interleaved: the machine's drift spreads over every layout
         for l in "${layouts[@]}"; do
-            read -r ranks ep fsdp micro rec shard off <<< "$l"
+            read -r ranks ep fsdp micro rec shard off pp <<< "$l"
             args="train --config $cfg --steps $steps --set train.eval_interval=0 --set train.checkpoint_interval=0
                   --set parallel.ep=$ep --set parallel.fsdp=$fsdp --set parallel.shard=$shard
                   --set train.micro_batch_size=$micro --set train.recompute=$(recompute_json "$rec")
-                  --set memory.optimizer_offload=$off --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$shard-$off-$rep"
+                  --set memory.optimizer_offload=$off --set parallel.pipeline=$pp
+                  --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$shard-$off-$pp-$rep"
             if [ "$ranks" = 1 ]; then $bin --threads 2 $args > /dev/null; else $bin launch -n "$ranks" -- $args > /dev/null; fi
         done
     done
@@ -109,13 +111,14 @@ for cfg in configs:
     reserved = {r: json.load(open(f"{tmp}/{name}-cal{r}.json"))["device"]["reserved_gb"] * 1e9 for r in (1, 2, 4)}
     runs = sorted({d.rsplit("-", 1)[0] for d in os.listdir(tmp) if d.startswith(f"run-{name}-")})
     for run in runs:
-        ranks, ep, fsdp, micro, rec, shard, off = run[len(f"run-{name}-"):].split("-")
+        ranks, ep, fsdp, micro, rec, shard, off, pp = run[len(f"run-{name}-"):].split("-")
         ranks = int(ranks)
         recompute = rec == "true" if rec in ("true", "false") else rec.split("+")
         key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=recompute, shard=int(shard),
-                   offload=off == "true")
-        # (a baseline build from before HSDP or offload names no shard or offload: 0, false)
-        pick = lambda cands: next((c for c in cands if all(c["layout"].get(k, 0) == v for k, v in key.items())), None)
+                   offload=off == "true", pipeline=int(pp))
+        # (a baseline build from before HSDP, offload or stages names no shard, offload or pipeline: 0, false, 1)
+        pick = lambda cands: next((c for c in cands if all(c["layout"].get(k, 1 if k == "pipeline" else 0) == v
+                                                           for k, v in key.items())), None)
         cand = pick(plans[ranks])
         routed = pick(json.load(open(f"{tmp}/routed-{run}.json"))["candidates"])
         baseline = pick(base[ranks]) if base else None  # (None: a baseline without this layout)
@@ -128,8 +131,10 @@ for cfg in configs:
             resident.append(max(r["memory"]["resident_bytes"] for r in recs))
         arena = next(r["arena_bytes"] for r in cand["memory"]["ranks"] if r["rank"] == 0)
         cv = statistics.stdev(medians) / statistics.mean(medians) if len(medians) > 1 else 0.0
-        sharding = "zero-2" if fsdp != "true" else f"hsdp {shard}" if shard != "0" else "fsdp"
-        label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", ep {ep}, {sharding}"
+        sharding = ("one rank per stage" if ranks == int(pp) else "zero-2" if fsdp != "true"
+                    else f"hsdp {shard}" if shard != "0" else "fsdp")
+        label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", pp {pp}" if pp != "1" else "") +
+                 (f", ep {ep}, {sharding}"
                  if ranks > 1 else "") + f", micro {micro}" +
                  (", recompute" if rec == "true" else "" if rec == "false" else f", recompute {rec}") +
                  (", offload" if off == "true" else ""))

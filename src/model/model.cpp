@@ -34,6 +34,15 @@ std::string shared_prefix(const Block& b) { return "recompute." + b.kind() + "."
 std::string scratch_prefix(const Block& b) { return "scratch." + b.kind() + "."; }
 }  // namespace
 
+const char* pipeline_obstacle(const ModelConfig& c) {
+    return c.tie_embeddings             ? "model.tie_embeddings (the embedding is the head)"
+           : c.attn_res_block_size > 0  ? "model.attn_res_block_size (Attention Residuals mix every earlier block's "
+                                          "output)"
+           : c.vision.enabled()         ? "model.vision (the image tower)"
+           : c.moe.global_aux_coeff > 0 ? "model.moe.global_aux_coeff (the balance loss pools every MoE layer)"
+                                        : nullptr;
+}
+
 Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, LayerRange layers)
     : cfg_(std::move(cfg)), layers_(layers) {
     cfg_.validate("model");
@@ -41,13 +50,7 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, L
     TESSERA_CHECK(layers_.first >= 0 && layers_.first < layers_.last && layers_.last <= cfg_.n_layers,
                   "model: a pipeline stage of layers [{}, {}) of {}", layers_.first, layers_.last, cfg_.n_layers);
     if (!first_stage() || !last_stage()) {
-        const char* crossing = cfg_.tie_embeddings            ? "model.tie_embeddings (the embedding is the head)"
-                               : cfg_.attn_res_block_size > 0 ? "model.attn_res_block_size (Attention Residuals mix "
-                                                                "every earlier block's output)"
-                               : cfg_.vision.enabled()        ? "model.vision (the image tower)"
-                               : cfg_.moe.global_aux_coeff > 0
-                                   ? "model.moe.global_aux_coeff (the balance loss pools every MoE layer)"
-                                   : nullptr;
+        const char* crossing = pipeline_obstacle(cfg_);
         TESSERA_CHECK(!crossing, "pipeline stages (parallel.pipeline) cannot split a model with {}; use one stage",
                       crossing);
     }
@@ -301,7 +304,7 @@ std::vector<bool> Model::recomputed_blocks(const Recompute& recompute) const {
 }
 
 std::vector<BufferSpec> Model::activation_specs(StepShape max, const Recompute& recompute) const {
-    recompute.check(block_kinds_);
+    if (first_stage() && last_stage()) recompute.check(block_kinds_);  // (a stage's kinds are some of the model's)
     const int64_t N = max.tokens(), C = cfg_.d_model, V = cfg_.vocab_size, R = head_chunk_rows(N);
     std::vector<BufferSpec> s;
     s.push_back({"ids", DType::i32, Shape{N}});

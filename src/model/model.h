@@ -97,6 +97,10 @@ struct LossResult {
     int64_t count = 0;  // targets that count (not ignore_index)
 };
 
+// What keeps a model whole on one pipeline stage (it crosses stages), or null: tied embeddings, Attention Residuals,
+// the image tower, the global balance loss.
+const char* pipeline_obstacle(const ModelConfig& c);
+
 class Model {
   public:
     static constexpr int32_t kIgnoreIndex = -100;

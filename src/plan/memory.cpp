@@ -2,6 +2,7 @@
 #include "plan/memory.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <optional>
@@ -14,11 +15,20 @@
 namespace tessera::plan {
 
 std::string Layout::str() const {
-    const std::string sharding = ranks == 1                   ? "one rank"
-                                 : !fsdp                      ? "zero-2"
-                                 : shard > 0 && shard < ranks ? fmt::format("hsdp {}", shard)
-                                                              : "fsdp";
-    return fmt::format("ep {}, {}, micro {}{}{}", ep, sharding, micro_batch,
+    const std::string sharding = stage_ranks() == 1                   ? "one rank"
+                                 : !fsdp                              ? "zero-2"
+                                 : shard > 0 && shard < stage_ranks() ? fmt::format("hsdp {}", shard)
+                                                                      : "fsdp";
+    std::string stages;
+    if (pp > 1) {
+        stages = fmt::format("pp {}", pp);
+        if (split.size() > 6)  // (the first three and the last)
+            stages += fmt::format(" [{},...,{}]", fmt::join(split.begin(), split.begin() + 3, ","), split.back());
+        else if (!split.empty())
+            stages += fmt::format(" [{}]", fmt::join(split, ","));
+        stages += ", ";
+    }
+    return fmt::format("{}ep {}, {}, micro {}{}{}", stages, ep, sharding, micro_batch,
                        recompute.all     ? ", recompute"
                        : recompute.any() ? ", recompute " + recompute.str()
                                          : "",
@@ -29,14 +39,20 @@ train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
     cfg.parallel.ep = l.ep;
     cfg.parallel.fsdp = l.fsdp;
     cfg.parallel.shard = l.shard;
+    TESSERA_CHECK(l.pp >= 1 && l.pp <= cfg.model.n_layers && l.ranks % l.pp == 0,
+                  "parallel.pipeline = {} does not divide the {} ranks into stages of at least one layer each", l.pp,
+                  l.ranks);
+    cfg.parallel.pipeline = l.pp;
+    cfg.parallel.pipeline_split = l.split;
+    const int64_t D = l.stage_ranks();
     TESSERA_CHECK(l.shard == 0 || l.fsdp, "parallel.shard = {} needs FSDP (ZeRO-2 has no shard groups)", l.shard);
-    TESSERA_CHECK(l.shard == 0 || (l.shard >= 2 && l.ranks % l.shard == 0),
-                  "parallel.shard = {} does not divide the {} ranks into groups of at least 2", l.shard, l.ranks);
+    TESSERA_CHECK(l.shard == 0 || (l.shard >= 2 && D % l.shard == 0),
+                  "parallel.shard = {} does not divide the {} ranks into groups of at least 2", l.shard, D);
     cfg.train.micro_batch_size = l.micro_batch;
     cfg.train.recompute = l.recompute;
     cfg.memory.optimizer_offload = l.offload;
-    cfg.train.micro_batch(int(l.ranks));  // checks that the batch splits
-    TESSERA_CHECK(l.ep >= 1 && l.ranks % l.ep == 0, "parallel.ep = {} does not divide the {} ranks", l.ep, l.ranks);
+    cfg.train.micro_batch(int(D));  // checks that the batch splits
+    TESSERA_CHECK(l.ep >= 1 && D % l.ep == 0, "parallel.ep = {} does not divide the {} ranks", l.ep, D);
     TESSERA_CHECK(l.ep == 1 || (cfg.model.moe.experts > 0 && cfg.model.moe.experts % l.ep == 0),
                   "parallel.ep = {} does not divide the model's {} experts", l.ep, cfg.model.moe.experts);
     return cfg;
@@ -112,8 +128,8 @@ std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
                                             int threads) {
     const train::RunConfig cfg = with_layout(run, l);
     std::unique_ptr<parallel::Mesh> mesh;
-    if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep), int(l.shard));
-    const int ranks = int(l.ranks);
+    if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep), int(l.shard), int(l.pp));
+    const int ranks = int(l.stage_ranks());  // the data-parallel group's
     train::RankState st(cfg, mesh.get(), cfg.train.accumulation(ranks));
     std::optional<train::WeightBudget> budget;  // as train() builds it: what of the base is read in place
     if (cfg.memory.weights_budget > 0) {
@@ -134,7 +150,7 @@ std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
         const std::vector<const BufferGroup*> groups(all.begin(), all.end());
         const std::vector<size_t> blocks = model::arena_block_bytes(groups);
         RankMemory& m = out.emplace_back();
-        m.largest_state_rank = largest_state_rank(st.opt, ranks, int(l.ep));
+        m.largest_state_rank = rank / ranks * ranks + largest_state_rank(st.opt, ranks, int(l.ep));  // (its stage's)
         for (size_t i = 0; i < groups.size(); ++i) {
             m.groups.push_back({groups[i]->name(), category_of(*groups[i]), groups[i]->nbytes(), blocks[i]});
             m.arena_bytes += blocks[i];

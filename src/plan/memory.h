@@ -23,14 +23,20 @@ struct Layout {
     model::Recompute recompute;  // the block kinds that recompute (model/recompute.h)
     int64_t shard = 0;           // FSDP's shard group (parallel.shard): 0 every rank, else HSDP
     bool offload = false;        // AdamW's moments in a file (memory.optimizer_offload)
-    // ranks the dense parameters are sharded over (FSDP: the shard group; ZeRO-2: every rank)
-    int64_t shard_ranks() const { return shard > 0 ? shard : ranks; }
-    // e.g. "ep 8, fsdp, micro 2, recompute", "ep 8, hsdp 8, micro 1, recompute kda+moe, offload"
+    int64_t pp = 1;              // pipeline stages (parallel.pipeline); each a data-parallel group of ranks / pp
+    std::vector<int64_t> split;  // their first layers after the first (parallel.pipeline_split); empty: even
+    // ranks of one pipeline stage (every rank without stages): the data-parallel group
+    int64_t stage_ranks() const { return ranks / pp; }
+    // ranks the dense parameters are sharded over (FSDP: the shard group; ZeRO-2: the stage's ranks)
+    int64_t shard_ranks() const { return shard > 0 ? shard : stage_ranks(); }
+    // e.g. "ep 8, fsdp, micro 2, recompute", "ep 8, hsdp 8, micro 1, recompute kda+moe, offload",
+    // "pp 4 [0,15,31,46], ep 8, fsdp, micro 1"
     std::string str() const;
 };
 
-// The run config with the layout's choices in it (parallel.ep, parallel.fsdp, parallel.shard, train.micro_batch_size,
-// train.recompute, memory.optimizer_offload); one-line error when the batch does not split so.
+// The run config with the layout's choices in it (parallel.ep, parallel.fsdp, parallel.shard, parallel.pipeline and
+// its split, train.micro_batch_size, train.recompute, memory.optimizer_offload); one-line error when the batch does not
+// split so.
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l);
 
 struct RankMemory {

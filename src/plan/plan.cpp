@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "core/check.h"
@@ -111,8 +112,9 @@ struct ModelCosts {
     double dense_grad_elements = 0, expert_grad_elements = 0;  // trained elements (gradient buffers), whole model
 };
 
-ModelCosts model_costs(const train::RunConfig& cfg) {
-    const model::Model m(cfg.model);  // specs only
+// The whole model's, or a pipeline stage's (its layers; the head on the last).
+ModelCosts model_costs(const train::RunConfig& cfg, model::LayerRange layers = {}) {
+    const model::Model m(cfg.model, nullptr, 1, layers);  // specs only
     ModelCosts c;
     const auto& moe = cfg.model.moe;
     const int64_t seq = cfg.train.seq_len;
@@ -277,13 +279,16 @@ double head_seconds(const Cluster::Device& dev, const ModelCosts& c, double toke
            (fsdp ? dev.beside_fsdp_factor(OpClass::gemm) : 1.0);
 }
 
+// One data-parallel group's step (a layout without pipeline stages, or one stage's: reforward, a stage before the last,
+// re-runs every block's forward before its backward, train/pipeline.h).
 StepTime step_time(const train::RunConfig& run,
                    const ModelCosts& c,
                    const std::vector<std::vector<double>>& loads,
                    const Cluster& cl,
-                   const Layout& l) {
+                   const Layout& l,
+                   bool reforward = false) {
     const train::RunConfig cfg = with_layout(run, l);
-    l.recompute.check(c.kinds);
+    const double forwards = reforward ? 2.0 : 1.0;  // a block's forwards before its backward
     const int ranks = int(l.ranks);
     const double ep = double(l.ep);
     const double micro_tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);
@@ -295,27 +300,28 @@ StepTime step_time(const train::RunConfig& run,
     const bool fsdp = l.ranks > 1 && l.fsdp;  // (its transfers run beside the blocks)
     for (const BlockCost& b : c.blocks) {
         const BlockPass p = block_pass(cl.device, b, micro_tokens, ep, t.imbalance, frozen_base, fsdp);
-        const bool again = b.reruns(l.recompute);
-        t.compute += accumulation * (p.forward * (again ? 2.0 : 1.0) + p.backward);
-        t.expert_compute += accumulation * (p.expert_forward * (again ? 2.0 : 1.0) + p.expert_backward);
+        const double again = forwards + (b.reruns(l.recompute) ? 1.0 : 0.0);
+        t.compute += accumulation * (p.forward * again + p.backward);
+        t.expert_compute += accumulation * (p.expert_forward * again + p.expert_backward);
     }
     t.compute += accumulation * head_seconds(cl.device, c, micro_tokens, frozen_base, fsdp);
     if (l.ep > 1 && c.moe_layers > 0) {
         // every MoE layer of every micro-batch: forward and backward (+ recompute)
         double passes = 0;  // forward and backward of every MoE layer, and the recomputed ones' forward again
         for (const BlockCost& b : c.blocks)
-            if (b.kind == "moe") passes += 2.0 + (b.reruns(l.recompute) ? 1.0 : 0.0);
+            if (b.kind == "moe") passes += forwards + 1.0 + (b.reruns(l.recompute) ? 1.0 : 0.0);
         t.a2a = a2a_pass_seconds(cfg, cl, l, micro_tokens, t.imbalance) * passes * accumulation;
         // chunked overlap: the first chunk's exchange is exposed, the rest hides behind the other chunks' experts
         const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
         t.a2a_exposed = t.a2a / chunks + std::max(0.0, (t.a2a - t.expert_compute) * (chunks - 1) / chunks);
     }
     if (fsdp) {
-        // every micro-batch gathers each unit twice (forward, backward) and reduce-scatters its gradient: one
-        // collective per unit over every rank, and one per MoE layer for its experts over the expert-data group
-        const double units = double(c.units), moe = double(c.moe_layers);
-        const double gathers = shard_seconds(cl, l, Collective::all_gather, 2.0 * c.dense_param_bytes,
-                                             2.0 * c.expert_param_bytes / ep, 2.0 * units, 2.0 * moe);
+        // every micro-batch gathers each unit twice (forward, backward; a stage before the last thrice) and
+        // reduce-scatters its gradient: one collective per unit over every rank, and one per MoE layer for its experts
+        // over the expert-data group
+        const double units = double(c.units), moe = double(c.moe_layers), visits = forwards + 1.0;
+        const double gathers = shard_seconds(cl, l, Collective::all_gather, visits * c.dense_param_bytes,
+                                             visits * c.expert_param_bytes / ep, visits * units, visits * moe);
         const double scatters =
             shard_seconds(cl, l, Collective::reduce_scatter, c.dense_grad_bytes, c.expert_grad_bytes / ep, units, moe);
         t.fsdp = accumulation * (gathers + scatters);
@@ -332,6 +338,59 @@ StepTime step_time(const train::RunConfig& run,
     return t;
 }
 
+// The stages' costs of a layout (one entry without pipeline stages).
+std::vector<ModelCosts> stage_costs(const train::RunConfig& run, const Layout& l) {
+    const train::RunConfig cfg = with_layout(run, l);
+    std::vector<ModelCosts> out;
+    for (int64_t s = 0; s < l.pp; ++s)
+        out.push_back(
+            model_costs(cfg, l.pp > 1 ? cfg.parallel.stage_layers(s, cfg.model.n_layers) : model::LayerRange{}));
+    return out;
+}
+
+// A layout's step. With pipeline stages (train/pipeline.h, 1F1B over M micro-batches): each stage's group runs its
+// layers as above (the stages before the last forward twice), plus per micro-batch an exchange of the activations
+// ([tokens, d_model] f32, each way) with each neighbour stage, on the link that spans the stage's ranks and the next
+// one's first. A micro-batch's time u_s on stage s is its share of that; the first micro-batch crosses every stage and
+// the other M − 1 follow at the slowest stage's pace: Σ u_s + (M − 1) max u_s. Then the slowest stage's gradient
+// sync and optimizer. The breakdown is the slowest stage's; `bubble` is what the other stages add.
+StepTime layout_step(const train::RunConfig& run,
+                     const std::vector<ModelCosts>& stages,
+                     const std::vector<std::vector<double>>& loads,
+                     const Cluster& cl,
+                     const Layout& l) {
+    std::vector<std::string> kinds;  // the whole model's (every stage's)
+    for (const ModelCosts& c : stages) kinds.insert(kinds.end(), c.kinds.begin(), c.kinds.end());
+    l.recompute.check(kinds);
+    if (l.pp == 1) return step_time(run, stages.front(), loads, cl, l);
+    const train::RunConfig cfg = with_layout(run, l);
+    Layout group = l;  // one stage's data-parallel group
+    group.ranks = l.stage_ranks();
+    group.pp = 1;
+    group.split.clear();
+    const int D = int(group.ranks);
+    const double M = double(cfg.train.accumulation(D));
+    const double bytes = double(cfg.train.micro_batch(D) * cfg.train.seq_len * cfg.model.d_model) * 4.0;
+    const double exchange = cl.link_for(D + 1).seconds(Collective::all_to_all, 2, bytes, 1.0);
+    StepTime slowest, largest;  // the stage with the longest micro-batch; with the longest after the loop
+    double sum_u = 0, max_u = -1, max_after = -1;
+    for (size_t s = 0; s < stages.size(); ++s) {
+        StepTime t = step_time(run, stages[s], loads, cl, group, s + 1 < stages.size());
+        t.p2p = M * exchange * double((s > 0) + (s + 1 < stages.size()));
+        const double u = (t.compute + t.a2a_exposed + t.fsdp_exposed + t.gradients + t.p2p) / M;
+        const double after = t.grad_sync + t.optimizer + t.offload;
+        sum_u += u;
+        if (u > max_u) max_u = u, slowest = t;
+        if (after > max_after) max_after = after, largest = t;
+    }
+    slowest.grad_sync = largest.grad_sync;
+    slowest.optimizer = largest.optimizer;
+    slowest.offload = largest.offload;
+    slowest.bubble = sum_u - max_u;
+    slowest.total = sum_u + (M - 1.0) * max_u + max_after;
+    return slowest;
+}
+
 std::vector<std::vector<double>> loads_of(const train::RunConfig& cfg, const PlanOptions& o) {
     return cfg.model.moe.experts > 0 ? expert_loads(o.routing, cfg.model.moe.experts)
                                      : std::vector<std::vector<double>>{};
@@ -340,10 +399,11 @@ std::vector<std::vector<double>> loads_of(const train::RunConfig& cfg, const Pla
 }  // namespace
 
 StepTime predict_step(const train::RunConfig& cfg, const Cluster& cl, const Layout& l, const PlanOptions& o) {
-    return step_time(cfg, model_costs(cfg), loads_of(cfg, o), cl, l);
+    return layout_step(cfg, stage_costs(cfg, l), loads_of(cfg, o), cl, l);
 }
 
 Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout& l, const PlanOptions& o) {
+    TESSERA_CHECK(l.pp == 1, "simulate: pipeline stages are not simulated yet (plan predicts their step)");
     const train::RunConfig cfg = with_layout(run, l);
     const ModelCosts c = model_costs(cfg);
     l.recompute.check(c.kinds);
@@ -507,6 +567,34 @@ std::vector<model::Recompute> recompute_choices(const ModelCosts& c) {
     }
     return out;
 }
+
+// The split of L layers into P stages that balances their work per micro-batch: block forward FLOPs per token,
+// × 4 on a stage before the last (forward, the forward again, backward) and × 3 on the last, which also runs the head
+// (3 × its forward); the largest stage's work minimised (dynamic programming over contiguous cuts). Returns the first
+// layer of each stage after the first.
+std::vector<int64_t> balanced_split(const ModelCosts& whole, int64_t P) {
+    const size_t L = whole.blocks.size() / 2;
+    std::vector<double> prefix(L + 1, 0.0);
+    for (size_t l = 0; l < L; ++l)
+        prefix[l + 1] = prefix[l] + whole.blocks[2 * l].flops + whole.blocks[2 * l + 1].flops;
+    auto cost = [&](size_t i, size_t j, bool last) {
+        return (last ? 3.0 : 4.0) * (prefix[j] - prefix[i]) + (last ? 3.0 * whole.head_flops : 0.0);
+    };
+    const double inf = std::numeric_limits<double>::infinity();
+    // best[s][j]: the least largest work of stages 0..s over layers [0, j); from[s][j]: stage s's first layer
+    std::vector<std::vector<double>> best(size_t(P), std::vector<double>(L + 1, inf));
+    std::vector<std::vector<size_t>> from(size_t(P), std::vector<size_t>(L + 1, 0));
+    for (size_t j = 1; j <= L; ++j) best[0][j] = cost(0, j, P == 1);
+    for (size_t st = 1; st < size_t(P); ++st)
+        for (size_t j = st + 1; j <= L; ++j)
+            for (size_t i = st; i < j; ++i) {
+                const double w = std::max(best[st - 1][i], cost(i, j, st + 1 == size_t(P)));
+                if (w < best[st][j]) best[st][j] = w, from[st][j] = i;
+            }
+    std::vector<int64_t> split(size_t(P - 1));
+    for (size_t st = size_t(P) - 1, j = L; st > 0; j = from[st][j], --st) split[st - 1] = int64_t(from[st][j]);
+    return split;
+}
 }  // namespace
 
 Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions& o) {
@@ -540,19 +628,45 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
         bool fsdp;
         int64_t shard;
     };
-    std::vector<Sharding> shardings;
-    for (int64_t S : shards) shardings.push_back({true, S});
-    if (W > 1) shardings.push_back({false, 0});
+    // pipeline stages: every divisor P of W up to the layers (PlanOptions::pipeline), each with the split that balances
+    // the stages' work (balanced_split; written into the config, empty where it is the runtime's even one)
+    struct Stages {
+        int64_t pp;
+        std::vector<int64_t> split;
+        std::vector<ModelCosts> costs;
+    };
+    std::vector<Stages> stagings{{1, {}, {costs}}};
+    const bool cuttable = o.pipeline && !model::pipeline_obstacle(cfg.model);
+    for (int64_t P = 2; P <= std::min<int64_t>(W, cfg.model.n_layers) && cuttable; ++P) {
+        if (W % P != 0) continue;
+        std::vector<int64_t> split = balanced_split(costs, P);
+        bool even = true;
+        for (int64_t st = 1; st < P; ++st) even = even && split[size_t(st - 1)] == st * cfg.model.n_layers / P;
+        if (even) split.clear();
+        train::RunConfig at = cfg;
+        at.parallel.pipeline = P;
+        at.parallel.pipeline_split = split;
+        std::vector<ModelCosts> per_stage;
+        for (int64_t st = 0; st < P; ++st)
+            per_stage.push_back(model_costs(cfg, at.parallel.stage_layers(st, cfg.model.n_layers)));
+        stagings.push_back({P, std::move(split), std::move(per_stage)});
+    }
     // a layout's candidates, one per recompute choice; whether every one of them fits
-    auto evaluate = [&](const Layout& base) {
+    auto evaluate = [&](const Layout& base, const std::vector<ModelCosts>& stage_costs) {
         std::vector<Candidate> cs(choices.size());
-        // the first and the last rank (a contiguous cut puts the remainder at one end), and the one with the most
-        // moments (a spread cut deals the leftover chunks in turn)
-        std::vector<int> ranks = W > 1 ? std::vector<int>{0, int(W - 1)} : std::vector<int>{0};
+        // in the first stage, the stage after it (it keeps the most inputs in flight) and the last (the head): the
+        // first and the last rank (a contiguous cut puts the remainder at one end), and the one with the most moments
+        // (a spread cut deals the leftover chunks in turn)
+        const int64_t D = base.stage_ranks();
+        std::vector<int> ranks;
+        for (int64_t st : {int64_t(0), std::min<int64_t>(1, base.pp - 1), base.pp - 1})
+            for (int64_t r : {st * D, st * D + D - 1})
+                if (std::find(ranks.begin(), ranks.end(), int(r)) == ranks.end()) ranks.push_back(int(r));
         for (size_t k = 0; k < ranks.size(); ++k) {
             const int rank = ranks[k];
             std::vector<RankMemory> ms = predict_rank_memory(cfg, base, choices, rank, threads);
-            if (const int most = ms.front().largest_state_rank; k == 0 && most != 0 && most != int(W - 1))
+            if (const int most = ms.front().largest_state_rank;
+                k == 0 && std::find(ranks.begin(), ranks.end(), most) == ranks.end())
                 ranks.push_back(most);
             for (size_t i = 0; i < cs.size(); ++i) {
                 Candidate& c = cs[i];
@@ -573,7 +687,7 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
                 cl.host.disk <= 0 || double(c.memory.offloaded_bytes) * double(cl.host.devices) <= cl.host.disk;
             c.fits = double(c.memory.peak_bytes()) <= p.usable_bytes && host_holds;
             all_fit = all_fit && c.fits;
-            c.time = step_time(cfg, costs, loads, cl, c.layout);
+            c.time = layout_step(cfg, stage_costs, loads, cl, c.layout);
             const double tokens = double(p.tokens_per_step) / double(W);
             c.tokens_per_s_per_device = tokens / c.time.total;
             c.mfu = c.tokens_per_s_per_device * p.train_flops_per_token / cl.device.peak();
@@ -581,19 +695,28 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
         }
         return all_fit;
     };
-    for (int64_t ep : eps)
-        for (const auto [fsdp, shard] : shardings)
-            for (int64_t micro = 1; micro <= batch / W; ++micro) {
-                if ((batch / W) % micro != 0) continue;
-                Layout base{W, ep, fsdp, micro, {}, shard};
-                // optimizer offload where the moments in the arena do not fit (it is never faster;
-                // PlanOptions::offload), and where the cluster says how fast it streams
-                const bool fits = evaluate(base);
-                if (cl.host.offload_bandwidth > 0 && o.offload != "off" && (!fits || o.offload == "all")) {
-                    base.offload = true;
-                    evaluate(base);
+    for (const Stages& stages : stagings) {
+        const int64_t D = W / stages.pp;  // a stage's ranks
+        std::vector<Sharding> shardings;
+        for (int64_t S : shards)
+            if (S == 0 || (S < D && D % S == 0)) shardings.push_back({true, S});
+        if (D > 1) shardings.push_back({false, 0});
+        for (int64_t ep : eps)
+            for (const auto [fsdp, shard] : shardings)
+                for (int64_t micro = 1; micro <= batch / D; ++micro) {
+                    if (D % ep != 0 || (batch / D) % micro != 0) continue;
+                    // 1F1B needs micro-batches to fill the stages: at least as many as stages
+                    if (stages.pp > 1 && batch / D / micro < stages.pp) continue;
+                    Layout base{W, ep, fsdp, micro, {}, shard, false, stages.pp, stages.split};
+                    // optimizer offload where the moments in the arena do not fit (it is never faster;
+                    // PlanOptions::offload), and where the cluster says how fast it streams
+                    const bool fits = evaluate(base, stages.costs);
+                    if (cl.host.offload_bandwidth > 0 && o.offload != "off" && (!fits || o.offload == "all")) {
+                        base.offload = true;
+                        evaluate(base, stages.costs);
+                    }
                 }
-            }
+    }
     std::stable_sort(p.candidates.begin(), p.candidates.end(), [](const Candidate& a, const Candidate& b) {
         if (a.fits != b.fits) return a.fits;
         return a.fits ? a.time.total < b.time.total : a.memory.peak_bytes() < b.memory.peak_bytes();
@@ -627,25 +750,30 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
         "memory is per device ({}: the busiest rank's arena, byte-exact from the runtime's buffer groups); time per "
         "step (ms)\n",
         unit.name);
-    size_t width = 33;  // the layout column: its longest row
-    for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i)
+    size_t width = 33;    // the layout column: its longest row
+    bool staged = false;  // a pipeline column (exchanges and bubble) when a row has stages
+    for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i) {
         width = std::max(width, p.candidates[i].layout.str().size());
+        staged = staged || p.candidates[i].layout.pp > 1;
+    }
     s += fmt::format(
-        "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10} "
+        "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{} {:>10} "
         "{:>6}\n",
         "#", "layout", width, "memory", "params", "grads", "optim", "activ", "comm", "fits", "step", "compute", "a2a",
-        "fsdp", "optim", "tok/s/dev", "MFU");
+        "fsdp", "optim", staged ? fmt::format(" {:>7}", "pipe") : "", "tok/s/dev", "MFU");
     for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i) {
         const Candidate& c = p.candidates[i];
         auto cat = c.memory.by_category();
         s += fmt::format(
-            "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7} {:>10.4g} "
+            "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{} {:>10.4g} "
             "{:>5.1f}%\n",
             i + 1, c.layout.str(), width, unit(double(c.memory.peak_bytes())), unit(double(cat["parameters"])),
             unit(double(cat["gradients"])), unit(double(cat["optimizer"])), unit(double(cat["activations"])),
             unit(double(cat["communication"] + cat["workspace"])), c.fits ? "yes" : "NO", ms(c.time.total),
             ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),
-            ms(c.time.optimizer + c.time.offload + c.time.gradients), c.tokens_per_s_per_device, c.mfu * 100);
+            ms(c.time.optimizer + c.time.offload + c.time.gradients),
+            staged ? fmt::format(" {:>7}", ms(c.time.p2p + c.time.bubble)) : "", c.tokens_per_s_per_device,
+            c.mfu * 100);
     }
     if (!p.candidates.empty() && p.candidates.front().memory.mapped_bytes > 0) {
         const RankMemory& m = p.candidates.front().memory;

@@ -25,6 +25,7 @@ struct PlanOptions {
     // optimizer offload: "auto", for the layouts that do not fit with the moments in the arena; "all", every layout
     // both ways (to compare, or to validate it); "off"
     std::string offload = "auto";
+    bool pipeline = true;  // search pipeline stages too (plan --no-pipeline: not)
 };
 
 struct StepTime {
@@ -36,6 +37,9 @@ struct StepTime {
     double optimizer = 0;  // AdamW over this rank's ranges (memory bound)
     double offload = 0;    // optimizer offload: the moments streamed from and back to their file
     double gradients = 0;  // clearing the gradients per micro-batch and summing them (memory bound)
+    // pipeline stages: the activations' exchanges with the neighbour stages (not overlapped), and what the pipeline
+    // fill and drain add to the slowest stage's work
+    double p2p = 0, bubble = 0;
     double total = 0;
     double imbalance = 1;  // busiest rank's routed tokens over the mean
 };

@@ -384,8 +384,12 @@ TrainSummary train(const TrainOptions& opts) {
     TrainerState state;
     // pipeline stages: the whole model's trained parameters (a checkpoint's index names them all) and those of the
     // other stages (a checkpoint holds them: loading skips them)
-    const std::vector<BufferSpec> whole_specs =
-        pipeline ? model::Model(cfg.model).trained_specs() : std::vector<BufferSpec>{};
+    std::vector<BufferSpec> whole_specs;
+    if (pipeline) {
+        const model::Model whole(cfg.model);      // (specs only)
+        tc.recompute.check(whole.block_kinds());  // (each stage's holds some of them)
+        whole_specs = whole.trained_specs();
+    }
     std::set<std::string> other_stages;
     for (const BufferSpec& spec : whole_specs) other_stages.insert(spec.name);
     for (const BufferSpec& spec : model.param_specs()) other_stages.erase(spec.name);

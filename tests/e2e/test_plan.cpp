@@ -58,16 +58,20 @@ struct Case {
     Json recompute;        // train.recompute: true, false or the block kinds
     int shard = 0;         // parallel.shard (HSDP)
     bool offload = false;  // memory.optimizer_offload
+    int pp = 1;            // parallel.pipeline (with the plan's split)
 };
 
-// The predicted rank-0 arena of one layout, from a plan over all layouts.
-size_t predicted_rank0(const Json& plan, const Case& c) {
+// The predicted rank-0 arena of one layout, from a plan over all layouts; split: its pipeline split.
+size_t predicted_rank0(const Json& plan, const Case& c, Json* split = nullptr) {
     for (const Json& cand : plan["candidates"]) {
         const Json& l = cand["layout"];
         if (l["ep"] == c.ep && l["fsdp"] == c.fsdp && l["micro_batch"] == c.micro && l["recompute"] == c.recompute &&
-            l["shard"] == c.shard && l["offload"] == c.offload)
+            l["shard"] == c.shard && l["offload"] == c.offload && l["pipeline"] == c.pp)
             for (const Json& r : cand["memory"]["ranks"])
-                if (r["rank"] == 0) return r["arena_bytes"].get<size_t>();
+                if (r["rank"] == 0) {
+                    if (split) *split = l["pipeline_split"];
+                    return r["arena_bytes"].get<size_t>();
+                }
     }
     ADD_FAILURE() << "layout not in the plan";
     return 0;
@@ -76,34 +80,76 @@ size_t predicted_rank0(const Json& plan, const Case& c) {
 // Model states, activations and scratch: the plan's rank-0 arena is the arena rank 0 of the real run fills (its
 // high-water mark after the first step, metrics.jsonl), for twelve layouts of the tiny MoE model with three layers
 // (attention + mlp, then twice attention + moe; recompute: every block kind, or only the MoE blocks or only the
-// attention blocks; two of them HSDP: shard groups of 2 of the 4 ranks).
+// attention blocks; two of them HSDP: shard groups of 2 of the 4 ranks; three with 2 pipeline stages split as the plan
+// splits them, one rank or two (FSDP, EP 2) per stage, the first stage's rank 0 reporting).
 TEST(Plan, PredictedArenaIsTheMeasuredArena) {
     const std::string model = kTiny + test::kTinyMoe + " --set model.n_layers=3";
     const Json moe = Json::array({"moe"}), attention = Json::array({"attention"});
-    const Case cases[] = {{1, 1, true, 2, false}, {1, 1, true, 4, true},      {1, 1, true, 4, moe},
-                          {2, 1, true, 2, false}, {2, 2, true, 1, true},      {2, 2, false, 2, false},
-                          {2, 1, false, 1, true}, {2, 2, true, 2, attention}, {4, 2, true, 1, false},
-                          {4, 4, false, 1, true}, {4, 2, true, 1, false, 2},  {4, 1, true, 1, moe, 2}};
+    const Case cases[] = {{1, 1, true, 2, false},
+                          {1, 1, true, 4, true},
+                          {1, 1, true, 4, moe},
+                          {2, 1, true, 2, false},
+                          {2, 2, true, 1, true},
+                          {2, 2, false, 2, false},
+                          {2, 1, false, 1, true},
+                          {2, 2, true, 2, attention},
+                          {4, 2, true, 1, false},
+                          {4, 4, false, 1, true},
+                          {4, 2, true, 1, false, 2},
+                          {4, 1, true, 1, moe, 2},
+                          {2, 1, true, 1, false, 0, false, 2},
+                          {2, 1, true, 2, moe, 0, false, 2},
+                          {4, 2, true, 1, false, 0, false, 2}};
     TempDir d;
     std::map<int, Json> plans;
     for (const Case& c : cases) {
         if (!plans.count(c.ranks))
             plans[c.ranks] = plan_json(
                 fmt::format("{} --cluster {} --threads {}", model, cpu_cluster(d, c.ranks), c.ranks == 1 ? 2 : 1), d);
-        const size_t predicted = predicted_rank0(plans[c.ranks], c);
+        Json split;
+        const size_t predicted = predicted_rank0(plans[c.ranks], c, &split);
         const std::string run = d.file(fmt::format("run{}", &c - cases));
         const std::string args = fmt::format(
             "train --config {} --steps 1 --set train.checkpoint_interval=0 --set parallel.ep={} --set "
-            "parallel.fsdp={} --set parallel.shard={} --set train.micro_batch_size={} --set 'train.recompute={}' --out "
-            "{}",
-            model, c.ep, c.fsdp, c.shard, c.micro, c.recompute.dump(), run);
+            "parallel.fsdp={} --set parallel.shard={} --set train.micro_batch_size={} --set 'train.recompute={}' --set "
+            "parallel.pipeline={} --set 'parallel.pipeline_split={}' --out {}",
+            model, c.ep, c.fsdp, c.shard, c.micro, c.recompute.dump(), c.pp, split.is_null() ? "[]" : split.dump(),
+            run);
         const test::CliResult r = c.ranks == 1 ? test::run_tessera(args) : test::run_tessera_mpi(c.ranks, args);
         ASSERT_EQ(r.status, 0) << r.err;
         const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
         ASSERT_FALSE(records.empty());
         EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted)
             << c.ranks << " ranks, ep " << c.ep << (c.fsdp ? " fsdp" : " zero-2") << ", shard " << c.shard << ", micro "
-            << c.micro << ", recompute " << c.recompute.dump();
+            << c.micro << ", recompute " << c.recompute.dump() << ", pipeline " << c.pp;
+    }
+}
+
+// Pipeline stages: searched for a model that can be cut, with at least as many micro-batches as stages, and split so
+// the stages' work balances. A head 64 times a layer's work (vocabulary 16,384 at d_model 32) belongs alone on the last
+// stage: of 4 layers over 2 stages the balanced cut gives it layer 3 only (the even cut, 2 + 2, would leave the last
+// stage the slowest). A model with tied embeddings, or --no-pipeline, gets none.
+TEST(Plan, PipelineStagesAreSearchedWithABalancedSplit) {
+    TempDir d;
+    const std::string cluster = " --cluster " + cpu_cluster(d, 2) + " --threads 1";
+    const Json p = plan_json(kTiny + " --set model.n_layers=4 --set model.vocab_size=16384" + cluster, d);
+    int staged = 0;
+    for (const Json& c : p["candidates"]) {
+        const Json& l = c["layout"];
+        if (l["pipeline"] == 1) continue;
+        ++staged;
+        EXPECT_EQ(l["pipeline"], 2);
+        EXPECT_EQ(l["pipeline_split"], Json::array({3})) << l.dump();
+        EXPECT_GE(4 / l["micro_batch"].get<int>(), 2) << "fewer micro-batches than stages";  // batch 4 on 1 rank each
+        const Json& t = c["step_seconds"];
+        EXPECT_GT(t["bubble"].get<double>(), 0.0);
+        EXPECT_GT(t["p2p"].get<double>(), 0.0);
+        EXPECT_EQ(c["memory"]["ranks"].size(), 2u);  // a rank of each stage
+    }
+    EXPECT_GT(staged, 0);
+    for (const std::string& none : {std::string(" --set model.tie_embeddings=true"), std::string(" --no-pipeline")}) {
+        const Json q = plan_json(kTiny + " --set model.n_layers=4" + none + cluster, d);
+        for (const Json& c : q["candidates"]) EXPECT_EQ(c["layout"]["pipeline"], 1) << none;
     }
 }
 
@@ -607,6 +653,7 @@ TEST(Plan, CollectivesRunAtTheirMeasuredRates) {
     int same = 0, apart = 0, hsdp = 0;
     for (const auto& [layout, t] : wide) {
         const Json l = Json::parse(layout);
+        if (l["pipeline"] != 1) continue;  // (a stage's groups are 2 of the 4 ranks)
         const double a = t["fsdp"].get<double>() + t["grad_sync"].get<double>(),
                      b = four.at(layout)["fsdp"].get<double>() + four.at(layout)["grad_sync"].get<double>();
         if (l["shard"] == 2) {
