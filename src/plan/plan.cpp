@@ -640,19 +640,17 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
     for (int64_t P = 2; P <= std::min<int64_t>(W, cfg.model.n_layers) && cuttable; ++P) {
         if (W % P != 0) continue;
         std::vector<int64_t> split = balanced_split(costs, P);
-        bool even = true;
-        for (int64_t st = 1; st < P; ++st) even = even && split[size_t(st - 1)] == st * cfg.model.n_layers / P;
-        if (even) split.clear();
-        train::RunConfig at = cfg;
-        at.parallel.pipeline = P;
-        at.parallel.pipeline_split = split;
-        std::vector<ModelCosts> per_stage;
-        for (int64_t st = 0; st < P; ++st)
-            per_stage.push_back(model_costs(cfg, at.parallel.stage_layers(st, cfg.model.n_layers)));
-        stagings.push_back({P, std::move(split), std::move(per_stage)});
+        train::ParallelConfig even;  // the runtime's default split
+        even.pipeline = P;
+        bool same = true;
+        for (int64_t st = 1; st < P; ++st)
+            same = same && split[size_t(st - 1)] == even.stage_layers(st, cfg.model.n_layers).first;
+        if (same) split.clear();
+        const Layout staged{W, 1, true, 1, {}, 0, false, P, split};
+        stagings.push_back({P, split, stage_costs(cfg, staged)});
     }
     // a layout's candidates, one per recompute choice; whether every one of them fits
-    auto evaluate = [&](const Layout& base, const std::vector<ModelCosts>& stage_costs) {
+    auto evaluate = [&](const Layout& base, const std::vector<ModelCosts>& per_stage) {
         std::vector<Candidate> cs(choices.size());
         // in the first stage, the stage after it (it keeps the most inputs in flight) and the last (the head): the
         // first and the last rank (a contiguous cut puts the remainder at one end), and the one with the most moments
@@ -687,7 +685,7 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
                 cl.host.disk <= 0 || double(c.memory.offloaded_bytes) * double(cl.host.devices) <= cl.host.disk;
             c.fits = double(c.memory.peak_bytes()) <= p.usable_bytes && host_holds;
             all_fit = all_fit && c.fits;
-            c.time = layout_step(cfg, stage_costs, loads, cl, c.layout);
+            c.time = layout_step(cfg, per_stage, loads, cl, c.layout);
             const double tokens = double(p.tokens_per_step) / double(W);
             c.tokens_per_s_per_device = tokens / c.time.total;
             c.mfu = c.tokens_per_s_per_device * p.train_flops_per_token / cl.device.peak();

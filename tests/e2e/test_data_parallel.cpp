@@ -167,6 +167,21 @@ TEST(DataParallelCheckpoint, ResumesOnAnotherNumberOfRanks) {
     }
 }
 
+// HSDP inside each stage: 8 ranks in 2 stages of 4, each sharding over groups of 2 with 2 replicas. Two levels of sums
+// (as HSDP without stages): within 1e-5 of one process.
+TEST(PipelineParallel, HsdpInsideEachStage) {
+    TempDir d;
+    const std::string args =
+        "train --config " + kTiny + " --set train.batch_size=8 --set train.micro_batch_size=1 --set train.grad_clip=0";
+    ASSERT_EQ(run_tessera(args + " --out " + d.file("one")).status, 0);
+    test::CliResult r =
+        run_tessera_mpi(8, args + " --out " + d.file("eight") + " --set parallel.pipeline=2 --set parallel.shard=2");
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("in 2 pipeline stages of 4 ranks"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("groups of 2 ranks, 2 replicas (HSDP)"), std::string::npos) << r.out;
+    expect_close_losses(d.file("one"), d.file("eight"));
+}
+
 // step -> the routing loads of every MoE layer, as written
 std::map<int64_t, std::string> loads(const std::string& run_dir) {
     std::map<int64_t, std::string> out;
