@@ -9,8 +9,9 @@
 // third. The last stage runs each micro-batch's forward and backward together. A stage before it keeps only the
 // input of each micro-batch in flight (at most w + 1 of them, in an arena group) and re-runs the forward from it
 // before the backward (Model::stage_backward): one forward more per micro-batch, the activations of one. A
-// micro-batch's gradient is the whole model's bits (tests/model/test_model.cpp). The gradient norm adds the stages' sums
-// in stage order, so with clipping its last bits may differ from one process's; without, the step is one process's.
+// micro-batch's gradient is the whole model's bits (tests/model/test_model.cpp). The gradient norm adds the stages'
+// sums in stage order, so with clipping its last bits may differ from one process's; without, the step is one
+// process's.
 #pragma once
 
 #include <functional>
