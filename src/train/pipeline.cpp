@@ -2,7 +2,6 @@
 #include "train/pipeline.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "core/check.h"
@@ -10,10 +9,6 @@
 #include "core/trace.h"
 
 namespace tessera::train {
-
-namespace {
-double seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-}  // namespace
 
 PipelineStep::PipelineStep(const model::Model& model, const parallel::Mesh& mesh, int64_t micros, model::StepShape max)
     : pipeline_(mesh.pipeline()),
@@ -55,9 +50,9 @@ void PipelineStep::send_receive(parallel::Comm* pair,
                                 StepPhases& phases) {
     if (!pair) return;  // (the first stage has no one before it, the last no one after)
     trace::Span span("pipeline exchange", "wait");
-    const double t0 = seconds();
+    const double t0 = parallel::now_seconds();
     parallel::exchange(*pair, from, into);
-    phases.communication += seconds() - t0;
+    phases.communication += parallel::now_seconds() - t0;
 }
 
 double PipelineStep::run(const Load& load,
@@ -81,9 +76,9 @@ double PipelineStep::run(const Load& load,
     // micro-batch m's data, read once at its forward and kept for its backward
     auto fetch = [&](int64_t micro) -> Slot& {
         Slot& s = data_[size_t(micro % slots_)];
-        const double t0 = seconds();
+        const double t0 = parallel::now_seconds();
         s.shape = load(micro, s.ids, s.targets);
-        phases.data += seconds() - t0;
+        phases.data += parallel::now_seconds() - t0;
         s.cu.assign(s.shape.cu_seqlens.begin(), s.shape.cu_seqlens.end());
         s.shape.cu_seqlens = s.cu;
         return s;
