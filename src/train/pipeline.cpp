@@ -10,6 +10,50 @@
 
 namespace tessera::train {
 
+std::vector<PipelineOp> one_f_one_b(int64_t stage, int64_t stages, int64_t micros) {
+    TESSERA_CHECK(stages >= 2 && stage >= 0 && stage < stages && micros >= 1,
+                  "pipeline: no 1F1B schedule for stage {} of {} over {} micro-batches", stage, stages, micros);
+    const bool first = stage == 0, last = stage == stages - 1;
+    const int64_t w = std::min(stages - stage - 1, micros);
+    using K = PipelineOp::Kind;
+    std::vector<PipelineOp> ops;
+    auto run = [&](K kind, int64_t m) { ops.push_back({.kind = kind, .micro = m}); };
+    auto exchange = [&](bool next, int64_t send, int64_t receive) {
+        if ((next ? last : first) || (send < 0 && receive < 0)) return;  // no one there, or nothing to move
+        ops.push_back({.kind = K::exchange, .next = next, .send = send, .receive = receive});
+    };
+    auto forward = [&](int64_t m) { run(last ? K::forward_backward : K::forward, m); };
+    auto backward = [&](int64_t m) {
+        if (!last) run(K::backward, m);  // (the last stage's ran with its forward)
+    };
+    for (int64_t i = 0; i < w; ++i) {  // warm-up: w forwards
+        run(K::load, i);
+        exchange(false, -1, i);
+        forward(i);
+        exchange(true, i, -1);
+    }
+    // steady: the forward of w + i, the backward of i (the next input arrives as the gradient goes back)
+    const int64_t steady = micros - w;
+    if (steady > 0) {
+        run(K::load, w);
+        exchange(false, -1, w);
+    }
+    for (int64_t i = 0; i < steady; ++i) {
+        const int64_t f = w + i;
+        forward(f);
+        exchange(true, f, i);
+        backward(i);
+        if (i + 1 < steady) run(K::load, f + 1);
+        exchange(false, i, i + 1 < steady ? f + 1 : -1);
+    }
+    for (int64_t i = steady; i < micros; ++i) {  // cool-down: the w backwards left
+        exchange(true, -1, i);
+        backward(i);
+        exchange(false, i, -1);
+    }
+    return ops;
+}
+
 PipelineStep::PipelineStep(const model::Model& model, const parallel::Mesh& mesh, int64_t micros, model::StepShape max)
     : pipeline_(mesh.pipeline()),
       prev_(mesh.prev()),
@@ -18,8 +62,8 @@ PipelineStep::PipelineStep(const model::Model& model, const parallel::Mesh& mesh
       max_(max),
       d_model_(model.config().d_model) {
     TESSERA_CHECK(mesh.pp() > 1, "pipeline: a mesh of one stage");
-    warmup_ = std::min<int64_t>(mesh.pp() - mesh.stage() - 1, micros);
-    slots_ = warmup_ + 1;
+    ops_ = one_f_one_b(mesh.stage(), mesh.pp(), micros);
+    slots_ = std::min<int64_t>(mesh.pp() - mesh.stage() - 1, micros) + 1;
     const bool keeps_inputs = !model.first_stage() && !model.last_stage();
     std::vector<BufferSpec> specs;
     if (keeps_inputs)
@@ -34,6 +78,7 @@ PipelineStep::PipelineStep(const model::Model& model, const parallel::Mesh& mesh
         s.targets.resize(size_t(max.tokens()));
         s.cu.reserve(size_t(max.tokens()) + 1);
     }
+    tokens_.resize(size_t(micros));
 }
 
 void PipelineStep::receive(parallel::Comm* pair, std::span<std::byte> into, StepPhases& phases) {
@@ -63,7 +108,7 @@ double PipelineStep::run(const Load& load,
                          StepPhases& phases) {
     TESSERA_CHECK(model_, "pipeline: no model bound");
     model::Model& m = *model_;
-    const bool first = m.first_stage(), last = m.last_stage();
+    const bool first = m.first_stage();
     const TensorView kept = inputs_.size() ? inputs_.view(0) : TensorView{};
     auto kept_input = [&](int64_t micro, int64_t N) {
         const int64_t at = (micro % slots_) * max_.tokens();
@@ -72,75 +117,57 @@ double PipelineStep::run(const Load& load,
     auto copy = [](TensorView to, TensorView from) {
         copy_bytes(to.data, to.device, from.data, from.device, from.nbytes());
     };
+    auto slot = [&](int64_t micro) -> Slot& { return data_[size_t(micro % slots_)]; };
+    auto tokens = [&](int64_t micro) { return tokens_[size_t(micro)]; };
     double loss = 0;
-    // micro-batch m's data, read once at its forward and kept for its backward
-    auto fetch = [&](int64_t micro) -> Slot& {
-        Slot& s = data_[size_t(micro % slots_)];
-        const double t0 = parallel::now_seconds();
-        s.shape = load(micro, s.ids, s.targets);
-        phases.data += parallel::now_seconds() - t0;
-        s.cu.assign(s.shape.cu_seqlens.begin(), s.shape.cu_seqlens.end());
-        s.shape.cu_seqlens = s.cu;
-        return s;
-    };
-    // the forward of micro-batch m (its input received already, in the model's stage input); on a stage before the
-    // last, its input is kept (between the first and the last) and its output goes to the next stage with `then`
-    // received in the same exchange
-    auto forward = [&](int64_t micro, std::span<std::byte> then) {
-        Slot& s = data_[size_t(micro % slots_)];
-        const int64_t N = s.shape.tokens();
-        const double scale = prepare(micro, s.targets);
-        if (last) {  // forward and backward at once
-            before(micro);
-            loss += m.forward_backward(s.shape, s.ids, s.targets, scale).loss * (weighted ? scale : 1.0);
-            after(micro);
-            return;
+    using K = PipelineOp::Kind;
+    for (const PipelineOp& op : ops_) {
+        switch (op.kind) {
+            case K::load: {  // read once before its forward, kept for its backward
+                Slot& s = slot(op.micro);
+                const double t0 = parallel::now_seconds();
+                s.shape = load(op.micro, s.ids, s.targets);
+                phases.data += parallel::now_seconds() - t0;
+                s.cu.assign(s.shape.cu_seqlens.begin(), s.shape.cu_seqlens.end());
+                s.shape.cu_seqlens = s.cu;
+                tokens_[size_t(op.micro)] = s.shape.tokens();
+                break;
+            }
+            case K::forward_backward: {
+                Slot& s = slot(op.micro);
+                const double scale = prepare(op.micro, s.targets);
+                before(op.micro);
+                loss += m.forward_backward(s.shape, s.ids, s.targets, scale).loss * (weighted ? scale : 1.0);
+                after(op.micro);
+                break;
+            }
+            case K::forward: {  // its input received already, in the model's stage input (kept, unless first)
+                Slot& s = slot(op.micro);
+                prepare(op.micro, s.targets);
+                if (!first) copy(kept_input(op.micro, tokens(op.micro)), m.stage_input(tokens(op.micro)));
+                m.stage_forward(s.shape, s.ids, true);
+                break;
+            }
+            case K::backward: {  // the gradient of its output received already
+                Slot& s = slot(op.micro);
+                const double scale = prepare(op.micro, s.targets);
+                if (!first) copy(m.stage_input(tokens(op.micro)), kept_input(op.micro, tokens(op.micro)));
+                before(op.micro);
+                m.stage_backward(s.shape, s.ids, scale);
+                after(op.micro);
+                break;
+            }
+            case K::exchange: {
+                std::span<const std::byte> out;
+                std::span<std::byte> in;
+                if (op.send >= 0)
+                    out = bytes(op.next ? m.stage_output(tokens(op.send)) : m.stage_grad(tokens(op.send)));
+                if (op.receive >= 0)
+                    in = bytes(op.next ? m.stage_grad(tokens(op.receive)) : m.stage_input(tokens(op.receive)));
+                send_receive(op.next ? next_ : prev_, out, in, phases);
+                break;
+            }
         }
-        if (!first) copy(kept_input(micro, N), m.stage_input(N));
-        m.stage_forward(s.shape, s.ids, true);
-        send_receive(next_, bytes(m.stage_output(N)), then, phases);
-    };
-    // the backward of micro-batch m (on a stage before the last: the gradient of its output received already)
-    auto backward = [&](int64_t micro) {
-        if (last) return;  // (ran with its forward)
-        Slot& s = data_[size_t(micro % slots_)];
-        const int64_t N = s.shape.tokens();
-        const double scale = prepare(micro, s.targets);
-        if (!first) copy(m.stage_input(N), kept_input(micro, N));
-        before(micro);
-        m.stage_backward(s.shape, s.ids, scale);
-        after(micro);
-    };
-    auto in_of = [&](int64_t micro) { return bytes(m.stage_input(data_[size_t(micro % slots_)].shape.tokens())); };
-    auto grad_of = [&](int64_t micro) { return bytes(m.stage_grad(data_[size_t(micro % slots_)].shape.tokens())); };
-    // warm-up: w forwards
-    for (int64_t i = 0; i < warmup_; ++i) {
-        fetch(i);
-        receive(prev_, in_of(i), phases);
-        forward(i, {});
-    }
-    // steady: forward of w + i, backward of i (the next input arrives with the gradient sent back)
-    const int64_t steady = micros_ - warmup_;
-    if (steady > 0) {
-        fetch(warmup_);
-        receive(prev_, in_of(warmup_), phases);
-    }
-    for (int64_t i = 0; i < steady; ++i) {
-        const int64_t f = warmup_ + i;
-        forward(f, last ? std::span<std::byte>{} : grad_of(i));
-        backward(i);
-        if (i + 1 < steady) {
-            fetch(f + 1);
-            send_receive(prev_, grad_of(i), in_of(f + 1), phases);
-        } else {
-            send(prev_, grad_of(i), phases);
-        }
-    }
-    // cool-down: the w backwards left
-    for (int64_t i = steady; i < micros_; ++i) {
-        receive(next_, grad_of(i), phases);
-        backward(i);
-        send(prev_, grad_of(i), phases);
     }
     return loss;
 }
@@ -165,19 +192,24 @@ std::shared_ptr<const model::StepStats> PipelineStep::all_stages(const model::St
     packed_.push_back(double(mine.dsa.size()));
     for (const auto& [layer, st] : mine.dsa) packed_.insert(packed_.end(), {double(layer), st.kl, double(st.passes)});
     const size_t P = size_t(pipeline_->size());
-    std::vector<int64_t> bytes(P);
+    sizes_.resize(P);
     const int64_t n = int64_t(packed_.size() * sizeof(double));
-    pipeline_->all_gather(std::as_bytes(std::span(&n, 1)), std::as_writable_bytes(std::span(bytes)));
+    pipeline_->all_gather(std::as_bytes(std::span(&n, 1)), std::as_writable_bytes(std::span(sizes_)));
     int64_t total = 0;
-    for (int64_t b : bytes) total += b;
+    for (int64_t b : sizes_) total += b;
     gathered_.resize(size_t(total) / sizeof(double));
-    pipeline_->all_gather_v(std::as_bytes(std::span(packed_)), std::as_writable_bytes(std::span(gathered_)), bytes);
-    auto all = std::make_shared<model::StepStats>();
-    size_t at = 0;
+    pipeline_->all_gather_v(std::as_bytes(std::span(packed_)), std::as_writable_bytes(std::span(gathered_)), sizes_);
+    // refilled in place when the caller no longer holds the last one (the same layers every step: nothing allocated
+    // after the first), as Model::take_step_stats does
+    const bool fresh = !all_ || all_.use_count() > 1;
+    if (fresh) all_ = std::make_shared<model::StepStats>();
+    size_t at = 0, moe = 0, dsa = 0;
     auto next = [&] { return gathered_.at(at++); };
     for (size_t stage = 0; stage < P; ++stage) {
-        for (int64_t i = 0, layers = int64_t(next()); i < layers; ++i) {
-            auto& [layer, st] = all->moe.emplace_back(int64_t(next()), model::MoeLayerStats{});
+        for (int64_t i = 0, layers = int64_t(next()); i < layers; ++i, ++moe) {
+            if (fresh) all_->moe.emplace_back();
+            auto& [layer, st] = all_->moe.at(moe);
+            layer = int64_t(next());
             st.load.load.resize(size_t(next()));
             for (int64_t& c : st.load.load) c = int64_t(next());
             st.load.overload = next();
@@ -195,13 +227,16 @@ std::shared_ptr<const model::StepStats> PipelineStep::all_stages(const model::St
             st.bias_min = float(next());
             st.bias_max = float(next());
         }
-        for (int64_t i = 0, layers = int64_t(next()); i < layers; ++i) {
-            auto& [layer, st] = all->dsa.emplace_back(int64_t(next()), model::DsaLayerStats{});
+        for (int64_t i = 0, layers = int64_t(next()); i < layers; ++i, ++dsa) {
+            if (fresh) all_->dsa.emplace_back();
+            auto& [layer, st] = all_->dsa.at(dsa);
+            layer = int64_t(next());
             st.kl = next();
             st.passes = int64_t(next());
         }
     }
-    return all;
+    TESSERA_CHECK(moe == all_->moe.size() && dsa == all_->dsa.size(), "pipeline: the stages' layers changed");
+    return all_;
 }
 
 model::LossResult PipelineStep::forward_loss(model::StepShape s,

@@ -26,6 +26,30 @@
 
 namespace tessera::train {
 
+// One stage's part of a 1F1B step, in order (one_f_one_b): what PipelineStep::run carries out and what the planner's
+// simulation lays out in time (plan/plan.h). An exchange is one pairwise transfer with the stage before or after, both
+// ways at once: with the next stage it sends micro-batch `send`'s output and receives the gradient of micro-batch
+// `receive`'s output; with the one before, it sends the gradient of `send`'s input and receives `receive`'s input (−1:
+// nothing that way). Each pair of neighbours lists the same exchanges in the same order.
+struct PipelineOp {
+    enum class Kind {
+        load,              // read micro-batch `micro`'s data
+        forward,           // its forward (a stage before the last)
+        backward,          // its backward, the forward re-run first (a stage before the last)
+        forward_backward,  // both at once (the last stage)
+        exchange,
+    };
+    Kind kind = Kind::load;
+    int64_t micro = -1;               // load, forward, backward, forward_backward
+    bool next = false;                // exchange: with the stage after (else before)
+    int64_t send = -1, receive = -1;  // exchange
+    bool operator==(const PipelineOp&) const = default;
+};
+// Stage `stage` of `stages` over `micros` micro-batches: w = min(stages − stage − 1, micros) forwards ahead, then one
+// forward and one backward in turn, then the w backwards left; micro-batch m's data is loaded just before its input
+// arrives. (stages ≥ 2)
+std::vector<PipelineOp> one_f_one_b(int64_t stage, int64_t stages, int64_t micros);
+
 class PipelineStep {
   public:
     // mesh: with pp() > 1; micros: micro-batches per step (train.accumulation); max: their shape
@@ -55,7 +79,7 @@ class PipelineStep {
     // the last stage's value on every stage (a collective over the pipeline group)
     double from_last(double v);
     // every stage's layer statistics (routing, indexer KL) on every stage, in layer order (a collective over the
-    // pipeline group): the metrics and alerts of rank 0 see every layer
+    // pipeline group): the metrics and alerts of rank 0 see every layer. Recycled as Model::take_step_stats' result is.
     std::shared_ptr<const model::StepStats> all_stages(const model::StepStats& mine);
 
     int64_t in_flight() const { return slots_; }  // micro-batches whose data this stage keeps at once
@@ -76,12 +100,16 @@ class PipelineStep {
 
     model::Model* model_ = nullptr;
     parallel::Comm *pipeline_, *prev_, *next_;
-    int64_t micros_, warmup_, slots_;
+    int64_t micros_, slots_;
+    std::vector<PipelineOp> ops_;  // this stage's schedule
     model::StepShape max_;
     int64_t d_model_;
     BufferGroup inputs_;  // [slots·N, C]: the kept inputs (stages between the first and the last)
     std::vector<Slot> data_;
+    std::vector<int64_t> tokens_;            // each micro-batch's tokens (from its load)
     std::vector<double> packed_, gathered_;  // all_stages' buffers
+    std::vector<int64_t> sizes_;
+    std::shared_ptr<model::StepStats> all_;  // all_stages' last result
 };
 
 }  // namespace tessera::train
