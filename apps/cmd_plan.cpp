@@ -1,6 +1,7 @@
 // tessera plan: the parallel layout for a model on a cluster (docs/plan.md): every layout the runtime can run,
 // each rank's memory from the runtime's buffer groups (byte-exact), a predicted step time with its breakdown, a
 // ranked table, and the chosen layout written as a run config that `tessera train` / `launch` accept.
+#include <charconv>
 #include <filesystem>
 #include <iostream>
 
@@ -135,9 +136,10 @@ void add_simulate_command(CLI::App& app) {
         "simulate", "Write one layout's predicted step as a Chrome trace (compute and communication tracks; Perfetto)");
     struct Args : Workload {
         std::string out;
-        int64_t ep = 1, micro = 0, shard = 0;
+        int64_t ep = 1, micro = 0, shard = 0, pipeline = 1;
         bool zero2 = false, offload = false;
         std::string recompute;  // "", "all" or kinds separated by commas
+        std::string split;      // the stages' first layers after the first, separated by commas
     };
     auto a = std::make_shared<Args>();
     add_workload_options(cmd, *a);
@@ -148,6 +150,10 @@ void add_simulate_command(CLI::App& app) {
     add_int_option(cmd, "--shard", a->shard, 0, 1 << 20,
                    "HSDP: FSDP shards the dense parameters over groups of this many ranks (0 = every rank)");
     cmd->add_flag("--offload", a->offload, "AdamW's moments in a file on the host (memory.optimizer_offload)");
+    add_int_option(cmd, "--pipeline", a->pipeline, 1, 1 << 20,
+                   "Pipeline stages (parallel.pipeline; each a data-parallel group of ranks / stages)");
+    cmd->add_option("--pipeline-split", a->split,
+                    "The stages' first layers after the first, e.g. 3,7 (parallel.pipeline_split; default: even)");
     cmd->add_flag("--recompute{all}", a->recompute,
                   "Recompute the blocks' activations in backward: every kind, or --recompute=KIND,... (kda, moe, ...)");
     cmd->add_option("--out", a->out, "The trace file to write (open it in https://ui.perfetto.dev)")->required();
@@ -160,17 +166,31 @@ void add_simulate_command(CLI::App& app) {
         const train::RunConfig& cfg = w.cfg;
         const plan::Cluster& cluster = w.cluster;
         const int64_t W = plan::plan_ranks(cfg, cluster, a->ranks);
+        const auto items = [](const std::string& list) {  // "a,b,c"
+            std::vector<std::string> out;
+            for (size_t at = 0; at < list.size();) {
+                const size_t comma = std::min(list.find(',', at), list.size());
+                out.push_back(list.substr(at, comma - at));
+                at = comma + 1;
+            }
+            return out;
+        };
         Json kinds = Json::array();
-        for (size_t at = 0; at < a->recompute.size();) {
-            const size_t comma = std::min(a->recompute.find(',', at), a->recompute.size());
-            kinds.push_back(a->recompute.substr(at, comma - at));
-            at = comma + 1;
-        }
+        for (const std::string& k : items(a->recompute)) kinds.push_back(k);
         const model::Recompute recompute = a->recompute == "all"
                                                ? model::Recompute::every()
                                                : model::Recompute::from_json(kinds, "simulate: --recompute");
-        const plan::Layout l{W,         a->ep,    !a->zero2, a->micro ? a->micro : cfg.train.batch_size / W,
-                             recompute, a->shard, a->offload};
+        plan::Layout l{W, a->ep, !a->zero2, a->micro, recompute, a->shard, a->offload, a->pipeline};
+        for (const std::string& first : items(a->split)) {
+            int64_t layer = -1;
+            const auto [end, ec] = std::from_chars(first.data(), first.data() + first.size(), layer);
+            TESSERA_CHECK(ec == std::errc() && end == first.data() + first.size(),
+                          "simulate: --pipeline-split {}: \"{}\" is not a layer number", a->split, first);
+            l.split.push_back(layer);
+        }
+        TESSERA_CHECK(l.split.empty() || l.pp > 1, "simulate: --pipeline-split without --pipeline stages");
+        TESSERA_CHECK(W % l.pp == 0, "simulate: --pipeline {} does not divide the {} ranks", l.pp, W);
+        if (!a->micro) l.micro_batch = cfg.train.batch_size / l.stage_ranks();
         const plan::PlanOptions o{W, 0, a->routing};
         const plan::Simulation s = plan::simulate(cfg, cluster, l, o);
         write_output(a->out, s.trace);

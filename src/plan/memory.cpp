@@ -43,6 +43,12 @@ train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
                   "parallel.pipeline = {} does not divide the {} ranks into stages of at least one layer each", l.pp,
                   l.ranks);
     cfg.parallel.pipeline = l.pp;
+    TESSERA_CHECK(l.split.empty() || int64_t(l.split.size()) == l.pp - 1,
+                  "parallel.pipeline_split names {} stage starts; {} stages need {}", l.split.size(), l.pp, l.pp - 1);
+    for (size_t i = 0; i < l.split.size(); ++i)
+        TESSERA_CHECK(l.split[i] > (i ? l.split[i - 1] : 0) && l.split[i] < cfg.model.n_layers,
+                      "parallel.pipeline_split must be increasing layers in [1, {}) (each stage's first)",
+                      cfg.model.n_layers);
     cfg.parallel.pipeline_split = l.split;
     const int64_t D = l.stage_ranks();
     TESSERA_CHECK(l.shard == 0 || l.fsdp, "parallel.shard = {} needs FSDP (ZeRO-2 has no shard groups)", l.shard);

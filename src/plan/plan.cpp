@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "model/inspect.h"
 #include "model/model.h"
+#include "train/pipeline.h"
 
 namespace tessera::plan {
 
@@ -402,143 +403,297 @@ StepTime predict_step(const train::RunConfig& cfg, const Cluster& cl, const Layo
     return layout_step(cfg, stage_costs(cfg, l), loads_of(cfg, o), cl, l);
 }
 
-Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout& l, const PlanOptions& o) {
-    TESSERA_CHECK(l.pp == 1, "simulate: pipeline stages are not simulated yet (plan predicts their step)");
-    const train::RunConfig cfg = with_layout(run, l);
-    const ModelCosts c = model_costs(cfg);
-    l.recompute.check(c.kinds);
-    const auto loads = loads_of(cfg, o);
-    const double I = loads.empty() ? 1.0 : imbalance(loads, l.ep);
-    const int ranks = int(l.ranks);
-    const double ep = double(l.ep);
-    const int64_t accumulation = cfg.train.accumulation(ranks);
-    const double tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);  // per micro-batch
-    const bool frozen_base = cfg.model.lora.enabled();
-    const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
-    const bool fsdp = l.ranks > 1 && l.fsdp;
-    std::vector<BlockPass> pass;
-    for (const BlockCost& b : c.blocks) pass.push_back(block_pass(cl.device, b, tokens, ep, I, frozen_base, fsdp));
-    const double grads = gradient_seconds(c, cl, l, double(accumulation)) / double(accumulation);  // per micro-batch
-    const double a2a = a2a_pass_seconds(cfg, cl, l, tokens, I);  // one pass of one MoE layer
-    // a unit's FSDP transfer, of its parameters or its gradient
-    const auto unit_seconds = [&](int u, bool grads) {
-        const ModelCosts::UnitBytes& b = c.units_bytes[size_t(u)];
-        return shard_seconds(cl, l, grads ? Collective::reduce_scatter : Collective::all_gather,
-                             grads ? b.grads : b.params, (grads ? b.expert_grads : b.expert_params) / ep, 1, 1);
-    };
+namespace {
+
+// The simulation's Chrome trace: one process per pipeline stage (one without stages), each with a compute track, a
+// communication track (FSDP's transfers, the all-to-alls) and, with stages, the exchanges with the neighbour stages.
+struct Trace {
     Json events = Json::array();
-    const auto span = [&](const std::string& name, const char* cat, int tid, double t0, double dur, int64_t layer) {
-        Json e = {{"name", name}, {"cat", cat},     {"ph", "X"},       {"pid", 0},
+    void span(const std::string& name, const char* cat, int pid, int tid, double t0, double dur, int64_t layer) {
+        Json e = {{"name", name}, {"cat", cat},     {"ph", "X"},       {"pid", pid},
                   {"tid", tid},   {"ts", t0 * 1e6}, {"dur", dur * 1e6}};
         if (layer >= 0) e["args"] = {{"layer", layer}};
         events.push_back(std::move(e));
-    };
-    double now = 0, comm_free = 0;
-    const auto transfer = [&](const std::string& name, double at, double dur, int64_t layer) {
-        const double t0 = std::max(at, comm_free);
-        span(name, "comm", 1, t0, dur, layer);
-        comm_free = t0 + dur;
-        return comm_free;  // when it is done
-    };
-    // A training pass's unit visits (Model::block_unit): the embedding's, each block's forward, the head's (forward and
-    // backward), each block's backward in reverse, the embedding's backward. FSDP (train/fsdp.h) keeps each unit in its
-    // slot until another unit needs the slot: entering a visit issues the next visit's gather unless its unit is still
-    // in its slot, the visit waits for its own, and a unit's last backward visit of the pass reduce-scatters its
-    // gradient. The slots start empty (the optimizer step left them stale) and keep their units from one micro-batch
-    // to the next.
+    }
+};
+
+// An exchange's span: with which stage, what it sends and receives (m: micro-batch m's activations; ∂m: their
+// gradient), e.g. "stage 2: 3 out, ∂1 in".
+std::string exchange_name(const train::PipelineOp& op, size_t with) {
+    const char* out = op.next ? "" : "∂";  // (to the next stage go activations, to the one before gradients)
+    const char* in = op.next ? "∂" : "";
+    std::string name = fmt::format("stage {}:", with);
+    if (op.send >= 0) name += fmt::format(" {}{} out", out, op.send);
+    if (op.receive >= 0) name += fmt::format("{} {}{} in", op.send >= 0 ? "," : "", in, op.receive);
+    return name;
+}
+
+// One stage's busiest rank (the whole model's without stages) in time: its passes over micro-batches on the compute
+// track, and its transfers on the communication track (each MoE layer's all-to-all; FSDP's unit by unit as
+// train/fsdp.h makes them). A pass's unit visits are the model's (Model::block_unit): the embedding's, each block's
+// forward, the head's (forward and backward), each block's backward in reverse, the embedding's backward; a stage
+// before the last runs the forward alone, then for the backward the forward again and the backward
+// (Model::stage_forward, stage_backward). FSDP keeps each unit in its slot until another unit needs the slot: entering
+// a visit issues the next visit's gather unless its unit is still in its slot, the visit waits for its own, and a
+// unit's last backward visit of the pass reduce-scatters its gradient. The slots start empty (the optimizer step left
+// them stale) and keep their units from one pass to the next.
+class StageSim {
+  public:
+    enum class Pass { whole, forward, backward };
+
+    // group: the stage's data-parallel layout (pp 1); micros: its micro-batches
+    StageSim(Trace& trace,
+             int pid,
+             const train::RunConfig& cfg,
+             const ModelCosts& c,
+             const Cluster& cl,
+             const Layout& group,
+             double imbalance,
+             int64_t micros)
+        : trace_(trace), pid_(pid), cfg_(cfg), c_(c), cl_(cl), l_(group), fsdp_(group.ranks > 1 && group.fsdp) {
+        const double tokens = double(cfg.train.micro_batch(int(group.ranks)) * cfg.train.seq_len);
+        const bool frozen_base = cfg.model.lora.enabled();
+        for (const BlockCost& b : c.blocks)
+            pass_.push_back(block_pass(cl.device, b, tokens, double(group.ep), imbalance, frozen_base, fsdp_));
+        grads_ = gradient_seconds(c, cl, group, double(micros)) / double(micros);
+        a2a_ = a2a_pass_seconds(cfg, cl, group, tokens, imbalance);
+        chunks_ = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
+        head_ = head_seconds(cl.device, c, tokens, frozen_base, fsdp_);
+        head_forward_ = head_ / (frozen_base ? 2 : 3);
+        ready_.assign(c.units_bytes.size(), 0.0);
+    }
+
+    double now = 0;  // the compute track's clock
+
+    void run(Pass p) {
+        const size_t B = c_.blocks.size();
+        visits_.clear();
+        visits_.push_back({c_.embed_unit, -1, false});
+        for (size_t j = 0; j < B; ++j) visits_.push_back({c_.block_unit[j], int64_t(j), false, p == Pass::backward});
+        if (p == Pass::whole) visits_.push_back({c_.head_unit, -1, true, false, true});
+        if (p != Pass::forward) {
+            for (size_t j = B; j-- > 0;) visits_.push_back({c_.block_unit[j], int64_t(j), true});
+            visits_.push_back({c_.embed_unit, -1, true});
+            trace_.span("gradients (clear, accumulate)", "step", pid_, 0, now, grads_, -1);
+            now += grads_;
+        }
+        last_backward_.assign(c_.units_bytes.size(), visits_.size());
+        for (size_t v = 0; v < visits_.size(); ++v)
+            if (visits_[v].unit >= 0 && visits_[v].backward) last_backward_[size_t(visits_[v].unit)] = v;
+        for (size_t v = 0; v < visits_.size(); ++v) {
+            const Visit& vis = visits_[v];
+            gather(vis);  // (prefetched when the previous visit began, unless it was the first)
+            if (v + 1 < visits_.size()) gather(visits_[v + 1]);
+            if (fsdp_ && vis.unit >= 0) now = std::max(now, ready_[size_t(vis.unit)]);
+            compute(vis);
+            if (fsdp_ && vis.unit >= 0 && last_backward_[size_t(vis.unit)] == v)
+                transfer("reduce-scatter " + unit_name(vis), now, unit_seconds(vis.unit, true), layer_of(vis));
+        }
+    }
+
+    // the compute track waits (for a neighbour stage) from now until t
+    void wait(double t, const std::string& why) {
+        if (t > now) trace_.span(why, "bubble", pid_, 0, now, t - now, -1);
+        now = std::max(now, t);
+    }
+    // an exchange with a neighbour stage, from `at` for `dur` (both sides blocked)
+    void exchange(const std::string& name, double at, double dur) {
+        trace_.span(name, "exchange", pid_, 2, at, dur, -1);
+        now = at + dur;
+    }
+
+    // after the last micro-batch: FSDP's transfers drained, the gradient sync, the optimizer
+    void finish() {
+        if (fsdp_) now = std::max(now, comm_free_);
+        if (fsdp_ && l_.shard_ranks() < l_.ranks)
+            now = transfer("replica all-reduce of the dense gradient (HSDP)", now, replica_seconds(c_, cl_, l_), -1);
+        if (l_.ranks > 1 && !l_.fsdp)
+            now = transfer("gradient reduce-scatter + parameter all-gather (ZeRO-2)", now, zero2_seconds(c_, cl_, l_),
+                           -1);
+        const double opt = optimizer_seconds(c_, cfg_, cl_, l_);
+        trace_.span("AdamW", "optimizer", pid_, 0, now, opt, -1);
+        now += opt;
+        if (l_.offload) {
+            const double moments = offload_seconds(c_, cl_, l_);
+            trace_.span("moments from and back to their file (offload)", "optimizer", pid_, 0, now, moments, -1);
+            now += moments;
+        }
+    }
+
+  private:
     struct Visit {
         int unit;
         int64_t block;  // −1: the embedding or the head
         bool backward;
+        bool again = false;  // a block's forward run again before its backward (a stage before the last)
         bool head = false;
     };
-    const size_t B = c.blocks.size();
-    std::vector<Visit> visits{{c.embed_unit, -1, false}};
-    for (size_t j = 0; j < B; ++j) visits.push_back({c.block_unit[j], int64_t(j), false});
-    visits.push_back({c.head_unit, -1, true, true});
-    for (size_t j = B; j-- > 0;) visits.push_back({c.block_unit[j], int64_t(j), true});
-    visits.push_back({c.embed_unit, -1, true});
-    std::vector<size_t> last_backward(c.units_bytes.size(), visits.size());
-    for (size_t v = 0; v < visits.size(); ++v)
-        if (visits[v].unit >= 0 && visits[v].backward) last_backward[size_t(visits[v].unit)] = v;
-    const auto unit_name = [&](const Visit& v) {
-        return v.block >= 0 ? c.blocks[size_t(v.block)].kind : v.head ? "head" : "embedding";
-    };
-    const auto layer_of = [](const Visit& v) { return v.block >= 0 ? v.block / 2 : int64_t(-1); };
-    std::array<int, 3> occupant{-1, -1, -1};
-    std::vector<double> ready(c.units_bytes.size(), 0.0);
-    const auto gather = [&](const Visit& v) {  // unless the unit is in its slot
-        if (!fsdp || v.unit < 0) return;
-        int& in = occupant[size_t(c.unit_slot[size_t(v.unit)])];
+
+    double transfer(const std::string& name, double at, double dur, int64_t layer) {
+        const double t0 = std::max(at, comm_free_);
+        trace_.span(name, "comm", pid_, 1, t0, dur, layer);
+        comm_free_ = t0 + dur;
+        return comm_free_;  // when it is done
+    }
+    // a unit's FSDP transfer, of its parameters or its gradient
+    double unit_seconds(int u, bool grads) const {
+        const ModelCosts::UnitBytes& b = c_.units_bytes[size_t(u)];
+        return shard_seconds(cl_, l_, grads ? Collective::reduce_scatter : Collective::all_gather,
+                             grads ? b.grads : b.params, (grads ? b.expert_grads : b.expert_params) / double(l_.ep), 1,
+                             1);
+    }
+    std::string unit_name(const Visit& v) const {
+        return v.block >= 0 ? c_.blocks[size_t(v.block)].kind : v.head ? "head" : "embedding";
+    }
+    static int64_t layer_of(const Visit& v) { return v.block >= 0 ? v.block / 2 : int64_t(-1); }
+    void gather(const Visit& v) {  // unless the unit is in its slot
+        if (!fsdp_ || v.unit < 0) return;
+        int& in = occupant_[size_t(c_.unit_slot[size_t(v.unit)])];
         if (in == v.unit) return;
         in = v.unit;
-        ready[size_t(v.unit)] = transfer("gather " + unit_name(v), now, unit_seconds(v.unit, false), layer_of(v));
-    };
-    const double head = head_seconds(cl.device, c, tokens, frozen_base, fsdp),
-                 head_forward = head / (frozen_base ? 2 : 3);
-    for (int64_t m = 0; m < accumulation; ++m) {
-        span("gradients (clear, accumulate)", "step", 0, now, grads, -1);
-        now += grads;
-        for (size_t v = 0; v < visits.size(); ++v) {
-            const Visit& vis = visits[v];
-            gather(vis);  // (prefetched when the previous visit began, unless it was the first)
-            if (v + 1 < visits.size()) gather(visits[v + 1]);
-            if (fsdp && vis.unit >= 0) now = std::max(now, ready[size_t(vis.unit)]);
-            const int64_t layer = layer_of(vis);
-            if (vis.head) {
-                span("embedding+head", "forward", 0, now, head_forward, -1);
-                now += head_forward;
-                span("embedding+head", "backward", 0, now, head - head_forward, -1);
-                now += head - head_forward;
-            } else if (vis.block >= 0 && !vis.backward) {
-                const size_t j = size_t(vis.block);
-                double d = pass[j].forward;
-                if (c.blocks[j].kind == "moe" && a2a > 0) {
-                    transfer("all-to-all", now, a2a, layer);
-                    d += a2a / chunks + std::max(0.0, (a2a - pass[j].expert_forward) * (chunks - 1) / chunks);
-                }
-                span(c.blocks[j].kind, "forward", 0, now, d, layer);
-                now += d;
-            } else if (vis.block >= 0) {
-                const size_t j = size_t(vis.block);
-                const bool again = c.blocks[j].reruns(l.recompute);
-                double extra = 0;
-                if (c.blocks[j].kind == "moe" && a2a > 0) {
-                    const double passes = again ? 2.0 : 1.0;  // the backward's exchange (+ the recompute's)
-                    transfer("all-to-all", now, a2a * passes, layer);
-                    extra = (a2a * passes) / chunks;
-                }
-                if (again) {
-                    span(c.blocks[j].kind, "recompute", 0, now, pass[j].forward, layer);
-                    now += pass[j].forward;
-                }
-                span(c.blocks[j].kind, "backward", 0, now, pass[j].backward + extra, layer);
-                now += pass[j].backward + extra;
+        ready_[size_t(v.unit)] = transfer("gather " + unit_name(v), now, unit_seconds(v.unit, false), layer_of(v));
+    }
+    void compute(const Visit& vis) {
+        const int64_t layer = layer_of(vis);
+        if (vis.head) {
+            trace_.span("embedding+head", "forward", pid_, 0, now, head_forward_, -1);
+            now += head_forward_;
+            trace_.span("embedding+head", "backward", pid_, 0, now, head_ - head_forward_, -1);
+            now += head_ - head_forward_;
+            return;
+        }
+        if (vis.block < 0) return;
+        const size_t j = size_t(vis.block);
+        const std::string& kind = c_.blocks[j].kind;
+        const bool moe = kind == "moe" && a2a_ > 0;
+        if (!vis.backward) {
+            double d = pass_[j].forward;
+            if (moe) {
+                transfer("all-to-all", now, a2a_, layer);
+                d += a2a_ / chunks_ + std::max(0.0, (a2a_ - pass_[j].expert_forward) * (chunks_ - 1) / chunks_);
             }
-            if (fsdp && vis.unit >= 0 && last_backward[size_t(vis.unit)] == v)
-                transfer("reduce-scatter " + unit_name(vis), now, unit_seconds(vis.unit, true), layer);
+            trace_.span(kind, vis.again ? "reforward" : "forward", pid_, 0, now, d, layer);
+            now += d;
+            return;
+        }
+        const bool again = c_.blocks[j].reruns(l_.recompute);
+        double extra = 0;
+        if (moe) {
+            const double passes = again ? 2.0 : 1.0;  // the backward's exchange (+ the recompute's)
+            transfer("all-to-all", now, a2a_ * passes, layer);
+            extra = (a2a_ * passes) / chunks_;
+        }
+        if (again) {
+            trace_.span(kind, "recompute", pid_, 0, now, pass_[j].forward, layer);
+            now += pass_[j].forward;
+        }
+        trace_.span(kind, "backward", pid_, 0, now, pass_[j].backward + extra, layer);
+        now += pass_[j].backward + extra;
+    }
+
+    Trace& trace_;
+    int pid_;
+    const train::RunConfig& cfg_;
+    const ModelCosts& c_;
+    const Cluster& cl_;
+    Layout l_;
+    bool fsdp_;
+    std::vector<BlockPass> pass_;
+    double grads_ = 0, a2a_ = 0, chunks_ = 1, head_ = 0, head_forward_ = 0;
+    double comm_free_ = 0;
+    std::array<int, 3> occupant_{-1, -1, -1};
+    std::vector<double> ready_;
+    std::vector<Visit> visits_;
+    std::vector<size_t> last_backward_;
+};
+
+}  // namespace
+
+Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout& l, const PlanOptions& o) {
+    const std::vector<ModelCosts> stages = stage_costs(run, l);
+    std::vector<std::string> kinds;  // the whole model's (every stage's)
+    for (const ModelCosts& c : stages) kinds.insert(kinds.end(), c.kinds.begin(), c.kinds.end());
+    l.recompute.check(kinds);
+    const train::RunConfig cfg = with_layout(run, l);
+    const auto loads = loads_of(cfg, o);
+    const double I = loads.empty() ? 1.0 : imbalance(loads, l.ep);
+    Layout group = l;  // one stage's data-parallel group (every rank without stages)
+    group.ranks = l.stage_ranks();
+    group.pp = 1;
+    group.split.clear();
+    const int64_t M = cfg.train.accumulation(int(group.ranks));
+    const int64_t P = l.pp;
+    Trace trace;
+    std::vector<StageSim> sims;
+    sims.reserve(size_t(P));
+    for (int64_t s = 0; s < P; ++s) sims.emplace_back(trace, int(s), cfg, stages[size_t(s)], cl, group, I, M);
+    using Pass = StageSim::Pass;
+    if (P == 1) {
+        for (int64_t m = 0; m < M; ++m) sims[0].run(Pass::whole);
+    } else {
+        // 1F1B (train/pipeline.h): each stage walks its schedule; an exchange starts when both neighbours reach it
+        // (parallel::exchange is pairwise and blocking) and takes the activations' time on the link that spans the two
+        // stages' ranks, as the planner prices it; the stage that came first waits, a bubble on its compute track
+        const double bytes =
+            double(cfg.train.micro_batch(int(group.ranks)) * cfg.train.seq_len * cfg.model.d_model) * 4.0;
+        const double exchange = cl.link_for(group.ranks + 1).seconds(Collective::all_to_all, 2, bytes, 1.0);
+        std::vector<std::vector<train::PipelineOp>> ops;
+        for (int64_t s = 0; s < P; ++s) ops.push_back(train::one_f_one_b(s, P, M));
+        std::vector<size_t> at(size_t(P), 0);
+        using K = train::PipelineOp::Kind;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (size_t s = 0; s < size_t(P); ++s) {
+                for (; at[s] < ops[s].size(); ++at[s], moved = true) {
+                    const train::PipelineOp& op = ops[s][at[s]];
+                    if (op.kind == K::load) continue;
+                    if (op.kind != K::exchange) {
+                        sims[s].run(op.kind == K::forward    ? Pass::forward
+                                    : op.kind == K::backward ? Pass::backward
+                                                             : Pass::whole);
+                        continue;
+                    }
+                    const size_t n = op.next ? s + 1 : s - 1;  // the neighbour: at the matching exchange yet?
+                    if (at[n] >= ops[n].size() || ops[n][at[n]].kind != K::exchange || ops[n][at[n]].next == op.next)
+                        break;
+                    const double start = std::max(sims[s].now, sims[n].now);
+                    for (const size_t who : {s, n}) {
+                        const train::PipelineOp& mine = ops[who][at[who]];
+                        const size_t other = who == s ? n : s;
+                        sims[who].wait(start, fmt::format("wait for stage {}", other));
+                        sims[who].exchange(exchange_name(mine, other), start, exchange);
+                    }
+                    ++at[n];
+                }
+            }
+        }
+        for (size_t s = 0; s < size_t(P); ++s)
+            TESSERA_CHECK(at[s] == ops[s].size(), "simulate: the 1F1B schedule of stage {} does not finish", s);
+    }
+    double end = 0;
+    for (StageSim& sim : sims) {
+        sim.finish();
+        end = std::max(end, sim.now);
+    }
+    Json meta = Json::array();
+    for (int64_t s = 0; s < P; ++s) {
+        std::string pname = fmt::format("{}: busiest rank, {}", cl.name, l.str());
+        if (P > 1) {
+            const model::LayerRange r = cfg.parallel.stage_layers(s, cfg.model.n_layers);
+            pname = fmt::format("stage {} (layers {}–{}): busiest rank, {}", s, r.first, r.last - 1, l.str());
+        }
+        const int pid = int(s);
+        meta.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", pname}}}});
+        meta.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+        for (const auto& [tid, name] : std::vector<std::pair<int, const char*>>{
+                 {0, "compute"}, {1, "communication"}, {2, "exchanges with the neighbour stages"}}) {
+            if (tid == 2 && P == 1) continue;
+            meta.push_back(
+                {{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}});
         }
     }
-    if (fsdp) now = std::max(now, comm_free);
-    if (fsdp && l.shard_ranks() < l.ranks)
-        now = transfer("replica all-reduce of the dense gradient (HSDP)", now, replica_seconds(c, cl, l), -1);
-    if (l.ranks > 1 && !l.fsdp)
-        now = transfer("gradient reduce-scatter + parameter all-gather (ZeRO-2)", now, zero2_seconds(c, cl, l), -1);
-    const double opt = optimizer_seconds(c, cfg, cl, l);
-    span("AdamW", "optimizer", 0, now, opt, -1);
-    now += opt;
-    if (l.offload) {
-        const double moments = offload_seconds(c, cl, l);
-        span("moments from and back to their file (offload)", "optimizer", 0, now, moments, -1);
-        now += moments;
-    }
-    const std::string pname = fmt::format("{}: busiest rank, {}", cl.name, l.str());
-    Json meta = Json::array(
-        {{{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"args", {{"name", pname}}}},
-         {{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", 0}, {"args", {{"name", "compute"}}}},
-         {{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", 1}, {"args", {{"name", "communication"}}}}});
-    for (Json& e : events) meta.push_back(std::move(e));
-    return {Json{{"traceEvents", meta}, {"displayTimeUnit", "ms"}}.dump() + "\n", now};
+    for (Json& e : trace.events) meta.push_back(std::move(e));
+    return {Json{{"traceEvents", meta}, {"displayTimeUnit", "ms"}}.dump() + "\n", end};
 }
 
 int64_t plan_ranks(const train::RunConfig& cfg, const Cluster& cl, int64_t ranks) {

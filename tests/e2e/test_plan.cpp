@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <regex>
+#include <set>
 
 #include "core/file.h"
 #include "core/json.h"
@@ -807,6 +808,90 @@ TEST(Plan, SimulateWritesATraceOfTheStep) {
     EXPECT_NEAR(std::stod(m[1]), end / 1e3, 0.1) << r.out;
 }
 
+// tessera simulate of pipeline stages: the tiny model's 4 layers as 2 stages of 1 rank each, split [1] (stage 0:
+// layer 0, stage 1: layers 1–3 and the head), 4 micro-batches of 1 sequence. Each stage is a process of the trace with
+// its own tracks; stage 0 runs the 1F1B order (train/pipeline.h: one forward ahead, then a forward and a backward in
+// turn), its backward re-running the forward first; the exchanges are the schedule's, both neighbours blocked in
+// each at once; stage 1 waits for its first input; the printed step is where the trace ends.
+TEST(Plan, SimulateLaysOutThePipelineStages) {
+    TempDir d;
+    const std::string out = d.file("trace.json");
+    const test::CliResult r = test::run_tessera(
+        fmt::format("simulate {} --set model.n_layers=4 --cluster {} --pipeline 2 --pipeline-split 1 --micro-batch 1 "
+                    "--out {}",
+                    kTiny, cpu_cluster(d, 2, R"(, "forward_share": {"attention": 0.25})"), out));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const Json t = Json::parse(read_text(out));
+    std::map<int, double> compute_end;           // per stage
+    std::map<int, std::vector<Json>> exchanges;  // per stage, in time
+    std::map<int, std::map<std::string, int>> count;
+    std::vector<std::string> layer0;  // stage 0's first block's spans: forward, reforward, backward in time
+    double end = 0, first_input = -1, stage1_first = -1;
+    std::set<std::string> names;
+    for (const Json& e : t["traceEvents"]) {
+        if (e["ph"] == "M" && e["name"] == "process_name") names.insert(e["args"]["name"].get<std::string>());
+        if (e["ph"] != "X") continue;
+        const int pid = e["pid"].get<int>();
+        const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+        end = std::max(end, ts + dur);
+        if (e["tid"] == 0) {
+            EXPECT_GE(ts, compute_end[pid] - 1e-6) << "compute spans overlap: " << e.dump();
+            compute_end[pid] = ts + dur;
+            if (pid == 1 && e["cat"] != "bubble" && stage1_first < 0) stage1_first = ts;
+        }
+        if (e["tid"] == 2) {
+            exchanges[pid].push_back(e);
+            if (pid == 1 && first_input < 0) first_input = ts + dur;
+        }
+        count[pid][e["cat"].get<std::string>() + "/" + e["name"].get<std::string>()]++;
+        if (pid == 0 && e["name"] == "attention") layer0.push_back(e["cat"].get<std::string>());
+    }
+    EXPECT_TRUE(names.count("stage 0 (layers 0–0): busiest rank, pp 2 [1], ep 1, one rank, micro 1"))
+        << t.dump().substr(0, 600);
+    EXPECT_TRUE(names.count("stage 1 (layers 1–3): busiest rank, pp 2 [1], ep 1, one rank, micro 1"));
+    // stage 0: every micro-batch forward, then forward again and backward; F0 F1 B0 F2 B1 F3 B2 B3
+    EXPECT_EQ(layer0,
+              (std::vector<std::string>{"forward", "forward", "reforward", "backward", "forward", "reforward",
+                                        "backward", "forward", "reforward", "backward", "reforward", "backward"}));
+    EXPECT_EQ(count[0]["forward/mlp"], 4);
+    EXPECT_EQ(count[0]["reforward/mlp"], 4);
+    EXPECT_EQ(count[0]["forward/embedding+head"], 0);
+    // stage 1: three layers and the head, forward and backward together
+    EXPECT_EQ(count[1]["forward/attention"], 12);
+    EXPECT_EQ(count[1]["reforward/attention"], 0);
+    EXPECT_EQ(count[1]["backward/attention"], 12);
+    EXPECT_EQ(count[1]["forward/embedding+head"], 4);
+    EXPECT_EQ(count[0]["step/gradients (clear, accumulate)"], 4);
+    EXPECT_EQ(count[1]["step/gradients (clear, accumulate)"], 4);
+    EXPECT_EQ(count[0]["optimizer/AdamW"], 1);
+    EXPECT_EQ(count[1]["optimizer/AdamW"], 1);
+    // the schedule's exchanges: activations of 0, then (activations of m + 1 out, the gradient of m in) ×3, the
+    // gradient of 3 in; the same spans on both sides
+    ASSERT_EQ(exchanges[0].size(), 5u);
+    ASSERT_EQ(exchanges[1].size(), 5u);
+    EXPECT_EQ(exchanges[0][0]["name"], "stage 1: 0 out");
+    EXPECT_EQ(exchanges[0][1]["name"], "stage 1: 1 out, ∂0 in");
+    EXPECT_EQ(exchanges[0][4]["name"], "stage 1: ∂3 in");
+    EXPECT_EQ(exchanges[1][0]["name"], "stage 0: 0 in");
+    EXPECT_EQ(exchanges[1][1]["name"], "stage 0: ∂0 out, 1 in");
+    for (size_t k = 0; k < 5; ++k) {
+        EXPECT_DOUBLE_EQ(exchanges[0][k]["ts"].get<double>(), exchanges[1][k]["ts"].get<double>()) << k;
+        EXPECT_DOUBLE_EQ(exchanges[0][k]["dur"].get<double>(), exchanges[1][k]["dur"].get<double>()) << k;
+        EXPECT_GT(exchanges[0][k]["dur"].get<double>(), 0.0);
+    }
+    // stage 1 waits for its first input (a bubble on its compute track), stage 0 for the gradients
+    EXPECT_GE(stage1_first, first_input - 1e-6);
+    EXPECT_GT(count[1]["bubble/wait for stage 0"], 0);
+    EXPECT_GT(count[0]["bubble/wait for stage 1"], 0);
+    const std::smatch m = [&] {
+        std::smatch s;
+        std::regex_search(r.out, s, std::regex(R"(simulated step ([0-9.]+) ms \(the planner's estimate ([0-9.]+) ms)"));
+        return s;
+    }();
+    ASSERT_FALSE(m.empty()) << r.out;
+    EXPECT_NEAR(std::stod(m[1]), end / 1e3, 0.1) << r.out;
+}
+
 TEST(Plan, MistakesAreOneLineErrors) {
     TempDir d;
     const std::string bad = d.file("bad.json");
@@ -857,6 +942,21 @@ TEST(Plan, MistakesAreOneLineErrors) {
         "no host.offload_bandwidth_gbs, so optimizer offload is not priced", "offload without a rate");
     test::expect_one_line_error(test::run_tessera("plan " + kTiny + " --cluster " + ok + " --offload some"),
                                 "--offload", "an unknown offload mode");
+    const auto staged = [&](const std::string& args) {
+        return test::run_tessera("simulate " + kTiny + " --set model.n_layers=4 --cluster " + ok + " " + args +
+                                 " --out " + d.file("t"));
+    };
+    test::expect_one_line_error(staged("--pipeline 3"), "--pipeline 3 does not divide the 2 ranks", "3 stages");
+    test::expect_one_line_error(staged("--pipeline-split 2"), "--pipeline-split without --pipeline stages",
+                                "a split without stages");
+    test::expect_one_line_error(staged("--pipeline 2 --pipeline-split 4"),
+                                "parallel.pipeline_split must be increasing layers in [1, 4)", "a split past the end");
+    test::expect_one_line_error(staged("--pipeline 2 --pipeline-split 1,2"),
+                                "parallel.pipeline_split names 2 stage starts; 2 stages need 1", "a split too long");
+    test::expect_one_line_error(staged("--pipeline 2 --pipeline-split x"), "\"x\" is not a layer number",
+                                "a split that is no number");
+    test::expect_one_line_error(staged("--pipeline 2 --set model.tie_embeddings=true"), "with model.tie_embeddings",
+                                "stages of a model that cannot be cut");
     EXPECT_FALSE(fs::exists(d.file("t")));
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
                      "memory_bandwidth_gbs": 1, "efficiency_by_tokens": {"tokens": [256, 512], "kda": [0.5]}},
