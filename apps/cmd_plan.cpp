@@ -40,7 +40,8 @@ Json candidate_json(const plan::Candidate& c) {
               {"recompute", c.layout.recompute.to_json()},
               {"offload", c.layout.offload},
               {"pipeline", c.layout.pp},
-              {"pipeline_split", c.layout.split}}},
+              {"pipeline_split", c.layout.split},
+              {"pipeline_rerun", c.layout.rerun}}},
             {"memory",
              {{"rank", c.memory_rank},
               {"arena_bytes", c.memory.arena_bytes},
@@ -137,7 +138,7 @@ void add_simulate_command(CLI::App& app) {
     struct Args : Workload {
         std::string out;
         int64_t ep = 1, micro = 0, shard = 0, pipeline = 1;
-        bool zero2 = false, offload = false;
+        bool zero2 = false, offload = false, rerun = false;
         std::string recompute;  // "", "all" or kinds separated by commas
         std::string split;      // the stages' first layers after the first, separated by commas
     };
@@ -154,6 +155,9 @@ void add_simulate_command(CLI::App& app) {
                    "Pipeline stages (parallel.pipeline; each a data-parallel group of ranks / stages)");
     cmd->add_option("--pipeline-split", a->split,
                     "The stages' first layers after the first, e.g. 3,7 (parallel.pipeline_split; default: even)");
+    cmd->add_flag("--pipeline-rerun", a->rerun,
+                  "Stages re-run a micro-batch's forward before its backward instead of keeping its activations "
+                  "(parallel.pipeline_rerun)");
     cmd->add_flag("--recompute{all}", a->recompute,
                   "Recompute the blocks' activations in backward: every kind, or --recompute=KIND,... (kda, moe, ...)");
     cmd->add_option("--out", a->out, "The trace file to write (open it in https://ui.perfetto.dev)")->required();
@@ -188,7 +192,9 @@ void add_simulate_command(CLI::App& app) {
                           "simulate: --pipeline-split {}: \"{}\" is not a layer number", a->split, first);
             l.split.push_back(layer);
         }
-        TESSERA_CHECK(l.split.empty() || l.pp > 1, "simulate: --pipeline-split without --pipeline stages");
+        TESSERA_CHECK((l.split.empty() && !a->rerun) || l.pp > 1,
+                      "simulate: --pipeline-split or --pipeline-rerun without --pipeline stages");
+        l.rerun = a->rerun;
         TESSERA_CHECK(W % l.pp == 0, "simulate: --pipeline {} does not divide the {} ranks", l.pp, W);
         if (!a->micro) l.micro_batch = cfg.train.batch_size / l.stage_ranks();
         const plan::PlanOptions o{W, 0, a->routing};

@@ -253,6 +253,9 @@ void Model::make_units(const std::vector<int>& owner) {
     add(train_plan_, embed_unit_, true);
     warmup_plan_ = eval_plan_;
     for (auto it = dsa_.rbegin(); it != dsa_.rend(); ++it) add(warmup_plan_, block_unit_[it->block], true);
+    // a pipeline stage's backward without its forward re-run: the training passes' backward visits only
+    backward_plan_.assign(train_plan_.begin() + long(eval_plan_.size() - (head_unit_ >= 0 ? 1 : 0)), train_plan_.end());
+    warmup_backward_plan_.assign(warmup_plan_.begin() + long(eval_plan_.size()), warmup_plan_.end());
 }
 
 template <class F>
@@ -723,14 +726,17 @@ void Model::stage_forward(StepShape s, std::span<const int32_t> ids, bool record
     end_pass();
 }
 
-void Model::stage_backward(StepShape s, std::span<const int32_t> ids, double loss_scale) {
+void Model::stage_backward(StepShape s, std::span<const int32_t> ids, double loss_scale, bool rerun) {
     TESSERA_CHECK(has_grads_ && !last_stage(),
                   "model: stage_backward needs gradient buffers and a stage before the "
                   "last");
     const bool warmup = indexer_warmup();  // (the indexers' KL needs no gradient from later stages)
-    begin_pass(warmup ? warmup_plan_ : train_plan_);
+    if (rerun)
+        begin_pass(warmup ? warmup_plan_ : train_plan_);
+    else
+        begin_pass(warmup ? warmup_backward_plan_ : backward_plan_);
     set_pass({.record = false, .loss_scale = loss_scale, .lora_seed = lora_seed_});  // (recomputed: not recorded)
-    forward_trunk(s, ids);
+    if (rerun) forward_trunk(s, ids);
     if (warmup)
         indexer_backward(s);
     else

@@ -171,8 +171,11 @@ class Model {
     // input as that micro-batch's stage_forward; re-runs the forward (recording nothing: the same bits), then the
     // backward, accumulating parameter gradients; stage_grad() then holds dL/d stage_input() (on the first stage the
     // embedding's gradient is taken instead). loss_scale: as forward_backward's (the auxiliary losses' weight).
+    // rerun = false: the backward alone, the activation group holding what that micro-batch's stage_forward left in it
+    // (restored by the caller, train/pipeline.h), but for stage_grad() and the blocks' shared transients ("scratch.*",
+    // which no backward reads from its forward).
     void stage_forward(StepShape s, std::span<const int32_t> ids, bool record);
-    void stage_backward(StepShape s, std::span<const int32_t> ids, double loss_scale);
+    void stage_backward(StepShape s, std::span<const int32_t> ids, double loss_scale, bool rerun = true);
     bool first_stage() const { return layers_.first == 0; }
     bool last_stage() const { return layers_.last == cfg_.n_layers; }
     LayerRange layers() const { return layers_; }
@@ -309,7 +312,7 @@ class Model {
     std::vector<ParamUnit> units_;
     std::vector<int> block_unit_;         // the unit of each block
     int embed_unit_ = 0, head_unit_ = 0;  // the same unit with tied embeddings
-    std::vector<UnitVisit> eval_plan_, train_plan_, warmup_plan_;
+    std::vector<UnitVisit> eval_plan_, train_plan_, warmup_plan_, backward_plan_, warmup_backward_plan_;
     ParamHooks* hooks_ = nullptr;
     std::shared_ptr<StepStats> stats_;  // the last take_step_stats() result, refilled when no one else holds it
     StepShape max_;

@@ -26,7 +26,7 @@ std::string Layout::str() const {
             stages += fmt::format(" [{},...,{}]", fmt::join(split.begin(), split.begin() + 3, ","), split.back());
         else if (!split.empty())
             stages += fmt::format(" [{}]", fmt::join(split, ","));
-        stages += ", ";
+        stages += rerun ? " rerun, " : ", ";
     }
     return fmt::format("{}ep {}, {}, micro {}{}{}", stages, ep, sharding, micro_batch,
                        recompute.all     ? ", recompute"
@@ -50,6 +50,7 @@ train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
                       "parallel.pipeline_split must be increasing layers in [1, {}) (each stage's first)",
                       cfg.model.n_layers);
     cfg.parallel.pipeline_split = l.split;
+    cfg.parallel.pipeline_rerun = l.rerun && l.pp > 1;
     const int64_t D = l.stage_ranks();
     TESSERA_CHECK(l.shard == 0 || l.fsdp, "parallel.shard = {} needs FSDP (ZeRO-2 has no shard groups)", l.shard);
     TESSERA_CHECK(l.shard == 0 || (l.shard >= 2 && D % l.shard == 0),

@@ -25,12 +25,13 @@ struct Layout {
     bool offload = false;        // AdamW's moments in a file (memory.optimizer_offload)
     int64_t pp = 1;              // pipeline stages (parallel.pipeline); each a data-parallel group of ranks / pp
     std::vector<int64_t> split;  // their first layers after the first (parallel.pipeline_split); empty: even
+    bool rerun = false;          // stages re-run a micro-batch's forward before its backward (parallel.pipeline_rerun)
     // ranks of one pipeline stage (every rank without stages): the data-parallel group
     int64_t stage_ranks() const { return ranks / pp; }
     // ranks the dense parameters are sharded over (FSDP: the shard group; ZeRO-2: the stage's ranks)
     int64_t shard_ranks() const { return shard > 0 ? shard : stage_ranks(); }
     // e.g. "ep 8, fsdp, micro 2, recompute", "ep 8, hsdp 8, micro 1, recompute kda+moe, offload",
-    // "pp 4 [0,15,31,46], ep 8, fsdp, micro 1"
+    // "pp 4 [15,31,46], ep 8, fsdp, micro 1", "pp 2 rerun, ep 1, zero-2, micro 2"
     std::string str() const;
 };
 

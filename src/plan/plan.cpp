@@ -350,7 +350,8 @@ std::vector<ModelCosts> stage_costs(const train::RunConfig& run, const Layout& l
 }
 
 // A layout's step. With pipeline stages (train/pipeline.h, 1F1B over M micro-batches): each stage's group runs its
-// layers as above (the stages before the last forward twice), plus per micro-batch an exchange of the activations
+// layers as above (with parallel.pipeline_rerun the stages before the last forward twice), plus per micro-batch an
+// exchange of the activations
 // ([tokens, d_model] f32, each way) with each neighbour stage, on the link that spans the stage's ranks and the next
 // one's first. A micro-batch's time u_s on stage s is its share of that; the first micro-batch crosses every stage and
 // the other M − 1 follow at the slowest stage's pace: Σ u_s + (M − 1) max u_s. Then the slowest stage's gradient
@@ -376,7 +377,7 @@ StepTime layout_step(const train::RunConfig& run,
     StepTime slowest, largest;  // the stage with the longest micro-batch; with the longest after the loop
     double sum_u = 0, max_u = -1, max_after = -1;
     for (size_t s = 0; s < stages.size(); ++s) {
-        StepTime t = step_time(run, stages[s], loads, cl, group, s + 1 < stages.size());
+        StepTime t = step_time(run, stages[s], loads, cl, group, l.rerun && s + 1 < stages.size());
         t.p2p = M * exchange * double((s > 0) + (s + 1 < stages.size()));
         const double u = (t.compute + t.a2a_exposed + t.fsdp_exposed + t.gradients + t.p2p) / M;
         const double after = t.grad_sync + t.optimizer + t.offload;
@@ -432,14 +433,16 @@ std::string exchange_name(const train::PipelineOp& op, size_t with) {
 // track, and its transfers on the communication track (each MoE layer's all-to-all; FSDP's unit by unit as
 // train/fsdp.h makes them). A pass's unit visits are the model's (Model::block_unit): the embedding's, each block's
 // forward, the head's (forward and backward), each block's backward in reverse, the embedding's backward; a stage
-// before the last runs the forward alone, then for the backward the forward again and the backward
-// (Model::stage_forward, stage_backward). FSDP keeps each unit in its slot until another unit needs the slot: entering
-// a visit issues the next visit's gather unless its unit is still in its slot, the visit waits for its own, and a
-// unit's last backward visit of the pass reduce-scatters its gradient. The slots start empty (the optimizer step left
-// them stale) and keep their units from one pass to the next.
+// before the last runs the forward alone, then the backward alone (its activations kept) or the forward again and the
+// backward (parallel.pipeline_rerun; Model::stage_forward, stage_backward). FSDP keeps each unit in its slot until
+// another unit needs the slot: entering a visit issues the next visit's gather unless its unit is still in its slot,
+// the visit waits for its own, and a unit's last backward visit of the pass reduce-scatters its gradient. The slots
+// start empty (the optimizer step left them stale) and keep their units from one pass to the next.
 class StageSim {
   public:
-    enum class Pass { whole, forward, backward };
+    // a micro-batch's forward and backward at once; a stage before the last: its forward, and later its backward
+    // alone (its activations kept) or with the forward re-run first (parallel.pipeline_rerun)
+    enum class Pass { whole, forward, backward, rerun_backward };
 
     // group: the stage's data-parallel layout (pp 1); micros: its micro-batches
     StageSim(Trace& trace,
@@ -468,8 +471,11 @@ class StageSim {
     void run(Pass p) {
         const size_t B = c_.blocks.size();
         visits_.clear();
-        visits_.push_back({c_.embed_unit, -1, false});
-        for (size_t j = 0; j < B; ++j) visits_.push_back({c_.block_unit[j], int64_t(j), false, p == Pass::backward});
+        if (p != Pass::backward) {
+            visits_.push_back({c_.embed_unit, -1, false});
+            for (size_t j = 0; j < B; ++j)
+                visits_.push_back({c_.block_unit[j], int64_t(j), false, p == Pass::rerun_backward});
+        }
         if (p == Pass::whole) visits_.push_back({c_.head_unit, -1, true, false, true});
         if (p != Pass::forward) {
             for (size_t j = B; j-- > 0;) visits_.push_back({c_.block_unit[j], int64_t(j), true});
@@ -649,7 +655,7 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
                     if (op.kind == K::load) continue;
                     if (op.kind != K::exchange) {
                         sims[s].run(op.kind == K::forward    ? Pass::forward
-                                    : op.kind == K::backward ? Pass::backward
+                                    : op.kind == K::backward ? (l.rerun ? Pass::rerun_backward : Pass::backward)
                                                              : Pass::whole);
                         continue;
                     }
@@ -723,17 +729,17 @@ std::vector<model::Recompute> recompute_choices(const ModelCosts& c) {
     return out;
 }
 
-// The split of L layers into P stages that balances their work per micro-batch: block forward FLOPs per token,
-// × 4 on a stage before the last (forward, the forward again, backward) and × 3 on the last, which also runs the head
+// The split of L layers into P stages that balances their work per micro-batch: block forward FLOPs per token, × 3
+// (forward and backward; × 4 on a stage before the last that re-runs its forward) and on the last the head's too
 // (3 × its forward); the largest stage's work minimised (dynamic programming over contiguous cuts). Returns the first
 // layer of each stage after the first.
-std::vector<int64_t> balanced_split(const ModelCosts& whole, int64_t P) {
+std::vector<int64_t> balanced_split(const ModelCosts& whole, int64_t P, bool rerun) {
     const size_t L = whole.blocks.size() / 2;
     std::vector<double> prefix(L + 1, 0.0);
     for (size_t l = 0; l < L; ++l)
         prefix[l + 1] = prefix[l] + whole.blocks[2 * l].flops + whole.blocks[2 * l + 1].flops;
     auto cost = [&](size_t i, size_t j, bool last) {
-        return (last ? 3.0 : 4.0) * (prefix[j] - prefix[i]) + (last ? 3.0 * whole.head_flops : 0.0);
+        return (last || !rerun ? 3.0 : 4.0) * (prefix[j] - prefix[i]) + (last ? 3.0 * whole.head_flops : 0.0);
     };
     const double inf = std::numeric_limits<double>::infinity();
     // best[s][j]: the least largest work of stages 0..s over layers [0, j); from[s][j]: stage s's first layer
@@ -783,26 +789,30 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
         bool fsdp;
         int64_t shard;
     };
-    // pipeline stages: every divisor P of W up to the layers (PlanOptions::pipeline), each with the split that balances
-    // the stages' work (balanced_split; written into the config, empty where it is the runtime's even one)
+    // pipeline stages: every divisor P of W up to the layers (PlanOptions::pipeline), keeping the activations of the
+    // micro-batches in flight or re-running their forwards, each with the split that balances the stages' work
+    // (balanced_split; written into the config, empty where it is the runtime's even one)
     struct Stages {
         int64_t pp;
+        bool rerun;
         std::vector<int64_t> split;
         std::vector<ModelCosts> costs;
     };
-    std::vector<Stages> stagings{{1, {}, {costs}}};
+    std::vector<Stages> stagings{{1, false, {}, {costs}}};
     const bool cuttable = o.pipeline && !model::pipeline_obstacle(cfg.model);
     for (int64_t P = 2; P <= std::min<int64_t>(W, cfg.model.n_layers) && cuttable; ++P) {
         if (W % P != 0) continue;
-        std::vector<int64_t> split = balanced_split(costs, P);
-        train::ParallelConfig even;  // the runtime's default split
-        even.pipeline = P;
-        bool same = true;
-        for (int64_t st = 1; st < P; ++st)
-            same = same && split[size_t(st - 1)] == even.stage_layers(st, cfg.model.n_layers).first;
-        if (same) split.clear();
-        const Layout staged{W, 1, true, 1, {}, 0, false, P, split};
-        stagings.push_back({P, split, stage_costs(cfg, staged)});
+        for (const bool rerun : {false, true}) {
+            std::vector<int64_t> split = balanced_split(costs, P, rerun);
+            train::ParallelConfig even;  // the runtime's default split
+            even.pipeline = P;
+            bool same = true;
+            for (int64_t st = 1; st < P; ++st)
+                same = same && split[size_t(st - 1)] == even.stage_layers(st, cfg.model.n_layers).first;
+            if (same) split.clear();
+            const Layout staged{W, 1, true, 1, {}, 0, false, P, split};
+            stagings.push_back({P, rerun, split, stage_costs(cfg, staged)});
+        }
     }
     // a layout's candidates, one per recompute choice; whether every one of them fits
     auto evaluate = [&](const Layout& base, const std::vector<ModelCosts>& per_stage) {
@@ -860,7 +870,7 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
                     if (D % ep != 0 || (batch / D) % micro != 0) continue;
                     // 1F1B needs micro-batches to fill the stages: at least as many as stages
                     if (stages.pp > 1 && batch / D / micro < stages.pp) continue;
-                    Layout base{W, ep, fsdp, micro, {}, shard, false, stages.pp, stages.split};
+                    Layout base{W, ep, fsdp, micro, {}, shard, false, stages.pp, stages.split, stages.rerun};
                     // optimizer offload where the moments in the arena do not fit (it is never faster;
                     // PlanOptions::offload), and where the cluster says how fast it streams
                     const bool fits = evaluate(base, stages.costs);

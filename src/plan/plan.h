@@ -75,10 +75,10 @@ StepTime predict_step(const train::RunConfig& cfg, const Cluster& cluster, const
 // as train/fsdp.h makes them: the next visit's gather issued as a visit starts unless its unit is still in its slot,
 // each unit's reduce-scatter after its last backward visit; HSDP's replica all-reduce or ZeRO-2's exchange after the
 // last micro-batch), a unit's compute waiting for its gather. With pipeline stages, one such process per stage, each
-// walking its 1F1B schedule (train/pipeline.h: one_f_one_b; a stage before the last re-runs a micro-batch's forward
-// before its backward), with a third track of exchanges with the neighbour stages: each starts when both sides reach
-// it (blocking, pairwise), the earlier side waiting (a "bubble" span). The same rates and bytes as predict_step, events
-// in time.
+// walking its 1F1B schedule (train/pipeline.h: one_f_one_b; with parallel.pipeline_rerun a stage before the last
+// re-runs a micro-batch's forward before its backward), with a third track of exchanges with the neighbour stages: each
+// starts when both sides reach it (blocking, pairwise), the earlier side waiting (a "bubble" span). The same rates and
+// bytes as predict_step, events in time.
 struct Simulation {
     std::string trace;   // Chrome trace JSON
     double seconds = 0;  // the step's end

@@ -82,6 +82,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     c.parallel.ep_chunks = pr.integer("ep_chunks", c.parallel.ep_chunks);
     c.parallel.link_delay_ns_per_byte = pr.number("link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte);
     c.parallel.pipeline = pr.integer("pipeline", c.parallel.pipeline);
+    c.parallel.pipeline_rerun = pr.boolean("pipeline_rerun", c.parallel.pipeline_rerun);
     c.parallel.pipeline_split =
         pr.parsed("pipeline_split", c.parallel.pipeline_split, [](const Json& v, const std::string& at) {
             TESSERA_CHECK(v.is_array(), "{} must be a list of layer indices", at);
@@ -255,7 +256,8 @@ Json to_json(const RunConfig& c) {
                   {"ep_chunks", c.parallel.ep_chunks},
                   {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte},
                   {"pipeline", c.parallel.pipeline},
-                  {"pipeline_split", c.parallel.pipeline_split}}},
+                  {"pipeline_split", c.parallel.pipeline_split},
+                  {"pipeline_rerun", c.parallel.pipeline_rerun}}},
                 {"memory",
                  {{"weights_budget", c.memory.weights_budget},
                   {"optimizer_offload", c.memory.optimizer_offload},

@@ -77,6 +77,10 @@ struct ParallelConfig {
     // layer of each stage after the first (pipeline − 1 increasing layers); empty: as even as the layers divide.
     int64_t pipeline = 1;
     std::vector<int64_t> pipeline_split;
+    // A stage before the last: false, keep each micro-batch in flight's activations (a copy of what its backward reads
+    // of the activation group, restored before its backward); true, keep only its input and re-run its forward before
+    // the backward (one activation set, one forward more per micro-batch).
+    bool pipeline_rerun = false;
     // stage s's layers of a model of n_layers
     model::LayerRange stage_layers(int64_t stage, int64_t n_layers) const;
 };

@@ -54,24 +54,54 @@ std::vector<PipelineOp> one_f_one_b(int64_t stage, int64_t stages, int64_t micro
     return ops;
 }
 
-PipelineStep::PipelineStep(const model::Model& model, const parallel::Mesh& mesh, int64_t micros, model::StepShape max)
+PipelineStep::PipelineStep(const model::Model& model,
+                           const parallel::Mesh& mesh,
+                           int64_t micros,
+                           model::StepShape max,
+                           const model::Recompute& recompute,
+                           bool rerun)
     : pipeline_(mesh.pipeline()),
       prev_(mesh.prev()),
       next_(mesh.next()),
       micros_(micros),
       max_(max),
-      d_model_(model.config().d_model) {
+      d_model_(model.config().d_model),
+      rerun_(rerun) {
     TESSERA_CHECK(mesh.pp() > 1, "pipeline: a mesh of one stage");
     ops_ = one_f_one_b(mesh.stage(), mesh.pp(), micros);
     slots_ = std::min<int64_t>(mesh.pp() - mesh.stage() - 1, micros) + 1;
-    const bool keeps_inputs = !model.first_stage() && !model.last_stage();
     std::vector<BufferSpec> specs;
-    if (keeps_inputs)
-        specs.push_back({.name = "pipeline.inputs",
-                         .dtype = DType::f32,
-                         .shape = Shape{slots_ * max.tokens(), d_model_},
-                         .kind = BufferKind::activation});
-    inputs_ = BufferGroup("pipeline", std::move(specs));
+    auto add = [&](const char* name, DType dtype, Shape shape) {
+        specs.push_back({.name = name, .dtype = dtype, .shape = shape, .kind = BufferKind::activation});
+    };
+    if (!model.last_stage() && !rerun) {
+        // what a micro-batch's backward reads of the group: all but the blocks' shared transients ("scratch."), as
+        // runs of consecutive buffers
+        const BufferGroup acts("activations", model.activation_specs(max, recompute));
+        acts_bytes_ = acts.nbytes();
+        std::vector<size_t> order(acts.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return acts.offset(a) < acts.offset(b); });
+        bool open = false;
+        for (size_t i : order) {
+            if (acts.specs()[i].name.starts_with("scratch.")) {
+                open = false;
+                continue;
+            }
+            const size_t at = acts.offset(i), end = at + acts.specs()[i].nbytes();
+            if (open)
+                runs_.back().second = end - runs_.back().first;
+            else
+                runs_.push_back({at, end - at});
+            open = true;
+        }
+        for (const auto& [at, n] : runs_) kept_bytes_ += n;
+        add("pipeline.activations", DType::u8, Shape{slots_, int64_t(kept_bytes_)});
+        add("pipeline.grad", DType::f32, Shape{max.tokens(), d_model_});
+    } else if (!model.first_stage() && !model.last_stage()) {
+        add("pipeline.inputs", DType::f32, Shape{slots_ * max.tokens(), d_model_});
+    }
+    kept_ = BufferGroup("pipeline", std::move(specs));
     data_.resize(size_t(slots_));
     for (Slot& s : data_) {
         s.ids.resize(size_t(max.tokens()));
@@ -79,6 +109,13 @@ PipelineStep::PipelineStep(const model::Model& model, const parallel::Mesh& mesh
         s.cu.reserve(size_t(max.tokens()) + 1);
     }
     tokens_.resize(size_t(micros));
+}
+
+void PipelineStep::bind(model::Model& model, const BufferGroup& acts) {
+    TESSERA_CHECK(acts_bytes_ == 0 || acts.nbytes() == acts_bytes_,
+                  "pipeline: an activation group of {} bytes, sized for {}", acts.nbytes(), acts_bytes_);
+    model_ = &model;
+    acts_ = &acts;
 }
 
 void PipelineStep::receive(parallel::Comm* pair, std::span<std::byte> into, StepPhases& phases) {
@@ -109,13 +146,27 @@ double PipelineStep::run(const Load& load,
     TESSERA_CHECK(model_, "pipeline: no model bound");
     model::Model& m = *model_;
     const bool first = m.first_stage();
-    const TensorView kept = inputs_.size() ? inputs_.view(0) : TensorView{};
+    const bool keep = !rerun_ && !m.last_stage();  // whole activation sets
+    const TensorView inputs = kept_.find("pipeline.inputs"), sets = kept_.find("pipeline.activations"),
+                     grad = kept_.find("pipeline.grad");
     auto kept_input = [&](int64_t micro, int64_t N) {
         const int64_t at = (micro % slots_) * max_.tokens();
-        return kept.slice0(at, at + N);
+        return inputs.slice0(at, at + N);
     };
     auto copy = [](TensorView to, TensorView from) {
         copy_bytes(to.data, to.device, from.data, from.device, from.nbytes());
+    };
+    // micro-batch m's copy of the activation group: saved after its forward, restored before its backward
+    auto stash = [&](int64_t micro, bool save) {
+        std::byte* set = static_cast<std::byte*>(sets.data) + size_t(micro % slots_) * kept_bytes_;
+        for (const auto& [at, n] : runs_) {
+            std::byte* live = acts_->base() + at;
+            if (save)
+                copy_bytes(set, sets.device, live, acts_->device(), n);
+            else
+                copy_bytes(live, acts_->device(), set, sets.device, n);
+            set += n;
+        }
     };
     auto slot = [&](int64_t micro) -> Slot& { return data_[size_t(micro % slots_)]; };
     auto tokens = [&](int64_t micro) { return tokens_[size_t(micro)]; };
@@ -144,16 +195,23 @@ double PipelineStep::run(const Load& load,
             case K::forward: {  // its input received already, in the model's stage input (kept, unless first)
                 Slot& s = slot(op.micro);
                 prepare(op.micro, s.targets);
-                if (!first) copy(kept_input(op.micro, tokens(op.micro)), m.stage_input(tokens(op.micro)));
+                if (!first && !keep) copy(kept_input(op.micro, tokens(op.micro)), m.stage_input(tokens(op.micro)));
                 m.stage_forward(s.shape, s.ids, true);
+                if (keep) stash(op.micro, true);
                 break;
             }
             case K::backward: {  // the gradient of its output received already
                 Slot& s = slot(op.micro);
                 const double scale = prepare(op.micro, s.targets);
-                if (!first) copy(m.stage_input(tokens(op.micro)), kept_input(op.micro, tokens(op.micro)));
+                const int64_t N = tokens(op.micro);
+                if (keep) {
+                    stash(op.micro, false);
+                    copy(m.stage_grad(N), grad.slice0(0, N));
+                } else if (!first) {
+                    copy(m.stage_input(N), kept_input(op.micro, N));
+                }
                 before(op.micro);
-                m.stage_backward(s.shape, s.ids, scale);
+                m.stage_backward(s.shape, s.ids, scale, !keep);
                 after(op.micro);
                 break;
             }
@@ -162,8 +220,10 @@ double PipelineStep::run(const Load& load,
                 std::span<std::byte> in;
                 if (op.send >= 0)
                     out = bytes(op.next ? m.stage_output(tokens(op.send)) : m.stage_grad(tokens(op.send)));
-                if (op.receive >= 0)
-                    in = bytes(op.next ? m.stage_grad(tokens(op.receive)) : m.stage_input(tokens(op.receive)));
+                if (op.receive >= 0) {  // (kept activation sets: the gradient waits apart, a restore would clobber it)
+                    const int64_t N = tokens(op.receive);
+                    in = bytes(!op.next ? m.stage_input(N) : keep ? grad.slice0(0, N) : m.stage_grad(N));
+                }
                 send_receive(op.next ? next_ : prev_, out, in, phases);
                 break;
             }

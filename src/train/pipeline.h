@@ -6,10 +6,12 @@
 // backward, then the w backwards left. Every transfer is a pairwise exchange with the stage before or after
 // (parallel::exchange): its activations forward, its input's gradient back, a send and a receive combined where the
 // schedule has both, so each pair of neighbours makes the same exchanges in the same order and none waits on a
-// third. The last stage runs each micro-batch's forward and backward together. A stage before it keeps only the
-// input of each micro-batch in flight (at most w + 1 of them, in an arena group) and re-runs the forward from it
-// before the backward (Model::stage_backward): one forward more per micro-batch, the activations of one. A
-// micro-batch's gradient is the whole model's bits (tests/model/test_model.cpp). The gradient norm adds the stages'
+// third. The last stage runs each micro-batch's forward and backward together. A stage before it keeps each
+// micro-batch in flight (at most w + 1 of them) in one of two ways (parallel.pipeline_rerun): a copy of the whole
+// activation group as its forward left it, restored before its backward (the default: w + 1 activation sets more,
+// one copy each way), or only its input, re-running the forward from it before the backward (one forward more per
+// micro-batch, the activations of one). Either way a micro-batch's gradient is the whole model's bits
+// (tests/model/test_model.cpp). The gradient norm adds the stages'
 // sums in stage order, so with clipping its last bits may differ from one process's; without, the step is one
 // process's.
 #pragma once
@@ -52,11 +54,19 @@ std::vector<PipelineOp> one_f_one_b(int64_t stage, int64_t stages, int64_t micro
 
 class PipelineStep {
   public:
-    // mesh: with pp() > 1; micros: micro-batches per step (train.accumulation); max: their shape
-    PipelineStep(const model::Model& model, const parallel::Mesh& mesh, int64_t micros, model::StepShape max);
-    // the inputs of the micro-batches in flight (empty on the first stage and the last): the runtime allocates it
-    BufferGroup& group() { return inputs_; }
-    void bind(model::Model& model) { model_ = &model; }
+    // mesh: with pp() > 1; micros: micro-batches per step (train.accumulation); max: their shape; recompute: the
+    // model's (its activation group's specs); rerun: parallel.pipeline_rerun
+    PipelineStep(const model::Model& model,
+                 const parallel::Mesh& mesh,
+                 int64_t micros,
+                 model::StepShape max,
+                 const model::Recompute& recompute,
+                 bool rerun);
+    // what keeps the micro-batches in flight (empty on the last stage): copies of the activation group and the
+    // received gradient, or the inputs (not on the first stage either); the runtime allocates it
+    BufferGroup& group() { return kept_; }
+    // acts: the runtime's activation group, from the specs the constructor sized its copies by
+    void bind(model::Model& model, const BufferGroup& acts);
 
     // One step's micro-batches. load(m, ids, targets): fills micro-batch m's data and returns its shape (called once
     // per micro-batch, in order); prepare(m, targets): before each pass over micro-batch m (its forward and its
@@ -83,6 +93,7 @@ class PipelineStep {
     std::shared_ptr<const model::StepStats> all_stages(const model::StepStats& mine);
 
     int64_t in_flight() const { return slots_; }  // micro-batches whose data this stage keeps at once
+    bool reruns() const { return rerun_; }
 
   private:
     struct Slot {
@@ -104,7 +115,15 @@ class PipelineStep {
     std::vector<PipelineOp> ops_;  // this stage's schedule
     model::StepShape max_;
     int64_t d_model_;
-    BufferGroup inputs_;  // [slots·N, C]: the kept inputs (stages between the first and the last)
+    bool rerun_;
+    size_t acts_bytes_ = 0;  // the activation group's
+    const BufferGroup* acts_ = nullptr;
+    std::vector<std::pair<size_t, size_t>> runs_;  // (offset, bytes): what a copy of the group holds of it
+    size_t kept_bytes_ = 0;                        // Σ bytes of runs_: one copy's
+    // rerun: "pipeline.inputs" [slots·N, C] (stages between the first and the last); else "pipeline.activations"
+    // [slots, bytes of the activation group] (u8) and "pipeline.grad" [N, C], the gradient received for the next
+    // backward
+    BufferGroup kept_;
     std::vector<Slot> data_;
     std::vector<int64_t> tokens_;            // each micro-batch's tokens (from its load)
     std::vector<double> packed_, gathered_;  // all_stages' buffers

@@ -37,7 +37,8 @@ RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accu
       grad_sum(opt, accumulation, sharded) {
     if (m && m->pp() > 1)
         pipeline.emplace(model, *m, accumulation,
-                         model::StepShape{cfg.train.micro_batch(m->data().size()), cfg.train.seq_len});
+                         model::StepShape{cfg.train.micro_batch(m->data().size()), cfg.train.seq_len},
+                         cfg.train.recompute, cfg.parallel.pipeline_rerun);
 }
 
 void RankState::place(WeightBudget* budget) {

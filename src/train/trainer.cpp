@@ -377,7 +377,7 @@ TrainSummary train(const TrainOptions& opts) {
                            st.placement ? &*st.placement : nullptr, device);
     if (fsdp) fsdp->bind(rt.params(), rt.grads());
     PipelineStep* pipeline = st.pipeline ? &*st.pipeline : nullptr;
-    if (pipeline) pipeline->bind(model);
+    if (pipeline) pipeline->bind(model, rt.activations());
     model::HooksPair both(fsdp ? &*fsdp : nullptr, budget ? &*budget : nullptr);
     if (fsdp || budget) model.set_param_hooks(&both);
 
@@ -478,9 +478,12 @@ TrainSummary train(const TrainOptions& opts) {
             ranks, comm->backend(),
             pipeline
                 ? fmt::format(" in {} pipeline stages of {} rank{} (1F1B; this rank: layers {}-{}, {} "
-                              "micro-batch{} in flight)",
+                              "micro-batch{} in flight{})",
                               stages, dranks, dranks == 1 ? "" : "s", model.layers().first, model.layers().last - 1,
-                              pipeline->in_flight(), pipeline->in_flight() == 1 ? "" : "es")
+                              pipeline->in_flight(), pipeline->in_flight() == 1 ? "" : "es",
+                              model.last_stage()   ? ""
+                              : pipeline->reruns() ? ", forward re-run before each backward"
+                                                   : ", their activations kept")
                 : std::string(),
             accumulation, accumulation == 1 ? "" : "es", micro,
             m->ep() > 1 ? fmt::format(", holds {} of {} experts per MoE layer (parallel.ep {})",

@@ -134,9 +134,12 @@ INSTANTIATE_TEST_SUITE_P(
         // without clipping (the gradient norm adds each stage's sum in stage order, not one process's order: the last
         // bits may differ), so the parameters too
         Layout{"pipeline_2", 2, " --set train.grad_clip=0", 1, " --set parallel.pipeline=2"},
-        // 3 stages of layers {0}, {1, 2}, {3}: the middle one keeps 2 inputs in flight
+        // 3 stages of layers {0}, {1, 2}, {3}: the first keeps 3 micro-batches' activations in flight, the middle 2;
+        // or (re-running their forwards) the middle one keeps 2 inputs
         Layout{"pipeline_3_uneven", 3, " --set train.grad_clip=0 --set model.n_layers=4", 1,
                " --set parallel.pipeline=3 --set 'parallel.pipeline_split=[1,3]'"},
+        Layout{"pipeline_3_uneven_rerun", 3, " --set train.grad_clip=0 --set model.n_layers=4", 1,
+               " --set parallel.pipeline=3 --set 'parallel.pipeline_split=[1,3]' --set parallel.pipeline_rerun=true"},
         // 2 stages of 2 ranks: FSDP within each stage, 2 micro-batches per rank
         Layout{"pipeline_2x2_hybrid", 4, " --set train.grad_clip=0" + test::kTinyHybrid, 1,
                " --set parallel.pipeline=2"},
@@ -210,9 +213,17 @@ TEST(PipelineParallel, KeepsTheBitsOfItsExpertLayoutAndResumesAcrossLayouts) {
         run_tessera_mpi(4, "train --config " + kTiny + " --out " + staged + moe + " --set parallel.pipeline=2");
     ASSERT_EQ(r.status, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("in 2 pipeline stages of 2 ranks"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("their activations kept"), std::string::npos) << r.out;
     EXPECT_EQ(losses(flat), losses(staged));
     EXPECT_EQ(loads(flat), loads(staged));
     EXPECT_TRUE(final_model(flat) == final_model(staged)) << "the final parameters differ";
+    const std::string rerun = d.file("rerun");  // the first stage re-running its forwards instead
+    r = run_tessera_mpi(4, "train --config " + kTiny + " --out " + rerun + moe +
+                               " --set parallel.pipeline=2 --set parallel.pipeline_rerun=true");
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("forward re-run before each backward"), std::string::npos) << r.out;
+    EXPECT_EQ(losses(flat), losses(rerun));
+    EXPECT_EQ(loads(flat), loads(rerun));
 
     // dense: 2 stages -> one process and back, from step 6
     const std::string dense = " --set train.grad_clip=0 --set train.micro_batch_size=1";

@@ -60,6 +60,7 @@ struct Case {
     int shard = 0;         // parallel.shard (HSDP)
     bool offload = false;  // memory.optimizer_offload
     int pp = 1;            // parallel.pipeline (with the plan's split)
+    bool rerun = false;    // parallel.pipeline_rerun
 };
 
 // The predicted rank-0 arena of one layout, from a plan over all layouts; split: its pipeline split.
@@ -67,7 +68,8 @@ size_t predicted_rank0(const Json& plan, const Case& c, Json* split = nullptr) {
     for (const Json& cand : plan["candidates"]) {
         const Json& l = cand["layout"];
         if (l["ep"] == c.ep && l["fsdp"] == c.fsdp && l["micro_batch"] == c.micro && l["recompute"] == c.recompute &&
-            l["shard"] == c.shard && l["offload"] == c.offload && l["pipeline"] == c.pp)
+            l["shard"] == c.shard && l["offload"] == c.offload && l["pipeline"] == c.pp &&
+            l["pipeline_rerun"] == c.rerun)
             for (const Json& r : cand["memory"]["ranks"])
                 if (r["rank"] == 0) {
                     if (split) *split = l["pipeline_split"];
@@ -81,8 +83,9 @@ size_t predicted_rank0(const Json& plan, const Case& c, Json* split = nullptr) {
 // Model states, activations and scratch: the plan's rank-0 arena is the arena rank 0 of the real run fills (its
 // high-water mark after the first step, metrics.jsonl), for twelve layouts of the tiny MoE model with three layers
 // (attention + mlp, then twice attention + moe; recompute: every block kind, or only the MoE blocks or only the
-// attention blocks; two of them HSDP: shard groups of 2 of the 4 ranks; three with 2 pipeline stages split as the plan
-// splits them, one rank or two (FSDP, EP 2) per stage, the first stage's rank 0 reporting).
+// attention blocks; two of them HSDP: shard groups of 2 of the 4 ranks; four with 2 pipeline stages split as the plan
+// splits them, one rank or two (FSDP, EP 2) per stage, the first stage's rank 0 reporting: keeping the activations
+// of the micro-batches in flight, and once re-running the forwards instead).
 TEST(Plan, PredictedArenaIsTheMeasuredArena) {
     const std::string model = kTiny + test::kTinyMoe + " --set model.n_layers=3";
     const Json moe = Json::array({"moe"}), attention = Json::array({"attention"});
@@ -99,6 +102,7 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
                           {4, 2, true, 1, false, 2},
                           {4, 1, true, 1, moe, 2},
                           {2, 1, true, 1, false, 0, false, 2},
+                          {2, 1, true, 1, false, 0, false, 2, true},
                           {2, 1, true, 2, moe, 0, false, 2},
                           {4, 2, true, 1, false, 0, false, 2}};
     TempDir d;
@@ -113,16 +117,16 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
         const std::string args = fmt::format(
             "train --config {} --steps 1 --set train.checkpoint_interval=0 --set parallel.ep={} --set "
             "parallel.fsdp={} --set parallel.shard={} --set train.micro_batch_size={} --set 'train.recompute={}' --set "
-            "parallel.pipeline={} --set 'parallel.pipeline_split={}' --out {}",
+            "parallel.pipeline={} --set 'parallel.pipeline_split={}' --set parallel.pipeline_rerun={} --out {}",
             model, c.ep, c.fsdp, c.shard, c.micro, c.recompute.dump(), c.pp, split.is_null() ? "[]" : split.dump(),
-            run);
+            c.rerun, run);
         const test::CliResult r = c.ranks == 1 ? test::run_tessera(args) : test::run_tessera_mpi(c.ranks, args);
         ASSERT_EQ(r.status, 0) << r.err;
         const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
         ASSERT_FALSE(records.empty());
         EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted)
             << c.ranks << " ranks, ep " << c.ep << (c.fsdp ? " fsdp" : " zero-2") << ", shard " << c.shard << ", micro "
-            << c.micro << ", recompute " << c.recompute.dump() << ", pipeline " << c.pp;
+            << c.micro << ", recompute " << c.recompute.dump() << ", pipeline " << c.pp << (c.rerun ? " rerun" : "");
     }
 }
 
@@ -811,85 +815,102 @@ TEST(Plan, SimulateWritesATraceOfTheStep) {
 // tessera simulate of pipeline stages: the tiny model's 4 layers as 2 stages of 1 rank each, split [1] (stage 0:
 // layer 0, stage 1: layers 1–3 and the head), 4 micro-batches of 1 sequence. Each stage is a process of the trace with
 // its own tracks; stage 0 runs the 1F1B order (train/pipeline.h: one forward ahead, then a forward and a backward in
-// turn), its backward re-running the forward first; the exchanges are the schedule's, both neighbours blocked in
-// each at once; stage 1 waits for its first input; the printed step is where the trace ends.
+// turn), its backward alone (the activations kept) or after its forward again (--pipeline-rerun); the exchanges are
+// the schedule's, both neighbours blocked in each at once; stage 1 waits for its first input; the printed step is where
+// the trace ends, and re-running costs stage 0 time (hidden here: stage 1, three layers and the head, sets the pace).
 TEST(Plan, SimulateLaysOutThePipelineStages) {
     TempDir d;
-    const std::string out = d.file("trace.json");
-    const test::CliResult r = test::run_tessera(
-        fmt::format("simulate {} --set model.n_layers=4 --cluster {} --pipeline 2 --pipeline-split 1 --micro-batch 1 "
-                    "--out {}",
-                    kTiny, cpu_cluster(d, 2, R"(, "forward_share": {"attention": 0.25})"), out));
-    ASSERT_EQ(r.status, 0) << r.err;
-    const Json t = Json::parse(read_text(out));
-    std::map<int, double> compute_end;           // per stage
-    std::map<int, std::vector<Json>> exchanges;  // per stage, in time
-    std::map<int, std::map<std::string, int>> count;
-    std::vector<std::string> layer0;  // stage 0's first block's spans: forward, reforward, backward in time
-    double end = 0, first_input = -1, stage1_first = -1;
-    std::set<std::string> names;
-    for (const Json& e : t["traceEvents"]) {
-        if (e["ph"] == "M" && e["name"] == "process_name") names.insert(e["args"]["name"].get<std::string>());
-        if (e["ph"] != "X") continue;
-        const int pid = e["pid"].get<int>();
-        const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
-        end = std::max(end, ts + dur);
-        if (e["tid"] == 0) {
-            EXPECT_GE(ts, compute_end[pid] - 1e-6) << "compute spans overlap: " << e.dump();
-            compute_end[pid] = ts + dur;
-            if (pid == 1 && e["cat"] != "bubble" && stage1_first < 0) stage1_first = ts;
+    const std::string cluster = cpu_cluster(d, 2, R"(, "forward_share": {"attention": 0.25})");
+    double busy[2] = {0, 0};  // stage 0's compute
+    for (const bool rerun : {false, true}) {
+        SCOPED_TRACE(rerun ? "re-running" : "keeping");
+        const std::string out = d.file("trace.json");
+        const test::CliResult r = test::run_tessera(
+            fmt::format("simulate {} --set model.n_layers=4 --cluster {} --pipeline 2 --pipeline-split 1 "
+                        "--micro-batch 1{} --out {}",
+                        kTiny, cluster, rerun ? " --pipeline-rerun" : "", out));
+        ASSERT_EQ(r.status, 0) << r.err;
+        const Json t = Json::parse(read_text(out));
+        std::map<int, double> compute_end;           // per stage
+        std::map<int, std::vector<Json>> exchanges;  // per stage, in time
+        std::map<int, std::map<std::string, int>> count;
+        std::vector<std::string> layer0;  // stage 0's first block's spans: forward, reforward, backward in time
+        double end = 0, first_input = -1, stage1_first = -1;
+        std::set<std::string> names;
+        for (const Json& e : t["traceEvents"]) {
+            if (e["ph"] == "M" && e["name"] == "process_name") names.insert(e["args"]["name"].get<std::string>());
+            if (e["ph"] != "X") continue;
+            const int pid = e["pid"].get<int>();
+            const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+            end = std::max(end, ts + dur);
+            if (e["tid"] == 0) {
+                EXPECT_GE(ts, compute_end[pid] - 1e-6) << "compute spans overlap: " << e.dump();
+                compute_end[pid] = ts + dur;
+                if (pid == 1 && e["cat"] != "bubble" && stage1_first < 0) stage1_first = ts;
+                if (pid == 0 && e["cat"] != "bubble") busy[rerun] += dur;
+            }
+            if (e["tid"] == 2) {
+                exchanges[pid].push_back(e);
+                if (pid == 1 && first_input < 0) first_input = ts + dur;
+            }
+            count[pid][e["cat"].get<std::string>() + "/" + e["name"].get<std::string>()]++;
+            if (pid == 0 && e["name"] == "attention") layer0.push_back(e["cat"].get<std::string>());
         }
-        if (e["tid"] == 2) {
-            exchanges[pid].push_back(e);
-            if (pid == 1 && first_input < 0) first_input = ts + dur;
+        const std::string layout =
+            rerun ? "pp 2 [1] rerun, ep 1, one rank, micro 1" : "pp 2 [1], ep 1, one rank, micro 1";
+        EXPECT_TRUE(names.count("stage 0 (layers 0–0): busiest rank, " + layout)) << t.dump().substr(0, 600);
+        EXPECT_TRUE(names.count("stage 1 (layers 1–3): busiest rank, " + layout));
+        // stage 0: every micro-batch forward, then (forward again and) backward; F0 F1 B0 F2 B1 F3 B2 B3
+        const std::vector<std::string> B =
+            rerun ? std::vector<std::string>{"reforward", "backward"} : std::vector<std::string>{"backward"};
+        std::vector<std::string> want;
+        for (const char pass : std::string("FFBFBFBB"))
+            if (pass == 'F')
+                want.push_back("forward");
+            else
+                want.insert(want.end(), B.begin(), B.end());
+        EXPECT_EQ(layer0, want);
+        EXPECT_EQ(count[0]["forward/mlp"], 4);
+        EXPECT_EQ(count[0]["reforward/mlp"], rerun ? 4 : 0);
+        EXPECT_EQ(count[0]["backward/mlp"], 4);
+        EXPECT_EQ(count[0]["forward/embedding+head"], 0);
+        // stage 1: three layers and the head, forward and backward together
+        EXPECT_EQ(count[1]["forward/attention"], 12);
+        EXPECT_EQ(count[1]["reforward/attention"], 0);
+        EXPECT_EQ(count[1]["backward/attention"], 12);
+        EXPECT_EQ(count[1]["forward/embedding+head"], 4);
+        EXPECT_EQ(count[0]["step/gradients (clear, accumulate)"], 4);
+        EXPECT_EQ(count[1]["step/gradients (clear, accumulate)"], 4);
+        EXPECT_EQ(count[0]["optimizer/AdamW"], 1);
+        EXPECT_EQ(count[1]["optimizer/AdamW"], 1);
+        // the schedule's exchanges: activations of 0, then (activations of m + 1 out, the gradient of m in) ×3, the
+        // gradient of 3 in; the same spans on both sides
+        ASSERT_EQ(exchanges[0].size(), 5u);
+        ASSERT_EQ(exchanges[1].size(), 5u);
+        EXPECT_EQ(exchanges[0][0]["name"], "stage 1: 0 out");
+        EXPECT_EQ(exchanges[0][1]["name"], "stage 1: 1 out, ∂0 in");
+        EXPECT_EQ(exchanges[0][4]["name"], "stage 1: ∂3 in");
+        EXPECT_EQ(exchanges[1][0]["name"], "stage 0: 0 in");
+        EXPECT_EQ(exchanges[1][1]["name"], "stage 0: ∂0 out, 1 in");
+        for (size_t k = 0; k < 5; ++k) {
+            EXPECT_DOUBLE_EQ(exchanges[0][k]["ts"].get<double>(), exchanges[1][k]["ts"].get<double>()) << k;
+            EXPECT_DOUBLE_EQ(exchanges[0][k]["dur"].get<double>(), exchanges[1][k]["dur"].get<double>()) << k;
+            EXPECT_GT(exchanges[0][k]["dur"].get<double>(), 0.0);
         }
-        count[pid][e["cat"].get<std::string>() + "/" + e["name"].get<std::string>()]++;
-        if (pid == 0 && e["name"] == "attention") layer0.push_back(e["cat"].get<std::string>());
+        // stage 1 waits for its first input (a bubble on its compute track), stage 0 for the gradients
+        EXPECT_GE(stage1_first, first_input - 1e-6);
+        EXPECT_GT(count[1]["bubble/wait for stage 0"], 0);
+        EXPECT_GT(count[0]["bubble/wait for stage 1"], 0);
+        const std::smatch m = [&] {
+            std::smatch s;
+            std::regex_search(r.out, s,
+                              std::regex(R"(simulated step ([0-9.]+) ms \(the planner's estimate ([0-9.]+) ms)"));
+            return s;
+        }();
+        ASSERT_FALSE(m.empty()) << r.out;
+        EXPECT_NEAR(std::stod(m[1]), end / 1e3, 0.1) << r.out;
     }
-    EXPECT_TRUE(names.count("stage 0 (layers 0–0): busiest rank, pp 2 [1], ep 1, one rank, micro 1"))
-        << t.dump().substr(0, 600);
-    EXPECT_TRUE(names.count("stage 1 (layers 1–3): busiest rank, pp 2 [1], ep 1, one rank, micro 1"));
-    // stage 0: every micro-batch forward, then forward again and backward; F0 F1 B0 F2 B1 F3 B2 B3
-    EXPECT_EQ(layer0,
-              (std::vector<std::string>{"forward", "forward", "reforward", "backward", "forward", "reforward",
-                                        "backward", "forward", "reforward", "backward", "reforward", "backward"}));
-    EXPECT_EQ(count[0]["forward/mlp"], 4);
-    EXPECT_EQ(count[0]["reforward/mlp"], 4);
-    EXPECT_EQ(count[0]["forward/embedding+head"], 0);
-    // stage 1: three layers and the head, forward and backward together
-    EXPECT_EQ(count[1]["forward/attention"], 12);
-    EXPECT_EQ(count[1]["reforward/attention"], 0);
-    EXPECT_EQ(count[1]["backward/attention"], 12);
-    EXPECT_EQ(count[1]["forward/embedding+head"], 4);
-    EXPECT_EQ(count[0]["step/gradients (clear, accumulate)"], 4);
-    EXPECT_EQ(count[1]["step/gradients (clear, accumulate)"], 4);
-    EXPECT_EQ(count[0]["optimizer/AdamW"], 1);
-    EXPECT_EQ(count[1]["optimizer/AdamW"], 1);
-    // the schedule's exchanges: activations of 0, then (activations of m + 1 out, the gradient of m in) ×3, the
-    // gradient of 3 in; the same spans on both sides
-    ASSERT_EQ(exchanges[0].size(), 5u);
-    ASSERT_EQ(exchanges[1].size(), 5u);
-    EXPECT_EQ(exchanges[0][0]["name"], "stage 1: 0 out");
-    EXPECT_EQ(exchanges[0][1]["name"], "stage 1: 1 out, ∂0 in");
-    EXPECT_EQ(exchanges[0][4]["name"], "stage 1: ∂3 in");
-    EXPECT_EQ(exchanges[1][0]["name"], "stage 0: 0 in");
-    EXPECT_EQ(exchanges[1][1]["name"], "stage 0: ∂0 out, 1 in");
-    for (size_t k = 0; k < 5; ++k) {
-        EXPECT_DOUBLE_EQ(exchanges[0][k]["ts"].get<double>(), exchanges[1][k]["ts"].get<double>()) << k;
-        EXPECT_DOUBLE_EQ(exchanges[0][k]["dur"].get<double>(), exchanges[1][k]["dur"].get<double>()) << k;
-        EXPECT_GT(exchanges[0][k]["dur"].get<double>(), 0.0);
-    }
-    // stage 1 waits for its first input (a bubble on its compute track), stage 0 for the gradients
-    EXPECT_GE(stage1_first, first_input - 1e-6);
-    EXPECT_GT(count[1]["bubble/wait for stage 0"], 0);
-    EXPECT_GT(count[0]["bubble/wait for stage 1"], 0);
-    const std::smatch m = [&] {
-        std::smatch s;
-        std::regex_search(r.out, s, std::regex(R"(simulated step ([0-9.]+) ms \(the planner's estimate ([0-9.]+) ms)"));
-        return s;
-    }();
-    ASSERT_FALSE(m.empty()) << r.out;
-    EXPECT_NEAR(std::stod(m[1]), end / 1e3, 0.1) << r.out;
+    EXPECT_GT(busy[1], busy[0]) << "re-running the forwards costs stage 0 time";
 }
 
 TEST(Plan, MistakesAreOneLineErrors) {
@@ -947,7 +968,8 @@ TEST(Plan, MistakesAreOneLineErrors) {
                                  " --out " + d.file("t"));
     };
     test::expect_one_line_error(staged("--pipeline 3"), "--pipeline 3 does not divide the 2 ranks", "3 stages");
-    test::expect_one_line_error(staged("--pipeline-split 2"), "--pipeline-split without --pipeline stages",
+    test::expect_one_line_error(staged("--pipeline-split 2"),
+                                "--pipeline-split or --pipeline-rerun without --pipeline stages",
                                 "a split without stages");
     test::expect_one_line_error(staged("--pipeline 2 --pipeline-split 4"),
                                 "parallel.pipeline_split must be increasing layers in [1, 4)", "a split past the end");

@@ -197,9 +197,10 @@ TEST_P(ModelGolden, AFrozenBaseGivesTheTrainedParametersTheSameGradients) {
 
 TEST_P(ModelGolden, PipelineStagesGiveTheWholeModelsLossAndGradients) {
     // The model cut into pipeline stages (up to 3), two micro-batches through them in a 1F1B order (every stage runs
-    // both forwards before the first backward, so a stage before the last recomputes its forward from the input it
-    // kept): the losses and every parameter's accumulated gradient are the whole model's, bitwise. Tied embeddings are
-    // untied (the stage model refuses them), Attention Residuals cannot be cut.
+    // both forwards before the first backward): the losses and every parameter's accumulated gradient are the whole
+    // model's, bitwise, both ways a stage before the last keeps a micro-batch in flight (train/pipeline.h): re-running
+    // its forward from the input it kept, or with a copy of its activation group restored before the backward. Tied
+    // embeddings are untied (the stage model refuses them), Attention Residuals cannot be cut.
     test::GoldenModel whole(GetParam(), {}, [](Json& doc) { doc["model"]["tie_embeddings"] = false; });
     const model::ModelConfig& mc = whole.cfg.model;
     if (mc.attn_res_block_size > 0) {
@@ -216,49 +217,59 @@ TEST_P(ModelGolden, PipelineStagesGiveTheWholeModelsLossAndGradients) {
     struct Stage {
         std::unique_ptr<model::Model> model;
         std::unique_ptr<model::ModelRuntime> rt;
-        Tensor input[2];  // what it received per micro-batch
+        Tensor input[2];                 // what it received per micro-batch
+        std::vector<std::byte> kept[2];  // its activation group after each micro-batch's forward (not re-running)
     };
-    std::vector<Stage> stages(static_cast<size_t>(P));
-    size_t params = 0;
-    for (int64_t s = 0; s < P; ++s) {
-        Stage& st = stages[size_t(s)];
-        st.model = std::make_unique<model::Model>(mc, nullptr, 1, model::LayerRange{s * L / P, (s + 1) * L / P});
-        st.rt = std::make_unique<model::ModelRuntime>(*st.model, whole.shape, true, whole.cfg.train.recompute);
-        for (const auto& spec : st.model->param_specs()) {
-            const TensorView from = whole.rt->params().view(spec.name), to = st.rt->params().view(spec.name);
-            std::memcpy(to.data, from.data, from.nbytes());
+    for (const bool rerun : {true, false}) {
+        SCOPED_TRACE(rerun ? "re-running the forward" : "keeping the activations");
+        std::vector<Stage> stages(static_cast<size_t>(P));
+        size_t params = 0;
+        for (int64_t s = 0; s < P; ++s) {
+            Stage& st = stages[size_t(s)];
+            st.model = std::make_unique<model::Model>(mc, nullptr, 1, model::LayerRange{s * L / P, (s + 1) * L / P});
+            st.rt = std::make_unique<model::ModelRuntime>(*st.model, whole.shape, true, whole.cfg.train.recompute);
+            for (const auto& spec : st.model->param_specs()) {
+                const TensorView from = whole.rt->params().view(spec.name), to = st.rt->params().view(spec.name);
+                std::memcpy(to.data, from.data, from.nbytes());
+            }
+            params += st.model->param_specs().size();
+            st.rt->grads().zero();
+            for (Tensor& t : st.input) t = Tensor(DType::f32, Shape{N, mc.d_model});
         }
-        params += st.model->param_specs().size();
-        st.rt->grads().zero();
-        for (Tensor& t : st.input) t = Tensor(DType::f32, Shape{N, mc.d_model});
-    }
-    EXPECT_EQ(params, whole.model->param_specs().size());  // every parameter on exactly one stage
-    EXPECT_TRUE(stages.front().model->first_stage() && !stages.front().model->last_stage());
-    auto copy = [](TensorView to, TensorView from) { std::memcpy(to.data, from.data, from.nbytes()); };
-    for (int m = 0; m < 2; ++m) {  // the forwards of stages before the last
-        for (size_t s = 0; s + 1 < stages.size(); ++s) {
-            Stage& st = stages[s];
-            if (s > 0) copy(st.model->stage_input(N), st.input[m]);
-            st.model->stage_forward(whole.shape, ids[m], true);
-            copy(stages[s + 1].input[m], st.model->stage_output(N));
+        EXPECT_EQ(params, whole.model->param_specs().size());  // every parameter on exactly one stage
+        EXPECT_TRUE(stages.front().model->first_stage() && !stages.front().model->last_stage());
+        auto copy = [](TensorView to, TensorView from) { std::memcpy(to.data, from.data, from.nbytes()); };
+        for (int m = 0; m < 2; ++m) {  // the forwards of stages before the last
+            for (size_t s = 0; s + 1 < stages.size(); ++s) {
+                Stage& st = stages[s];
+                if (s > 0) copy(st.model->stage_input(N), st.input[m]);
+                st.model->stage_forward(whole.shape, ids[m], true);
+                copy(stages[s + 1].input[m], st.model->stage_output(N));
+                const BufferGroup& acts = st.rt->activations();
+                if (!rerun) st.kept[m].assign(acts.base(), acts.base() + acts.nbytes());
+            }
         }
-    }
-    for (int m = 0; m < 2; ++m) {
-        Stage& last = stages.back();
-        copy(last.model->stage_input(N), last.input[m]);
-        EXPECT_EQ(last.model->forward_backward(whole.shape, ids[m], tgt[m], 0.5).loss, want[m]);
-        for (size_t s = stages.size() - 1; s-- > 0;) {
-            Stage& st = stages[s];
-            copy(st.model->stage_grad(N), stages[s + 1].model->stage_grad(N));
-            if (s > 0) copy(st.model->stage_input(N), st.input[m]);
-            st.model->stage_backward(whole.shape, ids[m], 0.5);
+        for (int m = 0; m < 2; ++m) {
+            Stage& last = stages.back();
+            copy(last.model->stage_input(N), last.input[m]);
+            EXPECT_EQ(last.model->forward_backward(whole.shape, ids[m], tgt[m], 0.5).loss, want[m]);
+            for (size_t s = stages.size() - 1; s-- > 0;) {
+                Stage& st = stages[s];
+                if (rerun) {
+                    if (s > 0) copy(st.model->stage_input(N), st.input[m]);
+                } else {
+                    std::memcpy(st.rt->activations().base(), st.kept[m].data(), st.kept[m].size());
+                }
+                copy(st.model->stage_grad(N), stages[s + 1].model->stage_grad(N));
+                st.model->stage_backward(whole.shape, ids[m], 0.5, rerun);
+            }
         }
+        for (const Stage& st : stages)
+            for (const auto& spec : st.model->param_specs())
+                EXPECT_TRUE(test::bitwise_equal(st.rt->grads().view(spec.name), whole.rt->grads().view(spec.name)))
+                    << spec.name << " on the stage of layers [" << st.model->layers().first << ", "
+                    << st.model->layers().last << ")";
     }
-    for (const Stage& st : stages)
-        for (const auto& spec : st.model->param_specs())
-            EXPECT_TRUE(test::bitwise_equal(st.rt->grads().view(spec.name), whole.rt->grads().view(spec.name)))
-                << spec.name << " on the stage of layers [" << st.model->layers().first << ", "
-                << st.model->layers().last << ")";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models,
