@@ -115,8 +115,9 @@ for cfg in configs:
         ranks = int(ranks)
         recompute = rec == "true" if rec in ("true", "false") else rec.split("+")
         key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=recompute, shard=int(shard),
-                   offload=off == "true", pipeline=int(pp))
-        # (a baseline build from before HSDP, offload or stages names no shard, offload or pipeline: 0, false, 1)
+                   offload=off == "true", pipeline=int(pp), pipeline_rerun=False)  # (the runs keep activations)
+        # (a baseline build from before HSDP, offload, stages or their re-run names no shard, offload, pipeline or
+        # pipeline_rerun: 0, false, 1, false)
         pick = lambda cands: next((c for c in cands if all(c["layout"].get(k, 1 if k == "pipeline" else 0) == v
                                                            for k, v in key.items())), None)
         cand = pick(plans[ranks])
