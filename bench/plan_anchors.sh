@@ -7,8 +7,8 @@
 #     ranks): ≈1,543 tokens/s/GPU (the technical report's 180K GPU-hours per trillion tokens; recalled, unverified);
 #   - DeepSeek-V3 on 1,024 H100: 368 TFLOP/s per GPU (the MCore MoE report, secondary; its batch is not given:
 #     8,192 × 4K assumed).
-# Then the H800 anchor at its published layout, PP16 with EP64 (tessera's 1F1B, not DualPipe; no FP8 dispatch), raw
-# and with the H100 anchor's factor.
+# Then the H800 anchor at its published layout, PP16 with EP64 (tessera's 1F1B, not DualPipe; no FP8 dispatch; the
+# faster of keeping the activations and re-running the forwards, memory ignored), raw and with the H100 anchor's factor.
 # The anchors' models are configs/hf/deepseek_v3_2_exp.json (V3's shapes plus the DSA indexer, which the planner
 # prices; V3 had none: the small O(L·k) indexer term is in the prediction).
 # Usage: bench/plan_anchors.sh
@@ -40,7 +40,7 @@ for i, (name, pred, pub, unit, c) in enumerate(anchors):
     f = o[2] / o[1]  # the other anchor's published / predicted
     l = c["layout"]
     shard = f"hsdp {l['shard']}" if l.get("shard") else "fsdp"
-    stages = f"pp {l['pipeline']}, " if l["pipeline"] > 1 else ""
+    stages = f"pp {l['pipeline']}{' rerun' if l.get('pipeline_rerun') else ''}, " if l["pipeline"] > 1 else ""
     lay = f"{stages}ep {l['ep']}, {shard if l['fsdp'] else 'zero-2'}, micro {l['micro_batch']}" + (
         ", recompute" if l["recompute"] is True else f", recompute {'+'.join(l['recompute'])}" if l["recompute"] else "")
     print(f"| {name} | {lay} | {pred:.4g} {unit} | {pub:.4g} | {100*(pred-pub)/pub:+.0f}% | {f:.3f} | "
@@ -49,6 +49,7 @@ pp16 = best_ep64(f"{tmp}/h800.json", pp=16)
 f = anchors[1][2] / anchors[1][1]
 p = pp16["tokens_per_s_per_device"]
 print(f"\nDeepSeek-V3, 2,048 H800 at PP16 + EP64 ({pp16['layout']['pipeline_split'] and 'split ' + str(pp16['layout']['pipeline_split']) or 'even split'}, "
+      f"{'forwards re-run' if pp16['layout'].get('pipeline_rerun') else 'activations kept'}, "
       f"ep 64, {'zero-2' if not pp16['layout']['fsdp'] else 'fsdp'}, micro {pp16['layout']['micro_batch']}): "
       f"{p:.4g} tokens/s/GPU, raw {100*(p-1543)/1543:+.0f}%, with the H100 factor {f:.3f}: {100*(f*p-1543)/1543:+.0f}%")
 PY
