@@ -825,7 +825,13 @@ std::shared_ptr<const StepStats> Model::take_step_stats() {
     return stats_;
 }
 
-bool Model::indexer_warmup() const { return !dsa_.empty() && cfg_.mla.dsa.warmup(); }
+bool Model::indexer_warmup() const {
+    // the whole model's stage, not this pipeline stage's: a stage without a DSA layer trains nothing in the warm-up
+    if (!cfg_.mla.dsa.warmup()) return false;
+    for (int64_t l = 0; l < cfg_.n_layers; ++l)
+        if (cfg_.layer_type(l) == "dsa") return true;
+    return false;
+}
 
 bool Model::trainable(const std::string& param) const {
     if (!indexer_warmup()) return true;

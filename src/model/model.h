@@ -242,7 +242,8 @@ class Model {
     // joins every layer's router in backward); its mean over this step's recorded forwards, then cleared.
     double take_global_aux_loss();
 
-    // DSA layers (model.mla.dsa.topk > 0). In the dense warm-up stage only the indexers train:
+    // DSA layers (model.mla.dsa.topk > 0). In the dense warm-up stage only the indexers train (on a pipeline stage
+    // without DSA layers, nothing):
     // forward_backward skips the LM backward and trainable() is false for every other parameter (the
     // optimizer leaves them alone); trainable_mask() lists trainable() per trained spec then, and is
     // empty (all trainable) otherwise.

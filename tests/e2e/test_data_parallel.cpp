@@ -143,6 +143,12 @@ INSTANTIATE_TEST_SUITE_P(
         // 2 stages of 2 ranks: FSDP within each stage, 2 micro-batches per rank
         Layout{"pipeline_2x2_hybrid", 4, " --set train.grad_clip=0" + test::kTinyHybrid, 1,
                " --set parallel.pipeline=2"},
+        // the DSA warm-up (only the indexers train), the DSA layer first: stage 0's backward from its kept activations
+        // visits its indexer's unit alone
+        Layout{"pipeline_2_dsa_warmup", 2,
+               " --set train.grad_clip=0" + test::kTinyHybrid +
+                   " --set 'model.attention=[\"dsa\",\"kda\"]' --set model.mla.dsa.stage=dense_warmup",
+               1, " --set parallel.pipeline=2"},
         Layout{"pipeline_2x2_zero2_moe", 4,
                " --set train.grad_clip=0 --set parallel.fsdp=false" + test::kTinyMoe + " --set model.moe.balance=sign",
                1, " --set parallel.pipeline=2"}),
