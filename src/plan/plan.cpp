@@ -349,6 +349,26 @@ std::vector<ModelCosts> stage_costs(const train::RunConfig& run, const Layout& l
     return out;
 }
 
+// One pipeline stage's data-parallel group (every rank without stages), and the layout's recompute checked against the
+// whole model's block kinds (every stage's).
+Layout stage_group(const std::vector<ModelCosts>& stages, const Layout& l) {
+    std::vector<std::string> kinds;
+    for (const ModelCosts& c : stages) kinds.insert(kinds.end(), c.kinds.begin(), c.kinds.end());
+    l.recompute.check(kinds);
+    Layout group = l;
+    group.ranks = l.stage_ranks();
+    group.pp = 1;
+    group.split.clear();
+    return group;
+}
+
+// One pipeline exchange of a micro-batch's activations ([tokens, d_model] f32, each way) on the link that spans a stage
+// of D ranks and the next one's first.
+double exchange_seconds(const train::RunConfig& cfg, const Cluster& cl, int64_t D) {
+    const double bytes = double(cfg.train.micro_batch(int(D)) * cfg.train.seq_len * cfg.model.d_model) * 4.0;
+    return cl.link_for(D + 1).seconds(Collective::all_to_all, 2, bytes, 1.0);
+}
+
 // A layout's step. With pipeline stages (train/pipeline.h, 1F1B over M micro-batches): each stage's group runs its
 // layers as above (with parallel.pipeline_rerun the stages before the last forward twice), plus per micro-batch an
 // exchange of the activations
@@ -361,19 +381,11 @@ StepTime layout_step(const train::RunConfig& run,
                      const std::vector<std::vector<double>>& loads,
                      const Cluster& cl,
                      const Layout& l) {
-    std::vector<std::string> kinds;  // the whole model's (every stage's)
-    for (const ModelCosts& c : stages) kinds.insert(kinds.end(), c.kinds.begin(), c.kinds.end());
-    l.recompute.check(kinds);
+    const Layout group = stage_group(stages, l);
     if (l.pp == 1) return step_time(run, stages.front(), loads, cl, l);
     const train::RunConfig cfg = with_layout(run, l);
-    Layout group = l;  // one stage's data-parallel group
-    group.ranks = l.stage_ranks();
-    group.pp = 1;
-    group.split.clear();
-    const int D = int(group.ranks);
-    const double M = double(cfg.train.accumulation(D));
-    const double bytes = double(cfg.train.micro_batch(D) * cfg.train.seq_len * cfg.model.d_model) * 4.0;
-    const double exchange = cl.link_for(D + 1).seconds(Collective::all_to_all, 2, bytes, 1.0);
+    const double M = double(cfg.train.accumulation(int(group.ranks)));
+    const double exchange = exchange_seconds(cfg, cl, group.ranks);
     StepTime slowest, largest;  // the stage with the longest micro-batch; with the longest after the loop
     double sum_u = 0, max_u = -1, max_after = -1;
     for (size_t s = 0; s < stages.size(); ++s) {
@@ -617,16 +629,10 @@ class StageSim {
 
 Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout& l, const PlanOptions& o) {
     const std::vector<ModelCosts> stages = stage_costs(run, l);
-    std::vector<std::string> kinds;  // the whole model's (every stage's)
-    for (const ModelCosts& c : stages) kinds.insert(kinds.end(), c.kinds.begin(), c.kinds.end());
-    l.recompute.check(kinds);
+    const Layout group = stage_group(stages, l);
     const train::RunConfig cfg = with_layout(run, l);
     const auto loads = loads_of(cfg, o);
     const double I = loads.empty() ? 1.0 : imbalance(loads, l.ep);
-    Layout group = l;  // one stage's data-parallel group (every rank without stages)
-    group.ranks = l.stage_ranks();
-    group.pp = 1;
-    group.split.clear();
     const int64_t M = cfg.train.accumulation(int(group.ranks));
     const int64_t P = l.pp;
     Trace trace;
@@ -640,9 +646,7 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
         // 1F1B (train/pipeline.h): each stage walks its schedule; an exchange starts when both neighbours reach it
         // (parallel::exchange is pairwise and blocking) and takes the activations' time on the link that spans the two
         // stages' ranks, as the planner prices it; the stage that came first waits, a bubble on its compute track
-        const double bytes =
-            double(cfg.train.micro_batch(int(group.ranks)) * cfg.train.seq_len * cfg.model.d_model) * 4.0;
-        const double exchange = cl.link_for(group.ranks + 1).seconds(Collective::all_to_all, 2, bytes, 1.0);
+        const double exchange = exchange_seconds(cfg, cl, group.ranks);
         std::vector<std::vector<train::PipelineOp>> ops;
         for (int64_t s = 0; s < P; ++s) ops.push_back(train::one_f_one_b(s, P, M));
         std::vector<size_t> at(size_t(P), 0);
@@ -810,8 +814,11 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
             for (int64_t st = 1; st < P; ++st)
                 same = same && split[size_t(st - 1)] == even.stage_layers(st, cfg.model.n_layers).first;
             if (same) split.clear();
-            const Layout staged{W, 1, true, 1, {}, 0, false, P, split};
-            stagings.push_back({P, rerun, split, stage_costs(cfg, staged)});
+            const Stages& kept = stagings.back();  // (rerun: the same costs where the split is the same)
+            std::vector<ModelCosts> per_stage = rerun && kept.pp == P && kept.split == split
+                                                    ? kept.costs
+                                                    : stage_costs(cfg, Layout{W, 1, true, 1, {}, 0, false, P, split});
+            stagings.push_back({P, rerun, split, std::move(per_stage)});
         }
     }
     // a layout's candidates, one per recompute choice; whether every one of them fits

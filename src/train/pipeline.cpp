@@ -146,7 +146,7 @@ double PipelineStep::run(const Load& load,
     TESSERA_CHECK(model_, "pipeline: no model bound");
     model::Model& m = *model_;
     const bool first = m.first_stage();
-    const bool keep = !rerun_ && !m.last_stage();  // whole activation sets
+    const bool keep = !rerun_ && !m.last_stage();  // copies of the activation group
     const TensorView inputs = kept_.find("pipeline.inputs"), sets = kept_.find("pipeline.activations"),
                      grad = kept_.find("pipeline.grad");
     auto kept_input = [&](int64_t micro, int64_t N) {
