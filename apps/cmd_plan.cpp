@@ -1,7 +1,6 @@
 // tessera plan: the parallel layout for a model on a cluster (docs/plan.md): every layout the runtime can run,
 // each rank's memory from the runtime's buffer groups (byte-exact), a predicted step time with its breakdown, a
 // ranked table, and the chosen layout written as a run config that `tessera train` / `launch` accept.
-#include <charconv>
 #include <filesystem>
 #include <iostream>
 
@@ -139,8 +138,8 @@ void add_simulate_command(CLI::App& app) {
         std::string out;
         int64_t ep = 1, micro = 0, shard = 0, pipeline = 1;
         bool zero2 = false, offload = false, rerun = false;
-        std::string recompute;  // "", "all" or kinds separated by commas
-        std::string split;      // the stages' first layers after the first, separated by commas
+        std::string recompute;       // "", "all" or kinds separated by commas
+        std::vector<int64_t> split;  // the stages' first layers after the first
     };
     auto a = std::make_shared<Args>();
     add_workload_options(cmd, *a);
@@ -153,8 +152,8 @@ void add_simulate_command(CLI::App& app) {
     cmd->add_flag("--offload", a->offload, "AdamW's moments in a file on the host (memory.optimizer_offload)");
     add_int_option(cmd, "--pipeline", a->pipeline, 1, 1 << 20,
                    "Pipeline stages (parallel.pipeline; each a data-parallel group of ranks / stages)");
-    cmd->add_option("--pipeline-split", a->split,
-                    "The stages' first layers after the first, e.g. 3,7 (parallel.pipeline_split; default: even)");
+    add_int_list_option(cmd, "--pipeline-split", a->split, 1, 1 << 20,
+                        "The stages' first layers after the first, e.g. 3,7 (parallel.pipeline_split; default: even)");
     cmd->add_flag("--pipeline-rerun", a->rerun,
                   "Stages re-run a micro-batch's forward before its backward instead of keeping its activations "
                   "(parallel.pipeline_rerun)");
@@ -170,28 +169,16 @@ void add_simulate_command(CLI::App& app) {
         const train::RunConfig& cfg = w.cfg;
         const plan::Cluster& cluster = w.cluster;
         const int64_t W = plan::plan_ranks(cfg, cluster, a->ranks);
-        const auto items = [](const std::string& list) {  // "a,b,c"
-            std::vector<std::string> out;
-            for (size_t at = 0; at < list.size();) {
-                const size_t comma = std::min(list.find(',', at), list.size());
-                out.push_back(list.substr(at, comma - at));
-                at = comma + 1;
-            }
-            return out;
-        };
         Json kinds = Json::array();
-        for (const std::string& k : items(a->recompute)) kinds.push_back(k);
+        for (size_t at = 0; at < a->recompute.size();) {
+            const size_t comma = std::min(a->recompute.find(',', at), a->recompute.size());
+            kinds.push_back(a->recompute.substr(at, comma - at));
+            at = comma + 1;
+        }
         const model::Recompute recompute = a->recompute == "all"
                                                ? model::Recompute::every()
                                                : model::Recompute::from_json(kinds, "simulate: --recompute");
-        plan::Layout l{W, a->ep, !a->zero2, a->micro, recompute, a->shard, a->offload, a->pipeline};
-        for (const std::string& first : items(a->split)) {
-            int64_t layer = -1;
-            const auto [end, ec] = std::from_chars(first.data(), first.data() + first.size(), layer);
-            TESSERA_CHECK(ec == std::errc() && end == first.data() + first.size(),
-                          "simulate: --pipeline-split {}: \"{}\" is not a layer number", a->split, first);
-            l.split.push_back(layer);
-        }
+        plan::Layout l{W, a->ep, !a->zero2, a->micro, recompute, a->shard, a->offload, a->pipeline, a->split};
         TESSERA_CHECK((l.split.empty() && !a->rerun) || l.pp > 1,
                       "simulate: --pipeline-split or --pipeline-rerun without --pipeline stages");
         l.rerun = a->rerun;

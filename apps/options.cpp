@@ -84,6 +84,32 @@ CLI::Option* add_number_option(
         ->type_name("NUMBER");
 }
 
+CLI::Option* add_int_list_option(CLI::App* cmd,
+                                 const std::string& name,
+                                 std::vector<int64_t>& target,
+                                 int64_t lo,
+                                 int64_t hi,
+                                 const std::string& description) {
+    return cmd
+        ->add_option_function<std::string>(
+            name,
+            [&target, name, lo, hi](const std::string& s) {
+                target.clear();
+                for (size_t at = 0; at <= s.size();) {
+                    const size_t comma = std::min(s.find(',', at), s.size());
+                    int64_t v = 0;
+                    if (!parse_whole(s.substr(at, comma - at), v) || v < lo || v > hi)
+                        throw CLI::ValidationError(
+                            name, fmt::format("{} is not a list of integers in [{}, {}] separated by commas", shown(s),
+                                              lo, hi));
+                    target.push_back(v);
+                    at = comma + 1;
+                }
+            },
+            description)
+        ->type_name("INT,...");
+}
+
 ModelDoc load_model_doc(const std::string& path) {
     ModelDoc d;
     d.file = std::filesystem::is_directory(path) ? (std::filesystem::path(path) / "config.json").string() : path;

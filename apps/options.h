@@ -20,6 +20,13 @@ CLI::Option* add_int_option(
 CLI::Option* add_uint_option(CLI::App* cmd, const std::string& name, uint64_t& target, const std::string& description);
 CLI::Option* add_number_option(
     CLI::App* cmd, const std::string& name, double& target, double lo, double hi, const std::string& description);
+// Integers separated by commas, each in [lo, hi] ("3,7"; --pipeline-split).
+CLI::Option* add_int_list_option(CLI::App* cmd,
+                                 const std::string& name,
+                                 std::vector<int64_t>& target,
+                                 int64_t lo,
+                                 int64_t hi,
+                                 const std::string& description);
 
 // "A:B" with 1 <= A <= B integers (--trace-steps); a ValidationError otherwise.
 std::pair<int64_t, int64_t> parse_step_range(const std::string& s, const std::string& name);

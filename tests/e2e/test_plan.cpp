@@ -975,8 +975,11 @@ TEST(Plan, MistakesAreOneLineErrors) {
                                 "parallel.pipeline_split must be increasing layers in [1, 4)", "a split past the end");
     test::expect_one_line_error(staged("--pipeline 2 --pipeline-split 1,2"),
                                 "parallel.pipeline_split names 2 stage starts; 2 stages need 1", "a split too long");
-    test::expect_one_line_error(staged("--pipeline 2 --pipeline-split x"), "\"x\" is not a layer number",
+    test::expect_one_line_error(staged("--pipeline 2 --pipeline-split 2,x"),
+                                "'2,x' is not a list of integers in [1, 1048576] separated by commas",
                                 "a split that is no number");
+    test::expect_one_line_error(staged("--pipeline 2 --pipeline-split 0"), "is not a list of integers in [1, ",
+                                "a split at layer 0");
     test::expect_one_line_error(staged("--pipeline 2 --set model.tie_embeddings=true"), "with model.tie_embeddings",
                                 "stages of a model that cannot be cut");
     EXPECT_FALSE(fs::exists(d.file("t")));
