@@ -116,6 +116,9 @@ void PipelineStep::bind(model::Model& model, const BufferGroup& acts) {
                   "pipeline: an activation group of {} bytes, sized for {}", acts.nbytes(), acts_bytes_);
     model_ = &model;
     acts_ = &acts;
+    inputs_ = kept_.find("pipeline.inputs");  // (the group is allocated by now)
+    sets_ = kept_.find("pipeline.activations");
+    grad_ = kept_.find("pipeline.grad");
 }
 
 void PipelineStep::receive(parallel::Comm* pair, std::span<std::byte> into, StepPhases& phases) {
@@ -147,24 +150,22 @@ double PipelineStep::run(const Load& load,
     model::Model& m = *model_;
     const bool first = m.first_stage();
     const bool keep = !rerun_ && !m.last_stage();  // copies of the activation group
-    const TensorView inputs = kept_.find("pipeline.inputs"), sets = kept_.find("pipeline.activations"),
-                     grad = kept_.find("pipeline.grad");
     auto kept_input = [&](int64_t micro, int64_t N) {
         const int64_t at = (micro % slots_) * max_.tokens();
-        return inputs.slice0(at, at + N);
+        return inputs_.slice0(at, at + N);
     };
     auto copy = [](TensorView to, TensorView from) {
         copy_bytes(to.data, to.device, from.data, from.device, from.nbytes());
     };
     // micro-batch m's copy of the activation group: saved after its forward, restored before its backward
     auto stash = [&](int64_t micro, bool save) {
-        std::byte* set = static_cast<std::byte*>(sets.data) + size_t(micro % slots_) * kept_bytes_;
+        std::byte* set = static_cast<std::byte*>(sets_.data) + size_t(micro % slots_) * kept_bytes_;
         for (const auto& [at, n] : runs_) {
             std::byte* live = acts_->base() + at;
             if (save)
-                copy_bytes(set, sets.device, live, acts_->device(), n);
+                copy_bytes(set, sets_.device, live, acts_->device(), n);
             else
-                copy_bytes(live, acts_->device(), set, sets.device, n);
+                copy_bytes(live, acts_->device(), set, sets_.device, n);
             set += n;
         }
     };
@@ -206,7 +207,7 @@ double PipelineStep::run(const Load& load,
                 const int64_t N = tokens(op.micro);
                 if (keep) {
                     stash(op.micro, false);
-                    copy(m.stage_grad(N), grad.slice0(0, N));
+                    copy(m.stage_grad(N), grad_.slice0(0, N));
                 } else if (!first) {
                     copy(m.stage_input(N), kept_input(op.micro, N));
                 }
@@ -222,7 +223,7 @@ double PipelineStep::run(const Load& load,
                     out = bytes(op.next ? m.stage_output(tokens(op.send)) : m.stage_grad(tokens(op.send)));
                 if (op.receive >= 0) {  // (kept activation sets: the gradient waits apart, a restore would clobber it)
                     const int64_t N = tokens(op.receive);
-                    in = bytes(!op.next ? m.stage_input(N) : keep ? grad.slice0(0, N) : m.stage_grad(N));
+                    in = bytes(!op.next ? m.stage_input(N) : keep ? grad_.slice0(0, N) : m.stage_grad(N));
                 }
                 send_receive(op.next ? next_ : prev_, out, in, phases);
                 break;

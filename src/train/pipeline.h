@@ -124,6 +124,7 @@ class PipelineStep {
     // [slots, bytes of the activation group] (u8) and "pipeline.grad" [N, C], the gradient received for the next
     // backward
     BufferGroup kept_;
+    TensorView inputs_, sets_, grad_;  // its buffers (bind; undefined where it has none)
     std::vector<Slot> data_;
     std::vector<int64_t> tokens_;            // each micro-batch's tokens (from its load)
     std::vector<double> packed_, gathered_;  // all_stages' buffers
