@@ -72,13 +72,20 @@ void BufferGroup::allocate(const std::shared_ptr<Arena>& arena) {
     device_zero(block_.device(), block_.data(), nbytes_);
 }
 
+void BufferGroup::bind(std::byte* base, Device device) {
+    TESSERA_CHECK(base != nullptr && reinterpret_cast<uintptr_t>(base) % kBufferAlign == 0,
+                  "buffer group {}: bound to an unaligned address", name_);
+    borrowed_ = base;
+    borrowed_device_ = device;
+}
+
 void BufferGroup::zero() const {
-    TESSERA_CHECK(block_.data() != nullptr, "buffer group {} is not allocated", name_);
-    device_zero(block_.device(), block_.data(), nbytes_);
+    TESSERA_CHECK(base() != nullptr, "buffer group {} is not allocated", name_);
+    device_zero(device(), base(), nbytes_);
 }
 
 TensorView BufferGroup::view(size_t i) const {
-    TESSERA_CHECK(block_.data() != nullptr, "buffer group {} is not allocated", name_);
+    TESSERA_CHECK(base() != nullptr, "buffer group {} is not allocated", name_);
     if (offsets_[i] == kOutside) {
         TESSERA_CHECK(i < outside_.size() && outside_[i], "buffer group {}: \"{}\" was never placed", name_,
                       specs_[i].name);
@@ -87,7 +94,7 @@ TensorView BufferGroup::view(size_t i) const {
                    ? TensorView(at[0], specs_[i].dtype, specs_[i].shape)
                    : TensorView::stored_apart(at.data(), specs_[i].dtype, specs_[i].shape);
     }
-    return TensorView(block_.data() + offsets_[i], specs_[i].dtype, specs_[i].shape, block_.device());
+    return TensorView(base() + offsets_[i], specs_[i].dtype, specs_[i].shape, device());
 }
 
 void BufferGroup::place_outside(size_t i, std::vector<std::byte*> where) {

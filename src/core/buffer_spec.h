@@ -59,13 +59,17 @@ class BufferGroup {
 
     // Allocates the group's block from the arena (zero-filled) and binds the views.
     void allocate(const std::shared_ptr<Arena>& arena);
+    // Binds the views into memory the caller holds (nbytes() at base, on device, kBufferAlign-aligned) instead: a
+    // group laid out inside another group's buffer (model/layers/tensor_slice.h: one rank's slices of a block's
+    // parameters).
+    void bind(std::byte* base, Device device);
     // Buffer i (offset kOutside) lives at where: one address for all of it, or one per dimension-0 slice (its view
     // then has its slices stored apart, core/tensor.h; an mxfp4 one two a slice, its packed values and its scales). A
     // frozen weight read in place from a mapped file: the weight budget, train/weight_budget.h.
     void place_outside(size_t i, std::vector<std::byte*> where);
-    std::byte* base() const { return block_.data(); }
-    Device device() const { return block_.device(); }  // where its block lives (its arena's device)
-    void zero() const;                                 // all buffers to zero bytes
+    std::byte* base() const { return borrowed_ ? borrowed_ : block_.data(); }
+    Device device() const { return borrowed_ ? borrowed_device_ : block_.device(); }  // where its block lives
+    void zero() const;                                                                // all buffers to zero bytes
     TensorView view(size_t i) const;
     TensorView view(const std::string& name) const;  // throws if absent
     TensorView find(const std::string& name) const;  // undefined if absent
@@ -79,6 +83,8 @@ class BufferGroup {
     std::vector<std::shared_ptr<const std::vector<void*>>> outside_;
     size_t nbytes_ = 0;
     ArenaBlock block_;
+    std::byte* borrowed_ = nullptr;  // bind(): the caller's memory
+    Device borrowed_device_ = Device::cpu;
 };
 
 // Throws "<where>: tensor \"name\" holds NaN at index i (...)" for the first non-finite value of a float buffer:

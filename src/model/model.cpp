@@ -14,6 +14,7 @@
 #include "model/layers/mla_block.h"
 #include "model/layers/mlp_block.h"
 #include "model/layers/moe_block.h"
+#include "model/layers/tensor_slice.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -43,7 +44,21 @@ const char* pipeline_obstacle(const ModelConfig& c) {
                                         : nullptr;
 }
 
-Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, LayerRange layers)
+const char* tensor_obstacle(const ModelConfig& c) {
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+        const std::string& type = c.layer_type(l);
+        if (type == "mla" || type == "dsa")
+            return "MLA / DSA attention layers (not sliced yet: kda, gdn, attention are)";
+    }
+    return c.lora.enabled()             ? "model.lora (a frozen base and its adapters are not sliced yet)"
+           : c.vision.enabled()         ? "model.vision (the image tower)"
+           : c.moe.seq_aux_coeff > 0    ? "model.moe.seq_aux_coeff (the balance loss of whole sequences)"
+           : c.moe.global_aux_coeff > 0 ? "model.moe.global_aux_coeff (the balance loss pools every token)"
+                                        : nullptr;
+}
+
+Model::Model(
+    ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, LayerRange layers, parallel::Comm* tensor_group)
     : cfg_(std::move(cfg)), layers_(layers) {
     cfg_.validate("model");
     if (layers_.last < 0) layers_.last = cfg_.n_layers;
@@ -54,6 +69,26 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, L
         TESSERA_CHECK(!crossing, "pipeline stages (parallel.pipeline) cannot split a model with {}; use one stage",
                       crossing);
     }
+    if (tensor_group && tensor_group->size() > 1) {
+        tensor_ = tensor_group;
+        T_ = tensor_group->size();
+        t_ = tensor_group->rank();
+        const char* obstacle = tensor_obstacle(cfg_);
+        TESSERA_CHECK(!obstacle, "tensor parallelism (parallel.tensor = {}) does not cover {}; use parallel.tensor = 1",
+                      T_, obstacle);
+        TESSERA_CHECK(first_stage() && last_stage(),
+                      "tensor parallelism (parallel.tensor = {}) with pipeline stages is not supported yet", T_);
+    }
+    // an attention block over all heads (make(whole)), or with tensor parallelism one over this rank's 1/T of them
+    // (make(part)) inside a TensorSlice; heads: the counts the slice divides, for the error
+    auto sliced = [&](auto make, const auto& whole, const auto& part,
+                      std::initializer_list<std::pair<const char*, int64_t>> heads) -> std::unique_ptr<Block> {
+        sliced_.push_back(T_ > 1);
+        if (T_ == 1) return make(whole);
+        for (auto [what, n] : heads)
+            TESSERA_CHECK(n % T_ == 0, "parallel.tensor = {} does not divide {} = {}", T_, what, n);
+        return std::make_unique<TensorSlice>(make(whole), make(part), *tensor_, cfg_.d_model);
+    };
     const int embed_owner = cfg_.tie_embeddings ? kHeadOwner : kEmbedOwner;
     std::vector<int> owner;
     auto owned = [&](int who) { owner.resize(param_specs_.size(), who); };
@@ -72,10 +107,23 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, L
             auto mla = std::make_unique<MlaBlock>(cfg_.mla_layer(type == "dsa"), prefix, cfg_.lora);
             if (type == "dsa") dsa_.push_back({i, mla.get(), blocks_.size()});
             blocks_.push_back(std::move(mla));
+            sliced_.push_back(false);
         } else if (type == "kda" || type == "gdn") {
-            blocks_.push_back(std::make_unique<KdaBlock>(cfg_.kda_layer(type == "gdn"), prefix, cfg_.lora));
+            const KdaConfig k = cfg_.kda_layer(type == "gdn");
+            KdaConfig part = k;
+            part.num_heads = k.num_heads / T_;
+            part.num_v_heads = k.hv() / T_;
+            blocks_.push_back(
+                sliced([&](const KdaConfig& c) { return std::make_unique<KdaBlock>(c, prefix, cfg_.lora); }, k, part,
+                       {{"kda.num_heads", k.num_heads}, {"kda.num_v_heads", k.hv()}}));
         } else {
-            blocks_.push_back(std::make_unique<AttentionBlock>(cfg_, prefix));
+            ModelConfig part = cfg_;
+            part.head_dim = cfg_.head_dim_or_default();
+            part.n_heads = cfg_.n_heads / T_;
+            part.n_kv_heads = cfg_.n_kv_heads / T_;
+            blocks_.push_back(sliced([&](const ModelConfig& c) { return std::make_unique<AttentionBlock>(c, prefix); },
+                                     cfg_, part,
+                                     {{"model.n_heads", cfg_.n_heads}, {"model.n_kv_heads", cfg_.n_kv_heads}}));
         }
         if (cfg_.moe.is_moe_layer(i)) {
             auto moe = std::make_unique<MoeBlock>(cfg_, prefix, expert_group, ep_chunks);
@@ -84,6 +132,7 @@ Model::Model(ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, L
         } else {
             blocks_.push_back(std::make_unique<MlpBlock>(cfg_, prefix));
         }
+        sliced_.push_back(false);
     }
     for (size_t j = 0; j < blocks_.size(); ++j) {
         blocks_[j]->declare_params(param_specs_, inits_);
@@ -306,37 +355,46 @@ std::vector<bool> Model::recomputed_blocks(const Recompute& recompute) const {
     return out;
 }
 
+StepShape Model::block_shape(size_t j, StepShape s) const {
+    return T_ == 1 || sliced_[j] ? s : StepShape{1, s.tokens() / T_};
+}
+
 std::vector<BufferSpec> Model::activation_specs(StepShape max, const Recompute& recompute) const {
     if (first_stage() && last_stage()) recompute.check(block_kinds_);  // (a stage's kinds are some of the model's)
-    const int64_t N = max.tokens(), C = cfg_.d_model, V = cfg_.vocab_size, R = head_chunk_rows(N);
+    TESSERA_CHECK(max.tokens() % T_ == 0,
+                  "parallel.tensor = {}: a micro-batch of {} tokens does not split into {} equal parts", T_,
+                  max.tokens(), T_);
+    // (ids and targets: the whole micro-batch's; the residual stream and the head: this rank's rows)
+    const int64_t N = max.tokens(), n = local_rows(N), C = cfg_.d_model, V = cfg_.vocab_size, R = head_chunk_rows(n);
     std::vector<BufferSpec> s;
     s.push_back({"ids", DType::i32, Shape{N}});
     s.push_back({"targets", DType::i32, Shape{N}});
-    for (size_t j = 0; j <= blocks_.size(); ++j) s.push_back({fmt::format("x.{}", j), DType::f32, Shape{N, C}});
+    for (size_t j = 0; j <= blocks_.size(); ++j) s.push_back({fmt::format("x.{}", j), DType::f32, Shape{n, C}});
     std::vector<std::string> kinds;
     for (size_t j = 0; j < blocks_.size(); ++j) {
         const Block& b = *blocks_[j];
+        const StepShape bmax = block_shape(j, max);
         const bool first_of_kind = std::find(kinds.begin(), kinds.end(), b.kind()) == kinds.end();
         if (recompute.covers(b.kind())) {
-            if (first_of_kind) b.declare_saved(s, shared_prefix(b), max);
+            if (first_of_kind) b.declare_saved(s, shared_prefix(b), bmax);
         } else {
-            b.declare_saved(s, saved_prefix(int64_t(j), b), max);
+            b.declare_saved(s, saved_prefix(int64_t(j), b), bmax);
         }
         if (first_of_kind) {
-            b.declare_scratch(s, scratch_prefix(b), max);
+            b.declare_scratch(s, scratch_prefix(b), bmax);
             kinds.push_back(b.kind());
         }
     }
     if (last_stage()) {
-        s.push_back({"ln_f", DType::f32, Shape{N, C}});
-        s.push_back({"rstd_f", DType::f32, Shape{N}});
+        s.push_back({"ln_f", DType::f32, Shape{n, C}});
+        s.push_back({"rstd_f", DType::f32, Shape{n}});
         s.push_back({"head.logits", DType::f32, Shape{R, V}});
         s.push_back({"head.dlogits", DType::f32, Shape{R, V}});
         s.push_back({"head.lse", DType::f32, Shape{R}});
-        s.push_back({"scratch.dln_f", DType::f32, Shape{N, C}});
+        s.push_back({"scratch.dln_f", DType::f32, Shape{n, C}});
     }
-    s.push_back({"scratch.dres", DType::f32, Shape{N, C}});
-    if (attn_res_) attn_res_->declare_acts(s, max);
+    s.push_back({"scratch.dres", DType::f32, Shape{n, C}});
+    if (attn_res_) attn_res_->declare_acts(s, StepShape{1, n});
     if (vision_) {
         const VisionConfig& v = cfg_.vision;
         for (BufferSpec& b : vision_->activation_specs(v.max_patches)) s.push_back(std::move(b));
@@ -348,7 +406,8 @@ std::vector<BufferSpec> Model::activation_specs(StepShape max, const Recompute& 
 
 size_t Model::workspace_bytes(StepShape max, int num_threads) const {
     size_t ws = 0;
-    for (auto& b : blocks_) ws = std::max(ws, b->workspace_bytes(max, num_threads));
+    for (size_t j = 0; j < blocks_.size(); ++j)
+        ws = std::max(ws, blocks_[j]->workspace_bytes(block_shape(j, max), num_threads));
     if (vision_) ws = std::max(ws, vision_->workspace_bytes(cfg_.vision.max_patches, num_threads));
     return ws;
 }
@@ -552,16 +611,21 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
     TESSERA_CHECK(N <= max_.tokens() && s.seq <= max_.seq, "model: step {}x{} exceeds the allocated {}x{}", s.batch,
                   s.seq, max_.batch, max_.seq);
     TESSERA_CHECK(int64_t(ids.size()) == N, "model: {} ids for {} tokens", ids.size(), N);
+    TESSERA_CHECK(N % T_ == 0, "parallel.tensor = {}: a micro-batch of {} tokens does not split into {} equal parts",
+                  T_, N, T_);
+    const int64_t n = local_rows(N);
     copy_bytes(ids_.data, ids_.device, ids.data(), Device::cpu, size_t(N) * sizeof(int32_t));
     if (first_stage()) {  // (a later pipeline stage's input is in x[0] already)
         visit(
-            embed_unit_, false, [&] { ops::embedding_forward(ids_.slice0(0, N), embed_, x_[0].slice0(0, N)); },
+            embed_unit_, false,
+            [&] { ops::embedding_forward(ids_.slice0(t_ * n, (t_ + 1) * n), embed_, x_[0].slice0(0, n)); },
             "embedding");
         splice_images(ids);
     }
-    run_trunk(N, [&](size_t j, TensorView in, TensorView out) {
+    run_trunk(n, [&](size_t j, TensorView in, TensorView out) {
         visit(
-            block_unit_[j], false, [&] { blocks_[j]->forward(s, in, out, ws_); }, block_kinds_[j], layer_of(j));
+            block_unit_[j], false, [&] { blocks_[j]->forward(block_shape(j, s), in, out, ws_); }, block_kinds_[j],
+            layer_of(j));
     });
     pool_balance_loss();
 }
@@ -596,20 +660,20 @@ double Model::take_global_aux_loss() {
 }
 
 LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool backward, double loss_scale) {
-    const int64_t N = s.tokens(), R = head_chunk_rows(N);
+    const int64_t N = s.tokens(), n = local_rows(N), R = head_chunk_rows(n);
     TESSERA_CHECK(int64_t(targets.size()) == N, "model: {} targets for {} tokens", targets.size(), N);
     copy_bytes(targets_.data, targets_.device, targets.data(), Device::cpu, size_t(N) * sizeof(int32_t));
-    final_norm(N);
+    final_norm(n);
     int64_t total = 0;
     for (int32_t t : targets) total += t != kIgnoreIndex;
     LossResult res;
     res.count = total;
-    if (backward) ops::zero_rows(dln_f_, N);
+    if (backward) ops::zero_rows(dln_f_, n);
     double sum = 0.0;
-    for (int64_t r0 = 0; r0 < N; r0 += R) {
-        const int64_t rows = std::min(R, N - r0);
+    for (int64_t r0 = 0; r0 < n; r0 += R) {
+        const int64_t rows = std::min(R, n - r0);
         TensorView h = ln_f_.slice0(r0, r0 + rows), logits = logits_.slice0(0, rows),
-                   tgt = targets_.slice0(r0, r0 + rows);
+                   tgt = targets_.slice0(t_ * n + r0, t_ * n + r0 + rows);
         ops::linear_forward({}, h, head_, {}, logits);
         ops::CrossEntropyResult ce =
             ops::cross_entropy_forward({.ignore_index = kIgnoreIndex}, logits, tgt, lse_.slice0(0, rows));
@@ -621,6 +685,7 @@ LossResult Model::head_loss(StepShape s, std::span<const int32_t> targets, bool 
                                     dlogits_.slice0(0, rows));
         ops::linear_backward(dlogits_.slice0(0, rows), h, head_, dln_f_.slice0(r0, r0 + rows), d_head_, {});
     }
+    if (tensor_) sum = tensor_->all_reduce_sum(sum);  // the micro-batch's, over its rows on the tensor group's ranks
     res.loss = total ? sum / double(total) : 0.0;
     return res;
 }
@@ -631,7 +696,7 @@ LossResult Model::forward_backward(StepShape s,
                                    double loss_scale) {
     TESSERA_CHECK(has_grads_, "model: forward_backward needs gradient buffers");
     TESSERA_CHECK(last_stage(), "model: forward_backward on a pipeline stage before the last (stage_forward)");
-    const int64_t N = s.tokens();
+    const int64_t N = local_rows(s.tokens());
     const bool warmup = indexer_warmup();
     begin_pass(warmup ? warmup_plan_ : train_plan_);
     set_pass({.record = true, .loss_scale = loss_scale, .lora_seed = lora_seed_});
@@ -668,7 +733,7 @@ LossResult Model::forward_backward(StepShape s,
 }
 
 void Model::backward_blocks(StepShape s) {
-    const int64_t N = s.tokens();
+    const int64_t N = local_rows(s.tokens());
     for (size_t j = blocks_.size(); j-- > 0;) {
         const TensorView in = block_input(j, N);
         TensorView d = dres_;
@@ -679,8 +744,9 @@ void Model::backward_blocks(StepShape s) {
         visit(
             block_unit_[j], true,
             [&] {
-                if (recompute_block_[j]) blocks_[j]->forward(s, in, x_[j + 1], ws_);
-                blocks_[j]->backward(s, in, d, ws_);
+                const StepShape bs = block_shape(j, s);
+                if (recompute_block_[j]) blocks_[j]->forward(bs, in, x_[j + 1], ws_);
+                blocks_[j]->backward(bs, in, d, ws_);
             },
             block_kinds_[j], layer_of(j));
         if (attn_res_) attn_res_->end_backward(j, dres_, N);
@@ -691,7 +757,7 @@ void Model::backward_blocks(StepShape s) {
         [&] {
             if (!d_embed_.defined()) return;
             if (!image_pos_.empty()) ops::zero_rows_at(dres_, image_pos_);  // image rows: not the token's embedding
-            ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(0, N), d_embed_);
+            ops::embedding_backward(dres_.slice0(0, N), ids_.slice0(t_ * N, (t_ + 1) * N), d_embed_);
         },
         "embedding");
 }
@@ -759,6 +825,7 @@ LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::s
 void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits) {
     const int64_t N = s.tokens();
     check_whole("forward_logits");
+    TESSERA_CHECK(!tensor_, "model: forward_logits with tensor parallelism is not supported (run it on one rank)");
     check_shape(logits, Shape{N, cfg_.vocab_size}, "model: logits");
     begin_pass(eval_plan_);
     set_pass({});
@@ -775,6 +842,7 @@ void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView
 
 std::vector<BufferSpec> Model::cache_specs(int64_t batch, int64_t max_len) const {
     TESSERA_CHECK(batch >= 1 && max_len >= 1, "model: decoding caches need batch >= 1 and max_len >= 1");
+    TESSERA_CHECK(!tensor_, "model: decoding with tensor parallelism is not supported (decode on one rank)");
     std::vector<BufferSpec> specs;
     for (size_t j = 0; j < blocks_.size(); ++j) {
         blocks_[j]->declare_cache(specs, fmt::format("cache.{}.", j), batch, max_len);

@@ -100,6 +100,9 @@ struct LossResult {
 // What keeps a model whole on one pipeline stage (it crosses stages), or null: tied embeddings, Attention Residuals,
 // the image tower, the global balance loss.
 const char* pipeline_obstacle(const ModelConfig& c);
+// What tensor parallelism does not cover yet (parallel.tensor, model/layers/tensor_slice.h), or null: MLA / DSA
+// layers, LoRA, the image tower, the balance losses over whole sequences or every token.
+const char* tensor_obstacle(const ModelConfig& c);
 
 class Model {
   public:
@@ -110,10 +113,14 @@ class Model {
     // ep_chunks: the local experts in this many groups whose exchanges overlap the previous group's compute.
     // layers: a pipeline stage's layers (all by default). A stage that is not the whole model refuses what crosses
     // stages: tied embeddings, Attention Residuals, the image tower and the global balance loss (one-line errors).
+    // tensor_group: tensor parallelism (parallel.tensor; model/layers/tensor_slice.h): its ranks pass the same ids and
+    // targets, each keeps 1/T of the tokens between the attention blocks (rows [t·N/T, (t+1)·N/T)) and runs 1/T of
+    // each attention block's heads; the losses are the micro-batch's on every rank of it. null or one rank: none.
     explicit Model(ModelConfig cfg,
                    parallel::Comm* expert_group = nullptr,
                    int64_t ep_chunks = 1,
-                   LayerRange layers = {});
+                   LayerRange layers = {},
+                   parallel::Comm* tensor_group = nullptr);
     ~Model();
 
     const ModelConfig& config() const { return cfg_; }
@@ -182,6 +189,10 @@ class Model {
     TensorView stage_input(int64_t tokens) const { return x_.front().slice0(0, tokens); }
     TensorView stage_output(int64_t tokens) const { return x_.back().slice0(0, tokens); }
     TensorView stage_grad(int64_t tokens) const { return dres_.slice0(0, tokens); }
+    // tensor parallelism: the ranks of the tensor group (1: none), and the token rows of a micro-batch of N tokens
+    // this rank keeps between attention blocks (N / tensor_ranks(); the stage input, output and gradient hold those)
+    int tensor_ranks() const { return int(T_); }
+    int64_t local_rows(int64_t N) const { return N / T_; }
     // logits: [B·T, V] f32
     void forward_logits(StepShape s, std::span<const int32_t> ids, TensorView logits);
 
@@ -288,8 +299,14 @@ class Model {
     void indexer_backward(StepShape s);             // the DSA warm-up: each indexer's KL only
     int64_t layer_of(size_t j) const;               // block j's layer in the whole model
 
+    // block j's shape of a micro-batch: the whole one for a sliced attention block, this rank's rows for the rest
+    StepShape block_shape(size_t j, StepShape s) const;
+
     ModelConfig cfg_;
-    LayerRange layers_;  // (last resolved)
+    LayerRange layers_;                 // (last resolved)
+    parallel::Comm* tensor_ = nullptr;  // tensor parallelism's group (null: none)
+    int64_t T_ = 1, t_ = 0;             // its size and this rank's place
+    std::vector<bool> sliced_;          // per block: a TensorSlice (an attention block over 1/T of its heads)
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<std::string> block_kinds_;            // blocks_[j]->kind(), for step traces
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers

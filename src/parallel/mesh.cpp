@@ -38,7 +38,7 @@ class LayoutComm final : public Comm {
 };
 
 // Whether the layout has shard groups smaller than a stage (HSDP); one-line errors for a layout that does not fit.
-bool check_layout(int W, int ep, int shard, int pp) {
+bool check_layout(int W, int ep, int shard, int pp, int tp) {
     TESSERA_CHECK(pp >= 1 && W % pp == 0, "parallel.pipeline = {} does not divide the {} ranks into stages", pp, W);
     const int D = W / pp;
     TESSERA_CHECK(ep >= 1 && D % ep == 0,
@@ -47,13 +47,15 @@ bool check_layout(int W, int ep, int shard, int pp) {
     TESSERA_CHECK(shard == 0 || (shard >= 2 && D % shard == 0),
                   "parallel.shard = {} does not divide the {} ranks{} into groups of at least 2", shard, D,
                   pp > 1 ? " of a pipeline stage" : "");
+    TESSERA_CHECK(tp >= 1 && D % tp == 0, "parallel.tensor = {} does not divide the {} ranks{} into tensor groups", tp,
+                  D, pp > 1 ? " of a pipeline stage" : "");
     return shard != 0 && shard < D;
 }
 }  // namespace
 
-Mesh::Mesh(Comm& world, int ep, int shard, int pp) : world_(world), ep_(ep), pp_(pp) {
+Mesh::Mesh(Comm& world, int ep, int shard, int pp, int tp) : world_(world), ep_(ep), pp_(pp) {
     const int W = world_.size();
-    const bool hsdp = check_layout(W, ep, shard, pp);
+    const bool hsdp = check_layout(W, ep, shard, pp, tp);
     if (pp > 1) {
         const int D = W / pp, s = world_.rank() / D;
         stage_ = world_.split(s, world_.rank());
@@ -68,6 +70,7 @@ Mesh::Mesh(Comm& world, int ep, int shard, int pp) : world_(world), ep_(ep), pp_
     const int r = d.rank();
     expert_ = d.split(expert_data_rank(r, ep), expert_rank(r, ep));
     expert_data_ = d.split(expert_rank(r, ep), expert_data_rank(r, ep));
+    if (tp > 1) tensor_ = d.split(r / tp, r % tp);
     if (!hsdp) return;
     shard_ = d.split(r / shard, r % shard);
     replicas_ = d.split(r % shard, r / shard);
@@ -80,8 +83,8 @@ Mesh::Mesh(std::unique_ptr<Comm> world, std::unique_ptr<Comm> expert, std::uniqu
       expert_data_(std::move(expert_data)),
       ep_(ep) {}
 
-std::unique_ptr<Mesh> Mesh::layout(int world_size, int rank, int ep, int shard, int pp) {
-    const bool hsdp = check_layout(world_size, ep, shard, pp);
+std::unique_ptr<Mesh> Mesh::layout(int world_size, int rank, int ep, int shard, int pp, int tp) {
+    const bool hsdp = check_layout(world_size, ep, shard, pp, tp);
     TESSERA_CHECK(rank >= 0 && rank < world_size, "layout: rank {} of {} ranks", rank, world_size);
     const int D = world_size / pp, r = rank % D, s = rank / D;
     std::unique_ptr<Mesh> m(new Mesh(std::make_unique<LayoutComm>(rank, world_size),
@@ -94,6 +97,7 @@ std::unique_ptr<Mesh> Mesh::layout(int world_size, int rank, int ep, int shard, 
         if (s > 0) m->prev_ = std::make_unique<LayoutComm>(1, 2);
         if (s + 1 < pp) m->next_ = std::make_unique<LayoutComm>(0, 2);
     }
+    if (tp > 1) m->tensor_ = std::make_unique<LayoutComm>(r % tp, tp);
     if (hsdp) {
         m->shard_ = std::make_unique<LayoutComm>(r % shard, shard);
         m->replicas_ = std::make_unique<LayoutComm>(r / shard, D / shard);

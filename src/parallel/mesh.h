@@ -13,6 +13,9 @@
 //                each member holds E/EP of every MoE layer's experts
 //   expert-data  the EDP ranks at the same place in their expert group: they hold the same experts and
 //                shard those experts' parameters among themselves
+//   tensor (TP)  TP consecutive ranks [g·TP, (g+1)·TP) (parallel.tensor): they take the same micro-batches, each
+//                keeps 1/TP of its tokens between the attention blocks and runs 1/TP of each attention block's
+//                heads over all of them (model/layers/tensor_slice.h); to every other group they are data ranks
 #pragma once
 
 #include <memory>
@@ -23,13 +26,14 @@ namespace tessera::parallel {
 
 class Mesh {
   public:
-    // Throws a one-line error when the layout does not fit (W not a multiple of pp, W / pp not of ep). world:
+    // Throws a one-line error when the layout does not fit (W not a multiple of pp, W / pp not of ep or tp). world:
     // borrowed, it must outlive the mesh.
-    // shard: ranks per shard group (0: every rank of the stage), a divisor of W / pp. pp: pipeline stages.
-    Mesh(Comm& world, int ep, int shard = 0, int pp = 1);
+    // shard: ranks per shard group (0: every rank of the stage), a divisor of W / pp. pp: pipeline stages. tp: ranks
+    // per tensor group.
+    Mesh(Comm& world, int ep, int shard = 0, int pp = 1, int tp = 1);
     // One rank's mesh of a job that is not running (the planner, plan/memory.h): each communicator knows its
     // rank and size, and a transfer on it throws.
-    static std::unique_ptr<Mesh> layout(int world_size, int rank, int ep, int shard = 0, int pp = 1);
+    static std::unique_ptr<Mesh> layout(int world_size, int rank, int ep, int shard = 0, int pp = 1, int tp = 1);
     // World rank r's place in its expert group and in its expert-data group (and in its shard group: r % shard),
     // r counted within its stage.
     static int expert_rank(int r, int ep) { return r % ep; }
@@ -40,6 +44,8 @@ class Mesh {
     Comm* replicas() const { return replicas_.get(); }  // null: one shard group (plain FSDP)
     Comm& expert() const { return *expert_; }
     Comm& expert_data() const { return *expert_data_; }
+    Comm* tensor() const { return tensor_.get(); }  // null: no tensor parallelism (tp = 1)
+    int tp() const { return tensor_ ? tensor_->size() : 1; }
     int world_size() const { return world_.size(); }
     int rank() const { return world_.rank(); }
     int ep() const { return ep_; }
@@ -59,6 +65,7 @@ class Mesh {
     std::unique_ptr<Comm> stage_, pipeline_, prev_, next_;  // pp > 1 only
     std::unique_ptr<Comm> expert_, expert_data_;
     std::unique_ptr<Comm> shard_, replicas_;  // HSDP only (shard_ null: the stage)
+    std::unique_ptr<Comm> tensor_;            // tp > 1 only
     int ep_, pp_ = 1;
 };
 

@@ -82,6 +82,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     c.parallel.ep_chunks = pr.integer("ep_chunks", c.parallel.ep_chunks);
     c.parallel.link_delay_ns_per_byte = pr.number("link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte);
     c.parallel.pipeline = pr.integer("pipeline", c.parallel.pipeline);
+    c.parallel.tensor = pr.integer("tensor", c.parallel.tensor);
     c.parallel.pipeline_rerun = pr.boolean("pipeline_rerun", c.parallel.pipeline_rerun);
     c.parallel.pipeline_split =
         pr.parsed("pipeline_split", c.parallel.pipeline_split, [](const Json& v, const std::string& at) {
@@ -162,6 +163,10 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(std::isfinite(c.parallel.link_delay_ns_per_byte) && c.parallel.link_delay_ns_per_byte >= 0 &&
               c.parallel.link_delay_ns_per_byte <= 1e6,
           "parallel.link_delay_ns_per_byte must be in [0, 1e6]");
+    check(c.parallel.tensor >= 1 && c.parallel.tensor <= 1024, "parallel.tensor must be in [1, 1024]");
+    check(c.parallel.tensor == 1 || tc.seq_len % c.parallel.tensor == 0,
+          fmt::format("parallel.tensor = {} does not divide train.seq_len = {} (each rank keeps 1/{} of the tokens)",
+                      c.parallel.tensor, tc.seq_len, c.parallel.tensor));
     check(c.parallel.pipeline >= 1 && c.parallel.pipeline <= c.model.n_layers,
           fmt::format("parallel.pipeline must be in [1, {}] (stages of at least one layer)", c.model.n_layers));
     const std::vector<int64_t>& split = c.parallel.pipeline_split;
@@ -256,6 +261,7 @@ Json to_json(const RunConfig& c) {
                   {"ep_chunks", c.parallel.ep_chunks},
                   {"link_delay_ns_per_byte", c.parallel.link_delay_ns_per_byte},
                   {"pipeline", c.parallel.pipeline},
+                  {"tensor", c.parallel.tensor},
                   {"pipeline_split", c.parallel.pipeline_split},
                   {"pipeline_rerun", c.parallel.pipeline_rerun}}},
                 {"memory",

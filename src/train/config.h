@@ -81,6 +81,10 @@ struct ParallelConfig {
     // of the activation group, restored before its backward); true, keep only its input and re-run its forward before
     // the backward (one activation set, one forward more per micro-batch).
     bool pipeline_rerun = false;
+    // Tensor parallelism (docs/parallel.md): groups of this many consecutive ranks of a stage take the same
+    // micro-batches; each keeps 1/tensor of the tokens between attention blocks and runs 1/tensor of each attention
+    // block's heads (model/layers/tensor_slice.h). A divisor of the ranks per stage and of train.seq_len.
+    int64_t tensor = 1;
     // stage s's layers of a model of n_layers
     model::LayerRange stage_layers(int64_t stage, int64_t n_layers) const;
 };

@@ -26,7 +26,8 @@ RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accu
     : model(cfg.model,
             m ? &m->expert() : nullptr,
             cfg.parallel.ep_chunks,
-            m ? cfg.parallel.stage_layers(m->stage(), cfg.model.n_layers) : model::LayerRange{}),
+            m ? cfg.parallel.stage_layers(m->stage(), cfg.model.n_layers) : model::LayerRange{},
+            m ? m->tensor() : nullptr),
       opt(model.trained_specs(),
           m,
           model.local_experts().first,
@@ -37,7 +38,7 @@ RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accu
       grad_sum(opt, accumulation, sharded) {
     if (m && m->pp() > 1)
         pipeline.emplace(model, *m, accumulation,
-                         model::StepShape{cfg.train.micro_batch(m->data().size()), cfg.train.seq_len},
+                         model::StepShape{cfg.train.micro_batch(m->data().size() / m->tp()), cfg.train.seq_len},
                          cfg.train.recompute, cfg.parallel.pipeline_rerun);
 }
 

@@ -178,6 +178,7 @@ StepResult train_step(model::Model& model,
     StepResult r;
     r.lr = learning_rate(tc, step);
     const int64_t micros = grads.accumulation(), ranks = comm ? comm->size() : 1;
+    const int64_t groups = ranks / so.tensor;  // the ranks taking micro-batches of their own
     auto t = Clock::now();
     auto lap = [&t](double& phase) {  // adds the time since the last lap to a phase
         const auto now = Clock::now();
@@ -193,7 +194,7 @@ StepResult train_step(model::Model& model,
             model.set_lora_seed((uint64_t(b[0]) << 32 | b[1]) | 1);
         }
         // the step's loss: the mean over every micro-batch, or over every counted target of the step
-        if (step_targets == 0) return 1.0 / double(micros * ranks);
+        if (step_targets == 0) return 1.0 / double(micros * groups);
         const int64_t n =
             std::count_if(tgt.begin(), tgt.end(), [](int32_t t) { return t != model::Model::kIgnoreIndex; });
         return double(n) / double(step_targets);
@@ -239,9 +240,10 @@ StepResult train_step(model::Model& model,
     }
     const GradRanges g = [&] {
         trace::Span span("gradient reduction", "wait");
-        if (ranks > 1) r.loss = comm->all_reduce_sum(r.loss);  // in rank order, as one rank would add them
+        if (comm && comm->rank() % so.tensor != 0) r.loss = 0;  // (a tensor group's ranks: the same micro-batches)
+        if (ranks > 1) r.loss = comm->all_reduce_sum(r.loss);   // in rank order, as one rank would add them
         if (so.pipeline) r.loss = so.pipeline->from_last(r.loss);
-        if (step_targets == 0) r.loss /= double(micros * ranks);
+        if (step_targets == 0) r.loss /= double(micros * groups);
         return grads.finish(rt.grads());  // this rank's ranges of the summed gradient
     }();
     lap(r.phases.communication);
@@ -294,7 +296,14 @@ TrainSummary train(const TrainOptions& opts) {
     TESSERA_CHECK(ranks % stages == 0, "parallel.pipeline = {} does not divide the {} ranks into stages", stages,
                   ranks);
     const int dranks = ranks / int(stages), drank = rank % dranks;
-    const int64_t micro = tc.micro_batch(dranks), accumulation = tc.accumulation(dranks);
+    // parallel.tensor: the stage's ranks in tensor groups of tp; each group (gdata of them) takes its own micro-batches
+    const int tp = int(cfg.parallel.tensor);
+    TESSERA_CHECK(tp == 1 || ranks > 1, "parallel.tensor = {} needs several ranks (mpirun -n W, W a multiple of it)",
+                  tp);
+    TESSERA_CHECK(dranks % tp == 0, "parallel.tensor = {} does not divide the {} ranks{} into tensor groups", tp,
+                  dranks, stages > 1 ? " of a pipeline stage" : "");
+    const int gdata = dranks / tp, gdrank = drank / tp;
+    const int64_t micro = tc.micro_batch(gdata), accumulation = tc.accumulation(gdata);
     TESSERA_CHECK(cfg.parallel.ep == 1 || ranks > 1,
                   "parallel.ep = {} needs several ranks (mpirun -n W, W a multiple of "
                   "it)",
@@ -317,7 +326,7 @@ TrainSummary train(const TrainOptions& opts) {
                       "now; set it to false");
     }
     std::optional<parallel::Mesh> mesh;  // one-line error when W is not a multiple of parallel.ep
-    if (comm) mesh.emplace(*comm, int(cfg.parallel.ep), int(cfg.parallel.shard), int(stages));
+    if (comm) mesh.emplace(*comm, int(cfg.parallel.ep), int(cfg.parallel.shard), int(stages), tp);
     if (mesh) mesh->expert().set_link_delay(cfg.parallel.link_delay_ns_per_byte * 1e-9);
     const parallel::Mesh* m = mesh ? &*mesh : nullptr;
     parallel::Comm* dcomm = m && dranks > 1 ? &m->data() : nullptr;  // the stage's data-parallel ranks
@@ -329,7 +338,7 @@ TrainSummary train(const TrainOptions& opts) {
     TESSERA_CHECK(tokens.max_token() < cfg.model.vocab_size,
                   "data {} holds token id {} (its tokenizer has {} ids) but model.vocab_size is {}", data_path,
                   tokens.max_token(), tokens.vocab_size(), cfg.model.vocab_size);
-    DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {drank, dranks, accumulation});
+    DataLoader loader(tokens, tc.seq_len, micro, cfg.data.val_fraction, tc.seed, {gdrank, gdata, accumulation});
     // images in the data (token_source.h): made for this model's tower (its image token, patch size, merge)
     const model::VisionConfig& vision = cfg.model.vision;
     const bool with_images = !tokens.images().empty();
@@ -473,7 +482,7 @@ TrainSummary train(const TrainOptions& opts) {
                      cfg.model.n_layers, cfg.model.d_model, tokens_per_step, tc.steps));
     if (comm)
         note(fmt::format(
-            "{} ranks ({}){}: each runs {} micro-batch{} of {} sequences per step{}; {}; memory below is "
+            "{} ranks ({}){}: each runs {} micro-batch{} of {} sequences per step{}{}; {}; memory below is "
             "per rank",
             ranks, comm->backend(),
             pipeline
@@ -489,6 +498,10 @@ TrainSummary train(const TrainOptions& opts) {
             m->ep() > 1 ? fmt::format(", holds {} of {} experts per MoE layer (parallel.ep {})",
                                       model.local_experts().second, cfg.model.moe.experts, m->ep())
                         : std::string(),
+            tp > 1 ? fmt::format(", with the {} ranks of its tensor group (parallel.tensor: 1/{} of the tokens between "
+                                 "attention blocks, 1/{} of each attention block's heads)",
+                                 tp, tp, tp)
+                   : std::string(),
             dranks == 1     ? "each stage's parameters, gradients and optimizer state whole (one rank per stage)"
             : !fsdp         ? "optimizer state and summed gradients sharded (ZeRO-2)"
             : m->replicas() ? fmt::format("dense parameters, gradients and optimizer state sharded over groups of {} "
@@ -558,13 +571,14 @@ TrainSummary train(const TrainOptions& opts) {
         // with expert parallelism every rank of an expert group must run each forward (its experts serve the
         // others), with FSDP every rank (each forward gathers from all): ranks without a batch of their own in
         // the last round run one whose result they drop
-        const bool lockstep = m && (m->ep() > 1 || fsdp);  // FSDP: every rank gathers each block's parameters
-        for (int64_t i = drank; i < (lockstep ? (n + dranks - 1) / dranks * dranks : n); i += dranks) {
+        // (tensor parallelism: a tensor group's ranks run each of their batches together)
+        const bool lockstep = m && (m->ep() > 1 || fsdp || tp > 1);  // FSDP: every rank gathers each block's parameters
+        for (int64_t i = gdrank; i < (lockstep ? (n + gdata - 1) / gdata * gdata : n); i += gdata) {
             loader.eval_batch(i % n, ids, targets, with_images ? &images : nullptr);
             set_images();
             model::LossResult r = pipeline ? pipeline->forward_loss(shape_of(ids), ids, targets)
                                            : model.forward_loss(shape_of(ids), ids, targets);
-            if (i >= n) continue;
+            if (i >= n || drank % tp != 0) continue;  // (a tensor group's loss: counted on its first rank)
             eval_parts[size_t(2 * i)] = r.loss * double(r.count);
             eval_parts[size_t(2 * i + 1)] = double(r.count);
         }
@@ -717,7 +731,8 @@ TrainSummary train(const TrainOptions& opts) {
                                   fsdp ? &*fsdp : nullptr, loader.step_targets(),
                                   {.skip_nonfinite = true,  // (the nonfinite rule decides: skip, or stop)
                                    .poison = fault.poisons(state.step + 1),
-                                   .pipeline = pipeline});
+                                   .pipeline = pipeline,
+                                   .tensor = tp});
         step_span.reset();
         state.step++;
         state.tokens_seen += tokens_per_step;

@@ -63,6 +63,9 @@ struct StepOptions {
     // parallel.pipeline: this rank's stage runs the micro-batches in the 1F1B schedule (comm is then the stage's
     // data-parallel group)
     PipelineStep* pipeline = nullptr;
+    // parallel.tensor: comm's ranks in groups of this many consecutive ones take the same micro-batches (tensor
+    // parallelism; each reports the micro-batch's loss, counted once per group)
+    int tensor = 1;
 };
 
 // Fills a micro-batch's ids and targets and returns its step shape (with document boundaries when

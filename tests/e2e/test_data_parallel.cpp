@@ -296,6 +296,47 @@ TEST(ExpertParallelTraining, MatchesOneProcessAndRepeatsBitwise) {
     }
 }
 
+// Tensor parallelism (parallel.tensor): a tensor group's ranks take the same micro-batches, each holds 1/T of their
+// tokens between attention blocks and runs 1/T of each attention block's heads. Against one process on the
+// micro-batches of the tensor groups: losses and evaluations within 1e-5 (the head sum's order differs), for the dense
+// tiny model on one group of 2 (FSDP), and a KDA + gated GQA + MoE model on 4 ranks, 2 groups of 2 with expert
+// parallelism over pairs that cross the groups; the resulting checkpoint resumes on one process.
+TEST(TensorParallelTraining, MatchesOneProcess) {
+    TempDir d;
+    const std::string heads = " --set model.n_kv_heads=2";
+    const std::string hybrid = heads + kMoeSign +
+                               " --set 'model.attention=[\"kda\",\"gqa\"]' --set model.kda.head_dim=16"
+                               " --set model.output_gate=elementwise";
+    struct Case {
+        int ranks;
+        std::string sets, ranks_only;
+        int micro;  // sequences per micro-batch (a tensor group's)
+    };
+    for (const Case& c :
+         {Case{2, heads, "", 4}, Case{4, hybrid, " --set parallel.ep=2 --set parallel.fsdp=false", 2}}) {
+        const std::string one = d.file(fmt::format("one{}", c.ranks)), many = d.file(fmt::format("tp{}", c.ranks));
+        const std::string args =
+            "train --config " + kTiny + c.sets + " --set train.micro_batch_size=" + std::to_string(c.micro);
+        test::CliResult a = run_tessera(args + " --out " + one);
+        ASSERT_EQ(a.status, 0) << a.err;
+        test::CliResult b =
+            run_tessera_mpi(c.ranks, args + " --set parallel.tensor=2" + c.ranks_only + " --out " + many);
+        ASSERT_EQ(b.status, 0) << b.out << b.err;
+        EXPECT_NE(b.out.find("with the 2 ranks of its tensor group"), std::string::npos) << b.out;
+        ASSERT_EQ(losses(one).size(), 14u);  // 12 steps, 2 evaluations
+        expect_close_losses(one, many);
+        if (c.ranks == 4) {  // its checkpoint of step 6 continues on one process like the 4 ranks did
+            const std::string resumed = d.file("resumed");
+            fs::create_directories(resumed + "/checkpoints");
+            fs::copy(many + "/checkpoints/step_0000006", resumed + "/checkpoints/step_0000006");
+            test::CliResult r =
+                run_tessera("train --resume " + resumed + " --set parallel.tensor=1 --set parallel.ep=1");
+            ASSERT_EQ(r.status, 0) << r.err;
+            expect_close_losses(many, resumed, 6);
+        }
+    }
+}
+
 // Expert parallelism's checkpoints hold whole expert tensors and named pieces of the moments: ep 2 resumes on
 // ep 2 bitwise, and on one process and on ep 4 within 1e-5.
 TEST(ExpertParallelTraining, ResumesOnAnotherExpertLayout) {
@@ -515,6 +556,18 @@ TEST(DataParallelErrors, LayoutsThatDoNotFitAreOneLineErrors) {
               std::string::npos)
         << r.err;
     EXPECT_FALSE(fs::exists(d.file("j") + "/config.json")) << "a failed start leaves nothing";
+    // tensor groups
+    r = run_tessera("train --config " + kTiny + " --out " + d.file("k") + " --set parallel.tensor=2");
+    test::expect_one_line_error(r, "parallel.tensor = 2 needs several ranks", "tensor groups in one process");
+    r = run_tessera_mpi(2, "train --config " + kTiny + " --out " + d.file("l") + " --set parallel.tensor=4");
+    EXPECT_NE(r.err.find("parallel.tensor = 4 does not divide the 2 ranks into tensor groups"), std::string::npos)
+        << r.err;
+    r = run_tessera_mpi(2, "train --config " + kTiny + " --out " + d.file("m") + " --set parallel.tensor=2");
+    EXPECT_NE(r.err.find("parallel.tensor = 2 does not divide model.n_kv_heads = 1"), std::string::npos) << r.err;
+    r = run_tessera("train --config " + kTiny + " --out " + d.file("n") + " --set parallel.tensor=3");
+    test::expect_one_line_error(r, "parallel.tensor = 3 does not divide train.seq_len = 32", "tokens per rank");
+    for (const char* run : {"k", "l", "m", "n"})
+        EXPECT_FALSE(fs::exists(d.file(run) + "/config.json")) << "a failed start leaves nothing";
 }
 
 }  // namespace

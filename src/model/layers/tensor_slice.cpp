@@ -1,0 +1,188 @@
+// Tensor parallelism of an attention block (see tensor_slice.h).
+#include "model/layers/tensor_slice.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "core/check.h"
+
+namespace tessera::model {
+
+namespace {
+std::span<const std::byte> bytes_of(TensorView v, int64_t rows) {
+    return {static_cast<const std::byte*>(v.data), size_t(rows * v.size(1)) * sizeof(float)};
+}
+std::span<std::byte> bytes_of_mut(TensorView v, int64_t rows) {
+    return {static_cast<std::byte*>(v.data), size_t(rows * v.size(1)) * sizeof(float)};
+}
+}  // namespace
+
+TensorSlice::TensorSlice(std::unique_ptr<Block> whole,
+                         std::unique_ptr<Block> part,
+                         parallel::Comm& group,
+                         int64_t d_model)
+    : whole_(std::move(whole)),
+      part_(std::move(part)),
+      group_(group),
+      T_(group.size()),
+      t_(group.rank()),
+      C_(d_model),
+      counts_(size_t(T_)) {
+    TESSERA_CHECK(whole_->kind() == part_->kind(), "tensor slice: a {} block sliced as a {} block", whole_->kind(),
+                  part_->kind());
+    part_->set_residual(false);  // it adds only its heads' share; the residual is added once, here
+    std::vector<BufferSpec> ws, ps;
+    std::vector<ParamInit> wi, pi;
+    whole_->declare_params(ws, wi);
+    part_->declare_params(ps, pi);
+    std::unordered_map<std::string, const BufferSpec*> by_name;
+    for (const BufferSpec& s : ws) by_name.emplace(s.name, &s);
+    for (const BufferSpec& p : ps) {
+        auto it = by_name.find(p.name);
+        TESSERA_CHECK(it != by_name.end(), "tensor slice: the sliced block has a parameter {} the whole has not",
+                      p.name);
+        const Shape& w = it->second->shape;
+        TESSERA_CHECK(w.ndim == p.shape.ndim && p.dtype == DType::f32 && it->second->dtype == DType::f32,
+                      "tensor slice: parameter {} is {} {} whole and {} {} sliced", p.name,
+                      dtype_name(it->second->dtype), w.str(), dtype_name(p.dtype), p.shape.str());
+        Piece piece{.name = p.name};
+        for (int k = 0; k < w.ndim; ++k) {
+            if (w[k] == p.shape[k]) continue;
+            TESSERA_CHECK(piece.dim < 0 && w[k] == T_ * p.shape[k],
+                          "tensor slice: parameter {} is {} whole and {} sliced, not 1/{} of one dimension", p.name,
+                          w.str(), p.shape.str(), T_);
+            piece.dim = k;
+        }
+        if (piece.dim >= 0) {
+            for (int k = 0; k < piece.dim; ++k) piece.outer *= w[k];
+            for (int k = piece.dim + 1; k < w.ndim; ++k) piece.inner *= w[k];
+            piece.d = p.shape[piece.dim];
+        } else {
+            piece.inner = w.numel();
+        }
+        pieces_.push_back(std::move(piece));
+    }
+    part_params_ = BufferGroup("tensor slice parameters", ps);
+    for (BufferSpec& p : ps) p.kind = BufferKind::grad;
+    part_grads_ = BufferGroup("tensor slice gradients", std::move(ps));
+}
+
+void TensorSlice::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
+    whole_->declare_params(specs, inits);
+}
+
+void TensorSlice::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    part_->declare_saved(specs, prefix, max);
+}
+
+void TensorSlice::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
+    part_->declare_scratch(specs, prefix, max);
+    specs.push_back({prefix + "tensor.x", DType::f32, Shape{max.tokens(), C_}});
+    specs.push_back({prefix + "tensor.y", DType::f32, Shape{max.tokens(), C_}});
+    specs.push_back({prefix + "tensor.params", DType::u8, Shape{int64_t(part_params_.nbytes())}});
+    specs.push_back({prefix + "tensor.grads", DType::u8, Shape{int64_t(part_grads_.nbytes())}});
+}
+
+size_t TensorSlice::workspace_bytes(StepShape max, int num_threads) const {
+    return part_->workspace_bytes(max, num_threads);
+}
+
+void TensorSlice::bind_params(const BufferGroup& params, const BufferGroup* grads) {
+    has_grads_ = grads != nullptr;
+    whole_params_.clear();
+    whole_grads_.clear();
+    for (const Piece& p : pieces_) {
+        whole_params_.push_back(params.view(p.name));
+        whole_grads_.push_back(grads ? grads->find(p.name) : TensorView{});
+        TESSERA_CHECK(whole_params_.back().device == Device::cpu,
+                      "parallel.tensor: tensor parallelism runs on the CPU for now (train.device = cpu)");
+    }
+}
+
+void TensorSlice::bind_saved(const BufferGroup& acts, const std::string& prefix) { part_->bind_saved(acts, prefix); }
+
+void TensorSlice::bind_scratch(const BufferGroup& acts, const std::string& prefix) {
+    part_params_.bind(static_cast<std::byte*>(acts.view(prefix + "tensor.params").data), acts.device());
+    part_grads_.bind(static_cast<std::byte*>(acts.view(prefix + "tensor.grads").data), acts.device());
+    part_->bind_params(part_params_, has_grads_ ? &part_grads_ : nullptr);
+    part_->bind_scratch(acts, prefix);
+    x_ = acts.view(prefix + "tensor.x");
+    y_ = acts.view(prefix + "tensor.y");
+}
+
+void TensorSlice::pack_params() {
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+        const Piece& p = pieces_[i];
+        const float* src = whole_params_[i].ptr<float>();
+        float* dst = part_params_.view(i).ptr<float>();
+        if (p.dim < 0) {
+            std::memcpy(dst, src, size_t(p.inner) * sizeof(float));
+            continue;
+        }
+        const int64_t run = p.d * p.inner;  // one outer index's slice: contiguous in both
+        for (int64_t o = 0; o < p.outer; ++o)
+            std::memcpy(dst + o * run, src + (o * T_ + t_) * run, size_t(run) * sizeof(float));
+    }
+}
+
+void TensorSlice::add_grads() {
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+        if (!whole_grads_[i].defined()) continue;
+        const Piece& p = pieces_[i];
+        const float* src = part_grads_.view(i).ptr<float>();
+        float* dst = whole_grads_[i].ptr<float>();
+        // the part's [outer, d, inner] at [outer, T·d, inner]'s slice t (a whole-shared one: [1, 1, inner] at 0)
+        const bool whole = p.dim < 0;
+        const int64_t run = whole ? p.inner : p.d * p.inner, outer = whole ? 1 : p.outer;
+        const int64_t stride = whole ? run : T_ * run, at = whole ? 0 : t_ * run;
+#pragma omp parallel for collapse(2) schedule(static)
+        for (int64_t o = 0; o < outer; ++o)
+            for (int64_t e = 0; e < run; ++e) dst[o * stride + at + e] += src[o * run + e];
+    }
+}
+
+void TensorSlice::check_rows(StepShape s, TensorView x) const {
+    TESSERA_CHECK(s.tokens() % T_ == 0 && x.size(0) * T_ >= s.tokens(),
+                  "parallel.tensor = {}: a micro-batch of {} tokens does not split into {} equal parts", T_, s.tokens(),
+                  T_);
+}
+
+void TensorSlice::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
+    check_rows(s, x_in);
+    const int64_t N = s.tokens(), n = N / T_;
+    pack_params();
+    const TensorView x = x_.slice0(0, N), y = y_.slice0(0, N);
+    group_.all_gather(bytes_of(x_in, n), bytes_of_mut(x, N));
+    part_->forward(s, x, y, ws);
+    start_output(x_in, x_out, n);
+    std::fill(counts_.begin(), counts_.end(), n * C_);
+    group_
+        .reduce_scatter_v_async(DType::f32, y.data, counts_, x_out.data, n * C_, /*accumulate=*/true,
+                                bytes_of_mut(x, N))
+        .wait();
+}
+
+void TensorSlice::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
+    check_rows(s, x_in);
+    const int64_t N = s.tokens(), n = N / T_;
+    pack_params();
+    const TensorView x = x_.slice0(0, N), dy = y_.slice0(0, N);
+    group_.all_gather(bytes_of(x_in, n), bytes_of_mut(x, N));
+    group_.all_gather(bytes_of(dres, n), bytes_of_mut(dy, N));
+    if (has_grads_) part_grads_.zero();
+    part_->backward(s, x, dy, ws);  // dy: this rank's heads' share of dL/dx
+    start_input_grad(dres, n);
+    std::fill(counts_.begin(), counts_.end(), n * C_);
+    group_
+        .reduce_scatter_v_async(DType::f32, dy.data, counts_, dres.data, n * C_, /*accumulate=*/true,
+                                bytes_of_mut(x, N))
+        .wait();
+    if (has_grads_) add_grads();
+}
+
+void TensorSlice::step(int64_t, int64_t, TensorView, TensorView, std::span<std::byte>) {
+    throw Error("parallel.tensor: decoding with tensor parallelism is not supported (decode on one rank)");
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,164 @@
+// Tensor parallelism (parallel.tensor, model/layers/tensor_slice.h) on in-process ranks: T ranks passing the same
+// micro-batch give one rank's loss, and their gradients summed give one rank's, up to the order of the sum over heads
+// (1e-5 relative); each rank's gradient of a head-sliced parameter is zero outside its slice (it ran only its heads),
+// a rank holds 1/T of the residual stream, and what tensor parallelism does not cover yet is a one-line error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+
+#include "model/model.h"
+#include "model/runtime.h"
+#include "parallel/comm_local.h"
+#include "util/test_util.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kBatch = 2, kSeq = 16;
+
+// KDA, gated GQA with q/k norms and GDN layers, MLP and MoE feed-forwards (KDA's q/k width per rank: a multiple of 16)
+model::ModelConfig hybrid(int64_t kv_heads, int64_t kda_head_dim = 8) {
+    model::ModelConfig c;
+    c.vocab_size = 64;
+    c.d_model = 32;
+    c.n_layers = 3;
+    c.n_heads = 4;
+    c.n_kv_heads = kv_heads;
+    c.ffn_dim = 48;
+    c.attention = {"kda", "gqa", "gdn"};
+    c.output_gate = "elementwise";
+    c.qk_norm = true;
+    c.kda.head_dim = kda_head_dim;
+    c.moe.experts = 4;
+    c.moe.topk = 2;
+    c.moe.ffn_dim = 16;
+    c.moe.shared_ffn_dim = 16;
+    c.moe.first_dense = 1;
+    return c;
+}
+
+struct Pass {
+    double loss = 0;
+    std::map<std::string, std::vector<float>> grads;
+    size_t x_bytes = 0;  // one residual-stream buffer
+};
+
+// One forward_backward over a fixed micro-batch from parameters of seed 7; tensor: the tensor group (null: none).
+Pass run(const model::ModelConfig& c, parallel::Comm* tensor, const model::Recompute& recompute = {}) {
+    model::Model m(c, nullptr, 1, {}, tensor);
+    const model::StepShape s{kBatch, kSeq};
+    model::ModelRuntime rt(m, s, /*with_grads=*/true, recompute);
+    m.init_params(rt.params(), 7);
+    std::vector<int32_t> ids(size_t(s.tokens())), targets(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+        ids[i] = int32_t((i * 37 + 11) % 64);
+        targets[i] = int32_t((i * 53 + 5) % 64);
+    }
+    Pass p;
+    p.loss = m.forward_backward(s, ids, targets, 1.0).loss;
+    for (const BufferSpec& spec : rt.grads().specs()) {
+        const TensorView g = rt.grads().view(spec.name);
+        p.grads[spec.name].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+    }
+    p.x_bytes = rt.activations().view("x.0").nbytes();
+    return p;
+}
+
+// every rank's pass, in rank order
+std::vector<Pass> run_ranks(int T, const model::ModelConfig& c, const model::Recompute& recompute = {}) {
+    std::vector<Pass> out(static_cast<size_t>(T));
+    parallel::run_local(T, [&](parallel::Comm& world) { out[size_t(world.rank())] = run(c, &world, recompute); });
+    return out;
+}
+
+double rel_rms(const std::vector<float>& a, const std::vector<double>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        den += double(a[i]) * double(a[i]);
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+}
+
+void expect_matches_one_rank(int T, const model::ModelConfig& c, const model::Recompute& recompute = {}) {
+    const Pass one = run(c, nullptr, recompute);
+    const std::vector<Pass> ranks = run_ranks(T, c, recompute);
+    for (int t = 0; t < T; ++t) {
+        EXPECT_NEAR(ranks[size_t(t)].loss, one.loss, 1e-6 * one.loss) << "rank " << t;
+        EXPECT_EQ(ranks[size_t(t)].x_bytes * size_t(T), one.x_bytes) << "rank " << t << ": 1/T of the tokens";
+    }
+    for (const auto& [name, g] : one.grads) {
+        std::vector<double> sum(g.size(), 0.0);
+        for (const Pass& p : ranks)
+            for (size_t i = 0; i < g.size(); ++i) sum[i] += double(p.grads.at(name)[i]);
+        EXPECT_LT(rel_rms(g, sum), 1e-5) << name;
+    }
+}
+
+TEST(TensorParallel, TwoRanksEqualOneUpToTheOrderOfTheHeadSum) { expect_matches_one_rank(2, hybrid(2)); }
+
+TEST(TensorParallel, FourRanksEqualOne) { expect_matches_one_rank(4, hybrid(4, 16)); }
+
+TEST(TensorParallel, RecomputedBlocksEqualOneRank) { expect_matches_one_rank(2, hybrid(2), model::Recompute::every()); }
+
+TEST(TensorParallel, EachRankComputesOnlyItsHeads) {
+    const model::ModelConfig c = hybrid(2);
+    const std::vector<Pass> ranks = run_ranks(2, c);
+    // gqa layer 1: q_proj [H·D, C] (head-major rows), o_proj [C, H·D] (columns), the input norm [C] (every head's)
+    const int64_t C = c.d_model, Q = c.n_heads * (c.d_model / c.n_heads);
+    for (int t = 0; t < 2; ++t) {
+        const Pass& p = ranks[size_t(t)];
+        const std::vector<float>& q = p.grads.at("model.layers.1.self_attn.q_proj.weight");
+        const std::vector<float>& o = p.grads.at("model.layers.1.self_attn.o_proj.weight");
+        const std::vector<float>& norm = p.grads.at("model.layers.1.input_layernorm.weight");
+        double inside = 0, outside = 0;
+        for (int64_t r = 0; r < Q; ++r)
+            for (int64_t k = 0; k < C; ++k) (r / (Q / 2) == t ? inside : outside) += std::abs(q[size_t(r * C + k)]);
+        EXPECT_GT(inside, 0) << "rank " << t;
+        EXPECT_EQ(outside, 0) << "rank " << t << ": q_proj rows of the other rank's heads";
+        inside = outside = 0;
+        for (int64_t r = 0; r < C; ++r)
+            for (int64_t k = 0; k < Q; ++k) (k / (Q / 2) == t ? inside : outside) += std::abs(o[size_t(r * Q + k)]);
+        EXPECT_GT(inside, 0) << "rank " << t;
+        EXPECT_EQ(outside, 0) << "rank " << t << ": o_proj columns of the other rank's heads";
+        double n = 0;
+        for (float v : norm) n += std::abs(v);
+        EXPECT_GT(n, 0) << "rank " << t << ": the input norm is every head's";
+        // a KDA per-head vector: A_log [HV], the other half zero
+        const std::vector<float>& a = p.grads.at("model.layers.0.self_attn.A_log");
+        for (size_t h = 0; h < a.size(); ++h)
+            if (int64_t(h) / int64_t(a.size() / 2) != t) {
+                EXPECT_EQ(a[h], 0.0f) << "rank " << t << " head " << h;
+            }
+    }
+}
+
+TEST(TensorParallel, WhatItDoesNotCoverIsAOneLineError) {
+    auto refused = [](model::ModelConfig c, const std::string& needle) {
+        std::mutex mu;
+        std::string message;
+        parallel::run_local(2, [&](parallel::Comm& world) {
+            try {
+                model::Model m(c, nullptr, 1, {}, &world);
+            } catch (const Error& e) {
+                std::lock_guard lock(mu);
+                message = e.what();
+            }
+        });
+        EXPECT_NE(message.find(needle), std::string::npos) << message;
+        EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    };
+    model::ModelConfig mla = hybrid(2);
+    mla.attention = {"kda", "mla", "gdn"};
+    refused(mla, "does not cover MLA / DSA attention layers");
+    model::ModelConfig odd = hybrid(2);
+    odd.n_kv_heads = 1;
+    refused(odd, "parallel.tensor = 2 does not divide model.n_kv_heads = 1");
+    model::ModelConfig seq_aux = hybrid(2);
+    seq_aux.moe.seq_aux_coeff = 1e-3;
+    refused(seq_aux, "model.moe.seq_aux_coeff");
+}
+
+}  // namespace
+}  // namespace tessera
