@@ -45,11 +45,8 @@ const char* pipeline_obstacle(const ModelConfig& c) {
 }
 
 const char* tensor_obstacle(const ModelConfig& c) {
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-        const std::string& type = c.layer_type(l);
-        if (type == "mla" || type == "dsa")
-            return "MLA / DSA attention layers (not sliced yet: kda, gdn, attention are)";
-    }
+    if (c.has_layer_type("dsa") && c.mla.dsa.warmup())
+        return "model.mla.dsa.stage = \"dense_warmup\" (the indexer's dense KL; the sparse stage is covered)";
     return c.lora.enabled()             ? "model.lora (a frozen base and its adapters are not sliced yet)"
            : c.vision.enabled()         ? "model.vision (the image tower)"
            : c.moe.seq_aux_coeff > 0    ? "model.moe.seq_aux_coeff (the balance loss of whole sequences)"
@@ -84,10 +81,12 @@ Model::Model(
     auto sliced = [&](auto make, const auto& whole, const auto& part,
                       std::initializer_list<std::pair<const char*, int64_t>> heads) -> std::unique_ptr<Block> {
         sliced_.push_back(T_ > 1);
-        if (T_ == 1) return make(whole);
+        std::unique_ptr<Block> all = make(whole);
+        if (T_ == 1) return all;
         for (auto [what, n] : heads)
             TESSERA_CHECK(n % T_ == 0, "parallel.tensor = {} does not divide {} = {}", T_, what, n);
-        return std::make_unique<TensorSlice>(make(whole), make(part), *tensor_, cfg_.d_model);
+        std::unique_ptr<Block> some = make(part);  // (made last: the block that computes)
+        return std::make_unique<TensorSlice>(std::move(all), std::move(some), *tensor_, cfg_.d_model);
     };
     const int embed_owner = cfg_.tie_embeddings ? kHeadOwner : kEmbedOwner;
     std::vector<int> owner;
@@ -104,10 +103,19 @@ Model::Model(
         const std::string prefix = fmt::format("model.layers.{}.", i);
         const std::string& type = cfg_.layer_type(i);
         if (type == "mla" || type == "dsa") {
-            auto mla = std::make_unique<MlaBlock>(cfg_.mla_layer(type == "dsa"), prefix, cfg_.lora);
-            if (type == "dsa") dsa_.push_back({i, mla.get(), blocks_.size()});
-            blocks_.push_back(std::move(mla));
-            sliced_.push_back(false);
+            const MlaConfig m = cfg_.mla_layer(type == "dsa");
+            MlaConfig part = m;
+            part.num_heads = m.num_heads / T_;
+            MlaBlock* computes = nullptr;  // the block over every head, or over this rank's (its indexer whole)
+            blocks_.push_back(sliced(
+                [&](const MlaConfig& c) {
+                    auto b = std::make_unique<MlaBlock>(c, prefix, cfg_.lora);
+                    computes = b.get();
+                    return b;
+                },
+                m, part, {{"model.n_heads", m.num_heads}}));
+            if (T_ > 1) computes->share_heads(tensor_);
+            if (type == "dsa") dsa_.push_back({i, computes, blocks_.size() - 1});
         } else if (type == "kda" || type == "gdn") {
             const KdaConfig k = cfg_.kda_layer(type == "gdn");
             KdaConfig part = k;

@@ -100,8 +100,8 @@ struct LossResult {
 // What keeps a model whole on one pipeline stage (it crosses stages), or null: tied embeddings, Attention Residuals,
 // the image tower, the global balance loss.
 const char* pipeline_obstacle(const ModelConfig& c);
-// What tensor parallelism does not cover yet (parallel.tensor, model/layers/tensor_slice.h), or null: MLA / DSA
-// layers, LoRA, the image tower, the balance losses over whole sequences or every token.
+// What tensor parallelism does not cover yet (parallel.tensor, model/layers/tensor_slice.h), or null: the DSA dense
+// warm-up, LoRA, the image tower, the balance losses over whole sequences or every token.
 const char* tensor_obstacle(const ModelConfig& c);
 
 class Model {

@@ -299,8 +299,9 @@ TEST(ExpertParallelTraining, MatchesOneProcessAndRepeatsBitwise) {
 // Tensor parallelism (parallel.tensor): a tensor group's ranks take the same micro-batches, each holds 1/T of their
 // tokens between attention blocks and runs 1/T of each attention block's heads. Against one process on the
 // micro-batches of the tensor groups: losses and evaluations within 1e-5 (the head sum's order differs), for the dense
-// tiny model on one group of 2 (FSDP), and a KDA + gated GQA + MoE model on 4 ranks, 2 groups of 2 with expert
-// parallelism over pairs that cross the groups; the resulting checkpoint resumes on one process.
+// tiny model and the KDA : gated DSA hybrid (the indexer's teacher: every rank's heads) on one group of 2 (FSDP), and a
+// KDA + gated GQA + MoE model on 4 ranks, 2 groups of 2 with expert parallelism over pairs that cross the groups; the
+// resulting checkpoint resumes on one process.
 TEST(TensorParallelTraining, MatchesOneProcess) {
     TempDir d;
     const std::string heads = " --set model.n_kv_heads=2";
@@ -312,9 +313,11 @@ TEST(TensorParallelTraining, MatchesOneProcess) {
         std::string sets, ranks_only;
         int micro;  // sequences per micro-batch (a tensor group's)
     };
-    for (const Case& c :
-         {Case{2, heads, "", 4}, Case{4, hybrid, " --set parallel.ep=2 --set parallel.fsdp=false", 2}}) {
-        const std::string one = d.file(fmt::format("one{}", c.ranks)), many = d.file(fmt::format("tp{}", c.ranks));
+    int i = 0;
+    for (const Case& c : {Case{2, heads, "", 4}, Case{2, test::kTinyHybrid, "", 4},
+                          Case{4, hybrid, " --set parallel.ep=2 --set parallel.fsdp=false", 2}}) {
+        const std::string one = d.file(fmt::format("one{}", i)), many = d.file(fmt::format("tp{}", i));
+        ++i;
         const std::string args =
             "train --config " + kTiny + c.sets + " --set train.micro_batch_size=" + std::to_string(c.micro);
         test::CliResult a = run_tessera(args + " --out " + one);

@@ -17,19 +17,29 @@ namespace {
 
 constexpr int64_t kBatch = 2, kSeq = 16;
 
-// KDA, gated GQA with q/k norms and GDN layers, MLP and MoE feed-forwards (KDA's q/k width per rank: a multiple of 16)
+// KDA, gated GQA with q/k norms, GDN, gated DSA and gated MLA layers, MLP and MoE feed-forwards (KDA's q/k width per
+// rank: a multiple of 16)
 model::ModelConfig hybrid(int64_t kv_heads, int64_t kda_head_dim = 8) {
     model::ModelConfig c;
     c.vocab_size = 64;
     c.d_model = 32;
-    c.n_layers = 3;
+    c.n_layers = 5;
     c.n_heads = 4;
     c.n_kv_heads = kv_heads;
     c.ffn_dim = 48;
-    c.attention = {"kda", "gqa", "gdn"};
+    c.attention = {"kda", "gqa", "gdn", "dsa", "mla"};
     c.output_gate = "elementwise";
     c.qk_norm = true;
     c.kda.head_dim = kda_head_dim;
+    c.mla.q_lora_rank = 16;
+    c.mla.kv_lora_rank = 16;
+    c.mla.qk_nope_dim = 8;
+    c.mla.qk_rope_dim = 8;
+    c.mla.v_head_dim = 8;
+    c.mla.dsa.topk = 8;  // of up to 16 tokens
+    c.mla.dsa.heads = 2;
+    c.mla.dsa.head_dim = 16;
+    c.mla.dsa.rope_dim = 8;
     c.moe.experts = 4;
     c.moe.topk = 2;
     c.moe.ffn_dim = 16;
@@ -149,9 +159,9 @@ TEST(TensorParallel, WhatItDoesNotCoverIsAOneLineError) {
         EXPECT_NE(message.find(needle), std::string::npos) << message;
         EXPECT_EQ(message.find('\n'), std::string::npos) << message;
     };
-    model::ModelConfig mla = hybrid(2);
-    mla.attention = {"kda", "mla", "gdn"};
-    refused(mla, "does not cover MLA / DSA attention layers");
+    model::ModelConfig warmup = hybrid(2);
+    warmup.mla.dsa.stage = "dense_warmup";
+    refused(warmup, "does not cover model.mla.dsa.stage = \"dense_warmup\"");
     model::ModelConfig odd = hybrid(2);
     odd.n_kv_heads = 1;
     refused(odd, "parallel.tensor = 2 does not divide model.n_kv_heads = 1");

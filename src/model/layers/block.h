@@ -91,6 +91,10 @@ class Block {
     // Short kind name shared by blocks that share scratch ("attention", "mlp").
     virtual std::string kind() const = 0;
     virtual void set_pass(const PassOptions&) {}
+    // Whether this parameter's gradient is the same whichever of the block's heads run (the DSA indexer's: it learns
+    // from the mean over every head): under tensor parallelism each rank of the group computes all of it, so one adds
+    // it (model/layers/tensor_slice.h).
+    virtual bool head_independent_gradient(const std::string& param) const { return false; }
 
     // false: forward writes f(x_in) alone and backward leaves only f's input gradient in dres.
     void set_residual(bool on) { residual_ = on; }

@@ -513,6 +513,11 @@ double MlaBlock::indexer_backward(StepShape s, std::span<std::byte> ws) {
     ops::sparse_attention_probs(sparse_params(), a_.qhat.slice0(0, N).reshape(Shape{f.batch, f.seq, H_, DK_}),
                                 a_.kv.slice0(0, N).reshape(Shape{f.batch, f.seq, DK_}), idx,
                                 a_.lse.prefix(Shape{f.batch, f.seq, H_}), p, ws);
+    if (head_group_) {  // this rank's heads' mean -> the mean over the group's (equal head counts), in rank order
+        head_group_->all_reduce(DType::f32, p.data, N * K);
+        const TensorView rows = p.reshape(Shape{N, K});
+        ops::copy_rows(rows, rows, float(1.0 / head_group_->size()));
+    }
     ops::zero_rows(d_.dqi, N);
     ops::zero_rows(d_.dki, N);
     ops::zero_rows(d_.dwi, N);

@@ -27,6 +27,7 @@
 #include "model/layers/block.h"
 #include "model/lora.h"
 #include "ops/dsa.h"
+#include "parallel/comm.h"
 
 namespace tessera::model {
 
@@ -67,6 +68,10 @@ class MlaBlock : public Block {
     // per row of this pass.
     double indexer_backward(StepShape s, std::span<std::byte> ws);
     bool is_indexer_param(const std::string& name) const;
+    bool head_independent_gradient(const std::string& param) const override { return is_indexer_param(param); }
+    // Tensor parallelism (model/layers/tensor_slice.h): this block runs the group's share of the layer's heads, its
+    // indexer whole; the indexer's teacher is the mean over every rank's heads (summed over the group).
+    void share_heads(parallel::Comm* group) { head_group_ = group; }
     DsaLayerStats take_stats();
     const MlaConfig& config() const { return cfg_; }
 
@@ -123,6 +128,7 @@ class MlaBlock : public Block {
     PassOptions pass_;
     TensorView entries_, index_keys_;  // decoding caches: [B, L, D_k], [B, L, d^I]
     DsaLayerStats stats_;
+    parallel::Comm* head_group_ = nullptr;  // share_heads
 };
 
 }  // namespace tessera::model

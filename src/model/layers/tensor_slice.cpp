@@ -46,7 +46,7 @@ TensorSlice::TensorSlice(std::unique_ptr<Block> whole,
         TESSERA_CHECK(w.ndim == p.shape.ndim && p.dtype == DType::f32 && it->second->dtype == DType::f32,
                       "tensor slice: parameter {} is {} {} whole and {} {} sliced", p.name,
                       dtype_name(it->second->dtype), w.str(), dtype_name(p.dtype), p.shape.str());
-        Piece piece{.name = p.name};
+        Piece piece{.name = p.name, .once = part_->head_independent_gradient(p.name)};
         for (int k = 0; k < w.ndim; ++k) {
             if (w[k] == p.shape[k]) continue;
             TESSERA_CHECK(piece.dim < 0 && w[k] == T_ * p.shape[k],
@@ -128,8 +128,8 @@ void TensorSlice::pack_params() {
 
 void TensorSlice::add_grads() {
     for (size_t i = 0; i < pieces_.size(); ++i) {
-        if (!whole_grads_[i].defined()) continue;
         const Piece& p = pieces_[i];
+        if (!whole_grads_[i].defined() || (p.once && t_ != 0)) continue;
         const float* src = part_grads_.view(i).ptr<float>();
         float* dst = whole_grads_[i].ptr<float>();
         // the part's [outer, d, inner] at [outer, T·d, inner]'s slice t (a whole-shared one: [1, 1, inner] at 0)

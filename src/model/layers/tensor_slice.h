@@ -51,6 +51,8 @@ class TensorSlice : public Block {
         std::string name;
         int dim = -1;
         int64_t outer = 1, d = 0, inner = 1;
+        bool once =
+            false;  // every rank computes all of its gradient (Block::head_independent_gradient): rank 0 adds it
     };
     void pack_params();  // the part's parameters from the whole ones
     void add_grads();    // the part's gradients into the whole ones
