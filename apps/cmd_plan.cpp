@@ -40,7 +40,8 @@ Json candidate_json(const plan::Candidate& c) {
               {"offload", c.layout.offload},
               {"pipeline", c.layout.pp},
               {"pipeline_split", c.layout.split},
-              {"pipeline_rerun", c.layout.rerun}}},
+              {"pipeline_rerun", c.layout.rerun},
+              {"tensor", c.layout.tp}}},
             {"memory",
              {{"rank", c.memory_rank},
               {"arena_bytes", c.memory.arena_bytes},
@@ -67,7 +68,8 @@ Json candidate_json(const plan::Candidate& c) {
               {"offload", t.offload},
               {"gradients", t.gradients},
               {"p2p", t.p2p},
-              {"bubble", t.bubble}}},
+              {"bubble", t.bubble},
+              {"tensor", t.tensor}}},
             {"imbalance", t.imbalance},
             {"tokens_per_s_per_device", c.tokens_per_s_per_device},
             {"mfu", c.mfu}};
@@ -81,7 +83,7 @@ void add_plan_command(CLI::App& app) {
     struct Args : Workload {
         std::string write_config, json, offload = "auto";
         int64_t threads = 0, top = 10;
-        bool no_pipeline = false;
+        bool no_pipeline = false, no_tensor = false;
     };
     auto a = std::make_shared<Args>();
     add_workload_options(cmd, *a);
@@ -95,6 +97,8 @@ void add_plan_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_flag("--no-pipeline", a->no_pipeline,
                   "Do not search pipeline stages (parallel.pipeline; searched by default where the model can be cut)");
+    cmd->add_flag("--no-tensor", a->no_tensor,
+                  "Do not search tensor parallelism (parallel.tensor; searched by default where the model allows it)");
     cmd->add_option("--write-config", a->write_config, "Write the best layout that fits as a run config here");
     cmd->add_option("--json", a->json, "Write every candidate (layout, memory by group, step breakdown) as JSON here");
     cmd->footer(
@@ -106,7 +110,7 @@ void add_plan_command(CLI::App& app) {
         const ModelDoc& doc = w.doc;
         const train::RunConfig& cfg = w.cfg;
         const plan::Cluster& cluster = w.cluster;
-        const plan::PlanOptions o{a->ranks, int(a->threads), a->routing, a->offload, !a->no_pipeline};
+        const plan::PlanOptions o{a->ranks, int(a->threads), a->routing, a->offload, !a->no_pipeline, !a->no_tensor};
         const plan::Plan p = plan::make_plan(cfg, cluster, o);
         std::cout << (doc.family.empty() ? "tessera config " + doc.file : doc.family + " (" + doc.file + ")") << ", "
                   << (cfg.model.lora.enabled() ? fmt::format("LoRA rank {}", cfg.model.lora.rank) : "full training")
@@ -136,7 +140,7 @@ void add_simulate_command(CLI::App& app) {
         "simulate", "Write one layout's predicted step as a Chrome trace (compute and communication tracks; Perfetto)");
     struct Args : Workload {
         std::string out;
-        int64_t ep = 1, micro = 0, shard = 0, pipeline = 1;
+        int64_t ep = 1, micro = 0, shard = 0, pipeline = 1, tensor = 1;
         bool zero2 = false, offload = false, rerun = false;
         std::string recompute;       // "", "all" or kinds separated by commas
         std::vector<int64_t> split;  // the stages' first layers after the first
@@ -145,7 +149,9 @@ void add_simulate_command(CLI::App& app) {
     add_workload_options(cmd, *a);
     add_int_option(cmd, "--ep", a->ep, 1, 1 << 20, "Expert parallelism");
     add_int_option(cmd, "--micro-batch", a->micro, 0, train::kMaxBatch,
-                   "Sequences per forward on each rank (0 = the whole per-rank batch)");
+                   "Sequences per forward on each rank, or tensor group (0 = the whole per-rank batch)");
+    add_int_option(cmd, "--tensor", a->tensor, 1, 1 << 20,
+                   "Tensor parallelism: ranks per tensor group sharing each micro-batch (parallel.tensor)");
     cmd->add_flag("--zero2", a->zero2, "ZeRO-2 instead of FSDP");
     add_int_option(cmd, "--shard", a->shard, 0, 1 << 20,
                    "HSDP: FSDP shards the dense parameters over groups of this many ranks (0 = every rank)");
@@ -182,8 +188,11 @@ void add_simulate_command(CLI::App& app) {
         TESSERA_CHECK((l.split.empty() && !a->rerun) || l.pp > 1,
                       "simulate: --pipeline-split or --pipeline-rerun without --pipeline stages");
         l.rerun = a->rerun;
+        l.tp = a->tensor;
         TESSERA_CHECK(W % l.pp == 0, "simulate: --pipeline {} does not divide the {} ranks", l.pp, W);
-        if (!a->micro) l.micro_batch = cfg.train.batch_size / l.stage_ranks();
+        TESSERA_CHECK(l.stage_ranks() % l.tp == 0, "simulate: --tensor {} does not divide the {} ranks{}", l.tp,
+                      l.stage_ranks(), l.pp > 1 ? " of a stage" : "");
+        if (!a->micro) l.micro_batch = cfg.train.batch_size / l.data_groups();
         const plan::PlanOptions o{W, 0, a->routing};
         const plan::Simulation s = plan::simulate(cfg, cluster, l, o);
         write_output(a->out, s.trace);

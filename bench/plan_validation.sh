@@ -32,14 +32,14 @@ drop=${TESSERA_BASELINE_DROP:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# the layouts: (ranks ep fsdp micro recompute shard offload pp), per model; recompute: true, false or block kinds joined
-# by '+'; shard: parallel.shard (0: FSDP over every rank; 2 of 4 ranks: HSDP); offload: memory.optimizer_offload (the
-# plans price every layout both ways, --offload all); pp: parallel.pipeline (stages; the planner's split is the even one
-# for these 4-layer models)
+# the layouts: (ranks ep fsdp micro recompute shard offload pp [tp]), per model; recompute: true, false or block kinds
+# joined by '+'; shard: parallel.shard (0: FSDP over every rank; 2 of 4 ranks: HSDP); offload: memory.optimizer_offload
+# (the plans price every layout both ways, --offload all); pp: parallel.pipeline (stages; the planner's split is the even
+# one for these 4-layer models); tp: parallel.tensor (1 when absent; micro is then the tensor group's)
 layouts_for() {
     case "$(basename "$1" .json)" in
-        demo) echo "1 1 true 8 false 0 false 1;1 1 true 4 true 0 false 1;1 1 true 8 moe 0 false 1;2 1 true 8 false 0 false 1;2 2 true 4 false 0 false 1;2 2 false 8 true 0 false 1;2 2 true 8 kda 0 false 1;4 2 true 4 false 0 false 1;4 2 true 4 false 2 false 1;4 4 false 4 false 0 false 1;1 1 true 8 false 0 true 1;2 2 true 4 false 0 true 1;2 1 true 1 false 0 false 2;2 1 true 2 false 0 false 2;4 2 true 2 false 0 false 2" ;;
-        *) echo "1 1 true 4 false 0 false 1;1 1 true 16 false 0 false 1;1 1 true 8 true 0 false 1;1 1 true 16 moe 0 false 1;2 1 true 8 false 0 false 1;2 2 true 8 false 0 false 1;2 2 false 4 false 0 false 1;2 1 false 8 true 0 false 1;2 2 true 8 attention 0 false 1;4 1 true 4 false 0 false 1;4 1 true 4 false 2 false 1;4 2 true 4 false 0 false 1;4 4 true 4 false 0 false 1;4 4 false 2 true 0 false 1;1 1 true 4 false 0 true 1;2 2 true 8 false 0 true 1;2 1 true 2 false 0 false 2;4 1 true 2 false 0 false 2;4 1 true 1 false 0 false 4" ;;
+        demo) echo "1 1 true 8 false 0 false 1;1 1 true 4 true 0 false 1;1 1 true 8 moe 0 false 1;2 1 true 8 false 0 false 1;2 2 true 4 false 0 false 1;2 2 false 8 true 0 false 1;2 2 true 8 kda 0 false 1;4 2 true 4 false 0 false 1;4 2 true 4 false 2 false 1;4 4 false 4 false 0 false 1;1 1 true 8 false 0 true 1;2 2 true 4 false 0 true 1;2 1 true 1 false 0 false 2;2 1 true 2 false 0 false 2;4 2 true 2 false 0 false 2;2 1 true 16 false 0 false 1 2;2 1 true 8 true 0 false 1 2;4 2 true 4 false 0 false 1 2" ;;
+        *) echo "1 1 true 4 false 0 false 1;1 1 true 16 false 0 false 1;1 1 true 8 true 0 false 1;1 1 true 16 moe 0 false 1;2 1 true 8 false 0 false 1;2 2 true 8 false 0 false 1;2 2 false 4 false 0 false 1;2 1 false 8 true 0 false 1;2 2 true 8 attention 0 false 1;4 1 true 4 false 0 false 1;4 1 true 4 false 2 false 1;4 2 true 4 false 0 false 1;4 4 true 4 false 0 false 1;4 4 false 2 true 0 false 1;1 1 true 4 false 0 true 1;2 2 true 8 false 0 true 1;2 1 true 2 false 0 false 2;4 1 true 2 false 0 false 2;4 1 true 1 false 0 false 4;2 1 true 16 false 0 false 1 2;4 2 true 8 false 0 false 1 2" ;;
     esac
 }
 # train.recompute's value for a layout's recompute field
@@ -76,12 +76,13 @@ for cfg in "${configs[@]}"; do
     IFS=';' read -r -a layouts <<< "$(layouts_for "$cfg")"
     for rep in $(seq 1 "$repeats"); do  # repeats interleaved: the machine's drift spreads over every layout
         for l in "${layouts[@]}"; do
-            read -r ranks ep fsdp micro rec shard off pp <<< "$l"
+            read -r ranks ep fsdp micro rec shard off pp tp <<< "$l"
+            tp=${tp:-1}
             args="train --config $cfg --steps $steps --set train.eval_interval=0 --set train.checkpoint_interval=0
                   --set parallel.ep=$ep --set parallel.fsdp=$fsdp --set parallel.shard=$shard
                   --set train.micro_batch_size=$micro --set train.recompute=$(recompute_json "$rec")
-                  --set memory.optimizer_offload=$off --set parallel.pipeline=$pp
-                  --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$shard-$off-$pp-$rep"
+                  --set memory.optimizer_offload=$off --set parallel.pipeline=$pp --set parallel.tensor=$tp
+                  --out $tmp/run-$name-$ranks-$ep-$fsdp-$micro-$rec-$shard-$off-$pp-$tp-$rep"
             if [ "$ranks" = 1 ]; then $bin --threads 2 $args > /dev/null; else $bin launch -n "$ranks" -- $args > /dev/null; fi
         done
     done
@@ -111,15 +112,16 @@ for cfg in configs:
     reserved = {r: json.load(open(f"{tmp}/{name}-cal{r}.json"))["device"]["reserved_gb"] * 1e9 for r in (1, 2, 4)}
     runs = sorted({d.rsplit("-", 1)[0] for d in os.listdir(tmp) if d.startswith(f"run-{name}-")})
     for run in runs:
-        ranks, ep, fsdp, micro, rec, shard, off, pp = run[len(f"run-{name}-"):].split("-")
+        ranks, ep, fsdp, micro, rec, shard, off, pp, tp = run[len(f"run-{name}-"):].split("-")
         ranks = int(ranks)
         recompute = rec == "true" if rec in ("true", "false") else rec.split("+")
         key = dict(ep=int(ep), fsdp=fsdp == "true", micro_batch=int(micro), recompute=recompute, shard=int(shard),
-                   offload=off == "true", pipeline=int(pp), pipeline_rerun=False)  # (the runs keep activations)
-        # (a baseline build from before HSDP, offload, stages or their re-run names no shard, offload, pipeline or
-        # pipeline_rerun: 0, false, 1, false)
-        pick = lambda cands: next((c for c in cands if all(c["layout"].get(k, 1 if k == "pipeline" else 0) == v
-                                                           for k, v in key.items())), None)
+                   offload=off == "true", pipeline=int(pp), pipeline_rerun=False,  # (the runs keep activations)
+                   tensor=int(tp))
+        # (a baseline build from before HSDP, offload, stages, their re-run or tensor groups names no shard, offload,
+        # pipeline, pipeline_rerun or tensor: 0, false, 1, false, 1)
+        pick = lambda cands: next((c for c in cands if all(c["layout"].get(k, 1 if k in ("pipeline", "tensor") else 0)
+                                                           == v for k, v in key.items())), None)
         cand = pick(plans[ranks])
         routed = pick(json.load(open(f"{tmp}/routed-{run}.json"))["candidates"])
         baseline = pick(base[ranks]) if base else None  # (None: a baseline without this layout)
@@ -135,6 +137,7 @@ for cfg in configs:
         sharding = ("one rank per stage" if ranks == int(pp) else "zero-2" if fsdp != "true"
                     else f"hsdp {shard}" if shard != "0" else "fsdp")
         label = (f"{ranks} rank{'s' if ranks > 1 else ''}" + (f", pp {pp}" if pp != "1" else "") +
+                 (f", tp {tp}" if tp != "1" else "") +
                  (f", ep {ep}, {sharding}"
                  if ranks > 1 else "") + f", micro {micro}" +
                  (", recompute" if rec == "true" else "" if rec == "false" else f", recompute {rec}") +

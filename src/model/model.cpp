@@ -921,6 +921,11 @@ double Model::block_forward_flops_per_token(size_t block, int64_t seq) const {
     return blocks_.at(block)->forward_flops_per_token(seq);
 }
 
+double Model::block_rank_flops_per_token(size_t block, int64_t seq) const {
+    if (sliced_.at(block)) return static_cast<const TensorSlice&>(*blocks_[block]).part_forward_flops_per_token(seq);
+    return blocks_[block]->forward_flops_per_token(seq) / double(T_);
+}
+
 double Model::forward_flops_per_token(int64_t seq) const {
     double f = last_stage() ? 2.0 * double(cfg_.d_model) * double(cfg_.vocab_size) : 0.0;  // head
     for (auto& b : blocks_) f += b->forward_flops_per_token(seq);

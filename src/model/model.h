@@ -238,6 +238,10 @@ class Model {
     std::vector<bool> recomputed_blocks(const Recompute& recompute) const;
     Block& block(size_t j) { return *blocks_.at(j); }  // `tessera calibrate` times one block of each kind
     double block_forward_flops_per_token(size_t block, int64_t seq) const;
+    // what this rank computes of block j per token of the micro-batch: the whole block's FLOPs, or with tensor
+    // parallelism a sliced block's part (1/T of its heads, and what every rank of the group computes whole: input norm,
+    // latent down-projections, the DSA indexer) and 1/T of any other block's (it runs 1/T of the tokens)
+    double block_rank_flops_per_token(size_t block, int64_t seq) const;
 
     // MoE layers: after each optimizer step, move the selection biases (docs/moe.md; sum_over_ranks, when set,
     // sums each layer's expert counts and quantile histograms over the data-parallel ranks first, so every rank moves

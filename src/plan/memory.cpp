@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "model/model.h"
 #include "model/runtime.h"
 #include "parallel/mesh.h"
 #include "train/rank_state.h"
@@ -28,6 +29,7 @@ std::string Layout::str() const {
             stages += fmt::format(" [{}]", fmt::join(split, ","));
         stages += rerun ? " rerun, " : ", ";
     }
+    if (tp > 1) stages += fmt::format("tp {}, ", tp);
     return fmt::format("{}ep {}, {}, micro {}{}{}", stages, ep, sharding, micro_batch,
                        recompute.all     ? ", recompute"
                        : recompute.any() ? ", recompute " + recompute.str()
@@ -52,13 +54,21 @@ train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
     cfg.parallel.pipeline_split = l.split;
     cfg.parallel.pipeline_rerun = l.rerun && l.pp > 1;
     const int64_t D = l.stage_ranks();
+    TESSERA_CHECK(l.tp >= 1 && D % l.tp == 0, "parallel.tensor = {} does not divide the {} ranks into tensor groups",
+                  l.tp, D);
+    TESSERA_CHECK(l.tp == 1 || l.pp == 1, "parallel.tensor = {} with pipeline stages is not supported yet", l.tp);
+    if (l.tp > 1) {
+        const char* obstacle = model::tensor_obstacle(cfg.model);
+        TESSERA_CHECK(!obstacle, "tensor parallelism (parallel.tensor = {}) does not cover {}", l.tp, obstacle);
+    }
+    cfg.parallel.tensor = l.tp;
     TESSERA_CHECK(l.shard == 0 || l.fsdp, "parallel.shard = {} needs FSDP (ZeRO-2 has no shard groups)", l.shard);
     TESSERA_CHECK(l.shard == 0 || (l.shard >= 2 && D % l.shard == 0),
                   "parallel.shard = {} does not divide the {} ranks into groups of at least 2", l.shard, D);
     cfg.train.micro_batch_size = l.micro_batch;
     cfg.train.recompute = l.recompute;
     cfg.memory.optimizer_offload = l.offload;
-    cfg.train.micro_batch(int(D));  // checks that the batch splits
+    cfg.train.micro_batch(int(D / l.tp));  // checks that the batch splits over the tensor groups
     TESSERA_CHECK(l.ep >= 1 && D % l.ep == 0, "parallel.ep = {} does not divide the {} ranks", l.ep, D);
     TESSERA_CHECK(l.ep == 1 || (cfg.model.moe.experts > 0 && cfg.model.moe.experts % l.ep == 0),
                   "parallel.ep = {} does not divide the model's {} experts", l.ep, cfg.model.moe.experts);
@@ -135,9 +145,9 @@ std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
                                             int threads) {
     const train::RunConfig cfg = with_layout(run, l);
     std::unique_ptr<parallel::Mesh> mesh;
-    if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep), int(l.shard), int(l.pp));
-    const int ranks = int(l.stage_ranks());  // the data-parallel group's
-    train::RankState st(cfg, mesh.get(), cfg.train.accumulation(ranks));
+    if (l.ranks > 1) mesh = parallel::Mesh::layout(int(l.ranks), rank, int(l.ep), int(l.shard), int(l.pp), int(l.tp));
+    const int ranks = int(l.stage_ranks()), groups = int(l.data_groups());  // the data-parallel group's; taking batches
+    train::RankState st(cfg, mesh.get(), cfg.train.accumulation(groups));
     std::optional<train::WeightBudget> budget;  // as train() builds it: what of the base is read in place
     if (cfg.memory.weights_budget > 0) {
         const train::ExpertSlice slice{st.model.local_experts().first, l.ep > 1 ? cfg.model.moe.experts : 0};
@@ -151,7 +161,7 @@ std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
         if (st.placement)
             placement = model::ParamPlacement{layout_of(st.placement->params), layout_of(st.placement->grads)};
         model::RuntimeGroups rg =
-            model::runtime_groups(st.model, {cfg.train.micro_batch(ranks), cfg.train.seq_len}, /*with_grads=*/true, r,
+            model::runtime_groups(st.model, {cfg.train.micro_batch(groups), cfg.train.seq_len}, /*with_grads=*/true, r,
                                   placement ? &*placement : nullptr, threads);
         const std::vector<BufferGroup*> all = rg.all(st.extra);
         const std::vector<const BufferGroup*> groups(all.begin(), all.end());

@@ -19,25 +19,28 @@ namespace tessera::plan {
 struct Layout {
     int64_t ranks = 1, ep = 1;
     bool fsdp = true;
-    int64_t micro_batch = 1;     // sequences per forward on each rank (train.micro_batch_size)
+    int64_t micro_batch = 1;     // sequences per forward on each rank (its tensor group's; train.micro_batch_size)
     model::Recompute recompute;  // the block kinds that recompute (model/recompute.h)
     int64_t shard = 0;           // FSDP's shard group (parallel.shard): 0 every rank, else HSDP
     bool offload = false;        // AdamW's moments in a file (memory.optimizer_offload)
     int64_t pp = 1;              // pipeline stages (parallel.pipeline); each a data-parallel group of ranks / pp
     std::vector<int64_t> split;  // their first layers after the first (parallel.pipeline_split); empty: even
     bool rerun = false;          // stages re-run a micro-batch's forward before its backward (parallel.pipeline_rerun)
+    int64_t tp = 1;              // ranks per tensor group (parallel.tensor): they share each micro-batch
     // ranks of one pipeline stage (every rank without stages): the data-parallel group
     int64_t stage_ranks() const { return ranks / pp; }
+    // the stage's ranks that take micro-batches of their own: its tensor groups
+    int64_t data_groups() const { return stage_ranks() / tp; }
     // ranks the dense parameters are sharded over (FSDP: the shard group; ZeRO-2: the stage's ranks)
     int64_t shard_ranks() const { return shard > 0 ? shard : stage_ranks(); }
     // e.g. "ep 8, fsdp, micro 2, recompute", "ep 8, hsdp 8, micro 1, recompute kda+moe, offload",
-    // "pp 4 [15,31,46], ep 8, fsdp, micro 1", "pp 2 rerun, ep 1, zero-2, micro 2"
+    // "pp 4 [15,31,46], ep 8, fsdp, micro 1", "pp 2 rerun, ep 1, zero-2, micro 2", "tp 4, ep 8, fsdp, micro 1"
     std::string str() const;
 };
 
 // The run config with the layout's choices in it (parallel.ep, parallel.fsdp, parallel.shard, parallel.pipeline and
-// its split, train.micro_batch_size, train.recompute, memory.optimizer_offload); one-line error when the batch does not
-// split so.
+// its split, parallel.tensor, train.micro_batch_size, train.recompute, memory.optimizer_offload); one-line error when
+// the batch does not split so.
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l);
 
 struct RankMemory {

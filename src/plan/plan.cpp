@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "core/check.h"
@@ -16,6 +17,7 @@
 #include "core/rng.h"
 #include "model/inspect.h"
 #include "model/model.h"
+#include "parallel/mesh.h"
 #include "train/pipeline.h"
 
 namespace tessera::plan {
@@ -93,6 +95,8 @@ struct BlockCost {  // one block (two per layer)
     OpClass cls = OpClass::gemm;
     double flops = 0, routed = 0;  // forward per token; of which the routed experts' (grouped GEMM)
     bool recomputable = false;     // re-runs its forward when train.recompute covers its kind (not the kind's last)
+    bool sliced = false;           // an attention block: tensor parallelism splits its heads (the rest: its tokens)
+    double rank_flops = 0;         // with tensor groups: forward per token of the group's micro-batch on one rank
     bool reruns(const model::Recompute& r) const { return recomputable && r.covers(kind); }
 };
 
@@ -113,9 +117,11 @@ struct ModelCosts {
     double dense_grad_elements = 0, expert_grad_elements = 0;  // trained elements (gradient buffers), whole model
 };
 
-// The whole model's, or a pipeline stage's (its layers; the head on the last).
-ModelCosts model_costs(const train::RunConfig& cfg, model::LayerRange layers = {}) {
-    const model::Model m(cfg.model, nullptr, 1, layers);  // specs only
+// The whole model's, or a pipeline stage's (its layers; the head on the last); tp: in tensor groups of tp ranks.
+ModelCosts model_costs(const train::RunConfig& cfg, model::LayerRange layers = {}, int64_t tp = 1) {
+    const std::unique_ptr<parallel::Mesh> group =
+        tp > 1 ? parallel::Mesh::layout(int(tp), 0, 1, 0, 1, int(tp)) : nullptr;
+    const model::Model m(cfg.model, nullptr, 1, layers, group ? group->tensor() : nullptr);  // specs only
     ModelCosts c;
     const auto& moe = cfg.model.moe;
     const int64_t seq = cfg.train.seq_len;
@@ -125,6 +131,8 @@ ModelCosts model_costs(const train::RunConfig& cfg, model::LayerRange layers = {
         const double f = m.block_forward_flops_per_token(j, seq);
         blocks += f;
         BlockCost b{kind, block_class(kind), f, 0};
+        b.sliced = kind != "mlp" && kind != "moe";
+        b.rank_flops = m.block_rank_flops_per_token(j, seq);
         if (kind == "moe") {
             const double width = double(moe.latent_dim > 0 ? moe.latent_dim : cfg.model.d_model);
             b.routed = double(moe.topk) * 6.0 * width * double(moe.ffn_dim);
@@ -274,6 +282,47 @@ BlockPass block_pass(const Cluster::Device& dev,
     return p;
 }
 
+// The same on one rank of a tensor group of tp that shares the micro-batch's `tokens` (model/layers/tensor_slice.h): an
+// attention block runs all of them through its part (1/tp of the heads, and what every rank computes whole: input
+// norm, latent down-projections, the DSA indexer; BlockCost::rank_flops), any other block 1/tp of them.
+BlockPass rank_block_pass(const Cluster::Device& dev,
+                          const BlockCost& b,
+                          double tokens,
+                          int64_t tp,
+                          double ep,
+                          double skew,
+                          bool frozen_base,
+                          bool fsdp) {
+    if (tp == 1 || !b.sliced) return block_pass(dev, b, tokens / double(tp), ep, skew, frozen_base, fsdp);
+    BlockCost part = b;
+    part.flops = b.rank_flops;
+    return block_pass(dev, part, tokens, ep, skew, frozen_base, fsdp);
+}
+
+// Tensor parallelism's transfers per micro-batch of `tokens` on the group's link (T consecutive ranks), all blocking:
+// an attention block's forward all-gathers its input rows and reduce-scatters its output ([tokens, d_model] f32, each
+// rank sending (T − 1)/T of it), its backward gathers the input and the output's gradient and reduce-scatters the
+// input's; a DSA layer's backward also all-reduces the indexer's teacher ([tokens, top-k] f32).
+struct TensorComm {
+    double collective = 0;  // one all-gather or reduce-scatter of the rows
+    double teacher = 0;     // a DSA layer's all-reduce
+    double forward(const BlockCost& b) const { return b.sliced ? 2 * collective : 0.0; }
+    double backward(const BlockCost& b) const {
+        return b.sliced ? 3 * collective + (b.kind == "dsa" ? teacher : 0) : 0;
+    }
+};
+TensorComm tensor_comm(const train::RunConfig& cfg, const Cluster& cl, const Layout& l, double tokens) {
+    TensorComm t;
+    if (l.tp == 1) return t;
+    const double T = double(l.tp), rows = tokens * double(cfg.model.d_model) * 4.0 * (T - 1) / T;
+    const Link& link = cl.link_for(l.tp);
+    t.collective = link.seconds(Collective::all_gather, l.tp, rows, T - 1);
+    const double teacher = tokens * double(cfg.model.mla.dsa.topk) * 4.0 * (T - 1) / T;
+    t.teacher = link.seconds(Collective::reduce_scatter, l.tp, teacher, T - 1) +
+                link.seconds(Collective::all_gather, l.tp, teacher, T - 1);
+    return t;
+}
+
 // The embedding and head of one micro-batch (at the GEMM rate), forward + backward.
 double head_seconds(const Cluster::Device& dev, const ModelCosts& c, double tokens, bool frozen_base, bool fsdp) {
     return (frozen_base ? 2.0 : 3.0) * tokens * c.head_flops / (dev.peak() * dev.efficiency_at(OpClass::gemm, tokens)) *
@@ -290,28 +339,31 @@ StepTime step_time(const train::RunConfig& run,
                    bool reforward = false) {
     const train::RunConfig cfg = with_layout(run, l);
     const double forwards = reforward ? 2.0 : 1.0;  // a block's forwards before its backward
-    const int ranks = int(l.ranks);
+    const int groups = int(l.data_groups());        // the ranks (tensor groups) taking micro-batches of their own
     const double ep = double(l.ep);
-    const double micro_tokens = double(cfg.train.micro_batch(ranks) * cfg.train.seq_len);
-    const double accumulation = double(cfg.train.accumulation(ranks));
+    const double micro_tokens = double(cfg.train.micro_batch(groups) * cfg.train.seq_len);  // a tensor group's
+    const double rows = micro_tokens / double(l.tp);                                        // one rank's of them
+    const double accumulation = double(cfg.train.accumulation(groups));
+    const TensorComm tc = tensor_comm(cfg, cl, l, micro_tokens);
     const bool frozen_base = cfg.model.lora.enabled();
     StepTime t;
     t.imbalance = loads.empty() ? 1.0 : imbalance(loads, l.ep);
     // per micro-batch: every block forward and backward, the recomputed ones' forward once more, the head
     const bool fsdp = l.ranks > 1 && l.fsdp;  // (its transfers run beside the blocks)
     for (const BlockCost& b : c.blocks) {
-        const BlockPass p = block_pass(cl.device, b, micro_tokens, ep, t.imbalance, frozen_base, fsdp);
+        const BlockPass p = rank_block_pass(cl.device, b, micro_tokens, l.tp, ep, t.imbalance, frozen_base, fsdp);
         const double again = forwards + (b.reruns(l.recompute) ? 1.0 : 0.0);
         t.compute += accumulation * (p.forward * again + p.backward);
         t.expert_compute += accumulation * (p.expert_forward * again + p.expert_backward);
+        t.tensor += accumulation * (tc.forward(b) * again + tc.backward(b));
     }
-    t.compute += accumulation * head_seconds(cl.device, c, micro_tokens, frozen_base, fsdp);
+    t.compute += accumulation * head_seconds(cl.device, c, rows, frozen_base, fsdp);
     if (l.ep > 1 && c.moe_layers > 0) {
         // every MoE layer of every micro-batch: forward and backward (+ recompute)
         double passes = 0;  // forward and backward of every MoE layer, and the recomputed ones' forward again
         for (const BlockCost& b : c.blocks)
             if (b.kind == "moe") passes += forwards + 1.0 + (b.reruns(l.recompute) ? 1.0 : 0.0);
-        t.a2a = a2a_pass_seconds(cfg, cl, l, micro_tokens, t.imbalance) * passes * accumulation;
+        t.a2a = a2a_pass_seconds(cfg, cl, l, rows, t.imbalance) * passes * accumulation;
         // chunked overlap: the first chunk's exchange is exposed, the rest hides behind the other chunks' experts
         const double chunks = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
         t.a2a_exposed = t.a2a / chunks + std::max(0.0, (t.a2a - t.expert_compute) * (chunks - 1) / chunks);
@@ -335,7 +387,8 @@ StepTime step_time(const train::RunConfig& run,
     t.optimizer = optimizer_seconds(c, cfg, cl, l);
     t.offload = offload_seconds(c, cl, l);
     t.gradients = gradient_seconds(c, cl, l, accumulation);
-    t.total = t.compute + t.a2a_exposed + t.fsdp_exposed + t.grad_sync + t.optimizer + t.offload + t.gradients;
+    t.total =
+        t.compute + t.a2a_exposed + t.fsdp_exposed + t.grad_sync + t.optimizer + t.offload + t.gradients + t.tensor;
     return t;
 }
 
@@ -345,7 +398,7 @@ std::vector<ModelCosts> stage_costs(const train::RunConfig& run, const Layout& l
     std::vector<ModelCosts> out;
     for (int64_t s = 0; s < l.pp; ++s)
         out.push_back(
-            model_costs(cfg, l.pp > 1 ? cfg.parallel.stage_layers(s, cfg.model.n_layers) : model::LayerRange{}));
+            model_costs(cfg, l.pp > 1 ? cfg.parallel.stage_layers(s, cfg.model.n_layers) : model::LayerRange{}, l.tp));
     return out;
 }
 
@@ -384,14 +437,14 @@ StepTime layout_step(const train::RunConfig& run,
     const Layout group = stage_group(stages, l);
     if (l.pp == 1) return step_time(run, stages.front(), loads, cl, l);
     const train::RunConfig cfg = with_layout(run, l);
-    const double M = double(cfg.train.accumulation(int(group.ranks)));
+    const double M = double(cfg.train.accumulation(int(group.data_groups())));
     const double exchange = exchange_seconds(cfg, cl, group.ranks);
     StepTime slowest, largest;  // the stage with the longest micro-batch; with the longest after the loop
     double sum_u = 0, max_u = -1, max_after = -1;
     for (size_t s = 0; s < stages.size(); ++s) {
         StepTime t = step_time(run, stages[s], loads, cl, group, l.rerun && s + 1 < stages.size());
         t.p2p = M * exchange * double((s > 0) + (s + 1 < stages.size()));
-        const double u = (t.compute + t.a2a_exposed + t.fsdp_exposed + t.gradients + t.p2p) / M;
+        const double u = (t.compute + t.a2a_exposed + t.fsdp_exposed + t.gradients + t.p2p + t.tensor) / M;
         const double after = t.grad_sync + t.optimizer + t.offload;
         sum_u += u;
         if (u > max_u) max_u = u, slowest = t;
@@ -466,14 +519,18 @@ class StageSim {
              double imbalance,
              int64_t micros)
         : trace_(trace), pid_(pid), cfg_(cfg), c_(c), cl_(cl), l_(group), fsdp_(group.ranks > 1 && group.fsdp) {
-        const double tokens = double(cfg.train.micro_batch(int(group.ranks)) * cfg.train.seq_len);
+        // a tensor group's micro-batch, and this rank's rows of it
+        const double tokens = double(cfg.train.micro_batch(int(group.data_groups())) * cfg.train.seq_len);
+        const double rows = tokens / double(group.tp);
         const bool frozen_base = cfg.model.lora.enabled();
         for (const BlockCost& b : c.blocks)
-            pass_.push_back(block_pass(cl.device, b, tokens, double(group.ep), imbalance, frozen_base, fsdp_));
+            pass_.push_back(
+                rank_block_pass(cl.device, b, tokens, group.tp, double(group.ep), imbalance, frozen_base, fsdp_));
         grads_ = gradient_seconds(c, cl, group, double(micros)) / double(micros);
-        a2a_ = a2a_pass_seconds(cfg, cl, group, tokens, imbalance);
+        a2a_ = a2a_pass_seconds(cfg, cl, group, rows, imbalance);
+        tensor_ = tensor_comm(cfg, cl, group, tokens);
         chunks_ = double(std::max<int64_t>(1, cfg.parallel.ep_chunks));
-        head_ = head_seconds(cl.device, c, tokens, frozen_base, fsdp_);
+        head_ = head_seconds(cl.device, c, rows, frozen_base, fsdp_);
         head_forward_ = head_ / (frozen_base ? 2 : 3);
         ready_.assign(c.units_bytes.size(), 0.0);
     }
@@ -560,6 +617,11 @@ class StageSim {
                              grads ? b.grads : b.params, (grads ? b.expert_grads : b.expert_params) / double(l_.ep), 1,
                              1);
     }
+    // a sliced block's transfers over the tensor group (model/layers/tensor_slice.h): blocking, the compute track waits
+    void tensor(double dur, int64_t layer) {
+        if (dur <= 0) return;
+        now = transfer("tensor all-gather / reduce-scatter", now, dur, layer);
+    }
     std::string unit_name(const Visit& v) const {
         return v.block >= 0 ? c_.blocks[size_t(v.block)].kind : v.head ? "head" : "embedding";
     }
@@ -585,6 +647,7 @@ class StageSim {
         const std::string& kind = c_.blocks[j].kind;
         const bool moe = kind == "moe" && a2a_ > 0;
         if (!vis.backward) {
+            tensor(tensor_.forward(c_.blocks[j]), layer);
             double d = pass_[j].forward;
             if (moe) {
                 transfer("all-to-all", now, a2a_, layer);
@@ -602,9 +665,11 @@ class StageSim {
             extra = (a2a_ * passes) / chunks_;
         }
         if (again) {
+            tensor(tensor_.forward(c_.blocks[j]), layer);
             trace_.span(kind, "recompute", pid_, 0, now, pass_[j].forward, layer);
             now += pass_[j].forward;
         }
+        tensor(tensor_.backward(c_.blocks[j]), layer);
         trace_.span(kind, "backward", pid_, 0, now, pass_[j].backward + extra, layer);
         now += pass_[j].backward + extra;
     }
@@ -618,6 +683,7 @@ class StageSim {
     bool fsdp_;
     std::vector<BlockPass> pass_;
     double grads_ = 0, a2a_ = 0, chunks_ = 1, head_ = 0, head_forward_ = 0;
+    TensorComm tensor_;
     double comm_free_ = 0;
     std::array<int, 3> occupant_{-1, -1, -1};
     std::vector<double> ready_;
@@ -633,7 +699,7 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
     const train::RunConfig cfg = with_layout(run, l);
     const auto loads = loads_of(cfg, o);
     const double I = loads.empty() ? 1.0 : imbalance(loads, l.ep);
-    const int64_t M = cfg.train.accumulation(int(group.ranks));
+    const int64_t M = cfg.train.accumulation(int(group.data_groups()));
     const int64_t P = l.pp;
     Trace trace;
     std::vector<StageSim> sims;
@@ -865,27 +931,46 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
         }
         return all_fit;
     };
+    // tensor groups (without pipeline stages, as the runtime): every divisor T of W within the innermost link level
+    // (every rank on a one-level cluster) that divides the sequence and every attention kind's heads (a model with
+    // something tensor parallelism does not cover gets none)
+    std::vector<int64_t> tps = {1};
+    std::map<int64_t, std::vector<ModelCosts>> tp_costs;  // the costs on a rank of a tensor group of T
+    const int64_t tp_span = cl.links.size() > 1 && cl.links.front().span > 1 ? cl.links.front().span : W;
+    for (int64_t T = 2; T <= std::min(W, tp_span) && o.tensor && !model::tensor_obstacle(cfg.model); ++T) {
+        if (W % T != 0 || cfg.train.seq_len % T != 0 || (batch * T) % W != 0) continue;
+        try {  // the model's own checks: the head counts divide
+            tp_costs[T] = {model_costs(cfg, {}, T)};
+            tps.push_back(T);
+        } catch (const Error&) {
+        }
+    }
     for (const Stages& stages : stagings) {
         const int64_t D = W / stages.pp;  // a stage's ranks
         std::vector<Sharding> shardings;
         for (int64_t S : shards)
             if (S == 0 || (S < D && D % S == 0)) shardings.push_back({true, S});
         if (D > 1) shardings.push_back({false, 0});
-        for (int64_t ep : eps)
-            for (const auto [fsdp, shard] : shardings)
-                for (int64_t micro = 1; micro <= batch / D; ++micro) {
-                    if (D % ep != 0 || (batch / D) % micro != 0) continue;
-                    // 1F1B needs micro-batches to fill the stages: at least as many as stages
-                    if (stages.pp > 1 && batch / D / micro < stages.pp) continue;
-                    Layout base{W, ep, fsdp, micro, {}, shard, false, stages.pp, stages.split, stages.rerun};
-                    // optimizer offload where the moments in the arena do not fit (it is never faster;
-                    // PlanOptions::offload), and where the cluster says how fast it streams
-                    const bool fits = evaluate(base, stages.costs);
-                    if (cl.host.offload_bandwidth > 0 && o.offload != "off" && (!fits || o.offload == "all")) {
-                        base.offload = true;
-                        evaluate(base, stages.costs);
+        for (int64_t tp : tps) {
+            if (stages.pp > 1 && tp > 1) continue;  // (not in the runtime yet)
+            const int64_t G = D / tp;               // the tensor groups, each taking batch / G sequences
+            for (int64_t ep : eps)
+                for (const auto [fsdp, shard] : shardings)
+                    for (int64_t micro = 1; micro <= batch / G; ++micro) {
+                        if (D % ep != 0 || (batch / G) % micro != 0) continue;
+                        // 1F1B needs micro-batches to fill the stages: at least as many as stages
+                        if (stages.pp > 1 && batch / G / micro < stages.pp) continue;
+                        Layout base{W, ep, fsdp, micro, {}, shard, false, stages.pp, stages.split, stages.rerun, tp};
+                        // optimizer offload where the moments in the arena do not fit (it is never faster;
+                        // PlanOptions::offload), and where the cluster says how fast it streams
+                        const std::vector<ModelCosts>& per_stage = tp > 1 ? tp_costs[tp] : stages.costs;
+                        const bool fits = evaluate(base, per_stage);
+                        if (cl.host.offload_bandwidth > 0 && o.offload != "off" && (!fits || o.offload == "all")) {
+                            base.offload = true;
+                            evaluate(base, per_stage);
+                        }
                     }
-                }
+        }
     }
     std::stable_sort(p.candidates.begin(), p.candidates.end(), [](const Candidate& a, const Candidate& b) {
         if (a.fits != b.fits) return a.fits;
@@ -922,28 +1007,31 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
         unit.name);
     size_t width = 33;    // the layout column: its longest row
     bool staged = false;  // a pipeline column (exchanges and bubble) when a row has stages
+    bool tensor = false;  // a tensor parallelism column (its transfers) when a row has tensor groups
     for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i) {
         width = std::max(width, p.candidates[i].layout.str().size());
         staged = staged || p.candidates[i].layout.pp > 1;
+        tensor = tensor || p.candidates[i].layout.tp > 1;
     }
     s += fmt::format(
-        "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{} {:>10} "
+        "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{}{} {:>10} "
         "{:>6}\n",
         "#", "layout", width, "memory", "params", "grads", "optim", "activ", "comm", "fits", "step", "compute", "a2a",
-        "fsdp", "optim", staged ? fmt::format(" {:>7}", "pipe") : "", "tok/s/dev", "MFU");
+        "fsdp", "optim", staged ? fmt::format(" {:>7}", "pipe") : "", tensor ? fmt::format(" {:>7}", "tp") : "",
+        "tok/s/dev", "MFU");
     for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i) {
         const Candidate& c = p.candidates[i];
         auto cat = c.memory.by_category();
         s += fmt::format(
-            "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{} {:>10.4g} "
+            "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{}{} {:>10.4g} "
             "{:>5.1f}%\n",
             i + 1, c.layout.str(), width, unit(double(c.memory.peak_bytes())), unit(double(cat["parameters"])),
             unit(double(cat["gradients"])), unit(double(cat["optimizer"])), unit(double(cat["activations"])),
             unit(double(cat["communication"] + cat["workspace"])), c.fits ? "yes" : "NO", ms(c.time.total),
             ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),
             ms(c.time.optimizer + c.time.offload + c.time.gradients),
-            staged ? fmt::format(" {:>7}", ms(c.time.p2p + c.time.bubble)) : "", c.tokens_per_s_per_device,
-            c.mfu * 100);
+            staged ? fmt::format(" {:>7}", ms(c.time.p2p + c.time.bubble)) : "",
+            tensor ? fmt::format(" {:>7}", ms(c.time.tensor)) : "", c.tokens_per_s_per_device, c.mfu * 100);
     }
     if (!p.candidates.empty() && p.candidates.front().memory.mapped_bytes > 0) {
         const RankMemory& m = p.candidates.front().memory;

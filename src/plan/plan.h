@@ -26,6 +26,7 @@ struct PlanOptions {
     // both ways (to compare, or to validate it); "off"
     std::string offload = "auto";
     bool pipeline = true;  // search pipeline stages too (plan --no-pipeline: not)
+    bool tensor = true;    // search tensor parallelism too (plan --no-tensor: not)
 };
 
 struct StepTime {
@@ -40,6 +41,7 @@ struct StepTime {
     // pipeline stages: the activations' exchanges with the neighbour stages (not overlapped), and what the pipeline
     // fill and drain add to the slowest stage's work
     double p2p = 0, bubble = 0;
+    double tensor = 0;  // tensor parallelism's gathers and reduce-scatters around the attention blocks (blocking)
     double total = 0;
     double imbalance = 1;  // busiest rank's routed tokens over the mean
 };

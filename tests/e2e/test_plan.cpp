@@ -61,6 +61,7 @@ struct Case {
     bool offload = false;  // memory.optimizer_offload
     int pp = 1;            // parallel.pipeline (with the plan's split)
     bool rerun = false;    // parallel.pipeline_rerun
+    int tp = 1;            // parallel.tensor
 };
 
 // The predicted rank-0 arena of one layout, from a plan over all layouts; split: its pipeline split.
@@ -69,7 +70,7 @@ size_t predicted_rank0(const Json& plan, const Case& c, Json* split = nullptr) {
         const Json& l = cand["layout"];
         if (l["ep"] == c.ep && l["fsdp"] == c.fsdp && l["micro_batch"] == c.micro && l["recompute"] == c.recompute &&
             l["shard"] == c.shard && l["offload"] == c.offload && l["pipeline"] == c.pp &&
-            l["pipeline_rerun"] == c.rerun)
+            l["pipeline_rerun"] == c.rerun && l["tensor"] == c.tp)
             for (const Json& r : cand["memory"]["ranks"])
                 if (r["rank"] == 0) {
                     if (split) *split = l["pipeline_split"];
@@ -85,9 +86,10 @@ size_t predicted_rank0(const Json& plan, const Case& c, Json* split = nullptr) {
 // (attention + mlp, then twice attention + moe; recompute: every block kind, or only the MoE blocks or only the
 // attention blocks; two of them HSDP: shard groups of 2 of the 4 ranks; four with 2 pipeline stages split as the plan
 // splits them, one rank or two (FSDP, EP 2) per stage, the first stage's rank 0 reporting: keeping the activations
-// of the micro-batches in flight, and once re-running the forwards instead).
+// of the micro-batches in flight, and once re-running the forwards instead; three in tensor groups of 2, whose
+// micro-batch is the group's).
 TEST(Plan, PredictedArenaIsTheMeasuredArena) {
-    const std::string model = kTiny + test::kTinyMoe + " --set model.n_layers=3";
+    const std::string model = kTiny + test::kTinyMoe + " --set model.n_layers=3 --set model.n_kv_heads=2";
     const Json moe = Json::array({"moe"}), attention = Json::array({"attention"});
     const Case cases[] = {{1, 1, true, 2, false},
                           {1, 1, true, 4, true},
@@ -104,7 +106,10 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
                           {2, 1, true, 1, false, 0, false, 2},
                           {2, 1, true, 1, false, 0, false, 2, true},
                           {2, 1, true, 2, moe, 0, false, 2},
-                          {4, 2, true, 1, false, 0, false, 2}};
+                          {4, 2, true, 1, false, 0, false, 2},
+                          {2, 1, true, 4, false, 0, false, 1, false, 2},
+                          {4, 2, true, 1, moe, 0, false, 1, false, 2},
+                          {4, 2, false, 2, true, 0, false, 1, false, 2}};
     TempDir d;
     std::map<int, Json> plans;
     for (const Case& c : cases) {
@@ -117,16 +122,18 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
         const std::string args = fmt::format(
             "train --config {} --steps 1 --set train.checkpoint_interval=0 --set parallel.ep={} --set "
             "parallel.fsdp={} --set parallel.shard={} --set train.micro_batch_size={} --set 'train.recompute={}' --set "
-            "parallel.pipeline={} --set 'parallel.pipeline_split={}' --set parallel.pipeline_rerun={} --out {}",
+            "parallel.pipeline={} --set 'parallel.pipeline_split={}' --set parallel.pipeline_rerun={} --set "
+            "parallel.tensor={} --out {}",
             model, c.ep, c.fsdp, c.shard, c.micro, c.recompute.dump(), c.pp, split.is_null() ? "[]" : split.dump(),
-            c.rerun, run);
+            c.rerun, c.tp, run);
         const test::CliResult r = c.ranks == 1 ? test::run_tessera(args) : test::run_tessera_mpi(c.ranks, args);
         ASSERT_EQ(r.status, 0) << r.err;
         const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
         ASSERT_FALSE(records.empty());
         EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted)
             << c.ranks << " ranks, ep " << c.ep << (c.fsdp ? " fsdp" : " zero-2") << ", shard " << c.shard << ", micro "
-            << c.micro << ", recompute " << c.recompute.dump() << ", pipeline " << c.pp << (c.rerun ? " rerun" : "");
+            << c.micro << ", recompute " << c.recompute.dump() << ", pipeline " << c.pp << (c.rerun ? " rerun" : "")
+            << ", tensor " << c.tp;
     }
 }
 
@@ -156,6 +163,32 @@ TEST(Plan, PipelineStagesAreSearchedWithABalancedSplit) {
         const Json q = plan_json(kTiny + " --set model.n_layers=4" + none + cluster, d);
         for (const Json& c : q["candidates"]) EXPECT_EQ(c["layout"]["pipeline"], 1) << none;
     }
+}
+
+// Tensor parallelism: searched in groups that divide the ranks and the heads (tiny.json: 2 heads, 1 kv head, so none
+// until n_kv_heads = 2), each group taking batch / groups sequences; its transfers priced; a model it does not cover
+// (here the sequence-wise balance loss), or --no-tensor, gets none.
+TEST(Plan, TensorGroupsAreSearchedWhereTheHeadsDivide) {
+    TempDir d;
+    const std::string cluster = " --cluster " + cpu_cluster(d, 4) + " --threads 1";
+    auto tensors = [&](const std::string& args) {
+        std::set<int> tps;
+        const Json p = plan_json(kTiny + args + cluster, d);
+        for (const Json& c : p["candidates"]) {
+            const int tp = c["layout"]["tensor"].get<int>();
+            tps.insert(tp);
+            if (tp == 1) continue;
+            EXPECT_EQ(c["layout"]["pipeline"], 1);
+            EXPECT_EQ(4 % (4 / tp * c["layout"]["micro_batch"].get<int>()), 0) << c["layout"].dump();
+            EXPECT_GT(c["step_seconds"]["tensor"].get<double>(), 0.0);
+        }
+        return tps;
+    };
+    EXPECT_EQ(tensors(""), (std::set<int>{1}));
+    EXPECT_EQ(tensors(" --set model.n_kv_heads=2"), (std::set<int>{1, 2}));
+    EXPECT_EQ(tensors(" --set model.n_kv_heads=2 --no-tensor"), (std::set<int>{1}));
+    EXPECT_EQ(tensors(" --set model.n_kv_heads=2" + test::kTinyMoe + " --set model.moe.seq_aux_coeff=0.001"),
+              (std::set<int>{1}));
 }
 
 // Optimizer offload: searched only for layouts that do not fit with the moments in the arena, and only when the
@@ -810,6 +843,39 @@ TEST(Plan, SimulateWritesATraceOfTheStep) {
     }();
     ASSERT_FALSE(m.empty()) << r.out;
     EXPECT_NEAR(std::stod(m[1]), end / 1e3, 0.1) << r.out;
+}
+
+// tessera simulate of tensor groups: 2 ranks in one group of 2 (tiny.json with 2 kv heads, micro-batch 2 of the
+// group's 4 sequences, recompute): per micro-batch each attention block's forward waits for its all-gather and
+// reduce-scatter, its recomputed forward (layer 0's) again, its backward for three more; the spans are the planner's
+// `tensor` time and the simulated step its estimate (nothing else overlaps on one rank of one group without FSDP's
+// prefetch contention here: ZeRO-2).
+TEST(Plan, SimulateLaysOutTensorTransfers) {
+    TempDir d;
+    const std::string out = d.file("trace.json"), plan = d.file("plan.json");
+    const std::string model = kTiny + " --set model.n_kv_heads=2", cluster = " --cluster " + cpu_cluster(d, 2);
+    const test::CliResult r = test::run_tessera("simulate " + model + cluster +
+                                                " --tensor 2 --micro-batch 2 --zero2 --recompute --out " + out);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("tp 2, ep 1, zero-2, micro 2, recompute"), std::string::npos) << r.out;
+    const Json t = Json::parse(read_text(out));
+    int spans = 0;
+    double seconds = 0;
+    for (const Json& e : t["traceEvents"])
+        if (e["ph"] == "X" && e["name"] == "tensor all-gather / reduce-scatter") {
+            ++spans;
+            seconds += e["dur"].get<double>() / 1e6;
+        }
+    // 2 micro-batches x 2 attention blocks x (forward, backward) + layer 0's recomputed forward
+    EXPECT_EQ(spans, 2 * (2 * 2 + 1));
+    const Json p = plan_json(model + cluster + " --threads 1", d);
+    for (const Json& c : p["candidates"]) {
+        const Json& l = c["layout"];
+        if (l["tensor"] == 2 && l["micro_batch"] == 2 && l["fsdp"] == false && l["recompute"] == true &&
+            l["offload"] == false) {
+            EXPECT_NEAR(c["step_seconds"]["tensor"].get<double>(), seconds, 1e-9 + 1e-6 * seconds);
+        }
+    }
 }
 
 // tessera simulate of pipeline stages: the tiny model's 4 layers as 2 stages of 1 rank each, split [1] (stage 0:

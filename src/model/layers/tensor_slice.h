@@ -41,6 +41,8 @@ class TensorSlice : public Block {
     void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
     void step(int64_t, int64_t, TensorView, TensorView, std::span<std::byte>) override;  // refused
     double forward_flops_per_token(int64_t seq) const override { return whole_->forward_flops_per_token(seq); }
+    // what one rank computes per token of the micro-batch: its 1/T of the heads and what every rank computes whole
+    double part_forward_flops_per_token(int64_t seq) const { return part_->forward_flops_per_token(seq); }
     std::string kind() const override { return part_->kind(); }
     void set_pass(const PassOptions& o) override { part_->set_pass(o); }
 
