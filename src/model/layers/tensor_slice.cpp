@@ -10,10 +10,7 @@
 namespace tessera::model {
 
 namespace {
-std::span<const std::byte> bytes_of(TensorView v, int64_t rows) {
-    return {static_cast<const std::byte*>(v.data), size_t(rows * v.size(1)) * sizeof(float)};
-}
-std::span<std::byte> bytes_of_mut(TensorView v, int64_t rows) {
+std::span<std::byte> bytes_of(TensorView v, int64_t rows) {
     return {static_cast<std::byte*>(v.data), size_t(rows * v.size(1)) * sizeof(float)};
 }
 }  // namespace
@@ -148,36 +145,38 @@ void TensorSlice::check_rows(StepShape s, TensorView x) const {
                   T_);
 }
 
+void TensorSlice::gather_rows(TensorView rows, TensorView all, int64_t n) {
+    group_.all_gather(bytes_of(rows, n), bytes_of(all, n * T_));
+}
+
+void TensorSlice::add_scattered(TensorView all, TensorView rows, int64_t n) {
+    std::fill(counts_.begin(), counts_.end(), n * C_);
+    group_
+        .reduce_scatter_v_async(DType::f32, all.data, counts_, rows.data, n * C_, /*accumulate=*/true,
+                                bytes_of(x_, n * T_))  // (scratch: the gathered input is no longer read)
+        .wait();
+}
+
 void TensorSlice::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
     check_rows(s, x_in);
     const int64_t N = s.tokens(), n = N / T_;
     pack_params();
-    const TensorView x = x_.slice0(0, N), y = y_.slice0(0, N);
-    group_.all_gather(bytes_of(x_in, n), bytes_of_mut(x, N));
-    part_->forward(s, x, y, ws);
+    gather_rows(x_in, x_, n);
+    part_->forward(s, x_.slice0(0, N), y_.slice0(0, N), ws);
     start_output(x_in, x_out, n);
-    std::fill(counts_.begin(), counts_.end(), n * C_);
-    group_
-        .reduce_scatter_v_async(DType::f32, y.data, counts_, x_out.data, n * C_, /*accumulate=*/true,
-                                bytes_of_mut(x, N))
-        .wait();
+    add_scattered(y_, x_out, n);
 }
 
 void TensorSlice::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
     check_rows(s, x_in);
     const int64_t N = s.tokens(), n = N / T_;
     pack_params();
-    const TensorView x = x_.slice0(0, N), dy = y_.slice0(0, N);
-    group_.all_gather(bytes_of(x_in, n), bytes_of_mut(x, N));
-    group_.all_gather(bytes_of(dres, n), bytes_of_mut(dy, N));
+    gather_rows(x_in, x_, n);
+    gather_rows(dres, y_, n);
     if (has_grads_) part_grads_.zero();
-    part_->backward(s, x, dy, ws);  // dy: this rank's heads' share of dL/dx
+    part_->backward(s, x_.slice0(0, N), y_.slice0(0, N), ws);  // y: this rank's heads' share of dL/dx
     start_input_grad(dres, n);
-    std::fill(counts_.begin(), counts_.end(), n * C_);
-    group_
-        .reduce_scatter_v_async(DType::f32, dy.data, counts_, dres.data, n * C_, /*accumulate=*/true,
-                                bytes_of_mut(x, N))
-        .wait();
+    add_scattered(y_, dres, n);
     if (has_grads_) add_grads();
 }
 

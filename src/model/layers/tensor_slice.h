@@ -59,6 +59,10 @@ class TensorSlice : public Block {
     void pack_params();  // the part's parameters from the whole ones
     void add_grads();    // the part's gradients into the whole ones
     void check_rows(StepShape s, TensorView x) const;
+    // this rank's n rows into the group's [n·T, C] in rank order; and rows += the sum over the group of each rank's
+    // block of `all` for this rank (a reduce-scatter in rank order; x_ is its scratch)
+    void gather_rows(TensorView rows, TensorView all, int64_t n);
+    void add_scattered(TensorView all, TensorView rows, int64_t n);
 
     std::unique_ptr<Block> whole_, part_;
     parallel::Comm& group_;
