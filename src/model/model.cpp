@@ -363,15 +363,18 @@ std::vector<bool> Model::recomputed_blocks(const Recompute& recompute) const {
     return out;
 }
 
+void Model::check_split(int64_t N) const {
+    TESSERA_CHECK(N % T_ == 0, "parallel.tensor = {}: a micro-batch of {} tokens does not split into {} equal parts",
+                  T_, N, T_);
+}
+
 StepShape Model::block_shape(size_t j, StepShape s) const {
     return T_ == 1 || sliced_[j] ? s : StepShape{1, s.tokens() / T_};
 }
 
 std::vector<BufferSpec> Model::activation_specs(StepShape max, const Recompute& recompute) const {
     if (first_stage() && last_stage()) recompute.check(block_kinds_);  // (a stage's kinds are some of the model's)
-    TESSERA_CHECK(max.tokens() % T_ == 0,
-                  "parallel.tensor = {}: a micro-batch of {} tokens does not split into {} equal parts", T_,
-                  max.tokens(), T_);
+    check_split(max.tokens());
     // (ids and targets: the whole micro-batch's; the residual stream and the head: this rank's rows)
     const int64_t N = max.tokens(), n = local_rows(N), C = cfg_.d_model, V = cfg_.vocab_size, R = head_chunk_rows(n);
     std::vector<BufferSpec> s;
@@ -619,8 +622,7 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
     TESSERA_CHECK(N <= max_.tokens() && s.seq <= max_.seq, "model: step {}x{} exceeds the allocated {}x{}", s.batch,
                   s.seq, max_.batch, max_.seq);
     TESSERA_CHECK(int64_t(ids.size()) == N, "model: {} ids for {} tokens", ids.size(), N);
-    TESSERA_CHECK(N % T_ == 0, "parallel.tensor = {}: a micro-batch of {} tokens does not split into {} equal parts",
-                  T_, N, T_);
+    check_split(N);
     const int64_t n = local_rows(N);
     copy_bytes(ids_.data, ids_.device, ids.data(), Device::cpu, size_t(N) * sizeof(int32_t));
     if (first_stage()) {  // (a later pipeline stage's input is in x[0] already)

@@ -305,6 +305,7 @@ class Model {
 
     // block j's shape of a micro-batch: the whole one for a sliced attention block, this rank's rows for the rest
     StepShape block_shape(size_t j, StepShape s) const;
+    void check_split(int64_t N) const;  // one-line error unless the tensor group's ranks split N tokens evenly
 
     ModelConfig cfg_;
     LayerRange layers_;                 // (last resolved)

@@ -139,12 +139,6 @@ void TensorSlice::add_grads() {
     }
 }
 
-void TensorSlice::check_rows(StepShape s, TensorView x) const {
-    TESSERA_CHECK(s.tokens() % T_ == 0 && x.size(0) * T_ >= s.tokens(),
-                  "parallel.tensor = {}: a micro-batch of {} tokens does not split into {} equal parts", T_, s.tokens(),
-                  T_);
-}
-
 void TensorSlice::gather_rows(TensorView rows, TensorView all, int64_t n) {
     group_.all_gather(bytes_of(rows, n), bytes_of(all, n * T_));
 }
@@ -158,7 +152,6 @@ void TensorSlice::add_scattered(TensorView all, TensorView rows, int64_t n) {
 }
 
 void TensorSlice::forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) {
-    check_rows(s, x_in);
     const int64_t N = s.tokens(), n = N / T_;
     pack_params();
     gather_rows(x_in, x_, n);
@@ -168,7 +161,6 @@ void TensorSlice::forward(StepShape s, TensorView x_in, TensorView x_out, std::s
 }
 
 void TensorSlice::backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) {
-    check_rows(s, x_in);
     const int64_t N = s.tokens(), n = N / T_;
     pack_params();
     gather_rows(x_in, x_, n);

@@ -36,7 +36,7 @@ class TensorSlice : public Block {
     void bind_params(const BufferGroup& params, const BufferGroup* grads) override;
     void bind_saved(const BufferGroup& acts, const std::string& prefix) override;
     void bind_scratch(const BufferGroup& acts, const std::string& prefix) override;
-    // s: the whole micro-batch; x_in, x_out, dres: this rank's N / T rows of it
+    // s: the whole micro-batch; x_in, x_out, dres: this rank's N / T rows of it (Model checks that N splits)
     void forward(StepShape s, TensorView x_in, TensorView x_out, std::span<std::byte> ws) override;
     void backward(StepShape s, TensorView x_in, TensorView dres, std::span<std::byte> ws) override;
     void step(int64_t, int64_t, TensorView, TensorView, std::span<std::byte>) override;  // refused
@@ -58,7 +58,6 @@ class TensorSlice : public Block {
     };
     void pack_params();  // the part's parameters from the whole ones
     void add_grads();    // the part's gradients into the whole ones
-    void check_rows(StepShape s, TensorView x) const;
     // this rank's n rows into the group's [n·T, C] in rank order; and rows += the sum over the group of each rank's
     // block of `all` for this rank (a reduce-scatter in rank order; x_ is its scratch)
     void gather_rows(TensorView rows, TensorView all, int64_t n);
