@@ -569,7 +569,12 @@ TEST(DataParallelErrors, LayoutsThatDoNotFitAreOneLineErrors) {
     EXPECT_NE(r.err.find("parallel.tensor = 2 does not divide model.n_kv_heads = 1"), std::string::npos) << r.err;
     r = run_tessera("train --config " + kTiny + " --out " + d.file("n") + " --set parallel.tensor=3");
     test::expect_one_line_error(r, "parallel.tensor = 3 does not divide train.seq_len = 32", "tokens per rank");
-    for (const char* run : {"k", "l", "m", "n"})
+    r = run_tessera_mpi(4, "train --config " + kTiny + " --out " + d.file("o") +
+                               " --set model.n_kv_heads=2 --set parallel.tensor=2 --set parallel.pipeline=2");
+    EXPECT_NE(r.err.find("tensor parallelism (parallel.tensor = 2) with pipeline stages is not supported yet"),
+              std::string::npos)
+        << r.err;
+    for (const char* run : {"k", "l", "m", "n", "o"})
         EXPECT_FALSE(fs::exists(d.file(run) + "/config.json")) << "a failed start leaves nothing";
 }
 

@@ -1029,6 +1029,21 @@ TEST(Plan, MistakesAreOneLineErrors) {
         "no host.offload_bandwidth_gbs, so optimizer offload is not priced", "offload without a rate");
     test::expect_one_line_error(test::run_tessera("plan " + kTiny + " --cluster " + ok + " --offload some"),
                                 "--offload", "an unknown offload mode");
+    const auto staged_tp = [&](const std::string& args) {
+        return test::run_tessera("simulate " + kTiny + " --set model.n_kv_heads=2 --cluster " + ok + " " + args +
+                                 " --out " + d.file("t"));
+    };
+    // tensor groups: a group size the ranks (or a stage's) do not divide; a model tensor parallelism does not cover;
+    // heads the group does not divide (tiny.json: 1 kv head)
+    test::expect_one_line_error(staged_tp("--tensor 4"), "simulate: --tensor 4 does not divide the 2 ranks",
+                                "a group larger than the ranks");
+    test::expect_one_line_error(staged_tp("--tensor 2 --pipeline 2 --micro-batch 1"),
+                                "simulate: --tensor 2 does not divide the 1 ranks of a stage", "groups in stages");
+    test::expect_one_line_error(staged_tp("--tensor 2" + test::kTinyMoe + " --set model.moe.seq_aux_coeff=0.01"),
+                                "does not cover model.moe.seq_aux_coeff", "a model it does not cover");
+    test::expect_one_line_error(
+        test::run_tessera("simulate " + kTiny + " --cluster " + ok + " --tensor 2 --out " + d.file("t")),
+        "parallel.tensor = 2 does not divide model.n_kv_heads = 1", "heads the group does not divide");
     const auto staged = [&](const std::string& args) {
         return test::run_tessera("simulate " + kTiny + " --set model.n_layers=4 --cluster " + ok + " " + args +
                                  " --out " + d.file("t"));
