@@ -47,7 +47,8 @@ const char* pipeline_obstacle(const ModelConfig& c) {
 const char* tensor_obstacle(const ModelConfig& c) {
     if (c.has_layer_type("dsa") && c.mla.dsa.warmup())
         return "model.mla.dsa.stage = \"dense_warmup\" (the indexer's dense KL; the sparse stage is covered)";
-    return c.lora.enabled()             ? "model.lora (a frozen base and its adapters are not sliced yet)"
+    return c.lora.dropout > 0           ? "model.lora.dropout (its masks are drawn per row and column of the whole "
+                                          "micro-batch)"
            : c.vision.enabled()         ? "model.vision (the image tower)"
            : c.moe.seq_aux_coeff > 0    ? "model.moe.seq_aux_coeff (the balance loss of whole sequences)"
            : c.moe.global_aux_coeff > 0 ? "model.moe.global_aux_coeff (the balance loss pools every token)"
@@ -165,6 +166,9 @@ Model::Model(
         owned(kVisionOwner);
     }
     if (cfg_.lora.enabled()) freeze_base();
+    for (auto& b : blocks_) {
+        if (auto* slice = dynamic_cast<TensorSlice*>(b.get())) slice->held_as(param_specs_);
+    }
     // frozen parameters first, then the flat space the optimizer trains, [replicated | data | expert]
     // (train/optimizer.h), each unit's data contiguous
     std::vector<size_t> order(param_specs_.size());

@@ -300,22 +300,26 @@ TEST(ExpertParallelTraining, MatchesOneProcessAndRepeatsBitwise) {
 // tokens between attention blocks and runs 1/T of each attention block's heads. Against one process on the
 // micro-batches of the tensor groups: losses and evaluations within 1e-5 (the head sum's order differs), for the dense
 // tiny model and the KDA : gated DSA hybrid (the indexer's teacher: every rank's heads) on one group of 2 (FSDP), and a
-// KDA + gated GQA + MoE model on 4 ranks, 2 groups of 2 with expert parallelism over pairs that cross the groups; the
-// resulting checkpoint resumes on one process.
+// KDA + gated GQA + MoE model on 4 ranks, 2 groups of 2 with expert parallelism over pairs that cross the groups (the
+// resulting checkpoint resumes on one process), and LoRA on that model's bf16 base on 2 ranks.
 TEST(TensorParallelTraining, MatchesOneProcess) {
     TempDir d;
     const std::string heads = " --set model.n_kv_heads=2";
     const std::string hybrid = heads + kMoeSign +
                                " --set 'model.attention=[\"kda\",\"gqa\"]' --set model.kda.head_dim=16"
                                " --set model.output_gate=elementwise";
+    const std::string lora =
+        " --set model.lora.rank=4 --set model.lora.base_dtype=bf16"
+        " --set 'model.lora.target_modules=[\"q_proj\",\"o_proj\",\"gate_proj\"]'";
     struct Case {
         int ranks;
         std::string sets, ranks_only;
         int micro;  // sequences per micro-batch (a tensor group's)
     };
     int i = 0;
-    for (const Case& c : {Case{2, heads, "", 4}, Case{2, test::kTinyHybrid, "", 4},
-                          Case{4, hybrid, " --set parallel.ep=2 --set parallel.fsdp=false", 2}}) {
+    for (const Case& c :
+         {Case{2, heads, "", 4}, Case{2, test::kTinyHybrid, "", 4},
+          Case{4, hybrid, " --set parallel.ep=2 --set parallel.fsdp=false", 2}, Case{2, hybrid + lora, "", 4}}) {
         const std::string one = d.file(fmt::format("one{}", i)), many = d.file(fmt::format("tp{}", i));
         ++i;
         const std::string args =

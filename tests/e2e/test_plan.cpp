@@ -137,6 +137,28 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
     }
 }
 
+// LoRA in a tensor group of 2: the sliced blocks' copies of the frozen bf16 base and of the adapters are the run's
+// (Plan.PredictedArenaIsTheMeasuredArena's model with adapters, FSDP, micro-batches of 2 sequences).
+TEST(Plan, PredictedArenaOfLoraInATensorGroup) {
+    TempDir d;
+    const std::string model = kTiny + test::kTinyMoe +
+                              " --set model.n_layers=3 --set model.n_kv_heads=2 --set model.lora.rank=4 --set "
+                              "model.lora.base_dtype=bf16 --set 'model.lora.target_modules=[\"q_proj\",\"o_proj\"]'";
+    const Json plan = plan_json(model + " --mode lora --cluster " + cpu_cluster(d, 2) + " --threads 1", d);
+    const Case c{2, 1, true, 2, false, 0, false, 1, false, 2};
+    const size_t predicted = predicted_rank0(plan, c);
+    const std::string run = d.file("run");
+    const test::CliResult r = test::run_tessera_mpi(
+        2, "train --config " + model +
+               " --steps 1 --set train.checkpoint_interval=0 --set train.micro_batch_size=2 --set parallel.tensor=2 "
+               "--out " +
+               run);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
+    ASSERT_FALSE(records.empty());
+    EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
+}
+
 // Pipeline stages: searched for a model that can be cut, with at least as many micro-batches as stages, and split so
 // the stages' work balances. A head 64 times a layer's work (vocabulary 16,384 at d_model 32) belongs alone on the last
 // stage: of 4 layers over 2 stages the balanced cut gives it layer 3 only (the even cut, 2 + 2, would leave the last

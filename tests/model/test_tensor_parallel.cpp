@@ -60,6 +60,13 @@ Pass run(const model::ModelConfig& c, parallel::Comm* tensor, const model::Recom
     const model::StepShape s{kBatch, kSeq};
     model::ModelRuntime rt(m, s, /*with_grads=*/true, recompute);
     m.init_params(rt.params(), 7);
+    // LoRA's B starts at zero: give the adapters an effect (a small one: stronger adapters make this tiny model's
+    // gradients sensitive enough that the order of the head sum shows above 1e-5, 5e-5 at 12× this scale)
+    for (const BufferSpec& spec : rt.params().specs()) {
+        if (!spec.name.ends_with(".lora_B.weight")) continue;
+        const TensorView b = rt.params().view(spec.name);
+        for (int64_t i = 0; i < b.numel(); ++i) b.ptr<float>()[i] = 0.004f * float((i * 29 + 3) % 17 - 8);
+    }
     std::vector<int32_t> ids(size_t(s.tokens())), targets(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {
         ids[i] = int32_t((i * 37 + 11) % 64);
@@ -111,6 +118,31 @@ TEST(TensorParallel, TwoRanksEqualOneUpToTheOrderOfTheHeadSum) { expect_matches_
 TEST(TensorParallel, FourRanksEqualOne) { expect_matches_one_rank(4, hybrid(4, 16)); }
 
 TEST(TensorParallel, RecomputedBlocksEqualOneRank) { expect_matches_one_rank(2, hybrid(2), model::Recompute::every()); }
+
+// model.lora over every projection, the frozen base held in bf16; the input norms train whole (modules_to_save)
+TEST(TensorParallel, LoraAdaptersOnABf16BaseEqualOneRank) {
+    model::ModelConfig c = hybrid(2);
+    c.lora.rank = 4;
+    c.lora.base_dtype = "bf16";
+    c.lora.target_modules = {"q_proj",   "k_proj",    "v_proj",
+                             "o_proj",   "g_proj",    "q_a_proj",
+                             "q_b_proj", "kv_b_proj", "kv_a_proj_with_mqa",
+                             "f_b_proj", "g_b_proj",  "gate_proj",
+                             "up_proj",  "down_proj"};
+    c.lora.modules_to_save = {"input_layernorm"};
+    const Pass one = run(c, nullptr);
+    EXPECT_TRUE(one.grads.contains("model.layers.1.self_attn.o_proj.lora_A.weight"));
+    EXPECT_TRUE(one.grads.contains("model.layers.4.self_attn.kv_b_proj.lora_B.weight"));
+    EXPECT_FALSE(one.grads.contains("model.layers.1.self_attn.q_proj.weight")) << "the base is frozen";
+    expect_matches_one_rank(2, c);
+    // q_proj's B [H·D, r] is sliced by rows, o_proj's A [r, H·D] by columns
+    const std::vector<Pass> ranks = run_ranks(2, c);
+    const std::vector<float>& b = ranks[1].grads.at("model.layers.1.self_attn.q_proj.lora_B.weight");
+    double first = 0, second = 0;
+    for (size_t i = 0; i < b.size(); ++i) (i < b.size() / 2 ? first : second) += std::abs(b[i]);
+    EXPECT_EQ(first, 0) << "rank 1 wrote q_proj's B rows of rank 0's heads";
+    EXPECT_GT(second, 0);
+}
 
 TEST(TensorParallel, EachRankComputesOnlyItsHeads) {
     const model::ModelConfig c = hybrid(2);
@@ -165,6 +197,11 @@ TEST(TensorParallel, WhatItDoesNotCoverIsAOneLineError) {
     model::ModelConfig odd = hybrid(2);
     odd.n_kv_heads = 1;
     refused(odd, "parallel.tensor = 2 does not divide model.n_kv_heads = 1");
+    model::ModelConfig dropout = hybrid(2);
+    dropout.lora.rank = 4;
+    dropout.lora.target_modules = {"q_proj"};
+    dropout.lora.dropout = 0.1;
+    refused(dropout, "model.lora.dropout");
     model::ModelConfig seq_aux = hybrid(2);
     seq_aux.moe.seq_aux_coeff = 1e-3;
     refused(seq_aux, "model.moe.seq_aux_coeff");

@@ -40,7 +40,7 @@ TensorSlice::TensorSlice(std::unique_ptr<Block> whole,
         TESSERA_CHECK(it != by_name.end(), "tensor slice: the sliced block has a parameter {} the whole has not",
                       p.name);
         const Shape& w = it->second->shape;
-        TESSERA_CHECK(w.ndim == p.shape.ndim && p.dtype == DType::f32 && it->second->dtype == DType::f32,
+        TESSERA_CHECK(w.ndim == p.shape.ndim && p.dtype == it->second->dtype,
                       "tensor slice: parameter {} is {} {} whole and {} {} sliced", p.name,
                       dtype_name(it->second->dtype), w.str(), dtype_name(p.dtype), p.shape.str());
         Piece piece{.name = p.name, .once = part_->head_independent_gradient(p.name)};
@@ -60,9 +60,37 @@ TensorSlice::TensorSlice(std::unique_ptr<Block> whole,
         }
         pieces_.push_back(std::move(piece));
     }
-    part_params_ = BufferGroup("tensor slice parameters", ps);
-    for (BufferSpec& p : ps) p.kind = BufferKind::grad;
-    part_grads_ = BufferGroup("tensor slice gradients", std::move(ps));
+    part_specs_ = std::move(ps);
+    held_as(ws);
+}
+
+void TensorSlice::held_as(const std::vector<BufferSpec>& params) {
+    std::unordered_map<std::string, const BufferSpec*> by_name;
+    for (const BufferSpec& s : params) by_name.emplace(s.name, &s);
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+        auto it = by_name.find(pieces_[i].name);
+        TESSERA_CHECK(it != by_name.end(), "tensor slice: the model holds no parameter {}", pieces_[i].name);
+        const DType held = it->second->dtype;
+        TESSERA_CHECK(held == DType::f32 || held == DType::bf16,
+                      "tensor slice: parameter {} is held in {}; tensor parallelism slices f32 and bf16 ones",
+                      pieces_[i].name, dtype_name(held));
+        part_specs_[i].dtype = held;
+        part_specs_[i].trainable = it->second->trainable;
+        pieces_[i].bytes = dtype_size(held);
+        pieces_[i].trains = it->second->trainable;
+    }
+    lay_out();
+}
+
+void TensorSlice::lay_out() {
+    part_params_ = BufferGroup("tensor slice parameters", part_specs_);
+    std::vector<BufferSpec> grads;
+    for (const BufferSpec& p : part_specs_) {
+        if (!p.trainable) continue;
+        grads.push_back(p);
+        grads.back().kind = BufferKind::grad;
+    }
+    part_grads_ = BufferGroup("tensor slice gradients", std::move(grads));
 }
 
 void TensorSlice::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const {
@@ -103,6 +131,9 @@ void TensorSlice::bind_scratch(const BufferGroup& acts, const std::string& prefi
     part_params_.bind(static_cast<std::byte*>(acts.view(prefix + "tensor.params").data), acts.device());
     part_grads_.bind(static_cast<std::byte*>(acts.view(prefix + "tensor.grads").data), acts.device());
     part_->bind_params(part_params_, has_grads_ ? &part_grads_ : nullptr);
+    part_grads_of_.clear();
+    for (const Piece& p : pieces_)
+        part_grads_of_.push_back(has_grads_ && p.trains ? part_grads_.view(p.name) : TensorView{});
     part_->bind_scratch(acts, prefix);
     x_ = acts.view(prefix + "tensor.x");
     y_ = acts.view(prefix + "tensor.y");
@@ -111,23 +142,22 @@ void TensorSlice::bind_scratch(const BufferGroup& acts, const std::string& prefi
 void TensorSlice::pack_params() {
     for (size_t i = 0; i < pieces_.size(); ++i) {
         const Piece& p = pieces_[i];
-        const float* src = whole_params_[i].ptr<float>();
-        float* dst = part_params_.view(i).ptr<float>();
+        const auto* src = static_cast<const std::byte*>(whole_params_[i].data);
+        auto* dst = static_cast<std::byte*>(part_params_.view(i).data);
         if (p.dim < 0) {
-            std::memcpy(dst, src, size_t(p.inner) * sizeof(float));
+            std::memcpy(dst, src, size_t(p.inner) * p.bytes);
             continue;
         }
-        const int64_t run = p.d * p.inner;  // one outer index's slice: contiguous in both
-        for (int64_t o = 0; o < p.outer; ++o)
-            std::memcpy(dst + o * run, src + (o * T_ + t_) * run, size_t(run) * sizeof(float));
+        const size_t run = size_t(p.d * p.inner) * p.bytes;  // one outer index's slice: contiguous in both
+        for (int64_t o = 0; o < p.outer; ++o) std::memcpy(dst + size_t(o) * run, src + size_t(o * T_ + t_) * run, run);
     }
 }
 
 void TensorSlice::add_grads() {
     for (size_t i = 0; i < pieces_.size(); ++i) {
         const Piece& p = pieces_[i];
-        if (!whole_grads_[i].defined() || (p.once && t_ != 0)) continue;
-        const float* src = part_grads_.view(i).ptr<float>();
+        if (!whole_grads_[i].defined() || !part_grads_of_[i].defined() || (p.once && t_ != 0)) continue;
+        const float* src = part_grads_of_[i].ptr<float>();
         float* dst = whole_grads_[i].ptr<float>();
         // the part's [outer, d, inner] at [outer, T·d, inner]'s slice t (a whole-shared one: [1, 1, inner] at 0)
         const bool whole = p.dim < 0;

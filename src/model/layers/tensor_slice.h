@@ -30,6 +30,9 @@ class TensorSlice : public Block {
     TensorSlice(std::unique_ptr<Block> whole, std::unique_ptr<Block> part, parallel::Comm& group, int64_t d_model);
 
     void declare_params(std::vector<BufferSpec>& specs, std::vector<ParamInit>& inits) const override;
+    // The parameters as the model finally holds them: model.lora freezes the base (no gradient) and may hold it in
+    // bf16; the part's copies follow (called once the model's specs are final, before declare_scratch).
+    void held_as(const std::vector<BufferSpec>& params);
     void declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
     void declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const override;
     size_t workspace_bytes(StepShape max, int num_threads) const override;
@@ -53,9 +56,12 @@ class TensorSlice : public Block {
         std::string name;
         int dim = -1;
         int64_t outer = 1, d = 0, inner = 1;
+        size_t bytes = sizeof(float);  // an element's (f32, or a frozen base's bf16)
+        bool trains = true;            // has a gradient (model.lora: the adapters and modules_to_save)
         bool once =
             false;  // every rank computes all of its gradient (Block::head_independent_gradient): rank 0 adds it
     };
+    void lay_out();      // part_params_ and part_grads_ from part_specs_
     void pack_params();  // the part's parameters from the whole ones
     void add_grads();    // the part's gradients into the whole ones
     // this rank's n rows into the group's [n·T, C] in rank order; and rows += the sum over the group of each rank's
@@ -67,9 +73,11 @@ class TensorSlice : public Block {
     parallel::Comm& group_;
     int64_t T_, t_, C_;
     std::vector<Piece> pieces_;
+    std::vector<BufferSpec> part_specs_;                  // the part's parameters, as the pieces hold them
     std::vector<int64_t> counts_;                         // the reduce-scatter's blocks: n·C elements each
     BufferGroup part_params_, part_grads_;                // laid out in scratch ("tensor.params", "tensor.grads")
     std::vector<TensorView> whole_params_, whole_grads_;  // per piece (grads: undefined without gradients)
+    std::vector<TensorView> part_grads_of_;               // per piece (undefined: frozen, or without gradients)
     bool has_grads_ = false;
     TensorView x_, y_;  // scratch [N, C]: the gathered input; the partial output, then the gathered gradient
 };
