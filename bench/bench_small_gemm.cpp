@@ -40,6 +40,10 @@ const std::vector<Case> kCases = {
     {"KDA state update Kᵀ·V (C 64)", 128, 128, 64, true},
     {"KDA chunk attention (C 64)", 64, 64, 128, false},
     {"DSA indexer scores (16 heads x 128)", 64, 256, 128, false},
+    {"DSA sparse scores, 2 heads (DK 80)", 64, 2, 80, false},
+    {"DSA sparse scores, 4 heads (DK 80)", 64, 4, 80, false},
+    {"DSA sparse scores, 2 heads (DK 576)", 64, 2, 576, false},
+    {"DSA sparse scores, 16 heads (DK 576)", 64, 16, 576, false},
 };
 
 void BM_small_gemm(benchmark::State& st) {

@@ -1,11 +1,13 @@
 // GEMM: every transpose combination, odd shapes, leading dims and beta against the f64 loop; and
-// thread-count invariance of the blocked f32 path (the determinism ops/gemm.h promises).
+// thread-count invariance of the blocked f32 path (the determinism ops/gemm.h promises). The fused kernels' small
+// products (ops/cpu/small_gemm.h) against the same loop, narrow ones included.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <utility>
 #include <vector>
 
+#include "ops/cpu/small_gemm.h"
 #include "ops/gemm.h"
 #include "util/test_util.h"
 
@@ -48,6 +50,52 @@ TEST(Gemm, MatchesFloat64ReferenceForAllLayouts) {
             }
         }
     }
+}
+
+// Every column count of the register tiles' remainders (1–3: the narrow tail packed 4 wide; 33–35 after the 32-wide
+// tiles), row counts below and across the 8-row tile, K past the packed tail's 1,024; plain, transposed and
+// gathered-row A, beta 0 and 1.3, each against the f64 loop.
+TEST(SmallGemm, MatchesFloat64ReferenceForNarrowAndOddShapes) {
+    for (int64_t N : {1, 2, 3, 4, 5, 7, 9, 33, 35})
+        for (int64_t M : {1, 5, 8, 13})
+            for (int64_t K : {3, 80, 1030})
+                for (int form = 0; form < 3; ++form)
+                    for (double beta : {0.0, 1.3}) {
+                        const int64_t ldc = N + 2, ldb = N + 1, lda = K + 3;
+                        // A [M, K] (plain, lda), its transpose [K, M] (form 1), or rows of the plain one (form 2)
+                        const Tensor A = test::randn(DType::f32, Shape{form == 1 ? K : M, form == 1 ? M : lda}, 5);
+                        const Tensor B = test::randn(DType::f32, Shape{K, ldb}, 6);
+                        Tensor C = test::randn(DType::f32, Shape{M, ldc}, 7);
+                        auto a = [&](int64_t i, int64_t k) {
+                            return double(form == 1 ? A.ptr<float>()[k * M + i] : A.ptr<float>()[i * lda + k]);
+                        };
+                        std::vector<double> want(size_t(M * ldc));
+                        for (int64_t i = 0; i < M; ++i)
+                            for (int64_t j = 0; j < ldc; ++j) {
+                                double acc = 0;
+                                for (int64_t k = 0; k < K && j < N; ++k) acc += a(i, k) * B.ptr<float>()[k * ldb + j];
+                                const double c = C.ptr<float>()[i * ldc + j];
+                                want[size_t(i * ldc + j)] = j < N ? 0.7 * acc + beta * c : c;
+                            }
+                        std::vector<const float*> rows;
+                        for (int64_t i = 0; i < M; ++i) rows.push_back(A.ptr<float>() + i * lda);
+                        if (form == 0)
+                            ops::cpu::small_gemm_nn(M, N, K, 0.7f, A.ptr<float>(), lda, B.ptr<float>(), ldb,
+                                                    float(beta), C.ptr<float>(), ldc);
+                        else if (form == 1)
+                            ops::cpu::small_gemm_tn(M, N, K, 0.7f, A.ptr<float>(), M, B.ptr<float>(), ldb, float(beta),
+                                                    C.ptr<float>(), ldc);
+                        else
+                            ops::cpu::small_gemm_rows_nn(M, N, K, 0.7f, rows.data(), B.ptr<float>(), ldb, float(beta),
+                                                         C.ptr<float>(), ldc);
+                        // as Gemm.MatchesFloat64ReferenceForAllLayouts: within 2e-5 relative + 2e-5·√K absolute
+                        double worst = 0;
+                        for (size_t e = 0; e < want.size(); ++e)
+                            worst = std::max(worst, std::abs(double(C.ptr<float>()[e]) - want[e]) /
+                                                        (2e-5 * std::sqrt(double(K)) + 2e-5 * std::abs(want[e])));
+                        EXPECT_LT(worst, 1.0)
+                            << "M=" << M << " N=" << N << " K=" << K << " form " << form << " beta " << beta;
+                    }
 }
 
 // The shapes of a training step (token-major projections, weight gradients with long K, attention-

@@ -106,6 +106,36 @@ inline void tile(
     }
 }
 
+// Rows i0 + i of an A source, as rows i (a row block's tile computed into scratch)
+template <class A>
+struct AFrom {
+    const A& a;
+    int64_t i0;
+    float get(int64_t i, int64_t k) const { return a.get(i0 + i, k); }
+};
+
+// The last columns [j0, N), fewer than 4 (e.g. the score products of attention over 1–3 heads), from `bt`: those
+// columns of B packed 4 wide with zeros beyond N ([K, 4]); a 4-wide tile into scratch, its valid columns copied out.
+template <int MR, class A>
+inline void narrow_tail(const A& a,
+                        const float* bt,
+                        int64_t i0,
+                        int64_t j0,
+                        int64_t N,
+                        int64_t K,
+                        float alpha,
+                        float beta,
+                        float* C,
+                        int64_t ldc) {
+    float out[MR * 4];
+    tile<MR, 1, 4>(AFrom<A>{a, i0}, BStrided<float>{bt, 4}, 0, 0, K, alpha, 0.0f, out, 4);
+    for (int r = 0; r < MR; ++r)
+        for (int64_t j = j0; j < N; ++j) {
+            float& c = C[(i0 + r) * ldc + j];
+            c = out[r * 4 + (j - j0)] + (beta != 0.0f ? beta * c : 0.0f);
+        }
+}
+
 template <int MR, class A, class B>
 inline void row_block(
     const A& a, const B& b, int64_t i0, int64_t N, int64_t K, float alpha, float beta, float* C, int64_t ldc) {
@@ -117,7 +147,7 @@ inline void row_block(
         for (; j + 8 <= N; j += 8) tile<MR, 1, 8>(a, b, i0, j, K, alpha, beta, C, ldc);
     }
     for (; j + 4 <= N; j += 4) tile<MR, 1, 4>(a, b, i0, j, K, alpha, beta, C, ldc);
-    for (; j < N; ++j) {  // column tail
+    for (; j < N; ++j) {  // column tail (K too long for the packed tail)
         for (int r = 0; r < MR; ++r) {
             float s = 0;
             for (int64_t k = 0; k < K; ++k) s += a.get(i0 + r, k) * b.row(k)[j];
@@ -127,12 +157,41 @@ inline void row_block(
     }
 }
 
+// the longest K whose narrow column tail is packed (on the stack: 16 KiB)
+constexpr int64_t kTailK = 1024;
+
+// Columns [j0, N) of C, fewer than 4, for every row: B's packed 4 wide, then narrow_tail per row block (out of line:
+// its stack buffer would otherwise slow the wide tiles' loop, measured)
+template <class A, class B>
+__attribute__((noinline)) void narrow_columns(int64_t M,
+                                              int64_t j0,
+                                              int64_t N,
+                                              int64_t K,
+                                              float alpha,
+                                              const A& a,
+                                              const B& b,
+                                              float beta,
+                                              float* C,
+                                              int64_t ldc) {
+    float packed[kTailK * 4];
+    for (int64_t k = 0; k < K; ++k)
+        for (int64_t c = 0; c < 4; ++c) packed[k * 4 + c] = j0 + c < N ? b.row(k)[j0 + c] : 0.0f;
+    int64_t i = 0;
+    for (; i + kMR <= M; i += kMR) narrow_tail<kMR>(a, packed, i, j0, N, K, alpha, beta, C, ldc);
+    for (; i + 4 <= M; i += 4) narrow_tail<4>(a, packed, i, j0, N, K, alpha, beta, C, ldc);
+    for (; i < M; ++i) narrow_tail<1>(a, packed, i, j0, N, K, alpha, beta, C, ldc);
+}
+
 template <class A, class B>
 void gemm_f32(int64_t M, int64_t N, int64_t K, float alpha, const A& a, const B& b, float beta, float* C, int64_t ldc) {
+    const int64_t j0 = N / 4 * 4;
+    const bool narrow = j0 < N && K <= kTailK;  // the last N − j0 < 4 columns packed, apart
+    const int64_t wide = narrow ? j0 : N;
     int64_t i = 0;
-    for (; i + kMR <= M; i += kMR) row_block<kMR>(a, b, i, N, K, alpha, beta, C, ldc);
-    for (; i + 4 <= M; i += 4) row_block<4>(a, b, i, N, K, alpha, beta, C, ldc);
-    for (; i < M; ++i) row_block<1>(a, b, i, N, K, alpha, beta, C, ldc);
+    for (; i + kMR <= M; i += kMR) row_block<kMR>(a, b, i, wide, K, alpha, beta, C, ldc);
+    for (; i + 4 <= M; i += 4) row_block<4>(a, b, i, wide, K, alpha, beta, C, ldc);
+    for (; i < M; ++i) row_block<1>(a, b, i, wide, K, alpha, beta, C, ldc);
+    if (narrow) narrow_columns(M, j0, N, K, alpha, a, b, beta, C, ldc);
 }
 
 template <class T, class A, class B>
