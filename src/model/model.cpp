@@ -55,6 +55,16 @@ const char* tensor_obstacle(const ModelConfig& c) {
                                         : nullptr;
 }
 
+ModelConfig tensor_part(const ModelConfig& c, int64_t T) {
+    ModelConfig p = c;
+    p.head_dim = c.head_dim_or_default();
+    p.n_heads = c.n_heads / T;
+    p.n_kv_heads = c.n_kv_heads / T;
+    p.kda.num_heads = c.kda.num_heads / T;
+    p.kda.num_v_heads = c.kda.hv() / T;
+    return p;
+}
+
 Model::Model(
     ModelConfig cfg, parallel::Comm* expert_group, int64_t ep_chunks, LayerRange layers, parallel::Comm* tensor_group)
     : cfg_(std::move(cfg)), layers_(layers) {
@@ -89,6 +99,7 @@ Model::Model(
         std::unique_ptr<Block> some = make(part);  // (made last: the block that computes)
         return std::make_unique<TensorSlice>(std::move(all), std::move(some), *tensor_, cfg_.d_model);
     };
+    const ModelConfig part = tensor_part(cfg_, T_);  // (its attention blocks: this rank's parts)
     const int embed_owner = cfg_.tie_embeddings ? kHeadOwner : kEmbedOwner;
     std::vector<int> owner;
     auto owned = [&](int who) { owner.resize(param_specs_.size(), who); };
@@ -105,8 +116,6 @@ Model::Model(
         const std::string& type = cfg_.layer_type(i);
         if (type == "mla" || type == "dsa") {
             const MlaConfig m = cfg_.mla_layer(type == "dsa");
-            MlaConfig part = m;
-            part.num_heads = m.num_heads / T_;
             MlaBlock* computes = nullptr;  // the block over every head, or over this rank's (its indexer whole)
             blocks_.push_back(sliced(
                 [&](const MlaConfig& c) {
@@ -114,22 +123,15 @@ Model::Model(
                     computes = b.get();
                     return b;
                 },
-                m, part, {{"model.n_heads", m.num_heads}}));
+                m, part.mla_layer(type == "dsa"), {{"model.n_heads", m.num_heads}}));
             if (T_ > 1) computes->share_heads(tensor_);
             if (type == "dsa") dsa_.push_back({i, computes, blocks_.size() - 1});
         } else if (type == "kda" || type == "gdn") {
             const KdaConfig k = cfg_.kda_layer(type == "gdn");
-            KdaConfig part = k;
-            part.num_heads = k.num_heads / T_;
-            part.num_v_heads = k.hv() / T_;
             blocks_.push_back(
-                sliced([&](const KdaConfig& c) { return std::make_unique<KdaBlock>(c, prefix, cfg_.lora); }, k, part,
-                       {{"kda.num_heads", k.num_heads}, {"kda.num_v_heads", k.hv()}}));
+                sliced([&](const KdaConfig& c) { return std::make_unique<KdaBlock>(c, prefix, cfg_.lora); }, k,
+                       part.kda_layer(type == "gdn"), {{"kda.num_heads", k.num_heads}, {"kda.num_v_heads", k.hv()}}));
         } else {
-            ModelConfig part = cfg_;
-            part.head_dim = cfg_.head_dim_or_default();
-            part.n_heads = cfg_.n_heads / T_;
-            part.n_kv_heads = cfg_.n_kv_heads / T_;
             blocks_.push_back(sliced([&](const ModelConfig& c) { return std::make_unique<AttentionBlock>(c, prefix); },
                                      cfg_, part,
                                      {{"model.n_heads", cfg_.n_heads}, {"model.n_kv_heads", cfg_.n_kv_heads}}));
