@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/json.h"
@@ -376,6 +377,14 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     };
     std::vector<BlockSeconds> moe;
     size_t moe_block = 0;
+    // the model over half the heads, whose attention blocks are a tensor group of 2's parts (Device::tensor_shared);
+    // none where 2 does not divide the heads or such a part does not build
+    std::optional<model::Model> half;
+    try {
+        half.emplace(model::tensor_part(cfg.model, 2));
+    } catch (const Error& e) {
+        note(fmt::format("no block over half the heads ({}): tensor groups priced by their FLOPs", e.what()));
+    }
     for (size_t j = 0; j < m.block_kinds().size(); ++j) {
         const std::string& kind = m.block_kinds()[j];
         const OpClass cls = kind == "moe" ? OpClass::grouped_gemm : block_class(kind);  // an MoE block: its experts
@@ -391,6 +400,15 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
             moe_block = j;
         } else {
             eff[cls] = e;
+        }
+        if (half && (cls == OpClass::attention || cls == OpClass::kda)) {
+            const double part = time_block(*half, j, {shapes.back()}, cfg.model.d_model, nullptr).passes[0].both;
+            const double whole = t.back().both, shared = std::clamp(2.0 * part / whole - 1.0, 0.0, 2.0);
+            c.device.tensor_shared[cls] = shared;
+            note(
+                fmt::format("block {} ({}) over half its heads at {:>5} tokens: {:7.2f} ms, {:.2f}x the whole block: "
+                            "{:.0f}% of its time is every tensor rank's",
+                            j, kind, c.device.tokens.back(), part * 1e3, part / whole, 100 * shared));
         }
     }
     const auto clamp = [](double e) { return std::clamp(e, 1e-3, 1.0); };
@@ -497,8 +515,9 @@ std::string cluster_json(const Cluster& c) {
     if (!c.device.tokens.empty()) by_tokens["tokens"] = c.device.tokens;
     for (const auto& [cls, v] : c.device.efficiency_by_tokens) by_tokens[op_class_name(cls)] = v;
     for (const auto& [cls, v] : c.device.forward_share) shares[op_class_name(cls)] = v;
-    Json beside = Json::object();
+    Json beside = Json::object(), tensor = Json::object();
     for (const auto& [cls, v] : c.device.beside_fsdp) beside[op_class_name(cls)] = v;
+    for (const auto& [cls, v] : c.device.tensor_shared) tensor[op_class_name(cls)] = v;
     for (const auto& [cls, v] : c.device.efficiency) efficiency[op_class_name(cls)] = v;
     Json doc = {{"name", c.name},
                 {"source", c.source},
@@ -523,6 +542,7 @@ std::string cluster_json(const Cluster& c) {
     if (!c.device.tokens.empty()) doc["device"]["efficiency_by_tokens"] = by_tokens;
     if (!shares.empty()) doc["device"]["forward_share"] = shares;
     if (!beside.empty()) doc["device"]["beside_fsdp"] = beside;
+    if (!tensor.empty()) doc["device"]["tensor_shared"] = tensor;
     return doc.dump(2) + "\n";
 }
 

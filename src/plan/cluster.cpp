@@ -159,6 +159,23 @@ void read_collectives(const Json& t, Link& link, const std::string& where) {
     }
 }
 
+// device.<key>: {"<class>": value, ...}, each in [lo, hi] (closed) or (lo, hi)
+std::map<OpClass, double> per_class(
+    ConfigReader& d, const char* key, const std::string& where, double lo, double hi, bool closed) {
+    std::map<OpClass, double> out;
+    ConfigReader f(d.section(key), where + "." + key);
+    for (OpClass cls : kOpClasses) {
+        const std::string name = op_class_name(cls);
+        if (!f.has(name)) continue;
+        const double v = f.number(name, 0);
+        TESSERA_CHECK(closed ? v >= lo && v <= hi : v > lo && v < hi, "{}.{}: {} must be in {}{}, {}{} (got {})", where,
+                      key, name, closed ? "[" : "(", lo, hi, closed ? "]" : ")", v);
+        out[cls] = v;
+    }
+    f.finish();
+    return out;
+}
+
 double positive(ConfigReader& r, const std::string& key, const std::string& where) {
     TESSERA_CHECK(r.has(key), "{}: {} is missing", where, key);
     const double v = r.number(key, 0);
@@ -212,28 +229,9 @@ Cluster load_cluster(const std::string& path) {
         }
         if (d.has("efficiency_by_tokens"))
             read_efficiency_table(d.section("efficiency_by_tokens"), c.device, where + ".efficiency_by_tokens");
-        {
-            ConfigReader f(d.section("forward_share"), where + ".forward_share");
-            for (OpClass cls : kOpClasses) {
-                const std::string key = op_class_name(cls);
-                if (!f.has(key)) continue;
-                const double v = f.number(key, 0);
-                TESSERA_CHECK(v > 0 && v < 1, "{}.forward_share: {} must be in (0, 1) (got {})", where, key, v);
-                c.device.forward_share[cls] = v;
-            }
-            f.finish();
-        }
-        {
-            ConfigReader f(d.section("beside_fsdp"), where + ".beside_fsdp");
-            for (OpClass cls : kOpClasses) {
-                const std::string key = op_class_name(cls);
-                if (!f.has(key)) continue;
-                const double v = f.number(key, 0);
-                TESSERA_CHECK(v >= 0 && v <= 2, "{}.beside_fsdp: {} must be in [0, 2] (got {})", where, key, v);
-                c.device.beside_fsdp[cls] = v;
-            }
-            f.finish();
-        }
+        c.device.forward_share = per_class(d, "forward_share", where, 0, 1, false);
+        c.device.beside_fsdp = per_class(d, "beside_fsdp", where, 0, 2, true);
+        c.device.tensor_shared = per_class(d, "tensor_shared", where, 0, 2, true);
         c.device.memory_bandwidth = positive(d, "memory_bandwidth_gbs", where) * 1e9;
         c.device.threads = d.integer("threads", 0);
         TESSERA_CHECK(c.device.threads >= 0, "{}: threads must not be negative", where);

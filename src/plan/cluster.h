@@ -88,6 +88,12 @@ struct Cluster {
             const auto it = beside_fsdp.find(cls);
             return 1.0 + (it == beside_fsdp.end() ? 0.0 : it->second);
         }
+        // measured (`tessera calibrate`): the share of a block's time per token that every rank of a tensor group
+        // repeats (norms, latent down-projections, DSA's indexer, per-token costs of the kernels), from the block over
+        // half its heads: t(H/2) = (1 + s) / 2 · t(H) on the same tokens. A part over 1/T of the heads then takes
+        // s + (1 − s) / T of the whole block's time. Above 1 when the part is slower than half. Absent: the FLOPs'
+        // share.
+        std::map<OpClass, double> tensor_shared;
         double memory_bandwidth = 0;  // bytes/s
         int64_t threads = 0;          // CPU devices: OpenMP threads per rank (sizes the workspace)
         double peak() const { return peak_flops.at(compute_dtype); }

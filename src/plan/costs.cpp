@@ -247,7 +247,9 @@ BlockPass block_pass(const Cluster::Device& dev,
 
 // The same on one rank of a tensor group of tp that shares the micro-batch's `tokens` (model/layers/tensor_slice.h): an
 // attention block runs all of them through its part (1/tp of the heads, and what every rank computes whole: input
-// norm, latent down-projections, the DSA indexer; BlockCost::rank_flops), any other block 1/tp of them.
+// norm, latent down-projections, the DSA indexer), any other block 1/tp of them. The part takes s + (1 − s) / tp of
+// the whole block's time with s the measured Device::tensor_shared, else the part's FLOPs (BlockCost::rank_flops) at
+// the class's rate.
 BlockPass rank_block_pass(const Cluster::Device& dev,
                           const BlockCost& b,
                           double tokens,
@@ -257,9 +259,17 @@ BlockPass rank_block_pass(const Cluster::Device& dev,
                           bool frozen_base,
                           bool fsdp) {
     if (tp == 1 || !b.sliced) return block_pass(dev, b, tokens / double(tp), ep, skew, frozen_base, fsdp);
-    BlockCost part = b;
-    part.flops = b.rank_flops;
-    return block_pass(dev, part, tokens, ep, skew, frozen_base, fsdp);
+    const auto measured = dev.tensor_shared.find(b.cls);
+    if (measured == dev.tensor_shared.end()) {  // the FLOPs' share
+        BlockCost part = b;
+        part.flops = b.rank_flops;
+        return block_pass(dev, part, tokens, ep, skew, frozen_base, fsdp);
+    }
+    const double s = measured->second, share = s + (1.0 - s) / double(tp);
+    BlockPass p = block_pass(dev, b, tokens, ep, skew, frozen_base, fsdp);  // the whole block on every token
+    p.forward *= share;
+    p.backward *= share;
+    return p;
 }
 
 TensorComm tensor_comm(const train::RunConfig& cfg, const Cluster& cl, const Layout& l, double tokens) {

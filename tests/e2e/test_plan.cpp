@@ -213,6 +213,35 @@ TEST(Plan, TensorGroupsAreSearchedWhereTheHeadsDivide) {
               (std::set<int>{1}));
 }
 
+// A sliced block's part priced from the calibrated share every tensor rank repeats (device.tensor_shared s): the part
+// takes s + (1 − s) / T of the whole block's time, so the tensor layout's compute is linear in s and grows with it,
+// and layouts without tensor groups do not move.
+TEST(Plan, TensorPartsTakeTheMeasuredSharedShare) {
+    TempDir d;
+    auto computes = [&](const std::string& shared) {
+        const Json p = plan_json(kTiny + " --set model.n_kv_heads=2 --threads 1 --cluster " +
+                                     cpu_cluster(d, 2, ", \"tensor_shared\": {\"attention\": " + shared + "}"),
+                                 d);
+        std::map<std::string, double> by_layout;
+        for (const Json& c : p["candidates"])
+            by_layout[c["layout"].dump()] = c["step_seconds"]["compute"].get<double>();
+        return by_layout;
+    };
+    const auto none = computes("0"), half = computes("0.5"), all = computes("1");
+    int tensor = 0;
+    for (const auto& [layout, t0] : none) {
+        const double t1 = all.at(layout), th = half.at(layout);
+        if (Json::parse(layout)["tensor"] == 1) {
+            EXPECT_EQ(t0, t1) << layout;
+            continue;
+        }
+        ++tensor;
+        EXPECT_GT(t1, t0) << layout;
+        EXPECT_NEAR(th, 0.5 * (t0 + t1), 1e-9 * t1) << layout;
+    }
+    EXPECT_GT(tensor, 0);
+}
+
 // Optimizer offload: searched only for layouts that do not fit with the moments in the arena, and only when the
 // cluster file gives its rate. The offloaded layout's arena is the offloaded run's byte for byte, smaller by the
 // moments; its step is the same but for the moments' streaming, 8 bytes per element this rank updates at that rate.
@@ -584,6 +613,13 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     }
     for (const auto& [k, v] : c["device"]["forward_share"].items())  // the forward's share of each timed block
         EXPECT_TRUE(v.get<double>() > 0.05 && v.get<double>() < 0.95) << k << " " << v;
+    // the demo's attention blocks over half their heads: what a tensor group's ranks each repeat
+    for (const char* k : {"attention", "kda"}) {
+        const Json& shared = c["device"]["tensor_shared"];
+        EXPECT_TRUE(shared.contains(k) && shared[k].get<double>() >= 0 && shared[k].get<double>() <= 2)
+            << k << ": " << shared.dump();
+    }
+    EXPECT_NE(a.out.find("(dsa) over half its heads"), std::string::npos) << a.out;
     // what the process holds outside an arena (code, libraries, oneDNN): tens of MB, not nothing, not GBs
     const double reserved = c["device"]["reserved_gb"].get<double>();
     EXPECT_TRUE(reserved > 0.005 && reserved < 1.0) << reserved;
@@ -598,7 +634,9 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     for (const char* tokens : {"   64", "  128", "  256"})
         EXPECT_NE(m.out.find(fmt::format("linear 32 -> 48 at {} tokens", tokens)), std::string::npos) << m.out;
     EXPECT_EQ(m.out.find("(mlp)"), std::string::npos) << m.out;
+    EXPECT_NE(m.out.find("no block over half the heads"), std::string::npos) << m.out;  // its 1 kv head
     const Json mc = Json::parse(read_text(d.file("moe_cluster.json")));
+    EXPECT_FALSE(mc["device"].contains("tensor_shared"));
     ASSERT_EQ(mc["device"]["efficiency_by_tokens"]["gemm"].size(), 3u);
     for (const Json& x : mc["device"]["efficiency_by_tokens"]["gemm"])
         EXPECT_TRUE(x.get<double>() > 0 && x.get<double>() <= 1 && x.get<double>() != 0.9) << x;
@@ -1021,6 +1059,9 @@ TEST(Plan, MistakesAreOneLineErrors) {
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
                      "memory_bandwidth_gbs": 1, "beside_fsdp": {"kda": -0.1}}, "links": [{"bandwidth_gbs": 1}]})",
                   "beside_fsdp: kda must be in [0, 2] (got -0.1)");
+    cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
+                     "memory_bandwidth_gbs": 1, "tensor_shared": {"attention": 2.5}}, "links": [{"bandwidth_gbs": 1}]})",
+                  "tensor_shared: attention must be in [0, 2] (got 2.5)");
     const std::string ok = cpu_cluster(d, 2);
     // HSDP's shard group: a divisor of the ranks, under FSDP
     for (const auto& [shard, needle] : {std::pair{"3", "parallel.shard = 3 does not divide the 2 ranks"},
