@@ -49,7 +49,6 @@ const char* tensor_obstacle(const ModelConfig& c) {
         return "model.mla.dsa.stage = \"dense_warmup\" (the indexer's dense KL; the sparse stage is covered)";
     return c.lora.dropout > 0           ? "model.lora.dropout (its masks are drawn per row and column of the whole "
                                           "micro-batch)"
-           : c.vision.enabled()         ? "model.vision (the image tower)"
            : c.moe.seq_aux_coeff > 0    ? "model.moe.seq_aux_coeff (the balance loss of whole sequences)"
            : c.moe.global_aux_coeff > 0 ? "model.moe.global_aux_coeff (the balance loss pools every token)"
                                         : nullptr;
@@ -544,13 +543,24 @@ void Model::splice_images(std::span<const int32_t> ids) {
                   cfg_.vision.image_token, image_kept_);
     if (n == 0) return;
     const TensorView rows = run_tower();
-    // each image's kept rows to its tokens' positions, in order
+    // each image's kept rows to its tokens' positions, in order; in a tensor group only the tokens of this rank's rows
+    // [t·m, (t+1)·m) of the micro-batch, at their local positions (every rank runs the frozen tower whole)
+    const int64_t m = local_rows(int64_t(ids.size())), lo = t_ * m, hi = lo + m;
+    const auto first = std::lower_bound(image_pos_.begin(), image_pos_.end(), lo),
+               last = std::lower_bound(image_pos_.begin(), image_pos_.end(), hi);
+    const int64_t a = first - image_pos_.begin(), b = last - image_pos_.begin();  // this rank's image tokens
+    for (int64_t& p : image_pos_) p -= lo;
     int64_t placed = 0;
     for (const ops::ImageRows& k : image_keep_) {
-        const std::span<const int64_t> at(image_pos_.data() + placed, size_t(k.end - k.begin));
-        ops::scatter_rows(rows.slice0(k.begin, k.end), at, x_[0]);
+        const int64_t from = std::max(placed, a), to = std::min(placed + k.end - k.begin, b);
+        if (from < to) {
+            const std::span<const int64_t> at(image_pos_.data() + from, size_t(to - from));
+            ops::scatter_rows(rows.slice0(k.begin + from - placed, k.begin + to - placed), at, x_[0]);
+        }
         placed += k.end - k.begin;
     }
+    image_pos_.erase(image_pos_.begin() + b, image_pos_.end());  // backward keeps these rows out of the embedding
+    image_pos_.erase(image_pos_.begin(), image_pos_.begin() + a);
 }
 
 void Model::splice_decoded_images(int64_t pos, std::span<const int32_t> ids) {

@@ -101,7 +101,7 @@ struct LossResult {
 // the image tower, the global balance loss.
 const char* pipeline_obstacle(const ModelConfig& c);
 // What tensor parallelism does not cover yet (parallel.tensor, model/layers/tensor_slice.h), or null: the DSA dense
-// warm-up, LoRA's dropout, the image tower, the balance losses over whole sequences or every token.
+// warm-up, LoRA's dropout, the balance losses over whole sequences or every token.
 const char* tensor_obstacle(const ModelConfig& c);
 // The model whose attention blocks are the parts a tensor group of T ranks computes: 1/T of every head count
 // (model.n_heads and n_kv_heads at the same head dim, so MLA's and DSA's heads too; kda.num_heads and num_v_heads),

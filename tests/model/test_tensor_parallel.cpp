@@ -7,6 +7,8 @@
 #include <cmath>
 #include <mutex>
 
+#include "core/safetensors.h"
+#include "model/config.h"
 #include "model/model.h"
 #include "model/runtime.h"
 #include "parallel/comm_local.h"
@@ -142,6 +144,70 @@ TEST(TensorParallel, LoraAdaptersOnABf16BaseEqualOneRank) {
     for (size_t i = 0; i < b.size(); ++i) (i < b.size() / 2 ? first : second) += std::abs(b[i]);
     EXPECT_EQ(first, 0) << "rank 1 wrote q_proj's B rows of rank 0's heads";
     EXPECT_GT(second, 0);
+}
+
+// The image tower (Kimi K3's, model/vision.h) in a tensor group of 2: every rank runs the frozen tower whole and keeps
+// the image rows of its tokens. Against the float64 reference of tests/golden/model/vision_lm.safetensors (two
+// sequences: one per rank) the loss within 1e-5 and the summed gradients within 1e-4; and on one sequence of 48 whose
+// last image straddles the ranks' halves (tokens 18-29), the loss and gradients of one rank.
+TEST(TensorParallel, ImageRowsGoToTheRanksThatHoldTheirTokens) {
+    const SafetensorsFile f(test::golden_path("model/vision_lm.safetensors"));
+    const model::ModelConfig cfg =
+        model::parse_model_config(Json::parse(f.metadata().at("config"))["model"], "vision_lm golden");
+    const Tensor g = f.load("grids"), patches = f.load("patches");
+    std::vector<ops::PatchGrid> grids;
+    for (int64_t i = 0; i < g.shape()[0]; ++i) grids.push_back({g.ptr<int64_t>()[2 * i], g.ptr<int64_t>()[2 * i + 1]});
+    // one pass: the loss and every trained gradient
+    auto pass = [&](parallel::Comm* group, model::StepShape shape, std::span<const int32_t> ids,
+                    std::span<const int32_t> targets) {
+        model::Model m(cfg, nullptr, 1, {}, group);
+        model::ModelRuntime rt(m, shape, true, {});
+        for (const BufferSpec& s : m.param_specs()) f.load_into("param." + s.name, rt.params().view(s.name));
+        m.set_images(grids, patches);
+        rt.grads().zero();
+        Pass p;
+        p.loss = m.forward_backward(shape, ids, targets, 1.0).loss;
+        for (const BufferSpec& spec : m.trained_specs()) {
+            const TensorView v = rt.grads().view(spec.name);
+            p.grads[spec.name].assign(v.ptr<float>(), v.ptr<float>() + v.numel());
+        }
+        return p;
+    };
+    auto ranks = [&](model::StepShape shape, std::span<const int32_t> ids, std::span<const int32_t> targets) {
+        std::vector<Pass> out(2);
+        parallel::run_local(2, [&](parallel::Comm& w) { out[size_t(w.rank())] = pass(&w, shape, ids, targets); });
+        std::map<std::string, std::vector<double>> sum;
+        for (const auto& [name, v] : out[0].grads) {
+            sum[name].assign(v.size(), 0.0);
+            for (const Pass& p : out)
+                for (size_t i = 0; i < v.size(); ++i) sum[name][i] += double(p.grads.at(name)[i]);
+        }
+        EXPECT_EQ(out[0].loss, out[1].loss);
+        return std::pair(out[0].loss, sum);
+    };
+    const Tensor ids_t = f.load("ids"), targets_t = f.load("targets");
+    const std::span<const int32_t> ids(ids_t.ptr<int32_t>(), size_t(ids_t.numel())),
+        targets(targets_t.ptr<int32_t>(), size_t(targets_t.numel()));
+    const auto [loss, grads] = ranks({2, 24}, ids, targets);
+    EXPECT_NEAR(loss, f.load("expected.loss").ptr<double>()[0], 1e-5);
+    for (const auto& [name, sum] : grads) {
+        const Tensor want = f.load("expected.grad." + name);
+        std::vector<float> w(size_t(want.numel()));
+        for (size_t i = 0; i < w.size(); ++i) w[i] = float(want.ptr<double>()[i]);
+        EXPECT_LT(rel_rms(w, sum), 1e-4) << name;
+    }
+    // images of 6, 2 and 12 tokens at 2-7, 15-16 and 18-29 of one sequence: rank 0 holds 18-23 of the last, rank 1
+    // 24-29
+    std::vector<int32_t> one(48), next(48);
+    for (size_t i = 0; i < one.size(); ++i) {
+        const bool image = (i >= 2 && i <= 7) || i == 15 || i == 16 || (i >= 18 && i <= 29);
+        one[i] = image ? int32_t(cfg.vision.image_token) : int32_t(8 + (i * 7) % 30);  // (text: not token 7)
+        next[i] = int32_t(1 + (i * 11) % 30);
+    }
+    const Pass whole = pass(nullptr, {1, 48}, one, next);
+    const auto [split_loss, split] = ranks({1, 48}, one, next);
+    EXPECT_NEAR(split_loss, whole.loss, 1e-6 * whole.loss);
+    for (const auto& [name, sum] : split) EXPECT_LT(rel_rms(whole.grads.at(name), sum), 1e-5) << name;
 }
 
 TEST(TensorParallel, EachRankComputesOnlyItsHeads) {
