@@ -479,12 +479,13 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
         }
         return all_fit;
     };
-    // tensor groups (without pipeline stages, as the runtime): every divisor T of W within the innermost link level
-    // (every rank on a one-level cluster) that divides the sequence and every attention kind's heads (a model with
-    // something tensor parallelism does not cover gets none)
+    // tensor groups (without pipeline stages, as the runtime): every divisor T of W within a host and the innermost
+    // link level (every rank on a one-level cluster) that divides the sequence and every attention kind's heads (a
+    // model with something tensor parallelism does not cover gets none)
     std::vector<int64_t> tps = {1};
     std::map<int64_t, std::vector<ModelCosts>> tp_costs;  // the costs on a rank of a tensor group of T
-    const int64_t tp_span = cl.links.size() > 1 && cl.links.front().span > 1 ? cl.links.front().span : W;
+    const int64_t tp_span =
+        std::min(cl.host.devices, cl.links.size() > 1 && cl.links.front().span > 1 ? cl.links.front().span : W);
     for (int64_t T = 2; T <= std::min(W, tp_span) && o.tensor && !model::tensor_obstacle(cfg.model); ++T) {
         if (W % T != 0 || cfg.train.seq_len % T != 0 || (batch * T) % W != 0) continue;
         try {  // the model's own checks: the head counts divide
