@@ -380,10 +380,16 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
     // the model over half the heads, whose attention blocks are a tensor group of 2's parts (Device::tensor_shared);
     // none where 2 does not divide the heads or such a part does not build
     std::optional<model::Model> half;
-    try {
-        half.emplace(model::tensor_part(cfg.model, 2));
-    } catch (const Error& e) {
-        note(fmt::format("no block over half the heads ({}): tensor groups priced by their FLOPs", e.what()));
+    const model::ModelConfig& mc = cfg.model;
+    const bool kda = mc.has_layer_type("kda") || mc.has_layer_type("gdn");
+    if (mc.n_heads % 2 != 0 || mc.n_kv_heads % 2 != 0 || (kda && (mc.kda.num_heads % 2 != 0 || mc.kda.hv() % 2 != 0))) {
+        note("no block over half the heads (2 does not divide them): tensor groups priced by their FLOPs");
+    } else {
+        try {
+            half.emplace(model::tensor_part(mc, 2));
+        } catch (const Error& e) {
+            note(fmt::format("no block over half the heads ({}): tensor groups priced by their FLOPs", e.what()));
+        }
     }
     for (size_t j = 0; j < m.block_kinds().size(); ++j) {
         const std::string& kind = m.block_kinds()[j];
