@@ -81,6 +81,17 @@ size_t predicted_rank0(const Json& plan, const Case& c, Json* split = nullptr) {
     return 0;
 }
 
+// One training step of `args` (the config and its --set's) on `ranks` ranks into `run`: its metrics record (null, and a
+// failure, when the run fails)
+Json first_step(int ranks, const std::string& args, const std::string& run) {
+    const std::string cmd = "train " + args + " --steps 1 --set train.checkpoint_interval=0 --out " + run;
+    const test::CliResult r = ranks == 1 ? test::run_tessera(cmd) : test::run_tessera_mpi(ranks, cmd);
+    EXPECT_EQ(r.status, 0) << r.err;
+    const std::vector<Json> records = r.status == 0 ? test::jsonl(run + "/metrics.jsonl") : std::vector<Json>{};
+    EXPECT_FALSE(records.empty());
+    return records.empty() ? Json() : records[0];
+}
+
 // Model states, activations and scratch: the plan's rank-0 arena is the arena rank 0 of the real run fills (its
 // high-water mark after the first step, metrics.jsonl), for twelve layouts of the tiny MoE model with three layers
 // (attention + mlp, then twice attention + moe; recompute: every block kind, or only the MoE blocks or only the
@@ -118,19 +129,16 @@ TEST(Plan, PredictedArenaIsTheMeasuredArena) {
                 fmt::format("{} --cluster {} --threads {}", model, cpu_cluster(d, c.ranks), c.ranks == 1 ? 2 : 1), d);
         Json split;
         const size_t predicted = predicted_rank0(plans[c.ranks], c, &split);
-        const std::string run = d.file(fmt::format("run{}", &c - cases));
-        const std::string args = fmt::format(
-            "train --config {} --steps 1 --set train.checkpoint_interval=0 --set parallel.ep={} --set "
-            "parallel.fsdp={} --set parallel.shard={} --set train.micro_batch_size={} --set 'train.recompute={}' --set "
-            "parallel.pipeline={} --set 'parallel.pipeline_split={}' --set parallel.pipeline_rerun={} --set "
-            "parallel.tensor={} --out {}",
-            model, c.ep, c.fsdp, c.shard, c.micro, c.recompute.dump(), c.pp, split.is_null() ? "[]" : split.dump(),
-            c.rerun, c.tp, run);
-        const test::CliResult r = c.ranks == 1 ? test::run_tessera(args) : test::run_tessera_mpi(c.ranks, args);
-        ASSERT_EQ(r.status, 0) << r.err;
-        const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
-        ASSERT_FALSE(records.empty());
-        EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted)
+        const Json step = first_step(
+            c.ranks,
+            fmt::format("--config {} --set parallel.ep={} --set parallel.fsdp={} --set parallel.shard={} --set "
+                        "train.micro_batch_size={} --set 'train.recompute={}' --set parallel.pipeline={} --set "
+                        "'parallel.pipeline_split={}' --set parallel.pipeline_rerun={} --set parallel.tensor={}",
+                        model, c.ep, c.fsdp, c.shard, c.micro, c.recompute.dump(), c.pp,
+                        split.is_null() ? "[]" : split.dump(), c.rerun, c.tp),
+            d.file(fmt::format("run{}", &c - cases)));
+        ASSERT_FALSE(step.is_null());
+        EXPECT_EQ(step["memory"]["arena_peak_bytes"].get<size_t>(), predicted)
             << c.ranks << " ranks, ep " << c.ep << (c.fsdp ? " fsdp" : " zero-2") << ", shard " << c.shard << ", micro "
             << c.micro << ", recompute " << c.recompute.dump() << ", pipeline " << c.pp << (c.rerun ? " rerun" : "")
             << ", tensor " << c.tp;
@@ -147,16 +155,10 @@ TEST(Plan, PredictedArenaOfLoraInATensorGroup) {
     const Json plan = plan_json(model + " --mode lora --cluster " + cpu_cluster(d, 2) + " --threads 1", d);
     const Case c{2, 1, true, 2, false, 0, false, 1, false, 2};
     const size_t predicted = predicted_rank0(plan, c);
-    const std::string run = d.file("run");
-    const test::CliResult r = test::run_tessera_mpi(
-        2, "train --config " + model +
-               " --steps 1 --set train.checkpoint_interval=0 --set train.micro_batch_size=2 --set parallel.tensor=2 "
-               "--out " +
-               run);
-    ASSERT_EQ(r.status, 0) << r.err;
-    const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
-    ASSERT_FALSE(records.empty());
-    EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
+    const Json step =
+        first_step(2, "--config " + model + " --set train.micro_batch_size=2 --set parallel.tensor=2", d.file("run"));
+    ASSERT_FALSE(step.is_null());
+    EXPECT_EQ(step["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
 }
 
 // Pipeline stages: searched for a model that can be cut, with at least as many micro-batches as stages, and split so
@@ -285,16 +287,10 @@ TEST(Plan, OptimizerOffloadWhereTheMomentsDoNotFit) {
     // moments bytes / 2 GB/s: 8 bytes per trained element (the offloaded bytes round each moment up to a page)
     EXPECT_NEAR(extra * 2e9, double(off["memory"]["offloaded_bytes"].get<size_t>()), 2.0 * 4096);
     EXPECT_TRUE(find(plan(memory_gb, ""), offloaded).is_null()) << "offload searched without a rate";
-    const std::string run = d.file("run");
-    const test::CliResult r =
-        test::run_tessera("train --config " + model +
-                          " --steps 1 --set train.checkpoint_interval=0 --set train.micro_batch_size=2 --set "
-                          "memory.optimizer_offload=true --out " +
-                          run);
-    ASSERT_EQ(r.status, 0) << r.err;
-    const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
-    ASSERT_FALSE(records.empty());
-    EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
+    const Json step = first_step(
+        1, "--config " + model + " --set train.micro_batch_size=2 --set memory.optimizer_offload=true", d.file("run"));
+    ASSERT_FALSE(step.is_null());
+    EXPECT_EQ(step["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
 }
 
 // memory.weights_budget: the plan opens the base as the run does, so its arena (without the base read in place) is
@@ -316,14 +312,10 @@ TEST(Plan, AWeightBudgetKeepsTheBaseOutOfTheArena) {
     for (const Json& cand : plan["candidates"])
         if (cand["layout"]["micro_batch"] == 2 && cand["layout"]["recompute"] == false) memory = cand["memory"];
     ASSERT_TRUE(memory.contains("mapped_bytes")) << plan.dump();
-    const std::string run = d.file("run");
-    r = test::run_tessera("train --config " + model + lora +
-                          " --steps 1 --set train.checkpoint_interval=0 --set train.micro_batch_size=2 --out " + run);
-    ASSERT_EQ(r.status, 0) << r.err;
-    const std::vector<Json> records = test::jsonl(run + "/metrics.jsonl");
-    ASSERT_FALSE(records.empty());
-    EXPECT_EQ(records[0]["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
-    const size_t mapped = records[0]["weights"]["mapped_bytes"].get<size_t>();
+    const Json step = first_step(1, "--config " + model + lora + " --set train.micro_batch_size=2", d.file("run"));
+    ASSERT_FALSE(step.is_null());
+    EXPECT_EQ(step["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
+    const size_t mapped = step["weights"]["mapped_bytes"].get<size_t>();
     EXPECT_GT(mapped, size_t(1) << 20);
     EXPECT_EQ(memory["mapped_bytes"].get<size_t>(), mapped);
     const size_t resident = memory["mapped_resident_bytes"].get<size_t>();
