@@ -77,7 +77,6 @@ void TensorSlice::held_as(const std::vector<BufferSpec>& params) {
         part_specs_[i].dtype = held;
         part_specs_[i].trainable = it->second->trainable;
         pieces_[i].bytes = dtype_size(held);
-        pieces_[i].trains = it->second->trainable;
     }
     lay_out();
 }
@@ -132,8 +131,8 @@ void TensorSlice::bind_scratch(const BufferGroup& acts, const std::string& prefi
     part_grads_.bind(static_cast<std::byte*>(acts.view(prefix + "tensor.grads").data), acts.device());
     part_->bind_params(part_params_, has_grads_ ? &part_grads_ : nullptr);
     part_grads_of_.clear();
-    for (const Piece& p : pieces_)
-        part_grads_of_.push_back(has_grads_ && p.trains ? part_grads_.view(p.name) : TensorView{});
+    for (const BufferSpec& p : part_specs_)  // (model.lora: only the adapters and modules_to_save train)
+        part_grads_of_.push_back(has_grads_ && p.trainable ? part_grads_.view(p.name) : TensorView{});
     part_->bind_scratch(acts, prefix);
     x_ = acts.view(prefix + "tensor.x");
     y_ = acts.view(prefix + "tensor.y");

@@ -57,7 +57,6 @@ class TensorSlice : public Block {
         int dim = -1;
         int64_t outer = 1, d = 0, inner = 1;
         size_t bytes = sizeof(float);  // an element's (f32, or a frozen base's bf16)
-        bool trains = true;            // has a gradient (model.lora: the adapters and modules_to_save)
         bool once =
             false;  // every rank computes all of its gradient (Block::head_independent_gradient): rank 0 adds it
     };
