@@ -41,12 +41,14 @@ Json candidate_json(const plan::Candidate& c) {
               {"pipeline", c.layout.pp},
               {"pipeline_split", c.layout.split},
               {"pipeline_rerun", c.layout.rerun},
-              {"tensor", c.layout.tp}}},
+              {"tensor", c.layout.tp},
+              {"weights_budget", c.layout.weights_budget}}},
             {"memory",
              {{"rank", c.memory_rank},
               {"arena_bytes", c.memory.arena_bytes},
               {"mapped_bytes", c.memory.mapped_bytes},
               {"mapped_resident_bytes", c.memory.mapped_resident_bytes},
+              {"mapped_floor_bytes", c.memory.mapped_floor_bytes},
               {"offloaded_bytes", c.memory.offloaded_bytes},
               {"offload_resident_bytes", c.memory.offload_resident_bytes},
               {"peak_bytes", c.memory.peak_bytes()},
@@ -66,6 +68,7 @@ Json candidate_json(const plan::Candidate& c) {
               {"grad_sync", t.grad_sync},
               {"optimizer", t.optimizer},
               {"offload", t.offload},
+              {"page_in", t.page_in},
               {"gradients", t.gradients},
               {"p2p", t.p2p},
               {"bubble", t.bubble},
@@ -189,6 +192,7 @@ void add_simulate_command(CLI::App& app) {
                       "simulate: --pipeline-split or --pipeline-rerun without --pipeline stages");
         l.rerun = a->rerun;
         l.tp = a->tensor;
+        l.weights_budget = cfg.memory.weights_budget;  // (--set memory.weights_budget=MIB)
         TESSERA_CHECK(W % l.pp == 0, "simulate: --pipeline {} does not divide the {} ranks", l.pp, W);
         TESSERA_CHECK(l.stage_ranks() % l.tp == 0, "simulate: --tensor {} does not divide the {} ranks{}", l.tp,
                       l.stage_ranks(), l.pp > 1 ? " of a stage" : "");

@@ -93,6 +93,12 @@ void prefetch_pages(const void* p, size_t n) {
     ::madvise(reinterpret_cast<void*>(lo), len, MADV_WILLNEED);  // advice only: a refusal changes nothing
 }
 
+void drop_cached_pages(const std::string& path) {
+    Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+    TESSERA_CHECK(f.fd >= 0, "{}: {}", path, os_error());
+    ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);  // advice only: a refusal leaves the pages cached
+}
+
 ScratchFile::ScratchFile(const std::string& dir, size_t bytes) : size_(bytes) {
     std::error_code ec;
     TESSERA_CHECK(std::filesystem::is_directory(dir, ec), "{}: not a directory (for a scratch file of {} bytes)", dir,

@@ -41,6 +41,9 @@ void release_pages(const void* p, size_t n);
 size_t page_size();
 // Asks the kernel to read a range's pages ahead (madvise MADV_WILLNEED), without waiting for them.
 void prefetch_pages(const void* p, size_t n);
+// Drops a file's pages from the page cache (posix_fadvise POSIX_FADV_DONTNEED: the clean pages no process maps), so
+// the next read of them reads storage.
+void drop_cached_pages(const std::string& path);
 
 // Read-write memory backed by a new file in `dir`, unlinked as soon as it is made: the file lives while it is mapped
 // and never outlives the process, even one that is killed. Its blocks are reserved up front (posix_fallocate), so a

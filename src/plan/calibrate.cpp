@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/file.h"
 #include "core/json.h"
 #include "core/rng.h"
 #include "model/layers/block_rig.h"
@@ -262,6 +263,47 @@ double offload_bandwidth(const std::string& dir, double window_mib, parallel::Co
     return double(n) * 8.0 / std::max(offloaded - plain, 1e-6);
 }
 
+// The weight budget's read rate (Cluster::Host::read_bandwidth): a 128 MiB file written to `dir` and mapped as 16 units
+// of 8 MiB, read back as a micro-batch's two sweeps read a base: the units in order (forward), then in reverse
+// (backward), each unit page by page as the budget's prefetch thread faults it in (touch_pages: storage and the
+// kernel's read-ahead, which a reversed order defeats in part), its pages released from this process (madvise) and
+// dropped from the page cache (posix_fadvise) before each sweep; a median of 5 pairs, every rank at once with a file of
+// its own as in a step; the bytes over the seconds.
+double read_bandwidth(const std::string& dir, parallel::Comm* world) {
+    const size_t n = size_t(128) << 20;
+    const std::string path = (std::filesystem::path(dir) / ("tessera-read-rate-" + writer_tag())).string();
+    struct Remove {
+        std::string path;
+        ~Remove() { std::filesystem::remove(path); }
+    } remove{path};
+    write_file_atomic(path, [&](const ByteSink& out) {
+        std::vector<uint64_t> block(size_t(1) << 17);  // 1 MiB of counter-hash values (nothing for storage to squeeze)
+        for (size_t at = 0; at < n; at += block.size() * 8) {
+            for (size_t i = 0; i < block.size(); ++i) block[i] = mix64(uint64_t(at / 8 + i));
+            out(std::as_bytes(std::span(block)));
+        }
+    });
+    const MappedFile file(path);
+    const std::span<const std::byte> bytes = file.bytes();
+    const size_t units = 16, unit = n / units;
+    const std::vector<double> t = timed_runs(
+        [&] {
+            double seconds = 0;
+            for (const bool backward : {false, true}) {
+                release_pages(bytes.data(), bytes.size());
+                drop_cached_pages(path);
+                if (world) world->barrier();
+                const auto t0 = std::chrono::steady_clock::now();
+                for (size_t u = 0; u < units; ++u)
+                    touch_pages(bytes.data() + (backward ? units - 1 - u : u) * unit, unit);
+                seconds += seconds_since(t0);
+            }
+            return seconds;
+        },
+        5);
+    return 2.0 * double(n) / t[t.size() / 2];
+}
+
 // seconds of one call of collective k in c that sends `per_peer` bytes to each other rank of c (median of `runs` after
 // a warm-up, every rank running it as often as the others)
 double time_collective(parallel::Comm& c, Collective k, int64_t per_peer, size_t runs) {
@@ -467,6 +509,9 @@ Cluster calibrate(const train::RunConfig& cfg, parallel::Comm* world, std::ostre
         c.host.offload_bandwidth = offload_bandwidth(dir, cfg.memory.offload_window_mib, world);
         note(fmt::format("optimizer offload through {}: {:.1f} GB/s of moments ({:.0f} GB free there)", dir,
                          c.host.offload_bandwidth / 1e9, c.host.disk / 1e9));
+        c.host.read_bandwidth = read_bandwidth(dir, world);
+        note(fmt::format("a released base read back from storage in {}: {:.2f} GB/s (memory.weights_budget)", dir,
+                         c.host.read_bandwidth / 1e9));
     }
     Link link{"shared memory (one host)", W, 5e9, 2e-6};
     if (W > 1) {
@@ -543,7 +588,8 @@ std::string cluster_json(const Cluster& c) {
                   {"memory_gb", c.host.memory / 1e9},
                   {"disk_gb", c.host.disk / 1e9},
                   {"link_bandwidth_gbs", c.host.link_bandwidth / 1e9},
-                  {"offload_bandwidth_gbs", c.host.offload_bandwidth / 1e9}}},
+                  {"offload_bandwidth_gbs", c.host.offload_bandwidth / 1e9},
+                  {"read_bandwidth_gbs", c.host.read_bandwidth / 1e9}}},
                 {"links", links}};
     if (!c.device.tokens.empty()) doc["device"]["efficiency_by_tokens"] = by_tokens;
     if (!shares.empty()) doc["device"]["forward_share"] = shares;

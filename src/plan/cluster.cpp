@@ -247,9 +247,10 @@ Cluster load_cluster(const std::string& path) {
         c.host.disk = h.number("disk_gb", 0) * 1e9;
         c.host.link_bandwidth = h.number("link_bandwidth_gbs", 0) * 1e9;
         c.host.offload_bandwidth = h.number("offload_bandwidth_gbs", 0) * 1e9;
-        TESSERA_CHECK(
-            c.host.memory >= 0 && c.host.disk >= 0 && c.host.link_bandwidth >= 0 && c.host.offload_bandwidth >= 0,
-            "{}: sizes must not be negative", where);
+        c.host.read_bandwidth = h.number("read_bandwidth_gbs", 0) * 1e9;
+        TESSERA_CHECK(c.host.memory >= 0 && c.host.disk >= 0 && c.host.link_bandwidth >= 0 &&
+                          c.host.offload_bandwidth >= 0 && c.host.read_bandwidth >= 0,
+                      "{}: sizes must not be negative", where);
         h.finish();
     }
     {

@@ -105,6 +105,10 @@ struct Cluster {
         // optimizer offload (memory.optimizer_offload): the offloaded update's extra seconds per moment byte, as a
         // rate (`tessera calibrate` measures it; 0: offload is not searched)
         double offload_bandwidth = 0;
+        // the weight budget (memory.weights_budget): bytes/s a frozen base's released pages are read back from
+        // storage as the prefetch thread faults them in (`tessera calibrate` measures it; 0: the budget is not
+        // searched)
+        double read_bandwidth = 0;
     } host;
     std::vector<Link> links;  // innermost first; the last spans the cluster
 

@@ -214,6 +214,29 @@ double offload_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) 
     return updated_elements(c, l) * 8.0 / cl.host.offload_bandwidth;
 }
 
+// The weight budget (memory.weights_budget, train/weight_budget.h): a micro-batch's forward visits the units in order
+// and its backward in reverse (a recomputed block's forward right before its backward: the same unit twice). Releasing
+// the unit whose next use is farthest, each sweep finds the budget's worth of the base resident and reads the rest
+// back: (mapped − budget) bytes a sweep (a budget below the two largest units: mapped − half of them, the unit in use
+// and the next, which are never released), two sweeps a micro-batch, at the host's measured read rate (storage: a base
+// that does not fit in a CPU device's memory does not fit in the page cache beside it either). Priced as not hidden:
+// the prefetch thread reads the next unit while this one computes, but the budgeted runs of bench/RESULTS.md kept
+// 0.83–0.95 of the resident speed where their reads took 3–5% of a step at this rate.
+double page_in_seconds(const RankMemory& m, const train::RunConfig& cfg, const Cluster& cl, const Layout& l) {
+    if (l.weights_budget <= 0 || m.mapped_bytes == 0) return 0;
+    TESSERA_CHECK(cl.host.read_bandwidth > 0,
+                  "{}: no host.read_bandwidth_gbs, so memory.weights_budget's page-ins are not priced", cl.name);
+    // (a budget below the two largest units still keeps the unit in use and the next: about half of them)
+    const double kept = std::max(double(l.weights_budget) * double(1 << 20), double(m.mapped_floor_bytes) / 2);
+    const double sweeps = 2.0 * double(with_layout(cfg, l).train.accumulation(int(l.data_groups())));
+    return sweeps * std::max(0.0, double(m.mapped_bytes) - kept) / cl.host.read_bandwidth;
+}
+
+void add_page_ins(StepTime& t, const RankMemory& m, const train::RunConfig& cfg, const Cluster& cl, const Layout& l) {
+    t.page_in = page_in_seconds(m, cfg, cl, l);
+    t.total += t.page_in;
+}
+
 // Each micro-batch clears this rank's gradient buffers (4 bytes per element) and, accumulating without FSDP (whose
 // reduce-scatter does the sum), adds them into the step's sum (reads two, writes one: 12 bytes).
 double gradient_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l, double accumulation) {
@@ -425,7 +448,9 @@ std::vector<std::vector<double>> loads_of(const train::RunConfig& cfg, const Pla
 }
 
 StepTime predict_step(const train::RunConfig& cfg, const Cluster& cl, const Layout& l, const PlanOptions& o) {
-    return layout_step(cfg, stage_costs(cfg, l), loads_of(cfg, o), cl, l);
+    StepTime t = layout_step(cfg, stage_costs(cfg, l), loads_of(cfg, o), cl, l);
+    if (l.weights_budget > 0) add_page_ins(t, predict_rank_memory(cfg, l, 0, 1), cfg, cl, l);
+    return t;
 }
 
 }  // namespace tessera::plan

@@ -88,6 +88,9 @@ double replica_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l);
 double zero2_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l);
 double optimizer_seconds(const ModelCosts& c, const train::RunConfig& cfg, const Cluster& cl, const Layout& l);
 double offload_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l);
+double page_in_seconds(const RankMemory& m, const train::RunConfig& cfg, const Cluster& cl, const Layout& l);
+// The step with the weight budget's page-ins of the rank whose memory is m (StepTime::page_in, in the total).
+void add_page_ins(StepTime& t, const RankMemory& m, const train::RunConfig& cfg, const Cluster& cl, const Layout& l);
 double gradient_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l, double accumulation);
 BlockPass block_pass(
     const Cluster::Device& dev, const BlockCost& b, double tokens, double ep, double skew, bool frozen_base, bool fsdp);

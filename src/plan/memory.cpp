@@ -30,11 +30,12 @@ std::string Layout::str() const {
         stages += rerun ? " rerun, " : ", ";
     }
     if (tp > 1) stages += fmt::format("tp {}, ", tp);
-    return fmt::format("{}ep {}, {}, micro {}{}{}", stages, ep, sharding, micro_batch,
+    return fmt::format("{}ep {}, {}, micro {}{}{}{}", stages, ep, sharding, micro_batch,
                        recompute.all     ? ", recompute"
                        : recompute.any() ? ", recompute " + recompute.str()
                                          : "",
-                       offload ? ", offload" : "");
+                       offload ? ", offload" : "",
+                       weights_budget > 0 ? fmt::format(", budget {} MiB", weights_budget) : "");
 }
 
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
@@ -68,6 +69,8 @@ train::RunConfig with_layout(train::RunConfig cfg, const Layout& l) {
     cfg.train.micro_batch_size = l.micro_batch;
     cfg.train.recompute = l.recompute;
     cfg.memory.optimizer_offload = l.offload;
+    TESSERA_CHECK(l.weights_budget >= 0, "memory.weights_budget = {} MiB must not be negative", l.weights_budget);
+    cfg.memory.weights_budget = l.weights_budget;
     cfg.train.micro_batch(int(D / l.tp));  // checks that the batch splits over the tensor groups
     TESSERA_CHECK(l.ep >= 1 && D % l.ep == 0, "parallel.ep = {} does not divide the {} ranks", l.ep, D);
     TESSERA_CHECK(l.ep == 1 || (cfg.model.moe.experts > 0 && cfg.model.moe.experts % l.ep == 0),
@@ -177,7 +180,8 @@ std::vector<RankMemory> predict_rank_memory(const train::RunConfig& run,
         if (budget) {
             const train::WeightBudgetStats b = budget->stats();
             m.mapped_bytes = b.mapped_bytes;
-            m.mapped_resident_bytes = std::min(b.mapped_bytes, b.budget_bytes + b.floor_bytes);
+            m.mapped_floor_bytes = b.floor_bytes;
+            m.set_weights_budget(b.budget_bytes);
         }
     }
     return out;

@@ -5,6 +5,7 @@
 // (DESIGN.md principle 2). Outside the arena (not predicted here): the GEMM copy buffers, libraries, MPI.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ struct Layout {
     std::vector<int64_t> split;  // their first layers after the first (parallel.pipeline_split); empty: even
     bool rerun = false;          // stages re-run a micro-batch's forward before its backward (parallel.pipeline_rerun)
     int64_t tp = 1;              // ranks per tensor group (parallel.tensor): they share each micro-batch
+    int64_t weights_budget = 0;  // MiB of a LoRA base read in place kept resident (memory.weights_budget); 0: none
     // ranks of one pipeline stage (every rank without stages): the data-parallel group
     int64_t stage_ranks() const { return ranks / pp; }
     // the stage's ranks that take micro-batches of their own: its tensor groups
@@ -34,12 +36,14 @@ struct Layout {
     // ranks the dense parameters are sharded over (FSDP: the shard group; ZeRO-2: the stage's ranks)
     int64_t shard_ranks() const { return shard > 0 ? shard : stage_ranks(); }
     // e.g. "ep 8, fsdp, micro 2, recompute", "ep 8, hsdp 8, micro 1, recompute kda+moe, offload",
-    // "pp 4 [15,31,46], ep 8, fsdp, micro 1", "pp 2 rerun, ep 1, zero-2, micro 2", "tp 4, ep 8, fsdp, micro 1"
+    // "pp 4 [15,31,46], ep 8, fsdp, micro 1", "pp 2 rerun, ep 1, zero-2, micro 2", "tp 4, ep 8, fsdp, micro 1",
+    // "ep 1, one rank, micro 2, budget 48 MiB"
     std::string str() const;
 };
 
 // The run config with the layout's choices in it (parallel.ep, parallel.fsdp, parallel.shard, parallel.pipeline and
-// its split, parallel.tensor, train.micro_batch_size, train.recompute, memory.optimizer_offload); one-line error when
+// its split, parallel.tensor, train.micro_batch_size, train.recompute, memory.optimizer_offload,
+// memory.weights_budget); one-line error when
 // the batch does not split so.
 train::RunConfig with_layout(train::RunConfig cfg, const Layout& l);
 
@@ -55,6 +59,11 @@ struct RankMemory {
     // resident at most: the budget plus the two largest units (the one computing, the next one prefetched), never
     // more than all of it (train/weight_budget.h)
     size_t mapped_bytes = 0, mapped_resident_bytes = 0;
+    size_t mapped_floor_bytes = 0;  // the two largest units
+    // what of the mapped base may be resident under a budget of `budget_bytes`
+    void set_weights_budget(size_t budget_bytes) {
+        mapped_resident_bytes = std::min(mapped_bytes, budget_bytes + mapped_floor_bytes);
+    }
     // memory.optimizer_offload: AdamW's moments in their file, and the most of them resident during a step
     // (train/optimizer.h)
     size_t offloaded_bytes = 0, offload_resident_bytes = 0;

@@ -125,8 +125,14 @@ class StageSim {
         now = at + dur;
     }
 
-    // after the last micro-batch: FSDP's transfers drained, the gradient sync, the optimizer
-    void finish() {
+    // after the last micro-batch: FSDP's transfers drained, the gradient sync, the optimizer; and the weight budget's
+    // page-ins over the step (costs.h: page_in_seconds; priced as not hidden, so laid at the end)
+    void finish(double page_in) {
+        if (page_in > 0) {
+            trace_.span("the released base read back from storage (weight budget)", "weights", pid_, 0, now, page_in,
+                        -1);
+            now += page_in;
+        }
         if (fsdp_) now = std::max(now, comm_free_);
         if (fsdp_ && l_.shard_ranks() < l_.ranks)
             now = transfer("replica all-reduce of the dense gradient (HSDP)", now, replica_seconds(c_, cl_, l_), -1);
@@ -295,9 +301,13 @@ Simulation simulate(const train::RunConfig& run, const Cluster& cl, const Layout
             TESSERA_CHECK(at[s] == ops[s].size(), "simulate: the 1F1B schedule of stage {} does not finish", s);
     }
     double end = 0;
-    for (StageSim& sim : sims) {
-        sim.finish();
-        end = std::max(end, sim.now);
+    for (size_t s = 0; s < sims.size(); ++s) {
+        const double page_in =
+            l.weights_budget > 0
+                ? page_in_seconds(predict_rank_memory(run, l, int(s * size_t(group.ranks)), 1), run, cl, l)
+                : 0.0;
+        sims[s].finish(page_in);
+        end = std::max(end, sims[s].now);
     }
     Json meta = Json::array();
     for (int64_t s = 0; s < P; ++s) {
@@ -374,6 +384,20 @@ std::vector<int64_t> balanced_split(const ModelCosts& whole, int64_t P, bool rer
     for (size_t st = size_t(P) - 1, j = L; st > 0; j = from[st][j], --st) split[st - 1] = int64_t(from[st][j]);
     return split;
 }
+
+// The largest weight budget (MiB) under which every rank predicted (its memory with the base read in place) fits in
+// `usable` bytes: what is left beside the arena and the offloaded moments' resident window, less the two largest units
+// the budget cannot go below; no more than the whole base (nothing is released then); at least 1 MiB (where that does
+// not fit, the candidate does not).
+int64_t largest_weights_budget(const std::vector<RankMemory>& ranks, double usable) {
+    double left = std::numeric_limits<double>::infinity(), mapped = 0;
+    for (const RankMemory& m : ranks) {
+        left = std::min(left, usable - double(m.arena_bytes + m.offload_resident_bytes + m.mapped_floor_bytes));
+        mapped = std::max(mapped, double(m.mapped_bytes));
+    }
+    const double mib = double(1 << 20);
+    return int64_t(std::clamp(std::floor(left / mib), 1.0, std::max(1.0, std::ceil(mapped / mib))));
+}
 }  // namespace
 
 Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions& o) {
@@ -435,9 +459,9 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
             stagings.push_back({P, rerun, split, std::move(per_stage)});
         }
     }
-    // a layout's candidates, one per recompute choice; whether every one of them fits
-    auto evaluate = [&](const Layout& base, const std::vector<ModelCosts>& per_stage) {
-        std::vector<Candidate> cs(choices.size());
+    // a layout's candidates, one per recompute choice; whether every one of them fits. fit_budget: the base read in
+    // place (base.weights_budget > 0), each candidate with the largest budget that fits on every rank predicted
+    auto evaluate = [&](const Layout& base, const std::vector<ModelCosts>& per_stage, bool fit_budget) {
         // in the first stage, the stage after it (it keeps the most inputs in flight) and the last (the head): the
         // first and the last rank (a contiguous cut puts the remainder at one end), and the one with the most moments
         // (a spread cut deals the leftover chunks in turn)
@@ -446,38 +470,52 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
         for (int64_t st : {int64_t(0), std::min<int64_t>(1, base.pp - 1), base.pp - 1})
             for (int64_t r : {st * D, st * D + D - 1})
                 if (std::find(ranks.begin(), ranks.end(), int(r)) == ranks.end()) ranks.push_back(int(r));
+        std::vector<std::vector<RankMemory>> per_rank(choices.size());  // per recompute choice, per rank
         for (size_t k = 0; k < ranks.size(); ++k) {
-            const int rank = ranks[k];
-            std::vector<RankMemory> ms = predict_rank_memory(cfg, base, choices, rank, threads);
+            std::vector<RankMemory> ms = predict_rank_memory(cfg, base, choices, ranks[k], threads);
             if (const int most = ms.front().largest_state_rank;
                 k == 0 && std::find(ranks.begin(), ranks.end(), most) == ranks.end())
                 ranks.push_back(most);
-            for (size_t i = 0; i < cs.size(); ++i) {
-                Candidate& c = cs[i];
-                c.rank_arena_bytes.emplace_back(rank, ms[i].arena_bytes);
-                if (rank == 0 || ms[i].peak_bytes() > c.memory.peak_bytes()) {
-                    c.memory = std::move(ms[i]);
-                    c.memory_rank = rank;
-                }
-            }
+            for (size_t i = 0; i < choices.size(); ++i) per_rank[i].push_back(std::move(ms[i]));
         }
         bool all_fit = true;
-        for (size_t i = 0; i < cs.size(); ++i) {
-            Candidate& c = cs[i];
+        for (size_t i = 0; i < choices.size(); ++i) {
+            if (fit_budget && per_rank[i].front().mapped_bytes == 0) continue;  // (nothing of the base read in place)
+            Candidate c;
             c.layout = base;
             c.layout.recompute = choices[i];
+            if (fit_budget) c.layout.weights_budget = largest_weights_budget(per_rank[i], p.usable_bytes);
+            for (size_t k = 0; k < ranks.size(); ++k) {
+                RankMemory& m = per_rank[i][k];
+                if (fit_budget) m.set_weights_budget(size_t(c.layout.weights_budget) << 20);
+                c.rank_arena_bytes.emplace_back(ranks[k], m.arena_bytes);
+                if (k == 0 || m.peak_bytes() > c.memory.peak_bytes()) {
+                    c.memory = std::move(m);
+                    c.memory_rank = ranks[k];
+                }
+            }
             // offloaded moments live on the host's disk, every device's of the host
             const bool host_holds =
                 cl.host.disk <= 0 || double(c.memory.offloaded_bytes) * double(cl.host.devices) <= cl.host.disk;
             c.fits = double(c.memory.peak_bytes()) <= p.usable_bytes && host_holds;
             all_fit = all_fit && c.fits;
             c.time = layout_step(cfg, per_stage, loads, cl, c.layout);
+            add_page_ins(c.time, c.memory, cfg, cl, c.layout);
             const double tokens = double(p.tokens_per_step) / double(W);
             c.tokens_per_s_per_device = tokens / c.time.total;
             c.mfu = c.tokens_per_s_per_device * p.train_flops_per_token / cl.device.peak();
             p.candidates.push_back(std::move(c));
         }
         return all_fit;
+    };
+    // the weight budget (memory.weights_budget, CPU only): a LoRA base read in place, searched where it is not given,
+    // for layouts that do not fit with the base in the arena, when the cluster says how fast storage reads it back
+    const bool budget_searched = cfg.model.lora.enabled() && !cfg.train.base.empty() &&
+                                 cfg.memory.weights_budget == 0 && cfg.train.device != "cuda" &&
+                                 cl.host.read_bandwidth > 0;
+    const auto with_budget = [](Layout l) {
+        l.weights_budget = 1;  // (a budget: the base opened as read in place; its size is fitted per candidate)
+        return l;
     };
     // tensor groups (without pipeline stages, as the runtime): every divisor T of W within a host and the innermost
     // link level (every rank on a one-level cluster) that divides the sequence and every attention kind's heads (a
@@ -509,14 +547,18 @@ Plan make_plan(const train::RunConfig& cfg, const Cluster& cl, const PlanOptions
                         if (D % ep != 0 || (batch / G) % micro != 0) continue;
                         // 1F1B needs micro-batches to fill the stages: at least as many as stages
                         if (stages.pp > 1 && batch / G / micro < stages.pp) continue;
-                        Layout base{W, ep, fsdp, micro, {}, shard, false, stages.pp, stages.split, stages.rerun, tp};
+                        Layout base{W,     ep,        fsdp,         micro,        {}, shard,
+                                    false, stages.pp, stages.split, stages.rerun, tp, cfg.memory.weights_budget};
                         // optimizer offload where the moments in the arena do not fit (it is never faster;
-                        // PlanOptions::offload), and where the cluster says how fast it streams
+                        // PlanOptions::offload), and where the cluster says how fast it streams; the weight budget
+                        // likewise, for each of them
                         const std::vector<ModelCosts>& per_stage = tp > 1 ? tp_costs[tp] : stages.costs;
-                        const bool fits = evaluate(base, per_stage);
+                        const bool fits = evaluate(base, per_stage, false);
+                        if (budget_searched && !fits) evaluate(with_budget(base), per_stage, true);
                         if (cl.host.offload_bandwidth > 0 && o.offload != "off" && (!fits || o.offload == "all")) {
                             base.offload = true;
-                            evaluate(base, per_stage);
+                            if (!evaluate(base, per_stage, false) && budget_searched)
+                                evaluate(with_budget(base), per_stage, true);
                         }
                     }
         }
@@ -557,22 +599,24 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
     size_t width = 33;    // the layout column: its longest row
     bool staged = false;  // a pipeline column (exchanges and bubble) when a row has stages
     bool tensor = false;  // a tensor parallelism column (its transfers) when a row has tensor groups
+    bool budget = false;  // a page-in column (the weight budget's reads) when a row has a budget
     for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i) {
         width = std::max(width, p.candidates[i].layout.str().size());
         staged = staged || p.candidates[i].layout.pp > 1;
         tensor = tensor || p.candidates[i].layout.tp > 1;
+        budget = budget || p.candidates[i].layout.weights_budget > 0;
     }
     s += fmt::format(
-        "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{}{} {:>10} "
+        "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{}{}{} {:>10} "
         "{:>6}\n",
         "#", "layout", width, "memory", "params", "grads", "optim", "activ", "comm", "fits", "step", "compute", "a2a",
         "fsdp", "optim", staged ? fmt::format(" {:>7}", "pipe") : "", tensor ? fmt::format(" {:>7}", "tp") : "",
-        "tok/s/dev", "MFU");
+        budget ? fmt::format(" {:>7}", "page-in") : "", "tok/s/dev", "MFU");
     for (size_t i = 0; i < std::min(rows, p.candidates.size()); ++i) {
         const Candidate& c = p.candidates[i];
         auto cat = c.memory.by_category();
         s += fmt::format(
-            "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{}{} {:>10.4g} "
+            "{:>3}  {:<{}} {:>8} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5}  {:>9} {:>8} {:>7} {:>7} {:>7}{}{}{} {:>10.4g} "
             "{:>5.1f}%\n",
             i + 1, c.layout.str(), width, unit(double(c.memory.peak_bytes())), unit(double(cat["parameters"])),
             unit(double(cat["gradients"])), unit(double(cat["optimizer"])), unit(double(cat["activations"])),
@@ -580,15 +624,18 @@ std::string plan_report(const Plan& p, const Cluster& cl, size_t rows) {
             ms(c.time.compute), ms(c.time.a2a_exposed), ms(c.time.fsdp_exposed + c.time.grad_sync),
             ms(c.time.optimizer + c.time.offload + c.time.gradients),
             staged ? fmt::format(" {:>7}", ms(c.time.p2p + c.time.bubble)) : "",
-            tensor ? fmt::format(" {:>7}", ms(c.time.tensor)) : "", c.tokens_per_s_per_device, c.mfu * 100);
+            tensor ? fmt::format(" {:>7}", ms(c.time.tensor)) : "",
+            budget ? fmt::format(" {:>7}", ms(c.time.page_in)) : "", c.tokens_per_s_per_device, c.mfu * 100);
     }
     if (!p.candidates.empty() && p.candidates.front().memory.mapped_bytes > 0) {
-        const RankMemory& m = p.candidates.front().memory;
+        const Candidate& c = p.candidates.front();
+        const RankMemory& m = c.memory;
         s += fmt::format(
-            "memory.weights_budget: {} {} of the frozen base read in place from its files, at most {} {} of it "
-            "resident "
-            "(the budget and the two largest units; in the memory column, not in params)\n",
-            unit(double(m.mapped_bytes)), unit.name, unit(double(m.mapped_resident_bytes)), unit.name);
+            "memory.weights_budget {} MiB: {} {} of the frozen base read in place from its files, at most {} {} of it "
+            "resident (the budget and the two largest units; in the memory column, not in params); the rest read back "
+            "from storage every forward and backward at {:.2g} GB/s ({} ms a step: page-in)\n",
+            c.layout.weights_budget, unit(double(m.mapped_bytes)), unit.name, unit(double(m.mapped_resident_bytes)),
+            unit.name, cl.host.read_bandwidth / 1e9, ms(c.time.page_in));
     }
     const bool ep =
         std::any_of(p.candidates.begin(), p.candidates.end(), [](const Candidate& c) { return c.layout.ep > 1; });

@@ -37,6 +37,7 @@ struct StepTime {
     double grad_sync = 0;  // after backward: ZeRO-2's reduce-scatter and all-gather, or HSDP's replica all-reduce
     double optimizer = 0;  // AdamW over this rank's ranges (memory bound)
     double offload = 0;    // optimizer offload: the moments streamed from and back to their file
+    double page_in = 0;    // the weight budget: the released base read back from storage (costs.h: page_in_seconds)
     double gradients = 0;  // clearing the gradients per micro-batch and summing them (memory bound)
     // pipeline stages: the activations' exchanges with the neighbour stages (not overlapped), and what the pipeline
     // fill and drain add to the slowest stage's work

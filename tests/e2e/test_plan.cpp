@@ -305,7 +305,8 @@ TEST(Plan, AWeightBudgetKeepsTheBaseOutOfTheArena) {
         " --set model.lora.rank=4 --set model.lora.alpha=8 --set model.lora.base_dtype=f32 --set "
         "model.lora.expert_dtype=f32 --set 'model.lora.target_modules=[\"q_proj\",\"gate_proj\"]' --set train.base=" +
         d.file("base") + " --set memory.weights_budget=1";
-    const Json plan = plan_json(model + lora + " --mode lora --cluster " + cpu_cluster(d, 1) + " --threads 2", d);
+    const std::string cluster = cpu_cluster(d, 1, "", 4, R"(, "read_bandwidth_gbs": 2)");
+    const Json plan = plan_json(model + lora + " --mode lora --cluster " + cluster + " --threads 2", d);
     const Case c{1, 1, true, 2, false};
     const size_t predicted = predicted_rank0(plan, c);
     Json memory;
@@ -325,8 +326,104 @@ TEST(Plan, AWeightBudgetKeepsTheBaseOutOfTheArena) {
     // a budget whose base is not there: the plan cannot know what is read in place, and says so in one line
     const std::string missing = d.file("no_base");
     test::expect_one_line_error(test::run_tessera("plan " + model + lora + " --set train.base=" + missing +
-                                                  " --mode lora --cluster " + cpu_cluster(d, 1)),
+                                                  " --mode lora --cluster " + cluster),
                                 missing, "a budget without its base");
+    // a budget on a cluster that does not say how fast storage reads the base back: its page-ins cannot be priced
+    test::expect_one_line_error(
+        test::run_tessera("plan " + model + lora + " --mode lora --cluster " + cpu_cluster(d, 1)), "read_bandwidth_gbs",
+        "a budget without a read rate");
+}
+
+// The weight budget searched (memory.weights_budget not given): on a device too small for the LoRA base in the arena,
+// every layout reads the base in place under the largest budget that fits it, and its step pays the page-ins: the
+// base beyond the budget read back twice a micro-batch (forward, backward) at the cluster's read rate. The plan's pick
+// trains as written: its arena is the run's byte for byte, the base's resident bytes stay within the budget after
+// every step, and the bytes the run releases per step (and so reads back) are the ones priced. Without a read rate,
+// nothing is searched and nothing fits.
+TEST(Plan, TheSearchFitsTheLargestWeightBudget) {
+    TempDir d;
+    const std::string model =
+        kTiny + test::kTinyMoe +
+        " --set model.d_model=128 --set model.ffn_dim=512 --set model.n_layers=8 --set model.moe.ffn_dim=256";
+    test::CliResult r = test::run_tessera("train --config " + model + " --steps 2 --out " + d.file("base"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::string lora =
+        " --set model.lora.rank=4 --set model.lora.alpha=8 --set model.lora.base_dtype=f32 --set "
+        "model.lora.expert_dtype=f32 --set 'model.lora.target_modules=[\"q_proj\",\"gate_proj\"]' --set train.base=" +
+        d.file("base") + " --mode lora --threads 2";
+    // storage at 0.05 GB/s: page-ins cost more than the larger micro-batches save, so the pick is the layout that
+    // leaves the largest budget
+    const double read_rate = 0.05e9;
+    const std::string rate = R"(, "read_bandwidth_gbs": 0.05)";
+    // the base's bytes read in place and the arena without it, from a plan with a given budget
+    const Json given =
+        plan_json(model + lora + " --set memory.weights_budget=1 --cluster " + cpu_cluster(d, 1, "", 4, rate), d);
+    Json least;  // the layout with the smallest arena
+    for (const Json& c : given["candidates"])
+        if (least.is_null() || c["memory"]["arena_bytes"] < least["arena_bytes"]) least = c["memory"];
+    const double mapped = least["mapped_bytes"].get<double>(), floor = least["mapped_floor_bytes"].get<double>();
+    ASSERT_GT(mapped, 2.0 * floor);
+    // a device whose usable bytes leave that layout 3/4 of the base beyond its floor (none fits with the base in the
+    // arena; the larger ones fit smaller budgets, or none)
+    const double usable = least["arena_bytes"].get<double>() + floor + (mapped - floor) * 3 / 4;
+    const std::string device = R"(, "usable_fraction": 1)";
+    const std::string best = d.file("best.json");
+    const Json plan = plan_json(
+        model + lora + " --cluster " + cpu_cluster(d, 1, device, usable / 1e9, rate) + " --write-config " + best, d);
+    ASSERT_TRUE(plan.is_object());
+    const double MiB = double(1 << 20);
+    size_t budgeted = 0;
+    for (const Json& c : plan["candidates"]) {
+        const Json& m = c["memory"];
+        const int64_t budget = c["layout"]["weights_budget"].get<int64_t>();
+        if (budget == 0) {  // the base in the arena: nothing fits
+            EXPECT_FALSE(c["fits"].get<bool>()) << c.dump();
+            continue;
+        }
+        ++budgeted;
+        EXPECT_EQ(m["mapped_bytes"].get<double>(), mapped);
+        const double beside = m["arena_bytes"].get<double>() + m["mapped_floor_bytes"].get<double>();
+        if (c["fits"].get<bool>()) {  // the largest budget that fits: one more MiB would not
+            EXPECT_LE(beside + double(budget) * MiB, usable) << c.dump();
+            EXPECT_GT(beside + double(budget + 1) * MiB, usable) << c.dump();
+        } else {
+            EXPECT_EQ(budget, 1);
+        }
+        EXPECT_EQ(m["mapped_resident_bytes"].get<double>(), std::min(mapped, double(budget) * MiB + floor));
+        const int64_t micro = c["layout"]["micro_batch"].get<int64_t>();
+        const double sweeps = 2.0 * double(4 / micro);  // (tiny.json's batch of 4)
+        EXPECT_NEAR(c["step_seconds"]["page_in"].get<double>(),
+                    sweeps * std::max(0.0, mapped - std::max(double(budget) * MiB, floor / 2)) / read_rate, 1e-12);
+    }
+    EXPECT_GT(budgeted, 0u);
+    const Json& pick = plan["candidates"][0];
+    ASSERT_TRUE(pick["fits"].get<bool>()) << pick.dump();
+    const int64_t budget = pick["layout"]["weights_budget"].get<int64_t>();
+    ASSERT_GT(double(budget) * MiB, floor);   // (above the two largest units: the budget decides what is kept)
+    ASSERT_LT(double(budget) * MiB, mapped);  // (some of the base read back every step)
+    const Json written = Json::parse(read_text(best));
+    EXPECT_EQ(written["memory"]["weights_budget"], budget);
+    r = test::run_tessera("train --config " + best + " --steps 3 --set train.checkpoint_interval=0 --out " +
+                          d.file("run"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    std::vector<Json> steps;  // the step records
+    for (Json& rec : test::jsonl(d.file("run") + "/metrics.jsonl"))
+        if (rec.contains("weights")) steps.push_back(std::move(rec));
+    ASSERT_EQ(steps.size(), 3u);
+    for (const Json& s : steps) EXPECT_LE(s["weights"]["resident_bytes"].get<double>(), double(budget) * MiB);
+    EXPECT_EQ(steps[0]["memory"]["arena_peak_bytes"], pick["memory"]["arena_bytes"]);
+    // what the run released (and so read back) per step after the first, against the bytes priced
+    const double released =
+        (steps[2]["weights"]["released_bytes"].get<double>() - steps[0]["weights"]["released_bytes"].get<double>()) /
+        2.0;
+    const double priced = pick["step_seconds"]["page_in"].get<double>() * read_rate;
+    EXPECT_NEAR(released / priced, 1.0, 0.25) << released << " released a step, " << priced << " priced";
+    // without a read rate the budget is not searched
+    const Json none = plan_json(model + lora + " --cluster " + cpu_cluster(d, 1, device, usable / 1e9), d);
+    for (const Json& c : none["candidates"]) {
+        EXPECT_EQ(c["layout"]["weights_budget"], 0);
+        EXPECT_FALSE(c["fits"].get<bool>());
+    }
 }
 
 // --write-config: the best layout as a run config that trains under launch.
@@ -618,6 +715,11 @@ TEST(Plan, CalibrateWritesAClusterFile) {
     // what the process holds outside an arena (code, libraries, oneDNN): tens of MB, not nothing, not GBs
     const double reserved = c["device"]["reserved_gb"].get<double>();
     EXPECT_TRUE(reserved > 0.005 && reserved < 1.0) << reserved;
+    // the weight budget's read rate: from storage, so well below a copy in memory (pages faulted back in from the
+    // page cache, had the drop failed, come at about memcpy's rate)
+    const double read = c["host"]["read_bandwidth_gbs"].get<double>();
+    EXPECT_TRUE(read > 0.01 && read < c["device"]["memory_bandwidth_gbs"].get<double>() / 2) << read;
+    EXPECT_NE(a.out.find("a released base read back from storage"), std::string::npos) << a.out;
     EXPECT_EQ(test::run_tessera("plan " + kTiny + " --cluster " + one).status, 0);
     // a model without a dense block: the GEMM class from a linear layer of its shared expert's width, by call size
     const std::string moe = d.file("moe.json");
