@@ -11,9 +11,9 @@
 # With MXFP4=1 (implies HF=1) export-hf writes the routed experts in MXFP4 (--expert-dtype mxfp4, Kimi K3's release
 # layout) and the fine-tunes hold them in MXFP4 (model.lora.expert_dtype=mxfp4): the budget reads them in place.
 # With HF=1 the budgets are fractions of the directory's safetensors bytes.
-# With EVICT=1 a helper drops the base's files from the page cache every 20 ms during the budgeted runs
-# (posix_fadvise DONTNEED: only pages no process maps, i.e. what the budget released), so that every re-map reads
-# storage (major faults): a base larger than the page cache, on a machine whose memory holds it.
+# With EVICT=1 a helper (bench/evict_page_cache.py) drops the base's files from the page cache every 20 ms during the
+# budgeted runs (posix_fadvise DONTNEED: only pages no process maps, i.e. what the budget released), so that every
+# re-map reads storage (major faults): a base larger than the page cache, on a machine whose memory holds it.
 # Usage: [HF=1] [MXFP4=1] [EVICT=1] bench/weight_budget.sh [CONFIG] [STEPS] [SETS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,16 +52,7 @@ for budget in 0 $((base_mib / 2)) $((base_mib / 4)); do
     out="$tmp/b$budget"
     evictor=""
     if [ "${EVICT:-0}" = 1 ] && [ "$budget" -gt 0 ]; then
-        python3 - "$base" <<'PY' &
-import glob, os, sys, time
-files = [f for f in glob.glob(os.path.join(sys.argv[1], "**", "*.safetensors"), recursive=True)]
-while True:
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    time.sleep(0.02)
-PY
+        python3 bench/evict_page_cache.py "$base" 0.02 &
         evictor=$!
     fi
     /usr/bin/time -f "%M %I" -o "$out.rss" $bin train --config "$cfg" --steps "$steps" --out "$out" "${common[@]}" "${lora[@]}" \
