@@ -293,18 +293,27 @@ TEST(Plan, OptimizerOffloadWhereTheMomentsDoNotFit) {
     EXPECT_EQ(step["memory"]["arena_peak_bytes"].get<size_t>(), predicted);
 }
 
+// A base of `model` trained 2 steps into d's "base", and the --set's of a LoRA fine-tune of it held in f32 (read in
+// place under a weight budget); empty, and a failure, when training fails.
+std::string lora_of_new_base(const TempDir& d, const std::string& model) {
+    const test::CliResult r = test::run_tessera("train --config " + model + " --steps 2 --out " + d.file("base"));
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.status != 0 ? ""
+                         : " --set model.lora.rank=4 --set model.lora.alpha=8 --set model.lora.base_dtype=f32 "
+                           "--set model.lora.expert_dtype=f32 --set "
+                           "'model.lora.target_modules=[\"q_proj\",\"gate_proj\"]' --set train.base=" +
+                               d.file("base");
+}
+
 // memory.weights_budget: the plan opens the base as the run does, so its arena (without the base read in place) is
 // the run's byte for byte and the bytes it says are read in place are the run's; what of them may be resident (the
 // budget and the two largest units, at most all of them) joins the memory column; a missing base is a one-line error
 TEST(Plan, AWeightBudgetKeepsTheBaseOutOfTheArena) {
     TempDir d;
     const std::string model = kTiny + test::kTinyMoe + " --set model.d_model=128 --set model.ffn_dim=512";
-    test::CliResult r = test::run_tessera("train --config " + model + " --steps 2 --out " + d.file("base"));
-    ASSERT_EQ(r.status, 0) << r.err;
-    const std::string lora =
-        " --set model.lora.rank=4 --set model.lora.alpha=8 --set model.lora.base_dtype=f32 --set "
-        "model.lora.expert_dtype=f32 --set 'model.lora.target_modules=[\"q_proj\",\"gate_proj\"]' --set train.base=" +
-        d.file("base") + " --set memory.weights_budget=1";
+    const std::string base = lora_of_new_base(d, model);
+    ASSERT_FALSE(base.empty());
+    const std::string lora = base + " --set memory.weights_budget=1";
     const std::string cluster = cpu_cluster(d, 1, "", 4, R"(, "read_bandwidth_gbs": 2)");
     const Json plan = plan_json(model + lora + " --mode lora --cluster " + cluster + " --threads 2", d);
     const Case c{1, 1, true, 2, false};
@@ -345,12 +354,9 @@ TEST(Plan, TheSearchFitsTheLargestWeightBudget) {
     const std::string model =
         kTiny + test::kTinyMoe +
         " --set model.d_model=128 --set model.ffn_dim=512 --set model.n_layers=8 --set model.moe.ffn_dim=256";
-    test::CliResult r = test::run_tessera("train --config " + model + " --steps 2 --out " + d.file("base"));
-    ASSERT_EQ(r.status, 0) << r.err;
-    const std::string lora =
-        " --set model.lora.rank=4 --set model.lora.alpha=8 --set model.lora.base_dtype=f32 --set "
-        "model.lora.expert_dtype=f32 --set 'model.lora.target_modules=[\"q_proj\",\"gate_proj\"]' --set train.base=" +
-        d.file("base") + " --mode lora --threads 2";
+    const std::string base = lora_of_new_base(d, model);
+    ASSERT_FALSE(base.empty());
+    const std::string lora = base + " --mode lora --threads 2";
     // storage at 0.05 GB/s: page-ins cost more than the larger micro-batches save, so the pick is the layout that
     // leaves the largest budget
     const double read_rate = 0.05e9;
@@ -403,8 +409,8 @@ TEST(Plan, TheSearchFitsTheLargestWeightBudget) {
     ASSERT_LT(double(budget) * MiB, mapped);  // (some of the base read back every step)
     const Json written = Json::parse(read_text(best));
     EXPECT_EQ(written["memory"]["weights_budget"], budget);
-    r = test::run_tessera("train --config " + best + " --steps 3 --set train.checkpoint_interval=0 --out " +
-                          d.file("run"));
+    const test::CliResult r = test::run_tessera("train --config " + best +
+                                                " --steps 3 --set train.checkpoint_interval=0 --out " + d.file("run"));
     ASSERT_EQ(r.status, 0) << r.err;
     std::vector<Json> steps;  // the step records
     for (Json& rec : test::jsonl(d.file("run") + "/metrics.jsonl"))
