@@ -215,13 +215,14 @@ double offload_seconds(const ModelCosts& c, const Cluster& cl, const Layout& l) 
 }
 
 // The weight budget (memory.weights_budget, train/weight_budget.h): a micro-batch's forward visits the units in order
-// and its backward in reverse (a recomputed block's forward right before its backward: the same unit twice). Releasing
+// and its backward in reverse (a recomputed block's forward runs inside its backward visit). Releasing
 // the unit whose next use is farthest, each sweep finds the budget's worth of the base resident and reads the rest
 // back: (mapped − budget) bytes a sweep (a budget below the two largest units: mapped − half of them, the unit in use
 // and the next, which are never released), two sweeps a micro-batch, at the host's measured read rate (storage: a base
 // that does not fit in a CPU device's memory does not fit in the page cache beside it either). Priced as not hidden:
-// the prefetch thread reads the next unit while this one computes, but the budgeted runs of bench/RESULTS.md kept
-// 0.83–0.95 of the resident speed where their reads took 3–5% of a step at this rate.
+// the prefetch thread reads the next unit while this one computes, but the budgeted runs of bench/RESULTS.md took
+// longer than resident by more than their reads. Not priced: a step computes 8–12% slower on weights in the file
+// mapping than in the arena on this machine, nothing released (bench/RESULTS.md).
 double page_in_seconds(const RankMemory& m, const train::RunConfig& cfg, const Cluster& cl, const Layout& l) {
     if (l.weights_budget <= 0 || m.mapped_bytes == 0) return 0;
     TESSERA_CHECK(cl.host.read_bandwidth > 0,
