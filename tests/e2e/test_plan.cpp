@@ -1165,6 +1165,9 @@ TEST(Plan, MistakesAreOneLineErrors) {
     cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
                      "memory_bandwidth_gbs": 1, "tensor_shared": {"attention": 2.5}}, "links": [{"bandwidth_gbs": 1}]})",
                   "tensor_shared: attention must be in [0, 2] (got 2.5)");
+    cluster_error(R"({"devices": 2, "device": {"memory_gb": 1, "peak_tflops": {"f32": 1}, "compute_dtype": "f32",
+                     "memory_bandwidth_gbs": 1}, "host": {"read_bandwidth_gbs": -1}, "links": [{"bandwidth_gbs": 1}]})",
+                  "host: sizes must not be negative");
     const std::string ok = cpu_cluster(d, 2);
     // HSDP's shard group: a divisor of the ranks, under FSDP
     for (const auto& [shard, needle] : {std::pair{"3", "parallel.shard = 3 does not divide the 2 ranks"},
