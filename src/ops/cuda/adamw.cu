@@ -56,26 +56,26 @@ cudaError_t launch_adamw(T* param, const T* grad, T* m, T* v, int64_t n, AdamWSc
     const int threads = 256;
     const int64_t want = (n + threads - 1) / threads;
     const int blocks = int(want < 4096 ? want : 4096);
-    adamw_kernel<T><<<blocks, threads, 0, stream>>>(param, grad, m, v, n, s);
+    launch_kernel(adamw_kernel<T>, blocks, threads, 0, stream, param, grad, m, v, n, s);
     return cudaGetLastError();
 }
 
 cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double* out, cudaStream_t stream) {
     const int64_t chunks = (n + chunk - 1) / chunk;
     if (chunks == 0) return cudaSuccess;
-    sum_squares_kernel<<<unsigned(chunks), kBlock, 0, stream>>>(x, n, chunk, out);
+    launch_kernel(sum_squares_kernel, unsigned(chunks), kBlock, 0, stream, x, n, chunk, out);
     return cudaGetLastError();
 }
 
 cudaError_t launch_scale_vector(float* x, int64_t n, float factor, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
-    scale_vector_kernel<<<grid_for(n), kBlock, 0, stream>>>(x, n, factor);
+    launch_kernel(scale_vector_kernel, grid_for(n), kBlock, 0, stream, x, n, factor);
     return cudaGetLastError();
 }
 
 cudaError_t launch_add_vector(const float* src, float* dst, int64_t n, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
-    add_vector_kernel<<<grid_for(n), kBlock, 0, stream>>>(src, dst, n);
+    launch_kernel(add_vector_kernel, grid_for(n), kBlock, 0, stream, src, dst, n);
     return cudaGetLastError();
 }
 

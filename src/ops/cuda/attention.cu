@@ -46,7 +46,7 @@ __global__ void forward_kernel(AttnShape s,
                                HeadsArg<const T> v,
                                HeadsArg<T> o,
                                T* lse) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     const int64_t R = blockDim.x, D = s.D, ld = D + 1;
     T* Qs = reinterpret_cast<T*>(smem_raw);
     T* Os = Qs + R * ld;
@@ -132,7 +132,7 @@ __global__ void dq_kernel(AttnShape s,
                           const T* lse,
                           const T* delta,
                           HeadsArg<T> dq) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     const int64_t R = blockDim.x, D = s.D, ld = D + 1;
     T* Qs = reinterpret_cast<T*>(smem_raw);
     T* Gs = Qs + R * ld;  // dO
@@ -195,7 +195,7 @@ __global__ void dkv_kernel(AttnShape s,
                            const T* delta,
                            HeadsArg<T> dk,
                            HeadsArg<T> dv) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     const int64_t R = blockDim.x, D = s.D, ld = D + 1;
     T* Ks = reinterpret_cast<T*>(smem_raw);
     T* Vs = Ks + R * ld;
@@ -273,7 +273,7 @@ cudaError_t launch(K kernel, AttnPlan plan, int64_t heads, cudaStream_t stream, 
     if (plan.tiles == 0 || heads == 0) return cudaSuccess;
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem));
     if (err != cudaSuccess) return err;
-    kernel<<<dim3(unsigned(plan.tiles), unsigned(heads)), unsigned(plan.rows), plan.smem, stream>>>(args...);
+    launch_kernel(kernel, dim3(unsigned(plan.tiles), unsigned(heads)), unsigned(plan.rows), plan.smem, stream, args...);
     return cudaGetLastError();
 }
 }  // namespace
@@ -307,7 +307,7 @@ cudaError_t launch_attention_backward(AttnShape s,
                                       cudaStream_t stream) {
     const int64_t rows = s.B * s.T * s.H;
     if (rows == 0) return cudaSuccess;
-    delta_kernel<T><<<grid_for(rows), kBlock, 0, stream>>>(s, dout, o, delta);
+    launch_kernel(delta_kernel<T>, grid_for(rows), kBlock, 0, stream, s, dout, o, delta);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     err = launch(dq_kernel<T>, queries, s.H, stream, s, queries.list, dout, q, k, v, lse, (const T*)delta, dq);

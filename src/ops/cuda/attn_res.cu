@@ -106,7 +106,7 @@ cudaError_t launch_attn_res_forward(
     MixArg<T> m, const T* g, const T* w, T* out, T* probs, double eps, cudaStream_t stream) {
     if (m.N == 0) return cudaSuccess;
     if (m.S < 1 || m.S > kAttnResMaxSources) return cudaErrorInvalidValue;
-    attn_res_forward_kernel<T><<<unsigned(m.N), kBlock, 0, stream>>>(m, g, w, out, probs, eps);
+    launch_kernel(attn_res_forward_kernel<T>, unsigned(m.N), kBlock, 0, stream, m, g, w, out, probs, eps);
     return cudaGetLastError();
 }
 
@@ -124,8 +124,8 @@ cudaError_t launch_attn_res_backward(MixArg<T> m,
                                      cudaStream_t stream) {
     if (m.N == 0) return cudaSuccess;
     if (m.S < 1 || m.S > kAttnResMaxSources) return cudaErrorInvalidValue;
-    attn_res_backward_kernel<T><<<unsigned(m.N), kBlock, 0, stream>>>(m, dout, g, w, probs, dm, ds_rs, eps);
-    if (dg) attn_res_params_kernel<T><<<grid_for(m.C), kBlock, 0, stream>>>(m, g, w, ds_rs, dg, dw);
+    launch_kernel(attn_res_backward_kernel<T>, unsigned(m.N), kBlock, 0, stream, m, dout, g, w, probs, dm, ds_rs, eps);
+    if (dg) launch_kernel(attn_res_params_kernel<T>, grid_for(m.C), kBlock, 0, stream, m, g, w, ds_rs, dg, dw);
     return cudaGetLastError();
 }
 

@@ -109,7 +109,7 @@ __global__ void conv_step_kernel(
 template <class T>
 cudaError_t launch_conv1d_forward(ConvShape s, const T* x, const T* w, T* y, cudaStream_t stream) {
     if (s.tokens * s.C == 0) return cudaSuccess;
-    conv_forward_kernel<T><<<grid_for(s.tokens * s.C), kBlock, 0, stream>>>(s, x, w, y);
+    launch_kernel(conv_forward_kernel<T>, grid_for(s.tokens * s.C), kBlock, 0, stream, s, x, w, y);
     return cudaGetLastError();
 }
 
@@ -118,8 +118,8 @@ cudaError_t launch_conv1d_backward(
     ConvShape s, const T* dy, const T* x, const T* w, T* dx, T* dw, cudaStream_t stream) {
     if (s.tokens * s.C == 0) return cudaSuccess;
     if (s.W > kConvMaxWidth) return cudaErrorInvalidValue;
-    if (dx) conv_dx_kernel<T><<<grid_for(s.tokens * s.C), kBlock, 0, stream>>>(s, dy, x, w, dx);
-    if (dw) conv_dw_kernel<T><<<grid_for(s.C), kBlock, 0, stream>>>(s, dy, x, w, dw);
+    if (dx) launch_kernel(conv_dx_kernel<T>, grid_for(s.tokens * s.C), kBlock, 0, stream, s, dy, x, w, dx);
+    if (dw) launch_kernel(conv_dw_kernel<T>, grid_for(s.C), kBlock, 0, stream, s, dy, x, w, dw);
     return cudaGetLastError();
 }
 
@@ -133,7 +133,7 @@ cudaError_t launch_conv1d_step(int64_t B,
                                float* y,
                                cudaStream_t stream) {
     if (B * C == 0) return cudaSuccess;
-    conv_step_kernel<<<grid_for(B * C), kBlock, 0, stream>>>(B, C, W, silu, x, w, window, y);
+    launch_kernel(conv_step_kernel, grid_for(B * C), kBlock, 0, stream, B, C, W, silu, x, w, window, y);
     return cudaGetLastError();
 }
 

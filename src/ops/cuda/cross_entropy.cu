@@ -70,15 +70,16 @@ cudaError_t launch_cross_entropy_forward(RowsArg<const T> x,
                                          double* totals,
                                          cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    lse_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(x, targets, targets32, ignore_index, lse, row_loss);
-    loss_totals_kernel<<<1, kBlock, 0, stream>>>(row_loss, targets, targets32, ignore_index, x.rows, totals);
+    launch_kernel(lse_kernel<T>, unsigned(x.rows), kBlock, 0, stream, x, targets, targets32, ignore_index, lse,
+                  row_loss);
+    launch_kernel(loss_totals_kernel, 1, kBlock, 0, stream, row_loss, targets, targets32, ignore_index, x.rows, totals);
     return cudaGetLastError();
 }
 
 cudaError_t launch_count_targets(
     const void* targets, bool targets32, int64_t ignore_index, int64_t rows, double* totals, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
-    loss_totals_kernel<<<1, kBlock, 0, stream>>>(nullptr, targets, targets32, ignore_index, rows, totals);
+    launch_kernel(loss_totals_kernel, 1, kBlock, 0, stream, nullptr, targets, targets32, ignore_index, rows, totals);
     return cudaGetLastError();
 }
 
@@ -94,7 +95,8 @@ cudaError_t launch_cross_entropy_backward(RowsArg<const T> x,
     if (x.rows == 0 || x.cols == 0) return cudaSuccess;
     const int64_t gy = x.rows < 65535 ? x.rows : 65535;
     const dim3 grid(unsigned((x.cols + kBlock - 1) / kBlock), unsigned(gy));
-    cross_entropy_backward_kernel<T><<<grid, kBlock, 0, stream>>>(x, targets, targets32, ignore_index, lse, scale, dx);
+    launch_kernel(cross_entropy_backward_kernel<T>, grid, kBlock, 0, stream, x, targets, targets32, ignore_index, lse,
+                  scale, dx);
     return cudaGetLastError();
 }
 

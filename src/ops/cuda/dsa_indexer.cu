@@ -62,7 +62,7 @@ __device__ int64_t keep_best(T* score, int32_t* pos, int64_t P, int64_t n, int64
 template <class T>
 __global__ void indexer_kernel(
     IndexerShape s, const int64_t* cu, const T* q, const T* k, const T* w, int32_t* indices, T* scores) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     T* qs = reinterpret_cast<T*>(smem_raw);              // [HI, DI]
     T* ws = qs + s.HI * s.DI;                            // [HI]
     T* cs = ws + s.HI;                                   // [P] candidate scores
@@ -150,7 +150,7 @@ __global__ void all_candidates_kernel(
 cudaError_t launch_dsa_all_candidates(
     int32_t* indices, int64_t B, int64_t T, int64_t K, const int64_t* cu, int64_t segments, cudaStream_t stream) {
     if (B * T == 0 || K == 0) return cudaSuccess;
-    all_candidates_kernel<<<rows_grid(B * T, K), kBlock, 0, stream>>>(indices, B, T, K, cu, segments);
+    launch_kernel(all_candidates_kernel, rows_grid(B * T, K), kBlock, 0, stream, indices, B, T, K, cu, segments);
     return cudaGetLastError();
 }
 
@@ -172,7 +172,7 @@ cudaError_t launch_dsa_indexer(IndexerShape s,
     const size_t smem = indexer_smem(s.HI, s.DI, s.topk, sizeof(T));
     cudaError_t err = cudaFuncSetAttribute(indexer_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
-    indexer_kernel<T><<<unsigned(s.B * s.T), kThreads, smem, stream>>>(s, cu, q, k, w, indices, scores);
+    launch_kernel(indexer_kernel<T>, unsigned(s.B * s.T), kThreads, smem, stream, s, cu, q, k, w, indices, scores);
     return cudaGetLastError();
 }
 

@@ -32,7 +32,7 @@ __global__ void glu_backward_kernel(
 template <class T, class Act>
 cudaError_t glu_forward(Act act, RowsArg<const T> g, RowsArg<const T> u, RowsArg<T> y, cudaStream_t stream) {
     if (g.rows == 0 || g.cols == 0) return cudaSuccess;
-    glu_forward_kernel<T><<<rows_grid(g.rows, g.cols), kBlock, 0, stream>>>(act, g, u, y);
+    launch_kernel(glu_forward_kernel<T, Act>, rows_grid(g.rows, g.cols), kBlock, 0, stream, act, g, u, y);
     return cudaGetLastError();
 }
 
@@ -45,7 +45,7 @@ cudaError_t glu_backward(Act act,
                          RowsArg<T> du,
                          cudaStream_t stream) {
     if (g.rows == 0 || g.cols == 0) return cudaSuccess;
-    glu_backward_kernel<T><<<rows_grid(g.rows, g.cols), kBlock, 0, stream>>>(act, dy, g, u, dg, du);
+    launch_kernel(glu_backward_kernel<T, Act>, rows_grid(g.rows, g.cols), kBlock, 0, stream, act, dy, g, u, dg, du);
     return cudaGetLastError();
 }
 
@@ -163,8 +163,8 @@ cudaError_t launch_kda_gate_forward(const T* f,
                                     cudaStream_t stream) {
     const int64_t total = N * HV * K;
     if (total == 0) return cudaSuccess;
-    kda_gate_forward_kernel<T>
-        <<<grid_for(total), kBlock, 0, stream>>>(f, A_log, dt_bias, g, total, HV, K, T(lower_bound));
+    launch_kernel(kda_gate_forward_kernel<T>, grid_for(total), kBlock, 0, stream, f, A_log, dt_bias, g, total, HV, K,
+                  T(lower_bound));
     return cudaGetLastError();
 }
 
@@ -184,10 +184,12 @@ cudaError_t launch_kda_gate_backward(const T* dg,
     const int64_t total = N * HV * K;
     if (total == 0) return cudaSuccess;
     const T lb = T(lower_bound);
-    if (df) kda_gate_df_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(f, A_log, dt_bias, dg, df, total, HV, K, lb);
+    if (df)
+        launch_kernel(kda_gate_df_kernel<T>, grid_for(total), kBlock, 0, stream, f, A_log, dt_bias, dg, df, total, HV,
+                      K, lb);
     if (dA_log || ddt_bias)
-        kda_gate_params_kernel<T>
-            <<<unsigned(HV), kBlock, 0, stream>>>(f, A_log, dt_bias, dg, dA_log, ddt_bias, N, HV, K, lb);
+        launch_kernel(kda_gate_params_kernel<T>, unsigned(HV), kBlock, 0, stream, f, A_log, dt_bias, dg, dA_log,
+                      ddt_bias, N, HV, K, lb);
     return cudaGetLastError();
 }
 
@@ -221,21 +223,21 @@ __global__ void check_ids_kernel(const void* ids, bool ids32, int64_t n, int64_t
 template <class T>
 cudaError_t launch_add_bias(RowsArg<T> y, const T* b, cudaStream_t stream) {
     if (y.rows == 0 || y.cols == 0) return cudaSuccess;
-    add_bias_kernel<T><<<rows_grid(y.rows, y.cols), kBlock, 0, stream>>>(y, b);
+    launch_kernel(add_bias_kernel<T>, rows_grid(y.rows, y.cols), kBlock, 0, stream, y, b);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_column_sums(RowsArg<const T> dy, T* db, cudaStream_t stream) {
     if (dy.cols == 0) return cudaSuccess;
-    column_sums_kernel<T><<<grid_for(dy.cols), kBlock, 0, stream>>>(dy, db);
+    launch_kernel(column_sums_kernel<T>, grid_for(dy.cols), kBlock, 0, stream, dy, db);
     return cudaGetLastError();
 }
 
 cudaError_t launch_check_ids(
     const void* ids, bool ids32, int64_t n, int64_t limit, int64_t except, int64_t* bad, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
-    check_ids_kernel<<<grid_for(n), kBlock, 0, stream>>>(ids, ids32, n, limit, except, bad);
+    launch_kernel(check_ids_kernel, grid_for(n), kBlock, 0, stream, ids, ids32, n, limit, except, bad);
     return cudaGetLastError();
 }
 

@@ -49,27 +49,27 @@ __global__ void embedding_backward_kernel(const T* dy, const void* ids, bool ids
 cudaError_t launch_embedding_forward(
     const void* ids, bool ids32, int64_t n, const void* table, int64_t row_bytes, void* y, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
-    embedding_forward_kernel<<<grid_for(n, 1, 65535), kBlock, 0, stream>>>(
-        ids, ids32, n, static_cast<const unsigned char*>(table), row_bytes, static_cast<unsigned char*>(y));
+    launch_kernel(embedding_forward_kernel, grid_for(n, 1, 65535), kBlock, 0, stream, ids, ids32, n,
+                  static_cast<const unsigned char*>(table), row_bytes, static_cast<unsigned char*>(y));
     return cudaGetLastError();
 }
 
 cudaError_t launch_embedding_forward_bf16(
     const void* ids, bool ids32, int64_t n, const uint16_t* table, int64_t d, float* y, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
-    embedding_forward_bf16_kernel<<<grid_for(n, 1, 65535), kBlock, 0, stream>>>(ids, ids32, n, table, d, y);
+    launch_kernel(embedding_forward_bf16_kernel, grid_for(n, 1, 65535), kBlock, 0, stream, ids, ids32, n, table, d, y);
     return cudaGetLastError();
 }
 
 cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
-    widen_bf16_kernel<<<grid_for(n), kBlock, 0, stream>>>(src, n, dst);
+    launch_kernel(widen_bf16_kernel, grid_for(n), kBlock, 0, stream, src, n, dst);
     return cudaGetLastError();
 }
 
 cudaError_t launch_widen_mxfp4(const uint8_t* blocks, int64_t index, int64_t n, float* dst, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
-    widen_mxfp4_kernel<<<grid_for(n), kBlock, 0, stream>>>(blocks, index, n, dst);
+    launch_kernel(widen_mxfp4_kernel, grid_for(n), kBlock, 0, stream, blocks, index, n, dst);
     return cudaGetLastError();
 }
 
@@ -77,7 +77,7 @@ template <class T>
 cudaError_t launch_embedding_backward(
     const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable, cudaStream_t stream) {
     if (n == 0 || d == 0) return cudaSuccess;
-    embedding_backward_kernel<T><<<grid_for(d, 64), 64, 0, stream>>>(dy, ids, ids32, n, d, dtable);
+    launch_kernel(embedding_backward_kernel<T>, grid_for(d, 64), 64, 0, stream, dy, ids, ids32, n, d, dtable);
     return cudaGetLastError();
 }
 

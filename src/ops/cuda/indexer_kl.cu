@@ -156,7 +156,7 @@ __global__ void dqw_kernel(KlShape s,
                            double g,
                            T* dq,
                            T* dw) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     T* A = reinterpret_cast<T*>(smem_raw);
     T* DA = A + kChunk * s.HI;
     int64_t* pos = reinterpret_cast<int64_t*>(DA + kChunk * s.HI);
@@ -196,7 +196,7 @@ __global__ void dk_kernel(KlShape s,
                           KlRows rows,
                           double g,
                           T* acc) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     T* A = reinterpret_cast<T*>(smem_raw);
     T* DA = A + kChunk * s.HI;
     int64_t* pos = reinterpret_cast<int64_t*>(DA + kChunk * s.HI);
@@ -235,7 +235,7 @@ cudaError_t launch_indexer_kl_rows(KlShape s,
                                    KlRows rows,
                                    cudaStream_t stream) {
     if (s.B * s.T == 0) return cudaSuccess;
-    row_kernel<T><<<unsigned(s.B * s.T), kThreads, 0, stream>>>(s, cu, q, k, w, p, idx, rows);
+    launch_kernel(row_kernel<T>, unsigned(s.B * s.T), kThreads, 0, stream, s, cu, q, k, w, p, idx, rows);
     return cudaGetLastError();
 }
 
@@ -261,13 +261,13 @@ cudaError_t launch_indexer_kl_backward(KlShape s,
         const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (e != cudaSuccess) return e;
     }
-    dqw_kernel<T><<<unsigned(s.B * s.T), kThreads, smem, stream>>>(s, cu, q, k, w, p, idx, rows, g, dq, dw);
+    launch_kernel(dqw_kernel<T>, unsigned(s.B * s.T), kThreads, smem, stream, s, cu, q, k, w, p, idx, rows, g, dq, dw);
     cudaError_t err = cudaMemsetAsync(acc, 0, sizeof(T) * size_t(slabs * s.B * s.T * s.DI), stream);
     if (err != cudaSuccess) return err;
     const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned((s.DI + kThreads - 1) / kThreads));
-    dk_kernel<T><<<grid, kThreads, smem, stream>>>(s, slabs, cu, q, k, w, p, idx, rows, g, acc);
+    launch_kernel(dk_kernel<T>, grid, kThreads, smem, stream, s, slabs, cu, q, k, w, p, idx, rows, g, acc);
     const int64_t n = s.B * s.T * s.DI;
-    slab_sum_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(n, slabs, acc, dk);
+    launch_kernel(slab_sum_kernel<T>, grid_for(n), kBlock, 0, stream, n, slabs, acc, dk);
     return cudaGetLastError();
 }
 

@@ -43,7 +43,7 @@ __device__ inline T reduce_scatter32(T (&x)[32]) {
 
 template <class T>
 __global__ void forward_kernel(KdaShape s, const KdaSeq* seqs, KdaTensors<T> in, T* o, T* ht, T* saved) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     const int64_t nt = blockDim.x, K = s.K, V = s.V, tid = threadIdx.x;
     T* S = reinterpret_cast<T*>(smem_raw);  // [K][nt]: column tid of this block's slice
     T* qs = S + K * nt;
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kKdaBackwardMaxV) backward_kernel(KdaShape s,
                                                                     const T* ckpt,
                                                                     T* states,
                                                                     KdaGradPtrs<T> gr) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     const int64_t nt = blockDim.x, K = s.K, V = s.V, tid = threadIdx.x, KP = (K + 31) / 32 * 32;
     const int64_t warps = nt / 32, warp = tid / 32, lane = tid % 32;
     T* dS = reinterpret_cast<T*>(smem_raw);  // [K][nt]
@@ -265,7 +265,7 @@ cudaError_t launch_kda_forward(
     cudaError_t err = opt_in(forward_kernel<T>, smem);
     if (err != cudaSuccess) return err;
     const dim3 grid(unsigned(units), unsigned((s.V + nt - 1) / nt));
-    forward_kernel<T><<<grid, nt, smem, stream>>>(s, seqs, in, o, ht, saved);
+    launch_kernel(forward_kernel<T>, grid, nt, smem, stream, s, seqs, in, o, ht, saved);
     return cudaGetLastError();
 }
 
@@ -300,15 +300,15 @@ cudaError_t launch_kda_backward(KdaShape s,
     const size_t smem = kda_backward_smem(s.K, s.V, sizeof(T));
     cudaError_t err = opt_in(backward_kernel<T>, smem);
     if (err != cudaSuccess) return err;
-    backward_kernel<T>
-        <<<unsigned(units), backward_threads(s.V), smem, stream>>>(s, seqs, in, dout, dht, ckpt, states, per_head);
+    launch_kernel(backward_kernel<T>, unsigned(units), backward_threads(s.V), smem, stream, s, seqs, in, dout, dht,
+                  ckpt, states, per_head);
     if ((err = cudaGetLastError()) != cudaSuccess || G == 1) return err;
     const int64_t n = tokens * s.H * s.K;
     T* const src[2] = {per_head.dq, per_head.dk};
     T* const dst[2] = {gr.dq, gr.dk};
     for (int x = 0; x < 2; ++x) {
         if (!dst[x]) continue;
-        reduce_heads_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(tokens, s.H, G, s.K, src[x], dst[x]);
+        launch_kernel(reduce_heads_kernel<T>, grid_for(n), kBlock, 0, stream, tokens, s.H, G, s.K, src[x], dst[x]);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
     return cudaSuccess;

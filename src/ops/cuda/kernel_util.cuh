@@ -5,8 +5,42 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 namespace tessera::ops::cuda {
+
+// kernel<<<grid, block, smem, stream>>>(args...), spelled so a host compiler compiles it too: under the CUDA emulator
+// (src/cuda_emulator) every thread of every block runs the kernel on the CPU. The launch's error is
+// cudaGetLastError's, as with the chevrons.
+template <class... P, class... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+#if TESSERA_CUDA_EMULATOR
+    struct Call {
+        void (*kernel)(P...);
+        std::tuple<P...> params;  // each thread calls with its own copies, as each GPU thread has its parameters
+    };
+    Call call{kernel, std::tuple<P...>(std::forward<A>(args)...)};
+    cuda_emulator::launch(
+        reinterpret_cast<const void*>(kernel), grid, block, smem, stream,
+        [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->params); }, &call);
+#else
+    // (clang-format takes a .cuh for C++ and would split the chevrons)
+    // clang-format off
+    kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
+    // clang-format on
+#endif
+}
+
+// The block's dynamic shared memory (the launch's smem bytes), 16-byte aligned.
+__device__ inline unsigned char* dynamic_shared() {
+#if TESSERA_CUDA_EMULATOR
+    return cuda_emulator::dynamic_shared_memory();
+#else
+    extern __shared__ __align__(16) unsigned char smem[];
+    return smem;
+#endif
+}
 
 constexpr int kBlock = 256;  // threads per block of the row kernels (8 warps)
 

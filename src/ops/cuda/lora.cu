@@ -31,14 +31,14 @@ __global__ void masked_add_kernel(const T* g, RowsArg<T> dx, DropoutArg d) {
 template <class T>
 cudaError_t launch_dropout_rows(RowsArg<const T> x, T* xd, DropoutArg d, cudaStream_t stream) {
     if (x.rows * x.cols == 0) return cudaSuccess;
-    dropout_rows_kernel<T><<<grid_for(x.rows * x.cols), kBlock, 0, stream>>>(x, xd, d);
+    launch_kernel(dropout_rows_kernel<T>, grid_for(x.rows * x.cols), kBlock, 0, stream, x, xd, d);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_masked_add(const T* g, RowsArg<T> dx, DropoutArg d, cudaStream_t stream) {
     if (dx.rows * dx.cols == 0) return cudaSuccess;
-    masked_add_kernel<T><<<grid_for(dx.rows * dx.cols), kBlock, 0, stream>>>(g, dx, d);
+    launch_kernel(masked_add_kernel<T>, grid_for(dx.rows * dx.cols), kBlock, 0, stream, g, dx, d);
     return cudaGetLastError();
 }
 

@@ -121,7 +121,7 @@ cudaError_t with_act(bool situ_act, double beta, double linear_beta, F f) {
 template <class T>
 cudaError_t launch_moe_dispatch(RowsArg<const T> src, const int32_t* row, int64_t K, T* rows, cudaStream_t stream) {
     if (src.rows == 0 || src.cols == 0) return cudaSuccess;
-    dispatch_kernel<T><<<rows_grid(src.rows * K, src.cols), kBlock, 0, stream>>>(src, row, K, rows);
+    launch_kernel(dispatch_kernel<T>, rows_grid(src.rows * K, src.cols), kBlock, 0, stream, src, row, K, rows);
     return cudaGetLastError();
 }
 
@@ -129,7 +129,7 @@ template <class T>
 cudaError_t launch_moe_combine(
     const T* rows, const int32_t* row, int64_t K, RowsArg<T> dst, bool accumulate, cudaStream_t stream) {
     if (dst.rows == 0 || dst.cols == 0) return cudaSuccess;
-    combine_kernel<T><<<rows_grid(dst.rows, dst.cols), kBlock, 0, stream>>>(rows, row, K, dst, accumulate);
+    launch_kernel(combine_kernel<T>, rows_grid(dst.rows, dst.cols), kBlock, 0, stream, rows, row, K, dst, accumulate);
     return cudaGetLastError();
 }
 
@@ -138,7 +138,7 @@ cudaError_t launch_moe_row_gate(
     const int32_t* row, const T* gates, int64_t pairs, T* row_gate, int64_t R, cudaStream_t stream) {
     cudaError_t err = cudaMemsetAsync(row_gate, 0, size_t(R) * sizeof(T), stream);
     if (err != cudaSuccess || pairs == 0) return err;
-    row_gate_kernel<T><<<grid_for(pairs), kBlock, 0, stream>>>(row, gates, pairs, row_gate);
+    launch_kernel(row_gate_kernel<T>, grid_for(pairs), kBlock, 0, stream, row, gates, pairs, row_gate);
     return cudaGetLastError();
 }
 
@@ -154,7 +154,7 @@ cudaError_t launch_moe_gated_act(bool situ_act,
                                  cudaStream_t stream) {
     if (R == 0 || F == 0) return cudaSuccess;
     return with_act<T>(situ_act, beta, linear_beta, [&](auto act) {
-        gated_act_kernel<T><<<rows_grid(R, F), kBlock, 0, stream>>>(act, h, row_gate, a, R, F);
+        launch_kernel(gated_act_kernel<T, decltype(act)>, rows_grid(R, F), kBlock, 0, stream, act, h, row_gate, a, R, F);
         return cudaGetLastError();
     });
 }
@@ -173,7 +173,8 @@ cudaError_t launch_moe_gated_act_backward(bool situ_act,
                                           cudaStream_t stream) {
     if (R == 0) return cudaSuccess;
     return with_act<T>(situ_act, beta, linear_beta, [&](auto act) {
-        gated_act_backward_kernel<T><<<grid_for(R, 1, 65535), kBlock, 0, stream>>>(act, h, da, row_gate, dot, dh, R, F);
+        launch_kernel(gated_act_backward_kernel<T, decltype(act)>, grid_for(R, 1, 65535), kBlock, 0, stream, act, h, da, row_gate, dot,
+                      dh, R, F);
         return cudaGetLastError();
     });
 }
@@ -181,15 +182,15 @@ cudaError_t launch_moe_gated_act_backward(bool situ_act,
 template <class T>
 cudaError_t launch_moe_gate_grads(const int32_t* row, const T* dot, T* dg, int64_t pairs, cudaStream_t stream) {
     if (pairs == 0) return cudaSuccess;
-    gate_grads_kernel<T><<<grid_for(pairs), kBlock, 0, stream>>>(row, dot, dg, pairs);
+    launch_kernel(gate_grads_kernel<T>, grid_for(pairs), kBlock, 0, stream, row, dot, dg, pairs);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_moe_shared_scale_forward(T* g, T* a, int64_t N, int64_t F, cudaStream_t stream) {
     if (N == 0) return cudaSuccess;
-    sigmoid_in_place_kernel<T><<<grid_for(N), kBlock, 0, stream>>>(g, N);
-    if (F > 0) scale_rows_by_kernel<T><<<rows_grid(N, F), kBlock, 0, stream>>>(g, a, N, F);
+    launch_kernel(sigmoid_in_place_kernel<T>, grid_for(N), kBlock, 0, stream, g, N);
+    if (F > 0) launch_kernel(scale_rows_by_kernel<T>, rows_grid(N, F), kBlock, 0, stream, g, a, N, F);
     return cudaGetLastError();
 }
 
@@ -197,14 +198,14 @@ template <class T>
 cudaError_t launch_moe_shared_scale_backward(
     const T* g, const T* a, T* da, T* du, int64_t N, int64_t F, cudaStream_t stream) {
     if (N == 0) return cudaSuccess;
-    shared_scale_backward_kernel<T><<<grid_for(N, 1, 65535), kBlock, 0, stream>>>(g, a, da, du, N, F);
+    launch_kernel(shared_scale_backward_kernel<T>, grid_for(N, 1, 65535), kBlock, 0, stream, g, a, da, du, N, F);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_routing_entropy(RowsArg<const T> scores, double* out, cudaStream_t stream) {
     if (scores.rows == 0) return cudaSuccess;
-    routing_entropy_kernel<T><<<grid_for(scores.rows), kBlock, 0, stream>>>(scores, out);
+    launch_kernel(routing_entropy_kernel<T>, grid_for(scores.rows), kBlock, 0, stream, scores, out);
     return cudaGetLastError();
 }
 

@@ -206,7 +206,7 @@ template <class T>
 cudaError_t launch_rmsnorm_forward(
     RowsArg<const T> x, const T* w, RowsArg<T> y, T* rstd, double eps, cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    rmsnorm_forward_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(x, w, y, rstd, eps);
+    launch_kernel(rmsnorm_forward_kernel<T>, unsigned(x.rows), kBlock, 0, stream, x, w, y, rstd, eps);
     return cudaGetLastError();
 }
 
@@ -214,8 +214,8 @@ template <class T>
 cudaError_t launch_rmsnorm_backward(
     RowsArg<const T> dy, RowsArg<const T> x, const T* w, const T* rstd, RowsArg<T> dx, T* dw, cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    if (dx.data) rmsnorm_dx_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(dy, x, w, rstd, dx);
-    if (dw) rmsnorm_dw_kernel<T><<<grid_for(x.cols), kBlock, 0, stream>>>(dy, x, rstd, dw);
+    if (dx.data) launch_kernel(rmsnorm_dx_kernel<T>, unsigned(x.rows), kBlock, 0, stream, dy, x, w, rstd, dx);
+    if (dw) launch_kernel(rmsnorm_dw_kernel<T>, grid_for(x.cols), kBlock, 0, stream, dy, x, rstd, dw);
     return cudaGetLastError();
 }
 
@@ -223,7 +223,7 @@ template <class T>
 cudaError_t launch_layernorm_forward(
     RowsArg<const T> x, const T* w, const T* b, RowsArg<T> y, T* mean, T* rstd, double eps, cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    layernorm_forward_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(x, w, b, y, mean, rstd, eps);
+    launch_kernel(layernorm_forward_kernel<T>, unsigned(x.rows), kBlock, 0, stream, x, w, b, y, mean, rstd, eps);
     return cudaGetLastError();
 }
 
@@ -238,15 +238,15 @@ cudaError_t launch_layernorm_backward(RowsArg<const T> dy,
                                       T* db,
                                       cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    if (dx.data) layernorm_dx_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(dy, x, w, mean, rstd, dx);
-    if (dw) layernorm_dwb_kernel<T><<<grid_for(x.cols), kBlock, 0, stream>>>(dy, x, mean, rstd, dw, db);
+    if (dx.data) launch_kernel(layernorm_dx_kernel<T>, unsigned(x.rows), kBlock, 0, stream, dy, x, w, mean, rstd, dx);
+    if (dw) launch_kernel(layernorm_dwb_kernel<T>, grid_for(x.cols), kBlock, 0, stream, dy, x, mean, rstd, dw, db);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_l2norm_forward(RowsArg<const T> x, RowsArg<T> y, double eps, cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    l2norm_forward_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(x, y, eps);
+    launch_kernel(l2norm_forward_kernel<T>, unsigned(x.rows), kBlock, 0, stream, x, y, eps);
     return cudaGetLastError();
 }
 
@@ -254,7 +254,7 @@ template <class T>
 cudaError_t launch_l2norm_backward(
     RowsArg<const T> dy, RowsArg<const T> x, RowsArg<T> dx, double eps, cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    l2norm_backward_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(dy, x, dx, eps);
+    launch_kernel(l2norm_backward_kernel<T>, unsigned(x.rows), kBlock, 0, stream, dy, x, dx, eps);
     return cudaGetLastError();
 }
 
@@ -262,7 +262,7 @@ template <class T>
 cudaError_t launch_gated_rmsnorm_forward(
     RowsArg<const T> x, RowsArg<const T> z, const T* w, RowsArg<T> y, double eps, bool silu, cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    gated_rmsnorm_forward_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(x, z, w, y, eps, silu);
+    launch_kernel(gated_rmsnorm_forward_kernel<T>, unsigned(x.rows), kBlock, 0, stream, x, z, w, y, eps, silu);
     return cudaGetLastError();
 }
 
@@ -279,8 +279,10 @@ cudaError_t launch_gated_rmsnorm_backward(RowsArg<const T> dy,
                                           bool silu,
                                           cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
-    gated_rmsnorm_rows_kernel<T><<<unsigned(x.rows), kBlock, 0, stream>>>(dy, x, z, w, dx, dz, rstd_work, eps, silu);
-    if (dw) gated_rmsnorm_dw_kernel<T><<<grid_for(x.cols), kBlock, 0, stream>>>(dy, x, z, rstd_work, dw, silu);
+    launch_kernel(gated_rmsnorm_rows_kernel<T>, unsigned(x.rows), kBlock, 0, stream, dy, x, z, w, dx, dz, rstd_work,
+                  eps, silu);
+    if (dw)
+        launch_kernel(gated_rmsnorm_dw_kernel<T>, grid_for(x.cols), kBlock, 0, stream, dy, x, z, rstd_work, dw, silu);
     return cudaGetLastError();
 }
 

@@ -37,7 +37,7 @@ cudaError_t launch_rope(
     RopeShape s, const double* inv_freq, HeadsArg<const T> src, HeadsArg<T> dst, cudaStream_t stream) {
     const int64_t total = s.B * s.T * s.H * (s.D / 2);
     if (total == 0) return cudaSuccess;
-    rope_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(s, inv_freq, src, dst);
+    launch_kernel(rope_kernel<T>, grid_for(total), kBlock, 0, stream, s, inv_freq, src, dst);
     return cudaGetLastError();
 }
 

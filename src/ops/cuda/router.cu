@@ -69,7 +69,7 @@ __global__ void router_score_backward_kernel(RowsArg<const T> s, RowsArg<const T
 template <class T>
 cudaError_t launch_router_scores(RowsArg<const T> logits, RowsArg<T> scores, bool softmax, cudaStream_t stream) {
     if (logits.rows == 0) return cudaSuccess;
-    router_scores_kernel<T><<<grid_for(logits.rows, 128), 128, 0, stream>>>(logits, scores, softmax);
+    launch_kernel(router_scores_kernel<T>, grid_for(logits.rows, 128), 128, 0, stream, logits, scores, softmax);
     return cudaGetLastError();
 }
 
@@ -85,7 +85,8 @@ cudaError_t launch_router_select(RouterRowParams p,
                                  cudaStream_t stream) {
     cudaError_t err = cudaMemsetAsync(counts, 0, size_t(E) * sizeof(int32_t), stream);
     if (err != cudaSuccess || N == 0) return err;
-    router_select_kernel<T><<<grid_for(N, 128), 128, 0, stream>>>(p, scores, bias, N, E, indices, weights, counts);
+    launch_kernel(router_select_kernel<T>, grid_for(N, 128), 128, 0, stream, p, scores, bias, N, E, indices, weights,
+                  counts);
     return cudaGetLastError();
 }
 
@@ -99,7 +100,7 @@ cudaError_t launch_router_weights(RouterRowParams p,
                                   int64_t K,
                                   cudaStream_t stream) {
     if (N == 0) return cudaSuccess;
-    router_weights_kernel<T><<<grid_for(N, 128), 128, 0, stream>>>(p, scores, indices, weights, N, E, K);
+    launch_kernel(router_weights_kernel<T>, grid_for(N, 128), 128, 0, stream, p, scores, indices, weights, N, E, K);
     return cudaGetLastError();
 }
 
@@ -114,8 +115,8 @@ cudaError_t launch_router_weights_backward(RouterRowParams p,
                                            int64_t K,
                                            cudaStream_t stream) {
     if (N == 0) return cudaSuccess;
-    router_weights_backward_kernel<T>
-        <<<grid_for(N, 128), 128, 0, stream>>>(p, dweights, scores, indices, dscores, N, E, K);
+    launch_kernel(router_weights_backward_kernel<T>, grid_for(N, 128), 128, 0, stream, p, dweights, scores, indices,
+                  dscores, N, E, K);
     return cudaGetLastError();
 }
 
@@ -123,7 +124,8 @@ template <class T>
 cudaError_t launch_router_score_backward(
     RowsArg<const T> scores, RowsArg<const T> dscores, RowsArg<T> dlogits, bool softmax, cudaStream_t stream) {
     if (scores.rows == 0) return cudaSuccess;
-    router_score_backward_kernel<T><<<grid_for(scores.rows, 128), 128, 0, stream>>>(scores, dscores, dlogits, softmax);
+    launch_kernel(router_score_backward_kernel<T>, grid_for(scores.rows, 128), 128, 0, stream, scores, dscores, dlogits,
+                  softmax);
     return cudaGetLastError();
 }
 

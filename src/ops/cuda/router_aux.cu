@@ -105,17 +105,17 @@ __global__ void z_loss_kernel(RowsArg<const T> u, double beta, double* lse, T* d
 template <class T>
 cudaError_t launch_router_balance_stats(RouterAuxArgs<T> a, double* choices, double* prob_sums, cudaStream_t stream) {
     if (a.N == 0) return cudaSuccess;
-    row_sum_kernel<T><<<grid_for(a.N, kThreads), kThreads, 0, stream>>>(a.N, a.E, a.scores, a.z);
-    column_stats_kernel<T><<<grid_for(a.E, kThreads), kThreads, 0, stream>>>(1, a.starts, a.E, a.K, a.scores, a.indices,
-                                                                             a.z, false, choices, prob_sums);
+    launch_kernel(row_sum_kernel<T>, grid_for(a.N, kThreads), kThreads, 0, stream, a.N, a.E, a.scores, a.z);
+    launch_kernel(column_stats_kernel<T>, grid_for(a.E, kThreads), kThreads, 0, stream, 1, a.starts, a.E, a.K, a.scores,
+                  a.indices, a.z, false, choices, prob_sums);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_router_balance_backward(RouterAuxArgs<T> a, const double* grad, T* dscores, cudaStream_t stream) {
     if (a.N == 0) return cudaSuccess;
-    balance_grad_kernel<T>
-        <<<grid_for(a.N, kThreads), kThreads, 0, stream>>>(a.N, a.E, a.scores, grad, nullptr, 0, 0.0, dscores);
+    launch_kernel(balance_grad_kernel<T>, grid_for(a.N, kThreads), kThreads, 0, stream, a.N, a.E, a.scores, grad,
+                  nullptr, 0, 0.0, dscores);
     return cudaGetLastError();
 }
 
@@ -125,20 +125,20 @@ cudaError_t launch_router_seq_aux(
     if (a.N == 0) return cudaSuccess;
     cudaError_t err = cudaMemsetAsync(f, 0, sizeof(double) * size_t(2 * nseq * a.E), stream);  // f and P
     if (err != cudaSuccess) return err;
-    row_sum_kernel<T><<<grid_for(a.N, kThreads), kThreads, 0, stream>>>(a.N, a.E, a.scores, a.z);
-    column_stats_kernel<T><<<grid_for(nseq * a.E, kThreads), kThreads, 0, stream>>>(nseq, a.starts, a.E, a.K, a.scores,
-                                                                                    a.indices, a.z, true, f, P);
-    seq_dot_kernel<<<grid_for(nseq, kThreads), kThreads, 0, stream>>>(nseq, a.E, f, P, ls);
+    launch_kernel(row_sum_kernel<T>, grid_for(a.N, kThreads), kThreads, 0, stream, a.N, a.E, a.scores, a.z);
+    launch_kernel(column_stats_kernel<T>, grid_for(nseq * a.E, kThreads), kThreads, 0, stream, nseq, a.starts, a.E, a.K,
+                  a.scores, a.indices, a.z, true, f, P);
+    launch_kernel(seq_dot_kernel, grid_for(nseq, kThreads), kThreads, 0, stream, nseq, a.E, f, P, ls);
     if (dscores)
-        balance_grad_kernel<T>
-            <<<grid_for(a.N, kThreads), kThreads, 0, stream>>>(a.N, a.E, a.scores, f, a.starts, nseq, alpha, dscores);
+        launch_kernel(balance_grad_kernel<T>, grid_for(a.N, kThreads), kThreads, 0, stream, a.N, a.E, a.scores, f,
+                      a.starts, nseq, alpha, dscores);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_router_z_loss(RowsArg<const T> logits, double beta, double* lse, T* dlogits, cudaStream_t stream) {
     if (logits.rows == 0) return cudaSuccess;
-    z_loss_kernel<T><<<grid_for(logits.rows, kThreads), kThreads, 0, stream>>>(logits, beta, lse, dlogits);
+    launch_kernel(z_loss_kernel<T>, grid_for(logits.rows, kThreads), kThreads, 0, stream, logits, beta, lse, dlogits);
     return cudaGetLastError();
 }
 

@@ -72,7 +72,7 @@ __global__ void output_gate_backward_kernel(RowsArg<const float> dy,
 template <class Kernel, class... Args>
 cudaError_t launch_on_rows(Kernel k, int64_t rows, int64_t cols, cudaStream_t stream, Args... args) {
     if (rows == 0 || cols == 0) return cudaSuccess;
-    k<<<rows_grid(rows, cols), kBlock, 0, stream>>>(args...);
+    launch_kernel(k, rows_grid(rows, cols), kBlock, 0, stream, args...);
     return cudaGetLastError();
 }
 }  // namespace

@@ -166,7 +166,7 @@ __global__ void dkv_kernel(SparseShape s,
                            const T* lse,
                            const T* delta,
                            T* acc) {
-    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem_raw = dynamic_shared();
     T* P = reinterpret_cast<T*>(smem_raw);  // [kPairs][H]
     T* DZ = P + kPairs * s.H;               // [kPairs][H]
     __shared__ int32_t rows[kPairs];
@@ -217,7 +217,8 @@ template <class T>
 cudaError_t launch_sparse_attention_forward(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, cudaStream_t stream) {
     if (s.B * s.T == 0 || s.H == 0) return cudaSuccess;
-    forward_kernel<T><<<dim3(unsigned(s.B * s.T), unsigned(s.H)), kEntries, 0, stream>>>(s, q, kv, idx, o, lse);
+    launch_kernel(forward_kernel<T>, dim3(unsigned(s.B * s.T), unsigned(s.H)), kEntries, 0, stream, s, q, kv, idx, o,
+                  lse);
     return cudaGetLastError();
 }
 
@@ -225,7 +226,7 @@ template <class T>
 cudaError_t launch_sparse_attention_probs(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs, cudaStream_t stream) {
     if (s.B * s.T == 0) return cudaSuccess;
-    probs_kernel<T><<<unsigned(s.B * s.T), kEntries, 0, stream>>>(s, q, kv, idx, lse, probs);
+    launch_kernel(probs_kernel<T>, unsigned(s.B * s.T), kEntries, 0, stream, s, q, kv, idx, lse, probs);
     return cudaGetLastError();
 }
 
@@ -245,18 +246,18 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
                                              cudaStream_t stream) {
     const int64_t rows = s.B * s.T * s.H;
     if (rows == 0) return cudaSuccess;
-    delta_kernel<T><<<grid_for(rows), kBlock, 0, stream>>>(rows, s.DV, dout, o, delta);
-    dq_kernel<T>
-        <<<dim3(unsigned(s.B * s.T), unsigned(s.H)), kEntries, 0, stream>>>(s, dout, q, kv, idx, lse, delta, dq);
+    launch_kernel(delta_kernel<T>, grid_for(rows), kBlock, 0, stream, rows, s.DV, dout, o, delta);
+    launch_kernel(dq_kernel<T>, dim3(unsigned(s.B * s.T), unsigned(s.H)), kEntries, 0, stream, s, dout, q, kv, idx, lse,
+                  delta, dq);
     cudaError_t err = cudaMemsetAsync(acc, 0, sizeof(T) * size_t(slabs * s.B * s.T * s.DK), stream);
     if (err != cudaSuccess) return err;
     const size_t smem = sparse_dkv_smem(s.H, sizeof(T));
     err = cudaFuncSetAttribute(dkv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
     const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned((s.DK + kEntries - 1) / kEntries));
-    dkv_kernel<T><<<grid, kEntries, smem, stream>>>(s, slabs, dout, q, kv, idx, lse, delta, acc);
+    launch_kernel(dkv_kernel<T>, grid, kEntries, smem, stream, s, slabs, dout, q, kv, idx, lse, delta, acc);
     const int64_t n = s.B * s.T * s.DK;
-    slab_sum_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(n, slabs, acc, dkv);
+    launch_kernel(slab_sum_kernel<T>, grid_for(n), kBlock, 0, stream, n, slabs, acc, dkv);
     return cudaGetLastError();
 }
 

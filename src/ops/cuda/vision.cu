@@ -122,7 +122,7 @@ __global__ void move_rows_kernel(
 template <class T>
 cudaError_t launch_gelu_forward(bool tanh_form, RowsArg<const T> x, RowsArg<T> y, cudaStream_t stream) {
     if (x.rows == 0 || x.cols == 0) return cudaSuccess;
-    gelu_forward_kernel<T><<<rows_grid(x.rows, x.cols), kBlock, 0, stream>>>(tanh_form, x, y);
+    launch_kernel(gelu_forward_kernel<T>, rows_grid(x.rows, x.cols), kBlock, 0, stream, tanh_form, x, y);
     return cudaGetLastError();
 }
 
@@ -130,7 +130,7 @@ template <class T>
 cudaError_t launch_gelu_backward(
     bool tanh_form, RowsArg<const T> dy, RowsArg<const T> x, RowsArg<T> dx, cudaStream_t stream) {
     if (x.rows == 0 || x.cols == 0) return cudaSuccess;
-    gelu_backward_kernel<T><<<rows_grid(x.rows, x.cols), kBlock, 0, stream>>>(tanh_form, dy, x, dx);
+    launch_kernel(gelu_backward_kernel<T>, rows_grid(x.rows, x.cols), kBlock, 0, stream, tanh_form, dy, x, dx);
     return cudaGetLastError();
 }
 
@@ -147,21 +147,23 @@ cudaError_t launch_rope_2d(HeadsArg<const T> src,
                            cudaStream_t stream) {
     const int64_t total = N * H * (D / 2);
     if (total == 0) return cudaSuccess;
-    rope_2d_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(src, dst, N, H, D, colrow, freq, sign, accumulate);
+    launch_kernel(rope_2d_kernel<T>, grid_for(total), kBlock, 0, stream, src, dst, N, H, D, colrow, freq, sign,
+                  accumulate);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_pos_embed_forward(const PosTaps* taps, const T* table, RowsArg<T> x, cudaStream_t stream) {
     if (x.rows == 0 || x.cols == 0) return cudaSuccess;
-    pos_embed_forward_kernel<T><<<rows_grid(x.rows, x.cols), kBlock, 0, stream>>>(taps, table, x);
+    launch_kernel(pos_embed_forward_kernel<T>, rows_grid(x.rows, x.cols), kBlock, 0, stream, taps, table, x);
     return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t launch_pos_embed_backward(const PosTaps* taps, RowsArg<const T> dx, T* dtable, cudaStream_t stream) {
     if (dx.rows == 0 || dx.cols == 0) return cudaSuccess;
-    pos_embed_backward_kernel<T><<<unsigned((dx.cols + kBlock - 1) / kBlock), kBlock, 0, stream>>>(taps, dx, dtable);
+    launch_kernel(pos_embed_backward_kernel<T>, unsigned((dx.cols + kBlock - 1) / kBlock), kBlock, 0, stream, taps, dx,
+                  dtable);
     return cudaGetLastError();
 }
 
@@ -175,7 +177,7 @@ cudaError_t launch_move_rows(RowMove how,
                              int64_t cols,
                              cudaStream_t stream) {
     if (n == 0 || cols == 0) return cudaSuccess;
-    move_rows_kernel<T><<<rows_grid(n, cols), kBlock, 0, stream>>>(how, narrow, wide, per, idx, n, cols);
+    launch_kernel(move_rows_kernel<T>, rows_grid(n, cols), kBlock, 0, stream, how, narrow, wide, per, idx, n, cols);
     return cudaGetLastError();
 }
 
