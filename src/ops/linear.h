@@ -21,7 +21,9 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
 inline double linear_forward_flops(int64_t n, int64_t in, int64_t out) { return 2.0 * n * in * out; }
 
 // The device's f32 GEMM rate in GFLOP/s, measured now: the best of five n × n × n linear_forward calls on it (the
-// denominator of "MFU" for a run on a GPU; the CPU's is ops::measure_gemm_gflops).
-double measure_linear_gflops(Device device, int64_t n = 4096);
+// denominator of "MFU" for a run on a GPU; the CPU's is ops::measure_gemm_gflops). n doubles from 512 until a call
+// takes 20 ms or n reaches max_n: a GPU reaches its rate only on large products, and a slow device (the CUDA
+// emulator) is not held for minutes.
+double measure_linear_gflops(Device device, int64_t max_n = 4096);
 
 }  // namespace tessera::ops

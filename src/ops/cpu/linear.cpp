@@ -88,19 +88,23 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
     });
 }
 
-double measure_linear_gflops(Device device, int64_t n) {
-    Tensor x(DType::f32, Shape{n, n}, device), w(DType::f32, Shape{n, n}, device), y(DType::f32, Shape{n, n}, device);
-    linear_forward({}, x, w, {}, y);  // warm up
-    synchronize(device);
-    double best = 0;
-    for (int r = 0; r < 5; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        linear_forward({}, x, w, {}, y);
+double measure_linear_gflops(Device device, int64_t max_n) {
+    for (int64_t n = std::min<int64_t>(512, max_n);; n = std::min(2 * n, max_n)) {
+        Tensor x(DType::f32, Shape{n, n}, device), w(DType::f32, Shape{n, n}, device),
+            y(DType::f32, Shape{n, n}, device);
+        linear_forward({}, x, w, {}, y);  // warm up
         synchronize(device);
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        best = std::max(best, linear_forward_flops(n, n, n) / s / 1e9);
+        double best = 0, fastest = 1e30;
+        for (int r = 0; r < 5; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            linear_forward({}, x, w, {}, y);
+            synchronize(device);
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            best = std::max(best, linear_forward_flops(n, n, n) / s / 1e9);
+            fastest = std::min(fastest, s);
+        }
+        if (n >= max_n || fastest >= 0.02) return best;
     }
-    return best;
 }
 
 }  // namespace tessera::ops
