@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine (as root, or with sudo):
 #   scripts/run.sh demo   install what is missing, build, train the demo model, sample from it
-#   scripts/run.sh test   install what is missing, build (with the CUDA backend when nvcc exists), run every test
-#                         (on an AVX-512 machine a second time as on an AVX2 one)
+#   scripts/run.sh test   install what is missing, build (with the CUDA backend when nvcc exists), run every test,
+#                         then build again with the CUDA backend on the CUDA emulator (its kernels run on the CPU)
+#                         and run the CUDA tests there (on an AVX-512 machine: every test, as on an AVX2 one)
 #   scripts/run.sh build  install what is missing and build only
 # The package step is idempotent and quick when everything is installed.
 set -euo pipefail
@@ -67,13 +68,20 @@ case "$cmd" in
         ctest --test-dir build-test --output-on-failure
         # the parsers under libFuzzer + ASan/UBSan for a bounded time (found inputs: tests/fuzz/corpus/)
         scripts/fuzz.sh --seconds 20
-        # The AVX2 + FMA machines: on an AVX-512 machine, the kernels built for x86-64-v3 with oneDNN
-        # held to AVX2 run the suite again (results and determinism must not depend on the ISA).
+        # The second build: the CUDA backend compiled for the CUDA emulator (src/cuda_emulator), so its kernels run
+        # on the CPU and the CUDA tests (each op against the CPU, training on both devices) run without a GPU. On an
+        # AVX-512 machine it is also the AVX2 + FMA build: the kernels built for x86-64-v3 with oneDNN held to AVX2
+        # run the whole suite again (results and determinism must not depend on the ISA).
         if grep -qw avx512f /proc/cpuinfo; then
-            echo "--- the suite again as on an AVX2 machine (-march=x86-64-v3, DNNL_MAX_CPU_ISA=AVX2)"
-            mkdir -p build-test-avx2 &&
-                build build-test-avx2 -DTESSERA_WERROR=ON -DTESSERA_ARCH=x86-64-v3 -DTESSERA_BENCH=OFF
+            echo "--- the suite again as on an AVX2 machine (-march=x86-64-v3, DNNL_MAX_CPU_ISA=AVX2), CUDA on the emulator"
+            mkdir -p build-test-avx2 && build build-test-avx2 -DTESSERA_WERROR=ON -DTESSERA_ARCH=x86-64-v3 \
+                -DTESSERA_BENCH=OFF -DTESSERA_CUDA_EMULATOR=ON
             DNNL_MAX_CPU_ISA=AVX2 ctest --test-dir build-test-avx2 --output-on-failure
+        else
+            echo "--- the CUDA tests on the CUDA emulator"
+            mkdir -p build-test-emu && build build-test-emu -DTESSERA_WERROR=ON -DTESSERA_BENCH=OFF \
+                -DTESSERA_CUDA_EMULATOR=ON
+            ctest --test-dir build-test-emu --output-on-failure -R Cuda
         fi
         ;;
     build)

@@ -25,6 +25,17 @@ struct CublasApi {
 };
 
 const CublasApi& cublas() {
+#if TESSERA_CUDA_EMULATOR  // the emulator's cuBLAS (src/cuda_emulator/cublas.cpp), linked
+    static const CublasApi api{&cublasCreate_v2,
+                               &cublasDestroy_v2,
+                               &cublasSetStream_v2,
+                               &cublasSgemm_v2,
+                               &cublasDgemm_v2,
+                               &cublasSgemmStridedBatched,
+                               &cublasDgemmStridedBatched,
+                               &cublasSgemmGroupedBatched,
+                               &cublasDgemmGroupedBatched};
+#else
     static const CublasApi api = [] {
         // the soname the headers belong to, through the loader's search (the executable's run path, the cache), else
         // the file the build linked against
@@ -48,6 +59,7 @@ const CublasApi& cublas() {
         bind(a.dgemm_grouped, "cublasDgemmGroupedBatched");
         return a;
     }();
+#endif
     return api;
 }
 }  // namespace
