@@ -37,6 +37,7 @@
 #include "ops/matmul.h"
 #include "ops/moe.h"
 #include "ops/registry.h"
+#include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/router.h"
 #include "ops/rows.h"
@@ -336,6 +337,37 @@ TEST(CudaOps, BlockSmallOpsMatchTheCpuAsTheBlocksCallThem) {
                 ops::kda_gate_backward(p, t[4], t[0], t[1], t[2], t[5], t[6], t[7]);
             },
             1e-10, 1e-10, DType::f64);
+    }
+}
+
+// The weight and bias gradients sum columns over slabs of 256 rows, then the slabs in order: 700 rows are three slabs,
+// the last one short; each gradient accumulates into what it holds (random here).
+TEST(CudaOps, ParameterGradientsSumOverRowSlabsAsTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 700, D = 40;
+    for (const DType dtype : {DType::f64, DType::f32}) {
+        const double tol = dtype == DType::f64 ? 1e-12 : 1e-4;
+        expect_cuda_like_cpu(
+            {Shape{N, D}, Shape{D}, Shape{N}, Shape{N, D}, Shape{N, D}, Shape{D}},
+            [&](std::vector<TensorView> t) {
+                ops::rmsnorm_forward({}, t[0], t[1], t[3], t[2]);
+                ops::rmsnorm_backward({}, t[4], t[0], t[1], t[2], {}, t[5]);
+            },
+            tol, tol, dtype);
+        expect_cuda_like_cpu(
+            {Shape{N, D}, Shape{D}, Shape{D}, Shape{N, D}, Shape{N}, Shape{N}, Shape{N, D}, Shape{D}, Shape{D}},
+            [&](std::vector<TensorView> t) {
+                ops::layernorm_forward({}, t[0], t[1], t[2], t[3], t[4], t[5]);
+                ops::layernorm_backward({}, t[6], t[0], t[1], t[4], t[5], {}, t[7], t[8]);
+            },
+            tol, tol, dtype);
+        expect_cuda_like_cpu(
+            {Shape{N, D}, Shape{N, D}, Shape{D}, Shape{N, D}, Shape{D}},
+            [&](std::vector<TensorView> t) { ops::gated_rmsnorm_backward({}, t[3], t[0], t[1], t[2], {}, {}, t[4]); },
+            tol, tol, dtype);
+        expect_cuda_like_cpu(
+            {Shape{N, D}, Shape{N, 24}, Shape{24, D}, Shape{24}},
+            [&](std::vector<TensorView> t) { ops::linear_backward(t[1], t[0], t[2], {}, {}, t[3]); }, tol, tol, dtype);
     }
 }
 

@@ -144,7 +144,8 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
             });
         }
         if (db.defined())
-            check_launch(launch_column_sums<float>(carg<float>(dy, "linear: dy"), db.ptr<float>(), stream()),
+            check_launch(launch_column_sums<float>(carg<float>(dy, "linear: dy"), db.ptr<float>(),
+                                                   column_slabs_scratch<float>(DY.rows, DY.cols, 1), stream()),
                          "linear db");
         return;
     }
@@ -159,7 +160,9 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
             gemm<T>(false, true, IN, OUT, N, T(1), X.data, X.ld, DY.data, DY.ld, T(1), dw.ptr<T>(), IN);
         }
         if (db.defined())
-            check_launch(launch_column_sums<T>(carg<T>(dy, "linear: dy"), db.ptr<T>(), stream()), "linear db");
+            check_launch(launch_column_sums<T>(carg<T>(dy, "linear: dy"), db.ptr<T>(),
+                                               column_slabs_scratch<T>(N, OUT, 1), stream()),
+                         "linear db");
     });
 }
 
@@ -175,8 +178,10 @@ void rmsnorm_backward(
     const RmsNormParams&, TensorView dy, TensorView x, TensorView w, TensorView rstd, TensorView dx, TensorView dw) {
     dispatch_float(x.dtype, "rmsnorm", [&]<class T>(T) {
         const RowsArg<T> DX = dx.defined() ? marg<T>(dx, "rmsnorm: dx") : RowsArg<T>{nullptr, 0, 0, 0};
-        check_launch(launch_rmsnorm_backward<T>(carg<T>(dy, "rmsnorm: dy"), carg<T>(x, "rmsnorm: x"), w.ptr<T>(),
-                                                rstd.ptr<T>(), DX, ptr_or_null<T>(dw), stream()),
+        const RowsArg<const T> X = carg<T>(x, "rmsnorm: x");
+        T* slabs = dw.defined() ? column_slabs_scratch<T>(X.rows, X.cols, 1) : nullptr;
+        check_launch(launch_rmsnorm_backward<T>(carg<T>(dy, "rmsnorm: dy"), X, w.ptr<T>(), rstd.ptr<T>(), DX,
+                                                ptr_or_null<T>(dw), slabs, stream()),
                      "rmsnorm backward");
     });
 }

@@ -33,10 +33,12 @@ void layernorm_backward(const LayerNormParams&,
                         TensorView db) {
     dispatch_float(x.dtype, "layernorm", [&]<class T>(T) {
         const RowsArg<T> DX = dx.defined() ? marg<T>(dx, "layernorm: dx") : RowsArg<T>{nullptr, 0, 0, 0};
-        check_launch(launch_layernorm_backward<T>(carg<T>(dy, "layernorm: dy"), carg<T>(x, "layernorm: x"), w.ptr<T>(),
-                                                  mean.ptr<T>(), rstd.ptr<T>(), DX, ptr_or_null<T>(dw),
-                                                  ptr_or_null<T>(db), stream()),
-                     "layernorm backward");
+        const RowsArg<const T> X = carg<T>(x, "layernorm: x");
+        T* slabs = dw.defined() ? column_slabs_scratch<T>(X.rows, X.cols, 2) : nullptr;
+        check_launch(
+            launch_layernorm_backward<T>(carg<T>(dy, "layernorm: dy"), X, w.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(), DX,
+                                         ptr_or_null<T>(dw), ptr_or_null<T>(db), slabs, stream()),
+            "layernorm backward");
     });
 }
 

@@ -202,14 +202,10 @@ __global__ void add_bias_kernel(RowsArg<T> y, const T* b) {
 }
 
 template <class T>
-__global__ void column_sums_kernel(RowsArg<const T> dy, T* db) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < dy.cols;
-         c += int64_t(gridDim.x) * blockDim.x) {
-        T acc = db[c];
-        for (int64_t r = 0; r < dy.rows; ++r) acc += dy.data[r * dy.ld + c];
-        db[c] = acc;
-    }
-}
+struct ColumnOf {
+    RowsArg<const T> dy;
+    __device__ void operator()(int64_t n, int64_t c, T* acc) const { acc[0] += dy.data[n * dy.ld + c]; }
+};
 
 __global__ void check_ids_kernel(const void* ids, bool ids32, int64_t n, int64_t limit, int64_t except, int64_t* bad) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -228,9 +224,8 @@ cudaError_t launch_add_bias(RowsArg<T> y, const T* b, cudaStream_t stream) {
 }
 
 template <class T>
-cudaError_t launch_column_sums(RowsArg<const T> dy, T* db, cudaStream_t stream) {
-    if (dy.cols == 0) return cudaSuccess;
-    launch_kernel(column_sums_kernel<T>, grid_for(dy.cols), kBlock, 0, stream, dy, db);
+cudaError_t launch_column_sums(RowsArg<const T> dy, T* db, T* slabs, cudaStream_t stream) {
+    column_sums_in_slabs<T, 1>(dy.rows, dy.cols, ColumnOf<T>{dy}, slabs, {db}, stream);
     return cudaGetLastError();
 }
 
@@ -246,7 +241,7 @@ cudaError_t launch_check_ids(
     template cudaError_t launch_swiglu_backward<T>(RowsArg<const T>, RowsArg<const T>, RowsArg<const T>, RowsArg<T>, \
                                                    RowsArg<T>, cudaStream_t);                                        \
     template cudaError_t launch_add_bias<T>(RowsArg<T>, const T*, cudaStream_t);                                     \
-    template cudaError_t launch_column_sums<T>(RowsArg<const T>, T*, cudaStream_t);                                  \
+    template cudaError_t launch_column_sums<T>(RowsArg<const T>, T*, T*, cudaStream_t);                              \
     template cudaError_t launch_situ_glu_forward<T>(double, double, RowsArg<const T>, RowsArg<const T>, RowsArg<T>,  \
                                                     cudaStream_t);                                                   \
     template cudaError_t launch_situ_glu_backward<T>(double, double, RowsArg<const T>, RowsArg<const T>,             \

@@ -26,15 +26,10 @@ struct CublasApi {
 
 const CublasApi& cublas() {
 #if TESSERA_CUDA_EMULATOR  // the emulator's cuBLAS (src/cuda_emulator/cublas.cpp), linked
-    static const CublasApi api{&cublasCreate_v2,
-                               &cublasDestroy_v2,
-                               &cublasSetStream_v2,
-                               &cublasSgemm_v2,
-                               &cublasDgemm_v2,
-                               &cublasSgemmStridedBatched,
-                               &cublasDgemmStridedBatched,
-                               &cublasSgemmGroupedBatched,
-                               &cublasDgemmGroupedBatched};
+    static const CublasApi api{
+        &cublasCreate_v2,          &cublasDestroy_v2,          &cublasSetStream_v2,        &cublasSgemm_v2,
+        &cublasDgemm_v2,           &cublasSgemmStridedBatched, &cublasDgemmStridedBatched, &cublasSgemmGroupedBatched,
+        &cublasDgemmGroupedBatched};
 #else
     static const CublasApi api = [] {
         // the soname the headers belong to, through the loader's search (the executable's run path, the cache), else

@@ -61,6 +61,12 @@ void* scratch(size_t bytes);
 // The parts of one scratch request start at multiples of 256 bytes.
 inline size_t scratch_part(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// Scratch for the row slabs of `terms` column sums over [rows, cols] (launchers.h: column_slab_elements).
+template <class T>
+T* column_slabs_scratch(int64_t rows, int64_t cols, int terms) {
+    return static_cast<T*>(scratch(sizeof(T) * size_t(column_slab_elements(rows, cols, terms))));
+}
+
 // Host values copied into the calling thread's scratch, asynchronously on the current stream (the copy reads the
 // host buffer before it returns, so the caller may reuse it). The scratch's one-buffer rule applies. upload copies
 // into a given place of device memory (a part of one scratch request).

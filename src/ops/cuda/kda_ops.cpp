@@ -134,12 +134,17 @@ void gated_rmsnorm_backward(const GatedRmsNormParams& p,
     dispatch_float(x.dtype, "gated_rmsnorm", [&]<class T>(T) {
         const RowsArg<const T> X = carg<T>(x, "gated_rmsnorm: x");
         const RowsArg<T> none{nullptr, 0, 0, 0};
-        auto* rstd = static_cast<T*>(scratch(sizeof(T) * size_t(X.rows)));
+        // one scratch request: each row's rstd, then dweight's row slabs
+        const size_t rstd_bytes = scratch_part(sizeof(T) * size_t(X.rows));
+        auto* base =
+            static_cast<std::byte*>(scratch(rstd_bytes + sizeof(T) * size_t(column_slab_elements(X.rows, X.cols, 1))));
+        auto* rstd = reinterpret_cast<T*>(base);
+        auto* slabs = reinterpret_cast<T*>(base + rstd_bytes);
         check_launch(launch_gated_rmsnorm_backward<T>(
                          carg<T>(dy, "gated_rmsnorm: dy"), X, carg<T>(gate, "gated_rmsnorm: gate"), weight.ptr<T>(),
                          dx.defined() ? marg<T>(dx, "gated_rmsnorm: dx") : none,
                          dgate.defined() ? marg<T>(dgate, "gated_rmsnorm: dgate") : none, ptr_or_null<T>(dweight), rstd,
-                         p.eps, p.activation == GateActivation::silu, stream()),
+                         slabs, p.eps, p.activation == GateActivation::silu, stream()),
                      "gated_rmsnorm backward");
     });
 }

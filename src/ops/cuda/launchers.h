@@ -34,6 +34,13 @@ cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double*
 cudaError_t launch_scale_vector(float* x, int64_t n, float factor, cudaStream_t stream);
 cudaError_t launch_add_vector(const float* src, float* dst, int64_t n, cudaStream_t stream);
 
+// The weight and bias gradients' column sums run over slabs of this many rows, then add the slabs in order
+// (kernel_util.cuh: column_sums_in_slabs); the caller gives column_slab_elements(rows, cols, terms) elements of
+// device scratch for the slabs' sums.
+constexpr int64_t kColumnSlabRows = 256;
+inline int64_t column_slabs(int64_t rows) { return rows < 1 ? 1 : (rows + kColumnSlabRows - 1) / kColumnSlabRows; }
+inline int64_t column_slab_elements(int64_t rows, int64_t cols, int terms) { return column_slabs(rows) * cols * terms; }
+
 // A row-major matrix view: element (r, c) at data[r * ld + c].
 template <class T>
 struct RowsArg {
@@ -45,13 +52,21 @@ struct RowsArg {
 template <class T>
 cudaError_t launch_rmsnorm_forward(
     RowsArg<const T> x, const T* w, RowsArg<T> y, T* rstd, double eps, cudaStream_t stream);
-// dx += ... (dx.data may be null: skipped); dw += Σ_n dy∘x̂ (dw may be null), each column summed in row order.
+// dx += ... (dx.data may be null: skipped); dw += Σ_n dy∘x̂ (dw may be null), each column summed over row slabs
+// (column_slab_elements(rows, cols, 1) of scratch in `slabs`).
 template <class T>
-cudaError_t launch_rmsnorm_backward(
-    RowsArg<const T> dy, RowsArg<const T> x, const T* w, const T* rstd, RowsArg<T> dx, T* dw, cudaStream_t stream);
+cudaError_t launch_rmsnorm_backward(RowsArg<const T> dy,
+                                    RowsArg<const T> x,
+                                    const T* w,
+                                    const T* rstd,
+                                    RowsArg<T> dx,
+                                    T* dw,
+                                    T* slabs,
+                                    cudaStream_t stream);
 
 // LayerNorm (ops/layernorm.h): forward writes mean and rstd per row; backward dx += ... (dx.data may be null),
-// dw += Σ_n dy∘x̂ and db += Σ_n dy (both null: frozen), each column summed in row order.
+// dw += Σ_n dy∘x̂ and db += Σ_n dy (both null: frozen), each column summed over row slabs (column_slab_elements(rows,
+// cols, 2) of scratch in `slabs`).
 template <class T>
 cudaError_t launch_layernorm_forward(
     RowsArg<const T> x, const T* w, const T* b, RowsArg<T> y, T* mean, T* rstd, double eps, cudaStream_t stream);
@@ -64,6 +79,7 @@ cudaError_t launch_layernorm_backward(RowsArg<const T> dy,
                                       RowsArg<T> dx,
                                       T* dw,
                                       T* db,
+                                      T* slabs,
                                       cudaStream_t stream);
 
 // L2 normalisation of rows (ops/l2norm.h); backward accumulates into dx.
@@ -74,7 +90,8 @@ cudaError_t launch_l2norm_backward(
     RowsArg<const T> dy, RowsArg<const T> x, RowsArg<T> dx, double eps, cudaStream_t stream);
 
 // Gated RMSNorm (ops/gated_rmsnorm.h), act = silu when `silu`, else σ. Backward accumulates into dx, dz (null
-// data: skipped) and dw (null: frozen); rstd_work holds x.rows values (each row's rstd, for the dw pass).
+// data: skipped) and dw (null: frozen); rstd_work holds x.rows values (each row's rstd, for the dw pass), slabs
+// column_slab_elements(rows, cols, 1) (dw's row slabs).
 template <class T>
 cudaError_t launch_gated_rmsnorm_forward(
     RowsArg<const T> x, RowsArg<const T> z, const T* w, RowsArg<T> y, double eps, bool silu, cudaStream_t stream);
@@ -87,6 +104,7 @@ cudaError_t launch_gated_rmsnorm_backward(RowsArg<const T> dy,
                                           RowsArg<T> dz,
                                           T* dw,
                                           T* rstd_work,
+                                          T* slabs,
                                           double eps,
                                           bool silu,
                                           cudaStream_t stream);
@@ -461,11 +479,11 @@ cudaError_t launch_router_seq_aux(
 template <class T>
 cudaError_t launch_router_z_loss(RowsArg<const T> logits, double beta, double* lse, T* dlogits, cudaStream_t stream);
 
-// y[r, :] += b; db += Σ_r dy[r, :] (each column in row order).
+// y[r, :] += b; db += Σ_r dy[r, :] (each column over row slabs: column_slab_elements(rows, cols, 1) in `slabs`).
 template <class T>
 cudaError_t launch_add_bias(RowsArg<T> y, const T* b, cudaStream_t stream);
 template <class T>
-cudaError_t launch_column_sums(RowsArg<const T> dy, T* db, cudaStream_t stream);
+cudaError_t launch_column_sums(RowsArg<const T> dy, T* db, T* slabs, cudaStream_t stream);
 
 // Integer ids (i32 when ids32, else i64) checked against [0, limit), except those equal to `except`: the first bad
 // position is written to *bad (which must hold INT64_MAX before the launch).

@@ -154,7 +154,8 @@ cudaError_t launch_moe_gated_act(bool situ_act,
                                  cudaStream_t stream) {
     if (R == 0 || F == 0) return cudaSuccess;
     return with_act<T>(situ_act, beta, linear_beta, [&](auto act) {
-        launch_kernel(gated_act_kernel<T, decltype(act)>, rows_grid(R, F), kBlock, 0, stream, act, h, row_gate, a, R, F);
+        launch_kernel(gated_act_kernel<T, decltype(act)>, rows_grid(R, F), kBlock, 0, stream, act, h, row_gate, a, R,
+                      F);
         return cudaGetLastError();
     });
 }
@@ -173,8 +174,8 @@ cudaError_t launch_moe_gated_act_backward(bool situ_act,
                                           cudaStream_t stream) {
     if (R == 0) return cudaSuccess;
     return with_act<T>(situ_act, beta, linear_beta, [&](auto act) {
-        launch_kernel(gated_act_backward_kernel<T, decltype(act)>, grid_for(R, 1, 65535), kBlock, 0, stream, act, h, da, row_gate, dot,
-                      dh, R, F);
+        launch_kernel(gated_act_backward_kernel<T, decltype(act)>, grid_for(R, 1, 65535), kBlock, 0, stream, act, h, da,
+                      row_gate, dot, dh, R, F);
         return cudaGetLastError();
     });
 }

@@ -1,6 +1,6 @@
 // The row norms on CUDA in the CPU oracle's order of operations (ops/cpu/rmsnorm.cpp, layernorm.cpp, l2norm.cpp,
 // gated_rmsnorm.cpp): one block per row, the row statistics in double reduced in a fixed order; the weight (and
-// bias) gradients one thread per column, summed over rows in row order.
+// bias) gradients summed over slabs of rows, then the slabs in order (kernel_util.cuh: column_sums_in_slabs).
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -35,14 +35,15 @@ __global__ void rmsnorm_dx_kernel(RowsArg<const T> dy, RowsArg<const T> x, const
     for (int64_t d = threadIdx.x; d < x.cols; d += blockDim.x) dxr[d] += r * (dyr[d] * w[d] - xr[d] * r * mean);
 }
 
+// dw's term of row n, column c: dy·x·rstd
 template <class T>
-__global__ void rmsnorm_dw_kernel(RowsArg<const T> dy, RowsArg<const T> x, const T* rstd, T* dw) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < x.cols; c += int64_t(gridDim.x) * blockDim.x) {
-        T acc = dw[c];
-        for (int64_t n = 0; n < x.rows; ++n) acc += dy.data[n * dy.ld + c] * x.data[n * x.ld + c] * rstd[n];
-        dw[c] = acc;
+struct RmsNormDw {
+    RowsArg<const T> dy, x;
+    const T* rstd;
+    __device__ void operator()(int64_t n, int64_t c, T* acc) const {
+        acc[0] += dy.data[n * dy.ld + c] * x.data[n * x.ld + c] * rstd[n];
     }
-}
+};
 template <class T>
 __global__ void layernorm_forward_kernel(
     RowsArg<const T> x, const T* w, const T* b, RowsArg<T> y, T* mean, T* rstd, double eps) {
@@ -85,20 +86,17 @@ __global__ void layernorm_dx_kernel(
         dxr[d] += r * (dyr[d] * w[d] - mg - (xr[d] - m) * r * mgx);
 }
 
+// dw's and db's terms of row n, column c: dy·x̂ and dy
 template <class T>
-__global__ void layernorm_dwb_kernel(
-    RowsArg<const T> dy, RowsArg<const T> x, const T* mean, const T* rstd, T* dw, T* db) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < x.cols; c += int64_t(gridDim.x) * blockDim.x) {
-        T aw = dw[c], ab = db[c];
-        for (int64_t n = 0; n < x.rows; ++n) {
-            const T g = dy.data[n * dy.ld + c];
-            aw += g * (x.data[n * x.ld + c] - mean[n]) * rstd[n];
-            ab += g;
-        }
-        dw[c] = aw;
-        db[c] = ab;
+struct LayerNormDwb {
+    RowsArg<const T> dy, x;
+    const T *mean, *rstd;
+    __device__ void operator()(int64_t n, int64_t c, T* acc) const {
+        const T g = dy.data[n * dy.ld + c];
+        acc[0] += g * (x.data[n * x.ld + c] - mean[n]) * rstd[n];
+        acc[1] += g;
     }
-}
+};
 
 // ρ = (Σ x² + eps)^-1/2 of the block's row; every thread gets it
 template <class T>
@@ -190,16 +188,16 @@ __global__ void gated_rmsnorm_rows_kernel(RowsArg<const T> dy,
     }
 }
 
+// dw's term of row n, column c: dy·x·rstd·act(z)
 template <class T>
-__global__ void gated_rmsnorm_dw_kernel(
-    RowsArg<const T> dy, RowsArg<const T> x, RowsArg<const T> z, const T* rstd, T* dw, bool silu) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < x.cols; c += int64_t(gridDim.x) * blockDim.x) {
-        T acc = dw[c];
-        for (int64_t n = 0; n < x.rows; ++n)
-            acc += dy.data[n * dy.ld + c] * x.data[n * x.ld + c] * rstd[n] * gate_act(silu, z.data[n * z.ld + c]);
-        dw[c] = acc;
+struct GatedRmsNormDw {
+    RowsArg<const T> dy, x, z;
+    const T* rstd;
+    bool silu;
+    __device__ void operator()(int64_t n, int64_t c, T* acc) const {
+        acc[0] += dy.data[n * dy.ld + c] * x.data[n * x.ld + c] * rstd[n] * gate_act(silu, z.data[n * z.ld + c]);
     }
-}
+};
 }  // namespace
 
 template <class T>
@@ -211,11 +209,17 @@ cudaError_t launch_rmsnorm_forward(
 }
 
 template <class T>
-cudaError_t launch_rmsnorm_backward(
-    RowsArg<const T> dy, RowsArg<const T> x, const T* w, const T* rstd, RowsArg<T> dx, T* dw, cudaStream_t stream) {
+cudaError_t launch_rmsnorm_backward(RowsArg<const T> dy,
+                                    RowsArg<const T> x,
+                                    const T* w,
+                                    const T* rstd,
+                                    RowsArg<T> dx,
+                                    T* dw,
+                                    T* slabs,
+                                    cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
     if (dx.data) launch_kernel(rmsnorm_dx_kernel<T>, unsigned(x.rows), kBlock, 0, stream, dy, x, w, rstd, dx);
-    if (dw) launch_kernel(rmsnorm_dw_kernel<T>, grid_for(x.cols), kBlock, 0, stream, dy, x, rstd, dw);
+    if (dw) column_sums_in_slabs<T, 1>(x.rows, x.cols, RmsNormDw<T>{dy, x, rstd}, slabs, {dw}, stream);
     return cudaGetLastError();
 }
 
@@ -236,10 +240,11 @@ cudaError_t launch_layernorm_backward(RowsArg<const T> dy,
                                       RowsArg<T> dx,
                                       T* dw,
                                       T* db,
+                                      T* slabs,
                                       cudaStream_t stream) {
     if (x.rows == 0) return cudaSuccess;
     if (dx.data) launch_kernel(layernorm_dx_kernel<T>, unsigned(x.rows), kBlock, 0, stream, dy, x, w, mean, rstd, dx);
-    if (dw) launch_kernel(layernorm_dwb_kernel<T>, grid_for(x.cols), kBlock, 0, stream, dy, x, mean, rstd, dw, db);
+    if (dw) column_sums_in_slabs<T, 2>(x.rows, x.cols, LayerNormDwb<T>{dy, x, mean, rstd}, slabs, {dw, db}, stream);
     return cudaGetLastError();
 }
 
@@ -275,6 +280,7 @@ cudaError_t launch_gated_rmsnorm_backward(RowsArg<const T> dy,
                                           RowsArg<T> dz,
                                           T* dw,
                                           T* rstd_work,
+                                          T* slabs,
                                           double eps,
                                           bool silu,
                                           cudaStream_t stream) {
@@ -282,25 +288,25 @@ cudaError_t launch_gated_rmsnorm_backward(RowsArg<const T> dy,
     launch_kernel(gated_rmsnorm_rows_kernel<T>, unsigned(x.rows), kBlock, 0, stream, dy, x, z, w, dx, dz, rstd_work,
                   eps, silu);
     if (dw)
-        launch_kernel(gated_rmsnorm_dw_kernel<T>, grid_for(x.cols), kBlock, 0, stream, dy, x, z, rstd_work, dw, silu);
+        column_sums_in_slabs<T, 1>(x.rows, x.cols, GatedRmsNormDw<T>{dy, x, z, rstd_work, silu}, slabs, {dw}, stream);
     return cudaGetLastError();
 }
 
 #define TESSERA_INSTANTIATE(T)                                                                                         \
     template cudaError_t launch_rmsnorm_forward<T>(RowsArg<const T>, const T*, RowsArg<T>, T*, double, cudaStream_t);  \
     template cudaError_t launch_rmsnorm_backward<T>(RowsArg<const T>, RowsArg<const T>, const T*, const T*,            \
-                                                    RowsArg<T>, T*, cudaStream_t);                                     \
+                                                    RowsArg<T>, T*, T*, cudaStream_t);                                 \
     template cudaError_t launch_layernorm_forward<T>(RowsArg<const T>, const T*, const T*, RowsArg<T>, T*, T*, double, \
                                                      cudaStream_t);                                                    \
     template cudaError_t launch_layernorm_backward<T>(RowsArg<const T>, RowsArg<const T>, const T*, const T*,          \
-                                                      const T*, RowsArg<T>, T*, T*, cudaStream_t);                     \
+                                                      const T*, RowsArg<T>, T*, T*, T*, cudaStream_t);                 \
     template cudaError_t launch_l2norm_forward<T>(RowsArg<const T>, RowsArg<T>, double, cudaStream_t);                 \
     template cudaError_t launch_l2norm_backward<T>(RowsArg<const T>, RowsArg<const T>, RowsArg<T>, double,             \
                                                    cudaStream_t);                                                      \
     template cudaError_t launch_gated_rmsnorm_forward<T>(RowsArg<const T>, RowsArg<const T>, const T*, RowsArg<T>,     \
                                                          double, bool, cudaStream_t);                                  \
     template cudaError_t launch_gated_rmsnorm_backward<T>(RowsArg<const T>, RowsArg<const T>, RowsArg<const T>,        \
-                                                          const T*, RowsArg<T>, RowsArg<T>, T*, T*, double, bool,      \
+                                                          const T*, RowsArg<T>, RowsArg<T>, T*, T*, T*, double, bool,  \
                                                           cudaStream_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
