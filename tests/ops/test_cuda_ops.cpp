@@ -340,8 +340,8 @@ TEST(CudaOps, BlockSmallOpsMatchTheCpuAsTheBlocksCallThem) {
     }
 }
 
-// The weight and bias gradients sum columns over slabs of 256 rows, then the slabs in order: 700 rows are three slabs,
-// the last one short; each gradient accumulates into what it holds (random here).
+// The parameter gradients sum columns over slabs of 256 rows, then the slabs in order: 700 rows are three slabs, the
+// last one short; each gradient accumulates into what it holds (random here).
 TEST(CudaOps, ParameterGradientsSumOverRowSlabsAsTheCpu) {
     SKIP_WITHOUT_GPU();
     const int64_t N = 700, D = 40;
@@ -369,6 +369,24 @@ TEST(CudaOps, ParameterGradientsSumOverRowSlabsAsTheCpu) {
             {Shape{N, D}, Shape{N, 24}, Shape{24, D}, Shape{24}},
             [&](std::vector<TensorView> t) { ops::linear_backward(t[1], t[0], t[2], {}, {}, t[3]); }, tol, tol, dtype);
     }
+    const int64_t H = 3, K = 8, S = 3;  // the KDA gate's dA_log and ddt_bias; the AttnRes mix's dγ and dw
+    expect_cuda_like_cpu(
+        {Shape{N, H, K}, Shape{H}, Shape{H, K}, Shape{N, H, K}, Shape{N, H, K}, Shape{N, H, K}, Shape{H}, Shape{H, K}},
+        [&](std::vector<TensorView> t) {
+            const ops::KdaGateParams p{.lower_bound = -5.0};
+            ops::kda_gate_forward(p, t[0], t[1], t[2], t[3]);
+            ops::kda_gate_backward(p, t[4], t[0], t[1], t[2], t[5], t[6], t[7]);
+        },
+        1e-10, 1e-10, DType::f64);
+    expect_cuda_like_cpu({Shape{N, D}, Shape{N, D}, Shape{N, D}, Shape{D}, Shape{D}, Shape{N, D}, Shape{N, S},
+                          Shape{ops::attn_res_mix_scratch(N, S, D)}, Shape{N, D}, Shape{N, D}, Shape{N, D}, Shape{N, D},
+                          Shape{D}, Shape{D}},
+                         [&](std::vector<TensorView> t) {
+                             const std::vector<TensorView> src{t[0], t[1], t[2]}, dsrc{t[9], t[10], t[11]};
+                             ops::attn_res_mix_forward({}, src, t[3], t[4], t[5], t[6], t[7]);
+                             ops::attn_res_mix_backward({}, t[8], src, t[3], t[4], t[6], dsrc, t[12], t[13], t[7]);
+                         },
+                         1e-10, 1e-10, DType::f64, {7});
 }
 
 TEST(CudaOps, CausalConvMatchesTheCpuOnPackedSequencesAndDecodingSteps) {

@@ -1,6 +1,7 @@
 // Attention Residuals mixing on CUDA (ops/attn_res.h), the CPU oracle's formulas (ops/cpu/attn_res.cpp): one block
 // per token, each source's statistics (Σ v², Σ (w⊙γ)·v, ⟨dout, v⟩) block sums in double in a fixed order, the
-// softmax over the S sources in every thread; dγ and dw one thread per channel walking tokens and sources in order.
+// softmax over the S sources in every thread; dγ and dw from one sum per channel over token slabs, the slabs in order
+// (kernel_util.cuh: column slabs).
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -88,17 +89,26 @@ __global__ void attn_res_backward_kernel(
     }
 }
 
+// dγ and dw share one column sum over tokens: Σ_n Σ_i ds_i r_i v_ic (row slabs, kernel_util.cuh), then
+// dγ += Σ·w and dw += Σ·γ
 template <class T>
-__global__ void attn_res_params_kernel(MixArg<T> m, const T* g, const T* w, const T* ds_rs, T* dg, T* dw) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < m.C; c += int64_t(gridDim.x) * blockDim.x) {
-        T acc = 0;
-        for (int64_t n = 0; n < m.N; ++n)
-            for (int64_t i = 0; i < m.S; ++i)
-                acc += ds_rs[n * m.S + i] * ds_rs[m.N * m.S + n * m.S + i] * m.src[i][n * m.C + c];
-        dg[c] += acc * w[c];
-        dw[c] += acc * g[c];
+struct AttnResParamTerm {
+    MixArg<T> m;
+    const T* ds_rs;
+    __device__ void operator()(int64_t n, int64_t c, T* acc) const {
+        for (int64_t i = 0; i < m.S; ++i)
+            acc[0] += ds_rs[n * m.S + i] * ds_rs[m.N * m.S + n * m.S + i] * m.src[i][n * m.C + c];
     }
-}
+};
+template <class T>
+struct AttnResParamFinish {
+    const T *g, *w;
+    T *dg, *dw;
+    __device__ void operator()(int64_t c, T total) const {
+        dg[c] += total * w[c];
+        dw[c] += total * g[c];
+    }
+};
 }  // namespace
 
 template <class T>
@@ -120,19 +130,24 @@ cudaError_t launch_attn_res_backward(MixArg<T> m,
                                      T* dg,
                                      T* dw,
                                      T* ds_rs,
+                                     T* slabs,
                                      double eps,
                                      cudaStream_t stream) {
     if (m.N == 0) return cudaSuccess;
     if (m.S < 1 || m.S > kAttnResMaxSources) return cudaErrorInvalidValue;
     launch_kernel(attn_res_backward_kernel<T>, unsigned(m.N), kBlock, 0, stream, m, dout, g, w, probs, dm, ds_rs, eps);
-    if (dg) launch_kernel(attn_res_params_kernel<T>, grid_for(m.C), kBlock, 0, stream, m, g, w, ds_rs, dg, dw);
+    if (dg) {
+        launch_column_slabs<T, 1>(m.N, m.C, AttnResParamTerm<T>{m, ds_rs}, slabs, stream);
+        launch_kernel(slab_totals_kernel<T, AttnResParamFinish<T>>, grid_for(m.C), kBlock, 0, stream, m.C,
+                      column_slabs(m.N), static_cast<const T*>(slabs), AttnResParamFinish<T>{g, w, dg, dw});
+    }
     return cudaGetLastError();
 }
 
 #define TESSERA_INSTANTIATE(T)                                                                                         \
     template cudaError_t launch_attn_res_forward<T>(MixArg<T>, const T*, const T*, T*, T*, double, cudaStream_t);      \
     template cudaError_t launch_attn_res_backward<T>(MixArg<T>, const T*, const T*, const T*, const T*, MixGradArg<T>, \
-                                                     T*, T*, T*, double, cudaStream_t);
+                                                     T*, T*, T*, T*, double, cudaStream_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

@@ -128,9 +128,11 @@ void attn_res_mix_backward(const AttnResParams& p,
         MixGradArg<T> dm{};
         for (size_t i = 0; i < dsources.size(); ++i) dm.dsrc[i] = dsources[i].ptr<T>();
         T* ds_rs = scratch.ptr<T>() + gamma.numel();  // the CPU's layout: w⊙γ [C], then ds and r [N, S] each
+        const MixArg<T> m = mix_arg<T>(sources);
+        T* slabs = dgamma.defined() ? column_slabs_scratch<T>(m.N, m.C, 1) : nullptr;
         check_launch(
-            launch_attn_res_backward<T>(mix_arg<T>(sources), dout.ptr<T>(), gamma.ptr<T>(), w.ptr<T>(), probs.ptr<T>(),
-                                        dm, ptr_or_null<T>(dgamma), ptr_or_null<T>(dw), ds_rs, p.eps, stream()),
+            launch_attn_res_backward<T>(m, dout.ptr<T>(), gamma.ptr<T>(), w.ptr<T>(), probs.ptr<T>(), dm,
+                                        ptr_or_null<T>(dgamma), ptr_or_null<T>(dw), ds_rs, slabs, p.eps, stream()),
             "attn_res_mix backward");
     });
 }

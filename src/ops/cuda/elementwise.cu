@@ -92,33 +92,34 @@ __global__ void kda_gate_df_kernel(
     }
 }
 
-// One block per head i: each thread walks the tokens in order for its channels' ddt_bias; dA_log is the block's
-// fixed-order sum of the threads' partials.
+// ddt_bias and dA_log over tokens: row slabs of the [N, HV·K] terms (kernel_util.cuh), in double; then ddt_bias[i, c]
+// += its slabs' sum, and dA_log[i] += the fixed-order block sum over head i's channels of theirs.
 template <class T>
-__global__ void kda_gate_params_kernel(const T* f,
-                                       const T* A_log,
-                                       const T* bias,
-                                       const T* dg,
-                                       T* dA_log,
-                                       T* dbias,
-                                       int64_t N,
-                                       int64_t HV,
-                                       int64_t K,
-                                       T lb) {
+struct KdaGateParamTerm {
+    const T *f, *A_log, *bias, *dg;
+    int64_t HV, K;
+    T lb;
+    __device__ void operator()(int64_t n, int64_t col, double* acc) const {
+        const int64_t i = col / K, c = col % K;
+        T da;
+        acc[0] += double(kda_gate_dz(f, A_log, bias, dg, (n * HV + i) * K + c, i, c, K, lb, &da));
+        acc[1] += double(da);
+    }
+};
+template <class T>
+struct AddTo {
+    T* out;
+    __device__ void operator()(int64_t c, double total) const { out[c] += T(total); }
+};
+template <class T>
+__global__ void kda_gate_dA_kernel(int64_t K, int64_t HV, int64_t slabs, const double* da, T* dA_log) {
     __shared__ double shared[kBlock / 32];
     const int64_t i = blockIdx.x;
-    double da_sum = 0.0;
-    for (int64_t c = threadIdx.x; c < K; c += blockDim.x) {
-        T db = dbias ? dbias[i * K + c] : T(0);
-        for (int64_t n = 0; n < N; ++n) {
-            T da;
-            db += kda_gate_dz(f, A_log, bias, dg, (n * HV + i) * K + c, i, c, K, lb, &da);
-            da_sum += double(da);
-        }
-        if (dbias) dbias[i * K + c] = db;
-    }
-    da_sum = block_sum(da_sum, shared);
-    if (dA_log && threadIdx.x == 0) dA_log[i] += T(da_sum);
+    double v = 0.0;
+    for (int64_t c = threadIdx.x; c < K; c += blockDim.x)
+        for (int64_t sl = 0; sl < slabs; ++sl) v += da[sl * HV * K + i * K + c];
+    v = block_sum(v, shared);
+    if (threadIdx.x == 0) dA_log[i] += T(v);
 }
 }  // namespace
 
@@ -180,6 +181,7 @@ cudaError_t launch_kda_gate_backward(const T* dg,
                                      int64_t HV,
                                      int64_t K,
                                      double lower_bound,
+                                     double* slabs_work,
                                      cudaStream_t stream) {
     const int64_t total = N * HV * K;
     if (total == 0) return cudaSuccess;
@@ -187,9 +189,17 @@ cudaError_t launch_kda_gate_backward(const T* dg,
     if (df)
         launch_kernel(kda_gate_df_kernel<T>, grid_for(total), kBlock, 0, stream, f, A_log, dt_bias, dg, df, total, HV,
                       K, lb);
-    if (dA_log || ddt_bias)
-        launch_kernel(kda_gate_params_kernel<T>, unsigned(HV), kBlock, 0, stream, f, A_log, dt_bias, dg, dA_log,
-                      ddt_bias, N, HV, K, lb);
+    if (dA_log || ddt_bias) {
+        const int64_t cols = HV * K, slabs = column_slabs(N);
+        launch_column_slabs<double, 2>(N, cols, KdaGateParamTerm<T>{f, A_log, dt_bias, dg, HV, K, lb}, slabs_work,
+                                       stream);
+        if (ddt_bias)
+            launch_kernel(slab_totals_kernel<double, AddTo<T>>, grid_for(cols), kBlock, 0, stream, cols, slabs,
+                          static_cast<const double*>(slabs_work), AddTo<T>{ddt_bias});
+        if (dA_log)
+            launch_kernel(kda_gate_dA_kernel<T>, unsigned(HV), kBlock, 0, stream, K, HV, slabs,
+                          static_cast<const double*>(slabs_work + slabs * cols), dA_log);
+    }
     return cudaGetLastError();
 }
 
@@ -249,7 +259,7 @@ cudaError_t launch_check_ids(
     template cudaError_t launch_kda_gate_forward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,     \
                                                     double, cudaStream_t);                                           \
     template cudaError_t launch_kda_gate_backward<T>(const T*, const T*, const T*, const T*, T*, T*, T*, int64_t,    \
-                                                     int64_t, int64_t, double, cudaStream_t);
+                                                     int64_t, int64_t, double, double*, cudaStream_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

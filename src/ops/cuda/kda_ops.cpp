@@ -166,11 +166,14 @@ void kda_gate_backward(const KdaGateParams& p,
                        TensorView df,
                        TensorView dA_log,
                        TensorView ddt_bias) {
-    const int64_t HV = f.size(-2), K = f.size(-1);
+    const int64_t HV = f.size(-2), K = f.size(-1), N = f.numel() / (HV * K);
     dispatch_float(f.dtype, "kda_gate", [&]<class T>(T) {
+        double* slabs = dA_log.defined() || ddt_bias.defined()
+                            ? static_cast<double*>(scratch(sizeof(double) * size_t(column_slab_elements(N, HV * K, 2))))
+                            : nullptr;
         check_launch(launch_kda_gate_backward<T>(dg.ptr<T>(), f.ptr<T>(), A_log.ptr<T>(), dt_bias.ptr<T>(),
                                                  ptr_or_null<T>(df), ptr_or_null<T>(dA_log), ptr_or_null<T>(ddt_bias),
-                                                 f.numel() / (HV * K), HV, K, p.lower_bound, stream()),
+                                                 N, HV, K, p.lower_bound, slabs, stream()),
                      "kda_gate backward");
     });
 }

@@ -103,30 +103,48 @@ __global__ void slab_sum_kernel(int64_t n, int64_t slabs, const T* acc, T* out) 
     }
 }
 
-// Column sums over many rows in two fixed-order stages (the weight and bias gradients of the norms and of linear):
-// column_slabs_kernel sums a block's columns over one slab of kColumnSlabRows rows, rows in order, into
-// partial[term][slab][column]; slab_sum_kernel then adds the slabs in order into the output. The slabs depend on the
-// row count only, so the result is the same bits on every run; against one thread walking every row of a column, a
+// Column sums over many rows in two fixed-order stages (the parameter gradients of the norms, linear's bias, the KDA
+// gate and the AttnRes mix): column_slabs_kernel sums a block's columns over one slab of kColumnSlabRows rows, rows in
+// order, into partial[term][slab][column] (in A); then the slabs are added in order. The slabs depend on the row
+// count only, so the result is the same bits on every run; against one thread walking every row of a column, a
 // [16K, 7168] gradient runs on 28 × 64 blocks instead of 28. Term(n, c, acc) adds row n's terms of column c to acc.
-template <class T, int Terms, class Term>
-__global__ void column_slabs_kernel(int64_t rows, int64_t cols, Term term, T* partial) {
+template <class A, int Terms, class Term>
+__global__ void column_slabs_kernel(int64_t rows, int64_t cols, Term term, A* partial) {
     const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, slab = blockIdx.y, slabs = gridDim.y;
     if (c >= cols) return;
-    T acc[Terms] = {};
+    A acc[Terms] = {};
     const int64_t end = (slab + 1) * kColumnSlabRows < rows ? (slab + 1) * kColumnSlabRows : rows;
     for (int64_t n = slab * kColumnSlabRows; n < end; ++n) term(n, c, acc);
     for (int k = 0; k < Terms; ++k) partial[(k * slabs + slab) * cols + c] = acc[k];
 }
 
-// out[k][c] += Σ_n term k of (n, c), for the Terms outputs (a null output is skipped); partial holds
-// column_slab_elements(rows, cols, Terms) elements of device memory.
+// The first stage on its own: partial holds column_slab_elements(rows, cols, Terms) elements of device memory.
+template <class A, int Terms, class Term>
+void launch_column_slabs(int64_t rows, int64_t cols, Term term, A* partial, cudaStream_t stream) {
+    launch_kernel(column_slabs_kernel<A, Terms, Term>,
+                  dim3(unsigned((cols + kBlock - 1) / kBlock), unsigned(column_slabs(rows))), kBlock, 0, stream, rows,
+                  cols, term, partial);
+}
+
+// The second stage for one term when the total is not simply added: finish(c, Σ_sl partial[sl·cols + c]), the sum
+// from zero in slab order.
+template <class A, class Finish>
+__global__ void slab_totals_kernel(int64_t cols, int64_t slabs, const A* partial, Finish finish) {
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x) {
+        A x = 0;
+        for (int64_t sl = 0; sl < slabs; ++sl) x += partial[sl * cols + c];
+        finish(c, x);
+    }
+}
+
+// out[k][c] += Σ_n term k of (n, c), for the Terms outputs (a null output is skipped), the slabs added in order onto
+// out; partial holds column_slab_elements(rows, cols, Terms) elements of device memory.
 template <class T, int Terms, class Term>
 void column_sums_in_slabs(
     int64_t rows, int64_t cols, Term term, T* partial, T* const (&out)[Terms], cudaStream_t stream) {
     if (rows == 0 || cols == 0) return;
     const int64_t slabs = column_slabs(rows);
-    launch_kernel(column_slabs_kernel<T, Terms, Term>, dim3(unsigned((cols + kBlock - 1) / kBlock), unsigned(slabs)),
-                  kBlock, 0, stream, rows, cols, term, partial);
+    launch_column_slabs<T, Terms>(rows, cols, term, partial, stream);
     for (int k = 0; k < Terms; ++k)
         if (out[k])
             launch_kernel(slab_sum_kernel<T>, grid_for(cols), kBlock, 0, stream, cols, slabs,

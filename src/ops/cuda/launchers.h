@@ -131,8 +131,8 @@ cudaError_t launch_situ_glu_backward(double beta,
                                      cudaStream_t stream);
 
 // The KDA forget gate (ops/kda_gate.h) on contiguous [N, HV, K] f, g; A_log [HV], dt_bias [HV·K]. Backward
-// accumulates into df, dA_log and ddt_bias (each may be null); ddt_bias sums tokens in order, dA_log per head
-// in a fixed order.
+// accumulates into df, dA_log and ddt_bias (each may be null), both summed over token slabs in double in a fixed
+// order; slabs_work holds column_slab_elements(N, HV·K, 2) doubles.
 template <class T>
 cudaError_t launch_kda_gate_forward(const T* f,
                                     const T* A_log,
@@ -155,6 +155,7 @@ cudaError_t launch_kda_gate_backward(const T* dg,
                                      int64_t HV,
                                      int64_t K,
                                      double lower_bound,
+                                     double* slabs_work,
                                      cudaStream_t stream);
 
 // A [B, T, H, D] view with D contiguous: element (b, t, h, d) at data[b·sb + t·st + h·sh + d].
@@ -390,7 +391,7 @@ cudaError_t launch_masked_add(const T* g, RowsArg<T> dx, DropoutArg d, cudaStrea
 
 // Attention Residuals mixing (ops/attn_res.h): S <= kAttnResMaxSources sources [N, C] (contiguous), by pointer.
 // Backward accumulates into the source gradients and into dg and dw (both null: frozen); ds_rs holds 2·N·S values
-// (each token's ds_i, then its r_i).
+// (each token's ds_i, then its r_i), slabs column_slab_elements(N, C, 1) (dg's and dw's row slabs).
 constexpr int64_t kAttnResMaxSources = 64;
 template <class T>
 struct MixArg {
@@ -414,6 +415,7 @@ cudaError_t launch_attn_res_backward(MixArg<T> m,
                                      T* dg,
                                      T* dw,
                                      T* ds_rs,
+                                     T* slabs,
                                      double eps,
                                      cudaStream_t stream);
 
