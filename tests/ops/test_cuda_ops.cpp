@@ -387,6 +387,21 @@ TEST(CudaOps, ParameterGradientsSumOverRowSlabsAsTheCpu) {
                              ops::attn_res_mix_backward({}, t[8], src, t[3], t[4], t[6], dsrc, t[12], t[13], t[7]);
                          },
                          1e-10, 1e-10, DType::f64, {7});
+    // the conv's dw: packed sequences across the slabs' edges (a slab starts inside a sequence), then batch rows
+    const std::vector<int64_t> cu{0, 1, 250, 300, 700};
+    expect_cuda_like_cpu(
+        {Shape{1, N, D}, Shape{D, 4}, Shape{1, N, D}, Shape{1, N, D}, Shape{1, N, D}, Shape{D, 4}},
+        [&](std::vector<TensorView> t) {
+            ops::causal_conv1d_forward({}, t[0], t[1], t[2], cu);
+            ops::causal_conv1d_backward({}, t[3], t[0], t[1], t[4], t[5], cu);
+        },
+        1e-10, 1e-10, DType::f64);
+    expect_cuda_like_cpu(
+        {Shape{3, 300, D}, Shape{D, 3}, Shape{3, 300, D}, Shape{D, 3}},
+        [&](std::vector<TensorView> t) {
+            ops::causal_conv1d_backward({.activation = ops::Activation::none}, t[2], t[0], t[1], {}, t[3]);
+        },
+        1e-10, 1e-10, DType::f64);
 }
 
 TEST(CudaOps, CausalConvMatchesTheCpuOnPackedSequencesAndDecodingSteps) {

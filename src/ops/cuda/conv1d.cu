@@ -1,7 +1,7 @@
 // Depthwise causal conv1d on CUDA (ops/causal_conv1d.h), in the CPU oracle's order of operations
 // (ops/cpu/causal_conv1d.cpp): forward one thread per (token, channel); dx in gather form, one thread per
-// (token, channel) adding the later tokens' terms in token order; dw one thread per channel walking every token in
-// order (the CPU's order). A sequence is a batch row, or a packed segment of cu_seqlens (device copy).
+// (token, channel) adding the later tokens' terms in token order; dw summed over token slabs, the slabs in order
+// (kernel_util.cuh: column slabs). A sequence is a batch row, or a packed segment of cu_seqlens (device copy).
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -72,22 +72,31 @@ __global__ void conv_dx_kernel(ConvShape s, const T* dy, const T* x, const T* w,
     }
 }
 
+// dw's terms of token t, channel c: ∂L/∂z(t, c) times each tap's input
 template <class T>
-__global__ void conv_dw_kernel(ConvShape s, const T* dy, const T* x, const T* w, T* dw) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < s.C; c += int64_t(gridDim.x) * blockDim.x) {
-        T acc[kConvMaxWidth];
-        for (int64_t k = 0; k < s.W; ++k) acc[k] = dw[c * s.W + k];
-        int64_t t0 = 0, t1 = 0;
-        for (int64_t t = 0; t < s.tokens; ++t) {
-            if (t >= t1) seq_bounds(s, t, t0, t1);
-            const T d = conv_dz(s, x, w, dy, t0, t, c);
-            for (int64_t k = 0; k < s.W; ++k) {
-                const int64_t src = t - (s.W - 1) + k;
-                if (src >= t0) acc[k] += d * x[src * s.C + c];
-            }
+struct ConvDwTerm {
+    ConvShape s;
+    const T *dy, *x, *w;
+    __device__ void operator()(int64_t t, int64_t c, T* acc) const {
+        int64_t t0, t1;
+        seq_bounds(s, t, t0, t1);
+        const T d = conv_dz(s, x, w, dy, t0, t, c);
+        for (int64_t k = 0; k < s.W; ++k) {
+            const int64_t src = t - (s.W - 1) + k;
+            if (src >= t0) acc[k] += d * x[src * s.C + c];
         }
-        for (int64_t k = 0; k < s.W; ++k) dw[c * s.W + k] = acc[k];
     }
+};
+
+// dw[c, k] += the slabs' sums of tap k, in slab order
+template <class T>
+__global__ void conv_dw_slabs_kernel(int64_t C, int64_t W, int64_t slabs, const T* partial, T* dw) {
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x)
+        for (int64_t k = 0; k < W; ++k) {
+            T x = 0;
+            for (int64_t sl = 0; sl < slabs; ++sl) x += partial[(k * slabs + sl) * C + c];
+            dw[c * W + k] += x;
+        }
 }
 
 // window [B, W−1, C]: each thread owns one (row, channel) column of it, so the shift is race-free
@@ -115,11 +124,15 @@ cudaError_t launch_conv1d_forward(ConvShape s, const T* x, const T* w, T* y, cud
 
 template <class T>
 cudaError_t launch_conv1d_backward(
-    ConvShape s, const T* dy, const T* x, const T* w, T* dx, T* dw, cudaStream_t stream) {
+    ConvShape s, const T* dy, const T* x, const T* w, T* dx, T* dw, T* slabs, cudaStream_t stream) {
     if (s.tokens * s.C == 0) return cudaSuccess;
     if (s.W > kConvMaxWidth) return cudaErrorInvalidValue;
     if (dx) launch_kernel(conv_dx_kernel<T>, grid_for(s.tokens * s.C), kBlock, 0, stream, s, dy, x, w, dx);
-    if (dw) launch_kernel(conv_dw_kernel<T>, grid_for(s.C), kBlock, 0, stream, s, dy, x, w, dw);
+    if (dw) {
+        launch_column_slabs<T, kConvMaxWidth>(s.tokens, s.C, ConvDwTerm<T>{s, dy, x, w}, slabs, stream, int(s.W));
+        launch_kernel(conv_dw_slabs_kernel<T>, grid_for(s.C), kBlock, 0, stream, s.C, s.W, column_slabs(s.tokens),
+                      static_cast<const T*>(slabs), dw);
+    }
     return cudaGetLastError();
 }
 
@@ -139,7 +152,7 @@ cudaError_t launch_conv1d_step(int64_t B,
 
 #define TESSERA_INSTANTIATE(T)                                                                      \
     template cudaError_t launch_conv1d_forward<T>(ConvShape, const T*, const T*, T*, cudaStream_t); \
-    template cudaError_t launch_conv1d_backward<T>(ConvShape, const T*, const T*, const T*, T*, T*, cudaStream_t);
+    template cudaError_t launch_conv1d_backward<T>(ConvShape, const T*, const T*, const T*, T*, T*, T*, cudaStream_t);
 TESSERA_INSTANTIATE(float)
 TESSERA_INSTANTIATE(double)
 #undef TESSERA_INSTANTIATE

@@ -179,15 +179,17 @@ void kda_gate_backward(const KdaGateParams& p,
 }
 
 namespace {
+// cu_seqlens_device: the device copy of cu (null when cu is empty)
 ConvShape conv_shape(const CausalConv1dParams& p,
                      const TensorView& x,
                      const TensorView& w,
-                     std::span<const int64_t> cu) {
+                     std::span<const int64_t> cu,
+                     const int64_t* cu_seqlens_device) {
     return {.tokens = x.size(0) * x.size(1),
             .T = x.size(1),
             .C = x.size(2),
             .W = w.size(1),
-            .cu = cu.empty() ? nullptr : to_scratch(cu),
+            .cu = cu_seqlens_device,
             .segments = cu.empty() ? x.size(0) : int64_t(cu.size()) - 1,
             .silu = p.activation == Activation::silu};
 }
@@ -195,7 +197,7 @@ ConvShape conv_shape(const CausalConv1dParams& p,
 
 void causal_conv1d_forward(
     const CausalConv1dParams& p, TensorView x, TensorView w, TensorView y, std::span<const int64_t> cu_seqlens) {
-    const ConvShape s = conv_shape(p, x, w, cu_seqlens);
+    const ConvShape s = conv_shape(p, x, w, cu_seqlens, cu_seqlens.empty() ? nullptr : to_scratch(cu_seqlens));
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
         check_launch(launch_conv1d_forward<T>(s, x.ptr<T>(), w.ptr<T>(), y.ptr<T>(), stream()), "causal_conv1d");
     });
@@ -210,10 +212,16 @@ void causal_conv1d_backward(const CausalConv1dParams& p,
                             std::span<const int64_t> cu_seqlens) {
     TESSERA_CHECK(w.size(1) <= kConvMaxWidth, "causal_conv1d (CUDA): backward supports widths up to {}, not {}",
                   kConvMaxWidth, w.size(1));
-    const ConvShape s = conv_shape(p, x, w, cu_seqlens);
     dispatch_float(x.dtype, "causal_conv1d", [&]<class T>(T) {
+        // one scratch request: the device copy of cu_seqlens, then dw's token slabs
+        const int64_t tokens = x.size(0) * x.size(1);
+        const size_t cu_bytes = scratch_part(cu_seqlens.size_bytes());
+        const size_t slab_bytes =
+            dw.defined() ? sizeof(T) * size_t(column_slab_elements(tokens, x.size(2), w.size(1))) : 0;
+        auto* base = static_cast<std::byte*>(scratch(cu_bytes + slab_bytes));
+        const ConvShape s = conv_shape(p, x, w, cu_seqlens, cu_seqlens.empty() ? nullptr : upload(base, cu_seqlens));
         check_launch(launch_conv1d_backward<T>(s, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), ptr_or_null<T>(dx),
-                                               ptr_or_null<T>(dw), stream()),
+                                               ptr_or_null<T>(dw), reinterpret_cast<T*>(base + cu_bytes), stream()),
                      "causal_conv1d backward");
     });
 }

@@ -108,22 +108,23 @@ __global__ void slab_sum_kernel(int64_t n, int64_t slabs, const T* acc, T* out) 
 // order, into partial[term][slab][column] (in A); then the slabs are added in order. The slabs depend on the row
 // count only, so the result is the same bits on every run; against one thread walking every row of a column, a
 // [16K, 7168] gradient runs on 28 × 64 blocks instead of 28. Term(n, c, acc) adds row n's terms of column c to acc.
+// A term may fill fewer than Terms accumulators: the first `used` are stored.
 template <class A, int Terms, class Term>
-__global__ void column_slabs_kernel(int64_t rows, int64_t cols, Term term, A* partial) {
+__global__ void column_slabs_kernel(int64_t rows, int64_t cols, Term term, A* partial, int used) {
     const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, slab = blockIdx.y, slabs = gridDim.y;
     if (c >= cols) return;
     A acc[Terms] = {};
     const int64_t end = (slab + 1) * kColumnSlabRows < rows ? (slab + 1) * kColumnSlabRows : rows;
     for (int64_t n = slab * kColumnSlabRows; n < end; ++n) term(n, c, acc);
-    for (int k = 0; k < Terms; ++k) partial[(k * slabs + slab) * cols + c] = acc[k];
+    for (int k = 0; k < used; ++k) partial[(k * slabs + slab) * cols + c] = acc[k];
 }
 
-// The first stage on its own: partial holds column_slab_elements(rows, cols, Terms) elements of device memory.
+// The first stage on its own: partial holds column_slab_elements(rows, cols, used) elements of device memory.
 template <class A, int Terms, class Term>
-void launch_column_slabs(int64_t rows, int64_t cols, Term term, A* partial, cudaStream_t stream) {
+void launch_column_slabs(int64_t rows, int64_t cols, Term term, A* partial, cudaStream_t stream, int used = Terms) {
     launch_kernel(column_slabs_kernel<A, Terms, Term>,
                   dim3(unsigned((cols + kBlock - 1) / kBlock), unsigned(column_slabs(rows))), kBlock, 0, stream, rows,
-                  cols, term, partial);
+                  cols, term, partial, used);
 }
 
 // The second stage for one term when the total is not simply added: finish(c, Σ_sl partial[sl·cols + c]), the sum

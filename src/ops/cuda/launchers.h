@@ -354,7 +354,8 @@ cudaError_t launch_kda_backward(KdaShape s,
 
 // Causal depthwise conv1d (ops/causal_conv1d.h) on contiguous [tokens, C] rows, w [C, W]. Sequences: batch rows of
 // T tokens (cu null) or the `segments` packed sequences of cu ([segments + 1] offsets in device memory).
-// Backward accumulates into dx and dw (either null: skipped); it needs W <= kConvMaxWidth.
+// Backward accumulates into dx and dw (either null: skipped); it needs W <= kConvMaxWidth, and for dw
+// column_slab_elements(tokens, C, W) elements of scratch in `slabs`.
 constexpr int64_t kConvMaxWidth = 16;
 struct ConvShape {
     int64_t tokens, T, C, W;
@@ -365,7 +366,8 @@ struct ConvShape {
 template <class T>
 cudaError_t launch_conv1d_forward(ConvShape s, const T* x, const T* w, T* y, cudaStream_t stream);
 template <class T>
-cudaError_t launch_conv1d_backward(ConvShape s, const T* dy, const T* x, const T* w, T* dx, T* dw, cudaStream_t stream);
+cudaError_t launch_conv1d_backward(
+    ConvShape s, const T* dy, const T* x, const T* w, T* dx, T* dw, T* slabs, cudaStream_t stream);
 // One decoding step (ops/causal_conv1d.h, causal_conv1d_step), f32: x, y [B, C], window [B, W−1, C].
 cudaError_t launch_conv1d_step(int64_t B,
                                int64_t C,
