@@ -88,17 +88,6 @@ struct ConvDwTerm {
     }
 };
 
-// dw[c, k] += the slabs' sums of tap k, in slab order
-template <class T>
-__global__ void conv_dw_slabs_kernel(int64_t C, int64_t W, int64_t slabs, const T* partial, T* dw) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x)
-        for (int64_t k = 0; k < W; ++k) {
-            T x = 0;
-            for (int64_t sl = 0; sl < slabs; ++sl) x += partial[(k * slabs + sl) * C + c];
-            dw[c * W + k] += x;
-        }
-}
-
 // window [B, W−1, C]: each thread owns one (row, channel) column of it, so the shift is race-free
 __global__ void conv_step_kernel(
     int64_t B, int64_t C, int64_t W, bool silu, const float* x, const float* w, float* window, float* y) {
@@ -130,8 +119,10 @@ cudaError_t launch_conv1d_backward(
     if (dx) launch_kernel(conv_dx_kernel<T>, grid_for(s.tokens * s.C), kBlock, 0, stream, s, dy, x, w, dx);
     if (dw) {
         launch_column_slabs<T, kConvMaxWidth>(s.tokens, s.C, ConvDwTerm<T>{s, dy, x, w}, slabs, stream, int(s.W));
-        launch_kernel(conv_dw_slabs_kernel<T>, grid_for(s.C), kBlock, 0, stream, s.C, s.W, column_slabs(s.tokens),
-                      static_cast<const T*>(slabs), dw);
+        const int64_t n = column_slabs(s.tokens);
+        for (int64_t k = 0; k < s.W; ++k)  // dw[c, k] += tap k's slabs in order
+            launch_kernel(slab_totals_kernel<T, AddTo<T>>, grid_for(s.C), kBlock, 0, stream, s.C, n,
+                          static_cast<const T*>(slabs + k * n * s.C), AddTo<T>{dw + k, s.W});
     }
     return cudaGetLastError();
 }

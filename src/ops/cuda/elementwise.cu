@@ -107,11 +107,6 @@ struct KdaGateParamTerm {
     }
 };
 template <class T>
-struct AddTo {
-    T* out;
-    __device__ void operator()(int64_t c, double total) const { out[c] += T(total); }
-};
-template <class T>
 __global__ void kda_gate_dA_kernel(int64_t K, int64_t HV, int64_t slabs, const double* da, T* dA_log) {
     __shared__ double shared[kBlock / 32];
     const int64_t i = blockIdx.x;

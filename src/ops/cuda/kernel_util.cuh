@@ -138,6 +138,17 @@ __global__ void slab_totals_kernel(int64_t cols, int64_t slabs, const A* partial
     }
 }
 
+// A finish that adds the total to out[c · stride] in out's type.
+template <class T>
+struct AddTo {
+    T* out;
+    int64_t stride = 1;
+    template <class A>
+    __device__ void operator()(int64_t c, A total) const {
+        out[c * stride] += T(total);
+    }
+};
+
 // out[k][c] += Σ_n term k of (n, c), for the Terms outputs (a null output is skipped), the slabs added in order onto
 // out; partial holds column_slab_elements(rows, cols, Terms) elements of device memory.
 template <class T, int Terms, class Term>
