@@ -2,6 +2,7 @@
 // Device::cuda when the build has the CUDA backend.
 #include "core/device.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -20,6 +21,7 @@ void check_cuda(cudaError_t err, const char* what, size_t bytes) {
     cudaGetLastError();  // clear a sticky launch error so the next call reports its own
     TESSERA_FAIL("CUDA {} of {} bytes failed: {}", what, bytes, cudaGetErrorString(err));
 }
+std::atomic<bool> g_device_memory_used{false};
 cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s.handle); }
 cudaMemcpyKind copy_kind(Device dst, Device src) {
     if (dst == Device::cuda) return src == Device::cuda ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
@@ -45,6 +47,14 @@ bool cuda_built() {
 #endif
 }
 
+bool cuda_emulated() {
+#if TESSERA_CUDA_EMULATOR
+    return true;
+#else
+    return false;
+#endif
+}
+
 bool cuda_available() {
 #if TESSERA_WITH_CUDA
     int count = 0;
@@ -53,6 +63,55 @@ bool cuda_available() {
     return ok;
 #else
     return false;
+#endif
+}
+
+Device device_of_pointer(const void* p) {
+#if TESSERA_WITH_CUDA
+    // (a process that never allocated device memory has none, and asking the runtime would start a CUDA context)
+    if (!p || !g_device_memory_used.load(std::memory_order_relaxed)) return Device::cpu;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {  // (older runtimes: unregistered host memory)
+        cudaGetLastError();
+        return Device::cpu;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? Device::cuda : Device::cpu;
+#else
+    (void)p;
+    return Device::cpu;
+#endif
+}
+
+int cuda_device_count() {
+#if TESSERA_WITH_CUDA
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+#else
+    return 0;
+#endif
+}
+
+void use_cuda_device(int index) {
+    const int count = cuda_device_count();
+    TESSERA_CHECK(index >= 0 && index < count, "CUDA device {}: this machine has {}", index, count);
+#if TESSERA_WITH_CUDA
+    const cudaError_t err = cudaSetDevice(index);
+    if (err != cudaSuccess) cudaGetLastError();
+    TESSERA_CHECK(err == cudaSuccess, "CUDA device {}: cannot select it: {}", index, cudaGetErrorString(err));
+#endif
+}
+
+int cuda_device_index() {
+#if TESSERA_WITH_CUDA
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError();
+    return dev;
+#else
+    return 0;
 #endif
 }
 
@@ -67,6 +126,7 @@ void* device_alloc(Device d, size_t bytes) {
 #if TESSERA_WITH_CUDA
     void* p = nullptr;
     check_cuda(cudaMalloc(&p, padded == 0 ? 256 : padded), "allocation", bytes);
+    g_device_memory_used.store(true, std::memory_order_relaxed);
     return p;
 #else
     no_cuda("device memory");

@@ -35,9 +35,20 @@ class StreamGuard {
     Stream previous_;
 };
 
-// Whether this build has the CUDA backend, and whether a CUDA device is present (false without the backend).
+// Whether this build has the CUDA backend, and whether a CUDA device is present (false without the backend);
+// whether that device is the CUDA emulator's (src/cuda_emulator: any number of ranks share its one device).
 bool cuda_built();
 bool cuda_available();
+bool cuda_emulated();
+
+// The device whose memory p points into: cuda for CUDA device (and managed) memory, else cpu (host memory, null).
+Device device_of_pointer(const void* p);
+
+// Makes CUDA device `index` the calling thread's (one rank per GPU: its local rank modulo the devices); throws when
+// there is no such device. Every thread that does device work sets it (cuda_device_index() says which).
+void use_cuda_device(int index);
+int cuda_device_count();  // 0 without the backend or a device
+int cuda_device_index();  // the calling thread's device
 
 // Memory: aligned to at least 256 bytes on every device (host regions of 64 KiB and more to pages). device_alloc throws
 // tessera::Error when the device has no room (or no CUDA backend / device is there); device_free takes what

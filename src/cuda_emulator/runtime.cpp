@@ -418,6 +418,15 @@ cudaError_t cudaGetDevice(int* device) {
     return cudaSuccess;
 }
 
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : record(cudaErrorInvalidValue); }
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
+    const bool device = memory().contains(p);
+    *attributes = {device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered, device ? 0 : -1,
+                   device ? const_cast<void*>(p) : nullptr, device ? nullptr : const_cast<void*>(p)};
+    return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     if (device != 0) return record(cudaErrorInvalidValue);
     *prop = {};
@@ -559,3 +568,27 @@ cudaError_t cudaMemcpy2DAsync(void* dst,
 
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+// a handle is a byte of its own, so that handles differ and a destroyed one can be checked
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+    *stream = reinterpret_cast<cudaStream_t>(new char);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    delete reinterpret_cast<char*>(stream);
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+    *event = reinterpret_cast<cudaEvent_t>(new char);
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    delete reinterpret_cast<char*>(event);
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+    return event ? cudaSuccess : record(cudaErrorInvalidValue);
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned) {
+    return event ? cudaSuccess : record(cudaErrorInvalidValue);
+}

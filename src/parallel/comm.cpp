@@ -11,7 +11,11 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/trace.h"
+#if TESSERA_WITH_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
 
 namespace tessera::parallel {
 
@@ -131,7 +135,15 @@ void sum_in_rank_order(const std::byte* parts, int ranks, int64_t count, void* o
     }
 }
 
-void sum_parts(DType dtype, const std::byte* parts, int ranks, int64_t count, void* out, bool accumulate = false) {
+void sum_parts(
+    Device side, DType dtype, const std::byte* parts, int ranks, int64_t count, void* out, bool accumulate = false) {
+    if (side == Device::cuda) {
+#if TESSERA_WITH_CUDA
+        return ops::cuda::sum_blocks(dtype, parts, ranks, count, out, accumulate);
+#else
+        TESSERA_FAIL("reduction: GPU buffers in a build without the CUDA backend");
+#endif
+    }
     switch (dtype) {
         case DType::f32:
             return sum_in_rank_order<float>(parts, ranks, count, out, accumulate);
@@ -147,6 +159,46 @@ void sum_parts(DType dtype, const std::byte* parts, int ranks, int64_t count, vo
 }
 }  // namespace
 
+Comm::~Comm() = default;
+
+void Comm::use_device_link(std::unique_ptr<DeviceLink> link) { link_ = std::move(link); }
+
+std::unique_ptr<Comm> Comm::split(int color, int key) {
+    std::unique_ptr<Comm> child = do_split(color, key);
+    if (link_) child->use_device_link(link_->split(*child));
+    return child;
+}
+
+Device Comm::side_of(const char* what, std::initializer_list<const void*> buffers) const {
+    bool host = false, gpu = false;
+    for (const void* p : buffers) {
+        if (!p) continue;
+        (device_of_pointer(p) == Device::cuda ? gpu : host) = true;
+    }
+    TESSERA_CHECK(!(host && gpu), "{}: some buffers are in host memory and some in GPU memory", what);
+    TESSERA_CHECK(!gpu || link_, "{}: the buffers are in GPU memory and this {} communicator has no device link (NCCL)",
+                  what, backend());
+    return gpu ? Device::cuda : Device::cpu;
+}
+
+Handle Comm::submit_on(Device side, std::function<void()> job) {
+    if (side == Device::cpu) return submit(std::move(job));
+    return submit([this, issued = link_->issue_point(), job = std::move(job)] {
+        void* stream = link_->begin(issued);
+        try {
+            StreamGuard on(Stream{stream});
+            job();
+        } catch (...) {
+            try {
+                link_->end();
+            } catch (...) {  // (the job's error is the one to report)
+            }
+            throw;
+        }
+        link_->end();  // the link's work is done before the handle is
+    });
+}
+
 void Comm::account(int64_t bytes, double t0) {
     if (link_delay_ > 0 && bytes > 0)
         std::this_thread::sleep_for(std::chrono::duration<double>(link_delay_ * double(bytes)));
@@ -156,7 +208,8 @@ void Comm::account(int64_t bytes, double t0) {
     stats_.seconds += now_seconds() - t0;
 }
 
-void Comm::all_gather_now(std::span<const std::byte> send,
+void Comm::all_gather_now(Device side,
+                          std::span<const std::byte> send,
                           std::span<std::byte> recv,
                           std::span<const int64_t> recv_bytes) {
     TESSERA_CHECK(int(recv_bytes.size()) == size(), "all_gather: {} counts for {} ranks", recv_bytes.size(), size());
@@ -169,11 +222,16 @@ void Comm::all_gather_now(std::span<const std::byte> send,
                   "all_gather: sends {} bytes and receives {} into {}, the counts say {} and {}", send.size(), total,
                   recv.size(), recv_bytes[size_t(rank())], total);
     const double t0 = now_seconds();
-    do_all_gather_v(send, recv, recv_bytes);
+    if (side == Device::cuda) {
+        link_->all_gather_v(send, recv, recv_bytes);
+    } else {
+        do_all_gather_v(send, recv, recv_bytes);
+    }
     account(int64_t(send.size()) * (size() - 1), t0);
 }
 
-void Comm::all_to_all_v_now(std::span<const std::byte> send,
+void Comm::all_to_all_v_now(Device side,
+                            std::span<const std::byte> send,
                             std::span<const int64_t> send_bytes,
                             std::span<std::byte> recv,
                             std::span<const int64_t> recv_bytes) {
@@ -190,7 +248,11 @@ void Comm::all_to_all_v_now(std::span<const std::byte> send,
                   "all_to_all_v: counts need {} / {} bytes, the buffers hold {} / {}", total_send, total_recv,
                   send.size(), recv.size());
     const double t0 = now_seconds();
-    do_all_to_all_v(send, send_bytes, recv, recv_bytes);
+    if (side == Device::cuda) {
+        link_->all_to_all_v(send, send_bytes, recv, recv_bytes);
+    } else {
+        do_all_to_all_v(send, send_bytes, recv, recv_bytes);
+    }
     account(total_send - send_bytes[size_t(rank())], t0);
 }
 
@@ -204,9 +266,10 @@ Handle Comm::all_gather_v_async(std::span<const std::byte> send,
                                 std::span<std::byte> recv,
                                 std::span<const int64_t> recv_bytes) {
     std::vector<int64_t> rb(recv_bytes.begin(), recv_bytes.end());
-    return submit([=, this, rb = std::move(rb)] {
+    const Device side = side_of("all_gather", {send.data(), recv.data()});
+    return submit_on(side, [=, this, rb = std::move(rb)] {
         trace::Span span("all_gather", "comm", int64_t(recv.size()), "bytes");
-        all_gather_now(send, recv, rb);
+        all_gather_now(side, send, recv, rb);
     });
 }
 
@@ -216,18 +279,24 @@ Handle Comm::all_to_all_v_async(std::span<const std::byte> send,
                                 std::span<const int64_t> recv_bytes) {
     // the counts are copied: callers often pass temporaries
     std::vector<int64_t> sb(send_bytes.begin(), send_bytes.end()), rb(recv_bytes.begin(), recv_bytes.end());
-    return submit([=, this, sb = std::move(sb), rb = std::move(rb)] {
+    const Device side = side_of("all_to_all_v", {send.data(), recv.data()});
+    return submit_on(side, [=, this, sb = std::move(sb), rb = std::move(rb)] {
         trace::Span span("all_to_all", "comm", int64_t(send.size()), "bytes");
-        all_to_all_v_now(send, sb, recv, rb);
+        all_to_all_v_now(side, send, sb, recv, rb);
     });
 }
 
 Handle Comm::broadcast_async(std::span<std::byte> buf, int root) {
     TESSERA_CHECK(root >= 0 && root < size(), "broadcast: root {} is not a rank of {}", root, size());
-    return submit([=, this] {
+    const Device side = side_of("broadcast", {buf.data()});
+    return submit_on(side, [=, this] {
         trace::Span span("broadcast", "comm", int64_t(buf.size()), "bytes");
         const double t0 = now_seconds();
-        do_broadcast(buf, root);
+        if (side == Device::cuda) {
+            link_->broadcast(buf, root);
+        } else {
+            do_broadcast(buf, root);
+        }
         account(rank() == root ? int64_t(buf.size()) * (size() - 1) : 0, t0);
     });
 }
@@ -259,12 +328,15 @@ Handle Comm::reduce_scatter_v_async(DType dtype,
     const int64_t received = recv_count * es * W, need = received + (at.empty() ? 0 : total);
     TESSERA_CHECK(scratch.empty() || int64_t(scratch.size()) >= need, "reduce_scatter: scratch of {} bytes, needs {}",
                   scratch.size(), need);
-    return submit(
-        [=, this, send_bytes = std::move(send_bytes), recv_bytes = std::move(recv_bytes), at = std::move(at)] {
+    const Device side = side_of("reduce_scatter", {send, recv, scratch.data()});
+    return submit_on(
+        side, [=, this, send_bytes = std::move(send_bytes), recv_bytes = std::move(recv_bytes), at = std::move(at)] {
             trace::Span span("reduce_scatter", "comm", total, "bytes");
             std::vector<std::byte> own;
             std::span<std::byte> buffer = scratch;
-            if (buffer.empty()) {
+            if (buffer.empty() && side == Device::cuda) {
+                buffer = link_->scratch(size_t(need));
+            } else if (buffer.empty()) {
                 own.resize(size_t(need));
                 buffer = own;
             }
@@ -272,8 +344,7 @@ Handle Comm::reduce_scatter_v_async(DType dtype,
             if (!at.empty()) {  // the blocks one after another, behind the received parts
                 std::byte* to = buffer.data() + received;
                 for (int r = 0; r < W; ++r) {
-                    if (send_bytes[size_t(r)] > 0)
-                        std::memcpy(to, packed + at[size_t(r)] * es, size_t(send_bytes[size_t(r)]));
+                    copy_bytes(to, side, packed + at[size_t(r)] * es, side, size_t(send_bytes[size_t(r)]));
                     to += send_bytes[size_t(r)];
                 }
                 packed = buffer.data() + received;
@@ -281,8 +352,8 @@ Handle Comm::reduce_scatter_v_async(DType dtype,
             // nothing received: no receive buffer, as MPI would read a send buffer at the receive buffer's address as
             // an in-place exchange
             const std::span<std::byte> parts = received > 0 ? buffer.first(size_t(received)) : std::span<std::byte>();
-            all_to_all_v_now({packed, size_t(total)}, send_bytes, parts, recv_bytes);
-            sum_parts(dtype, parts.data(), W, recv_count, recv, accumulate);
+            all_to_all_v_now(side, {packed, size_t(total)}, send_bytes, parts, recv_bytes);
+            sum_parts(side, dtype, parts.data(), W, recv_count, recv, accumulate);
         });
 }
 
@@ -300,24 +371,38 @@ Handle Comm::reduce_scatter_async(
     std::vector<int64_t> present(static_cast<size_t>(W));
     for (int r = 0; r < W; ++r) present[size_t(r)] = std::clamp<int64_t>(send_count - int64_t(r) * count, 0, count);
     const int64_t have = present[size_t(rank())];
-    std::memset(static_cast<std::byte*>(recv) + have * es, 0, size_t((count - have) * es));
+    device_zero(side_of("reduce_scatter", {send, recv, scratch.data()}), static_cast<std::byte*>(recv) + have * es,
+                size_t((count - have) * es));
     return reduce_scatter_v_async(dtype, send, present, recv, have, false, scratch);
 }
 
 Handle Comm::all_reduce_async(DType dtype, void* buf, int64_t count) {
     TESSERA_CHECK(count >= 0, "all_reduce: negative count {}", count);
-    return submit([=, this] {
+    const Device side = side_of("all_reduce", {buf});
+    return submit_on(side, [=, this] {
         trace::Span span("all_reduce", "comm", count * int64_t(dtype_size(dtype)), "bytes");
         const int W = size();
-        const int64_t es = int64_t(dtype_size(dtype)), chunk = (count + W - 1) / W;
-        // padded copy [W · chunk], my reduced chunk, then every chunk gathered back
-        std::vector<std::byte> padded(size_t(W * chunk * es)), parts(padded.size()), mine(size_t(chunk * es));
-        std::memcpy(padded.data(), buf, size_t(count * es));
-        const std::vector<int64_t> counts(size_t(W), chunk * es);
-        all_to_all_v_now(padded, counts, parts, counts);
-        sum_parts(dtype, parts.data(), W, chunk, mine.data());
-        all_gather_now(mine, padded, counts);
-        std::memcpy(buf, padded.data(), size_t(count * es));
+        const size_t es = dtype_size(dtype), chunk = size_t((count + W - 1) / W) * es, n = size_t(count) * es;
+        // padded copy [W · chunk] (the padding zeros), the parts received, my reduced chunk; then every chunk gathered
+        // back into the padded copy
+        std::vector<std::byte> own;
+        std::span<std::byte> all;
+        if (side == Device::cuda) {
+            all = link_->scratch(chunk * size_t(2 * W + 1));
+        } else {
+            own.resize(chunk * size_t(2 * W + 1));
+            all = own;
+        }
+        const std::span<std::byte> padded = all.first(chunk * size_t(W)),
+                                   parts = all.subspan(chunk * size_t(W), chunk * size_t(W)),
+                                   mine = all.subspan(chunk * size_t(2 * W), chunk);
+        copy_bytes(padded.data(), side, buf, side, n);
+        device_zero(side, padded.data() + n, padded.size() - n);
+        const std::vector<int64_t> counts(static_cast<size_t>(W), static_cast<int64_t>(chunk));
+        all_to_all_v_now(side, padded, counts, parts, counts);
+        sum_parts(side, dtype, parts.data(), W, int64_t(chunk / es), mine.data());
+        all_gather_now(side, mine, padded, counts);
+        copy_bytes(buf, side, padded.data(), side, n);
     });
 }
 

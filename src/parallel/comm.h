@@ -1,8 +1,13 @@
 // One communication API for every backend (DESIGN.md principle 4): all-gather, all-to-all-v,
 // broadcast and barrier move bytes; reduce-scatter and all-reduce sum in a fixed order on top of
 // them. Implementations: MPI (real processes, parallel/comm_mpi.h) and an in-process one (ranks as
-// threads of one process, parallel/comm_local.h) for fast unit tests; NCCL follows with the CUDA
-// backend. parallel/ knows buffers, groups and token layouts, never the model.
+// threads of one process, parallel/comm_local.h) for fast unit tests. parallel/ knows buffers, groups
+// and token layouts, never the model.
+//
+// Buffers may be host or GPU memory (core/device.h: device_of_pointer); one collective's are all on one
+// side. Host memory travels over the communicator itself; GPU memory over its device link (NCCL:
+// parallel/nccl_link.h), which a communicator gets from use_device_link and passes on to its splits. The
+// reductions' sums then run on the GPU too, in the same rank order, so they give the CPU's bits.
 //
 // Every collective has a non-blocking form that returns a Handle at once and runs on the process's
 // communication thread, so it really progresses while the calling threads compute (MPI's own
@@ -22,6 +27,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -29,6 +35,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace tessera::parallel {
 
@@ -49,6 +56,33 @@ class Handle {
     std::shared_ptr<State> s_;
 };
 
+class Comm;
+
+// The part of a communicator that carries GPU memory (parallel/nccl_link.h). The communicator calls it on its
+// communication thread, inside begin/end, except issue_point (on the thread that issues a collective).
+class DeviceLink {
+  public:
+    virtual ~DeviceLink() = default;
+    // The point of the issuing thread's stream a collective's buffers are ready at (an event recorded on it).
+    virtual std::shared_ptr<void> issue_point() = 0;
+    // Around one collective's device work: begin makes the link's stream wait for the issue point and returns it
+    // (the communication thread's current stream until end); end waits until the stream's work is done.
+    virtual void* begin(const std::shared_ptr<void>& issued) = 0;
+    virtual void end() = 0;
+    virtual void all_gather_v(std::span<const std::byte> send,
+                              std::span<std::byte> recv,
+                              std::span<const int64_t> recv_bytes) = 0;
+    virtual void all_to_all_v(std::span<const std::byte> send,
+                              std::span<const int64_t> send_bytes,
+                              std::span<std::byte> recv,
+                              std::span<const int64_t> recv_bytes) = 0;
+    virtual void broadcast(std::span<std::byte> buf, int root) = 0;
+    // GPU memory of at least `bytes` for a reduction's parts, the link's own (reused by the next collective).
+    virtual std::span<std::byte> scratch(size_t bytes) = 0;
+    // The link of a communicator split from this one's (collective over `child`'s ranks).
+    virtual std::unique_ptr<DeviceLink> split(Comm& child) = 0;
+};
+
 // Per communicator, what its collectives moved: bytes this rank sent to other ranks, and the time
 // the communication thread spent in them.
 struct CommStats {
@@ -59,10 +93,14 @@ struct CommStats {
 
 class Comm {
   public:
-    virtual ~Comm() = default;
+    virtual ~Comm();
     virtual int rank() const = 0;
     virtual int size() const = 0;
     virtual std::string backend() const = 0;  // "mpi", "local"
+
+    // GPU buffers travel over `link` from now on, and over its splits on this communicator's splits.
+    void use_device_link(std::unique_ptr<DeviceLink> link);
+    bool has_device_link() const { return link_ != nullptr; }
 
     // recv holds size() blocks of send.size() bytes, rank order.
     Handle all_gather_async(std::span<const std::byte> send, std::span<std::byte> recv);
@@ -137,9 +175,9 @@ class Comm {
     // Root's text on every rank (its length first, then its bytes). Collective.
     std::string broadcast_text(const std::string& text, int root);
 
-    // The ranks with the same color form a new communicator, ordered by key (then by rank here).
-    // Collective over this communicator.
-    virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+    // The ranks with the same color form a new communicator, ordered by key (then by rank here), with a device link
+    // when this one has one. Collective over this communicator.
+    std::unique_ptr<Comm> split(int color, int key);
 
     // Test and bench option: after every transfer, the communication thread also waits
     // bytes × seconds_per_byte, as a slower link would (0 = off).
@@ -163,18 +201,26 @@ class Comm {
     virtual void do_barrier() = 0;
     // Queues a job on this rank's communication thread.
     virtual Handle submit(std::function<void()> job) = 0;
+    virtual std::unique_ptr<Comm> do_split(int color, int key) = 0;
 
     // bookkeeping for a transfer that sent `bytes` to other ranks and started at `t0`
     void account(int64_t bytes, double t0);
 
   private:
-    void all_to_all_v_now(std::span<const std::byte> send,
+    // The side of a collective's buffers (null ones aside): one-line error for a mix, or GPU memory without a link.
+    Device side_of(const char* what, std::initializer_list<const void*> buffers) const;
+    // Queues a job for buffers on `side`: on the GPU, inside the link's begin and end.
+    Handle submit_on(Device side, std::function<void()> job);
+    void all_to_all_v_now(Device side,
+                          std::span<const std::byte> send,
                           std::span<const int64_t> send_bytes,
                           std::span<std::byte> recv,
                           std::span<const int64_t> recv_bytes);
-    void all_gather_now(std::span<const std::byte> send,
+    void all_gather_now(Device side,
+                        std::span<const std::byte> send,
                         std::span<std::byte> recv,
                         std::span<const int64_t> recv_bytes);
+    std::unique_ptr<DeviceLink> link_;
     double link_delay_ = 0.0;
     mutable std::mutex stats_mu_;  // written on the communication thread, read by callers
     CommStats stats_;

@@ -90,7 +90,7 @@ class LocalComm final : public Comm {
     int size() const override { return g_->size; }
     std::string backend() const override { return "local"; }
 
-    std::unique_ptr<Comm> split(int color, int key) override {
+    std::unique_ptr<Comm> do_split(int color, int key) override {
         std::unique_ptr<Comm> out;
         submit([&] {
             Group::Slot& me = g_->slots[size_t(rank_)];

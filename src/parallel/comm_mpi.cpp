@@ -61,7 +61,7 @@ class MpiComm final : public Comm {
     int size() const override { return size_; }
     std::string backend() const override { return "mpi"; }
 
-    std::unique_ptr<Comm> split(int color, int key) override {
+    std::unique_ptr<Comm> do_split(int color, int key) override {
         MPI_Comm out = MPI_COMM_NULL;
         submit([&] { check_mpi(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split"); }).wait();
         return std::make_unique<MpiComm>(out);
@@ -167,6 +167,16 @@ int local_ranks() {
         }
     }
     return 1;
+}
+
+int local_rank() {
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+        if (const char* s = std::getenv(v)) {
+            const int n = std::atoi(s);
+            if (n >= 0) return n;
+        }
+    }
+    return 0;
 }
 
 std::unique_ptr<Comm> MpiRuntime::world() { return std::make_unique<MpiComm>(MPI_COMM_WORLD); }

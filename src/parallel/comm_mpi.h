@@ -12,8 +12,10 @@ namespace tessera::parallel {
 // True when this process was started by an MPI launcher (mpirun, srun): the environment names a rank.
 bool launched_by_mpi();
 
-// The ranks of this job on this host, from the launcher's environment (1 when it does not say).
+// The ranks of this job on this host, and this process's index among them, from the launcher's environment (1 and 0
+// when it does not say).
 int local_ranks();
+int local_rank();
 
 class MpiRuntime {
   public:

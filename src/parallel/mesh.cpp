@@ -16,7 +16,7 @@ class LayoutComm final : public Comm {
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string backend() const override { return "layout"; }
-    std::unique_ptr<Comm> split(int, int) override { refuse(); }
+    std::unique_ptr<Comm> do_split(int, int) override { refuse(); }
 
   protected:
     [[noreturn]] static void refuse() { throw Error("layout: a planned rank's communicator cannot communicate"); }

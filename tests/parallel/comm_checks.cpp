@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "parallel/mesh.h"
 
 namespace tessera::test {
@@ -27,32 +28,62 @@ std::span<std::byte> bytes(std::vector<T>& v) {
     return std::as_writable_bytes(std::span<T>(v));
 }
 int32_t label(int rank, int64_t i) { return int32_t(rank * 100000 + i); }
+
+// A collective's buffer in host or GPU memory: host values in, the collective's pointer, host values back.
+template <class T>
+class Buf {
+  public:
+    Buf(std::vector<T> values, Device side) : host_(std::move(values)), side_(side) {
+        if (side_ == Device::cpu) return;
+        device_ = static_cast<T*>(device_alloc(side_, host_.size() * sizeof(T)));
+        copy_bytes(device_, side_, host_.data(), Device::cpu, host_.size() * sizeof(T));
+    }
+    ~Buf() { device_free(side_, device_); }
+    Buf(const Buf&) = delete;
+    Buf& operator=(const Buf&) = delete;
+    T* data() { return side_ == Device::cpu ? host_.data() : device_; }
+    std::span<std::byte> bytes() { return std::as_writable_bytes(std::span<T>(data(), host_.size())); }
+    std::span<const std::byte> cbytes() { return std::as_bytes(std::span<T>(data(), host_.size())); }
+    const std::vector<T>& host() {  // the values now (after the collective's handle completed)
+        if (side_ != Device::cpu) copy_bytes(host_.data(), Device::cpu, device_, side_, host_.size() * sizeof(T));
+        return host_;
+    }
+
+  private:
+    std::vector<T> host_;
+    Device side_;
+    T* device_ = nullptr;
+};
 }  // namespace
 
-void check_all_gather(Comm& c) {
+void check_all_gather(Comm& c, Device side) {
     const int W = c.size(), me = c.rank();
-    std::vector<int32_t> send(7), recv(static_cast<size_t>(7 * W), -1);
-    for (int64_t i = 0; i < 7; ++i) send[size_t(i)] = label(me, i);
-    c.all_gather(bytes(send), bytes(recv));
+    std::vector<int32_t> values(7);
+    for (int64_t i = 0; i < 7; ++i) values[size_t(i)] = label(me, i);
+    Buf<int32_t> send(values, side), out(std::vector<int32_t>(static_cast<size_t>(7 * W), -1), side);
+    c.all_gather(send.cbytes(), out.bytes());
+    const std::vector<int32_t>& recv = out.host();
     for (int r = 0; r < W; ++r)
         for (int64_t i = 0; i < 7; ++i) ASSERT_EQ(recv[size_t(r * 7 + i)], label(r, i)) << "from rank " << r;
 }
 
-void check_all_gather_uneven(Comm& c) {
+void check_all_gather_uneven(Comm& c, Device side) {
     const int W = c.size(), me = c.rank();
     auto n = [](int r) -> int64_t { return (r * 3 + 1) % 4; };  // rank 2 of 4 sends nothing
     std::vector<int64_t> rb(static_cast<size_t>(W));
     for (int r = 0; r < W; ++r) rb[size_t(r)] = n(r) * 4;
     std::vector<int32_t> send(static_cast<size_t>(n(me)));
     for (int64_t i = 0; i < n(me); ++i) send[size_t(i)] = label(me, i);
-    std::vector<int32_t> recv(size_t(std::accumulate(rb.begin(), rb.end(), int64_t(0)) / 4), -1);
-    c.all_gather_v(bytes(send), bytes(recv), rb);
+    Buf<int32_t> in(send, side),
+        out(std::vector<int32_t>(size_t(std::accumulate(rb.begin(), rb.end(), int64_t(0)) / 4), -1), side);
+    c.all_gather_v(in.cbytes(), out.bytes(), rb);
+    const std::vector<int32_t>& recv = out.host();
     size_t at = 0;
     for (int r = 0; r < W; ++r)
         for (int64_t i = 0; i < n(r); ++i) ASSERT_EQ(recv[at++], label(r, i)) << "from rank " << r;
 }
 
-void check_all_to_all_v_uneven(Comm& c) {
+void check_all_to_all_v_uneven(Comm& c, Device side) {
     const int W = c.size(), me = c.rank();
     // rank r sends (r + 2q) % 5 elements to rank q (some pairs send nothing); a second round sends
     // everything to rank 0 (all-to-one)
@@ -65,8 +96,10 @@ void check_all_to_all_v_uneven(Comm& c) {
             rb[size_t(q)] = n(q, me) * 4;
             for (int64_t i = 0; i < n(me, q); ++i) send.push_back(label(me, q * 1000 + i));
         }
-        std::vector<int32_t> recv(size_t(std::accumulate(rb.begin(), rb.end(), int64_t(0)) / 4), -1);
-        c.all_to_all_v(bytes(send), sb, bytes(recv), rb);
+        Buf<int32_t> in(send, side),
+            out(std::vector<int32_t>(size_t(std::accumulate(rb.begin(), rb.end(), int64_t(0)) / 4), -1), side);
+        c.all_to_all_v(in.cbytes(), sb, out.bytes(), rb);
+        const std::vector<int32_t>& recv = out.host();
         size_t at = 0;
         for (int r = 0; r < W; ++r)
             for (int64_t i = 0; i < n(r, me); ++i) ASSERT_EQ(recv[at++], label(r, me * 1000 + i)) << "round " << round;
@@ -74,41 +107,53 @@ void check_all_to_all_v_uneven(Comm& c) {
     }
 }
 
-void check_broadcast(Comm& c) {
+void check_broadcast(Comm& c, Device side) {
     for (int root = 0; root < c.size(); ++root) {
-        std::vector<int32_t> v(5);
-        for (int64_t i = 0; i < 5; ++i) v[size_t(i)] = c.rank() == root ? label(root, i) : -1;
-        c.broadcast(bytes(v), root);
+        std::vector<int32_t> values(5);
+        for (int64_t i = 0; i < 5; ++i) values[size_t(i)] = c.rank() == root ? label(root, i) : -1;
+        Buf<int32_t> buf(values, side);
+        c.broadcast(buf.bytes(), root);
+        const std::vector<int32_t>& v = buf.host();
         for (int64_t i = 0; i < 5; ++i) ASSERT_EQ(v[size_t(i)], label(root, i));
     }
 }
 
-void check_reductions_sum_in_rank_order(Comm& c) {
+void check_reductions_sum_in_rank_order(Comm& c, Device side) {
     const int W = c.size(), me = c.rank();
     // values of very different magnitudes: float addition is not associative on them, so the bits
     // show the order of the sum
     auto value = [](int r, int64_t i) {
         return float(std::ldexp(1.0 + 0.1 * double(i % 7), int(((r * 7 + i) % 9) * 5 - 20)));
     };
-    const int64_t count = 11;
-    std::vector<float> send(static_cast<size_t>(count * W)), recv(static_cast<size_t>(count));
-    for (int64_t j = 0; j < count * W; ++j) send[size_t(j)] = value(me, j);
-    c.reduce_scatter(DType::f32, send.data(), recv.data(), count);
-    for (int64_t i = 0; i < count; ++i) {
+    auto sum_in_rank_order = [&](int64_t j) {
         float want = 0;  // rank order, starting from rank 0's value
-        for (int r = 0; r < W; ++r) want = r == 0 ? value(r, me * count + i) : want + value(r, me * count + i);
-        ASSERT_EQ(std::memcmp(&recv[size_t(i)], &want, 4), 0)
-            << "element " << i << ": " << recv[size_t(i)] << " vs " << want;
-    }
-    // a send buffer shorter than W chunks (ZeRO's flat gradients): the missing tail counts as zeros
-    const int64_t short_count = std::max<int64_t>(0, count * W - 13);
-    c.reduce_scatter(DType::f32, send.data(), recv.data(), count, short_count);
-    for (int64_t i = 0; i < count; ++i) {
-        const int64_t j = me * count + i;
-        float want = 0;
         for (int r = 0; r < W; ++r) want = r == 0 ? value(r, j) : want + value(r, j);
-        if (j >= short_count) want = 0;
-        ASSERT_EQ(std::memcmp(&recv[size_t(i)], &want, 4), 0) << "short send, element " << i;
+        return want;
+    };
+    const int64_t count = 11;
+    std::vector<float> values(static_cast<size_t>(count * W));
+    for (int64_t j = 0; j < count * W; ++j) values[size_t(j)] = value(me, j);
+    Buf<float> send(values, side);
+    {
+        Buf<float> out(std::vector<float>(static_cast<size_t>(count), 7.0f), side);
+        c.reduce_scatter(DType::f32, send.data(), out.data(), count);
+        const std::vector<float>& recv = out.host();
+        for (int64_t i = 0; i < count; ++i) {
+            const float want = sum_in_rank_order(me * count + i);
+            ASSERT_EQ(std::memcmp(&recv[size_t(i)], &want, 4), 0)
+                << "element " << i << ": " << recv[size_t(i)] << " vs " << want;
+        }
+    }
+    {  // a send buffer shorter than W chunks (ZeRO's flat gradients): the missing tail counts as zeros
+        const int64_t short_count = std::max<int64_t>(0, count * W - 13);
+        Buf<float> out(std::vector<float>(static_cast<size_t>(count), 7.0f), side);
+        c.reduce_scatter(DType::f32, send.data(), out.data(), count, short_count);
+        const std::vector<float>& recv = out.host();
+        for (int64_t i = 0; i < count; ++i) {
+            const int64_t j = me * count + i;
+            const float want = j >= short_count ? 0.0f : sum_in_rank_order(j);
+            ASSERT_EQ(std::memcmp(&recv[size_t(i)], &want, 4), 0) << "short send, element " << i;
+        }
     }
     // uneven blocks (FSDP's pieces of a unit), added to what recv holds: recv + b_0 + b_1 + ... in rank order
     auto piece = [](int q) -> int64_t { return (q * 5 + 2) % 6; };
@@ -121,15 +166,16 @@ void check_reductions_sum_in_rank_order(Comm& c) {
     std::vector<float> acc(static_cast<size_t>(piece(me)));
     for (int64_t i = 0; i < piece(me); ++i) acc[size_t(i)] = value(W, i);
     for (bool accumulate : {true, false}) {
-        std::vector<float> out = acc;
+        Buf<float> out(acc, side);
         c.reduce_scatter_v_async(DType::f32, send.data(), counts, out.data(), piece(me), accumulate).wait();
+        const std::vector<float>& got = out.host();
         for (int64_t i = 0; i < piece(me); ++i) {
             float want = accumulate ? acc[size_t(i)] : 0.0f;
             for (int r = 0; r < W; ++r) {
                 const float v = value(r, before + i);
                 want = (r == 0 && !accumulate) ? v : want + v;
             }
-            ASSERT_EQ(std::memcmp(&out[size_t(i)], &want, 4), 0)
+            ASSERT_EQ(std::memcmp(&got[size_t(i)], &want, 4), 0)
                 << (accumulate ? "accumulating" : "replacing") << ", element " << i;
         }
     }
@@ -138,36 +184,43 @@ void check_reductions_sum_in_rank_order(Comm& c) {
     // rank 2 receives nothing: its receive buffer must not sit at its packed blocks' address, which MPI would read
     // as an in-place exchange (MPI_ERR_TRUNCATE, or a hang in the next collective)
     const int64_t stride = 7;
-    std::vector<float> strided(size_t(stride * W), 1e30f);
+    std::vector<float> spread(size_t(stride * W), 1e30f);
     for (int q = 0, at = 0; q < W; at += int(piece(q)), ++q)
-        for (int64_t i = 0; i < piece(q); ++i) strided[size_t(q * stride + i)] = send[size_t(at + i)];
+        for (int64_t i = 0; i < piece(q); ++i) spread[size_t(q * stride + i)] = values[size_t(at + i)];
     int64_t sent = 0;
     for (int64_t n : counts) sent += n;
-    std::vector<std::byte> scratch(size_t((piece(me) * W + sent) * 4));  // exactly what it needs
-    std::vector<float> out(size_t(piece(me)));
+    Buf<float> strided(spread, side), out(std::vector<float>(size_t(piece(me))), side);
+    Buf<std::byte> scratch(std::vector<std::byte>(size_t((piece(me) * W + sent) * 4)), side);  // exactly its need
     std::vector<int64_t> offsets(static_cast<size_t>(W));
     for (int q = 0; q < W; ++q) offsets[size_t(q)] = q * stride;
-    c.reduce_scatter_v_async(DType::f32, strided.data(), counts, out.data(), piece(me), false, scratch, offsets).wait();
+    c.reduce_scatter_v_async(DType::f32, strided.data(), counts, out.data(), piece(me), false, scratch.bytes(), offsets)
+        .wait();
+    const std::vector<float>& got = out.host();
     for (int64_t i = 0; i < piece(me); ++i) {
-        float want = 0;
-        for (int r = 0; r < W; ++r) want = r == 0 ? value(r, before + i) : want + value(r, before + i);
-        ASSERT_EQ(std::memcmp(&out[size_t(i)], &want, 4), 0) << "strided, element " << i;
+        const float want = sum_in_rank_order(before + i);
+        ASSERT_EQ(std::memcmp(&got[size_t(i)], &want, 4), 0) << "strided, element " << i;
     }
     EXPECT_THROW(c.reduce_scatter_v_async(DType::f32, strided.data(), counts, out.data(), piece(me), false, {},
                                           std::vector<int64_t>(size_t(W) + 1)),
                  Error)
         << "an offset for each rank, no more";
     // all-reduce of a count that does not divide by W, in place; and of integers
-    std::vector<float> buf(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) buf[size_t(i)] = value(me, i);
-    c.all_reduce(std::span<float>(buf));
+    std::vector<float> mine(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) mine[size_t(i)] = value(me, i);
+    Buf<float> buf(mine, side);
+    c.all_reduce(DType::f32, buf.data(), count);
+    const std::vector<float>& reduced = buf.host();
     for (int64_t i = 0; i < count; ++i) {
-        float want = 0;
-        for (int r = 0; r < W; ++r) want = r == 0 ? value(r, i) : want + value(r, i);
-        ASSERT_EQ(std::memcmp(&buf[size_t(i)], &want, 4), 0) << "all_reduce element " << i;
+        const float want = sum_in_rank_order(i);
+        ASSERT_EQ(std::memcmp(&reduced[size_t(i)], &want, 4), 0) << "all_reduce element " << i;
     }
-    EXPECT_EQ(c.all_reduce_sum<int64_t>(int64_t(me) + 1), int64_t(W) * (W + 1) / 2);
-    EXPECT_EQ(c.all_reduce_sum<double>(0.5 * me), 0.25 * W * (W - 1));
+    Buf<int64_t> ints(std::vector<int64_t>{int64_t(me) + 1, -int64_t(me)}, side);
+    c.all_reduce(DType::i64, ints.data(), 2);
+    EXPECT_EQ(ints.host()[0], int64_t(W) * (W + 1) / 2);
+    EXPECT_EQ(ints.host()[1], -int64_t(W) * (W - 1) / 2);
+    Buf<double> half(std::vector<double>{0.5 * me}, side);
+    c.all_reduce(DType::f64, half.data(), 1);
+    EXPECT_EQ(half.host()[0], 0.25 * W * (W - 1));
 }
 
 void check_async_progresses_while_the_caller_computes(Comm& c) {
@@ -197,7 +250,7 @@ void check_async_progresses_while_the_caller_computes(Comm& c) {
     EXPECT_GT(c.stats().bytes_sent, 0);
 }
 
-void check_split_into_mesh_groups(Comm& c) {
+void check_split_into_mesh_groups(Comm& c, Device side) {
     const int W = c.size();
     for (int ep : {1, 2, 4}) {
         if (W % ep != 0) continue;
@@ -207,12 +260,12 @@ void check_split_into_mesh_groups(Comm& c) {
         EXPECT_EQ(mesh.expert().rank(), c.rank() % ep);
         EXPECT_EQ(mesh.expert_data().rank(), c.rank() / ep);
         // members of my expert group are the consecutive ranks of my block
-        std::vector<int32_t> me{c.rank()}, members(static_cast<size_t>(ep));
-        mesh.expert().all_gather(bytes(me), bytes(members));
-        for (int i = 0; i < ep; ++i) EXPECT_EQ(members[size_t(i)], c.rank() / ep * ep + i);
-        std::vector<int32_t> peers(static_cast<size_t>(W / ep));
-        mesh.expert_data().all_gather(bytes(me), bytes(peers));
-        for (int i = 0; i < W / ep; ++i) EXPECT_EQ(peers[size_t(i)], c.rank() % ep + i * ep);
+        Buf<int32_t> me(std::vector<int32_t>{c.rank()}, side), members(std::vector<int32_t>(size_t(ep)), side);
+        mesh.expert().all_gather(me.cbytes(), members.bytes());
+        for (int i = 0; i < ep; ++i) EXPECT_EQ(members.host()[size_t(i)], c.rank() / ep * ep + i);
+        Buf<int32_t> peers(std::vector<int32_t>(size_t(W / ep)), side);
+        mesh.expert_data().all_gather(me.cbytes(), peers.bytes());
+        for (int i = 0; i < W / ep; ++i) EXPECT_EQ(peers.host()[size_t(i)], c.rank() % ep + i * ep);
     }
     if (W == 3) {  // a layout that does not fit is a one-line error on every rank
         try {
@@ -237,18 +290,17 @@ void check_split_into_mesh_groups(Comm& c) {
         EXPECT_EQ(mesh.prev() != nullptr, s > 0);
         EXPECT_EQ(mesh.next() != nullptr, s + 1 < pp);
         // each stage sends its world rank forward and its negation back, both at once where it has both neighbours
-        int32_t fwd_in = -1, bwd_in = -1;
-        const int32_t fwd_out = c.rank(), bwd_out = -c.rank() - 1;
-        auto bytes_of = [](auto& v) { return std::as_writable_bytes(std::span(&v, 1)); };
+        Buf<int32_t> fwd_in(std::vector<int32_t>{-1}, side), bwd_in(std::vector<int32_t>{-1}, side),
+            fwd_out(std::vector<int32_t>{c.rank()}, side), bwd_out(std::vector<int32_t>{-c.rank() - 1}, side);
         if (s % 2 == 0) {  // even stages first toward the next, odd ones toward the previous: the same pairs in order
-            if (mesh.next()) parallel::exchange(*mesh.next(), std::as_bytes(std::span(&fwd_out, 1)), bytes_of(bwd_in));
-            if (mesh.prev()) parallel::exchange(*mesh.prev(), std::as_bytes(std::span(&bwd_out, 1)), bytes_of(fwd_in));
+            if (mesh.next()) parallel::exchange(*mesh.next(), fwd_out.cbytes(), bwd_in.bytes());
+            if (mesh.prev()) parallel::exchange(*mesh.prev(), bwd_out.cbytes(), fwd_in.bytes());
         } else {
-            if (mesh.prev()) parallel::exchange(*mesh.prev(), std::as_bytes(std::span(&bwd_out, 1)), bytes_of(fwd_in));
-            if (mesh.next()) parallel::exchange(*mesh.next(), std::as_bytes(std::span(&fwd_out, 1)), bytes_of(bwd_in));
+            if (mesh.prev()) parallel::exchange(*mesh.prev(), bwd_out.cbytes(), fwd_in.bytes());
+            if (mesh.next()) parallel::exchange(*mesh.next(), fwd_out.cbytes(), bwd_in.bytes());
         }
-        EXPECT_EQ(fwd_in, s > 0 ? c.rank() - D : -1);
-        EXPECT_EQ(bwd_in, s + 1 < pp ? -(c.rank() + D) - 1 : -1);
+        EXPECT_EQ(fwd_in.host()[0], s > 0 ? c.rank() - D : -1);
+        EXPECT_EQ(bwd_in.host()[0], s + 1 < pp ? -(c.rank() + D) - 1 : -1);
     }
     if (W == 4) {
         try {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "parallel/comm_checks.h"
 #include "parallel/comm_local.h"
 #include "parallel/shard.h"
@@ -16,19 +17,46 @@ namespace {
 
 class LocalComm : public ::testing::TestWithParam<int> {};
 
-TEST_P(LocalComm, AllGather) { parallel::run_local(GetParam(), test::check_all_gather); }
-TEST_P(LocalComm, AllGatherUneven) { parallel::run_local(GetParam(), test::check_all_gather_uneven); }
-TEST_P(LocalComm, AllToAllVUnevenEmptyAndAllToOne) { parallel::run_local(GetParam(), test::check_all_to_all_v_uneven); }
-TEST_P(LocalComm, Broadcast) { parallel::run_local(GetParam(), test::check_broadcast); }
+// a check on host buffers
+template <auto Check>
+void on_host(parallel::Comm& c) {
+    Check(c, Device::cpu);
+}
+
+TEST_P(LocalComm, AllGather) { parallel::run_local(GetParam(), on_host<test::check_all_gather>); }
+TEST_P(LocalComm, AllGatherUneven) { parallel::run_local(GetParam(), on_host<test::check_all_gather_uneven>); }
+TEST_P(LocalComm, AllToAllVUnevenEmptyAndAllToOne) {
+    parallel::run_local(GetParam(), on_host<test::check_all_to_all_v_uneven>);
+}
+TEST_P(LocalComm, Broadcast) { parallel::run_local(GetParam(), on_host<test::check_broadcast>); }
 TEST_P(LocalComm, ReductionsSumInRankOrder) {
-    parallel::run_local(GetParam(), test::check_reductions_sum_in_rank_order);
+    parallel::run_local(GetParam(), on_host<test::check_reductions_sum_in_rank_order>);
 }
 TEST_P(LocalComm, AsyncProgressesWhileTheCallerComputes) {
     parallel::run_local(GetParam(), test::check_async_progresses_while_the_caller_computes);
 }
-TEST_P(LocalComm, SplitIntoMeshGroups) { parallel::run_local(GetParam(), test::check_split_into_mesh_groups); }
+TEST_P(LocalComm, SplitIntoMeshGroups) { parallel::run_local(GetParam(), on_host<test::check_split_into_mesh_groups>); }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LocalComm, ::testing::Values(1, 2, 3, 4));
+
+// GPU buffers travel over a device link (NCCL), which the in-process communicator has none of: a one-line error, not
+// a host copy reading device memory.
+TEST(LocalComm, GpuBuffersWithoutADeviceLinkAreAOneLineError) {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device (nor the CUDA emulator)";
+    void* gpu = device_alloc(Device::cuda, 64);
+    parallel::run_local(1, [&](parallel::Comm& c) {
+        try {
+            c.broadcast({static_cast<std::byte*>(gpu), 64}, 0);
+            ADD_FAILURE() << "a GPU buffer went over the local communicator";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(
+                          "broadcast: the buffers are in GPU memory and this local communicator has no device link"),
+                      std::string::npos)
+                << e.what();
+        }
+    });
+    device_free(Device::cuda, gpu);
+}
 
 TEST(LocalComm, MismatchedCountsAreAnErrorNotAHang) {
     EXPECT_THROW(

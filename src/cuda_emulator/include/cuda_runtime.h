@@ -56,6 +56,23 @@ enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
+struct CUevent_st;
+using cudaEvent_t = CUevent_st*;
+constexpr unsigned cudaStreamNonBlocking = 0x01;
+constexpr unsigned cudaEventDisableTiming = 0x02;
+
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+    cudaMemoryType type;
+    int device;
+    void* devicePointer;
+    void* hostPointer;
+};
 
 struct cudaDeviceProp {
     char name[256];
@@ -71,6 +88,8 @@ struct cudaDeviceProp {
 // ---- the runtime API (the emulator's runtime.cpp)
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaGetLastError();
@@ -93,6 +112,13 @@ cudaError_t cudaMemcpy2DAsync(void* dst,
                               cudaStream_t stream = nullptr);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize();
+// Streams and events: the emulator's device work is done when its call returns, so these only keep handles apart.
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
 
 namespace tessera::cuda_emulator {
 // A kernel launch: `thread()` runs once per thread of every block, with threadIdx, blockIdx, blockDim and gridDim

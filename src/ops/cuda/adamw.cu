@@ -46,6 +46,15 @@ __global__ void add_vector_kernel(const float* src, float* dst, int64_t n) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         dst[i] += src[i];
 }
+
+template <class T>
+__global__ void sum_blocks_kernel(const T* parts, int blocks, int64_t count, T* out, bool accumulate) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+        T s = accumulate ? out[i] + parts[i] : parts[i];
+        for (int r = 1; r < blocks; ++r) s += parts[int64_t(r) * count + i];
+        out[i] = s;
+    }
+}
 }  // namespace
 
 // ---- launchers ----
@@ -79,6 +88,17 @@ cudaError_t launch_add_vector(const float* src, float* dst, int64_t n, cudaStrea
     return cudaGetLastError();
 }
 
+template <class T>
+cudaError_t launch_sum_blocks(const T* parts, int blocks, int64_t count, T* out, bool accumulate, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    launch_kernel(sum_blocks_kernel<T>, grid_for(count), kBlock, 0, stream, parts, blocks, count, out, accumulate);
+    return cudaGetLastError();
+}
+
+template cudaError_t launch_sum_blocks<float>(const float*, int, int64_t, float*, bool, cudaStream_t);
+template cudaError_t launch_sum_blocks<double>(const double*, int, int64_t, double*, bool, cudaStream_t);
+template cudaError_t launch_sum_blocks<int32_t>(const int32_t*, int, int64_t, int32_t*, bool, cudaStream_t);
+template cudaError_t launch_sum_blocks<int64_t>(const int64_t*, int, int64_t, int64_t*, bool, cudaStream_t);
 template cudaError_t launch_adamw<float>(
     float*, const float*, float*, float*, int64_t, AdamWScalars<float>, cudaStream_t);
 template cudaError_t launch_adamw<double>(

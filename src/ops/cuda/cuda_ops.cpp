@@ -84,6 +84,26 @@ void add_vector(TensorView src, TensorView dst) {
     check_launch(launch_add_vector(src.ptr<float>(), dst.ptr<float>(), src.numel(), stream()), "add_vector");
 }
 
+void sum_blocks(DType dtype, const void* parts, int blocks, int64_t count, void* out, bool accumulate) {
+    const auto run = [&]<class T>(T*) {
+        check_launch(
+            launch_sum_blocks(static_cast<const T*>(parts), blocks, count, static_cast<T*>(out), accumulate, stream()),
+            "sum_blocks");
+    };
+    switch (dtype) {
+        case DType::f32:
+            return run(static_cast<float*>(nullptr));
+        case DType::f64:
+            return run(static_cast<double*>(nullptr));
+        case DType::i32:
+            return run(static_cast<int32_t*>(nullptr));
+        case DType::i64:
+            return run(static_cast<int64_t*>(nullptr));
+        default:
+            TESSERA_FAIL("sum_blocks: dtype {} is not summed (f32, f64, i32, i64)", dtype_name(dtype));
+    }
+}
+
 namespace {
 // A frozen weight [OUT, IN] held narrow (bf16: model.lora.base_dtype; MXFP4) with f32 inputs, as the CPU's linear
 // takes it: fn(o0, rows, w) for consecutive row blocks of at most kWidenBytes widened to f32 in the thread's scratch

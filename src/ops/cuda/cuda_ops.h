@@ -35,6 +35,9 @@ void adamw_update(const AdamWParams& p, TensorView param, TensorView grad, Tenso
 void sum_squares_by_chunk(TensorView x, int64_t chunk, std::span<double> out);
 void scale_vector(TensorView x, float factor);
 void add_vector(TensorView src, TensorView dst);
+// out = Σ_r parts[r] (blocks of `count` elements, summed in block order; accumulate: out + parts[0] + ...), for the
+// communication API's reductions on device memory (f32, f64, i32, i64).
+void sum_blocks(DType dtype, const void* parts, int blocks, int64_t count, void* out, bool accumulate);
 
 // GEMMs through cuBLAS (f32 without TF32, or f64), the bias add and its gradient by own kernels.
 void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorView b, TensorView y);

@@ -1,7 +1,7 @@
 // The CUDA entry points' per-thread scratch, cuBLAS handle and GEMMs (ops/cuda/entry_util.h).
 #include "ops/cuda/entry_util.h"
 
-#include <dlfcn.h>
+#include "core/dynamic_library.h"
 
 #include <climits>
 #include <string>
@@ -34,24 +34,17 @@ const CublasApi& cublas() {
     static const CublasApi api = [] {
         // the soname the headers belong to, through the loader's search (the executable's run path, the cache), else
         // the file the build linked against
-        const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-        void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (!lib) lib = dlopen(TESSERA_CUBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-        TESSERA_CHECK(lib, "cuBLAS: cannot load {} ({})", soname, dlerror());
-        const auto bind = [&]<class F>(F& f, const char* name) {
-            f = reinterpret_cast<F>(dlsym(lib, name));
-            TESSERA_CHECK(f, "cuBLAS: {} has no {}", soname, name);
-        };
+        const DynamicLibrary lib("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), TESSERA_CUBLAS_LIBRARY, "cuBLAS");
         CublasApi a{};
-        bind(a.create, "cublasCreate_v2");
-        bind(a.destroy, "cublasDestroy_v2");
-        bind(a.set_stream, "cublasSetStream_v2");
-        bind(a.sgemm, "cublasSgemm_v2");
-        bind(a.dgemm, "cublasDgemm_v2");
-        bind(a.sgemm_strided, "cublasSgemmStridedBatched");
-        bind(a.dgemm_strided, "cublasDgemmStridedBatched");
-        bind(a.sgemm_grouped, "cublasSgemmGroupedBatched");
-        bind(a.dgemm_grouped, "cublasDgemmGroupedBatched");
+        lib.bind(a.create, "cublasCreate_v2");
+        lib.bind(a.destroy, "cublasDestroy_v2");
+        lib.bind(a.set_stream, "cublasSetStream_v2");
+        lib.bind(a.sgemm, "cublasSgemm_v2");
+        lib.bind(a.dgemm, "cublasDgemm_v2");
+        lib.bind(a.sgemm_strided, "cublasSgemmStridedBatched");
+        lib.bind(a.dgemm_strided, "cublasDgemmStridedBatched");
+        lib.bind(a.sgemm_grouped, "cublasSgemmGroupedBatched");
+        lib.bind(a.dgemm_grouped, "cublasDgemmGroupedBatched");
         return a;
     }();
 #endif

@@ -33,6 +33,10 @@ cudaError_t launch_adamw(T* param, const T* grad, T* m, T* v, int64_t n, AdamWSc
 cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double* out, cudaStream_t stream);
 cudaError_t launch_scale_vector(float* x, int64_t n, float factor, cudaStream_t stream);
 cudaError_t launch_add_vector(const float* src, float* dst, int64_t n, cudaStream_t stream);
+// The reductions of the communication API (parallel/comm.h): out[i] = Σ_r parts[r·count + i] over r = 0, 1, ... in
+// order (accumulate: out[i] + parts[i] + ...), the CPU's order exactly.
+template <class T>
+cudaError_t launch_sum_blocks(const T* parts, int blocks, int64_t count, T* out, bool accumulate, cudaStream_t stream);
 
 // The weight and bias gradients' column sums run over slabs of this many rows, then add the slabs in order
 // (kernel_util.cuh: column_sums_in_slabs); the caller gives column_slab_elements(rows, cols, terms) elements of
