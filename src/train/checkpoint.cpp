@@ -106,13 +106,13 @@ void write_model_index(const fs::path& dir, const std::vector<BufferSpec>& specs
 }
 
 // Several ranks: this rank's ranges of the parameters, laid out as the pieces it saves.
-Tensor model_ranges(const SavedPieces& saved, const ParamRanges& ranges) {
+Tensor model_ranges(const SavedPieces& saved, const ParamRanges& ranges, Device device) {
     Tensor flat(DType::f32, Shape{saved.n});
     float* out = flat.view().ptr<float>();
     std::fill_n(out, flat.view().numel(), 0.0f);
     for (const auto& [p, at] : saved.at) {
         const std::span<const float> r = ranges.region[size_t(p->region)];
-        std::copy_n(r.data() + p->range_offset, p->length, out + at);
+        copy_bytes(out + at, Device::cpu, r.data() + p->range_offset, device, size_t(p->length) * sizeof(float));
     }
     return flat;
 }
@@ -229,7 +229,7 @@ RankFiles rank_files(const CheckpointContents& c, int rank, int world, bool copy
                        {{"m", moments(c.opt.m())}, {"v", moments(c.opt.v())}},
                        {{"optimizer", "adamw"}, {"step", std::to_string(c.state.optimizer_step)}, {"pieces", pieces}}});
     if (world > 1) {
-        f.owned.push_back(model_ranges(saved, c.ranges));
+        f.owned.push_back(model_ranges(saved, c.ranges, c.opt.m().device()));  // (the ranges are where the moments are)
         f.files.push_back({model_file(rank, world),
                            {{"params", f.owned.back().view()}},
                            {{"format", "tessera ranges"}, {"pieces", pieces}}});

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/mxfp4.h"
 
 namespace tessera::train {
@@ -273,7 +274,7 @@ void Fsdp::enter(model::UnitVisit v) {
         const double t0 = parallel::now_seconds();
         wait_all(reduce_h_[size_t(s)]);
         stats_.wait_seconds += parallel::now_seconds() - t0;
-        std::memset(slot_grads(s), 0, units_[size_t(v.unit)].grad_bytes);
+        device_zero(grads_group_->device(), slot_grads(s), units_[size_t(v.unit)].grad_bytes);
     }
     if (cursor_ + 1 < plan_.size()) {  // prefetch the next visit's unit into its slot (another than this one's)
         const int n = plan_[cursor_ + 1].unit, ns = units_[size_t(n)].slot;
@@ -319,12 +320,13 @@ void Fsdp::init(const model::Model& model, uint64_t seed) {
             model.init_params(*params_, seed, i, i + 1);
     for (size_t k = 0; k < units_.size(); ++k) {  // each unit whole in its slot, this rank's pieces kept
         const Unit& u = units_[k];
-        std::memset(slot_params(u.slot), 0, u.bytes);
+        const Device d = params_->device();
+        device_zero(d, slot_params(u.slot), u.bytes);
         for (size_t j = 0; j < u.parts.size(); ++j) {
             const Part& p = u.parts[j];
             model.init_params(*params_, seed, u.specs[j].first, u.specs[j].second);
-            std::memcpy(mine(p), slot_params(u.slot) + p.at + size_t(p.mine_off) * sizeof(float),
-                        size_t(p.mine) * sizeof(float));
+            copy_bytes(mine(p), d, slot_params(u.slot) + p.at + size_t(p.mine_off) * sizeof(float), d,
+                       size_t(p.mine) * sizeof(float));
         }
         occupant_[size_t(u.slot)] = int(k);
     }
@@ -334,7 +336,8 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
     std::vector<ParamTarget> targets;
     for (const StatePiece& p : opt.pieces()) {  // this rank's ranges of what FSDP holds
         if (!holds(p.region)) continue;
-        targets.push_back({p.param + frozen_, p.whole_offset, p.length, shard(p.region).data() + p.range_offset});
+        targets.push_back({p.param + frozen_, p.whole_offset, p.length, shard(p.region).data() + p.range_offset,
+                           DType::f32, params.device()});
     }
     for (size_t i = 0; i < frozen_; ++i) {  // this rank's ranges of the frozen parameters (words: see words())
         if (!holds_param(i)) continue;
@@ -352,7 +355,7 @@ std::vector<ParamTarget> Fsdp::load_targets(const AdamW& opt, const BufferGroup&
             if (hi <= lo) continue;
             const int64_t first = elements(lo - start), count = std::min(elements(hi - start), specs_[i].shape.numel());
             targets.push_back({i, held_target(i, specs_[i], experts, nullptr).whole_offset + first, count - first,
-                               shard(r).data() + iv.at + (lo - iv.lo), d});
+                               shard(r).data() + iv.at + (lo - iv.lo), d, params.device()});
         }
     }
     for (size_t i = 0; i < specs_.size(); ++i) {  // the rest whole (experts: this rank's slice)

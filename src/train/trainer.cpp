@@ -20,6 +20,8 @@
 #include "ops/gemm.h"
 #include "ops/isa.h"
 #include "ops/linear.h"
+#include "parallel/comm_mpi.h"
+#include "parallel/nccl_link.h"
 #include "train/alerts.h"
 #include "train/checkpoint.h"
 #include "train/data/loader.h"
@@ -315,9 +317,18 @@ TrainSummary train(const TrainOptions& opts) {
         TESSERA_CHECK(
             cuda_available(), "train.device = cuda: {}; train on the CPU (train.device = cpu)",
             cuda_built() ? "no CUDA device on this machine" : "this build has no CUDA backend (-DTESSERA_CUDA=ON)");
-        TESSERA_CHECK(!comm,
-                      "train.device = cuda runs one process for now (the ranks' exchanges need NCCL, not built "
-                      "yet); run without mpirun, or train on the CPU");
+        if (comm) {  // one GPU per rank (its local rank's), and the ranks' GPU buffers over NCCL
+            TESSERA_CHECK(cfg.parallel.ep == 1 && tp == 1,
+                          "train.device = cuda: parallel.{} = {} runs on the CPU for now (its exchange packs rows on "
+                          "the host); data parallelism (FSDP, ZeRO-2, HSDP) and pipeline stages run on GPUs",
+                          cfg.parallel.ep > 1 ? "ep" : "tensor", cfg.parallel.ep > 1 ? cfg.parallel.ep : tp);
+            const int gpus = cuda_device_count(), local = parallel::local_ranks();
+            TESSERA_CHECK(gpus >= local || cuda_emulated(),
+                          "train.device = cuda: {} ranks on this host and {} GPU{}; start at most one rank per GPU",
+                          local, gpus, gpus == 1 ? "" : "s");
+            use_cuda_device(parallel::local_rank() % gpus);
+            comm->use_device_link(parallel::make_nccl_link(*comm));
+        }
         TESSERA_CHECK(cfg.memory.weights_budget == 0,
                       "train.device = cuda: memory.weights_budget (a frozen base read in place from its files) is a "
                       "CPU feature; set it to 0");
@@ -472,9 +483,9 @@ TrainSummary train(const TrainOptions& opts) {
     }
 
     // every rank measures its own threads (side by side, as they train); the job's rate is W times that; on a GPU
-    // its cuBLAS f32 rate
+    // each GPU's cuBLAS f32 rate, W times
     const double gemm_gflops =
-        device == Device::cpu ? ops::measure_gemm_gflops() * ranks : ops::measure_linear_gflops(device);
+        (device == Device::cpu ? ops::measure_gemm_gflops() : ops::measure_linear_gflops(device)) * ranks;
     double train_flops_per_token = model.train_flops_per_token(tc.seq_len);  // (a stage's: summed over the stages)
     if (m && m->pipeline()) train_flops_per_token = m->pipeline()->all_reduce_sum(train_flops_per_token);
     const int64_t tokens_per_step = tc.batch_size * tc.seq_len;
@@ -484,7 +495,7 @@ TrainSummary train(const TrainOptions& opts) {
         note(fmt::format(
             "{} ranks ({}){}: each runs {} micro-batch{} of {} sequences per step{}{}; {}; memory below is "
             "per rank",
-            ranks, comm->backend(),
+            ranks, comm->has_device_link() ? comm->backend() + "; GPU memory over NCCL" : comm->backend(),
             pipeline
                 ? fmt::format(" in {} pipeline stages of {} rank{} (1F1B; this rank: layers {}-{}, {} "
                               "micro-batch{} in flight{})",
@@ -524,7 +535,7 @@ TrainSummary train(const TrainOptions& opts) {
             "it), at most {:.1f} MiB of them resident during a step",
             double(opt.offloaded_bytes()) / 0x1p20, offload_dir, double(opt.offload_resident_bytes()) / 0x1p20));
     note(fmt::format("GEMM rate of {}: {:.0f} GFLOP/s (measured now; {}); run directory: {}",
-                     device == Device::cuda ? "the GPU (f32)"
+                     device == Device::cuda ? (ranks > 1 ? fmt::format("the {} GPUs (f32)", ranks) : "the GPU (f32)")
                      : ranks > 1            ? fmt::format("the {} ranks", ranks)
                                             : std::string("this machine"),
                      gemm_gflops, device == Device::cuda ? cuda_device_name() : ops::isa_summary(), setup.out_dir));

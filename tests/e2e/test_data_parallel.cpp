@@ -3,7 +3,8 @@
 // and ZeRO-2, one or two micro-batches per rank, for a dense model, tied embeddings with Attention Residuals,
 // an MoE model whose selection bias moves by every rank's expert counts, and the KDA : gated DSA hybrid (both
 // DSA stages); a
-// checkpoint written by one number of ranks resumes on another; layouts that do not fit are one-line errors.
+// checkpoint written by one number of ranks resumes on another; layouts that do not fit are one-line errors; on GPUs
+// (train.device = cuda), the ranks' buffers over NCCL.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <sstream>
 
 #include "core/config_reader.h"
+#include "core/device.h"
 #include "core/file.h"
 #include "core/safetensors.h"
 #include "e2e/cli_util.h"
@@ -505,6 +507,69 @@ TEST(DataParallelCheckpoint, RefusesModelFilesThatDoNotAddUp) {
 }
 
 // The batch and layout keys, read strictly in one process too
+// Data parallelism on GPUs (train.device = cuda under mpirun): each rank's GPU buffers travel over NCCL
+// (parallel/nccl_link.h), the reductions summed on the GPU in rank order. The KDA : gated DSA hybrid on 2 ranks with
+// FSDP trains with the 2 CPU ranks' losses (within 1e-3, the GPU's bound), ZeRO-2 gives FSDP's bits, pipeline stages
+// the CPU stages' losses, and the step-6 checkpoint resumes on the GPUs with the uninterrupted run's bits. Skipped
+// without a GPU for each rank; the CUDA emulator's ranks share its one (scripts/run.sh test runs it there).
+bool gpu_per_rank(int ranks) { return cuda_available() && (cuda_emulated() || cuda_device_count() >= ranks); }
+
+void expect_gpu_losses_near(const std::string& gpu_run, const std::string& cpu_run) {
+    const auto gpu = losses(gpu_run), cpu = losses(cpu_run);
+    ASSERT_EQ(gpu.size(), cpu.size());
+    ASSERT_FALSE(cpu.empty());
+    for (const auto& [key, text] : cpu) {
+        const double c = std::stod(text), g = std::stod(gpu.at(key));
+        EXPECT_NEAR(g, c, 1e-3 * std::abs(c)) << key.first << " at step " << key.second;
+    }
+}
+
+TEST(CudaDataParallel, RanksOverNcclTrainWithTheCpusLossesAndResumeBitwise) {
+    if (!gpu_per_rank(2)) GTEST_SKIP() << "no GPU for each of 2 ranks (nor the CUDA emulator)";
+    TempDir d;
+    auto train = [&](const std::string& name, const std::string& sets) {
+        test::CliResult r = run_tessera_mpi(2, "train --config " + kTiny + " --set train.micro_batch_size=2" +
+                                                   test::kTinyHybrid + " --out " + d.file(name) + sets);
+        EXPECT_EQ(r.status, 0) << r.out << r.err;
+        return r;
+    };
+    const std::string gpu = " --set train.device=cuda", stages = " --set train.grad_clip=0 --set parallel.pipeline=2";
+    train("cpu", "");
+    const test::CliResult fsdp = train("fsdp", gpu);
+    EXPECT_NE(fsdp.out.find("2 ranks (mpi; GPU memory over NCCL)"), std::string::npos) << fsdp.out;
+    expect_gpu_losses_near(d.file("fsdp"), d.file("cpu"));
+    train("zero2", gpu + " --set parallel.fsdp=false");
+    EXPECT_EQ(losses(d.file("fsdp")), losses(d.file("zero2"))) << "ZeRO-2 and FSDP sum the same bits in the same order";
+    train("stages_cpu", stages);
+    train("stages_gpu", stages + gpu);
+    expect_gpu_losses_near(d.file("stages_gpu"), d.file("stages_cpu"));
+    const std::string resumed = d.file("resumed");
+    fs::create_directories(resumed + "/checkpoints");
+    fs::copy(d.file("fsdp") + "/checkpoints/step_0000006", resumed + "/checkpoints/step_0000006");
+    test::CliResult r = run_tessera_mpi(2, "train --resume " + resumed);
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_EQ(losses(d.file("fsdp"), 6), losses(resumed));
+    EXPECT_TRUE(final_model(d.file("fsdp")) == final_model(resumed));
+}
+
+// Expert and tensor parallelism pack rows on the host (parallel/ep.cpp, model/layers/tensor_slice.cpp): on GPUs a
+// one-line error before anything is written.
+TEST(CudaDataParallel, ExpertAndTensorParallelismOnGpusAreErrorsBeforeAnythingIsWritten) {
+    if (!gpu_per_rank(2)) GTEST_SKIP() << "no GPU for each of 2 ranks (nor the CUDA emulator)";
+    TempDir d;
+    for (const std::string& sets : {kMoeSign + " --set parallel.ep=2", std::string(" --set parallel.tensor=2")}) {
+        test::CliResult r =
+            run_tessera_mpi(2, "train --config " + kTiny + " --set train.device=cuda --out " + d.file("x") + sets);
+        EXPECT_NE(r.status, 0) << sets;
+        EXPECT_NE(r.err.find(sets.find("ep=") != std::string::npos
+                                 ? "train.device = cuda: parallel.ep = 2 runs on the CPU"
+                                 : "train.device = cuda: parallel.tensor = 2 runs on the CPU"),
+                  std::string::npos)
+            << r.err;
+        EXPECT_FALSE(fs::exists(d.file("x") + "/config.json")) << sets;
+    }
+}
+
 TEST(DataParallelErrors, BatchAndLayoutKeysAreOneLineErrors) {
     TempDir d;
     const std::vector<std::pair<std::string, std::string>> cases = {

@@ -93,7 +93,7 @@ TEST(OpDispatch, WhatTheCudaBackendLacksRefusesCudaTensors) {
 }
 
 // What the MoE layer cannot do on CUDA tensors yet is refused before anything is read: an expert stage (expert
-// parallelism needs NCCL) and frozen experts held narrow.
+// parallelism's stage packs rows on the host) and frozen experts held narrow.
 TEST(OpDispatch, MoeOnCudaTensorsRefusesExpertParallelismAndNarrowExperts) {
     struct NoStage final : ops::MoeExpertStage {
         int64_t local_experts() const override { return 4; }

@@ -102,11 +102,12 @@ void check_weight(const TensorView& t, const Shape& shape, std::string_view name
     if (!t.slices) check_contiguous(t, "moe", name);  // (experts stored apart: each contiguous)
 }
 
-// The layer's device (one for all its tensors). On CUDA the experts are all here (expert parallelism's exchange runs
-// over MPI on host memory; NCCL is not built yet) and stored in the tensors' dtype.
+// The layer's device (one for all its tensors). On CUDA the experts are all here (expert parallelism's stage packs and
+// reads rows on the host: parallel/ep.cpp) and stored in the tensors' dtype.
 void check_device(const MoeParams& p, const MoeWeights& w, std::initializer_list<TensorView> tensors) {
     if (op_device("moe", tensors) != Device::cuda) return;
-    TESSERA_CHECK(!p.stage, "moe: expert parallelism on CUDA tensors is not supported yet (it needs NCCL)");
+    TESSERA_CHECK(!p.stage,
+                  "moe: expert parallelism on CUDA tensors is not supported yet (its stage works on host rows)");
     for (const TensorView* e : {&w.w_gate, &w.w_up, &w.w_down})
         TESSERA_CHECK(e->dtype == w.router_w.dtype,
                       "moe (CUDA): expert weights in {} (a frozen base held narrow) are not supported on CUDA yet; "
