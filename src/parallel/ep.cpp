@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/trace.h"
 
 namespace tessera::parallel {
@@ -21,7 +22,7 @@ ExpertParallelStage::ExpertParallelStage(Comm& expert_group, EpDims dims) : comm
     seg_send_.assign(size_t(W), local_ * int64_t(sizeof(int32_t)));
     seg_recv_ = seg_send_;
     seg_.resize(size_t(d_.experts));
-    chunk_offsets_.resize(size_t(local_ + 1));
+    chunk_offsets_host_.resize(size_t(local_ + 1));
     demand_all_.resize(size_t(W) * size_t(d_.experts + 1));
     share_.resize(size_t(d_.experts + 1));
     fair_.resize(size_t(W));
@@ -42,7 +43,8 @@ const int64_t* ExpertParallelStage::capacity_shares(double factor, int64_t token
     const int64_t E = d_.experts, stride = E + 1;
     TESSERA_CHECK(demand.numel() == E && demand.dtype == DType::i32, "expert parallelism: demand must be [{}] i32", E);
     // this rank's choices per expert and its token count, then everyone's
-    for (int64_t e = 0; e < E; ++e) share_[size_t(e)] = demand.ptr<int32_t>()[e];
+    const std::span<const int32_t> wants = read_to_host(demand, host_demand_);
+    for (int64_t e = 0; e < E; ++e) share_[size_t(e)] = wants[size_t(e)];
     share_[size_t(E)] = tokens;
     comm_.all_gather(std::as_bytes(std::span(share_)), std::as_writable_bytes(std::span(demand_all_)));
     int64_t all_tokens = 0;
@@ -100,7 +102,8 @@ std::vector<ExpertParallelStage::Buffer> ExpertParallelStage::buffers(bool saved
                           {"dxe", &S::dxe_, DType::f32, Shape{R, L}},
                           {"row_dot", &S::row_dot_, DType::f32, Shape{R}},
                           {"stage", &S::stage_, DType::f32, Shape{R, L + 1}},
-                          {"pack", &S::pack_, DType::f32, Shape{tokens * d_.topk, L + 1}}};
+                          {"pack", &S::pack_, DType::f32, Shape{tokens * d_.topk, L + 1}},
+                          {"chunk_offsets", &S::chunk_offsets_, DType::i32, Shape{local_ + 1}}};
     if (d_.lora_rank > 0) {
         t.push_back({"lora_u", &S::lora_u_, DType::f32, Shape{R, d_.lora_rank}});
         t.push_back({"lora_du", &S::lora_du_, DType::f32, Shape{R, d_.lora_rank}});
@@ -125,33 +128,40 @@ void ExpertParallelStage::bind_scratch(const BufferGroup& g, const std::string& 
 }
 
 void ExpertParallelStage::exchange_counts(const ops::MoeSaved& s) const {
-    const int32_t* off = s.offsets.ptr<int32_t>();
-    for (int64_t e = 0; e < d_.experts; ++e) seg_[size_t(e)] = off[e + 1] - off[e];
-    int32_t* rc_out = recv_counts_.ptr<int32_t>();
-    comm_.all_to_all_v(std::as_bytes(std::span(seg_)), seg_send_,
-                       std::as_writable_bytes(std::span(rc_out, size_t(recv_counts_.numel()))), seg_recv_);
+    const std::span<const int32_t> off = read_to_host(s.offsets.slice0(0, d_.experts + 1), host_.off);
+    for (int64_t e = 0; e < d_.experts; ++e) seg_[size_t(e)] = off[size_t(e) + 1] - off[size_t(e)];
     const int W = comm_.size();
-    const int32_t* rc = recv_counts_.ptr<int32_t>();
-    int32_t* cnt = counts_.ptr<int32_t>();
-    int32_t* lo = offsets_.ptr<int32_t>();
-    lo[0] = 0;
+    host_.rc.resize(size_t(recv_counts_.numel()));
+    comm_.all_to_all_v(std::as_bytes(std::span(seg_)), seg_send_, std::as_writable_bytes(std::span(host_.rc)),
+                       seg_recv_);
+    host_.cnt.resize(size_t(local_));
+    host_.lo.resize(size_t(local_ + 1));
+    host_.lo[0] = 0;
     for (int64_t e = 0; e < local_; ++e) {
         int64_t c = 0;
-        for (int r = 0; r < W; ++r) c += rc[r * local_ + e];
-        cnt[e] = int32_t(c);
-        lo[e + 1] = int32_t(lo[e] + c);
+        for (int r = 0; r < W; ++r) c += host_.rc[size_t(r * local_ + e)];
+        host_.cnt[size_t(e)] = int32_t(c);
+        host_.lo[size_t(e) + 1] = int32_t(host_.lo[size_t(e)] + c);
     }
-    TESSERA_CHECK(lo[local_] <= xe_.size(0), "expert parallelism: {} rows reached rank {}, more than the {} planned",
-                  lo[local_], comm_.rank(), xe_.size(0));
+    TESSERA_CHECK(host_.lo[size_t(local_)] <= xe_.size(0),
+                  "expert parallelism: {} rows reached rank {}, more than the {} planned", host_.lo[size_t(local_)],
+                  comm_.rank(), xe_.size(0));
+    // the layer's layout handle, kept for backward where the layer's buffers are
+    const Device d = recv_counts_.device;
+    copy_bytes(recv_counts_.data, d, host_.rc.data(), Device::cpu, host_.rc.size() * sizeof(int32_t));
+    copy_bytes(counts_.data, d, host_.cnt.data(), Device::cpu, host_.cnt.size() * sizeof(int32_t));
+    copy_bytes(offsets_.data, d, host_.lo.data(), Device::cpu, host_.lo.size() * sizeof(int32_t));
 }
 
 ops::MoeSaved ExpertParallelStage::chunk_saved(int64_t c) const {
     const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1];
-    const int32_t* lo = offsets_.ptr<int32_t>();
-    for (int64_t e = e0; e <= e1; ++e) chunk_offsets_[size_t(e - e0)] = lo[e] - lo[e0];
-    const int64_t r0 = lo[e0], r1 = lo[e1];
+    const int32_t* lo = host_.lo.data();
+    for (int64_t e = e0; e <= e1; ++e) chunk_offsets_host_[size_t(e - e0)] = lo[e] - lo[e0];
     ops::MoeSaved s;
-    s.offsets = TensorView(chunk_offsets_.data(), DType::i32, Shape{e1 - e0 + 1});
+    s.offsets = chunk_offsets_.slice0(0, e1 - e0 + 1);
+    copy_bytes(s.offsets.data, s.offsets.device, chunk_offsets_host_.data(), Device::cpu,
+               size_t(e1 - e0 + 1) * sizeof(int32_t));
+    const int64_t r0 = lo[e0], r1 = lo[e1];
     s.counts = counts_.slice0(e0, e1);
     s.xe = xe_.slice0(r0, r1);
     s.h = h_.slice0(r0, r1);
@@ -161,7 +171,7 @@ ops::MoeSaved ExpertParallelStage::chunk_saved(int64_t c) const {
 }
 
 ops::MoeScratch ExpertParallelStage::chunk_scratch(int64_t c) const {
-    const int32_t* lo = offsets_.ptr<int32_t>();
+    const int32_t* lo = host_.lo.data();
     const int64_t r0 = lo[chunk_[size_t(c)]], r1 = lo[chunk_[size_t(c) + 1]];
     ops::MoeScratch t;
     t.ye = ye_.slice0(r0, r1);
@@ -196,9 +206,12 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
                                    const std::vector<int64_t>& back_cols) const {
     const int W = comm_.size(), me = comm_.rank();
     const int64_t nc = chunks(), L = d_.latent;
-    const int32_t* off = s.offsets.ptr<int32_t>();  // the home layout: expert-contiguous
-    const int32_t* rc = recv_counts_.ptr<int32_t>();
-    const int32_t* lo = offsets_.ptr<int32_t>();  // the local layout: expert-major
+    const Device device = pack_.device;
+    // the layout on the host (the layer's handle: this pass's, or the forward's in backward)
+    const int32_t* off = read_to_host(s.offsets.slice0(0, d_.experts + 1), host_.off).data();  // home: by expert
+    const int32_t* rc = read_to_host(recv_counts_, host_.rc).data();
+    const int32_t* lo = read_to_host(offsets_, host_.lo).data();      // the local layout: expert-major
+    if (host_.lo.data() != lo) host_.lo.assign(lo, lo + local_ + 1);  // (chunk_saved reads host_.lo)
     // rows of chunk c to / from each rank, and where the chunk starts in pack (home side) and stage (expert side)
     std::vector<int64_t> send(size_t(nc * W)), recv(size_t(nc * W)), pack_at(size_t(nc + 1)), stage_at(size_t(nc + 1));
     for (int64_t c = 0; c < nc; ++c) {
@@ -230,7 +243,7 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
             const int64_t r0 = off[q * local_ + e0], n = off[q * local_ + e1] - r0;
             float* a = home + r0 * cols;
             float* b = packed + at * cols;
-            std::memcpy(to_pack ? b : a, to_pack ? a : b, size_t(n * cols) * sizeof(float));
+            copy_bytes(to_pack ? b : a, device, to_pack ? a : b, device, size_t(n * cols) * sizeof(float));
             at += n;
         }
     };
@@ -255,13 +268,18 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
     }
     auto local_copy = [&](int64_t c, int64_t cols, float* staged, float* local, bool to_local) {
         const int64_t e0 = chunk_[size_t(c)], ne = chunk_[size_t(c) + 1] - e0;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < int64_t(W) * ne; ++i) {
+        auto block = [&](int64_t i) {
             const size_t k = size_t(i / ne * local_ + e0 + i % ne);  // (source, expert)
             float* a = staged + staged_at[k] * cols;
             float* b = local + local_at[k] * cols;
             const size_t n = size_t(rc[k] * cols) * sizeof(float);
-            std::memcpy(to_local ? b : a, to_local ? a : b, n);
+            copy_bytes(to_local ? b : a, device, to_local ? a : b, device, n);
+        };
+        if (device == Device::cpu) {
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < int64_t(W) * ne; ++i) block(i);
+        } else {  // one device copy per (source, expert) block, in order on the stream
+            for (int64_t i = 0; i < int64_t(W) * ne; ++i) block(i);
         }
     };
     const CommStats before = comm_.stats();

@@ -13,7 +13,8 @@
 // does not depend on timing. Buffers come from buffer specs like every other activation; the rows that
 // can reach one rank are bounded by EP × tokens × min(top-k, E/EP) (every token of every rank choosing as many
 // of its distinct experts here as it can: the dropless worst case), or with a capacity factor by the local
-// experts' room. parallel/ knows token layouts, never the model.
+// experts' room. On a GPU the layout is planned on the host from counts read back, and rows move by device copies
+// and NCCL. parallel/ knows token layouts, never the model.
 #pragma once
 
 #include <vector>
@@ -117,8 +118,16 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     TensorView ye_, dh_, da_, dxe_, row_dot_;  // scratch
     TensorView lora_u_, lora_du_;              // scratch of the experts' adapters (LoRA only)
     TensorView stage_, pack_;                  // scratch: rows as exchanged (source-major), on either side
+    TensorView chunk_offsets_;                 // scratch: one group's offsets (as moe_experts_forward reads them)
+    // the layout on the host (the layer's handle read back where it lives on a GPU): the home offsets by expert, the
+    // rows from each source per local expert, the local offsets and counts
+    struct HostLayout {
+        std::vector<int32_t> off, rc, lo, cnt;
+    };
+    mutable HostLayout host_;
+    mutable std::vector<int32_t> host_demand_;
     mutable std::vector<int64_t> seg_send_, seg_recv_;
-    mutable std::vector<int32_t> seg_, chunk_offsets_;  // padded segment size per expert; one group's offsets
+    mutable std::vector<int32_t> seg_, chunk_offsets_host_;  // padded segment size per expert; one group's offsets
     mutable int64_t last_bytes_ = 0;
     mutable std::vector<int64_t> demand_all_, share_, fair_;  // capacity_shares (sized once)
     mutable std::vector<int> order_;

@@ -102,12 +102,9 @@ void check_weight(const TensorView& t, const Shape& shape, std::string_view name
     if (!t.slices) check_contiguous(t, "moe", name);  // (experts stored apart: each contiguous)
 }
 
-// The layer's device (one for all its tensors). On CUDA the experts are all here (expert parallelism's stage packs and
-// reads rows on the host: parallel/ep.cpp) and stored in the tensors' dtype.
-void check_device(const MoeParams& p, const MoeWeights& w, std::initializer_list<TensorView> tensors) {
+// The layer's device (one for all its tensors). On CUDA the expert weights are stored in the tensors' dtype.
+void check_device(const MoeWeights& w, std::initializer_list<TensorView> tensors) {
     if (op_device("moe", tensors) != Device::cuda) return;
-    TESSERA_CHECK(!p.stage,
-                  "moe: expert parallelism on CUDA tensors is not supported yet (its stage works on host rows)");
     for (const TensorView* e : {&w.w_gate, &w.w_up, &w.w_down})
         TESSERA_CHECK(e->dtype == w.router_w.dtype,
                       "moe (CUDA): expert weights in {} (a frozen base held narrow) are not supported on CUDA yet; "
@@ -614,7 +611,7 @@ MoeStats moe_forward(const MoeParams& p,
                      const MoeScratch& t,
                      std::span<const int64_t> seq_starts) {
     note_op_use("moe");
-    check_device(p, w, {x, y, w.router_w, w.w_gate, w.w_up, w.w_down, s.scores, s.xe, t.ye});
+    check_device(w, {x, y, w.router_w, w.w_gate, w.w_up, w.w_down, s.scores, s.xe, t.ye});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(y, x.shape, "moe: y");
@@ -671,9 +668,8 @@ void moe_backward(const MoeParams& p,
                   const MoeSaved& s,
                   const MoeScratch& t,
                   std::span<const int64_t> seq_starts) {
-    check_device(p, w,
-                 {x, dy, dx, w.router_w, w.w_gate, w.w_up, w.w_down, g.router_w, g.w_gate, g.w_up, g.w_down, s.scores,
-                  s.xe, t.ye, t.dxe});
+    check_device(w, {x, dy, dx, w.router_w, w.w_gate, w.w_up, w.w_down, g.router_w, g.w_gate, g.w_up, g.w_down,
+                     s.scores, s.xe, t.ye, t.dxe});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(dy, x.shape, "moe: dy");
