@@ -171,6 +171,31 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 #endif
 }
 
+void copy_bytes_2d(void* dst,
+                   size_t dst_pitch,
+                   Device dst_device,
+                   const void* src,
+                   size_t src_pitch,
+                   Device src_device,
+                   size_t width,
+                   size_t rows) {
+    if (width == 0 || rows == 0) return;
+    if (dst_device == Device::cpu && src_device == Device::cpu) {
+        for (size_t r = 0; r < rows; ++r)
+            std::memcpy(static_cast<std::byte*>(dst) + r * dst_pitch,
+                        static_cast<const std::byte*>(src) + r * src_pitch, width);
+        return;
+    }
+#if TESSERA_WITH_CUDA
+    check_cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, copy_kind(dst_device, src_device),
+                                 stream_of(t_stream)),
+               "2D copy", width * rows);
+    if (dst_device == Device::cpu) check_cuda(cudaStreamSynchronize(stream_of(t_stream)), "copy to host", width * rows);
+#else
+    no_cuda("device copy");
+#endif
+}
+
 void synchronize(Device d) {
     if (d == Device::cpu) return;
 #if TESSERA_WITH_CUDA

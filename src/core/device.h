@@ -60,6 +60,15 @@ void device_zero(Device d, void* p, size_t bytes);  // on the current stream
 // Copies bytes between any two devices, on the current stream (asynchronous for device ↔ device and for
 // pinned host memory; the host side of a copy to or from pageable memory is done when this returns).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// `rows` runs of `width` bytes, run r from src + r·src_pitch to dst + r·dst_pitch (a strided block: one CUDA 2D copy).
+void copy_bytes_2d(void* dst,
+                   size_t dst_pitch,
+                   Device dst_device,
+                   const void* src,
+                   size_t src_pitch,
+                   Device src_device,
+                   size_t width,
+                   size_t rows);
 // Waits until the current stream's work on the device is done (a no-op on the CPU).
 void synchronize(Device d);
 

@@ -318,10 +318,6 @@ TrainSummary train(const TrainOptions& opts) {
             cuda_available(), "train.device = cuda: {}; train on the CPU (train.device = cpu)",
             cuda_built() ? "no CUDA device on this machine" : "this build has no CUDA backend (-DTESSERA_CUDA=ON)");
         if (comm) {  // one GPU per rank (its local rank's), and the ranks' GPU buffers over NCCL
-            TESSERA_CHECK(cfg.parallel.ep == 1 && tp == 1,
-                          "train.device = cuda: parallel.{} = {} runs on the CPU for now (its exchange packs rows on "
-                          "the host); data parallelism (FSDP, ZeRO-2, HSDP) and pipeline stages run on GPUs",
-                          cfg.parallel.ep > 1 ? "ep" : "tensor", cfg.parallel.ep > 1 ? cfg.parallel.ep : tp);
             const int gpus = cuda_device_count(), local = parallel::local_ranks();
             TESSERA_CHECK(gpus >= local || cuda_emulated(),
                           "train.device = cuda: {} ranks on this host and {} GPU{}; start at most one rank per GPU",

@@ -6,6 +6,8 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/device.h"
+#include "ops/rows.h"
 
 namespace tessera::model {
 
@@ -119,8 +121,6 @@ void TensorSlice::bind_params(const BufferGroup& params, const BufferGroup* grad
     for (const Piece& p : pieces_) {
         whole_params_.push_back(params.view(p.name));
         whole_grads_.push_back(grads ? grads->find(p.name) : TensorView{});
-        TESSERA_CHECK(whole_params_.back().device == Device::cpu,
-                      "parallel.tensor: tensor parallelism runs on the CPU for now (train.device = cpu)");
     }
 }
 
@@ -141,14 +141,15 @@ void TensorSlice::bind_scratch(const BufferGroup& acts, const std::string& prefi
 void TensorSlice::pack_params() {
     for (size_t i = 0; i < pieces_.size(); ++i) {
         const Piece& p = pieces_[i];
-        const auto* src = static_cast<const std::byte*>(whole_params_[i].data);
-        auto* dst = static_cast<std::byte*>(part_params_.view(i).data);
+        const TensorView whole = whole_params_[i], part = part_params_.view(i);
         if (p.dim < 0) {
-            std::memcpy(dst, src, size_t(p.inner) * p.bytes);
+            copy_bytes(part.data, part.device, whole.data, whole.device, size_t(p.inner) * p.bytes);
             continue;
         }
-        const size_t run = size_t(p.d * p.inner) * p.bytes;  // one outer index's slice: contiguous in both
-        for (int64_t o = 0; o < p.outer; ++o) std::memcpy(dst + size_t(o) * run, src + size_t(o * T_ + t_) * run, run);
+        // one outer index's slice: contiguous in both, T of them to an outer index in the whole
+        const size_t run = size_t(p.d * p.inner) * p.bytes;
+        copy_bytes_2d(part.data, run, part.device, static_cast<const std::byte*>(whole.data) + size_t(t_) * run,
+                      size_t(T_) * run, whole.device, run, size_t(p.outer));
     }
 }
 
@@ -156,15 +157,13 @@ void TensorSlice::add_grads() {
     for (size_t i = 0; i < pieces_.size(); ++i) {
         const Piece& p = pieces_[i];
         if (!whole_grads_[i].defined() || !part_grads_of_[i].defined() || (p.once && t_ != 0)) continue;
-        const float* src = part_grads_of_[i].ptr<float>();
-        float* dst = whole_grads_[i].ptr<float>();
-        // the part's [outer, d, inner] at [outer, T·d, inner]'s slice t (a whole-shared one: [1, 1, inner] at 0)
+        // the part's [outer, d, inner] onto [outer, T·d, inner]'s slice t (a whole-shared one: [1, 1, inner] at 0)
         const bool whole = p.dim < 0;
         const int64_t run = whole ? p.inner : p.d * p.inner, outer = whole ? 1 : p.outer;
-        const int64_t stride = whole ? run : T_ * run, at = whole ? 0 : t_ * run;
-#pragma omp parallel for collapse(2) schedule(static)
-        for (int64_t o = 0; o < outer; ++o)
-            for (int64_t e = 0; e < run; ++e) dst[o * stride + at + e] += src[o * run + e];
+        const TensorView part = part_grads_of_[i], all = whole_grads_[i];
+        ops::add_rows(TensorView(part.data, DType::f32, Shape{outer, run}, part.device),
+                      TensorView(all.data, DType::f32, Shape{outer, whole ? run : T_ * run}, all.device)
+                          .columns(whole ? 0 : t_ * run, run));
     }
 }
 
