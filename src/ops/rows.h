@@ -16,6 +16,13 @@ namespace tessera::ops {
 void copy_rows(TensorView src, TensorView dst, float scale = 1.f);
 // dst += src.
 void add_rows(TensorView src, TensorView dst);
+// Block copies between two flat f32 views on one device: block i moves blocks[i].n floats from src[blocks[i].from] to
+// dst[blocks[i].to] (every block inside its view; the destinations apart). On the GPU one launch does them all: expert
+// parallelism regroups its exchanged rows with it (parallel/ep.cpp).
+struct CopyBlock {
+    int64_t from, to, n;
+};
+void copy_blocks(TensorView src, TensorView dst, std::span<const CopyBlock> blocks);
 // Zero-fills the first `rows` rows of t (any dtype; row-strided views too).
 void zero_rows(TensorView t, int64_t rows);
 // dst[at[i]] = src[i] for i < at.size() (src [at.size(), W], dst [N, W]; the positions distinct, in [0, N)), and

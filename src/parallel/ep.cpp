@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/trace.h"
+#include "ops/rows.h"
 
 namespace tessera::parallel {
 
@@ -198,15 +199,14 @@ ops::MoeWeights ExpertParallelStage::chunk_weights(const ops::MoeWeights& w, int
 
 template <class Work>
 void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
-                                   const std::vector<std::pair<const float*, float*>>& out,
+                                   const std::vector<std::pair<TensorView, TensorView>>& out,
                                    const std::vector<int64_t>& out_cols,
                                    ops::OverlapWork overlap,
                                    Work&& work,
-                                   const std::vector<std::pair<const float*, float*>>& back,
+                                   const std::vector<std::pair<TensorView, TensorView>>& back,
                                    const std::vector<int64_t>& back_cols) const {
     const int W = comm_.size(), me = comm_.rank();
     const int64_t nc = chunks(), L = d_.latent;
-    const Device device = pack_.device;
     // the layout on the host (the layer's handle: this pass's, or the forward's in backward)
     const int32_t* off = read_to_host(s.offsets.slice0(0, d_.experts + 1), host_.off).data();  // home: by expert
     const int32_t* rc = read_to_host(recv_counts_, host_.rc).data();
@@ -235,17 +235,27 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
         for (int q = 0; q < W; ++q) b[size_t(q)] = rows[size_t(c * W + q)] * cols * int64_t(sizeof(float));
         return b;
     };
+    // the blocks of one copy (ops::copy_blocks: one launch on a GPU), between flat views of two buffers
+    std::vector<ops::CopyBlock> blocks;
+    auto flat = [](const TensorView& v) { return TensorView(v.data, DType::f32, Shape{v.numel()}, v.device); };
+    auto copy = [&](const TensorView& a, const TensorView& b, bool a_to_b) {
+        if (!a_to_b)
+            for (ops::CopyBlock& k : blocks) std::swap(k.from, k.to);
+        ops::copy_blocks(flat(a_to_b ? a : b), flat(a_to_b ? b : a), blocks);
+        blocks.clear();
+    };
+    // where area i of a staging buffer starts: L-wide rows (i = 0), then one float per row (i = 1)
+    auto area_at = [&](const TensorView& buf, size_t i) { return i == 0 ? int64_t(0) : buf.size(0) * L; };
     // home rows of chunk c <-> pack (destination-major)
-    auto home_copy = [&](int64_t c, int64_t cols, float* home, float* packed, bool to_pack) {
+    auto home_copy = [&](int64_t c, size_t i, int64_t cols, const TensorView& home, bool to_pack) {
         const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1];
         int64_t at = pack_at[size_t(c)];
         for (int q = 0; q < W; ++q) {
             const int64_t r0 = off[q * local_ + e0], n = off[q * local_ + e1] - r0;
-            float* a = home + r0 * cols;
-            float* b = packed + at * cols;
-            copy_bytes(to_pack ? b : a, device, to_pack ? a : b, device, size_t(n * cols) * sizeof(float));
+            blocks.push_back({r0 * cols, area_at(pack_, i) + at * cols, n * cols});
             at += n;
         }
+        copy(home, pack_, to_pack);
     };
     // stage rows of chunk c (source-major: source r's rows for experts e0..e1 in order) <-> local (expert-major)
     // where the rows of (source r, local expert e) start: in stage (source-major within their chunk) and in the
@@ -266,21 +276,14 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
             at += rc[q * local_ + e];
         }
     }
-    auto local_copy = [&](int64_t c, int64_t cols, float* staged, float* local, bool to_local) {
-        const int64_t e0 = chunk_[size_t(c)], ne = chunk_[size_t(c) + 1] - e0;
-        auto block = [&](int64_t i) {
-            const size_t k = size_t(i / ne * local_ + e0 + i % ne);  // (source, expert)
-            float* a = staged + staged_at[k] * cols;
-            float* b = local + local_at[k] * cols;
-            const size_t n = size_t(rc[k] * cols) * sizeof(float);
-            copy_bytes(to_local ? b : a, device, to_local ? a : b, device, n);
-        };
-        if (device == Device::cpu) {
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < int64_t(W) * ne; ++i) block(i);
-        } else {  // one device copy per (source, expert) block, in order on the stream
-            for (int64_t i = 0; i < int64_t(W) * ne; ++i) block(i);
-        }
+    auto local_copy = [&](int64_t c, size_t i, int64_t cols, const TensorView& local, bool to_local) {
+        const int64_t e0 = chunk_[size_t(c)], e1 = chunk_[size_t(c) + 1];
+        for (int q = 0; q < W; ++q)
+            for (int64_t e = e0; e < e1; ++e) {
+                const size_t k = size_t(q * local_ + e);  // (source, expert)
+                blocks.push_back({area_at(stage_, i) + staged_at[k] * cols, local_at[k] * cols, rc[k] * cols});
+            }
+        copy(stage_, local, to_local);
     };
     const CommStats before = comm_.stats();
     double waited = 0;
@@ -309,7 +312,7 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
     // every chunk's rows on their way out (the communication thread takes them in order)
     for (int64_t c = 0; c < nc; ++c) {
         for (size_t i = 0; i < out.size(); ++i) {
-            home_copy(c, out_cols[i], const_cast<float*>(out[i].first), area(pack_, i), true);
+            home_copy(c, i, out_cols[i], out[i].first, true);
             outgoing.push_back(exchange(c, i, out_cols[i], true));
         }
     }
@@ -320,21 +323,21 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
     for (int64_t c = 0; c < nc; ++c) {
         for (size_t i = 0; i < out.size(); ++i) {
             wait(outgoing[size_t(c) * out.size() + i]);
-            local_copy(c, out_cols[i], area(stage_, i), out[i].second, true);
+            local_copy(c, i, out_cols[i], out[i].second, true);
         }
         {
             trace::Span span("experts", "experts", c, "chunk");
             work(c);
         }
         for (size_t j = 0; j < back.size(); ++j) {  // chunk c's results home, while chunk c + 1 computes
-            local_copy(c, back_cols[j], area(stage_, j), const_cast<float*>(back[j].first), false);
+            local_copy(c, j, back_cols[j], back[j].first, false);
             returning.push_back(exchange(c, j, back_cols[j], false));
         }
     }
     for (int64_t c = 0; c < nc; ++c) {
         for (size_t j = 0; j < back.size(); ++j) {
             wait(returning[size_t(c) * back.size() + j]);
-            home_copy(c, back_cols[j], back[j].second, area(pack_, j), false);
+            home_copy(c, j, back_cols[j], back[j].second, false);
         }
     }
     last_bytes_ += sent;
@@ -351,10 +354,9 @@ void ExpertParallelStage::forward(const ops::MoeParams& p,
     const double t0 = now_seconds();
     exchange_counts(s);
     times_.exposed += now_seconds() - t0;  // small, and never hidden
-    pipeline(s, {{s.xe.ptr<float>(), xe_.ptr<float>()}, {s.row_gate.ptr<float>(), row_gate_.ptr<float>()}},
-             {d_.latent, 1}, overlap,
+    pipeline(s, {{s.xe, xe_}, {s.row_gate, row_gate_}}, {d_.latent, 1}, overlap,
              [&](int64_t c) { ops::moe_experts_forward(p, chunk_weights(w, c), chunk_saved(c), chunk_scratch(c)); },
-             {{ye_.ptr<float>(), t.ye.ptr<float>()}}, {d_.latent});
+             {{ye_, t.ye}}, {d_.latent});
 }
 
 void ExpertParallelStage::backward(const ops::MoeParams& p,
@@ -364,12 +366,12 @@ void ExpertParallelStage::backward(const ops::MoeParams& p,
                                    const ops::MoeScratch& t,
                                    ops::OverlapWork overlap) const {
     const int64_t sent = last_bytes_;
-    pipeline(
-        s, {{t.ye.ptr<float>(), ye_.ptr<float>()}}, {d_.latent}, overlap,  // dye out
-        [&](int64_t c) {
-            ops::moe_experts_backward(p, chunk_weights(w, c), chunk_weights(g, c), chunk_saved(c), chunk_scratch(c));
-        },
-        {{dxe_.ptr<float>(), t.dxe.ptr<float>()}, {row_dot_.ptr<float>(), t.row_dot.ptr<float>()}}, {d_.latent, 1});
+    pipeline(s, {{t.ye, ye_}}, {d_.latent}, overlap,  // dye out
+             [&](int64_t c) {
+                 ops::moe_experts_backward(p, chunk_weights(w, c), chunk_weights(g, c), chunk_saved(c),
+                                           chunk_scratch(c));
+             },
+             {{dxe_, t.dxe}, {row_dot_, t.row_dot}}, {d_.latent, 1});
     last_bytes_ = sent;  // the metric counts the forward's bytes
 }
 

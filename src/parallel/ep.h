@@ -98,11 +98,11 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     // computes; back(c) brings `local_out` rows home.
     template <class Work>
     void pipeline(const ops::MoeSaved& s,
-                  const std::vector<std::pair<const float*, float*>>& out,
+                  const std::vector<std::pair<TensorView, TensorView>>& out,
                   const std::vector<int64_t>& out_cols,
                   ops::OverlapWork overlap,
                   Work&& work,
-                  const std::vector<std::pair<const float*, float*>>& back,
+                  const std::vector<std::pair<TensorView, TensorView>>& back,
                   const std::vector<int64_t>& back_cols) const;
     ops::MoeSaved chunk_saved(int64_t c) const;
     ops::MoeScratch chunk_scratch(int64_t c) const;

@@ -198,6 +198,10 @@ TEST(CudaOps, RowGlueOpsMatchTheCpuOnColumnBlocks) {
         ops::add_rows(t[0].columns(20, 10), t[1].columns(0, 10));
         ops::zero_rows(t[1].columns(30, 5), N - 7);
     });
+    // blocks longer than a CUDA block's threads, empty ones, one source read twice (expert parallelism's regrouping)
+    const std::vector<ops::CopyBlock> blocks{{0, 5, 700}, {700, 1000, 3}, {1234, 2000, 0}, {700, 3000, 260}};
+    expect_cuda_like_cpu({Shape{N * 5}, Shape{N * 12}},
+                         [&](std::vector<TensorView> t) { ops::copy_blocks(t[0], t[1], blocks); });
     expect_cuda_like_cpu({Shape{N, 2 * G}, Shape{N, G}, Shape{N, G}, Shape{N, 3 * G}}, [&](std::vector<TensorView> t) {
         ops::sigmoid_forward(t[0].columns(G, G), t[1]);
         ops::sigmoid_backward(t[2], t[1], t[3].columns(G, G));

@@ -66,6 +66,25 @@ TEST(RowOps, CopyAddAndZeroTouchOnlyTheirColumns) {
     test::expect_error([&] { ops::zero_rows(buf, 6); }, "zero_rows: 6 rows");
 }
 
+TEST(RowOps, CopyBlocksMovesEachBlockAndNothingElse) {
+    std::vector<float> src(40), dst(50, -1.f);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = float(i);
+    const std::vector<ops::CopyBlock> blocks{{5, 0, 3}, {0, 10, 4}, {30, 20, 10}, {7, 45, 0}, {5, 40, 2}};
+    ops::copy_blocks(TensorView(src.data(), DType::f32, Shape{40}), TensorView(dst.data(), DType::f32, Shape{50}),
+                     blocks);
+    std::vector<float> want(50, -1.f);
+    for (const ops::CopyBlock& b : blocks)
+        for (int64_t i = 0; i < b.n; ++i) want[size_t(b.to + i)] = float(b.from + i);
+    EXPECT_EQ(dst, want);
+    const std::vector<ops::CopyBlock> past{{38, 0, 3}};
+    test::expect_error(
+        [&] {
+            ops::copy_blocks(TensorView(src.data(), DType::f32, Shape{40}),
+                             TensorView(dst.data(), DType::f32, Shape{50}), past);
+        },
+        "copy_blocks: block of 3 from 38 to 0 outside 40 / 50 elements");
+}
+
 TEST(RowOps, SigmoidAndItsGradient) {
     Tensor x = test::randn(DType::f32, Shape{3, 7}, 4, 3.0), y(DType::f32, Shape{3, 7});
     ops::sigmoid_forward(x, y);

@@ -62,6 +62,21 @@ void add_rows(TensorView src, TensorView dst) {
     }
 }
 
+void copy_blocks(TensorView src, TensorView dst, std::span<const CopyBlock> blocks) {
+    TESSERA_CHECK(src.dtype == DType::f32 && dst.dtype == DType::f32 && src.is_contiguous() && dst.is_contiguous(),
+                  "copy_blocks: src and dst must be contiguous f32 views");
+    for (const CopyBlock& b : blocks)
+        TESSERA_CHECK(b.n >= 0 && b.from >= 0 && b.to >= 0 && b.from + b.n <= src.numel() && b.to + b.n <= dst.numel(),
+                      "copy_blocks: block of {} from {} to {} outside {} / {} elements", b.n, b.from, b.to, src.numel(),
+                      dst.numel());
+    if (op_device("copy_blocks", {src, dst}) == Device::cuda) return TESSERA_ON_CUDA(copy_blocks(src, dst, blocks));
+    const float* s = src.ptr<float>();
+    float* d = dst.ptr<float>();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < blocks.size(); ++i)
+        std::memcpy(d + blocks[i].to, s + blocks[i].from, size_t(blocks[i].n) * sizeof(float));
+}
+
 void scatter_rows(TensorView src, std::span<const int64_t> at, TensorView dst) {
     const Rows<float> S = f32_rows(src, "scatter_rows: src"), D = f32_rows(dst, "scatter_rows: dst");
     TESSERA_CHECK(S.rows == int64_t(at.size()) && S.cols == D.cols, "scatter_rows: src {} for {} positions into {}",

@@ -290,6 +290,7 @@ void cross_entropy_backward(const CrossEntropyParams& p,
 // The row glue ops (ops/rows.h). zero_rows and the plain copy are 2-D memsets and memcpys.
 void copy_rows(TensorView src, TensorView dst, float scale);
 void add_rows(TensorView src, TensorView dst);
+void copy_blocks(TensorView src, TensorView dst, std::span<const CopyBlock> blocks);
 void zero_rows(TensorView t, int64_t rows);
 void sigmoid_forward(TensorView x, TensorView y);
 void sigmoid_backward(TensorView dy, TensorView y, TensorView dx);

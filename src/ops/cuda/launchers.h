@@ -540,6 +540,8 @@ cudaError_t launch_cross_entropy_backward(RowsArg<const T> x,
 // d[n, g] = Σ_k s[n, g·K + k]; the output gate y = o·σ(z) per group of `per` and its backward.
 cudaError_t launch_scale_rows(RowsArg<const float> s, float scale, RowsArg<float> d, cudaStream_t stream);
 cudaError_t launch_add_rows(RowsArg<const float> s, RowsArg<float> d, cudaStream_t stream);
+// Block copies (ops/rows.h: copy_blocks): `table` on the device, (from, to, n) per block; a CUDA block per copy block.
+cudaError_t launch_copy_blocks(const float* src, float* dst, const int64_t* table, int64_t blocks, cudaStream_t stream);
 cudaError_t launch_sigmoid_forward(RowsArg<const float> x, RowsArg<float> y, cudaStream_t stream);
 cudaError_t launch_sigmoid_backward(RowsArg<const float> dy,
                                     RowsArg<const float> y,

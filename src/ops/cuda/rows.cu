@@ -15,6 +15,13 @@ __global__ void add_rows_kernel(RowsArg<const float> s, RowsArg<float> d) {
     each(s.rows, s.cols, [&](int64_t r, int64_t c) { d.data[r * d.ld + c] += s.data[r * s.ld + c]; });
 }
 
+__global__ void copy_blocks_kernel(const float* src, float* dst, const int64_t* table) {
+    const int64_t* b = table + 3 * int64_t(blockIdx.x);
+    const float* s = src + b[0];
+    float* d = dst + b[1];
+    for (int64_t i = threadIdx.x; i < b[2]; i += blockDim.x) d[i] = s[i];
+}
+
 __global__ void sigmoid_forward_kernel(RowsArg<const float> x, RowsArg<float> y) {
     each(x.rows, x.cols, [&](int64_t r, int64_t c) { y.data[r * y.ld + c] = sigmoid(x.data[r * x.ld + c]); });
 }
@@ -82,6 +89,13 @@ cudaError_t launch_scale_rows(RowsArg<const float> s, float scale, RowsArg<float
 }
 cudaError_t launch_add_rows(RowsArg<const float> s, RowsArg<float> d, cudaStream_t stream) {
     return launch_on_rows(add_rows_kernel, s.rows, s.cols, stream, s, d);
+}
+cudaError_t launch_copy_blocks(
+    const float* src, float* dst, const int64_t* table, int64_t blocks, cudaStream_t stream) {
+    if (blocks == 0) return cudaSuccess;
+    if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
+    launch_kernel(copy_blocks_kernel, dim3(unsigned(blocks)), kBlock, 0, stream, src, dst, table);
+    return cudaGetLastError();
 }
 cudaError_t launch_sigmoid_forward(RowsArg<const float> x, RowsArg<float> y, cudaStream_t stream) {
     return launch_on_rows(sigmoid_forward_kernel, x.rows, x.cols, stream, x, y);

@@ -21,6 +21,16 @@ void add_rows(TensorView src, TensorView dst) {
                  "add_rows");
 }
 
+void copy_blocks(TensorView src, TensorView dst, std::span<const CopyBlock> blocks) {
+    static_assert(sizeof(CopyBlock) == 3 * sizeof(int64_t));
+    if (blocks.empty()) return;
+    const size_t bytes = blocks.size() * sizeof(CopyBlock);
+    auto* table = static_cast<int64_t*>(scratch(bytes));  // (the copy from pageable memory is staged before it returns)
+    copy_bytes(table, Device::cuda, blocks.data(), Device::cpu, bytes);
+    check_launch(launch_copy_blocks(src.ptr<float>(), dst.ptr<float>(), table, int64_t(blocks.size()), stream()),
+                 "copy_blocks");
+}
+
 void zero_rows(TensorView t, int64_t rows) {
     const size_t row_bytes = dtype_bytes(t.dtype, t.numel() / t.size(0));
     const size_t pitch = t.is_contiguous() ? row_bytes : dtype_bytes(t.dtype, t.strides[0]);
