@@ -8,8 +8,9 @@
 #   scripts/device-check.sh run    there (the device tool: carry [".device"]): unpack, find cuBLAS, then run
 #                                  1. nvidia-smi, 2. test_cuda (every golden file of every CUDA op on the GPU in f64
 #                                  and f32 against the reference, bitwise determinism, AdamW vs the CPU, the device
-#                                  arena) and test_cuda_train (models trained on both devices, checkpoints moved
-#                                  between them), each test in its own process, 3. `tessera op` on golden inputs on
+#                                  arena), test_cuda_train (models trained on both devices, checkpoints moved
+#                                  between them) and test_comm's CudaNcclLink (the collectives on GPU buffers over a
+#                                  one-rank NCCL link), each test in its own process, 3. `tessera op` on golden inputs on
 #                                  both devices, 4. the demo for DEMO_STEPS (200) steps on both (SKIP_DEMO=1: not),
 #                                  5. bench_cuda (SKIP_BENCH=1: not); results in $OUT/device-check.md (+ logs), within a few
 #                                  minutes
@@ -17,7 +18,7 @@
 #                                  ($OUT/profile.md, trace.json)
 #   scripts/device-check.sh bench   there: bench_cuda and the dense bench model's training on the GPU
 #
-# Not yet in it (the backend does not have it): NCCL collectives.
+# Not in it: several ranks over NCCL (MpiCommCuda, CudaDataParallel), which need a GPU per rank.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,12 +27,12 @@ pack() {
     local build=${BUILD_DIR:-build-test}
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=ON -DTESSERA_CUDA=ON \
         -DCMAKE_CUDA_COMPILER=${CMAKE_CUDA_COMPILER:-/usr/local/cuda/bin/nvcc} >/dev/null
-    cmake --build "$build" -j"${JOBS:-2}" --target test_cuda test_cuda_train bench_cuda tessera
+    cmake --build "$build" -j"${JOBS:-2}" --target test_cuda test_cuda_train test_comm bench_cuda tessera
     local stage
     stage=$(mktemp -d)
     mkdir -p "$stage/bin" "$stage/lib" "$stage/lib-fallback"
-    cp "$build/tests/test_cuda" "$build/tests/e2e/test_cuda_train" "$build/bench/bench_cuda" "$build/apps/tessera" \
-        "$stage/bin/"
+    cp "$build/tests/test_cuda" "$build/tests/e2e/test_cuda_train" "$build/tests/test_comm" "$build/bench/bench_cuda" \
+        "$build/apps/tessera" "$stage/bin/"
     # every library they load, except the C library's own, the driver and cuBLAS (the device's CUDA toolkit has
     # cuBLAS; its Lt half is 540 MB); libstdc++/libgcc_s only as a fallback for an older system one
     for lib in $(ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u); do
@@ -144,8 +145,11 @@ run() {
     : >"$out/test_cuda.log"
     : >"$out/sanitizer.log"
     echo '```' >>"$md"
-    for bin in test_cuda test_cuda_train; do  # the ops, then training
-        tests=$("$b/bin/$bin" --gtest_list_tests | awk '/^[^ ]/{s=$1} /^  /{print s $1}' | sed 's/ *#.*//')
+    local run bin filter
+    for run in 'test_cuda:*' 'test_cuda_train:*' 'test_comm:CudaNcclLink.*'; do  # the ops, training, the NCCL link
+        bin=${run%%:*} filter=${run#*:}
+        tests=$("$b/bin/$bin" --gtest_list_tests --gtest_filter="$filter" | awk '/^[^ ]/{s=$1} /^  /{print s $1}' |
+            sed 's/ *#.*//')
         for t in $tests; do
             local t0=$SECONDS rc=0
             TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 180 "$b/bin/$bin" --gtest_filter="$t" \

@@ -10,6 +10,7 @@
 #include "core/device.h"
 #include "parallel/comm_checks.h"
 #include "parallel/comm_local.h"
+#include "parallel/nccl_link.h"
 #include "parallel/shard.h"
 
 namespace tessera {
@@ -56,6 +57,27 @@ TEST(LocalComm, GpuBuffersWithoutADeviceLinkAreAOneLineError) {
         }
     });
     device_free(Device::cuda, gpu);
+}
+
+// The NCCL link of a one-rank communicator: real NCCL on a GPU (scripts/device-check.sh runs this there, where
+// several ranks would need several GPUs), the emulator's here. The checks on GPU buffers go through the link's stream
+// and events, its own-block copies and the rank-order sum kernel; the splits get links of their own.
+TEST(CudaNcclLink, OneRankCarriesEveryCollectiveOnGpuBuffers) {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device (nor the CUDA emulator)";
+    parallel::run_local(1, [](parallel::Comm& c) {
+        try {
+            c.use_device_link(parallel::make_nccl_link(c));
+        } catch (const Error& e) {
+            if (std::string(e.what()).find("cannot load") == std::string::npos) throw;
+            GTEST_SKIP() << e.what();  // a machine whose CUDA toolkit has no NCCL
+        }
+        test::check_all_gather(c, Device::cuda);
+        test::check_all_gather_uneven(c, Device::cuda);
+        test::check_all_to_all_v_uneven(c, Device::cuda);
+        test::check_broadcast(c, Device::cuda);
+        test::check_reductions_sum_in_rank_order(c, Device::cuda);
+        test::check_split_into_mesh_groups(c, Device::cuda);
+    });
 }
 
 TEST(LocalComm, MismatchedCountsAreAnErrorNotAHang) {
