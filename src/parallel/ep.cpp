@@ -128,8 +128,16 @@ void ExpertParallelStage::bind_scratch(const BufferGroup& g, const std::string& 
     for (const Buffer& b : buffers(false, 1)) this->*b.view = g.view(prefix + b.name);
 }
 
+namespace {
+void fetch(std::vector<int32_t>& to, const TensorView& v) {  // a small i32 view's values, on the host
+    to.resize(size_t(v.numel()));
+    copy_bytes(to.data(), Device::cpu, v.data, v.device, to.size() * sizeof(int32_t));
+}
+}  // namespace
+
 void ExpertParallelStage::exchange_counts(const ops::MoeSaved& s) const {
-    const std::span<const int32_t> off = read_to_host(s.offsets.slice0(0, d_.experts + 1), host_.off);
+    fetch(host_.off, s.offsets.slice0(0, d_.experts + 1));
+    const std::vector<int32_t>& off = host_.off;
     for (int64_t e = 0; e < d_.experts; ++e) seg_[size_t(e)] = off[size_t(e) + 1] - off[size_t(e)];
     const int W = comm_.size();
     host_.rc.resize(size_t(recv_counts_.numel()));
@@ -152,6 +160,12 @@ void ExpertParallelStage::exchange_counts(const ops::MoeSaved& s) const {
     copy_bytes(recv_counts_.data, d, host_.rc.data(), Device::cpu, host_.rc.size() * sizeof(int32_t));
     copy_bytes(counts_.data, d, host_.cnt.data(), Device::cpu, host_.cnt.size() * sizeof(int32_t));
     copy_bytes(offsets_.data, d, host_.lo.data(), Device::cpu, host_.lo.size() * sizeof(int32_t));
+}
+
+void ExpertParallelStage::load_layout(const ops::MoeSaved& s) const {
+    fetch(host_.off, s.offsets.slice0(0, d_.experts + 1));
+    fetch(host_.rc, recv_counts_);
+    fetch(host_.lo, offsets_);
 }
 
 ops::MoeSaved ExpertParallelStage::chunk_saved(int64_t c) const {
@@ -207,11 +221,8 @@ void ExpertParallelStage::pipeline(const ops::MoeSaved& s,
                                    const std::vector<int64_t>& back_cols) const {
     const int W = comm_.size(), me = comm_.rank();
     const int64_t nc = chunks(), L = d_.latent;
-    // the layout on the host (the layer's handle: this pass's, or the forward's in backward)
-    const int32_t* off = read_to_host(s.offsets.slice0(0, d_.experts + 1), host_.off).data();  // home: by expert
-    const int32_t* rc = read_to_host(recv_counts_, host_.rc).data();
-    const int32_t* lo = read_to_host(offsets_, host_.lo).data();      // the local layout: expert-major
-    if (host_.lo.data() != lo) host_.lo.assign(lo, lo + local_ + 1);  // (chunk_saved reads host_.lo)
+    // the layout on the host: home offsets by expert, rows per (source, local expert), the local (expert-major) offsets
+    const int32_t *off = host_.off.data(), *rc = host_.rc.data(), *lo = host_.lo.data();
     // rows of chunk c to / from each rank, and where the chunk starts in pack (home side) and stage (expert side)
     std::vector<int64_t> send(size_t(nc * W)), recv(size_t(nc * W)), pack_at(size_t(nc + 1)), stage_at(size_t(nc + 1));
     for (int64_t c = 0; c < nc; ++c) {
@@ -366,6 +377,7 @@ void ExpertParallelStage::backward(const ops::MoeParams& p,
                                    const ops::MoeScratch& t,
                                    ops::OverlapWork overlap) const {
     const int64_t sent = last_bytes_;
+    load_layout(s);
     pipeline(s, {{t.ye, ye_}}, {d_.latent}, overlap,  // dye out
              [&](int64_t c) {
                  ops::moe_experts_backward(p, chunk_weights(w, c), chunk_weights(g, c), chunk_saved(c),

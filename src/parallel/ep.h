@@ -93,6 +93,7 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     struct Buffer;
     std::vector<Buffer> buffers(bool saved, int64_t tokens) const;
     void exchange_counts(const ops::MoeSaved& s) const;  // forward: fills the layer's layout handle
+    void load_layout(const ops::MoeSaved& s) const;      // backward: the handle (the forward's) back on the host
     // The expert groups' exchanges, pipelined: out(c) sends chunk c's rows of `home` (global layout, cols wide)
     // to their experts (expert-major into `local`); overlap() runs once every chunk is on its way; work(c)
     // computes; back(c) brings `local_out` rows home.
@@ -119,8 +120,8 @@ class ExpertParallelStage final : public ops::MoeExpertStage {
     TensorView lora_u_, lora_du_;              // scratch of the experts' adapters (LoRA only)
     TensorView stage_, pack_;                  // scratch: rows as exchanged (source-major), on either side
     TensorView chunk_offsets_;                 // scratch: one group's offsets (as moe_experts_forward reads them)
-    // the layout on the host (the layer's handle read back where it lives on a GPU): the home offsets by expert, the
-    // rows from each source per local expert, the local offsets and counts
+    // the layout on the host, which the pipeline reads (exchange_counts makes it, load_layout reads the layer's handle
+    // back): the home offsets by expert, the rows from each source per local expert, the local offsets and counts
     struct HostLayout {
         std::vector<int32_t> off, rc, lo, cnt;
     };
