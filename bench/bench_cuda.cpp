@@ -134,8 +134,10 @@ int main(int argc, char** argv) {
                 median_ms([&] { ops::attention_backward({}, dout, q, k, v, o, lse, dq, dk, dv, {}); }), 2.5 * fl,
                 true});
     }
-    // KDA's recurrent kernels, forward and backward (medians of reps_f and reps_b calls), |k|² < 1
-    const auto kda_rows = [&](int64_t B, int64_t T, int64_t H, int64_t D, int reps_f, int reps_b, uint64_t seed) {
+    // KDA, forward and backward (medians of reps_f and reps_b calls), |k|² < 1: the chunked kernels (the default
+    // mode) and the fused token recurrence
+    const auto kda_rows = [&](ops::KdaMode mode, int64_t B, int64_t T, int64_t H, int64_t D, int reps_f, int reps_b,
+                              uint64_t seed) {
         Tensor q = gpu_random(Shape{B, T, H, D}, seed),
                k = bench::random_tensor(Shape{B, T, H, D}, seed + 1, -0.15, 0.15, 0).to(Device::cuda),
                v = gpu_random(Shape{B, T, H, D}, seed + 2), o = gpu_zeros(Shape{B, T, H, D});
@@ -145,15 +147,19 @@ int main(int argc, char** argv) {
                dk = gpu_zeros(Shape{B, T, H, D}), dv = gpu_zeros(Shape{B, T, H, D}), dg = gpu_zeros(Shape{B, T, H, D}),
                db = gpu_zeros(Shape{B, T, H});
         const ops::KdaInputs in{q, k, v, g, beta, {}, {}};
+        const ops::KdaParams p{.mode = mode};
+        const std::string op = mode == ops::KdaMode::chunk ? "kda (chunk)" : "kda (recurrent)";
         const std::string shape = fmt::format("B {} T {} H {} K = V = {}", B, T, H, D);
         const double fl = ops::kda_forward_flops(B * T, H, D, 64);
-        report({"kda (recurrent)", shape, "forward", median_ms([&] { ops::kda_forward({}, in, o, {}, {}); }, reps_f),
-                fl, true});
-        const auto backward = [&] { ops::kda_backward({}, in, dout, {}, {dq, dk, dv, dg, db, {}}, {}); };
-        report({"kda (recurrent)", shape, "backward", median_ms(backward, reps_b), 2 * fl, true});
+        report({op, shape, "forward", median_ms([&] { ops::kda_forward(p, in, o, {}, {}); }, reps_f), fl, true});
+        const auto backward = [&] { ops::kda_backward(p, in, dout, {}, {dq, dk, dv, dg, db, {}}, {}); };
+        report({op, shape, "backward", median_ms(backward, reps_b), 2 * fl, true});
     };
-    kda_rows(4, 2048, 16, 128, 20, 20, 15);
-    kda_rows(1, 4096, 32, 128, 5, 3, 21);  // the shape: one sequence, 32 units for 132 SMs
+    for (const ops::KdaMode mode : {ops::KdaMode::chunk, ops::KdaMode::recurrent}) {
+        kda_rows(mode, 4, 2048, 16, 128, 20, 20, 15);
+        kda_rows(mode, 1, 4096, 32, 128, 5, 3, 21);  // the shape: one sequence, 32 units for 132 SMs
+    }
+    kda_rows(ops::KdaMode::chunk, 1, 16384, 32, 128, 3, 3, 27);
     {  // DSA's sparse MQA attention, DeepSeek-V3.2's entry (576 dims, values 512), top-2048 of T = 8192, H = 16
         const int64_t B = 1, T = 8192, H = 16, DK = 576, DV = 512, K = 2048;
         std::vector<int32_t> idx(size_t(B * T * K));

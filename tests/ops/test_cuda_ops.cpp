@@ -472,21 +472,33 @@ TEST(CudaOps, AttentionMatchesTheCpuOnPackedSequencesAndHeadViews) {
     }
 }
 
-// KDA on the GPU (the fused token recurrence) against the CPU: its recurrent mode (the same recurrence, f32
-// tolerance) and its chunked mode with the forward's saved states (another algorithm: looser), with GVA, packed
-// sequences (one of a single token, one not a whole number of chunks), h0 and dht; backward accumulates.
+// KDA on the GPU against the CPU, forward and backward (accumulating), with GVA, packed sequences (one of a single
+// token, one not a whole number of chunks), h0 and dht: the fused token recurrence against the CPU's (mode
+// recurrent, f32 tolerance), and the chunked kernels against the CPU's chunked mode with the forward's saved states
+// and without them (the backward's own forward pass). The last case holds one chunk of slots at a time (a scratch
+// budget of 1 MiB), so every sequence crosses windows, under strong decay (gates down to −6: a chunk's cumulative
+// gate passes exp's underflow). Each GPU case runs twice: bitwise the same.
 TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
     SKIP_WITHOUT_GPU();
-    const int64_t T = 100, H = 2, HV = 4, K = 32, V = 48, N = 3;
-    const std::vector<int64_t> cu{0, 1, 40, 100};
-    for (const ops::KdaMode mode : {ops::KdaMode::recurrent, ops::KdaMode::chunk}) {
-        const ops::KdaParams p{.chunk_size = 32, .mode = mode};
-        const bool save = mode == ops::KdaMode::chunk;
+    struct Case {
+        ops::KdaMode mode;
+        bool save;
+        int64_t T, K, V, C;
+        std::vector<int64_t> cu;
+        double g_min, tol;
+        const char* scratch_mb;
+    };
+    for (const Case& c : {Case{ops::KdaMode::recurrent, false, 100, 32, 48, 32, {0, 1, 40, 100}, -0.4, 1e-5, nullptr},
+                          Case{ops::KdaMode::chunk, true, 100, 32, 48, 32, {0, 1, 40, 100}, -0.4, 1e-5, nullptr},
+                          Case{ops::KdaMode::chunk, false, 100, 32, 48, 32, {0, 1, 40, 100}, -0.4, 1e-5, nullptr},
+                          Case{ops::KdaMode::chunk, false, 150, 64, 64, 64, {0, 70, 150}, -6.0, 1e-5, "1"}}) {
+        const int64_t T = c.T, H = 2, HV = 4, K = c.K, V = c.V, N = int64_t(c.cu.size()) - 1;
+        const ops::KdaParams p{.chunk_size = c.C, .mode = c.mode};
         std::vector<Tensor> host;
         host.push_back(test::randn(DType::f32, Shape{1, T, H, K}, 1, 0.3));   // q
         host.push_back(test::randn(DType::f32, Shape{1, T, H, K}, 2, 0.15));  // k: β·|k|² < 1, a stable delta rule
         host.push_back(test::randn(DType::f32, Shape{1, T, HV, V}, 3));       // v
-        host.push_back(test::uniform(DType::f32, Shape{1, T, HV, K}, 4, -0.4, -0.01));                         // g
+        host.push_back(test::uniform(DType::f32, Shape{1, T, HV, K}, 4, c.g_min, -0.01));                      // g
         host.push_back(test::uniform(DType::f32, Shape{1, T, HV}, 5, 0.1, 0.9));                               // beta
         host.push_back(test::randn(DType::f32, Shape{N, HV, K, V}, 6, 0.1));                                   // h0
         host.push_back(Tensor(DType::f32, Shape{1, T, HV, V}));                                                // o
@@ -494,21 +506,28 @@ TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
         host.push_back(test::randn(DType::f32, Shape{1, T, HV, V}, 7));                                        // do
         host.push_back(test::randn(DType::f32, Shape{N, HV, K, V}, 8, 0.1));                                   // dht
         for (size_t i = 0; i < 6; ++i) host.push_back(test::randn(DType::f32, host[i].shape(), 20 + i, 0.1));  // grads
-        const ops::KdaInputs shapes{host[0], host[1], host[2], host[3], host[4], host[5], cu};
-        if (save) host.emplace_back(DType::f32, ops::kda_saved_states_shape(p, shapes));
-        std::vector<Tensor> dev;
-        for (const Tensor& t : host) dev.push_back(t.to(Device::cuda));
-        std::vector<std::byte> ws(ops::kda_workspace_bytes(p, shapes, true, omp_get_max_threads(), save));
-        for (std::vector<Tensor>* t : {&host, &dev}) {
+        const ops::KdaInputs shapes{host[0], host[1], host[2], host[3], host[4], host[5], c.cu};
+        if (c.save) host.emplace_back(DType::f32, ops::kda_saved_states_shape(p, shapes));
+        std::vector<Tensor> dev, again;  // the GPU twice: bitwise the same
+        for (const Tensor& t : host) {
+            dev.push_back(t.to(Device::cuda));
+            again.push_back(t.to(Device::cuda));
+        }
+        std::vector<std::byte> ws(ops::kda_workspace_bytes(p, shapes, true, omp_get_max_threads(), c.save));
+        if (c.scratch_mb) setenv("TESSERA_KDA_CHUNK_SCRATCH_MB", c.scratch_mb, 1);
+        for (std::vector<Tensor>* t : {&host, &dev, &again}) {
             auto& x = *t;
-            const ops::KdaInputs in{x[0], x[1], x[2], x[3], x[4], x[5], cu};
-            const TensorView saved = save ? TensorView(x[16]) : TensorView();
+            const ops::KdaInputs in{x[0], x[1], x[2], x[3], x[4], x[5], c.cu};
+            const TensorView saved = c.save ? TensorView(x[16]) : TensorView();
             ops::kda_forward(p, in, x[6], x[7], ws, saved);
             ops::kda_backward(p, in, x[8], x[9], {x[10], x[11], x[12], x[13], x[14], x[15]}, ws, saved);
         }
-        const double tol = save ? 1e-4 : 1e-5;
-        for (size_t i = 6; i < host.size(); ++i)
-            EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], tol, tol)) << "tensor " << i;
+        unsetenv("TESSERA_KDA_CHUNK_SCRATCH_MB");
+        for (size_t i = 6; i < host.size(); ++i) {
+            EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], c.tol, c.tol))
+                << "tensor " << i << ", case T " << T << (c.save ? " with saved states" : "");
+            EXPECT_TRUE(test::bitwise_equal(again[i].to(Device::cpu), dev[i].to(Device::cpu))) << "tensor " << i;
+        }
     }
 }
 

@@ -155,8 +155,10 @@ void sparse_attention_backward(const SparseAttentionParams& p,
 void rope_forward(const RopeParams& p, TensorView x, TensorView y);
 void rope_backward(const RopeParams& p, TensorView dy, TensorView dx);
 
-// The fused token recurrence in both modes (ops/cuda/kda.cu); the host workspace is not used (the sequence table,
-// backward's checkpoints, chunk states and per-value-head dq, dk live in the thread's device scratch).
+// Mode chunk: the chunked kernels (ops/cuda/kda_chunk.cu); mode recurrent: the fused token recurrence
+// (ops/cuda/kda.cu). The host workspace is not used: the sequence and chunk tables, the states entering the chunks
+// (unless saved_states holds them), the chunk slots, backward's carried dS and GVA's per-value-head dq, dk live in
+// the thread's device scratch.
 void kda_forward(
     const KdaParams& p, const KdaInputs& in, TensorView o, TensorView ht, std::span<std::byte> ws, TensorView saved);
 void kda_backward(const KdaParams& p,

@@ -8,8 +8,7 @@
 // sums over the columns: each warp sums its 32 columns by a butterfly reduce-scatter of 32 rows at a time (lane l
 // ends with row l's sum), the warps' sums are added in warp order. Every sum has one order: bitwise run-to-run.
 //
-// Both modes run this recurrence (the chunked WY algorithm is not on CUDA yet); exp(g) is taken in double as on
-// the CPU.
+// This is mode recurrent (mode chunk: ops/cuda/kda_chunk.cu); exp(g) is taken in double as on the CPU.
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -229,7 +228,6 @@ __global__ void __launch_bounds__(kKdaBackwardMaxV) backward_kernel(KdaShape s,
         for (int64_t c = 0; c < K; ++c) gr.dh0[(unit * K + c) * V + j] += dS[c * nt + tid];
 }
 
-// dst[t, h] += Σ_{i in h's group, ascending} src[t, i] (the CPU's reduce_value_heads).
 template <class T>
 __global__ void reduce_heads_kernel(int64_t tokens, int64_t H, int64_t G, int64_t K, const T* src, T* dst) {
     const int64_t total = tokens * H * K;
@@ -279,46 +277,31 @@ cudaError_t launch_kda_backward(KdaShape s,
                                 const T* ckpt,
                                 T* states,
                                 KdaGradPtrs<T> gr,
-                                T* dqv,
-                                T* dkv,
-                                int64_t tokens,
                                 cudaStream_t stream) {
     if (units == 0) return cudaSuccess;
-    const int64_t G = s.HV / s.H;
-    KdaGradPtrs<T> per_head = gr;
-    if (G > 1) {  // dq, dk per value head first; zeroed here
-        per_head.dq = gr.dq ? dqv : nullptr;
-        per_head.dk = gr.dk ? dkv : nullptr;
-        const size_t bytes = sizeof(T) * size_t(tokens * s.HV * s.K);
-        T* const zeroed[2] = {per_head.dq, per_head.dk};
-        for (T* p : zeroed) {
-            if (!p) continue;
-            const cudaError_t e = cudaMemsetAsync(p, 0, bytes, stream);
-            if (e != cudaSuccess) return e;
-        }
-    }
     const size_t smem = kda_backward_smem(s.K, s.V, sizeof(T));
-    cudaError_t err = opt_in(backward_kernel<T>, smem);
+    const cudaError_t err = opt_in(backward_kernel<T>, smem);
     if (err != cudaSuccess) return err;
     launch_kernel(backward_kernel<T>, unsigned(units), backward_threads(s.V), smem, stream, s, seqs, in, dout, dht,
-                  ckpt, states, per_head);
-    if ((err = cudaGetLastError()) != cudaSuccess || G == 1) return err;
-    const int64_t n = tokens * s.H * s.K;
-    T* const src[2] = {per_head.dq, per_head.dk};
-    T* const dst[2] = {gr.dq, gr.dk};
-    for (int x = 0; x < 2; ++x) {
-        if (!dst[x]) continue;
-        launch_kernel(reduce_heads_kernel<T>, grid_for(n), kBlock, 0, stream, tokens, s.H, G, s.K, src[x], dst[x]);
-        if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    }
-    return cudaSuccess;
+                  ckpt, states, gr);
+    return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_kda_sum_value_heads(
+    int64_t tokens, int64_t H, int64_t G, int64_t K, const T* src, T* dst, cudaStream_t stream) {
+    const int64_t n = tokens * H * K;
+    if (n == 0) return cudaSuccess;
+    launch_kernel(reduce_heads_kernel<T>, grid_for(n), kBlock, 0, stream, tokens, H, G, K, src, dst);
+    return cudaGetLastError();
 }
 
 #define TESSERA_KDA(T)                                                                                               \
     template cudaError_t launch_kda_forward<T>(KdaShape, const KdaSeq*, int64_t, KdaTensors<T>, T*, T*, T*,          \
                                                cudaStream_t);                                                        \
     template cudaError_t launch_kda_backward<T>(KdaShape, const KdaSeq*, int64_t, KdaTensors<T>, const T*, const T*, \
-                                                const T*, T*, KdaGradPtrs<T>, T*, T*, int64_t, cudaStream_t);
+                                                const T*, T*, KdaGradPtrs<T>, cudaStream_t);                         \
+    template cudaError_t launch_kda_sum_value_heads<T>(int64_t, int64_t, int64_t, int64_t, const T*, T*, cudaStream_t);
 TESSERA_KDA(float)
 TESSERA_KDA(double)
 #undef TESSERA_KDA

@@ -1,7 +1,10 @@
 // The CUDA entry points of the KDA block's ops: the KDA recurrence, L2 norm, gated RMSNorm, the forget gate and the
 // causal conv1d (training and the decoding step). The neutral entry points (ops/cpu/*.cpp) have checked shapes, dtypes
 // and cu_seqlens already.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iterator>
 #include <vector>
 
 #include "ops/cuda/cuda_ops.h"
@@ -11,11 +14,12 @@ namespace tessera::ops::cuda {
 
 namespace {
 
-// The geometry of a KDA call and its sequence table (host), as ops/cuda/kda.cu takes them.
+// The geometry of a KDA call and its sequence table (host), as ops/cuda/kda.cu and kda_chunk.cu take them.
 struct KdaCall {
     KdaShape s{};
     int64_t tokens = 0, units = 0, total_chunks = 0;
     std::vector<KdaSeq> seqs;
+    std::vector<int64_t> chunk_seq;  // each global chunk's sequence
 };
 
 KdaCall kda_call(const KdaParams& p, const KdaInputs& in, size_t elem, bool backward) {
@@ -26,6 +30,7 @@ KdaCall kda_call(const KdaParams& p, const KdaInputs& in, size_t elem, bool back
     auto add = [&](int64_t first, int64_t len) {
         c.seqs.push_back({first, len, c.total_chunks});
         c.total_chunks += (len + C - 1) / C;
+        c.chunk_seq.resize(size_t(c.total_chunks), int64_t(c.seqs.size()) - 1);
     };
     const auto& cu = in.cu_seqlens;
     if (cu.empty()) {
@@ -35,9 +40,12 @@ KdaCall kda_call(const KdaParams& p, const KdaInputs& in, size_t elem, bool back
     }
     c.units = int64_t(c.seqs.size()) * c.s.HV;
     const size_t limit = max_shared_memory();
-    const size_t need = backward ? kda_backward_smem(K, V, elem) : kda_forward_smem(K, V, elem);
-    TESSERA_CHECK(!backward || V <= kKdaBackwardMaxV, "kda (CUDA): backward supports value head dims up to {}, not {}",
-                  kKdaBackwardMaxV, V);
+    const bool chunked = p.mode == KdaMode::chunk;
+    const size_t need = chunked    ? kda_chunk_scan_smem(K, V, elem)
+                        : backward ? kda_backward_smem(K, V, elem)
+                                   : kda_forward_smem(K, V, elem);
+    TESSERA_CHECK(chunked || !backward || V <= kKdaBackwardMaxV,
+                  "kda (CUDA): recurrent backward supports value head dims up to {}, not {}", kKdaBackwardMaxV, V);
     TESSERA_CHECK(need <= limit,
                   "kda (CUDA): K = {}, V = {} need {} bytes of shared memory per block; the device allows {}", K, V,
                   need, limit);
@@ -50,12 +58,92 @@ KdaTensors<T> kda_tensors(const KdaInputs& in) {
             in.g.ptr<T>(), in.beta.ptr<T>(), in.h0.defined() ? in.h0.ptr<T>() : nullptr};
 }
 
+// Device memory the chunked algorithm's chunk slots may take: TESSERA_KDA_CHUNK_SCRATCH_MB, 1024 by default. More
+// chunks in flight at once keep more of the GPU busy; fewer bound the scratch (docs/ops.md).
+size_t chunk_scratch_budget() {
+    const char* mb = std::getenv("TESSERA_KDA_CHUNK_SCRATCH_MB");
+    char* end = nullptr;
+    const long long v = mb ? std::strtoll(mb, &end, 10) : 0;
+    TESSERA_CHECK(!mb || (end != mb && *end == '\0' && v > 0),
+                  "TESSERA_KDA_CHUNK_SCRATCH_MB: '{}' is not a positive whole number of MiB", mb ? mb : "");
+    return size_t(mb ? v : 1024) << 20;
+}
+
+// The device layout of a chunked call: the sequence and chunk tables, the chunks in flight at once, and the offsets of
+// the scratch request's parts: states entering every chunk (unless the caller keeps them), the window's slots, and for
+// backward dS carried between windows and GVA's per-value-head dq, dk.
+struct ChunkPlan {
+    int64_t window = 1;
+    size_t seqs = 0, chunk_seq = 0, states = 0, slots = 0, carry = 0, dqv = 0, dkv = 0, total = 0;
+};
+
+ChunkPlan chunk_plan(const KdaCall& c, size_t elem, bool backward, bool states_given) {
+    ChunkPlan pl;
+    const KdaShape& s = c.s;
+    const size_t slot_bytes = elem * size_t(kda_chunk_slot_elements(s.C, s.K, s.V, backward) * s.HV);
+    pl.window = std::max<int64_t>(1, std::min<int64_t>(c.total_chunks, int64_t(chunk_scratch_budget() / slot_bytes)));
+    const size_t KV = size_t(s.K * s.V), qk = c.s.HV > c.s.H ? elem * size_t(c.tokens * s.HV * s.K) : 0;
+    const size_t sizes[] = {sizeof(KdaSeq) * c.seqs.size(),
+                            sizeof(int64_t) * c.chunk_seq.size(),
+                            states_given ? 0 : elem * size_t(c.total_chunks * s.HV) * KV,
+                            slot_bytes * size_t(pl.window),
+                            backward ? elem * size_t(c.units) * KV : 0,
+                            backward ? qk : 0,
+                            backward ? qk : 0};
+    size_t* const parts[] = {&pl.seqs, &pl.chunk_seq, &pl.states, &pl.slots, &pl.carry, &pl.dqv, &pl.dkv};
+    for (size_t k = 0; k < std::size(parts); ++k) {
+        *parts[k] = pl.total;
+        pl.total += scratch_part(sizes[k]);
+    }
+    return pl;
+}
+
+// GVA's dq, dk go per value head first ([tokens, HV, K], zeroed here): gr with them in place of dq and dk. Then
+// sum_value_heads adds each group's heads, in order, into dq and dk.
+template <class T>
+KdaGradPtrs<T> per_value_head(const KdaCall& c, KdaGradPtrs<T> gr, T* dqv, T* dkv) {
+    if (c.s.HV == c.s.H) return gr;
+    const size_t bytes = sizeof(T) * size_t(c.tokens * c.s.HV * c.s.K);
+    gr.dq = gr.dq ? dqv : nullptr;
+    gr.dk = gr.dk ? dkv : nullptr;
+    for (T* p : {gr.dq, gr.dk})
+        if (p) device_zero(Device::cuda, p, bytes);
+    return gr;
+}
+
+template <class T>
+void sum_value_heads(const KdaCall& c, const KdaGradPtrs<T>& per_head, const KdaGradPtrs<T>& gr) {
+    if (c.s.HV == c.s.H) return;
+    const int64_t G = c.s.HV / c.s.H;
+    if (gr.dq)
+        check_launch(launch_kda_sum_value_heads<T>(c.tokens, c.s.H, G, c.s.K, per_head.dq, gr.dq, stream()), "kda dq");
+    if (gr.dk)
+        check_launch(launch_kda_sum_value_heads<T>(c.tokens, c.s.H, G, c.s.K, per_head.dk, gr.dk, stream()), "kda dk");
+}
+
+template <class T>
+KdaChunkGeometry chunk_geometry(const KdaCall& c, const ChunkPlan& pl, std::byte* base) {
+    return {upload(base + pl.seqs, std::span<const KdaSeq>(c.seqs)),
+            upload(base + pl.chunk_seq, std::span<const int64_t>(c.chunk_seq)), int64_t(c.seqs.size()), c.total_chunks,
+            pl.window};
+}
+
 }  // namespace
 
 void kda_forward(
     const KdaParams& p, const KdaInputs& in, TensorView o, TensorView ht, std::span<std::byte>, TensorView saved) {
     dispatch_float(in.q.dtype, "kda", [&]<class T>(T) {
         const KdaCall c = kda_call(p, in, sizeof(T), false);
+        if (p.mode == KdaMode::chunk) {
+            const ChunkPlan pl = chunk_plan(c, sizeof(T), false, saved.defined());
+            auto* base = static_cast<std::byte*>(scratch(pl.total));
+            T* states = saved.defined() ? saved.ptr<T>() : reinterpret_cast<T*>(base + pl.states);
+            check_launch(launch_kda_chunk_forward<T>(c.s, chunk_geometry<T>(c, pl, base), kda_tensors<T>(in),
+                                                     o.ptr<T>(), ptr_or_null<T>(ht), states,
+                                                     reinterpret_cast<T*>(base + pl.slots), stream()),
+                         "kda");
+            return;
+        }
         const KdaSeq* seqs = to_scratch(std::span<const KdaSeq>(c.seqs));
         check_launch(launch_kda_forward<T>(c.s, seqs, c.units, kda_tensors<T>(in), o.ptr<T>(), ptr_or_null<T>(ht),
                                            ptr_or_null<T>(saved), stream()),
@@ -72,29 +160,44 @@ void kda_backward(const KdaParams& p,
                   TensorView saved) {
     dispatch_float(in.q.dtype, "kda", [&]<class T>(T) {
         const KdaCall c = kda_call(p, in, sizeof(T), true);
+        const KdaTensors<T> t = kda_tensors<T>(in);
+        const KdaGradPtrs<T> gr{ptr_or_null<T>(grads.dq), ptr_or_null<T>(grads.dk),    ptr_or_null<T>(grads.dv),
+                                ptr_or_null<T>(grads.dg), ptr_or_null<T>(grads.dbeta), ptr_or_null<T>(grads.dh0)};
+        if (p.mode == KdaMode::chunk) {
+            const ChunkPlan pl = chunk_plan(c, sizeof(T), true, saved.defined());
+            auto* base = static_cast<std::byte*>(scratch(pl.total));
+            T* states = saved.defined() ? saved.ptr<T>() : reinterpret_cast<T*>(base + pl.states);
+            const KdaGradPtrs<T> heads =
+                per_value_head(c, gr, reinterpret_cast<T*>(base + pl.dqv), reinterpret_cast<T*>(base + pl.dkv));
+            check_launch(launch_kda_chunk_backward<T>(
+                             c.s, chunk_geometry<T>(c, pl, base), t, ptr_or_null<T>(dout), ptr_or_null<T>(dht), states,
+                             saved.defined(), heads, c.s.HV > c.s.H ? c.s.HV : c.s.H,
+                             reinterpret_cast<T*>(base + pl.slots), reinterpret_cast<T*>(base + pl.carry), stream()),
+                         "kda backward");
+            sum_value_heads(c, heads, gr);
+            return;
+        }
         const int64_t KV = c.s.K * c.s.V;
-        const bool gva = c.s.HV > c.s.H;
         // one scratch request: the sequence table, the checkpoints (without saved states), the chunk states, and
         // dq, dk per value head (GVA)
         const size_t seq_bytes = scratch_part(sizeof(KdaSeq) * c.seqs.size());
         const size_t ckpt_bytes = saved.defined() ? 0 : scratch_part(sizeof(T) * size_t(c.total_chunks * c.s.HV * KV));
         const size_t state_bytes = scratch_part(sizeof(T) * size_t(c.units * ((c.s.C + 1) * KV + c.s.C * c.s.V)));
-        const size_t head_bytes = gva ? scratch_part(sizeof(T) * size_t(c.tokens * c.s.HV * c.s.K)) : 0;
+        const size_t head_bytes = c.s.HV > c.s.H ? scratch_part(sizeof(T) * size_t(c.tokens * c.s.HV * c.s.K)) : 0;
         auto* base = static_cast<std::byte*>(scratch(seq_bytes + ckpt_bytes + state_bytes + 2 * head_bytes));
         const KdaSeq* seqs = upload(base, std::span<const KdaSeq>(c.seqs));
         T* ckpt = saved.defined() ? saved.ptr<T>() : reinterpret_cast<T*>(base + seq_bytes);
         T* states = reinterpret_cast<T*>(base + seq_bytes + ckpt_bytes);
-        T* dqv = gva ? reinterpret_cast<T*>(base + seq_bytes + ckpt_bytes + state_bytes) : nullptr;
-        T* dkv = gva ? reinterpret_cast<T*>(base + seq_bytes + ckpt_bytes + state_bytes + head_bytes) : nullptr;
-        const KdaTensors<T> t = kda_tensors<T>(in);
+        T* heads_at = reinterpret_cast<T*>(base + seq_bytes + ckpt_bytes + state_bytes);
         if (!saved.defined())  // the states entering every chunk, by a forward pass that writes nothing else
             check_launch(launch_kda_forward<T>(c.s, seqs, c.units, t, nullptr, nullptr, ckpt, stream()),
                          "kda backward (checkpoints)");
-        const KdaGradPtrs<T> g{ptr_or_null<T>(grads.dq), ptr_or_null<T>(grads.dk),    ptr_or_null<T>(grads.dv),
-                               ptr_or_null<T>(grads.dg), ptr_or_null<T>(grads.dbeta), ptr_or_null<T>(grads.dh0)};
+        const KdaGradPtrs<T> heads =
+            per_value_head(c, gr, heads_at, reinterpret_cast<T*>(reinterpret_cast<std::byte*>(heads_at) + head_bytes));
         check_launch(launch_kda_backward<T>(c.s, seqs, c.units, t, ptr_or_null<T>(dout), ptr_or_null<T>(dht), ckpt,
-                                            states, g, dqv, dkv, c.tokens, stream()),
+                                            states, heads, stream()),
                      "kda backward");
+        sum_value_heads(c, heads, gr);
     });
 }
 

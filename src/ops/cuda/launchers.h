@@ -316,8 +316,8 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
 // contiguous as ops/kda.h shapes them; the sequences as a table in device memory (first token in the flattened
 // B·T axis, length, index of its first chunk of C tokens among all sequences'). saved (forward, may be null): the
 // states entering every chunk [total chunks, HV, K, V]; backward reads them from ckpt and needs `states` scratch
-// of units·((C + 1)·K·V + C·V) values (a chunk's states and its tokens' u), and dqv, dkv of tokens·HV·K values each
-// when HV > H. Backward accumulates into the gradients that are not null.
+// of units·((C + 1)·K·V + C·V) values (a chunk's states and its tokens' u); its dq, dk are per value head
+// ([tokens, HV, K]) when HV > H. Backward accumulates into the gradients that are not null.
 struct KdaShape {
     int64_t H, HV, K, V, C;
     double scale;
@@ -351,10 +351,44 @@ cudaError_t launch_kda_backward(KdaShape s,
                                 const T* ckpt,
                                 T* states,
                                 KdaGradPtrs<T> gr,
-                                T* dqv,
-                                T* dkv,
-                                int64_t tokens,
                                 cudaStream_t stream);
+
+// dst[t, h] += Σ_{i in h's group, ascending} src[t, i] over [tokens, HV = H·G, K] src (the CPU's reduce_value_heads):
+// the dq, dk of GVA, computed per value head first.
+template <class T>
+cudaError_t launch_kda_sum_value_heads(
+    int64_t tokens, int64_t H, int64_t G, int64_t K, const T* src, T* dst, cudaStream_t stream);
+
+// KDA's chunked algorithm (ops/cuda/kda_chunk.cu). The geometry: the sequence table as above, each global chunk's
+// sequence (chunk_seq, [total_chunks] in device memory) and the window: how many global chunks are in flight at once.
+// `slots` holds window·HV·kda_chunk_slot_elements(C, K, V, backward) values; `states` the states entering every
+// chunk [total_chunks, HV, K, V] (forward writes them; backward reads them when states_known, else writes them).
+// Backward's carry holds sequences·HV·K·V values; dq, dk are per value head when qk_heads = HV > H (then summed by
+// launch_kda_sum_value_heads) and otherwise rows of H heads. o may be null (states only).
+struct KdaChunkGeometry {
+    const KdaSeq* seqs;
+    const int64_t* chunk_seq;
+    int64_t sequences, total_chunks, window;
+};
+int64_t kda_chunk_slot_elements(int64_t C, int64_t K, int64_t V, bool backward);
+// Dynamic shared memory of the scans' blocks.
+size_t kda_chunk_scan_smem(int64_t K, int64_t V, size_t elem);
+template <class T>
+cudaError_t launch_kda_chunk_forward(
+    KdaShape s, const KdaChunkGeometry& geo, KdaTensors<T> in, T* o, T* ht, T* states, T* slots, cudaStream_t stream);
+template <class T>
+cudaError_t launch_kda_chunk_backward(KdaShape s,
+                                      const KdaChunkGeometry& geo,
+                                      KdaTensors<T> in,
+                                      const T* dout,
+                                      const T* dht,
+                                      T* states,
+                                      bool states_known,
+                                      KdaGradPtrs<T> gr,
+                                      int64_t qk_heads,
+                                      T* slots,
+                                      T* carry,
+                                      cudaStream_t stream);
 
 // Causal depthwise conv1d (ops/causal_conv1d.h) on contiguous [tokens, C] rows, w [C, W]. Sequences: batch rows of
 // T tokens (cu null) or the `segments` packed sequences of cu ([segments + 1] offsets in device memory).
