@@ -36,7 +36,7 @@ class StreamGuard {
 };
 
 // Whether this build has the CUDA backend, and whether a CUDA device is present (false without the backend);
-// whether that device is the CUDA emulator's (src/cuda_emulator: any number of ranks share its one device).
+// whether that device is the CUDA emulator's (src/cuda_emulator, which shows TESSERA_CUDA_EMULATOR_DEVICES devices).
 bool cuda_built();
 bool cuda_available();
 bool cuda_emulated();

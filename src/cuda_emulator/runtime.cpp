@@ -408,27 +408,49 @@ unsigned warp_ballot(bool predicate) {
 
 using namespace tessera::cuda_emulator;
 
+namespace {
+// The devices a process sees: TESSERA_CUDA_EMULATOR_DEVICES (1 to 64), 8 by default, as on a node of 8 GPUs. They are
+// one device under several indices: a process (an mpirun rank) uses one, so each rank has a device of its own.
+int device_count() {
+    static const int count = [] {
+        const char* v = std::getenv("TESSERA_CUDA_EMULATOR_DEVICES");
+        if (!v) return 8;
+        char* end = nullptr;
+        const long n = std::strtol(v, &end, 10);
+        if (end == v || *end != '\0' || n < 1 || n > 64) die("TESSERA_CUDA_EMULATOR_DEVICES: not a count from 1 to 64");
+        return int(n);
+    }();
+    return count;
+}
+thread_local int g_device = 0;  // per host thread, as in CUDA
+bool device_ok(int device) { return device >= 0 && device < device_count(); }
+}  // namespace
+
 cudaError_t cudaGetDeviceCount(int* count) {
-    *count = 1;
+    *count = device_count();
     return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
-    *device = 0;
+    *device = g_device;
     return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : record(cudaErrorInvalidValue); }
+cudaError_t cudaSetDevice(int device) {
+    if (!device_ok(device)) return record(cudaErrorInvalidValue);
+    g_device = device;
+    return cudaSuccess;
+}
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
     const bool device = memory().contains(p);
-    *attributes = {device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered, device ? 0 : -1,
+    *attributes = {device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered, device ? g_device : -1,
                    device ? const_cast<void*>(p) : nullptr, device ? nullptr : const_cast<void*>(p)};
     return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-    if (device != 0) return record(cudaErrorInvalidValue);
+    if (!device_ok(device)) return record(cudaErrorInvalidValue);
     *prop = {};
     std::snprintf(prop->name, sizeof prop->name, "tessera CUDA emulator (on the CPU)");
     prop->totalGlobalMem = kReserve;
@@ -443,7 +465,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-    if (device != 0 || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return record(cudaErrorInvalidValue);
+    if (!device_ok(device) || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return record(cudaErrorInvalidValue);
     *value = kMaxDynamicSmemOptin;
     return cudaSuccess;
 }

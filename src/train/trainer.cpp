@@ -319,7 +319,7 @@ TrainSummary train(const TrainOptions& opts) {
             cuda_built() ? "no CUDA device on this machine" : "this build has no CUDA backend (-DTESSERA_CUDA=ON)");
         if (comm) {  // one GPU per rank (its local rank's), and the ranks' GPU buffers over NCCL
             const int gpus = cuda_device_count(), local = parallel::local_ranks();
-            TESSERA_CHECK(gpus >= local || cuda_emulated(),
+            TESSERA_CHECK(gpus >= local,
                           "train.device = cuda: {} ranks on this host and {} GPU{}; start at most one rank per GPU",
                           local, gpus, gpus == 1 ? "" : "s");
             use_cuda_device(parallel::local_rank() % gpus);

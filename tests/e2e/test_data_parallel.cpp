@@ -512,9 +512,8 @@ TEST(DataParallelCheckpoint, RefusesModelFilesThatDoNotAddUp) {
 // FSDP trains with the 2 CPU ranks' losses (within 1e-3, the GPU's bound), ZeRO-2 gives FSDP's bits, pipeline stages,
 // expert parallelism (the MoE model at EP 2, a capacity and two expert groups in flight) and tensor parallelism (a LoRA
 // fine-tune of a bf16 base) the CPU's losses, and the step-6 checkpoint resumes on the GPUs with the uninterrupted
-// run's bits. Skipped without a GPU for each rank; the CUDA emulator's ranks share its one (scripts/run.sh test runs it
-// there).
-bool gpu_per_rank(int ranks) { return cuda_available() && (cuda_emulated() || cuda_device_count() >= ranks); }
+// run's bits. Skipped without a GPU for each rank; the CUDA emulator shows 8 (scripts/run.sh test runs it there).
+bool gpu_per_rank(int ranks) { return cuda_available() && cuda_device_count() >= ranks; }
 
 void expect_gpu_losses_near(const std::string& gpu_run, const std::string& cpu_run) {
     const auto gpu = losses(gpu_run), cpu = losses(cpu_run);
@@ -564,6 +563,23 @@ TEST(CudaDataParallel, RanksOverNcclTrainWithTheCpusLossesAndResumeBitwise) {
     ASSERT_EQ(r.status, 0) << r.out << r.err;
     EXPECT_EQ(losses(d.file("fsdp"), 6), losses(resumed));
     EXPECT_TRUE(final_model(d.file("fsdp")) == final_model(resumed));
+}
+
+// More ranks on a host than it has GPUs: one line before any rank starts training, nothing written. On the CUDA
+// emulator it shows one device (TESSERA_CUDA_EMULATOR_DEVICES=1); on a machine with one GPU as it is.
+TEST(CudaDataParallel, MoreRanksThanGpusIsAOneLineError) {
+    if (!cuda_available()) GTEST_SKIP() << "no GPU (nor the CUDA emulator)";
+    if (!cuda_emulated() && cuda_device_count() >= 2) GTEST_SKIP() << "a GPU for each of 2 ranks";
+    TempDir d;
+    if (cuda_emulated()) setenv("TESSERA_CUDA_EMULATOR_DEVICES", "1", 1);
+    const test::CliResult r =
+        run_tessera_mpi(2, "train --config " + kTiny + " --set train.device=cuda --out " + d.file("x"));
+    unsetenv("TESSERA_CUDA_EMULATOR_DEVICES");
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find("train.device = cuda: 2 ranks on this host and 1 GPU; start at most one rank per GPU"),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(d.file("x") + "/config.json")) << "a failed start leaves nothing";
 }
 
 TEST(DataParallelErrors, BatchAndLayoutKeysAreOneLineErrors) {

@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
     tessera::parallel::MpiRuntime mpi;
     auto world = mpi.world();
     tessera::g_world = world.get();
-    // GPU buffers over NCCL where each rank has a GPU of its own (or on the emulator, where they share one)
+    // GPU buffers over NCCL where each rank has a GPU of its own (the CUDA emulator shows 8)
     const int gpus = tessera::cuda_device_count(), local = tessera::parallel::local_ranks();
-    if (gpus > 0 && (tessera::cuda_emulated() || gpus >= local)) {
+    if (gpus > 0 && gpus >= local) {
         tessera::use_cuda_device(tessera::parallel::local_rank() % gpus);
         world->use_device_link(tessera::parallel::make_nccl_link(*world));
     }
