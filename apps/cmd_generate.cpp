@@ -5,6 +5,7 @@
 
 #include "apps/commands.h"
 #include "apps/options.h"
+#include "core/device.h"
 #include "core/safetensors.h"
 #include "model/image_input.h"
 #include "model/runtime.h"
@@ -23,7 +24,7 @@ void add_generate_command(CLI::App& app) {
         std::string checkpoint, prompt;
         model::SampleParams p;
         int64_t context = 0;
-        std::string tokenizer, images;
+        std::string tokenizer, images, device = "cpu";
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("--checkpoint", a->checkpoint,
@@ -40,6 +41,10 @@ void add_generate_command(CLI::App& app) {
     cmd->add_option("--tokenizer", a->tokenizer,
                     "A Hugging Face directory whose tokenizer reads the prompt and writes the text (default: the "
                     "model's own, or its fine-tuning base's; else the byte tokenizer)");
+    cmd->add_option("--device", a->device,
+                    "Where the model decodes: cpu, or cuda (the weights and caches on the GPU; the logits of each "
+                    "step come back to sample)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
     cmd->add_option("--images", a->images,
                     "A model with an image tower (Kimi K3): a safetensors file of Kimi's processor (pixel_values, "
                     "image_grid_hws); the prompt holds the image token (<|media_pad|>) once per image");
@@ -54,10 +59,14 @@ void add_generate_command(CLI::App& app) {
             patches = model::read_processor_images(SafetensorsFile(a->images), a->images, run.vision, grids);
             run.vision.max_patches = std::max<int64_t>(patches.shape()[0], 1);  // this prompt's images
         }
+        const Device device = a->device == "cuda" ? Device::cuda : Device::cpu;
+        TESSERA_CHECK(
+            device == Device::cpu || cuda_available(), "--device cuda: {}",
+            cuda_built() ? "no CUDA device on this machine" : "this build has no CUDA backend (-DTESSERA_CUDA=ON)");
         model::Model model(run);
         const int64_t context = a->context > 0 ? a->context : src.context;  // default: the trained length
         BufferGroup cache("cache", model.cache_specs(1, context));
-        model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/{}, {&cache});
+        model::ModelRuntime rt(model, {1, 1}, /*with_grads=*/false, /*recompute=*/{}, {&cache}, nullptr, device);
         model.bind_cache(cache);
         src.load(model, rt.params());
         std::vector<int32_t> tokens;

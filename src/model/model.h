@@ -225,6 +225,8 @@ class Model {
     std::vector<BufferSpec> cache_specs(int64_t batch, int64_t max_len) const;
     void bind_cache(const BufferGroup& cache);
     void decode_step(int64_t pos, std::span<const int32_t> ids, TensorView logits);
+    // The device the runtime bound the model's buffers on (decoding's logits live there too).
+    Device device() const { return ids_.device; }
 
     // Model FLOPs per token: forward, and training (recompute not counted): the forward, the input gradients (as many
     // FLOPs) and the weight gradients of the parameters that train (a matmul weight's as many as its forward product:

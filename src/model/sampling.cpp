@@ -6,6 +6,8 @@
 #include <functional>
 #include <numeric>
 
+#include "core/device.h"
+
 namespace tessera::model {
 
 int32_t sample_token(std::span<const float> logits, const SampleParams& p, Rng& rng) {
@@ -47,16 +49,21 @@ void generate(Model& model,
                   context, tokens.size(), p.max_new_tokens);
     Rng rng(p.seed, 0x5a3b1eull);
     const int64_t V = model.config().vocab_size;
-    Tensor logits(DType::f32, Shape{1, V});
+    // the logits on the model's device; sampling reads a host copy
+    Tensor logits(DType::f32, Shape{1, V}), on_device;
+    if (model.device() != Device::cpu) on_device = Tensor(DType::f32, Shape{1, V}, model.device());
+    const TensorView out = model.device() != Device::cpu ? on_device.view() : logits.view();
     int64_t pos = 0;
     // decodes tokens[from, end) from position 0
     auto refill = [&](size_t from) {
         for (pos = 0; from + size_t(pos) < tokens.size(); ++pos) {
-            model.decode_step(pos, std::span(&tokens[from + size_t(pos)], 1), logits);
+            model.decode_step(pos, std::span(&tokens[from + size_t(pos)], 1), out);
         }
     };
     refill(tokens.size() - std::min(tokens.size(), size_t(context)));
     for (int64_t n = 0; n < p.max_new_tokens; ++n) {
+        if (out.data != logits.view().data)
+            copy_bytes(logits.view().data, Device::cpu, out.data, out.device, out.nbytes());
         const int32_t next = sample_token(std::span<const float>(logits.ptr<float>(), size_t(V)), p, rng);
         tokens.push_back(next);
         if (on_token) on_token(next);
@@ -64,7 +71,7 @@ void generate(Model& model,
         if (pos == context) {
             refill(tokens.size() - size_t(context / 2));
         } else {
-            model.decode_step(pos++, std::span(&tokens.back(), 1), logits);
+            model.decode_step(pos++, std::span(&tokens.back(), 1), out);
         }
     }
 }

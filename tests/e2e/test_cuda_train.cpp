@@ -1,9 +1,9 @@
 // Training on the GPU (train.device = cuda) against training on the CPU, the oracle: the hybrid models train with
 // the CPU's losses (f32 on both: within 1e-3 relative over every step), bitwise run to run on the GPU, checkpoints
-// move between the devices (a run begun on one continues on the other with the other's losses), and Kimi K3's image
-// tower feeding a model gives the CPU's logits and gradients. Every test but the last skips without a GPU
-// (scripts/device-check.sh runs them on one); the last checks, on a machine without one, that asking for the GPU is a
-// one-line error that leaves nothing behind.
+// move between the devices (a run begun on one continues on the other with the other's losses), Kimi K3's image
+// tower feeding a model gives the CPU's logits and gradients, and decoding on the GPU gives the CPU's logits and
+// tokens. Every test but the last skips without a GPU (scripts/device-check.sh runs them on one); the last checks, on a
+// machine without one, that asking for the GPU is a one-line error that leaves nothing behind.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,8 +13,10 @@
 
 #include "core/device.h"
 #include "core/file.h"
+#include "core/json.h"
 #include "core/safetensors.h"
 #include "model/runtime.h"
+#include "model/sampling.h"
 #include "train/trainer.h"
 #include "util/test_util.h"
 
@@ -213,6 +215,38 @@ TEST(CudaTrain, AnImageTowerGivesTheCpusLogitsAndGradients) {
                                         rc.grads().view(s.name), 1e-4))
             << s.name;
     }
+}
+
+// Decoding on the GPU (the caches in device memory, ops/decode.h over them): both models decode a 48-token sequence
+// position by position from the same weights with the CPU's logits at every step (GQA with gates and KDA; KDA, GDN
+// and gated DSA, whose indexer picks 16 of the cached rows once there are more, and the MoE layers), and greedy
+// generation writes the CPU's tokens.
+TEST_P(CudaTrain, DecodingOnTheGpuGivesTheCpusLogitsAndTokens) {
+    SKIP_WITHOUT_GPU();
+    const model::ModelConfig cfg = model::parse_model_config(Json::parse(GetParam())["model"], "decoding test");
+    const int64_t L = 48, V = cfg.vocab_size;
+    model::Model cpu(cfg), gpu(cfg);
+    BufferGroup cc("cache", cpu.cache_specs(1, L)), cg("cache", gpu.cache_specs(1, L));
+    model::ModelRuntime rc(cpu, {1, 1}, false, {}, {&cc}), rg(gpu, {1, 1}, false, {}, {&cg}, nullptr, Device::cuda);
+    cpu.bind_cache(cc);
+    gpu.bind_cache(cg);
+    cpu.init_params(rc.params(), 5);
+    for (const BufferSpec& s : cpu.param_specs()) {
+        const TensorView h = rc.params().view(s.name), d = rg.params().view(s.name);
+        copy_bytes(d.data, Device::cuda, h.data, Device::cpu, h.nbytes());
+    }
+    Tensor lc(DType::f32, Shape{1, V}), lg(DType::f32, Shape{1, V}, Device::cuda);
+    for (int64_t pos = 0; pos < L; ++pos) {
+        const int32_t id = int32_t((pos * 37 + 11) % V);
+        cpu.decode_step(pos, std::span(&id, 1), lc);
+        gpu.decode_step(pos, std::span(&id, 1), lg);
+        ASSERT_TRUE(test::all_close(lg.to(Device::cpu), lc, 1e-4, 1e-5)) << "position " << pos;
+    }
+    std::vector<int32_t> tc{1, 2, 3}, tg = tc;
+    const model::SampleParams greedy{.max_new_tokens = 40, .temperature = 0};
+    model::generate(cpu, L, tc, greedy, -1, {});
+    model::generate(gpu, L, tg, greedy, -1, {});
+    EXPECT_EQ(tg, tc);
 }
 
 TEST(CudaTrain, WithoutAGpuTheDeviceIsAOneLineErrorThatLeavesNothing) {

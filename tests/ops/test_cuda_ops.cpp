@@ -26,6 +26,7 @@
 #include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
 #include "ops/cuda/entry_util.h"
+#include "ops/decode.h"
 #include "ops/dsa.h"
 #include "ops/gated_rmsnorm.h"
 #include "ops/kda.h"
@@ -527,6 +528,55 @@ TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
             EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], c.tol, c.tol))
                 << "tensor " << i << ", case T " << T << (c.save ? " with saved states" : "");
             EXPECT_TRUE(test::bitwise_equal(again[i].to(Device::cpu), dev[i].to(Device::cpu))) << "tensor " << i;
+        }
+    }
+}
+
+// Decoding's ops on the GPU against the CPU: GQA heads read from a fused projection row over a cache of 3 sequences
+// (all rows, then the first `len`), MQA over an entry cache whose values are each entry's first dims, with selected
+// rows (−1 padded) and a strided output; the indexer's selection over the cache (more rows than topk, and fewer),
+// which must be the CPU's exactly.
+TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const int64_t B = 3, L = 40, H = 4, HKV = 2, D = 16, W = (H + 2 * HKV) * D, DK = 24, DV = 16, HI = 2, DI = 8;
+    std::vector<Tensor> host;  // the GQA row, its key and value caches; MLA's q̂ and entries; the indexer's q, w, keys
+    for (const Shape& shape : {Shape{B, W}, Shape{B, L, HKV * D}, Shape{B, L, HKV * D}, Shape{B, H, DK},
+                               Shape{B, L, DK}, Shape{B, HI, DI}, Shape{B, HI}, Shape{B, L, DI}})
+        host.push_back(test::randn(DType::f32, shape, 1 + host.size()));
+    std::vector<Tensor> dev;
+    for (const Tensor& t : host) dev.push_back(t.to(Device::cuda));
+    auto with_strides = [](TensorView v, Shape shape, std::vector<int64_t> strides) {
+        v.shape = shape;
+        for (size_t i = 0; i < strides.size(); ++i) v.strides[i] = strides[i];
+        return v;
+    };
+    for (const int64_t len : {L, int64_t(17)}) {
+        for (const int64_t topk : {int64_t(8), int64_t(64)}) {
+            Tensor gqa[2], mqa[2], rows[2];  // CPU, GPU
+            for (int side = 0; side < 2; ++side) {
+                const std::vector<Tensor>& t = side == 0 ? host : dev;
+                const Device d = side == 0 ? Device::cpu : Device::cuda;
+                Tensor o(DType::f32, Shape{B, H, D}, d), oc(DType::f32, Shape{B, H, 2 * DV}, d),
+                    r(DType::i32, Shape{B, topk}, d);
+                const Shape kv{B, L, HKV, D};
+                ops::cached_attention(0.25, with_strides(t[0], Shape{B, H, D}, {W, D, 1}), t[1].view().reshape(kv),
+                                      t[2].view().reshape(kv), {}, len, o);
+                ops::cached_index_topk(t[5], t[6], t[7], len, r);
+                ops::cached_attention(0.2, t[3], t[4].view().reshape(Shape{B, L, 1, DK}),
+                                      with_strides(t[4], Shape{B, L, 1, DV}, {L * DK, DK, DK, 1}), r, len,
+                                      with_strides(oc, Shape{B, H, DV}, {H * 2 * DV, 2 * DV, 1}));
+                gqa[side] = o.to(Device::cpu);
+                mqa[side] = oc.to(Device::cpu);
+                rows[side] = r.to(Device::cpu);
+            }
+            EXPECT_TRUE(test::all_close(gqa[1], gqa[0], 1e-6, 1e-6)) << "GQA, len " << len;
+            EXPECT_TRUE(test::all_close(mqa[1], mqa[0], 1e-6, 1e-6)) << "MQA, len " << len << ", topk " << topk;
+            EXPECT_TRUE(test::bitwise_equal(rows[1], rows[0])) << "len " << len << ", topk " << topk;
+            const int32_t* r = rows[0].ptr<int32_t>();
+            EXPECT_GE(r[std::min(topk, len) - 1], 0);
+            if (topk > len) {
+                EXPECT_EQ(r[len], -1);
+            }
         }
     }
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ops/attention.h"
+#include "ops/decode.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
@@ -203,22 +204,14 @@ void AttentionBlock::bind_cache(const BufferGroup& cache, const std::string& pre
 void AttentionBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte>) {
     const int64_t L = k_cache_.size(1);
     TESSERA_CHECK(pos < L, "{}: position {} is past the {}-token cache", prefix_, pos, L);
-    TensorView x = x_in.slice0(0, batch), qkv = qkv_.slice0(0, batch), o = o_.slice0(0, batch);
+    TensorView x = x_in.slice0(0, batch), qkv = qkv_.slice0(0, batch);
     project(StepShape{batch, 1}, pos, x);
-    std::vector<const float*> keys(size_t(pos + 1)), values(size_t(pos + 1));
-    for (int64_t b = 0; b < batch; ++b) {
-        const float* row = qkv.ptr<float>() + b * W_;
-        float* kc = k_cache_.ptr<float>() + b * L * KV_;
-        float* vc = v_cache_.ptr<float>() + b * L * KV_;
-        std::copy(row + Q_, row + Q_ + KV_, kc + pos * KV_);
-        std::copy(row + Q_ + KV_, row + Q_ + 2 * KV_, vc + pos * KV_);
-        for (int64_t t = 0; t <= pos; ++t) {
-            keys[size_t(t)] = kc + t * KV_;
-            values[size_t(t)] = vc + t * KV_;
-        }
-        attend_one(row, H_, HKV_, D_, D_, 1.0 / std::sqrt(double(D_)), keys.data(), D_, values.data(), D_, pos + 1,
-                   o.ptr<float>() + b * Q_);
-    }
+    ops::copy_rows(qkv.columns(Q_, KV_), cache_rows(k_cache_, batch, pos));
+    ops::copy_rows(qkv.columns(Q_ + KV_, KV_), cache_rows(v_cache_, batch, pos));
+    const Shape kv{batch, L, HKV_, D_};
+    ops::cached_attention(1.0 / std::sqrt(double(D_)), strided(qkv, Shape{batch, H_, D_}, {qkv.strides[0], D_, 1}),
+                          k_cache_.slice0(0, batch).reshape(kv), v_cache_.slice0(0, batch).reshape(kv), {}, pos + 1,
+                          o_.slice0(0, batch).reshape(Shape{batch, H_, D_}));
     finish(batch, x, x_out);
 }
 

@@ -92,38 +92,17 @@ TensorView adjacent(const std::vector<TensorView>& parts, int64_t cols, const st
     return TensorView(parts[0].data, parts[0].dtype, Shape{rows, cols}, parts[0].device);
 }
 
-void attend_one(const float* q,
-                int64_t H,
-                int64_t HKV,
-                int64_t D,
-                int64_t DV,
-                double scale,
-                const float* const* keys,
-                int64_t kstride,
-                const float* const* values,
-                int64_t vstride,
-                int64_t n,
-                float* o) {
-    std::vector<double> z(static_cast<size_t>(n));
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t kvh = h / (H / HKV);
-        const float* qh = q + h * D;
-        double m = -INFINITY;
-        for (int64_t s = 0; s < n; ++s) {
-            const float* k = keys[s] + kvh * kstride;
-            double dot = 0;
-            for (int64_t d = 0; d < D; ++d) dot += double(qh[d]) * double(k[d]);
-            z[size_t(s)] = dot * scale;
-            m = std::max(m, z[size_t(s)]);
-        }
-        double sum = 0;
-        for (int64_t s = 0; s < n; ++s) sum += (z[size_t(s)] = std::exp(z[size_t(s)] - m));
-        for (int64_t e = 0; e < DV; ++e) {
-            double acc = 0;
-            for (int64_t s = 0; s < n; ++s) acc += z[size_t(s)] * double(values[s][kvh * vstride + e]);
-            o[h * DV + e] = float(acc / sum);
-        }
-    }
+TensorView cache_rows(const TensorView& cache, int64_t batch, int64_t pos) {
+    return strided(cache.narrow(0, 0, batch).narrow(1, pos, 1), Shape{batch, cache.size(2)},
+                   {cache.strides[0], cache.strides[2]});
+}
+
+TensorView strided(const TensorView& t, const Shape& shape, std::initializer_list<int64_t> strides) {
+    TensorView v = t;
+    v.shape = shape;
+    size_t i = 0;
+    for (const int64_t s : strides) v.strides[i++] = s;
+    return v;
 }
 
 }  // namespace tessera::model

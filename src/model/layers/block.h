@@ -121,21 +121,9 @@ void add_param(std::vector<BufferSpec>& specs,
 // the first `width` columns of each of `heads` heads (head h at col + h·head_stride) of a row-major
 // [B·T, *] f32 buffer, as a [B, T, heads, width] view
 TensorView heads_view(TensorView rows, StepShape s, int64_t col, int64_t heads, int64_t head_stride, int64_t width);
-// Attention of one query per head over n cached keys (decoding): o[h] = softmax_s(scale·q[h]·key_s)·value_s
-// with head h reading kv head h / (H / HKV). q [H, D] rows, o [H, DV] rows; key_s = keys[s] + kvh·kstride
-// (D values) and value_s = values[s] + kvh·vstride (DV values) for s < n.
-void attend_one(const float* q,
-                int64_t H,
-                int64_t HKV,
-                int64_t D,
-                int64_t DV,
-                double scale,
-                const float* const* keys,
-                int64_t kstride,
-                const float* const* values,
-                int64_t vstride,
-                int64_t n,
-                float* o);
+// Decoding caches [B, L, W]: the [batch, W] rows at position pos, and a view of t's data with other shape and strides.
+TensorView cache_rows(const TensorView& cache, int64_t batch, int64_t pos);
+TensorView strided(const TensorView& t, const Shape& shape, std::initializer_list<int64_t> strides);
 // A parameter's view in the parameter group, or its gradient's in the gradient group (undefined when frozen).
 TensorView param_view(const BufferGroup& g, const std::string& name, bool grad);
 // one [Σ rows, cols] view (their dtype) over parameters declared back to back (checks that they are adjacent);

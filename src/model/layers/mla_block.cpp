@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ops/attention.h"
+#include "ops/decode.h"
 #include "ops/dsa.h"
 #include "ops/gemm.h"
 #include "ops/layernorm.h"
@@ -355,12 +356,16 @@ void MlaBlock::declare_cache(std::vector<BufferSpec>& specs,
                              int64_t batch,
                              int64_t max_len) const {
     specs.push_back({prefix + "entries", DType::f32, Shape{batch, max_len, DK_}});
-    if (HI_ > 0) specs.push_back({prefix + "index_keys", DType::f32, Shape{batch, max_len, DI_}});
+    if (HI_ == 0) return;
+    specs.push_back({prefix + "index_keys", DType::f32, Shape{batch, max_len, DI_}});
+    specs.push_back({prefix + "rows", DType::i32, Shape{batch, cfg_.dsa.topk}});  // each step's selection
 }
 
 void MlaBlock::bind_cache(const BufferGroup& cache, const std::string& prefix) {
     entries_ = cache.view(prefix + "entries");
-    if (HI_ > 0) index_keys_ = cache.view(prefix + "index_keys");
+    if (HI_ == 0) return;
+    index_keys_ = cache.view(prefix + "index_keys");
+    rows_ = cache.view(prefix + "rows");
 }
 
 void MlaBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_out, std::span<std::byte>) {
@@ -368,44 +373,20 @@ void MlaBlock::step(int64_t batch, int64_t pos, TensorView x_in, TensorView x_ou
     TESSERA_CHECK(pos < L, "{}: position {} is past the {}-token cache", prefix_, pos, L);
     TensorView x = x_in.slice0(0, batch);
     project(StepShape{batch, 1}, pos, x);
-    std::vector<const float*> rows;
-    std::vector<std::pair<float, int64_t>> scored;
-    std::vector<float> oc(static_cast<size_t>(H_ * RKV_));
-    for (int64_t b = 0; b < batch; ++b) {
-        float* ent = entries_.ptr<float>() + b * L * DK_;
-        const float* kvb = a_.kv.ptr<float>() + b * DK_;
-        std::copy(kvb, kvb + DK_, ent + pos * DK_);
-        rows.clear();
-        if (HI_ == 0) {
-            for (int64_t t = 0; t <= pos; ++t) rows.push_back(ent + t * DK_);
-        } else {  // the indexer's top-k over the cached keys (the same total order as dsa_indexer)
-            float* ik = index_keys_.ptr<float>() + b * L * DI_;
-            std::copy(a_.ki.ptr<float>() + b * DI_, a_.ki.ptr<float>() + (b + 1) * DI_, ik + pos * DI_);
-            const float* qi = a_.qi.ptr<float>() + b * HI_ * DI_;
-            const float* wi = a_.wi.ptr<float>() + b * HI_;
-            scored.clear();
-            for (int64_t t = 0; t <= pos; ++t) {
-                float I = 0;
-                for (int64_t j = 0; j < HI_; ++j) {
-                    float dot = 0;
-                    for (int64_t d = 0; d < DI_; ++d) dot += qi[j * DI_ + d] * ik[t * DI_ + d];
-                    I += wi[j] * std::max(dot, 0.f);
-                }
-                scored.push_back({I, t});
-            }
-            const int64_t n = std::min<int64_t>(cfg_.dsa.topk, pos + 1);
-            std::partial_sort(scored.begin(), scored.begin() + n, scored.end(), [](const auto& u, const auto& v) {
-                return ops::dsa_ranks_before(u.first, u.second, v.first, v.second);
-            });
-            scored.resize(size_t(n));
-            std::sort(scored.begin(), scored.end(), [](const auto& u, const auto& v) { return u.second < v.second; });
-            for (const auto& [I, t] : scored) rows.push_back(ent + t * DK_);
-        }
-        attend_one(a_.qhat.ptr<float>() + b * H_ * DK_, H_, 1, DK_, RKV_, cfg_.scale(), rows.data(), 0, rows.data(), 0,
-                   int64_t(rows.size()), oc.data());
-        float* dst = a_.oc.ptr<float>() + b * H_ * OC;
-        for (int64_t h = 0; h < H_; ++h) std::copy(oc.begin() + h * RKV_, oc.begin() + (h + 1) * RKV_, dst + h * OC);
+    const TensorView entries = entries_.slice0(0, batch);
+    ops::copy_rows(a_.kv.slice0(0, batch), cache_rows(entries_, batch, pos));
+    TensorView rows;  // the indexer's top-k over the cached keys (the same total order as dsa_indexer), or every row
+    if (HI_ > 0) {
+        ops::copy_rows(a_.ki.slice0(0, batch), cache_rows(index_keys_, batch, pos));
+        rows = rows_.slice0(0, batch);
+        ops::cached_index_topk(a_.qi.slice0(0, batch).reshape(Shape{batch, HI_, DI_}), a_.wi.slice0(0, batch),
+                               index_keys_.slice0(0, batch), pos + 1, rows);
     }
+    const TensorView oc = a_.oc.slice0(0, batch);
+    ops::cached_attention(cfg_.scale(), a_.qhat.slice0(0, batch).reshape(Shape{batch, H_, DK_}),
+                          entries.reshape(Shape{batch, L, 1, DK_}),
+                          strided(entries, Shape{batch, L, 1, RKV_}, {L * DK_, DK_, DK_, 1}), rows, pos + 1,
+                          strided(oc, Shape{batch, H_, RKV_}, {oc.strides[0], OC, 1}));
     finish(batch, x, x_out);
 }
 

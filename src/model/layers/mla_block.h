@@ -126,7 +126,7 @@ class MlaBlock : public Block {
     Acts a_;
     Scratch d_;
     PassOptions pass_;
-    TensorView entries_, index_keys_;  // decoding caches: [B, L, D_k], [B, L, d^I]
+    TensorView entries_, index_keys_, rows_;  // decoding caches: [B, L, D_k], [B, L, d^I]; the selection [B, topk]
     DsaLayerStats stats_;
     parallel::Comm* head_group_ = nullptr;  // share_heads
 };

@@ -3,6 +3,7 @@
 // entry points (ops/cpu/attention.cpp, dsa_indexer.cpp, sparse_attention.cpp) have checked shapes, dtypes, strides and
 // cu_seqlens already; here attention's tile plan is made on the host (ops/attention_tiles.h) and copied with
 // backward's Δ scratch into one device scratch request.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -233,6 +234,54 @@ IndexerKlResult indexer_kl(TensorView q,
                      "indexer_kl backward");
     });
     return r;
+}
+
+void cached_attention(
+    double scale, TensorView q, TensorView keys, TensorView values, TensorView rows, int64_t len, TensorView o) {
+    const int64_t n = rows.defined() ? rows.size(1) : len;
+    CachedAttentionArgs a{q.ptr<float>(),
+                          keys.ptr<float>(),
+                          values.ptr<float>(),
+                          rows.defined() ? rows.ptr<int32_t>() : nullptr,
+                          o.ptr<float>(),
+                          q.size(0),
+                          q.size(1),
+                          keys.size(2),
+                          q.size(2),
+                          o.size(2),
+                          n,
+                          len,
+                          q.strides[0],
+                          q.strides[1],
+                          keys.strides[0],
+                          keys.strides[1],
+                          keys.strides[2],
+                          values.strides[0],
+                          values.strides[1],
+                          values.strides[2],
+                          o.strides[0],
+                          o.strides[1],
+                          scale};
+    auto* z = static_cast<double*>(scratch(sizeof(double) * size_t(std::max<int64_t>(1, a.B * a.H * n))));
+    check_launch(launch_cached_attention(a, z, stream()), "cached_attention");
+}
+
+void cached_index_topk(TensorView q, TensorView w, TensorView keys, int64_t len, TensorView rows) {
+    int64_t P = 1;
+    while (P < len) P *= 2;
+    const CachedIndexArgs a{q.ptr<float>(),    w.ptr<float>(),
+                            keys.ptr<float>(), rows.ptr<int32_t>(),
+                            q.size(0),         q.size(1),
+                            q.size(2),         len,
+                            rows.size(1),      P,
+                            q.strides[0],      q.strides[1],
+                            w.strides[0],      w.strides[1],
+                            keys.strides[0],   keys.strides[1]};
+    const size_t part = scratch_part(sizeof(float) * size_t(a.B * P));
+    auto* base = static_cast<std::byte*>(scratch(2 * part));
+    check_launch(
+        launch_cached_index_topk(a, reinterpret_cast<float*>(base), reinterpret_cast<int32_t*>(base + part), stream()),
+        "cached_index_topk");
 }
 
 }  // namespace tessera::ops::cuda

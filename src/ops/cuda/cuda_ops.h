@@ -9,6 +9,7 @@
 #include "ops/attn_res.h"
 #include "ops/causal_conv1d.h"
 #include "ops/cross_entropy.h"
+#include "ops/decode.h"
 #include "ops/dsa.h"
 #include "ops/embedding.h"
 #include "ops/gated_rmsnorm.h"
@@ -154,6 +155,11 @@ void sparse_attention_backward(const SparseAttentionParams& p,
 // The frequencies are computed on the host and copied to the device (scratch) per call.
 void rope_forward(const RopeParams& p, TensorView x, TensorView y);
 void rope_backward(const RopeParams& p, TensorView dy, TensorView dx);
+
+// Decoding over the caches (ops/cuda/decode.cu): the scores and selection in the thread's device scratch.
+void cached_attention(
+    double scale, TensorView q, TensorView keys, TensorView values, TensorView rows, int64_t len, TensorView o);
+void cached_index_topk(TensorView q, TensorView w, TensorView keys, int64_t len, TensorView rows);
 
 // Mode chunk: the chunked kernels (ops/cuda/kda_chunk.cu); mode recurrent: the fused token recurrence
 // (ops/cuda/kda.cu). The host workspace is not used: the sequence and chunk tables, the states entering the chunks

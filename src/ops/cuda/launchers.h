@@ -312,6 +312,27 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
                                              T* dkv,
                                              cudaStream_t stream);
 
+// Decoding (ops/decode.h). cached_attention: q [B, H, D], keys/values [B, L, HKV, D|DV] and o [B, H, DV] by their
+// strides (elements; last dims contiguous), rows [B, n] i32 or null (every s < len); z: B·H·n doubles of scratch.
+// cached_index_topk: q [B, HI, DI], w [B, HI], keys [B, L, DI] by strides, rows [B, topk] i32; score and pos: B·P
+// values of scratch each, P the power of two ≥ len.
+struct CachedAttentionArgs {
+    const float *q, *keys, *values;
+    const int32_t* rows;
+    float* o;
+    int64_t B, H, HKV, D, DV, n, len;
+    int64_t qs0, qs1, ks0, ks1, ks2, vs0, vs1, vs2, os0, os1;
+    double scale;
+};
+cudaError_t launch_cached_attention(const CachedAttentionArgs& a, double* z, cudaStream_t stream);
+struct CachedIndexArgs {
+    const float *q, *w, *keys;
+    int32_t* rows;
+    int64_t B, HI, DI, len, topk, P;
+    int64_t qs0, qs1, ws0, ws1, ks0, ks1;
+};
+cudaError_t launch_cached_index_topk(const CachedIndexArgs& a, float* score, int32_t* pos, cudaStream_t stream);
+
 // KDA (ops/kda.h) as a fused token recurrence: one block per (sequence, value head) unit = seq·HV + i. Tensors
 // contiguous as ops/kda.h shapes them; the sequences as a table in device memory (first token in the flattened
 // B·T axis, length, index of its first chunk of C tokens among all sequences'). saved (forward, may be null): the

@@ -1,0 +1,103 @@
+// Decoding's cached attention and indexer selection on CUDA (ops/decode.h; the oracle is ops/cpu/decode.cpp).
+//   cached_attention: a block per (sequence, head): a thread per entry scores it (the dot in double, in d order),
+//     the block's max and sum by fixed-order reductions, then a thread per value dim sums the entries in order.
+//   cached_index_topk: a block per sequence: a thread per cached position scores it (f32, j then d order, as the
+//     CPU), then the indexer's bitonic sorts (ops/cuda/topk.cuh) in scratch: the best topk under the selection's
+//     total order, then those by position.
+// Every sum has one order: bitwise run to run.
+#include <climits>
+#include <cmath>
+
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/launchers.h"
+#include "ops/cuda/topk.cuh"
+
+namespace tessera::ops::cuda {
+
+namespace {
+constexpr int kDecodeThreads = 128;
+
+__global__ void cached_attention_kernel(CachedAttentionArgs a, double* z) {
+    __shared__ double red[kDecodeThreads / 32];
+    const int64_t b = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    const int64_t kvh = h / (a.H / a.HKV), n = a.rows ? a.n : a.len;
+    double* zb = z + (b * a.H + h) * n;
+    const float* q = a.q + b * a.qs0 + h * a.qs1;
+    auto position = [&](int64_t i) -> int64_t {
+        const int64_t s = a.rows ? a.rows[b * n + i] : i;
+        return s >= 0 && s < a.len ? s : -1;
+    };
+    double m = -INFINITY;
+    for (int64_t i = tid; i < n; i += nt) {
+        const int64_t s = position(i);
+        if (s < 0) continue;
+        const float* k = a.keys + b * a.ks0 + s * a.ks1 + kvh * a.ks2;
+        double dot = 0;
+        for (int64_t d = 0; d < a.D; ++d) dot += double(q[d]) * double(k[d]);
+        zb[i] = dot * a.scale;
+        m = max(m, zb[i]);
+    }
+    m = block_max(m, red);
+    double sum = 0;
+    for (int64_t i = tid; i < n; i += nt) {
+        const int64_t s = position(i);
+        const double e = s < 0 ? 0.0 : exp(zb[i] - m);
+        zb[i] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);  // (its barriers also order the writes of zb before the reads below)
+    float* o = a.o + b * a.os0 + h * a.os1;
+    for (int64_t e = tid; e < a.DV; e += nt) {
+        double acc = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t s = position(i);
+            if (s >= 0) acc += zb[i] * double(a.values[b * a.vs0 + s * a.vs1 + kvh * a.vs2 + e]);
+        }
+        o[e] = sum > 0 ? float(acc / sum) : 0.f;
+    }
+}
+
+// score[P], pos[P] of sequence b (P a power of two ≥ len): the padding ranks last
+__global__ void cached_index_kernel(CachedIndexArgs a, float* score, int32_t* pos) {
+    const int64_t b = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, P = a.P;
+    float* sc = score + b * P;
+    int32_t* ps = pos + b * P;
+    const float* q = a.q + b * a.qs0;
+    const float* w = a.w + b * a.ws0;
+    for (int64_t s = tid; s < P; s += nt) {
+        float I = -INFINITY;
+        if (s < a.len) {
+            const float* k = a.keys + b * a.ks0 + s * a.ks1;
+            I = 0;
+            for (int64_t j = 0; j < a.HI; ++j) {
+                float dot = 0;
+                for (int64_t d = 0; d < a.DI; ++d) dot += q[j * a.qs1 + d] * k[d];
+                I += w[j * a.ws1] * max(dot, 0.f);
+            }
+        }
+        sc[s] = I;
+        ps[s] = s < a.len ? int32_t(s) : -1;
+    }
+    __syncthreads();
+    // the best n = min(topk, len) first, the others sentinels; then those n by position
+    const int64_t n = keep_best(sc, ps, P, a.len, a.topk);
+    for (int64_t i = n + tid; i < P; i += nt) ps[i] = INT_MAX;
+    __syncthreads();
+    bitonic(sc, ps, P, false);
+    for (int64_t i = tid; i < a.topk; i += nt) a.rows[b * a.topk + i] = i < n ? ps[i] : -1;
+}
+}  // namespace
+
+cudaError_t launch_cached_attention(const CachedAttentionArgs& a, double* z, cudaStream_t stream) {
+    if (a.B == 0 || a.H == 0) return cudaSuccess;
+    launch_kernel(cached_attention_kernel, dim3(unsigned(a.B), unsigned(a.H)), kDecodeThreads, 0, stream, a, z);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_cached_index_topk(const CachedIndexArgs& a, float* score, int32_t* pos, cudaStream_t stream) {
+    if (a.B == 0) return cudaSuccess;
+    launch_kernel(cached_index_kernel, unsigned(a.B), kBlock, 0, stream, a, score, pos);
+    return cudaGetLastError();
+}
+
+}  // namespace tessera::ops::cuda
