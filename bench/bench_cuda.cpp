@@ -21,6 +21,7 @@
 #include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
+#include "ops/decode.h"
 #include "ops/dsa.h"
 #include "ops/embedding.h"
 #include "ops/kda.h"
@@ -160,6 +161,19 @@ int main(int argc, char** argv) {
         kda_rows(mode, 1, 4096, 32, 128, 5, 3, 21);  // the shape: one sequence, 32 units for 132 SMs
     }
     kda_rows(ops::KdaMode::chunk, 1, 16384, 32, 128, 3, 3, 27);
+    {  // decoding, one step of one sequence: GQA over 32K cached rows (bytes: the keys and values read), and the DSA
+       // indexer's top-2048 over 64K cached keys of Kimi K3's shape (bytes: the keys read)
+        const int64_t L = 32768, H = 32, HKV = 8, D = 128, LI = 65536, HI = 64, DI = 128, K = 2048;
+        Tensor q = gpu_random(Shape{1, H, D}, 41), keys = gpu_random(Shape{1, L, HKV, D}, 42),
+               values = gpu_random(Shape{1, L, HKV, D}, 43), o = gpu_zeros(Shape{1, H, D});
+        report({"cached_attention", fmt::format("L {} H {}/{} D {}", L, H, HKV, D), "decode step",
+                median_ms([&] { ops::cached_attention(0.088, q, keys, values, {}, L, o); }), 2.0 * 4 * L * HKV * D,
+                false});
+        Tensor qi = gpu_random(Shape{1, HI, DI}, 44), wi = gpu_random(Shape{1, HI}, 45),
+               ki = gpu_random(Shape{1, LI, DI}, 46), rows(DType::i32, Shape{1, K}, Device::cuda);
+        report({"cached_index_topk", fmt::format("L {} HI {} DI {} top {}", LI, HI, DI, K), "decode step",
+                median_ms([&] { ops::cached_index_topk(qi, wi, ki, LI, rows); }), 4.0 * LI * DI, false});
+    }
     {  // DSA's sparse MQA attention, DeepSeek-V3.2's entry (576 dims, values 512), top-2048 of T = 8192, H = 16
         const int64_t B = 1, T = 8192, H = 16, DK = 576, DV = 512, K = 2048;
         std::vector<int32_t> idx(size_t(B * T * K));

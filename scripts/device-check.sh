@@ -11,7 +11,8 @@
 #                                  arena), test_cuda_train (models trained on both devices, checkpoints moved
 #                                  between them) and test_comm's CudaNcclLink (the collectives on GPU buffers over a
 #                                  one-rank NCCL link), each test in its own process, 3. `tessera op` on golden inputs on
-#                                  both devices, 4. the demo for DEMO_STEPS (200) steps on both (SKIP_DEMO=1: not),
+#                                  both devices, 4. the demo for DEMO_STEPS (200) steps on both (SKIP_DEMO=1: not)
+#                                  and the CPU-trained one's greedy tokens decoded on both,
 #                                  5. bench_cuda (SKIP_BENCH=1: not); results in $OUT/device-check.md (+ logs), within a few
 #                                  minutes
 #   scripts/device-check.sh profile there: the demo's GPU step with blocking launches and a trace, its spans summed
@@ -112,6 +113,16 @@ print(f"ok: the loss after step {last} within 1e-3 of the CPU's" if ok else
       f"FAILED: the GPU's loss after step {last} is not within 1e-3 of the CPU's")
 sys.exit(0 if ok else 1)
 PY
+    # decoding: the CPU-trained demo's greedy continuation on both devices (the same weights: the same tokens)
+    local gen=(generate --checkpoint /tmp/demo_cpu --prompt "The " --max-new-tokens 64 --temperature 0)
+    if timeout 120 "$b/bin/tessera" "${gen[@]}" --device cpu >"$out/generate_cpu.txt" 2>&1 &&
+        timeout 120 "$b/bin/tessera" "${gen[@]}" --device cuda >"$out/generate_cuda.txt" 2>&1 &&
+        cmp -s "$out/generate_cpu.txt" "$out/generate_cuda.txt"; then
+        echo "generate --device cuda: the CPU's 64 greedy tokens" >>"$md"
+    else
+        echo "generate --device cuda FAILED: not the CPU's tokens (generate_cpu.txt, generate_cuda.txt)" >>"$md"
+        status=1
+    fi
     echo '```' >>"$md"
     grep -E "GEMM rate|memory by|predicted peak" "$out/demo_cuda.log" >>"$md" || true
 }
