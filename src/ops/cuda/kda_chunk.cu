@@ -556,6 +556,7 @@ size_t kda_chunk_scan_smem(int64_t K, int64_t, size_t elem) { return size_t(K * 
 template <class T>
 cudaError_t launch_kda_chunk_forward(
     KdaShape s, const KdaChunkGeometry& geo, KdaTensors<T> in, T* o, T* ht, T* states, T* slots, cudaStream_t stream) {
+    if (geo.sequences == 0 || s.HV == 0) return cudaSuccess;
     const Windows w{s, geo};
     cudaError_t err = opt_in(state_scan_kernel<T>, w.scan_smem<T>());
     for (int64_t c0 = 0; err == cudaSuccess && c0 < std::max<int64_t>(geo.total_chunks, 1); c0 += geo.window) {
@@ -586,6 +587,7 @@ cudaError_t launch_kda_chunk_backward(KdaShape s,
                                       T* slots,
                                       T* carry,
                                       cudaStream_t stream) {
+    if (geo.sequences == 0 || s.HV == 0) return cudaSuccess;
     const Windows w{s, geo};
     const int64_t windows = std::max<int64_t>(1, (geo.total_chunks + geo.window - 1) / geo.window);
     cudaError_t err = opt_in(state_scan_kernel<T>, w.scan_smem<T>());
