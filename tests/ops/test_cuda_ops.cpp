@@ -533,12 +533,12 @@ TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
 }
 
 // Decoding's ops on the GPU against the CPU: GQA heads read from a fused projection row over a cache of 3 sequences
-// (all rows, then the first `len`), MQA over an entry cache whose values are each entry's first dims, with selected
-// rows (−1 padded) and a strided output; the indexer's selection over the cache (more rows than topk, and fewer),
-// which must be the CPU's exactly.
+// (all 1100 rows: three splits of the entries, then the first 17), MQA over an entry cache whose values are each
+// entry's first dims, with selected rows (−1 padded: with 600 of 17, a split of padding only) and a strided output;
+// the indexer's selection over the cache (more rows than topk, and fewer), which must be the CPU's exactly.
 TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
     SKIP_WITHOUT_GPU();
-    const int64_t B = 3, L = 40, H = 4, HKV = 2, D = 16, W = (H + 2 * HKV) * D, DK = 24, DV = 16, HI = 2, DI = 8;
+    const int64_t B = 3, L = 1100, H = 4, HKV = 2, D = 16, W = (H + 2 * HKV) * D, DK = 24, DV = 16, HI = 2, DI = 8;
     std::vector<Tensor> host;  // the GQA row, its key and value caches; MLA's q̂ and entries; the indexer's q, w, keys
     for (const Shape& shape : {Shape{B, W}, Shape{B, L, HKV * D}, Shape{B, L, HKV * D}, Shape{B, H, DK},
                                Shape{B, L, DK}, Shape{B, HI, DI}, Shape{B, HI}, Shape{B, L, DI}})
@@ -551,7 +551,7 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
         return v;
     };
     for (const int64_t len : {L, int64_t(17)}) {
-        for (const int64_t topk : {int64_t(8), int64_t(64)}) {
+        for (const int64_t topk : {int64_t(8), int64_t(600)}) {
             Tensor gqa[2], mqa[2], rows[2];  // CPU, GPU
             for (int side = 0; side < 2; ++side) {
                 const std::vector<Tensor>& t = side == 0 ? host : dev;

@@ -262,8 +262,13 @@ void cached_attention(
                           o.strides[0],
                           o.strides[1],
                           scale};
-    auto* z = static_cast<double*>(scratch(sizeof(double) * size_t(std::max<int64_t>(1, a.B * a.H * n))));
-    check_launch(launch_cached_attention(a, z, stream()), "cached_attention");
+    // one scratch request: the scores, then each split's partial sums
+    const size_t z_bytes = scratch_part(sizeof(double) * size_t(std::max<int64_t>(1, a.B * a.H * n)));
+    auto* base = static_cast<std::byte*>(
+        scratch(z_bytes + sizeof(double) * size_t(a.B * a.H * cached_attention_splits(n) * (2 + a.DV))));
+    check_launch(launch_cached_attention(a, reinterpret_cast<double*>(base), reinterpret_cast<double*>(base + z_bytes),
+                                         stream()),
+                 "cached_attention");
 }
 
 void cached_index_topk(TensorView q, TensorView w, TensorView keys, int64_t len, TensorView rows) {

@@ -1,10 +1,13 @@
 // Decoding's cached attention and indexer selection on CUDA (ops/decode.h; the oracle is ops/cpu/decode.cpp).
-//   cached_attention: a block per (sequence, head): a thread per entry scores it (the dot in double, in d order),
-//     the block's max and sum by fixed-order reductions, then a thread per value dim sums the entries in order.
+//   cached_attention: split over the entries as flash-decoding does, kSplitEntries per block of (sequence, head,
+//     split): a thread per entry scores it (the dot in double, in d order), the split's max and sum by fixed-order
+//     reductions, a thread per value dim sums its entries in order; a second kernel adds the splits in order, each
+//     rescaled to the largest max.
 //   cached_index_topk: a block per sequence: a thread per cached position scores it (f32, j then d order, as the
 //     CPU), then the indexer's bitonic sorts (ops/cuda/topk.cuh) in scratch: the best topk under the selection's
 //     total order, then those by position.
 // Every sum has one order: bitwise run to run.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -17,10 +20,13 @@ namespace tessera::ops::cuda {
 namespace {
 constexpr int kDecodeThreads = 128;
 
-__global__ void cached_attention_kernel(CachedAttentionArgs a, double* z) {
+// One split of sequence b, head h: entries [split·kSplitEntries, …) of its n. part[(b·H + h)·splits + split] gets
+// the split's max score m, Σ e^(z − m) and Σ e^(z − m)·v (DV values).
+__global__ void cached_attention_split_kernel(CachedAttentionArgs a, double* z, double* part, int64_t splits) {
     __shared__ double red[kDecodeThreads / 32];
-    const int64_t b = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    const int64_t b = blockIdx.x, h = blockIdx.y, split = blockIdx.z, tid = threadIdx.x, nt = blockDim.x;
     const int64_t kvh = h / (a.H / a.HKV), n = a.rows ? a.n : a.len;
+    const int64_t i0 = split * kSplitEntries, i1 = min(n, i0 + kSplitEntries);
     double* zb = z + (b * a.H + h) * n;
     const float* q = a.q + b * a.qs0 + h * a.qs1;
     auto position = [&](int64_t i) -> int64_t {
@@ -28,7 +34,7 @@ __global__ void cached_attention_kernel(CachedAttentionArgs a, double* z) {
         return s >= 0 && s < a.len ? s : -1;
     };
     double m = -INFINITY;
-    for (int64_t i = tid; i < n; i += nt) {
+    for (int64_t i = i0 + tid; i < i1; i += nt) {
         const int64_t s = position(i);
         if (s < 0) continue;
         const float* k = a.keys + b * a.ks0 + s * a.ks1 + kvh * a.ks2;
@@ -39,21 +45,47 @@ __global__ void cached_attention_kernel(CachedAttentionArgs a, double* z) {
     }
     m = block_max(m, red);
     double sum = 0;
-    for (int64_t i = tid; i < n; i += nt) {
+    for (int64_t i = i0 + tid; i < i1; i += nt) {
         const int64_t s = position(i);
-        const double e = s < 0 ? 0.0 : exp(zb[i] - m);
+        const double e = s < 0 || m == -INFINITY ? 0.0 : exp(zb[i] - m);
         zb[i] = e;
         sum += e;
     }
     sum = block_sum(sum, red);  // (its barriers also order the writes of zb before the reads below)
-    float* o = a.o + b * a.os0 + h * a.os1;
+    double* p = part + ((b * a.H + h) * splits + split) * (2 + a.DV);
+    if (tid == 0) {
+        p[0] = m;
+        p[1] = sum;
+    }
     for (int64_t e = tid; e < a.DV; e += nt) {
         double acc = 0;
-        for (int64_t i = 0; i < n; ++i) {
+        for (int64_t i = i0; i < i1; ++i) {
             const int64_t s = position(i);
             if (s >= 0) acc += zb[i] * double(a.values[b * a.vs0 + s * a.vs1 + kvh * a.vs2 + e]);
         }
-        o[e] = sum > 0 ? float(acc / sum) : 0.f;
+        p[2 + e] = acc;
+    }
+}
+
+// o[b, h] from the splits in order: each rescaled to the largest max.
+__global__ void cached_attention_combine_kernel(CachedAttentionArgs a, const double* part, int64_t splits) {
+    const int64_t b = blockIdx.x, h = blockIdx.y;
+    const double* p = part + (b * a.H + h) * splits * (2 + a.DV);
+    double m = -INFINITY;
+    for (int64_t sp = 0; sp < splits; ++sp) m = max(m, p[sp * (2 + a.DV)]);
+    double total = 0;
+    for (int64_t sp = 0; sp < splits; ++sp) {
+        const double* ps = p + sp * (2 + a.DV);
+        if (ps[1] > 0) total += ps[1] * exp(ps[0] - m);
+    }
+    float* o = a.o + b * a.os0 + h * a.os1;
+    for (int64_t e = threadIdx.x; e < a.DV; e += blockDim.x) {
+        double acc = 0;
+        for (int64_t sp = 0; sp < splits; ++sp) {
+            const double* ps = p + sp * (2 + a.DV);
+            if (ps[1] > 0) acc += ps[2 + e] * exp(ps[0] - m);
+        }
+        o[e] = total > 0 ? float(acc / total) : 0.f;
     }
 }
 
@@ -88,9 +120,15 @@ __global__ void cached_index_kernel(CachedIndexArgs a, float* score, int32_t* po
 }
 }  // namespace
 
-cudaError_t launch_cached_attention(const CachedAttentionArgs& a, double* z, cudaStream_t stream) {
+int64_t cached_attention_splits(int64_t n) { return std::max<int64_t>(1, (n + kSplitEntries - 1) / kSplitEntries); }
+
+cudaError_t launch_cached_attention(const CachedAttentionArgs& a, double* z, double* part, cudaStream_t stream) {
     if (a.B == 0 || a.H == 0) return cudaSuccess;
-    launch_kernel(cached_attention_kernel, dim3(unsigned(a.B), unsigned(a.H)), kDecodeThreads, 0, stream, a, z);
+    const int64_t splits = cached_attention_splits(a.rows ? a.n : a.len);
+    launch_kernel(cached_attention_split_kernel, dim3(unsigned(a.B), unsigned(a.H), unsigned(splits)), kDecodeThreads,
+                  0, stream, a, z, part, splits);
+    launch_kernel(cached_attention_combine_kernel, dim3(unsigned(a.B), unsigned(a.H)), kDecodeThreads, 0, stream, a,
+                  static_cast<const double*>(part), splits);
     return cudaGetLastError();
 }
 

@@ -313,7 +313,7 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
                                              cudaStream_t stream);
 
 // Decoding (ops/decode.h). cached_attention: q [B, H, D], keys/values [B, L, HKV, D|DV] and o [B, H, DV] by their
-// strides (elements; last dims contiguous), rows [B, n] i32 or null (every s < len); z: B·H·n doubles of scratch.
+// strides (elements; last dims contiguous), rows [B, n] i32 or null (every s < len); z: B·H·n doubles of scratch,
 // cached_index_topk: q [B, HI, DI], w [B, HI], keys [B, L, DI] by strides, rows [B, topk] i32; score and pos: B·P
 // values of scratch each, P the power of two ≥ len.
 struct CachedAttentionArgs {
@@ -324,7 +324,10 @@ struct CachedAttentionArgs {
     int64_t qs0, qs1, ks0, ks1, ks2, vs0, vs1, vs2, os0, os1;
     double scale;
 };
-cudaError_t launch_cached_attention(const CachedAttentionArgs& a, double* z, cudaStream_t stream);
+// part: B·H·cached_attention_splits(n)·(2 + DV) doubles of scratch (each split's max, sum and weighted values).
+constexpr int64_t kSplitEntries = 512;  // entries per split
+int64_t cached_attention_splits(int64_t n);
+cudaError_t launch_cached_attention(const CachedAttentionArgs& a, double* z, double* part, cudaStream_t stream);
 struct CachedIndexArgs {
     const float *q, *w, *keys;
     int32_t* rows;
