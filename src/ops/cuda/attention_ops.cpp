@@ -272,21 +272,33 @@ void cached_attention(
 }
 
 void cached_index_topk(TensorView q, TensorView w, TensorView keys, int64_t len, TensorView rows) {
-    int64_t P = 1;
-    while (P < len) P *= 2;
-    const CachedIndexArgs a{q.ptr<float>(),    w.ptr<float>(),
-                            keys.ptr<float>(), rows.ptr<int32_t>(),
-                            q.size(0),         q.size(1),
-                            q.size(2),         len,
-                            rows.size(1),      P,
-                            q.strides[0],      q.strides[1],
-                            w.strides[0],      w.strides[1],
-                            keys.strides[0],   keys.strides[1]};
-    const size_t part = scratch_part(sizeof(float) * size_t(a.B * P));
-    auto* base = static_cast<std::byte*>(scratch(2 * part));
-    check_launch(
-        launch_cached_index_topk(a, reinterpret_cast<float*>(base), reinterpret_cast<int32_t*>(base + part), stream()),
-        "cached_index_topk");
+    int64_t keep = 1, tiles = 1;
+    while (keep < rows.size(1)) keep *= 2;
+    while (tiles * 2 * keep < len) tiles *= 2;
+    const CachedIndexArgs a{q.ptr<float>(),
+                            w.ptr<float>(),
+                            keys.ptr<float>(),
+                            rows.ptr<int32_t>(),
+                            q.size(0),
+                            q.size(1),
+                            q.size(2),
+                            len,
+                            rows.size(1),
+                            2 * keep,
+                            tiles,
+                            q.strides[0],
+                            q.strides[1],
+                            w.strides[0],
+                            w.strides[1],
+                            keys.strides[0],
+                            keys.strides[1]};
+    // one scratch request: two levels of lists, scores and positions
+    const size_t part = scratch_part(sizeof(float) * size_t(a.B * tiles * a.tile));
+    auto* base = static_cast<std::byte*>(scratch(4 * part));
+    check_launch(launch_cached_index_topk(a, reinterpret_cast<float*>(base), reinterpret_cast<int32_t*>(base + part),
+                                          reinterpret_cast<float*>(base + 2 * part),
+                                          reinterpret_cast<int32_t*>(base + 3 * part), stream()),
+                 "cached_index_topk");
 }
 
 }  // namespace tessera::ops::cuda

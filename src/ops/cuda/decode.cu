@@ -3,13 +3,14 @@
 //     split): a thread per entry scores it (the dot in double, in d order), the split's max and sum by fixed-order
 //     reductions, a thread per value dim sums its entries in order; a second kernel adds the splits in order, each
 //     rescaled to the largest max.
-//   cached_index_topk: a block per sequence: a thread per cached position scores it (f32, j then d order, as the
-//     CPU), then the indexer's bitonic sorts (ops/cuda/topk.cuh) in scratch: the best topk under the selection's
-//     total order, then those by position.
+//   cached_index_topk: tiles of positions, a block each: a thread per cached position scores it (f32, j then d
+//     order, as the CPU), the indexer's bitonic sort (ops/cuda/topk.cuh) orders the tile under the selection's total
+//     order; pairs of tiles' best are merged level by level; the best topk are then sorted by position.
 // Every sum has one order: bitwise run to run.
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <utility>
 
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
@@ -89,15 +90,18 @@ __global__ void cached_attention_combine_kernel(CachedAttentionArgs a, const dou
     }
 }
 
-// score[P], pos[P] of sequence b (P a power of two ≥ len): the padding ranks last
-__global__ void cached_index_kernel(CachedIndexArgs a, float* score, int32_t* pos) {
-    const int64_t b = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, P = a.P;
-    float* sc = score + b * P;
-    int32_t* ps = pos + b * P;
+// The selection goes by tiles of positions, so a long cache spreads over blocks: each tile of `tile` = 2·keep
+// positions (keep the power of two ≥ topk) is scored and sorted by rank in a block; then pairs of tiles' best keep
+// are merged and sorted, level by level, until one list holds the best. Lists: [B, tiles, tile] scores and positions.
+__global__ void index_tiles_kernel(CachedIndexArgs a, float* score, int32_t* pos) {
+    const int64_t b = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    float* sc = score + (b * a.tiles + t) * a.tile;
+    int32_t* ps = pos + (b * a.tiles + t) * a.tile;
     const float* q = a.q + b * a.qs0;
     const float* w = a.w + b * a.ws0;
-    for (int64_t s = tid; s < P; s += nt) {
-        float I = -INFINITY;
+    for (int64_t i = tid; i < a.tile; i += nt) {
+        const int64_t s = t * a.tile + i;
+        float I = -INFINITY;  // (positions past the cache rank last)
         if (s < a.len) {
             const float* k = a.keys + b * a.ks0 + s * a.ks1;
             I = 0;
@@ -107,15 +111,36 @@ __global__ void cached_index_kernel(CachedIndexArgs a, float* score, int32_t* po
                 I += w[j * a.ws1] * max(dot, 0.f);
             }
         }
-        sc[s] = I;
-        ps[s] = s < a.len ? int32_t(s) : -1;
+        sc[i] = I;
+        ps[i] = s < a.len ? int32_t(s) : -1;
     }
     __syncthreads();
-    // the best n = min(topk, len) first, the others sentinels; then those n by position
-    const int64_t n = keep_best(sc, ps, P, a.len, a.topk);
-    for (int64_t i = n + tid; i < P; i += nt) ps[i] = INT_MAX;
+    bitonic(sc, ps, a.tile, true);
+}
+
+// Tile j of the next level: the best halves of tiles 2j and 2j + 1 of this one (`tiles` of them), sorted by rank.
+__global__ void index_merge_kernel(
+    CachedIndexArgs a, int64_t tiles, const float* score, const int32_t* pos, float* next_score, int32_t* next_pos) {
+    const int64_t b = blockIdx.x, j = blockIdx.y, keep = a.tile / 2;
+    float* sc = next_score + (b * a.tiles + j) * a.tile;
+    int32_t* ps = next_pos + (b * a.tiles + j) * a.tile;
+    for (int64_t i = threadIdx.x; i < a.tile; i += blockDim.x) {
+        const int64_t from = (b * a.tiles + 2 * j + i / keep) * a.tile + i % keep;
+        sc[i] = score[from];
+        ps[i] = pos[from];
+    }
     __syncthreads();
-    bitonic(sc, ps, P, false);
+    bitonic(sc, ps, a.tile, true);
+}
+
+// The best n = min(topk, len) of the last list, by position, into rows (padded with −1).
+__global__ void index_rows_kernel(CachedIndexArgs a, float* score, int32_t* pos) {
+    const int64_t b = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, n = min(a.topk, a.len);
+    float* sc = score + b * a.tiles * a.tile;
+    int32_t* ps = pos + b * a.tiles * a.tile;
+    for (int64_t i = n + tid; i < a.tile; i += nt) ps[i] = INT_MAX;
+    __syncthreads();
+    bitonic(sc, ps, a.tile, false);
     for (int64_t i = tid; i < a.topk; i += nt) a.rows[b * a.topk + i] = i < n ? ps[i] : -1;
 }
 }  // namespace
@@ -132,9 +157,17 @@ cudaError_t launch_cached_attention(const CachedAttentionArgs& a, double* z, dou
     return cudaGetLastError();
 }
 
-cudaError_t launch_cached_index_topk(const CachedIndexArgs& a, float* score, int32_t* pos, cudaStream_t stream) {
+cudaError_t launch_cached_index_topk(
+    const CachedIndexArgs& a, float* score, int32_t* pos, float* score2, int32_t* pos2, cudaStream_t stream) {
     if (a.B == 0) return cudaSuccess;
-    launch_kernel(cached_index_kernel, unsigned(a.B), kBlock, 0, stream, a, score, pos);
+    launch_kernel(index_tiles_kernel, dim3(unsigned(a.B), unsigned(a.tiles)), kBlock, 0, stream, a, score, pos);
+    for (int64_t tiles = a.tiles; tiles > 1; tiles /= 2) {
+        launch_kernel(index_merge_kernel, dim3(unsigned(a.B), unsigned(tiles / 2)), kBlock, 0, stream, a, tiles,
+                      static_cast<const float*>(score), static_cast<const int32_t*>(pos), score2, pos2);
+        std::swap(score, score2);
+        std::swap(pos, pos2);
+    }
+    launch_kernel(index_rows_kernel, unsigned(a.B), kBlock, 0, stream, a, score, pos);
     return cudaGetLastError();
 }
 

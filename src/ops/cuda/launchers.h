@@ -314,8 +314,8 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
 
 // Decoding (ops/decode.h). cached_attention: q [B, H, D], keys/values [B, L, HKV, D|DV] and o [B, H, DV] by their
 // strides (elements; last dims contiguous), rows [B, n] i32 or null (every s < len); z: B·H·n doubles of scratch,
-// cached_index_topk: q [B, HI, DI], w [B, HI], keys [B, L, DI] by strides, rows [B, topk] i32; score and pos: B·P
-// values of scratch each, P the power of two ≥ len.
+// cached_index_topk: q [B, HI, DI], w [B, HI], keys [B, L, DI] by strides, rows [B, topk] i32; score, pos and
+// score2, pos2 (the merge levels alternate between them): B·tiles·tile values of scratch each.
 struct CachedAttentionArgs {
     const float *q, *keys, *values;
     const int32_t* rows;
@@ -331,10 +331,12 @@ cudaError_t launch_cached_attention(const CachedAttentionArgs& a, double* z, dou
 struct CachedIndexArgs {
     const float *q, *w, *keys;
     int32_t* rows;
-    int64_t B, HI, DI, len, topk, P;
+    int64_t B, HI, DI, len, topk;
+    int64_t tile, tiles;  // 2·(the power of two ≥ topk) positions a tile; the power of two ≥ len / tile of them
     int64_t qs0, qs1, ws0, ws1, ks0, ks1;
 };
-cudaError_t launch_cached_index_topk(const CachedIndexArgs& a, float* score, int32_t* pos, cudaStream_t stream);
+cudaError_t launch_cached_index_topk(
+    const CachedIndexArgs& a, float* score, int32_t* pos, float* score2, int32_t* pos2, cudaStream_t stream);
 
 // KDA (ops/kda.h) as a fused token recurrence: one block per (sequence, value head) unit = seq·HV + i. Tensors
 // contiguous as ops/kda.h shapes them; the sequences as a table in device memory (first token in the flattened
