@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/config_reader.h"
+#include "core/device.h"
 #include "core/file.h"
 #include "core/safetensors.h"
 #include "e2e/cli_util.h"
@@ -167,6 +168,14 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
     EXPECT_EQ(again.out, r.out) << "same seed, same sample";
     expect_one_line_error(run_tessera("generate --checkpoint " + d.file("nowhere") + " --prompt x"),
                           "no such directory", "missing checkpoint");
+    expect_one_line_error(run_tessera("generate --checkpoint " + d.file("run") + " --prompt x --device gpu"),
+                          "--device: gpu not in {cpu,cuda}", "unknown device");
+    if (!cuda_available()) {
+        expect_one_line_error(run_tessera("generate --checkpoint " + d.file("run") + " --prompt x --device cuda"),
+                              cuda_built() ? "--device cuda: no CUDA device on this machine"
+                                           : "--device cuda: this build has no CUDA backend",
+                              "no GPU");
+    }
 }
 
 // Fine-tuning data: prompt/completion lines tokenized with a checkpoint's tokenizer (the Qwen2-style golden one),

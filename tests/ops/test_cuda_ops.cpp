@@ -524,6 +524,17 @@ TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
             ops::kda_backward(p, in, x[8], x[9], {x[10], x[11], x[12], x[13], x[14], x[15]}, ws, saved);
         }
         unsetenv("TESSERA_KDA_CHUNK_SCRATCH_MB");
+        if (c.mode == ops::KdaMode::chunk && !c.save) {  // a budget that is not a positive number of MiB
+            setenv("TESSERA_KDA_CHUNK_SCRATCH_MB", "0.5", 1);
+            const ops::KdaInputs in{dev[0], dev[1], dev[2], dev[3], dev[4], dev[5], c.cu};
+            try {
+                ops::kda_forward(p, in, dev[6], dev[7], ws);
+                ADD_FAILURE() << "a scratch budget of 0.5 MiB must be refused";
+            } catch (const Error& e) {
+                EXPECT_STREQ(e.what(), "TESSERA_KDA_CHUNK_SCRATCH_MB: '0.5' is not a positive whole number of MiB");
+            }
+            unsetenv("TESSERA_KDA_CHUNK_SCRATCH_MB");
+        }
         for (size_t i = 6; i < host.size(); ++i) {
             EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], c.tol, c.tol))
                 << "tensor " << i << ", case T " << T << (c.save ? " with saved states" : "");
