@@ -50,9 +50,10 @@ void generate(Model& model,
     Rng rng(p.seed, 0x5a3b1eull);
     const int64_t V = model.config().vocab_size;
     // the logits on the model's device; sampling reads a host copy
-    Tensor logits(DType::f32, Shape{1, V}), on_device;
-    if (model.device() != Device::cpu) on_device = Tensor(DType::f32, Shape{1, V}, model.device());
-    const TensorView out = model.device() != Device::cpu ? on_device.view() : logits.view();
+    const bool on_device = model.device() != Device::cpu;
+    Tensor logits(DType::f32, Shape{1, V}), device_logits;
+    if (on_device) device_logits = Tensor(DType::f32, Shape{1, V}, model.device());
+    const TensorView out = on_device ? device_logits.view() : logits.view();
     int64_t pos = 0;
     // decodes tokens[from, end) from position 0
     auto refill = [&](size_t from) {
@@ -62,8 +63,7 @@ void generate(Model& model,
     };
     refill(tokens.size() - std::min(tokens.size(), size_t(context)));
     for (int64_t n = 0; n < p.max_new_tokens; ++n) {
-        if (out.data != logits.view().data)
-            copy_bytes(logits.view().data, Device::cpu, out.data, out.device, out.nbytes());
+        if (on_device) copy_bytes(logits.view().data, Device::cpu, out.data, out.device, out.nbytes());
         const int32_t next = sample_token(std::span<const float>(logits.ptr<float>(), size_t(V)), p, rng);
         tokens.push_back(next);
         if (on_token) on_token(next);

@@ -35,9 +35,8 @@ void cached_attention(
     TESSERA_CHECK(!rows.defined() ||
                       (rows.dtype == DType::i32 && rows.shape.ndim == 2 && rows.size(0) == B && rows.is_contiguous()),
                   "cached_attention: rows must be contiguous i32 [{}, n]", B);
-    const Device device = rows.defined() ? op_device("cached_attention", {q, keys, values, rows, o})
-                                         : op_device("cached_attention", {q, keys, values, o});
-    if (device == Device::cuda) return TESSERA_ON_CUDA(cached_attention(scale, q, keys, values, rows, len, o));
+    if (op_device("cached_attention", {q, keys, values, rows, o}) == Device::cuda)
+        return TESSERA_ON_CUDA(cached_attention(scale, q, keys, values, rows, len, o));
     const int64_t n = rows.defined() ? rows.size(1) : len;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < B; ++b) {
