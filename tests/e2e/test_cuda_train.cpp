@@ -178,6 +178,27 @@ TEST(CudaTrain, LoraFineTunesABaseOnTheGpuWithTheCpusLosses) {
     for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], gpu.losses[4 + i]) << "step " << 5 + i;
 }
 
+// The same fine-tune on a base held narrow, as Kimi K3's is fine-tuned: the dense GEMM weights in bf16 and the routed
+// experts in MXFP4 (frozen; each widened to f32 on the GPU for its products), the adapters f32.
+TEST(CudaTrain, LoraOnABaseHeldNarrowFineTunesOnTheGpuWithTheCpusLosses) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    run(d, kHybrid, "cpu", "base", 8);
+    const std::vector<std::string> lora = {
+        "train.base=" + d.file("base"),
+        "model.lora.rank=4",
+        "model.lora.alpha=8",
+        "model.lora.base_dtype=bf16",
+        "model.lora.expert_dtype=mxfp4",
+        R"(model.lora.target_modules=["q_proj","o_proj","experts.gate_proj","experts.down_proj","down_proj"])"};
+    const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu", 6, "", lora),
+                              gpu = run(d, kHybrid, "cuda", "gpu", 6, "", lora),
+                              wide = run(d, kHybrid, "cpu", "wide", 6, "", {lora[0], lora[1], lora[2], lora[5]});
+    ASSERT_EQ(cpu.losses.size(), 6u);
+    expect_close_losses(gpu.losses, cpu.losses, 1e-3);
+    EXPECT_GT(std::abs(cpu.losses.front() - wide.losses.front()), 1e-4) << "the experts must be held in MXFP4";
+}
+
 // Kimi K3's image tower feeding a language model (the golden of tests/model/test_vision.cpp) on both devices: the
 // CPU's logits, loss and gradients within f32 rounding of each device's own order.
 TEST(CudaTrain, AnImageTowerGivesTheCpusLogitsAndGradients) {

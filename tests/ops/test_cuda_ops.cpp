@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "core/arena.h"
@@ -798,6 +799,59 @@ TEST(CudaOps, RouterAuxLossesMatchTheCpu) {
 // with a bias, the latent projections with their norm, SiTU experts, a gated shared expert and the router losses in one
 // variant; dropless softmax routing, SwiGLU experts without latent and adapters on every routed expert in the other.
 // The routing (final experts, loads) is the same, every output and gradient within f64 rounding.
+// One MoE layer's forward and backward on `device`: the weights and inputs (x, dy) copied there from `host`, the
+// gradients named in `grads` (zeroed, in their dtype; absent ones are not computed: frozen weights), the layer's saved
+// and scratch buffers in `dtype` from one arena. The gradients come back in `g`, the output as g["y"].
+struct MoeSide {
+    std::map<std::string, Tensor> t, g;
+    BufferGroup buffers;
+    std::shared_ptr<Arena> arena;
+    ops::MoeStats stats;
+};
+MoeSide run_moe(const ops::MoeParams& p,
+                const std::map<std::string, Tensor>& host,
+                const std::map<std::string, Tensor>& grads,
+                DType dtype,
+                std::span<const int64_t> starts,
+                Device device) {
+    MoeSide side;
+    for (const auto& [name, t] : host) side.t.emplace(name, t.to(device));
+    for (const auto& [name, t] : grads) side.g.emplace(name, t.to(device));
+    auto view = [](std::map<std::string, Tensor>& m, const std::string& name) {
+        auto it = m.find(name);
+        return it == m.end() ? TensorView() : it->second.view();
+    };
+    auto weights = [&](std::map<std::string, Tensor>& m) {
+        ops::MoeWeights w{view(m, "router_w"),  view(m, "router_bias"), view(m, "w_gate"),
+                          view(m, "w_up"),      view(m, "w_down"),      view(m, "latent_down"),
+                          view(m, "latent_up"), view(m, "latent_norm"), view(m, "shared_gate"),
+                          view(m, "shared_up"), view(m, "shared_down"), view(m, "shared_scale")};
+        w.lora.w_gate = {view(m, "w_gate.a"), view(m, "w_gate.b")};
+        w.lora.w_up = {view(m, "w_up.a"), view(m, "w_up.b")};
+        w.lora.w_down = {view(m, "w_down.a"), view(m, "w_down.b")};
+        return w;
+    };
+    const ops::MoeWeights w = weights(side.t);
+    ops::MoeWeights g = weights(side.g);
+    g.router_bias = {};
+    const Shape xs = side.t.at("x").shape();
+    const int64_t N = xs.dims[0];
+    const ops::MoeDims d = ops::moe_dims(p, w, N);
+    std::vector<BufferSpec> specs;
+    ops::moe_saved_specs(d, dtype, "", specs);
+    ops::moe_scratch_specs(d, dtype, "", specs);
+    side.buffers = BufferGroup("moe", specs);
+    side.arena = std::make_shared<Arena>(predict_arena_bytes({&side.buffers}, 256), 256, device);
+    side.buffers.allocate(side.arena);
+    const ops::MoeSaved sv = ops::moe_bind_saved(d, side.buffers, "");
+    const ops::MoeScratch sc = ops::moe_bind_scratch(d, side.buffers, "");
+    Tensor y(dtype, xs, device);
+    side.stats = ops::moe_forward(p, w, side.t.at("x"), y, false, sv, sc, starts);
+    ops::moe_backward(p, w, side.t.at("x"), side.t.at("dy"), side.g.at("x"), g, sv, sc, starts);
+    side.g.emplace("y", std::move(y));
+    return side;
+}
+
 TEST(CudaOps, MoeMatchesTheCpuWithCapacityLatentSharedExpertsAndExpertLora) {
     SKIP_WITHOUT_GPU();
     const int64_t N = 96, D = 24, E = 8, F = 16, FS = 20, r = 4;
@@ -847,49 +901,8 @@ TEST(CudaOps, MoeMatchesTheCpuWithCapacityLatentSharedExpertsAndExpertLora) {
                 grads_host.emplace(name, Tensor(DType::f64, shape));
         }
         grads_host.emplace("x", Tensor(DType::f64, Shape{N, D}));
-        struct Side {
-            std::map<std::string, Tensor> t, g;
-            BufferGroup buffers;
-            std::shared_ptr<Arena> arena;
-            ops::MoeStats stats;
-        };
-        auto run = [&](Device device) {
-            Side side;
-            for (const auto& [name, t] : host) side.t.emplace(name, t.to(device));
-            for (const auto& [name, t] : grads_host) side.g.emplace(name, t.to(device));
-            auto view = [](std::map<std::string, Tensor>& m, const std::string& name) {
-                auto it = m.find(name);
-                return it == m.end() ? TensorView() : it->second.view();
-            };
-            auto weights = [&](std::map<std::string, Tensor>& m) {
-                ops::MoeWeights w{view(m, "router_w"),  view(m, "router_bias"), view(m, "w_gate"),
-                                  view(m, "w_up"),      view(m, "w_down"),      view(m, "latent_down"),
-                                  view(m, "latent_up"), view(m, "latent_norm"), view(m, "shared_gate"),
-                                  view(m, "shared_up"), view(m, "shared_down"), view(m, "shared_scale")};
-                w.lora.w_gate = {view(m, "w_gate.a"), view(m, "w_gate.b")};
-                w.lora.w_up = {view(m, "w_up.a"), view(m, "w_up.b")};
-                w.lora.w_down = {view(m, "w_down.a"), view(m, "w_down.b")};
-                return w;
-            };
-            const ops::MoeWeights w = weights(side.t);
-            ops::MoeWeights g = weights(side.g);
-            g.router_bias = {};
-            const ops::MoeDims d = ops::moe_dims(p, w, N);
-            std::vector<BufferSpec> specs;
-            ops::moe_saved_specs(d, DType::f64, "", specs);
-            ops::moe_scratch_specs(d, DType::f64, "", specs);
-            side.buffers = BufferGroup("moe", specs);
-            side.arena = std::make_shared<Arena>(predict_arena_bytes({&side.buffers}, 256), 256, device);
-            side.buffers.allocate(side.arena);
-            const ops::MoeSaved sv = ops::moe_bind_saved(d, side.buffers, "");
-            const ops::MoeScratch sc = ops::moe_bind_scratch(d, side.buffers, "");
-            Tensor y(DType::f64, Shape{N, D}, device);
-            side.stats = ops::moe_forward(p, w, side.t.at("x"), y, false, sv, sc, starts);
-            ops::moe_backward(p, w, side.t.at("x"), side.t.at("dy"), side.g.at("x"), g, sv, sc, starts);
-            side.g.emplace("y", std::move(y));
-            return side;
-        };
-        Side cpu = run(Device::cpu), gpu = run(Device::cuda);
+        const MoeSide cpu = run_moe(p, host, grads_host, DType::f64, starts, Device::cpu),
+                      gpu = run_moe(p, host, grads_host, DType::f64, starts, Device::cuda);
         EXPECT_EQ(gpu.stats.rerouted, cpu.stats.rerouted);
         EXPECT_EQ(gpu.stats.dropped, cpu.stats.dropped);
         EXPECT_NEAR(gpu.stats.seq_aux_loss, cpu.stats.seq_aux_loss, 1e-12);
@@ -905,6 +918,55 @@ TEST(CudaOps, MoeMatchesTheCpuWithCapacityLatentSharedExpertsAndExpertLora) {
         for (auto& [name, t] : cpu.g)
             EXPECT_TRUE(test::all_close(gpu.g.at(name).to(Device::cpu), t, 1e-10, 1e-12))
                 << "d" << name << (plain ? " (plain)" : "");
+    }
+}
+
+// Frozen routed experts held narrow (bf16: model.lora.base_dtype; MXFP4: model.lora.expert_dtype, Kimi K3's release)
+// in an f32 layer with adapters on the experts: the GPU widens windows of experts into its scratch (160 experts of
+// 128 × 1024: two windows of 64 MiB) and gives the CPU's output and gradients (the CPU widens per GEMM tile).
+TEST(CudaOps, MoeWithFrozenExpertsHeldNarrowMatchesTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 160, D = 64, E = 160, F = 128, L = 1024, r = 4;
+    const std::vector<int64_t> starts{0, 100, 160};
+    ops::MoeParams p{.router = {.topk = 4, .score = ops::RouterScore::sigmoid, .normalize = true, .scaling = 2.0}};
+    p.lora.scale = 0.5;
+    for (const DType dt : {DType::bf16, DType::mxfp4}) {
+        std::map<std::string, Tensor> host, grads;
+        uint64_t seed = 300;
+        for (auto [name, shape] : std::initializer_list<std::pair<const char*, Shape>>{{"x", Shape{N, D}},
+                                                                                       {"dy", Shape{N, D}},
+                                                                                       {"router_w", Shape{E, D}},
+                                                                                       {"latent_down", Shape{L, D}},
+                                                                                       {"latent_up", Shape{D, L}},
+                                                                                       {"w_gate.a", Shape{E, r, L}},
+                                                                                       {"w_gate.b", Shape{E, F, r}},
+                                                                                       {"w_down.a", Shape{E, r, F}},
+                                                                                       {"w_down.b", Shape{E, L, r}}}) {
+            host.emplace(name, test::randn(DType::f32, shape, seed++, 0.1));
+            if (name != std::string("dy")) grads.emplace(name, Tensor(DType::f32, shape));
+        }
+        for (auto [name, shape] : std::initializer_list<std::pair<const char*, Shape>>{
+                 {"w_gate", Shape{E, F, L}}, {"w_up", Shape{E, F, L}}, {"w_down", Shape{E, L, F}}}) {
+            const Tensor wf = test::randn(DType::f32, shape, seed++, 0.05);
+            Tensor w(dt, shape);
+            if (dt == DType::bf16) {
+                for (int64_t i = 0; i < w.numel(); ++i) w.ptr<bf16>()[i] = float_to_bf16(wf.ptr<float>()[i]);
+            } else {
+                f32_to_mxfp4(wf.ptr<float>(), wf.numel(), static_cast<uint8_t*>(w.view().data));
+            }
+            host.emplace(name, std::move(w));  // frozen: no gradient
+        }
+        const MoeSide cpu = run_moe(p, host, grads, DType::f32, starts, Device::cpu),
+                      gpu = run_moe(p, host, grads, DType::f32, starts, Device::cuda);
+        const TensorView offsets = cpu.buffers.view("offsets");
+        EXPECT_GT(offsets.ptr<int32_t>()[E] - offsets.ptr<int32_t>()[128], 0) << "the second window must have rows";
+        for (const char* name : {"offsets", "row"})
+            EXPECT_TRUE(
+                test::bitwise_equal(Tensor::copy_of(gpu.buffers.view(name)).to(Device::cpu), cpu.buffers.view(name)))
+                << name;
+        for (auto& [name, t] : cpu.g)
+            EXPECT_TRUE(test::rel_rms_close(gpu.g.at(name).to(Device::cpu), t, 1e-5))
+                << "d" << name << ", " << dtype_name(dt) << " experts";
     }
 }
 

@@ -92,20 +92,24 @@ TEST(OpDispatch, WhatTheCudaBackendLacksRefusesCudaTensors) {
         << e;
 }
 
-// What the MoE layer cannot do on CUDA tensors yet is refused before anything is read: frozen experts held narrow.
-TEST(OpDispatch, MoeOnCudaTensorsRefusesNarrowExperts) {
-    ops::MoeWeights w{.router_w = fake_cuda(Shape{4, 8}),
-                      .w_gate = fake_cuda(Shape{4, 6, 8}),
-                      .w_up = fake_cuda(Shape{4, 6, 8}),
-                      .w_down = fake_cuda(Shape{4, 8, 6})};
+// Experts held narrow (bf16, MXFP4: frozen) run in an f32 layer on either device; in an f64 layer they are refused
+// before anything is read.
+TEST(OpDispatch, MoeRefusesNarrowExpertsInAnF64Layer) {
+    auto f64 = [](Shape s) {
+        TensorView v = fake_cuda(s);
+        v.dtype = DType::f64;
+        return v;
+    };
+    ops::MoeWeights w{.router_w = f64(Shape{4, 8}),
+                      .w_gate = f64(Shape{4, 6, 8}),
+                      .w_up = f64(Shape{4, 6, 8}),
+                      .w_down = f64(Shape{4, 8, 6})};
     const ops::MoeSaved s{};
     const ops::MoeScratch t{};
     const ops::MoeParams p;
     w.w_down = TensorView(w.w_down.data, DType::bf16, w.w_down.shape, Device::cuda);
-    const std::string e = error_of([&] {
-        ops::moe_forward(p, w, fake_cuda(Shape{3, 8}), fake_cuda(Shape{3, 8}), false, s, t);
-    });
-    EXPECT_NE(e.find("moe (CUDA): expert weights in bf16"), std::string::npos) << e;
+    const std::string e = error_of([&] { ops::moe_forward(p, w, f64(Shape{3, 8}), f64(Shape{3, 8}), false, s, t); });
+    EXPECT_NE(e.find("moe: expert weights in bf16 but the layer in f64"), std::string::npos) << e;
 }
 
 TEST(OpDispatch, AnOpTheCudaBackendHasFailsCleanlyWithoutAGpu) {

@@ -102,14 +102,16 @@ void check_weight(const TensorView& t, const Shape& shape, std::string_view name
     if (!t.slices) check_contiguous(t, "moe", name);  // (experts stored apart: each contiguous)
 }
 
-// The layer's device (one for all its tensors). On CUDA the expert weights are stored in the tensors' dtype.
-void check_device(const MoeWeights& w, std::initializer_list<TensorView> tensors) {
-    if (op_device("moe", tensors) != Device::cuda) return;
-    for (const TensorView* e : {&w.w_gate, &w.w_up, &w.w_down})
-        TESSERA_CHECK(e->dtype == w.router_w.dtype,
-                      "moe (CUDA): expert weights in {} (a frozen base held narrow) are not supported on CUDA yet; "
-                      "hold the base in {}",
-                      dtype_name(e->dtype), dtype_name(w.router_w.dtype));
+// The layer's tensors on one device, its experts in the activations' dtype or, frozen, held narrow (bf16, MXFP4) in
+// an f32 layer (an f64 layer runs on f64 experts): checked before anything is read.
+void check_layer(const MoeWeights& w, const TensorView& x, std::initializer_list<TensorView> tensors) {
+    op_device("moe", tensors);
+    for (const TensorView* e : {&w.w_gate, &w.w_up, &w.w_down}) {
+        const bool narrow = e->dtype == DType::bf16 || e->dtype == DType::mxfp4;
+        TESSERA_CHECK(!e->defined() || e->dtype == x.dtype || (narrow && x.dtype == DType::f32),
+                      "moe: expert weights in {} but the layer in {} (experts held in bf16 or mxfp4 need an f32 layer)",
+                      dtype_name(e->dtype), dtype_name(x.dtype));
+    }
 }
 
 struct Pairs {  // the (token, slot) arrays of a layout, N·K long
@@ -611,7 +613,7 @@ MoeStats moe_forward(const MoeParams& p,
                      const MoeScratch& t,
                      std::span<const int64_t> seq_starts) {
     note_op_use("moe");
-    check_device(w, {x, y, w.router_w, w.w_gate, w.w_up, w.w_down, s.scores, s.xe, t.ye});
+    check_layer(w, x, {x, y, w.router_w, w.w_gate, w.w_up, w.w_down, s.scores, s.xe, t.ye});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(y, x.shape, "moe: y");
@@ -668,8 +670,9 @@ void moe_backward(const MoeParams& p,
                   const MoeSaved& s,
                   const MoeScratch& t,
                   std::span<const int64_t> seq_starts) {
-    check_device(w, {x, dy, dx, w.router_w, w.w_gate, w.w_up, w.w_down, g.router_w, g.w_gate, g.w_up, g.w_down,
-                     s.scores, s.xe, t.ye, t.dxe});
+    check_layer(w, x,
+                {x, dy, dx, w.router_w, w.w_gate, w.w_up, w.w_down, g.router_w, g.w_gate, g.w_up, g.w_down, s.scores,
+                 s.xe, t.ye, t.dxe});
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
     check_shape(dy, x.shape, "moe: dy");

@@ -109,7 +109,6 @@ namespace {
 // takes it: fn(o0, rows, w) for consecutive row blocks of at most kWidenBytes widened to f32 in the thread's scratch
 // (the CPU widens per GEMM block instead; both products equal those on the widened f32 weight up to the order of the
 // sum over OUT in dx). f64 inputs run on f32 weights only, as on the CPU.
-constexpr int64_t kWidenBytes = int64_t(64) << 20;
 void check_narrow_weight(const TensorView& x, const TensorView& w) {
     TESSERA_CHECK((w.dtype == DType::bf16 || w.dtype == DType::mxfp4) && x.dtype == DType::f32,
                   "linear: a {} weight {} in a {} product ({} runs on {} weights)", dtype_name(w.dtype), w.shape.str(),
@@ -123,10 +122,7 @@ void with_f32_weight(const TensorView& w, F&& fn) {
     auto* wide = static_cast<float*>(scratch(size_t(rows * IN) * sizeof(float)));
     for (int64_t o0 = 0; o0 < OUT; o0 += rows) {
         const int64_t n = std::min(rows, OUT - o0);
-        check_launch(w.dtype == DType::bf16
-                         ? launch_widen_bf16(static_cast<const uint16_t*>(w.data) + o0 * IN, n * IN, wide, stream())
-                         : launch_widen_mxfp4(static_cast<const uint8_t*>(w.data), o0 * IN, n * IN, wide, stream()),
-                     "linear: widen the weight");
+        widen_to_f32(w, o0 * IN, n * IN, wide, "linear: widen the weight");
         fn(o0, n, static_cast<const float*>(wide));
     }
 }

@@ -199,7 +199,14 @@ void GemmGroup<T>::run() {
     const int count = int(size_.size());
     if (count > 0) {
         const size_t bytes = sizeof(void*) * size_t(count);
-        auto* base = static_cast<std::byte*>(scratch(3 * bytes));
+        if (pointer_bytes_ < 3 * bytes) {
+            device_free(Device::cuda, pointers_);
+            pointers_ = nullptr;
+            pointer_bytes_ = 0;
+            pointers_ = device_alloc(Device::cuda, 3 * bytes);
+            pointer_bytes_ = 3 * bytes;
+        }
+        auto* base = static_cast<std::byte*>(pointers_);
         const T* const* A = upload(base, std::span<const T* const>(a_));
         const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
         T* const* C = upload(base + 2 * bytes, std::span<T* const>(c_));
@@ -224,6 +231,23 @@ void GemmGroup<T>::run() {
     a_.clear();
     b_.clear();
     c_.clear();
+}
+
+template <class T>
+GemmGroup<T>::~GemmGroup() {
+    device_free(Device::cuda, pointers_);
+}
+
+void widen_to_f32(const TensorView& w, int64_t first, int64_t n, float* dst, const char* what) {
+    TESSERA_CHECK(w.data != nullptr && !w.slices, "{}: a {} weight must be one contiguous device tensor", what,
+                  dtype_name(w.dtype));
+    if (w.dtype == DType::bf16) {
+        check_launch(launch_widen_bf16(static_cast<const uint16_t*>(w.data) + first, n, dst, stream()), what);
+    } else {
+        TESSERA_CHECK(w.dtype == DType::mxfp4, "{}: weights in {} are not widened (bf16, mxfp4)", what,
+                      dtype_name(w.dtype));
+        check_launch(launch_widen_mxfp4(static_cast<const uint8_t*>(w.data), first, n, dst, stream()), what);
+    }
 }
 
 template class GemmGroup<float>;

@@ -61,6 +61,12 @@ void* scratch(size_t bytes);
 // The parts of one scratch request start at multiples of 256 bytes.
 inline size_t scratch_part(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// A frozen weight held narrow (bf16: model.lora.base_dtype; MXFP4: model.lora.expert_dtype) is widened to f32 for the
+// f32 GEMMs in pieces of at most this many bytes of the thread's scratch (linear: row blocks; moe: windows of experts).
+constexpr int64_t kWidenBytes = int64_t(64) << 20;
+// Values [first, first + n) of w (bf16 or MXFP4, contiguous on the device) widened exactly into dst.
+void widen_to_f32(const TensorView& w, int64_t first, int64_t n, float* dst, const char* what);
+
 // Scratch for the row slabs of `terms` column sums over [rows, cols] (launchers.h: column_slab_elements).
 template <class T>
 T* column_slabs_scratch(int64_t rows, int64_t cols, int terms) {
@@ -131,8 +137,8 @@ void gemm_rows(Trans ta,
 
 // GEMMs of different shapes in one cuBLAS grouped-batched call (cublas{S,D}gemmGroupedBatched, one problem per
 // group), e.g. one per expert: the CUDA form of ops/grouped_gemm.h. Problems are added row-major as gemm_rows takes
-// them; run() copies the operand pointers into the thread's scratch (its one-buffer rule applies), launches on the
-// current stream and empties the group.
+// them; run() copies the operand pointers into the group's own grow-only device buffer (not the thread's scratch, so
+// operands may live there: experts widened from a narrow dtype), launches on the current stream and empties the group.
 template <class T>
 class GemmGroup {
   public:
@@ -150,8 +156,11 @@ class GemmGroup {
                   T* c,
                   int64_t ldc);
     void run();
+    ~GemmGroup();
 
   private:
+    void* pointers_ = nullptr;  // device memory for the operand pointers
+    size_t pointer_bytes_ = 0;
     std::vector<cublasOperation_t> ta_, tb_;
     std::vector<int> m_, n_, k_, lda_, ldb_, ldc_, size_;
     std::vector<T> alpha_, beta_;

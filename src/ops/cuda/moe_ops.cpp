@@ -2,9 +2,9 @@
 // and devices). Routing bookkeeping runs on the host, on the router's choices read back (ops/moe_layout.h, the CPU's
 // own code: both backends lay out the same rows), and the layout is copied to the device; the rows move by the kernels
 // of moe.cu; each expert product over all experts is one grouped-batched cuBLAS GEMM (grouped_rows, grouped_wgrad)
-// on expert offsets read back to the host. Each read-back synchronises the stream: capacity and layout once per
-// forward, the offsets once per expert forward and backward. (The experts' adapters go to this backend's LoRA entry
-// points directly: the layer declared their shapes.)
+// on expert offsets read back to the host (frozen experts held narrow: one per window of experts widened to f32). Each
+// read-back synchronises the stream: capacity and layout once per forward, the offsets once per expert forward and
+// backward. (The experts' adapters go to this backend's LoRA entry points directly: the layer declared their shapes.)
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/entry_util.h"
 #include "ops/moe_layout.h"
@@ -45,6 +45,41 @@ ExpertRows expert_rows(const MoeSaved& s) {
 }
 
 bool situ(const MoeParams& p) { return p.activation == ExpertActivation::situ; }
+
+// The M-grouped product C[rows_e] = A[rows_e]·op(w_e) + beta·C over the experts, w [E, ...] stored in T, or frozen
+// experts held narrow (bf16, MXFP4) with f32 rows: then windows of consecutive experts whose weights, widened to f32,
+// fit kWidenBytes of the thread's scratch, one grouped GEMM each (a window without rows is skipped). Each expert's
+// product is the one on its widened f32 weight, as on the CPU (ops/grouped_gemm.h).
+template <class T>
+void expert_gemm(Trans tb,
+                 const ExpertRows& g,
+                 int64_t N,
+                 int64_t K,
+                 const T* A,
+                 int64_t lda,
+                 const TensorView& w,
+                 int64_t ldb,
+                 T beta,
+                 T* C,
+                 int64_t ldc) {
+    const int64_t stride = w.numel() / std::max<int64_t>(1, w.size(0));  // one expert's values
+    if (w.dtype == dtype_of<T>())
+        return grouped_rows<T>(tb, g, N, K, T(1), A, lda, w.ptr<T>(), stride, ldb, beta, C, ldc);
+    if constexpr (std::is_same_v<T, float>) {
+        const int64_t per = std::max<int64_t>(1, kWidenBytes / (4 * std::max<int64_t>(1, stride)));
+        float* wide = nullptr;
+        for (int64_t e0 = 0; e0 < g.experts; e0 += per) {
+            const int64_t n = std::min(per, g.experts - e0);
+            if (g.offsets[e0 + n] == g.offsets[e0]) continue;
+            if (!wide) wide = static_cast<float*>(scratch(size_t(std::min(per, g.experts) * stride) * sizeof(float)));
+            widen_to_f32(w, e0 * stride, n * stride, wide, "moe: widen the experts");
+            grouped_rows<float>(tb, ExpertRows{g.offsets + e0, n}, N, K, 1.f, A, lda, wide, stride, ldb, beta, C, ldc);
+        }
+    } else {
+        TESSERA_FAIL("moe: experts held in {} run with f32 rows, not {}", dtype_name(w.dtype),
+                     dtype_name(dtype_of<T>()));
+    }
+}
 
 void expert_lora_forward(
     const MoeParams& p, const ExpertRows& g, const LoraPair& l, TensorView x, TensorView y, const MoeScratch& t) {
@@ -122,15 +157,15 @@ void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
         const T* xe = s.xe.ptr<T>();
         T *h = s.h.ptr<T>(), *a = s.a.ptr<T>();
-        grouped_rows<T>(Trans::T, g, F, L, T(1), xe, L, w.w_gate.ptr<T>(), F * L, L, T(0), h, 2 * F);
-        grouped_rows<T>(Trans::T, g, F, L, T(1), xe, L, w.w_up.ptr<T>(), F * L, L, T(0), h + F, 2 * F);
+        expert_gemm<T>(Trans::T, g, F, L, xe, L, w.w_gate, L, T(0), h, 2 * F);
+        expert_gemm<T>(Trans::T, g, F, L, xe, L, w.w_up, L, T(0), h + F, 2 * F);
         const TensorView xr = s.xe.slice0(0, R), hr = s.h.slice0(0, R);
         expert_lora_forward(p, g, w.lora.w_gate, xr, hr.columns(0, F), t);
         expert_lora_forward(p, g, w.lora.w_up, xr, hr.columns(F, F), t);
         check_launch(launch_moe_gated_act<T>(situ(p), p.situ.beta, p.situ.linear_beta, h, s.row_gate.ptr<T>(), a, R, F,
                                              stream()),
                      "moe experts");
-        grouped_rows<T>(Trans::T, g, L, F, T(1), a, F, w.w_down.ptr<T>(), L * F, F, T(0), t.ye.ptr<T>(), L);
+        expert_gemm<T>(Trans::T, g, L, F, a, F, w.w_down, F, T(0), t.ye.ptr<T>(), L);
         expert_lora_forward(p, g, w.lora.w_down, s.a.slice0(0, R), t.ye.slice0(0, R), t);
     });
 }
@@ -142,7 +177,7 @@ void moe_experts_backward(
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
         const T *dye = t.ye.ptr<T>(), *xe = s.xe.ptr<T>();
         T *da = t.da.ptr<T>(), *dh = t.dh.ptr<T>(), *dxe = t.dxe.ptr<T>();
-        grouped_rows<T>(Trans::N, g, F, L, T(1), dye, L, w.w_down.ptr<T>(), L * F, F, T(0), da, F);
+        expert_gemm<T>(Trans::N, g, F, L, dye, L, w.w_down, F, T(0), da, F);
         if (gw.w_down.defined())  // absent: frozen experts
             grouped_wgrad<T>(g, L, F, dye, L, s.a.ptr<T>(), F, gw.w_down.ptr<T>(), L * F, F);
         expert_lora_backward(p, g, w.lora.w_down, gw.lora.w_down, s.a.slice0(0, R), t.ye.slice0(0, R),
@@ -150,8 +185,8 @@ void moe_experts_backward(
         check_launch(launch_moe_gated_act_backward<T>(situ(p), p.situ.beta, p.situ.linear_beta, s.h.ptr<T>(), da,
                                                       s.row_gate.ptr<T>(), t.row_dot.ptr<T>(), dh, R, F, stream()),
                      "moe experts backward");
-        grouped_rows<T>(Trans::N, g, L, F, T(1), dh, 2 * F, w.w_gate.ptr<T>(), F * L, L, T(0), dxe, L);
-        grouped_rows<T>(Trans::N, g, L, F, T(1), dh + F, 2 * F, w.w_up.ptr<T>(), F * L, L, T(1), dxe, L);
+        expert_gemm<T>(Trans::N, g, L, F, dh, 2 * F, w.w_gate, L, T(0), dxe, L);
+        expert_gemm<T>(Trans::N, g, L, F, dh + F, 2 * F, w.w_up, L, T(1), dxe, L);
         if (gw.w_gate.defined()) grouped_wgrad<T>(g, F, L, dh, 2 * F, xe, L, gw.w_gate.ptr<T>(), F * L, L);
         if (gw.w_up.defined()) grouped_wgrad<T>(g, F, L, dh + F, 2 * F, xe, L, gw.w_up.ptr<T>(), F * L, L);
         const TensorView xr = s.xe.slice0(0, R), dhr = t.dh.slice0(0, R), dxr = t.dxe.slice0(0, R);
