@@ -3,6 +3,8 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cuda_emulator/emulator.h"
@@ -14,19 +16,31 @@ struct cublasContext {};
 
 namespace {
 
-// op(A) and op(B) packed column by column (column l of op(A) and column j of op(B) contiguous), then C in tiles of
-// 64 rows × 4 columns held in a small accumulator, each output's sum over l in order: a fixed order per output, with
-// the inner loop over contiguous rows so the compiler vectorises it.
+// An operand's element in the compute type T: itself, or a bf16 (its bits) widened exactly.
 template <class T>
+T value(T x) {
+    return x;
+}
+inline float value(uint16_t bf16) {
+    uint32_t u = uint32_t(bf16) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// op(A) and op(B) packed column by column (column l of op(A) and column j of op(B) contiguous, in the compute type T),
+// then C in tiles of 64 rows × 4 columns held in a small accumulator, each output's sum over l in order: a fixed order
+// per output, with the inner loop over contiguous rows so the compiler vectorises it.
+template <class T, class In = T>
 cublasStatus_t gemm(cublasOperation_t ta,
                     cublasOperation_t tb,
                     int m,
                     int n,
                     int k,
                     T alpha,
-                    const T* a,
+                    const In* a,
                     int lda,
-                    const T* b,
+                    const In* b,
                     int ldb,
                     T beta,
                     T* c,
@@ -38,9 +52,11 @@ cublasStatus_t gemm(cublasOperation_t ta,
     const bool at = ta == CUBLAS_OP_T, bt = tb == CUBLAS_OP_T;
     std::vector<T> pa(size_t(m) * size_t(k)), pb(size_t(k) * size_t(n));
     for (int l = 0; l < k; ++l)
-        for (int i = 0; i < m; ++i) pa[size_t(l) * m + i] = at ? a[l + int64_t(i) * lda] : a[i + int64_t(l) * lda];
+        for (int i = 0; i < m; ++i)
+            pa[size_t(l) * m + i] = value(at ? a[l + int64_t(i) * lda] : a[i + int64_t(l) * lda]);
     for (int j = 0; j < n; ++j)
-        for (int l = 0; l < k; ++l) pb[size_t(j) * k + l] = bt ? b[j + int64_t(l) * ldb] : b[l + int64_t(j) * ldb];
+        for (int l = 0; l < k; ++l)
+            pb[size_t(j) * k + l] = value(bt ? b[j + int64_t(l) * ldb] : b[l + int64_t(j) * ldb]);
     constexpr int kRows = 64, kCols = 4;
     for (int j0 = 0; j0 < n; j0 += kCols) {
         const int nc = std::min(kCols, n - j0);
@@ -118,6 +134,11 @@ cublasStatus_t grouped(const cublasOperation_t* ta,
         }
     }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+// The GemmEx types the emulator computes: bf16 A and B, f32 C, f32 compute
+bool bf16_f32(cudaDataType a, cudaDataType b, cudaDataType c, cublasComputeType_t compute) {
+    return a == CUDA_R_16BF && b == CUDA_R_16BF && c == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F;
 }
 
 }  // namespace
@@ -246,4 +267,99 @@ cublasStatus_t cublasDgemmGroupedBatched(cublasHandle_t,
                                          int groups,
                                          const int* size) {
     return grouped(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, groups, size);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h,
+                            cublasOperation_t ta,
+                            cublasOperation_t tb,
+                            int m,
+                            int n,
+                            int k,
+                            const void* alpha,
+                            const void* a,
+                            cudaDataType a_type,
+                            int lda,
+                            const void* b,
+                            cudaDataType b_type,
+                            int ldb,
+                            const void* beta,
+                            void* c,
+                            cudaDataType c_type,
+                            int ldc,
+                            cublasComputeType_t compute,
+                            cublasGemmAlgo_t) {
+    return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, a, a_type, lda, 0, b, b_type, ldb, 0, beta, c, c_type,
+                                      ldc, 0, 1, compute, CUBLAS_GEMM_DEFAULT);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t,
+                                          cublasOperation_t ta,
+                                          cublasOperation_t tb,
+                                          int m,
+                                          int n,
+                                          int k,
+                                          const void* alpha,
+                                          const void* a,
+                                          cudaDataType a_type,
+                                          int lda,
+                                          long long sa,
+                                          const void* b,
+                                          cudaDataType b_type,
+                                          int ldb,
+                                          long long sb,
+                                          const void* beta,
+                                          void* c,
+                                          cudaDataType c_type,
+                                          int ldc,
+                                          long long sc,
+                                          int batch,
+                                          cublasComputeType_t compute,
+                                          cublasGemmAlgo_t) {
+    if (!bf16_f32(a_type, b_type, c_type, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    DeviceScope work;
+    const auto *A = static_cast<const uint16_t*>(a), *B = static_cast<const uint16_t*>(b);
+    auto* C = static_cast<float*>(c);
+    const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+    for (int i = 0; i < batch; ++i) {
+        const cublasStatus_t st =
+            gemm<float, uint16_t>(ta, tb, m, n, k, al, A + i * sa, lda, B + i * sb, ldb, be, C + i * sc, ldc);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t,
+                                          const cublasOperation_t* ta,
+                                          const cublasOperation_t* tb,
+                                          const int* m,
+                                          const int* n,
+                                          const int* k,
+                                          const void* alpha,
+                                          const void* const a[],
+                                          cudaDataType_t a_type,
+                                          const int* lda,
+                                          const void* const b[],
+                                          cudaDataType_t b_type,
+                                          const int* ldb,
+                                          const void* beta,
+                                          void* const c[],
+                                          cudaDataType_t c_type,
+                                          const int* ldc,
+                                          int groups,
+                                          const int* size,
+                                          cublasComputeType_t compute) {
+    if (!bf16_f32(a_type, b_type, c_type, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    DeviceScope work;
+    if (!is_device_pointer(a) || !is_device_pointer(b) || !is_device_pointer(c)) return CUBLAS_STATUS_INVALID_VALUE;
+    const auto *al = static_cast<const float*>(alpha), *be = static_cast<const float*>(beta);
+    int64_t p = 0;  // the problem's index in the pointer arrays
+    for (int g = 0; g < groups; ++g) {
+        for (int i = 0; i < size[g]; ++i, ++p) {
+            const cublasStatus_t st = gemm<float, uint16_t>(
+                ta[g], tb[g], m[g], n[g], k[g], al[g], static_cast<const uint16_t*>(a[p]), lda[g],
+                static_cast<const uint16_t*>(b[p]), ldb[g], be[g], static_cast<float*>(c[p]), ldc[g]);
+            if (st != CUBLAS_STATUS_SUCCESS) return st;
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
 }

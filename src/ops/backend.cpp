@@ -1,6 +1,10 @@
 // Device checks of the op dispatch (ops/backend.h).
 #include "ops/backend.h"
 
+#include <atomic>
+
+#include "ops/gemm.h"
+
 namespace tessera::ops {
 
 Device op_device(std::string_view op, std::initializer_list<TensorView> tensors) {
@@ -28,5 +32,13 @@ void no_cuda_backend(std::string_view call) {
         "{}: tensors are on a CUDA device but this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)",
         call.substr(0, call.find('(')));
 }
+
+namespace {
+std::atomic<GemmPrecision> gemm_precision{GemmPrecision::f32};
+}
+
+GemmPrecision cuda_gemm_precision() { return gemm_precision.load(std::memory_order_relaxed); }
+CudaGemmPrecisionScope::CudaGemmPrecisionScope(GemmPrecision p) : previous_(gemm_precision.exchange(p)) {}
+CudaGemmPrecisionScope::~CudaGemmPrecisionScope() { gemm_precision.store(previous_); }
 
 }  // namespace tessera::ops

@@ -110,6 +110,23 @@ void gemm_onednn_reference(Trans ta,
                            float* C,
                            int64_t ldc);
 
+// The precision of the f32 GEMMs on CUDA (train.precision; process-wide): f32 (the default, no TF32: comparable with
+// the CPU at f32 tolerance) or bf16, each operand rounded to nearest even and the products summed in f32 on the tensor
+// cores (cuBLAS's GemmEx family, CUBLAS_COMPUTE_32F). The CPU's GEMMs and f64 ones are always exact in their type.
+// The scope sets it for its lifetime and restores the previous value.
+enum class GemmPrecision : uint8_t { f32, bf16 };
+GemmPrecision cuda_gemm_precision();
+class CudaGemmPrecisionScope {
+  public:
+    explicit CudaGemmPrecisionScope(GemmPrecision p);
+    ~CudaGemmPrecisionScope();
+    CudaGemmPrecisionScope(const CudaGemmPrecisionScope&) = delete;
+    CudaGemmPrecisionScope& operator=(const CudaGemmPrecisionScope&) = delete;
+
+  private:
+    GemmPrecision previous_;
+};
+
 // The machine's practical f32 GEMM rate (GFLOP/s): the best of repeated n×n×n products through
 // gemm() over at least `seconds`. The reference point for MFU and benchmark ratios (measured, not a
 // datasheet peak; the best run, so a busy neighbour does not lower the roofline).

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -164,6 +165,9 @@ TEST(CudaOps, AdamWMatchesTheCpuOracle) {
 
 // Runs `op` on random host tensors of these shapes and on copies of them on the GPU: afterwards every tensor agrees,
 // but those listed in `private_scratch` (an op's own scratch, whose contents each backend uses its own way).
+// `bf16_operands`: the GPU runs its GEMMs at GemmPrecision::bf16 and these f32 GEMM operands are rounded to bf16 on the
+// host first (the products of bf16 values are exact in f32, so both sides differ by the order of the f32 sums only);
+// they are not compared.
 // Ops whose results sum many terms in a backend's own order (parameter gradients, GEMMs) compare in f64, where both
 // backends' rounding is far below the tolerance; in f32 such sums differ by their rounding (cancellation included).
 template <class Op>
@@ -172,21 +176,32 @@ void expect_cuda_like_cpu(const std::vector<Shape>& shapes,
                           double rtol = 1e-5,
                           double atol = 1e-6,
                           DType dtype = DType::f32,
-                          const std::vector<size_t>& private_scratch = {}) {
+                          const std::vector<size_t>& private_scratch = {},
+                          const std::vector<size_t>& bf16_operands = {}) {
     std::vector<Tensor> host, dev;
     std::vector<TensorView> hv, dv;
+    auto listed = [](const std::vector<size_t>& l, size_t i) { return std::find(l.begin(), l.end(), i) != l.end(); };
     for (size_t i = 0; i < shapes.size(); ++i) {
         host.push_back(test::randn(dtype, shapes[i], 100 + i));
         dev.push_back(host.back().to(Device::cuda));
+        if (listed(bf16_operands, i))
+            for (int64_t j = 0; j < host.back().numel(); ++j) {
+                float& v = host.back().ptr<float>()[j];
+                v = bf16_to_float(float_to_bf16(v));
+            }
     }
     for (size_t i = 0; i < host.size(); ++i) {
         hv.push_back(host[i]);
         dv.push_back(dev[i]);
     }
     op(hv);
-    op(dv);
+    {
+        std::optional<ops::CudaGemmPrecisionScope> bf16;
+        if (!bf16_operands.empty()) bf16.emplace(ops::GemmPrecision::bf16);
+        op(dv);
+    }
     for (size_t i = 0; i < host.size(); ++i) {
-        if (std::find(private_scratch.begin(), private_scratch.end(), i) != private_scratch.end()) continue;
+        if (listed(private_scratch, i) || listed(bf16_operands, i)) continue;
         EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], rtol, atol)) << "tensor " << i;
     }
 }
@@ -286,6 +301,59 @@ TEST(CudaOps, MatmulHeadsMatchesTheCpuInEveryTransposition) {
                 1e-5, 1e-5);
         }
     }
+}
+
+// GemmPrecision::bf16 (train.precision = bf16): every f32 GEMM form the backend uses rounds its operands to bf16 and
+// sums in f32 — one product, strided batches, grouped problems (experts' rows and their weight gradients) — so on
+// operands rounded to bf16 the CPU's f32 GEMMs give the same values up to the order of the f32 sums. On the exact
+// operands the bf16 products are within bf16's tolerance of f32 and not f32's own.
+TEST(CudaOps, Bf16GemmsMatchTheCpuOnOperandsRoundedToBf16) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 96, IN = 320, OUT = 200;
+    // linear forward and backward: x, w, dy rounded; y, dx, dw compared
+    expect_cuda_like_cpu({Shape{N, IN}, Shape{OUT, IN}, Shape{N, OUT}, Shape{N, OUT}, Shape{N, IN}, Shape{OUT, IN}},
+                         [&](std::vector<TensorView> t) {
+                             ops::linear_forward({}, t[0], t[1], {}, t[3]);
+                             ops::linear_backward(t[2], t[0], t[1], t[4], t[5], {});
+                         },
+                         1e-5, 1e-4, DType::f32, {}, {0, 1, 2});
+    // a strided batch over head views, accumulating into C
+    expect_cuda_like_cpu({Shape{N, 4 * 75}, Shape{64, 4 * 40}, Shape{N, 4 * 41}},
+                         [&](std::vector<TensorView> t) {
+                             ops::matmul_heads(
+                                 ops::Trans::N, ops::Trans::N, 0.5, ops::head_matrices(t[0], 1, 4, 75, 64),
+                                 ops::head_matrices(t[1], 0, 4, 40, 40), 1.0, ops::head_matrices(t[2], 0, 4, 41, 40));
+                         },
+                         1e-5, 1e-4, DType::f32, {}, {0, 1});
+    // the grouped forms over experts' rows (one expert without rows): C[rows_e] = A[rows_e]·w_eᵀ, dw_e += dyᵀ·x
+    const std::vector<int32_t> offsets{0, 30, 30, 75, 96};
+    const ops::ExpertRows g{offsets.data(), 4};
+    const int64_t F = 48, L = 64;
+    expect_cuda_like_cpu({Shape{N, L}, Shape{4, F, L}, Shape{N, F}, Shape{N, F}, Shape{4, F, L}},
+                         [&](std::vector<TensorView> t) {
+                             const float *x = t[0].ptr<float>(), *w = t[1].ptr<float>(), *dy = t[2].ptr<float>();
+                             float *y = t[3].ptr<float>(), *dw = t[4].ptr<float>();
+                             if (t[0].device == Device::cuda) {
+                                 ops::cuda::grouped_rows<float>(ops::Trans::T, g, F, L, 1.f, x, L, w, F * L, L, 0.f, y,
+                                                                F);
+                                 ops::cuda::grouped_wgrad<float>(g, F, L, dy, F, x, L, dw, F * L, L);
+                             } else {
+                                 ops::grouped_gemm(ops::Trans::T, g, F, L, x, L, w, F * L, L, 0.f, y, F);
+                                 ops::grouped_gemm_wgrad(g, F, L, dy, F, x, L, dw, F * L, L);
+                             }
+                         },
+                         1e-5, 1e-4, DType::f32, {}, {0, 1, 2});
+    // on the exact operands: bf16's rounding, not f32's
+    const Tensor x = test::randn(DType::f32, Shape{N, IN}, 1), w = test::randn(DType::f32, Shape{OUT, IN}, 2);
+    Tensor y(DType::f32, Shape{N, OUT}), yg(DType::f32, Shape{N, OUT}, Device::cuda);
+    ops::linear_forward({}, x, w, {}, y);
+    {
+        const ops::CudaGemmPrecisionScope bf16(ops::GemmPrecision::bf16);
+        ops::linear_forward({}, x.to(Device::cuda), w.to(Device::cuda), {}, yg);
+    }
+    EXPECT_TRUE(test::rel_rms_close(yg.to(Device::cpu), y, 1e-2));
+    EXPECT_FALSE(test::rel_rms_close(yg.to(Device::cpu), y, 1e-4));
+    EXPECT_EQ(ops::cuda_gemm_precision(), ops::GemmPrecision::f32) << "the scope restores f32";
 }
 
 // The KDA and MLA blocks' small ops as the blocks call them: column blocks, strided head views, rope in place,

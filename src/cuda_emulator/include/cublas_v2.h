@@ -1,6 +1,7 @@
 // cuBLAS as the CUDA emulator provides it (src/cuda_emulator): the GEMMs tessera's CUDA backend calls
 // (ops/cuda/entry_util.cpp), column-major as cuBLAS defines them, computed on the host in the element type, each
-// output's sum in k order.
+// output's sum in k order. The GemmEx family takes bf16 A and B with f32 C and CUBLAS_COMPUTE_32F only (the products
+// of bf16 values are exact in f32; each sum in k order in f32); other type combinations are not supported.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,8 +15,14 @@ enum cublasStatus_t {
     CUBLAS_STATUS_SUCCESS = 0,
     CUBLAS_STATUS_NOT_INITIALIZED = 1,
     CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
 };
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+// (library_types.h and cublas_api.h's values)
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16BF = 14 };
+using cudaDataType = cudaDataType_t;
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy_v2(cublasHandle_t handle);
@@ -118,3 +125,66 @@ cublasStatus_t cublasDgemmGroupedBatched(cublasHandle_t,
                                          const int* ldc,
                                          int group_count,
                                          const int* group_size);
+cublasStatus_t cublasGemmEx(cublasHandle_t,
+                            cublasOperation_t ta,
+                            cublasOperation_t tb,
+                            int m,
+                            int n,
+                            int k,
+                            const void* alpha,
+                            const void* a,
+                            cudaDataType a_type,
+                            int lda,
+                            const void* b,
+                            cudaDataType b_type,
+                            int ldb,
+                            const void* beta,
+                            void* c,
+                            cudaDataType c_type,
+                            int ldc,
+                            cublasComputeType_t compute,
+                            cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t,
+                                          cublasOperation_t ta,
+                                          cublasOperation_t tb,
+                                          int m,
+                                          int n,
+                                          int k,
+                                          const void* alpha,
+                                          const void* a,
+                                          cudaDataType a_type,
+                                          int lda,
+                                          long long stride_a,
+                                          const void* b,
+                                          cudaDataType b_type,
+                                          int ldb,
+                                          long long stride_b,
+                                          const void* beta,
+                                          void* c,
+                                          cudaDataType c_type,
+                                          int ldc,
+                                          long long stride_c,
+                                          int batch,
+                                          cublasComputeType_t compute,
+                                          cublasGemmAlgo_t algo);
+// The pointer arrays a, b, c are in device memory; the others (alpha and beta in the compute type) on the host.
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t,
+                                          const cublasOperation_t* ta,
+                                          const cublasOperation_t* tb,
+                                          const int* m,
+                                          const int* n,
+                                          const int* k,
+                                          const void* alpha,
+                                          const void* const a[],
+                                          cudaDataType_t a_type,
+                                          const int* lda,
+                                          const void* const b[],
+                                          cudaDataType_t b_type,
+                                          const int* ldb,
+                                          const void* beta,
+                                          void* const c[],
+                                          cudaDataType_t c_type,
+                                          const int* ldc,
+                                          int group_count,
+                                          const int* group_size,
+                                          cublasComputeType_t compute);

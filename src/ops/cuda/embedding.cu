@@ -1,5 +1,6 @@
-// Embedding lookup and its gradient on CUDA (ops/embedding.h; the oracle is ops/cpu/embedding.cpp), and narrow rows
-// widened to f32 (a bf16 table's lookup; a frozen bf16 or MXFP4 weight for linear). The
+// Embedding lookup and its gradient on CUDA (ops/embedding.h; the oracle is ops/cpu/embedding.cpp), narrow rows
+// widened to f32 (a bf16 table's lookup; a frozen bf16 or MXFP4 weight for linear), and f32 GEMM operands rounded to
+// bf16 (GemmPrecision::bf16). The
 // backward keeps the CPU's order: each column walks the tokens in order, so repeated ids accumulate
 // identically on every run (no atomics).
 #include "core/mxfp4.h"
@@ -38,6 +39,23 @@ __global__ void widen_bf16_kernel(const uint16_t* src, int64_t n, float* dst) {
         dst[i] = __uint_as_float(static_cast<unsigned>(src[i]) << 16);
 }
 
+__device__ inline uint16_t round_bf16(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+}
+
+// blockIdx.y walks the pieces, the x blocks a piece's values
+__global__ void round_bf16_kernel(const Bf16Piece* pieces, int64_t count) {
+    for (int64_t p = blockIdx.y; p < count; p += gridDim.y) {
+        const Bf16Piece q = pieces[p];
+        const int64_t n = q.cols * q.len;
+        for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+            q.dst[i] = round_bf16(q.src[i / q.len * q.ld + i % q.len]);
+    }
+}
+
 template <class T>
 __global__ void embedding_backward_kernel(const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable) {
     for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < d; c += int64_t(gridDim.x) * blockDim.x) {
@@ -70,6 +88,13 @@ cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaSt
 cudaError_t launch_widen_mxfp4(const uint8_t* blocks, int64_t index, int64_t n, float* dst, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     launch_kernel(widen_mxfp4_kernel, grid_for(n), kBlock, 0, stream, blocks, index, n, dst);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_round_bf16(const Bf16Piece* pieces, int64_t count, int64_t max_elements, cudaStream_t stream) {
+    if (count == 0 || max_elements == 0) return cudaSuccess;
+    const dim3 grid(unsigned(grid_for(max_elements)), unsigned(std::min<int64_t>(count, 65535)));
+    launch_kernel(round_bf16_kernel, grid, kBlock, 0, stream, pieces, count);
     return cudaGetLastError();
 }
 

@@ -3,13 +3,59 @@
 
 #include "core/dynamic_library.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
 namespace tessera::ops::cuda {
 
 namespace {
+// The GemmEx entry points' C signatures (the headers add C++ overloads of these names, so decltype cannot name them)
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t,
+                                    cublasOperation_t,
+                                    cublasOperation_t,
+                                    int,
+                                    int,
+                                    int,
+                                    const void*,
+                                    const void*,
+                                    cudaDataType,
+                                    int,
+                                    const void*,
+                                    cudaDataType,
+                                    int,
+                                    const void*,
+                                    void*,
+                                    cudaDataType,
+                                    int,
+                                    cublasComputeType_t,
+                                    cublasGemmAlgo_t);
+using GemmStridedExFn = cublasStatus_t (*)(cublasHandle_t,
+                                           cublasOperation_t,
+                                           cublasOperation_t,
+                                           int,
+                                           int,
+                                           int,
+                                           const void*,
+                                           const void*,
+                                           cudaDataType,
+                                           int,
+                                           long long,
+                                           const void*,
+                                           cudaDataType,
+                                           int,
+                                           long long,
+                                           const void*,
+                                           void*,
+                                           cudaDataType,
+                                           int,
+                                           long long,
+                                           int,
+                                           cublasComputeType_t,
+                                           cublasGemmAlgo_t);
+
 // cuBLAS, opened at the first GEMM instead of linked: its libraries (libcublas and libcublasLt, ~600 MB of code)
 // loaded at start cost every process of a CUDA build ~200 MB of resident memory, CPU runs included (docs/ops.md).
 struct CublasApi {
@@ -22,14 +68,25 @@ struct CublasApi {
     decltype(&cublasDgemmStridedBatched) dgemm_strided;
     decltype(&cublasSgemmGroupedBatched) sgemm_grouped;
     decltype(&cublasDgemmGroupedBatched) dgemm_grouped;
+    GemmExFn gemm_ex;
+    GemmStridedExFn gemm_strided_ex;
+    decltype(&cublasGemmGroupedBatchedEx) gemm_grouped_ex;
 };
 
 const CublasApi& cublas() {
 #if TESSERA_CUDA_EMULATOR  // the emulator's cuBLAS (src/cuda_emulator/cublas.cpp), linked
-    static const CublasApi api{
-        &cublasCreate_v2,          &cublasDestroy_v2,          &cublasSetStream_v2,        &cublasSgemm_v2,
-        &cublasDgemm_v2,           &cublasSgemmStridedBatched, &cublasDgemmStridedBatched, &cublasSgemmGroupedBatched,
-        &cublasDgemmGroupedBatched};
+    static const CublasApi api{&cublasCreate_v2,
+                               &cublasDestroy_v2,
+                               &cublasSetStream_v2,
+                               &cublasSgemm_v2,
+                               &cublasDgemm_v2,
+                               &cublasSgemmStridedBatched,
+                               &cublasDgemmStridedBatched,
+                               &cublasSgemmGroupedBatched,
+                               &cublasDgemmGroupedBatched,
+                               &cublasGemmEx,
+                               &cublasGemmStridedBatchedEx,
+                               &cublasGemmGroupedBatchedEx};
 #else
     static const CublasApi api = [] {
         // the soname the headers belong to, through the loader's search (the executable's run path, the cache), else
@@ -45,11 +102,64 @@ const CublasApi& cublas() {
         lib.bind(a.dgemm_strided, "cublasDgemmStridedBatched");
         lib.bind(a.sgemm_grouped, "cublasSgemmGroupedBatched");
         lib.bind(a.dgemm_grouped, "cublasDgemmGroupedBatched");
+        lib.bind(a.gemm_ex, "cublasGemmEx");
+        lib.bind(a.gemm_strided_ex, "cublasGemmStridedBatchedEx");
+        lib.bind(a.gemm_grouped_ex, "cublasGemmGroupedBatchedEx");
         return a;
     }();
 #endif
     return api;
 }
+
+// The bf16 copies of one GEMM call's f32 operands (GemmPrecision::bf16): the pieces are queued, then one launch rounds
+// them all into the calling thread's grow-only buffer (the pieces' table first, then their values), reserved whole
+// before anything is written, so one call's copies never move. Not the thread's scratch: the operands may live there.
+class Bf16Operands {
+  public:
+    // Queues `cols` runs of `len` values apart by `ld` from src; returns the copy's offset in the values.
+    int64_t add(const float* src, int64_t cols, int64_t len, int64_t ld) {
+        const int64_t at = values_;
+        pieces_.push_back({src, reinterpret_cast<uint16_t*>(at), cols, len, ld});
+        values_ += cols * len;
+        largest_ = std::max(largest_, cols * len);
+        return at;
+    }
+    // Rounds the queued pieces on the current stream and empties the queue; returns where the offsets start.
+    const uint16_t* round() {
+        const size_t table = scratch_part(pieces_.size() * sizeof(Bf16Piece)), bytes = table + 2 * size_t(values_);
+        if (bytes_ < bytes) {
+            device_free(Device::cuda, buffer_);
+            buffer_ = nullptr;
+            bytes_ = 0;
+            buffer_ = device_alloc(Device::cuda, bytes);
+            bytes_ = bytes;
+        }
+        auto* values = reinterpret_cast<uint16_t*>(static_cast<std::byte*>(buffer_) + table);
+        for (Bf16Piece& p : pieces_) p.dst = values + reinterpret_cast<intptr_t>(p.dst);
+        const Bf16Piece* t = upload(buffer_, std::span<const Bf16Piece>(pieces_));
+        check_launch(launch_round_bf16(t, int64_t(pieces_.size()), largest_, stream()), "GEMM operands to bf16");
+        pieces_.clear();
+        values_ = largest_ = 0;
+        return values;
+    }
+    ~Bf16Operands() { device_free(Device::cuda, buffer_); }
+
+  private:
+    std::vector<Bf16Piece> pieces_;
+    int64_t values_ = 0, largest_ = 0;
+    void* buffer_ = nullptr;
+    size_t bytes_ = 0;
+};
+Bf16Operands& bf16_operands() {
+    thread_local Bf16Operands o;
+    return o;
+}
+
+// A column-major operand op(X) [r, c], stored [r, c] or (trans) [c, r]: its contiguous runs and their length
+struct Runs {
+    int64_t cols, len;
+};
+Runs runs_of(bool trans, int64_t r, int64_t c) { return trans ? Runs{r, c} : Runs{c, r}; }
 }  // namespace
 
 void load_cublas() { cublas(); }
@@ -121,6 +231,25 @@ void gemm(bool ta,
     const int count = blas_int(batch.count, "batch");
     cublasStatus_t st;
     if constexpr (std::is_same_v<T, float>) {
+        if (cuda_gemm_precision() == GemmPrecision::bf16) {  // each operand rounded (packed), summed in f32
+            Bf16Operands& copies = bf16_operands();
+            const Runs ra = runs_of(ta, m, k), rb = runs_of(tb, k, n);
+            for (int i = 0; i < count; ++i) copies.add(a + i * batch.a, ra.cols, ra.len, lda);  // A_i at i·sa
+            for (int i = 0; i < count; ++i) copies.add(b + i * batch.b, rb.cols, rb.len, ldb);  // then B_i at i·sb
+            const long long sa = ra.cols * ra.len, sb = rb.cols * rb.len;
+            const uint16_t *A16 = copies.round(), *B16 = A16 + count * sa;
+            const int LA16 = blas_int(std::max<int64_t>(1, ra.len), "lda"),
+                      LB16 = blas_int(std::max<int64_t>(1, rb.len), "ldb");
+            st = count == 1
+                     ? cublas().gemm_ex(blas(), oa, ob, M, N, K, &alpha, A16, CUDA_R_16BF, LA16, B16, CUDA_R_16BF, LB16,
+                                        &beta, c, CUDA_R_32F, LC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                     : cublas().gemm_strided_ex(blas(), oa, ob, M, N, K, &alpha, A16, CUDA_R_16BF, LA16, sa, B16,
+                                                CUDA_R_16BF, LB16, sb, &beta, c, CUDA_R_32F, LC, batch.c, count,
+                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS bf16 GEMM {}x{}x{} (batch {}) failed (status {})", m, n,
+                          k, count, int(st));
+            return;
+        }
         st = count == 1 ? cublas().sgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
                         : cublas().sgemm_strided(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b, &beta,
                                                  c, LC, batch.c, count);
@@ -207,15 +336,42 @@ void GemmGroup<T>::run() {
             pointer_bytes_ = 3 * bytes;
         }
         auto* base = static_cast<std::byte*>(pointers_);
-        const T* const* A = upload(base, std::span<const T* const>(a_));
-        const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
         T* const* C = upload(base + 2 * bytes, std::span<T* const>(c_));
         cublasStatus_t st;
-        if constexpr (std::is_same_v<T, float>) {
+        if (std::is_same_v<T, float> && cuda_gemm_precision() == GemmPrecision::bf16) {
+            // each problem's operands rounded (packed), summed in f32
+            Bf16Operands& copies = bf16_operands();
+            std::vector<int64_t>& at = offsets_;
+            at.clear();
+            for (int p = 0; p < count; ++p) {
+                const Runs ra = runs_of(ta_[p] == CUBLAS_OP_T, m_[p], k_[p]),
+                           rb = runs_of(tb_[p] == CUBLAS_OP_T, k_[p], n_[p]);
+                at.push_back(copies.add(reinterpret_cast<const float*>(a_[p]), ra.cols, ra.len, lda_[p]));
+                at.push_back(copies.add(reinterpret_cast<const float*>(b_[p]), rb.cols, rb.len, ldb_[p]));
+                lda_[p] = std::max<int>(1, int(ra.len));
+                ldb_[p] = std::max<int>(1, int(rb.len));
+            }
+            const uint16_t* values = copies.round();
+            std::vector<const void*>& ptrs = bf16_ptrs_;
+            ptrs.clear();
+            for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p)]);
+            for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p + 1)]);
+            const void* const* A16 = upload(base, std::span<const void* const>(ptrs.data(), size_t(count)));
+            const void* const* B16 =
+                upload(base + bytes, std::span<const void* const>(ptrs.data() + count, size_t(count)));
+            st = cublas().gemm_grouped_ex(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
+                                          alpha_.data(), A16, CUDA_R_16BF, lda_.data(), B16, CUDA_R_16BF, ldb_.data(),
+                                          beta_.data(), reinterpret_cast<void* const*>(C), CUDA_R_32F, ldc_.data(),
+                                          count, size_.data(), CUBLAS_COMPUTE_32F);
+        } else if constexpr (std::is_same_v<T, float>) {
+            const T* const* A = upload(base, std::span<const T* const>(a_));
+            const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
             st = cublas().sgemm_grouped(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(),
                                         A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(), count,
                                         size_.data());
         } else {
+            const T* const* A = upload(base, std::span<const T* const>(a_));
+            const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
             st = cublas().dgemm_grouped(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(),
                                         A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(), count,
                                         size_.data());

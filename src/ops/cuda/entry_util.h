@@ -161,6 +161,8 @@ class GemmGroup {
   private:
     void* pointers_ = nullptr;  // device memory for the operand pointers
     size_t pointer_bytes_ = 0;
+    std::vector<int64_t> offsets_;  // GemmPrecision::bf16: the operands' copies
+    std::vector<const void*> bf16_ptrs_;
     std::vector<cublasOperation_t> ta_, tb_;
     std::vector<int> m_, n_, k_, lda_, ldb_, ldc_, size_;
     std::vector<T> alpha_, beta_;
