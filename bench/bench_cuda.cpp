@@ -1,11 +1,12 @@
 // The CUDA backend's ops on the GPU (built with -DTESSERA_CUDA=ON; run by scripts/device-check.sh run or bench): time
 // per call (median of 20 after 3 warm-ups, of 5 or fewer for the slow rows, each timed to its stream's completion),
 // and the rate as a fraction of the device's peak: GEMM-bound ops in FLOP/s against the f32 (FFMA, no tensor cores)
-// peak, memory-bound ones in bytes moved against HBM bandwidth. Attention's and sparse attention's backward count
+// peak (the `linear bf16` rows, train.precision = bf16, against the dense bf16 tensor-core peak), memory-bound ones
+// in bytes moved against HBM bandwidth. Attention's and sparse attention's backward count
 // 2.5× their forward FLOPs (FlashAttention-2's count), KDA's forward the Kimi Linear paper's chunk count and its
 // backward twice that; the MoE experts' forward + backward 3 × 6·rows·L·F, next to one dense GEMM of the forward's
-// FLOPs (the bar: grouped ≥ 70% of dense). Peaks default to the H200's (67 TFLOP/s f32, 4.8 TB/s);
-// --f32-tflops and --hbm-tbs override them. Prints a markdown table (bench/RESULTS.md), row by row.
+// FLOPs (the bar: grouped ≥ 70% of dense). Peaks default to the H200's (67 TFLOP/s f32, 989 bf16, 4.8 TB/s);
+// --f32-tflops, --bf16-tflops and --hbm-tbs override them. Prints a markdown table (bench/RESULTS.md), row by row.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "ops/decode.h"
 #include "ops/dsa.h"
 #include "ops/embedding.h"
+#include "ops/gemm.h"
 #include "ops/kda.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
@@ -54,6 +56,7 @@ struct Row {
     std::string op, shape, pass;
     double ms, amount;  // FLOPs or bytes
     bool flops;
+    bool bf16 = false;  // GEMMs at GemmPrecision::bf16: against the bf16 peak
 };
 
 }  // namespace
@@ -61,9 +64,10 @@ struct Row {
 
 int main(int argc, char** argv) {
     using namespace tessera;
-    double f32_tflops = 67.0, hbm_tbs = 4.8;
+    double f32_tflops = 67.0, bf16_tflops = 989.0, hbm_tbs = 4.8;  // an H200's (and H100 SXM's) dense peaks
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!std::strcmp(argv[i], "--f32-tflops")) f32_tflops = std::atof(argv[i + 1]);
+        if (!std::strcmp(argv[i], "--bf16-tflops")) bf16_tflops = std::atof(argv[i + 1]);
         if (!std::strcmp(argv[i], "--hbm-tbs")) hbm_tbs = std::atof(argv[i + 1]);
     }
     if (!cuda_available()) {
@@ -75,8 +79,9 @@ int main(int argc, char** argv) {
     const auto report = [&](const Row& r) {
         const double rate = r.amount / (r.ms * 1e-3);
         if (r.flops)
-            std::printf("| %s | %s | %s | %.3f | %.1f TFLOP/s | %.0f%% of f32 |\n", r.op.c_str(), r.shape.c_str(),
-                        r.pass.c_str(), r.ms, rate / 1e12, 100 * rate / (f32_tflops * 1e12));
+            std::printf("| %s | %s | %s | %.3f | %.1f TFLOP/s | %.0f%% of %s |\n", r.op.c_str(), r.shape.c_str(),
+                        r.pass.c_str(), r.ms, rate / 1e12, 100 * rate / ((r.bf16 ? bf16_tflops : f32_tflops) * 1e12),
+                        r.bf16 ? "bf16" : "f32");
         else
             std::printf("| %s | %s | %s | %.3f | %.0f GB/s | %.0f%% of HBM |\n", r.op.c_str(), r.shape.c_str(),
                         r.pass.c_str(), r.ms, rate / 1e9, 100 * rate / (hbm_tbs * 1e12));
@@ -90,6 +95,12 @@ int main(int argc, char** argv) {
         report({"linear", shape, "forward", median_ms([&] { ops::linear_forward({}, x, w, {}, y); }), fl, true});
         report({"linear", shape, "backward", median_ms([&] { ops::linear_backward(dy, x, w, dx, dw, {}); }), 2 * fl,
                 true});
+        // train.precision = bf16: the operands rounded to bf16 (a launch per call) and cuBLAS's GemmEx
+        const ops::CudaGemmPrecisionScope bf16(ops::GemmPrecision::bf16);
+        report({"linear bf16", shape, "forward", median_ms([&] { ops::linear_forward({}, x, w, {}, y); }), fl, true,
+                true});
+        report({"linear bf16", shape, "backward", median_ms([&] { ops::linear_backward(dy, x, w, dx, dw, {}); }),
+                2 * fl, true, true});
     }
     for (auto [N, D] : {std::array<int64_t, 2>{16384, 4096}, {8192, 7168}}) {
         Tensor x = gpu_random(Shape{N, D}, 4), w = gpu_random(Shape{D}, 5), y = gpu_zeros(Shape{N, D});

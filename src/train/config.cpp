@@ -67,6 +67,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     tc.seed = uint64_t(t.integer("seed", int64_t(d.seed)));
     tc.recompute = t.parsed("recompute", d.recompute, model::Recompute::from_json);
     tc.device = t.choice("device", d.device, {"cpu", "cuda"});
+    tc.precision = t.choice("precision", d.precision, {"f32", "bf16"});
     tc.async_checkpoints = t.boolean("async_checkpoints", d.async_checkpoints);
     tc.base = t.text("base", d.base);
     t.finish();
@@ -128,6 +129,8 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(tc.batch_size > 0, "train.batch_size must be positive");
     check(tc.steps >= 0, "train.steps must be >= 0");
     check(tc.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 = batch_size / ranks)");
+    check(tc.precision == "f32" || tc.device == "cuda",
+          "train.precision = " + tc.precision + " needs train.device = cuda (the CPU's GEMMs are f32)");
     check(tc.micro_batch_size == 0 || tc.batch_size % tc.micro_batch_size == 0,
           fmt::format("train.batch_size {} is not a multiple of train.micro_batch_size {}", tc.batch_size,
                       tc.micro_batch_size));
@@ -239,6 +242,7 @@ Json to_json(const RunConfig& c) {
                   {"seed", t.seed},
                   {"recompute", t.recompute.to_json()},
                   {"device", t.device},
+                  {"precision", t.precision},
                   {"async_checkpoints", t.async_checkpoints},
                   {"base", t.base}};
     Json alerts = Json::object();

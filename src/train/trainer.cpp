@@ -479,7 +479,9 @@ TrainSummary train(const TrainOptions& opts) {
     }
 
     // every rank measures its own threads (side by side, as they train); the job's rate is W times that; on a GPU
-    // each GPU's cuBLAS f32 rate, W times
+    // each GPU's cuBLAS rate at the run's precision, W times
+    const ops::CudaGemmPrecisionScope gemm_precision(tc.precision == "bf16" ? ops::GemmPrecision::bf16
+                                                                            : ops::GemmPrecision::f32);
     const double gemm_gflops =
         (device == Device::cpu ? ops::measure_gemm_gflops() : ops::measure_linear_gflops(device)) * ranks;
     double train_flops_per_token = model.train_flops_per_token(tc.seq_len);  // (a stage's: summed over the stages)
@@ -531,7 +533,8 @@ TrainSummary train(const TrainOptions& opts) {
             "it), at most {:.1f} MiB of them resident during a step",
             double(opt.offloaded_bytes()) / 0x1p20, offload_dir, double(opt.offload_resident_bytes()) / 0x1p20));
     note(fmt::format("GEMM rate of {}: {:.0f} GFLOP/s (measured now; {}); run directory: {}",
-                     device == Device::cuda ? (ranks > 1 ? fmt::format("the {} GPUs (f32)", ranks) : "the GPU (f32)")
+                     device == Device::cuda ? (ranks > 1 ? fmt::format("the {} GPUs ({})", ranks, tc.precision)
+                                                         : fmt::format("the GPU ({})", tc.precision))
                      : ranks > 1            ? fmt::format("the {} ranks", ranks)
                                             : std::string("this machine"),
                      gemm_gflops, device == Device::cuda ? cuda_device_name() : ops::isa_summary(), setup.out_dir));
@@ -599,7 +602,8 @@ TrainSummary train(const TrainOptions& opts) {
     };
     TrainSummary summary;
     summary.first_step = state.step;
-    Progress progress(log, opts.log_is_tty, tc.steps, tc.log_interval, device == Device::cuda ? "GPU f32" : "");
+    Progress progress(log, opts.log_is_tty, tc.steps, tc.log_interval,
+                      device == Device::cuda ? "GPU " + tc.precision : "");
     // operations (docs/operations.md): one metrics sink on every rank (its step() gathers each rank's share), the
     // alert rules and the HTTP endpoint on rank 0, a watchdog on every rank
     Telemetry telemetry(comm);

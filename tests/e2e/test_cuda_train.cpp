@@ -17,6 +17,7 @@
 #include "core/safetensors.h"
 #include "model/runtime.h"
 #include "model/sampling.h"
+#include "ops/gemm.h"
 #include "train/trainer.h"
 #include "util/test_util.h"
 
@@ -197,6 +198,26 @@ TEST(CudaTrain, LoraOnABaseHeldNarrowFineTunesOnTheGpuWithTheCpusLosses) {
     ASSERT_EQ(cpu.losses.size(), 6u);
     expect_close_losses(gpu.losses, cpu.losses, 1e-3);
     EXPECT_GT(std::abs(cpu.losses.front() - wide.losses.front()), 1e-4) << "the experts must be held in MXFP4";
+}
+
+// train.precision = bf16: every GEMM's operands rounded to bf16, products summed in f32 (the tensor cores' form);
+// parameters, gradients, AdamW state and activations stay f32. The model learns as in f32, its losses within bf16's
+// reach of the CPU's f32 ones (not f32's), bitwise run to run.
+TEST(CudaTrain, Bf16GemmsTrainCloseToF32) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    const std::vector<std::string> bf16 = {"train.precision=bf16"};
+    const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu"), a = run(d, kHybrid, "cuda", "a", {}, "", bf16),
+                              b = run(d, kHybrid, "cuda", "b", {}, "", bf16);
+    ASSERT_EQ(a.losses.size(), 20u);
+    expect_close_losses(a.losses, cpu.losses, 1e-2);
+    double worst = 0;
+    for (size_t i = 0; i < cpu.losses.size(); ++i)
+        worst = std::max(worst, std::abs(a.losses[i] - cpu.losses[i]) / cpu.losses[i]);
+    EXPECT_GT(worst, 1e-5) << "the GEMMs must round to bf16";
+    EXPECT_LT(a.losses.back(), a.losses.front() - 0.3) << "the model must learn";
+    for (size_t i = 0; i < b.losses.size(); ++i) EXPECT_EQ(b.losses[i], a.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(ops::cuda_gemm_precision(), ops::GemmPrecision::f32) << "the run restores f32";
 }
 
 // Kimi K3's image tower feeding a language model (the golden of tests/model/test_vision.cpp) on both devices: the
