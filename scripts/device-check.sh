@@ -11,7 +11,8 @@
 #                                  arena), test_cuda_train (models trained on both devices, checkpoints moved
 #                                  between them) and test_comm's CudaNcclLink (the collectives on GPU buffers over a
 #                                  one-rank NCCL link), each test in its own process, 3. `tessera op` on golden inputs on
-#                                  both devices, 4. the demo for DEMO_STEPS (200) steps on both (SKIP_DEMO=1: not)
+#                                  both devices, 4. the demo for DEMO_STEPS (200) steps on both, and on the GPU with
+#                                  train.precision = bf16 (SKIP_DEMO=1: not)
 #                                  and the CPU-trained one's greedy tokens decoded on both,
 #                                  5. bench_cuda (SKIP_BENCH=1: not); results in $OUT/device-check.md (+ logs), within a few
 #                                  minutes
@@ -80,10 +81,17 @@ compare_demo() {
         echo "demo on cuda FAILED (demo_cuda.log)" >>"$md"
         status=1
     fi
+    # the same with the GEMMs at bf16 precision (train.precision = bf16: operands rounded, f32 sums, tensor cores)
+    if ! timeout 300 "$b/bin/tessera" "${demo[@]}" --out /tmp/demo_cuda_bf16 --set train.device=cuda \
+        --set train.precision=bf16 >"$out/demo_cuda_bf16.log" 2>&1; then
+        echo "demo on cuda at bf16 FAILED (demo_cuda_bf16.log)" >>"$md"
+        status=1
+    fi
     if ! wait $cpu_demo; then
         echo "demo on cpu FAILED (demo_cpu.log)" >>"$md"
         status=1
     fi
+    cp /tmp/demo_cuda_bf16/metrics.jsonl "$out/demo_cuda_bf16.jsonl" 2>/dev/null || true
     cp /tmp/demo_cuda/metrics.jsonl "$out/demo_cuda.jsonl" 2>/dev/null || true
     cp /tmp/demo_cpu/metrics.jsonl "$out/demo_cpu.jsonl" 2>/dev/null || true
     python3 - "$out" >>"$md" 2>&1 <<'PY' || status=1
@@ -111,6 +119,17 @@ print(f"eval loss at step {last}: GPU {ge[last]:.5f} CPU {ce[last]:.5f} ({abs(ge
 ok = rel[last] <= 1e-3
 print(f"ok: the loss after step {last} within 1e-3 of the CPU's" if ok else
       f"FAILED: the GPU's loss after step {last} is not within 1e-3 of the CPU's")
+try:  # the GEMMs at bf16 precision: bf16's tolerance (the eval loss within 2e-2 of the CPU's f32 one)
+    h, he, ht = read("cuda_bf16")
+    rh = abs(he[last] - ce[last]) / ce[last]
+    print(f"bf16 GEMMs: loss at steps 1/10/50/100/{last} " + " ".join(f"{h[s]:.4f}" for s in (1, 10, 50, 100, last)) +
+          f"; eval loss {he[last]:.5f} ({rh:.1e} from the CPU's); median tokens/s {ht:.0f} ({ht / gt:.2f}x f32)")
+    if rh > 2e-2:
+        print("FAILED: the bf16 run's eval loss is not within 2e-2 of the CPU's")
+        ok = False
+except (OSError, KeyError) as e:
+    print(f"FAILED: no bf16 run to compare ({e})")
+    ok = False
 sys.exit(0 if ok else 1)
 PY
     # decoding: the CPU-trained demo's greedy continuation on both devices (the same weights: the same tokens)
