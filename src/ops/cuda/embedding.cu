@@ -52,7 +52,7 @@ __global__ void round_bf16_kernel(const Bf16Piece* pieces, int64_t count) {
         const Bf16Piece q = pieces[p];
         const int64_t n = q.cols * q.len;
         for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-            q.dst[i] = round_bf16(q.src[i / q.len * q.ld + i % q.len]);
+            q.dst[i / q.len * q.dst_ld + i % q.len] = round_bf16(q.src[i / q.len * q.ld + i % q.len]);
     }
 }
 

@@ -114,14 +114,26 @@ const CublasApi& cublas() {
 // The bf16 copies of one GEMM call's f32 operands (GemmPrecision::bf16): the pieces are queued, then one launch rounds
 // them all into the calling thread's grow-only buffer (the pieces' table first, then their values), reserved whole
 // before anything is written, so one call's copies never move. Not the thread's scratch: the operands may live there.
+// A column-major operand op(X) [r, c], stored [r, c] or (trans) [c, r]: its contiguous runs and their length; its
+// bf16 copy's leading dimension (the length padded to 8 values, 16 bytes) and extent (padded to 128 values, 256 bytes),
+// so every copy starts and every run of it is aligned as cuBLAS's tensor-core kernels want.
+struct Runs {
+    int64_t cols, len, ld, extent;
+};
+Runs runs_of(bool trans, int64_t r, int64_t c) {
+    const int64_t cols = trans ? r : c, len = trans ? c : r, ld = (std::max<int64_t>(1, len) + 7) / 8 * 8;
+    return {cols, len, ld, (cols * ld + 127) / 128 * 128};
+}
+
 class Bf16Operands {
   public:
-    // Queues `cols` runs of `len` values apart by `ld` from src; returns the copy's offset in the values.
-    int64_t add(const float* src, int64_t cols, int64_t len, int64_t ld) {
+    // Queues the runs of src (apart by ld); returns the copy's offset in the values (consecutive copies are
+    // consecutive extents).
+    int64_t add(const float* src, const Runs& r, int64_t ld) {
         const int64_t at = values_;
-        pieces_.push_back({src, reinterpret_cast<uint16_t*>(at), cols, len, ld});
-        values_ += cols * len;
-        largest_ = std::max(largest_, cols * len);
+        pieces_.push_back({src, reinterpret_cast<uint16_t*>(at), r.cols, r.len, ld, r.ld});
+        values_ += r.extent;
+        largest_ = std::max(largest_, r.cols * r.len);
         return at;
     }
     // Rounds the queued pieces on the current stream and empties the queue; returns where the offsets start.
@@ -154,12 +166,6 @@ Bf16Operands& bf16_operands() {
     thread_local Bf16Operands o;
     return o;
 }
-
-// A column-major operand op(X) [r, c], stored [r, c] or (trans) [c, r]: its contiguous runs and their length
-struct Runs {
-    int64_t cols, len;
-};
-Runs runs_of(bool trans, int64_t r, int64_t c) { return trans ? Runs{r, c} : Runs{c, r}; }
 }  // namespace
 
 void load_cublas() { cublas(); }
@@ -234,12 +240,11 @@ void gemm(bool ta,
         if (cuda_gemm_precision() == GemmPrecision::bf16) {  // each operand rounded (packed), summed in f32
             Bf16Operands& copies = bf16_operands();
             const Runs ra = runs_of(ta, m, k), rb = runs_of(tb, k, n);
-            for (int i = 0; i < count; ++i) copies.add(a + i * batch.a, ra.cols, ra.len, lda);  // A_i at i·sa
-            for (int i = 0; i < count; ++i) copies.add(b + i * batch.b, rb.cols, rb.len, ldb);  // then B_i at i·sb
-            const long long sa = ra.cols * ra.len, sb = rb.cols * rb.len;
+            for (int i = 0; i < count; ++i) copies.add(a + i * batch.a, ra, lda);  // A_i at i·sa
+            for (int i = 0; i < count; ++i) copies.add(b + i * batch.b, rb, ldb);  // then B_i at i·sb
+            const long long sa = ra.extent, sb = rb.extent;
             const uint16_t *A16 = copies.round(), *B16 = A16 + count * sa;
-            const int LA16 = blas_int(std::max<int64_t>(1, ra.len), "lda"),
-                      LB16 = blas_int(std::max<int64_t>(1, rb.len), "ldb");
+            const int LA16 = blas_int(ra.ld, "lda"), LB16 = blas_int(rb.ld, "ldb");
             st = count == 1
                      ? cublas().gemm_ex(blas(), oa, ob, M, N, K, &alpha, A16, CUDA_R_16BF, LA16, B16, CUDA_R_16BF, LB16,
                                         &beta, c, CUDA_R_32F, LC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
@@ -346,10 +351,10 @@ void GemmGroup<T>::run() {
             for (int p = 0; p < count; ++p) {
                 const Runs ra = runs_of(ta_[p] == CUBLAS_OP_T, m_[p], k_[p]),
                            rb = runs_of(tb_[p] == CUBLAS_OP_T, k_[p], n_[p]);
-                at.push_back(copies.add(reinterpret_cast<const float*>(a_[p]), ra.cols, ra.len, lda_[p]));
-                at.push_back(copies.add(reinterpret_cast<const float*>(b_[p]), rb.cols, rb.len, ldb_[p]));
-                lda_[p] = std::max<int>(1, int(ra.len));
-                ldb_[p] = std::max<int>(1, int(rb.len));
+                at.push_back(copies.add(reinterpret_cast<const float*>(a_[p]), ra, lda_[p]));
+                at.push_back(copies.add(reinterpret_cast<const float*>(b_[p]), rb, ldb_[p]));
+                lda_[p] = blas_int(ra.ld, "lda");
+                ldb_[p] = blas_int(rb.ld, "ldb");
             }
             const uint16_t* values = copies.round();
             std::vector<const void*>& ptrs = bf16_ptrs_;

@@ -568,13 +568,13 @@ cudaError_t launch_embedding_forward_bf16(
 // the held values index..index+n-1 of `blocks` (core/mxfp4.h).
 cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaStream_t stream);
 cudaError_t launch_widen_mxfp4(const uint8_t* blocks, int64_t index, int64_t n, float* dst, cudaStream_t stream);
-// f32 matrices rounded to bf16 (to nearest even, as core/dtype.h's float_to_bf16; NaN stays NaN) into packed copies,
-// one launch for a table of them in device memory: piece i's `cols` runs of `len` values, apart by `ld` in src, go to
-// dst[c·len + r] (a GEMM operand at bf16 precision; ops/gemm.h, GemmPrecision).
+// f32 matrices rounded to bf16 (to nearest even, as core/dtype.h's float_to_bf16; NaN stays NaN) into copies, one
+// launch for a table of them in device memory: piece i's `cols` runs of `len` values, apart by `ld` in src, go to
+// dst[c·dst_ld + r] (a GEMM operand at bf16 precision; ops/gemm.h, GemmPrecision).
 struct Bf16Piece {
     const float* src;
     uint16_t* dst;
-    int64_t cols, len, ld;
+    int64_t cols, len, ld, dst_ld;
 };
 cudaError_t launch_round_bf16(const Bf16Piece* pieces, int64_t count, int64_t max_elements, cudaStream_t stream);
 template <class T>
