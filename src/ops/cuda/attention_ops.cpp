@@ -83,6 +83,16 @@ void attention_backward(const AttentionParams& p,
 }
 
 namespace {
+// The query slabs of a backward scatter (sparse attention's dkv, the indexer KL's dk), each a private [B·T, width]
+// accumulator walked by one column of blocks: the config's count (the CPU's) at least, and more while every slab keeps
+// 4 queries and all of them fit 512 MiB, up to 256 — so a batch of short rows spreads over many blocks instead of
+// batch × config slabs (the demo's dkv: 16 × 4 blocks, 41% of its GPU step on the H200 with the dk scatter). The count
+// depends on the shapes only: bitwise run to run, on every GPU.
+int64_t scatter_slabs(int64_t config_slabs, int64_t T, size_t slab_bytes) {
+    const int64_t fit = int64_t((size_t(512) << 20) / std::max<size_t>(1, slab_bytes));
+    return std::max(config_slabs, std::min({T / 4, fit, int64_t(256)}));
+}
+
 SparseShape sparse_shape(const SparseAttentionParams& p, const TensorView& q, const TensorView& indices) {
     const int64_t DK = q.size(3), DV = p.dv > 0 ? p.dv : DK;
     TESSERA_CHECK(DV <= kSparseMaxDV && DK <= kSparseMaxDK,
@@ -139,9 +149,10 @@ void sparse_attention_backward(const SparseAttentionParams& p,
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
         // one scratch request: Δ [B·T·H], then the dkv slabs [slabs, B·T, DK]
         const size_t delta_bytes = scratch_part(sizeof(T) * size_t(s.B * s.T * s.H));
-        auto* base = static_cast<std::byte*>(scratch(delta_bytes + sizeof(T) * size_t(p.dkv_slabs * s.B * s.T * s.DK)));
+        const int64_t slabs = scatter_slabs(p.dkv_slabs, s.T, sizeof(T) * size_t(s.B * s.T * s.DK));
+        auto* base = static_cast<std::byte*>(scratch(delta_bytes + sizeof(T) * size_t(slabs * s.B * s.T * s.DK)));
         check_launch(launch_sparse_attention_backward<T>(
-                         s, p.dkv_slabs, dout.ptr<T>(), q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
+                         s, slabs, dout.ptr<T>(), q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
                          lse.ptr<T>(), reinterpret_cast<T*>(base), reinterpret_cast<T*>(base + delta_bytes),
                          dq.ptr<T>(), dkv.ptr<T>(), stream()),
                      "sparse_attention backward");
@@ -208,7 +219,8 @@ IndexerKlResult indexer_kl(TensorView q,
         // one scratch request: cu_seqlens, the rows' kl, lse, Σp and support flags, the dk slabs
         const size_t cu_bytes = scratch_part(sizeof(int64_t) * cu_seqlens.size()),
                      row_bytes = scratch_part(8 * size_t(BT));
-        const size_t acc_bytes = grads ? sizeof(T) * size_t(dk_slabs * BT * s.DI) : 0;
+        const int64_t slabs = scatter_slabs(dk_slabs, s.T, sizeof(T) * size_t(BT * s.DI));
+        const size_t acc_bytes = grads ? sizeof(T) * size_t(slabs * BT * s.DI) : 0;
         auto* base = static_cast<std::byte*>(scratch(cu_bytes + 4 * row_bytes + acc_bytes));
         const int64_t* cu = cu_seqlens.empty() ? nullptr : upload(base, cu_seqlens);
         std::byte* rb = base + cu_bytes;
@@ -228,7 +240,7 @@ IndexerKlResult indexer_kl(TensorView q,
         }
         r.loss = r.rows ? sum / double(r.rows) : 0.0;
         if (!grads || r.rows == 0 || dloss == 0) return;
-        check_launch(launch_indexer_kl_backward<T>(s, dk_slabs, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), pp, idx, rows,
+        check_launch(launch_indexer_kl_backward<T>(s, slabs, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), pp, idx, rows,
                                                    dloss / double(r.rows), reinterpret_cast<T*>(rb + 4 * row_bytes),
                                                    dq.ptr<T>(), dk.ptr<T>(), dw.ptr<T>(), stream()),
                      "indexer_kl backward");

@@ -4,9 +4,10 @@
 //     per entry computing its score, the online softmax over the chunk by fixed-order block reductions, then a
 //     thread per output dim summing the chunk in entry order.
 //   probs: one block per query, a thread per entry summing the heads in order.
-//   dkv: the CPU's scheme B (spec/dsa.md §3.7): the queries of a batch row split into `dkv_slabs` fixed slabs, each
-//     scattered into a private [T, DK] accumulator by one column of blocks (slab, dims chunk) walking its queries in
-//     ascending order and each row's entries in row order (no atomics), the slabs then added in slab order.
+//   dkv: the CPU's scheme B (spec/dsa.md §3.7): the queries of a batch row split into `slabs` fixed slabs (the
+//     entry point's count, attention_ops.cpp: scatter_slabs), each scattered into a private [T, DK] accumulator by
+//     one column of blocks (slab, dims chunk) walking its queries in ascending order and each row's entries in row
+//     order (no atomics), the slabs then added in slab order.
 // Every sum has one order: bitwise run-to-run. The heads' scores are recomputed per kernel, not shared between
 // heads (MQA's reuse of an entry across heads is left to a later, tensor-core version).
 #include <cmath>
