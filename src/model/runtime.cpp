@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "ops/backend.h"
 #include "ops/gemm.h"
 
 namespace tessera::model {
@@ -150,6 +151,7 @@ MemoryReport ModelRuntime::memory_report() const {
     }
     r.capacity_bytes = arena_->stats().capacity;
     if (device() == Device::cpu) r.outside_arena_bytes = ops::gemm_copy_buffer_bytes() * size_t(omp_get_max_threads());
+    if (device() == Device::cuda) r.device_scratch_bytes = ops::cuda_scratch_bytes();
     r.process_peak_rss_bytes = process_peak_rss();
     r.arena_peak_bytes = arena_->stats().peak_bytes_in_use;
     return r;
@@ -162,6 +164,8 @@ std::string MemoryReport::str() const {
     s += fmt::format("  predicted peak {}, arena high-water mark {} (arena reserves {} of address space)",
                      mib(predicted_bytes), mib(arena_peak_bytes), mib(capacity_bytes));
     s += fmt::format("; outside it, GEMM copy buffers {}", mib(outside_arena_bytes));
+    if (device_scratch_bytes)
+        s += fmt::format(", on the device kernel scratch and GEMM operand copies {} so far", mib(device_scratch_bytes));
     if (process_peak_rss_bytes) s += fmt::format("; process peak RSS {}", mib(process_peak_rss_bytes));
     return s;
 }

@@ -23,6 +23,7 @@ struct MemoryReport {
     size_t arena_peak_bytes = 0;        // measured: the arena's high-water mark
     size_t capacity_bytes = 0;          // address space the arena reserves (pages never touched cost nothing)
     size_t outside_arena_bytes = 0;     // predicted too: the GEMM copy buffers, one per thread
+    size_t device_scratch_bytes = 0;    // measured (a CUDA run): the backend's scratch outside the arena so far
     size_t process_peak_rss_bytes = 0;  // the whole process (libraries, files, allocator caches)
     std::string str() const;            // a small table
 };

@@ -1,6 +1,7 @@
 // Device checks of the op dispatch (ops/backend.h).
 #include "ops/backend.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "ops/gemm.h"
@@ -35,7 +36,11 @@ void no_cuda_backend(std::string_view call) {
 
 namespace {
 std::atomic<GemmPrecision> gemm_precision{GemmPrecision::f32};
-}
+std::atomic<int64_t> scratch_bytes{0};
+}  // namespace
+
+size_t cuda_scratch_bytes() { return size_t(std::max<int64_t>(0, scratch_bytes.load(std::memory_order_relaxed))); }
+void note_cuda_scratch(int64_t delta_bytes) { scratch_bytes.fetch_add(delta_bytes, std::memory_order_relaxed); }
 
 GemmPrecision cuda_gemm_precision() { return gemm_precision.load(std::memory_order_relaxed); }
 CudaGemmPrecisionScope::CudaGemmPrecisionScope(GemmPrecision p) : previous_(gemm_precision.exchange(p)) {}

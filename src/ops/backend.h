@@ -29,6 +29,11 @@ void cpu_only(std::string_view op, std::initializer_list<TensorView> tensors);
 // The error for CUDA tensors in a build without the CUDA backend.
 [[noreturn]] void no_cuda_backend(std::string_view call);
 
+// Device memory the CUDA backend holds outside the arena now: its threads' grow-only buffers (kernel scratch, GEMM
+// operand pointers, bf16 operand copies; ops/cuda/entry_util.h). 0 in a CPU run. note_cuda_scratch adds to it.
+size_t cuda_scratch_bytes();
+void note_cuda_scratch(int64_t delta_bytes);
+
 }  // namespace tessera::ops
 
 // Without the backend the call fails; the neutral call after the comma is never reached (no_cuda_backend throws)

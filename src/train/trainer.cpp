@@ -17,6 +17,7 @@
 #include "core/trace.h"
 #include "model/hf_config.h"
 #include "model/image_input.h"
+#include "ops/backend.h"
 #include "ops/gemm.h"
 #include "ops/isa.h"
 #include "ops/linear.h"
@@ -764,7 +765,14 @@ TrainSummary train(const TrainOptions& opts) {
         rep.flops_per_s = tps * train_flops_per_token + step_image_flops / rep.phases.step;
         rep.mfu = rep.flops_per_s / (gemm_gflops * 1e9);
         summary.losses.push_back(r.loss);
-        if (state.step == summary.first_step + 1) rep.arena_peak_bytes = rt.arena().stats().peak_bytes_in_use;
+        if (state.step == summary.first_step + 1) {
+            rep.arena_peak_bytes = rt.arena().stats().peak_bytes_in_use;
+            if (device == Device::cuda && lead)  // (the backend's scratch is sized by the first step's calls)
+                progress.note(fmt::format(
+                    "the GPU after step {}: arena high-water mark {:.1f} MiB, kernel scratch and "
+                    "GEMM operand copies outside it {:.1f} MiB",
+                    state.step, double(*rep.arena_peak_bytes) / 0x1p20, double(ops::cuda_scratch_bytes()) / 0x1p20));
+        }
         if (!r.moe.empty() && cfg.model.moe.global_aux_coeff > 0) rep.global_aux_loss = r.global_aux_loss;
         if (fsdp) {  // this step's gathers and reductions, and how long compute waited for them
             const FsdpStats now = fsdp->stats();

@@ -111,6 +111,10 @@ TEST_P(CudaTrain, TheModelTrainsOnTheGpuWithTheCpusLosses) {
         }
     }
     EXPECT_EQ(gpu.memory.arena_peak_bytes, gpu.memory.predicted_bytes) << "every group allocated, nothing else";
+    // outside the arena: the backend's scratch, reported (the hybrid's at least its dkv slabs: 16 of 4 × 64 rows ×
+    // 24 dims); none for the CPU run
+    EXPECT_GE(gpu.memory.device_scratch_bytes, GetParam() == kHybrid ? size_t(16 * 4 * 64 * 24 * 4) : size_t(1));
+    EXPECT_EQ(cpu.memory.device_scratch_bytes, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models,

@@ -2,6 +2,7 @@
 #include "ops/cuda/entry_util.h"
 
 #include "core/dynamic_library.h"
+#include "ops/backend.h"
 
 #include <algorithm>
 #include <climits>
@@ -138,29 +139,21 @@ class Bf16Operands {
     }
     // Rounds the queued pieces on the current stream and empties the queue; returns where the offsets start.
     const uint16_t* round() {
-        const size_t table = scratch_part(pieces_.size() * sizeof(Bf16Piece)), bytes = table + 2 * size_t(values_);
-        if (bytes_ < bytes) {
-            device_free(Device::cuda, buffer_);
-            buffer_ = nullptr;
-            bytes_ = 0;
-            buffer_ = device_alloc(Device::cuda, bytes);
-            bytes_ = bytes;
-        }
-        auto* values = reinterpret_cast<uint16_t*>(static_cast<std::byte*>(buffer_) + table);
+        const size_t table = scratch_part(pieces_.size() * sizeof(Bf16Piece));
+        void* buffer = buffer_.reserve(table + 2 * size_t(values_));
+        auto* values = reinterpret_cast<uint16_t*>(static_cast<std::byte*>(buffer) + table);
         for (Bf16Piece& p : pieces_) p.dst = values + reinterpret_cast<intptr_t>(p.dst);
-        const Bf16Piece* t = upload(buffer_, std::span<const Bf16Piece>(pieces_));
+        const Bf16Piece* t = upload(buffer, std::span<const Bf16Piece>(pieces_));
         check_launch(launch_round_bf16(t, int64_t(pieces_.size()), largest_, stream()), "GEMM operands to bf16");
         pieces_.clear();
         values_ = largest_ = 0;
         return values;
     }
-    ~Bf16Operands() { device_free(Device::cuda, buffer_); }
 
   private:
     std::vector<Bf16Piece> pieces_;
     int64_t values_ = 0, largest_ = 0;
-    void* buffer_ = nullptr;
-    size_t bytes_ = 0;
+    GrowBuffer buffer_;
 };
 Bf16Operands& bf16_operands() {
     thread_local Bf16Operands o;
@@ -170,21 +163,27 @@ Bf16Operands& bf16_operands() {
 
 void load_cublas() { cublas(); }
 
-void* scratch(size_t bytes) {
-    struct Buffer {
-        void* p = nullptr;
-        size_t size = 0;
-        ~Buffer() { device_free(Device::cuda, p); }
-    };
-    thread_local Buffer b;
-    if (b.size < bytes) {
-        device_free(Device::cuda, b.p);
-        b.p = nullptr;
-        b.size = 0;
-        b.p = device_alloc(Device::cuda, bytes);
-        b.size = bytes;
+void* GrowBuffer::reserve(size_t bytes) {
+    if (size_ < bytes) {
+        device_free(Device::cuda, p_);
+        note_cuda_scratch(-int64_t(size_));
+        p_ = nullptr;
+        size_ = 0;
+        p_ = device_alloc(Device::cuda, bytes);
+        size_ = bytes;
+        note_cuda_scratch(int64_t(size_));
     }
-    return b.p;
+    return p_;
+}
+
+GrowBuffer::~GrowBuffer() {
+    device_free(Device::cuda, p_);
+    note_cuda_scratch(-int64_t(size_));
+}
+
+void* scratch(size_t bytes) {
+    thread_local GrowBuffer b;
+    return b.reserve(bytes);
 }
 
 size_t max_shared_memory() {
@@ -333,14 +332,7 @@ void GemmGroup<T>::run() {
     const int count = int(size_.size());
     if (count > 0) {
         const size_t bytes = sizeof(void*) * size_t(count);
-        if (pointer_bytes_ < 3 * bytes) {
-            device_free(Device::cuda, pointers_);
-            pointers_ = nullptr;
-            pointer_bytes_ = 0;
-            pointers_ = device_alloc(Device::cuda, 3 * bytes);
-            pointer_bytes_ = 3 * bytes;
-        }
-        auto* base = static_cast<std::byte*>(pointers_);
+        auto* base = static_cast<std::byte*>(pointers_.reserve(3 * bytes));
         T* const* C = upload(base + 2 * bytes, std::span<T* const>(c_));
         cublasStatus_t st;
         if (std::is_same_v<T, float> && cuda_gemm_precision() == GemmPrecision::bf16) {
@@ -392,11 +384,6 @@ void GemmGroup<T>::run() {
     a_.clear();
     b_.clear();
     c_.clear();
-}
-
-template <class T>
-GemmGroup<T>::~GemmGroup() {
-    device_free(Device::cuda, pointers_);
 }
 
 void widen_to_f32(const TensorView& w, int64_t first, int64_t n, float* dst, const char* what) {

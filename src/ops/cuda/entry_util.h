@@ -53,9 +53,24 @@ HeadsArg<const T> cheads(const TensorView& x) {
     return {x.ptr<T>(), x.strides[0], x.strides[1], x.strides[2]};
 }
 
-// Grow-only device scratch of the calling thread (small per-call buffers: loss partials, check flags, copied
-// offsets), so a step allocates nothing after its first call. One buffer: a call's earlier pointer is invalid
-// after a larger request.
+// Device memory that only grows, so a step allocates nothing after its first call: at least `bytes` from reserve
+// (earlier contents are lost when it grows). Counted in ops::cuda_scratch_bytes() (ops/backend.h), outside the arena.
+class GrowBuffer {
+  public:
+    GrowBuffer() = default;
+    GrowBuffer(const GrowBuffer&) = delete;
+    GrowBuffer& operator=(const GrowBuffer&) = delete;
+    ~GrowBuffer();
+    void* reserve(size_t bytes);
+
+  private:
+    void* p_ = nullptr;
+    size_t size_ = 0;
+};
+
+// The calling thread's device scratch (per-call buffers: loss partials, check flags, copied offsets, kernel
+// workspaces: KDA's chunk slots, the backward scatters' slabs, widened experts). One buffer: a call's earlier pointer
+// is invalid after a larger request.
 void* scratch(size_t bytes);
 
 // The parts of one scratch request start at multiples of 256 bytes.
@@ -156,11 +171,9 @@ class GemmGroup {
                   T* c,
                   int64_t ldc);
     void run();
-    ~GemmGroup();
 
   private:
-    void* pointers_ = nullptr;  // device memory for the operand pointers
-    size_t pointer_bytes_ = 0;
+    GrowBuffer pointers_;           // the operand pointers
     std::vector<int64_t> offsets_;  // GemmPrecision::bf16: the operands' copies
     std::vector<const void*> bf16_ptrs_;
     std::vector<cublasOperation_t> ta_, tb_;
