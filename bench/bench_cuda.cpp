@@ -240,30 +240,34 @@ int main(int argc, char** argv) {
         Tensor da = gpu_random(Shape{R, L}, 44),
                db = bench::random_tensor(Shape{3 * F, L}, 45, -0.04, 0.04, 0).to(Device::cuda),
                dc = gpu_zeros(Shape{R, 3 * F});
-        const double dense_ms = median_ms([&] { ops::linear_forward({}, da, db, {}, dc); });
-        report({"dense GEMM (the MoE forward's FLOPs)", fmt::format("{} x {} -> {}", R, L, 3 * F), "forward", dense_ms,
-                fwd, true});
         Tensor x = gpu_random(Shape{N, L}, 46), dye = gpu_random(Shape{R, L}, 47);
         const std::vector<float> gates(size_t(R), 1.0f / float(K));
-        for (const bool zipf : {false, true}) {
-            std::vector<int32_t> expert(static_cast<size_t>(R));
-            bench::route_experts(zipf, N, E, K, expert.data());
-            copy_bytes(sv.expert.data, Device::cuda, expert.data(), Device::cpu, expert.size() * sizeof(int32_t));
-            copy_bytes(sv.gates.data, Device::cuda, gates.data(), Device::cpu, gates.size() * sizeof(float));
-            ops::moe_build_layout(sv, N);
-            ops::moe_dispatch(sv, x, sv.xe);
-            auto set_dye = [&] {
-                copy_bytes(sc.ye.data, Device::cuda, dye.view().data, Device::cuda, dye.view().nbytes());
-            };
-            const double both = median_ms([&] {
-                ops::moe_experts_forward(p, w, sv, sc);
-                set_dye();
-                ops::moe_experts_backward(p, w, gr, sv, sc);
-            });
-            const double copy = median_ms(set_dye);
-            report({"moe experts (grouped GEMMs)",
-                    fmt::format("E {} k {} {}, {} rows", E, K, zipf ? "Zipf" : "uniform", R), "fwd+bwd", both - copy,
-                    3 * fwd, true});
+        for (const bool bf16 : {false, true}) {  // f32, then train.precision = bf16 against the bf16 peak
+            const ops::CudaGemmPrecisionScope precision(bf16 ? ops::GemmPrecision::bf16 : ops::GemmPrecision::f32);
+            const std::string tag = bf16 ? " bf16" : "";
+            const double dense_ms = median_ms([&] { ops::linear_forward({}, da, db, {}, dc); });
+            report({"dense GEMM (the MoE forward's FLOPs)" + tag, fmt::format("{} x {} -> {}", R, L, 3 * F), "forward",
+                    dense_ms, fwd, true, bf16});
+            for (const bool zipf : {false, true}) {
+                std::vector<int32_t> expert(static_cast<size_t>(R));
+                bench::route_experts(zipf, N, E, K, expert.data());
+                copy_bytes(sv.expert.data, Device::cuda, expert.data(), Device::cpu, expert.size() * sizeof(int32_t));
+                copy_bytes(sv.gates.data, Device::cuda, gates.data(), Device::cpu, gates.size() * sizeof(float));
+                ops::moe_build_layout(sv, N);
+                ops::moe_dispatch(sv, x, sv.xe);
+                auto set_dye = [&] {
+                    copy_bytes(sc.ye.data, Device::cuda, dye.view().data, Device::cuda, dye.view().nbytes());
+                };
+                const double both = median_ms([&] {
+                    ops::moe_experts_forward(p, w, sv, sc);
+                    set_dye();
+                    ops::moe_experts_backward(p, w, gr, sv, sc);
+                });
+                const double copy = median_ms(set_dye);
+                report({"moe experts (grouped GEMMs)" + tag,
+                        fmt::format("E {} k {} {}, {} rows", E, K, zipf ? "Zipf" : "uniform", R), "fwd+bwd",
+                        both - copy, 3 * fwd, true, bf16});
+            }
         }
     }
     return 0;
