@@ -157,6 +157,18 @@ void device_zero(Device d, void* p, size_t bytes) {
 #endif
 }
 
+namespace {
+std::atomic<uint64_t> waits{0};
+#if TESSERA_WITH_CUDA
+void wait_for(const Stream& s, const char* what, size_t bytes) {
+    waits.fetch_add(1, std::memory_order_relaxed);
+    check_cuda(cudaStreamSynchronize(stream_of(s)), what, bytes);
+}
+#endif
+}  // namespace
+
+uint64_t device_waits() { return waits.load(std::memory_order_relaxed); }
+
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
     if (bytes == 0) return;
     if (dst_device == Device::cpu && src_device == Device::cpu) {
@@ -165,7 +177,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     }
 #if TESSERA_WITH_CUDA
     check_cuda(cudaMemcpyAsync(dst, src, bytes, copy_kind(dst_device, src_device), stream_of(t_stream)), "copy", bytes);
-    if (dst_device == Device::cpu) check_cuda(cudaStreamSynchronize(stream_of(t_stream)), "copy to host", bytes);
+    if (dst_device == Device::cpu) wait_for(t_stream, "copy to host", bytes);
 #else
     no_cuda("device copy");
 #endif
@@ -190,7 +202,7 @@ void copy_bytes_2d(void* dst,
     check_cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, copy_kind(dst_device, src_device),
                                  stream_of(t_stream)),
                "2D copy", width * rows);
-    if (dst_device == Device::cpu) check_cuda(cudaStreamSynchronize(stream_of(t_stream)), "copy to host", width * rows);
+    if (dst_device == Device::cpu) wait_for(t_stream, "copy to host", width * rows);
 #else
     no_cuda("device copy");
 #endif
@@ -199,7 +211,7 @@ void copy_bytes_2d(void* dst,
 void synchronize(Device d) {
     if (d == Device::cpu) return;
 #if TESSERA_WITH_CUDA
-    check_cuda(cudaStreamSynchronize(stream_of(t_stream)), "stream synchronize", 0);
+    wait_for(t_stream, "stream synchronize", 0);
 #else
     no_cuda("device synchronize");
 #endif

@@ -155,6 +155,9 @@ struct MoeSaved {
     TensorView c, rstd, n;      // [N, L], [N], [N, L]: combined, latent norm (latent only; n with the norm)
     TensorView sh, sa;          // [N, 2FS], [N, FS]: shared expert (shared only; sa scaled by ss)
     TensorView ss;              // [N]: σ(w_ss·x) (shared_scale only)
+    // [E + 1] the offsets' host copy where the caller keeps one (device buffers): the CUDA layout writes it, and the
+    // expert passes read it instead of reading the offsets back (each read-back waits for the stream). Null: read back.
+    int32_t* offsets_host = nullptr;
 };
 // Transient buffers of forward and backward (may be shared between layers).
 struct MoeScratch {

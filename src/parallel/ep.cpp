@@ -176,6 +176,7 @@ ops::MoeSaved ExpertParallelStage::chunk_saved(int64_t c) const {
     s.offsets = chunk_offsets_.slice0(0, e1 - e0 + 1);
     copy_bytes(s.offsets.data, s.offsets.device, chunk_offsets_host_.data(), Device::cpu,
                size_t(e1 - e0 + 1) * sizeof(int32_t));
+    s.offsets_host = chunk_offsets_host_.data();  // (read by the expert pass this chunk is made for, before the next)
     const int64_t r0 = lo[e0], r1 = lo[e1];
     s.counts = counts_.slice0(e0, e1);
     s.xe = xe_.slice0(r0, r1);

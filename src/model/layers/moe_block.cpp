@@ -200,6 +200,11 @@ void MoeBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
     ln_ = acts.view(prefix + "ln");
     rstd_ = acts.view(prefix + "rstd");
     saved_ = ops::moe_bind_saved(dims(1), acts, prefix + "layer.");
+    if (saved_.offsets.device == Device::cuda) {
+        std::vector<int32_t>& host = offsets_host_[saved_.offsets.data];
+        host.resize(size_t(saved_.offsets.numel()));
+        saved_.offsets_host = host.data();
+    }
     if (ep_) ep_->bind_saved(acts, prefix + "ep.");
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <span>
 
 #include "model/config.h"
@@ -95,6 +96,9 @@ class MoeBlock : public Block {
     TensorView ln_, rstd_, dln_;
     StepShape max_{};
     ops::MoeSaved saved_;
+    // on a GPU, each bound saved group's expert offsets on the host (keyed by the device buffer: a pipeline binds one
+    // group per micro-batch in flight), written by the layout, read by the expert passes without a read-back
+    std::map<const void*, std::vector<int32_t>> offsets_host_;
     ops::MoeScratch scratch_;
     PassOptions pass_;
     std::vector<int64_t> starts_;

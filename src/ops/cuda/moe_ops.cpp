@@ -2,9 +2,12 @@
 // and devices). Routing bookkeeping runs on the host, on the router's choices read back (ops/moe_layout.h, the CPU's
 // own code: both backends lay out the same rows), and the layout is copied to the device; the rows move by the kernels
 // of moe.cu; each expert product over all experts is one grouped-batched cuBLAS GEMM (grouped_rows, grouped_wgrad)
-// on expert offsets read back to the host (frozen experts held narrow: one per window of experts widened to f32). Each
-// read-back synchronises the stream: capacity and layout once per forward, the offsets once per expert forward and
-// backward. (The experts' adapters go to this backend's LoRA entry points directly: the layer declared their shapes.)
+// on the expert offsets' host copy (MoeSaved::offsets_host, kept by the layer; read back where there is none; frozen
+// experts held narrow: one per window of experts widened to f32). The routing's read-backs (scores, choices, bias,
+// the capacity's experts), each waiting for the stream, happen once per forward; the expert passes wait for nothing.
+// (The experts' adapters go to this backend's LoRA entry points directly: the layer declared their shapes.)
+#include <algorithm>
+
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/entry_util.h"
 #include "ops/moe_layout.h"
@@ -38,9 +41,10 @@ void put(void* device, const T* src, size_t n) {
     copy_bytes(device, Device::cuda, src, Device::cpu, n * sizeof(T));
 }
 
-// The expert offsets on the host (one synchronisation)
+// The expert offsets on the host: the layout's host copy, else read back (one synchronisation)
 ExpertRows expert_rows(const MoeSaved& s) {
     const int64_t E = s.counts.size(0);
+    if (s.offsets_host) return {s.offsets_host, E};
     return {fetch(host().offsets, s.offsets.data, size_t(E + 1)), E};
 }
 
@@ -128,6 +132,7 @@ void moe_build_layout(const MoeSaved& s, int64_t tokens) {
     put(s.row.data, h.row.data(), size_t(pairs));
     put(s.counts.data, h.counts.data(), size_t(E));
     put(s.offsets.data, h.offsets.data(), size_t(E + 1));
+    if (s.offsets_host) std::copy_n(h.offsets.data(), E + 1, s.offsets_host);
     dispatch_float(s.gates.dtype, "moe", [&]<class T>(T) {
         check_launch(launch_moe_row_gate<T>(s.row.ptr<int32_t>(), s.gates.ptr<T>(), pairs, s.row_gate.ptr<T>(),
                                             h.offsets[size_t(E)], stream()),
