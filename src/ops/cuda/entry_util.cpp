@@ -112,9 +112,6 @@ const CublasApi& cublas() {
     return api;
 }
 
-// The bf16 copies of one GEMM call's f32 operands (GemmPrecision::bf16): the pieces are queued, then one launch rounds
-// them all into the calling thread's grow-only buffer (the pieces' table first, then their values), reserved whole
-// before anything is written, so one call's copies never move. Not the thread's scratch: the operands may live there.
 // A column-major operand op(X) [r, c], stored [r, c] or (trans) [c, r]: its contiguous runs and their length; its
 // bf16 copy's leading dimension (the length padded to 8 values, 16 bytes) and extent (padded to 128 values, 256 bytes),
 // so every copy starts and every run of it is aligned as cuBLAS's tensor-core kernels want.
@@ -126,6 +123,9 @@ Runs runs_of(bool trans, int64_t r, int64_t c) {
     return {cols, len, ld, (cols * ld + 127) / 128 * 128};
 }
 
+// The bf16 copies of one GEMM call's f32 operands (GemmPrecision::bf16): the pieces are queued, then one launch rounds
+// them all into the calling thread's grow-only buffer (the pieces' table first, then their values), reserved whole
+// before anything is written, so one call's copies never move. Not the thread's scratch: the operands may live there.
 class Bf16Operands {
   public:
     // Queues the runs of src (apart by ld); returns the copy's offset in the values (consecutive copies are
@@ -335,37 +335,38 @@ void GemmGroup<T>::run() {
         auto* base = static_cast<std::byte*>(pointers_.reserve(3 * bytes));
         T* const* C = upload(base + 2 * bytes, std::span<T* const>(c_));
         cublasStatus_t st;
-        if (std::is_same_v<T, float> && cuda_gemm_precision() == GemmPrecision::bf16) {
-            // each problem's operands rounded (packed), summed in f32
-            Bf16Operands& copies = bf16_operands();
-            std::vector<int64_t>& at = offsets_;
-            at.clear();
-            for (int p = 0; p < count; ++p) {
-                const Runs ra = runs_of(ta_[p] == CUBLAS_OP_T, m_[p], k_[p]),
-                           rb = runs_of(tb_[p] == CUBLAS_OP_T, k_[p], n_[p]);
-                at.push_back(copies.add(reinterpret_cast<const float*>(a_[p]), ra, lda_[p]));
-                at.push_back(copies.add(reinterpret_cast<const float*>(b_[p]), rb, ldb_[p]));
-                lda_[p] = blas_int(ra.ld, "lda");
-                ldb_[p] = blas_int(rb.ld, "ldb");
+        if constexpr (std::is_same_v<T, float>) {
+            if (cuda_gemm_precision() == GemmPrecision::bf16) {  // each problem's operands rounded, summed in f32
+                Bf16Operands& copies = bf16_operands();
+                std::vector<int64_t>& at = offsets_;
+                at.clear();
+                for (int p = 0; p < count; ++p) {
+                    const Runs ra = runs_of(ta_[p] == CUBLAS_OP_T, m_[p], k_[p]),
+                               rb = runs_of(tb_[p] == CUBLAS_OP_T, k_[p], n_[p]);
+                    at.push_back(copies.add(a_[p], ra, lda_[p]));
+                    at.push_back(copies.add(b_[p], rb, ldb_[p]));
+                    lda_[p] = blas_int(ra.ld, "lda");
+                    ldb_[p] = blas_int(rb.ld, "ldb");
+                }
+                const uint16_t* values = copies.round();
+                std::vector<const void*>& ptrs = bf16_ptrs_;
+                ptrs.clear();
+                for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p)]);
+                for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p + 1)]);
+                const void* const* A = upload(base, std::span<const void* const>(ptrs.data(), size_t(count)));
+                const void* const* B =
+                    upload(base + bytes, std::span<const void* const>(ptrs.data() + count, size_t(count)));
+                st = cublas().gemm_grouped_ex(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
+                                              alpha_.data(), A, CUDA_R_16BF, lda_.data(), B, CUDA_R_16BF, ldb_.data(),
+                                              beta_.data(), reinterpret_cast<void* const*>(C), CUDA_R_32F, ldc_.data(),
+                                              count, size_.data(), CUBLAS_COMPUTE_32F);
+            } else {
+                const T* const* A = upload(base, std::span<const T* const>(a_));
+                const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
+                st = cublas().sgemm_grouped(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
+                                            alpha_.data(), A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(),
+                                            count, size_.data());
             }
-            const uint16_t* values = copies.round();
-            std::vector<const void*>& ptrs = bf16_ptrs_;
-            ptrs.clear();
-            for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p)]);
-            for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p + 1)]);
-            const void* const* A16 = upload(base, std::span<const void* const>(ptrs.data(), size_t(count)));
-            const void* const* B16 =
-                upload(base + bytes, std::span<const void* const>(ptrs.data() + count, size_t(count)));
-            st = cublas().gemm_grouped_ex(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
-                                          alpha_.data(), A16, CUDA_R_16BF, lda_.data(), B16, CUDA_R_16BF, ldb_.data(),
-                                          beta_.data(), reinterpret_cast<void* const*>(C), CUDA_R_32F, ldc_.data(),
-                                          count, size_.data(), CUBLAS_COMPUTE_32F);
-        } else if constexpr (std::is_same_v<T, float>) {
-            const T* const* A = upload(base, std::span<const T* const>(a_));
-            const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
-            st = cublas().sgemm_grouped(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(),
-                                        A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(), count,
-                                        size_.data());
         } else {
             const T* const* A = upload(base, std::span<const T* const>(a_));
             const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
