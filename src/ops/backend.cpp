@@ -1,11 +1,6 @@
 // Device checks of the op dispatch (ops/backend.h).
 #include "ops/backend.h"
 
-#include <algorithm>
-#include <atomic>
-
-#include "ops/gemm.h"
-
 namespace tessera::ops {
 
 Device op_device(std::string_view op, std::initializer_list<TensorView> tensors) {
@@ -33,17 +28,5 @@ void no_cuda_backend(std::string_view call) {
         "{}: tensors are on a CUDA device but this build has no CUDA backend (configure with -DTESSERA_CUDA=ON)",
         call.substr(0, call.find('(')));
 }
-
-namespace {
-std::atomic<GemmPrecision> gemm_precision{GemmPrecision::f32};
-std::atomic<int64_t> scratch_bytes{0};
-}  // namespace
-
-size_t cuda_scratch_bytes() { return size_t(std::max<int64_t>(0, scratch_bytes.load(std::memory_order_relaxed))); }
-void note_cuda_scratch(int64_t delta_bytes) { scratch_bytes.fetch_add(delta_bytes, std::memory_order_relaxed); }
-
-GemmPrecision cuda_gemm_precision() { return gemm_precision.load(std::memory_order_relaxed); }
-CudaGemmPrecisionScope::CudaGemmPrecisionScope(GemmPrecision p) : previous_(gemm_precision.exchange(p)) {}
-CudaGemmPrecisionScope::~CudaGemmPrecisionScope() { gemm_precision.store(previous_); }
 
 }  // namespace tessera::ops
