@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "cuda_emulator/emulator.h"
@@ -348,7 +350,10 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t,
                                           int groups,
                                           const int* size,
                                           cublasComputeType_t compute) {
-    if (!bf16_f32(a_type, b_type, c_type, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    // TESSERA_CUDA_EMULATOR_GROUPED_EX=0: as a cuBLAS whose grouped GEMM lacks these types (the caller's fallback)
+    const char* grouped = std::getenv("TESSERA_CUDA_EMULATOR_GROUPED_EX");
+    if (!bf16_f32(a_type, b_type, c_type, compute) || (grouped && std::string_view(grouped) == "0"))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     DeviceScope work;
     if (!is_device_pointer(a) || !is_device_pointer(b) || !is_device_pointer(c)) return CUBLAS_STATUS_INVALID_VALUE;
     const auto *al = static_cast<const float*>(alpha), *be = static_cast<const float*>(beta);

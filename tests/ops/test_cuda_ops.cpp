@@ -325,24 +325,28 @@ TEST(CudaOps, Bf16GemmsMatchTheCpuOnOperandsRoundedToBf16) {
                                  ops::head_matrices(t[1], 0, 4, 40, 40), 1.0, ops::head_matrices(t[2], 0, 4, 41, 40));
                          },
                          1e-5, 1e-4, DType::f32, {}, {0, 1});
-    // the grouped forms over experts' rows (one expert without rows): C[rows_e] = A[rows_e]·w_eᵀ, dw_e += dyᵀ·x
+    // the grouped forms over experts' rows (one expert without rows): C[rows_e] = A[rows_e]·w_eᵀ, dw_e += dyᵀ·x; on
+    // the emulator also as on a cuBLAS whose grouped GEMM lacks bf16 inputs with f32 output (one GemmEx per problem)
     const std::vector<int32_t> offsets{0, 30, 30, 75, 96};
     const ops::ExpertRows g{offsets.data(), 4};
     const int64_t F = 48, L = 64;
-    expect_cuda_like_cpu({Shape{N, L}, Shape{4, F, L}, Shape{N, F}, Shape{N, F}, Shape{4, F, L}},
-                         [&](std::vector<TensorView> t) {
-                             const float *x = t[0].ptr<float>(), *w = t[1].ptr<float>(), *dy = t[2].ptr<float>();
-                             float *y = t[3].ptr<float>(), *dw = t[4].ptr<float>();
-                             if (t[0].device == Device::cuda) {
-                                 ops::cuda::grouped_rows<float>(ops::Trans::T, g, F, L, 1.f, x, L, w, F * L, L, 0.f, y,
-                                                                F);
-                                 ops::cuda::grouped_wgrad<float>(g, F, L, dy, F, x, L, dw, F * L, L);
-                             } else {
-                                 ops::grouped_gemm(ops::Trans::T, g, F, L, x, L, w, F * L, L, 0.f, y, F);
-                                 ops::grouped_gemm_wgrad(g, F, L, dy, F, x, L, dw, F * L, L);
-                             }
-                         },
-                         1e-5, 1e-4, DType::f32, {}, {0, 1, 2});
+    auto grouped = [&](std::vector<TensorView> t) {
+        const float *x = t[0].ptr<float>(), *w = t[1].ptr<float>(), *dy = t[2].ptr<float>();
+        float *y = t[3].ptr<float>(), *dw = t[4].ptr<float>();
+        if (t[0].device == Device::cuda) {
+            ops::cuda::grouped_rows<float>(ops::Trans::T, g, F, L, 1.f, x, L, w, F * L, L, 0.f, y, F);
+            ops::cuda::grouped_wgrad<float>(g, F, L, dy, F, x, L, dw, F * L, L);
+        } else {
+            ops::grouped_gemm(ops::Trans::T, g, F, L, x, L, w, F * L, L, 0.f, y, F);
+            ops::grouped_gemm_wgrad(g, F, L, dy, F, x, L, dw, F * L, L);
+        }
+    };
+    for (const char* grouped_ex : {"1", "0"}) {
+        if (cuda_emulated()) setenv("TESSERA_CUDA_EMULATOR_GROUPED_EX", grouped_ex, 1);
+        expect_cuda_like_cpu({Shape{N, L}, Shape{4, F, L}, Shape{N, F}, Shape{N, F}, Shape{4, F, L}}, grouped, 1e-5,
+                             1e-4, DType::f32, {}, {0, 1, 2});
+    }
+    unsetenv("TESSERA_CUDA_EMULATOR_GROUPED_EX");
     // on the exact operands: bf16's rounding, not f32's
     const Tensor x = test::randn(DType::f32, Shape{N, IN}, 1), w = test::randn(DType::f32, Shape{OUT, IN}, 2);
     Tensor y(DType::f32, Shape{N, OUT}), yg(DType::f32, Shape{N, OUT}, Device::cuda);

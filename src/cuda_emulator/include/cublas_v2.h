@@ -1,7 +1,8 @@
 // cuBLAS as the CUDA emulator provides it (src/cuda_emulator): the GEMMs tessera's CUDA backend calls
 // (ops/cuda/entry_util.cpp), column-major as cuBLAS defines them, computed on the host in the element type, each
 // output's sum in k order. The GemmEx family takes bf16 A and B with f32 C and CUBLAS_COMPUTE_32F only (the products
-// of bf16 values are exact in f32; each sum in k order in f32); other type combinations are not supported.
+// of bf16 values are exact in f32; each sum in k order in f32); other type combinations are not supported, nor are
+// any by the grouped one under TESSERA_CUDA_EMULATOR_GROUPED_EX=0 (a cuBLAS without them: the caller's fallback).
 #pragma once
 
 #include <cuda_runtime.h>

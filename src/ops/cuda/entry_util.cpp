@@ -360,6 +360,16 @@ void GemmGroup<T>::run() {
                                               alpha_.data(), A, CUDA_R_16BF, lda_.data(), B, CUDA_R_16BF, ldb_.data(),
                                               beta_.data(), reinterpret_cast<void* const*>(C), CUDA_R_32F, ldc_.data(),
                                               count, size_.data(), CUBLAS_COMPUTE_32F);
+                // a cuBLAS whose grouped GEMM lacks bf16 inputs with f32 output: one GemmEx per problem (the same
+                // products, more launches)
+                if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+                    st = CUBLAS_STATUS_SUCCESS;
+                    for (int p = 0; p < count && st == CUBLAS_STATUS_SUCCESS; ++p)
+                        st = cublas().gemm_ex(blas(), ta_[p], tb_[p], m_[p], n_[p], k_[p], &alpha_[p], ptrs[size_t(p)],
+                                              CUDA_R_16BF, lda_[p], ptrs[size_t(count + p)], CUDA_R_16BF, ldb_[p],
+                                              &beta_[p], c_[p], CUDA_R_32F, ldc_[p], CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT);
+                }
             } else {
                 const T* const* A = upload(base, std::span<const T* const>(a_));
                 const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
