@@ -217,6 +217,16 @@ void synchronize(Device d) {
 #endif
 }
 
+size_t cuda_free_bytes() {
+#if TESSERA_WITH_CUDA
+    size_t free = 0, total = 0;
+    if (!cuda_available() || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    return free;
+#else
+    return 0;
+#endif
+}
+
 std::string cuda_device_name() {
 #if TESSERA_WITH_CUDA
     if (!cuda_available()) return "";

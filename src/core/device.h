@@ -71,6 +71,8 @@ void copy_bytes_2d(void* dst,
                    size_t rows);
 // Waits until the current stream's work on the device is done (a no-op on the CPU).
 void synchronize(Device d);
+// The current CUDA device's free memory in bytes (cudaMemGetInfo); 0 without a device.
+size_t cuda_free_bytes();
 // How many times this process's host has waited for a device stream so far (a copy to the host, synchronize): each
 // wait drains the queue of launches, so the step path keeps them few (tests count them).
 uint64_t device_waits();

@@ -449,6 +449,15 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
     return cudaSuccess;
 }
 
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+    std::lock_guard<std::recursive_mutex> hold(lock());
+    size_t used = 0;
+    for (const auto& [at, size] : memory().used) used += size;
+    *free = kReserve - used;
+    *total = kReserve;
+    return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     if (!device_ok(device)) return record(cudaErrorInvalidValue);
     *prop = {};

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "core/device.h"
 #include "ops/backend.h"
 #include "ops/gemm.h"
 
@@ -43,13 +44,22 @@ size_t physical_memory_bytes() {
 }
 
 // Every group is zero-filled on allocation, so a run that needs more than the machine's memory would only
-// swap or be killed: refuse it up front, with the sizes.
-void check_fits_in_memory(const std::vector<BufferGroup*>& groups) {
+// swap or be killed, and one larger than the GPU's free memory would fail in cudaMalloc: refuse it up front, with the
+// sizes.
+void check_fits_in_memory(const std::vector<BufferGroup*>& groups, Device device) {
     size_t need = 0;
     std::string parts;
     for (const BufferGroup* g : groups) {
         if (__builtin_add_overflow(need, g->nbytes(), &need)) need = SIZE_MAX;
         parts += fmt::format("{}{} {:.1f} GiB", parts.empty() ? "" : ", ", g->name(), double(g->nbytes()) / 0x1p30);
+    }
+    if (device == Device::cuda) {
+        const size_t have = cuda_free_bytes();
+        TESSERA_CHECK(have == 0 || need <= have,
+                      "the model needs {:.1f} GiB of GPU memory ({}) but the GPU has {:.1f} GiB free; make the model, "
+                      "the batch or the sequence smaller, or spread it over more GPUs (parallel.shard, parallel.ep)",
+                      double(need) / 0x1p30, parts, double(have) / 0x1p30);
+        return;
     }
     const size_t have = physical_memory_bytes();
     TESSERA_CHECK(have == 0 || need <= have,
@@ -131,7 +141,7 @@ ModelRuntime::ModelRuntime(Model& model,
       acts_(g_.acts),
       workspace_(g_.workspace) {
     groups_ = g_.all(extra);
-    if (device == Device::cpu) check_fits_in_memory(groups_);  // (a device too small: cudaMalloc's one-line error)
+    check_fits_in_memory(groups_, device);
     std::vector<const BufferGroup*> cg(groups_.begin(), groups_.end());
     const size_t min_block = min_block_for(cg);
     arena_ = std::make_shared<Arena>(predict_arena_bytes(cg, min_block), min_block, device);

@@ -295,6 +295,26 @@ TEST_P(CudaTrain, DecodingOnTheGpuGivesTheCpusLogitsAndTokens) {
     EXPECT_EQ(tg, tc);
 }
 
+// A model larger than the GPU's free memory is refused before anything is allocated, with its buffer groups' sizes
+// (not cudaMalloc's bare "out of memory"); the host's memory is not what bounds a GPU run.
+TEST(CudaTrain, AModelLargerThanTheGpuIsAOneLineError) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    const char* huge = R"({"model": {"vocab_size": 16777216, "d_model": 131072, "n_layers": 2, "n_heads": 128,
+                                     "ffn_dim": 256},
+                           "train": {"seq_len": 64, "batch_size": 2, "steps": 1}})";
+    try {
+        run(d, huge, "cuda", "run");
+        ADD_FAILURE() << "a model larger than the GPU must be refused";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("GiB of GPU memory (params "), std::string::npos) << m;
+        EXPECT_NE(m.find("but the GPU has "), std::string::npos) << m;
+        EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+    EXPECT_FALSE(fs::exists(d.file("run"))) << "nothing is written";
+}
+
 TEST(CudaTrain, WithoutAGpuTheDeviceIsAOneLineErrorThatLeavesNothing) {
     if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
     test::TempDir d;

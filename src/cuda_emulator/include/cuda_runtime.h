@@ -91,6 +91,8 @@ cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+// the device's free and total memory: its address range less what is allocated
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
