@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
         report({"linear", shape, "backward", median_ms([&] { ops::linear_backward(dy, x, w, dx, dw, {}); }), 2 * fl,
                 true});
         // train.precision = bf16: the operands rounded to bf16 (a launch per call) and cuBLAS's GemmEx
-        const ops::CudaGemmPrecisionScope bf16(ops::GemmPrecision::bf16);
+        const ops::GemmPrecisionScope bf16(ops::GemmPrecision::bf16);
         report({"linear bf16", shape, "forward", median_ms([&] { ops::linear_forward({}, x, w, {}, y); }), fl, true,
                 true});
         report({"linear bf16", shape, "backward", median_ms([&] { ops::linear_backward(dy, x, w, dx, dw, {}); }),
@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
         Tensor x = gpu_random(Shape{N, L}, 46), dye = gpu_random(Shape{R, L}, 47);
         const std::vector<float> gates(size_t(R), 1.0f / float(K));
         for (const bool bf16 : {false, true}) {  // f32, then train.precision = bf16 against the bf16 peak
-            const ops::CudaGemmPrecisionScope precision(bf16 ? ops::GemmPrecision::bf16 : ops::GemmPrecision::f32);
+            const ops::GemmPrecisionScope precision(bf16 ? ops::GemmPrecision::bf16 : ops::GemmPrecision::f32);
             const std::string tag = bf16 ? " bf16" : "";
             const double dense_ms = median_ms([&] { ops::linear_forward({}, da, db, {}, dc); });
             report({"dense GEMM (the MoE forward's FLOPs)" + tag, fmt::format("{} x {} -> {}", R, L, 3 * F), "forward",

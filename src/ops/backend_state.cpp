@@ -1,5 +1,5 @@
-// Process-wide settings and counters of the CUDA backend that backend-neutral code reads (ops/gemm.h: the GEMMs'
-// precision; ops/backend.h: the backend's scratch outside the arena). In tessera_ops_math, below both backends.
+// Process-wide settings and counters both backends read (ops/gemm.h: the GEMMs' precision; ops/backend.h: the CUDA
+// backend's scratch outside the arena). In tessera_ops_math, below both backends.
 #include <algorithm>
 #include <atomic>
 
@@ -9,13 +9,13 @@
 namespace tessera::ops {
 
 namespace {
-std::atomic<GemmPrecision> gemm_precision{GemmPrecision::f32};
+std::atomic<GemmPrecision> precision{GemmPrecision::f32};
 std::atomic<int64_t> scratch_bytes{0};
 }  // namespace
 
-GemmPrecision cuda_gemm_precision() { return gemm_precision.load(std::memory_order_relaxed); }
-CudaGemmPrecisionScope::CudaGemmPrecisionScope(GemmPrecision p) : previous_(gemm_precision.exchange(p)) {}
-CudaGemmPrecisionScope::~CudaGemmPrecisionScope() { gemm_precision.store(previous_); }
+GemmPrecision gemm_precision() { return precision.load(std::memory_order_relaxed); }
+GemmPrecisionScope::GemmPrecisionScope(GemmPrecision p) : previous_(precision.exchange(p)) {}
+GemmPrecisionScope::~GemmPrecisionScope() { precision.store(previous_); }
 
 size_t cuda_scratch_bytes() { return size_t(std::max<int64_t>(0, scratch_bytes.load(std::memory_order_relaxed))); }
 void note_cuda_scratch(int64_t delta_bytes) { scratch_bytes.fetch_add(delta_bytes, std::memory_order_relaxed); }

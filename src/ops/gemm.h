@@ -110,18 +110,19 @@ void gemm_onednn_reference(Trans ta,
                            float* C,
                            int64_t ldc);
 
-// The precision of the f32 GEMMs on CUDA (train.precision; process-wide): f32 (the default, no TF32: comparable with
-// the CPU at f32 tolerance) or bf16, each operand rounded to nearest even and the products summed in f32 on the tensor
-// cores (cuBLAS's GemmEx family, CUBLAS_COMPUTE_32F). The CPU's GEMMs and f64 ones are always exact in their type.
-// The scope sets it for its lifetime and restores the previous value.
+// The precision of the f32 GEMMs (train.precision; process-wide, both devices): f32 (the default; on CUDA without
+// TF32), or bf16: each operand rounded to nearest even (core/dtype.h's float_to_bf16), the products (exact in f32)
+// summed in f32. On CUDA that is cuBLAS's GemmEx family on the tensor cores (CUBLAS_COMPUTE_32F); on the CPU each
+// block's operands are rounded as they are copied for its sgemm calls — the GPU's oracle, slower than f32 there, not
+// faster. f64 GEMMs are always f64. The scope sets it for its lifetime and restores the previous value.
 enum class GemmPrecision : uint8_t { f32, bf16 };
-GemmPrecision cuda_gemm_precision();
-class CudaGemmPrecisionScope {
+GemmPrecision gemm_precision();
+class GemmPrecisionScope {
   public:
-    explicit CudaGemmPrecisionScope(GemmPrecision p);
-    ~CudaGemmPrecisionScope();
-    CudaGemmPrecisionScope(const CudaGemmPrecisionScope&) = delete;
-    CudaGemmPrecisionScope& operator=(const CudaGemmPrecisionScope&) = delete;
+    explicit GemmPrecisionScope(GemmPrecision p);
+    ~GemmPrecisionScope();
+    GemmPrecisionScope(const GemmPrecisionScope&) = delete;
+    GemmPrecisionScope& operator=(const GemmPrecisionScope&) = delete;
 
   private:
     GemmPrecision previous_;

@@ -129,8 +129,6 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     check(tc.batch_size > 0, "train.batch_size must be positive");
     check(tc.steps >= 0, "train.steps must be >= 0");
     check(tc.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 = batch_size / ranks)");
-    check(tc.precision == "f32" || tc.device == "cuda",
-          "train.precision = " + tc.precision + " needs train.device = cuda (the CPU's GEMMs are f32)");
     check(tc.micro_batch_size == 0 || tc.batch_size % tc.micro_batch_size == 0,
           fmt::format("train.batch_size {} is not a multiple of train.micro_batch_size {}", tc.batch_size,
                       tc.micro_batch_size));

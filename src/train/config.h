@@ -38,9 +38,9 @@ struct TrainConfig {
     // activations in one device arena; batches go up, losses and statistics come back; one process: NCCL is not
     // built yet). Checkpoints are the same files either way.
     std::string device = "cpu";
-    // The GEMMs' precision on the GPU (ops/gemm.h, GemmPrecision): "f32" (exact f32, comparable with the CPU), or
-    // "bf16" (operands rounded to bf16, products summed in f32 on the tensor cores; parameters, gradients, AdamW
-    // state and activations stay f32). bf16 needs device = "cuda".
+    // The GEMMs' precision (ops/gemm.h, GemmPrecision): "f32", or "bf16" (operands rounded to bf16, products summed
+    // in f32: the GPU's tensor cores; on the CPU the same arithmetic as its oracle, slower than f32); parameters,
+    // gradients, AdamW state and activations stay f32.
     std::string precision = "f32";
     // checkpoints written by a thread of their own while training goes on (a copy of the state is taken at the
     // step; docs/operations.md); false: the step loop writes them

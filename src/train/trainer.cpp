@@ -481,8 +481,8 @@ TrainSummary train(const TrainOptions& opts) {
 
     // every rank measures its own threads (side by side, as they train); the job's rate is W times that; on a GPU
     // each GPU's cuBLAS rate at the run's precision, W times
-    const ops::CudaGemmPrecisionScope gemm_precision(tc.precision == "bf16" ? ops::GemmPrecision::bf16
-                                                                            : ops::GemmPrecision::f32);
+    const ops::GemmPrecisionScope gemm_precision(tc.precision == "bf16" ? ops::GemmPrecision::bf16
+                                                                        : ops::GemmPrecision::f32);
     const double gemm_gflops =
         (device == Device::cpu ? ops::measure_gemm_gflops() : ops::measure_linear_gflops(device)) * ranks;
     double train_flops_per_token = model.train_flops_per_token(tc.seq_len);  // (a stage's: summed over the stages)
@@ -533,12 +533,12 @@ TrainSummary train(const TrainOptions& opts) {
             "optimizer offload: AdamW's moments, {:.1f} MiB, in a file in {} (unlinked; the kernel pages "
             "it), at most {:.1f} MiB of them resident during a step",
             double(opt.offloaded_bytes()) / 0x1p20, offload_dir, double(opt.offload_resident_bytes()) / 0x1p20));
-    note(fmt::format("GEMM rate of {}: {:.0f} GFLOP/s (measured now; {}); run directory: {}",
-                     device == Device::cuda ? (ranks > 1 ? fmt::format("the {} GPUs ({})", ranks, tc.precision)
-                                                         : fmt::format("the GPU ({})", tc.precision))
+    note(fmt::format("GEMM rate of {} ({}): {:.0f} GFLOP/s (measured now; {}); run directory: {}",
+                     device == Device::cuda ? (ranks > 1 ? fmt::format("the {} GPUs", ranks) : "the GPU")
                      : ranks > 1            ? fmt::format("the {} ranks", ranks)
                                             : std::string("this machine"),
-                     gemm_gflops, device == Device::cuda ? cuda_device_name() : ops::isa_summary(), setup.out_dir));
+                     tc.precision, gemm_gflops, device == Device::cuda ? cuda_device_name() : ops::isa_summary(),
+                     setup.out_dir));
     if (!setup.checkpoint.empty()) note(fmt::format("resumed from {} at step {}", setup.checkpoint, state.step));
     if (setup.base) {
         int64_t train_params = 0, all_params = 0;
@@ -604,7 +604,9 @@ TrainSummary train(const TrainOptions& opts) {
     TrainSummary summary;
     summary.first_step = state.step;
     Progress progress(log, opts.log_is_tty, tc.steps, tc.log_interval,
-                      device == Device::cuda ? "GPU " + tc.precision : "");
+                      device == Device::cuda   ? "GPU " + tc.precision
+                      : tc.precision == "bf16" ? "bf16"
+                                               : "");
     // operations (docs/operations.md): one metrics sink on every rank (its step() gathers each rank's share), the
     // alert rules and the HTTP endpoint on rank 0, a watchdog on every rank
     Telemetry telemetry(comm);

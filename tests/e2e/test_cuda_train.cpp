@@ -204,24 +204,26 @@ TEST(CudaTrain, LoraOnABaseHeldNarrowFineTunesOnTheGpuWithTheCpusLosses) {
     EXPECT_GT(std::abs(cpu.losses.front() - wide.losses.front()), 1e-4) << "the experts must be held in MXFP4";
 }
 
-// train.precision = bf16: every GEMM's operands rounded to bf16, products summed in f32 (the tensor cores' form);
-// parameters, gradients, AdamW state and activations stay f32. The model learns as in f32, its losses within bf16's
-// reach of the CPU's f32 ones (not f32's), bitwise run to run.
-TEST(CudaTrain, Bf16GemmsTrainCloseToF32) {
+// train.precision = bf16: every GEMM's operands rounded to bf16, products summed in f32 (the tensor cores' form; the
+// CPU computes the same as its oracle); parameters, gradients, AdamW state and activations stay f32. The first step's
+// loss is the CPU's bf16 one within f32 rounding and not the f32 one; then rounding to bf16 amplifies the devices'
+// f32 differences, so the trajectories stay within 3e-3 of each other (9.4e-4 at worst over 20 steps on the emulator)
+// and within 1e-2 of f32 (1.9e-3); the model learns; bitwise run to run.
+TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
     SKIP_WITHOUT_GPU();
     test::TempDir d;
     const std::vector<std::string> bf16 = {"train.precision=bf16"};
-    const train::TrainSummary cpu = run(d, kHybrid, "cpu", "cpu"), a = run(d, kHybrid, "cuda", "a", {}, "", bf16),
+    const train::TrainSummary f32 = run(d, kHybrid, "cpu", "f32"), cpu = run(d, kHybrid, "cpu", "cpu", {}, "", bf16),
+                              a = run(d, kHybrid, "cuda", "a", {}, "", bf16),
                               b = run(d, kHybrid, "cuda", "b", {}, "", bf16);
     ASSERT_EQ(a.losses.size(), 20u);
-    expect_close_losses(a.losses, cpu.losses, 1e-2);
-    double worst = 0;
-    for (size_t i = 0; i < cpu.losses.size(); ++i)
-        worst = std::max(worst, std::abs(a.losses[i] - cpu.losses[i]) / cpu.losses[i]);
-    EXPECT_GT(worst, 1e-5) << "the GEMMs must round to bf16";
+    EXPECT_NEAR(a.losses[0], cpu.losses[0], 1e-6 * cpu.losses[0]);
+    EXPECT_GT(std::abs(cpu.losses[0] - f32.losses[0]), 1e-6) << "the GEMMs must round to bf16";
+    expect_close_losses(a.losses, cpu.losses, 3e-3);
+    expect_close_losses(cpu.losses, f32.losses, 1e-2);
     EXPECT_LT(a.losses.back(), a.losses.front() - 0.3) << "the model must learn";
     for (size_t i = 0; i < b.losses.size(); ++i) EXPECT_EQ(b.losses[i], a.losses[i]) << "step " << i + 1;
-    EXPECT_EQ(ops::cuda_gemm_precision(), ops::GemmPrecision::f32) << "the run restores f32";
+    EXPECT_EQ(ops::gemm_precision(), ops::GemmPrecision::f32) << "the runs restore f32";
 }
 
 // Kimi K3's image tower feeding a language model (the golden of tests/model/test_vision.cpp) on both devices: the

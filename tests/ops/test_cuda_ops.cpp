@@ -196,7 +196,7 @@ void expect_cuda_like_cpu(const std::vector<Shape>& shapes,
     }
     op(hv);
     {
-        std::optional<ops::CudaGemmPrecisionScope> bf16;
+        std::optional<ops::GemmPrecisionScope> bf16;
         if (!bf16_operands.empty()) bf16.emplace(ops::GemmPrecision::bf16);
         op(dv);
     }
@@ -352,12 +352,12 @@ TEST(CudaOps, Bf16GemmsMatchTheCpuOnOperandsRoundedToBf16) {
     Tensor y(DType::f32, Shape{N, OUT}), yg(DType::f32, Shape{N, OUT}, Device::cuda);
     ops::linear_forward({}, x, w, {}, y);
     {
-        const ops::CudaGemmPrecisionScope bf16(ops::GemmPrecision::bf16);
+        const ops::GemmPrecisionScope bf16(ops::GemmPrecision::bf16);
         ops::linear_forward({}, x.to(Device::cuda), w.to(Device::cuda), {}, yg);
     }
     EXPECT_TRUE(test::rel_rms_close(yg.to(Device::cpu), y, 1e-2));
     EXPECT_FALSE(test::rel_rms_close(yg.to(Device::cpu), y, 1e-4));
-    EXPECT_EQ(ops::cuda_gemm_precision(), ops::GemmPrecision::f32) << "the scope restores f32";
+    EXPECT_EQ(ops::gemm_precision(), ops::GemmPrecision::f32) << "the scope restores f32";
 }
 
 // The KDA and MLA blocks' small ops as the blocks call them: column blocks, strided head views, rope in place,

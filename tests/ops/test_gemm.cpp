@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -165,6 +166,66 @@ TEST(Gemm, NarrowWeightGivesTheBitsOfItsWidenedF32Product) {
             }
         }
     }
+}
+
+// GemmPrecision::bf16 (train.precision = bf16): the product of the operands rounded to bf16 with f32 sums, as the
+// GPU's tensor cores compute it; the CPU rounds each block's operands as it copies them for its sgemm calls, so the
+// result is that of the f32 GEMM on the rounded operands up to the K chunks' order, the same bits on any thread
+// count, and not the f32 product of the exact operands. A narrow B (a frozen bf16 weight) takes the same path.
+TEST(Gemm, Bf16PrecisionIsTheProductOfTheRoundedOperands) {
+    auto rounded = [](const Tensor& t) {
+        Tensor r(DType::f32, t.shape());
+        for (int64_t i = 0; i < t.numel(); ++i) r.ptr<float>()[i] = bf16_to_float(float_to_bf16(t.ptr<float>()[i]));
+        return r;
+    };
+    for (GemmCase s :
+         {GemmCase{17, 33, 5}, GemmCase{512, 384, 256}, GemmCase{520, 70, 1100}, GemmCase{40, 530, 1030}}) {
+        for (Trans ta : {Trans::N, Trans::T}) {
+            for (Trans tb : {Trans::N, Trans::T}) {
+                const int64_t lda = (ta == Trans::N ? s.K : s.M) + 3, ldb = (tb == Trans::N ? s.N : s.K) + 5;
+                const Tensor A = test::randn(DType::f32, Shape{ta == Trans::N ? s.M : s.K, lda}, 9);
+                const Tensor B = test::randn(DType::f32, Shape{tb == Trans::N ? s.K : s.N, ldb}, 10);
+                const Tensor Ar = rounded(A), Br = rounded(B);
+                auto product = [&](const Tensor& a, const Tensor& b) {
+                    Tensor c(DType::f32, Shape{s.M, s.N});
+                    ops::gemm(ta, tb, s.M, s.N, s.K, 1.0f, a.ptr<float>(), lda, b.ptr<float>(), ldb, 0.0f,
+                              c.ptr<float>(), s.N);
+                    return c;
+                };
+                const Tensor want = product(Ar, Br), exact = product(A, B);
+                std::vector<Tensor> got;
+                const int saved = omp_get_max_threads();
+                {
+                    const ops::GemmPrecisionScope precision(ops::GemmPrecision::bf16);
+                    for (int threads : {1, 3}) {
+                        omp_set_num_threads(threads);
+                        got.push_back(product(A, B));
+                    }
+                }
+                omp_set_num_threads(saved);
+                SCOPED_TRACE(fmt::format("M={} N={} K={} ta={} tb={}", s.M, s.N, s.K, int(ta), int(tb)));
+                EXPECT_TRUE(test::all_close(got[0], want, 1e-5, 1e-5 * std::sqrt(double(s.K))));
+                EXPECT_TRUE(test::bitwise_equal(got[0], got[1])) << "1 and 3 threads";
+                if (s.K > 5) {
+                    EXPECT_FALSE(test::rel_rms_close(got[0], exact, 1e-4)) << "bf16, not f32";
+                }
+            }
+        }
+    }
+    // a frozen bf16 weight: only the activations round
+    const GemmCase s{300, 200, 700};
+    const Tensor A = test::randn(DType::f32, Shape{s.M, s.K}, 11), B32 = test::randn(DType::f32, Shape{s.N, s.K}, 12);
+    Tensor Bn(DType::bf16, B32.shape()), Bw(DType::f32, B32.shape());
+    convert(B32, Bn);
+    convert(Bn, Bw);
+    const Tensor Ar = rounded(A);
+    Tensor want(DType::f32, Shape{s.M, s.N}), got(DType::f32, Shape{s.M, s.N});
+    ops::gemm(Trans::N, Trans::T, s.M, s.N, s.K, 1.0f, Ar.ptr<float>(), s.K, Bw.ptr<float>(), s.K, 0.0f,
+              want.ptr<float>(), s.N);
+    const ops::GemmPrecisionScope precision(ops::GemmPrecision::bf16);
+    ops::gemm(Trans::N, Trans::T, s.M, s.N, s.K, 1.0f, A.ptr<float>(), s.K, Bn.ptr<bf16>(), s.K, 0.0f, got.ptr<float>(),
+              s.N);
+    EXPECT_TRUE(test::all_close(got, want, 1e-5, 1e-5 * std::sqrt(double(s.K))));
 }
 
 // The grid covers C exactly once with blocks of whole vectors, in a power-of-two count.

@@ -65,6 +65,7 @@ constexpr int64_t kCopyCK = 1024;
 
 struct Copies {
     bool a = false, b = false, c = false;
+    bool round = false;  // GemmPrecision::bf16: op(A) and op(B) rounded to bf16 as they are copied (both copied)
     bool any() const { return a || b || c; }
 };
 
@@ -76,8 +77,18 @@ Copies copies_for(Trans ta, Trans tb, int64_t K, int64_t ldb) {
     return {};
 }
 
-constexpr int64_t kCopyA = kCopyK * kStride, kCopyB = std::max(kCopyK * kStride, kPanel*kStrideK);
+constexpr int64_t kCopyA = std::max(kCopyK * kStride, kPanel*kStrideK), kCopyB = kCopyA;
 constexpr size_t kCopyElems = size_t(kCopyA + kCopyB + kPanel * kStride);
+
+// n values from src to dst, or (round) each rounded to bf16 and widened back: exactly what a bf16 GEMM multiplies
+void copy_values(const float* src, int64_t n, float* dst, bool round) {
+    if (!round) {
+        std::copy_n(src, n, dst);
+        return;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(float_to_bf16(src[i]));
+}
 
 dnnl_status_t sgemm_copied(Copies cp,
                            Trans ta,
@@ -112,16 +123,22 @@ dnnl_status_t sgemm_copied(Copies cp,
                 const float* Ak = ta == Trans::N ? A + i0 * lda + k0 : A + k0 * lda + i0;
                 const float* Bk = tb == Trans::N ? B + k0 * ldb + j0 : B + j0 * ldb + k0;
                 int64_t lda_k = lda, ldb_k = ldb;
-                if (cp.a) {  // op(A) = Aᵀ: kk rows of mi
-                    for (int64_t k = 0; k < kk; ++k) std::copy_n(Ak + k * lda, mi, a + k * kStride);
-                    Ak = a, lda_k = kStride;
+                if (cp.a) {
+                    if (ta == Trans::T) {  // op(A) = Aᵀ: kk rows of mi
+                        for (int64_t k = 0; k < kk; ++k) copy_values(Ak + k * lda, mi, a + k * kStride, cp.round);
+                        lda_k = kStride;
+                    } else {  // mi rows of kk
+                        for (int64_t i = 0; i < mi; ++i) copy_values(Ak + i * lda, kk, a + i * kStrideK, cp.round);
+                        lda_k = kStrideK;
+                    }
+                    Ak = a;
                 }
                 if (cp.b) {
                     if (tb == Trans::N) {
-                        for (int64_t k = 0; k < kk; ++k) std::copy_n(Bk + k * ldb, nj, b + k * kStride);
+                        for (int64_t k = 0; k < kk; ++k) copy_values(Bk + k * ldb, nj, b + k * kStride, cp.round);
                         ldb_k = kStride;
                     } else {
-                        for (int64_t j = 0; j < nj; ++j) std::copy_n(Bk + j * ldb, kk, b + j * kStrideK);
+                        for (int64_t j = 0; j < nj; ++j) copy_values(Bk + j * ldb, kk, b + j * kStrideK, cp.round);
                         ldb_k = kStrideK;
                     }
                     Bk = b;
@@ -203,6 +220,7 @@ void run_grid(Trans ta,
               float* C,
               int64_t ldc) {
     if (M == 0 || N == 0) return;
+    if (gemm_precision() == GemmPrecision::bf16) cp = Copies{.a = true, .b = true, .c = cp.c, .round = true};
     const GemmGrid g = gemm_grid(ta, M, N, K);
     const int64_t blocks = g.rows * g.cols;
     // one block of C: single-threaded sgemm on its rows of op(A) and columns of op(B)

@@ -236,7 +236,7 @@ void gemm(bool ta,
     const int count = blas_int(batch.count, "batch");
     cublasStatus_t st;
     if constexpr (std::is_same_v<T, float>) {
-        if (cuda_gemm_precision() == GemmPrecision::bf16) {  // each operand rounded (packed), summed in f32
+        if (gemm_precision() == GemmPrecision::bf16) {  // each operand rounded (packed), summed in f32
             Bf16Operands& copies = bf16_operands();
             const Runs ra = runs_of(ta, m, k), rb = runs_of(tb, k, n);
             for (int i = 0; i < count; ++i) copies.add(a + i * batch.a, ra, lda);  // A_i at i·sa
@@ -336,7 +336,7 @@ void GemmGroup<T>::run() {
         T* const* C = upload(base + 2 * bytes, std::span<T* const>(c_));
         cublasStatus_t st;
         if constexpr (std::is_same_v<T, float>) {
-            if (cuda_gemm_precision() == GemmPrecision::bf16) {  // each problem's operands rounded, summed in f32
+            if (gemm_precision() == GemmPrecision::bf16) {  // each problem's operands rounded, summed in f32
                 Bf16Operands& copies = bf16_operands();
                 std::vector<int64_t>& at = offsets_;
                 at.clear();
