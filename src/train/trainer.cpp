@@ -605,7 +605,7 @@ TrainSummary train(const TrainOptions& opts) {
     summary.first_step = state.step;
     Progress progress(log, opts.log_is_tty, tc.steps, tc.log_interval,
                       device == Device::cuda   ? "GPU " + tc.precision
-                      : tc.precision == "bf16" ? "bf16"
+                      : tc.precision == "bf16" ? std::string(ops::kernel_isa()) + " bf16"
                                                : "");
     // operations (docs/operations.md): one metrics sink on every rank (its step() gathers each rank's share), the
     // alert rules and the HTTP endpoint on rank 0, a watchdog on every rank
