@@ -271,29 +271,6 @@ cublasStatus_t cublasDgemmGroupedBatched(cublasHandle_t,
     return grouped(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, groups, size);
 }
 
-cublasStatus_t cublasGemmEx(cublasHandle_t h,
-                            cublasOperation_t ta,
-                            cublasOperation_t tb,
-                            int m,
-                            int n,
-                            int k,
-                            const void* alpha,
-                            const void* a,
-                            cudaDataType a_type,
-                            int lda,
-                            const void* b,
-                            cudaDataType b_type,
-                            int ldb,
-                            const void* beta,
-                            void* c,
-                            cudaDataType c_type,
-                            int ldc,
-                            cublasComputeType_t compute,
-                            cublasGemmAlgo_t) {
-    return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, a, a_type, lda, 0, b, b_type, ldb, 0, beta, c, c_type,
-                                      ldc, 0, 1, compute, CUBLAS_GEMM_DEFAULT);
-}
-
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t,
                                           cublasOperation_t ta,
                                           cublasOperation_t tb,

@@ -1,8 +1,8 @@
 // cuBLAS as the CUDA emulator provides it (src/cuda_emulator): the GEMMs tessera's CUDA backend calls
 // (ops/cuda/entry_util.cpp), column-major as cuBLAS defines them, computed on the host in the element type, each
-// output's sum in k order. The GemmEx family takes bf16 A and B with f32 C and CUBLAS_COMPUTE_32F only (the products
-// of bf16 values are exact in f32; each sum in k order in f32); other type combinations are not supported, nor are
-// any by the grouped one under TESSERA_CUDA_EMULATOR_GROUPED_EX=0 (a cuBLAS without them: the caller's fallback).
+// output's sum in k order. The strided and grouped GemmEx take bf16 A and B with f32 C and CUBLAS_COMPUTE_32F only (the
+// products of bf16 values are exact in f32; each sum in k order in f32); other type combinations are not supported, nor
+// are any by the grouped one under TESSERA_CUDA_EMULATOR_GROUPED_EX=0 (a cuBLAS without them: the caller's fallback).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -126,25 +126,6 @@ cublasStatus_t cublasDgemmGroupedBatched(cublasHandle_t,
                                          const int* ldc,
                                          int group_count,
                                          const int* group_size);
-cublasStatus_t cublasGemmEx(cublasHandle_t,
-                            cublasOperation_t ta,
-                            cublasOperation_t tb,
-                            int m,
-                            int n,
-                            int k,
-                            const void* alpha,
-                            const void* a,
-                            cudaDataType a_type,
-                            int lda,
-                            const void* b,
-                            cudaDataType b_type,
-                            int ldb,
-                            const void* beta,
-                            void* c,
-                            cudaDataType c_type,
-                            int ldc,
-                            cublasComputeType_t compute,
-                            cublasGemmAlgo_t algo);
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t,
                                           cublasOperation_t ta,
                                           cublasOperation_t tb,

@@ -13,26 +13,8 @@
 namespace tessera::ops::cuda {
 
 namespace {
-// The GemmEx entry points' C signatures (the headers add C++ overloads of these names, so decltype cannot name them)
-using GemmExFn = cublasStatus_t (*)(cublasHandle_t,
-                                    cublasOperation_t,
-                                    cublasOperation_t,
-                                    int,
-                                    int,
-                                    int,
-                                    const void*,
-                                    const void*,
-                                    cudaDataType,
-                                    int,
-                                    const void*,
-                                    cudaDataType,
-                                    int,
-                                    const void*,
-                                    void*,
-                                    cudaDataType,
-                                    int,
-                                    cublasComputeType_t,
-                                    cublasGemmAlgo_t);
+// The strided GemmEx's C signature (the headers add a C++ overload of the name, so decltype cannot name it); it also
+// runs the single bf16 products (batch 1)
 using GemmStridedExFn = cublasStatus_t (*)(cublasHandle_t,
                                            cublasOperation_t,
                                            cublasOperation_t,
@@ -69,7 +51,6 @@ struct CublasApi {
     decltype(&cublasDgemmStridedBatched) dgemm_strided;
     decltype(&cublasSgemmGroupedBatched) sgemm_grouped;
     decltype(&cublasDgemmGroupedBatched) dgemm_grouped;
-    GemmExFn gemm_ex;
     GemmStridedExFn gemm_strided_ex;
     decltype(&cublasGemmGroupedBatchedEx) gemm_grouped_ex;
 };
@@ -85,7 +66,6 @@ const CublasApi& cublas() {
                                &cublasDgemmStridedBatched,
                                &cublasSgemmGroupedBatched,
                                &cublasDgemmGroupedBatched,
-                               &cublasGemmEx,
                                &cublasGemmStridedBatchedEx,
                                &cublasGemmGroupedBatchedEx};
 #else
@@ -103,7 +83,6 @@ const CublasApi& cublas() {
         lib.bind(a.dgemm_strided, "cublasDgemmStridedBatched");
         lib.bind(a.sgemm_grouped, "cublasSgemmGroupedBatched");
         lib.bind(a.dgemm_grouped, "cublasDgemmGroupedBatched");
-        lib.bind(a.gemm_ex, "cublasGemmEx");
         lib.bind(a.gemm_strided_ex, "cublasGemmStridedBatchedEx");
         lib.bind(a.gemm_grouped_ex, "cublasGemmGroupedBatchedEx");
         return a;
@@ -244,12 +223,9 @@ void gemm(bool ta,
             const long long sa = ra.extent, sb = rb.extent;
             const uint16_t *A16 = copies.round(), *B16 = A16 + count * sa;
             const int LA16 = blas_int(ra.ld, "lda"), LB16 = blas_int(rb.ld, "ldb");
-            st = count == 1
-                     ? cublas().gemm_ex(blas(), oa, ob, M, N, K, &alpha, A16, CUDA_R_16BF, LA16, B16, CUDA_R_16BF, LB16,
-                                        &beta, c, CUDA_R_32F, LC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
-                     : cublas().gemm_strided_ex(blas(), oa, ob, M, N, K, &alpha, A16, CUDA_R_16BF, LA16, sa, B16,
-                                                CUDA_R_16BF, LB16, sb, &beta, c, CUDA_R_32F, LC, batch.c, count,
-                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            st = cublas().gemm_strided_ex(blas(), oa, ob, M, N, K, &alpha, A16, CUDA_R_16BF, LA16, sa, B16, CUDA_R_16BF,
+                                          LB16, sb, &beta, c, CUDA_R_32F, LC, batch.c, count, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT);
             TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS bf16 GEMM {}x{}x{} (batch {}) failed (status {})", m, n,
                           k, count, int(st));
             return;
@@ -365,10 +341,10 @@ void GemmGroup<T>::run() {
                 if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
                     st = CUBLAS_STATUS_SUCCESS;
                     for (int p = 0; p < count && st == CUBLAS_STATUS_SUCCESS; ++p)
-                        st = cublas().gemm_ex(blas(), ta_[p], tb_[p], m_[p], n_[p], k_[p], &alpha_[p], ptrs[size_t(p)],
-                                              CUDA_R_16BF, lda_[p], ptrs[size_t(count + p)], CUDA_R_16BF, ldb_[p],
-                                              &beta_[p], c_[p], CUDA_R_32F, ldc_[p], CUBLAS_COMPUTE_32F,
-                                              CUBLAS_GEMM_DEFAULT);
+                        st = cublas().gemm_strided_ex(blas(), ta_[p], tb_[p], m_[p], n_[p], k_[p], &alpha_[p],
+                                                      ptrs[size_t(p)], CUDA_R_16BF, lda_[p], 0, ptrs[size_t(count + p)],
+                                                      CUDA_R_16BF, ldb_[p], 0, &beta_[p], c_[p], CUDA_R_32F, ldc_[p], 0,
+                                                      1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
                 }
             } else {
                 const T* const* A = upload(base, std::span<const T* const>(a_));
