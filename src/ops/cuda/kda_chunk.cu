@@ -100,8 +100,74 @@ __device__ inline Slot<T> slot_of(const KdaShape& s, T* slots, int64_t g, int64_
 // Which elements of a block product are computed; the others are set to 0.
 enum class Part : int { all, lower, strict };  // all, n ≤ m, n < m
 
-// Out[m, n] = alpha·Σ_l A(m, l)·B(l, n) + beta·Out[m, n] over the block's threads, A(m, l) = A[m·am + l·al],
-// B(l, n) = B[l·bl + n·bn]; each element by one thread, l ascending. beta = 0 overwrites.
+// The block's products go by output tiles of kTile × kTile held in registers: thread (ty, tx) of the 16 × 16 owns
+// rows ty + 16·i and columns tx + 16·j (i, j < 4) of the tile; the operands come through shared memory kStep values
+// of l at a time. Every element is still one thread's sum from zero, l ascending, so the tiles change where the
+// operands are read from, not the bits. Against one thread per element reading both operands from the slots, a
+// 64 × 128 × 64 product reads each operand value from global memory once per tile instead of once per element.
+constexpr int kTile = 64, kStep = 16, kLanes = kTile / 16;
+static_assert(kChunkThreads == 256, "block_tiles: a 16 × 16 grid of threads");
+
+// store(m, n, Σ_l A(m, l)·B(l, n)) for every element of the M × N product over the block's threads, A(m, l) =
+// A[m·am + l·al], B(l, n) = B[l·bl + n·bn]; tiles where keep(m0, n0) is false (none of their elements wanted) are
+// skipped. Every thread of the block takes part.
+template <class T, class Keep, class Store>
+__device__ void block_tiles(int64_t M,
+                            int64_t N,
+                            int64_t L,
+                            const T* A,
+                            int64_t am,
+                            int64_t al,
+                            const T* B,
+                            int64_t bl,
+                            int64_t bn,
+                            Keep keep,
+                            Store store) {
+    __shared__ T As[kStep][kTile + 1], Bs[kStep][kTile + 1];  // [l][m], [l][n]; the pad spreads l-major stores
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    for (int64_t m0 = 0; m0 < M; m0 += kTile)
+        for (int64_t n0 = 0; n0 < N; n0 += kTile) {
+            if (!keep(m0, n0)) continue;
+            T acc[kLanes][kLanes];
+#pragma unroll
+            for (int i = 0; i < kLanes; ++i)
+#pragma unroll
+                for (int j = 0; j < kLanes; ++j) acc[i][j] = 0;
+            for (int64_t l0 = 0; l0 < L; l0 += kStep) {
+                const int64_t steps = min(int64_t(kStep), L - l0);
+                __syncthreads();  // the previous step's (or product's) operands are consumed
+                // consecutive threads read consecutive addresses where the operand's stride along l is 1
+                for (int e = tid; e < kStep * kTile; e += kChunkThreads) {
+                    const int a_l = al == 1 ? e % kStep : e / kTile, a_m = al == 1 ? e / kStep : e % kTile;
+                    const int b_l = bl == 1 ? e % kStep : e / kTile, b_n = bl == 1 ? e / kStep : e % kTile;
+                    As[a_l][a_m] = a_l < steps && m0 + a_m < M ? A[(m0 + a_m) * am + (l0 + a_l) * al] : T(0);
+                    Bs[b_l][b_n] = b_l < steps && n0 + b_n < N ? B[(l0 + b_l) * bl + (n0 + b_n) * bn] : T(0);
+                }
+                __syncthreads();
+                for (int l = 0; l < steps; ++l) {
+                    T a[kLanes], b[kLanes];
+#pragma unroll
+                    for (int i = 0; i < kLanes; ++i) a[i] = As[l][ty + 16 * i];
+#pragma unroll
+                    for (int j = 0; j < kLanes; ++j) b[j] = Bs[l][tx + 16 * j];
+#pragma unroll
+                    for (int i = 0; i < kLanes; ++i)
+#pragma unroll
+                        for (int j = 0; j < kLanes; ++j) acc[i][j] += a[i] * b[j];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kLanes; ++i)
+#pragma unroll
+                for (int j = 0; j < kLanes; ++j) {
+                    const int64_t m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+                    if (m < M && n < N) store(m, n, acc[i][j]);
+                }
+        }
+}
+
+// Out[m, n] = alpha·Σ_l A(m, l)·B(l, n) + beta·Out[m, n] (block_tiles' operands); beta = 0 overwrites. Elements
+// outside `part` are set to 0.
 template <class T>
 __device__ void block_mm(int64_t M,
                          int64_t N,
@@ -117,17 +183,22 @@ __device__ void block_mm(int64_t M,
                          T* out,
                          int64_t ldo,
                          Part part = Part::all) {
-    for (int64_t e = threadIdx.x; e < M * N; e += blockDim.x) {
-        const int64_t m = e / N, n = e % N;
-        T* o = out + m * ldo + n;
-        if ((part == Part::lower && n > m) || (part == Part::strict && n >= m)) {
-            *o = 0;
-            continue;
+    const auto wanted = [part](int64_t m, int64_t n) {
+        return part == Part::all || (part == Part::lower ? n <= m : n < m);
+    };
+    // a tile above the diagonal holds no wanted element: zeroed without its product
+    const auto keep = [&](int64_t m0, int64_t n0) {
+        if (wanted(min(M, m0 + kTile) - 1, n0)) return true;
+        for (int64_t e = threadIdx.x; e < kTile * kTile; e += blockDim.x) {
+            const int64_t m = m0 + e / kTile, n = n0 + e % kTile;
+            if (m < M && n < N) out[m * ldo + n] = 0;
         }
-        T acc = 0;
-        for (int64_t l = 0; l < L; ++l) acc += A[m * am + l * al] * B[l * bl + n * bn];
-        *o = beta == T(0) ? alpha * acc : alpha * acc + beta * *o;
-    }
+        return false;
+    };
+    block_tiles(M, N, L, A, am, al, B, bl, bn, keep, [&](int64_t m, int64_t n, T acc) {
+        T* o = out + m * ldo + n;
+        *o = !wanted(m, n) ? T(0) : beta == T(0) ? alpha * acc : alpha * acc + beta * *o;
+    });
 }
 
 // Where a per-chunk block is: global chunk g (of its sequence sq, chunk n of it, first token t0, rows valid rows),
@@ -330,20 +401,21 @@ __global__ void __launch_bounds__(kScanThreads) state_scan_kernel(
         for (int64_t c = a.p; c < K; c += P) to[c * V + a.j] = S[c * ld];
 }
 
-// O = Qg·S_n + Aqk·V' for the chunk's valid rows.
+// O = Qg·S_n + Aqk·V' for the chunk's valid rows: the inter-chunk part goes to o, then the intra-chunk part is added
+// by the thread that wrote it (Aqk is zero above its diagonal).
 template <class T>
 __global__ void __launch_bounds__(kChunkThreads) output_kernel(
     KdaShape s, const KdaSeq* seqs, const int64_t* chunk_seq, int64_t c0, T* slots, const T* states, T* o) {
     const ChunkAt<T> at = chunk_at<T>(s, seqs, chunk_seq, c0, slots, false);
     const int64_t C = s.C, K = s.K, V = s.V;
     const T* Sn = states + (at.g * s.HV + at.i) * K * V;
-    for (int64_t e = threadIdx.x; e < at.rows * V; e += blockDim.x) {
-        const int64_t r = e / V, j = e % V;
-        T inter = 0, intra = 0;
-        for (int64_t c = 0; c < K; ++c) inter += at.x.Qg[r * K + c] * Sn[c * V + j];
-        for (int64_t l = 0; l <= r; ++l) intra += at.x.Aqk[r * C + l] * at.x.U[l * V + j];
-        o[((at.t0 + r) * s.HV + at.i) * V + j] = intra + inter;
-    }
+    T* out = o + (at.t0 * s.HV + at.i) * V;
+    const int64_t ldo = s.HV * V;
+    const auto all = [](int64_t, int64_t) { return true; };
+    block_tiles(at.rows, V, K, at.x.Qg, K, int64_t(1), Sn, V, int64_t(1), all,
+                [&](int64_t r, int64_t j, T inter) { out[r * ldo + j] = inter; });
+    block_tiles(at.rows, V, C, at.x.Aqk, C, int64_t(1), at.x.U, V, int64_t(1), all,
+                [&](int64_t r, int64_t j, T intra) { out[r * ldo + j] = intra + out[r * ldo + j]; });
 }
 
 // The reverse scan of dS over the window's chunks. It writes each chunk's dO (zero-padded), dS_{n+1} and dV' into
