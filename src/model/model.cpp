@@ -828,7 +828,11 @@ void Model::stage_backward(StepShape s, std::span<const int32_t> ids, double los
     else
         begin_pass(warmup ? warmup_backward_plan_ : backward_plan_);
     set_pass({.record = false, .loss_scale = loss_scale, .lora_seed = lora_seed_});  // (recomputed: not recorded)
-    if (rerun) forward_trunk(s, ids);
+    if (rerun) {
+        forward_trunk(s, ids);
+    } else {  // the group holds a copy of this micro-batch's forward; the blocks' host-side copies are a later one's
+        for (auto& b : blocks_) b->saved_replaced();
+    }
     if (warmup)
         indexer_backward(s);
     else

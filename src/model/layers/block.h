@@ -91,6 +91,9 @@ class Block {
     // Short kind name shared by blocks that share scratch ("attention", "mlp").
     virtual std::string kind() const = 0;
     virtual void set_pass(const PassOptions&) {}
+    // The saved activations were overwritten by a copy of another forward's (a pipeline stage restoring a micro-batch
+    // before its backward, train/pipeline.h): whatever the block keeps of its last forward outside them is stale.
+    virtual void saved_replaced() {}
     // Whether this parameter's gradient is the same whichever of the block's heads run (the DSA indexer's: it learns
     // from the mean over every head): under tensor parallelism each rank of the group computes all of it, so one adds
     // it (model/layers/tensor_slice.h).

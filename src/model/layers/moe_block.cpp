@@ -200,11 +200,7 @@ void MoeBlock::bind_saved(const BufferGroup& acts, const std::string& prefix) {
     ln_ = acts.view(prefix + "ln");
     rstd_ = acts.view(prefix + "rstd");
     saved_ = ops::moe_bind_saved(dims(1), acts, prefix + "layer.");
-    if (saved_.offsets.device == Device::cuda) {
-        std::vector<int32_t>& host = offsets_host_[saved_.offsets.data];
-        host.resize(size_t(saved_.offsets.numel()));
-        saved_.offsets_host = host.data();
-    }
+    offsets_host_.resize(saved_.offsets.device == Device::cuda ? size_t(saved_.offsets.numel()) : 0);
     if (ep_) ep_->bind_saved(acts, prefix + "ep.");
 }
 
@@ -226,6 +222,7 @@ void MoeBlock::forward(StepShape s, TensorView x_in, TensorView x_out, std::span
     TensorView x = x_in.slice0(0, N), ln = ln_.slice0(0, N);
     ops::rmsnorm_forward({.eps = cfg_.norm_eps}, x, norm_, ln, rstd_.slice0(0, N));
     start_output(x, x_out, N);
+    saved_.offsets_host = offsets_host_.empty() ? nullptr : offsets_host_.data();
     const ops::MoeStats st = ops::moe_forward(p_, w_, ln, x_out.slice0(0, N), true, saved_, scratch_, sequences(s));
     if (m_.global_aux_coeff > 0) {  // this forward's share of the global balance loss, for the model to pool
         bal_choices_.assign(size_t(m_.experts), 0.0);

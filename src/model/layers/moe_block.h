@@ -11,7 +11,6 @@
 #pragma once
 
 #include <functional>
-#include <map>
 #include <span>
 
 #include "model/config.h"
@@ -54,6 +53,7 @@ class MoeBlock : public Block {
         pass_ = o;
         p_.lora.seed = o.lora_seed;  // the shared and latent adapters' dropout masks
     }
+    void saved_replaced() override { saved_.offsets_host = nullptr; }
 
     // After the optimizer step: moves the selection bias by the configured rule from this step's routing;
     // sum_over_ranks (when set) first turns this rank's expert counts into every rank's.
@@ -96,9 +96,9 @@ class MoeBlock : public Block {
     TensorView ln_, rstd_, dln_;
     StepShape max_{};
     ops::MoeSaved saved_;
-    // on a GPU, each bound saved group's expert offsets on the host (keyed by the device buffer: a pipeline binds one
-    // group per micro-batch in flight), written by the layout, read by the expert passes without a read-back
-    std::map<const void*, std::vector<int32_t>> offsets_host_;
+    // on a GPU, the last forward's expert offsets on the host, written by the layout, read by the expert passes
+    // without a read-back; dropped when the saved group is replaced (the passes then read the offsets back)
+    std::vector<int32_t> offsets_host_;
     ops::MoeScratch scratch_;
     PassOptions pass_;
     std::vector<int64_t> starts_;
