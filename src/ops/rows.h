@@ -23,6 +23,12 @@ struct CopyBlock {
     int64_t from, to, n;
 };
 void copy_blocks(TensorView src, TensorView dst, std::span<const CopyBlock> blocks);
+// dst = src in dst's dtype, contiguous views of one element count: f32 -> bf16 rounds to nearest even (core/dtype.h's
+// float_to_bf16), bf16 -> f32 widens exactly, one dtype copies the bytes (any dtype). The activations a block saves,
+// held in bf16 between its forward and its backward (train.activation_dtype; model/model.h).
+void cast(TensorView src, TensorView dst);
+// t's values rounded to the nearest bf16 in place, kept f32 (contiguous f32): what a cast to bf16 and back gives.
+void round_to_bf16(TensorView t);
 // Zero-fills the first `rows` rows of t (any dtype; row-strided views too).
 void zero_rows(TensorView t, int64_t rows);
 // dst[at[i]] = src[i] for i < at.size() (src [at.size(), W], dst [N, W]; the positions distinct, in [0, N)), and

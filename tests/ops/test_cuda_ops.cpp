@@ -219,6 +219,23 @@ TEST(CudaOps, RowGlueOpsMatchTheCpuOnColumnBlocks) {
     const std::vector<ops::CopyBlock> blocks{{0, 5, 700}, {700, 1000, 3}, {1234, 2000, 0}, {700, 3000, 260}};
     expect_cuda_like_cpu({Shape{N * 5}, Shape{N * 12}},
                          [&](std::vector<TensorView> t) { ops::copy_blocks(t[0], t[1], blocks); });
+    {  // cast to bf16 and back: the same bits on both devices
+        const Tensor x = test::randn(DType::f32, Shape{N, 40}, 3, 2.0);
+        Tensor narrow(DType::bf16, x.shape()), back(DType::f32, x.shape());
+        Tensor dnarrow(DType::bf16, x.shape(), Device::cuda), dback(DType::f32, x.shape(), Device::cuda);
+        ops::cast(x, narrow);
+        ops::cast(narrow, back);
+        ops::cast(x.to(Device::cuda), dnarrow);
+        ops::cast(dnarrow, dback);
+        const Tensor hn = dnarrow.to(Device::cpu), hb = dback.to(Device::cpu);
+        EXPECT_EQ(std::memcmp(hn.view().data, narrow.view().data, narrow.view().nbytes()), 0);
+        EXPECT_EQ(std::memcmp(hb.view().data, back.view().data, back.view().nbytes()), 0);
+        EXPECT_FALSE(test::all_close(back, x, 1e-6, 0)) << "rounded";
+        Tensor in_place = x.to(Device::cuda);
+        ops::round_to_bf16(in_place);
+        const Tensor hr = in_place.to(Device::cpu);
+        EXPECT_EQ(std::memcmp(hr.view().data, back.view().data, back.view().nbytes()), 0);
+    }
     expect_cuda_like_cpu({Shape{N, 2 * G}, Shape{N, G}, Shape{N, G}, Shape{N, 3 * G}}, [&](std::vector<TensorView> t) {
         ops::sigmoid_forward(t[0].columns(G, G), t[1]);
         ops::sigmoid_backward(t[2], t[1], t[3].columns(G, G));

@@ -3,7 +3,9 @@
 // finite differences and the full-sequence ops they must agree with.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "ops/causal_conv1d.h"
@@ -83,6 +85,61 @@ TEST(RowOps, CopyBlocksMovesEachBlockAndNothingElse) {
                              TensorView(dst.data(), DType::f32, Shape{50}), past);
         },
         "copy_blocks: block of 3 from 38 to 0 outside 40 / 50 elements");
+}
+
+// cast: f32 -> bf16 is the nearest bf16 (ties to the even one), found here by comparing the two neighbours in double
+// arithmetic; bf16 -> f32 is exact; one dtype copies.
+TEST(RowOps, CastRoundsToTheNearestBf16AndWidensExactly) {
+    auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
+    auto from_bits = [](uint32_t u) { return std::bit_cast<float>(u); };
+    auto nearest = [&](float x) -> uint16_t {  // the reference, for finite x
+        const uint32_t lo = bits(x) & 0xffff0000u, hi = lo + 0x10000u;
+        const double dlo = std::abs(double(x) - double(from_bits(lo))),
+                     dhi = std::abs(double(x) - double(from_bits(hi)));
+        if (dlo != dhi) return uint16_t((dlo < dhi ? lo : hi) >> 16);
+        return uint16_t(((lo >> 16) % 2 == 0 ? lo : hi) >> 16);
+    };
+    std::vector<float> x = {1.f,
+                            from_bits(0x3f808000u),  // halfway: down to the even 0x3f80
+                            from_bits(0x3f818000u),  // halfway: up to the even 0x3f82
+                            from_bits(0x3f808001u),  // past halfway: up
+                            -0.f,
+                            from_bits(0x7f7fffffu),  // the largest float: to infinity
+                            INFINITY,
+                            NAN};
+    Tensor r = test::randn(DType::f32, Shape{40000}, 9, 3.0);  // more than one chunk of the loop
+    x.insert(x.end(), r.ptr<float>(), r.ptr<float>() + r.numel());
+    const int64_t n = int64_t(x.size());
+    Tensor narrow(DType::bf16, Shape{n}), wide(DType::f32, Shape{n});
+    ops::cast(TensorView(x.data(), DType::f32, Shape{n}), narrow);
+    ops::cast(narrow, wide);
+    const uint16_t* h = static_cast<const uint16_t*>(narrow.view().data);
+    EXPECT_EQ(h[0], 0x3f80);
+    EXPECT_EQ(h[1], 0x3f80);
+    EXPECT_EQ(h[2], 0x3f82);
+    EXPECT_EQ(h[3], 0x3f81);
+    EXPECT_EQ(h[4], 0x8000);
+    EXPECT_EQ(h[5], 0x7f80);
+    EXPECT_EQ(h[6], 0x7f80);
+    EXPECT_TRUE(std::isnan(wide.ptr<float>()[7]));
+    int wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (i != 7 && i != 6 && i != 5) wrong += h[i] != nearest(x[size_t(i)]);
+        if (i != 7) wrong += bits(wide.ptr<float>()[i]) != uint32_t(h[i]) << 16;
+    }
+    EXPECT_EQ(wrong, 0);
+    Tensor rounded(DType::f32, Shape{n});  // in place: the same values as through bf16
+    std::memcpy(rounded.view().data, x.data(), x.size() * sizeof(float));
+    ops::round_to_bf16(rounded);
+    EXPECT_EQ(std::memcmp(rounded.view().data, wide.view().data, size_t(n) * sizeof(float)), 0);
+    Tensor ints(DType::i32, Shape{3}), copy(DType::i32, Shape{3});
+    for (int i = 0; i < 3; ++i) ints.ptr<int32_t>()[i] = 7 * i - 5;
+    ops::cast(ints, copy);
+    EXPECT_EQ(std::memcmp(ints.ptr<int32_t>(), copy.ptr<int32_t>(), 12), 0);
+    Tensor f64(DType::f64, Shape{n});
+    test::expect_error([&] { ops::cast(wide, f64); }, "cast: f32 -> f64 is not supported (f32 <-> bf16)");
+    test::expect_error([&] { ops::cast(wide.view().slice0(0, 5), narrow); },
+                       "cast: src and dst must be contiguous views of one element count (5 and");
 }
 
 TEST(RowOps, SigmoidAndItsGradient) {

@@ -77,6 +77,44 @@ void copy_blocks(TensorView src, TensorView dst, std::span<const CopyBlock> bloc
         std::memcpy(d + blocks[i].to, s + blocks[i].from, size_t(blocks[i].n) * sizeof(float));
 }
 
+void cast(TensorView src, TensorView dst) {
+    TESSERA_CHECK(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel(),
+                  "cast: src and dst must be contiguous views of one element count ({} and {})", src.numel(),
+                  dst.numel());
+    const bool narrow = src.dtype == DType::f32 && dst.dtype == DType::bf16,
+               widen = src.dtype == DType::bf16 && dst.dtype == DType::f32;
+    TESSERA_CHECK(src.dtype == dst.dtype || narrow || widen, "cast: {} -> {} is not supported (f32 <-> bf16)",
+                  dtype_name(src.dtype), dtype_name(dst.dtype));
+    if (op_device("cast", {src, dst}) == Device::cuda) return TESSERA_ON_CUDA(cast(src, dst));
+    const int64_t n = src.numel();
+    if (!narrow && !widen) {
+        std::memcpy(dst.data, src.data, src.nbytes());
+        return;
+    }
+    constexpr int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+        const int64_t c1 = std::min(n, c0 + kChunk);
+        if (narrow) {
+            const float* s = src.ptr<float>();
+            bf16* d = dst.ptr<bf16>();
+            for (int64_t i = c0; i < c1; ++i) d[i] = float_to_bf16(s[i]);
+        } else {
+            const bf16* s = src.ptr<bf16>();
+            float* d = dst.ptr<float>();
+            for (int64_t i = c0; i < c1; ++i) d[i] = bf16_to_float(s[i]);
+        }
+    }
+}
+
+void round_to_bf16(TensorView t) {
+    TESSERA_CHECK(t.dtype == DType::f32 && t.is_contiguous(), "round_to_bf16: t must be a contiguous f32 view");
+    if (op_device("round_to_bf16", {t}) == Device::cuda) return TESSERA_ON_CUDA(round_to_bf16(t));
+    float* x = t.ptr<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < t.numel(); ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
+}
+
 void scatter_rows(TensorView src, std::span<const int64_t> at, TensorView dst) {
     const Rows<float> S = f32_rows(src, "scatter_rows: src"), D = f32_rows(dst, "scatter_rows: dst");
     TESSERA_CHECK(S.rows == int64_t(at.size()) && S.cols == D.cols, "scatter_rows: src {} for {} positions into {}",

@@ -299,6 +299,8 @@ void cross_entropy_backward(const CrossEntropyParams& p,
 void copy_rows(TensorView src, TensorView dst, float scale);
 void add_rows(TensorView src, TensorView dst);
 void copy_blocks(TensorView src, TensorView dst, std::span<const CopyBlock> blocks);
+void cast(TensorView src, TensorView dst);
+void round_to_bf16(TensorView t);
 void zero_rows(TensorView t, int64_t rows);
 void sigmoid_forward(TensorView x, TensorView y);
 void sigmoid_backward(TensorView dy, TensorView y, TensorView dx);

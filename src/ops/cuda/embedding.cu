@@ -46,6 +46,16 @@ __device__ inline uint16_t round_bf16(float f) {
     return uint16_t(u >> 16);
 }
 
+__global__ void narrow_bf16_kernel(const float* src, int64_t n, uint16_t* dst) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        dst[i] = round_bf16(src[i]);
+}
+
+__global__ void round_to_bf16_kernel(float* x, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        x[i] = __uint_as_float(unsigned(round_bf16(x[i])) << 16);
+}
+
 // blockIdx.y walks the pieces, the x blocks a piece's values
 __global__ void round_bf16_kernel(const Bf16Piece* pieces, int64_t count) {
     for (int64_t p = blockIdx.y; p < count; p += gridDim.y) {
@@ -82,6 +92,18 @@ cudaError_t launch_embedding_forward_bf16(
 cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     launch_kernel(widen_bf16_kernel, grid_for(n), kBlock, 0, stream, src, n, dst);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_narrow_bf16(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    launch_kernel(narrow_bf16_kernel, grid_for(n), kBlock, 0, stream, src, n, dst);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_round_to_bf16(float* x, int64_t n, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    launch_kernel(round_to_bf16_kernel, grid_for(n), kBlock, 0, stream, x, n);
     return cudaGetLastError();
 }
 

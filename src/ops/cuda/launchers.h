@@ -567,6 +567,10 @@ cudaError_t launch_embedding_forward_bf16(
 // Narrow values widened to f32 (exactly): a frozen weight's rows for the f32 GEMMs (linear). bf16: n values; MXFP4:
 // the held values index..index+n-1 of `blocks` (core/mxfp4.h).
 cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaStream_t stream);
+// n f32 values rounded to bf16 as launch_round_bf16 rounds (ops::cast: saved activations held narrow); in place, kept
+// f32 (ops::round_to_bf16).
+cudaError_t launch_narrow_bf16(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);
+cudaError_t launch_round_to_bf16(float* x, int64_t n, cudaStream_t stream);
 cudaError_t launch_widen_mxfp4(const uint8_t* blocks, int64_t index, int64_t n, float* dst, cudaStream_t stream);
 // f32 matrices rounded to bf16 (to nearest even, as core/dtype.h's float_to_bf16; NaN stays NaN) into copies, one
 // launch for a table of them in device memory: piece i's `cols` runs of `len` values, apart by `ld` in src, go to

@@ -31,6 +31,23 @@ void copy_blocks(TensorView src, TensorView dst, std::span<const CopyBlock> bloc
                  "copy_blocks");
 }
 
+void cast(TensorView src, TensorView dst) {
+    const int64_t n = src.numel();
+    cudaError_t err = cudaSuccess;
+    if (src.dtype == dst.dtype) {
+        err = cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream());
+    } else if (src.dtype == DType::bf16) {
+        err = launch_widen_bf16(static_cast<const uint16_t*>(src.data), n, dst.ptr<float>(), stream());
+    } else {
+        err = launch_narrow_bf16(src.ptr<float>(), n, static_cast<uint16_t*>(dst.data), stream());
+    }
+    check_launch(err, "cast");
+}
+
+void round_to_bf16(TensorView t) {
+    check_launch(launch_round_to_bf16(t.ptr<float>(), t.numel(), stream()), "round_to_bf16");
+}
+
 void zero_rows(TensorView t, int64_t rows) {
     const size_t row_bytes = dtype_bytes(t.dtype, t.numel() / t.size(0));
     const size_t pitch = t.is_contiguous() ? row_bytes : dtype_bytes(t.dtype, t.strides[0]);
