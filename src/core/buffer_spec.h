@@ -32,9 +32,11 @@ struct BufferSpec {
     bool weight_decay = false;           // parameters only: AdamW decays it
     Sharding sharding = Sharding::data;  // parameters only
     bool trainable = true;               // parameters only: false = frozen (no gradient, no optimizer state)
-    bool narrowable = false;             // parameters only: its ops also read it in bf16 (a frozen base's dtype)
-    bool fused_next = false;             // parameters only: read with the next one as one tensor (back to back)
-    size_t nbytes() const;               // throws when the size does not fit in 2^62 bytes
+    // parameters: its ops also read it in bf16 (a frozen base's dtype); f32 activations a block saves: held in bf16
+    // between its forward and its backward under train.activation_dtype = bf16 (model/model.h)
+    bool narrowable = false;
+    bool fused_next = false;  // parameters only: read with the next one as one tensor (back to back)
+    size_t nbytes() const;    // throws when the size does not fit in 2^62 bytes
 };
 
 constexpr size_t kBufferAlign = 64;

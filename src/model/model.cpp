@@ -19,6 +19,7 @@
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
+#include "ops/rows.h"
 
 namespace tessera::model {
 
@@ -368,6 +369,38 @@ std::vector<bool> Model::recomputed_blocks(const Recompute& recompute) const {
     return out;
 }
 
+size_t Model::last_of_kind(size_t j) const {
+    size_t last = j;
+    for (size_t k = j + 1; k < block_kinds_.size(); ++k)
+        if (block_kinds_[k] == block_kinds_[j]) last = k;
+    return last;
+}
+
+void Model::set_activation_dtype(DType dtype) {
+    TESSERA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "train.activation_dtype: {} (f32 or bf16)",
+                  dtype_name(dtype));
+    activation_dtype_ = dtype;
+}
+
+std::vector<bool> Model::narrowed_blocks(const Recompute& recompute) const {
+    std::vector<bool> out(block_kinds_.size(), false);
+    if (activation_dtype_ == DType::f32) return out;
+    for (size_t j = 0; j < out.size(); ++j) out[j] = !recompute.covers(block_kinds_[j]) && last_of_kind(j) != j;
+    return out;
+}
+
+void Model::narrow_saved(size_t j, bool back) {
+    for (const auto& [saved, copy] : narrow_[j]) {
+        if (!copy.defined()) {
+            if (!back) ops::round_to_bf16(saved);
+        } else if (back) {
+            ops::cast(copy, saved);
+        } else {
+            ops::cast(saved, copy);
+        }
+    }
+}
+
 void Model::check_split(int64_t N) const {
     TESSERA_CHECK(N % T_ == 0, "parallel.tensor = {}: a micro-batch of {} tokens does not split into {} equal parts",
                   T_, N, T_);
@@ -387,6 +420,7 @@ std::vector<BufferSpec> Model::activation_specs(StepShape max, const Recompute& 
     s.push_back({"targets", DType::i32, Shape{N}});
     for (size_t j = 0; j <= blocks_.size(); ++j) s.push_back({fmt::format("x.{}", j), DType::f32, Shape{n, C}});
     std::vector<std::string> kinds;
+    const std::vector<bool> narrowed = narrowed_blocks(recompute);
     for (size_t j = 0; j < blocks_.size(); ++j) {
         const Block& b = *blocks_[j];
         const StepShape bmax = block_shape(j, max);
@@ -394,7 +428,11 @@ std::vector<BufferSpec> Model::activation_specs(StepShape max, const Recompute& 
         if (recompute.covers(b.kind())) {
             if (first_of_kind) b.declare_saved(s, shared_prefix(b), bmax);
         } else {
+            const size_t first = s.size();
             b.declare_saved(s, saved_prefix(int64_t(j), b), bmax);
+            if (narrowed[j])  // its copy of the kind's set
+                for (size_t i = first; i < s.size(); ++i)
+                    if (s[i].narrowable && s[i].dtype == DType::f32) s[i].dtype = DType::bf16;
         }
         if (first_of_kind) {
             b.declare_scratch(s, scratch_prefix(b), bmax);
@@ -450,11 +488,23 @@ void Model::bind(const BufferGroup& params,
     x_.clear();
     for (size_t j = 0; j <= blocks_.size(); ++j) x_.push_back(acts.view(fmt::format("x.{}", j)));
     recompute_block_ = recomputed_blocks(recompute);
+    const std::vector<bool> narrowed = narrowed_blocks(recompute);
+    narrow_.assign(blocks_.size(), {});
     for (size_t jj = blocks_.size(); jj-- > 0;) {
         Block& b = *blocks_[jj];
         b.bind_params(params, grads);
-        b.bind_saved(acts, recompute.covers(b.kind()) ? shared_prefix(b) : saved_prefix(int64_t(jj), b));
+        const std::string own = saved_prefix(int64_t(jj), b),
+                          kinds = saved_prefix(int64_t(last_of_kind(jj)), *blocks_[last_of_kind(jj)]);
+        b.bind_saved(acts, recompute.covers(b.kind()) ? shared_prefix(b) : narrowed[jj] ? kinds : own);
         b.bind_scratch(acts, scratch_prefix(b));
+        if (activation_dtype_ == DType::f32 || recompute.covers(b.kind())) continue;
+        std::vector<BufferSpec> saved;
+        b.declare_saved(saved, "", block_shape(jj, max));
+        for (const BufferSpec& x : saved)
+            if (narrowed[jj])
+                narrow_[jj].emplace_back(acts.view(kinds + x.name), acts.view(own + x.name));
+            else if (x.narrowable && x.dtype == DType::f32)
+                narrow_[jj].emplace_back(acts.view(own + x.name), TensorView{});
     }
     ids_ = acts.view("ids");
     targets_ = acts.view("targets");
@@ -633,7 +683,7 @@ int64_t Model::layer_of(size_t j) const { return layers_.first + int64_t(j / 2);
 
 TensorView Model::block_input(size_t j, int64_t N) { return attn_res_ ? attn_res_->input(j, N) : x_[j]; }
 
-void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
+void Model::forward_trunk(StepShape s, std::span<const int32_t> ids, bool keep) {
     const int64_t N = s.tokens();
     TESSERA_CHECK(N <= max_.tokens() && s.seq <= max_.seq, "model: step {}x{} exceeds the allocated {}x{}", s.batch,
                   s.seq, max_.batch, max_.seq);
@@ -650,8 +700,12 @@ void Model::forward_trunk(StepShape s, std::span<const int32_t> ids) {
     }
     run_trunk(n, [&](size_t j, TensorView in, TensorView out) {
         visit(
-            block_unit_[j], false, [&] { blocks_[j]->forward(block_shape(j, s), in, out, ws_); }, block_kinds_[j],
-            layer_of(j));
+            block_unit_[j], false,
+            [&] {
+                blocks_[j]->forward(block_shape(j, s), in, out, ws_);
+                if (keep) narrow_saved(j, false);
+            },
+            block_kinds_[j], layer_of(j));
     });
     pool_balance_loss();
 }
@@ -726,7 +780,7 @@ LossResult Model::forward_backward(StepShape s,
     const bool warmup = indexer_warmup();
     begin_pass(warmup ? warmup_plan_ : train_plan_);
     set_pass({.record = true, .loss_scale = loss_scale, .lora_seed = lora_seed_});
-    forward_trunk(s, ids);
+    forward_trunk(s, ids, true);
     set_pass({.record = false, .loss_scale = loss_scale, .lora_seed = lora_seed_});  // recompute: no recording
     LossResult res;
     if (warmup) {  // the trunk is frozen: no LM backward, only each indexer's KL (spec/dsa.md §3.1)
@@ -772,6 +826,7 @@ void Model::backward_blocks(StepShape s) {
             [&] {
                 const StepShape bs = block_shape(j, s);
                 if (recompute_block_[j]) blocks_[j]->forward(bs, in, x_[j + 1], ws_);
+                narrow_saved(j, true);
                 blocks_[j]->backward(bs, in, d, ws_);
             },
             block_kinds_[j], layer_of(j));
@@ -797,6 +852,7 @@ void Model::indexer_backward(StepShape s) {
             [&] {
                 if (recompute_block_[d.block])
                     blocks_[d.block]->forward(s, block_input(d.block, N), x_[d.block + 1], ws_);
+                narrow_saved(d.block, true);
                 d.mla->indexer_backward(s, ws_);
             },
             "indexer", layer_of(d.block));
@@ -814,7 +870,7 @@ void Model::stage_forward(StepShape s, std::span<const int32_t> ids, bool record
     TESSERA_CHECK(!last_stage(), "model: stage_forward on the last pipeline stage (forward_backward takes the loss)");
     begin_pass(eval_plan_);
     set_pass({.record = record, .lora_seed = record ? lora_seed_ : 0});
-    forward_trunk(s, ids);
+    forward_trunk(s, ids, record);
     end_pass();
 }
 
@@ -829,7 +885,7 @@ void Model::stage_backward(StepShape s, std::span<const int32_t> ids, double los
         begin_pass(warmup ? warmup_backward_plan_ : backward_plan_);
     set_pass({.record = false, .loss_scale = loss_scale, .lora_seed = lora_seed_});  // (recomputed: not recorded)
     if (rerun) {
-        forward_trunk(s, ids);
+        forward_trunk(s, ids, true);
     } else {  // the group holds a copy of this micro-batch's forward; the blocks' host-side copies are a later one's
         for (auto& b : blocks_) b->saved_replaced();
     }
@@ -844,7 +900,7 @@ LossResult Model::forward_loss(StepShape s, std::span<const int32_t> ids, std::s
     TESSERA_CHECK(last_stage(), "model: forward_loss on a pipeline stage before the last (stage_forward)");
     begin_pass(eval_plan_);
     set_pass({});
-    forward_trunk(s, ids);
+    forward_trunk(s, ids, false);
     LossResult res;
     visit(
         head_unit_, false, [&] { res = head_loss(s, targets, false, 1.0); }, "head + loss");
@@ -859,7 +915,7 @@ void Model::forward_logits(StepShape s, std::span<const int32_t> ids, TensorView
     check_shape(logits, Shape{N, cfg_.vocab_size}, "model: logits");
     begin_pass(eval_plan_);
     set_pass({});
-    forward_trunk(s, ids);
+    forward_trunk(s, ids, false);
     visit(
         head_unit_, false,
         [&] {

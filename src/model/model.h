@@ -149,6 +149,17 @@ class Model {
     std::pair<int64_t, int64_t> local_experts() const;
     // recompute: one-line error when it names a block kind the model does not have
     std::vector<BufferSpec> activation_specs(StepShape max, const Recompute& recompute) const;
+    // train.activation_dtype: f32 (default), or bf16: the activations each block of a kind not recomputed saves for
+    // its backward (those it declares narrowable: not its per-row statistics, indices, decay gates or states) are
+    // rounded to bf16 after its forward, and all but the last block of each kind hold them in bf16 until their
+    // backward: they compute in the last one's f32 saved set, keep a bf16 copy of it (ops::cast), and widen the copy
+    // back into it before their backward. The last rounds its own set in place. Every block's backward thus reads the
+    // same rounded values whichever blocks a process holds (pipeline stages: the one process's bits). Set before
+    // activation_specs and bind.
+    void set_activation_dtype(DType dtype);
+    DType activation_dtype() const { return activation_dtype_; }
+    // per block: whether it keeps its saved activations in a bf16 copy (above) under these recompute choices
+    std::vector<bool> narrowed_blocks(const Recompute& recompute) const;
     size_t workspace_bytes(StepShape max, int num_threads) const;
     int64_t num_params() const;
 
@@ -279,7 +290,12 @@ class Model {
         MlaBlock* mla;
         size_t block;  // index into blocks_
     };
-    void forward_trunk(StepShape s, std::span<const int32_t> ids);
+    // keep: a backward follows (the narrowed blocks keep their copies)
+    void forward_trunk(StepShape s, std::span<const int32_t> ids, bool keep);
+    size_t last_of_kind(size_t j) const;  // the last block of block j's kind
+    // train.activation_dtype = bf16: after block j's forward its saved set rounded into its bf16 copy (or in place),
+    // before its backward (back) the copy widened into the set
+    void narrow_saved(size_t j, bool back);
     // the blocks from the embedding in x[0] to the final norm's output in ln_f; run(j, x_in, x_out) runs block j
     template <class Run>
     void run_trunk(int64_t N, Run run);
@@ -318,6 +334,10 @@ class Model {
     parallel::Comm* tensor_ = nullptr;  // tensor parallelism's group (null: none)
     int64_t T_ = 1, t_ = 0;             // its size and this rank's place
     std::vector<bool> sliced_;          // per block: a TensorSlice (an attention block over 1/T of its heads)
+    DType activation_dtype_ = DType::f32;
+    // per block, under activation dtype bf16: (saved buffer, the block's copy of it) for each of a narrowed block's
+    // saved buffers; (narrowable buffer, undefined: rounded in place) for the last of a kind; empty otherwise
+    std::vector<std::vector<std::pair<TensorView, TensorView>>> narrow_;
     std::vector<std::unique_ptr<Block>> blocks_;
     std::vector<std::string> block_kinds_;            // blocks_[j]->kind(), for step traces
     std::vector<std::pair<int64_t, MoeBlock*>> moe_;  // (layer, block) of the MoE layers

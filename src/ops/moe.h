@@ -174,6 +174,7 @@ struct MoeScratch {
     TensorView lora_xd;          // [N, max(D, L, FS)] (adapters with dropout): the dropped input
 };
 
+// (the rows and hidden activations narrowable: model/model.h, train.activation_dtype)
 void moe_saved_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);
 void moe_scratch_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);
 MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::string& prefix);

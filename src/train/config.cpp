@@ -68,6 +68,10 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     tc.recompute = t.parsed("recompute", d.recompute, model::Recompute::from_json);
     tc.device = t.choice("device", d.device, {"cpu", "cuda"});
     tc.precision = t.choice("precision", d.precision, {"f32", "bf16"});
+    tc.activation_dtype =
+        t.choice("activation_dtype", std::string(dtype_name(d.activation_dtype)), {"f32", "bf16"}) == "bf16"
+            ? DType::bf16
+            : DType::f32;
     tc.async_checkpoints = t.boolean("async_checkpoints", d.async_checkpoints);
     tc.base = t.text("base", d.base);
     t.finish();
@@ -241,6 +245,7 @@ Json to_json(const RunConfig& c) {
                   {"recompute", t.recompute.to_json()},
                   {"device", t.device},
                   {"precision", t.precision},
+                  {"activation_dtype", dtype_name(t.activation_dtype)},
                   {"async_checkpoints", t.async_checkpoints},
                   {"base", t.base}};
     Json alerts = Json::object();

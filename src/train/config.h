@@ -42,6 +42,9 @@ struct TrainConfig {
     // in f32: the GPU's tensor cores; on the CPU the same arithmetic as its oracle, slower than f32); parameters,
     // gradients, AdamW state and activations stay f32.
     std::string precision = "f32";
+    // The dtype of the activations blocks keep for their backward (model/model.h, set_activation_dtype): "f32", or
+    // "bf16" (held in bf16 between forward and backward by every block of a kind but its last; computed in f32)
+    DType activation_dtype = DType::f32;
     // checkpoints written by a thread of their own while training goes on (a copy of the state is taken at the
     // step; docs/operations.md); false: the step loop writes them
     bool async_checkpoints = true;

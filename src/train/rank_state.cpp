@@ -36,6 +36,7 @@ RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accu
           cfg.memory.optimizer_offload ? AdamW::offload_window_elements(cfg.memory.offload_window_mib) : 0),
       sharded(sharded_over(cfg, m)),
       grad_sum(opt, accumulation, sharded) {
+    model.set_activation_dtype(cfg.train.activation_dtype);
     if (m && m->pp() > 1)
         pipeline.emplace(model, *m, accumulation,
                          model::StepShape{cfg.train.micro_batch(m->data().size() / m->tp()), cfg.train.seq_len},

@@ -151,6 +151,13 @@ INSTANTIATE_TEST_SUITE_P(
                " --set train.grad_clip=0" + test::kTinyHybrid +
                    " --set 'model.attention=[\"dsa\",\"kda\"]' --set model.mla.dsa.stage=dense_warmup",
                1, " --set parallel.pipeline=2"},
+        // activations held in bf16 (train.activation_dtype): a stage's last KDA, DSA and MoE blocks round their own
+        // saved sets where the one process keeps bf16 copies of them, the same values
+        Layout{"pipeline_2_bf16_activations", 2,
+               " --set train.grad_clip=0 --set train.activation_dtype=bf16" + test::kTinyHybrid + test::kTinyMoe +
+                   " --set model.n_layers=4 --set 'model.attention=[\"kda\",\"dsa\",\"kda\",\"dsa\"]'"
+                   " --set model.moe.balance=sign",
+               1, " --set parallel.pipeline=2"},
         Layout{"pipeline_2x2_zero2_moe", 4,
                " --set train.grad_clip=0 --set parallel.fsdp=false" + test::kTinyMoe + " --set model.moe.balance=sign",
                1, " --set parallel.pipeline=2"}),

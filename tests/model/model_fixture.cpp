@@ -18,6 +18,7 @@ GoldenModel::GoldenModel(const std::string& case_name,
     cfg = train::parse_run_config(doc, "golden " + case_name);
     shape = {cfg.train.micro_batch(1), cfg.train.seq_len};
     model = std::make_unique<model::Model>(cfg.model);
+    model->set_activation_dtype(cfg.train.activation_dtype);
     // (offloaded in windows of 1,024 elements: the tiny models' moments stream through many, pieces cut at their edges)
     opt = std::make_unique<train::AdamW>(model->trained_specs(), nullptr, 0, std::vector<size_t>{}, false,
                                          cfg.memory.optimizer_offload ? 1024 : 0);

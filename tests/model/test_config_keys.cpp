@@ -112,6 +112,12 @@ TEST(ConfigKeys, TrainKeys) {
     test::expect_error([&] { run_with({"train.precision=fp16"}); }, "precision");
     EXPECT_EQ(train::parse_run_config(train::to_json(run_with({"train.precision=bf16"})), "saved").train.precision,
               "bf16");
+    // the saved activations' dtype (model/model.h): f32 (default) or bf16, kept by a saved config
+    EXPECT_EQ(run_with({}).train.activation_dtype, DType::f32);
+    test::expect_error([&] { run_with({"train.activation_dtype=f16"}); }, "train.activation_dtype");
+    EXPECT_EQ(train::parse_run_config(train::to_json(run_with({"train.activation_dtype=bf16"})), "saved")
+                  .train.activation_dtype,
+              DType::bf16);
     for (const char* window : {"memory.offload_window_mib=0", "memory.offload_window_mib=100000"})
         test::expect_error([&] { run_with({window}); }, "memory.offload_window_mib must be in [1/256, 65536]");
     EXPECT_NO_THROW(run_with({"memory.optimizer_offload=true", "memory.offload_window_mib=0.0625"}));

@@ -62,18 +62,21 @@ void AttentionBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<
 
 void AttentionBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
     const int64_t N = max.tokens();
-    specs.push_back({prefix + "ln", DType::f32, Shape{N, C_}});
-    specs.push_back({prefix + "rstd", DType::f32, Shape{N}});
-    specs.push_back({prefix + "qkv", DType::f32, Shape{N, W_}});
-    specs.push_back({prefix + "o", DType::f32, Shape{N, Q_}});
-    specs.push_back({prefix + "lse", DType::f32, Shape{N * H_}});
+    auto add = [&](const char* name, Shape s, bool narrowable) {
+        specs.push_back({.name = prefix + name, .shape = s, .narrowable = narrowable});
+    };
+    add("ln", Shape{N, C_}, true);
+    add("rstd", Shape{N}, false);
+    add("qkv", Shape{N, W_}, true);
+    add("o", Shape{N, Q_}, true);
+    add("lse", Shape{N * H_}, false);
     if (G_ > 0) {
-        specs.push_back({prefix + "gate", DType::f32, Shape{N, G_}});
-        specs.push_back({prefix + "y", DType::f32, Shape{N, Q_}});
+        add("gate", Shape{N, G_}, true);
+        add("y", Shape{N, Q_}, true);
     }
     if (cfg_.qk_norm) {
-        specs.push_back({prefix + "qk_raw", DType::f32, Shape{N, Q_ + KV_}});
-        specs.push_back({prefix + "qk_rstd", DType::f32, Shape{(H_ + HKV_) * N}});
+        add("qk_raw", Shape{N, Q_ + KV_}, true);
+        add("qk_rstd", Shape{(H_ + HKV_) * N}, false);
     }
 }
 

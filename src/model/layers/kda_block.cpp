@@ -79,21 +79,25 @@ void KdaBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
 
 void KdaBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
     const int64_t N = max.tokens();
-    auto add = [&](const char* name, Shape s) { specs.push_back({prefix + name, DType::f32, s}); };
-    add("ln", Shape{N, C_});
+    // narrowable: the projections' inputs and outputs; the decay gates (f, g: summed over a chunk), β, the norms'
+    // statistics and the chunk states stay f32
+    auto add = [&](const char* name, Shape s, bool narrowable = false) {
+        specs.push_back({.name = prefix + name, .shape = s, .narrowable = narrowable});
+    };
+    add("ln", Shape{N, C_}, true);
     add("rstd", Shape{N});
-    add("qkv_raw", Shape{N, Wqkv_});
-    add("qkv", Shape{N, Wqkv_});
-    add("qn", Shape{N, H_ * K_});
-    add("kn", Shape{N, H_ * K_});
-    add("v", Shape{N, HV_ * V_});
+    add("qkv_raw", Shape{N, Wqkv_}, true);
+    add("qkv", Shape{N, Wqkv_}, true);
+    add("qn", Shape{N, H_ * K_}, true);
+    add("kn", Shape{N, H_ * K_}, true);
+    add("v", Shape{N, HV_ * V_}, true);
     add("small", Shape{N, Ws_});
     add("f", Shape{N, HV_ * gate_width()});
     add("g", Shape{N, HV_ * K_});
     add("beta", Shape{N, HV_});
-    add("o", Shape{N, HV_ * V_});
-    add("z", Shape{N, HV_ * V_});
-    add("y", Shape{N, HV_ * V_});
+    add("o", Shape{N, HV_ * V_}, true);
+    add("z", Shape{N, HV_ * V_}, true);
+    add("y", Shape{N, HV_ * V_}, true);
     // chunk states for the backward when batch rows are the sequences (with document boundaries the
     // number of chunks depends on the data, and the backward recomputes them instead)
     add("states", Shape{max.batch * ((max.seq + cfg_.chunk_size - 1) / cfg_.chunk_size), HV_, K_, V_});

@@ -104,22 +104,23 @@ int64_t MlaBlock::oc_width() const { return cfg_.dsa.enabled() ? RKV_ : DK_; }
 
 void MlaBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
     const int64_t N = max.tokens();
-    auto add = [&](const char* name, Shape shape, DType dt = DType::f32) {
-        specs.push_back({prefix + name, dt, shape});
+    // narrowable: the projections' inputs and outputs (not the norms' statistics, lse, the indexer's head weights)
+    auto add = [&](const char* name, Shape shape, bool narrowable = true, DType dt = DType::f32) {
+        specs.push_back({.name = prefix + name, .dtype = dt, .shape = shape, .narrowable = narrowable});
     };
     add("ln", Shape{N, C_});
-    add("rstd", Shape{N});
+    add("rstd", Shape{N}, false);
     add("hp", Shape{N, Wh_});
     if (RQ_ > 0) {
         add("cq", Shape{N, RQ_});
-        add("cq_rstd", Shape{N});
+        add("cq_rstd", Shape{N}, false);
         add("q", Shape{N, H_ * DQ_});
     }
     add("kv", Shape{N, DK_});
-    add("kv_rstd", Shape{N});
+    add("kv_rstd", Shape{N}, false);
     add("qhat", Shape{N, H_ * DK_});
     add("oc", Shape{N, H_ * oc_width()});
-    add("lse", Shape{N * H_});
+    add("lse", Shape{N * H_}, false);
     add("y", Shape{N, H_ * DV_});
     if (G_ > 0) {
         add("ov", Shape{N, H_ * DV_});
@@ -128,10 +129,10 @@ void MlaBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& 
     if (HI_ > 0) {
         add("qi", Shape{N, HI_ * DI_});
         add("ki", Shape{N, DI_});
-        add("wi", Shape{N, HI_});
-        add("ki_mean", Shape{N});
-        add("ki_rstd", Shape{N});
-        add("idx", Shape{N, index_width(max)}, DType::i32);
+        add("wi", Shape{N, HI_}, false);
+        add("ki_mean", Shape{N}, false);
+        add("ki_rstd", Shape{N}, false);
+        add("idx", Shape{N, index_width(max)}, false, DType::i32);
     }
 }
 

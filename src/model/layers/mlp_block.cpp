@@ -32,10 +32,10 @@ void MlpBlock::declare_params(std::vector<BufferSpec>& specs, std::vector<ParamI
 
 void MlpBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
     const int64_t N = max.tokens();
-    specs.push_back({prefix + "ln", DType::f32, Shape{N, C_}});
-    specs.push_back({prefix + "rstd", DType::f32, Shape{N}});
-    specs.push_back({prefix + "gate_up", DType::f32, Shape{N, 2 * F_}});
-    specs.push_back({prefix + "h", DType::f32, Shape{N, F_}});
+    specs.push_back({.name = prefix + "ln", .shape = Shape{N, C_}, .narrowable = true});
+    specs.push_back({.name = prefix + "rstd", .shape = Shape{N}});
+    specs.push_back({.name = prefix + "gate_up", .shape = Shape{N, 2 * F_}, .narrowable = true});
+    specs.push_back({.name = prefix + "h", .shape = Shape{N, F_}, .narrowable = true});
 }
 
 void MlpBlock::declare_scratch(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {

@@ -145,8 +145,8 @@ ops::MoeDims MoeBlock::dims(int64_t tokens) const {
 
 void MoeBlock::declare_saved(std::vector<BufferSpec>& specs, const std::string& prefix, StepShape max) const {
     const int64_t N = max.tokens();
-    specs.push_back({prefix + "ln", DType::f32, Shape{N, C_}});
-    specs.push_back({prefix + "rstd", DType::f32, Shape{N}});
+    specs.push_back({.name = prefix + "ln", .shape = Shape{N, C_}, .narrowable = true});
+    specs.push_back({.name = prefix + "rstd", .shape = Shape{N}});
     ops::moe_saved_specs(dims(N), DType::f32, prefix + "layer.", specs);
     if (ep_) ep_->saved_specs(prefix + "ep.", N, specs);
 }

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <set>
+#include <string_view>
 #include <tuple>
 
 #include "core/device.h"
@@ -222,7 +224,12 @@ int64_t MoeLora::rank() const {
 
 void moe_saved_specs(const MoeDims& d, DType dt, const std::string& prefix, std::vector<BufferSpec>& out) {
     const int64_t N = d.tokens, E = d.experts, K = d.topk, R = d.max_rows(), L = d.latent, F = d.ffn;
-    auto add = [&](const char* name, DType t, Shape s) { out.push_back({prefix + name, t, s}); };
+    // narrowable: the experts' rows and hidden activations, the latent and shared expert's (not the routing, the
+    // gates or the norm's statistics)
+    auto add = [&](const char* name, DType t, Shape s) {
+        static const std::set<std::string_view> rows = {"xe", "h", "a", "z", "c", "n", "sh", "sa"};
+        out.push_back({.name = prefix + name, .dtype = t, .shape = s, .narrowable = rows.contains(name)});
+    };
     add("logits", dt, Shape{N, E});
     add("scores", dt, Shape{N, E});
     add("choice", DType::i32, Shape{N, K});
