@@ -130,6 +130,9 @@ int main(int argc, char** argv) {
         Tensor table = gpu_random(Shape{V, 4096}, 10), e = gpu_zeros(Shape{N, 4096});
         report({"embedding", fmt::format("{} of {} x 4096", N, V), "forward",
                 median_ms([&] { ops::embedding_forward(targets, table, e); }), 2.0 * 4 * N * 4096, false});
+        // (the ids read back and sorted on the host, then a block per distinct id; dy read, rows read and written)
+        report({"embedding", fmt::format("{} of {} x 4096", N, V), "backward",
+                median_ms([&] { ops::embedding_backward(e, targets, table); }), 3.0 * 4 * N * 4096, false});
     }
     {
         const int64_t B = 2, T = 4096, H = 16, HKV = 4, D = 128;

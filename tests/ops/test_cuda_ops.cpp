@@ -30,6 +30,7 @@
 #include "ops/cuda/entry_util.h"
 #include "ops/decode.h"
 #include "ops/dsa.h"
+#include "ops/embedding.h"
 #include "ops/gated_rmsnorm.h"
 #include "ops/kda.h"
 #include "ops/kda_gate.h"
@@ -250,6 +251,30 @@ TEST(CudaOps, RowGlueOpsMatchTheCpuOnColumnBlocks) {
             ops::output_gate_forward(t[0].columns(2, G), t[1], t[2], t[3]);
             ops::output_gate_backward(t[4], t[1], t[2], t[5], t[6]);
         });
+}
+
+// The embedding's gradient: the tokens sorted by id on the host, each id's row summed in token order, as on the CPU,
+// so the same bits: i32 and i64 ids, one id taking half the tokens, ids unused, a gradient accumulated onto.
+TEST(CudaOps, EmbeddingBackwardGivesTheCpusBits) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 700, V = 50, D = 300;  // D past a block of threads
+    for (DType id_dtype : {DType::i32, DType::i64}) {
+        Tensor ids(id_dtype, Shape{N});
+        for (int64_t n = 0; n < N; ++n) {
+            const int64_t id = n % 2 == 0 ? 7 : (n * 13) % 40;
+            if (id_dtype == DType::i32)
+                ids.ptr<int32_t>()[n] = int32_t(id);
+            else
+                ids.ptr<int64_t>()[n] = id;
+        }
+        const Tensor dy = test::randn(DType::f32, Shape{N, D}, 5);
+        Tensor dtable = test::randn(DType::f32, Shape{V, D}, 6);
+        Tensor ddtable = dtable.to(Device::cuda);
+        ops::embedding_backward(dy, ids, dtable);
+        ops::embedding_backward(dy.to(Device::cuda), ids.to(Device::cuda), ddtable);
+        const Tensor back = ddtable.to(Device::cpu);
+        EXPECT_EQ(std::memcmp(back.view().data, dtable.view().data, dtable.view().nbytes()), 0) << dtype_name(id_dtype);
+    }
 }
 
 // The image tower's ops (ops/vision.h) on packed images of three sizes (one at the position table's own size), as the

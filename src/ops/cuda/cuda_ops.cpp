@@ -8,6 +8,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 #include "ops/cuda/entry_util.h"
@@ -235,11 +236,38 @@ void embedding_forward(TensorView ids, TensorView table, TensorView y) {
 }
 
 void embedding_backward(TensorView dy, TensorView ids, TensorView dtable) {
-    check_embedding_ids(ids, dtable.size(0));
+    check_embedding_ids(ids, dtable.size(0));  // (waits for the stream: the ids are read back next)
+    const int64_t N = ids.numel();
+    if (N == 0) return;
+    // the tokens sorted by (id, position) on the host, as keys id·N + n; grow-only buffers (no allocation per step)
+    thread_local std::vector<int64_t> keys, table;
+    thread_local std::vector<int32_t> narrow;
+    keys.resize(size_t(N));
+    if (ids.dtype == DType::i32) {
+        narrow.resize(size_t(N));
+        copy_bytes(narrow.data(), Device::cpu, ids.data, Device::cuda, size_t(N) * sizeof(int32_t));
+        std::copy(narrow.begin(), narrow.end(), keys.begin());
+    } else {
+        copy_bytes(keys.data(), Device::cpu, ids.data, Device::cuda, size_t(N) * sizeof(int64_t));
+    }
+    for (int64_t n = 0; n < N; ++n) keys[size_t(n)] = keys[size_t(n)] * N + n;
+    std::sort(keys.begin(), keys.end());
+    int64_t S = 0;  // distinct ids
+    for (int64_t k = 0; k < N; ++k) S += k == 0 || keys[size_t(k)] / N != keys[size_t(k - 1)] / N;
+    // the launcher's table: the positions [N], then the ids [S] and their runs' starts [S + 1]
+    table.resize(size_t(N + 2 * S + 1));
+    for (int64_t k = 0, s = 0; k < N; ++k) {
+        table[size_t(k)] = keys[size_t(k)] % N;
+        if (k > 0 && keys[size_t(k)] / N == keys[size_t(k - 1)] / N) continue;
+        table[size_t(N + s)] = keys[size_t(k)] / N;
+        table[size_t(N + S + s++)] = k;
+    }
+    table[size_t(N + 2 * S)] = N;
+    const int64_t* dev = to_scratch(std::span<const int64_t>(table));
     dispatch_float(dtable.dtype, "embedding", [&]<class T>(T) {
-        check_launch(launch_embedding_backward<T>(dy.ptr<T>(), ids.data, ids.dtype == DType::i32, ids.numel(),
-                                                  dtable.size(1), dtable.ptr<T>(), stream()),
-                     "embedding backward");
+        check_launch(
+            launch_embedding_backward<T>(dy.ptr<T>(), dev, dev + N, S, dtable.size(1), dtable.ptr<T>(), stream()),
+            "embedding backward");
     });
 }
 

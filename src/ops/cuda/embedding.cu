@@ -66,10 +66,17 @@ __global__ void round_bf16_kernel(const Bf16Piece* pieces, int64_t count) {
     }
 }
 
+// blockIdx.y walks the segments (one id each), the x threads its row's columns
 template <class T>
-__global__ void embedding_backward_kernel(const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < d; c += int64_t(gridDim.x) * blockDim.x) {
-        for (int64_t t = 0; t < n; ++t) dtable[load_id(ids, ids32, t) * d + c] += dy[t * d + c];
+__global__ void embedding_backward_kernel(
+    const T* dy, const int64_t* pos, const int64_t* segs, int64_t segments, int64_t d, T* dtable) {
+    for (int64_t s = blockIdx.y; s < segments; s += gridDim.y) {
+        const int64_t id = segs[s], begin = segs[segments + s], end = segs[segments + s + 1];
+        for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < d; c += int64_t(gridDim.x) * blockDim.x) {
+            T acc = dtable[id * d + c];
+            for (int64_t k = begin; k < end; ++k) acc += dy[pos[k] * d + c];
+            dtable[id * d + c] = acc;
+        }
     }
 }
 }  // namespace
@@ -122,15 +129,16 @@ cudaError_t launch_round_bf16(const Bf16Piece* pieces, int64_t count, int64_t ma
 
 template <class T>
 cudaError_t launch_embedding_backward(
-    const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable, cudaStream_t stream) {
-    if (n == 0 || d == 0) return cudaSuccess;
-    launch_kernel(embedding_backward_kernel<T>, grid_for(d, 64), 64, 0, stream, dy, ids, ids32, n, d, dtable);
+    const T* dy, const int64_t* pos, const int64_t* segs, int64_t segments, int64_t d, T* dtable, cudaStream_t stream) {
+    if (segments == 0 || d == 0) return cudaSuccess;
+    const dim3 grid(unsigned(grid_for(d, kBlock, 64)), unsigned(std::min<int64_t>(segments, 65535)));
+    launch_kernel(embedding_backward_kernel<T>, grid, kBlock, 0, stream, dy, pos, segs, segments, d, dtable);
     return cudaGetLastError();
 }
 
 template cudaError_t launch_embedding_backward<float>(
-    const float*, const void*, bool, int64_t, int64_t, float*, cudaStream_t);
+    const float*, const int64_t*, const int64_t*, int64_t, int64_t, float*, cudaStream_t);
 template cudaError_t launch_embedding_backward<double>(
-    const double*, const void*, bool, int64_t, int64_t, double*, cudaStream_t);
+    const double*, const int64_t*, const int64_t*, int64_t, int64_t, double*, cudaStream_t);
 
 }  // namespace tessera::ops::cuda

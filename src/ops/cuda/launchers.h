@@ -559,7 +559,9 @@ cudaError_t launch_check_ids(
     const void* ids, bool ids32, int64_t n, int64_t limit, int64_t except, int64_t* bad, cudaStream_t stream);
 
 // Embedding (ops/embedding.h). Forward copies rows of `row_bytes`; the bf16 variant widens to f32. Backward:
-// dtable[ids[n]] += dy[n], each column walking the tokens in order (deterministic).
+// dtable[ids[n]] += dy[n] by the tokens sorted by id (stable, on the host): segs holds `segments` ids, then their
+// segments + 1 starts in pos (the token positions); a thread per (segment, column) adds its tokens' rows in token
+// order, the CPU's order, so the same bits.
 cudaError_t launch_embedding_forward(
     const void* ids, bool ids32, int64_t n, const void* table, int64_t row_bytes, void* y, cudaStream_t stream);
 cudaError_t launch_embedding_forward_bf16(
@@ -583,7 +585,7 @@ struct Bf16Piece {
 cudaError_t launch_round_bf16(const Bf16Piece* pieces, int64_t count, int64_t max_elements, cudaStream_t stream);
 template <class T>
 cudaError_t launch_embedding_backward(
-    const T* dy, const void* ids, bool ids32, int64_t n, int64_t d, T* dtable, cudaStream_t stream);
+    const T* dy, const int64_t* pos, const int64_t* segs, int64_t segments, int64_t d, T* dtable, cudaStream_t stream);
 
 // Cross-entropy (ops/cross_entropy.h). Forward: lse per row and, in `totals` ([2] doubles: the loss sum over
 // counted rows, the count), reduced in a fixed order. Backward accumulates into dx with scale = dloss / count.
