@@ -521,6 +521,14 @@ TrainSummary train(const TrainOptions& opts) {
     note(fmt::format("data: {}; {} training windows, {} eval batches", tokens.description(), loader.num_train_windows(),
                      loader.num_eval_batches()));
     note(rt.memory_report().str());
+    if (tc.activation_dtype == DType::bf16) {
+        const std::vector<bool> copies = model.narrowed_blocks(tc.recompute);
+        note(
+            fmt::format("saved activations rounded to bf16 (train.activation_dtype): {} of {} blocks hold them as "
+                        "bf16 copies{}",
+                        std::count(copies.begin(), copies.end(), true), copies.size(),
+                        tc.recompute.any() ? ", recomputed kinds keep f32" : ""));
+    }
     if (budget) {
         const WeightBudgetStats b = budget->stats();
         note(fmt::format(

@@ -156,9 +156,14 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find(std::to_string(text.size() + 1) + " tokens"), std::string::npos) << r.out;
     r = run_tessera("train --config " + kTiny + " --steps 4 --set data.path=" + d.file("shard.safetensors") +
-                    " --out " + d.file("run"));
+                    " --set train.activation_dtype=bf16 --out " + d.file("run"));
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("checkpoint: "), std::string::npos);
+    // two layers of attention + MLP: the first of each kind holds a bf16 copy
+    EXPECT_NE(r.out.find("saved activations rounded to bf16 (train.activation_dtype): 2 of 4 blocks hold them as bf16 "
+                         "copies\n"),
+              std::string::npos)
+        << r.out;
     r = run_tessera("generate --checkpoint " + d.file("run") + " --prompt 'the quick' --max-new-tokens 20 --seed 3");
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out.rfind("the quick", 0), 0u) << r.out;
