@@ -222,7 +222,17 @@ void convert(const TensorView& src, const TensorView& dst) {
         }
         return;
     }
-    for (int64_t i = 0; i < n; ++i) store_float(dst.data, dst.dtype, i, load_float(src.data, src.dtype, i));
+    if (src.dtype == DType::f32 && dst.dtype == DType::bf16) {  // (saved activations: ops::cast, per thread)
+        const float* s = src.ptr<float>();
+        bf16* d = dst.ptr<bf16>();
+        for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+    } else if (src.dtype == DType::bf16 && dst.dtype == DType::f32) {
+        const bf16* s = src.ptr<bf16>();
+        float* d = dst.ptr<float>();
+        for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
+    } else {
+        for (int64_t i = 0; i < n; ++i) store_float(dst.data, dst.dtype, i, load_float(src.data, src.dtype, i));
+    }
 }
 
 }  // namespace tessera

@@ -91,20 +91,12 @@ void cast(TensorView src, TensorView dst) {
         std::memcpy(dst.data, src.data, src.nbytes());
         return;
     }
+    // core's convert, in chunks over the threads
+    const TensorView s = src.reshape(Shape{n}), d = dst.reshape(Shape{n});
     constexpr int64_t kChunk = 1 << 14;
 #pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-        const int64_t c1 = std::min(n, c0 + kChunk);
-        if (narrow) {
-            const float* s = src.ptr<float>();
-            bf16* d = dst.ptr<bf16>();
-            for (int64_t i = c0; i < c1; ++i) d[i] = float_to_bf16(s[i]);
-        } else {
-            const bf16* s = src.ptr<bf16>();
-            float* d = dst.ptr<float>();
-            for (int64_t i = c0; i < c1; ++i) d[i] = bf16_to_float(s[i]);
-        }
-    }
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk)
+        convert(s.slice0(c0, std::min(n, c0 + kChunk)), d.slice0(c0, std::min(n, c0 + kChunk)));
 }
 
 void round_to_bf16(TensorView t) {
