@@ -709,43 +709,52 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
 
 // DSA's sparse attention on the GPU against the CPU: forward, the indexer's teacher probabilities and backward with
 // its slabbed dkv scatter, over rows with −1 padding, out-of-range entries, and entries shared by many queries;
-// MQA with values the first DV dims of each entry.
+// MQA with values the first DV dims of each entry. The shapes walk the kernels' tiling: fewer heads than a block's
+// group and two groups (the second partial), rows of one chunk and of several with a partial last, dkv blocks that
+// span every dim (batch × slabs ≥ 128) and spans of 256 dims over entries of more than 256.
 TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     SKIP_WITHOUT_GPU();
-    const int64_t B = 2, T = 40, H = 3, DK = 24, DV = 16, K = 12;
-    Tensor idx(DType::i32, Shape{B, T, K});
-    int32_t* ix = idx.ptr<int32_t>();
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-        const int64_t t = bt % T;
-        for (int64_t i = 0; i < K; ++i) {  // s <= t, every third entry past the row's end −1, one index out of range
-            const int64_t sel = i <= t ? (t * 7 + i * 5) % (t + 1) : -1;
-            ix[bt * K + i] = int32_t(i == 3 && t % 5 == 0 ? T + 2 : i % 3 == 2 && i > t / 2 ? -1 : sel);
+    struct Case {
+        int64_t B, T, H, DK, DV, K;
+    };
+    for (const Case c : {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
+                         Case{1, 60, 5, 300, 260, 20}}) {
+        const auto [B, T, H, DK, DV, K] = c;
+        Tensor idx(DType::i32, Shape{B, T, K});
+        int32_t* ix = idx.ptr<int32_t>();
+        for (int64_t bt = 0; bt < B * T; ++bt) {
+            const int64_t t = bt % T;
+            for (int64_t i = 0; i < K; ++i) {  // s <= t, every third entry past the row's end −1, one out of range
+                const int64_t sel = i <= t ? (t * 7 + i * 5) % (t + 1) : -1;
+                ix[bt * K + i] = int32_t(i == 3 && t % 5 == 0 ? T + 2 : i % 3 == 2 && i > t / 2 ? -1 : sel);
+            }
+            ix[bt * K] = int32_t(t);  // every row keeps its own token: no row is without entries
         }
-        ix[bt * K] = int32_t(t);  // every row keeps its own token: no row is without entries
+        const ops::SparseAttentionParams p{.dv = DV, .dkv_slabs = 3};  // scale DK^-0.5
+        std::vector<Tensor> host;
+        host.push_back(test::randn(DType::f32, Shape{B, T, H, DK}, 1));       // q
+        host.push_back(test::randn(DType::f32, Shape{B, T, DK}, 2));          // kv
+        host.push_back(Tensor(DType::f32, Shape{B, T, H, DV}));               // o
+        host.push_back(Tensor(DType::f32, Shape{B, T, H}));                   // lse
+        host.push_back(Tensor(DType::f32, Shape{B, T, K}));                   // probs
+        host.push_back(test::randn(DType::f32, Shape{B, T, H, DV}, 3));       // do
+        host.push_back(test::randn(DType::f32, Shape{B, T, H, DK}, 4, 0.1));  // dq
+        host.push_back(test::randn(DType::f32, Shape{B, T, DK}, 5, 0.1));     // dkv
+        std::vector<Tensor> dev;
+        for (const Tensor& t : host) dev.push_back(t.to(Device::cuda));
+        const Tensor dev_idx = idx.to(Device::cuda);
+        std::vector<std::byte> ws(
+            ops::sparse_attention_workspace_bytes(DType::f32, p, B, T, H, DK, K, omp_get_max_threads()));
+        for (auto [x, ind] : {std::pair{&host, TensorView(idx)}, std::pair{&dev, TensorView(dev_idx)}}) {
+            auto& t = *x;
+            ops::sparse_attention_forward(p, t[0], t[1], ind, t[2], t[3], ws);
+            ops::sparse_attention_probs(p, t[0], t[1], ind, t[3], t[4], ws);
+            ops::sparse_attention_backward(p, t[5], t[0], t[1], ind, t[2], t[3], t[6], t[7], ws);
+        }
+        for (size_t i = 2; i < host.size(); ++i)
+            EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], 1e-5, 1e-5))
+                << "tensor " << i << ", H " << H << " DK " << DK << " T " << T;
     }
-    const ops::SparseAttentionParams p{.scale = 0.25, .dv = DV, .dkv_slabs = 3};
-    std::vector<Tensor> host;
-    host.push_back(test::randn(DType::f32, Shape{B, T, H, DK}, 1));       // q
-    host.push_back(test::randn(DType::f32, Shape{B, T, DK}, 2));          // kv
-    host.push_back(Tensor(DType::f32, Shape{B, T, H, DV}));               // o
-    host.push_back(Tensor(DType::f32, Shape{B, T, H}));                   // lse
-    host.push_back(Tensor(DType::f32, Shape{B, T, K}));                   // probs
-    host.push_back(test::randn(DType::f32, Shape{B, T, H, DV}, 3));       // do
-    host.push_back(test::randn(DType::f32, Shape{B, T, H, DK}, 4, 0.1));  // dq
-    host.push_back(test::randn(DType::f32, Shape{B, T, DK}, 5, 0.1));     // dkv
-    std::vector<Tensor> dev;
-    for (const Tensor& t : host) dev.push_back(t.to(Device::cuda));
-    const Tensor dev_idx = idx.to(Device::cuda);
-    std::vector<std::byte> ws(
-        ops::sparse_attention_workspace_bytes(DType::f32, p, B, T, H, DK, K, omp_get_max_threads()));
-    for (auto [x, ind] : {std::pair{&host, TensorView(idx)}, std::pair{&dev, TensorView(dev_idx)}}) {
-        auto& t = *x;
-        ops::sparse_attention_forward(p, t[0], t[1], ind, t[2], t[3], ws);
-        ops::sparse_attention_probs(p, t[0], t[1], ind, t[3], t[4], ws);
-        ops::sparse_attention_backward(p, t[5], t[0], t[1], ind, t[2], t[3], t[6], t[7], ws);
-    }
-    for (size_t i = 2; i < host.size(); ++i)
-        EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], 1e-5, 1e-5)) << "tensor " << i;
 }
 
 // The lightning indexer's selection on the GPU is the CPU's, entry for entry: packed sequences, a topk larger than

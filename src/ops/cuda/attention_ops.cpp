@@ -98,8 +98,12 @@ SparseShape sparse_shape(const SparseAttentionParams& p, const TensorView& q, co
     TESSERA_CHECK(DV <= kSparseMaxDV && DK <= kSparseMaxDK,
                   "sparse_attention (CUDA): entries up to {} dims with values up to {}, not {} and {}", kSparseMaxDK,
                   kSparseMaxDV, DK, DV);
-    return {
+    const SparseShape s{
         q.size(0), q.size(1), q.size(2), DK, DV, indices.size(2), p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(DK))};
+    TESSERA_CHECK(sparse_attention_smem(s, dtype_size(q.dtype)) <= max_shared_memory(),
+                  "sparse_attention (CUDA): {} heads of {} dims need more shared memory than the device allows", s.H,
+                  DK);
+    return s;
 }
 }  // namespace
 
@@ -144,8 +148,6 @@ void sparse_attention_backward(const SparseAttentionParams& p,
                                TensorView dkv,
                                std::span<std::byte> /*workspace*/) {
     const SparseShape s = sparse_shape(p, q, indices);
-    TESSERA_CHECK(sparse_dkv_smem(s.H, dtype_size(q.dtype)) <= max_shared_memory(),
-                  "sparse_attention (CUDA): {} heads need more shared memory than the device allows", s.H);
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
         // one scratch request: Δ [B·T·H], then the dkv slabs [slabs, B·T, DK]
         const size_t delta_bytes = scratch_part(sizeof(T) * size_t(s.B * s.T * s.H));

@@ -290,7 +290,7 @@ struct SparseShape {
     double scale;
 };
 constexpr int64_t kSparseMaxDV = 512, kSparseMaxDK = 640;
-size_t sparse_dkv_smem(int64_t H, size_t elem);  // the dkv kernel's dynamic shared memory
+size_t sparse_attention_smem(SparseShape s, size_t elem);  // the most dynamic shared memory one of its kernels takes
 template <class T>
 cudaError_t launch_sparse_attention_forward(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, cudaStream_t stream);

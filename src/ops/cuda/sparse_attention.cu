@@ -1,15 +1,19 @@
 // DSA's sparse MQA attention on CUDA (ops/dsa.h): every query attends to its selected entries of kv (−1 and
-// out-of-range indices skipped); the value is the first DV dims of the same entry.
-//   forward, dq: one block per (query, head); the block streams the row's entries kBlockEntries at a time, a thread
-//     per entry computing its score, the online softmax over the chunk by fixed-order block reductions, then a
-//     thread per output dim summing the chunk in entry order.
-//   probs: one block per query, a thread per entry summing the heads in order.
+// out-of-range indices skipped); the value is the first DV dims of the same entry. Every head of a query reads the
+// same selected entries (MQA), so the kernels stage each chunk of a query's entries in shared memory once and use it
+// for a group of heads (FlashMLA's sparse kernels share a query's gathered entries across its heads the same way):
+//   forward, dq: one block per (query, group of kHeads heads); the block gathers kChunk entries at a time, a thread
+//     per (head, entry) computes its score (and dO·v), then each thread sums the chunk into its output dims for
+//     every head of the group, entries in order. The forward's online softmax rescales per chunk.
+//   probs: one block per query, a thread per (head, entry) of each head group, then a thread per entry summing
+//     the heads in order.
 //   dkv: the CPU's scheme B (spec/dsa.md §3.7): the queries of a batch row split into `slabs` fixed slabs (the
 //     entry point's count, attention_ops.cpp: scatter_slabs), each scattered into a private [T, DK] accumulator by
-//     one column of blocks (slab, dims chunk) walking its queries in ascending order and each row's entries in row
-//     order (no atomics), the slabs then added in slab order.
-// Every sum has one order: bitwise run-to-run. The heads' scores are recomputed per kernel, not shared between
-// heads (MQA's reuse of an entry across heads is left to a later, tensor-core version).
+//     blocks (slab, dims span) walking its queries in ascending order and each row's entries in row order (no
+//     atomics), the slabs then added in slab order. A step stages `pairs` entries, a thread per (head, entry) computes
+//     p and dz once, and a block spans every dim (split in spans only where batch × slabs is small).
+// Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk sizes, the forward's
+// rescaling does. Scalar FMAs (f32 or f64), no tensor cores.
 #include <cmath>
 
 #include "ops/cuda/kernel_util.cuh"
@@ -18,8 +22,15 @@
 namespace tessera::ops::cuda {
 
 namespace {
-constexpr int kEntries = 128;  // entries per chunk = threads per block of the per-query kernels
-constexpr int kPairs = 32;     // entries per step of the dkv kernel
+constexpr int kThreads = 256;              // threads per block
+constexpr int kHeads = 16;                 // heads per block of the per-query kernels
+constexpr int kChunk = kThreads / kHeads;  // entries per chunk there: a thread per (head, entry)
+constexpr int kSub = 8;                    // entries per register batch of the dkv scatter
+constexpr int kDvSlots = int((kSparseMaxDV + kThreads - 1) / kThreads);  // output dims per thread (forward)
+constexpr int kDkSlots = int((kSparseMaxDK + kThreads - 1) / kThreads);  // (dq, dkv)
+constexpr int64_t kWideGrid = 128;  // dkv blocks (batch × slabs) from which one block spans every dim
+
+int64_t dkv_pairs(int64_t H) { return H <= 128 ? 32 : 16; }  // entries per dkv step: P and DZ hold pairs·H each
 
 template <class T>
 __device__ inline bool entry_ok(int32_t s, int64_t T_) {
@@ -39,66 +50,114 @@ __device__ inline void entry_dots(const T* q, const T* go, const T* e, int64_t D
     }
 }
 
+// Stages entries i0 .. i0 + n − 1 of a query's row: rows[j] the selected position (−1 where none or out of range),
+// E[j·ld + d] its entry (zeros where none). Every thread of the block calls it.
 template <class T>
-__global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse) {
-    __shared__ T p[kEntries];
-    __shared__ int32_t rows[kEntries];
-    __shared__ T red[kEntries / 32];
-    const int64_t bt = blockIdx.x, h = blockIdx.y, b = bt / s.T, tid = threadIdx.x;
-    const T* qh = q + (bt * s.H + h) * s.DK;
-    const T* kvb = kv + b * s.T * s.DK;
-    const T scale = T(s.scale), inf = T(INFINITY);
-    T m = -inf, l = 0;
-    T acc[4] = {0, 0, 0, 0};  // dims tid, tid + 128, ... (DV <= 4·kEntries)
-    for (int64_t i0 = 0; i0 < s.K; i0 += kEntries) {
-        const int64_t i = i0 + tid;
-        const int32_t sel = i < s.K ? idx[bt * s.K + i] : -1;
-        T z = -inf;
-        if (entry_ok<T>(sel, s.T)) entry_dots<T>(qh, nullptr, kvb + int64_t(sel) * s.DK, s.DK, 0, scale, z, nullptr);
-        const T mx = max(m, block_max(z, red));
-        if (mx == -inf) continue;  // no valid entry yet (uniform over the block)
-        const T alpha = m == -inf ? T(0) : exp(m - mx);
-        const T e = z == -inf ? T(0) : exp(z - mx);
-        p[tid] = e;
-        rows[tid] = entry_ok<T>(sel, s.T) ? sel : -1;
-        l = alpha * l + block_sum(e, red);  // block_sum's barriers also publish p and rows
-        m = mx;
-        for (int c = 0; c < 4; ++c) {
-            const int64_t d = tid + c * int64_t(kEntries);
-            if (d >= s.DV) break;
-            T a = acc[c] * alpha;
-            for (int j = 0; j < kEntries; ++j)
-                if (rows[j] >= 0) a += p[j] * kvb[int64_t(rows[j]) * s.DK + d];
-            acc[c] = a;
-        }
-        __syncthreads();  // p and rows are read before the next chunk writes them
+__device__ void stage_entries(
+    const int32_t* row, int64_t i0, int64_t n, const SparseShape& s, const T* kvb, int64_t ld, int32_t* rows, T* E) {
+    __syncthreads();  // the previous step's rows and entries are consumed
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const int32_t sel = i0 + j < s.K ? row[i0 + j] : -1;
+        rows[j] = entry_ok<T>(sel, s.T) ? sel : -1;
     }
-    T* ot = o + (bt * s.H + h) * s.DV;
-    for (int c = 0; c < 4; ++c) {
-        const int64_t d = tid + c * int64_t(kEntries);
-        if (d < s.DV) ot[d] = l > 0 ? acc[c] / l : T(0);
+    __syncthreads();
+    for (int64_t x = threadIdx.x; x < n * s.DK; x += blockDim.x) {
+        const int64_t j = x / s.DK, d = x % s.DK;
+        E[j * ld + d] = rows[j] >= 0 ? kvb[int64_t(rows[j]) * s.DK + d] : T(0);
     }
-    if (tid == 0) lse[bt * s.H + h] = l > 0 ? m + log(l) : inf;
+    __syncthreads();
 }
 
 template <class T>
-__global__ void probs_kernel(SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs) {
-    const int64_t bt = blockIdx.x, b = bt / s.T;
-    const T scale = T(s.scale), inv_h = T(1.0 / double(s.H));
-    for (int64_t i = threadIdx.x; i < s.K; i += blockDim.x) {
-        const int32_t sel = idx[bt * s.K + i];
-        T sum = 0;
-        if (entry_ok<T>(sel, s.T)) {
-            const T* e = kv + (b * s.T + sel) * s.DK;
-            for (int64_t h = 0; h < s.H; ++h) {
-                const T l = lse[bt * s.H + h];
-                if (isinf(l)) continue;
-                T z;
-                entry_dots<T>(q + (bt * s.H + h) * s.DK, nullptr, e, s.DK, 0, scale, z, nullptr);
-                sum += exp(z - l);
+__global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse) {
+    T* E = reinterpret_cast<T*>(dynamic_shared());  // [kChunk][DK + 1]
+    __shared__ int32_t rows[kChunk];
+    __shared__ T P[kHeads][kChunk];
+    __shared__ T scale_by[kHeads], sums[kHeads];
+    const int64_t bt = blockIdx.x, b = bt / s.T, h0 = int64_t(blockIdx.y) * kHeads, tid = threadIdx.x;
+    const int hn = int(min(int64_t(kHeads), s.H - h0)), hl = int(tid / kChunk), e = int(tid % kChunk);
+    const bool head = hl < hn;
+    const int64_t ld = s.DK + 1;
+    const T* qh = q + (bt * s.H + h0 + (head ? hl : 0)) * s.DK;
+    const T* kvb = kv + b * s.T * s.DK;
+    const T scale = T(s.scale), inf = T(INFINITY);
+    T m = -inf, l = 0;             // the head's running max and sum (the same in its kChunk threads)
+    T acc[kHeads][kDvSlots] = {};  // dims tid + c·kThreads of each head of the group
+    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
+        stage_entries<T>(idx + bt * s.K, i0, kChunk, s, kvb, ld, rows, E);
+        T z = -inf;
+        if (head && rows[e] >= 0) entry_dots<T>(qh, nullptr, E + e * ld, s.DK, 0, scale, z, nullptr);
+        T mx = z;  // the chunk's max over the head's kChunk lanes, then the running one
+        for (int w = kChunk / 2; w > 0; w >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, w, kChunk));
+        mx = max(m, mx);
+        T alpha = 1, p = 0;  // no valid entry yet: nothing changes
+        if (mx != -inf) {
+            alpha = m == -inf ? T(0) : exp(m - mx);
+            p = z == -inf ? T(0) : exp(z - mx);
+        }
+        T ps = p;
+        for (int w = kChunk / 2; w > 0; w >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, w, kChunk);
+        l = alpha * l + ps;
+        m = mx;
+        P[hl][e] = p;
+        if (e == 0) scale_by[hl] = alpha;
+        __syncthreads();
+        for (int c = 0; c < kDvSlots; ++c) {
+            const int64_t d = tid + c * int64_t(kThreads);
+            if (d >= s.DV) break;
+            for (int h = 0; h < kHeads; ++h)
+                if (h < hn) acc[h][c] *= scale_by[h];
+            for (int j = 0; j < kChunk; ++j) {
+                if (rows[j] < 0) continue;
+                const T v = E[j * ld + d];
+                for (int h = 0; h < kHeads; ++h)
+                    if (h < hn) acc[h][c] += P[h][j] * v;
             }
         }
-        probs[bt * s.K + i] = sum * inv_h;
+    }
+    if (head && e == 0) {
+        sums[hl] = l;
+        lse[bt * s.H + h0 + hl] = l > 0 ? m + log(l) : inf;
+    }
+    __syncthreads();
+    for (int h = 0; h < kHeads; ++h) {
+        if (h >= hn) break;
+        T* oh = o + (bt * s.H + h0 + h) * s.DV;
+        for (int c = 0; c < kDvSlots; ++c) {
+            const int64_t d = tid + c * int64_t(kThreads);
+            if (d < s.DV) oh[d] = sums[h] > 0 ? acc[h][c] / sums[h] : T(0);
+        }
+    }
+}
+
+// probs[bt, i] = (1/H)·Σ_h exp(z_{t,i,h} − lse[t, h]), the heads summed in order.
+template <class T>
+__global__ void probs_kernel(SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs) {
+    T* E = reinterpret_cast<T*>(dynamic_shared());  // [kChunk][DK + 1]
+    const int64_t ld = s.DK + 1;
+    T* S = E + kChunk * ld;  // [H][kChunk]
+    __shared__ int32_t rows[kChunk];
+    const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x, hl = tid / kChunk, e = tid % kChunk;
+    const T* kvb = kv + b * s.T * s.DK;
+    const T scale = T(s.scale), inv_h = T(1.0 / double(s.H));
+    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
+        stage_entries<T>(idx + bt * s.K, i0, kChunk, s, kvb, ld, rows, E);
+        for (int64_t h = hl; h < s.H; h += kHeads) {
+            const T L = lse[bt * s.H + h];
+            T v = 0;
+            if (rows[e] >= 0 && !isinf(L)) {
+                T z;
+                entry_dots<T>(q + (bt * s.H + h) * s.DK, nullptr, E + e * ld, s.DK, 0, scale, z, nullptr);
+                v = exp(z - L);
+            }
+            S[h * kChunk + e] = v;
+        }
+        __syncthreads();
+        if (tid < kChunk && i0 + tid < s.K) {
+            T sum = 0;
+            for (int64_t h = 0; h < s.H; ++h) sum += S[h * kChunk + tid];
+            probs[bt * s.K + i0 + tid] = sum * inv_h;
+        }
     }
 }
 
@@ -116,50 +175,58 @@ __global__ void delta_kernel(int64_t rows, int64_t DV, const T* dout, const T* o
 template <class T>
 __global__ void dq_kernel(
     SparseShape s, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* lse, const T* delta, T* dq) {
-    __shared__ T dz[kEntries];
-    __shared__ int32_t rows[kEntries];
-    const int64_t bt = blockIdx.x, h = blockIdx.y, b = bt / s.T, tid = threadIdx.x, r = bt * s.H + h;
-    const T L = lse[r];
-    if (isinf(L)) return;  // no valid entry: nothing flows back (uniform over the block)
-    const T* qh = q + r * s.DK;
-    const T* gh = dout + r * s.DV;
+    T* E = reinterpret_cast<T*>(dynamic_shared());  // [kChunk][DK + 1]
+    __shared__ int32_t rows[kChunk];
+    __shared__ T DZ[kHeads][kChunk];
+    __shared__ T lses[kHeads];
+    const int64_t bt = blockIdx.x, b = bt / s.T, h0 = int64_t(blockIdx.y) * kHeads, tid = threadIdx.x;
+    const int hn = int(min(int64_t(kHeads), s.H - h0)), hl = int(tid / kChunk), e = int(tid % kChunk);
+    const bool head = hl < hn;
+    const int64_t ld = s.DK + 1, r = bt * s.H + h0 + (head ? hl : 0);
+    if (tid < hn) lses[tid] = lse[bt * s.H + h0 + tid];
+    __syncthreads();
     const T* kvb = kv + b * s.T * s.DK;
-    const T scale = T(s.scale), D = delta[r];
-    T acc[5] = {0, 0, 0, 0, 0};  // dims tid + c·128 (DK <= 5·kEntries)
-    for (int64_t i0 = 0; i0 < s.K; i0 += kEntries) {
-        const int64_t i = i0 + tid;
-        const int32_t sel = i < s.K ? idx[bt * s.K + i] : -1;
+    const T scale = T(s.scale), L = lses[head ? hl : 0], D = delta[r];
+    T acc[kHeads][kDkSlots] = {};  // dims tid + c·kThreads of each head of the group
+    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
+        stage_entries<T>(idx + bt * s.K, i0, kChunk, s, kvb, ld, rows, E);
         T g = 0;
-        if (entry_ok<T>(sel, s.T)) {
+        if (head && rows[e] >= 0 && !isinf(L)) {
             T z, dp;
-            entry_dots<T>(qh, gh, kvb + int64_t(sel) * s.DK, s.DK, s.DV, scale, z, &dp);
+            entry_dots<T>(q + r * s.DK, dout + r * s.DV, E + e * ld, s.DK, s.DV, scale, z, &dp);
             g = exp(z - L) * (dp - D);
         }
-        __syncthreads();  // the previous chunk is consumed
-        dz[tid] = g;
-        rows[tid] = entry_ok<T>(sel, s.T) ? sel : -1;
+        DZ[hl][e] = g;
         __syncthreads();
-        for (int c = 0; c < 5; ++c) {
-            const int64_t d = tid + c * int64_t(kEntries);
+        for (int c = 0; c < kDkSlots; ++c) {
+            const int64_t d = tid + c * int64_t(kThreads);
             if (d >= s.DK) break;
-            T a = acc[c];
-            for (int j = 0; j < kEntries; ++j)
-                if (rows[j] >= 0) a += dz[j] * kvb[int64_t(rows[j]) * s.DK + d];
-            acc[c] = a;
+            for (int j = 0; j < kChunk; ++j) {
+                if (rows[j] < 0) continue;
+                const T v = E[j * ld + d];
+                for (int h = 0; h < kHeads; ++h)
+                    if (h < hn) acc[h][c] += DZ[h][j] * v;
+            }
         }
     }
-    T* g = dq + r * s.DK;
-    for (int c = 0; c < 5; ++c) {
-        const int64_t d = tid + c * int64_t(kEntries);
-        if (d < s.DK) g[d] += scale * acc[c];
+    for (int h = 0; h < kHeads; ++h) {
+        if (h >= hn) break;
+        if (isinf(lses[h])) continue;  // no valid entry: nothing flows back
+        T* g = dq + (bt * s.H + h0 + h) * s.DK;
+        for (int c = 0; c < kDkSlots; ++c) {
+            const int64_t d = tid + c * int64_t(kThreads);
+            if (d < s.DK) g[d] += scale * acc[h][c];
+        }
     }
 }
 
 // Slab sl of batch row b: acc[sl][b·T + s] += scale·Σ_h dz_{t,i,h}·q[t, h] (+ Σ_h p_{t,i,h}·dO[t, h] on the value
-// dims) over its queries t ascending and their entries i in row order; blockIdx.z picks 128 dims.
+// dims) over its queries t ascending and their entries i in row order; blockIdx.z picks a span of dims.
 template <class T>
 __global__ void dkv_kernel(SparseShape s,
                            int64_t slabs,
+                           int64_t pairs,
+                           int64_t span,
                            const T* dout,
                            const T* q,
                            const T* kv,
@@ -167,59 +234,83 @@ __global__ void dkv_kernel(SparseShape s,
                            const T* lse,
                            const T* delta,
                            T* acc) {
-    unsigned char* smem_raw = dynamic_shared();
-    T* P = reinterpret_cast<T*>(smem_raw);  // [kPairs][H]
-    T* DZ = P + kPairs * s.H;               // [kPairs][H]
-    __shared__ int32_t rows[kPairs];
+    const int64_t ld = s.DK + 1;
+    T* E = reinterpret_cast<T*>(dynamic_shared());  // [pairs][DK + 1]
+    T* P = E + pairs * ld;                          // [pairs][H]
+    T* DZ = P + pairs * s.H;                        // [pairs][H]
+    int32_t* rows = reinterpret_cast<int32_t*>(DZ + pairs * s.H);
     const int64_t b = blockIdx.x, sl = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
-    const int64_t d = blockIdx.z * nt + tid;
+    const int64_t d0 = int64_t(blockIdx.z) * span, d1 = min(s.DK, d0 + span);
     const T* kvb = kv + b * s.T * s.DK;
     T* slab = acc + (sl * s.B * s.T + b * s.T) * s.DK;
     const T scale = T(s.scale);
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
         const int64_t bt = b * s.T + t;
-        for (int64_t i0 = 0; i0 < s.K; i0 += kPairs) {
-            __syncthreads();  // the previous step's P, DZ and rows are consumed
-            for (int64_t x = tid; x < kPairs * s.H; x += nt) {
-                const int64_t i = i0 + x / s.H, h = x % s.H, r = bt * s.H + h;
-                const int32_t sel = i < s.K ? idx[bt * s.K + i] : -1;
+        for (int64_t i0 = 0; i0 < s.K; i0 += pairs) {
+            stage_entries<T>(idx + bt * s.K, i0, pairs, s, kvb, ld, rows, E);
+            for (int64_t x = tid; x < pairs * s.H; x += nt) {  // a warp: one head, consecutive entries
+                const int64_t h = x / pairs, j = x % pairs, r = bt * s.H + h;
                 T pr = 0, g = 0;
-                if (entry_ok<T>(sel, s.T) && !isinf(lse[r])) {
+                if (rows[j] >= 0 && !isinf(lse[r])) {
                     T z, dp;
-                    entry_dots<T>(q + r * s.DK, dout + r * s.DV, kvb + int64_t(sel) * s.DK, s.DK, s.DV, scale, z, &dp);
+                    entry_dots<T>(q + r * s.DK, dout + r * s.DV, E + j * ld, s.DK, s.DV, scale, z, &dp);
                     pr = exp(z - lse[r]);
                     g = pr * (dp - delta[r]);
                 }
-                P[x] = pr;
-                DZ[x] = g;
-                if (h == 0) rows[x / s.H] = entry_ok<T>(sel, s.T) ? sel : -1;
+                P[j * s.H + h] = pr;
+                DZ[j * s.H + h] = g;
             }
             __syncthreads();
-            if (d >= s.DK) continue;
-            for (int64_t j = 0; j < kPairs; ++j) {
-                if (rows[j] < 0) continue;
-                T a = 0, v = 0;
-                for (int64_t h = 0; h < s.H; ++h) {
-                    const int64_t r = bt * s.H + h;
-                    a += DZ[j * s.H + h] * q[r * s.DK + d];
-                    if (d < s.DV) v += P[j * s.H + h] * dout[r * s.DV + d];
+            for (int c = 0; c < kDkSlots; ++c) {
+                const int64_t d = d0 + tid + c * nt;
+                if (d >= d1) break;
+                const bool value = d < s.DV;
+                for (int64_t j0 = 0; j0 < pairs; j0 += kSub) {  // kSub entries at a time share each load of q, dO
+                    T a[kSub] = {}, v[kSub] = {};
+                    for (int64_t h = 0; h < s.H; ++h) {
+                        const int64_t r = bt * s.H + h;
+                        const T qd = q[r * s.DK + d], gd = value ? dout[r * s.DV + d] : T(0);
+                        for (int jj = 0; jj < kSub; ++jj) {
+                            a[jj] += DZ[(j0 + jj) * s.H + h] * qd;
+                            if (value) v[jj] += P[(j0 + jj) * s.H + h] * gd;
+                        }
+                    }
+                    for (int jj = 0; jj < kSub; ++jj) {
+                        const int32_t row = rows[j0 + jj];
+                        if (row >= 0) slab[int64_t(row) * s.DK + d] += scale * a[jj] + v[jj];
+                    }
                 }
-                slab[int64_t(rows[j]) * s.DK + d] += scale * a + v;
             }
         }
     }
 }
 
+size_t entries_smem(const SparseShape& s, int64_t n, size_t elem) { return size_t(n * (s.DK + 1)) * elem; }
+size_t probs_smem(const SparseShape& s, size_t elem) {
+    return entries_smem(s, kChunk, elem) + size_t(s.H * kChunk) * elem;
+}
+size_t dkv_smem(const SparseShape& s, size_t elem) {
+    const int64_t n = dkv_pairs(s.H);
+    return entries_smem(s, n, elem) + size_t(2 * n * s.H) * elem + size_t(n) * sizeof(int32_t);
+}
+
+template <class K>
+cudaError_t allow_smem(K* kernel, size_t bytes) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+}
+
 }  // namespace
 
-size_t sparse_dkv_smem(int64_t H, size_t elem) { return size_t(2 * kPairs * H) * elem; }
+size_t sparse_attention_smem(SparseShape s, size_t elem) { return std::max(probs_smem(s, elem), dkv_smem(s, elem)); }
 
 template <class T>
 cudaError_t launch_sparse_attention_forward(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, cudaStream_t stream) {
     if (s.B * s.T == 0 || s.H == 0) return cudaSuccess;
-    launch_kernel(forward_kernel<T>, dim3(unsigned(s.B * s.T), unsigned(s.H)), kEntries, 0, stream, s, q, kv, idx, o,
-                  lse);
+    const size_t smem = entries_smem(s, kChunk, sizeof(T));
+    if (cudaError_t err = allow_smem(forward_kernel<T>, smem); err != cudaSuccess) return err;
+    const dim3 grid(unsigned(s.B * s.T), unsigned((s.H + kHeads - 1) / kHeads));
+    launch_kernel(forward_kernel<T>, grid, kThreads, smem, stream, s, q, kv, idx, o, lse);
     return cudaGetLastError();
 }
 
@@ -227,7 +318,9 @@ template <class T>
 cudaError_t launch_sparse_attention_probs(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs, cudaStream_t stream) {
     if (s.B * s.T == 0) return cudaSuccess;
-    launch_kernel(probs_kernel<T>, unsigned(s.B * s.T), kEntries, 0, stream, s, q, kv, idx, lse, probs);
+    const size_t smem = probs_smem(s, sizeof(T));
+    if (cudaError_t err = allow_smem(probs_kernel<T>, smem); err != cudaSuccess) return err;
+    launch_kernel(probs_kernel<T>, unsigned(s.B * s.T), kThreads, smem, stream, s, q, kv, idx, lse, probs);
     return cudaGetLastError();
 }
 
@@ -248,15 +341,21 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
     const int64_t rows = s.B * s.T * s.H;
     if (rows == 0) return cudaSuccess;
     launch_kernel(delta_kernel<T>, grid_for(rows), kBlock, 0, stream, rows, s.DV, dout, o, delta);
-    launch_kernel(dq_kernel<T>, dim3(unsigned(s.B * s.T), unsigned(s.H)), kEntries, 0, stream, s, dout, q, kv, idx, lse,
-                  delta, dq);
-    cudaError_t err = cudaMemsetAsync(acc, 0, sizeof(T) * size_t(slabs * s.B * s.T * s.DK), stream);
+    size_t smem = entries_smem(s, kChunk, sizeof(T));
+    cudaError_t err = allow_smem(dq_kernel<T>, smem);
     if (err != cudaSuccess) return err;
-    const size_t smem = sparse_dkv_smem(s.H, sizeof(T));
-    err = cudaFuncSetAttribute(dkv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    launch_kernel(dq_kernel<T>, dim3(unsigned(s.B * s.T), unsigned((s.H + kHeads - 1) / kHeads)), kThreads, smem,
+                  stream, s, dout, q, kv, idx, lse, delta, dq);
+    err = cudaMemsetAsync(acc, 0, sizeof(T) * size_t(slabs * s.B * s.T * s.DK), stream);
     if (err != cudaSuccess) return err;
-    const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned((s.DK + kEntries - 1) / kEntries));
-    launch_kernel(dkv_kernel<T>, grid, kEntries, smem, stream, s, slabs, dout, q, kv, idx, lse, delta, acc);
+    smem = dkv_smem(s, sizeof(T));
+    if (err = allow_smem(dkv_kernel<T>, smem); err != cudaSuccess) return err;
+    // one block spans every dim where batch × slabs fills the GPU; otherwise spans of kThreads dims (each recomputes
+    // the step's p and dz: the shape alone decides, and the sums' order does not depend on it)
+    const int64_t span = s.B * slabs >= kWideGrid ? s.DK : int64_t(kThreads);
+    const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned((s.DK + span - 1) / span));
+    launch_kernel(dkv_kernel<T>, grid, kThreads, smem, stream, s, slabs, dkv_pairs(s.H), span, dout, q, kv, idx, lse,
+                  delta, acc);
     const int64_t n = s.B * s.T * s.DK;
     launch_kernel(slab_sum_kernel<T>, grid_for(n), kBlock, 0, stream, n, slabs, acc, dkv);
     return cudaGetLastError();
