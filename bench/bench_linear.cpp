@@ -1,5 +1,6 @@
 // linear forward/backward at training shapes against oneDNN's own threaded sgemm on the same
-// products, measured side by side in one run (repetitions interleaved at random), medians.
+// products, and at train.precision = bf16 (oneDNN's AMX GEMM where it has one), measured side by side in one run
+// (repetitions interleaved at random), medians.
 // Prints a markdown table of the ratios after Google Benchmark's own output.
 //   build/bench/bench_linear --benchmark_repetitions=9 --benchmark_enable_random_interleaving=true
 #include <benchmark/benchmark.h>
@@ -42,8 +43,9 @@ void set_rate(benchmark::State& st, double flops) {
     st.counters["GFLOP/s"].value /= 1e9;
 }
 
-// pass: 0 forward, 1 backward
-void BM_tessera_linear(benchmark::State& st) {
+// pass: 0 forward, 1 backward; precision: the GEMMs' (train.precision)
+void run_linear(benchmark::State& st, tessera::ops::GemmPrecision precision) {
+    const tessera::ops::GemmPrecisionScope scope(precision);
     const LinearShape s = kShapes[size_t(st.range(0))];
     const bool backward = st.range(1) == 1;
     Tensor x = filled(Shape{s.n, s.in}, 0.5f), w = filled(Shape{s.out, s.in}, 0.25f), y = filled(Shape{s.n, s.out}, 0);
@@ -57,6 +59,9 @@ void BM_tessera_linear(benchmark::State& st) {
     }
     set_rate(st, (backward ? 4.0 : 2.0) * double(s.n) * double(s.in) * double(s.out));
 }
+
+void BM_tessera_linear(benchmark::State& st) { run_linear(st, tessera::ops::GemmPrecision::f32); }
+void BM_tessera_linear_bf16(benchmark::State& st) { run_linear(st, tessera::ops::GemmPrecision::bf16); }
 
 // the same GEMMs through oneDNN's threaded sgemm on the whole product
 void BM_onednn_sgemm(benchmark::State& st) {
@@ -88,6 +93,7 @@ void shape_args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_tessera_linear)->Apply(shape_args);
+BENCHMARK(BM_tessera_linear_bf16)->Apply(shape_args);
 BENCHMARK(BM_onednn_sgemm)->Apply(shape_args);
 
 }  // namespace
@@ -97,15 +103,19 @@ int main(int argc, char** argv) {
     tessera::bench::MedianCollector c;
     benchmark::RunSpecifiedBenchmarks(&c);
     std::printf(
-        "\n| linear N x IN -> OUT | pass | tessera GFLOP/s | oneDNN sgemm GFLOP/s | ratio |\n|---|---|---|---|---|\n");
+        "\n| linear N x IN -> OUT | pass | tessera GFLOP/s | oneDNN sgemm GFLOP/s | ratio | tessera bf16 GFLOP/s | "
+        "bf16 / "
+        "f32 |\n|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < kShapes.size(); ++i) {
         for (int pass = 0; pass < 2; ++pass) {
             const std::string args = fmt::format("/{}/{}/real_time", i, pass);
             const double *t = c.find("BM_tessera_linear" + args, "GFLOP/s"),
-                         *o = c.find("BM_onednn_sgemm" + args, "GFLOP/s");
-            if (!t || !o) continue;
-            std::printf("| %ld x %ld -> %ld | %s | %.0f | %.0f | %.2f |\n", long(kShapes[i].n), long(kShapes[i].in),
-                        long(kShapes[i].out), pass ? "backward" : "forward", *t, *o, *t / *o);
+                         *o = c.find("BM_onednn_sgemm" + args, "GFLOP/s"),
+                         *h = c.find("BM_tessera_linear_bf16" + args, "GFLOP/s");
+            if (!t || !o || !h) continue;
+            std::printf("| %ld x %ld -> %ld | %s | %.0f | %.0f | %.2f | %.0f | %.2f |\n", long(kShapes[i].n),
+                        long(kShapes[i].in), long(kShapes[i].out), pass ? "backward" : "forward", *t, *o, *t / *o, *h,
+                        *h / *t);
         }
     }
     benchmark::Shutdown();

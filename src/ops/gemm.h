@@ -112,9 +112,11 @@ void gemm_onednn_reference(Trans ta,
 
 // The precision of the f32 GEMMs (train.precision; process-wide, both devices): f32 (the default; on CUDA without
 // TF32), or bf16: each operand rounded to nearest even (core/dtype.h's float_to_bf16), the products (exact in f32)
-// summed in f32. On CUDA that is cuBLAS's GemmEx family on the tensor cores (CUBLAS_COMPUTE_32F); on the CPU each
-// block's operands are rounded as they are copied for its sgemm calls — the GPU's oracle, slower than f32 there, not
-// faster. f64 GEMMs are always f64. The scope sets it for its lifetime and restores the previous value.
+// summed in f32. On CUDA that is cuBLAS's GemmEx family on the tensor cores (CUBLAS_COMPUTE_32F). On the CPU each
+// block's operands are converted to bf16 as they are copied for oneDNN's AMX GEMM where oneDNN runs AMX kernels
+// (3.9-6x its f32 sgemm per core), and elsewhere rounded in f32 copies for sgemm (slower than f32 there): the same
+// arithmetic up to the sums' order (and AMX's flushing of values below 2^-126 to zero). f64 GEMMs are always f64.
+// The scope sets it for its lifetime and restores the previous value.
 enum class GemmPrecision : uint8_t { f32, bf16 };
 GemmPrecision gemm_precision();
 class GemmPrecisionScope {

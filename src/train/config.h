@@ -39,8 +39,9 @@ struct TrainConfig {
     // built yet). Checkpoints are the same files either way.
     std::string device = "cpu";
     // The GEMMs' precision (ops/gemm.h, GemmPrecision): "f32", or "bf16" (operands rounded to bf16, products summed
-    // in f32: the GPU's tensor cores; on the CPU the same arithmetic as its oracle, slower than f32); parameters,
-    // gradients, AdamW state and activations stay f32.
+    // in f32: the GPU's tensor cores; on the CPU the same arithmetic up to the sums' order, by oneDNN's AMX GEMM
+    // where the CPU has AMX and slower than f32 elsewhere); parameters, gradients, AdamW state and activations stay
+    // f32.
     std::string precision = "f32";
     // The dtype of the activations blocks keep for their backward (model/model.h, set_activation_dtype): "f32", or
     // "bf16" (held in bf16 between forward and backward by every block of a kind but its last; computed in f32)

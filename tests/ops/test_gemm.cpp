@@ -228,6 +228,26 @@ TEST(Gemm, Bf16PrecisionIsTheProductOfTheRoundedOperands) {
     EXPECT_TRUE(test::all_close(got, want, 1e-5, 1e-5 * std::sqrt(double(s.K))));
 }
 
+// An empty reduction (K = 0) sets C = beta·C, at either precision: oneDNN's GEMMs would leave C as it was, so an
+// expert's weight gradient over no tokens would keep whatever the buffer held.
+TEST(Gemm, AnEmptyReductionScalesCByBeta) {
+    for (const ops::GemmPrecision p : {ops::GemmPrecision::f32, ops::GemmPrecision::bf16}) {
+        const ops::GemmPrecisionScope precision(p);
+        for (const float beta : {0.0f, 0.5f}) {
+            Tensor c = test::randn(DType::f32, Shape{3, 6}, 13), want(DType::f32, Shape{3, 6});
+            for (int64_t i = 0; i < 3; ++i)
+                for (int64_t j = 0; j < 6; ++j)
+                    want.ptr<float>()[i * 6 + j] =  // beta 0: C is not read (+0, as BLAS)
+                        j >= 4         ? c.ptr<float>()[i * 6 + j]
+                        : beta == 0.0f ? 0.0f
+                                       : beta * c.ptr<float>()[i * 6 + j];
+            const float a = 1.0f;
+            ops::gemm(Trans::N, Trans::N, 3, 4, 0, 1.0f, &a, 1, &a, 4, beta, c.ptr<float>(), 6);
+            EXPECT_TRUE(test::bitwise_equal(c, want)) << "beta " << beta << " bf16 " << (p == ops::GemmPrecision::bf16);
+        }
+    }
+}
+
 // The grid covers C exactly once with blocks of whole vectors, in a power-of-two count.
 TEST(Gemm, GridCoversTheProductInAPowerOfTwoOfBlocks) {
     for (GemmCase s : {GemmCase{1, 1, 1}, GemmCase{4096, 512, 512}, GemmCase{512, 512, 4096}, GemmCase{1000, 777, 129},

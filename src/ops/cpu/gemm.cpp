@@ -1,6 +1,8 @@
-// CPU GEMM: a fixed grid of blocks of oneDNN's single-threaded sgemm (f32) and a plain loop (f64).
+// CPU GEMM: a fixed grid of blocks of oneDNN's single-threaded sgemm (f32; bf16 precision: its AMX GEMM where it has
+// one) and a plain loop (f64).
 #include "ops/gemm.h"
 
+#include <dlfcn.h>
 #include <dnnl.h>
 #include <omp.h>
 
@@ -34,6 +36,33 @@ dnnl_status_t sgemm(Trans ta,
                     float* C,
                     int64_t ldc) {
     return dnnl_sgemm(trans_char(ta), trans_char(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// oneDNN's GEMM of bf16 operands with f32 output, row-major as dnnl_sgemm; exported by libdnnl 2.x (its own tests
+// and OpenVINO call it) but not declared in its header, so bound by name: null where the library lacks it.
+using GemmBf16 = dnnl_status_t (*)(char,
+                                   char,
+                                   dnnl_dim_t,
+                                   dnnl_dim_t,
+                                   dnnl_dim_t,
+                                   float,
+                                   const bf16*,
+                                   dnnl_dim_t,
+                                   const bf16*,
+                                   dnnl_dim_t,
+                                   float,
+                                   float*,
+                                   dnnl_dim_t);
+
+// The bf16 GEMM where it is fast: oneDNN's AMX kernels (avx512_core_amx), 3.9-6.0x its f32 sgemm on one core of a
+// Xeon with AMX (bench/RESULTS.md). Its AVX512-BF16 kernels ran at 0.62-0.75x sgemm on the same machine
+// (DNNL_MAX_CPU_ISA=AVX512_CORE_BF16), and it has none for AVX2: there, and where the symbol is missing, the bf16
+// precision rounds f32 copies for sgemm instead.
+GemmBf16 amx_gemm_bf16() {
+    static const GemmBf16 f = onednn_isa().find("amx") != std::string::npos
+                                  ? reinterpret_cast<GemmBf16>(dlsym(RTLD_DEFAULT, "dnnl_gemm_bf16bf16f32"))
+                                  : nullptr;
+    return f;
 }
 
 void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
@@ -89,26 +118,34 @@ void copy_values(const float* src, int64_t n, float* dst, bool round) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(float_to_bf16(src[i]));
 }
+// n values from src rounded to bf16 (to nearest even, as above)
+void copy_values(const float* src, int64_t n, bf16* dst, bool) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+}
 
-dnnl_status_t sgemm_copied(Copies cp,
-                           Trans ta,
-                           Trans tb,
-                           int64_t m,
-                           int64_t n,
-                           int64_t K,
-                           float alpha,
-                           const float* A,
-                           int64_t lda,
-                           const float* B,
-                           int64_t ldb,
-                           float beta,
-                           float* C,
-                           int64_t ldc) {
-    thread_local std::vector<float> copy;
-    if (copy.empty()) copy.resize(kCopyElems);
-    float* a = copy.data();
-    float* b = a + kCopyA;
-    float* c = b + kCopyB;
+// E: the copies' element type, f32 (sgemm) or bf16 (the AMX GEMM: cp.round, both operands copied, C not)
+template <class E>
+dnnl_status_t gemm_copied(Copies cp,
+                          Trans ta,
+                          Trans tb,
+                          int64_t m,
+                          int64_t n,
+                          int64_t K,
+                          float alpha,
+                          const float* A,
+                          int64_t lda,
+                          const float* B,
+                          int64_t ldb,
+                          float beta,
+                          float* C,
+                          int64_t ldc) {
+    thread_local std::vector<E> copy;
+    if (copy.empty()) copy.resize(std::is_same_v<E, float> ? kCopyElems : size_t(kCopyA + kCopyB));
+    E* a = copy.data();
+    E* b = a + kCopyA;
+    float* c = nullptr;  // C's copy (cp.c: f32 only)
+    if constexpr (std::is_same_v<E, float>) c = b + kCopyB;
     dnnl_status_t st = dnnl_success;
     for (int64_t i0 = 0; i0 < m; i0 += kPanel) {
         const int64_t mi = std::min(kPanel, m - i0);
@@ -122,6 +159,12 @@ dnnl_status_t sgemm_copied(Copies cp,
                 // this chunk's op(A) rows [i0, i0 + mi), columns [k0, k0 + kk); op(B) rows [k0, +kk), columns [j0, +nj)
                 const float* Ak = ta == Trans::N ? A + i0 * lda + k0 : A + k0 * lda + i0;
                 const float* Bk = tb == Trans::N ? B + k0 * ldb + j0 : B + j0 * ldb + k0;
+                const E* Ae = nullptr;  // the operands the product reads: the copies, or (f32) A and B in place
+                const E* Be = nullptr;
+                if constexpr (std::is_same_v<E, float>) {
+                    Ae = Ak;
+                    Be = Bk;
+                }
                 int64_t lda_k = lda, ldb_k = ldb;
                 if (cp.a) {
                     if (ta == Trans::T) {  // op(A) = Aᵀ: kk rows of mi
@@ -131,7 +174,7 @@ dnnl_status_t sgemm_copied(Copies cp,
                         for (int64_t i = 0; i < mi; ++i) copy_values(Ak + i * lda, kk, a + i * kStrideK, cp.round);
                         lda_k = kStrideK;
                     }
-                    Ak = a;
+                    Ae = a;
                 }
                 if (cp.b) {
                     if (tb == Trans::N) {
@@ -141,10 +184,15 @@ dnnl_status_t sgemm_copied(Copies cp,
                         for (int64_t j = 0; j < nj; ++j) copy_values(Bk + j * ldb, kk, b + j * kStrideK, cp.round);
                         ldb_k = kStrideK;
                     }
-                    Bk = b;
+                    Be = b;
                 }
-                st = sgemm(ta, tb, mi, nj, kk, alpha, Ak, lda_k, Bk, ldb_k, k0 == 0 ? beta : 1.0f, cp.c ? c : Cij,
-                           cp.c ? kStride : ldc);
+                const float bk = k0 == 0 ? beta : 1.0f;
+                if constexpr (std::is_same_v<E, float>)
+                    st = sgemm(ta, tb, mi, nj, kk, alpha, Ae, lda_k, Be, ldb_k, bk, cp.c ? c : Cij,
+                               cp.c ? kStride : ldc);
+                else
+                    st = amx_gemm_bf16()(trans_char(ta), trans_char(tb), mi, nj, kk, alpha, Ae, lda_k, Be, ldb_k, bk,
+                                         Cij, ldc);
             }
             if (cp.c)
                 for (int64_t i = 0; i < mi; ++i) std::copy_n(c + i * kStride, nj, Cij + i * ldc);
@@ -173,7 +221,7 @@ GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K) {
     // the minimum, or a block would hold less than kMinWork multiply-adds. Blocks stay large enough
     // that oneDNN's packing of each block's operands is amortised; the block counts are powers of
     // two, so 2, 4, 8 or 16 threads share them evenly. With op(A) = Aᵀ (weight gradients, long K)
-    // each block may also copy its operands (sgemm_copied): edges of at least 256 keep
+    // each block may also copy its operands (gemm_copied): edges of at least 256 keep
     // that copy small, unless that leaves fewer than kFewBlocks blocks; then edges go down to 128.
     // (Edges of 256 alone left a d_model-256 weight gradient, 256 × 256 over 4096 tokens, as one
     // single-threaded block: 0.66 of oneDNN's threaded sgemm on that linear's backward, 0.89 with
@@ -220,7 +268,14 @@ void run_grid(Trans ta,
               float* C,
               int64_t ldc) {
     if (M == 0 || N == 0) return;
-    if (gemm_precision() == GemmPrecision::bf16) cp = Copies{.a = true, .b = true, .c = cp.c, .round = true};
+    if (K == 0) {  // C = beta·C: oneDNN's GEMMs leave C as it was for an empty reduction
+        for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return;
+    }
+    // bf16: the AMX GEMM on bf16 copies where it runs, else sgemm on rounded f32 copies
+    const bool rounds = gemm_precision() == GemmPrecision::bf16, amx = rounds && amx_gemm_bf16();
+    if (rounds) cp = Copies{.a = true, .b = true, .c = cp.c && !amx, .round = true};
     const GemmGrid g = gemm_grid(ta, M, N, K);
     const int64_t blocks = g.rows * g.cols;
     // one block of C: single-threaded sgemm on its rows of op(A) and columns of op(B)
@@ -230,7 +285,8 @@ void run_grid(Trans ta,
         const auto [Bb, ldb] = panel(c0, n);
         const float* Ab = ta == Trans::N ? A + r0 * lda : A + r0;
         if (!cp.any()) return sgemm(ta, tb, m, n, K, alpha, Ab, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
-        return sgemm_copied(cp, ta, tb, m, n, K, alpha, Ab, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
+        if (amx) return gemm_copied<bf16>(cp, ta, tb, m, n, K, alpha, Ab, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
+        return gemm_copied<float>(cp, ta, tb, m, n, K, alpha, Ab, lda, Bb, ldb, beta, C + r0 * ldc + c0, ldc);
     };
     const int threads = omp_in_parallel() ? 1 : int(std::min<int64_t>(omp_get_max_threads(), blocks));
     if (threads <= 1) {
