@@ -3,7 +3,9 @@
 //   row pass: one block per query; a thread per support entry computes I = Σ_j w_j·relu(q_j·k_s) (heads in order,
 //     in double), once, into an online softmax; the row's log-sum-exp, Σp and KL by fixed-order block reductions.
 //   gradients (g = dloss / rows): dI = g·(softmax(I)·Σp − p); dw and dq per query block (entries in order), dk by
-//     the fixed query slabs of sparse attention's dkv (no atomics), then the slabs in order.
+//     the fixed query slabs of sparse attention's dkv (no atomics), then the slabs in order. Both walk the support
+//     kChunk entries at a time: the chunk's keys gathered into shared memory once, a thread per (entry, head) for the
+//     head dots, then a thread per entry for I and dI (heads in order): the row pass's I bit for bit.
 #include <cmath>
 
 #include "ops/cuda/kernel_util.cuh"
@@ -41,15 +43,14 @@ __device__ inline void support_slots(const KlShape& s, const int64_t* cu, int64_
     hi = t + 1;
 }
 
-// I of query bt against key row kr (heads in order, in double), with the head dots a_j = q_j·k written to a.
+// I of query bt against key row kr (heads in order, in double).
 template <class T>
-__device__ inline double score(const KlShape& s, const T* q, const T* w, int64_t bt, const T* kr, T* a) {
+__device__ inline double score(const KlShape& s, const T* q, const T* w, int64_t bt, const T* kr) {
     double I = 0;
     for (int64_t j = 0; j < s.HI; ++j) {
         const T* qj = q + (bt * s.HI + j) * s.DI;
         T acc = 0;
         for (int64_t d = 0; d < s.DI; ++d) acc += qj[d] * kr[d];
-        if (a) a[j] = acc;
         I += double(w[bt * s.HI + j]) * (acc > T(0) ? double(acc) : 0.0);
     }
     return I;
@@ -70,7 +71,7 @@ __global__ void row_kernel(
         int64_t pi;
         const int64_t pos = support_pos(s, idx, bt, x, pi);
         if (pos < 0) continue;
-        const double I = score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI, nullptr), pv = double(p[pi]);
+        const double I = score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI), pv = double(p[pi]);
         if (I > m) {
             z = z * exp(m - I) + 1.0;  // exp(−inf) = 0 for the first entry
             m = I;
@@ -106,8 +107,10 @@ __global__ void row_kernel(
     }
 }
 
-// The support chunk [x0, x0 + kChunk) of query bt into shared memory: positions, head dots A [kChunk][HI] and
-// dI·w_j·[a > 0] as DA [kChunk][HI] (0 outside the support). Every thread takes part.
+// The support chunk [x0, x0 + kChunk) of query bt into shared memory: positions, the keys, head dots A [kChunk][HI]
+// and dI·w_j·[a > 0] as DA [kChunk][HI] (0 outside the support). The chunk's keys are gathered once; a thread per
+// (entry, head) takes each dot (a warp: one head, consecutive entries), then a thread per entry sums its heads in
+// order (in double) into I and dI. Every thread takes part.
 template <class T>
 __device__ void chunk_grads(const KlShape& s,
                             const T* q,
@@ -122,17 +125,40 @@ __device__ void chunk_grads(const KlShape& s,
                             int64_t hi,
                             int64_t* pos,
                             T* A,
-                            T* DA) {
-    const int64_t b = bt / s.T;
-    for (int64_t i = threadIdx.x; i < kChunk; i += blockDim.x) {
-        int64_t pi = 0, at = -1;
-        if (x0 + i < hi) at = support_pos(s, idx, bt, x0 + i, pi);
-        pos[i] = at;
-        if (at < 0) {
+                            T* DA,
+                            T* keys) {
+    const int64_t b = bt / s.T, ld = s.DI + 1, nt = blockDim.x;
+    for (int64_t i = threadIdx.x; i < kChunk; i += nt) {
+        int64_t pi = 0;
+        pos[i] = x0 + i < hi ? support_pos(s, idx, bt, x0 + i, pi) : -1;
+    }
+    __syncthreads();
+    for (int64_t x = threadIdx.x; x < kChunk * s.DI; x += nt) {
+        const int64_t i = x / s.DI, d = x % s.DI;
+        keys[i * ld + d] = pos[i] >= 0 ? k[(b * s.T + pos[i]) * s.DI + d] : T(0);
+    }
+    __syncthreads();
+    for (int64_t x = threadIdx.x; x < kChunk * s.HI; x += nt) {
+        const int64_t i = x % kChunk, j = x / kChunk;
+        const T* qj = q + (bt * s.HI + j) * s.DI;
+        T acc = 0;
+        if (pos[i] >= 0)
+            for (int64_t d = 0; d < s.DI; ++d) acc += qj[d] * keys[i * ld + d];
+        A[i * s.HI + j] = acc;
+    }
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < kChunk; i += nt) {
+        if (pos[i] < 0) {
             for (int64_t j = 0; j < s.HI; ++j) DA[i * s.HI + j] = A[i * s.HI + j] = T(0);
             continue;
         }
-        const double I = score<T>(s, q, w, bt, k + (b * s.T + at) * s.DI, A + i * s.HI);
+        int64_t pi = 0;
+        support_pos(s, idx, bt, x0 + i, pi);
+        double I = 0;
+        for (int64_t j = 0; j < s.HI; ++j) {
+            const T a = A[i * s.HI + j];
+            I += double(w[bt * s.HI + j]) * (a > T(0) ? double(a) : 0.0);
+        }
         const double dI = g * (exp(I - rows.lse[bt]) * rows.psum[bt] - double(p[pi]));
         for (int64_t j = 0; j < s.HI; ++j) {
             const T a = A[i * s.HI + j];
@@ -156,22 +182,22 @@ __global__ void dqw_kernel(KlShape s,
                            double g,
                            T* dq,
                            T* dw) {
-    unsigned char* smem_raw = dynamic_shared();
-    T* A = reinterpret_cast<T*>(smem_raw);
+    int64_t* pos = reinterpret_cast<int64_t*>(dynamic_shared());
+    T* A = reinterpret_cast<T*>(pos + kChunk);
     T* DA = A + kChunk * s.HI;
-    int64_t* pos = reinterpret_cast<int64_t*>(DA + kChunk * s.HI);
-    const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x;
+    T* keys = DA + kChunk * s.HI;
+    const int64_t bt = blockIdx.x, tid = threadIdx.x;
     if (!rows.has[bt]) return;  // uniform over the block
     int64_t lo, hi;
     support_slots(s, cu, bt, lo, hi);
     for (int64_t x0 = lo; x0 < hi; x0 += kChunk) {
         __syncthreads();  // the previous chunk is consumed
-        chunk_grads<T>(s, q, k, w, p, idx, rows, g, bt, x0, hi, pos, A, DA);
+        chunk_grads<T>(s, q, k, w, p, idx, rows, g, bt, x0, hi, pos, A, DA, keys);
         for (int64_t o = tid; o < s.HI * s.DI; o += blockDim.x) {
             const int64_t j = o / s.DI, d = o % s.DI;
             T acc = dq[bt * s.HI * s.DI + o];
             for (int i = 0; i < kChunk; ++i)
-                if (pos[i] >= 0) acc += DA[i * s.HI + j] * k[(b * s.T + pos[i]) * s.DI + d];
+                if (pos[i] >= 0) acc += DA[i * s.HI + j] * keys[i * (s.DI + 1) + d];
             dq[bt * s.HI * s.DI + o] = acc;
         }
         for (int64_t j = tid; j < s.HI; j += blockDim.x) {
@@ -196,10 +222,10 @@ __global__ void dk_kernel(KlShape s,
                           KlRows rows,
                           double g,
                           T* acc) {
-    unsigned char* smem_raw = dynamic_shared();
-    T* A = reinterpret_cast<T*>(smem_raw);
+    int64_t* pos = reinterpret_cast<int64_t*>(dynamic_shared());
+    T* A = reinterpret_cast<T*>(pos + kChunk);
     T* DA = A + kChunk * s.HI;
-    int64_t* pos = reinterpret_cast<int64_t*>(DA + kChunk * s.HI);
+    T* keys = DA + kChunk * s.HI;
     const int64_t b = blockIdx.x, sl = blockIdx.y, d = blockIdx.z * int64_t(blockDim.x) + threadIdx.x;
     T* slab = acc + (sl * s.B * s.T + b * s.T) * s.DI;
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
@@ -209,7 +235,7 @@ __global__ void dk_kernel(KlShape s,
         support_slots(s, cu, bt, lo, hi);
         for (int64_t x0 = lo; x0 < hi; x0 += kChunk) {
             __syncthreads();
-            chunk_grads<T>(s, q, k, w, p, idx, rows, g, bt, x0, hi, pos, A, DA);
+            chunk_grads<T>(s, q, k, w, p, idx, rows, g, bt, x0, hi, pos, A, DA, keys);
             if (d >= s.DI) continue;
             for (int i = 0; i < kChunk; ++i) {
                 if (pos[i] < 0) continue;
@@ -222,7 +248,10 @@ __global__ void dk_kernel(KlShape s,
 }
 }  // namespace
 
-size_t indexer_kl_smem(int64_t HI, size_t elem) { return size_t(2 * kChunk * HI) * elem + kChunk * sizeof(int64_t); }
+// the chunk's support positions, then A and DA [kChunk][HI] and the chunk's key rows [kChunk][DI + 1] (T)
+size_t indexer_kl_smem(KlShape s, size_t elem) {
+    return kChunk * sizeof(int64_t) + size_t(kChunk * (2 * s.HI + s.DI + 1)) * elem;
+}
 
 template <class T>
 cudaError_t launch_indexer_kl_rows(KlShape s,
@@ -256,7 +285,7 @@ cudaError_t launch_indexer_kl_backward(KlShape s,
                                        T* dw,
                                        cudaStream_t stream) {
     if (s.B * s.T == 0) return cudaSuccess;
-    const size_t smem = indexer_kl_smem(s.HI, sizeof(T));
+    const size_t smem = indexer_kl_smem(s, sizeof(T));
     for (const void* f : {(const void*)dqw_kernel<T>, (const void*)dk_kernel<T>}) {
         const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (e != cudaSuccess) return e;

@@ -254,7 +254,7 @@ struct KlRows {
     double *kl, *lse, *psum;
     int32_t* has;
 };
-size_t indexer_kl_smem(int64_t HI, size_t elem);
+size_t indexer_kl_smem(KlShape s, size_t elem);  // the gradient kernels' dynamic shared memory
 template <class T>
 cudaError_t launch_indexer_kl_rows(KlShape s,
                                    const int64_t* cu,
