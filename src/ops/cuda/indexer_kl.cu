@@ -1,11 +1,12 @@
 // The indexer's KL loss on CUDA (ops/dsa.h): mean over the rows with support of KL(p_t ‖ softmax(I_t)), the support
 // being the valid selected entries (indices) or every candidate s <= t of t's sequence (dense warm-up).
-//   row pass: one block per query; a thread per support entry computes I = Σ_j w_j·relu(q_j·k_s) (heads in order,
-//     in double), once, into an online softmax; the row's log-sum-exp, Σp and KL by fixed-order block reductions.
+// Every kernel walks a query's support kChunk entries at a time (chunk_dots): the chunk's keys gathered into shared
+// memory once, a thread per (entry, head) for the head dots, then a thread per entry for I = Σ_j w_j·relu(q_j·k_s)
+// (heads in order, in double), so every kernel has the same I bit for bit.
+//   row pass: one block per query; thread tid takes entries lo + tid, lo + tid + kThreads, ... into its online
+//     softmax; the row's log-sum-exp, Σp and KL by fixed-order block reductions.
 //   gradients (g = dloss / rows): dI = g·(softmax(I)·Σp − p); dw and dq per query block (entries in order), dk by
-//     the fixed query slabs of sparse attention's dkv (no atomics), then the slabs in order. Both walk the support
-//     kChunk entries at a time: the chunk's keys gathered into shared memory once, a thread per (entry, head) for the
-//     head dots, then a thread per entry for I and dI (heads in order): the row pass's I bit for bit.
+//     the fixed query slabs of sparse attention's dkv (no atomics), then the slabs in order.
 #include <cmath>
 
 #include "ops/cuda/kernel_util.cuh"
@@ -43,35 +44,113 @@ __device__ inline void support_slots(const KlShape& s, const int64_t* cu, int64_
     hi = t + 1;
 }
 
-// I of query bt against key row kr (heads in order, in double).
+// The support chunk [x0, x0 + kChunk) of query bt into shared memory: positions (−1 outside the support), the keys
+// [kChunk][DI + 1] and the head dots a_ij = q_j·k_i as A [kChunk][HI]. The chunk's keys are gathered once, then a
+// thread per (entry, head) takes each dot (a warp: one head, consecutive entries). Every thread takes part.
 template <class T>
-__device__ inline double score(const KlShape& s, const T* q, const T* w, int64_t bt, const T* kr) {
-    double I = 0;
-    for (int64_t j = 0; j < s.HI; ++j) {
+__device__ void chunk_dots(const KlShape& s,
+                           const T* q,
+                           const T* k,
+                           const int32_t* idx,
+                           int64_t bt,
+                           int64_t x0,
+                           int64_t hi,
+                           int64_t* pos,
+                           T* A,
+                           T* keys) {
+    const int64_t b = bt / s.T, ld = s.DI + 1, nt = blockDim.x;
+    for (int64_t i = threadIdx.x; i < kChunk; i += nt) {
+        int64_t pi = 0;
+        pos[i] = x0 + i < hi ? support_pos(s, idx, bt, x0 + i, pi) : -1;
+    }
+    __syncthreads();
+    for (int64_t x = threadIdx.x; x < kChunk * s.DI; x += nt) {
+        const int64_t i = x / s.DI, d = x % s.DI;
+        keys[i * ld + d] = pos[i] >= 0 ? k[(b * s.T + pos[i]) * s.DI + d] : T(0);
+    }
+    __syncthreads();
+    for (int64_t x = threadIdx.x; x < kChunk * s.HI; x += nt) {
+        const int64_t i = x % kChunk, j = x / kChunk;
         const T* qj = q + (bt * s.HI + j) * s.DI;
         T acc = 0;
-        for (int64_t d = 0; d < s.DI; ++d) acc += qj[d] * kr[d];
-        I += double(w[bt * s.HI + j]) * (acc > T(0) ? double(acc) : 0.0);
+        if (pos[i] >= 0)
+            for (int64_t d = 0; d < s.DI; ++d) acc += qj[d] * keys[i * ld + d];
+        A[i * s.HI + j] = acc;
     }
+    __syncthreads();
+}
+
+// I = Σ_j w_j·relu(a_j) of one entry from its head dots a (heads in order, in double).
+template <class T>
+__device__ inline double score(const KlShape& s, const T* w, int64_t bt, const T* a) {
+    double I = 0;
+    for (int64_t j = 0; j < s.HI; ++j) I += double(w[bt * s.HI + j]) * (a[j] > T(0) ? double(a[j]) : 0.0);
     return I;
 }
 
-// Per query: kl, whether it has support, lse and Σp of its support, in one pass over the support: each thread keeps
-// an online softmax (its max and the sum of exp(I − max)) and the sums Σp, Σ_{p>0} p·log p and Σ_{p>0} p·I; the
+// chunk_dots, then a thread per entry turns its dots into dI·w_j·[a > 0] as DA [kChunk][HI] and dI·relu(a) in A
+// (0 outside the support). Every thread takes part.
+template <class T>
+__device__ void chunk_grads(const KlShape& s,
+                            const T* q,
+                            const T* k,
+                            const T* w,
+                            const T* p,
+                            const int32_t* idx,
+                            const KlRows& rows,
+                            double g,
+                            int64_t bt,
+                            int64_t x0,
+                            int64_t hi,
+                            int64_t* pos,
+                            T* A,
+                            T* DA,
+                            T* keys) {
+    chunk_dots<T>(s, q, k, idx, bt, x0, hi, pos, A, keys);
+    for (int64_t i = threadIdx.x; i < kChunk; i += blockDim.x) {
+        if (pos[i] < 0) {
+            for (int64_t j = 0; j < s.HI; ++j) DA[i * s.HI + j] = A[i * s.HI + j] = T(0);
+            continue;
+        }
+        int64_t pi = 0;
+        support_pos(s, idx, bt, x0 + i, pi);
+        const double dI = g * (exp(score<T>(s, w, bt, A + i * s.HI) - rows.lse[bt]) * rows.psum[bt] - double(p[pi]));
+        for (int64_t j = 0; j < s.HI; ++j) {
+            const T a = A[i * s.HI + j];
+            DA[i * s.HI + j] = a > T(0) ? T(dI * double(w[bt * s.HI + j])) : T(0);
+            A[i * s.HI + j] = T(dI * (a > T(0) ? double(a) : 0.0));  // now dI·relu(a): dw's term
+        }
+    }
+    __syncthreads();
+}
+
+// Per query: kl, whether it has support, lse and Σp of its support, in one pass over the support (the scores of
+// kThreads entries at a time, by chunk_dots; thread tid then takes entry x0 + tid): each thread keeps an online
+// softmax (its max and the sum of exp(I − max)) and the sums Σp, Σ_{p>0} p·log p and Σ_{p>0} p·I; the
 // block combines them in a fixed order, and KL = Σ p·log p − Σ p·I + (Σ_{p>0} p)·lse.
 template <class T>
 __global__ void row_kernel(
     KlShape s, const int64_t* cu, const T* q, const T* k, const T* w, const T* p, const int32_t* idx, KlRows rows) {
     __shared__ double red[kThreads / 32];
-    const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x;
+    __shared__ double scores[kThreads];  // I of entries x0 + tid
+    int64_t* pos = reinterpret_cast<int64_t*>(dynamic_shared());
+    T* A = reinterpret_cast<T*>(pos + kChunk);
+    T* keys = A + 2 * kChunk * s.HI;  // (the gradient kernels' layout; DA unused)
+    const int64_t bt = blockIdx.x, tid = threadIdx.x;
     int64_t lo, hi;
     support_slots(s, cu, bt, lo, hi);
     double m = -INFINITY, z = 0, psum = 0, ppos = 0, plogp = 0, pI = 0;
-    for (int64_t x = lo + tid; x < hi; x += kThreads) {
+    for (int64_t x0 = lo; x0 < hi; x0 += kThreads) {
+        for (int64_t c = 0; c < kThreads; c += kChunk) {  // the scores of kThreads entries, kChunk at a time
+            __syncthreads();                              // the previous chunk is consumed
+            chunk_dots<T>(s, q, k, idx, bt, x0 + c, hi, pos, A, keys);
+            if (tid < kChunk && pos[tid] >= 0) scores[c + tid] = score<T>(s, w, bt, A + tid * s.HI);
+        }
+        __syncthreads();
+        const int64_t x = x0 + tid;
         int64_t pi;
-        const int64_t pos = support_pos(s, idx, bt, x, pi);
-        if (pos < 0) continue;
-        const double I = score<T>(s, q, w, bt, k + (b * s.T + pos) * s.DI), pv = double(p[pi]);
+        if (x >= hi || support_pos(s, idx, bt, x, pi) < 0) continue;
+        const double I = scores[tid], pv = double(p[pi]);
         if (I > m) {
             z = z * exp(m - I) + 1.0;  // exp(−inf) = 0 for the first entry
             m = I;
@@ -105,68 +184,6 @@ __global__ void row_kernel(
         rows.psum[bt] = psum;
         rows.has[bt] = 1;
     }
-}
-
-// The support chunk [x0, x0 + kChunk) of query bt into shared memory: positions, the keys, head dots A [kChunk][HI]
-// and dI·w_j·[a > 0] as DA [kChunk][HI] (0 outside the support). The chunk's keys are gathered once; a thread per
-// (entry, head) takes each dot (a warp: one head, consecutive entries), then a thread per entry sums its heads in
-// order (in double) into I and dI. Every thread takes part.
-template <class T>
-__device__ void chunk_grads(const KlShape& s,
-                            const T* q,
-                            const T* k,
-                            const T* w,
-                            const T* p,
-                            const int32_t* idx,
-                            const KlRows& rows,
-                            double g,
-                            int64_t bt,
-                            int64_t x0,
-                            int64_t hi,
-                            int64_t* pos,
-                            T* A,
-                            T* DA,
-                            T* keys) {
-    const int64_t b = bt / s.T, ld = s.DI + 1, nt = blockDim.x;
-    for (int64_t i = threadIdx.x; i < kChunk; i += nt) {
-        int64_t pi = 0;
-        pos[i] = x0 + i < hi ? support_pos(s, idx, bt, x0 + i, pi) : -1;
-    }
-    __syncthreads();
-    for (int64_t x = threadIdx.x; x < kChunk * s.DI; x += nt) {
-        const int64_t i = x / s.DI, d = x % s.DI;
-        keys[i * ld + d] = pos[i] >= 0 ? k[(b * s.T + pos[i]) * s.DI + d] : T(0);
-    }
-    __syncthreads();
-    for (int64_t x = threadIdx.x; x < kChunk * s.HI; x += nt) {
-        const int64_t i = x % kChunk, j = x / kChunk;
-        const T* qj = q + (bt * s.HI + j) * s.DI;
-        T acc = 0;
-        if (pos[i] >= 0)
-            for (int64_t d = 0; d < s.DI; ++d) acc += qj[d] * keys[i * ld + d];
-        A[i * s.HI + j] = acc;
-    }
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < kChunk; i += nt) {
-        if (pos[i] < 0) {
-            for (int64_t j = 0; j < s.HI; ++j) DA[i * s.HI + j] = A[i * s.HI + j] = T(0);
-            continue;
-        }
-        int64_t pi = 0;
-        support_pos(s, idx, bt, x0 + i, pi);
-        double I = 0;
-        for (int64_t j = 0; j < s.HI; ++j) {
-            const T a = A[i * s.HI + j];
-            I += double(w[bt * s.HI + j]) * (a > T(0) ? double(a) : 0.0);
-        }
-        const double dI = g * (exp(I - rows.lse[bt]) * rows.psum[bt] - double(p[pi]));
-        for (int64_t j = 0; j < s.HI; ++j) {
-            const T a = A[i * s.HI + j];
-            DA[i * s.HI + j] = a > T(0) ? T(dI * double(w[bt * s.HI + j])) : T(0);
-            A[i * s.HI + j] = T(dI * (a > T(0) ? double(a) : 0.0));  // now dI·relu(a): dw's term
-        }
-    }
-    __syncthreads();
 }
 
 // dw[t, j] += Σ_i dI_i·relu(a_ij), dq[t, j] += Σ_i da_ij·k_i, entries in order (a thread per output element).
@@ -264,7 +281,10 @@ cudaError_t launch_indexer_kl_rows(KlShape s,
                                    KlRows rows,
                                    cudaStream_t stream) {
     if (s.B * s.T == 0) return cudaSuccess;
-    launch_kernel(row_kernel<T>, unsigned(s.B * s.T), kThreads, 0, stream, s, cu, q, k, w, p, idx, rows);
+    const size_t smem = indexer_kl_smem(s, sizeof(T));
+    const cudaError_t e = cudaFuncSetAttribute(row_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+    launch_kernel(row_kernel<T>, unsigned(s.B * s.T), kThreads, smem, stream, s, cu, q, k, w, p, idx, rows);
     return cudaGetLastError();
 }
 
