@@ -773,11 +773,11 @@ void Model::check_whole(std::string_view what) const {
                   what, layers_.first, layers_.last);
 }
 
-void Model::stage_forward(StepShape s, std::span<const int32_t> ids, bool record) {
+void Model::stage_forward(StepShape s, std::span<const int32_t> ids, bool record, bool keep) {
     TESSERA_CHECK(!last_stage(), "model: stage_forward on the last pipeline stage (forward_backward takes the loss)");
     begin_pass(eval_plan_);
     set_pass({.record = record, .lora_seed = record ? lora_seed_ : 0});
-    forward_trunk(s, ids, record);
+    forward_trunk(s, ids, keep);
     end_pass();
 }
 

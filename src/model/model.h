@@ -195,8 +195,9 @@ class Model {
     // embedding's gradient is taken instead). loss_scale: as forward_backward's (the auxiliary losses' weight).
     // rerun = false: the backward alone, the activation group holding what that micro-batch's stage_forward left in it
     // (restored by the caller, train/pipeline.h), but for stage_grad() and the blocks' shared transients ("scratch.*",
-    // which no backward reads from its forward).
-    void stage_forward(StepShape s, std::span<const int32_t> ids, bool record);
+    // which no backward reads from its forward). keep: a backward will read this forward's saved activations (no
+    // re-run), so they are rounded to the activation dtype; a forward that is re-run or evaluates skips that.
+    void stage_forward(StepShape s, std::span<const int32_t> ids, bool record, bool keep);
     void stage_backward(StepShape s, std::span<const int32_t> ids, double loss_scale, bool rerun = true);
     bool first_stage() const { return layers_.first == 0; }
     bool last_stage() const { return layers_.last == cfg_.n_layers; }

@@ -197,7 +197,7 @@ double PipelineStep::run(const Load& load,
                 Slot& s = slot(op.micro);
                 prepare(op.micro, s.targets);
                 if (!first && !keep) copy(kept_input(op.micro, tokens(op.micro)), m.stage_input(tokens(op.micro)));
-                m.stage_forward(s.shape, s.ids, true);
+                m.stage_forward(s.shape, s.ids, true, keep);
                 if (keep) stash(op.micro, true);
                 break;
             }
@@ -309,7 +309,7 @@ model::LossResult PipelineStep::forward_loss(model::StepShape s,
     StepPhases ignored;
     receive(prev_, bytes(m.stage_input(N)), ignored);
     if (m.last_stage()) return m.forward_loss(s, ids, targets);
-    m.stage_forward(s, ids, false);
+    m.stage_forward(s, ids, false, false);
     send(next_, bytes(m.stage_output(N)), ignored);
     return {};
 }

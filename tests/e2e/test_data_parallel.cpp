@@ -107,6 +107,13 @@ TEST_P(DataParallel, EqualsOneProcessAccumulatingTheSameMicroBatches) {
     EXPECT_TRUE(logits_one == final_logits(many, d.file("ids.safetensors"))) << "logits of the two checkpoints differ";
 }
 
+// a hybrid with MoE whose activations are held in bf16 (train.activation_dtype): a stage's last KDA, DSA and MoE
+// blocks round their own saved sets where the one process keeps bf16 copies of them, the same values
+const std::string kBf16Activations = " --set train.grad_clip=0 --set train.activation_dtype=bf16" + test::kTinyHybrid +
+                                     test::kTinyMoe +
+                                     " --set model.n_layers=4 --set 'model.attention=[\"kda\",\"dsa\",\"kda\",\"dsa\"]'"
+                                     " --set model.moe.balance=sign";
+
 INSTANTIATE_TEST_SUITE_P(
     Runs,
     DataParallel,
@@ -151,13 +158,11 @@ INSTANTIATE_TEST_SUITE_P(
                " --set train.grad_clip=0" + test::kTinyHybrid +
                    " --set 'model.attention=[\"dsa\",\"kda\"]' --set model.mla.dsa.stage=dense_warmup",
                1, " --set parallel.pipeline=2"},
-        // activations held in bf16 (train.activation_dtype): a stage's last KDA, DSA and MoE blocks round their own
-        // saved sets where the one process keeps bf16 copies of them, the same values
-        Layout{"pipeline_2_bf16_activations", 2,
-               " --set train.grad_clip=0 --set train.activation_dtype=bf16" + test::kTinyHybrid + test::kTinyMoe +
-                   " --set model.n_layers=4 --set 'model.attention=[\"kda\",\"dsa\",\"kda\",\"dsa\"]'"
-                   " --set model.moe.balance=sign",
-               1, " --set parallel.pipeline=2"},
+        Layout{"pipeline_2_bf16_activations", 2, kBf16Activations, 1, " --set parallel.pipeline=2"},
+        // the same, re-running each forward before its backward: only the re-run rounds (the first forward's saved
+        // sets are replaced unread)
+        Layout{"pipeline_2_bf16_activations_rerun", 2, kBf16Activations, 1,
+               " --set parallel.pipeline=2 --set parallel.pipeline_rerun=true"},
         Layout{"pipeline_2x2_zero2_moe", 4,
                " --set train.grad_clip=0 --set parallel.fsdp=false" + test::kTinyMoe + " --set model.moe.balance=sign",
                1, " --set parallel.pipeline=2"}),

@@ -298,7 +298,7 @@ TEST_P(ModelGolden, PipelineStagesGiveTheWholeModelsLossAndGradients) {
             for (size_t s = 0; s + 1 < stages.size(); ++s) {
                 Stage& st = stages[s];
                 if (s > 0) copy(st.model->stage_input(N), st.input[m]);
-                st.model->stage_forward(whole.shape, ids[m], true);
+                st.model->stage_forward(whole.shape, ids[m], true, !rerun);
                 copy(stages[s + 1].input[m], st.model->stage_output(N));
                 const BufferGroup& acts = st.rt->activations();
                 if (!rerun) st.kept[m].assign(acts.base(), acts.base() + acts.nbytes());
