@@ -66,7 +66,7 @@ GemmBf16 amx_gemm_bf16() {
 }
 
 void check_status(bool ok, int64_t M, int64_t N, int64_t K) {
-    TESSERA_CHECK(ok, "oneDNN sgemm failed for M={} N={} K={}", M, N, K);
+    TESSERA_CHECK(ok, "oneDNN GEMM failed for M={} N={} K={}", M, N, K);
 }
 
 // Operands a block's sgemm reads through copies with padded row strides.
