@@ -118,6 +118,9 @@ void gemm_onednn_reference(Trans ta,
 // arithmetic up to the sums' order (and AMX's flushing of values below 2^-126 to zero). f64 GEMMs are always f64.
 // The scope sets it for its lifetime and restores the previous value.
 enum class GemmPrecision : uint8_t { f32, bf16 };
+// How this CPU computes GemmPrecision::bf16, for the trainer's start line: "oneDNN's AMX kernels", or "sgemm on
+// operands rounded to bf16, slower than f32 here" where oneDNN has no AMX kernels (or the library lacks the GEMM).
+const char* cpu_bf16_gemm();
 GemmPrecision gemm_precision();
 class GemmPrecisionScope {
   public:

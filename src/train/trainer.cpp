@@ -545,7 +545,11 @@ TrainSummary train(const TrainOptions& opts) {
                      device == Device::cuda ? (ranks > 1 ? fmt::format("the {} GPUs", ranks) : "the GPU")
                      : ranks > 1            ? fmt::format("the {} ranks", ranks)
                                             : std::string("this machine"),
-                     tc.precision, gemm_gflops, device == Device::cuda ? cuda_device_name() : ops::isa_summary(),
+                     tc.precision, gemm_gflops,
+                     device == Device::cuda ? cuda_device_name()
+                     : tc.precision == "bf16"
+                         ? fmt::format("{}; bf16 GEMMs: {}", ops::isa_summary(), ops::cpu_bf16_gemm())
+                         : ops::isa_summary(),
                      setup.out_dir));
     if (!setup.checkpoint.empty()) note(fmt::format("resumed from {} at step {}", setup.checkpoint, state.step));
     if (setup.base) {

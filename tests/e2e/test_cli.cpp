@@ -11,6 +11,7 @@
 #include "core/file.h"
 #include "core/safetensors.h"
 #include "e2e/cli_util.h"
+#include "ops/isa.h"
 #include "ops/linear.h"
 #include "util/test_util.h"
 
@@ -156,9 +157,15 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find(std::to_string(text.size() + 1) + " tokens"), std::string::npos) << r.out;
     r = run_tessera("train --config " + kTiny + " --steps 4 --set data.path=" + d.file("shard.safetensors") +
-                    " --set train.activation_dtype=bf16 --out " + d.file("run"));
+                    " --set train.activation_dtype=bf16 --set train.precision=bf16 --out " + d.file("run"));
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("checkpoint: "), std::string::npos);
+    // the start line says how this CPU computes the bf16 GEMMs (oneDNN's AMX kernels only where it runs them)
+    const bool amx = ops::onednn_isa().find("amx") != std::string::npos;
+    EXPECT_NE(r.out.find(amx ? "; bf16 GEMMs: oneDNN's AMX kernels)"
+                             : "; bf16 GEMMs: sgemm on operands rounded to bf16, slower than f32 here)"),
+              std::string::npos)
+        << r.out;
     // two layers of attention + MLP: the first of each kind holds a bf16 copy
     EXPECT_NE(r.out.find("saved activations rounded to bf16 (train.activation_dtype): 2 of 4 blocks hold them as bf16 "
                          "copies\n"),

@@ -216,6 +216,10 @@ auto on_this_thread(Fn fn) {
 
 size_t gemm_copy_buffer_bytes() { return kCopyElems * sizeof(float); }
 
+const char* cpu_bf16_gemm() {
+    return amx_gemm_bf16() ? "oneDNN's AMX kernels" : "sgemm on operands rounded to bf16, slower than f32 here";
+}
+
 GemmGrid gemm_grid(Trans ta, int64_t M, int64_t N, int64_t K) {
     // NOTES: halve the longer block edge until there are kMaxBlocks blocks, an edge would drop below
     // the minimum, or a block would hold less than kMinWork multiply-adds. Blocks stay large enough
