@@ -192,6 +192,33 @@ TEST(Cli, DataShardTrainsAndGenerateSamples) {
 
 // Fine-tuning data: prompt/completion lines tokenized with a checkpoint's tokenizer (the Qwen2-style golden one),
 // then training on the shard (prompt targets ignored, documents ended by its <|endoftext|>).
+// train.precision = bf16 on oneDNN's AMX kernels computes what sgemm on operands rounded to bf16 computes, up to the
+// sums' order: the first step's loss within 1e-7 relative of the same run with oneDNN held below AMX
+// (DNNL_MAX_CPU_ISA=AVX512_CORE_BF16), and not the f32 run's. Only where oneDNN runs AMX.
+TEST(Cli, Bf16GemmsOnAmxGiveTheRoundedOperandsLoss) {
+    if (ops::onednn_isa().find("amx") == std::string::npos) GTEST_SKIP() << "oneDNN runs no AMX kernels here";
+    test::TempDir d;
+    auto first_loss = [&](const std::string& name, const std::string& precision, bool below_amx) {
+        const char* held = std::getenv("DNNL_MAX_CPU_ISA");
+        const std::string saved = held ? held : "";
+        if (below_amx) setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE_BF16", 1);
+        const test::CliResult r = run_tessera(
+            "train --config " + kTiny + " --steps 1 --set train.precision=" + precision + " --out " + d.file(name));
+        if (below_amx) held ? setenv("DNNL_MAX_CPU_ISA", saved.c_str(), 1) : unsetenv("DNNL_MAX_CPU_ISA");
+        EXPECT_EQ(r.status, 0) << r.err;
+        if (precision == "bf16") {
+            EXPECT_NE(r.out.find(below_amx ? "bf16 GEMMs: sgemm" : "bf16 GEMMs: oneDNN's AMX kernels"),
+                      std::string::npos)
+                << r.out;
+        }
+        return std::stod(test::losses(d.file(name)).at({"loss", 1}));
+    };
+    const double amx = first_loss("amx", "bf16", false), rounded = first_loss("rounded", "bf16", true),
+                 f32 = first_loss("f32", "f32", false);
+    EXPECT_NEAR(amx, rounded, 1e-7 * rounded);  // (3e-11 measured; bf16 against f32: 3e-6)
+    EXPECT_GT(std::abs(rounded - f32), 1e-6 * f32) << "the GEMMs must round to bf16";
+}
+
 TEST(Cli, SupervisedJsonlWithACheckpointTokenizerTrains) {
     TempDir d;
     std::string lines;
