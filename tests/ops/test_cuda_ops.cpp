@@ -757,6 +757,21 @@ TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     }
 }
 
+// More heads than the kernels' shared memory holds (the dkv step's p and dz for every head of 16 entries, in f64) are
+// a one-line error before any launch, not a failed launch.
+TEST(CudaOps, SparseAttentionWithTooManyHeadsForSharedMemoryIsAClearError) {
+    SKIP_WITHOUT_GPU();
+    const int64_t B = 1, T = 2, H = 1024, DK = 8, K = 2;
+    const Tensor q = test::randn(DType::f64, Shape{B, T, H, DK}, 1).to(Device::cuda),
+                 kv = test::randn(DType::f64, Shape{B, T, DK}, 2).to(Device::cuda);
+    Tensor idx(DType::i32, Shape{B, T, K});
+    for (int64_t i = 0; i < idx.numel(); ++i) idx.ptr<int32_t>()[i] = 0;
+    const Tensor dev_idx = idx.to(Device::cuda);
+    Tensor o(DType::f64, Shape{B, T, H, DK}, Device::cuda), lse(DType::f64, Shape{B, T, H}, Device::cuda);
+    test::expect_error([&] { ops::sparse_attention_forward({}, q, kv, dev_idx, o, lse, {}); },
+                       "1024 heads of 8 dims need more shared memory than the device allows");
+}
+
 // The lightning indexer's selection on the GPU is the CPU's, entry for entry: packed sequences, a topk larger than
 // the early queries' candidates (−1 padding), ties at I = 0 (every head's dot negative) broken to the later token,
 // and enough candidates that the running list is cut back several times. f64, so that no near-tie rounds
