@@ -142,6 +142,7 @@ tessera_cuda_emulator_switch:
     .text
 )");
 
+constexpr size_t kSmemAlign = 128;  // dynamic shared memory's alignment (ops/cuda/kernel_util.cuh: dynamic_shared)
 constexpr size_t kStack = size_t(256) << 10;  // per thread: kernels keep arrays of up to a few KiB in registers
 
 enum class State : uint8_t { ready, at_block_barrier, at_warp_barrier, done };
@@ -335,7 +336,7 @@ cudaError_t launch(const void* kernel,
     for (uint64_t i = 0; i < blocks; ++i) {
         const uint64_t k = b.reverse ? blocks - 1 - i : i;
         blockIdx = {unsigned(k % grid.x), unsigned((k / grid.x) % grid.y), unsigned(k / (uint64_t(grid.x) * grid.y))};
-        b.dynamic_smem.assign(dynamic_smem, 0xff);
+        b.dynamic_smem.assign(dynamic_smem + kSmemAlign, 0xff);
         b.exchange.assign(2 * size_t(threads), Slot{0, 0});
         b.exchanges.assign(threads, 0);
         run_block();
@@ -350,7 +351,10 @@ cudaError_t set_max_dynamic_smem(const void* kernel, int bytes) {
     return cudaSuccess;
 }
 
-unsigned char* dynamic_shared_memory() { return g_block.dynamic_smem.data(); }
+unsigned char* dynamic_shared_memory() {
+    const auto at = reinterpret_cast<uintptr_t>(g_block.dynamic_smem.data());
+    return g_block.dynamic_smem.data() + (kSmemAlign - at % kSmemAlign) % kSmemAlign;
+}
 
 void block_barrier() {
     Block& b = g_block;
@@ -378,6 +382,10 @@ void warp_barrier() {
     switch_from(t);
 }
 }  // namespace
+
+void warp_sync() { warp_barrier(); }
+
+void fault(const char* what) { die(what); }
 
 uint64_t warp_exchange(uint64_t value, unsigned src) {
     Block& b = g_block;

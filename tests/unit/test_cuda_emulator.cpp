@@ -1,12 +1,16 @@
 // The CUDA emulator (src/cuda_emulator) itself: barriers and warp shuffles behave as on a GPU, a racy kernel gives
 // different results in the two thread orders, host code that touches device memory faults, threads that wait at
 // different barriers stop the process, and the runtime's checks (launch shapes, opt-in shared memory, copy sides)
-// answer with CUDA's errors. Built only with -DTESSERA_CUDA_EMULATOR=ON.
+// answer with CUDA's errors; WMMA's tiles multiply as matrices and its misuses stop the process. Built only with
+// -DTESSERA_CUDA_EMULATOR=ON.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <numeric>
 #include <vector>
+
+#include <cuda_bf16.h>
+#include <mma.h>
 
 #include "ops/cuda/kernel_util.cuh"
 
@@ -160,6 +164,76 @@ __global__ void split_barrier_kernel() {
 
 TEST(CudaEmulatorDeathTest, ThreadsAtDifferentBarriersStopTheProcess) {
     EXPECT_DEATH(launch_kernel(split_barrier_kernel, 1, 32, 0, nullptr), "wait at different barriers");
+}
+
+// C = relu(A·B) by WMMA: A [32, 48] bf16 row-major, B [48, 32] bf16 column-major (each column a row of `b`, as
+// the indexer reads keys), C [32, 32] f32 row-major; a warp per 16×16 tile of C, three products each. The relu goes
+// over the accumulator's elements (layout-free); `offset` moves C's pointer off its 32-byte alignment.
+__global__ void wmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c, int offset) {
+    namespace wmma = nvcuda::wmma;
+    const int warp = int(threadIdx.x / 32), r0 = warp / 2 * 16, c0 = warp % 2 * 16;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int k0 = 0; k0 < 48; k0 += 16) {
+        wmma::load_matrix_sync(fa, a + r0 * 48 + k0, 48);
+        wmma::load_matrix_sync(fb, b + c0 * 48 + k0, 48);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = acc.x[i] > 0.0f ? acc.x[i] : 0.0f;
+    wmma::store_matrix_sync(c + offset + r0 * 32 + c0, acc, 32, wmma::mem_row_major);
+}
+
+struct WmmaCase {
+    std::vector<float> a, b;  // A [32, 48] and Bᵀ [32, 48], small integers (exact in bf16, sums exact in f32)
+    __nv_bfloat16 *da = nullptr, *db = nullptr;
+    float* dc = nullptr;
+    WmmaCase() : a(32 * 48), b(32 * 48) {
+        for (size_t i = 0; i < a.size(); ++i) {
+            a[i] = float(int(i * 7 % 13) - 6);
+            b[i] = float(int(i * 5 % 11) - 5);
+        }
+        std::vector<__nv_bfloat16> ha(a.size()), hb(b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+            ha[i] = __float2bfloat16(a[i]);
+            hb[i] = __float2bfloat16(b[i]);
+        }
+        da = device_copy(ha);
+        db = device_copy(hb);
+        dc = device_copy(std::vector<float>(32 * 32 + 8));
+    }
+    ~WmmaCase() {
+        cudaFree(da);
+        cudaFree(db);
+        cudaFree(dc);
+    }
+};
+
+TEST(CudaEmulator, WmmaTilesMultiplyAsMatrices) {
+    for (const char* order : {"forward", "reverse"}) {
+        setenv("TESSERA_CUDA_EMULATOR_ORDER", order, 1);
+        WmmaCase m;
+        launch_kernel(wmma_kernel, 1, 128, 0, nullptr, m.da, m.db, m.dc, 0);
+        unsetenv("TESSERA_CUDA_EMULATOR_ORDER");
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        const std::vector<float> c = host_copy(m.dc, 32 * 32);
+        int positive = 0;
+        for (int i = 0; i < 32; ++i)
+            for (int j = 0; j < 32; ++j) {
+                float want = 0;
+                for (int k = 0; k < 48; ++k) want += m.a[size_t(i * 48 + k)] * m.b[size_t(j * 48 + k)];
+                ASSERT_EQ(c[size_t(i * 32 + j)], std::max(want, 0.0f)) << order << " C[" << i << ", " << j << "]";
+                positive += want > 0;
+            }
+        EXPECT_GT(positive, 100) << "the relu left too few entries to check";
+        EXPECT_LT(positive, 1000) << "the relu clipped nothing";
+    }
+}
+
+TEST(CudaEmulatorDeathTest, WmmaOnAMisalignedPointerStopsTheProcess) {
+    WmmaCase m;
+    EXPECT_DEATH(launch_kernel(wmma_kernel, 1, 128, 0, nullptr, m.da, m.db, m.dc, 1), "misaligned");
 }
 
 }  // namespace

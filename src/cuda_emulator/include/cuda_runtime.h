@@ -133,8 +133,10 @@ cudaError_t launch(const void* kernel,
                    void (*thread)(void*),
                    void* context);
 cudaError_t set_max_dynamic_smem(const void* kernel, int bytes);
-unsigned char* dynamic_shared_memory();
+unsigned char* dynamic_shared_memory();  // 128-byte aligned
 void block_barrier();
+void warp_sync();                           // every live lane of the caller's warp meets here
+[[noreturn]] void fault(const char* what);  // a misuse a GPU would not catch: stops the process with the message
 // A warp's exchange: every live lane gives a value and gets lane src's (or its own, where src is past the block); the
 // OR of the live lanes' bits.
 uint64_t warp_exchange(uint64_t value, unsigned src);

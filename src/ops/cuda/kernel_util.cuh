@@ -34,12 +34,12 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cud
 #endif
 }
 
-// The block's dynamic shared memory (the launch's smem bytes), 16-byte aligned.
+// The block's dynamic shared memory (the launch's smem bytes), 128-byte aligned (WMMA's loads and stores need 32).
 __device__ inline unsigned char* dynamic_shared() {
 #if TESSERA_CUDA_EMULATOR
     return cuda_emulator::dynamic_shared_memory();
 #else
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem[];
     return smem;
 #endif
 }
