@@ -1,9 +1,9 @@
 // The CUDA backend's ops on the GPU (built with -DTESSERA_CUDA=ON; run by scripts/device-check.sh run or bench): time
 // per call (median of 20 after 3 warm-ups, of 5 or fewer for the slow rows, each timed to its stream's completion),
 // and the rate as a fraction of the device's peak: GEMM-bound ops in FLOP/s against the f32 (FFMA, no tensor cores)
-// peak (the `linear bf16` rows, train.precision = bf16, against the dense bf16 tensor-core peak), memory-bound ones
-// in bytes moved against HBM bandwidth. Attention's and sparse attention's backward count
-// 2.5× their forward FLOPs (FlashAttention-2's count), KDA's forward the Kimi Linear paper's chunk count and its
+// peak (the `linear bf16` rows, train.precision = bf16, and the indexer's against the dense bf16 tensor-core peak),
+// memory-bound ones in bytes moved against HBM bandwidth. Attention's and sparse attention's backward count 2.5× their
+// forward FLOPs (FlashAttention-2's count), KDA's forward the Kimi Linear paper's chunk count and its
 // backward twice that; the MoE experts' forward + backward 3 × 6·rows·L·F, next to one dense GEMM of the forward's
 // FLOPs (the bar: grouped ≥ 70% of dense). Peaks default to the H200's (67 TFLOP/s f32, 989 bf16, 4.8 TB/s);
 // --f32-tflops, --bf16-tflops and --hbm-tbs override them. Prints a markdown table (bench/RESULTS.md), row by row.
@@ -187,6 +187,24 @@ int main(int argc, char** argv) {
                ki = gpu_random(Shape{1, LI, DI}, 46), rows(DType::i32, Shape{1, K}, Device::cuda);
         report({"cached_index_topk", fmt::format("L {} HI {} DI {} top {}", LI, HI, DI, K), "decode step",
                 median_ms([&] { ops::cached_index_topk(qi, wi, ki, LI, rows); }), 4.0 * LI * DI, false});
+    }
+    // DSA's lightning indexer with its top-2048, DeepSeek-V3.2's shape (64 heads of 128 dims): exact f32 scoring, and
+    // the bf16 tensor-core scoring of train.precision = bf16 (FLOPs: the causal pairs' q·k products; against the bf16
+    // peak for both, as that is what the work could run at)
+    for (const int64_t T : {int64_t(8192), int64_t(32768)}) {
+        const int64_t HI = 64, DI = 128, K = 2048;
+        Tensor q = gpu_random(Shape{1, T, HI, DI}, 51), k = gpu_random(Shape{1, T, DI}, 52),
+               w = gpu_random(Shape{1, T, HI}, 53), idx(DType::i32, Shape{1, T, K}, Device::cuda),
+               sc = gpu_zeros(Shape{1, T, K});
+        const double fl = 2.0 * double(HI * DI) * double(T) * double(T + 1) / 2;
+        const std::string shape = fmt::format("T {} HI {} DI {} top-{}", T, HI, DI, K);
+        for (const bool bf16 : {false, true}) {
+            if (!bf16 && T > 8192) continue;  // the exact kernel's time grows as T²: one size shows its rate
+            const ops::GemmPrecisionScope precision(bf16 ? ops::GemmPrecision::bf16 : ops::GemmPrecision::f32);
+            report({bf16 ? "dsa_indexer bf16" : "dsa_indexer", shape, "forward",
+                    median_ms([&] { ops::dsa_indexer_forward({.topk = K}, q, k, w, idx, sc, {}); }, 3), fl, true,
+                    true});
+        }
     }
     {  // DSA's sparse MQA attention, DeepSeek-V3.2's entry (576 dims, values 512), top-2048 of T = 8192, H = 16
         const int64_t B = 1, T = 8192, H = 16, DK = 576, DV = 512, K = 2048;

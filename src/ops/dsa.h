@@ -6,7 +6,9 @@
 //   total order (higher I first, ties to the larger s), written in ascending s, padded with −1; scores
 //   holds the selected I (0 at padding). Key blocks stream through a running top-k, so no [T, T]
 //   matrix exists; I is a pure function of (t, s) (fixed tiles, fixed sums), so the selection does not
-//   depend on the thread count. Shapes: q [B,T,HI,DI], k [B,T,DI], w [B,T,HI], indices/scores [B,T,K].
+//   depend on the thread count. At GemmPrecision::bf16 (ops/gemm.h) f32 scores are a bf16 GEMM's: q and k
+//   rounded to bf16, f32 sums (tensor cores on the GPU). Shapes: q [B,T,HI,DI], k [B,T,DI], w [B,T,HI],
+//   indices/scores [B,T,K].
 // sparse_attention: for each query t and head h over the valid entries s of indices[t] (−1 or ≥ T
 //   are skipped): z = scale·q[t,h]·kv[s], o[t,h] = Σ softmax(z)·kv[s][:dv], lse = ln Σ exp z (natural
 //   log); a query with no valid entry gets o = 0 and lse = +inf. The value is the first dv dims of

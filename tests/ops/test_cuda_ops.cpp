@@ -795,6 +795,49 @@ TEST(CudaOps, DsaIndexerSelectsTheCpusTokens) {
     }
 }
 
+// At train.precision = bf16 the GPU scores on tensor cores (WMMA) with q and k rounded to bf16; the CPU rounds them
+// too. The inputs make every sum exact in f32, so both devices give the same bits whatever their order of sums: keys
+// of small integers, queries n·1.0058 (n = ±1…±4, rounded to bf16 as round-to-nearest-even rounds them, not as
+// truncation would), head weights in quarters. Integer-valued scores tie often, so the tie order is checked too.
+// Shapes: heads and dims that pad to whole tiles of 16 and that do not; a batch of two rows and packed sequences;
+// topk below, at and above a round of 256 candidates; rows whose last round of keys reads past the last key.
+TEST(CudaOps, DsaIndexerOnTensorCoresSelectsTheCpusBf16Tokens) {
+    SKIP_WITHOUT_GPU();
+    struct Case {
+        int64_t B, T, HI, DI, topk;
+        std::vector<int64_t> cu;
+    };
+    for (const Case& c :
+         {Case{1, 700, 20, 40, 40, {0, 5, 90, 700}}, Case{2, 300, 16, 32, 8, {}}, Case{1, 600, 3, 16, 300, {0, 600}}}) {
+        Tensor q(DType::f32, Shape{c.B, c.T, c.HI, c.DI}), k(DType::f32, Shape{c.B, c.T, c.DI}),
+            w(DType::f32, Shape{c.B, c.T, c.HI});
+        for (int64_t i = 0; i < q.numel(); ++i) {
+            const int64_t n = int64_t((i * 2654435761u) >> 7) % 8;
+            q.ptr<float>()[i] = float(n < 4 ? n + 1 : 3 - n) * 1.0058f;
+        }
+        for (int64_t i = 0; i < k.numel(); ++i) k.ptr<float>()[i] = float(int64_t((i * 40503u) >> 5) % 9 - 4);
+        for (int64_t i = 0; i < w.numel(); ++i) w.ptr<float>()[i] = 0.25f * float(int64_t((i * 7919u) >> 3) % 9 - 4);
+        const ops::GemmPrecisionScope bf16(ops::GemmPrecision::bf16);
+        Tensor idx(DType::i32, Shape{c.B, c.T, c.topk}), sc(DType::f32, Shape{c.B, c.T, c.topk});
+        Tensor didx(DType::i32, Shape{c.B, c.T, c.topk}, Device::cuda),
+            dsc(DType::f32, Shape{c.B, c.T, c.topk}, Device::cuda);
+        std::vector<std::byte> ws(
+            ops::dsa_indexer_workspace_bytes(DType::f32, c.B, c.T, c.HI, c.DI, c.topk, omp_get_max_threads()));
+        ops::dsa_indexer_forward({.topk = c.topk}, q, k, w, idx, sc, ws, c.cu);
+        ops::dsa_indexer_forward({.topk = c.topk}, q.to(Device::cuda), k.to(Device::cuda), w.to(Device::cuda), didx,
+                                 dsc, ws, c.cu);
+        EXPECT_TRUE(test::bitwise_equal(didx.to(Device::cpu), idx)) << "HI " << c.HI << " topk " << c.topk;
+        EXPECT_TRUE(test::bitwise_equal(dsc.to(Device::cpu), sc)) << "HI " << c.HI << " topk " << c.topk;
+        // the selection is not the f32 one: rounding q moved scores
+        Tensor fidx(DType::i32, Shape{c.B, c.T, c.topk}), fsc(DType::f32, Shape{c.B, c.T, c.topk});
+        {
+            const ops::GemmPrecisionScope f32(ops::GemmPrecision::f32);
+            ops::dsa_indexer_forward({.topk = c.topk}, q, k, w, fidx, fsc, ws, c.cu);
+        }
+        EXPECT_FALSE(test::bitwise_equal(fsc, sc)) << "HI " << c.HI << " topk " << c.topk;
+    }
+}
+
 // The indexer's KL loss on the GPU against the CPU: over the selected entries (with padding) and dense over every
 // candidate of packed sequences; the loss, the rows with support, and the accumulated dq, dk, dw.
 TEST(CudaOps, IndexerKlMatchesTheCpuSparseAndDense) {

@@ -2,7 +2,7 @@
 // sort by the total order, thread-count invariance of the selection and of the backward scatter, lonely
 // rows, sparse attention with every candidate selected equal to the dense attention op, a KL target
 // equal to the student's own distribution giving zero loss and zero gradients, the π − p form of the KL
-// gradient, and one-token sequences.
+// gradient, one-token sequences, and the bf16 scoring of train.precision = bf16.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -10,8 +10,10 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "ops/attention.h"
 #include "ops/dsa.h"
+#include "ops/gemm.h"
 #include "util/test_util.h"
 
 namespace tessera {
@@ -97,6 +99,44 @@ TEST(DsaIndexer, SameSelectionOnOneAndTwoThreads) {
     omp_set_num_threads(threads);
     EXPECT_TRUE(test::bitwise_equal(i1, i2));
     EXPECT_TRUE(test::bitwise_equal(s1, s2));
+}
+
+// At GemmPrecision::bf16 the indexer scores as its GEMM then computes: q and k rounded to bf16 (w not), f32 sums.
+// Every selected score is the f64 score of the rounded operands within f32 rounding, and visibly not the unrounded
+// one's; at f32 the scores are the unrounded ones'.
+TEST(DsaIndexer, Bf16PrecisionScoresTheRoundedOperands) {
+    const int64_t T = 300, HI = 4, DI = 24, K = 32;
+    const IndexerInputs in = indexer_inputs(DType::f32, T, HI, DI, 21);
+    const auto reference = [&](int64_t t, int64_t s, bool rounded) {
+        const auto r = [&](float v) { return rounded ? double(bf16_to_float(float_to_bf16(v))) : double(v); };
+        double I = 0;
+        for (int64_t j = 0; j < HI; ++j) {
+            double a = 0;
+            for (int64_t d = 0; d < DI; ++d)
+                a += r(in.q.ptr<float>()[(t * HI + j) * DI + d]) * r(in.k.ptr<float>()[s * DI + d]);
+            I += double(in.w.ptr<float>()[t * HI + j]) * std::max(a, 0.0);
+        }
+        return I;
+    };
+    for (const ops::GemmPrecision precision : {ops::GemmPrecision::bf16, ops::GemmPrecision::f32}) {
+        Tensor idx(DType::i32, Shape{1, T, K}), sc(DType::f32, Shape{1, T, K});
+        {
+            const ops::GemmPrecisionScope scope(precision);
+            select_topk(K, in, idx, sc);
+        }
+        const bool bf16 = precision == ops::GemmPrecision::bf16;
+        double own = 0,
+               other = 0;  // the largest differences from the scores of this precision's and the other's operands
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < K && idx.ptr<int32_t>()[t * K + i] >= 0; ++i) {
+                const int64_t s = idx.ptr<int32_t>()[t * K + i];
+                const double got = sc.ptr<float>()[t * K + i];
+                own = std::max(own, std::abs(got - reference(t, s, bf16)) / (1 + std::abs(got)));
+                other = std::max(other, std::abs(got - reference(t, s, !bf16)) / (1 + std::abs(got)));
+            }
+        EXPECT_LT(own, 1e-5) << (bf16 ? "bf16" : "f32");
+        EXPECT_GT(other, 1e-3) << (bf16 ? "bf16" : "f32") << ": the two precisions give the same scores";
+    }
 }
 
 struct SparseRun {

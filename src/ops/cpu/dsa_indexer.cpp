@@ -13,6 +13,7 @@
 #include "ops/cpu/kernel_util.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/dsa.h"
+#include "ops/gemm.h"
 #include "ops/op_use.h"
 
 namespace tessera::ops {
@@ -57,6 +58,11 @@ IndexerDims check_indexer(const TensorView& q, const TensorView& k, const Tensor
     return d;
 }
 
+template <class T>
+void round_bf16(T* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] = T(bf16_to_float(float_to_bf16(float(x[i]))));
+}
+
 int64_t padded_keys(int64_t T) { return (T + kKeyBlock - 1) / kKeyBlock * kKeyBlock; }
 
 // Shared: kᵀ of every batch row [B, DI, Tp] (zero-padded to whole key blocks). Per thread: the score
@@ -69,10 +75,12 @@ struct IndexerShared {
 template <class T>
 struct IndexerScratch {
     T* a;
+    T* qr;            // [kQueryBlock·HI, DI]: the block's queries rounded to bf16 (GemmPrecision::bf16)
     Candidate* cand;  // [kQueryBlock, 2·topk]
     int64_t* count;   // [kQueryBlock]
     IndexerScratch(const IndexerDims& d, int64_t topk, WorkspaceCursor& c)
         : a(c.take<T>(size_t(kQueryBlock * d.HI * kKeyBlock))),
+          qr(c.take<T>(size_t(kQueryBlock * d.HI * d.DI))),
           cand(c.take<Candidate>(size_t(kQueryBlock * 2 * topk))),
           count(c.take<int64_t>(kQueryBlock)) {}
 };
@@ -88,6 +96,8 @@ void indexer_forward(const DsaIndexerParams& p,
                      const Segments& seg,
                      std::span<std::byte> ws) {
     const int64_t K = p.topk, Tp = padded_keys(d.T), cap = 2 * K;
+    // at train.precision = bf16 the scores are a GEMM's: q and k rounded to bf16, f32 sums (the GPU: tensor cores)
+    const bool bf16 = std::is_same_v<T, float> && gemm_precision() == GemmPrecision::bf16;
     const int nt = omp_get_max_threads();
     const size_t shared = cpu::measure_scratch([&](WorkspaceCursor& c) { IndexerShared<T>(d, c); });
     const size_t per_thread = cpu::measure_scratch([&](WorkspaceCursor& c) { IndexerScratch<T>(d, K, c); });
@@ -102,6 +112,7 @@ void indexer_forward(const DsaIndexerParams& p,
             T* kt = sh.kt + b * d.DI * Tp;
             std::fill(kt, kt + d.DI * Tp, T(0));
             cpu::transpose(k.ptr<T>() + b * d.T * d.DI, d.T, d.DI, d.DI, kt, Tp);  // [DI, Tp]
+            if (bf16) round_bf16(kt, d.DI * Tp);
         }
         WorkspaceCursor cur(slices.thread(omp_get_thread_num()));
         const IndexerScratch<T> sc(d, K, cur);
@@ -116,6 +127,11 @@ void indexer_forward(const DsaIndexerParams& p,
                 lo = std::min(lo, seg.first_of(b, t));
             }
             const T* qrows = q.ptr<T>() + (b * d.T + t0) * d.HI * d.DI;
+            if (bf16) {
+                std::copy_n(qrows, (t1 - t0) * d.HI * d.DI, sc.qr);
+                round_bf16(sc.qr, (t1 - t0) * d.HI * d.DI);
+                qrows = sc.qr;
+            }
             for (int64_t s0 = lo / kKeyBlock * kKeyBlock; s0 < t1; s0 += kKeyBlock) {
                 cpu::small_gemm_nn((t1 - t0) * d.HI, kKeyBlock, d.DI, T(1), qrows, d.DI, kt + s0, Tp, T(0), sc.a,
                                    kKeyBlock);

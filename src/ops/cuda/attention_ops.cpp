@@ -9,6 +9,7 @@
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/entry_util.h"
+#include "ops/gemm.h"
 
 namespace tessera::ops::cuda {
 
@@ -183,11 +184,23 @@ void dsa_indexer_forward(const DsaIndexerParams& p,
                          p.topk,
                          indexer_list_size(p.topk),
                          cu_seqlens.empty() ? 0 : int64_t(cu_seqlens.size()) - 1};
-    const size_t need = indexer_smem(s.HI, s.DI, s.topk, dtype_size(q.dtype)), limit = max_shared_memory();
+    // at train.precision = bf16 the scores are a GEMM's, on tensor cores with bf16 operands (the CPU rounds them too)
+    const bool tensor_cores = q.dtype == DType::f32 && gemm_precision() == GemmPrecision::bf16;
+    const size_t need = indexer_smem(s.HI, s.DI, s.topk, dtype_size(q.dtype), tensor_cores),
+                 limit = max_shared_memory();
     TESSERA_CHECK(need <= limit,
                   "dsa_indexer (CUDA): {} heads of {} dims with topk {} need {} bytes of shared memory; the device "
                   "allows {}",
                   s.HI, s.DI, s.topk, need, limit);
+    if (tensor_cores) {  // one scratch request: cu, then the rounded keys
+        const size_t cu_bytes = scratch_part(cu_seqlens.size_bytes());
+        auto* base = static_cast<std::byte*>(scratch(cu_bytes + indexer_bf16_keys_bytes(s.B, s.T, s.DI)));
+        const int64_t* cu = cu_seqlens.empty() ? nullptr : upload(base, cu_seqlens);
+        check_launch(launch_dsa_indexer_bf16(s, cu, q.ptr<float>(), k.ptr<float>(), w.ptr<float>(), base + cu_bytes,
+                                             indices.ptr<int32_t>(), scores.ptr<float>(), stream()),
+                     "dsa_indexer");
+        return;
+    }
     dispatch_float(q.dtype, "dsa_indexer", [&]<class T>(T) {
         const int64_t* cu = cu_seqlens.empty() ? nullptr : to_scratch(cu_seqlens);
         check_launch(launch_dsa_indexer<T>(s, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), indices.ptr<int32_t>(),

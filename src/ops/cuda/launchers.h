@@ -221,12 +221,15 @@ cudaError_t launch_attention_backward(AttnShape s,
 
 // DSA's lightning indexer with its top-k (ops/dsa.h): q [B, T, HI, DI], k [B, T, DI], w [B, T, HI], indices and
 // scores [B, T, topk], contiguous; cu: the `segments` + 1 sequence offsets of a packed row (device memory), or
-// null. The block's candidate list holds P = indexer_list_size(topk) entries.
+// null. The block's candidate list holds P = indexer_list_size(topk) entries. launch_dsa_indexer scores exactly;
+// launch_dsa_indexer_bf16 scores f32 tensors on tensor cores with q and k rounded to bf16 (f32 sums), `keys` being
+// device memory of indexer_bf16_keys_bytes for the rounded keys.
 struct IndexerShape {
     int64_t B, T, HI, DI, topk, P, segments;
 };
 int64_t indexer_list_size(int64_t topk);
-size_t indexer_smem(int64_t HI, int64_t DI, int64_t topk, size_t elem);
+size_t indexer_smem(int64_t HI, int64_t DI, int64_t topk, size_t elem, bool tensor_cores);
+size_t indexer_bf16_keys_bytes(int64_t B, int64_t T, int64_t DI);
 template <class T>
 cudaError_t launch_dsa_indexer(IndexerShape s,
                                const int64_t* cu,
@@ -236,6 +239,15 @@ cudaError_t launch_dsa_indexer(IndexerShape s,
                                int32_t* indices,
                                T* scores,
                                cudaStream_t stream);
+cudaError_t launch_dsa_indexer_bf16(IndexerShape s,
+                                    const int64_t* cu,
+                                    const float* q,
+                                    const float* k,
+                                    const float* w,
+                                    void* keys,
+                                    int32_t* indices,
+                                    float* scores,
+                                    cudaStream_t stream);
 
 // The dense warm-up's selection (ops/dsa.h dsa_all_candidates): indices [B, T, K] i32, every s <= t of t's sequence
 // ascending, then −1; cu as for the indexer.
