@@ -15,8 +15,12 @@
 // by a window goes on from its saved state (forward) or from a carried dS (backward).
 // Every sum has one thread and one order: bitwise run to run. Decay factors are running products of exp(g), as on the
 // CPU (never exp of a difference of prefix sums), flushed to 0 below the smallest normal number as exp underflows.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
@@ -108,11 +112,76 @@ enum class Part : int { all, lower, strict };  // all, n ≤ m, n < m
 constexpr int kTile = 64, kStep = 16, kLanes = kTile / 16;
 static_assert(kChunkThreads == 256, "block_tiles: a 16 × 16 grid of threads");
 
+// The shared memory of block_tiles: the two operand tiles of the scalar path, or the tensor-core path's bf16 operand
+// tiles and f32 output tile.
+constexpr size_t kTilesSmem = std::max(2 * kStep * (kTile + 1) * sizeof(double),
+                                       2 * kStep * kTile * sizeof(__nv_bfloat16) + kTile * kTile * sizeof(float));
+
+// block_tiles on tensor cores (train.precision = bf16 with f32 data): the operands rounded to bf16 as they are staged
+// ([m][l] and [l][n]), the tile's 16 sub-tiles of 16 × 16 on the 8 warps (a row of 16 and two columns of 16 each), f32
+// sums over l in steps of 16 (WMMA), then the tile through shared memory to store: element e of the tile goes to
+// thread e mod 256, the same thread for the same shape (so a second product may read what the first stored).
+template <class Keep, class Store>
+__device__ void block_tiles_tc(int64_t M,
+                               int64_t N,
+                               int64_t L,
+                               const float* A,
+                               int64_t am,
+                               int64_t al,
+                               const float* B,
+                               int64_t bl,
+                               int64_t bn,
+                               Keep keep,
+                               Store store,
+                               unsigned char* smem) {
+    namespace wmma = nvcuda::wmma;
+    auto* As = reinterpret_cast<__nv_bfloat16*>(smem);        // [kTile][kStep]
+    __nv_bfloat16* Bs = As + kTile * kStep;                   // [kStep][kTile]
+    auto* Cs = reinterpret_cast<float*>(Bs + kStep * kTile);  // [kTile][kTile]
+    const int tid = threadIdx.x, warp = tid / 32, sm = warp / 2 * 16, sn = warp % 2 * 32;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+    for (int64_t m0 = 0; m0 < M; m0 += kTile)
+        for (int64_t n0 = 0; n0 < N; n0 += kTile) {
+            if (!keep(m0, n0)) continue;
+            wmma::fill_fragment(acc[0], 0.0f);
+            wmma::fill_fragment(acc[1], 0.0f);
+            for (int64_t l0 = 0; l0 < L; l0 += kStep) {
+                const int64_t steps = min(int64_t(kStep), L - l0);
+                __syncthreads();  // the previous step's operands (or the previous tile's output) are consumed
+                for (int e = tid; e < kStep * kTile; e += kChunkThreads) {
+                    const int a_l = al == 1 ? e % kStep : e / kTile, a_m = al == 1 ? e / kStep : e % kTile;
+                    const int b_l = bl == 1 ? e % kStep : e / kTile, b_n = bl == 1 ? e / kStep : e % kTile;
+                    As[a_m * kStep + a_l] =
+                        __float2bfloat16(a_l < steps && m0 + a_m < M ? A[(m0 + a_m) * am + (l0 + a_l) * al] : 0.0f);
+                    Bs[b_l * kTile + b_n] =
+                        __float2bfloat16(b_l < steps && n0 + b_n < N ? B[(l0 + b_l) * bl + (n0 + b_n) * bn] : 0.0f);
+                }
+                __syncthreads();
+                wmma::load_matrix_sync(fa, As + sm * kStep, unsigned(kStep));
+                for (int h = 0; h < 2; ++h) {
+                    wmma::load_matrix_sync(fb, Bs + sn + 16 * h, unsigned(kTile));
+                    wmma::mma_sync(acc[h], fa, fb, acc[h]);
+                }
+            }
+            __syncthreads();  // the previous tile's output is consumed
+            for (int h = 0; h < 2; ++h)
+                wmma::store_matrix_sync(Cs + sm * kTile + sn + 16 * h, acc[h], unsigned(kTile), wmma::mem_row_major);
+            __syncthreads();
+            for (int e = tid; e < kTile * kTile; e += kChunkThreads) {
+                const int64_t m = m0 + e / kTile, n = n0 + e % kTile;
+                if (m < M && n < N) store(m, n, Cs[e]);
+            }
+        }
+}
+
 // store(m, n, Σ_l A(m, l)·B(l, n)) for every element of the M × N product over the block's threads, A(m, l) =
 // A[m·am + l·al], B(l, n) = B[l·bl + n·bn]; tiles where keep(m0, n0) is false (none of their elements wanted) are
-// skipped. Every thread of the block takes part.
+// skipped. Every thread of the block takes part. tc (f32 only): on tensor cores, operands rounded to bf16.
 template <class T, class Keep, class Store>
-__device__ void block_tiles(int64_t M,
+__device__ void block_tiles(bool tc,
+                            int64_t M,
                             int64_t N,
                             int64_t L,
                             const T* A,
@@ -123,7 +192,12 @@ __device__ void block_tiles(int64_t M,
                             int64_t bn,
                             Keep keep,
                             Store store) {
-    __shared__ T As[kStep][kTile + 1], Bs[kStep][kTile + 1];  // [l][m], [l][n]; the pad spreads l-major stores
+    __align__(32) __shared__ unsigned char smem[kTilesSmem];
+    if constexpr (std::is_same_v<T, float>) {
+        if (tc) return block_tiles_tc(M, N, L, A, am, al, B, bl, bn, keep, store, smem);
+    }
+    auto* As = reinterpret_cast<T(*)[kTile + 1]>(smem);  // [l][m], [l][n]; the pad spreads l-major stores
+    auto* Bs = As + kStep;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     for (int64_t m0 = 0; m0 < M; m0 += kTile)
         for (int64_t n0 = 0; n0 < N; n0 += kTile) {
@@ -166,10 +240,11 @@ __device__ void block_tiles(int64_t M,
         }
 }
 
-// Out[m, n] = alpha·Σ_l A(m, l)·B(l, n) + beta·Out[m, n] (block_tiles' operands); beta = 0 overwrites. Elements
-// outside `part` are set to 0.
+// Out[m, n] = alpha·Σ_l A(m, l)·B(l, n) + beta·Out[m, n] (block_tiles' operands, and tc); beta = 0 overwrites.
+// Elements outside `part` are set to 0.
 template <class T>
-__device__ void block_mm(int64_t M,
+__device__ void block_mm(bool tc,
+                         int64_t M,
                          int64_t N,
                          int64_t L,
                          T alpha,
@@ -195,7 +270,7 @@ __device__ void block_mm(int64_t M,
         }
         return false;
     };
-    block_tiles(M, N, L, A, am, al, B, bl, bn, keep, [&](int64_t m, int64_t n, T acc) {
+    block_tiles(tc, M, N, L, A, am, al, B, bl, bn, keep, [&](int64_t m, int64_t n, T acc) {
         T* o = out + m * ldo + n;
         *o = !wanted(m, n) ? T(0) : beta == T(0) ? alpha * acc : alpha * acc + beta * *o;
     });
@@ -317,11 +392,11 @@ __global__ void __launch_bounds__(kChunkThreads) prepare_kernel(KdaShape s,
         }
     }
     __syncthreads();
-    block_mm<T>(C, K, C, 1, x.Tinv, C, 1, x.Kb, K, 1, 0, x.W, K);
-    block_mm<T>(C, V, C, 1, x.Tinv, C, 1, x.Vb, V, 1, 0, x.U, V);
+    block_mm<T>(s.bf16, C, K, C, 1, x.Tinv, C, 1, x.Kb, K, 1, 0, x.W, K);
+    block_mm<T>(s.bf16, C, V, C, 1, x.Tinv, C, 1, x.Vb, V, 1, 0, x.U, V);
     if (!states) return;
     __syncthreads();  // V' = U − W·S_n
-    block_mm<T>(C, V, K, -1, x.W, K, 1, states + (at.g * s.HV + at.i) * K * V, V, 1, 1, x.U, V);
+    block_mm<T>(s.bf16, C, V, K, -1, x.W, K, 1, states + (at.g * s.HV + at.i) * K * V, V, 1, 1, x.U, V);
 }
 
 // The scans: a group of kScanLanes threads per value column j, lane p holding rows p, p + kScanLanes, … of the
@@ -412,10 +487,11 @@ __global__ void __launch_bounds__(kChunkThreads) output_kernel(
     T* out = o + (at.t0 * s.HV + at.i) * V;
     const int64_t ldo = s.HV * V;
     const auto all = [](int64_t, int64_t) { return true; };
-    block_tiles(at.rows, V, K, at.x.Qg, K, int64_t(1), Sn, V, int64_t(1), all,
-                [&](int64_t r, int64_t j, T inter) { out[r * ldo + j] = inter; });
-    block_tiles(at.rows, V, C, at.x.Aqk, C, int64_t(1), at.x.U, V, int64_t(1), all,
-                [&](int64_t r, int64_t j, T intra) { out[r * ldo + j] = intra + out[r * ldo + j]; });
+    bool add = false;  // one store for both products (one instantiation of block_tiles: one copy of its shared memory)
+    const auto put = [&](int64_t r, int64_t j, T x) { out[r * ldo + j] = add ? x + out[r * ldo + j] : x; };
+    block_tiles(s.bf16, at.rows, V, K, at.x.Qg, K, int64_t(1), Sn, V, int64_t(1), all, put);
+    add = true;
+    block_tiles(s.bf16, at.rows, V, C, at.x.Aqk, C, int64_t(1), at.x.U, V, int64_t(1), all, put);
 }
 
 // The reverse scan of dS over the window's chunks. It writes each chunk's dO (zero-padded), dS_{n+1} and dV' into
@@ -488,22 +564,22 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_backward_kernel(KdaShape 
     const Slot<T>& x = at.x;
     const int64_t C = s.C, K = s.K, V = s.V, tid = threadIdx.x, nt = blockDim.x;
     const T* Sn = states + (at.g * s.HV + at.i) * K * V;
-    block_mm<T>(C, C, V, 1, x.dO, V, 1, x.U, 1, V, 0, x.dAqk, C, Part::lower);  // dAqk = tril(dO·V'ᵀ)
-    block_mm<T>(C, K, V, 1, x.dO, V, 1, Sn, 1, V, 0, x.dQg, K);                 // dQg = dO·S_nᵀ
-    block_mm<T>(C, K, V, 1, x.U, V, 1, x.dSn, 1, V, 0, x.dKend, K);             // dKend = V'·dS_{n+1}ᵀ
-    block_mm<T>(C, K, V, -1, x.dVp, V, 1, Sn, 1, V, 0, x.dW, K);                // dW = −dV'·S_nᵀ
-    block_mm<T>(C, C, V, 1, x.dVp, V, 1, x.Vb, 1, V, 0, x.dT, C);               // dT = dV'·Vbᵀ (+ dW·Kbᵀ below)
-    block_mm<T>(C, V, C, 1, x.Tinv, 1, C, x.dVp, V, 1, 0, x.dVb, V);            // dVb = Tinvᵀ·dV'
+    block_mm<T>(s.bf16, C, C, V, 1, x.dO, V, 1, x.U, 1, V, 0, x.dAqk, C, Part::lower);  // dAqk = tril(dO·V'ᵀ)
+    block_mm<T>(s.bf16, C, K, V, 1, x.dO, V, 1, Sn, 1, V, 0, x.dQg, K);                 // dQg = dO·S_nᵀ
+    block_mm<T>(s.bf16, C, K, V, 1, x.U, V, 1, x.dSn, 1, V, 0, x.dKend, K);             // dKend = V'·dS_{n+1}ᵀ
+    block_mm<T>(s.bf16, C, K, V, -1, x.dVp, V, 1, Sn, 1, V, 0, x.dW, K);                // dW = −dV'·S_nᵀ
+    block_mm<T>(s.bf16, C, C, V, 1, x.dVp, V, 1, x.Vb, 1, V, 0, x.dT, C);     // dT = dV'·Vbᵀ (+ dW·Kbᵀ below)
+    block_mm<T>(s.bf16, C, V, C, 1, x.Tinv, 1, C, x.dVp, V, 1, 0, x.dVb, V);  // dVb = Tinvᵀ·dV'
     for (int64_t c = tid; c < K; c += nt) {
         T acc = 0;
         for (int64_t v = 0; v < V; ++v) acc += x.dSn[c * V + v] * Sn[c * V + v];
         x.dgamma[c] = acc;
     }
     __syncthreads();
-    block_mm<T>(C, C, K, 1, x.dW, K, 1, x.Kb, 1, K, 1, x.dT, C);
-    block_mm<T>(C, K, C, 1, x.Tinv, 1, C, x.dW, K, 1, 0, x.dKb, K);  // dKb = Tinvᵀ·dW
+    block_mm<T>(s.bf16, C, C, K, 1, x.dW, K, 1, x.Kb, 1, K, 1, x.dT, C);
+    block_mm<T>(s.bf16, C, K, C, 1, x.Tinv, 1, C, x.dW, K, 1, 0, x.dKb, K);  // dKb = Tinvᵀ·dW
     __syncthreads();
-    block_mm<T>(C, C, C, 1, x.dT, C, 1, x.Tinv, 1, C, 0, x.tmp, C);  // tmp = dT·Tinvᵀ
+    block_mm<T>(s.bf16, C, C, C, 1, x.dT, C, 1, x.Tinv, 1, C, 0, x.tmp, C);  // tmp = dT·Tinvᵀ
     for (int64_t e = tid; e < C * K; e += nt) {
         const T d = x.dKb[e];
         x.dK[e] = x.beta[e / K] * x.eG[e] * d;
@@ -516,7 +592,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_backward_kernel(KdaShape 
         x.dbeta[r] = db;
     }
     __syncthreads();
-    block_mm<T>(C, C, C, -1, x.Tinv, 1, C, x.tmp, C, 1, 0, x.dM, C, Part::strict);  // dL = −strict_tril(Tinvᵀ·tmp)
+    block_mm<T>(s.bf16, C, C, C, -1, x.Tinv, 1, C, x.tmp, C, 1, 0, x.dM, C,
+                Part::strict);  // dL = −strict_tril(Tinvᵀ·tmp)
     __syncthreads();
     for (int64_t r = tid; r < C; r += nt) {  // dβ[r] += Σ_j dL[r, j]·M[r, j]; dM = Diag(β)·dL
         T db = 0;

@@ -9,6 +9,7 @@
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/entry_util.h"
+#include "ops/gemm.h"
 
 namespace tessera::ops::cuda {
 
@@ -26,6 +27,8 @@ KdaCall kda_call(const KdaParams& p, const KdaInputs& in, size_t elem, bool back
     KdaCall c;
     const int64_t B = in.q.size(0), T = in.q.size(1), K = in.q.size(3), V = in.v.size(3), C = p.chunk_size;
     c.s = {in.q.size(2), in.v.size(2), K, V, C, p.scale > 0 ? p.scale : 1.0 / std::sqrt(double(K))};
+    // at train.precision = bf16 the chunked algorithm's block products (GEMMs of the chunk's tiles) run on tensor cores
+    c.s.bf16 = p.mode == KdaMode::chunk && in.q.dtype == DType::f32 && gemm_precision() == GemmPrecision::bf16;
     c.tokens = B * T;
     auto add = [&](int64_t first, int64_t len) {
         c.seqs.push_back({first, len, c.total_chunks});

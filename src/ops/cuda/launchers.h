@@ -359,6 +359,7 @@ cudaError_t launch_cached_index_topk(
 struct KdaShape {
     int64_t H, HV, K, V, C;
     double scale;
+    bool bf16 = false;  // the chunked kernels' block products on tensor cores, operands rounded to bf16 (f32 only)
 };
 struct KdaSeq {
     int64_t first, len, chunk0;
