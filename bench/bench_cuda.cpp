@@ -1,7 +1,7 @@
 // The CUDA backend's ops on the GPU (built with -DTESSERA_CUDA=ON; run by scripts/device-check.sh run or bench): time
 // per call (median of 20 after 3 warm-ups, of 5 or fewer for the slow rows, each timed to its stream's completion),
 // and the rate as a fraction of the device's peak: GEMM-bound ops in FLOP/s against the f32 (FFMA, no tensor cores)
-// peak (the `linear bf16` rows, train.precision = bf16, and the indexer's against the dense bf16 tensor-core peak),
+// peak (the `... bf16` rows, train.precision = bf16, and the indexer's against the dense bf16 tensor-core peak),
 // memory-bound ones in bytes moved against HBM bandwidth. Attention's and sparse attention's backward count 2.5× their
 // forward FLOPs (FlashAttention-2's count), KDA's forward the Kimi Linear paper's chunk count and its
 // backward twice that; the MoE experts' forward + backward 3 × 6·rows·L·F, next to one dense GEMM of the forward's
@@ -163,12 +163,19 @@ int main(int argc, char** argv) {
                db = gpu_zeros(Shape{B, T, H});
         const ops::KdaInputs in{q, k, v, g, beta, {}, {}};
         const ops::KdaParams p{.mode = mode};
-        const std::string op = mode == ops::KdaMode::chunk ? "kda (chunk)" : "kda (recurrent)";
         const std::string shape = fmt::format("B {} T {} H {} K = V = {}", B, T, H, D);
         const double fl = ops::kda_forward_flops(B * T, H, D, 64);
-        report({op, shape, "forward", median_ms([&] { ops::kda_forward(p, in, o, {}, {}); }, reps_f), fl, true});
-        const auto backward = [&] { ops::kda_backward(p, in, dout, {}, {dq, dk, dv, dg, db, {}}, {}); };
-        report({op, shape, "backward", median_ms(backward, reps_b), 2 * fl, true});
+        // the chunked kernels also at train.precision = bf16 (block products on tensor cores), against the bf16 peak
+        for (const bool bf16 : {false, true}) {
+            if (bf16 && mode != ops::KdaMode::chunk) continue;
+            const ops::GemmPrecisionScope precision(bf16 ? ops::GemmPrecision::bf16 : ops::GemmPrecision::f32);
+            const std::string op =
+                mode == ops::KdaMode::chunk ? (bf16 ? "kda (chunk) bf16" : "kda (chunk)") : "kda (recurrent)";
+            report(
+                {op, shape, "forward", median_ms([&] { ops::kda_forward(p, in, o, {}, {}); }, reps_f), fl, true, bf16});
+            const auto backward = [&] { ops::kda_backward(p, in, dout, {}, {dq, dk, dv, dg, db, {}}, {}); };
+            report({op, shape, "backward", median_ms(backward, reps_b), 2 * fl, true, bf16});
+        }
     };
     for (const ops::KdaMode mode : {ops::KdaMode::chunk, ops::KdaMode::recurrent}) {
         kda_rows(mode, 4, 2048, 16, 128, 20, 20, 15);
@@ -230,6 +237,12 @@ int main(int argc, char** argv) {
         const double fl = 2.0 * double(entries) * double(H) * double(DK + DV);  // QKᵀ and PV over the valid entries
         report({"sparse_attention", shape, "forward",
                 median_ms([&] { ops::sparse_attention_forward(sp, q, kv, indices, o, lse, {}); }, 3), fl, true});
+        {  // train.precision = bf16: the forward on tensor cores, against the bf16 peak
+            const ops::GemmPrecisionScope bf16(ops::GemmPrecision::bf16);
+            report({"sparse_attention bf16", shape, "forward",
+                    median_ms([&] { ops::sparse_attention_forward(sp, q, kv, indices, o, lse, {}); }, 3), fl, true,
+                    true});
+        }
         report({"sparse_attention", shape, "backward",
                 median_ms([&] { ops::sparse_attention_backward(sp, dout, q, kv, indices, o, lse, dq, dkv, {}); }, 1),
                 2.5 * fl, true});

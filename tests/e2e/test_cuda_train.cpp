@@ -206,10 +206,11 @@ TEST(CudaTrain, LoraOnABaseHeldNarrowFineTunesOnTheGpuWithTheCpusLosses) {
 
 // train.precision = bf16: every GEMM's operands rounded to bf16, products summed in f32 (the tensor cores' form; the
 // CPU computes the same as its oracle); parameters, gradients, AdamW state and activations stay f32. The GPU's chunked
-// KDA also runs its block products on tensor cores with bf16 operands, where the CPU's KDA stays f32: the first step's
-// loss is the CPU's bf16 one within 5e-6 (2.2e-6 on the emulator; the CPU's bf16 and f32 losses are 5.4e-6 apart);
-// then rounding to bf16 amplifies the devices' differences, so the trajectories stay within 3e-3 of each other and
-// within 1e-2 of f32; the model learns; bitwise run to run.
+// KDA and sparse attention's forward also run on tensor cores with bf16 operands, where the CPU's stay f32, so the
+// first step's loss is the CPU's bf16 one within 1e-5 (3.2e-6 on the emulator; the CPU's bf16 and f32 losses are
+// 5.4e-6 apart: the GEMMs' parity is CudaOps.Bf16GemmsMatchTheCpuOnOperandsRoundedToBf16's to check); then rounding
+// to bf16 amplifies the devices' differences, so the trajectories stay within 3e-3 of each other and within 1e-2 of
+// f32; the model learns; bitwise run to run.
 TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
     SKIP_WITHOUT_GPU();
     test::TempDir d;
@@ -219,7 +220,7 @@ TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
                               b = run(d, kHybrid, "cuda", "b", {}, "", bf16);
     ASSERT_EQ(a.losses.size(), 20u);
     std::printf("[ bf16 ] first losses: GPU %.9f, CPU %.9f, CPU f32 %.9f\n", a.losses[0], cpu.losses[0], f32.losses[0]);
-    EXPECT_NEAR(a.losses[0], cpu.losses[0], 5e-6 * cpu.losses[0]);
+    EXPECT_NEAR(a.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
     EXPECT_GT(std::abs(cpu.losses[0] - f32.losses[0]), 1e-6) << "the GEMMs must round to bf16";
     expect_close_losses(a.losses, cpu.losses, 3e-3);
     expect_close_losses(cpu.losses, f32.losses, 1e-2);

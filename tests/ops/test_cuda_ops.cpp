@@ -55,6 +55,17 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine"
 
+// The largest difference between two f32 tensors relative to the expected one's largest value: a bf16 kernel's
+// error against the CPU's f32.
+double largest_difference(const Tensor& got, const Tensor& want) {
+    double diff = 0, size = 0;
+    for (int64_t e = 0; e < got.numel(); ++e) {
+        diff = std::max(diff, double(std::abs(got.ptr<float>()[e] - want.ptr<float>()[e])));
+        size = std::max(size, double(std::abs(want.ptr<float>()[e])));
+    }
+    return diff / std::max(size, 1e-30);
+}
+
 // cuBLAS is opened at the first GEMM, not at start (its libraries cost a CUDA build's every process ~200 MB of
 // resident memory): not mapped until then, then mapped with every entry point the backend calls bound. Runs without a
 // GPU too (nothing is called).
@@ -664,12 +675,7 @@ TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
                 << "tensor " << i << ", case T " << T << (c.save ? " with saved states" : "")
                 << (c.bf16 ? " bf16" : "");
             EXPECT_TRUE(test::bitwise_equal(again[i].to(Device::cpu), got)) << "tensor " << i;
-            double diff = 0, size = 0;
-            for (int64_t e = 0; e < got.numel(); ++e) {
-                diff = std::max(diff, double(std::abs(got.ptr<float>()[e] - host[i].ptr<float>()[e])));
-                size = std::max(size, double(std::abs(host[i].ptr<float>()[e])));
-            }
-            worst = std::max(worst, diff / std::max(size, 1e-30));
+            worst = std::max(worst, largest_difference(got, host[i]));
         }
         std::printf("[ kda ] %s%s T %lld: largest difference %.1e of the largest value\n",
                     c.mode == ops::KdaMode::chunk ? "chunk" : "recurrent", c.bf16 ? " bf16" : "", (long long)T, worst);
@@ -733,15 +739,21 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
 // its slabbed dkv scatter, over rows with −1 padding, out-of-range entries, and entries shared by many queries;
 // MQA with values the first DV dims of each entry. The shapes walk the kernels' tiling: fewer heads than a block's
 // group and two groups (the second partial), rows of one chunk and of several with a partial last, dkv blocks that
-// span every dim (batch × slabs ≥ 128) and spans of 256 dims over entries of more than 256.
+// span every dim (batch × slabs ≥ 128) and spans of 256 dims over entries of more than 256. At train.precision = bf16
+// (the last two cases: one head group and a partial second, entries not a whole number of 16 dims) the forward runs on
+// tensor cores with bf16 operands: every output within bf16's precision of the CPU's f32, and not f32's bits.
 TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     SKIP_WITHOUT_GPU();
     struct Case {
         int64_t B, T, H, DK, DV, K;
+        bool bf16 = false;
     };
-    for (const Case c : {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
-                         Case{1, 60, 5, 300, 260, 20}}) {
-        const auto [B, T, H, DK, DV, K] = c;
+    for (const Case c :
+         {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
+          Case{1, 60, 5, 300, 260, 20}, Case{2, 300, 20, 72, 64, 40, true}, Case{1, 60, 5, 300, 260, 20, true}}) {
+        const auto [B, T, H, DK, DV, K, bf16] = c;
+        std::optional<ops::GemmPrecisionScope> precision;
+        if (bf16) precision.emplace(ops::GemmPrecision::bf16);
         Tensor idx(DType::i32, Shape{B, T, K});
         int32_t* ix = idx.ptr<int32_t>();
         for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -773,9 +785,23 @@ TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
             ops::sparse_attention_probs(p, t[0], t[1], ind, t[3], t[4], ws);
             ops::sparse_attention_backward(p, t[5], t[0], t[1], ind, t[2], t[3], t[6], t[7], ws);
         }
-        for (size_t i = 2; i < host.size(); ++i)
-            EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], 1e-5, 1e-5))
-                << "tensor " << i << ", H " << H << " DK " << DK << " T " << T;
+        double worst = 0;
+        for (size_t i = 2; i < host.size(); ++i) {
+            const Tensor got = dev[i].to(Device::cpu);
+            const double diff = largest_difference(got, host[i]);
+            if (bf16) {  // against the largest value: dkv's sums cancel, so its small elements carry more error
+                EXPECT_LT(diff, 1.5e-2) << "tensor " << i << ", H " << H << " DK " << DK << " bf16";
+            } else {
+                EXPECT_TRUE(test::all_close(got, host[i], 1e-5, 1e-5))
+                    << "tensor " << i << ", H " << H << " DK " << DK << " T " << T;
+            }
+            worst = std::max(worst, diff);
+        }
+        std::printf("[ sparse ] H %lld DK %lld%s: largest difference %.1e of the largest value\n", (long long)H,
+                    (long long)DK, bf16 ? " bf16" : "", worst);
+        if (bf16) {
+            EXPECT_GT(worst, 1e-4) << "bf16 operands must show";  // 4.9e-3 and 3.9e-3 on the emulator
+        }
     }
 }
 

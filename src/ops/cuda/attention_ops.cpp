@@ -116,6 +116,12 @@ void sparse_attention_forward(const SparseAttentionParams& p,
                               TensorView lse,
                               std::span<std::byte> /*workspace*/) {
     const SparseShape s = sparse_shape(p, q, indices);
+    if (q.dtype == DType::f32 && gemm_precision() == GemmPrecision::bf16) {  // its two products on tensor cores
+        check_launch(launch_sparse_attention_forward_bf16(s, q.ptr<float>(), kv.ptr<float>(), indices.ptr<int32_t>(),
+                                                          o.ptr<float>(), lse.ptr<float>(), stream()),
+                     "sparse_attention");
+        return;
+    }
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
         check_launch(launch_sparse_attention_forward<T>(s, q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
                                                         lse.ptr<T>(), stream()),

@@ -306,6 +306,10 @@ size_t sparse_attention_smem(SparseShape s, size_t elem);  // the most dynamic s
 template <class T>
 cudaError_t launch_sparse_attention_forward(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, cudaStream_t stream);
+// The forward on tensor cores: q and kv rounded to bf16, the probabilities too for P·V, f32 sums (train.precision =
+// bf16).
+cudaError_t launch_sparse_attention_forward_bf16(
+    SparseShape s, const float* q, const float* kv, const int32_t* idx, float* o, float* lse, cudaStream_t stream);
 template <class T>
 cudaError_t launch_sparse_attention_probs(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs, cudaStream_t stream);

@@ -13,7 +13,12 @@
 //     atomics), the slabs then added in slab order. A step stages `pairs` entries, a thread per (head, entry) computes
 //     p and dz once, and a block spans every dim (split in spans only where batch × slabs is small).
 // Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk sizes, the forward's
-// rescaling does. Scalar FMAs (f32 or f64), no tensor cores.
+// rescaling does. Scalar FMAs (f32 or f64), except forward_tc_kernel: the forward on tensor cores at train.precision =
+// bf16.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cuda/kernel_util.cuh"
@@ -127,6 +132,117 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
             const int64_t d = tid + c * int64_t(kThreads);
             if (d < s.DV) oh[d] = sums[h] > 0 ? acc[h][c] / sums[h] : T(0);
         }
+    }
+}
+
+__host__ __device__ inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// The tensor-core forward's shared memory: q's head group and the chunk's entries as bf16 [kHeads][DK'], the warps'
+// partial score tiles, the running output [kHeads][DV'] f32 and the chunk's probabilities as bf16 (' = whole 16s).
+struct TcForwardSmem {
+    int64_t dk, dv, entries, partial, out, probs, bytes;
+    __host__ __device__ explicit TcForwardSmem(const SparseShape& s) {
+        dk = round16(s.DK), dv = round16(s.DV);
+        entries = kHeads * dk * 2;
+        partial = entries + kChunk * dk * 2;
+        out = partial + (kThreads / 32) * kHeads * kChunk * 4;
+        probs = out + kHeads * dv * 4;
+        bytes = probs + kHeads * kChunk * 2;
+    }
+};
+
+// The forward on tensor cores (train.precision = bf16, f32 data): as forward_kernel, with q and the entries rounded
+// to bf16 and the two products by WMMA with f32 sums. Scores: the 16 × 16 tile of (head, entry) q·e, the DK' / 16
+// steps spread over the 8 warps, their partial tiles summed in warp order. Output: O [kHeads, DV'] in shared memory,
+// each chunk rescaled by its heads' alpha, then O += P·V by tiles of 16 dims (P rounded to bf16; the sum l of the
+// probabilities stays f32, as FlashAttention's).
+__global__ void forward_tc_kernel(
+    SparseShape s, const float* q, const float* kv, const int32_t* idx, float* o, float* lse) {
+    namespace wmma = nvcuda::wmma;
+    const TcForwardSmem at(s);
+    unsigned char* smem = dynamic_shared();
+    auto* Qb = reinterpret_cast<__nv_bfloat16*>(smem);               // [kHeads][dk]
+    auto* Eb = reinterpret_cast<__nv_bfloat16*>(smem + at.entries);  // [kChunk][dk]
+    auto* Sp = reinterpret_cast<float*>(smem + at.partial);          // [warps][kHeads][kChunk]
+    auto* Os = reinterpret_cast<float*>(smem + at.out);              // [kHeads][dv]
+    auto* Pb = reinterpret_cast<__nv_bfloat16*>(smem + at.probs);    // [kHeads][kChunk]
+    __shared__ int32_t rows[kChunk];
+    __shared__ float scale_by[kHeads], sums[kHeads];
+    const int64_t bt = blockIdx.x, b = bt / s.T, h0 = int64_t(blockIdx.y) * kHeads, tid = threadIdx.x;
+    const int hn = int(min(int64_t(kHeads), s.H - h0)), hl = int(tid / kChunk), e = int(tid % kChunk);
+    const int warp = int(tid / 32), warps = kThreads / 32;
+    const bool head = hl < hn;
+    const float* kvb = kv + b * s.T * s.DK;
+    const float scale = float(s.scale), inf = INFINITY;
+    for (int64_t x = tid; x < kHeads * at.dk; x += kThreads) {
+        const int64_t h = x / at.dk, d = x % at.dk;
+        Qb[x] = __float2bfloat16(h < hn && d < s.DK ? q[(bt * s.H + h0 + h) * s.DK + d] : 0.0f);
+    }
+    for (int64_t x = tid; x < kHeads * at.dv; x += kThreads) Os[x] = 0.0f;
+    float m = -inf, l = 0;  // the head's running max and sum (the same in its kChunk threads)
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fe;  // entries as columns
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;  // entries as rows
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
+        __syncthreads();  // the previous chunk's entries, rows and output tiles are consumed
+        if (tid < kChunk) {
+            const int32_t sel = i0 + tid < s.K ? idx[bt * s.K + i0 + tid] : -1;
+            rows[tid] = entry_ok<float>(sel, s.T) ? sel : -1;
+        }
+        __syncthreads();
+        for (int64_t x = tid; x < kChunk * at.dk; x += kThreads) {
+            const int64_t j = x / at.dk, d = x % at.dk;
+            Eb[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
+        }
+        __syncthreads();
+        wmma::fill_fragment(acc, 0.0f);
+        for (int64_t d0 = 16 * warp; d0 < at.dk; d0 += 16 * warps) {
+            wmma::load_matrix_sync(fa, Qb + d0, unsigned(at.dk));
+            wmma::load_matrix_sync(fe, Eb + d0, unsigned(at.dk));
+            wmma::mma_sync(acc, fa, fe, acc);
+        }
+        wmma::store_matrix_sync(Sp + warp * kHeads * kChunk, acc, unsigned(kChunk), wmma::mem_row_major);
+        __syncthreads();
+        float z = -inf;
+        if (head && rows[e] >= 0) {
+            float a = 0;
+            for (int w = 0; w < warps; ++w) a += Sp[(w * kHeads + hl) * kChunk + e];
+            z = scale * a;
+        }
+        float mx = z;  // the chunk's max over the head's kChunk lanes, then the running one
+        for (int w = kChunk / 2; w > 0; w >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, w, kChunk));
+        mx = max(m, mx);
+        float alpha = 1, p = 0;  // no valid entry yet: nothing changes
+        if (mx != -inf) {
+            alpha = m == -inf ? 0.0f : exp(m - mx);
+            p = z == -inf ? 0.0f : exp(z - mx);
+        }
+        float ps = p;
+        for (int w = kChunk / 2; w > 0; w >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, w, kChunk);
+        l = alpha * l + ps;
+        m = mx;
+        Pb[hl * kChunk + e] = __float2bfloat16(p);
+        if (e == 0) scale_by[hl] = alpha;
+        __syncthreads();
+        for (int64_t x = tid; x < kHeads * at.dv; x += kThreads) Os[x] *= scale_by[x / at.dv];
+        __syncthreads();
+        wmma::load_matrix_sync(fa, Pb, unsigned(kChunk));
+        for (int64_t d0 = 16 * warp; d0 < at.dv; d0 += 16 * warps) {
+            wmma::load_matrix_sync(acc, Os + d0, unsigned(at.dv), wmma::mem_row_major);
+            wmma::load_matrix_sync(fv, Eb + d0, unsigned(at.dk));
+            wmma::mma_sync(acc, fa, fv, acc);
+            wmma::store_matrix_sync(Os + d0, acc, unsigned(at.dv), wmma::mem_row_major);
+        }
+    }
+    if (head && e == 0) {
+        sums[hl] = l;
+        lse[bt * s.H + h0 + hl] = l > 0 ? m + log(l) : inf;
+    }
+    __syncthreads();
+    for (int64_t x = tid; x < int64_t(hn) * s.DV; x += kThreads) {
+        const int64_t h = x / s.DV, d = x % s.DV;
+        o[(bt * s.H + h0 + h) * s.DV + d] = sums[h] > 0 ? Os[h * at.dv + d] / sums[h] : 0.0f;
     }
 }
 
@@ -301,7 +417,19 @@ cudaError_t allow_smem(K* kernel, size_t bytes) {
 
 }  // namespace
 
-size_t sparse_attention_smem(SparseShape s, size_t elem) { return std::max(probs_smem(s, elem), dkv_smem(s, elem)); }
+size_t sparse_attention_smem(SparseShape s, size_t elem) {
+    return std::max({probs_smem(s, elem), dkv_smem(s, elem), size_t(TcForwardSmem(s).bytes)});
+}
+
+cudaError_t launch_sparse_attention_forward_bf16(
+    SparseShape s, const float* q, const float* kv, const int32_t* idx, float* o, float* lse, cudaStream_t stream) {
+    if (s.B * s.T == 0 || s.H == 0) return cudaSuccess;
+    const size_t smem = size_t(TcForwardSmem(s).bytes);
+    if (cudaError_t err = allow_smem(forward_tc_kernel, smem); err != cudaSuccess) return err;
+    const dim3 grid(unsigned(s.B * s.T), unsigned((s.H + kHeads - 1) / kHeads));
+    launch_kernel(forward_tc_kernel, grid, kThreads, smem, stream, s, q, kv, idx, o, lse);
+    return cudaGetLastError();
+}
 
 template <class T>
 cudaError_t launch_sparse_attention_forward(
