@@ -740,8 +740,8 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
 // MQA with values the first DV dims of each entry. The shapes walk the kernels' tiling: fewer heads than a block's
 // group and two groups (the second partial), rows of one chunk and of several with a partial last, dkv blocks that
 // span every dim (batch × slabs ≥ 128) and spans of 256 dims over entries of more than 256. At train.precision = bf16
-// (the last two cases: one head group and a partial second, entries not a whole number of 16 dims) the forward runs on
-// tensor cores with bf16 operands: every output within bf16's precision of the CPU's f32, and not f32's bits.
+// (the last two cases: one head group and a partial second, entries not a whole number of 16 dims) the forward and dq
+// run on tensor cores with bf16 operands: every output within bf16's precision of the CPU's f32, and not f32's bits.
 TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     SKIP_WITHOUT_GPU();
     struct Case {
@@ -800,7 +800,7 @@ TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
         std::printf("[ sparse ] H %lld DK %lld%s: largest difference %.1e of the largest value\n", (long long)H,
                     (long long)DK, bf16 ? " bf16" : "", worst);
         if (bf16) {
-            EXPECT_GT(worst, 1e-4) << "bf16 operands must show";  // 4.9e-3 and 3.9e-3 on the emulator
+            EXPECT_GT(worst, 1e-4) << "bf16 operands must show";  // 3.8e-3 and 4.4e-3 on the emulator
         }
     }
 }

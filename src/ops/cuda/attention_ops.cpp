@@ -163,7 +163,7 @@ void sparse_attention_backward(const SparseAttentionParams& p,
         check_launch(launch_sparse_attention_backward<T>(
                          s, slabs, dout.ptr<T>(), q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
                          lse.ptr<T>(), reinterpret_cast<T*>(base), reinterpret_cast<T*>(base + delta_bytes),
-                         dq.ptr<T>(), dkv.ptr<T>(), stream()),
+                         dq.ptr<T>(), dkv.ptr<T>(), gemm_precision() == GemmPrecision::bf16, stream()),
                      "sparse_attention backward");
     });
 }

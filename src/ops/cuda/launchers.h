@@ -296,7 +296,7 @@ cudaError_t launch_indexer_kl_backward(KlShape s,
 
 // DSA's sparse MQA attention (ops/dsa.h): q [B, T, H, DK], kv [B, T, DK], indices [B, T, K] i32, o [B, T, H, DV],
 // lse [B, T, H], all contiguous; DV <= 512 and DK <= 640. Backward accumulates into dq and dkv; its scratch: delta
-// (B·T·H values) and acc (slabs·B·T·DK values).
+// (B·T·H values) and acc (slabs·B·T·DK values); bf16 (f32 only): dq on tensor cores, operands rounded to bf16.
 struct SparseShape {
     int64_t B, T, H, DK, DV, K;
     double scale;
@@ -326,6 +326,7 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
                                              T* acc,
                                              T* dq,
                                              T* dkv,
+                                             bool bf16,
                                              cudaStream_t stream);
 
 // Decoding (ops/decode.h). cached_attention: q [B, H, D], keys/values [B, L, HKV, D|DV] and o [B, H, DV] by their

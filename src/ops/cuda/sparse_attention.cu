@@ -13,13 +13,14 @@
 //     atomics), the slabs then added in slab order. A step stages `pairs` entries, a thread per (head, entry) computes
 //     p and dz once, and a block spans every dim (split in spans only where batch × slabs is small).
 // Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk sizes, the forward's
-// rescaling does. Scalar FMAs (f32 or f64), except forward_tc_kernel: the forward on tensor cores at train.precision =
-// bf16.
+// rescaling does. Scalar FMAs (f32 or f64), except forward_tc_kernel and dq_tc_kernel: the forward and dq on tensor
+// cores at train.precision = bf16.
 #include <cuda_bf16.h>
 #include <mma.h>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
@@ -246,6 +247,130 @@ __global__ void forward_tc_kernel(
     }
 }
 
+// The tensor-core dq's shared memory: q's and dO's head group and the chunk's entries as bf16, the warps' partial
+// score and dO·v tiles, dz as bf16, and the finished dQ [kHeads][DK'] f32.
+struct TcDqSmem {
+    int64_t dk, dv, dout, entries, partial_z, partial_dp, dz, out, bytes;
+    __host__ __device__ explicit TcDqSmem(const SparseShape& s) {
+        dk = round16(s.DK), dv = round16(s.DV);
+        dout = kHeads * dk * 2;
+        entries = dout + kHeads * dv * 2;
+        partial_z = entries + kChunk * dk * 2;
+        partial_dp = partial_z + (kThreads / 32) * kHeads * kChunk * 4;
+        dz = partial_dp + (kThreads / 32) * kHeads * kChunk * 4;
+        out = dz + kHeads * kChunk * 2;
+        bytes = out + kHeads * dk * 4;
+    }
+};
+constexpr int kDqTiles = int((kSparseMaxDK + 16 * (kThreads / 32) - 1) / (16 * (kThreads / 32)));  // per warp
+
+// One warp's share of a (16 heads × 16 entries) tile X·Eᵀ over `width` dims (X [kHeads][ld], E the chunk's entries
+// [kChunk][ldE]): the steps 16·warp, 16·(warp + 8), …, into the warp's partial tile.
+__device__ inline void partial_scores(
+    const __nv_bfloat16* X, int64_t ld, const __nv_bfloat16* E, int64_t ldE, int64_t width, float* partial) {
+    namespace wmma = nvcuda::wmma;
+    const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fe;  // entries as columns
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int64_t d0 = 16 * warp; d0 < width; d0 += 16 * warps) {
+        wmma::load_matrix_sync(fa, X + d0, unsigned(ld));
+        wmma::load_matrix_sync(fe, E + d0, unsigned(ldE));
+        wmma::mma_sync(acc, fa, fe, acc);
+    }
+    wmma::store_matrix_sync(partial + warp * kHeads * kChunk, acc, unsigned(kChunk), wmma::mem_row_major);
+}
+
+// dq on tensor cores (train.precision = bf16, f32 data): per chunk, the score and dO·v tiles by WMMA (partial tiles
+// summed in warp order, as the forward's), dz = p·(dp − Δ) per (head, entry) rounded to bf16, then dQ += dZ·E by tiles
+// of 16 dims that each warp keeps in its accumulators over the chunks.
+__global__ void dq_tc_kernel(SparseShape s,
+                             const float* dout,
+                             const float* q,
+                             const float* kv,
+                             const int32_t* idx,
+                             const float* lse,
+                             const float* delta,
+                             float* dq) {
+    namespace wmma = nvcuda::wmma;
+    const TcDqSmem at(s);
+    unsigned char* smem = dynamic_shared();
+    auto* Qb = reinterpret_cast<__nv_bfloat16*>(smem);               // [kHeads][dk]
+    auto* Ob = reinterpret_cast<__nv_bfloat16*>(smem + at.dout);     // [kHeads][dv]
+    auto* Eb = reinterpret_cast<__nv_bfloat16*>(smem + at.entries);  // [kChunk][dk]
+    auto* Sz = reinterpret_cast<float*>(smem + at.partial_z);        // [warps][kHeads][kChunk]
+    auto* Sdp = reinterpret_cast<float*>(smem + at.partial_dp);      // [warps][kHeads][kChunk]
+    auto* DZb = reinterpret_cast<__nv_bfloat16*>(smem + at.dz);      // [kHeads][kChunk]
+    auto* Out = reinterpret_cast<float*>(smem + at.out);             // [kHeads][dk]
+    __shared__ int32_t rows[kChunk];
+    __shared__ float lses[kHeads];
+    const int64_t bt = blockIdx.x, b = bt / s.T, h0 = int64_t(blockIdx.y) * kHeads, tid = threadIdx.x;
+    const int hn = int(min(int64_t(kHeads), s.H - h0)), hl = int(tid / kChunk), e = int(tid % kChunk);
+    const int warp = int(tid / 32), warps = kThreads / 32;
+    const bool head = hl < hn;
+    for (int64_t x = tid; x < kHeads * at.dk; x += kThreads) {
+        const int64_t h = x / at.dk, d = x % at.dk;
+        Qb[x] = __float2bfloat16(h < hn && d < s.DK ? q[(bt * s.H + h0 + h) * s.DK + d] : 0.0f);
+    }
+    for (int64_t x = tid; x < kHeads * at.dv; x += kThreads) {
+        const int64_t h = x / at.dv, d = x % at.dv;
+        Ob[x] = __float2bfloat16(h < hn && d < s.DV ? dout[(bt * s.H + h0 + h) * s.DV + d] : 0.0f);
+    }
+    if (tid < hn) lses[tid] = lse[bt * s.H + h0 + tid];
+    __syncthreads();
+    const float* kvb = kv + b * s.T * s.DK;
+    const float scale = float(s.scale), L = lses[head ? hl : 0], D = head ? delta[bt * s.H + h0 + hl] : 0.0f;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fz;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;  // entries as rows
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kDqTiles];
+    for (int t = 0; t < kDqTiles; ++t) wmma::fill_fragment(acc[t], 0.0f);
+    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
+        __syncthreads();  // the previous chunk's entries, rows and dz are consumed
+        if (tid < kChunk) {
+            const int32_t sel = i0 + tid < s.K ? idx[bt * s.K + i0 + tid] : -1;
+            rows[tid] = entry_ok<float>(sel, s.T) ? sel : -1;
+        }
+        __syncthreads();
+        for (int64_t x = tid; x < kChunk * at.dk; x += kThreads) {
+            const int64_t j = x / at.dk, d = x % at.dk;
+            Eb[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
+        }
+        __syncthreads();
+        partial_scores(Qb, at.dk, Eb, at.dk, at.dk, Sz);
+        partial_scores(Ob, at.dv, Eb, at.dk, at.dv, Sdp);  // dO·v over the values: an entry's first DV dims
+        __syncthreads();
+        float g = 0;
+        if (head && rows[e] >= 0 && !isinf(L)) {
+            float z = 0, dp = 0;
+            for (int w = 0; w < warps; ++w) {
+                z += Sz[(w * kHeads + hl) * kChunk + e];
+                dp += Sdp[(w * kHeads + hl) * kChunk + e];
+            }
+            g = exp(scale * z - L) * (dp - D);
+        }
+        DZb[hl * kChunk + e] = __float2bfloat16(g);
+        __syncthreads();
+        wmma::load_matrix_sync(fz, DZb, unsigned(kChunk));
+        for (int t = 0; t < kDqTiles; ++t) {
+            const int64_t d0 = 16 * (warp + int64_t(warps) * t);
+            if (d0 >= at.dk) break;
+            wmma::load_matrix_sync(fv, Eb + d0, unsigned(at.dk));
+            wmma::mma_sync(acc[t], fz, fv, acc[t]);
+        }
+    }
+    for (int t = 0; t < kDqTiles; ++t) {
+        const int64_t d0 = 16 * (warp + int64_t(warps) * t);
+        if (d0 >= at.dk) break;
+        wmma::store_matrix_sync(Out + d0, acc[t], unsigned(at.dk), wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int64_t x = tid; x < int64_t(hn) * s.DK; x += kThreads) {
+        const int64_t h = x / s.DK, d = x % s.DK;
+        if (!isinf(lses[h])) dq[(bt * s.H + h0 + h) * s.DK + d] += scale * Out[h * at.dk + d];  // no entry: nothing
+    }
+}
+
 // probs[bt, i] = (1/H)·Σ_h exp(z_{t,i,h} − lse[t, h]), the heads summed in order.
 template <class T>
 __global__ void probs_kernel(SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs) {
@@ -418,7 +543,8 @@ cudaError_t allow_smem(K* kernel, size_t bytes) {
 }  // namespace
 
 size_t sparse_attention_smem(SparseShape s, size_t elem) {
-    return std::max({probs_smem(s, elem), dkv_smem(s, elem), size_t(TcForwardSmem(s).bytes)});
+    return std::max(
+        {probs_smem(s, elem), dkv_smem(s, elem), size_t(TcForwardSmem(s).bytes), size_t(TcDqSmem(s).bytes)});
 }
 
 cudaError_t launch_sparse_attention_forward_bf16(
@@ -465,15 +591,25 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
                                              T* acc,
                                              T* dq,
                                              T* dkv,
+                                             bool bf16,
                                              cudaStream_t stream) {
     const int64_t rows = s.B * s.T * s.H;
     if (rows == 0) return cudaSuccess;
     launch_kernel(delta_kernel<T>, grid_for(rows), kBlock, 0, stream, rows, s.DV, dout, o, delta);
+    const dim3 groups(unsigned(s.B * s.T), unsigned((s.H + kHeads - 1) / kHeads));
     size_t smem = entries_smem(s, kChunk, sizeof(T));
-    cudaError_t err = allow_smem(dq_kernel<T>, smem);
-    if (err != cudaSuccess) return err;
-    launch_kernel(dq_kernel<T>, dim3(unsigned(s.B * s.T), unsigned((s.H + kHeads - 1) / kHeads)), kThreads, smem,
-                  stream, s, dout, q, kv, idx, lse, delta, dq);
+    cudaError_t err = cudaSuccess;
+    if constexpr (std::is_same_v<T, float>) {
+        if (bf16) {  // dq on tensor cores
+            smem = size_t(TcDqSmem(s).bytes);
+            if (err = allow_smem(dq_tc_kernel, smem); err != cudaSuccess) return err;
+            launch_kernel(dq_tc_kernel, groups, kThreads, smem, stream, s, dout, q, kv, idx, lse, delta, dq);
+        }
+    }
+    if (!bf16 || !std::is_same_v<T, float>) {
+        if (err = allow_smem(dq_kernel<T>, smem); err != cudaSuccess) return err;
+        launch_kernel(dq_kernel<T>, groups, kThreads, smem, stream, s, dout, q, kv, idx, lse, delta, dq);
+    }
     err = cudaMemsetAsync(acc, 0, sizeof(T) * size_t(slabs * s.B * s.T * s.DK), stream);
     if (err != cudaSuccess) return err;
     smem = dkv_smem(s, sizeof(T));
@@ -489,13 +625,13 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
     return cudaGetLastError();
 }
 
-#define TESSERA_SPARSE(T)                                                                                            \
-    template cudaError_t launch_sparse_attention_forward<T>(SparseShape, const T*, const T*, const int32_t*, T*, T*, \
-                                                            cudaStream_t);                                           \
-    template cudaError_t launch_sparse_attention_probs<T>(SparseShape, const T*, const T*, const int32_t*, const T*, \
-                                                          T*, cudaStream_t);                                         \
-    template cudaError_t launch_sparse_attention_backward<T>(SparseShape, int64_t, const T*, const T*, const T*,     \
-                                                             const int32_t*, const T*, const T*, T*, T*, T*, T*,     \
+#define TESSERA_SPARSE(T)                                                                                              \
+    template cudaError_t launch_sparse_attention_forward<T>(SparseShape, const T*, const T*, const int32_t*, T*, T*,   \
+                                                            cudaStream_t);                                             \
+    template cudaError_t launch_sparse_attention_probs<T>(SparseShape, const T*, const T*, const int32_t*, const T*,   \
+                                                          T*, cudaStream_t);                                           \
+    template cudaError_t launch_sparse_attention_backward<T>(SparseShape, int64_t, const T*, const T*, const T*,       \
+                                                             const int32_t*, const T*, const T*, T*, T*, T*, T*, bool, \
                                                              cudaStream_t);
 TESSERA_SPARSE(float)
 TESSERA_SPARSE(double)
