@@ -296,7 +296,8 @@ cudaError_t launch_indexer_kl_backward(KlShape s,
 
 // DSA's sparse MQA attention (ops/dsa.h): q [B, T, H, DK], kv [B, T, DK], indices [B, T, K] i32, o [B, T, H, DV],
 // lse [B, T, H], all contiguous; DV <= 512 and DK <= 640. Backward accumulates into dq and dkv; its scratch: delta
-// (B·T·H values) and acc (slabs·B·T·DK values); bf16 (f32 only): dq on tensor cores, operands rounded to bf16.
+// (B·T·H values) and acc (slabs·B·T·DK values); bf16 (f32 only): dq and dkv on tensor cores, operands rounded to
+// bf16.
 struct SparseShape {
     int64_t B, T, H, DK, DV, K;
     double scale;

@@ -13,8 +13,8 @@
 //     atomics), the slabs then added in slab order. A step stages `pairs` entries, a thread per (head, entry) computes
 //     p and dz once, and a block spans every dim (split in spans only where batch × slabs is small).
 // Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk sizes, the forward's
-// rescaling does. Scalar FMAs (f32 or f64), except forward_tc_kernel and dq_tc_kernel: the forward and dq on tensor
-// cores at train.precision = bf16.
+// rescaling does. Scalar FMAs (f32 or f64), except the *_tc_kernels: the forward, dq and dkv on tensor cores at
+// train.precision = bf16 (operands rounded to bf16, f32 sums).
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -526,6 +526,149 @@ __global__ void dkv_kernel(SparseShape s,
     }
 }
 
+// The tensor-core dkv's shared memory: a step's 32 entries, then one head group's q and dO rows, as bf16; the warps'
+// partial score and dO·v tiles; P and scale·dz as bf16 [entries][heads]; the step's contributions [32][DK'] f32.
+constexpr int64_t kTcPairs = 32;  // entries of one query per step
+constexpr int kDkvTiles = int((2 * kSparseMaxDK / 16 + kThreads / 32 - 1) / (kThreads / 32));  // per warp
+struct TcDkvSmem {
+    int64_t dk, dv, q, dout, partial_z, partial_dp, p, dz, out, bytes;
+    __host__ __device__ explicit TcDkvSmem(const SparseShape& s) {
+        dk = round16(s.DK), dv = round16(s.DV);
+        q = kTcPairs * dk * 2;
+        dout = q + kHeads * dk * 2;
+        partial_z = dout + kHeads * dv * 2;
+        partial_dp = partial_z + (kThreads / 32) * kHeads * 16 * 4;
+        p = partial_dp + (kThreads / 32) * kHeads * 16 * 4;
+        dz = p + kTcPairs * kHeads * 2;
+        out = dz + kTcPairs * kHeads * 2;
+        bytes = out + kTcPairs * dk * 4;
+    }
+};
+
+// One warp's share of the (16 heads × 32 entries) tile X·Eᵀ over `width` dims: entry tile warp % 2, the steps
+// 16·(warp / 2), 16·(warp / 2 + 4), …, into the warp's partial tile.
+__device__ inline void partial_pair_scores(
+    const __nv_bfloat16* X, int64_t ld, const __nv_bfloat16* E, int64_t ldE, int64_t width, float* partial) {
+    namespace wmma = nvcuda::wmma;
+    const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fe;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    const __nv_bfloat16* Et = E + (warp % 2) * 16 * ldE;
+    for (int64_t d0 = 16 * (warp / 2); d0 < width; d0 += 16 * (warps / 2)) {
+        wmma::load_matrix_sync(fa, X + d0, unsigned(ld));
+        wmma::load_matrix_sync(fe, Et + d0, unsigned(ldE));
+        wmma::mma_sync(acc, fa, fe, acc);
+    }
+    wmma::store_matrix_sync(partial + warp * kHeads * 16, acc, 16u, wmma::mem_row_major);
+}
+
+// dkv on tensor cores (train.precision = bf16, f32 data), the scheme of dkv_kernel with every dim in one block: per
+// query t of the slab (ascending) and step of 32 of its entries, for each group of 16 heads the score and dO·v tiles
+// by WMMA (partial tiles summed in warp order), p and scale·dz rounded to bf16, then the contributions
+// C [32, DK] += (scale·dZ)ᵀ·q + Pᵀ·dO by WMMA over the group's heads, kept in the warps' accumulators; then C goes
+// through shared memory and each thread adds its dims' rows into the slab in entry order.
+__global__ void dkv_tc_kernel(SparseShape s,
+                              int64_t slabs,
+                              const float* dout,
+                              const float* q,
+                              const float* kv,
+                              const int32_t* idx,
+                              const float* lse,
+                              const float* delta,
+                              float* acc) {
+    namespace wmma = nvcuda::wmma;
+    const TcDkvSmem at(s);
+    unsigned char* smem = dynamic_shared();
+    auto* Eb = reinterpret_cast<__nv_bfloat16*>(smem);            // [kTcPairs][dk]
+    auto* Qb = reinterpret_cast<__nv_bfloat16*>(smem + at.q);     // [kHeads][dk]
+    auto* Ob = reinterpret_cast<__nv_bfloat16*>(smem + at.dout);  // [kHeads][dv]
+    auto* Sz = reinterpret_cast<float*>(smem + at.partial_z);     // [warps][kHeads][16]
+    auto* Sdp = reinterpret_cast<float*>(smem + at.partial_dp);   // [warps][kHeads][16]
+    auto* Pb = reinterpret_cast<__nv_bfloat16*>(smem + at.p);     // [kTcPairs][kHeads]
+    auto* DZb = reinterpret_cast<__nv_bfloat16*>(smem + at.dz);   // [kTcPairs][kHeads]
+    auto* Cs = reinterpret_cast<float*>(smem + at.out);           // [kTcPairs][dk]
+    __shared__ int32_t rows[kTcPairs];
+    const int64_t b = blockIdx.x, sl = blockIdx.y, tid = threadIdx.x;
+    const int warp = int(tid / 32), warps = kThreads / 32;
+    const float* kvb = kv + b * s.T * s.DK;
+    float* slab = acc + (sl * s.B * s.T + b * s.T) * s.DK;
+    const float scale = float(s.scale);
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[kDkvTiles];  // tile warp + 8·i: entries 16·(i % 2)…
+    for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
+        const int64_t bt = b * s.T + t;
+        for (int64_t i0 = 0; i0 < s.K; i0 += kTcPairs) {
+            __syncthreads();  // the previous step's entries and contributions are consumed
+            if (tid < kTcPairs) {
+                const int32_t sel = i0 + tid < s.K ? idx[bt * s.K + i0 + tid] : -1;
+                rows[tid] = entry_ok<float>(sel, s.T) ? sel : -1;
+            }
+            __syncthreads();
+            for (int64_t x = tid; x < kTcPairs * at.dk; x += kThreads) {
+                const int64_t j = x / at.dk, d = x % at.dk;
+                Eb[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
+            }
+            for (int i = 0; i < kDkvTiles; ++i) wmma::fill_fragment(c[i], 0.0f);
+            for (int64_t hg = 0; hg < s.H; hg += kHeads) {
+                const int64_t hn = min(int64_t(kHeads), s.H - hg);
+                __syncthreads();  // the previous group's rows, P and dz are consumed
+                for (int64_t x = tid; x < kHeads * at.dk; x += kThreads) {
+                    const int64_t h = x / at.dk, d = x % at.dk;
+                    Qb[x] = __float2bfloat16(h < hn && d < s.DK ? q[(bt * s.H + hg + h) * s.DK + d] : 0.0f);
+                }
+                for (int64_t x = tid; x < kHeads * at.dv; x += kThreads) {
+                    const int64_t h = x / at.dv, d = x % at.dv;
+                    Ob[x] = __float2bfloat16(h < hn && d < s.DV ? dout[(bt * s.H + hg + h) * s.DV + d] : 0.0f);
+                }
+                __syncthreads();
+                partial_pair_scores(Qb, at.dk, Eb, at.dk, at.dk, Sz);
+                partial_pair_scores(Ob, at.dv, Eb, at.dk, at.dv, Sdp);
+                __syncthreads();
+                for (int64_t x = tid; x < kHeads * kTcPairs; x += kThreads) {  // (head, entry) pairs
+                    const int64_t h = x / kTcPairs, j = x % kTcPairs, r = bt * s.H + hg + h;
+                    float pr = 0, g = 0;
+                    if (h < hn && rows[j] >= 0 && !isinf(lse[r])) {
+                        float z = 0, dp = 0;
+                        for (int w = int(j / 16); w < warps; w += 2) {
+                            z += Sz[(w * kHeads + h) * 16 + j % 16];
+                            dp += Sdp[(w * kHeads + h) * 16 + j % 16];
+                        }
+                        pr = exp(scale * z - lse[r]);
+                        g = pr * (dp - delta[r]);
+                    }
+                    Pb[j * kHeads + h] = __float2bfloat16(pr);
+                    DZb[j * kHeads + h] = __float2bfloat16(scale * g);
+                }
+                __syncthreads();
+                for (int i = 0; i < kDkvTiles; ++i) {
+                    const int64_t tile = warp + int64_t(warps) * i, jt = tile % 2, d0 = tile / 2 * 16;
+                    if (d0 >= at.dk) break;
+                    wmma::load_matrix_sync(fa, DZb + jt * 16 * kHeads, unsigned(kHeads));
+                    wmma::load_matrix_sync(fb, Qb + d0, unsigned(at.dk));
+                    wmma::mma_sync(c[i], fa, fb, c[i]);
+                    if (d0 < at.dv) {
+                        wmma::load_matrix_sync(fa, Pb + jt * 16 * kHeads, unsigned(kHeads));
+                        wmma::load_matrix_sync(fb, Ob + d0, unsigned(at.dv));
+                        wmma::mma_sync(c[i], fa, fb, c[i]);
+                    }
+                }
+            }
+            for (int i = 0; i < kDkvTiles; ++i) {
+                const int64_t tile = warp + int64_t(warps) * i, jt = tile % 2, d0 = tile / 2 * 16;
+                if (d0 >= at.dk) break;
+                wmma::store_matrix_sync(Cs + jt * 16 * at.dk + d0, c[i], unsigned(at.dk), wmma::mem_row_major);
+            }
+            __syncthreads();
+            for (int64_t d = tid; d < s.DK; d += kThreads)
+                for (int64_t j = 0; j < kTcPairs; ++j)
+                    if (rows[j] >= 0) slab[int64_t(rows[j]) * s.DK + d] += Cs[j * at.dk + d];
+        }
+    }
+}
+
 size_t entries_smem(const SparseShape& s, int64_t n, size_t elem) { return size_t(n * (s.DK + 1)) * elem; }
 size_t probs_smem(const SparseShape& s, size_t elem) {
     return entries_smem(s, kChunk, elem) + size_t(s.H * kChunk) * elem;
@@ -543,8 +686,8 @@ cudaError_t allow_smem(K* kernel, size_t bytes) {
 }  // namespace
 
 size_t sparse_attention_smem(SparseShape s, size_t elem) {
-    return std::max(
-        {probs_smem(s, elem), dkv_smem(s, elem), size_t(TcForwardSmem(s).bytes), size_t(TcDqSmem(s).bytes)});
+    return std::max({probs_smem(s, elem), dkv_smem(s, elem), size_t(TcForwardSmem(s).bytes), size_t(TcDqSmem(s).bytes),
+                     size_t(TcDkvSmem(s).bytes)});
 }
 
 cudaError_t launch_sparse_attention_forward_bf16(
@@ -612,14 +755,24 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
     }
     err = cudaMemsetAsync(acc, 0, sizeof(T) * size_t(slabs * s.B * s.T * s.DK), stream);
     if (err != cudaSuccess) return err;
-    smem = dkv_smem(s, sizeof(T));
-    if (err = allow_smem(dkv_kernel<T>, smem); err != cudaSuccess) return err;
-    // one block spans every dim where batch × slabs fills the GPU; otherwise spans of kThreads dims (each recomputes
-    // the step's p and dz: the shape alone decides, and the sums' order does not depend on it)
-    const int64_t span = s.B * slabs >= kWideGrid ? s.DK : int64_t(kThreads);
-    const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned((s.DK + span - 1) / span));
-    launch_kernel(dkv_kernel<T>, grid, kThreads, smem, stream, s, slabs, dkv_pairs(s.H), span, dout, q, kv, idx, lse,
-                  delta, acc);
+    if constexpr (std::is_same_v<T, float>) {
+        if (bf16) {  // dkv on tensor cores, every dim in one block
+            smem = size_t(TcDkvSmem(s).bytes);
+            if (err = allow_smem(dkv_tc_kernel, smem); err != cudaSuccess) return err;
+            launch_kernel(dkv_tc_kernel, dim3(unsigned(s.B), unsigned(slabs)), kThreads, smem, stream, s, slabs, dout,
+                          q, kv, idx, lse, delta, acc);
+        }
+    }
+    if (!bf16 || !std::is_same_v<T, float>) {
+        smem = dkv_smem(s, sizeof(T));
+        if (err = allow_smem(dkv_kernel<T>, smem); err != cudaSuccess) return err;
+        // one block spans every dim where batch × slabs fills the GPU; otherwise spans of kThreads dims (each
+        // recomputes the step's p and dz: the shape alone decides, and the sums' order does not depend on it)
+        const int64_t span = s.B * slabs >= kWideGrid ? s.DK : int64_t(kThreads);
+        const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned((s.DK + span - 1) / span));
+        launch_kernel(dkv_kernel<T>, grid, kThreads, smem, stream, s, slabs, dkv_pairs(s.H), span, dout, q, kv, idx,
+                      lse, delta, acc);
+    }
     const int64_t n = s.B * s.T * s.DK;
     launch_kernel(slab_sum_kernel<T>, grid_for(n), kBlock, 0, stream, n, slabs, acc, dkv);
     return cudaGetLastError();
