@@ -740,8 +740,8 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
 // MQA with values the first DV dims of each entry. The shapes walk the kernels' tiling: fewer heads than a block's
 // group and two groups (the second partial), rows of one chunk and of several with a partial last, dkv blocks that
 // span every dim (batch × slabs ≥ 128) and spans of 256 dims over entries of more than 256. At train.precision = bf16
-// (the last two cases: one head group and a partial second, entries not a whole number of 16 dims) the forward, dq and
-// dkv run on tensor cores with bf16 operands: every output within bf16's precision of the CPU's f32, not f32's bits.
+// (the last two cases: one head group and a partial second, entries not a whole number of 16 dims) every kernel runs
+// on tensor cores with bf16 operands: every output within bf16's precision of the CPU's f32, not f32's bits.
 TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     SKIP_WITHOUT_GPU();
     struct Case {

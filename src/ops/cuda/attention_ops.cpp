@@ -138,9 +138,10 @@ void sparse_attention_probs(const SparseAttentionParams& p,
                             std::span<std::byte> /*workspace*/) {
     const SparseShape s = sparse_shape(p, q, indices);
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
-        check_launch(launch_sparse_attention_probs<T>(s, q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), lse.ptr<T>(),
-                                                      probs.ptr<T>(), stream()),
-                     "sparse_attention_probs");
+        check_launch(
+            launch_sparse_attention_probs<T>(s, q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), lse.ptr<T>(),
+                                             probs.ptr<T>(), gemm_precision() == GemmPrecision::bf16, stream()),
+            "sparse_attention_probs");
     });
 }
 

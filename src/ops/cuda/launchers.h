@@ -296,8 +296,8 @@ cudaError_t launch_indexer_kl_backward(KlShape s,
 
 // DSA's sparse MQA attention (ops/dsa.h): q [B, T, H, DK], kv [B, T, DK], indices [B, T, K] i32, o [B, T, H, DV],
 // lse [B, T, H], all contiguous; DV <= 512 and DK <= 640. Backward accumulates into dq and dkv; its scratch: delta
-// (B·T·H values) and acc (slabs·B·T·DK values); bf16 (f32 only): dq and dkv on tensor cores, operands rounded to
-// bf16.
+// (B·T·H values) and acc (slabs·B·T·DK values); bf16 (f32 only): probs, dq and dkv on tensor cores, operands
+// rounded to bf16.
 struct SparseShape {
     int64_t B, T, H, DK, DV, K;
     double scale;
@@ -313,7 +313,7 @@ cudaError_t launch_sparse_attention_forward_bf16(
     SparseShape s, const float* q, const float* kv, const int32_t* idx, float* o, float* lse, cudaStream_t stream);
 template <class T>
 cudaError_t launch_sparse_attention_probs(
-    SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs, cudaStream_t stream);
+    SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs, bool bf16, cudaStream_t stream);
 template <class T>
 cudaError_t launch_sparse_attention_backward(SparseShape s,
                                              int64_t slabs,

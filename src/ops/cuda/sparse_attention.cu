@@ -13,7 +13,7 @@
 //     atomics), the slabs then added in slab order. A step stages `pairs` entries, a thread per (head, entry) computes
 //     p and dz once, and a block spans every dim (split in spans only where batch × slabs is small).
 // Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk sizes, the forward's
-// rescaling does. Scalar FMAs (f32 or f64), except the *_tc_kernels: the forward, dq and dkv on tensor cores at
+// rescaling does. Scalar FMAs (f32 or f64), except the *_tc_kernels: the forward, probs, dq and dkv on tensor cores at
 // train.precision = bf16 (operands rounded to bf16, f32 sums).
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -402,6 +402,69 @@ __global__ void probs_kernel(SparseShape s, const T* q, const T* kv, const int32
     }
 }
 
+// The teacher probabilities on tensor cores (train.precision = bf16, f32 data): a block per query walks its head
+// groups, and for each its chunks of 16 entries: the (16 heads × 16 entries) score tile by WMMA (partial tiles summed
+// in warp order), then a thread per entry adds the group's exp(z − lse) in head order into probs, which it alone
+// owns; the groups go in order, then the sum is scaled by 1/H. Shared memory: q's head group and the entries as bf16
+// [16][DK'], the warps' partial tiles.
+size_t probs_tc_smem(const SparseShape& s) {
+    return size_t(2 * kHeads * round16(s.DK) * 2 + (kThreads / 32) * kHeads * kChunk * 4);
+}
+
+__global__ void probs_tc_kernel(
+    SparseShape s, const float* q, const float* kv, const int32_t* idx, const float* lse, float* probs) {
+    const int64_t dk = round16(s.DK);
+    unsigned char* smem = dynamic_shared();
+    auto* Qb = reinterpret_cast<__nv_bfloat16*>(smem);      // [kHeads][dk]
+    __nv_bfloat16* Eb = Qb + kHeads * dk;                   // [kChunk][dk]
+    auto* Sp = reinterpret_cast<float*>(Eb + kChunk * dk);  // [warps][kHeads][kChunk]
+    __shared__ int32_t rows[kChunk];
+    __shared__ float lses[kHeads];
+    const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x;
+    const int warps = kThreads / 32;
+    const float* kvb = kv + b * s.T * s.DK;
+    const float scale = float(s.scale);
+    float* out = probs + bt * s.K;
+    for (int64_t i = tid; i < s.K; i += kThreads) out[i] = 0.0f;
+    for (int64_t hg = 0; hg < s.H; hg += kHeads) {
+        const int64_t hn = min(int64_t(kHeads), s.H - hg);
+        __syncthreads();  // the previous group's q rows are consumed
+        for (int64_t x = tid; x < kHeads * dk; x += kThreads) {
+            const int64_t h = x / dk, d = x % dk;
+            Qb[x] = __float2bfloat16(h < hn && d < s.DK ? q[(bt * s.H + hg + h) * s.DK + d] : 0.0f);
+        }
+        if (tid < hn) lses[tid] = lse[bt * s.H + hg + tid];
+        for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
+            __syncthreads();  // the previous chunk's entries and partial tiles are consumed
+            if (tid < kChunk) {
+                const int32_t sel = i0 + tid < s.K ? idx[bt * s.K + i0 + tid] : -1;
+                rows[tid] = entry_ok<float>(sel, s.T) ? sel : -1;
+            }
+            __syncthreads();
+            for (int64_t x = tid; x < kChunk * dk; x += kThreads) {
+                const int64_t j = x / dk, d = x % dk;
+                Eb[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
+            }
+            __syncthreads();
+            partial_scores(Qb, dk, Eb, dk, dk, Sp);
+            __syncthreads();
+            if (tid < kChunk && i0 + tid < s.K && rows[tid] >= 0) {
+                float sum = 0;
+                for (int64_t h = 0; h < hn; ++h) {
+                    if (isinf(lses[h])) continue;
+                    float z = 0;
+                    for (int w = 0; w < warps; ++w) z += Sp[(w * kHeads + h) * kChunk + tid];
+                    sum += exp(scale * z - lses[h]);
+                }
+                out[i0 + tid] += sum;
+            }
+        }
+    }
+    __syncthreads();
+    const float inv_h = float(1.0 / double(s.H));
+    for (int64_t i = tid; i < s.K; i += kThreads) out[i] *= inv_h;
+}
+
 // Δ[bt, h] = Σ_d dO·O
 template <class T>
 __global__ void delta_kernel(int64_t rows, int64_t DV, const T* dout, const T* o, T* delta) {
@@ -687,7 +750,7 @@ cudaError_t allow_smem(K* kernel, size_t bytes) {
 
 size_t sparse_attention_smem(SparseShape s, size_t elem) {
     return std::max({probs_smem(s, elem), dkv_smem(s, elem), size_t(TcForwardSmem(s).bytes), size_t(TcDqSmem(s).bytes),
-                     size_t(TcDkvSmem(s).bytes)});
+                     size_t(TcDkvSmem(s).bytes), probs_tc_smem(s)});
 }
 
 cudaError_t launch_sparse_attention_forward_bf16(
@@ -712,9 +775,23 @@ cudaError_t launch_sparse_attention_forward(
 }
 
 template <class T>
-cudaError_t launch_sparse_attention_probs(
-    SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs, cudaStream_t stream) {
+cudaError_t launch_sparse_attention_probs(SparseShape s,
+                                          const T* q,
+                                          const T* kv,
+                                          const int32_t* idx,
+                                          const T* lse,
+                                          T* probs,
+                                          bool bf16,
+                                          cudaStream_t stream) {
     if (s.B * s.T == 0) return cudaSuccess;
+    if constexpr (std::is_same_v<T, float>) {
+        if (bf16) {  // on tensor cores
+            const size_t smem = probs_tc_smem(s);
+            if (cudaError_t err = allow_smem(probs_tc_kernel, smem); err != cudaSuccess) return err;
+            launch_kernel(probs_tc_kernel, unsigned(s.B * s.T), kThreads, smem, stream, s, q, kv, idx, lse, probs);
+            return cudaGetLastError();
+        }
+    }
     const size_t smem = probs_smem(s, sizeof(T));
     if (cudaError_t err = allow_smem(probs_kernel<T>, smem); err != cudaSuccess) return err;
     launch_kernel(probs_kernel<T>, unsigned(s.B * s.T), kThreads, smem, stream, s, q, kv, idx, lse, probs);
@@ -782,7 +859,7 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
     template cudaError_t launch_sparse_attention_forward<T>(SparseShape, const T*, const T*, const int32_t*, T*, T*,   \
                                                             cudaStream_t);                                             \
     template cudaError_t launch_sparse_attention_probs<T>(SparseShape, const T*, const T*, const int32_t*, const T*,   \
-                                                          T*, cudaStream_t);                                           \
+                                                          T*, bool, cudaStream_t);                                     \
     template cudaError_t launch_sparse_attention_backward<T>(SparseShape, int64_t, const T*, const T*, const T*,       \
                                                              const int32_t*, const T*, const T*, T*, T*, T*, T*, bool, \
                                                              cudaStream_t);
