@@ -116,16 +116,11 @@ void sparse_attention_forward(const SparseAttentionParams& p,
                               TensorView lse,
                               std::span<std::byte> /*workspace*/) {
     const SparseShape s = sparse_shape(p, q, indices);
-    if (q.dtype == DType::f32 && gemm_precision() == GemmPrecision::bf16) {  // its two products on tensor cores
-        check_launch(launch_sparse_attention_forward_bf16(s, q.ptr<float>(), kv.ptr<float>(), indices.ptr<int32_t>(),
-                                                          o.ptr<float>(), lse.ptr<float>(), stream()),
-                     "sparse_attention");
-        return;
-    }
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
-        check_launch(launch_sparse_attention_forward<T>(s, q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
-                                                        lse.ptr<T>(), stream()),
-                     "sparse_attention");
+        check_launch(
+            launch_sparse_attention_forward<T>(s, q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
+                                               lse.ptr<T>(), gemm_precision() == GemmPrecision::bf16, stream()),
+            "sparse_attention");
     });
 }
 
@@ -199,20 +194,16 @@ void dsa_indexer_forward(const DsaIndexerParams& p,
                   "dsa_indexer (CUDA): {} heads of {} dims with topk {} need {} bytes of shared memory; the device "
                   "allows {}",
                   s.HI, s.DI, s.topk, need, limit);
-    if (tensor_cores) {  // one scratch request: cu, then the rounded keys
-        const size_t cu_bytes = scratch_part(cu_seqlens.size_bytes());
-        auto* base = static_cast<std::byte*>(scratch(cu_bytes + indexer_bf16_keys_bytes(s.B, s.T, s.DI)));
-        const int64_t* cu = cu_seqlens.empty() ? nullptr : upload(base, cu_seqlens);
-        check_launch(launch_dsa_indexer_bf16(s, cu, q.ptr<float>(), k.ptr<float>(), w.ptr<float>(), base + cu_bytes,
-                                             indices.ptr<int32_t>(), scores.ptr<float>(), stream()),
-                     "dsa_indexer");
-        return;
-    }
+    // one scratch request: cu, then (tensor cores) the rounded keys
+    const size_t cu_bytes = scratch_part(cu_seqlens.size_bytes());
+    auto* base = static_cast<std::byte*>(
+        scratch(cu_bytes + (tensor_cores ? indexer_bf16_keys_bytes(s.B, s.T, s.DI) : size_t(0))));
+    const int64_t* cu = cu_seqlens.empty() ? nullptr : upload(base, cu_seqlens);
     dispatch_float(q.dtype, "dsa_indexer", [&]<class T>(T) {
-        const int64_t* cu = cu_seqlens.empty() ? nullptr : to_scratch(cu_seqlens);
-        check_launch(launch_dsa_indexer<T>(s, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), indices.ptr<int32_t>(),
-                                           scores.ptr<T>(), stream()),
-                     "dsa_indexer");
+        check_launch(
+            launch_dsa_indexer<T>(s, cu, q.ptr<T>(), k.ptr<T>(), w.ptr<T>(), tensor_cores ? base + cu_bytes : nullptr,
+                                  indices.ptr<int32_t>(), scores.ptr<T>(), stream()),
+            "dsa_indexer");
     });
 }
 

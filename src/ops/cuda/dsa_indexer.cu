@@ -11,6 +11,7 @@
 // A total order makes the result independent of the order of the work.
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -25,8 +26,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kTcRound = 256;  // the tensor-core kernel's candidates per round: 32 per warp
 static_assert(kTcRound == kThreads, "a thread per candidate of a round");
-
-__host__ __device__ inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // The block's running list of candidates (scores cs, positions cp; P entries in shared memory). Every thread holds the
 // same copy of the counts; every member is called by the whole block.
@@ -255,10 +254,26 @@ cudaError_t launch_dsa_indexer(IndexerShape s,
                                const T* q,
                                const T* k,
                                const T* w,
+                               void* keys,
                                int32_t* indices,
                                T* scores,
                                cudaStream_t stream) {
     if (s.B * s.T == 0) return cudaSuccess;
+    if constexpr (std::is_same_v<T, float>) {
+        if (keys) {  // on tensor cores: the keys rounded to bf16 once, then the blocks
+            auto* kb = static_cast<__nv_bfloat16*>(keys);
+            const int64_t DIp = round16(s.DI);
+            launch_kernel(bf16_keys_kernel, grid_for((s.B * s.T + kTcRound) * DIp), kBlock, 0, stream, k, s.B * s.T,
+                          s.DI, DIp, kb);
+            const size_t smem = indexer_smem(s.HI, s.DI, s.topk, sizeof(float), true);
+            cudaError_t err =
+                cudaFuncSetAttribute(indexer_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+            if (err != cudaSuccess) return err;
+            launch_kernel(indexer_tc_kernel, unsigned(s.B * s.T), kThreads, smem, stream, s, cu, q,
+                          static_cast<const __nv_bfloat16*>(kb), w, indices, scores);
+            return cudaGetLastError();
+        }
+    }
     const size_t smem = indexer_smem(s.HI, s.DI, s.topk, sizeof(T), false);
     cudaError_t err = cudaFuncSetAttribute(indexer_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
@@ -267,30 +282,8 @@ cudaError_t launch_dsa_indexer(IndexerShape s,
 }
 
 template cudaError_t launch_dsa_indexer<float>(
-    IndexerShape, const int64_t*, const float*, const float*, const float*, int32_t*, float*, cudaStream_t);
+    IndexerShape, const int64_t*, const float*, const float*, const float*, void*, int32_t*, float*, cudaStream_t);
 template cudaError_t launch_dsa_indexer<double>(
-    IndexerShape, const int64_t*, const double*, const double*, const double*, int32_t*, double*, cudaStream_t);
-
-cudaError_t launch_dsa_indexer_bf16(IndexerShape s,
-                                    const int64_t* cu,
-                                    const float* q,
-                                    const float* k,
-                                    const float* w,
-                                    void* keys,
-                                    int32_t* indices,
-                                    float* scores,
-                                    cudaStream_t stream) {
-    if (s.B * s.T == 0) return cudaSuccess;
-    auto* kb = static_cast<__nv_bfloat16*>(keys);
-    const int64_t DIp = round16(s.DI);
-    launch_kernel(bf16_keys_kernel, grid_for((s.B * s.T + kTcRound) * DIp), kBlock, 0, stream, k, s.B * s.T, s.DI, DIp,
-                  kb);
-    const size_t smem = indexer_smem(s.HI, s.DI, s.topk, sizeof(float), true);
-    cudaError_t err = cudaFuncSetAttribute(indexer_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-    launch_kernel(indexer_tc_kernel, unsigned(s.B * s.T), kThreads, smem, stream, s, cu, q,
-                  static_cast<const __nv_bfloat16*>(kb), w, indices, scores);
-    return cudaGetLastError();
-}
+    IndexerShape, const int64_t*, const double*, const double*, const double*, void*, int32_t*, double*, cudaStream_t);
 
 }  // namespace tessera::ops::cuda

@@ -51,6 +51,9 @@ inline int grid_for(int64_t n, int threads = kBlock, int64_t cap = 8192) {
     return int(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
+// n rounded up to whole 16s: a dimension padded to WMMA's tiles (16 × 16 × 16).
+__host__ __device__ inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
 // The 2-D grid of the elementwise kernels: blockIdx.y walks rows (striding by gridDim.y), x-threads walk columns.
 inline dim3 rows_grid(int64_t rows, int64_t cols) {
     const int64_t gy = rows < 65535 ? rows : 65535;

@@ -221,9 +221,9 @@ cudaError_t launch_attention_backward(AttnShape s,
 
 // DSA's lightning indexer with its top-k (ops/dsa.h): q [B, T, HI, DI], k [B, T, DI], w [B, T, HI], indices and
 // scores [B, T, topk], contiguous; cu: the `segments` + 1 sequence offsets of a packed row (device memory), or
-// null. The block's candidate list holds P = indexer_list_size(topk) entries. launch_dsa_indexer scores exactly;
-// launch_dsa_indexer_bf16 scores f32 tensors on tensor cores with q and k rounded to bf16 (f32 sums), `keys` being
-// device memory of indexer_bf16_keys_bytes for the rounded keys.
+// null. The block's candidate list holds P = indexer_list_size(topk) entries. Without `keys` the scores are exact;
+// with it (f32 only: device memory of indexer_bf16_keys_bytes for the rounded keys) they run on tensor cores with q
+// and k rounded to bf16, f32 sums.
 struct IndexerShape {
     int64_t B, T, HI, DI, topk, P, segments;
 };
@@ -236,18 +236,10 @@ cudaError_t launch_dsa_indexer(IndexerShape s,
                                const T* q,
                                const T* k,
                                const T* w,
+                               void* keys,
                                int32_t* indices,
                                T* scores,
                                cudaStream_t stream);
-cudaError_t launch_dsa_indexer_bf16(IndexerShape s,
-                                    const int64_t* cu,
-                                    const float* q,
-                                    const float* k,
-                                    const float* w,
-                                    void* keys,
-                                    int32_t* indices,
-                                    float* scores,
-                                    cudaStream_t stream);
 
 // The dense warm-up's selection (ops/dsa.h dsa_all_candidates): indices [B, T, K] i32, every s <= t of t's sequence
 // ascending, then −1; cu as for the indexer.
@@ -296,8 +288,8 @@ cudaError_t launch_indexer_kl_backward(KlShape s,
 
 // DSA's sparse MQA attention (ops/dsa.h): q [B, T, H, DK], kv [B, T, DK], indices [B, T, K] i32, o [B, T, H, DV],
 // lse [B, T, H], all contiguous; DV <= 512 and DK <= 640. Backward accumulates into dq and dkv; its scratch: delta
-// (B·T·H values) and acc (slabs·B·T·DK values); bf16 (f32 only): probs, dq and dkv on tensor cores, operands
-// rounded to bf16.
+// (B·T·H values) and acc (slabs·B·T·DK values). bf16 (f32 only): every kernel on tensor cores, operands rounded to
+// bf16 (the forward's probabilities too, for P·V), f32 sums.
 struct SparseShape {
     int64_t B, T, H, DK, DV, K;
     double scale;
@@ -306,11 +298,7 @@ constexpr int64_t kSparseMaxDV = 512, kSparseMaxDK = 640;
 size_t sparse_attention_smem(SparseShape s, size_t elem);  // the most dynamic shared memory one of its kernels takes
 template <class T>
 cudaError_t launch_sparse_attention_forward(
-    SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, cudaStream_t stream);
-// The forward on tensor cores: q and kv rounded to bf16, the probabilities too for P·V, f32 sums (train.precision =
-// bf16).
-cudaError_t launch_sparse_attention_forward_bf16(
-    SparseShape s, const float* q, const float* kv, const int32_t* idx, float* o, float* lse, cudaStream_t stream);
+    SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, bool bf16, cudaStream_t stream);
 template <class T>
 cudaError_t launch_sparse_attention_probs(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, const T* lse, T* probs, bool bf16, cudaStream_t stream);

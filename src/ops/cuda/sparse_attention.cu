@@ -136,8 +136,6 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
     }
 }
 
-__host__ __device__ inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
-
 // The tensor-core forward's shared memory: q's head group and the chunk's entries as bf16 [kHeads][DK'], the warps'
 // partial score tiles, the running output [kHeads][DV'] f32 and the chunk's probabilities as bf16 (' = whole 16s).
 struct TcForwardSmem {
@@ -753,23 +751,21 @@ size_t sparse_attention_smem(SparseShape s, size_t elem) {
                      size_t(TcDkvSmem(s).bytes), probs_tc_smem(s)});
 }
 
-cudaError_t launch_sparse_attention_forward_bf16(
-    SparseShape s, const float* q, const float* kv, const int32_t* idx, float* o, float* lse, cudaStream_t stream) {
-    if (s.B * s.T == 0 || s.H == 0) return cudaSuccess;
-    const size_t smem = size_t(TcForwardSmem(s).bytes);
-    if (cudaError_t err = allow_smem(forward_tc_kernel, smem); err != cudaSuccess) return err;
-    const dim3 grid(unsigned(s.B * s.T), unsigned((s.H + kHeads - 1) / kHeads));
-    launch_kernel(forward_tc_kernel, grid, kThreads, smem, stream, s, q, kv, idx, o, lse);
-    return cudaGetLastError();
-}
-
 template <class T>
 cudaError_t launch_sparse_attention_forward(
-    SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, cudaStream_t stream) {
+    SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, bool bf16, cudaStream_t stream) {
     if (s.B * s.T == 0 || s.H == 0) return cudaSuccess;
+    const dim3 grid(unsigned(s.B * s.T), unsigned((s.H + kHeads - 1) / kHeads));
+    if constexpr (std::is_same_v<T, float>) {
+        if (bf16) {  // on tensor cores
+            const size_t smem = size_t(TcForwardSmem(s).bytes);
+            if (cudaError_t err = allow_smem(forward_tc_kernel, smem); err != cudaSuccess) return err;
+            launch_kernel(forward_tc_kernel, grid, kThreads, smem, stream, s, q, kv, idx, o, lse);
+            return cudaGetLastError();
+        }
+    }
     const size_t smem = entries_smem(s, kChunk, sizeof(T));
     if (cudaError_t err = allow_smem(forward_kernel<T>, smem); err != cudaSuccess) return err;
-    const dim3 grid(unsigned(s.B * s.T), unsigned((s.H + kHeads - 1) / kHeads));
     launch_kernel(forward_kernel<T>, grid, kThreads, smem, stream, s, q, kv, idx, o, lse);
     return cudaGetLastError();
 }
@@ -857,7 +853,7 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
 
 #define TESSERA_SPARSE(T)                                                                                              \
     template cudaError_t launch_sparse_attention_forward<T>(SparseShape, const T*, const T*, const int32_t*, T*, T*,   \
-                                                            cudaStream_t);                                             \
+                                                            bool, cudaStream_t);                                       \
     template cudaError_t launch_sparse_attention_probs<T>(SparseShape, const T*, const T*, const int32_t*, const T*,   \
                                                           T*, bool, cudaStream_t);                                     \
     template cudaError_t launch_sparse_attention_backward<T>(SparseShape, int64_t, const T*, const T*, const T*,       \
