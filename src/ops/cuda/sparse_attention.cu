@@ -136,6 +136,59 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
     }
 }
 
+// Rows [0, n) of src (row stride ld, `width` values each) as bf16 rows of ldb values, zeros past width and from row
+// n to `rows`: a head group's q or dO for the tensor-core kernels. Every thread of the block takes part.
+__device__ inline void stage_rows_bf16(
+    const float* src, int64_t ld, int64_t n, int64_t rows, int64_t width, int64_t ldb, __nv_bfloat16* dst) {
+    for (int64_t x = threadIdx.x; x < rows * ldb; x += blockDim.x) {
+        const int64_t r = x / ldb, d = x % ldb;
+        dst[x] = __float2bfloat16(r < n && d < width ? src[r * ld + d] : 0.0f);
+    }
+}
+
+// stage_entries for the tensor-core kernels: E[j·ldb + d] the entry as bf16 (zeros where none and past DK). Starts and
+// ends at a barrier.
+__device__ void stage_entries_bf16(const int32_t* row,
+                                   int64_t i0,
+                                   int64_t n,
+                                   const SparseShape& s,
+                                   const float* kvb,
+                                   int64_t ldb,
+                                   int32_t* rows,
+                                   __nv_bfloat16* E) {
+    __syncthreads();  // the previous step's rows and entries are consumed
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const int32_t sel = i0 + j < s.K ? row[i0 + j] : -1;
+        rows[j] = entry_ok<float>(sel, s.T) ? sel : -1;
+    }
+    __syncthreads();
+    for (int64_t x = threadIdx.x; x < n * ldb; x += blockDim.x) {
+        const int64_t j = x / ldb, d = x % ldb;
+        E[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
+    }
+    __syncthreads();
+}
+
+// One warp's share of the (16 heads × 16·tiles entries) tile X·Eᵀ over `width` dims (X [kHeads][ld], E the entries
+// [16·tiles][ldE]): entry tile warp % tiles, the steps 16·(warp / tiles), 16·(warp / tiles + warps / tiles), …, into
+// the warp's partial 16 × 16 tile. An entry's score is the sum of its tile's warps' partials, warps in order.
+__device__ inline void partial_scores(
+    const __nv_bfloat16* X, int64_t ld, const __nv_bfloat16* E, int64_t ldE, int64_t width, int tiles, float* partial) {
+    namespace wmma = nvcuda::wmma;
+    const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fe;  // entries as columns
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    const __nv_bfloat16* Et = E + (warp % tiles) * 16 * ldE;
+    for (int64_t d0 = 16 * (warp / tiles); d0 < width; d0 += 16 * (warps / tiles)) {
+        wmma::load_matrix_sync(fa, X + d0, unsigned(ld));
+        wmma::load_matrix_sync(fe, Et + d0, unsigned(ldE));
+        wmma::mma_sync(acc, fa, fe, acc);
+    }
+    wmma::store_matrix_sync(partial + warp * kHeads * 16, acc, 16u, wmma::mem_row_major);
+}
+
 // The tensor-core forward's shared memory: q's head group and the chunk's entries as bf16 [kHeads][DK'], the warps'
 // partial score tiles, the running output [kHeads][DV'] f32 and the chunk's probabilities as bf16 (' = whole 16s).
 struct TcForwardSmem {
@@ -173,35 +226,15 @@ __global__ void forward_tc_kernel(
     const bool head = hl < hn;
     const float* kvb = kv + b * s.T * s.DK;
     const float scale = float(s.scale), inf = INFINITY;
-    for (int64_t x = tid; x < kHeads * at.dk; x += kThreads) {
-        const int64_t h = x / at.dk, d = x % at.dk;
-        Qb[x] = __float2bfloat16(h < hn && d < s.DK ? q[(bt * s.H + h0 + h) * s.DK + d] : 0.0f);
-    }
+    stage_rows_bf16(q + (bt * s.H + h0) * s.DK, s.DK, hn, kHeads, s.DK, at.dk, Qb);
     for (int64_t x = tid; x < kHeads * at.dv; x += kThreads) Os[x] = 0.0f;
     float m = -inf, l = 0;  // the head's running max and sum (the same in its kChunk threads)
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fe;  // entries as columns
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;  // entries as rows
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        __syncthreads();  // the previous chunk's entries, rows and output tiles are consumed
-        if (tid < kChunk) {
-            const int32_t sel = i0 + tid < s.K ? idx[bt * s.K + i0 + tid] : -1;
-            rows[tid] = entry_ok<float>(sel, s.T) ? sel : -1;
-        }
-        __syncthreads();
-        for (int64_t x = tid; x < kChunk * at.dk; x += kThreads) {
-            const int64_t j = x / at.dk, d = x % at.dk;
-            Eb[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
-        }
-        __syncthreads();
-        wmma::fill_fragment(acc, 0.0f);
-        for (int64_t d0 = 16 * warp; d0 < at.dk; d0 += 16 * warps) {
-            wmma::load_matrix_sync(fa, Qb + d0, unsigned(at.dk));
-            wmma::load_matrix_sync(fe, Eb + d0, unsigned(at.dk));
-            wmma::mma_sync(acc, fa, fe, acc);
-        }
-        wmma::store_matrix_sync(Sp + warp * kHeads * kChunk, acc, unsigned(kChunk), wmma::mem_row_major);
+        stage_entries_bf16(idx + bt * s.K, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's P·V
+        partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 1, Sp);
         __syncthreads();
         float z = -inf;
         if (head && rows[e] >= 0) {
@@ -262,24 +295,6 @@ struct TcDqSmem {
 };
 constexpr int kDqTiles = int((kSparseMaxDK + 16 * (kThreads / 32) - 1) / (16 * (kThreads / 32)));  // per warp
 
-// One warp's share of a (16 heads × 16 entries) tile X·Eᵀ over `width` dims (X [kHeads][ld], E the chunk's entries
-// [kChunk][ldE]): the steps 16·warp, 16·(warp + 8), …, into the warp's partial tile.
-__device__ inline void partial_scores(
-    const __nv_bfloat16* X, int64_t ld, const __nv_bfloat16* E, int64_t ldE, int64_t width, float* partial) {
-    namespace wmma = nvcuda::wmma;
-    const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fe;  // entries as columns
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int64_t d0 = 16 * warp; d0 < width; d0 += 16 * warps) {
-        wmma::load_matrix_sync(fa, X + d0, unsigned(ld));
-        wmma::load_matrix_sync(fe, E + d0, unsigned(ldE));
-        wmma::mma_sync(acc, fa, fe, acc);
-    }
-    wmma::store_matrix_sync(partial + warp * kHeads * kChunk, acc, unsigned(kChunk), wmma::mem_row_major);
-}
-
 // dq on tensor cores (train.precision = bf16, f32 data): per chunk, the score and dO·v tiles by WMMA (partial tiles
 // summed in warp order, as the forward's), dz = p·(dp − Δ) per (head, entry) rounded to bf16, then dQ += dZ·E by tiles
 // of 16 dims that each warp keeps in its accumulators over the chunks.
@@ -307,14 +322,8 @@ __global__ void dq_tc_kernel(SparseShape s,
     const int hn = int(min(int64_t(kHeads), s.H - h0)), hl = int(tid / kChunk), e = int(tid % kChunk);
     const int warp = int(tid / 32), warps = kThreads / 32;
     const bool head = hl < hn;
-    for (int64_t x = tid; x < kHeads * at.dk; x += kThreads) {
-        const int64_t h = x / at.dk, d = x % at.dk;
-        Qb[x] = __float2bfloat16(h < hn && d < s.DK ? q[(bt * s.H + h0 + h) * s.DK + d] : 0.0f);
-    }
-    for (int64_t x = tid; x < kHeads * at.dv; x += kThreads) {
-        const int64_t h = x / at.dv, d = x % at.dv;
-        Ob[x] = __float2bfloat16(h < hn && d < s.DV ? dout[(bt * s.H + h0 + h) * s.DV + d] : 0.0f);
-    }
+    stage_rows_bf16(q + (bt * s.H + h0) * s.DK, s.DK, hn, kHeads, s.DK, at.dk, Qb);
+    stage_rows_bf16(dout + (bt * s.H + h0) * s.DV, s.DV, hn, kHeads, s.DV, at.dv, Ob);
     if (tid < hn) lses[tid] = lse[bt * s.H + h0 + tid];
     __syncthreads();
     const float* kvb = kv + b * s.T * s.DK;
@@ -324,19 +333,9 @@ __global__ void dq_tc_kernel(SparseShape s,
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kDqTiles];
     for (int t = 0; t < kDqTiles; ++t) wmma::fill_fragment(acc[t], 0.0f);
     for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        __syncthreads();  // the previous chunk's entries, rows and dz are consumed
-        if (tid < kChunk) {
-            const int32_t sel = i0 + tid < s.K ? idx[bt * s.K + i0 + tid] : -1;
-            rows[tid] = entry_ok<float>(sel, s.T) ? sel : -1;
-        }
-        __syncthreads();
-        for (int64_t x = tid; x < kChunk * at.dk; x += kThreads) {
-            const int64_t j = x / at.dk, d = x % at.dk;
-            Eb[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
-        }
-        __syncthreads();
-        partial_scores(Qb, at.dk, Eb, at.dk, at.dk, Sz);
-        partial_scores(Ob, at.dv, Eb, at.dk, at.dv, Sdp);  // dO·v over the values: an entry's first DV dims
+        stage_entries_bf16(idx + bt * s.K, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's dz
+        partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 1, Sz);
+        partial_scores(Ob, at.dv, Eb, at.dk, at.dv, 1, Sdp);  // dO·v over the values: an entry's first DV dims
         __syncthreads();
         float g = 0;
         if (head && rows[e] >= 0 && !isinf(L)) {
@@ -427,24 +426,11 @@ __global__ void probs_tc_kernel(
     for (int64_t hg = 0; hg < s.H; hg += kHeads) {
         const int64_t hn = min(int64_t(kHeads), s.H - hg);
         __syncthreads();  // the previous group's q rows are consumed
-        for (int64_t x = tid; x < kHeads * dk; x += kThreads) {
-            const int64_t h = x / dk, d = x % dk;
-            Qb[x] = __float2bfloat16(h < hn && d < s.DK ? q[(bt * s.H + hg + h) * s.DK + d] : 0.0f);
-        }
+        stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, dk, Qb);
         if (tid < hn) lses[tid] = lse[bt * s.H + hg + tid];
         for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-            __syncthreads();  // the previous chunk's entries and partial tiles are consumed
-            if (tid < kChunk) {
-                const int32_t sel = i0 + tid < s.K ? idx[bt * s.K + i0 + tid] : -1;
-                rows[tid] = entry_ok<float>(sel, s.T) ? sel : -1;
-            }
-            __syncthreads();
-            for (int64_t x = tid; x < kChunk * dk; x += kThreads) {
-                const int64_t j = x / dk, d = x % dk;
-                Eb[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
-            }
-            __syncthreads();
-            partial_scores(Qb, dk, Eb, dk, dk, Sp);
+            stage_entries_bf16(idx + bt * s.K, i0, kChunk, s, kvb, dk, rows, Eb);  // after the last chunk's sums
+            partial_scores(Qb, dk, Eb, dk, dk, 1, Sp);
             __syncthreads();
             if (tid < kChunk && i0 + tid < s.K && rows[tid] >= 0) {
                 float sum = 0;
@@ -606,25 +592,6 @@ struct TcDkvSmem {
     }
 };
 
-// One warp's share of the (16 heads × 32 entries) tile X·Eᵀ over `width` dims: entry tile warp % 2, the steps
-// 16·(warp / 2), 16·(warp / 2 + 4), …, into the warp's partial tile.
-__device__ inline void partial_pair_scores(
-    const __nv_bfloat16* X, int64_t ld, const __nv_bfloat16* E, int64_t ldE, int64_t width, float* partial) {
-    namespace wmma = nvcuda::wmma;
-    const int warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fe;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
-    const __nv_bfloat16* Et = E + (warp % 2) * 16 * ldE;
-    for (int64_t d0 = 16 * (warp / 2); d0 < width; d0 += 16 * (warps / 2)) {
-        wmma::load_matrix_sync(fa, X + d0, unsigned(ld));
-        wmma::load_matrix_sync(fe, Et + d0, unsigned(ldE));
-        wmma::mma_sync(acc, fa, fe, acc);
-    }
-    wmma::store_matrix_sync(partial + warp * kHeads * 16, acc, 16u, wmma::mem_row_major);
-}
-
 // dkv on tensor cores (train.precision = bf16, f32 data), the scheme of dkv_kernel with every dim in one block: per
 // query t of the slab (ascending) and step of 32 of its entries, for each group of 16 heads the score and dO·v tiles
 // by WMMA (partial tiles summed in warp order), p and scale·dz rounded to bf16, then the contributions
@@ -662,31 +629,16 @@ __global__ void dkv_tc_kernel(SparseShape s,
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
         const int64_t bt = b * s.T + t;
         for (int64_t i0 = 0; i0 < s.K; i0 += kTcPairs) {
-            __syncthreads();  // the previous step's entries and contributions are consumed
-            if (tid < kTcPairs) {
-                const int32_t sel = i0 + tid < s.K ? idx[bt * s.K + i0 + tid] : -1;
-                rows[tid] = entry_ok<float>(sel, s.T) ? sel : -1;
-            }
-            __syncthreads();
-            for (int64_t x = tid; x < kTcPairs * at.dk; x += kThreads) {
-                const int64_t j = x / at.dk, d = x % at.dk;
-                Eb[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
-            }
+            stage_entries_bf16(idx + bt * s.K, i0, kTcPairs, s, kvb, at.dk, rows, Eb);  // after the last scatter
             for (int i = 0; i < kDkvTiles; ++i) wmma::fill_fragment(c[i], 0.0f);
             for (int64_t hg = 0; hg < s.H; hg += kHeads) {
                 const int64_t hn = min(int64_t(kHeads), s.H - hg);
                 __syncthreads();  // the previous group's rows, P and dz are consumed
-                for (int64_t x = tid; x < kHeads * at.dk; x += kThreads) {
-                    const int64_t h = x / at.dk, d = x % at.dk;
-                    Qb[x] = __float2bfloat16(h < hn && d < s.DK ? q[(bt * s.H + hg + h) * s.DK + d] : 0.0f);
-                }
-                for (int64_t x = tid; x < kHeads * at.dv; x += kThreads) {
-                    const int64_t h = x / at.dv, d = x % at.dv;
-                    Ob[x] = __float2bfloat16(h < hn && d < s.DV ? dout[(bt * s.H + hg + h) * s.DV + d] : 0.0f);
-                }
+                stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, at.dk, Qb);
+                stage_rows_bf16(dout + (bt * s.H + hg) * s.DV, s.DV, hn, kHeads, s.DV, at.dv, Ob);
                 __syncthreads();
-                partial_pair_scores(Qb, at.dk, Eb, at.dk, at.dk, Sz);
-                partial_pair_scores(Ob, at.dv, Eb, at.dk, at.dv, Sdp);
+                partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 2, Sz);
+                partial_scores(Ob, at.dv, Eb, at.dk, at.dv, 2, Sdp);
                 __syncthreads();
                 for (int64_t x = tid; x < kHeads * kTcPairs; x += kThreads) {  // (head, entry) pairs
                     const int64_t h = x / kTcPairs, j = x % kTcPairs, r = bt * s.H + hg + h;
