@@ -21,6 +21,7 @@
 
 #include "core/arena.h"
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/mxfp4.h"
 #include "core/safetensors.h"
 #include "ops/adamw.h"
@@ -681,7 +682,7 @@ TEST(CudaOps, KdaMatchesTheCpuWithGvaPackedSequencesAndSavedStates) {
                     c.mode == ops::KdaMode::chunk ? "chunk" : "recurrent", c.bf16 ? " bf16" : "", (long long)T, worst);
         if (c.bf16) {  // 3.0e-3 and 4.7e-3 on the emulator
             EXPECT_LT(worst, 1.5e-2);
-            EXPECT_GT(worst, 1e-4) << "bf16 operands must show";
+            EXPECT_GT(worst, 1e-4) << "bf16 operands must show";  // 6.1e-3 sparse, 3.2e-3 dense on the emulator
         }
     }
 }
@@ -887,16 +888,29 @@ TEST(CudaOps, DsaIndexerOnTensorCoresSelectsTheCpusBf16Tokens) {
 }
 
 // The indexer's KL loss on the GPU against the CPU: over the selected entries (with padding) and dense over every
-// candidate of packed sequences; the loss, the rows with support, and the accumulated dq, dk, dw.
+// candidate of packed sequences; the loss, the rows with support, and the accumulated dq, dk, dw. At train.precision
+// = bf16 the head dots run on tensor cores with bf16 operands: on inputs that are bf16 values already, within the f32
+// tolerance (two tiles of heads, padded dims); on others within bf16's precision, and not f32's bits.
 TEST(CudaOps, IndexerKlMatchesTheCpuSparseAndDense) {
     SKIP_WITHOUT_GPU();
-    const int64_t T = 50, HI = 3, DI = 16, K = 8;
+    const int64_t T = 50, K = 8;
     const std::vector<int64_t> cu{0, 7, 50};
     Tensor idx(DType::i32, Shape{1, T, K});
     for (int64_t t = 0; t < T; ++t)
         for (int64_t i = 0; i < K; ++i)
             idx.ptr<int32_t>()[t * K + i] = int32_t(i <= t ? (t * 3 + i * 7) % (t + 1) : -1);
-    for (const bool sparse : {true, false}) {
+    struct Case {
+        bool sparse, bf16;
+        int64_t HI, DI;  // the second shape: two tiles of 16 heads (the second partial), 24 dims padded to 32
+        bool rounded;    // q and k bf16 values already: the tensor cores' dots then differ by their sums' order only
+    };
+    for (const Case& c :
+         {Case{true, false, 3, 16, false}, Case{false, false, 3, 16, false}, Case{true, true, 3, 16, false},
+          Case{false, true, 3, 16, false}, Case{true, true, 20, 24, true}, Case{false, true, 20, 24, true}}) {
+        const auto [sparse, bf16, HI, DI, rounded] = c;
+        const bool exact = !bf16 || rounded;
+        std::optional<ops::GemmPrecisionScope> precision;
+        if (bf16) precision.emplace(ops::GemmPrecision::bf16);
         const Shape ps = sparse ? Shape{1, T, K} : Shape{1, T, T};
         std::vector<Tensor> host;
         host.push_back(test::randn(DType::f32, Shape{1, T, HI, DI}, 1, 0.3));  // q
@@ -906,8 +920,14 @@ TEST(CudaOps, IndexerKlMatchesTheCpuSparseAndDense) {
         host.push_back(test::randn(DType::f32, Shape{1, T, HI, DI}, 5, 0.1));  // dq
         host.push_back(test::randn(DType::f32, Shape{1, T, DI}, 6, 0.1));      // dk
         host.push_back(test::randn(DType::f32, Shape{1, T, HI}, 7, 0.1));      // dw
-        std::vector<Tensor> dev;
+        for (int i = 0; rounded && i < 2; ++i)
+            for (int64_t e = 0; e < host[size_t(i)].numel(); ++e) {
+                float& v = host[size_t(i)].ptr<float>()[e];
+                v = bf16_to_float(float_to_bf16(v));
+            }
+        std::vector<Tensor> dev, before;  // before: the gradients the ops accumulate into
         for (const Tensor& t : host) dev.push_back(t.to(Device::cuda));
+        for (size_t i = 4; i < host.size(); ++i) before.push_back(host[i].to(Device::cpu));
         const Tensor dev_idx = idx.to(Device::cuda);
         std::vector<std::byte> ws(
             ops::indexer_kl_workspace_bytes(DType::f32, 1, T, HI, DI, sparse ? K : T, 3, omp_get_max_threads()));
@@ -919,10 +939,31 @@ TEST(CudaOps, IndexerKlMatchesTheCpuSparseAndDense) {
                                         t[4], t[5], t[6], ws, 3));
         }
         EXPECT_EQ(r[1].rows, r[0].rows);
-        EXPECT_NEAR(r[1].loss, r[0].loss, 1e-5 * std::abs(r[0].loss));
-        for (size_t i = 4; i < host.size(); ++i)
-            EXPECT_TRUE(test::all_close(dev[i].to(Device::cpu), host[i], 1e-4, 1e-5))
-                << "tensor " << i << " sparse " << sparse;
+        const double loss_diff = std::abs(r[1].loss - r[0].loss) / std::abs(r[0].loss);
+        // at bf16 the KL, a small difference of larger sums, moves by more than its scores: 1.4e-2 measured, sparse
+        EXPECT_LT(loss_diff, exact ? 1e-5 : 5e-2) << "sparse " << sparse << " HI " << HI;
+        double worst = 0;  // the gradients' increments: largest difference over largest value
+        for (size_t i = 4; i < host.size(); ++i) {
+            const Tensor got = dev[i].to(Device::cpu);
+            if (exact) {
+                EXPECT_TRUE(test::all_close(got, host[i], 1e-4, 1e-5))
+                    << "tensor " << i << " sparse " << sparse << " HI " << HI;
+                continue;
+            }
+            Tensor dg = got.to(Device::cpu), dh = host[i].to(Device::cpu);
+            for (int64_t e = 0; e < dg.numel(); ++e) {
+                dg.ptr<float>()[e] -= before[i - 4].ptr<float>()[e];
+                dh.ptr<float>()[e] -= before[i - 4].ptr<float>()[e];
+            }
+            const double diff = largest_difference(dg, dh);
+            EXPECT_LT(diff, 2e-2) << "tensor " << i << " sparse " << sparse << " bf16";
+            worst = std::max(worst, diff);
+        }
+        if (!exact) {  // a relu gate flipped by rounding moves a gradient term whole
+            std::printf("[ indexer_kl ] %s bf16: loss %.1e apart, gradients %.1e of their largest value\n",
+                        sparse ? "sparse" : "dense", loss_diff, worst);
+            EXPECT_GT(worst, 1e-4) << "bf16 operands must show";
+        }
     }
 }
 

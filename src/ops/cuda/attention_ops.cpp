@@ -224,7 +224,8 @@ IndexerKlResult indexer_kl(TensorView q,
                     q.size(2),
                     q.size(3),
                     indices.defined() ? indices.size(2) : 0,
-                    cu_seqlens.empty() ? 0 : int64_t(cu_seqlens.size()) - 1};
+                    cu_seqlens.empty() ? 0 : int64_t(cu_seqlens.size()) - 1,
+                    q.dtype == DType::f32 && gemm_precision() == GemmPrecision::bf16};
     const int64_t BT = s.B * s.T;
     const bool grads = dq.defined();
     IndexerKlResult r;

@@ -7,7 +7,11 @@
 //     softmax; the row's log-sum-exp, Σp and KL by fixed-order block reductions.
 //   gradients (g = dloss / rows): dI = g·(softmax(I)·Σp − p); dw and dq per query block (entries in order), dk by
 //     the fixed query slabs of sparse attention's dkv (no atomics), then the slabs in order.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
@@ -44,9 +48,70 @@ __device__ inline void support_slots(const KlShape& s, const int64_t* cu, int64_
     hi = t + 1;
 }
 
+// The tensor-core dots' shared memory (s.bf16), after the scalar layout: q[t]'s heads [HI'][DI'] and the chunk's keys
+// [kChunk][DI'] as bf16, the dots [HI'][kChunk] f32 (' = whole 16s).
+struct TcDots {
+    int64_t hi, di, keys, dots, bytes;
+    __host__ __device__ explicit TcDots(const KlShape& s) {
+        hi = round16(s.HI), di = round16(s.DI);
+        keys = hi * di * 2;
+        dots = keys + kChunk * di * 2;
+        bytes = dots + hi * kChunk * 4;
+    }
+};
+
+// The scalar layout's bytes (indexer_kl_smem), rounded up to the tensor-core part's 128-byte alignment.
+__host__ __device__ inline int64_t scalar_smem(const KlShape& s, size_t elem) {
+    return (int64_t(kChunk * sizeof(int64_t) + size_t(kChunk * (2 * s.HI + s.DI + 1)) * elem) + 127) / 128 * 128;
+}
+
+// chunk_dots' products on tensor cores (train.precision = bf16, f32 data): q[t]'s heads and the chunk's keys (already
+// in `keys`) rounded to bf16, the (heads × 32 entries) dots by WMMA with f32 sums, a warp per 16 × 16 tile in turn,
+// then A [kChunk][HI] from the dots. Every thread takes part.
+__device__ void chunk_dots_tc(
+    const KlShape& s, const float* q, int64_t bt, const int64_t* pos, const float* keys, float* A) {
+    namespace wmma = nvcuda::wmma;
+    const TcDots at(s);
+    unsigned char* tc = dynamic_shared() + scalar_smem(s, sizeof(float));
+    auto* Qb = reinterpret_cast<__nv_bfloat16*>(tc);            // [hi][di]
+    auto* Kb = reinterpret_cast<__nv_bfloat16*>(tc + at.keys);  // [kChunk][di]
+    auto* D = reinterpret_cast<float*>(tc + at.dots);           // [hi][kChunk]
+    const int64_t nt = blockDim.x, ld = s.DI + 1;
+    for (int64_t x = threadIdx.x; x < at.hi * at.di; x += nt) {
+        const int64_t j = x / at.di, d = x % at.di;
+        Qb[x] = __float2bfloat16(j < s.HI && d < s.DI ? q[(bt * s.HI + j) * s.DI + d] : 0.0f);
+    }
+    for (int64_t x = threadIdx.x; x < kChunk * at.di; x += nt) {
+        const int64_t i = x / at.di, d = x % at.di;
+        Kb[x] = __float2bfloat16(d < s.DI ? keys[i * ld + d] : 0.0f);  // zeros outside the support already
+    }
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fq;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fk;  // keys as columns
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    const int64_t tiles = at.hi / 16 * (kChunk / 16);
+    for (int64_t tile = threadIdx.x / 32; tile < tiles; tile += nt / 32) {
+        const int64_t j0 = tile / (kChunk / 16) * 16, i0 = tile % (kChunk / 16) * 16;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int64_t d0 = 0; d0 < at.di; d0 += 16) {
+            wmma::load_matrix_sync(fq, Qb + j0 * at.di + d0, unsigned(at.di));
+            wmma::load_matrix_sync(fk, Kb + i0 * at.di + d0, unsigned(at.di));
+            wmma::mma_sync(acc, fq, fk, acc);
+        }
+        wmma::store_matrix_sync(D + j0 * kChunk + i0, acc, unsigned(kChunk), wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int64_t x = threadIdx.x; x < kChunk * s.HI; x += nt) {
+        const int64_t i = x % kChunk, j = x / kChunk;
+        A[i * s.HI + j] = pos[i] >= 0 ? D[j * kChunk + i] : 0.0f;
+    }
+    __syncthreads();
+}
+
 // The support chunk [x0, x0 + kChunk) of query bt into shared memory: positions (−1 outside the support), the keys
 // [kChunk][DI + 1] and the head dots a_ij = q_j·k_i as A [kChunk][HI]. The chunk's keys are gathered once, then a
-// thread per (entry, head) takes each dot (a warp: one head, consecutive entries). Every thread takes part.
+// thread per (entry, head) takes each dot (a warp: one head, consecutive entries), or at s.bf16 the tensor cores do.
+// Every thread takes part.
 template <class T>
 __device__ void chunk_dots(const KlShape& s,
                            const T* q,
@@ -69,6 +134,9 @@ __device__ void chunk_dots(const KlShape& s,
         keys[i * ld + d] = pos[i] >= 0 ? k[(b * s.T + pos[i]) * s.DI + d] : T(0);
     }
     __syncthreads();
+    if constexpr (std::is_same_v<T, float>) {
+        if (s.bf16) return chunk_dots_tc(s, q, bt, pos, keys, A);
+    }
     for (int64_t x = threadIdx.x; x < kChunk * s.HI; x += nt) {
         const int64_t i = x % kChunk, j = x / kChunk;
         const T* qj = q + (bt * s.HI + j) * s.DI;
@@ -265,9 +333,10 @@ __global__ void dk_kernel(KlShape s,
 }
 }  // namespace
 
-// the chunk's support positions, then A and DA [kChunk][HI] and the chunk's key rows [kChunk][DI + 1] (T)
+// the chunk's support positions, then A and DA [kChunk][HI] and the chunk's key rows [kChunk][DI + 1] (T); at s.bf16
+// (f32) the tensor-core dots' part after them
 size_t indexer_kl_smem(KlShape s, size_t elem) {
-    return kChunk * sizeof(int64_t) + size_t(kChunk * (2 * s.HI + s.DI + 1)) * elem;
+    return size_t(scalar_smem(s, elem)) + (s.bf16 && elem == sizeof(float) ? size_t(TcDots(s).bytes) : 0);
 }
 
 template <class T>

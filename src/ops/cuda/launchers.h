@@ -253,6 +253,7 @@ cudaError_t launch_dsa_all_candidates(
 // scratch (slabs·B·T·DI values).
 struct KlShape {
     int64_t B, T, HI, DI, K, segments;
+    bool bf16 = false;  // the head dots on tensor cores, q and k rounded to bf16 (f32 only)
 };
 struct KlRows {
     double *kl, *lse, *psum;
