@@ -237,15 +237,19 @@ int main(int argc, char** argv) {
         const double fl = 2.0 * double(entries) * double(H) * double(DK + DV);  // QKᵀ and PV over the valid entries
         report({"sparse_attention", shape, "forward",
                 median_ms([&] { ops::sparse_attention_forward(sp, q, kv, indices, o, lse, {}); }, 3), fl, true});
-        {  // train.precision = bf16: the forward on tensor cores, against the bf16 peak
+        report({"sparse_attention", shape, "backward",
+                median_ms([&] { ops::sparse_attention_backward(sp, dout, q, kv, indices, o, lse, dq, dkv, {}); }, 1),
+                2.5 * fl, true});
+        {  // train.precision = bf16: every kernel on tensor cores, against the bf16 peak
             const ops::GemmPrecisionScope bf16(ops::GemmPrecision::bf16);
             report({"sparse_attention bf16", shape, "forward",
                     median_ms([&] { ops::sparse_attention_forward(sp, q, kv, indices, o, lse, {}); }, 3), fl, true,
                     true});
+            report(
+                {"sparse_attention bf16", shape, "backward",
+                 median_ms([&] { ops::sparse_attention_backward(sp, dout, q, kv, indices, o, lse, dq, dkv, {}); }, 3),
+                 2.5 * fl, true, true});
         }
-        report({"sparse_attention", shape, "backward",
-                median_ms([&] { ops::sparse_attention_backward(sp, dout, q, kv, indices, o, lse, dq, dkv, {}); }, 1),
-                2.5 * fl, true});
     }
     // MoE expert compute (the layer between dispatch and combine, forward + backward) against one dense GEMM of the
     // forward's FLOPs: N = 4096 tokens, L = 512, F = 256, SwiGLU; bench/bench_moe.cpp's table on the CPU
