@@ -58,11 +58,6 @@ IndexerDims check_indexer(const TensorView& q, const TensorView& k, const Tensor
     return d;
 }
 
-template <class T>
-void round_bf16(T* x, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) x[i] = T(bf16_to_float(float_to_bf16(float(x[i]))));
-}
-
 int64_t padded_keys(int64_t T) { return (T + kKeyBlock - 1) / kKeyBlock * kKeyBlock; }
 
 // Shared: kᵀ of every batch row [B, DI, Tp] (zero-padded to whole key blocks). Per thread: the score
@@ -112,7 +107,9 @@ void indexer_forward(const DsaIndexerParams& p,
             T* kt = sh.kt + b * d.DI * Tp;
             std::fill(kt, kt + d.DI * Tp, T(0));
             cpu::transpose(k.ptr<T>() + b * d.T * d.DI, d.T, d.DI, d.DI, kt, Tp);  // [DI, Tp]
-            if (bf16) round_bf16(kt, d.DI * Tp);
+            if constexpr (std::is_same_v<T, float>) {
+                if (bf16) cpu::round_to_bf16(kt, d.DI * Tp, kt);
+            }
         }
         WorkspaceCursor cur(slices.thread(omp_get_thread_num()));
         const IndexerScratch<T> sc(d, K, cur);
@@ -127,10 +124,11 @@ void indexer_forward(const DsaIndexerParams& p,
                 lo = std::min(lo, seg.first_of(b, t));
             }
             const T* qrows = q.ptr<T>() + (b * d.T + t0) * d.HI * d.DI;
-            if (bf16) {
-                std::copy_n(qrows, (t1 - t0) * d.HI * d.DI, sc.qr);
-                round_bf16(sc.qr, (t1 - t0) * d.HI * d.DI);
-                qrows = sc.qr;
+            if constexpr (std::is_same_v<T, float>) {
+                if (bf16) {
+                    cpu::round_to_bf16(qrows, (t1 - t0) * d.HI * d.DI, sc.qr);
+                    qrows = sc.qr;
+                }
             }
             for (int64_t s0 = lo / kKeyBlock * kKeyBlock; s0 < t1; s0 += kKeyBlock) {
                 cpu::small_gemm_nn((t1 - t0) * d.HI, kKeyBlock, d.DI, T(1), qrows, d.DI, kt + s0, Tp, T(0), sc.a,

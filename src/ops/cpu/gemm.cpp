@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "core/mxfp4.h"
+#include "ops/cpu/kernel_util.h"
 #include "ops/isa.h"
 
 namespace tessera::ops {
@@ -115,8 +116,7 @@ void copy_values(const float* src, int64_t n, float* dst, bool round) {
         std::copy_n(src, n, dst);
         return;
     }
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(float_to_bf16(src[i]));
+    cpu::round_to_bf16(src, n, dst);
 }
 // n values from src rounded to bf16 (to nearest even, as above)
 void copy_values(const float* src, int64_t n, bf16* dst, bool) {

@@ -18,6 +18,13 @@ using ops::dispatch_float;
 using ops::Rows;
 using ops::rows_of;
 
+// dst[i] = src[i] rounded to bf16 (to nearest even) and widened back: exactly what a bf16 GEMM multiplies. dst may be
+// src.
+inline void round_to_bf16(const float* src, int64_t n, float* dst) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(float_to_bf16(src[i]));
+}
+
 // Calls f(const T*) with a weight's data in T, or, for a weight held narrow in an f32 op, f(const bf16*) (a frozen
 // base kept in bf16) or f(Mxfp4) (frozen routed experts held in MXFP4): ops::gemm and grouped_gemm widen those. A
 // narrow weight in an f64 op (the reference paths) is an error.
