@@ -741,17 +741,18 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
 // MQA with values the first DV dims of each entry. The shapes walk the kernels' tiling: fewer heads than a block's
 // group and two groups (the second partial), rows of one chunk and of several with a partial last, dkv blocks that
 // span every dim (batch × slabs ≥ 128) and spans of 256 dims over entries of more than 256. At train.precision = bf16
-// (the last two cases: one head group and a partial second, entries not a whole number of 16 dims) every kernel runs
-// on tensor cores with bf16 operands: every output within bf16's precision of the CPU's f32, not f32's bits.
+// (the last three cases: two head groups, the second partial; entries not a whole number of 16 dims; one head group
+// over rows of two dkv steps) every kernel runs on tensor cores with bf16 operands: every output within bf16's
+// precision of the CPU's f32, not f32's bits.
 TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     SKIP_WITHOUT_GPU();
     struct Case {
         int64_t B, T, H, DK, DV, K;
         bool bf16 = false;
     };
-    for (const Case c :
-         {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
-          Case{1, 60, 5, 300, 260, 20}, Case{2, 300, 20, 72, 64, 40, true}, Case{1, 60, 5, 300, 260, 20, true}}) {
+    for (const Case c : {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
+                         Case{1, 60, 5, 300, 260, 20}, Case{2, 300, 20, 72, 64, 40, true},
+                         Case{1, 60, 5, 300, 260, 20, true}, Case{2, 120, 5, 72, 64, 40, true}}) {
         const auto [B, T, H, DK, DV, K, bf16] = c;
         std::optional<ops::GemmPrecisionScope> precision;
         if (bf16) precision.emplace(ops::GemmPrecision::bf16);

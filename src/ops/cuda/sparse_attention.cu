@@ -633,10 +633,12 @@ __global__ void dkv_tc_kernel(SparseShape s,
             for (int i = 0; i < kDkvTiles; ++i) wmma::fill_fragment(c[i], 0.0f);
             for (int64_t hg = 0; hg < s.H; hg += kHeads) {
                 const int64_t hn = min(int64_t(kHeads), s.H - hg);
-                __syncthreads();  // the previous group's rows, P and dz are consumed
-                stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, at.dk, Qb);
-                stage_rows_bf16(dout + (bt * s.H + hg) * s.DV, s.DV, hn, kHeads, s.DV, at.dv, Ob);
-                __syncthreads();
+                __syncthreads();                // the previous group's rows, P and dz are consumed
+                if (s.H > kHeads || i0 == 0) {  // one group: its rows stay from the query's first step
+                    stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, at.dk, Qb);
+                    stage_rows_bf16(dout + (bt * s.H + hg) * s.DV, s.DV, hn, kHeads, s.DV, at.dv, Ob);
+                    __syncthreads();
+                }
                 partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 2, Sz);
                 partial_scores(Ob, at.dv, Eb, at.dk, at.dv, 2, Sdp);
                 __syncthreads();
