@@ -968,6 +968,22 @@ TEST(CudaOps, IndexerKlMatchesTheCpuSparseAndDense) {
     }
 }
 
+// More heads than the KL kernels' shared memory holds (a chunk's dots for every head, in f64) are a one-line error
+// before any launch, not a failed launch.
+TEST(CudaOps, IndexerKlWithTooManyHeadsForSharedMemoryIsAClearError) {
+    SKIP_WITHOUT_GPU();
+    const int64_t T = 4, HI = 1024, DI = 8, K = 2;
+    const Tensor q = test::randn(DType::f64, Shape{1, T, HI, DI}, 1).to(Device::cuda),
+                 k = test::randn(DType::f64, Shape{1, T, DI}, 2).to(Device::cuda),
+                 w = test::randn(DType::f64, Shape{1, T, HI}, 3).to(Device::cuda),
+                 p = test::uniform(DType::f64, Shape{1, T, K}, 4, 0.0, 0.5).to(Device::cuda);
+    Tensor idx(DType::i32, Shape{1, T, K});
+    for (int64_t i = 0; i < idx.numel(); ++i) idx.ptr<int32_t>()[i] = 0;
+    const Tensor dev_idx = idx.to(Device::cuda);
+    test::expect_error([&] { ops::indexer_kl(q, k, w, p, dev_idx, {}, 1.0, {}, {}, {}, {}); },
+                       "indexer_kl (CUDA): 1024 heads of 8 dims need");
+}
+
 // LoRA on a fused projection's column blocks, with the counter-based dropout (the same mask bits on both devices),
 // and the merged-weight form MLA's absorbed kv_b_proj uses.
 TEST(CudaOps, LoraMatchesTheCpuWithDropoutOnColumnBlocksAndOnExperts) {

@@ -226,6 +226,11 @@ IndexerKlResult indexer_kl(TensorView q,
                     indices.defined() ? indices.size(2) : 0,
                     cu_seqlens.empty() ? 0 : int64_t(cu_seqlens.size()) - 1,
                     q.dtype == DType::f32 && gemm_precision() == GemmPrecision::bf16};
+    const size_t need = indexer_kl_smem(s, dtype_size(q.dtype)), limit = max_shared_memory();
+    TESSERA_CHECK(
+        need <= limit,
+        "indexer_kl (CUDA): {} heads of {} dims need {} bytes of shared memory per block; the device allows {}", s.HI,
+        s.DI, need, limit);
     const int64_t BT = s.B * s.T;
     const bool grads = dq.defined();
     IndexerKlResult r;
