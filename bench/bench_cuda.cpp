@@ -148,6 +148,12 @@ int main(int argc, char** argv) {
         report({"attention", shape, "backward",
                 median_ms([&] { ops::attention_backward({}, dout, q, k, v, o, lse, dq, dk, dv, {}); }), 2.5 * fl,
                 true});
+        const ops::GemmPrecisionScope bf16(ops::GemmPrecision::bf16);  // tensor cores, against the bf16 peak
+        report({"attention bf16", shape, "forward", median_ms([&] { ops::attention_forward({}, q, k, v, o, lse, {}); }),
+                fl, true, true});
+        report({"attention bf16", shape, "backward",
+                median_ms([&] { ops::attention_backward({}, dout, q, k, v, o, lse, dq, dk, dv, {}); }), 2.5 * fl, true,
+                true});
     }
     // KDA, forward and backward (medians of reps_f and reps_b calls), |k|² < 1: the chunked kernels (the default
     // mode) and the fused token recurrence

@@ -29,4 +29,13 @@ int64_t attention_block_rows(AttnKernel kernel, int64_t D, size_t elem, size_t s
     return 0;
 }
 
+AttnTcLayout attention_tc_layout(AttnKernel kernel, int64_t D, size_t smem_limit) {
+    for (int64_t warps : {4, 2, 1})
+        for (int64_t chunk : {64, 32, 16}) {
+            const AttnTcLayout at(kernel, warps, chunk, D);
+            if (size_t(at.bytes) <= smem_limit) return at;
+        }
+    return AttnTcLayout(kernel, 0, 16, D);
+}
+
 }  // namespace tessera::ops

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/host_device.h"
+
 namespace tessera::ops {
 
 struct AttnTile {
@@ -39,5 +41,42 @@ size_t attention_smem_bytes(AttnKernel kernel, int64_t rows, int64_t D, size_t e
 
 // The rows per block for `kernel`: 64, or 32 when 64 does not fit in `smem_limit` bytes; 0 when neither does.
 int64_t attention_block_rows(AttnKernel kernel, int64_t D, size_t elem, size_t smem_limit);
+
+// The tensor-core kernels (train.precision = bf16, f32 data): a block of `warps` warps, each owning 16 rows of the
+// tile, walks the other side `chunk` positions per step. Operands are bf16 rows of D' + 8 values (D' = D padded to
+// whole 16s; the 8 pad values keep WMMA's row loads off one bank), f32 tiles rows of width + 4. Per warp: the scores
+// (and dO·V) [16][chunk] in f32, the probabilities (and dS) [16][chunk] in bf16, the accumulators [16][D'] in f32
+// (O; dQ; dK and dV). Offsets are bytes into the block's dynamic shared memory, each a multiple of 32 (WMMA's
+// alignment): forward Q [rows], K and V [chunk]; dq Q and dO [rows], K and V [chunk]; dkv K and V [rows], Q and dO
+// [chunk] with the chunk's lse and Δ; then the warps' parts.
+struct AttnTcLayout {
+    int64_t warps, chunk;  // rows per block 16 · warps; positions of the other side per step
+    int64_t dp, ldb, lds, ldp,
+        ldo;  // D', and the row lengths of the bf16 rows, f32 scores, bf16 probabilities, f32 acc
+    int64_t other, rowvals, warp, part;                 // block-wide offsets; the first warp's part, and a part's bytes
+    int64_t scores, dscores, probs, dprobs, acc, acc2;  // offsets within a warp's part
+    int64_t bytes;
+    TESSERA_HOST_DEVICE AttnTcLayout(AttnKernel kernel, int64_t warps_, int64_t chunk_, int64_t D)
+        : warps(warps_), chunk(chunk_) {
+        const bool dkv = kernel == AttnKernel::dkv, fwd = kernel == AttnKernel::forward;
+        dp = (D + 15) / 16 * 16, ldb = dp + 8, lds = chunk + 4, ldp = chunk + 8, ldo = dp + 4;
+        const int64_t row_bytes = ldb * 2;
+        other = (fwd ? 1 : 2) * 16 * warps * row_bytes;
+        rowvals = other + 2 * chunk * row_bytes;
+        warp = rowvals + (dkv ? (2 * chunk * 4 + 31) / 32 * 32 : 0);
+        scores = 0;
+        dscores = scores + 16 * lds * 4;  // dO·V (dq, dkv)
+        probs = dscores + (fwd ? 0 : 16 * lds * 4);
+        dprobs = probs + (dkv ? 16 * ldp * 2 : 0);  // dS (dkv; dq keeps dS in `probs`)
+        acc = dprobs + 16 * ldp * 2;
+        acc2 = acc + 16 * ldo * 4;  // dV (dkv)
+        part = acc2 + (dkv ? 16 * ldo * 4 : 0);
+        bytes = warp + warps * part;
+    }
+};
+
+// The tensor-core layout for `kernel` at head dim D: the most rows (4 warps, then 2, then 1) and then the longest
+// chunk (64, then 32, then 16) whose shared memory fits `smem_limit`; warps = 0 when none does.
+AttnTcLayout attention_tc_layout(AttnKernel kernel, int64_t D, size_t smem_limit);
 
 }  // namespace tessera::ops

@@ -68,5 +68,47 @@ TEST(AttentionTiles, RowsPerBlockFitTheSharedMemory) {
     EXPECT_EQ(attention_smem_bytes(AttnKernel::forward, 64, 40, 4), 31232u);
 }
 
+// The tensor-core kernels' shared memory: hand-counted for D = 128 (the forward: Q 64 rows of 136 bf16, K and V 64
+// each, then per warp scores 16 × 68 f32, probabilities 16 × 72 bf16, O 16 × 132 f32), every region 32-byte aligned
+// and inside the block's bytes, and smaller blocks where D is large (MLA's absorbed 576 dims).
+TEST(AttentionTiles, TensorCoreLayoutsFitAndAlign) {
+    const size_t h200 = 227 * 1024;
+    const AttnTcLayout f = attention_tc_layout(AttnKernel::forward, 128, h200);
+    EXPECT_EQ(f.warps, 4);
+    EXPECT_EQ(f.chunk, 64);
+    EXPECT_EQ(f.bytes, 3 * 64 * 136 * 2 + 4 * (16 * 68 * 4 + 16 * 72 * 2 + 16 * 132 * 4));  // 112,640
+    // dK/dV: K, V, Q, dO 64 rows each, lse and Δ, per warp scores and dO·V, P and dS, dK and dV
+    const AttnTcLayout b = attention_tc_layout(AttnKernel::dkv, 128, h200);
+    EXPECT_EQ(b.warps, 4);
+    EXPECT_EQ(b.bytes, 4 * 64 * 136 * 2 + 2 * 64 * 4 + 4 * (2 * 16 * 68 * 4 + 2 * 16 * 72 * 2 + 2 * 16 * 132 * 4));
+    const AttnTcLayout wide = attention_tc_layout(AttnKernel::dkv, 192, h200);  // rows first, then a shorter chunk
+    EXPECT_EQ(wide.warps, 4);
+    EXPECT_EQ(wide.chunk, 32);
+    const AttnTcLayout mla = attention_tc_layout(AttnKernel::dkv, 576, h200);
+    EXPECT_EQ(mla.warps, 1);
+    EXPECT_GT(AttnTcLayout(AttnKernel::dkv, 1, mla.chunk * 2, 576).bytes, int64_t(h200));
+    EXPECT_EQ(attention_tc_layout(AttnKernel::dkv, 2048, h200).warps, 0);  // nothing fits
+    for (const AttnKernel k : {AttnKernel::forward, AttnKernel::dq, AttnKernel::dkv})
+        for (int64_t D : {8, 40, 64, 128, 192, 576}) {
+            const AttnTcLayout at = attention_tc_layout(k, D, h200);
+            ASSERT_GT(at.warps, 0) << D;
+            EXPECT_LE(at.bytes, int64_t(h200));
+            EXPECT_GE(at.dp, D);
+            EXPECT_EQ(at.dp % 16, 0);
+            for (int64_t off :
+                 {at.other, at.rowvals, at.warp, at.part, at.scores, at.dscores, at.probs, at.dprobs, at.acc, at.acc2})
+                EXPECT_EQ(off % 32, 0) << "D " << D;
+            // the regions in order, each as long as its rows
+            const int64_t own = 16 * at.warps * at.ldb * 2, chunk = at.chunk * at.ldb * 2;
+            EXPECT_EQ(at.other, (k == AttnKernel::forward ? 1 : 2) * own);
+            EXPECT_GE(at.rowvals, at.other + 2 * chunk);
+            EXPECT_GE(at.warp, at.rowvals + (k == AttnKernel::dkv ? 2 * at.chunk * 4 : 0));
+            EXPECT_GE(at.probs, at.scores + (k == AttnKernel::forward ? 1 : 2) * 16 * at.lds * 4);
+            EXPECT_GE(at.acc, at.probs + (k == AttnKernel::dkv ? 2 : 1) * 16 * at.ldp * 2);
+            EXPECT_GE(at.part, at.acc + (k == AttnKernel::dkv ? 2 : 1) * 16 * at.ldo * 4);
+            EXPECT_EQ(at.bytes, at.warp + at.warps * at.part);
+        }
+}
+
 }  // namespace
 }  // namespace tessera::ops

@@ -600,6 +600,71 @@ TEST(CudaOps, AttentionMatchesTheCpuOnPackedSequencesAndHeadViews) {
     }
 }
 
+// Attention on tensor cores (train.precision = bf16, f32 data: q, k, v, dO, P and dS rounded to bf16, f32 sums)
+// against the CPU's f32, with the shapes of the f32 test (head views, GQA, packed sequences whose tiles end off the
+// warps' 16 rows, D = 40 padded to 48) and MLA's absorbed 576 dims (blocks of 2 and 1 warps, chunks of 32 and 16).
+// Every output within bf16's precision of the CPU, not f32's bits, and bitwise run to run. With q = 0 every visible
+// key scores the same, so each output row is the mean of the value rows it sees: exact in bf16's P = 1, and so the
+// forward's masking is checked at f32 precision.
+TEST(CudaOps, AttentionOnTensorCoresMatchesTheCpuWithinBf16) {
+    SKIP_WITHOUT_GPU();
+    struct Case {
+        int64_t B, T, H, HKV, D;
+        std::vector<int64_t> cu;
+        bool causal;
+    };
+    for (const Case& c :
+         {Case{1, 150, 4, 2, 40, {0, 1, 64, 65, 150}, true}, Case{1, 150, 4, 2, 40, {0, 1, 64, 65, 150}, false},
+          Case{2, 70, 4, 2, 40, {}, true}, Case{1, 40, 2, 1, 576, {0, 17, 40}, true}}) {
+        const int64_t B = c.B, T = c.T, H = c.H, HKV = c.HKV, D = c.D;
+        const ops::AttentionParams p{.scale = 0.3, .causal = c.causal};
+        for (const bool zero_q : {false, true}) {
+            std::vector<Tensor> host;
+            host.push_back(zero_q ? Tensor(DType::f32, Shape{B, T, H, D})
+                                  : test::randn(DType::f32, Shape{B, T, H, D}, 1));
+            host.push_back(test::randn(DType::f32, Shape{B, T, HKV, D}, 2));  // k
+            host.push_back(test::randn(DType::f32, Shape{B, T, HKV, D}, 3));  // v
+            if (zero_q)  // values exact in bf16: the mean of a row's visible values is the same sum on both sides
+                ops::round_to_bf16(host.back());
+            host.push_back(Tensor(DType::f32, Shape{B, T, H, D}));                 // o
+            host.push_back(Tensor(DType::f32, Shape{B, H, T}));                    // lse
+            host.push_back(test::randn(DType::f32, Shape{B, T, H, D}, 4));         // do
+            host.push_back(test::randn(DType::f32, Shape{B, T, H, D}, 5, 0.1));    // dq
+            host.push_back(test::randn(DType::f32, Shape{B, T, HKV, D}, 6, 0.1));  // dk
+            host.push_back(test::randn(DType::f32, Shape{B, T, HKV, D}, 7, 0.1));  // dv
+            std::vector<Tensor> dev, again;
+            for (const Tensor& t : host) {
+                dev.push_back(t.to(Device::cuda));
+                again.push_back(t.to(Device::cuda));
+            }
+            std::vector<std::byte> ws(ops::attention_workspace_bytes(DType::f32, T, D, omp_get_max_threads()));
+            for (std::vector<Tensor>* x : {&host, &dev, &again}) {
+                std::optional<ops::GemmPrecisionScope> precision;
+                if (x != &host) precision.emplace(ops::GemmPrecision::bf16);
+                auto& t = *x;
+                ops::attention_forward(p, t[0], t[1], t[2], t[3], t[4], ws, c.cu);
+                ops::attention_backward(p, t[5], t[0], t[1], t[2], t[3], t[4], t[6], t[7], t[8], ws, c.cu);
+            }
+            double worst = 0;
+            for (size_t i = 3; i < host.size(); ++i) {
+                const Tensor got = dev[i].to(Device::cpu);
+                EXPECT_TRUE(test::bitwise_equal(again[i].to(Device::cpu), got)) << "tensor " << i;
+                if (i == 5) continue;  // dO, an input
+                const double diff = largest_difference(got, host[i]);
+                EXPECT_LT(diff, 1.5e-2) << "tensor " << i << ", D " << D << (c.causal ? " causal" : "");
+                if (zero_q && i <= 4) {
+                    EXPECT_TRUE(test::all_close(got, host[i], 1e-5, 1e-5)) << "tensor " << i << ", q = 0, D " << D;
+                } else {
+                    worst = std::max(worst, diff);
+                }
+            }
+            std::printf("[ attention ] D %lld%s%s: largest difference %.1e of the largest value\n", (long long)D,
+                        c.causal ? " causal" : "", zero_q ? " q = 0" : "", worst);
+            EXPECT_GT(worst, 1e-4) << "bf16 operands must show";
+        }
+    }
+}
+
 // KDA on the GPU against the CPU, forward and backward (accumulating), with GVA, packed sequences (one of a single
 // token, one not a whole number of chunks), h0 and dht: the fused token recurrence against the CPU's (mode
 // recurrent, f32 tolerance), and the chunked kernels against the CPU's chunked mode with the forward's saved states

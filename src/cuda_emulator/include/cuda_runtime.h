@@ -157,6 +157,7 @@ extern dim3 gridDim;
 constexpr int warpSize = 32;
 
 inline void __syncthreads() { tessera::cuda_emulator::block_barrier(); }
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) { tessera::cuda_emulator::warp_sync(); }
 
 template <class T>
 T __shfl_xor_sync(unsigned /*mask*/, T v, int lane_mask, int width = 32) {

@@ -7,7 +7,16 @@
 // Backward runs three kernels: Δ = rowsum(dO∘O) per (row, head); dQ over query tiles; dK, dV over key tiles, each
 // key tile walking its group's query heads in order. No two blocks write the same element and every sum has one
 // order, so results are bitwise run-to-run and do not use atomics. Gradients accumulate (+=), as on the CPU.
+//
+// At train.precision = bf16 (f32 data) the *_tc_kernels run the same plan on tensor cores (below: WMMA, bf16
+// operands, f32 sums), and Δ takes dO rounded to bf16, as the dO·V they pair with does (FlashAttention-2's bf16 Δ
+// reads the same dO as its dP): so Σ_s dS = 0 holds for the rounded dO, and a row that sees one key gets dQ ≈ 0 and not
+// the rounding of dO times its key.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
@@ -107,16 +116,21 @@ __global__ void forward_kernel(AttnShape s,
     lse[(tile.b * s.H + h) * s.T + row0 + r] = m + log(l);
 }
 
-// Δ[b, h, t] = Σ_d dO·O, one thread per (b, t, h).
+// Δ[b, h, t] = Σ_d dO·O, one thread per (b, t, h); dO rounded to bf16 first where `bf16` (f32 only).
 template <class T>
-__global__ void delta_kernel(AttnShape s, HeadsArg<const T> dout, HeadsArg<const T> o, T* delta) {
+__global__ void delta_kernel(AttnShape s, HeadsArg<const T> dout, HeadsArg<const T> o, T* delta, bool bf16) {
     const int64_t total = s.B * s.T * s.H;
     for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
         const int64_t h = e % s.H, t = (e / s.H) % s.T, b = e / (s.H * s.T);
         const T* g = dout.data + b * dout.sb + t * dout.st + h * dout.sh;
         const T* y = o.data + b * o.sb + t * o.st + h * o.sh;
         T acc = 0;
-        for (int64_t d = 0; d < s.D; ++d) acc += g[d] * y[d];
+        for (int64_t d = 0; d < s.D; ++d) {
+            T gd = g[d];
+            if constexpr (std::is_same_v<T, float>)
+                if (bf16) gd = __bfloat162float(__float2bfloat16(gd));
+            acc += gd * y[d];
+        }
         delta[(b * s.H + h) * s.T + t] = acc;
     }
 }
@@ -267,13 +281,318 @@ __global__ void dkv_kernel(AttnShape s,
     }
 }
 
+// The tensor-core kernels (train.precision = bf16, f32 data; layout: AttnTcLayout). A warp owns 16 rows of the
+// block's tile; per step of the other side it forms its [16 × chunk] scores by WMMA (bf16 operands, f32 sums) into
+// shared memory, two lanes per row turn them into probabilities (or dS), rounded to bf16, and one more WMMA product
+// adds them into the warp's f32 accumulators in shared memory: O (rescaled per step, as the scalar forward), dQ,
+// dK and dV. Only the scores' tiles a warp can see are formed: a causal step stops at the warp's last row (forward,
+// dq) or starts at its first key (dkv). Each sum has one order for a launch shape: bitwise run to run.
+namespace wmma = nvcuda::wmma;
+using Bf16 = __nv_bfloat16;
+constexpr int kTcTiles = 4;  // the longest chunk's 16-wide tiles (AttnTcLayout: 64)
+
+// Rows [row0, row0 + n) of head h of a [B, T, H, D] view as bf16 rows of ld values, zeros past n (up to `rows`)
+// and past D. Every thread of the block takes part.
+__device__ void load_rows_bf16(HeadsArg<const float> x,
+                               int64_t b,
+                               int64_t row0,
+                               int64_t h,
+                               int64_t n,
+                               int64_t rows,
+                               int64_t D,
+                               int64_t ld,
+                               Bf16* dst) {
+    for (int64_t i = threadIdx.x; i < rows * ld; i += blockDim.x) {
+        const int64_t r = i / ld, d = i % ld;
+        dst[i] = __float2bfloat16(r < n && d < D ? x.data[b * x.sb + (row0 + r) * x.st + h * x.sh + d] : 0.0f);
+    }
+}
+
+// S[16][16·j] = A[16][D'] · B[16·j][D']ᵀ for the column tiles j in [j0, j1) (A and B bf16 rows of ldb, S f32 rows
+// of lds): one warp's scores (or dO·V) against a chunk of the other side.
+__device__ void warp_scores(const Bf16* A, const Bf16* B, const AttnTcLayout& at, int64_t j0, int64_t j1, float* S) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> fb;  // B's rows as columns
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTcTiles];
+#pragma unroll
+    for (int j = 0; j < kTcTiles; ++j) wmma::fill_fragment(acc[j], 0.0f);
+    for (int64_t d0 = 0; d0 < at.dp; d0 += 16) {
+        wmma::load_matrix_sync(fa, A + d0, unsigned(at.ldb));
+#pragma unroll
+        for (int j = 0; j < kTcTiles; ++j)  // constant indices keep the fragments in registers
+            if (j >= j0 && j < j1) {
+                wmma::load_matrix_sync(fb, B + 16 * j * at.ldb + d0, unsigned(at.ldb));
+                wmma::mma_sync(acc[j], fa, fb, acc[j]);
+            }
+    }
+#pragma unroll
+    for (int j = 0; j < kTcTiles; ++j)
+        if (j >= j0 && j < j1) wmma::store_matrix_sync(S + 16 * j, acc[j], unsigned(at.lds), wmma::mem_row_major);
+}
+
+// Acc[16][D'] += P[16][16·j] · B[16·j][D'] over the tiles j in [j0, j1) (P bf16 rows of ldp, B bf16 rows of ldb, Acc
+// f32 rows of ldo): one warp's P·V, dS·K, P·dO or dS·Q.
+__device__ void warp_accumulate(
+    const Bf16* P, const Bf16* B, const AttnTcLayout& at, int64_t j0, int64_t j1, float* Acc) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> fp[kTcTiles];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+#pragma unroll
+    for (int j = 0; j < kTcTiles; ++j)
+        if (j >= j0 && j < j1) wmma::load_matrix_sync(fp[j], P + 16 * j, unsigned(at.ldp));
+    for (int64_t d0 = 0; d0 < at.dp; d0 += 16) {
+        wmma::load_matrix_sync(acc, Acc + d0, unsigned(at.ldo), wmma::mem_row_major);
+#pragma unroll
+        for (int j = 0; j < kTcTiles; ++j)
+            if (j >= j0 && j < j1) {
+                wmma::load_matrix_sync(fb, B + 16 * j * at.ldb + d0, unsigned(at.ldb));
+                wmma::mma_sync(acc, fp[j], fb, acc);
+            }
+        wmma::store_matrix_sync(Acc + d0, acc, unsigned(at.ldo), wmma::mem_row_major);
+    }
+}
+
+// A warp's place in a tensor-core block: its 16 rows from `first` (within the tile), `valid` of them real; the
+// lane's row r (two lanes a row) and its half of a row's columns (scores) and of its dims (accumulators).
+struct TcLane {
+    int64_t first, valid, r, c0, c1, d0, d1;
+    __device__ TcLane(const AttnTcLayout& at, int64_t tile_rows) {
+        const int64_t w = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane % 2;
+        first = 16 * w;
+        valid = max(int64_t(0), min(int64_t(16), tile_rows - first));
+        r = lane / 2;
+        c0 = half * at.chunk / 2, c1 = c0 + at.chunk / 2;
+        d0 = half * at.dp / 2, d1 = d0 + at.dp / 2;
+    }
+    __device__ bool real() const { return r < valid; }
+    __device__ unsigned char* part(unsigned char* smem, const AttnTcLayout& at) const {
+        return smem + at.warp + first / 16 * at.part;
+    }
+};
+
+// The sum of a row's two lanes' values, the same bits in both (addition commutes).
+__device__ inline float row_sum(float x) { return x + __shfl_xor_sync(0xffffffffu, x, 1); }
+__device__ inline float row_max(float x) { return max(x, __shfl_xor_sync(0xffffffffu, x, 1)); }
+
+__device__ void zero_rows(float* acc, const AttnTcLayout& at) {
+    for (int64_t i = threadIdx.x % 32; i < 16 * at.ldo; i += 32) acc[i] = 0.0f;
+}
+
+// out row += (or =, times `mul`) the lane's half of accumulator row r, dims below D.
+__device__ void finish_row(
+    const TcLane& ln, const float* acc, const AttnTcLayout& at, float* out, int64_t D, float mul, bool add) {
+    for (int64_t d = ln.d0; d < min(ln.d1, D); ++d) {
+        const float x = acc[ln.r * at.ldo + d] * mul;
+        out[d] = add ? out[d] + x : x;
+    }
+}
+
+__global__ void forward_tc_kernel(AttnShape s,
+                                  const AttnTile* tiles,
+                                  int64_t chunk,
+                                  HeadsArg<const float> q,
+                                  HeadsArg<const float> k,
+                                  HeadsArg<const float> v,
+                                  HeadsArg<float> o,
+                                  float* lse) {
+    const AttnTcLayout at(AttnKernel::forward, blockDim.x / 32, chunk, s.D);
+    unsigned char* smem = dynamic_shared();
+    const int64_t rows = 16 * at.warps;
+    auto* Qb = reinterpret_cast<Bf16*>(smem);
+    auto* Kb = reinterpret_cast<Bf16*>(smem + at.other);
+    Bf16* Vb = Kb + chunk * at.ldb;
+    const AttnTile tile = tiles[blockIdx.x];
+    const int64_t h = blockIdx.y, hk = h / (s.H / s.HKV);
+    const int64_t nq = min(rows, tile.len - tile.t0), row0 = tile.first + tile.t0;
+    const TcLane ln(at, nq);
+    unsigned char* mine = ln.part(smem, at);
+    auto* S = reinterpret_cast<float*>(mine + at.scores);
+    auto* P = reinterpret_cast<Bf16*>(mine + at.probs);
+    auto* O = reinterpret_cast<float*>(mine + at.acc);
+    const int64_t t = tile.t0 + ln.first + ln.r;  // the lane's query within the sequence
+    const float scale = float(s.scale), inf = INFINITY;
+    load_rows_bf16(q, tile.b, row0, h, nq, rows, s.D, at.ldb, Qb);
+    zero_rows(O, at);
+    float m = -inf, l = 0;
+    const int64_t kend = s.causal ? tile.t0 + nq : tile.len;
+    for (int64_t s0 = 0; s0 < kend; s0 += chunk) {
+        const int64_t nk = min(chunk, kend - s0);
+        __syncthreads();  // the previous chunk is consumed
+        load_rows_bf16(k, tile.b, tile.first + s0, hk, nk, chunk, s.D, at.ldb, Kb);
+        load_rows_bf16(v, tile.b, tile.first + s0, hk, nk, chunk, s.D, at.ldb, Vb);
+        __syncthreads();
+        // the keys the warp's last real query sees (causal), and the lane's own
+        const int64_t last = tile.t0 + ln.first + ln.valid - 1;
+        const int64_t ncols = ln.valid == 0 ? 0 : s.causal ? min(nk, last - s0 + 1) : nk;
+        if (ncols <= 0) continue;
+        const int64_t nvis = !ln.real() ? 0 : s.causal ? max(int64_t(0), min(ncols, t - s0 + 1)) : ncols;
+        const int64_t j1 = (ncols + 15) / 16;
+        warp_scores(Qb + ln.first * at.ldb, Kb, at, 0, j1, S);
+        __syncwarp();
+        float mx = -inf;
+        for (int64_t c = ln.c0; c < min(ln.c1, nvis); ++c) mx = max(mx, scale * S[ln.r * at.lds + c]);
+        const float mn = max(m, row_max(mx));
+        const float alpha = mn == -inf ? 1.0f : exp(m - mn);
+        float sum = 0;
+        for (int64_t c = ln.c0; c < ln.c1; ++c) {
+            const float p = c < nvis ? exp(scale * S[ln.r * at.lds + c] - mn) : 0.0f;
+            P[ln.r * at.ldp + c] = __float2bfloat16(p);
+            sum += p;
+        }
+        l = alpha * l + row_sum(sum);
+        m = mn;
+        for (int64_t d = ln.d0; d < ln.d1; ++d) O[ln.r * at.ldo + d] *= alpha;
+        __syncwarp();
+        warp_accumulate(P, Vb, at, 0, j1, O);
+    }
+    __syncwarp();
+    if (!ln.real()) return;
+    finish_row(ln, O, at, o.data + tile.b * o.sb + (row0 + ln.first + ln.r) * o.st + h * o.sh, s.D, 1.0f / l, false);
+    if (ln.d0 == 0) lse[(tile.b * s.H + h) * s.T + row0 + ln.first + ln.r] = m + log(l);
+}
+
+__global__ void dq_tc_kernel(AttnShape s,
+                             const AttnTile* tiles,
+                             int64_t chunk,
+                             HeadsArg<const float> dout,
+                             HeadsArg<const float> q,
+                             HeadsArg<const float> k,
+                             HeadsArg<const float> v,
+                             const float* lse,
+                             const float* delta,
+                             HeadsArg<float> dq) {
+    const AttnTcLayout at(AttnKernel::dq, blockDim.x / 32, chunk, s.D);
+    unsigned char* smem = dynamic_shared();
+    const int64_t rows = 16 * at.warps;
+    auto* Qb = reinterpret_cast<Bf16*>(smem);
+    Bf16* Gb = Qb + rows * at.ldb;  // dO
+    auto* Kb = reinterpret_cast<Bf16*>(smem + at.other);
+    Bf16* Vb = Kb + chunk * at.ldb;
+    const AttnTile tile = tiles[blockIdx.x];
+    const int64_t h = blockIdx.y, hk = h / (s.H / s.HKV);
+    const int64_t nq = min(rows, tile.len - tile.t0), row0 = tile.first + tile.t0;
+    const TcLane ln(at, nq);
+    unsigned char* mine = ln.part(smem, at);
+    auto* S = reinterpret_cast<float*>(mine + at.scores);
+    auto* dP = reinterpret_cast<float*>(mine + at.dscores);
+    auto* dS = reinterpret_cast<Bf16*>(mine + at.probs);
+    auto* Acc = reinterpret_cast<float*>(mine + at.acc);
+    const int64_t t = tile.t0 + ln.first + ln.r, at_row = (tile.b * s.H + h) * s.T + row0 + ln.first + ln.r;
+    const float scale = float(s.scale);
+    const float L = ln.real() ? lse[at_row] : 0.0f, Dl = ln.real() ? delta[at_row] : 0.0f;
+    load_rows_bf16(q, tile.b, row0, h, nq, rows, s.D, at.ldb, Qb);
+    load_rows_bf16(dout, tile.b, row0, h, nq, rows, s.D, at.ldb, Gb);
+    zero_rows(Acc, at);
+    const int64_t kend = s.causal ? tile.t0 + nq : tile.len;
+    for (int64_t s0 = 0; s0 < kend; s0 += chunk) {
+        const int64_t nk = min(chunk, kend - s0);
+        __syncthreads();
+        load_rows_bf16(k, tile.b, tile.first + s0, hk, nk, chunk, s.D, at.ldb, Kb);
+        load_rows_bf16(v, tile.b, tile.first + s0, hk, nk, chunk, s.D, at.ldb, Vb);
+        __syncthreads();
+        const int64_t last = tile.t0 + ln.first + ln.valid - 1;
+        const int64_t ncols = ln.valid == 0 ? 0 : s.causal ? min(nk, last - s0 + 1) : nk;
+        if (ncols <= 0) continue;
+        const int64_t nvis = !ln.real() ? 0 : s.causal ? max(int64_t(0), min(ncols, t - s0 + 1)) : ncols;
+        const int64_t j1 = (ncols + 15) / 16;
+        warp_scores(Qb + ln.first * at.ldb, Kb, at, 0, j1, S);
+        warp_scores(Gb + ln.first * at.ldb, Vb, at, 0, j1, dP);
+        __syncwarp();
+        for (int64_t c = ln.c0; c < ln.c1; ++c) {
+            const int64_t x = ln.r * at.lds + c;
+            const float ds = c < nvis ? exp(scale * S[x] - L) * (dP[x] - Dl) * scale : 0.0f;
+            dS[ln.r * at.ldp + c] = __float2bfloat16(ds);
+        }
+        __syncwarp();
+        warp_accumulate(dS, Kb, at, 0, j1, Acc);
+    }
+    __syncwarp();
+    if (!ln.real()) return;
+    finish_row(ln, Acc, at, dq.data + tile.b * dq.sb + (row0 + ln.first + ln.r) * dq.st + h * dq.sh, s.D, 1.0f, true);
+}
+
+__global__ void dkv_tc_kernel(AttnShape s,
+                              const AttnTile* tiles,
+                              int64_t chunk,
+                              HeadsArg<const float> dout,
+                              HeadsArg<const float> q,
+                              HeadsArg<const float> k,
+                              HeadsArg<const float> v,
+                              const float* lse,
+                              const float* delta,
+                              HeadsArg<float> dk,
+                              HeadsArg<float> dv) {
+    const AttnTcLayout at(AttnKernel::dkv, blockDim.x / 32, chunk, s.D);
+    unsigned char* smem = dynamic_shared();
+    const int64_t rows = 16 * at.warps;
+    auto* Kb = reinterpret_cast<Bf16*>(smem);
+    Bf16* Vb = Kb + rows * at.ldb;
+    auto* Qb = reinterpret_cast<Bf16*>(smem + at.other);
+    Bf16* Gb = Qb + chunk * at.ldb;  // dO
+    auto* Ls = reinterpret_cast<float*>(smem + at.rowvals);
+    float* Ds = Ls + chunk;
+    const AttnTile tile = tiles[blockIdx.x];
+    const int64_t hk = blockIdx.y, group = s.H / s.HKV;
+    const int64_t nk = min(rows, tile.len - tile.t0), row0 = tile.first + tile.t0;
+    const TcLane ln(at, nk);
+    unsigned char* mine = ln.part(smem, at);
+    auto* S = reinterpret_cast<float*>(mine + at.scores);
+    auto* dP = reinterpret_cast<float*>(mine + at.dscores);
+    auto* P = reinterpret_cast<Bf16*>(mine + at.probs);
+    auto* dS = reinterpret_cast<Bf16*>(mine + at.dprobs);
+    auto* dK = reinterpret_cast<float*>(mine + at.acc);
+    auto* dV = reinterpret_cast<float*>(mine + at.acc2);
+    const int64_t first_key = tile.t0 + ln.first, sp = first_key + ln.r;  // within the sequence
+    const float scale = float(s.scale);
+    load_rows_bf16(k, tile.b, row0, hk, nk, rows, s.D, at.ldb, Kb);
+    load_rows_bf16(v, tile.b, row0, hk, nk, rows, s.D, at.ldb, Vb);
+    zero_rows(dK, at);
+    zero_rows(dV, at);
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const int64_t base = (tile.b * s.H + h) * s.T + tile.first;
+        for (int64_t q0 = s.causal ? tile.t0 : 0; q0 < tile.len; q0 += chunk) {
+            const int64_t nq = min(chunk, tile.len - q0);
+            __syncthreads();
+            load_rows_bf16(q, tile.b, tile.first + q0, h, nq, chunk, s.D, at.ldb, Qb);
+            load_rows_bf16(dout, tile.b, tile.first + q0, h, nq, chunk, s.D, at.ldb, Gb);
+            for (int64_t i = threadIdx.x; i < chunk; i += blockDim.x) {
+                Ls[i] = i < nq ? lse[base + q0 + i] : 0.0f;
+                Ds[i] = i < nq ? delta[base + q0 + i] : 0.0f;
+            }
+            __syncthreads();
+            // causal: the query tiles wholly before the warp's first key see none of its keys
+            const int64_t j0 = s.causal ? min(chunk, max(int64_t(0), first_key - q0)) / 16 : 0, j1 = (nq + 15) / 16;
+            if (ln.valid == 0 || j0 >= j1) continue;
+            warp_scores(Kb + ln.first * at.ldb, Qb, at, j0, j1, S);
+            warp_scores(Vb + ln.first * at.ldb, Gb, at, j0, j1, dP);
+            __syncwarp();
+            for (int64_t c = ln.c0; c < ln.c1; ++c) {
+                const int64_t x = ln.r * at.lds + c;
+                const bool vis = ln.real() && c >= 16 * j0 && c < nq && (!s.causal || q0 + c >= sp);
+                const float p = vis ? exp(scale * S[x] - Ls[c]) : 0.0f;
+                P[ln.r * at.ldp + c] = __float2bfloat16(p);
+                dS[ln.r * at.ldp + c] = __float2bfloat16(vis ? p * (dP[x] - Ds[c]) * scale : 0.0f);
+            }
+            __syncwarp();
+            warp_accumulate(P, Gb, at, j0, j1, dV);
+            warp_accumulate(dS, Qb, at, j0, j1, dK);
+        }
+    }
+    __syncwarp();
+    if (!ln.real()) return;
+    const int64_t row = row0 + ln.first + ln.r;
+    finish_row(ln, dK, at, dk.data + tile.b * dk.sb + row * dk.st + hk * dk.sh, s.D, 1.0f, true);
+    finish_row(ln, dV, at, dv.data + tile.b * dv.sb + row * dv.st + hk * dv.sh, s.D, 1.0f, true);
+}
+
 // Opts the kernel in to `bytes` of dynamic shared memory (past the 48 KiB default) and launches it.
 template <class K, class... A>
 cudaError_t launch(K kernel, AttnPlan plan, int64_t heads, cudaStream_t stream, A... args) {
     if (plan.tiles == 0 || heads == 0) return cudaSuccess;
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem));
     if (err != cudaSuccess) return err;
-    launch_kernel(kernel, dim3(unsigned(plan.tiles), unsigned(heads)), unsigned(plan.rows), plan.smem, stream, args...);
+    const unsigned threads = unsigned(plan.chunk > 0 ? 2 * plan.rows : plan.rows);  // tensor cores: two lanes a row
+    launch_kernel(kernel, dim3(unsigned(plan.tiles), unsigned(heads)), threads, plan.smem, stream, args...);
     return cudaGetLastError();
 }
 }  // namespace
@@ -287,6 +606,9 @@ cudaError_t launch_attention_forward(AttnShape s,
                                      HeadsArg<T> o,
                                      T* lse,
                                      cudaStream_t stream) {
+    if constexpr (std::is_same_v<T, float>)
+        if (plan.chunk > 0)
+            return launch(forward_tc_kernel, plan, s.H, stream, s, plan.list, plan.chunk, q, k, v, o, lse);
     return launch(forward_kernel<T>, plan, s.H, stream, s, plan.list, q, k, v, o, lse);
 }
 
@@ -307,9 +629,17 @@ cudaError_t launch_attention_backward(AttnShape s,
                                       cudaStream_t stream) {
     const int64_t rows = s.B * s.T * s.H;
     if (rows == 0) return cudaSuccess;
-    launch_kernel(delta_kernel<T>, grid_for(rows), kBlock, 0, stream, s, dout, o, delta);
+    launch_kernel(delta_kernel<T>, grid_for(rows), kBlock, 0, stream, s, dout, o, delta, queries.chunk > 0);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
+    if constexpr (std::is_same_v<T, float>)
+        if (queries.chunk > 0) {
+            err = launch(dq_tc_kernel, queries, s.H, stream, s, queries.list, queries.chunk, dout, q, k, v, lse,
+                         (const T*)delta, dq);
+            if (err != cudaSuccess) return err;
+            return launch(dkv_tc_kernel, keys, s.HKV, stream, s, keys.list, keys.chunk, dout, q, k, v, lse,
+                          (const T*)delta, dk, dv);
+        }
     err = launch(dq_kernel<T>, queries, s.H, stream, s, queries.list, dout, q, k, v, lse, (const T*)delta, dq);
     if (err != cudaSuccess) return err;
     return launch(dkv_kernel<T>, keys, s.HKV, stream, s, keys.list, dout, q, k, v, lse, (const T*)delta, dk, dv);

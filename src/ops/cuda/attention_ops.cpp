@@ -21,16 +21,29 @@ AttnShape shape_of(const AttentionParams& p, const TensorView& q, const TensorVi
             p.causal};
 }
 
-// The plan of `kernel` for this call: rows per block, shared memory, and the tiles in `host` (uploaded later).
+// The plan of `kernel` for this call: rows per block, the chunk (tensor cores) and shared memory, and the tiles in
+// `host` (uploaded later). At train.precision = bf16 (f32 data) the tensor-core kernels run, as GEMMs there do.
 AttnPlan plan_for(
-    AttnKernel kernel, const AttnShape& s, size_t elem, std::span<const int64_t> cu, std::vector<AttnTile>& host) {
-    const size_t limit = max_shared_memory();
-    const int64_t rows = attention_block_rows(kernel, s.D, elem, limit);
-    TESSERA_CHECK(rows > 0,
-                  "attention (CUDA): head dim {} needs {} bytes of shared memory per block; the device allows {}", s.D,
-                  attention_smem_bytes(kernel, 32, s.D, elem), limit);
-    attention_tiles(s.B, s.T, cu.data(), cu.size(), rows, host);
-    return {nullptr, int64_t(host.size()), rows, attention_smem_bytes(kernel, rows, s.D, elem)};
+    AttnKernel kernel, const AttnShape& s, DType dtype, std::span<const int64_t> cu, std::vector<AttnTile>& host) {
+    const size_t limit = max_shared_memory(), elem = dtype_size(dtype);
+    AttnPlan plan{};
+    if (dtype == DType::f32 && gemm_precision() == GemmPrecision::bf16) {
+        const AttnTcLayout at = attention_tc_layout(kernel, s.D, limit);
+        TESSERA_CHECK(at.warps > 0,
+                      "attention (CUDA, bf16): head dim {} needs {} bytes of shared memory per block; the device "
+                      "allows {}",
+                      s.D, AttnTcLayout(kernel, 1, 16, s.D).bytes, limit);
+        plan = {nullptr, 0, 16 * at.warps, at.chunk, size_t(at.bytes)};
+    } else {
+        const int64_t rows = attention_block_rows(kernel, s.D, elem, limit);
+        TESSERA_CHECK(rows > 0,
+                      "attention (CUDA): head dim {} needs {} bytes of shared memory per block; the device allows {}",
+                      s.D, attention_smem_bytes(kernel, 32, s.D, elem), limit);
+        plan = {nullptr, 0, rows, 0, attention_smem_bytes(kernel, rows, s.D, elem)};
+    }
+    attention_tiles(s.B, s.T, cu.data(), cu.size(), plan.rows, host);
+    plan.tiles = int64_t(host.size());
+    return plan;
 }
 }  // namespace
 
@@ -45,7 +58,7 @@ void attention_forward(const AttentionParams& p,
     const AttnShape s = shape_of(p, q, k);
     thread_local std::vector<AttnTile> tiles;
     dispatch_float(q.dtype, "attention", [&]<class T>(T) {
-        AttnPlan plan = plan_for(AttnKernel::forward, s, sizeof(T), cu_seqlens, tiles);
+        AttnPlan plan = plan_for(AttnKernel::forward, s, q.dtype, cu_seqlens, tiles);
         plan.list = to_scratch(std::span<const AttnTile>(tiles));
         check_launch(launch_attention_forward<T>(s, plan, cheads<T>(q), cheads<T>(k), cheads<T>(v), heads<T>(o),
                                                  lse.ptr<T>(), stream()),
@@ -68,8 +81,8 @@ void attention_backward(const AttentionParams& p,
     const AttnShape s = shape_of(p, q, k);
     thread_local std::vector<AttnTile> qtiles, ktiles;
     dispatch_float(q.dtype, "attention", [&]<class T>(T) {
-        AttnPlan queries = plan_for(AttnKernel::dq, s, sizeof(T), cu_seqlens, qtiles);
-        AttnPlan keys = plan_for(AttnKernel::dkv, s, sizeof(T), cu_seqlens, ktiles);
+        AttnPlan queries = plan_for(AttnKernel::dq, s, q.dtype, cu_seqlens, qtiles);
+        AttnPlan keys = plan_for(AttnKernel::dkv, s, q.dtype, cu_seqlens, ktiles);
         // one scratch request: Δ [B, H, T], then the query tiles, then the key tiles
         const size_t delta_bytes = scratch_part(sizeof(T) * size_t(s.B * s.H * s.T));
         const size_t qbytes = scratch_part(sizeof(AttnTile) * qtiles.size());

@@ -182,8 +182,9 @@ cudaError_t launch_rope(
 
 // Flash-style attention (ops/attention.h, plan: ops/attention_tiles.h). lse and delta are [B, H, T] contiguous;
 // q, o, dout, dq [B, T, H, D]; k, v, dk, dv [B, T, HKV, D]. A plan is the tile list (device memory), its length,
-// the rows per block and the block's dynamic shared memory. Backward accumulates into dq, dk, dv; delta is its
-// scratch (B·H·T values).
+// the rows per block, the other side's chunk and the block's dynamic shared memory: chunk 0 runs the scalar kernels
+// (a thread per row, T = f32 or f64), a chunk > 0 the tensor-core ones of that AttnTcLayout (f32 data, bf16
+// operands: train.precision = bf16). Backward accumulates into dq, dk, dv; delta is its scratch (B·H·T values).
 struct AttnShape {
     int64_t B, T, H, HKV, D;
     double scale;
@@ -191,7 +192,7 @@ struct AttnShape {
 };
 struct AttnPlan {
     const AttnTile* list;
-    int64_t tiles, rows;
+    int64_t tiles, rows, chunk;
     size_t smem;
 };
 template <class T>
