@@ -48,15 +48,18 @@ __device__ inline void support_slots(const KlShape& s, const int64_t* cu, int64_
     hi = t + 1;
 }
 
-// The tensor-core dots' shared memory (s.bf16), after the scalar layout: q[t]'s heads [HI'][DI'] and the chunk's keys
-// [kChunk][DI'] as bf16, the dots [HI'][kChunk] f32 (' = whole 16s).
+// The tensor-core part of shared memory (s.bf16), after the scalar layout: q[t]'s heads [HI'][DI'] and the chunk's
+// keys [kChunk][DI'] as bf16, the dots [HI'][kChunk] f32; for the gradients the chunk's DA [kChunk][HI'] as bf16 and
+// a product's f32 tile: dq's running [HI'][DI'] or dk's chunk [kChunk][DI'] (' = whole 16s).
 struct TcDots {
-    int64_t hi, di, keys, dots, bytes;
+    int64_t hi, di, keys, dots, grads, out, bytes;
     __host__ __device__ explicit TcDots(const KlShape& s) {
         hi = round16(s.HI), di = round16(s.DI);
         keys = hi * di * 2;
         dots = keys + kChunk * di * 2;
-        bytes = dots + hi * kChunk * 4;
+        grads = dots + hi * kChunk * 4;
+        out = grads + kChunk * hi * 2;
+        bytes = out + (hi > kChunk ? hi : kChunk) * di * 4;
     }
 };
 
@@ -192,6 +195,52 @@ __device__ void chunk_grads(const KlShape& s,
     __syncthreads();
 }
 
+// The tensor-core gradient products (s.bf16, f32 data), after chunk_grads at s.bf16 (whose dots left q[t]'s heads and
+// the chunk's keys as bf16 in the tensor-core part): DA rounded to bf16, then by WMMA with f32 sums, a warp per
+// 16 × 16 output tile in turn, either dQ [HI'][DI'] += DAᵀ·keys (the running sum in shared memory) or
+// V [kChunk][DI'] = DA·q[t] (dk's rows of the chunk). Every thread takes part.
+__device__ void chunk_grad_products_tc(const KlShape& s, const float* DA, bool dq) {
+    namespace wmma = nvcuda::wmma;
+    const TcDots at(s);
+    unsigned char* tc = dynamic_shared() + scalar_smem(s, sizeof(float));
+    const auto* Qb = reinterpret_cast<const __nv_bfloat16*>(tc);            // [hi][di]
+    const auto* Kb = reinterpret_cast<const __nv_bfloat16*>(tc + at.keys);  // [kChunk][di]
+    auto* Gb = reinterpret_cast<__nv_bfloat16*>(tc + at.grads);             // [kChunk][hi]
+    auto* Out = reinterpret_cast<float*>(tc + at.out);
+    const int64_t nt = blockDim.x;
+    for (int64_t x = threadIdx.x; x < kChunk * at.hi; x += nt) {
+        const int64_t i = x / at.hi, j = x % at.hi;
+        Gb[x] = __float2bfloat16(j < s.HI ? DA[i * s.HI + j] : 0.0f);
+    }
+    __syncthreads();
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+    const int64_t rows = dq ? at.hi : kChunk, tiles = rows / 16 * (at.di / 16);
+    for (int64_t tile = threadIdx.x / 32; tile < tiles; tile += nt / 32) {
+        const int64_t r0 = tile / (at.di / 16) * 16, d0 = tile % (at.di / 16) * 16;
+        float* o = Out + r0 * at.di + d0;
+        if (dq) {  // DAᵀ: DA's columns as the rows of A (col-major), summed over the chunk's entries
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> fa;
+            wmma::load_matrix_sync(acc, o, unsigned(at.di), wmma::mem_row_major);
+            for (int64_t i0 = 0; i0 < kChunk; i0 += 16) {
+                wmma::load_matrix_sync(fa, Gb + i0 * at.hi + r0, unsigned(at.hi));
+                wmma::load_matrix_sync(fb, Kb + i0 * at.di + d0, unsigned(at.di));
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+        } else {  // DA's rows by q[t]'s heads
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int64_t j0 = 0; j0 < at.hi; j0 += 16) {
+                wmma::load_matrix_sync(fa, Gb + r0 * at.hi + j0, unsigned(at.hi));
+                wmma::load_matrix_sync(fb, Qb + j0 * at.di + d0, unsigned(at.di));
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+        }
+        wmma::store_matrix_sync(o, acc, unsigned(at.di), wmma::mem_row_major);
+    }
+    __syncthreads();
+}
+
 // Per query: kl, whether it has support, lse and Σp of its support, in one pass over the support (the scores of
 // kThreads entries at a time, by chunk_dots; thread tid then takes entry x0 + tid): each thread keeps an online
 // softmax (its max and the sum of exp(I − max)) and the sums Σp, Σ_{p>0} p·log p and Σ_{p>0} p·I; the
@@ -275,10 +324,20 @@ __global__ void dqw_kernel(KlShape s,
     if (!rows.has[bt]) return;  // uniform over the block
     int64_t lo, hi;
     support_slots(s, cu, bt, lo, hi);
+    bool tc = false;  // dq's products on tensor cores, the running sum in shared memory
+    float* DQ = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+        tc = s.bf16;
+        const TcDots at(s);
+        DQ = reinterpret_cast<float*>(dynamic_shared() + scalar_smem(s, sizeof(float)) + at.out);
+        for (int64_t x = tid; tc && x < at.hi * at.di; x += blockDim.x) DQ[x] = 0.0f;
+    }
     for (int64_t x0 = lo; x0 < hi; x0 += kChunk) {
         __syncthreads();  // the previous chunk is consumed
         chunk_grads<T>(s, q, k, w, p, idx, rows, g, bt, x0, hi, pos, A, DA, keys);
-        for (int64_t o = tid; o < s.HI * s.DI; o += blockDim.x) {
+        if constexpr (std::is_same_v<T, float>)
+            if (tc) chunk_grad_products_tc(s, DA, true);
+        for (int64_t o = tid; !tc && o < s.HI * s.DI; o += blockDim.x) {
             const int64_t j = o / s.DI, d = o % s.DI;
             T acc = dq[bt * s.HI * s.DI + o];
             for (int i = 0; i < kChunk; ++i)
@@ -291,6 +350,9 @@ __global__ void dqw_kernel(KlShape s,
             dw[bt * s.HI + j] = acc;
         }
     }
+    if (!tc) return;
+    const int64_t di = round16(s.DI);
+    for (int64_t o = tid; o < s.HI * s.DI; o += blockDim.x) dq[bt * s.HI * s.DI + o] += T(DQ[o / s.DI * di + o % s.DI]);
 }
 
 // Slab sl of batch row b: acc[sl][b·T + s_i] += Σ_j da_ij·q[t, j] over its queries ascending and their support in
@@ -321,11 +383,22 @@ __global__ void dk_kernel(KlShape s,
         for (int64_t x0 = lo; x0 < hi; x0 += kChunk) {
             __syncthreads();
             chunk_grads<T>(s, q, k, w, p, idx, rows, g, bt, x0, hi, pos, A, DA, keys);
+            const T* V = nullptr;  // the chunk's rows DA·q[t] on tensor cores, [kChunk][DI']
+            if constexpr (std::is_same_v<T, float>)
+                if (s.bf16) {
+                    chunk_grad_products_tc(s, DA, false);
+                    V = reinterpret_cast<const float*>(dynamic_shared() + scalar_smem(s, sizeof(float)) +
+                                                       TcDots(s).out);
+                }
             if (d >= s.DI) continue;
             for (int i = 0; i < kChunk; ++i) {
                 if (pos[i] < 0) continue;
                 T v = 0;
-                for (int64_t j = 0; j < s.HI; ++j) v += DA[i * s.HI + j] * q[(bt * s.HI + j) * s.DI + d];
+                if (V) {
+                    v = V[i * round16(s.DI) + d];
+                } else {
+                    for (int64_t j = 0; j < s.HI; ++j) v += DA[i * s.HI + j] * q[(bt * s.HI + j) * s.DI + d];
+                }
                 slab[pos[i] * s.DI + d] += v;
             }
         }
