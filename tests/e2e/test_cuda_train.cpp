@@ -229,6 +229,21 @@ TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
     EXPECT_EQ(ops::gemm_precision(), ops::GemmPrecision::f32) << "the runs restore f32";
 }
 
+// train.precision = bf16 on Kimi K3's other pieces: gated GQA's dense attention then runs on tensor cores too (forward,
+// dQ, dK/dV with bf16 operands) where the CPU's stays f32, under recomputed activations and two micro-batches. The
+// first loss is the CPU's bf16 one within 1e-5 (1.5e-6 on the emulator), 10 steps within 1e-3 (8.3e-5 at worst).
+TEST(CudaTrain, Bf16DenseAttentionTrainsWithTheCpusBf16Losses) {
+    SKIP_WITHOUT_GPU();
+    test::TempDir d;
+    const std::vector<std::string> bf16 = {"train.precision=bf16"};
+    const train::TrainSummary cpu = run(d, kResidualsAndCapacity, "cpu", "cpu", 10, "", bf16),
+                              gpu = run(d, kResidualsAndCapacity, "cuda", "gpu", 10, "", bf16);
+    ASSERT_EQ(gpu.losses.size(), 10u);
+    std::printf("[ bf16 gqa ] first losses: GPU %.9f, CPU %.9f\n", gpu.losses[0], cpu.losses[0]);
+    EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
+    expect_close_losses(gpu.losses, cpu.losses, 1e-3);
+}
+
 // train.activation_dtype = bf16: the saved activations round to bf16 on both devices alike (ops::cast and
 // round_to_bf16 give the same bits), the KDA and MoE blocks but the last of each keep them as bf16 copies (a smaller
 // activation group, the same on both); 10 steps within 1e-3 of the CPU's losses (3e-5 at worst on the emulator).
