@@ -117,6 +117,13 @@ static_assert(kChunkThreads == 256, "block_tiles: a 16 × 16 grid of threads");
 constexpr size_t kTilesSmem = std::max(2 * kStep * (kTile + 1) * sizeof(double),
                                        2 * kStep * kTile * sizeof(__nv_bfloat16) + kTile * kTile * sizeof(float));
 
+// That shared memory, one buffer per kernel: declared in block_tiles (a template), every product with its own store
+// would get its own.
+__device__ inline unsigned char* tiles_smem() {
+    __align__(32) __shared__ unsigned char smem[kTilesSmem];
+    return smem;
+}
+
 // block_tiles on tensor cores (train.precision = bf16 with f32 data): the operands rounded to bf16 as they are staged
 // ([m][l] and [l][n]), the tile's 16 sub-tiles of 16 × 16 on the 8 warps (a row of 16 and two columns of 16 each), f32
 // sums over l in steps of 16 (WMMA), then the tile through shared memory to store: element e of the tile goes to
@@ -192,7 +199,7 @@ __device__ void block_tiles(bool tc,
                             int64_t bn,
                             Keep keep,
                             Store store) {
-    __align__(32) __shared__ unsigned char smem[kTilesSmem];
+    unsigned char* smem = tiles_smem();
     if constexpr (std::is_same_v<T, float>) {
         if (tc) return block_tiles_tc(M, N, L, A, am, al, B, bl, bn, keep, store, smem);
     }
@@ -359,9 +366,11 @@ __global__ void __launch_bounds__(kChunkThreads) prepare_kernel(KdaShape s,
     for (int64_t e = tid; e < C * V; e += nt) x.Vb[e] = x.beta[e / V] * x.Vc[e];
     __syncthreads();
     // Aqk[r, j] = Σ Q[r]·Kc[j]·E[r, j] (j ≤ r), M[r, j] = Σ Kc[r]·Kc[j]·E[r, j] (j < r). In r's diagonal row block
-    // E[r, j] is carried from E[j, j] = 1 down the rows; left of it, E[r, j] = a[r]·Bf_n0[j].
+    // E[r, j] is carried from E[j, j] = 1 down the rows; left of it, E[r, j] = a[r]·Bf_n0[j], so there the row block
+    // n0's elements are the products Qa·Bk_n0ᵀ and Ka·Bk_n0ᵀ: at s.bf16 on tensor cores (below), else here.
     for (int64_t e = tid; e < C * C; e += nt) {
         const int64_t r = e / C, j = e % C, n0 = r / kSub * kSub;
+        if (s.bf16 && j < n0) continue;
         T aq = 0, am = 0;
         if (j <= r && j >= n0) {
             for (int64_t c = 0; c < K; ++c) {
@@ -381,6 +390,15 @@ __global__ void __launch_bounds__(kChunkThreads) prepare_kernel(KdaShape s,
         }
         x.Aqk[e] = aq;
         x.M[e] = am;
+    }
+    for (int64_t n0 = kSub; s.bf16 && n0 < C; n0 += kSub) {
+        const T* bk = x.Bk + factor_row(n0) * K;
+        const int64_t rows = min(kSub, C - n0);
+        const auto all = [](int64_t, int64_t) { return true; };
+        block_tiles<T>(true, rows, n0, K, x.Qa + n0 * K, K, int64_t(1), bk, int64_t(1), K, all,
+                       [&](int64_t m, int64_t n, T acc) { x.Aqk[(n0 + m) * C + n] = acc; });
+        block_tiles<T>(true, rows, n0, K, x.Ka + n0 * K, K, int64_t(1), bk, int64_t(1), K, all,
+                       [&](int64_t m, int64_t n, T acc) { x.M[(n0 + m) * C + n] = acc; });
     }
     __syncthreads();
     // Tinv = (I + Diag(β)·M)⁻¹, unit lower, by forward substitution: a thread per column
@@ -607,6 +625,26 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_backward_kernel(KdaShape 
     // The E-weighted terms of Aqk and M at (r, c): the row side Σ_j dX[r, j]·Kc[j]·E[r, j] (Rq from dAqk, Rk from dM)
     // and the column side Σ_m (dM[m, r]·Kc[m] + dAqk[m, r]·Q[m])·E[m, r] (Ck). E[r, r] = 1 terms go to dq and dk
     // only: through dG they would enter twice with opposite signs, and that rounding dominates dg under strong decay.
+    // Outside r's diagonal row block the terms are products of whole blocks (E = a[r]·Bf_n0[j]): at s.bf16 they run on
+    // tensor cores first, into buffers free by now (dQ: dAqk·Bk, dW: dM·Bk, dKb: Σ_m0 Bf_m0 ⊙ (dMᵀ·Ka + dAqkᵀ·Qa)).
+    if (s.bf16) {
+        const auto all = [](int64_t, int64_t) { return true; };
+        for (int64_t e = tid; e < C * K; e += nt) x.dKb[e] = 0;
+        for (int64_t n0 = kSub; n0 < C; n0 += kSub) {
+            const T* bk = x.Bk + factor_row(n0) * K;
+            const T* bf = x.Bf + factor_row(n0) * K;
+            const int64_t rows = min(kSub, C - n0);
+            block_tiles<T>(true, rows, K, n0, x.dAqk + n0 * C, C, int64_t(1), bk, K, int64_t(1), all,
+                           [&](int64_t m, int64_t n, T acc) { x.dQ[(n0 + m) * K + n] = acc; });
+            block_tiles<T>(true, rows, K, n0, x.dM + n0 * C, C, int64_t(1), bk, K, int64_t(1), all,
+                           [&](int64_t m, int64_t n, T acc) { x.dW[(n0 + m) * K + n] = acc; });
+            // the rows r < n0 of the column side, from row block n0's m
+            const auto add = [&](int64_t m, int64_t n, T acc) { x.dKb[m * K + n] += bf[m * K + n] * acc; };
+            block_tiles<T>(true, n0, K, rows, x.dM + n0 * C, int64_t(1), C, x.Ka + n0 * K, K, int64_t(1), all, add);
+            block_tiles<T>(true, n0, K, rows, x.dAqk + n0 * C, int64_t(1), C, x.Qa + n0 * K, K, int64_t(1), all, add);
+        }
+        __syncthreads();
+    }
     for (int64_t e = tid; e < C * K; e += nt) {
         const int64_t r = e / K, c = e % K, n0 = r / kSub * kSub;
         T rq = 0, rk = 0, ck = 0, f = 1;
@@ -616,7 +654,12 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_backward_kernel(KdaShape 
             rq += x.dAqk[r * C + j] * kx;
             rk += x.dM[r * C + j] * kx;
         }
-        if (n0 > 0) {
+        if (s.bf16) {
+            if (n0 > 0) {
+                rq += x.a[e] * x.dQ[e];
+                rk += x.a[e] * x.dW[e];
+            }
+        } else if (n0 > 0) {
             const T* bk = x.Bk + factor_row(n0) * K + c;
             T sq = 0, sk = 0;
             for (int64_t j = 0; j < n0; ++j) {
@@ -631,7 +674,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_backward_kernel(KdaShape 
             f = flush_tiny(f * x.eg[m * K + c]);
             ck += (x.dM[m * C + r] * x.Kc[m * K + c] + x.dAqk[m * C + r] * x.Q[m * K + c]) * f;
         }
-        for (int64_t m0 = n0 + kSub; m0 < C; m0 += kSub) {
+        if (s.bf16) ck += x.dKb[e];
+        for (int64_t m0 = n0 + kSub; !s.bf16 && m0 < C; m0 += kSub) {
             T t = 0;
             for (int64_t m = m0; m < m0 + kSub; ++m)
                 t += x.dM[m * C + r] * x.Ka[m * K + c] + x.dAqk[m * C + r] * x.Qa[m * K + c];
