@@ -387,6 +387,55 @@ __device__ void finish_row(
     }
 }
 
+// A query tile's block (forward, dq): its tile, query head h and key head hk, its real rows nq from row0 (within the
+// batch row), the lane's place and its warp's part of shared memory; Q's rows (dq: then dO's) and the chunk's K and V
+// staged as bf16.
+struct TcQueries {
+    AttnTile tile;
+    int64_t h, hk, nq, row0;
+    TcLane ln;
+    unsigned char* mine;
+    Bf16 *Q, *K, *V;
+    __device__ TcQueries(const AttnShape& s, const AttnTile* tiles, const AttnTcLayout& at)
+        : tile(tiles[blockIdx.x]),
+          h(blockIdx.y),
+          hk(h / (s.H / s.HKV)),
+          nq(min(16 * at.warps, tile.len - tile.t0)),
+          row0(tile.first + tile.t0),
+          ln(at, nq),
+          mine(ln.part(dynamic_shared(), at)),
+          Q(reinterpret_cast<Bf16*>(dynamic_shared())),
+          K(reinterpret_cast<Bf16*>(dynamic_shared() + at.other)),
+          V(K + at.chunk * at.ldb) {}
+    __device__ int64_t row() const { return row0 + ln.first + ln.r; }  // the lane's query within the batch row
+};
+
+// The block's walk over its keys: each chunk's K and V staged, then, in the warps that see any of its keys,
+// body(nvis, tiles): the lane's query sees the chunk's first nvis keys, the warp's last real query the first
+// 16·tiles (or fewer: the chunk's end). Every thread of the block takes part.
+template <class Body>
+__device__ void walk_keys(const AttnShape& s,
+                          const AttnTcLayout& at,
+                          const TcQueries& qb,
+                          HeadsArg<const float> k,
+                          HeadsArg<const float> v,
+                          Body body) {
+    const AttnTile& tile = qb.tile;
+    const TcLane& ln = qb.ln;
+    const int64_t kend = s.causal ? tile.t0 + qb.nq : tile.len, last = tile.t0 + ln.first + ln.valid - 1;
+    const int64_t t = tile.t0 + ln.first + ln.r;  // the lane's query within the sequence
+    for (int64_t s0 = 0; s0 < kend; s0 += at.chunk) {
+        const int64_t nk = min(at.chunk, kend - s0);
+        __syncthreads();  // the previous chunk is consumed
+        load_rows_bf16(k, tile.b, tile.first + s0, qb.hk, nk, at.chunk, s.D, at.ldb, qb.K);
+        load_rows_bf16(v, tile.b, tile.first + s0, qb.hk, nk, at.chunk, s.D, at.ldb, qb.V);
+        __syncthreads();
+        const int64_t ncols = ln.valid == 0 ? 0 : s.causal ? min(nk, last - s0 + 1) : nk;
+        if (ncols <= 0) continue;  // the same in the whole warp
+        body(!ln.real() ? 0 : s.causal ? max(int64_t(0), min(ncols, t - s0 + 1)) : ncols, (ncols + 15) / 16);
+    }
+}
+
 __global__ void forward_tc_kernel(AttnShape s,
                                   const AttnTile* tiles,
                                   int64_t chunk,
@@ -396,38 +445,17 @@ __global__ void forward_tc_kernel(AttnShape s,
                                   HeadsArg<float> o,
                                   float* lse) {
     const AttnTcLayout at(AttnKernel::forward, blockDim.x / 32, chunk, s.D);
-    unsigned char* smem = dynamic_shared();
-    const int64_t rows = 16 * at.warps;
-    auto* Qb = reinterpret_cast<Bf16*>(smem);
-    auto* Kb = reinterpret_cast<Bf16*>(smem + at.other);
-    Bf16* Vb = Kb + chunk * at.ldb;
-    const AttnTile tile = tiles[blockIdx.x];
-    const int64_t h = blockIdx.y, hk = h / (s.H / s.HKV);
-    const int64_t nq = min(rows, tile.len - tile.t0), row0 = tile.first + tile.t0;
-    const TcLane ln(at, nq);
-    unsigned char* mine = ln.part(smem, at);
-    auto* S = reinterpret_cast<float*>(mine + at.scores);
-    auto* P = reinterpret_cast<Bf16*>(mine + at.probs);
-    auto* O = reinterpret_cast<float*>(mine + at.acc);
-    const int64_t t = tile.t0 + ln.first + ln.r;  // the lane's query within the sequence
+    const TcQueries qb(s, tiles, at);
+    const TcLane& ln = qb.ln;
+    auto* S = reinterpret_cast<float*>(qb.mine + at.scores);
+    auto* P = reinterpret_cast<Bf16*>(qb.mine + at.probs);
+    auto* O = reinterpret_cast<float*>(qb.mine + at.acc);
     const float scale = float(s.scale), inf = INFINITY;
-    load_rows_bf16(q, tile.b, row0, h, nq, rows, s.D, at.ldb, Qb);
+    load_rows_bf16(q, qb.tile.b, qb.row0, qb.h, qb.nq, 16 * at.warps, s.D, at.ldb, qb.Q);
     zero_rows(O, at);
     float m = -inf, l = 0;
-    const int64_t kend = s.causal ? tile.t0 + nq : tile.len;
-    for (int64_t s0 = 0; s0 < kend; s0 += chunk) {
-        const int64_t nk = min(chunk, kend - s0);
-        __syncthreads();  // the previous chunk is consumed
-        load_rows_bf16(k, tile.b, tile.first + s0, hk, nk, chunk, s.D, at.ldb, Kb);
-        load_rows_bf16(v, tile.b, tile.first + s0, hk, nk, chunk, s.D, at.ldb, Vb);
-        __syncthreads();
-        // the keys the warp's last real query sees (causal), and the lane's own
-        const int64_t last = tile.t0 + ln.first + ln.valid - 1;
-        const int64_t ncols = ln.valid == 0 ? 0 : s.causal ? min(nk, last - s0 + 1) : nk;
-        if (ncols <= 0) continue;
-        const int64_t nvis = !ln.real() ? 0 : s.causal ? max(int64_t(0), min(ncols, t - s0 + 1)) : ncols;
-        const int64_t j1 = (ncols + 15) / 16;
-        warp_scores(Qb + ln.first * at.ldb, Kb, at, 0, j1, S);
+    walk_keys(s, at, qb, k, v, [&](int64_t nvis, int64_t j1) {
+        warp_scores(qb.Q + ln.first * at.ldb, qb.K, at, 0, j1, S);
         __syncwarp();
         float mx = -inf;
         for (int64_t c = ln.c0; c < min(ln.c1, nvis); ++c) mx = max(mx, scale * S[ln.r * at.lds + c]);
@@ -443,12 +471,12 @@ __global__ void forward_tc_kernel(AttnShape s,
         m = mn;
         for (int64_t d = ln.d0; d < ln.d1; ++d) O[ln.r * at.ldo + d] *= alpha;
         __syncwarp();
-        warp_accumulate(P, Vb, at, 0, j1, O);
-    }
+        warp_accumulate(P, qb.V, at, 0, j1, O);
+    });
     __syncwarp();
     if (!ln.real()) return;
-    finish_row(ln, O, at, o.data + tile.b * o.sb + (row0 + ln.first + ln.r) * o.st + h * o.sh, s.D, 1.0f / l, false);
-    if (ln.d0 == 0) lse[(tile.b * s.H + h) * s.T + row0 + ln.first + ln.r] = m + log(l);
+    finish_row(ln, O, at, o.data + qb.tile.b * o.sb + qb.row() * o.st + qb.h * o.sh, s.D, 1.0f / l, false);
+    if (ln.d0 == 0) lse[(qb.tile.b * s.H + qb.h) * s.T + qb.row()] = m + log(l);
 }
 
 __global__ void dq_tc_kernel(AttnShape s,
@@ -462,41 +490,23 @@ __global__ void dq_tc_kernel(AttnShape s,
                              const float* delta,
                              HeadsArg<float> dq) {
     const AttnTcLayout at(AttnKernel::dq, blockDim.x / 32, chunk, s.D);
-    unsigned char* smem = dynamic_shared();
+    const TcQueries qb(s, tiles, at);
+    const TcLane& ln = qb.ln;
     const int64_t rows = 16 * at.warps;
-    auto* Qb = reinterpret_cast<Bf16*>(smem);
-    Bf16* Gb = Qb + rows * at.ldb;  // dO
-    auto* Kb = reinterpret_cast<Bf16*>(smem + at.other);
-    Bf16* Vb = Kb + chunk * at.ldb;
-    const AttnTile tile = tiles[blockIdx.x];
-    const int64_t h = blockIdx.y, hk = h / (s.H / s.HKV);
-    const int64_t nq = min(rows, tile.len - tile.t0), row0 = tile.first + tile.t0;
-    const TcLane ln(at, nq);
-    unsigned char* mine = ln.part(smem, at);
-    auto* S = reinterpret_cast<float*>(mine + at.scores);
-    auto* dP = reinterpret_cast<float*>(mine + at.dscores);
-    auto* dS = reinterpret_cast<Bf16*>(mine + at.probs);
-    auto* Acc = reinterpret_cast<float*>(mine + at.acc);
-    const int64_t t = tile.t0 + ln.first + ln.r, at_row = (tile.b * s.H + h) * s.T + row0 + ln.first + ln.r;
+    Bf16* Gb = qb.Q + rows * at.ldb;  // dO
+    auto* S = reinterpret_cast<float*>(qb.mine + at.scores);
+    auto* dP = reinterpret_cast<float*>(qb.mine + at.dscores);
+    auto* dS = reinterpret_cast<Bf16*>(qb.mine + at.probs);
+    auto* Acc = reinterpret_cast<float*>(qb.mine + at.acc);
+    const int64_t at_row = (qb.tile.b * s.H + qb.h) * s.T + qb.row();
     const float scale = float(s.scale);
     const float L = ln.real() ? lse[at_row] : 0.0f, Dl = ln.real() ? delta[at_row] : 0.0f;
-    load_rows_bf16(q, tile.b, row0, h, nq, rows, s.D, at.ldb, Qb);
-    load_rows_bf16(dout, tile.b, row0, h, nq, rows, s.D, at.ldb, Gb);
+    load_rows_bf16(q, qb.tile.b, qb.row0, qb.h, qb.nq, rows, s.D, at.ldb, qb.Q);
+    load_rows_bf16(dout, qb.tile.b, qb.row0, qb.h, qb.nq, rows, s.D, at.ldb, Gb);
     zero_rows(Acc, at);
-    const int64_t kend = s.causal ? tile.t0 + nq : tile.len;
-    for (int64_t s0 = 0; s0 < kend; s0 += chunk) {
-        const int64_t nk = min(chunk, kend - s0);
-        __syncthreads();
-        load_rows_bf16(k, tile.b, tile.first + s0, hk, nk, chunk, s.D, at.ldb, Kb);
-        load_rows_bf16(v, tile.b, tile.first + s0, hk, nk, chunk, s.D, at.ldb, Vb);
-        __syncthreads();
-        const int64_t last = tile.t0 + ln.first + ln.valid - 1;
-        const int64_t ncols = ln.valid == 0 ? 0 : s.causal ? min(nk, last - s0 + 1) : nk;
-        if (ncols <= 0) continue;
-        const int64_t nvis = !ln.real() ? 0 : s.causal ? max(int64_t(0), min(ncols, t - s0 + 1)) : ncols;
-        const int64_t j1 = (ncols + 15) / 16;
-        warp_scores(Qb + ln.first * at.ldb, Kb, at, 0, j1, S);
-        warp_scores(Gb + ln.first * at.ldb, Vb, at, 0, j1, dP);
+    walk_keys(s, at, qb, k, v, [&](int64_t nvis, int64_t j1) {
+        warp_scores(qb.Q + ln.first * at.ldb, qb.K, at, 0, j1, S);
+        warp_scores(Gb + ln.first * at.ldb, qb.V, at, 0, j1, dP);
         __syncwarp();
         for (int64_t c = ln.c0; c < ln.c1; ++c) {
             const int64_t x = ln.r * at.lds + c;
@@ -504,11 +514,11 @@ __global__ void dq_tc_kernel(AttnShape s,
             dS[ln.r * at.ldp + c] = __float2bfloat16(ds);
         }
         __syncwarp();
-        warp_accumulate(dS, Kb, at, 0, j1, Acc);
-    }
+        warp_accumulate(dS, qb.K, at, 0, j1, Acc);
+    });
     __syncwarp();
     if (!ln.real()) return;
-    finish_row(ln, Acc, at, dq.data + tile.b * dq.sb + (row0 + ln.first + ln.r) * dq.st + h * dq.sh, s.D, 1.0f, true);
+    finish_row(ln, Acc, at, dq.data + qb.tile.b * dq.sb + qb.row() * dq.st + qb.h * dq.sh, s.D, 1.0f, true);
 }
 
 __global__ void dkv_tc_kernel(AttnShape s,
