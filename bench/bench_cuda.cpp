@@ -155,6 +155,22 @@ int main(int argc, char** argv) {
                 median_ms([&] { ops::attention_backward({}, dout, q, k, v, o, lse, dq, dk, dv, {}); }), 2.5 * fl, true,
                 true});
     }
+    {  // MLA's dense attention as the DSA warm-up runs it: 16 heads over one entry of 576 dims (keys and values), bf16
+       // only (the scalar kernels cannot hold 576 dims)
+        const int64_t B = 1, T = 8192, H = 16, D = 576;
+        Tensor q = gpu_random(Shape{B, T, H, D}, 15), kv = gpu_random(Shape{B, T, 1, D}, 16),
+               o = gpu_zeros(Shape{B, T, H, D}), lse = gpu_zeros(Shape{B, H, T}),
+               dout = gpu_random(Shape{B, T, H, D}, 17), dq = gpu_zeros(Shape{B, T, H, D}),
+               dk = gpu_zeros(Shape{B, T, 1, D}), dv = gpu_zeros(Shape{B, T, 1, D});
+        const std::string shape = fmt::format("B {} T {} H {}/1 D {} (MLA entries), causal", B, T, H, D);
+        const double fl = ops::attention_forward_flops(B, T, H, D, true);
+        const ops::GemmPrecisionScope bf16(ops::GemmPrecision::bf16);
+        report({"attention bf16", shape, "forward",
+                median_ms([&] { ops::attention_forward({}, q, kv, kv, o, lse, {}); }, 3), fl, true, true});
+        report({"attention bf16", shape, "backward",
+                median_ms([&] { ops::attention_backward({}, dout, q, kv, kv, o, lse, dq, dk, dv, {}); }, 3), 2.5 * fl,
+                true, true});
+    }
     // KDA, forward and backward (medians of reps_f and reps_b calls), |k|² < 1: the chunked kernels (the default
     // mode) and the fused token recurrence
     const auto kda_rows = [&](ops::KdaMode mode, int64_t B, int64_t T, int64_t H, int64_t D, int reps_f, int reps_b,
