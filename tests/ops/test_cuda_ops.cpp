@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstring>
 #include <filesystem>
@@ -57,11 +58,13 @@ namespace {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine"
 
 // The largest difference between two f32 tensors relative to the expected one's largest value: a bf16 kernel's
-// error against the CPU's f32.
+// error against the CPU's f32. A NaN on either side is an infinite difference.
 double largest_difference(const Tensor& got, const Tensor& want) {
     double diff = 0, size = 0;
     for (int64_t e = 0; e < got.numel(); ++e) {
-        diff = std::max(diff, double(std::abs(got.ptr<float>()[e] - want.ptr<float>()[e])));
+        const double d = std::abs(double(got.ptr<float>()[e]) - double(want.ptr<float>()[e]));
+        if (std::isnan(d)) return INFINITY;  // (std::max would skip it)
+        diff = std::max(diff, d);
         size = std::max(size, double(std::abs(want.ptr<float>()[e])));
     }
     return diff / std::max(size, 1e-30);
