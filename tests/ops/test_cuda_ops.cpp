@@ -9,8 +9,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -807,20 +807,22 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
 // DSA's sparse attention on the GPU against the CPU: forward, the indexer's teacher probabilities and backward with
 // its slabbed dkv scatter, over rows with −1 padding, out-of-range entries, and entries shared by many queries;
 // MQA with values the first DV dims of each entry. The shapes walk the kernels' tiling: fewer heads than a block's
-// group and two groups (the second partial), rows of one chunk and of several with a partial last, dkv blocks that
-// span every dim (batch × slabs ≥ 128) and spans of 256 dims over entries of more than 256. At train.precision = bf16
-// (the last three cases: two head groups, the second partial; entries not a whole number of 16 dims; one head group
-// over rows of two dkv steps) every kernel runs on tensor cores with bf16 operands: every output within bf16's
-// precision of the CPU's f32, not f32's bits.
+// group and two groups (the second partial), rows of one chunk and of several with a partial last, entries of more
+// than 256 dims, dkv blocks over one key range per slab, two (T 300 and 260) and four (T 256, whose rows of 1100
+// entries also cross the 1024-entry windows the blocks pick their keys from). At train.precision = bf16 (the last
+// four cases: two head groups, the second partial; entries not a whole number of 16 dims; one head group over rows
+// of two dkv steps; four key ranges and two windows) every kernel runs on tensor cores with bf16 operands: every
+// output within bf16's precision of the CPU's f32, not f32's bits.
 TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     SKIP_WITHOUT_GPU();
     struct Case {
         int64_t B, T, H, DK, DV, K;
         bool bf16 = false;
     };
-    for (const Case c : {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
-                         Case{1, 60, 5, 300, 260, 20}, Case{2, 300, 20, 72, 64, 40, true},
-                         Case{1, 60, 5, 300, 260, 20, true}, Case{2, 120, 5, 72, 64, 40, true}}) {
+    for (const Case c :
+         {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
+          Case{1, 60, 5, 300, 260, 20}, Case{1, 256, 3, 40, 32, 1100}, Case{2, 300, 20, 72, 64, 40, true},
+          Case{1, 60, 5, 300, 260, 20, true}, Case{2, 120, 5, 72, 64, 40, true}, Case{1, 256, 3, 40, 32, 1100, true}}) {
         const auto [B, T, H, DK, DV, K, bf16] = c;
         std::optional<ops::GemmPrecisionScope> precision;
         if (bf16) precision.emplace(ops::GemmPrecision::bf16);
@@ -829,7 +831,12 @@ TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
         for (int64_t bt = 0; bt < B * T; ++bt) {
             const int64_t t = bt % T;
             for (int64_t i = 0; i < K; ++i) {  // s <= t, every third entry past the row's end −1, one out of range
-                const int64_t sel = i <= t ? (t * 7 + i * 5) % (t + 1) : -1;
+                // (rows longer than the sequence: the first window of 1024 entries the dkv kernels pick their keys
+                // from holds only the query's own key, the second the others, repeating positions: so a block of
+                // another key range meets a query's entries in its second window only)
+                const int64_t sel = K > T    ? (i < 1024 ? -1 : (t * 7 + i * 5) % (t + 1))
+                                    : i <= t ? (t * 7 + i * 5) % (t + 1)
+                                             : -1;
                 ix[bt * K + i] = int32_t(i == 3 && t % 5 == 0 ? T + 2 : i % 3 == 2 && i > t / 2 ? -1 : sel);
             }
             ix[bt * K] = int32_t(t);  // every row keeps its own token: no row is without entries

@@ -297,7 +297,7 @@ struct SparseShape {
     double scale;
 };
 constexpr int64_t kSparseMaxDV = 512, kSparseMaxDK = 640;
-size_t sparse_attention_smem(SparseShape s, size_t elem);  // the most dynamic shared memory one of its kernels takes
+size_t sparse_attention_smem(SparseShape s, size_t elem);  // the most shared memory one of its kernels takes
 template <class T>
 cudaError_t launch_sparse_attention_forward(
     SparseShape s, const T* q, const T* kv, const int32_t* idx, T* o, T* lse, bool bf16, cudaStream_t stream);

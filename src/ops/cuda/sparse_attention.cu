@@ -9,9 +9,10 @@
 //     the heads in order.
 //   dkv: the CPU's scheme B (spec/dsa.md §3.7): the queries of a batch row split into `slabs` fixed slabs (the
 //     entry point's count, attention_ops.cpp: scatter_slabs), each scattered into a private [T, DK] accumulator by
-//     blocks (slab, dims span) walking its queries in ascending order and each row's entries in row order (no
-//     atomics), the slabs then added in slab order. A step stages `pairs` entries, a thread per (head, entry) computes
-//     p and dz once, and a block spans every dim (split in spans only where batch × slabs is small).
+//     blocks (slab, key range) walking its queries in ascending order and each row's entries in row order (no
+//     atomics), the slabs then added in slab order. A block picks the entries of its key range out of each row
+//     (select_in_range); a step stages `pairs` of them, a thread per (head, entry) computes p and dz once, and the
+//     block spans every dim. Key ranges split a slab only where batch × slabs is small (dkv_key_ranges).
 // Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk sizes, the forward's
 // rescaling does. Scalar FMAs (f32 or f64), except the *_tc_kernels: the forward, probs, dq and dkv on tensor cores at
 // train.precision = bf16 (operands rounded to bf16, f32 sums).
@@ -34,9 +35,15 @@ constexpr int kChunk = kThreads / kHeads;  // entries per chunk there: a thread 
 constexpr int kSub = 8;                    // entries per register batch of the dkv scatter
 constexpr int kDvSlots = int((kSparseMaxDV + kThreads - 1) / kThreads);  // output dims per thread (forward)
 constexpr int kDkSlots = int((kSparseMaxDK + kThreads - 1) / kThreads);  // (dq, dkv)
-constexpr int64_t kWideGrid = 128;  // dkv blocks (batch × slabs) from which one block spans every dim
+constexpr int64_t kDkvBlocks = 256, kMinRange = 64;  // dkv: the blocks key ranges aim for; keys per range at least
 
 int64_t dkv_pairs(int64_t H) { return H <= 128 ? 32 : 16; }  // entries per dkv step: P and DZ hold pairs·H each
+
+// The dkv kernels' key ranges per (batch row, slab): enough for kDkvBlocks blocks, as far as ranges of kMinRange keys
+// allow (the shape alone decides).
+int64_t dkv_key_ranges(int64_t row_slabs, int64_t T) {
+    return std::clamp((kDkvBlocks + row_slabs - 1) / row_slabs, int64_t(1), std::max(int64_t(1), T / kMinRange));
+}
 
 template <class T>
 __device__ inline bool entry_ok(int32_t s, int64_t T_) {
@@ -56,16 +63,31 @@ __device__ inline void entry_dots(const T* q, const T* go, const T* e, int64_t D
     }
 }
 
-// Stages entries i0 .. i0 + n − 1 of a query's row: rows[j] the selected position (−1 where none or out of range),
-// E[j·ld + d] its entry (zeros where none). Every thread of the block calls it.
+// The selected position of step entry i0 + j of a query's row: row[i0 + j] for i0 + j < K, or with a list (the dkv
+// kernels' entries in their key range) row[list[i0 + j]] for i0 + j < count; −1 past them, where none, and out of
+// range.
+__device__ inline int32_t step_entry(
+    const int32_t* row, int64_t i0, int64_t j, const SparseShape& s, const int32_t* list, int64_t count) {
+    const int64_t i = i0 + j;
+    const int32_t sel = !list ? (i < s.K ? row[i] : -1) : i < count ? row[list[i]] : -1;
+    return entry_ok<float>(sel, s.T) ? sel : -1;
+}
+
+// Stages entries i0 .. i0 + n − 1 of a query's row (or of its list: step_entry): rows[j] the selected position (−1
+// where none or out of range), E[j·ld + d] its entry (zeros where none). Every thread of the block calls it.
 template <class T>
-__device__ void stage_entries(
-    const int32_t* row, int64_t i0, int64_t n, const SparseShape& s, const T* kvb, int64_t ld, int32_t* rows, T* E) {
+__device__ void stage_entries(const int32_t* row,
+                              int64_t i0,
+                              int64_t n,
+                              const SparseShape& s,
+                              const T* kvb,
+                              int64_t ld,
+                              int32_t* rows,
+                              T* E,
+                              const int32_t* list = nullptr,
+                              int64_t count = 0) {
     __syncthreads();  // the previous step's rows and entries are consumed
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        const int32_t sel = i0 + j < s.K ? row[i0 + j] : -1;
-        rows[j] = entry_ok<T>(sel, s.T) ? sel : -1;
-    }
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) rows[j] = step_entry(row, i0, j, s, list, count);
     __syncthreads();
     for (int64_t x = threadIdx.x; x < n * s.DK; x += blockDim.x) {
         const int64_t j = x / s.DK, d = x % s.DK;
@@ -155,12 +177,11 @@ __device__ void stage_entries_bf16(const int32_t* row,
                                    const float* kvb,
                                    int64_t ldb,
                                    int32_t* rows,
-                                   __nv_bfloat16* E) {
+                                   __nv_bfloat16* E,
+                                   const int32_t* list = nullptr,
+                                   int64_t count = 0) {
     __syncthreads();  // the previous step's rows and entries are consumed
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        const int32_t sel = i0 + j < s.K ? row[i0 + j] : -1;
-        rows[j] = entry_ok<float>(sel, s.T) ? sel : -1;
-    }
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) rows[j] = step_entry(row, i0, j, s, list, count);
     __syncthreads();
     for (int64_t x = threadIdx.x; x < n * ldb; x += blockDim.x) {
         const int64_t j = x / ldb, d = x % ldb;
@@ -508,13 +529,46 @@ __global__ void dq_kernel(
     }
 }
 
-// Slab sl of batch row b: acc[sl][b·T + s] += scale·Σ_h dz_{t,i,h}·q[t, h] (+ Σ_h p_{t,i,h}·dO[t, h] on the value
-// dims) over its queries t ascending and their entries i in row order; blockIdx.z picks a span of dims.
+// The dkv kernels' key ranges: block (b, slab, r) owns the keys [r·len, (r + 1)·len) of its slab's accumulator, so
+// no two blocks write one row and each row still takes its queries ascending and their entries in row order: the
+// bits do not depend on the range count. Each block picks its entries out of every row of its queries.
+constexpr int kSelectPasses = 4;  // a window of a row: kSelectPasses · kThreads entries
+constexpr int64_t kWindow = kSelectPasses * kThreads;
+
+// The positions i in [w0, w0 + kWindow) of a query's row whose selected key lies in [lo, hi) (0 ≤ lo, hi ≤ T: −1
+// and out-of-range entries never do), in row order into list; returns their count. A pass takes kThreads consecutive
+// entries, a thread each; the warps' counts (ballots) through `counts`. Every thread of the block calls it; starts
+// and ends at a barrier.
+__device__ int64_t
+select_in_range(const int32_t* row, int64_t w0, int64_t K, int64_t lo, int64_t hi, int32_t* list, int* counts) {
+    const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = kThreads / 32;
+    int64_t n = 0;
+    for (int pass = 0; pass < kSelectPasses; ++pass) {
+        const int64_t i = w0 + int64_t(pass) * kThreads + tid;
+        const int32_t sel = i < K ? row[i] : -1;
+        const bool in = sel >= lo && sel < hi;
+        const unsigned mask = __ballot_sync(0xffffffffu, in);
+        __syncthreads();  // the previous pass's counts (or the previous window's list) are consumed
+        if (lane == 0) counts[warp] = __popc(mask);
+        __syncthreads();
+        int64_t at = n + __popc(mask & ((1u << lane) - 1u));
+        for (int w = 0; w < warps; ++w) {
+            if (w < warp) at += counts[w];
+            n += counts[w];
+        }
+        if (in) list[at] = int32_t(i);
+    }
+    __syncthreads();
+    return n;
+}
+
+// Slab sl of batch row b, keys of range blockIdx.z (len each): acc[sl][b·T + s] += scale·Σ_h dz_{t,i,h}·q[t, h]
+// (+ Σ_h p_{t,i,h}·dO[t, h] on the value dims) over its queries t ascending and their entries i in row order.
 template <class T>
 __global__ void dkv_kernel(SparseShape s,
                            int64_t slabs,
                            int64_t pairs,
-                           int64_t span,
+                           int64_t len,
                            const T* dout,
                            const T* q,
                            const T* kv,
@@ -527,45 +581,50 @@ __global__ void dkv_kernel(SparseShape s,
     T* P = E + pairs * ld;                          // [pairs][H]
     T* DZ = P + pairs * s.H;                        // [pairs][H]
     int32_t* rows = reinterpret_cast<int32_t*>(DZ + pairs * s.H);
+    __shared__ int32_t list[kWindow];
+    __shared__ int counts[kThreads / 32];
     const int64_t b = blockIdx.x, sl = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
-    const int64_t d0 = int64_t(blockIdx.z) * span, d1 = min(s.DK, d0 + span);
+    const int64_t lo = int64_t(blockIdx.z) * len, hi = min(s.T, lo + len);
     const T* kvb = kv + b * s.T * s.DK;
     T* slab = acc + (sl * s.B * s.T + b * s.T) * s.DK;
     const T scale = T(s.scale);
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
         const int64_t bt = b * s.T + t;
-        for (int64_t i0 = 0; i0 < s.K; i0 += pairs) {
-            stage_entries<T>(idx + bt * s.K, i0, pairs, s, kvb, ld, rows, E);
-            for (int64_t x = tid; x < pairs * s.H; x += nt) {  // a warp: one head, consecutive entries
-                const int64_t h = x / pairs, j = x % pairs, r = bt * s.H + h;
-                T pr = 0, g = 0;
-                if (rows[j] >= 0 && !isinf(lse[r])) {
-                    T z, dp;
-                    entry_dots<T>(q + r * s.DK, dout + r * s.DV, E + j * ld, s.DK, s.DV, scale, z, &dp);
-                    pr = exp(z - lse[r]);
-                    g = pr * (dp - delta[r]);
-                }
-                P[j * s.H + h] = pr;
-                DZ[j * s.H + h] = g;
-            }
-            __syncthreads();
-            for (int c = 0; c < kDkSlots; ++c) {
-                const int64_t d = d0 + tid + c * nt;
-                if (d >= d1) break;
-                const bool value = d < s.DV;
-                for (int64_t j0 = 0; j0 < pairs; j0 += kSub) {  // kSub entries at a time share each load of q, dO
-                    T a[kSub] = {}, v[kSub] = {};
-                    for (int64_t h = 0; h < s.H; ++h) {
-                        const int64_t r = bt * s.H + h;
-                        const T qd = q[r * s.DK + d], gd = value ? dout[r * s.DV + d] : T(0);
-                        for (int jj = 0; jj < kSub; ++jj) {
-                            a[jj] += DZ[(j0 + jj) * s.H + h] * qd;
-                            if (value) v[jj] += P[(j0 + jj) * s.H + h] * gd;
-                        }
+        for (int64_t w0 = 0; w0 < s.K; w0 += kWindow) {
+            const int64_t count = select_in_range(idx + bt * s.K, w0, s.K, lo, hi, list, counts);
+            for (int64_t i0 = 0; i0 < count; i0 += pairs) {
+                stage_entries<T>(idx + bt * s.K, i0, pairs, s, kvb, ld, rows, E, list, count);
+                for (int64_t x = tid; x < pairs * s.H; x += nt) {  // a warp: one head, consecutive entries
+                    const int64_t h = x / pairs, j = x % pairs, r = bt * s.H + h;
+                    T pr = 0, g = 0;
+                    if (rows[j] >= 0 && !isinf(lse[r])) {
+                        T z, dp;
+                        entry_dots<T>(q + r * s.DK, dout + r * s.DV, E + j * ld, s.DK, s.DV, scale, z, &dp);
+                        pr = exp(z - lse[r]);
+                        g = pr * (dp - delta[r]);
                     }
-                    for (int jj = 0; jj < kSub; ++jj) {
-                        const int32_t row = rows[j0 + jj];
-                        if (row >= 0) slab[int64_t(row) * s.DK + d] += scale * a[jj] + v[jj];
+                    P[j * s.H + h] = pr;
+                    DZ[j * s.H + h] = g;
+                }
+                __syncthreads();
+                for (int c = 0; c < kDkSlots; ++c) {
+                    const int64_t d = tid + c * nt;
+                    if (d >= s.DK) break;
+                    const bool value = d < s.DV;
+                    for (int64_t j0 = 0; j0 < pairs; j0 += kSub) {  // kSub entries at a time share each load of q, dO
+                        T a[kSub] = {}, v[kSub] = {};
+                        for (int64_t h = 0; h < s.H; ++h) {
+                            const int64_t r = bt * s.H + h;
+                            const T qd = q[r * s.DK + d], gd = value ? dout[r * s.DV + d] : T(0);
+                            for (int jj = 0; jj < kSub; ++jj) {
+                                a[jj] += DZ[(j0 + jj) * s.H + h] * qd;
+                                if (value) v[jj] += P[(j0 + jj) * s.H + h] * gd;
+                            }
+                        }
+                        for (int jj = 0; jj < kSub; ++jj) {
+                            const int32_t row = rows[j0 + jj];
+                            if (row >= 0) slab[int64_t(row) * s.DK + d] += scale * a[jj] + v[jj];
+                        }
                     }
                 }
             }
@@ -599,6 +658,7 @@ struct TcDkvSmem {
 // through shared memory and each thread adds its dims' rows into the slab in entry order.
 __global__ void dkv_tc_kernel(SparseShape s,
                               int64_t slabs,
+                              int64_t len,
                               const float* dout,
                               const float* q,
                               const float* kv,
@@ -618,7 +678,10 @@ __global__ void dkv_tc_kernel(SparseShape s,
     auto* DZb = reinterpret_cast<__nv_bfloat16*>(smem + at.dz);   // [kTcPairs][kHeads]
     auto* Cs = reinterpret_cast<float*>(smem + at.out);           // [kTcPairs][dk]
     __shared__ int32_t rows[kTcPairs];
+    __shared__ int32_t list[kWindow];
+    __shared__ int counts[kThreads / 32];
     const int64_t b = blockIdx.x, sl = blockIdx.y, tid = threadIdx.x;
+    const int64_t lo = int64_t(blockIdx.z) * len, hi = min(s.T, lo + len);
     const int warp = int(tid / 32), warps = kThreads / 32;
     const float* kvb = kv + b * s.T * s.DK;
     float* slab = acc + (sl * s.B * s.T + b * s.T) * s.DK;
@@ -628,58 +691,64 @@ __global__ void dkv_tc_kernel(SparseShape s,
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[kDkvTiles];  // tile warp + 8·i: entries 16·(i % 2)…
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
         const int64_t bt = b * s.T + t;
-        for (int64_t i0 = 0; i0 < s.K; i0 += kTcPairs) {
-            stage_entries_bf16(idx + bt * s.K, i0, kTcPairs, s, kvb, at.dk, rows, Eb);  // after the last scatter
-            for (int i = 0; i < kDkvTiles; ++i) wmma::fill_fragment(c[i], 0.0f);
-            for (int64_t hg = 0; hg < s.H; hg += kHeads) {
-                const int64_t hn = min(int64_t(kHeads), s.H - hg);
-                __syncthreads();                // the previous group's rows, P and dz are consumed
-                if (s.H > kHeads || i0 == 0) {  // one group: its rows stay from the query's first step
-                    stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, at.dk, Qb);
-                    stage_rows_bf16(dout + (bt * s.H + hg) * s.DV, s.DV, hn, kHeads, s.DV, at.dv, Ob);
-                    __syncthreads();
-                }
-                partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 2, Sz);
-                partial_scores(Ob, at.dv, Eb, at.dk, at.dv, 2, Sdp);
-                __syncthreads();
-                for (int64_t x = tid; x < kHeads * kTcPairs; x += kThreads) {  // (head, entry) pairs
-                    const int64_t h = x / kTcPairs, j = x % kTcPairs, r = bt * s.H + hg + h;
-                    float pr = 0, g = 0;
-                    if (h < hn && rows[j] >= 0 && !isinf(lse[r])) {
-                        float z = 0, dp = 0;
-                        for (int w = int(j / 16); w < warps; w += 2) {
-                            z += Sz[(w * kHeads + h) * 16 + j % 16];
-                            dp += Sdp[(w * kHeads + h) * 16 + j % 16];
-                        }
-                        pr = exp(scale * z - lse[r]);
-                        g = pr * (dp - delta[r]);
+        bool staged = false;  // one head group: its rows stay from the query's first step in this block
+        for (int64_t w0 = 0; w0 < s.K; w0 += kWindow) {
+            const int64_t count = select_in_range(idx + bt * s.K, w0, s.K, lo, hi, list, counts);
+            for (int64_t i0 = 0; i0 < count; i0 += kTcPairs) {
+                // after the last scatter
+                stage_entries_bf16(idx + bt * s.K, i0, kTcPairs, s, kvb, at.dk, rows, Eb, list, count);
+                for (int i = 0; i < kDkvTiles; ++i) wmma::fill_fragment(c[i], 0.0f);
+                for (int64_t hg = 0; hg < s.H; hg += kHeads) {
+                    const int64_t hn = min(int64_t(kHeads), s.H - hg);
+                    __syncthreads();  // the previous group's rows, P and dz are consumed
+                    if (s.H > kHeads || !staged) {
+                        stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, at.dk, Qb);
+                        stage_rows_bf16(dout + (bt * s.H + hg) * s.DV, s.DV, hn, kHeads, s.DV, at.dv, Ob);
+                        __syncthreads();
+                        staged = true;
                     }
-                    Pb[j * kHeads + h] = __float2bfloat16(pr);
-                    DZb[j * kHeads + h] = __float2bfloat16(scale * g);
+                    partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 2, Sz);
+                    partial_scores(Ob, at.dv, Eb, at.dk, at.dv, 2, Sdp);
+                    __syncthreads();
+                    for (int64_t x = tid; x < kHeads * kTcPairs; x += kThreads) {  // (head, entry) pairs
+                        const int64_t h = x / kTcPairs, j = x % kTcPairs, r = bt * s.H + hg + h;
+                        float pr = 0, g = 0;
+                        if (h < hn && rows[j] >= 0 && !isinf(lse[r])) {
+                            float z = 0, dp = 0;
+                            for (int w = int(j / 16); w < warps; w += 2) {
+                                z += Sz[(w * kHeads + h) * 16 + j % 16];
+                                dp += Sdp[(w * kHeads + h) * 16 + j % 16];
+                            }
+                            pr = exp(scale * z - lse[r]);
+                            g = pr * (dp - delta[r]);
+                        }
+                        Pb[j * kHeads + h] = __float2bfloat16(pr);
+                        DZb[j * kHeads + h] = __float2bfloat16(scale * g);
+                    }
+                    __syncthreads();
+                    for (int i = 0; i < kDkvTiles; ++i) {
+                        const int64_t tile = warp + int64_t(warps) * i, jt = tile % 2, d0 = tile / 2 * 16;
+                        if (d0 >= at.dk) break;
+                        wmma::load_matrix_sync(fa, DZb + jt * 16 * kHeads, unsigned(kHeads));
+                        wmma::load_matrix_sync(fb, Qb + d0, unsigned(at.dk));
+                        wmma::mma_sync(c[i], fa, fb, c[i]);
+                        if (d0 < at.dv) {
+                            wmma::load_matrix_sync(fa, Pb + jt * 16 * kHeads, unsigned(kHeads));
+                            wmma::load_matrix_sync(fb, Ob + d0, unsigned(at.dv));
+                            wmma::mma_sync(c[i], fa, fb, c[i]);
+                        }
+                    }
                 }
-                __syncthreads();
                 for (int i = 0; i < kDkvTiles; ++i) {
                     const int64_t tile = warp + int64_t(warps) * i, jt = tile % 2, d0 = tile / 2 * 16;
                     if (d0 >= at.dk) break;
-                    wmma::load_matrix_sync(fa, DZb + jt * 16 * kHeads, unsigned(kHeads));
-                    wmma::load_matrix_sync(fb, Qb + d0, unsigned(at.dk));
-                    wmma::mma_sync(c[i], fa, fb, c[i]);
-                    if (d0 < at.dv) {
-                        wmma::load_matrix_sync(fa, Pb + jt * 16 * kHeads, unsigned(kHeads));
-                        wmma::load_matrix_sync(fb, Ob + d0, unsigned(at.dv));
-                        wmma::mma_sync(c[i], fa, fb, c[i]);
-                    }
+                    wmma::store_matrix_sync(Cs + jt * 16 * at.dk + d0, c[i], unsigned(at.dk), wmma::mem_row_major);
                 }
+                __syncthreads();
+                for (int64_t d = tid; d < s.DK; d += kThreads)
+                    for (int64_t j = 0; j < kTcPairs; ++j)
+                        if (rows[j] >= 0) slab[int64_t(rows[j]) * s.DK + d] += Cs[j * at.dk + d];
             }
-            for (int i = 0; i < kDkvTiles; ++i) {
-                const int64_t tile = warp + int64_t(warps) * i, jt = tile % 2, d0 = tile / 2 * 16;
-                if (d0 >= at.dk) break;
-                wmma::store_matrix_sync(Cs + jt * 16 * at.dk + d0, c[i], unsigned(at.dk), wmma::mem_row_major);
-            }
-            __syncthreads();
-            for (int64_t d = tid; d < s.DK; d += kThreads)
-                for (int64_t j = 0; j < kTcPairs; ++j)
-                    if (rows[j] >= 0) slab[int64_t(rows[j]) * s.DK + d] += Cs[j * at.dk + d];
         }
     }
 }
@@ -700,9 +769,10 @@ cudaError_t allow_smem(K* kernel, size_t bytes) {
 
 }  // namespace
 
-size_t sparse_attention_smem(SparseShape s, size_t elem) {
-    return std::max({probs_smem(s, elem), dkv_smem(s, elem), size_t(TcForwardSmem(s).bytes), size_t(TcDqSmem(s).bytes),
-                     size_t(TcDkvSmem(s).bytes), probs_tc_smem(s)});
+size_t sparse_attention_smem(SparseShape s, size_t elem) {  // the dkv kernels' with their static key-range list
+    constexpr size_t select = kWindow * sizeof(int32_t) + (kThreads / 32) * sizeof(int);
+    return std::max({probs_smem(s, elem), dkv_smem(s, elem) + select, size_t(TcForwardSmem(s).bytes),
+                     size_t(TcDqSmem(s).bytes), size_t(TcDkvSmem(s).bytes) + select, probs_tc_smem(s)});
 }
 
 template <class T>
@@ -782,23 +852,22 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
     }
     err = cudaMemsetAsync(acc, 0, sizeof(T) * size_t(slabs * s.B * s.T * s.DK), stream);
     if (err != cudaSuccess) return err;
+    // key ranges where batch × slabs leaves the GPU short of kDkvBlocks blocks, each of kMinRange keys at least
+    const int64_t ranges = dkv_key_ranges(s.B * slabs, s.T), len = (s.T + ranges - 1) / ranges;
+    const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned(ranges));
     if constexpr (std::is_same_v<T, float>) {
-        if (bf16) {  // dkv on tensor cores, every dim in one block
+        if (bf16) {  // dkv on tensor cores
             smem = size_t(TcDkvSmem(s).bytes);
             if (err = allow_smem(dkv_tc_kernel, smem); err != cudaSuccess) return err;
-            launch_kernel(dkv_tc_kernel, dim3(unsigned(s.B), unsigned(slabs)), kThreads, smem, stream, s, slabs, dout,
-                          q, kv, idx, lse, delta, acc);
+            launch_kernel(dkv_tc_kernel, grid, kThreads, smem, stream, s, slabs, len, dout, q, kv, idx, lse, delta,
+                          acc);
         }
     }
     if (!bf16 || !std::is_same_v<T, float>) {
         smem = dkv_smem(s, sizeof(T));
         if (err = allow_smem(dkv_kernel<T>, smem); err != cudaSuccess) return err;
-        // one block spans every dim where batch × slabs fills the GPU; otherwise spans of kThreads dims (each
-        // recomputes the step's p and dz: the shape alone decides, and the sums' order does not depend on it)
-        const int64_t span = s.B * slabs >= kWideGrid ? s.DK : int64_t(kThreads);
-        const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned((s.DK + span - 1) / span));
-        launch_kernel(dkv_kernel<T>, grid, kThreads, smem, stream, s, slabs, dkv_pairs(s.H), span, dout, q, kv, idx,
-                      lse, delta, acc);
+        launch_kernel(dkv_kernel<T>, grid, kThreads, smem, stream, s, slabs, dkv_pairs(s.H), len, dout, q, kv, idx, lse,
+                      delta, acc);
     }
     const int64_t n = s.B * s.T * s.DK;
     launch_kernel(slab_sum_kernel<T>, grid_for(n), kBlock, 0, stream, n, slabs, acc, dkv);
