@@ -585,15 +585,17 @@ __global__ void dkv_kernel(SparseShape s,
     __shared__ int counts[kThreads / 32];
     const int64_t b = blockIdx.x, sl = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
     const int64_t lo = int64_t(blockIdx.z) * len, hi = min(s.T, lo + len);
+    const bool every = lo == 0 && hi == s.T;  // one range: each row as it is, nothing to pick
     const T* kvb = kv + b * s.T * s.DK;
     T* slab = acc + (sl * s.B * s.T + b * s.T) * s.DK;
     const T scale = T(s.scale);
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
         const int64_t bt = b * s.T + t;
-        for (int64_t w0 = 0; w0 < s.K; w0 += kWindow) {
-            const int64_t count = select_in_range(idx + bt * s.K, w0, s.K, lo, hi, list, counts);
+        for (int64_t w0 = 0; w0 < s.K; w0 += every ? s.K : kWindow) {
+            const int64_t count = every ? s.K : select_in_range(idx + bt * s.K, w0, s.K, lo, hi, list, counts);
+            const int32_t* picked = every ? nullptr : list;
             for (int64_t i0 = 0; i0 < count; i0 += pairs) {
-                stage_entries<T>(idx + bt * s.K, i0, pairs, s, kvb, ld, rows, E, list, count);
+                stage_entries<T>(idx + bt * s.K, i0, pairs, s, kvb, ld, rows, E, picked, count);
                 for (int64_t x = tid; x < pairs * s.H; x += nt) {  // a warp: one head, consecutive entries
                     const int64_t h = x / pairs, j = x % pairs, r = bt * s.H + h;
                     T pr = 0, g = 0;
@@ -682,6 +684,7 @@ __global__ void dkv_tc_kernel(SparseShape s,
     __shared__ int counts[kThreads / 32];
     const int64_t b = blockIdx.x, sl = blockIdx.y, tid = threadIdx.x;
     const int64_t lo = int64_t(blockIdx.z) * len, hi = min(s.T, lo + len);
+    const bool every = lo == 0 && hi == s.T;  // one range: each row as it is, nothing to pick
     const int warp = int(tid / 32), warps = kThreads / 32;
     const float* kvb = kv + b * s.T * s.DK;
     float* slab = acc + (sl * s.B * s.T + b * s.T) * s.DK;
@@ -692,11 +695,12 @@ __global__ void dkv_tc_kernel(SparseShape s,
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
         const int64_t bt = b * s.T + t;
         bool staged = false;  // one head group: its rows stay from the query's first step in this block
-        for (int64_t w0 = 0; w0 < s.K; w0 += kWindow) {
-            const int64_t count = select_in_range(idx + bt * s.K, w0, s.K, lo, hi, list, counts);
+        for (int64_t w0 = 0; w0 < s.K; w0 += every ? s.K : kWindow) {
+            const int64_t count = every ? s.K : select_in_range(idx + bt * s.K, w0, s.K, lo, hi, list, counts);
+            const int32_t* picked = every ? nullptr : list;
             for (int64_t i0 = 0; i0 < count; i0 += kTcPairs) {
                 // after the last scatter
-                stage_entries_bf16(idx + bt * s.K, i0, kTcPairs, s, kvb, at.dk, rows, Eb, list, count);
+                stage_entries_bf16(idx + bt * s.K, i0, kTcPairs, s, kvb, at.dk, rows, Eb, picked, count);
                 for (int i = 0; i < kDkvTiles; ++i) wmma::fill_fragment(c[i], 0.0f);
                 for (int64_t hg = 0; hg < s.H; hg += kHeads) {
                     const int64_t hn = min(int64_t(kHeads), s.H - hg);
