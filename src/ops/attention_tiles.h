@@ -51,8 +51,8 @@ int64_t attention_block_rows(AttnKernel kernel, int64_t D, size_t elem, size_t s
 // [chunk] with the chunk's lse and Δ; then the warps' parts.
 struct AttnTcLayout {
     int64_t warps, chunk;  // rows per block 16 · warps; positions of the other side per step
-    int64_t dp, ldb, lds, ldp,
-        ldo;  // D', and the row lengths of the bf16 rows, f32 scores, bf16 probabilities, f32 acc
+    // D', then the row lengths (values) of the bf16 rows, the f32 scores, the bf16 probabilities, the f32 accumulators
+    int64_t dp, ldb, lds, ldp, ldo;
     int64_t other, rowvals, warp, part;                 // block-wide offsets; the first warp's part, and a part's bytes
     int64_t scores, dscores, probs, dprobs, acc, acc2;  // offsets within a warp's part
     int64_t bytes;
