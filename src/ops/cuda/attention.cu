@@ -302,10 +302,7 @@ __device__ void load_rows_bf16(HeadsArg<const float> x,
                                int64_t D,
                                int64_t ld,
                                Bf16* dst) {
-    for (int64_t i = threadIdx.x; i < rows * ld; i += blockDim.x) {
-        const int64_t r = i / ld, d = i % ld;
-        dst[i] = __float2bfloat16(r < n && d < D ? x.data[b * x.sb + (row0 + r) * x.st + h * x.sh + d] : 0.0f);
-    }
+    stage_rows_bf16(x.data + b * x.sb + row0 * x.st + h * x.sh, x.st, n, rows, D, ld, dst);
 }
 
 // S[16][16·j] = A[16][D'] · B[16·j][D']ᵀ for the column tiles j in [j0, j1) (A and B bf16 rows of ldb, S f32 rows

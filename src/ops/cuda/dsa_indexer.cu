@@ -167,10 +167,7 @@ __global__ void indexer_tc_kernel(IndexerShape s,
     __shared__ int warp_count[kThreads / 32];
     const int64_t bt = blockIdx.x, b = bt / s.T, t = bt % s.T, tid = threadIdx.x, nt = blockDim.x;
     const int64_t lo = sequence_start(cu, s.segments, t);
-    for (int64_t i = tid; i < HIp * DIp; i += nt) {
-        const int64_t j = i / DIp, d = i % DIp;
-        qs[i] = __float2bfloat16(j < s.HI && d < s.DI ? q[(bt * s.HI + j) * s.DI + d] : 0.0f);
-    }
+    stage_rows_bf16(q + bt * s.HI * s.DI, s.DI, s.HI, HIp, s.DI, DIp, qs);
     for (int64_t i = tid; i < HIp; i += nt) ws[i] = i < s.HI ? w[bt * s.HI + i] : 0.0f;
     RunningTopk<float> list{cs, cp, warp_count, s.P, s.topk};
     list.clear();

@@ -80,14 +80,8 @@ __device__ void chunk_dots_tc(
     auto* Kb = reinterpret_cast<__nv_bfloat16*>(tc + at.keys);  // [kChunk][di]
     auto* D = reinterpret_cast<float*>(tc + at.dots);           // [hi][kChunk]
     const int64_t nt = blockDim.x, ld = s.DI + 1;
-    for (int64_t x = threadIdx.x; x < at.hi * at.di; x += nt) {
-        const int64_t j = x / at.di, d = x % at.di;
-        Qb[x] = __float2bfloat16(j < s.HI && d < s.DI ? q[(bt * s.HI + j) * s.DI + d] : 0.0f);
-    }
-    for (int64_t x = threadIdx.x; x < kChunk * at.di; x += nt) {
-        const int64_t i = x / at.di, d = x % at.di;
-        Kb[x] = __float2bfloat16(d < s.DI ? keys[i * ld + d] : 0.0f);  // zeros outside the support already
-    }
+    stage_rows_bf16(q + bt * s.HI * s.DI, s.DI, s.HI, at.hi, s.DI, at.di, Qb);
+    stage_rows_bf16(keys, ld, kChunk, kChunk, s.DI, at.di, Kb);  // zeros outside the support already
     __syncthreads();
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fq;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fk;  // keys as columns
@@ -208,10 +202,7 @@ __device__ void chunk_grad_products_tc(const KlShape& s, const float* DA, bool d
     auto* Gb = reinterpret_cast<__nv_bfloat16*>(tc + at.grads);             // [kChunk][hi]
     auto* Out = reinterpret_cast<float*>(tc + at.out);
     const int64_t nt = blockDim.x;
-    for (int64_t x = threadIdx.x; x < kChunk * at.hi; x += nt) {
-        const int64_t i = x / at.hi, j = x % at.hi;
-        Gb[x] = __float2bfloat16(j < s.HI ? DA[i * s.HI + j] : 0.0f);
-    }
+    stage_rows_bf16(DA, s.HI, kChunk, kChunk, s.HI, at.hi, Gb);
     __syncthreads();
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;

@@ -2,6 +2,7 @@
 // Every reduction here has one order for a given launch shape, so results are bitwise run-to-run.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -53,6 +54,16 @@ inline int grid_for(int64_t n, int threads = kBlock, int64_t cap = 8192) {
 
 // n rounded up to whole 16s: a dimension padded to WMMA's tiles (16 × 16 × 16).
 __host__ __device__ inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// Rows [0, n) of src (row stride ld, `width` values each) as bf16 rows of ldb values in shared memory, zeros past width
+// and from row n to `rows`: a tensor-core kernel's operand tile. Every thread of the block takes part.
+__device__ inline void stage_rows_bf16(
+    const float* src, int64_t ld, int64_t n, int64_t rows, int64_t width, int64_t ldb, __nv_bfloat16* dst) {
+    for (int64_t x = threadIdx.x; x < rows * ldb; x += blockDim.x) {
+        const int64_t r = x / ldb, d = x % ldb;
+        dst[x] = __float2bfloat16(r < n && d < width ? src[r * ld + d] : 0.0f);
+    }
+}
 
 // The 2-D grid of the elementwise kernels: blockIdx.y walks rows (striding by gridDim.y), x-threads walk columns.
 inline dim3 rows_grid(int64_t rows, int64_t cols) {

@@ -158,16 +158,6 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
     }
 }
 
-// Rows [0, n) of src (row stride ld, `width` values each) as bf16 rows of ldb values, zeros past width and from row
-// n to `rows`: a head group's q or dO for the tensor-core kernels. Every thread of the block takes part.
-__device__ inline void stage_rows_bf16(
-    const float* src, int64_t ld, int64_t n, int64_t rows, int64_t width, int64_t ldb, __nv_bfloat16* dst) {
-    for (int64_t x = threadIdx.x; x < rows * ldb; x += blockDim.x) {
-        const int64_t r = x / ldb, d = x % ldb;
-        dst[x] = __float2bfloat16(r < n && d < width ? src[r * ld + d] : 0.0f);
-    }
-}
-
 // stage_entries for the tensor-core kernels: E[j·ldb + d] the entry as bf16 (zeros where none and past DK). Starts and
 // ends at a barrier.
 __device__ void stage_entries_bf16(const int32_t* row,
