@@ -18,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "core/arena.h"
@@ -665,6 +666,22 @@ TEST(CudaOps, AttentionOnTensorCoresMatchesTheCpuWithinBf16) {
                         c.causal ? " causal" : "", zero_q ? " q = 0" : "", worst);
             EXPECT_GT(worst, 1e-4) << "bf16 operands must show";
         }
+    }
+}
+
+// A head dim whose blocks do not fit the device's shared memory is a one-line error before any launch: f64's scalar
+// kernels at 512 dims, and at train.precision = bf16 the tensor-core kernels at 2048 (one warp and 16 keys a step
+// would need 330 KB; MLA's 576 dims fit).
+TEST(CudaOps, AttentionWithAHeadDimBeyondSharedMemoryIsAClearError) {
+    SKIP_WITHOUT_GPU();
+    for (const auto& [dtype, D, bf16, message] :
+         {std::tuple{DType::f64, int64_t(512), false, "attention (CUDA): head dim 512 needs"},
+          std::tuple{DType::f32, int64_t(2048), true, "attention (CUDA, bf16): head dim 2048 needs"}}) {
+        std::optional<ops::GemmPrecisionScope> precision;
+        if (bf16) precision.emplace(ops::GemmPrecision::bf16);
+        const Tensor q = test::randn(dtype, Shape{1, 4, 1, D}, 1).to(Device::cuda);
+        Tensor o(dtype, Shape{1, 4, 1, D}, Device::cuda), lse(dtype, Shape{1, 1, 4}, Device::cuda);
+        test::expect_error([&] { ops::attention_forward({}, q, q, q, o, lse, {}); }, message);
     }
 }
 
