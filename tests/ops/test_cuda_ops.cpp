@@ -821,43 +821,58 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
     }
 }
 
+// Index rows [B, T, K] for the sparse attention tests: entries s <= t repeating positions, every third entry past
+// the row's middle −1, one out of range every fifth query, each row's first entry its own token (no row is without
+// entries). Rows longer than the sequence (K > T) hold −1 in their first 1024 entries (the window the dkv kernels
+// pick their keys from), so a block of another key range than the own token's meets a query's entries in its second
+// window only. `sorted`: every other row sorted as the indexer writes it (its entries ascending with repeats, the −1
+// and out-of-range ones after), which the dkv blocks binary-search for their key range.
+Tensor sparse_rows(int64_t B, int64_t T, int64_t K, bool sorted) {
+    Tensor idx(DType::i32, Shape{B, T, K});
+    int32_t* ix = idx.ptr<int32_t>();
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+        const int64_t t = bt % T;
+        for (int64_t i = 0; i < K; ++i) {
+            const int64_t sel = K > T    ? (i < 1024 ? -1 : (t * 7 + i * 5) % (t + 1))
+                                : i <= t ? (t * 7 + i * 5) % (t + 1)
+                                         : -1;
+            ix[bt * K + i] = int32_t(i == 3 && t % 5 == 0 ? T + 2 : i % 3 == 2 && i > t / 2 ? -1 : sel);
+        }
+        ix[bt * K] = int32_t(t);
+        if (sorted && t % 2 == 0) {
+            int32_t* row = ix + bt * K;
+            auto kept = [T](int32_t sel) { return sel >= 0 && sel < T; };
+            std::sort(row, std::stable_partition(row, row + K, kept));
+        }
+    }
+    return idx;
+}
+
 // DSA's sparse attention on the GPU against the CPU: forward, the indexer's teacher probabilities and backward with
 // its slabbed dkv scatter, over rows with −1 padding, out-of-range entries, and entries shared by many queries;
 // MQA with values the first DV dims of each entry. The shapes walk the kernels' tiling: fewer heads than a block's
 // group and two groups (the second partial), rows of one chunk and of several with a partial last, entries of more
 // than 256 dims, dkv blocks over one key range per slab, two (T 300 and 260) and four (T 256, whose rows of 1100
-// entries also cross the 1024-entry windows the blocks pick their keys from). At train.precision = bf16 (the last
-// four cases: two head groups, the second partial; entries not a whole number of 16 dims; one head group over rows
-// of two dkv steps; four key ranges and two windows) every kernel runs on tensor cores with bf16 operands: every
-// output within bf16's precision of the CPU's f32, not f32's bits.
+// entries also cross the 1024-entry windows the blocks pick their keys from), with rows as the indexer sorts them
+// between the others in the `sorted` cases. At train.precision = bf16 (the bf16 cases: two head groups, the second
+// partial; entries not a whole number of 16 dims; one head group over rows of two dkv steps; four key ranges and two
+// windows) every kernel runs on tensor cores with bf16 operands: every output within bf16's precision of the CPU's
+// f32, not f32's bits.
 TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
     SKIP_WITHOUT_GPU();
     struct Case {
         int64_t B, T, H, DK, DV, K;
-        bool bf16 = false;
+        bool bf16 = false, sorted = false;
     };
-    for (const Case c :
-         {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
-          Case{1, 60, 5, 300, 260, 20}, Case{1, 256, 3, 40, 32, 1100}, Case{2, 300, 20, 72, 64, 40, true},
-          Case{1, 60, 5, 300, 260, 20, true}, Case{2, 120, 5, 72, 64, 40, true}, Case{1, 256, 3, 40, 32, 1100, true}}) {
-        const auto [B, T, H, DK, DV, K, bf16] = c;
+    for (const Case c : {Case{2, 40, 3, 24, 16, 12}, Case{2, 300, 20, 72, 64, 40}, Case{2, 260, 17, 300, 260, 20},
+                         Case{1, 60, 5, 300, 260, 20}, Case{1, 256, 3, 40, 32, 1100},
+                         Case{2, 300, 20, 72, 64, 40, false, true}, Case{1, 256, 3, 40, 32, 1100, false, true},
+                         Case{2, 300, 20, 72, 64, 40, true}, Case{1, 60, 5, 300, 260, 20, true},
+                         Case{2, 120, 5, 72, 64, 40, true}, Case{1, 256, 3, 40, 32, 1100, true, true}}) {
+        const auto [B, T, H, DK, DV, K, bf16, sorted] = c;
         std::optional<ops::GemmPrecisionScope> precision;
         if (bf16) precision.emplace(ops::GemmPrecision::bf16);
-        Tensor idx(DType::i32, Shape{B, T, K});
-        int32_t* ix = idx.ptr<int32_t>();
-        for (int64_t bt = 0; bt < B * T; ++bt) {
-            const int64_t t = bt % T;
-            for (int64_t i = 0; i < K; ++i) {  // s <= t, every third entry past the row's end −1, one out of range
-                // (rows longer than the sequence: the first window of 1024 entries the dkv kernels pick their keys
-                // from holds only the query's own key, the second the others, repeating positions: so a block of
-                // another key range meets a query's entries in its second window only)
-                const int64_t sel = K > T    ? (i < 1024 ? -1 : (t * 7 + i * 5) % (t + 1))
-                                    : i <= t ? (t * 7 + i * 5) % (t + 1)
-                                             : -1;
-                ix[bt * K + i] = int32_t(i == 3 && t % 5 == 0 ? T + 2 : i % 3 == 2 && i > t / 2 ? -1 : sel);
-            }
-            ix[bt * K] = int32_t(t);  // every row keeps its own token: no row is without entries
-        }
+        const Tensor idx = sparse_rows(B, T, K, sorted);
         const ops::SparseAttentionParams p{.dv = DV, .dkv_slabs = 3};  // scale DK^-0.5
         std::vector<Tensor> host;
         host.push_back(test::randn(DType::f32, Shape{B, T, H, DK}, 1));       // q
@@ -896,6 +911,42 @@ TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
         if (bf16) {
             EXPECT_GT(worst, 1e-4) << "bf16 operands must show";  // 3.8e-3 and 4.4e-3 on the emulator
         }
+    }
+}
+
+// The dkv scatter's bits do not depend on how many key ranges split its slabs: every key's row takes its queries
+// ascending and their entries in row order, whichever block owns it. A batch of two rows (two key ranges per slab)
+// and its first row alone (four; the slab count is the same) give the same dq and dkv bits for that row, on the
+// scalar and the tensor-core kernels, over sorted rows (binary-searched) and unsorted ones (picked) — so a block that
+// took entries outside its range, even with the right sum, shows.
+TEST(CudaOps, SparseAttentionDkvBitsDoNotDependOnTheKeyRanges) {
+    SKIP_WITHOUT_GPU();
+    const int64_t T = 300, H = 3, DK = 40, DV = 32, K = 40;
+    const ops::SparseAttentionParams p{.dv = DV, .dkv_slabs = 3};
+    for (const bool bf16 : {false, true}) {
+        std::optional<ops::GemmPrecisionScope> precision;
+        if (bf16) precision.emplace(ops::GemmPrecision::bf16);
+        Tensor dq[2], dkv[2];  // the batch's first row, then the row alone
+        for (const int64_t B : {int64_t(2), int64_t(1)}) {
+            auto first_rows = [B](const Tensor& t) { return Tensor::copy_of(t.view().slice0(0, B)).to(Device::cuda); };
+            const Tensor idx = first_rows(sparse_rows(2, T, K, true)),
+                         q = first_rows(test::randn(DType::f32, Shape{2, T, H, DK}, 1)),
+                         kv = first_rows(test::randn(DType::f32, Shape{2, T, DK}, 2)),
+                         dout = first_rows(test::randn(DType::f32, Shape{2, T, H, DV}, 3));
+            Tensor o(DType::f32, Shape{B, T, H, DV}, Device::cuda), lse(DType::f32, Shape{B, T, H}, Device::cuda),
+                gq(DType::f32, Shape{B, T, H, DK}, Device::cuda), gkv(DType::f32, Shape{B, T, DK}, Device::cuda);
+            ops::sparse_attention_forward(p, q, kv, idx, o, lse, {});
+            ops::sparse_attention_backward(p, dout, q, kv, idx, o, lse, gq, gkv, {});
+            const int side = B == 2 ? 0 : 1;
+            dq[side] = Tensor::copy_of(gq.to(Device::cpu).view().slice0(0, 1));
+            dkv[side] = Tensor::copy_of(gkv.to(Device::cpu).view().slice0(0, 1));
+        }
+        EXPECT_TRUE(test::bitwise_equal(dq[0], dq[1])) << (bf16 ? "bf16" : "f32");
+        EXPECT_TRUE(test::bitwise_equal(dkv[0], dkv[1])) << (bf16 ? "bf16" : "f32");
+        const float* g = dkv[0].ptr<float>();
+        EXPECT_GT(std::abs(*std::max_element(g, g + dkv[0].numel(),
+                                             [](float x, float y) { return std::abs(x) < std::abs(y); })),
+                  0.1f);
     }
 }
 

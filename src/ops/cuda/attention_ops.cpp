@@ -165,14 +165,16 @@ void sparse_attention_backward(const SparseAttentionParams& p,
                                std::span<std::byte> /*workspace*/) {
     const SparseShape s = sparse_shape(p, q, indices);
     dispatch_float(q.dtype, "sparse_attention", [&]<class T>(T) {
-        // one scratch request: Δ [B·T·H], then the dkv slabs [slabs, B·T, DK]
+        // one scratch request: Δ [B·T·H], the dkv slabs [slabs, B·T, DK], then a byte per row (sorted or not)
         const size_t delta_bytes = scratch_part(sizeof(T) * size_t(s.B * s.T * s.H));
         const int64_t slabs = scatter_slabs(p.dkv_slabs, s.T, sizeof(T) * size_t(s.B * s.T * s.DK));
-        auto* base = static_cast<std::byte*>(scratch(delta_bytes + sizeof(T) * size_t(slabs * s.B * s.T * s.DK)));
+        const size_t slab_bytes = scratch_part(sizeof(T) * size_t(slabs * s.B * s.T * s.DK));
+        auto* base = static_cast<std::byte*>(scratch(delta_bytes + slab_bytes + size_t(s.B * s.T)));
         check_launch(launch_sparse_attention_backward<T>(
                          s, slabs, dout.ptr<T>(), q.ptr<T>(), kv.ptr<T>(), indices.ptr<int32_t>(), o.ptr<T>(),
                          lse.ptr<T>(), reinterpret_cast<T*>(base), reinterpret_cast<T*>(base + delta_bytes),
-                         dq.ptr<T>(), dkv.ptr<T>(), gemm_precision() == GemmPrecision::bf16, stream()),
+                         reinterpret_cast<uint8_t*>(base + delta_bytes + slab_bytes), dq.ptr<T>(), dkv.ptr<T>(),
+                         gemm_precision() == GemmPrecision::bf16, stream()),
                      "sparse_attention backward");
     });
 }

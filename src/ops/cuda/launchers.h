@@ -290,8 +290,8 @@ cudaError_t launch_indexer_kl_backward(KlShape s,
 
 // DSA's sparse MQA attention (ops/dsa.h): q [B, T, H, DK], kv [B, T, DK], indices [B, T, K] i32, o [B, T, H, DV],
 // lse [B, T, H], all contiguous; DV <= 512 and DK <= 640. Backward accumulates into dq and dkv; its scratch: delta
-// (B·T·H values) and acc (slabs·B·T·DK values). bf16 (f32 only): every kernel on tensor cores, operands rounded to
-// bf16 (the forward's probabilities too, for P·V), f32 sums.
+// (B·T·H values), acc (slabs·B·T·DK values) and sorted (B·T bytes). bf16 (f32 only): every kernel on tensor cores,
+// operands rounded to bf16 (the forward's probabilities too, for P·V), f32 sums.
 struct SparseShape {
     int64_t B, T, H, DK, DV, K;
     double scale;
@@ -315,6 +315,7 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
                                              const T* lse,
                                              T* delta,
                                              T* acc,
+                                             uint8_t* sorted,
                                              T* dq,
                                              T* dkv,
                                              bool bf16,

@@ -10,7 +10,8 @@
 //   dkv: the CPU's scheme B (spec/dsa.md §3.7): the queries of a batch row split into `slabs` fixed slabs (the
 //     entry point's count, attention_ops.cpp: scatter_slabs), each scattered into a private [T, DK] accumulator by
 //     blocks (slab, key range) walking its queries in ascending order and each row's entries in row order (no
-//     atomics), the slabs then added in slab order. A block picks the entries of its key range out of each row
+//     atomics), the slabs then added in slab order. A block finds the entries of its key range in each row: two binary
+//     searches where the row is sorted (the indexer's rows; sorted_rows_kernel checks), else it picks them out
 //     (select_in_range); a step stages `pairs` of them, a thread per (head, entry) computes p and dz once, and the
 //     block spans every dim. Key ranges split a slab only where batch × slabs is small (dkv_key_ranges).
 // Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk sizes, the forward's
@@ -63,20 +64,21 @@ __device__ inline void entry_dots(const T* q, const T* go, const T* e, int64_t D
     }
 }
 
-// The selected position of step entry i0 + j of a query's row: row[i0 + j] for i0 + j < K, or with a list (the dkv
-// kernels' entries in their key range) row[list[i0 + j]] for i0 + j < count; −1 past them, where none, and out of
-// range.
+// The selected position of step entry i0 + j of the `count` entries of a query's row: row[i0 + j], or with a list
+// (the dkv kernels' entries in their key range) row[list[i0 + j]]; −1 past the count, where none, and out of range.
 __device__ inline int32_t step_entry(
-    const int32_t* row, int64_t i0, int64_t j, const SparseShape& s, const int32_t* list, int64_t count) {
+    const int32_t* row, int64_t count, int64_t i0, int64_t j, const SparseShape& s, const int32_t* list) {
     const int64_t i = i0 + j;
-    const int32_t sel = !list ? (i < s.K ? row[i] : -1) : i < count ? row[list[i]] : -1;
+    const int32_t sel = i >= count ? -1 : list ? row[list[i]] : row[i];
     return entry_ok<float>(sel, s.T) ? sel : -1;
 }
 
-// Stages entries i0 .. i0 + n − 1 of a query's row (or of its list: step_entry): rows[j] the selected position (−1
-// where none or out of range), E[j·ld + d] its entry (zeros where none). Every thread of the block calls it.
+// Stages entries i0 .. i0 + n − 1 of the `count` entries of a query's row (or of its list: step_entry): rows[j] the
+// selected position (−1 where none or out of range), E[j·ld + d] its entry (zeros where none). Every thread of the
+// block calls it.
 template <class T>
 __device__ void stage_entries(const int32_t* row,
+                              int64_t count,
                               int64_t i0,
                               int64_t n,
                               const SparseShape& s,
@@ -84,10 +86,9 @@ __device__ void stage_entries(const int32_t* row,
                               int64_t ld,
                               int32_t* rows,
                               T* E,
-                              const int32_t* list = nullptr,
-                              int64_t count = 0) {
+                              const int32_t* list = nullptr) {
     __syncthreads();  // the previous step's rows and entries are consumed
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) rows[j] = step_entry(row, i0, j, s, list, count);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) rows[j] = step_entry(row, count, i0, j, s, list);
     __syncthreads();
     for (int64_t x = threadIdx.x; x < n * s.DK; x += blockDim.x) {
         const int64_t j = x / s.DK, d = x % s.DK;
@@ -112,7 +113,7 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
     T m = -inf, l = 0;             // the head's running max and sum (the same in its kChunk threads)
     T acc[kHeads][kDvSlots] = {};  // dims tid + c·kThreads of each head of the group
     for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, i0, kChunk, s, kvb, ld, rows, E);
+        stage_entries<T>(idx + bt * s.K, s.K, i0, kChunk, s, kvb, ld, rows, E);
         T z = -inf;
         if (head && rows[e] >= 0) entry_dots<T>(qh, nullptr, E + e * ld, s.DK, 0, scale, z, nullptr);
         T mx = z;  // the chunk's max over the head's kChunk lanes, then the running one
@@ -161,6 +162,7 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
 // stage_entries for the tensor-core kernels: E[j·ldb + d] the entry as bf16 (zeros where none and past DK). Starts and
 // ends at a barrier.
 __device__ void stage_entries_bf16(const int32_t* row,
+                                   int64_t count,
                                    int64_t i0,
                                    int64_t n,
                                    const SparseShape& s,
@@ -168,10 +170,9 @@ __device__ void stage_entries_bf16(const int32_t* row,
                                    int64_t ldb,
                                    int32_t* rows,
                                    __nv_bfloat16* E,
-                                   const int32_t* list = nullptr,
-                                   int64_t count = 0) {
+                                   const int32_t* list = nullptr) {
     __syncthreads();  // the previous step's rows and entries are consumed
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) rows[j] = step_entry(row, i0, j, s, list, count);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) rows[j] = step_entry(row, count, i0, j, s, list);
     __syncthreads();
     for (int64_t x = threadIdx.x; x < n * ldb; x += blockDim.x) {
         const int64_t j = x / ldb, d = x % ldb;
@@ -244,7 +245,7 @@ __global__ void forward_tc_kernel(
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;  // entries as rows
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries_bf16(idx + bt * s.K, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's P·V
+        stage_entries_bf16(idx + bt * s.K, s.K, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's P·V
         partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 1, Sp);
         __syncthreads();
         float z = -inf;
@@ -344,7 +345,7 @@ __global__ void dq_tc_kernel(SparseShape s,
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kDqTiles];
     for (int t = 0; t < kDqTiles; ++t) wmma::fill_fragment(acc[t], 0.0f);
     for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries_bf16(idx + bt * s.K, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's dz
+        stage_entries_bf16(idx + bt * s.K, s.K, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's dz
         partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 1, Sz);
         partial_scores(Ob, at.dv, Eb, at.dk, at.dv, 1, Sdp);  // dO·v over the values: an entry's first DV dims
         __syncthreads();
@@ -390,7 +391,7 @@ __global__ void probs_kernel(SparseShape s, const T* q, const T* kv, const int32
     const T* kvb = kv + b * s.T * s.DK;
     const T scale = T(s.scale), inv_h = T(1.0 / double(s.H));
     for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, i0, kChunk, s, kvb, ld, rows, E);
+        stage_entries<T>(idx + bt * s.K, s.K, i0, kChunk, s, kvb, ld, rows, E);
         for (int64_t h = hl; h < s.H; h += kHeads) {
             const T L = lse[bt * s.H + h];
             T v = 0;
@@ -440,7 +441,7 @@ __global__ void probs_tc_kernel(
         stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, dk, Qb);
         if (tid < hn) lses[tid] = lse[bt * s.H + hg + tid];
         for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-            stage_entries_bf16(idx + bt * s.K, i0, kChunk, s, kvb, dk, rows, Eb);  // after the last chunk's sums
+            stage_entries_bf16(idx + bt * s.K, s.K, i0, kChunk, s, kvb, dk, rows, Eb);  // after the last chunk's sums
             partial_scores(Qb, dk, Eb, dk, dk, 1, Sp);
             __syncthreads();
             if (tid < kChunk && i0 + tid < s.K && rows[tid] >= 0) {
@@ -488,7 +489,7 @@ __global__ void dq_kernel(
     const T scale = T(s.scale), L = lses[head ? hl : 0], D = delta[r];
     T acc[kHeads][kDkSlots] = {};  // dims tid + c·kThreads of each head of the group
     for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, i0, kChunk, s, kvb, ld, rows, E);
+        stage_entries<T>(idx + bt * s.K, s.K, i0, kChunk, s, kvb, ld, rows, E);
         T g = 0;
         if (head && rows[e] >= 0 && !isinf(L)) {
             T z, dp;
@@ -521,7 +522,8 @@ __global__ void dq_kernel(
 
 // The dkv kernels' key ranges: block (b, slab, r) owns the keys [r·len, (r + 1)·len) of its slab's accumulator, so
 // no two blocks write one row and each row still takes its queries ascending and their entries in row order: the
-// bits do not depend on the range count. Each block picks its entries out of every row of its queries.
+// bits do not depend on the range count. Each block finds its entries in every row of its queries: by two binary
+// searches in a sorted row (the indexer's, sorted_rows_kernel), else picking them out of windows of the row.
 constexpr int kSelectPasses = 4;  // a window of a row: kSelectPasses · kThreads entries
 constexpr int64_t kWindow = kSelectPasses * kThreads;
 
@@ -552,6 +554,63 @@ select_in_range(const int32_t* row, int64_t w0, int64_t K, int64_t lo, int64_t h
     return n;
 }
 
+// Whether each query's row is sorted, as the indexer writes it (ops/dsa.h): its entries in [0, T) first, ascending
+// (repeats allowed), every later one skipped (−1 or out of range). A warp per row; sorted[b·T + t] 1 or 0.
+__global__ void sorted_rows_kernel(SparseShape s, const int32_t* idx, uint8_t* sorted) {
+    const int64_t bt = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (bt >= s.B * s.T) return;  // the whole warp
+    const int32_t* row = idx + bt * s.K;
+    bool ok = true;
+    for (int64_t i = lane + 1; i < s.K; i += 32) {
+        const int32_t prev = row[i - 1], sel = row[i];
+        if (entry_ok<float>(sel, s.T) && (!entry_ok<float>(prev, s.T) || prev > sel)) ok = false;
+    }
+    const unsigned unsorted = __ballot_sync(0xffffffffu, !ok);
+    if (lane == 0) sorted[bt] = unsorted == 0;
+}
+
+// The first position of a sorted row (sorted_rows_kernel) whose entry is skipped or at least x: the row's entries in
+// keys [lo, hi) are the positions from first_at_least(lo) up to first_at_least(hi).
+__device__ inline int64_t first_at_least(const int32_t* row, const SparseShape& s, int64_t x) {
+    int64_t a = 0, b = s.K;  // entries before a lie below x, those from b on do not
+    while (a < b) {
+        const int64_t m = (a + b) / 2, sel = row[m];
+        if (entry_ok<float>(int32_t(sel), s.T) && sel < x) {
+            a = m + 1;
+        } else {
+            b = m;
+        }
+    }
+    return a;
+}
+
+// A window of a query's row in a dkv block of keys [lo, hi): its `count` entries are row[i] (or row[list[i]]), the
+// next window starts at `next` (K: none).
+struct RangeWindow {
+    const int32_t* row;
+    const int32_t* list;
+    int64_t count, next;
+};
+
+// The window from w0 on: the whole row where the range is every key; where the row is sorted its run of entries in
+// range (one window); else the entries of [w0, w0 + kWindow) in range, picked into list. Every thread of the block
+// calls it.
+__device__ RangeWindow range_window(const int32_t* row,
+                                    int64_t w0,
+                                    const SparseShape& s,
+                                    int64_t lo,
+                                    int64_t hi,
+                                    bool sorted,
+                                    int32_t* list,
+                                    int* counts) {
+    if (lo == 0 && hi == s.T) return {row, nullptr, s.K, s.K};
+    if (sorted) {
+        const int64_t first = first_at_least(row, s, lo);
+        return {row + first, nullptr, first_at_least(row, s, hi) - first, s.K};
+    }
+    return {row, list, select_in_range(row, w0, s.K, lo, hi, list, counts), w0 + kWindow};
+}
+
 // Slab sl of batch row b, keys of range blockIdx.z (len each): acc[sl][b·T + s] += scale·Σ_h dz_{t,i,h}·q[t, h]
 // (+ Σ_h p_{t,i,h}·dO[t, h] on the value dims) over its queries t ascending and their entries i in row order.
 template <class T>
@@ -563,6 +622,7 @@ __global__ void dkv_kernel(SparseShape s,
                            const T* q,
                            const T* kv,
                            const int32_t* idx,
+                           const uint8_t* sorted,
                            const T* lse,
                            const T* delta,
                            T* acc) {
@@ -575,17 +635,16 @@ __global__ void dkv_kernel(SparseShape s,
     __shared__ int counts[kThreads / 32];
     const int64_t b = blockIdx.x, sl = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
     const int64_t lo = int64_t(blockIdx.z) * len, hi = min(s.T, lo + len);
-    const bool every = lo == 0 && hi == s.T;  // one range: each row as it is, nothing to pick
     const T* kvb = kv + b * s.T * s.DK;
     T* slab = acc + (sl * s.B * s.T + b * s.T) * s.DK;
     const T scale = T(s.scale);
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
         const int64_t bt = b * s.T + t;
-        for (int64_t w0 = 0; w0 < s.K; w0 += every ? s.K : kWindow) {
-            const int64_t count = every ? s.K : select_in_range(idx + bt * s.K, w0, s.K, lo, hi, list, counts);
-            const int32_t* picked = every ? nullptr : list;
-            for (int64_t i0 = 0; i0 < count; i0 += pairs) {
-                stage_entries<T>(idx + bt * s.K, i0, pairs, s, kvb, ld, rows, E, picked, count);
+        for (int64_t w0 = 0; w0 < s.K;) {
+            const RangeWindow w = range_window(idx + bt * s.K, w0, s, lo, hi, sorted && sorted[bt], list, counts);
+            w0 = w.next;
+            for (int64_t i0 = 0; i0 < w.count; i0 += pairs) {
+                stage_entries<T>(w.row, w.count, i0, pairs, s, kvb, ld, rows, E, w.list);
                 for (int64_t x = tid; x < pairs * s.H; x += nt) {  // a warp: one head, consecutive entries
                     const int64_t h = x / pairs, j = x % pairs, r = bt * s.H + h;
                     T pr = 0, g = 0;
@@ -655,6 +714,7 @@ __global__ void dkv_tc_kernel(SparseShape s,
                               const float* q,
                               const float* kv,
                               const int32_t* idx,
+                              const uint8_t* sorted,
                               const float* lse,
                               const float* delta,
                               float* acc) {
@@ -674,7 +734,6 @@ __global__ void dkv_tc_kernel(SparseShape s,
     __shared__ int counts[kThreads / 32];
     const int64_t b = blockIdx.x, sl = blockIdx.y, tid = threadIdx.x;
     const int64_t lo = int64_t(blockIdx.z) * len, hi = min(s.T, lo + len);
-    const bool every = lo == 0 && hi == s.T;  // one range: each row as it is, nothing to pick
     const int warp = int(tid / 32), warps = kThreads / 32;
     const float* kvb = kv + b * s.T * s.DK;
     float* slab = acc + (sl * s.B * s.T + b * s.T) * s.DK;
@@ -685,12 +744,12 @@ __global__ void dkv_tc_kernel(SparseShape s,
     for (int64_t t = s.T * sl / slabs; t < s.T * (sl + 1) / slabs; ++t) {
         const int64_t bt = b * s.T + t;
         bool staged = false;  // one head group: its rows stay from the query's first step in this block
-        for (int64_t w0 = 0; w0 < s.K; w0 += every ? s.K : kWindow) {
-            const int64_t count = every ? s.K : select_in_range(idx + bt * s.K, w0, s.K, lo, hi, list, counts);
-            const int32_t* picked = every ? nullptr : list;
-            for (int64_t i0 = 0; i0 < count; i0 += kTcPairs) {
+        for (int64_t w0 = 0; w0 < s.K;) {
+            const RangeWindow w = range_window(idx + bt * s.K, w0, s, lo, hi, sorted && sorted[bt], list, counts);
+            w0 = w.next;
+            for (int64_t i0 = 0; i0 < w.count; i0 += kTcPairs) {
                 // after the last scatter
-                stage_entries_bf16(idx + bt * s.K, i0, kTcPairs, s, kvb, at.dk, rows, Eb, picked, count);
+                stage_entries_bf16(w.row, w.count, i0, kTcPairs, s, kvb, at.dk, rows, Eb, w.list);
                 for (int i = 0; i < kDkvTiles; ++i) wmma::fill_fragment(c[i], 0.0f);
                 for (int64_t hg = 0; hg < s.H; hg += kHeads) {
                     const int64_t hn = min(int64_t(kHeads), s.H - hg);
@@ -823,6 +882,7 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
                                              const T* lse,
                                              T* delta,
                                              T* acc,
+                                             uint8_t* sorted,
                                              T* dq,
                                              T* dkv,
                                              bool bf16,
@@ -849,19 +909,25 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
     // key ranges where batch × slabs leaves the GPU short of kDkvBlocks blocks, each of kMinRange keys at least
     const int64_t ranges = dkv_key_ranges(s.B * slabs, s.T), len = (s.T + ranges - 1) / ranges;
     const dim3 grid(unsigned(s.B), unsigned(slabs), unsigned(ranges));
+    if (ranges > 1) {  // the rows a block can binary-search for its keys
+        const int64_t warps = kBlock / 32;
+        launch_kernel(sorted_rows_kernel, unsigned((s.B * s.T + warps - 1) / warps), kBlock, 0, stream, s, idx, sorted);
+    } else {
+        sorted = nullptr;  // one range: every block takes whole rows
+    }
     if constexpr (std::is_same_v<T, float>) {
         if (bf16) {  // dkv on tensor cores
             smem = size_t(TcDkvSmem(s).bytes);
             if (err = allow_smem(dkv_tc_kernel, smem); err != cudaSuccess) return err;
-            launch_kernel(dkv_tc_kernel, grid, kThreads, smem, stream, s, slabs, len, dout, q, kv, idx, lse, delta,
-                          acc);
+            launch_kernel(dkv_tc_kernel, grid, kThreads, smem, stream, s, slabs, len, dout, q, kv, idx, sorted, lse,
+                          delta, acc);
         }
     }
     if (!bf16 || !std::is_same_v<T, float>) {
         smem = dkv_smem(s, sizeof(T));
         if (err = allow_smem(dkv_kernel<T>, smem); err != cudaSuccess) return err;
-        launch_kernel(dkv_kernel<T>, grid, kThreads, smem, stream, s, slabs, dkv_pairs(s.H), len, dout, q, kv, idx, lse,
-                      delta, acc);
+        launch_kernel(dkv_kernel<T>, grid, kThreads, smem, stream, s, slabs, dkv_pairs(s.H), len, dout, q, kv, idx,
+                      sorted, lse, delta, acc);
     }
     const int64_t n = s.B * s.T * s.DK;
     launch_kernel(slab_sum_kernel<T>, grid_for(n), kBlock, 0, stream, n, slabs, acc, dkv);
@@ -874,8 +940,8 @@ cudaError_t launch_sparse_attention_backward(SparseShape s,
     template cudaError_t launch_sparse_attention_probs<T>(SparseShape, const T*, const T*, const int32_t*, const T*,   \
                                                           T*, bool, cudaStream_t);                                     \
     template cudaError_t launch_sparse_attention_backward<T>(SparseShape, int64_t, const T*, const T*, const T*,       \
-                                                             const int32_t*, const T*, const T*, T*, T*, T*, T*, bool, \
-                                                             cudaStream_t);
+                                                             const int32_t*, const T*, const T*, T*, T*, uint8_t*, T*, \
+                                                             T*, bool, cudaStream_t);
 TESSERA_SPARSE(float)
 TESSERA_SPARSE(double)
 #undef TESSERA_SPARSE
