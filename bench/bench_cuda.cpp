@@ -30,6 +30,7 @@
 #include "ops/linear.h"
 #include "ops/moe.h"
 #include "ops/rmsnorm.h"
+#include "ops/rows.h"
 #include "ops/swiglu.h"
 
 namespace tessera {
@@ -122,7 +123,8 @@ int main(int argc, char** argv) {
                         r.pass.c_str(), r.ms, rate / 1e9, 100 * rate / (hbm_tbs * 1e12));
         std::fflush(stdout);
     };
-    for (auto [N, IN, OUT] : {std::array<int64_t, 3>{8192, 4096, 4096}, {16384, 7168, 2048}, {4096, 512, 1536}}) {
+    for (auto [N, IN, OUT] :
+         {std::array<int64_t, 3>{8192, 4096, 4096}, {16384, 7168, 2048}, {4096, 512, 1536}, {512, 7168, 2048}}) {
         Tensor x = gpu_random(Shape{N, IN}, 1), w = gpu_random(Shape{OUT, IN}, 2), y = gpu_zeros(Shape{N, OUT});
         Tensor dy = gpu_random(Shape{N, OUT}, 3), dx = gpu_zeros(Shape{N, IN}), dw = gpu_zeros(Shape{OUT, IN});
         const std::string shape = fmt::format("{} x {} -> {}", N, IN, OUT);
@@ -136,6 +138,16 @@ int main(int argc, char** argv) {
                 true});
         report({"linear bf16", shape, "backward", median_ms([&] { ops::linear_backward(dy, x, w, dx, dw, {}); }),
                 2 * fl, true, true});
+        // a frozen weight held in bf16 (a LoRA base, model.lora.base_dtype), read in place: forward and dx against
+        // "linear bf16" forward and its dx alone (the f32 weight rounded per call)
+        Tensor wb(DType::bf16, Shape{OUT, IN}, Device::cuda);
+        ops::cast(w, wb);
+        report({"linear bf16", shape, "dx", median_ms([&] { ops::linear_backward(dy, x, w, dx, {}, {}); }), fl, true,
+                true});
+        report({"linear bf16, frozen bf16 weight", shape, "forward",
+                median_ms([&] { ops::linear_forward({}, x, wb, {}, y); }), fl, true, true});
+        report({"linear bf16, frozen bf16 weight", shape, "dx",
+                median_ms([&] { ops::linear_backward(dy, x, wb, dx, {}, {}); }), fl, true, true});
     }
     for (auto [N, D] : {std::array<int64_t, 2>{16384, 4096}, {8192, 7168}}) {
         Tensor x = gpu_random(Shape{N, D}, 4), w = gpu_random(Shape{D}, 5), y = gpu_zeros(Shape{N, D});

@@ -131,39 +131,53 @@ TEST(CudaOps, LinearIsBitwiseRunToRun) {
 // A frozen weight held narrow (bf16: model.lora.base_dtype; MXFP4) with f32 activations: the GPU widens the weight
 // in row blocks and runs the f32 GEMMs; forward and dx against the CPU (which widens per GEMM block) at f32
 // tolerance, the bias gradient too; a weight gradient is refused (a narrow weight is frozen), and so are f64 inputs.
+// At train.precision = bf16 the GPU reads a bf16 weight in place and dequantizes an MXFP4 one to bf16 in the same row
+// blocks: against the CPU's bf16 products (the same operands, summed in another order) at f32 tolerance, and away
+// from the f32 products by the activations' rounding.
 TEST(CudaOps, LinearWithANarrowWeightMatchesTheCpu) {
     SKIP_WITHOUT_GPU();
     // one row block; and a weight of 300 rows of 131072 (150 MB in f32), widened in blocks of 128 rows (64 MiB)
-    for (const DType dt : {DType::bf16, DType::mxfp4})
-        for (const auto [N, IN, OUT] :
-             {std::array<int64_t, 3>{384, 256, 512}, std::array<int64_t, 3>{8, 131072, 300}}) {
-            const std::string what = fmt::format("{} weight, IN {}", dtype_name(dt), IN);
-            const Tensor x = test::randn(DType::f32, Shape{N, IN}, 1), dy = test::randn(DType::f32, Shape{N, OUT}, 4);
-            const Tensor wf = test::randn(DType::f32, Shape{OUT, IN}, 2), b = test::randn(DType::f32, Shape{OUT}, 3);
-            Tensor w(dt, wf.shape());
-            if (dt == DType::bf16) {
-                for (int64_t i = 0; i < w.numel(); ++i) w.ptr<bf16>()[i] = float_to_bf16(wf.ptr<float>()[i]);
-            } else {
-                f32_to_mxfp4(wf.ptr<float>(), wf.numel(), static_cast<uint8_t*>(w.view().data));
+    for (const bool at_bf16 : {false, true})
+        for (const DType dt : {DType::bf16, DType::mxfp4})
+            for (const auto [N, IN, OUT] :
+                 {std::array<int64_t, 3>{384, 256, 512}, std::array<int64_t, 3>{8, 131072, 300}}) {
+                const std::string what =
+                    fmt::format("{} weight, IN {}{}", dtype_name(dt), IN, at_bf16 ? ", bf16 precision" : "");
+                const Tensor x = test::randn(DType::f32, Shape{N, IN}, 1),
+                             dy = test::randn(DType::f32, Shape{N, OUT}, 4);
+                const Tensor wf = test::randn(DType::f32, Shape{OUT, IN}, 2),
+                             b = test::randn(DType::f32, Shape{OUT}, 3);
+                Tensor w(dt, wf.shape());
+                if (dt == DType::bf16) {
+                    for (int64_t i = 0; i < w.numel(); ++i) w.ptr<bf16>()[i] = float_to_bf16(wf.ptr<float>()[i]);
+                } else {
+                    f32_to_mxfp4(wf.ptr<float>(), wf.numel(), static_cast<uint8_t*>(w.view().data));
+                }
+                Tensor y(DType::f32, Shape{N, OUT}), dx(DType::f32, x.shape()), db(DType::f32, Shape{OUT});
+                Tensor y32(DType::f32, Shape{N, OUT});
+                ops::linear_forward({}, x, w, b, y32);
+                std::optional<ops::GemmPrecisionScope> precision;
+                if (at_bf16) precision.emplace(ops::GemmPrecision::bf16);
+                ops::linear_forward({}, x, w, b, y);
+                ops::linear_backward(dy, x, w, dx, {}, db);
+                const Tensor xg = x.to(Device::cuda), wg = w.to(Device::cuda), bg = b.to(Device::cuda),
+                             dyg = dy.to(Device::cuda);
+                Tensor yg(DType::f32, y.shape(), Device::cuda), dxg(DType::f32, x.shape(), Device::cuda),
+                    dbg(DType::f32, Shape{OUT}, Device::cuda);
+                ops::linear_forward({}, xg, wg, bg, yg);
+                ops::linear_backward(dyg, xg, wg, dxg, {}, dbg);
+                EXPECT_TRUE(test::rel_rms_close(yg.to(Device::cpu), y, 1e-5)) << "y, " << what;
+                EXPECT_TRUE(test::rel_rms_close(dxg.to(Device::cpu), dx, 1e-5)) << "dx, " << what;
+                EXPECT_TRUE(test::rel_rms_close(dbg.to(Device::cpu), db, 1e-5)) << "db, " << what;
+                if (at_bf16) {
+                    EXPECT_FALSE(test::rel_rms_close(yg.to(Device::cpu), y32, 1e-4)) << "x must be rounded, " << what;
+                }
+                Tensor dwg(DType::f32, Shape{OUT, IN}, Device::cuda);
+                test::expect_error([&] { ops::linear_backward(dyg, xg, wg, dxg, dwg, {}); }, "is frozen");
+                const Tensor x64 = test::randn(DType::f64, Shape{N, IN}, 1).to(Device::cuda);
+                Tensor y64(DType::f64, y.shape(), Device::cuda);
+                test::expect_error([&] { ops::linear_forward({}, x64, wg, {}, y64); }, "in a f64 product");
             }
-            Tensor y(DType::f32, Shape{N, OUT}), dx(DType::f32, x.shape()), db(DType::f32, Shape{OUT});
-            ops::linear_forward({}, x, w, b, y);
-            ops::linear_backward(dy, x, w, dx, {}, db);
-            const Tensor xg = x.to(Device::cuda), wg = w.to(Device::cuda), bg = b.to(Device::cuda),
-                         dyg = dy.to(Device::cuda);
-            Tensor yg(DType::f32, y.shape(), Device::cuda), dxg(DType::f32, x.shape(), Device::cuda),
-                dbg(DType::f32, Shape{OUT}, Device::cuda);
-            ops::linear_forward({}, xg, wg, bg, yg);
-            ops::linear_backward(dyg, xg, wg, dxg, {}, dbg);
-            EXPECT_TRUE(test::rel_rms_close(yg.to(Device::cpu), y, 1e-5)) << "y, " << what;
-            EXPECT_TRUE(test::rel_rms_close(dxg.to(Device::cpu), dx, 1e-5)) << "dx, " << what;
-            EXPECT_TRUE(test::rel_rms_close(dbg.to(Device::cpu), db, 1e-5)) << "db, " << what;
-            Tensor dwg(DType::f32, Shape{OUT, IN}, Device::cuda);
-            test::expect_error([&] { ops::linear_backward(dyg, xg, wg, dxg, dwg, {}); }, "is frozen");
-            const Tensor x64 = test::randn(DType::f64, Shape{N, IN}, 1).to(Device::cuda);
-            Tensor y64(DType::f64, y.shape(), Device::cuda);
-            test::expect_error([&] { ops::linear_forward({}, x64, wg, {}, y64); }, "in a f64 product");
-        }
 }
 
 TEST(CudaOps, AdamWMatchesTheCpuOracle) {
@@ -1369,14 +1383,21 @@ TEST(CudaOps, MoeMatchesTheCpuWithCapacityLatentSharedExpertsAndExpertLora) {
 
 // Frozen routed experts held narrow (bf16: model.lora.base_dtype; MXFP4: model.lora.expert_dtype, Kimi K3's release)
 // in an f32 layer with adapters on the experts: the GPU widens windows of experts into its scratch (160 experts of
-// 128 × 1024: two windows of 64 MiB) and gives the CPU's output and gradients (the CPU widens per GEMM tile).
+// 128 × 1024: two windows of 64 MiB) and gives the CPU's output and gradients (the CPU widens per GEMM tile). At
+// train.precision = bf16 it reads bf16 experts in place and dequantizes MXFP4 ones to bf16 in the same windows: the
+// results of the same layer with the experts' values held in f32 on the GPU at f32 tolerance (the emulator: the same
+// bits), and the CPU's within 1e-3 (the devices' f32 roundings before a bf16 rounding flip some operands by an ulp:
+// 3e-4 apart on the emulator).
 TEST(CudaOps, MoeWithFrozenExpertsHeldNarrowMatchesTheCpu) {
     SKIP_WITHOUT_GPU();
     const int64_t N = 160, D = 64, E = 160, F = 128, L = 1024, r = 4;
     const std::vector<int64_t> starts{0, 100, 160};
     ops::MoeParams p{.router = {.topk = 4, .score = ops::RouterScore::sigmoid, .normalize = true, .scaling = 2.0}};
     p.lora.scale = 0.5;
-    for (const DType dt : {DType::bf16, DType::mxfp4}) {
+    for (const auto& [at_bf16, dt] : {std::pair{false, DType::bf16}, std::pair{false, DType::mxfp4},
+                                      std::pair{true, DType::bf16}, std::pair{true, DType::mxfp4}}) {
+        std::optional<ops::GemmPrecisionScope> precision;
+        if (at_bf16) precision.emplace(ops::GemmPrecision::bf16);
         std::map<std::string, Tensor> host, grads;
         uint64_t seed = 300;
         for (auto [name, shape] : std::initializer_list<std::pair<const char*, Shape>>{{"x", Shape{N, D}},
@@ -1404,6 +1425,24 @@ TEST(CudaOps, MoeWithFrozenExpertsHeldNarrowMatchesTheCpu) {
         }
         const MoeSide cpu = run_moe(p, host, grads, DType::f32, starts, Device::cpu),
                       gpu = run_moe(p, host, grads, DType::f32, starts, Device::cuda);
+        if (at_bf16) {  // the experts' values widened to f32 on the host
+            std::map<std::string, Tensor> wide;
+            for (const auto& [name, t] : host) {
+                Tensor w(DType::f32, t.shape());
+                if (t.dtype() == DType::bf16) {
+                    for (int64_t i = 0; i < w.numel(); ++i) w.ptr<float>()[i] = bf16_to_float(t.ptr<bf16>()[i]);
+                } else if (t.dtype() == DType::mxfp4) {
+                    mxfp4_to_f32(Mxfp4{static_cast<const uint8_t*>(t.view().data)}, w.numel(), w.ptr<float>());
+                } else {
+                    w = Tensor::copy_of(t);
+                }
+                wide.emplace(name, std::move(w));
+            }
+            const MoeSide held = run_moe(p, wide, grads, DType::f32, starts, Device::cuda);
+            for (auto& [name, t] : held.g)
+                EXPECT_TRUE(test::rel_rms_close(gpu.g.at(name).to(Device::cpu), t.to(Device::cpu), 1e-5))
+                    << "d" << name << ", " << dtype_name(dt) << " experts against their f32 values";
+        }
         const TensorView offsets = cpu.buffers.view("offsets");
         EXPECT_GT(offsets.ptr<int32_t>()[E] - offsets.ptr<int32_t>()[128], 0) << "the second window must have rows";
         for (const char* name : {"offsets", "row"})
@@ -1411,8 +1450,8 @@ TEST(CudaOps, MoeWithFrozenExpertsHeldNarrowMatchesTheCpu) {
                 test::bitwise_equal(Tensor::copy_of(gpu.buffers.view(name)).to(Device::cpu), cpu.buffers.view(name)))
                 << name;
         for (auto& [name, t] : cpu.g)
-            EXPECT_TRUE(test::rel_rms_close(gpu.g.at(name).to(Device::cpu), t, 1e-5))
-                << "d" << name << ", " << dtype_name(dt) << " experts";
+            EXPECT_TRUE(test::rel_rms_close(gpu.g.at(name).to(Device::cpu), t, at_bf16 ? 1e-3 : 1e-5))
+                << "d" << name << ", " << dtype_name(dt) << " experts" << (at_bf16 ? ", bf16 precision" : "");
     }
 }
 

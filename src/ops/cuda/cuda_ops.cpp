@@ -107,25 +107,48 @@ void sum_blocks(DType dtype, const void* parts, int blocks, int64_t count, void*
 
 namespace {
 // A frozen weight [OUT, IN] held narrow (bf16: model.lora.base_dtype; MXFP4) with f32 inputs, as the CPU's linear
-// takes it: fn(o0, rows, w) for consecutive row blocks of at most kWidenBytes widened to f32 in the thread's scratch
-// (the CPU widens per GEMM block instead; both products equal those on the widened f32 weight up to the order of the
-// sum over OUT in dx). f64 inputs run on f32 weights only, as on the CPU.
+// takes it: fn(o0, rows, w, dtype) for consecutive row blocks of at most kWidenBytes widened to f32 in the thread's
+// scratch (the CPU widens per GEMM block instead; both products equal those on the widened f32 weight up to the order
+// of the sum over OUT in dx). At GemmPrecision::bf16, where each GEMM takes bf16 operands, a bf16 weight is one block
+// read in place and an MXFP4 one is dequantized to bf16 in the same row blocks: the same products without widening
+// and rounding back (per call 2 bytes read per weight instead of 2 read, 4 written, 4 read and 2 written before the
+// GEMM reads 2). f64 inputs run on f32 weights only, as on the CPU.
 void check_narrow_weight(const TensorView& x, const TensorView& w) {
     TESSERA_CHECK((w.dtype == DType::bf16 || w.dtype == DType::mxfp4) && x.dtype == DType::f32,
                   "linear: a {} weight {} in a {} product ({} runs on {} weights)", dtype_name(w.dtype), w.shape.str(),
                   dtype_name(x.dtype), dtype_name(x.dtype), dtype_name(x.dtype));
 }
 template <class F>
-void with_f32_weight(const TensorView& w, F&& fn) {
+void with_narrow_weight(const TensorView& w, F&& fn) {
     const int64_t OUT = w.size(0), IN = w.numel() / std::max<int64_t>(1, OUT);
+    const bool bf16 = gemm_precision() == GemmPrecision::bf16;
+    if (bf16 && w.dtype == DType::bf16) return fn(int64_t(0), OUT, held_weight(w, "linear"), DType::bf16);
+    const DType to = bf16 ? DType::bf16 : DType::f32;
     const int64_t rows =
         std::clamp<int64_t>(kWidenBytes / (4 * std::max<int64_t>(1, IN)), 1, std::max<int64_t>(1, OUT));
-    auto* wide = static_cast<float*>(scratch(size_t(rows * IN) * sizeof(float)));
+    void* wide = scratch(dtype_bytes(to, rows * IN));
     for (int64_t o0 = 0; o0 < OUT; o0 += rows) {
         const int64_t n = std::min(rows, OUT - o0);
-        widen_to_f32(w, o0 * IN, n * IN, wide, "linear: widen the weight");
-        fn(o0, n, static_cast<const float*>(wide));
+        widen(w, o0 * IN, n * IN, to, wide, "linear: widen the weight");
+        fn(o0, n, static_cast<const void*>(wide), to);
     }
+}
+// gemm<float> on f32 operands; gemm_bf16 where the weight W (f32 or bf16) is bf16.
+void weight_gemm(bool ta,
+                 bool tb,
+                 int64_t m,
+                 int64_t n,
+                 int64_t k,
+                 const void* W,
+                 DType w_type,
+                 int64_t ldw,
+                 const float* b,
+                 int64_t ldb,
+                 float beta,
+                 float* c,
+                 int64_t ldc) {
+    if (w_type == DType::bf16) return gemm_bf16(ta, tb, m, n, k, 1.f, W, w_type, ldw, b, DType::f32, ldb, beta, c, ldc);
+    gemm<float>(ta, tb, m, n, k, 1.f, static_cast<const float*>(W), ldw, b, ldb, beta, c, ldc);
 }
 }  // namespace
 
@@ -133,8 +156,8 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
     if (w.dtype != x.dtype) {  // y[:, o0:o0+n] = x·w[o0:o0+n]ᵀ per widened row block
         check_narrow_weight(x, w);
         const Rows<float> X = rows_of<float>(x, "linear: x"), Y = rows_of<float>(y, "linear: y");
-        with_f32_weight(w, [&](int64_t o0, int64_t n, const float* W) {
-            gemm<float>(true, false, n, X.rows, X.cols, 1.f, W, X.cols, X.data, X.ld, p.accumulate ? 1.f : 0.f,
+        with_narrow_weight(w, [&](int64_t o0, int64_t n, const void* W, DType wt) {
+            weight_gemm(true, false, n, X.rows, X.cols, W, wt, X.cols, X.data, X.ld, p.accumulate ? 1.f : 0.f,
                         Y.data + o0, Y.ld);
         });
         if (b.defined()) check_launch(launch_add_bias<float>(arg(Y), b.ptr<float>(), stream()), "linear bias");
@@ -156,8 +179,8 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
         const Rows<float> X = rows_of<float>(x, "linear: x"), DY = rows_of<float>(dy, "linear: dy");
         if (dx.defined()) {
             const Rows<float> DX = rows_of<float>(dx, "linear: dx");
-            with_f32_weight(w, [&](int64_t o0, int64_t n, const float* W) {
-                gemm<float>(false, false, X.cols, X.rows, n, 1.f, W, X.cols, DY.data + o0, DY.ld, 1.f, DX.data, DX.ld);
+            with_narrow_weight(w, [&](int64_t o0, int64_t n, const void* W, DType wt) {
+                weight_gemm(false, false, X.cols, X.rows, n, W, wt, X.cols, DY.data + o0, DY.ld, 1.f, DX.data, DX.ld);
             });
         }
         if (db.defined())

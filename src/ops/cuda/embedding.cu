@@ -3,6 +3,8 @@
 // bf16 (GemmPrecision::bf16). The
 // backward keeps the CPU's order: each column walks the tokens in order, so repeated ids accumulate
 // identically on every run (no atomics).
+#include <type_traits>
+
 #include "core/mxfp4.h"
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/launchers.h"
@@ -28,10 +30,18 @@ __global__ void embedding_forward_bf16_kernel(
     }
 }
 
-// held MXFP4 values index..index+n-1 to f32, exactly (core/mxfp4.h's mxfp4_value, the CPU's arithmetic)
-__global__ void widen_mxfp4_kernel(const uint8_t* blocks, int64_t index, int64_t n, float* dst) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        dst[i] = mxfp4_value(Mxfp4{blocks, index + i});
+// held MXFP4 values index..index+n-1 to f32 or bf16, exactly (core/mxfp4.h's mxfp4_value, the CPU's arithmetic: a
+// value of 2 significant bits times a power of two within f32's range, which bf16 holds too)
+template <class T>
+__global__ void widen_mxfp4_kernel(const uint8_t* blocks, int64_t index, int64_t n, T* dst) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = mxfp4_value(Mxfp4{blocks, index + i});
+        if constexpr (std::is_same_v<T, float>) {
+            dst[i] = v;
+        } else {
+            dst[i] = uint16_t(__float_as_uint(v) >> 16);
+        }
+    }
 }
 
 __global__ void widen_bf16_kernel(const uint16_t* src, int64_t n, float* dst) {
@@ -114,9 +124,16 @@ cudaError_t launch_round_to_bf16(float* x, int64_t n, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-cudaError_t launch_widen_mxfp4(const uint8_t* blocks, int64_t index, int64_t n, float* dst, cudaStream_t stream) {
+cudaError_t launch_widen_mxfp4(
+    const uint8_t* blocks, int64_t index, int64_t n, bool to_bf16, void* dst, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
-    launch_kernel(widen_mxfp4_kernel, grid_for(n), kBlock, 0, stream, blocks, index, n, dst);
+    if (to_bf16) {
+        launch_kernel(widen_mxfp4_kernel<uint16_t>, grid_for(n), kBlock, 0, stream, blocks, index, n,
+                      static_cast<uint16_t*>(dst));
+    } else {
+        launch_kernel(widen_mxfp4_kernel<float>, grid_for(n), kBlock, 0, stream, blocks, index, n,
+                      static_cast<float*>(dst));
+    }
     return cudaGetLastError();
 }
 

@@ -215,21 +215,8 @@ void gemm(bool ta,
     const int count = blas_int(batch.count, "batch");
     cublasStatus_t st;
     if constexpr (std::is_same_v<T, float>) {
-        if (gemm_precision() == GemmPrecision::bf16) {  // each operand rounded (packed), summed in f32
-            Bf16Operands& copies = bf16_operands();
-            const Runs ra = runs_of(ta, m, k), rb = runs_of(tb, k, n);
-            for (int i = 0; i < count; ++i) copies.add(a + i * batch.a, ra, lda);  // A_i at i·sa
-            for (int i = 0; i < count; ++i) copies.add(b + i * batch.b, rb, ldb);  // then B_i at i·sb
-            const long long sa = ra.extent, sb = rb.extent;
-            const uint16_t *A16 = copies.round(), *B16 = A16 + count * sa;
-            const int LA16 = blas_int(ra.ld, "lda"), LB16 = blas_int(rb.ld, "ldb");
-            st = cublas().gemm_strided_ex(blas(), oa, ob, M, N, K, &alpha, A16, CUDA_R_16BF, LA16, sa, B16, CUDA_R_16BF,
-                                          LB16, sb, &beta, c, CUDA_R_32F, LC, batch.c, count, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT);
-            TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS bf16 GEMM {}x{}x{} (batch {}) failed (status {})", m, n,
-                          k, count, int(st));
-            return;
-        }
+        if (gemm_precision() == GemmPrecision::bf16)  // each operand rounded (packed), summed in f32
+            return gemm_bf16(ta, tb, m, n, k, alpha, a, DType::f32, lda, b, DType::f32, ldb, beta, c, ldc, batch);
         st = count == 1 ? cublas().sgemm(blas(), oa, ob, M, N, K, &alpha, a, LA, b, LB, &beta, c, LC)
                         : cublas().sgemm_strided(blas(), oa, ob, M, N, K, &alpha, a, LA, batch.a, b, LB, batch.b, &beta,
                                                  c, LC, batch.c, count);
@@ -271,6 +258,54 @@ template void gemm<double>(bool,
                            int64_t,
                            Batch);
 
+void gemm_bf16(bool ta,
+               bool tb,
+               int64_t m,
+               int64_t n,
+               int64_t k,
+               float alpha,
+               const void* a,
+               DType a_type,
+               int64_t lda,
+               const void* b,
+               DType b_type,
+               int64_t ldb,
+               float beta,
+               float* c,
+               int64_t ldc,
+               Batch batch) {
+    TESSERA_CHECK(gemm_precision() == GemmPrecision::bf16, "a bf16 GEMM operand outside GemmPrecision::bf16");
+    const int M = blas_int(m, "m"), N = blas_int(n, "n"), K = blas_int(k, "k"), LC = blas_int(ldc, "ldc");
+    const int count = blas_int(batch.count, "batch");
+    // an operand's bf16 values: in place (from), or its batch's copies at `at` of the rounded values; ld, stride
+    struct Operand {
+        const uint16_t* from;
+        int64_t at, ld, stride;
+    };
+    Bf16Operands& copies = bf16_operands();
+    auto take = [&](const void* x, DType type, bool trans, int64_t r, int64_t cols, int64_t ld, int64_t stride) {
+        if (type == DType::bf16) return Operand{static_cast<const uint16_t*>(x), 0, ld, stride};
+        TESSERA_CHECK(type == DType::f32, "a bf16 GEMM takes f32 or bf16 operands, not {}", dtype_name(type));
+        const Runs runs = runs_of(trans, r, cols);
+        const auto* f = static_cast<const float*>(x);
+        int64_t at = 0;
+        for (int i = 0; i < count; ++i) {  // operand i's copy at at + i·extent
+            const int64_t o = copies.add(f + i * stride, runs, ld);
+            if (i == 0) at = o;
+        }
+        return Operand{nullptr, at, runs.ld, runs.extent};
+    };
+    const Operand A = take(a, a_type, ta, m, k, lda, batch.a), B = take(b, b_type, tb, k, n, ldb, batch.b);
+    const uint16_t* values = copies.round();
+    const uint16_t *A16 = A.from ? A.from : values + A.at, *B16 = B.from ? B.from : values + B.at;
+    const cublasStatus_t st = cublas().gemm_strided_ex(
+        blas(), ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, M, N, K, &alpha, A16, CUDA_R_16BF,
+        blas_int(A.ld, "lda"), A.stride, B16, CUDA_R_16BF, blas_int(B.ld, "ldb"), B.stride, &beta, c, CUDA_R_32F, LC,
+        batch.c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS bf16 GEMM {}x{}x{} (batch {}) failed (status {})", m, n, k,
+                  count, int(st));
+}
+
 template <class T>
 void GemmGroup<T>::add_rows(Trans ta,
                             Trans tb,
@@ -280,12 +315,16 @@ void GemmGroup<T>::add_rows(Trans ta,
                             T alpha,
                             const T* a,
                             int64_t lda,
-                            const T* b,
+                            const void* b,
                             int64_t ldb,
                             T beta,
                             T* c,
-                            int64_t ldc) {
+                            int64_t ldc,
+                            DType b_type) {
     if (M == 0 || N == 0) return;
+    TESSERA_CHECK(b_type == dtype_of<T>() || (b_type == DType::bf16 && gemm_precision() == GemmPrecision::bf16),
+                  "a grouped GEMM takes {} operands (bf16 ones at GemmPrecision::bf16), not {}",
+                  dtype_name(dtype_of<T>()), dtype_name(b_type));
     // row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B first (gemm_rows' mapping)
     ta_.push_back(tb == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N);
     tb_.push_back(ta == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -299,6 +338,7 @@ void GemmGroup<T>::add_rows(Trans ta,
     alpha_.push_back(alpha);
     beta_.push_back(beta);
     a_.push_back(b);
+    a_bf16_.push_back(b_type == DType::bf16);
     b_.push_back(a);
     c_.push_back(c);
 }
@@ -316,18 +356,21 @@ void GemmGroup<T>::run() {
                 Bf16Operands& copies = bf16_operands();
                 std::vector<int64_t>& at = offsets_;
                 at.clear();
-                for (int p = 0; p < count; ++p) {
+                for (int p = 0; p < count; ++p) {  // a bf16 A (a weight held narrow) stays in place: offset −1
                     const Runs ra = runs_of(ta_[p] == CUBLAS_OP_T, m_[p], k_[p]),
                                rb = runs_of(tb_[p] == CUBLAS_OP_T, k_[p], n_[p]);
-                    at.push_back(copies.add(a_[p], ra, lda_[p]));
-                    at.push_back(copies.add(b_[p], rb, ldb_[p]));
-                    lda_[p] = blas_int(ra.ld, "lda");
+                    at.push_back(a_bf16_[size_t(p)] ? -1 : copies.add(static_cast<const float*>(a_[p]), ra, lda_[p]));
+                    at.push_back(copies.add(static_cast<const float*>(b_[p]), rb, ldb_[p]));
+                    if (!a_bf16_[size_t(p)]) lda_[p] = blas_int(ra.ld, "lda");
                     ldb_[p] = blas_int(rb.ld, "ldb");
                 }
                 const uint16_t* values = copies.round();
                 std::vector<const void*>& ptrs = bf16_ptrs_;
                 ptrs.clear();
-                for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p)]);
+                for (int p = 0; p < count; ++p) {
+                    const int64_t o = at[size_t(2 * p)];
+                    ptrs.push_back(o < 0 ? a_[size_t(p)] : values + o);
+                }
                 for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p + 1)]);
                 const void* const* A = upload(base, std::span<const void* const>(ptrs.data(), size_t(count)));
                 const void* const* B =
@@ -347,15 +390,16 @@ void GemmGroup<T>::run() {
                                                       1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
                 }
             } else {
-                const T* const* A = upload(base, std::span<const T* const>(a_));
-                const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
+                const auto* A = reinterpret_cast<const T* const*>(upload(base, std::span<const void* const>(a_)));
+                const auto* B =
+                    reinterpret_cast<const T* const*>(upload(base + bytes, std::span<const void* const>(b_)));
                 st = cublas().sgemm_grouped(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(),
                                             alpha_.data(), A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(),
                                             count, size_.data());
             }
         } else {
-            const T* const* A = upload(base, std::span<const T* const>(a_));
-            const T* const* B = upload(base + bytes, std::span<const T* const>(b_));
+            const auto* A = reinterpret_cast<const T* const*>(upload(base, std::span<const void* const>(a_)));
+            const auto* B = reinterpret_cast<const T* const*>(upload(base + bytes, std::span<const void* const>(b_)));
             st = cublas().dgemm_grouped(blas(), ta_.data(), tb_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(),
                                         A, lda_.data(), B, ldb_.data(), beta_.data(), C, ldc_.data(), count,
                                         size_.data());
@@ -369,19 +413,30 @@ void GemmGroup<T>::run() {
     alpha_.clear();
     beta_.clear();
     a_.clear();
+    a_bf16_.clear();
     b_.clear();
     c_.clear();
 }
 
-void widen_to_f32(const TensorView& w, int64_t first, int64_t n, float* dst, const char* what) {
+const void* held_weight(const TensorView& w, const char* what) {
     TESSERA_CHECK(w.data != nullptr && !w.slices, "{}: a {} weight must be one contiguous device tensor", what,
                   dtype_name(w.dtype));
+    return w.data;
+}
+
+void widen(const TensorView& w, int64_t first, int64_t n, DType to, void* dst, const char* what) {
+    held_weight(w, what);
+    TESSERA_CHECK(to == DType::f32 || (to == DType::bf16 && w.dtype == DType::mxfp4),
+                  "{}: {} weights are not widened to {}", what, dtype_name(w.dtype), dtype_name(to));
     if (w.dtype == DType::bf16) {
-        check_launch(launch_widen_bf16(static_cast<const uint16_t*>(w.data) + first, n, dst, stream()), what);
+        check_launch(
+            launch_widen_bf16(static_cast<const uint16_t*>(w.data) + first, n, static_cast<float*>(dst), stream()),
+            what);
     } else {
         TESSERA_CHECK(w.dtype == DType::mxfp4, "{}: weights in {} are not widened (bf16, mxfp4)", what,
                       dtype_name(w.dtype));
-        check_launch(launch_widen_mxfp4(static_cast<const uint8_t*>(w.data), first, n, dst, stream()), what);
+        check_launch(
+            launch_widen_mxfp4(static_cast<const uint8_t*>(w.data), first, n, to == DType::bf16, dst, stream()), what);
     }
 }
 

@@ -78,9 +78,14 @@ inline size_t scratch_part(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // A frozen weight held narrow (bf16: model.lora.base_dtype; MXFP4: model.lora.expert_dtype) is widened to f32 for the
 // f32 GEMMs in pieces of at most this many bytes of the thread's scratch (linear: row blocks; moe: windows of experts).
+// At GemmPrecision::bf16 the GEMMs read a bf16 weight in place, and an MXFP4 one dequantized to bf16 in the same
+// pieces (half the bytes).
 constexpr int64_t kWidenBytes = int64_t(64) << 20;
-// Values [first, first + n) of w (bf16 or MXFP4, contiguous on the device) widened exactly into dst.
-void widen_to_f32(const TensorView& w, int64_t first, int64_t n, float* dst, const char* what);
+// Values [first, first + n) of w (bf16 or MXFP4, contiguous on the device) widened exactly into dst: f32, or bf16 for
+// MXFP4 (whose values bf16 holds exactly).
+void widen(const TensorView& w, int64_t first, int64_t n, DType to, void* dst, const char* what);
+// A weight held narrow as one contiguous device tensor (its values, widened or read in place), or a one-line error.
+const void* held_weight(const TensorView& w, const char* what);
 
 // Scratch for the row slabs of `terms` column sums over [rows, cols] (launchers.h: column_slab_elements).
 template <class T>
@@ -132,6 +137,25 @@ void gemm(bool ta,
           T* c,
           int64_t ldc,
           Batch batch = {});
+// gemm at GemmPrecision::bf16 with each operand f32 (rounded into a copy, as gemm<float> does at that precision) or
+// bf16 already (a frozen weight held narrow, or one dequantized to bf16: read in place, its batch stride in bf16
+// values). The same products as gemm<float> on the operands widened to f32, without the round trip.
+void gemm_bf16(bool ta,
+               bool tb,
+               int64_t m,
+               int64_t n,
+               int64_t k,
+               float alpha,
+               const void* a,
+               DType a_type,
+               int64_t lda,
+               const void* b,
+               DType b_type,
+               int64_t ldb,
+               float beta,
+               float* c,
+               int64_t ldc,
+               Batch batch = {});
 // Row-major C [M, N] = alpha·op(A)·op(B) + beta·C with op(A) [M, K] and op(B) [K, N] (ops::gemm's form).
 template <class T>
 void gemm_rows(Trans ta,
@@ -165,11 +189,12 @@ class GemmGroup {
                   T alpha,
                   const T* a,
                   int64_t lda,
-                  const T* b,
+                  const void* b,
                   int64_t ldb,
                   T beta,
                   T* c,
-                  int64_t ldc);
+                  int64_t ldc,
+                  DType b_type = dtype_of<T>());  // bf16: in place, at GemmPrecision::bf16 only (gemm_bf16)
     void run();
 
   private:
@@ -179,13 +204,15 @@ class GemmGroup {
     std::vector<cublasOperation_t> ta_, tb_;
     std::vector<int> m_, n_, k_, lda_, ldb_, ldc_, size_;
     std::vector<T> alpha_, beta_;
-    std::vector<const T*> a_, b_;
+    std::vector<const void*> a_, b_;
+    std::vector<uint8_t> a_bf16_;  // per problem: a_ (the row-major B) is bf16, read in place
     std::vector<T*> c_;
 };
 
 // The two grouped kinds of ops/grouped_gemm.h over experts' rows (offsets on the host), each one grouped-batched
 // cuBLAS call: C[rows_e] = alpha·A[rows_e]·op(B_e) + beta·C (B_e = B + e·b_stride), and C_e += A[rows_e]ᵀ·B[rows_e]
 // (C_e = C + e·c_stride; experts without rows are skipped).
+// B's experts may be bf16 (b_type; in place at GemmPrecision::bf16).
 template <class T>
 void grouped_rows(Trans tb,
                   const ExpertRows& g,
@@ -194,16 +221,20 @@ void grouped_rows(Trans tb,
                   T alpha,
                   const T* A,
                   int64_t lda,
-                  const T* B,
+                  const void* B,
                   int64_t b_stride,
                   int64_t ldb,
                   T beta,
                   T* C,
-                  int64_t ldc) {
+                  int64_t ldc,
+                  DType b_type = dtype_of<T>()) {
     thread_local GemmGroup<T> group;
+    const size_t expert_bytes = dtype_bytes(b_type, b_stride);
     for (int64_t e = 0; e < g.experts; ++e) {
         const int64_t o = g.offsets[e], n = g.offsets[e + 1] - o;
-        group.add_rows(Trans::N, tb, n, N, K, alpha, A + o * lda, lda, B + e * b_stride, ldb, beta, C + o * ldc, ldc);
+        group.add_rows(Trans::N, tb, n, N, K, alpha, A + o * lda, lda,
+                       static_cast<const std::byte*>(B) + size_t(e) * expert_bytes, ldb, beta, C + o * ldc, ldc,
+                       b_type);
     }
     group.run();
 }

@@ -583,7 +583,9 @@ cudaError_t launch_widen_bf16(const uint16_t* src, int64_t n, float* dst, cudaSt
 // f32 (ops::round_to_bf16).
 cudaError_t launch_narrow_bf16(const float* src, int64_t n, uint16_t* dst, cudaStream_t stream);
 cudaError_t launch_round_to_bf16(float* x, int64_t n, cudaStream_t stream);
-cudaError_t launch_widen_mxfp4(const uint8_t* blocks, int64_t index, int64_t n, float* dst, cudaStream_t stream);
+// (MXFP4: into f32 values, or bf16 ones, exactly too)
+cudaError_t launch_widen_mxfp4(
+    const uint8_t* blocks, int64_t index, int64_t n, bool to_bf16, void* dst, cudaStream_t stream);
 // f32 matrices rounded to bf16 (to nearest even, as core/dtype.h's float_to_bf16; NaN stays NaN) into copies, one
 // launch for a table of them in device memory: piece i's `cols` runs of `len` values, apart by `ld` in src, go to
 // dst[c·dst_ld + r] (a GEMM operand at bf16 precision; ops/gemm.h, GemmPrecision).

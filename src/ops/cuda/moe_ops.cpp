@@ -52,8 +52,9 @@ bool situ(const MoeParams& p) { return p.activation == ExpertActivation::situ; }
 
 // The M-grouped product C[rows_e] = A[rows_e]·op(w_e) + beta·C over the experts, w [E, ...] stored in T, or frozen
 // experts held narrow (bf16, MXFP4) with f32 rows: then windows of consecutive experts whose weights, widened to f32,
-// fit kWidenBytes of the thread's scratch, one grouped GEMM each (a window without rows is skipped). Each expert's
-// product is the one on its widened f32 weight, as on the CPU (ops/grouped_gemm.h).
+// fit kWidenBytes of the thread's scratch, one grouped GEMM each (a window without rows is skipped). At
+// GemmPrecision::bf16 bf16 experts are read in place (one grouped GEMM) and MXFP4 ones dequantized to bf16 in the same
+// windows. Each expert's product is the one on its widened f32 weight, as on the CPU (ops/grouped_gemm.h).
 template <class T>
 void expert_gemm(Trans tb,
                  const ExpertRows& g,
@@ -67,17 +68,23 @@ void expert_gemm(Trans tb,
                  T* C,
                  int64_t ldc) {
     const int64_t stride = w.numel() / std::max<int64_t>(1, w.size(0));  // one expert's values
+    const bool bf16 = std::is_same_v<T, float> && gemm_precision() == GemmPrecision::bf16;
     if (w.dtype == dtype_of<T>())
         return grouped_rows<T>(tb, g, N, K, T(1), A, lda, w.ptr<T>(), stride, ldb, beta, C, ldc);
+    if (bf16 && w.dtype == DType::bf16)
+        return grouped_rows<T>(tb, g, N, K, T(1), A, lda, held_weight(w, "moe: the experts"), stride, ldb, beta, C, ldc,
+                               DType::bf16);
     if constexpr (std::is_same_v<T, float>) {
         const int64_t per = std::max<int64_t>(1, kWidenBytes / (4 * std::max<int64_t>(1, stride)));
-        float* wide = nullptr;
+        const DType to = bf16 ? DType::bf16 : DType::f32;
+        void* wide = nullptr;
         for (int64_t e0 = 0; e0 < g.experts; e0 += per) {
             const int64_t n = std::min(per, g.experts - e0);
             if (g.offsets[e0 + n] == g.offsets[e0]) continue;
-            if (!wide) wide = static_cast<float*>(scratch(size_t(std::min(per, g.experts) * stride) * sizeof(float)));
-            widen_to_f32(w, e0 * stride, n * stride, wide, "moe: widen the experts");
-            grouped_rows<float>(tb, ExpertRows{g.offsets + e0, n}, N, K, 1.f, A, lda, wide, stride, ldb, beta, C, ldc);
+            if (!wide) wide = scratch(dtype_bytes(to, std::min(per, g.experts) * stride));
+            widen(w, e0 * stride, n * stride, to, wide, "moe: widen the experts");
+            grouped_rows<float>(tb, ExpertRows{g.offsets + e0, n}, N, K, 1.f, A, lda, wide, stride, ldb, beta, C, ldc,
+                                to);
         }
     } else {
         TESSERA_FAIL("moe: experts held in {} run with f32 rows, not {}", dtype_name(w.dtype),
