@@ -20,6 +20,9 @@
 #                                  ($OUT/profile.md, trace.json)
 #   scripts/device-check.sh bench   there: the dense bench model's and the ~1B hybrid's training on the GPU, then
 #                                  bench_cuda
+#   scripts/device-check.sh sanitize there: the tests of the kernels that share memory between warps (tensor cores,
+#                                  sparse attention, KDA's chunks, the indexer) under compute-sanitizer's racecheck and
+#                                  synccheck, which the emulator cannot do ($OUT/sanitize.md)
 #
 # Not in it: several ranks over NCCL (MpiCommCuda, CudaDataParallel), which need a GPU per rank.
 set -euo pipefail
@@ -309,13 +312,46 @@ bench() {
     timeout 240 "$b/bin/bench_cuda" | tee "$out/bench_cuda.md" || true
 }
 
+# Shared-memory hazards and barrier misuse on the real hardware: the emulator runs a block's threads one at a time, in
+# a hashed order, so it catches a race only where the result depends on that order. Each test in its own process,
+# under racecheck then synccheck, within a timeout (SANITIZE_TESTS overrides the list, a gtest filter).
+sanitize() {
+    local out b
+    setup
+    local md=$out/sanitize.md sanitizer
+    sanitizer=$(command -v compute-sanitizer || find /usr/local/cuda*/ /opt -name compute-sanitizer -type f -print -quit 2>/dev/null || true)
+    [ -n "$sanitizer" ] || { echo "device-check: no compute-sanitizer on this machine" | tee "$md"; exit 1; }
+    local filter=${SANITIZE_TESTS:-CudaOps.AttentionOnTensorCores*:CudaOps.SparseAttentionDkvBits*:CudaOps.Kda*:CudaOps.DsaIndexer*:CudaOps.IndexerKl*:CudaOps.Bf16Gemms*}
+    local tests t tool log status=0
+    export OMP_NUM_THREADS=4
+    tests=$("$b/bin/test_cuda" --gtest_list_tests --gtest_filter="$filter" | awk '/^[^ ]/{s=$1} /^  /{print s $1}')
+    echo "# compute-sanitizer $(date -u +%Y-%m-%dT%H:%MZ) at $(cat "$b/COMMIT" 2>/dev/null || echo '?')" >"$md"
+    echo '```' >>"$md"
+    for t in $tests; do
+        for tool in racecheck synccheck; do
+            log=$out/sanitize_${tool}_${t//[^A-Za-z0-9]/_}.log
+            TESSERA_GOLDEN_DIR="$ROOT/tests/golden" timeout 240 "$sanitizer" --tool "$tool" --print-limit 20 \
+                "$b/bin/test_cuda" --gtest_filter="$t" >"$log" 2>&1 || true
+            local summary
+            summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
+            grep -q '\[  PASSED  \]' "$log" || { summary="test did not pass (timeout or failure); $summary"; status=1; }
+            echo "$tool  $t: ${summary:-no summary}" >>"$md"
+            echo "$summary" | grep -qE ' 0 (errors|hazards)' || status=1
+        done
+    done
+    echo '```' >>"$md"
+    cat "$md"
+    exit $status
+}
+
 case ${1:-} in
     pack) pack ;;
     run) run ;;
     profile) profile ;;
     bench) bench ;;
+    sanitize) sanitize ;;
     *)
-        echo "usage: scripts/device-check.sh pack|run|profile|bench (see the comment at its top)" >&2
+        echo "usage: scripts/device-check.sh pack|run|profile|bench|sanitize (see the comment at its top)" >&2
         exit 2
         ;;
 esac
