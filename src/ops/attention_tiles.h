@@ -46,13 +46,17 @@ int64_t attention_block_rows(AttnKernel kernel, int64_t D, size_t elem, size_t s
 // tile, walks the other side `chunk` positions per step. Operands are bf16 rows of D' + 8 values (D' = D padded to
 // whole 16s; the 8 pad values keep WMMA's row loads off one bank), f32 tiles rows of width + 4. Per warp: the scores
 // (and dO·V) [16][chunk] in f32, the probabilities (and dS) [16][chunk] in bf16, the accumulators [16][D'] in f32
-// (O; dQ; dK and dV). Offsets are bytes into the block's dynamic shared memory, each a multiple of 32 (WMMA's
-// alignment): forward Q [rows], K and V [chunk]; dq Q and dO [rows], K and V [chunk]; dkv K and V [rows], Q and dO
-// [chunk] with the chunk's lse and Δ; then the warps' parts.
+// (O; dQ; dK and dV) — except dQ where D' ≤ 16·kAttnRegTiles, which the warps hold in WMMA accumulator fragments
+// (`regs`; no rescaling, unlike O), so that two blocks of 4 warps fit an SM at D = 128. Offsets are bytes into the
+// block's dynamic shared memory, each a multiple of 32 (WMMA's alignment): forward Q [rows], K and V [chunk]; dq Q
+// and dO [rows], K and V [chunk]; dkv K and V [rows], Q and dO [chunk] with the chunk's lse and Δ; then the warps'
+// parts.
+constexpr int64_t kAttnRegTiles = 8;
 struct AttnTcLayout {
     int64_t warps, chunk;  // rows per block 16 · warps; positions of the other side per step
     // D', then the row lengths (values) of the bf16 rows, the f32 scores, the bf16 probabilities, the f32 accumulators
     int64_t dp, ldb, lds, ldp, ldo;
+    bool regs;                                          // dq: dQ in fragments, no `acc` region
     int64_t other, rowvals, warp, part;                 // block-wide offsets; the first warp's part, and a part's bytes
     int64_t scores, dscores, probs, dprobs, acc, acc2;  // offsets within a warp's part
     int64_t bytes;
@@ -60,6 +64,7 @@ struct AttnTcLayout {
         : warps(warps_), chunk(chunk_) {
         const bool dkv = kernel == AttnKernel::dkv, fwd = kernel == AttnKernel::forward;
         dp = (D + 15) / 16 * 16, ldb = dp + 8, lds = chunk + 4, ldp = chunk + 8, ldo = dp + 4;
+        regs = kernel == AttnKernel::dq && dp <= 16 * kAttnRegTiles;
         const int64_t row_bytes = ldb * 2;
         other = (fwd ? 1 : 2) * 16 * warps * row_bytes;
         rowvals = other + 2 * chunk * row_bytes;
@@ -69,7 +74,7 @@ struct AttnTcLayout {
         probs = dscores + (fwd ? 0 : 16 * lds * 4);
         dprobs = probs + (dkv ? 16 * ldp * 2 : 0);  // dS (dkv; dq keeps dS in `probs`)
         acc = dprobs + 16 * ldp * 2;
-        acc2 = acc + 16 * ldo * 4;  // dV (dkv)
+        acc2 = acc + (regs ? 0 : 16 * ldo * 4);  // dV (dkv)
         part = acc2 + (dkv ? 16 * ldo * 4 : 0);
         bytes = warp + warps * part;
     }

@@ -77,6 +77,11 @@ TEST(AttentionTiles, TensorCoreLayoutsFitAndAlign) {
     EXPECT_EQ(f.warps, 4);
     EXPECT_EQ(f.chunk, 64);
     EXPECT_EQ(f.bytes, 3 * 64 * 136 * 2 + 4 * (16 * 68 * 4 + 16 * 72 * 2 + 16 * 132 * 4));  // 112,640
+    // dQ: Q, dO, K, V 64 rows each, per warp scores, dO·V and dS; dQ in fragments: 111 KiB, two blocks per SM
+    const AttnTcLayout q = attention_tc_layout(AttnKernel::dq, 128, h200);
+    EXPECT_TRUE(q.regs);
+    EXPECT_EQ(q.bytes, 4 * 64 * 136 * 2 + 4 * (2 * 16 * 68 * 4 + 16 * 72 * 2));  // 113,664
+    EXPECT_FALSE(attention_tc_layout(AttnKernel::dq, 144, h200).regs);           // 9 tiles: in shared memory
     // dK/dV: K, V, Q, dO 64 rows each, lse and Δ, per warp scores and dO·V, P and dS, dK and dV
     const AttnTcLayout b = attention_tc_layout(AttnKernel::dkv, 128, h200);
     EXPECT_EQ(b.warps, 4);
@@ -105,7 +110,8 @@ TEST(AttentionTiles, TensorCoreLayoutsFitAndAlign) {
             EXPECT_GE(at.warp, at.rowvals + (k == AttnKernel::dkv ? 2 * at.chunk * 4 : 0));
             EXPECT_GE(at.probs, at.scores + (k == AttnKernel::forward ? 1 : 2) * 16 * at.lds * 4);
             EXPECT_GE(at.acc, at.probs + (k == AttnKernel::dkv ? 2 : 1) * 16 * at.ldp * 2);
-            EXPECT_GE(at.part, at.acc + (k == AttnKernel::dkv ? 2 : 1) * 16 * at.ldo * 4);
+            EXPECT_EQ(at.regs, k == AttnKernel::dq && D <= 128);
+            EXPECT_GE(at.part, at.acc + (k == AttnKernel::dkv ? 2 : at.regs ? 0 : 1) * 16 * at.ldo * 4);
             EXPECT_EQ(at.bytes, at.warp + at.warps * at.part);
         }
 }

@@ -349,6 +349,28 @@ __device__ void warp_accumulate(
     }
 }
 
+// warp_accumulate into the warp's accumulator fragments, tile t holding dims 16·t … 16·t + 15 (the layout's `regs`):
+// the same products in the same order, without the accumulators' trips through shared memory.
+using AccFragments = wmma::fragment<wmma::accumulator, 16, 16, 16, float>[kAttnRegTiles];
+__device__ void warp_accumulate_regs(
+    const Bf16* P, const Bf16* B, const AttnTcLayout& at, int64_t j0, int64_t j1, AccFragments& acc) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> fp[kTcTiles];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major> fb;
+#pragma unroll
+    for (int j = 0; j < kTcTiles; ++j)
+        if (j >= j0 && j < j1) wmma::load_matrix_sync(fp[j], P + 16 * j, unsigned(at.ldp));
+#pragma unroll
+    for (int t = 0; t < int(kAttnRegTiles); ++t)  // constant indices keep the fragments in registers
+        if (16 * t < at.dp) {
+#pragma unroll
+            for (int j = 0; j < kTcTiles; ++j)
+                if (j >= j0 && j < j1) {
+                    wmma::load_matrix_sync(fb, B + 16 * j * at.ldb + 16 * t, unsigned(at.ldb));
+                    wmma::mma_sync(acc[t], fp[j], fb, acc[t]);
+                }
+        }
+}
+
 // A warp's place in a tensor-core block: its 16 rows from `first` (within the tile), `valid` of them real; the
 // lane's row r (two lanes a row) and its half of a row's columns (scores) and of its dims (accumulators).
 struct TcLane {
@@ -494,13 +516,16 @@ __global__ void dq_tc_kernel(AttnShape s,
     auto* S = reinterpret_cast<float*>(qb.mine + at.scores);
     auto* dP = reinterpret_cast<float*>(qb.mine + at.dscores);
     auto* dS = reinterpret_cast<Bf16*>(qb.mine + at.probs);
-    auto* Acc = reinterpret_cast<float*>(qb.mine + at.acc);
+    auto* Acc = reinterpret_cast<float*>(qb.mine + at.acc);  // (in shared memory unless at.regs)
+    AccFragments acc;
+#pragma unroll
+    for (int t = 0; t < int(kAttnRegTiles); ++t) wmma::fill_fragment(acc[t], 0.0f);
     const int64_t at_row = (qb.tile.b * s.H + qb.h) * s.T + qb.row();
     const float scale = float(s.scale);
     const float L = ln.real() ? lse[at_row] : 0.0f, Dl = ln.real() ? delta[at_row] : 0.0f;
     load_rows_bf16(q, qb.tile.b, qb.row0, qb.h, qb.nq, rows, s.D, at.ldb, qb.Q);
     load_rows_bf16(dout, qb.tile.b, qb.row0, qb.h, qb.nq, rows, s.D, at.ldb, Gb);
-    zero_rows(Acc, at);
+    if (!at.regs) zero_rows(Acc, at);
     walk_keys(s, at, qb, k, v, [&](int64_t nvis, int64_t j1) {
         warp_scores(qb.Q + ln.first * at.ldb, qb.K, at, 0, j1, S);
         warp_scores(Gb + ln.first * at.ldb, qb.V, at, 0, j1, dP);
@@ -511,11 +536,28 @@ __global__ void dq_tc_kernel(AttnShape s,
             dS[ln.r * at.ldp + c] = __float2bfloat16(ds);
         }
         __syncwarp();
-        warp_accumulate(dS, qb.K, at, 0, j1, Acc);
+        if (at.regs) {
+            warp_accumulate_regs(dS, qb.K, at, 0, j1, acc);
+        } else {
+            warp_accumulate(dS, qb.K, at, 0, j1, Acc);
+        }
     });
     __syncwarp();
-    if (!ln.real()) return;
-    finish_row(ln, Acc, at, dq.data + qb.tile.b * dq.sb + qb.row() * dq.st + qb.h * dq.sh, s.D, 1.0f, true);
+    float* out = dq.data + qb.tile.b * dq.sb + qb.row() * dq.st + qb.h * dq.sh;
+    if (!at.regs) {
+        if (ln.real()) finish_row(ln, Acc, at, out, s.D, 1.0f, true);
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < int(kAttnRegTiles); ++t)  // each tile through the scores' space, a lane a half row
+        if (16 * t < at.dp) {
+            wmma::store_matrix_sync(S, acc[t], 16u, wmma::mem_row_major);
+            __syncwarp();
+            const int64_t c0 = threadIdx.x % 2 * 8;
+            if (ln.real())
+                for (int64_t c = c0; c < c0 + 8 && 16 * t + c < s.D; ++c) out[16 * t + c] += S[ln.r * 16 + c];
+            __syncwarp();
+        }
 }
 
 __global__ void dkv_tc_kernel(AttnShape s,
