@@ -59,14 +59,17 @@ namespace {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine"
 
 // The largest difference between two f32 tensors relative to the expected one's largest value: a bf16 kernel's
-// error against the CPU's f32. A NaN on either side is an infinite difference.
+// error against the CPU's f32. Equal values (infinities too) differ by 0; a NaN on either side, or an infinity on
+// one, is an infinite difference.
 double largest_difference(const Tensor& got, const Tensor& want) {
     double diff = 0, size = 0;
     for (int64_t e = 0; e < got.numel(); ++e) {
-        const double d = std::abs(double(got.ptr<float>()[e]) - double(want.ptr<float>()[e]));
+        const double g = got.ptr<float>()[e], w = want.ptr<float>()[e];
+        if (std::isfinite(w)) size = std::max(size, std::abs(w));
+        if (g == w) continue;  // equal, infinities included (an lse of +inf: no entry)
+        const double d = std::abs(g - w);
         if (std::isnan(d)) return INFINITY;  // (std::max would skip it)
         diff = std::max(diff, d);
-        size = std::max(size, double(std::abs(want.ptr<float>()[e])));
     }
     return diff / std::max(size, 1e-30);
 }
@@ -836,11 +839,12 @@ TEST(CudaOps, CachedAttentionAndIndexSelectionMatchTheCpu) {
 }
 
 // Index rows [B, T, K] for the sparse attention tests: entries s <= t repeating positions, every third entry past
-// the row's middle −1, one out of range every fifth query, each row's first entry its own token (no row is without
-// entries). Rows longer than the sequence (K > T) hold −1 in their first 1024 entries (the window the dkv kernels
-// pick their keys from), so a block of another key range than the own token's meets a query's entries in its second
-// window only. `sorted`: every other row sorted as the indexer writes it (its entries ascending with repeats, the −1
-// and out-of-range ones after), which the dkv blocks binary-search for their key range.
+// the row's middle −1, one out of range every fifth query, each row's first entry its own token, but query 1 of the
+// first batch row selects nothing (all −1: lse +inf, o and dq 0). Rows longer than the sequence (K > T) hold −1 in
+// their first 1024 entries (the window the dkv kernels pick their keys from), so a block of another key range than the
+// own token's meets a query's entries in its second window only. `sorted`: every other row sorted as the indexer writes
+// it (its entries ascending with repeats, the −1 and out-of-range ones after), which the dkv blocks binary-search for
+// their key range.
 Tensor sparse_rows(int64_t B, int64_t T, int64_t K, bool sorted) {
     Tensor idx(DType::i32, Shape{B, T, K});
     int32_t* ix = idx.ptr<int32_t>();
@@ -853,6 +857,7 @@ Tensor sparse_rows(int64_t B, int64_t T, int64_t K, bool sorted) {
             ix[bt * K + i] = int32_t(i == 3 && t % 5 == 0 ? T + 2 : i % 3 == 2 && i > t / 2 ? -1 : sel);
         }
         ix[bt * K] = int32_t(t);
+        if (bt == 1) std::fill_n(ix + bt * K, K, -1);
         if (sorted && t % 2 == 0) {
             int32_t* row = ix + bt * K;
             auto kept = [T](int32_t sel) { return sel >= 0 && sel < T; };
@@ -893,7 +898,7 @@ TEST(CudaOps, SparseAttentionMatchesTheCpuWithPaddingAndSharedEntries) {
         host.push_back(test::randn(DType::f32, Shape{B, T, DK}, 2));          // kv
         host.push_back(Tensor(DType::f32, Shape{B, T, H, DV}));               // o
         host.push_back(Tensor(DType::f32, Shape{B, T, H}));                   // lse
-        host.push_back(Tensor(DType::f32, Shape{B, T, K}));                   // probs
+        host.push_back(test::randn(DType::f32, Shape{B, T, K}, 6));           // probs (each element written)
         host.push_back(test::randn(DType::f32, Shape{B, T, H, DV}, 3));       // do
         host.push_back(test::randn(DType::f32, Shape{B, T, H, DK}, 4, 0.1));  // dq
         host.push_back(test::randn(DType::f32, Shape{B, T, DK}, 5, 0.1));     // dkv

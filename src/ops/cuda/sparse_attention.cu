@@ -14,9 +14,10 @@
 //     searches where the row is sorted (the indexer's rows; sorted_rows_kernel checks), else it picks them out
 //     (select_in_range); a step stages `pairs` of them, a thread per (head, entry) computes p and dz once, and the
 //     block spans every dim. Key ranges split a slab only where batch × slabs is small (dkv_key_ranges).
-// Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk sizes, the forward's
-// rescaling does. Scalar FMAs (f32 or f64), except the *_tc_kernels: the forward, probs, dq and dkv on tensor cores at
-// train.precision = bf16 (operands rounded to bf16, f32 sums).
+// Every kernel walks a query's row only up to its last entry that selects a key (row_end): the indexer's −1 padding
+// costs a read of the row. Every sum has one order: bitwise run-to-run; dq, dkv and probs do not depend on the chunk
+// sizes, the forward's rescaling does. Scalar FMAs (f32 or f64), except the *_tc_kernels: the forward, probs, dq and
+// dkv on tensor cores at train.precision = bf16 (operands rounded to bf16, f32 sums).
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -49,6 +50,16 @@ int64_t dkv_key_ranges(int64_t row_slabs, int64_t T) {
 template <class T>
 __device__ inline bool entry_ok(int32_t s, int64_t T_) {
     return s >= 0 && s < T_;
+}
+
+// One past the last entry of a query's row that selects a key, 0 where none: the kernels walk the entries before it
+// only (the indexer's rows end in −1 padding, most of the row where a short sequence's queries have few keys; the
+// entries past it would add nothing). Every thread of the block calls it and gets the value; `shared`: an int per warp.
+__device__ inline int64_t row_end(const int32_t* row, const SparseShape& s, int* shared) {
+    int end = 0;
+    for (int64_t i = threadIdx.x; i < s.K; i += blockDim.x)
+        if (entry_ok<float>(row[i], s.T)) end = int(i + 1);
+    return block_max(end, shared);
 }
 
 // scale·q·e over DK and dO·e over DV for one entry row e (either output may be skipped by a null pointer).
@@ -103,17 +114,18 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
     __shared__ int32_t rows[kChunk];
     __shared__ T P[kHeads][kChunk];
     __shared__ T scale_by[kHeads], sums[kHeads];
+    __shared__ int ends[kThreads / 32];
     const int64_t bt = blockIdx.x, b = bt / s.T, h0 = int64_t(blockIdx.y) * kHeads, tid = threadIdx.x;
     const int hn = int(min(int64_t(kHeads), s.H - h0)), hl = int(tid / kChunk), e = int(tid % kChunk);
     const bool head = hl < hn;
-    const int64_t ld = s.DK + 1;
+    const int64_t ld = s.DK + 1, n = row_end(idx + bt * s.K, s, ends);
     const T* qh = q + (bt * s.H + h0 + (head ? hl : 0)) * s.DK;
     const T* kvb = kv + b * s.T * s.DK;
     const T scale = T(s.scale), inf = T(INFINITY);
     T m = -inf, l = 0;             // the head's running max and sum (the same in its kChunk threads)
     T acc[kHeads][kDvSlots] = {};  // dims tid + c·kThreads of each head of the group
-    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, s.K, i0, kChunk, s, kvb, ld, rows, E);
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        stage_entries<T>(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
         T z = -inf;
         if (head && rows[e] >= 0) entry_dots<T>(qh, nullptr, E + e * ld, s.DK, 0, scale, z, nullptr);
         T mx = z;  // the chunk's max over the head's kChunk lanes, then the running one
@@ -231,6 +243,7 @@ __global__ void forward_tc_kernel(
     auto* Os = reinterpret_cast<float*>(smem + at.out);              // [kHeads][dv]
     auto* Pb = reinterpret_cast<__nv_bfloat16*>(smem + at.probs);    // [kHeads][kChunk]
     __shared__ int32_t rows[kChunk];
+    __shared__ int ends[kThreads / 32];
     __shared__ float scale_by[kHeads], sums[kHeads];
     const int64_t bt = blockIdx.x, b = bt / s.T, h0 = int64_t(blockIdx.y) * kHeads, tid = threadIdx.x;
     const int hn = int(min(int64_t(kHeads), s.H - h0)), hl = int(tid / kChunk), e = int(tid % kChunk);
@@ -244,8 +257,9 @@ __global__ void forward_tc_kernel(
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;  // entries as rows
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries_bf16(idx + bt * s.K, s.K, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's P·V
+    const int64_t n = row_end(idx + bt * s.K, s, ends);
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        stage_entries_bf16(idx + bt * s.K, n, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's P·V
         partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 1, Sp);
         __syncthreads();
         float z = -inf;
@@ -329,6 +343,7 @@ __global__ void dq_tc_kernel(SparseShape s,
     auto* DZb = reinterpret_cast<__nv_bfloat16*>(smem + at.dz);      // [kHeads][kChunk]
     auto* Out = reinterpret_cast<float*>(smem + at.out);             // [kHeads][dk]
     __shared__ int32_t rows[kChunk];
+    __shared__ int ends[kThreads / 32];
     __shared__ float lses[kHeads];
     const int64_t bt = blockIdx.x, b = bt / s.T, h0 = int64_t(blockIdx.y) * kHeads, tid = threadIdx.x;
     const int hn = int(min(int64_t(kHeads), s.H - h0)), hl = int(tid / kChunk), e = int(tid % kChunk);
@@ -344,8 +359,9 @@ __global__ void dq_tc_kernel(SparseShape s,
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fv;  // entries as rows
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kDqTiles];
     for (int t = 0; t < kDqTiles; ++t) wmma::fill_fragment(acc[t], 0.0f);
-    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries_bf16(idx + bt * s.K, s.K, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's dz
+    const int64_t n = row_end(idx + bt * s.K, s, ends);
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        stage_entries_bf16(idx + bt * s.K, n, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's dz
         partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 1, Sz);
         partial_scores(Ob, at.dv, Eb, at.dk, at.dv, 1, Sdp);  // dO·v over the values: an entry's first DV dims
         __syncthreads();
@@ -387,11 +403,13 @@ __global__ void probs_kernel(SparseShape s, const T* q, const T* kv, const int32
     const int64_t ld = s.DK + 1;
     T* S = E + kChunk * ld;  // [H][kChunk]
     __shared__ int32_t rows[kChunk];
+    __shared__ int ends[kThreads / 32];
     const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x, hl = tid / kChunk, e = tid % kChunk;
     const T* kvb = kv + b * s.T * s.DK;
     const T scale = T(s.scale), inv_h = T(1.0 / double(s.H));
-    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, s.K, i0, kChunk, s, kvb, ld, rows, E);
+    const int64_t n = row_end(idx + bt * s.K, s, ends);
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        stage_entries<T>(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
         for (int64_t h = hl; h < s.H; h += kHeads) {
             const T L = lse[bt * s.H + h];
             T v = 0;
@@ -409,6 +427,7 @@ __global__ void probs_kernel(SparseShape s, const T* q, const T* kv, const int32
             probs[bt * s.K + i0 + tid] = sum * inv_h;
         }
     }
+    for (int64_t i = (n + kChunk - 1) / kChunk * kChunk + tid; i < s.K; i += blockDim.x) probs[bt * s.K + i] = 0;
 }
 
 // The teacher probabilities on tensor cores (train.precision = bf16, f32 data): a block per query walks its head
@@ -428,6 +447,7 @@ __global__ void probs_tc_kernel(
     __nv_bfloat16* Eb = Qb + kHeads * dk;                   // [kChunk][dk]
     auto* Sp = reinterpret_cast<float*>(Eb + kChunk * dk);  // [warps][kHeads][kChunk]
     __shared__ int32_t rows[kChunk];
+    __shared__ int ends[kThreads / 32];
     __shared__ float lses[kHeads];
     const int64_t bt = blockIdx.x, b = bt / s.T, tid = threadIdx.x;
     const int warps = kThreads / 32;
@@ -435,13 +455,14 @@ __global__ void probs_tc_kernel(
     const float scale = float(s.scale);
     float* out = probs + bt * s.K;
     for (int64_t i = tid; i < s.K; i += kThreads) out[i] = 0.0f;
+    const int64_t n = row_end(idx + bt * s.K, s, ends);
     for (int64_t hg = 0; hg < s.H; hg += kHeads) {
         const int64_t hn = min(int64_t(kHeads), s.H - hg);
         __syncthreads();  // the previous group's q rows are consumed
         stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, dk, Qb);
         if (tid < hn) lses[tid] = lse[bt * s.H + hg + tid];
-        for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-            stage_entries_bf16(idx + bt * s.K, s.K, i0, kChunk, s, kvb, dk, rows, Eb);  // after the last chunk's sums
+        for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+            stage_entries_bf16(idx + bt * s.K, n, i0, kChunk, s, kvb, dk, rows, Eb);  // after the last chunk's sums
             partial_scores(Qb, dk, Eb, dk, dk, 1, Sp);
             __syncthreads();
             if (tid < kChunk && i0 + tid < s.K && rows[tid] >= 0) {
@@ -477,6 +498,7 @@ __global__ void dq_kernel(
     SparseShape s, const T* dout, const T* q, const T* kv, const int32_t* idx, const T* lse, const T* delta, T* dq) {
     T* E = reinterpret_cast<T*>(dynamic_shared());  // [kChunk][DK + 1]
     __shared__ int32_t rows[kChunk];
+    __shared__ int ends[kThreads / 32];
     __shared__ T DZ[kHeads][kChunk];
     __shared__ T lses[kHeads];
     const int64_t bt = blockIdx.x, b = bt / s.T, h0 = int64_t(blockIdx.y) * kHeads, tid = threadIdx.x;
@@ -488,8 +510,9 @@ __global__ void dq_kernel(
     const T* kvb = kv + b * s.T * s.DK;
     const T scale = T(s.scale), L = lses[head ? hl : 0], D = delta[r];
     T acc[kHeads][kDkSlots] = {};  // dims tid + c·kThreads of each head of the group
-    for (int64_t i0 = 0; i0 < s.K; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, s.K, i0, kChunk, s, kvb, ld, rows, E);
+    const int64_t n = row_end(idx + bt * s.K, s, ends);
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        stage_entries<T>(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
         T g = 0;
         if (head && rows[e] >= 0 && !isinf(L)) {
             T z, dp;
@@ -592,9 +615,9 @@ struct RangeWindow {
     int64_t count, next;
 };
 
-// The window from w0 on: the whole row where the range is every key; where the row is sorted its run of entries in
-// range (one window); else the entries of [w0, w0 + kWindow) in range, picked into list. Every thread of the block
-// calls it.
+// The window from w0 on: the whole row (up to row_end) where the range is every key; where the row is sorted its run
+// of entries in range (one window); else the entries of [w0, w0 + kWindow) in range, picked into list. Every thread of
+// the block calls it.
 __device__ RangeWindow range_window(const int32_t* row,
                                     int64_t w0,
                                     const SparseShape& s,
@@ -603,7 +626,7 @@ __device__ RangeWindow range_window(const int32_t* row,
                                     bool sorted,
                                     int32_t* list,
                                     int* counts) {
-    if (lo == 0 && hi == s.T) return {row, nullptr, s.K, s.K};
+    if (lo == 0 && hi == s.T) return {row, nullptr, row_end(row, s, counts), s.K};
     if (sorted) {
         const int64_t first = first_at_least(row, s, lo);
         return {row + first, nullptr, first_at_least(row, s, hi) - first, s.K};
