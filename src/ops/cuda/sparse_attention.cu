@@ -85,9 +85,10 @@ __device__ inline int32_t step_entry(
 }
 
 // Stages entries i0 .. i0 + n − 1 of the `count` entries of a query's row (or of its list: step_entry): rows[j] the
-// selected position (−1 where none or out of range), E[j·ld + d] its entry (zeros where none). Every thread of the
-// block calls it.
-template <class T>
+// selected position (−1 where none or out of range), E[j·ld + d] its entry in E's element type (the scalar kernels'
+// T, the tensor-core kernels' bf16), zeros where none and past DK. Every thread of the block calls it; starts and ends
+// at a barrier.
+template <class T, class Out>
 __device__ void stage_entries(const int32_t* row,
                               int64_t count,
                               int64_t i0,
@@ -96,14 +97,19 @@ __device__ void stage_entries(const int32_t* row,
                               const T* kvb,
                               int64_t ld,
                               int32_t* rows,
-                              T* E,
+                              Out* E,
                               const int32_t* list = nullptr) {
     __syncthreads();  // the previous step's rows and entries are consumed
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) rows[j] = step_entry(row, count, i0, j, s, list);
     __syncthreads();
-    for (int64_t x = threadIdx.x; x < n * s.DK; x += blockDim.x) {
-        const int64_t j = x / s.DK, d = x % s.DK;
-        E[j * ld + d] = rows[j] >= 0 ? kvb[int64_t(rows[j]) * s.DK + d] : T(0);
+    for (int64_t x = threadIdx.x; x < n * ld; x += blockDim.x) {
+        const int64_t j = x / ld, d = x % ld;
+        const T v = rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : T(0);
+        if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
+            E[x] = __float2bfloat16(v);
+        } else {
+            E[x] = v;
+        }
     }
     __syncthreads();
 }
@@ -125,7 +131,7 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
     T m = -inf, l = 0;             // the head's running max and sum (the same in its kChunk threads)
     T acc[kHeads][kDvSlots] = {};  // dims tid + c·kThreads of each head of the group
     for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
+        stage_entries(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
         T z = -inf;
         if (head && rows[e] >= 0) entry_dots<T>(qh, nullptr, E + e * ld, s.DK, 0, scale, z, nullptr);
         T mx = z;  // the chunk's max over the head's kChunk lanes, then the running one
@@ -169,28 +175,6 @@ __global__ void forward_kernel(SparseShape s, const T* q, const T* kv, const int
             if (d < s.DV) oh[d] = sums[h] > 0 ? acc[h][c] / sums[h] : T(0);
         }
     }
-}
-
-// stage_entries for the tensor-core kernels: E[j·ldb + d] the entry as bf16 (zeros where none and past DK). Starts and
-// ends at a barrier.
-__device__ void stage_entries_bf16(const int32_t* row,
-                                   int64_t count,
-                                   int64_t i0,
-                                   int64_t n,
-                                   const SparseShape& s,
-                                   const float* kvb,
-                                   int64_t ldb,
-                                   int32_t* rows,
-                                   __nv_bfloat16* E,
-                                   const int32_t* list = nullptr) {
-    __syncthreads();  // the previous step's rows and entries are consumed
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) rows[j] = step_entry(row, count, i0, j, s, list);
-    __syncthreads();
-    for (int64_t x = threadIdx.x; x < n * ldb; x += blockDim.x) {
-        const int64_t j = x / ldb, d = x % ldb;
-        E[x] = __float2bfloat16(rows[j] >= 0 && d < s.DK ? kvb[int64_t(rows[j]) * s.DK + d] : 0.0f);
-    }
-    __syncthreads();
 }
 
 // One warp's share of the (16 heads × 16·tiles entries) tile X·Eᵀ over `width` dims (X [kHeads][ld], E the entries
@@ -259,7 +243,7 @@ __global__ void forward_tc_kernel(
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     const int64_t n = row_end(idx + bt * s.K, s, ends);
     for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-        stage_entries_bf16(idx + bt * s.K, n, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's P·V
+        stage_entries(idx + bt * s.K, n, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's P·V
         partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 1, Sp);
         __syncthreads();
         float z = -inf;
@@ -361,7 +345,7 @@ __global__ void dq_tc_kernel(SparseShape s,
     for (int t = 0; t < kDqTiles; ++t) wmma::fill_fragment(acc[t], 0.0f);
     const int64_t n = row_end(idx + bt * s.K, s, ends);
     for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-        stage_entries_bf16(idx + bt * s.K, n, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's dz
+        stage_entries(idx + bt * s.K, n, i0, kChunk, s, kvb, at.dk, rows, Eb);  // after the last chunk's dz
         partial_scores(Qb, at.dk, Eb, at.dk, at.dk, 1, Sz);
         partial_scores(Ob, at.dv, Eb, at.dk, at.dv, 1, Sdp);  // dO·v over the values: an entry's first DV dims
         __syncthreads();
@@ -409,7 +393,7 @@ __global__ void probs_kernel(SparseShape s, const T* q, const T* kv, const int32
     const T scale = T(s.scale), inv_h = T(1.0 / double(s.H));
     const int64_t n = row_end(idx + bt * s.K, s, ends);
     for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
+        stage_entries(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
         for (int64_t h = hl; h < s.H; h += kHeads) {
             const T L = lse[bt * s.H + h];
             T v = 0;
@@ -462,7 +446,7 @@ __global__ void probs_tc_kernel(
         stage_rows_bf16(q + (bt * s.H + hg) * s.DK, s.DK, hn, kHeads, s.DK, dk, Qb);
         if (tid < hn) lses[tid] = lse[bt * s.H + hg + tid];
         for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-            stage_entries_bf16(idx + bt * s.K, n, i0, kChunk, s, kvb, dk, rows, Eb);  // after the last chunk's sums
+            stage_entries(idx + bt * s.K, n, i0, kChunk, s, kvb, dk, rows, Eb);  // after the last chunk's sums
             partial_scores(Qb, dk, Eb, dk, dk, 1, Sp);
             __syncthreads();
             if (tid < kChunk && i0 + tid < s.K && rows[tid] >= 0) {
@@ -512,7 +496,7 @@ __global__ void dq_kernel(
     T acc[kHeads][kDkSlots] = {};  // dims tid + c·kThreads of each head of the group
     const int64_t n = row_end(idx + bt * s.K, s, ends);
     for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-        stage_entries<T>(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
+        stage_entries(idx + bt * s.K, n, i0, kChunk, s, kvb, ld, rows, E);
         T g = 0;
         if (head && rows[e] >= 0 && !isinf(L)) {
             T z, dp;
@@ -667,7 +651,7 @@ __global__ void dkv_kernel(SparseShape s,
             const RangeWindow w = range_window(idx + bt * s.K, w0, s, lo, hi, sorted && sorted[bt], list, counts);
             w0 = w.next;
             for (int64_t i0 = 0; i0 < w.count; i0 += pairs) {
-                stage_entries<T>(w.row, w.count, i0, pairs, s, kvb, ld, rows, E, w.list);
+                stage_entries(w.row, w.count, i0, pairs, s, kvb, ld, rows, E, w.list);
                 for (int64_t x = tid; x < pairs * s.H; x += nt) {  // a warp: one head, consecutive entries
                     const int64_t h = x / pairs, j = x % pairs, r = bt * s.H + h;
                     T pr = 0, g = 0;
@@ -772,7 +756,7 @@ __global__ void dkv_tc_kernel(SparseShape s,
             w0 = w.next;
             for (int64_t i0 = 0; i0 < w.count; i0 += kTcPairs) {
                 // after the last scatter
-                stage_entries_bf16(w.row, w.count, i0, kTcPairs, s, kvb, at.dk, rows, Eb, w.list);
+                stage_entries(w.row, w.count, i0, kTcPairs, s, kvb, at.dk, rows, Eb, w.list);
                 for (int i = 0; i < kDkvTiles; ++i) wmma::fill_fragment(c[i], 0.0f);
                 for (int64_t hg = 0; hg < s.H; hg += kHeads) {
                     const int64_t hn = min(int64_t(kHeads), s.H - hg);
