@@ -183,6 +183,24 @@ TEST(CudaOps, LinearWithANarrowWeightMatchesTheCpu) {
             }
 }
 
+// A narrow weight whose rows are stored apart (as a checkpoint's mapped experts may be) is not one device tensor: the
+// GPU's linear refuses it in one line at both precisions (widened at f32; read in place at bf16), before any launch.
+TEST(CudaOps, ANarrowWeightStoredApartIsAClearError) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 4, IN = 16, OUT = 2;
+    Tensor rows[OUT] = {Tensor(DType::bf16, Shape{1, IN}, Device::cuda),
+                        Tensor(DType::bf16, Shape{1, IN}, Device::cuda)};
+    void* slices[OUT] = {rows[0].view().data, rows[1].view().data};
+    TensorView w = TensorView::stored_apart(slices, DType::bf16, Shape{OUT, IN});
+    w.device = Device::cuda;
+    const Tensor x = test::randn(DType::f32, Shape{N, IN}, 1).to(Device::cuda);
+    Tensor y(DType::f32, Shape{N, OUT}, Device::cuda);
+    for (const auto precision : {ops::GemmPrecision::f32, ops::GemmPrecision::bf16}) {
+        const ops::GemmPrecisionScope scope(precision);
+        test::expect_error([&] { ops::linear_forward({}, x, w, {}, y); }, "linear: w must be contiguous");
+    }
+}
+
 TEST(CudaOps, AdamWMatchesTheCpuOracle) {
     SKIP_WITHOUT_GPU();
     const Shape s{1000, 37};
