@@ -89,10 +89,10 @@ TensorView BufferGroup::view(size_t i) const {
     if (offsets_[i] == kOutside) {
         TESSERA_CHECK(i < outside_.size() && outside_[i], "buffer group {}: \"{}\" was never placed", name_,
                       specs_[i].name);
-        const std::vector<void*>& at = *outside_[i];  // (host memory: a mapped file)
-        return at.size() == 1 && specs_[i].dtype != DType::mxfp4
-                   ? TensorView(at[0], specs_[i].dtype, specs_[i].shape)
-                   : TensorView::stored_apart(at.data(), specs_[i].dtype, specs_[i].shape);
+        const Outside& o = *outside_[i];
+        return o.at.size() == 1 && specs_[i].dtype != DType::mxfp4
+                   ? TensorView(o.at[0], specs_[i].dtype, specs_[i].shape, o.device)
+                   : TensorView::stored_apart(o.at.data(), specs_[i].dtype, specs_[i].shape);
     }
     return TensorView(base() + offsets_[i], specs_[i].dtype, specs_[i].shape, device());
 }
@@ -106,7 +106,32 @@ void BufferGroup::place_outside(size_t i, std::vector<std::byte*> where) {
                   "buffer group {}: \"{}\" {} {} placed in {} pieces (one, or {} per slice)", name_, specs_[i].name,
                   specs_[i].shape.str(), dtype_name(specs_[i].dtype), where.size(), per_slice == 1 ? "one" : "two");
     outside_.resize(specs_.size());
-    outside_[i] = std::make_shared<const std::vector<void*>>(where.begin(), where.end());
+    outside_[i] = std::make_shared<const Outside>(Outside{.at = {where.begin(), where.end()}});
+}
+
+BufferGroup BufferGroup::reading(const BufferGroup& copies) const {
+    BufferGroup r;
+    r.name_ = name_;
+    r.specs_ = specs_;
+    r.offsets_ = offsets_;
+    r.index_ = index_;
+    r.outside_ = outside_;
+    r.outside_.resize(specs_.size());
+    r.nbytes_ = nbytes_;
+    r.borrowed_ = base();
+    r.borrowed_device_ = device();
+    for (size_t i = 0; i < copies.size(); ++i) {
+        const BufferSpec& c = copies.specs_[i];
+        const int j = index_of(c.name);
+        TESSERA_CHECK(j >= 0 && specs_[size_t(j)].shape == c.shape,
+                      "buffer group {}: no buffer \"{}\" {} to read from {}", name_, c.name, c.shape.str(),
+                      copies.name_);
+        const TensorView v = copies.view(i);
+        r.specs_[size_t(j)].dtype = c.dtype;
+        r.offsets_[size_t(j)] = kOutside;
+        r.outside_[size_t(j)] = std::make_shared<const Outside>(Outside{.at = {v.data}, .device = v.device});
+    }
+    return r;
 }
 
 TensorView BufferGroup::view(const std::string& name) const {

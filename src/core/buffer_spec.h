@@ -69,6 +69,10 @@ class BufferGroup {
     // then has its slices stored apart, core/tensor.h; an mxfp4 one two a slice, its packed values and its scales). A
     // frozen weight read in place from a mapped file: the weight budget, train/weight_budget.h.
     void place_outside(size_t i, std::vector<std::byte*> where);
+    // These buffers, but those `copies` holds (by name, of the same shape) read there instead, in its dtype: the views
+    // a model binds when its GEMM weights are read from bf16 copies (train/weight_copies.h). It allocates nothing: a
+    // group of views into both, alive no longer than they are.
+    BufferGroup reading(const BufferGroup& copies) const;
     std::byte* base() const { return borrowed_ ? borrowed_ : block_.data(); }
     Device device() const { return borrowed_ ? borrowed_device_ : block_.device(); }  // where its block lives
     void zero() const;                                                                // all buffers to zero bytes
@@ -81,8 +85,12 @@ class BufferGroup {
     std::vector<BufferSpec> specs_;
     std::vector<size_t> offsets_;
     std::unordered_map<std::string, size_t> index_;
+    struct Outside {
+        std::vector<void*> at;
+        Device device = Device::cpu;  // (place_outside: a mapped file's host memory)
+    };
     // per buffer: where it lives when not in the block (empty: in it), shared so that views outlive copies
-    std::vector<std::shared_ptr<const std::vector<void*>>> outside_;
+    std::vector<std::shared_ptr<const Outside>> outside_;
     size_t nbytes_ = 0;
     ArenaBlock block_;
     std::byte* borrowed_ = nullptr;  // bind(): the caller's memory

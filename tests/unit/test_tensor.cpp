@@ -62,6 +62,33 @@ TEST(Tensor, SlicesStoredApartAreReachedWhereTheyAre) {
     test::expect_error([&] { check_finite(g, "base"); }, "holds nan at index 29");
 }
 
+// A group read with copies (the views a model binds over bf16 weight copies, train/weight_copies.h): the buffers the
+// copies name are read there, in their dtype, the others where the group holds them, the group itself unchanged
+TEST(Tensor, AGroupReadWithCopiesReadsTheNamedBuffersThere) {
+    BufferGroup params(
+        "params", {{"norm", DType::f32, Shape{4}}, {"w", DType::f32, Shape{2, 8}}, {"v", DType::f32, Shape{8, 2}}});
+    params.allocate(std::make_shared<Arena>(1 << 12, kBufferAlign));
+    BufferGroup copies("params.bf16", {{"w", DType::bf16, Shape{2, 8}}});
+    copies.allocate(std::make_shared<Arena>(1 << 12, kBufferAlign));
+    const BufferGroup read = params.reading(copies);
+    EXPECT_EQ(read.view("w").data, copies.view(0).data);
+    EXPECT_EQ(read.view("w").dtype, DType::bf16);
+    EXPECT_EQ(read.view("w").shape, (Shape{2, 8}));
+    EXPECT_EQ(read.view("w").device, copies.device());
+    for (const char* kept : {"norm", "v"}) {
+        EXPECT_EQ(read.view(kept).data, params.view(kept).data) << kept;
+        EXPECT_EQ(read.view(kept).dtype, DType::f32) << kept;
+    }
+    EXPECT_EQ(params.view("w").dtype, DType::f32) << "the held group is unchanged";
+    EXPECT_EQ(params.view("w").data, params.base() + params.offset(1));
+    BufferGroup stray("params.bf16", {{"u", DType::bf16, Shape{2, 8}}}),
+        reshaped("params.bf16", {{"w", DType::bf16, Shape{8, 2}}});
+    stray.allocate(std::make_shared<Arena>(1 << 12, kBufferAlign));
+    reshaped.allocate(std::make_shared<Arena>(1 << 12, kBufferAlign));
+    test::expect_error([&] { (void)params.reading(stray); }, "no buffer \"u\" [2, 8] to read from params.bf16");
+    test::expect_error([&] { (void)params.reading(reshaped); }, "no buffer \"w\" [8, 2]");
+}
+
 TEST(Tensor, Bf16RoundsToNearestEven) {
     EXPECT_EQ(float_to_bf16(1.0f).bits, 0x3f80);
     EXPECT_EQ(bf16_to_float(float_to_bf16(3.140625f)), 3.140625f);  // exactly representable

@@ -69,7 +69,7 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
                      DX.ld);
             });
         }
-        if (dw.defined()) {  // absent for a frozen weight (the only kind that may be bf16)
+        if (dw.defined()) {  // absent for a frozen weight (w is not read: a trained one may be its bf16 copy)
             gemm(Trans::T, Trans::N, DY.cols, X.cols, X.rows, T(1), DY.data, DY.ld, X.data, X.ld, T(1), dw.ptr<T>(),
                  X.cols);
         }

@@ -173,9 +173,10 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
 }
 
 void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw, TensorView db) {
-    if (w.dtype != x.dtype) {  // a frozen weight: no dw; dx += dy[:, o0:o0+n]·w[o0:o0+n] per widened row block
+    // a narrow weight (a frozen base's, or a trained one's bf16 copy: train/weight_copies.h): dx += dy[:, o0:o0+n]·
+    // w[o0:o0+n] per widened row block; dw (f32) does not read w
+    if (w.dtype != x.dtype) {
         check_narrow_weight(x, w);
-        TESSERA_CHECK(!dw.defined(), "linear (CUDA): a {} weight is frozen; it has no gradient", dtype_name(w.dtype));
         const Rows<float> X = rows_of<float>(x, "linear: x"), DY = rows_of<float>(dy, "linear: dy");
         if (dx.defined()) {
             const Rows<float> DX = rows_of<float>(dx, "linear: dx");
@@ -183,6 +184,9 @@ void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, T
                 weight_gemm(false, false, X.cols, X.rows, n, W, wt, X.cols, DY.data + o0, DY.ld, 1.f, DX.data, DX.ld);
             });
         }
+        if (dw.defined())  // dw += dyᵀ·x, as for an f32 weight
+            gemm<float>(false, true, X.cols, DY.cols, X.rows, 1.f, X.data, X.ld, DY.data, DY.ld, 1.f, dw.ptr<float>(),
+                        X.cols);
         if (db.defined())
             check_launch(launch_column_sums<float>(carg<float>(dy, "linear: dy"), db.ptr<float>(),
                                                    column_slabs_scratch<float>(DY.rows, DY.cols, 1), stream()),
