@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "core/device.h"
 #include "core/mxfp4.h"
@@ -466,7 +467,34 @@ size_t Model::workspace_bytes(StepShape max, int num_threads) const {
     return ws;
 }
 
-void Model::bind(const BufferGroup& params,
+std::vector<size_t> Model::copyable_weights() const {
+    std::set<std::string> sliced;  // (a TensorSlice copies its rows of them as the model holds them)
+    for (size_t j = 0; j < blocks_.size(); ++j) {
+        if (!sliced_[j]) continue;
+        std::vector<BufferSpec> specs;
+        std::vector<ParamInit> inits;
+        blocks_[j]->declare_params(specs, inits);
+        for (const BufferSpec& p : specs) sliced.insert(p.name);
+    }
+    auto copyable = [&](const BufferSpec& s) {
+        return s.trainable && s.narrowable && s.dtype == DType::f32 && s.sharding != Sharding::replicated &&
+               s.name != kEmbed && !is_adapter(s.name) && !sliced.contains(s.name);
+    };
+    std::vector<size_t> out;
+    for (size_t i = 0; i < param_specs_.size();) {
+        size_t end = i + 1;  // [i, end): one tensor's parts (fused_next)
+        while (param_specs_[end - 1].fused_next && end < param_specs_.size()) ++end;
+        bool all = true;
+        for (size_t k = i; k < end; ++k)
+            all = all && copyable(param_specs_[k]) &&
+                  (k + 1 == end || dtype_bytes(DType::bf16, param_specs_[k].shape.numel()) % kBufferAlign == 0);
+        for (size_t k = i; k < end && all; ++k) out.push_back(k);
+        i = end;
+    }
+    return out;
+}
+
+void Model::bind(const BufferGroup& params_held,
                  const BufferGroup* grads,
                  const BufferGroup& acts,
                  std::span<std::byte> workspace,
@@ -475,6 +503,9 @@ void Model::bind(const BufferGroup& params,
     max_ = max;
     has_grads_ = grads != nullptr;
     ws_ = workspace;
+    // what the blocks read: the held parameters, some GEMM weights from their bf16 copies (set_weight_copies)
+    const BufferGroup read = weight_copies_ ? params_held.reading(*weight_copies_) : BufferGroup{};
+    const BufferGroup& params = weight_copies_ ? read : params_held;
     if (first_stage()) embed_ = params.view(kEmbed);
     if (last_stage()) {
         norm_f_ = params.view(kNormF);

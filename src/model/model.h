@@ -162,6 +162,14 @@ class Model {
     std::vector<bool> narrowed_blocks(const Recompute& recompute) const;
     size_t workspace_bytes(StepShape max, int num_threads) const;
     int64_t num_params() const;
+    // train.precision = bf16 on a GPU (train/weight_copies.h): the parameters whose every reader is a GEMM that
+    // rounds them to bf16, so a bf16 copy gives the same products: the trained GEMM weights (projections, experts, the
+    // untied head), but the embedding (a lookup reads it whole), the replicated ones (Attention Residuals' queries),
+    // the adapters and a tensor-sliced block's; parts read as one tensor all or none, and only where their copies fall
+    // back to back (bf16 bytes a multiple of 64).
+    std::vector<size_t> copyable_weights() const;
+    // Before bind: the blocks read the parameters `copies` holds (bf16, by name) there instead (null: none).
+    void set_weight_copies(const BufferGroup* copies) { weight_copies_ = copies; }
 
     // grads may be null (inference). The activation group must come from activation_specs(max, recompute).
     void bind(const BufferGroup& params,
@@ -355,6 +363,7 @@ class Model {
     bool image_rows_ready_ = false;   // the tower ran for these images
     bool decoding_ = false;           // decoding caches bound
     std::vector<BufferSpec> param_specs_;
+    const BufferGroup* weight_copies_ = nullptr;  // set_weight_copies
     std::vector<ParamInit> inits_;
     std::vector<bool> trainable_mask_;  // empty: every parameter trains
     std::vector<BufferSpec> trained_specs_;

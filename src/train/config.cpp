@@ -105,6 +105,7 @@ RunConfig parse_run_config(const Json& doc, const std::string& where) {
     c.memory.optimizer_offload = mr.boolean("optimizer_offload", c.memory.optimizer_offload);
     c.memory.offload_dir = mr.text("offload_dir", c.memory.offload_dir);
     c.memory.offload_window_mib = mr.number("offload_window_mib", c.memory.offload_window_mib);
+    c.memory.weight_copies = mr.boolean("weight_copies", c.memory.weight_copies);
     mr.finish();
     ConfigReader on(top.section("monitor"), where + ": monitor");
     MonitorConfig& mon = c.monitor;
@@ -275,7 +276,8 @@ Json to_json(const RunConfig& c) {
                  {{"weights_budget", c.memory.weights_budget},
                   {"optimizer_offload", c.memory.optimizer_offload},
                   {"offload_dir", c.memory.offload_dir},
-                  {"offload_window_mib", c.memory.offload_window_mib}}},
+                  {"offload_window_mib", c.memory.offload_window_mib},
+                  {"weight_copies", c.memory.weight_copies}}},
                 {"monitor", monitor}};
 }
 

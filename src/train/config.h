@@ -107,6 +107,10 @@ struct MemoryConfig {
     bool optimizer_offload = false;
     std::string offload_dir;         // where that file is made (and at once unlinked); empty: the run's directory
     double offload_window_mib = 16;  // how much of each moment the step streams at a time
+    // train.precision = bf16 on a GPU: the trained GEMM weights also held as bf16 copies (2 bytes a parameter),
+    // rounded once per optimizer step and read in place by every GEMM (train/weight_copies.h); false: each GEMM
+    // rounds its f32 weights per call. The same bits either way.
+    bool weight_copies = true;
 };
 
 // Operations (docs/operations.md): the metrics endpoint, the alert rules evaluated every step and what each

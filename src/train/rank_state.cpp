@@ -35,6 +35,7 @@ RankState::RankState(const RunConfig& cfg, const parallel::Mesh* m, int64_t accu
           sharded_over(cfg, m),
           cfg.memory.optimizer_offload ? AdamW::offload_window_elements(cfg.memory.offload_window_mib) : 0),
       sharded(sharded_over(cfg, m)),
+      copy_weights(cfg.memory.weight_copies && cfg.train.device == "cuda" && cfg.train.precision == "bf16"),
       grad_sum(opt, accumulation, sharded) {
     model.set_activation_dtype(cfg.train.activation_dtype);
     if (m && m->pp() > 1)
@@ -49,9 +50,15 @@ void RankState::place(WeightBudget* budget) {
         if (budget) outside = [budget](size_t i) { return budget->where(i); };
         fsdp.emplace(model, opt, grad_sum, outside);
     }
+    if (copy_weights) {
+        copies.emplace(model, [this](size_t i) { return fsdp && fsdp->holds_param(i); });
+        if (copies->empty()) copies.reset();
+    }
+    model.set_weight_copies(copies ? &copies->group() : nullptr);
     extra = {&opt.m(), &opt.v()};
     for (BufferGroup* g : grad_sum.groups()) extra.push_back(g);
     if (pipeline) extra.push_back(&pipeline->group());
+    if (copies) extra.push_back(&copies->group());
     if (fsdp) {
         for (BufferGroup* g : fsdp->groups()) extra.push_back(g);
         placement = fsdp->placement();

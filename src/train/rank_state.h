@@ -15,6 +15,7 @@
 #include "train/grad_sum.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
+#include "train/weight_copies.h"
 
 namespace tessera::train {
 
@@ -24,16 +25,20 @@ struct RankState {
     // mesh null: one process. accumulation: micro-batches per step on this rank (TrainConfig::accumulation).
     RankState(const RunConfig& cfg, const parallel::Mesh* mesh, int64_t accumulation);
     // Once a weight budget (memory.weights_budget, made on `model`) exists or not: FSDP when parallel.fsdp shards
-    // over several ranks, then `extra` and `placement`.
+    // over several ranks, the weight copies, then `extra` and `placement`.
     void place(WeightBudget* budget);
 
     model::Model model;
     AdamW opt;
-    bool sharded = false;  // FSDP
+    bool sharded = false;       // FSDP
+    bool copy_weights = false;  // memory.weight_copies applies (train.device = cuda, train.precision = bf16)
     GradientSum grad_sum;
     std::optional<Fsdp> fsdp;
     std::optional<PipelineStep> pipeline;  // parallel.pipeline > 1
-    std::vector<BufferGroup*> extra;       // the optimizer's, the gradient sum's, FSDP's and the pipeline's groups
+    // memory.weight_copies at train.precision = bf16 on a GPU, when some parameter is copied
+    std::optional<WeightCopies> copies;
+    // the optimizer's, the gradient sum's, FSDP's, the pipeline's and the weight copies' groups
+    std::vector<BufferGroup*> extra;
     std::optional<model::ParamPlacement> placement;
 };
 

@@ -263,6 +263,7 @@ StepResult train_step(model::Model& model,
         opt.update(tc, param_ranges(opt, rt, fsdp), g, r.lr, model.trainable_mask());  // DSA warm-up: indexers only
         opt.share_params(rt.params(), /*fsdp=*/fsdp != nullptr);
         if (fsdp) fsdp->invalidate();
+        if (so.copies) so.copies->refresh();
         // after the step, from the whole step's routing (spec/moe.md §3.1), summed over ranks
         if (ranks > 1)
             model.update_moe_bias([comm](std::span<int64_t> counts) { comm->all_reduce(counts); });
@@ -393,6 +394,7 @@ TrainSummary train(const TrainOptions& opts) {
     model::ModelRuntime rt(model, shape, /*with_grads=*/true, tc.recompute, st.extra,
                            st.placement ? &*st.placement : nullptr, device);
     if (fsdp) fsdp->bind(rt.params(), rt.grads());
+    if (st.copies) st.copies->bind(rt.params());
     PipelineStep* pipeline = st.pipeline ? &*st.pipeline : nullptr;
     if (pipeline) pipeline->bind(model, rt.activations());
     model::HooksPair both(fsdp ? &*fsdp : nullptr, budget ? &*budget : nullptr);
@@ -461,7 +463,8 @@ TrainSummary train(const TrainOptions& opts) {
         }
         if (frozen > 0) state.base_hash = frozen_hash(model, base, ranged, m, hashed);
     }
-    if (budget) budget->trim();  // loading and hashing read the mapped base once
+    if (st.copies) st.copies->refresh();  // from the loaded or initial values
+    if (budget) budget->trim();           // loading and hashing read the mapped base once
     const bool fresh = setup.checkpoint.empty();
     // a fresh run that fails before its first checkpoint leaves nothing
     FreshRunGuard guard(setup.out_dir, fresh && lead);
@@ -529,6 +532,12 @@ TrainSummary train(const TrainOptions& opts) {
                         std::count(copies.begin(), copies.end(), true), copies.size(),
                         tc.recompute.any() ? ", recomputed kinds keep f32" : ""));
     }
+    if (st.copies)
+        note(
+            fmt::format("bf16 weight copies (memory.weight_copies): {} trained GEMM weights, {:.1f} MiB, rounded once "
+                        "a step{}",
+                        st.copies->group().size(), double(st.copies->group().nbytes()) / 0x1p20,
+                        fsdp ? "; what FSDP shards is rounded per GEMM" : ""));
     if (budget) {
         const WeightBudgetStats b = budget->stats();
         note(fmt::format(
@@ -758,7 +767,8 @@ TrainSummary train(const TrainOptions& opts) {
                                   {.skip_nonfinite = true,  // (the nonfinite rule decides: skip, or stop)
                                    .poison = fault.poisons(state.step + 1),
                                    .pipeline = pipeline,
-                                   .tensor = tp});
+                                   .tensor = tp,
+                                   .copies = st.copies ? &*st.copies : nullptr});
         step_span.reset();
         state.step++;
         state.tokens_seen += tokens_per_step;

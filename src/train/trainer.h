@@ -24,6 +24,7 @@
 namespace tessera::train {
 
 class PipelineStep;
+class WeightCopies;
 
 struct TrainOptions {
     std::string config_path;             // empty: the built-in demo config
@@ -66,6 +67,8 @@ struct StepOptions {
     // parallel.tensor: comm's ranks in groups of this many consecutive ones take the same micro-batches (tensor
     // parallelism; each reports the micro-batch's loss, counted once per group)
     int tensor = 1;
+    // memory.weight_copies: refreshed after the update (null: none)
+    const WeightCopies* copies = nullptr;
 };
 
 // Fills a micro-batch's ids and targets and returns its step shape (with document boundaries when

@@ -91,6 +91,13 @@ void expect_close_losses(const std::vector<double>& gpu, const std::vector<doubl
     for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], rtol * std::abs(cpu[i])) << "step " << i + 1;
 }
 
+// The bytes of a run's bf16 weight copies (its memory report's group; 0: none).
+size_t copied_bytes(const train::TrainSummary& s) {
+    for (const model::MemoryReport::Group& g : s.memory.groups)
+        if (g.name == "params.bf16") return g.bytes;
+    return 0;
+}
+
 class CudaTrain : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaTrain, TheModelTrainsOnTheGpuWithTheCpusLosses) {
@@ -210,14 +217,19 @@ TEST(CudaTrain, LoraOnABaseHeldNarrowFineTunesOnTheGpuWithTheCpusLosses) {
 // the first step's loss is the CPU's bf16 one within 1e-5 (1.9e-6 on the emulator; the CPU's bf16 and f32 losses are
 // 5.4e-6 apart: the GEMMs' parity is CudaOps.Bf16GemmsMatchTheCpuOnOperandsRoundedToBf16's to check); then rounding
 // to bf16 amplifies the devices' differences, so the trajectories stay within 3e-3 of each other and within 1e-2 of
-// f32; the model learns; bitwise run to run.
+// f32; the model learns. On the GPU the trained GEMM weights are read from bf16 copies rounded once per step
+// (memory.weight_copies, train/weight_copies.h): a run that rounds them per GEMM instead has the same bits.
 TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
     SKIP_WITHOUT_GPU();
     test::TempDir d;
     const std::vector<std::string> bf16 = {"train.precision=bf16"};
     const train::TrainSummary f32 = run(d, kHybrid, "cpu", "f32"), cpu = run(d, kHybrid, "cpu", "cpu", {}, "", bf16),
                               a = run(d, kHybrid, "cuda", "a", {}, "", bf16),
-                              b = run(d, kHybrid, "cuda", "b", {}, "", bf16);
+                              b = run(d, kHybrid, "cuda", "b", {}, "", {bf16[0], "memory.weight_copies=false"});
+    // at least the routed experts (3 MoE layers of 3 × 8 experts' 32 × 32) and the untied head (258 × 64), in bf16
+    EXPECT_GE(copied_bytes(a), size_t(2 * (3 * 3 * 8 * 32 * 32 + 258 * 64)));
+    EXPECT_EQ(copied_bytes(b), 0u);
+    EXPECT_EQ(a.eval_loss, b.eval_loss);
     ASSERT_EQ(a.losses.size(), 20u);
     std::printf("[ bf16 ] first losses: GPU %.9f, CPU %.9f, CPU f32 %.9f\n", a.losses[0], cpu.losses[0], f32.losses[0]);
     EXPECT_NEAR(a.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
@@ -231,14 +243,19 @@ TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
 
 // train.precision = bf16 on Kimi K3's other pieces: gated GQA's dense attention then runs on tensor cores too (forward,
 // dQ, dK/dV with bf16 operands) where the CPU's stays f32, under recomputed activations and two micro-batches. The
-// first loss is the CPU's bf16 one within 1e-5 (1.5e-6 on the emulator), 10 steps within 1e-3 (8.3e-5 at worst).
+// first loss is the CPU's bf16 one within 1e-5 (1.5e-6 on the emulator), 10 steps within 1e-3 (8.3e-5 at worst). The
+// GEMM weights' bf16 copies, read by recomputed forwards and by both micro-batches, give the bits of rounding per GEMM.
 TEST(CudaTrain, Bf16DenseAttentionTrainsWithTheCpusBf16Losses) {
     SKIP_WITHOUT_GPU();
     test::TempDir d;
     const std::vector<std::string> bf16 = {"train.precision=bf16"};
     const train::TrainSummary cpu = run(d, kResidualsAndCapacity, "cpu", "cpu", 10, "", bf16),
-                              gpu = run(d, kResidualsAndCapacity, "cuda", "gpu", 10, "", bf16);
+                              gpu = run(d, kResidualsAndCapacity, "cuda", "gpu", 10, "", bf16),
+                              per_gemm = run(d, kResidualsAndCapacity, "cuda", "per_gemm", 10, "",
+                                             {bf16[0], "memory.weight_copies=false"});
     ASSERT_EQ(gpu.losses.size(), 10u);
+    EXPECT_GT(copied_bytes(gpu), 0u);
+    EXPECT_EQ(per_gemm.losses, gpu.losses);
     std::printf("[ bf16 gqa ] first losses: GPU %.9f, CPU %.9f\n", gpu.losses[0], cpu.losses[0]);
     EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
     expect_close_losses(gpu.losses, cpu.losses, 1e-3);

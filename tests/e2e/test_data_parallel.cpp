@@ -560,6 +560,22 @@ TEST(CudaDataParallel, RanksOverNcclTrainWithTheCpusLossesAndResumeBitwise) {
     expect_gpu_losses_near(d.file("fsdp"), d.file("cpu"));
     train("zero2", hybrid + gpu + " --set parallel.fsdp=false");
     EXPECT_EQ(losses(d.file("fsdp")), losses(d.file("zero2"))) << "ZeRO-2 and FSDP sum the same bits in the same order";
+    // bf16 GEMMs (memory.weight_copies, train/weight_copies.h): ZeRO-2 reads every trained GEMM weight from its bf16
+    // copy, refreshed after the ranks share the updated ranges; FSDP rounds what it gathers per GEMM (the hybrid's
+    // weights are all its): the same bits. Under expert parallelism with FSDP the experts, each on its rank alone, are
+    // read from copies and the dense weights rounded per GEMM: the bits of rounding all per GEMM.
+    const std::string bf16 = " --set train.precision=bf16", per_gemm = " --set memory.weight_copies=false";
+    const std::string copies = "bf16 weight copies (memory.weight_copies): ";
+    const test::CliResult zero2_bf16 = train("zero2_bf16", hybrid + gpu + bf16 + " --set parallel.fsdp=false"),
+                          fsdp_bf16 = train("fsdp_bf16", hybrid + gpu + bf16);
+    EXPECT_NE(zero2_bf16.out.find(copies), std::string::npos) << zero2_bf16.out;
+    EXPECT_EQ(fsdp_bf16.out.find(copies), std::string::npos) << fsdp_bf16.out;
+    EXPECT_EQ(losses(d.file("fsdp_bf16")), losses(d.file("zero2_bf16")));
+    EXPECT_NE(losses(d.file("fsdp_bf16")), losses(d.file("fsdp"))) << "the GEMMs must round to bf16";
+    const test::CliResult experts_bf16 = train("experts_bf16", experts + gpu + bf16);
+    train("experts_bf16_per_gemm", experts + gpu + bf16 + per_gemm);
+    EXPECT_NE(experts_bf16.out.find("what FSDP shards is rounded per GEMM"), std::string::npos) << experts_bf16.out;
+    EXPECT_EQ(losses(d.file("experts_bf16")), losses(d.file("experts_bf16_per_gemm")));
     train("stages_cpu", stages);
     train("stages_gpu", stages + gpu);
     expect_gpu_losses_near(d.file("stages_gpu"), d.file("stages_cpu"));
