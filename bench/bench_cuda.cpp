@@ -5,7 +5,8 @@
 // memory-bound ones in bytes moved against HBM bandwidth. Attention's and sparse attention's backward count 2.5× their
 // forward FLOPs (FlashAttention-2's count), KDA's forward the Kimi Linear paper's chunk count and its
 // backward twice that; the MoE experts' forward + backward 3 × 6·rows·L·F, next to one dense GEMM of the forward's
-// FLOPs (the bar: grouped ≥ 70% of dense). Peaks default to the H200's (67 TFLOP/s f32, 989 bf16, 4.8 TB/s);
+// FLOPs (the bar: grouped ≥ 70% of dense), at bf16 both with f32 weights rounded per call and with the bf16
+// weights training reads (memory.weight_copies). Peaks default to the H200's (67 TFLOP/s f32, 989 bf16, 4.8 TB/s);
 // --f32-tflops, --bf16-tflops and --hbm-tbs override them. Prints a markdown table (bench/RESULTS.md), row by row.
 #include <algorithm>
 #include <array>
@@ -312,10 +313,23 @@ int main(int argc, char** argv) {
                dc = gpu_zeros(Shape{R, 3 * F});
         Tensor x = gpu_random(Shape{N, L}, 46), dye = gpu_random(Shape{R, L}, 47);
         const std::vector<float> gates(size_t(R), 1.0f / float(K));
-        for (const bool bf16 : {false, true}) {  // f32, then train.precision = bf16 against the bf16 peak
+        // the weights as training at bf16 reads them: the experts' bf16 copies (memory.weight_copies), not rounded per
+        // call; the dense GEMM's weight likewise
+        auto narrow = [](const Tensor& t) {
+            Tensor n(DType::bf16, t.shape(), Device::cuda);
+            ops::cast(t.view(), n.view());
+            return n;
+        };
+        const Tensor wg16 = narrow(wg), wu16 = narrow(wu), wd16 = narrow(wd), db16 = narrow(db);
+        const ops::MoeWeights w16{.router_w = router_w, .w_gate = wg16, .w_up = wu16, .w_down = wd16};
+        // f32; train.precision = bf16 rounding the f32 weights per call; bf16 with the weights' copies (against the
+        // bf16 peak)
+        for (const int mode : {0, 1, 2}) {
+            const bool bf16 = mode > 0, copies = mode == 2;
             const ops::GemmPrecisionScope precision(bf16 ? ops::GemmPrecision::bf16 : ops::GemmPrecision::f32);
-            const std::string tag = bf16 ? " bf16" : "";
-            const double dense_ms = median_ms([&] { ops::linear_forward({}, da, db, {}, dc); });
+            const std::string tag = !bf16 ? "" : copies ? " bf16, bf16 weights" : " bf16";
+            const double dense_ms =
+                median_ms([&] { ops::linear_forward({}, da, copies ? db16.view() : db.view(), {}, dc); });
             report({"dense GEMM (the MoE forward's FLOPs)" + tag, fmt::format("{} x {} -> {}", R, L, 3 * F), "forward",
                     dense_ms, fwd, true, bf16});
             for (const bool zipf : {false, true}) {
@@ -329,9 +343,9 @@ int main(int argc, char** argv) {
                     copy_bytes(sc.ye.data, Device::cuda, dye.view().data, Device::cuda, dye.view().nbytes());
                 };
                 const double both = median_ms([&] {
-                    ops::moe_experts_forward(p, w, sv, sc);
+                    ops::moe_experts_forward(p, copies ? w16 : w, sv, sc);
                     set_dye();
-                    ops::moe_experts_backward(p, w, gr, sv, sc);
+                    ops::moe_experts_backward(p, copies ? w16 : w, gr, sv, sc);
                 });
                 const double copy = median_ms(set_dye);
                 report({"moe experts (grouped GEMMs)" + tag,

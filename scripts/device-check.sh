@@ -18,8 +18,8 @@
 #                                  minutes
 #   scripts/device-check.sh profile there: the demo's GPU step with blocking launches and a trace, its spans summed
 #                                  ($OUT/profile.md, trace.json)
-#   scripts/device-check.sh bench   there: the dense bench model's and the ~1B hybrid's training on the GPU, then
-#                                  bench_cuda
+#   scripts/device-check.sh bench   there: the dense bench model's and the ~1B hybrid's training on the GPU (COPIES_AB=1:
+#                                  the hybrid again without bf16 weight copies), then bench_cuda
 #   scripts/device-check.sh sanitize there: the tests of the kernels that share memory between warps (tensor cores,
 #                                  sparse attention, KDA's chunks, the indexer) under compute-sanitizer's racecheck and
 #                                  synccheck, which the emulator cannot do ($OUT/sanitize.md)
@@ -301,7 +301,7 @@ PY
 bench() {
     local out b
     setup
-    rm -rf /tmp/bench_dense /tmp/hybrid_1b
+    rm -rf /tmp/bench_dense /tmp/hybrid_1b /tmp/hybrid_1b_per_gemm
     timeout 120 "$b/bin/tessera" train --config configs/bench_dense.json --steps 12 --out /tmp/bench_dense \
         --set train.device=cuda --set train.log_interval=4 --set train.eval_interval=0 \
         --set train.checkpoint_interval=0 2>&1 | grep -E "^tessera:|^step|GEMM rate" | tee "$out/bench_dense.log"
@@ -309,6 +309,11 @@ bench() {
     timeout 200 "$b/bin/tessera" train --config configs/hybrid_1b.json --steps "${HYBRID_STEPS:-6}" \
         --out /tmp/hybrid_1b --set train.device=cuda 2>&1 | grep -E "^tessera:|^step|GEMM rate|memory|arena" |
         tee "$out/hybrid_1b.log"
+    if [ "${COPIES_AB:-0}" = 1 ]; then  # the same without the GEMM weights' bf16 copies (rounded per GEMM call)
+        timeout 200 "$b/bin/tessera" train --config configs/hybrid_1b.json --steps "${HYBRID_STEPS:-6}" \
+            --out /tmp/hybrid_1b_per_gemm --set train.device=cuda --set memory.weight_copies=false 2>&1 |
+            grep -E "^tessera:|^step|GEMM rate|memory|arena" | tee "$out/hybrid_1b_per_gemm.log"
+    fi
     timeout 240 "$b/bin/bench_cuda" | tee "$out/bench_cuda.md" || true
 }
 
