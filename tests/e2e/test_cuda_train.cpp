@@ -91,6 +91,15 @@ void expect_close_losses(const std::vector<double>& gpu, const std::vector<doubl
     for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], rtol * std::abs(cpu[i])) << "step " << i + 1;
 }
 
+// Two GPU runs whose GEMMs take the same bf16 operands, some read in place (weight copies, memory.weight_copies) or
+// from per-call copies: the same bits on the emulator; a GPU's cuBLAS may pick another kernel for another leading
+// dimension or alignment, so there within 1e-3 (its bound against the CPU).
+void expect_same_operands_losses(const train::TrainSummary& a, const train::TrainSummary& b) {
+    if (!cuda_emulated()) return expect_close_losses(a.losses, b.losses, 1e-3);
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_EQ(a.eval_loss, b.eval_loss);
+}
+
 // The bytes of a run's bf16 weight copies (its memory report's group; 0: none).
 size_t copied_bytes(const train::TrainSummary& s) {
     for (const model::MemoryReport::Group& g : s.memory.groups)
@@ -218,7 +227,8 @@ TEST(CudaTrain, LoraOnABaseHeldNarrowFineTunesOnTheGpuWithTheCpusLosses) {
 // 5.4e-6 apart: the GEMMs' parity is CudaOps.Bf16GemmsMatchTheCpuOnOperandsRoundedToBf16's to check); then rounding
 // to bf16 amplifies the devices' differences, so the trajectories stay within 3e-3 of each other and within 1e-2 of
 // f32; the model learns. On the GPU the trained GEMM weights are read from bf16 copies rounded once per step
-// (memory.weight_copies, train/weight_copies.h): a run that rounds them per GEMM instead has the same bits.
+// (memory.weight_copies, train/weight_copies.h): a run that rounds them per GEMM instead has the same bits on the
+// emulator (the same operands; run to run too).
 TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
     SKIP_WITHOUT_GPU();
     test::TempDir d;
@@ -229,7 +239,7 @@ TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
     // at least the routed experts (3 MoE layers of 3 × 8 experts' 32 × 32) and the untied head (258 × 64), in bf16
     EXPECT_GE(copied_bytes(a), size_t(2 * (3 * 3 * 8 * 32 * 32 + 258 * 64)));
     EXPECT_EQ(copied_bytes(b), 0u);
-    EXPECT_EQ(a.eval_loss, b.eval_loss);
+    expect_same_operands_losses(a, b);
     ASSERT_EQ(a.losses.size(), 20u);
     std::printf("[ bf16 ] first losses: GPU %.9f, CPU %.9f, CPU f32 %.9f\n", a.losses[0], cpu.losses[0], f32.losses[0]);
     EXPECT_NEAR(a.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
@@ -237,7 +247,6 @@ TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
     expect_close_losses(a.losses, cpu.losses, 3e-3);
     expect_close_losses(cpu.losses, f32.losses, 1e-2);
     EXPECT_LT(a.losses.back(), a.losses.front() - 0.3) << "the model must learn";
-    for (size_t i = 0; i < b.losses.size(); ++i) EXPECT_EQ(b.losses[i], a.losses[i]) << "step " << i + 1;
     EXPECT_EQ(ops::gemm_precision(), ops::GemmPrecision::f32) << "the runs restore f32";
 }
 
@@ -255,7 +264,7 @@ TEST(CudaTrain, Bf16DenseAttentionTrainsWithTheCpusBf16Losses) {
                                              {bf16[0], "memory.weight_copies=false"});
     ASSERT_EQ(gpu.losses.size(), 10u);
     EXPECT_GT(copied_bytes(gpu), 0u);
-    EXPECT_EQ(per_gemm.losses, gpu.losses);
+    expect_same_operands_losses(per_gemm, gpu);
     std::printf("[ bf16 gqa ] first losses: GPU %.9f, CPU %.9f\n", gpu.losses[0], cpu.losses[0]);
     EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
     expect_close_losses(gpu.losses, cpu.losses, 1e-3);

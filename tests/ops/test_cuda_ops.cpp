@@ -1482,6 +1482,62 @@ TEST(CudaOps, MoeWithFrozenExpertsHeldNarrowMatchesTheCpu) {
     }
 }
 
+// The routed experts' products alone at train.precision = bf16, the rows dispatched alike on both devices (so nothing
+// upstream differs): the GPU rounds the dispatched rows, the output's gradient and the gate/up gradient once each for
+// the grouped GEMMs that read them (two, two and four), the CPU per product; the same operands, so the outputs and
+// every gradient agree to f32 rounding of the sums' order, and the products are not the f32 ones.
+TEST(CudaOps, MoeExpertProductsAtBf16MatchTheCpu) {
+    SKIP_WITHOUT_GPU();
+    const int64_t N = 48, E = 6, K = 2, F = 24, L = 40, R = N * K;
+    ops::MoeParams p;
+    p.router.topk = K;
+    std::vector<int32_t> expert(static_cast<size_t>(R));
+    for (int64_t i = 0; i < R; ++i) expert[size_t(i)] = int32_t((i / K * 5 + i % K) % E);  // a token's k apart
+    const std::vector<float> gates(size_t(R), 1.0f / float(K));
+    const Tensor x = test::randn(DType::f32, Shape{N, L}, 61), dye = test::randn(DType::f32, Shape{R, L}, 62),
+                 wg = test::randn(DType::f32, Shape{E, F, L}, 63, 0.1),
+                 wu = test::randn(DType::f32, Shape{E, F, L}, 64, 0.1),
+                 wd = test::randn(DType::f32, Shape{E, L, F}, 65, 0.1);
+    // ye (the output rows), dxe and the three weight gradients
+    auto run = [&](Device device, ops::GemmPrecision precision) {
+        const ops::GemmPrecisionScope scope(precision);
+        const Tensor rw(DType::f32, Shape{E, L}, device), g = wg.to(device), u = wu.to(device), dw = wd.to(device),
+                                                          xs = x.to(device);
+        Tensor dg(DType::f32, wg.shape(), device), du(DType::f32, wu.shape(), device),
+            dd(DType::f32, wd.shape(), device), drw(DType::f32, Shape{E, L}, device);
+        const ops::MoeWeights w{.router_w = rw, .w_gate = g, .w_up = u, .w_down = dw};
+        const ops::MoeWeights gr{.router_w = drw, .w_gate = dg, .w_up = du, .w_down = dd};
+        const ops::MoeDims d = ops::moe_dims(p, w, N);
+        std::vector<BufferSpec> specs;
+        ops::moe_saved_specs(d, DType::f32, "", specs);
+        ops::moe_scratch_specs(d, DType::f32, "", specs);
+        BufferGroup buffers("moe", specs);
+        buffers.allocate(std::make_shared<Arena>(predict_arena_bytes({&buffers}, 256), 256, device));
+        const ops::MoeSaved sv = ops::moe_bind_saved(d, buffers, "");
+        const ops::MoeScratch sc = ops::moe_bind_scratch(d, buffers, "");
+        copy_bytes(sv.expert.data, device, expert.data(), Device::cpu, expert.size() * sizeof(int32_t));
+        copy_bytes(sv.gates.data, device, gates.data(), Device::cpu, gates.size() * sizeof(float));
+        ops::moe_build_layout(sv, N);
+        ops::moe_dispatch(sv, xs, sv.xe);
+        ops::moe_experts_forward(p, w, sv, sc);
+        std::vector<Tensor> out;
+        out.push_back(Tensor::copy_of(sc.ye.slice0(0, R)).to(Device::cpu));
+        copy_bytes(sc.ye.data, device, dye.view().data, Device::cpu, dye.view().nbytes());
+        ops::moe_experts_backward(p, w, gr, sv, sc);
+        for (const TensorView& t : {sc.dxe.slice0(0, R), dg.view(), du.view(), dd.view()})
+            out.push_back(Tensor::copy_of(t).to(Device::cpu));
+        return out;
+    };
+    const std::vector<Tensor> gpu = run(Device::cuda, ops::GemmPrecision::bf16),
+                              cpu = run(Device::cpu, ops::GemmPrecision::bf16),
+                              f32 = run(Device::cpu, ops::GemmPrecision::f32);
+    const char* names[] = {"ye", "dxe", "dw_gate", "dw_up", "dw_down"};
+    for (size_t i = 0; i < gpu.size(); ++i) {
+        EXPECT_TRUE(test::rel_rms_close(gpu[i], cpu[i], 1e-5)) << names[i];
+        EXPECT_FALSE(test::rel_rms_close(gpu[i], f32[i], 1e-4)) << names[i] << " must be a product of bf16 operands";
+    }
+}
+
 TEST(CudaOps, DsaAllCandidatesMatchTheCpuOnPackedSequences) {
     SKIP_WITHOUT_GPU();
     const std::vector<int64_t> cu{0, 1, 17, 40};

@@ -313,18 +313,20 @@ void GemmGroup<T>::add_rows(Trans ta,
                             int64_t N,
                             int64_t K,
                             T alpha,
-                            const T* a,
+                            const void* a,
                             int64_t lda,
                             const void* b,
                             int64_t ldb,
                             T beta,
                             T* c,
                             int64_t ldc,
-                            DType b_type) {
+                            DType b_type,
+                            DType a_type) {
     if (M == 0 || N == 0) return;
-    TESSERA_CHECK(b_type == dtype_of<T>() || (b_type == DType::bf16 && gemm_precision() == GemmPrecision::bf16),
-                  "a grouped GEMM takes {} operands (bf16 ones at GemmPrecision::bf16), not {}",
-                  dtype_name(dtype_of<T>()), dtype_name(b_type));
+    for (const DType t : {a_type, b_type})
+        TESSERA_CHECK(t == dtype_of<T>() || (t == DType::bf16 && gemm_precision() == GemmPrecision::bf16),
+                      "a grouped GEMM takes {} operands (bf16 ones at GemmPrecision::bf16), not {}",
+                      dtype_name(dtype_of<T>()), dtype_name(t));
     // row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B first (gemm_rows' mapping)
     ta_.push_back(tb == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N);
     tb_.push_back(ta == Trans::T ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -339,6 +341,7 @@ void GemmGroup<T>::add_rows(Trans ta,
     beta_.push_back(beta);
     a_.push_back(b);
     a_bf16_.push_back(b_type == DType::bf16);
+    b_bf16_.push_back(a_type == DType::bf16);
     b_.push_back(a);
     c_.push_back(c);
 }
@@ -356,13 +359,13 @@ void GemmGroup<T>::run() {
                 Bf16Operands& copies = bf16_operands();
                 std::vector<int64_t>& at = offsets_;
                 at.clear();
-                for (int p = 0; p < count; ++p) {  // a bf16 A (a weight held narrow) stays in place: offset −1
+                for (int p = 0; p < count; ++p) {  // a bf16 operand (a narrow weight, rounded rows) stays in place: −1
                     const Runs ra = runs_of(ta_[p] == CUBLAS_OP_T, m_[p], k_[p]),
                                rb = runs_of(tb_[p] == CUBLAS_OP_T, k_[p], n_[p]);
                     at.push_back(a_bf16_[size_t(p)] ? -1 : copies.add(static_cast<const float*>(a_[p]), ra, lda_[p]));
-                    at.push_back(copies.add(static_cast<const float*>(b_[p]), rb, ldb_[p]));
+                    at.push_back(b_bf16_[size_t(p)] ? -1 : copies.add(static_cast<const float*>(b_[p]), rb, ldb_[p]));
                     if (!a_bf16_[size_t(p)]) lda_[p] = blas_int(ra.ld, "lda");
-                    ldb_[p] = blas_int(rb.ld, "ldb");
+                    if (!b_bf16_[size_t(p)]) ldb_[p] = blas_int(rb.ld, "ldb");
                 }
                 const uint16_t* values = copies.round();
                 std::vector<const void*>& ptrs = bf16_ptrs_;
@@ -371,7 +374,10 @@ void GemmGroup<T>::run() {
                     const int64_t o = at[size_t(2 * p)];
                     ptrs.push_back(o < 0 ? a_[size_t(p)] : values + o);
                 }
-                for (int p = 0; p < count; ++p) ptrs.push_back(values + at[size_t(2 * p + 1)]);
+                for (int p = 0; p < count; ++p) {
+                    const int64_t o = at[size_t(2 * p + 1)];
+                    ptrs.push_back(o < 0 ? b_[size_t(p)] : values + o);
+                }
                 const void* const* A = upload(base, std::span<const void* const>(ptrs.data(), size_t(count)));
                 const void* const* B =
                     upload(base + bytes, std::span<const void* const>(ptrs.data() + count, size_t(count)));
@@ -414,6 +420,7 @@ void GemmGroup<T>::run() {
     beta_.clear();
     a_.clear();
     a_bf16_.clear();
+    b_bf16_.clear();
     b_.clear();
     c_.clear();
 }

@@ -187,14 +187,15 @@ class GemmGroup {
                   int64_t N,
                   int64_t K,
                   T alpha,
-                  const T* a,
+                  const void* a,
                   int64_t lda,
                   const void* b,
                   int64_t ldb,
                   T beta,
                   T* c,
                   int64_t ldc,
-                  DType b_type = dtype_of<T>());  // bf16: in place, at GemmPrecision::bf16 only (gemm_bf16)
+                  DType b_type = dtype_of<T>(),   // bf16: in place, at GemmPrecision::bf16 only (gemm_bf16)
+                  DType a_type = dtype_of<T>());  // the same
     void run();
 
   private:
@@ -205,21 +206,37 @@ class GemmGroup {
     std::vector<int> m_, n_, k_, lda_, ldb_, ldc_, size_;
     std::vector<T> alpha_, beta_;
     std::vector<const void*> a_, b_;
-    std::vector<uint8_t> a_bf16_;  // per problem: a_ (the row-major B) is bf16, read in place
+    std::vector<uint8_t> a_bf16_, b_bf16_;  // per problem: a_ (the row-major B), b_ (A) is bf16, read in place
     std::vector<T*> c_;
+};
+
+// Row `row` of a row-major matrix of `type` values (ld apart) at x.
+inline const void* row_at(const void* x, DType type, int64_t row, int64_t ld) {
+    return static_cast<const std::byte*>(x) + dtype_bytes(type, row * ld);
+}
+
+// A grouped GEMM's row operand: T values, or bf16 ones (rounded already, read in place at GemmPrecision::bf16: the
+// expert GEMMs' activations rounded once for several products, ops/cuda/moe_ops.cpp).
+struct GroupOperand {
+    template <class T>
+    GroupOperand(const T* p) : data(p), type(dtype_of<T>()) {}  // NOLINT: T values as they are
+    GroupOperand(const void* p, DType t) : data(p), type(t) {}
+    GroupOperand at(int64_t elements) const { return {row_at(data, type, elements, 1), type}; }
+    const void* data;
+    DType type;
 };
 
 // The two grouped kinds of ops/grouped_gemm.h over experts' rows (offsets on the host), each one grouped-batched
 // cuBLAS call: C[rows_e] = alpha·A[rows_e]·op(B_e) + beta·C (B_e = B + e·b_stride), and C_e += A[rows_e]ᵀ·B[rows_e]
 // (C_e = C + e·c_stride; experts without rows are skipped).
-// B's experts may be bf16 (b_type; in place at GemmPrecision::bf16).
+// B's experts and the rows may be bf16 (in place at GemmPrecision::bf16).
 template <class T>
 void grouped_rows(Trans tb,
                   const ExpertRows& g,
                   int64_t N,
                   int64_t K,
                   T alpha,
-                  const T* A,
+                  GroupOperand A,
                   int64_t lda,
                   const void* B,
                   int64_t b_stride,
@@ -229,12 +246,10 @@ void grouped_rows(Trans tb,
                   int64_t ldc,
                   DType b_type = dtype_of<T>()) {
     thread_local GemmGroup<T> group;
-    const size_t expert_bytes = dtype_bytes(b_type, b_stride);
     for (int64_t e = 0; e < g.experts; ++e) {
         const int64_t o = g.offsets[e], n = g.offsets[e + 1] - o;
-        group.add_rows(Trans::N, tb, n, N, K, alpha, A + o * lda, lda,
-                       static_cast<const std::byte*>(B) + size_t(e) * expert_bytes, ldb, beta, C + o * ldc, ldc,
-                       b_type);
+        group.add_rows(Trans::N, tb, n, N, K, alpha, row_at(A.data, A.type, o, lda), lda,
+                       row_at(B, b_type, e, b_stride), ldb, beta, C + o * ldc, ldc, b_type, A.type);
     }
     group.run();
 }
@@ -242,9 +257,9 @@ template <class T>
 void grouped_wgrad(const ExpertRows& g,
                    int64_t M,
                    int64_t N,
-                   const T* A,
+                   GroupOperand A,
                    int64_t lda,
-                   const T* B,
+                   GroupOperand B,
                    int64_t ldb,
                    T* C,
                    int64_t c_stride,
@@ -253,8 +268,8 @@ void grouped_wgrad(const ExpertRows& g,
     for (int64_t e = 0; e < g.experts; ++e) {
         const int64_t o = g.offsets[e], n = g.offsets[e + 1] - o;
         if (n > 0)
-            group.add_rows(Trans::T, Trans::N, M, N, n, T(1), A + o * lda, lda, B + o * ldb, ldb, T(1),
-                           C + e * c_stride, ldc);
+            group.add_rows(Trans::T, Trans::N, M, N, n, T(1), row_at(A.data, A.type, o, lda), lda,
+                           row_at(B.data, B.type, o, ldb), ldb, T(1), C + e * c_stride, ldc, B.type, A.type);
     }
     group.run();
 }

@@ -7,6 +7,7 @@
 // the capacity's experts), each waiting for the stream, happen once per forward; the expert passes wait for nothing.
 // (The experts' adapters go to this backend's LoRA entry points directly: the layer declared their shapes.)
 #include <algorithm>
+#include <array>
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/entry_util.h"
@@ -60,7 +61,7 @@ void expert_gemm(Trans tb,
                  const ExpertRows& g,
                  int64_t N,
                  int64_t K,
-                 const T* A,
+                 GroupOperand A,
                  int64_t lda,
                  const TensorView& w,
                  int64_t ldb,
@@ -90,6 +91,22 @@ void expert_gemm(Trans tb,
         TESSERA_FAIL("moe: experts held in {} run with f32 rows, not {}", dtype_name(w.dtype),
                      dtype_name(dtype_of<T>()));
     }
+}
+
+// At GemmPrecision::bf16 (T = float): x's first `count` values (rows of the experts' products) rounded to bf16 once,
+// into the thread's buffer `slot`, for the several grouped GEMMs that read them (each would round its operands into
+// copies of its own: the same values, per call); else x as it is. A slot holds one tensor at a time.
+template <class T>
+GroupOperand rounded_once(const T* x, int64_t count, int slot) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (gemm_precision() == GemmPrecision::bf16 && count > 0) {
+            thread_local std::array<GrowBuffer, 3> buffers;
+            auto* dst = static_cast<uint16_t*>(buffers[size_t(slot)].reserve(2 * size_t(count)));
+            check_launch(launch_narrow_bf16(x, count, dst, stream()), "moe: expert rows to bf16");
+            return {dst, DType::bf16};
+        }
+    }
+    return x;
 }
 
 void expert_lora_forward(
@@ -167,7 +184,7 @@ void moe_experts_forward(const MoeParams& p, const MoeWeights& w, const MoeSaved
     const ExpertRows g = expert_rows(s);
     const int64_t R = g.offsets[g.experts], F = w.w_gate.size(1), L = w.w_gate.size(2);
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
-        const T* xe = s.xe.ptr<T>();
+        const GroupOperand xe = rounded_once(s.xe.ptr<T>(), R * L, 0);  // (read by two products)
         T *h = s.h.ptr<T>(), *a = s.a.ptr<T>();
         expert_gemm<T>(Trans::T, g, F, L, xe, L, w.w_gate, L, T(0), h, 2 * F);
         expert_gemm<T>(Trans::T, g, F, L, xe, L, w.w_up, L, T(0), h + F, 2 * F);
@@ -187,7 +204,8 @@ void moe_experts_backward(
     const ExpertRows g = expert_rows(s);
     const int64_t R = g.offsets[g.experts], F = w.w_gate.size(1), L = w.w_gate.size(2);
     dispatch_float(s.xe.dtype, "moe", [&]<class T>(T) {
-        const T *dye = t.ye.ptr<T>(), *xe = s.xe.ptr<T>();
+        // at bf16, dye, dh and xe rounded once each for the products that read them (two, four, two)
+        const GroupOperand dye = rounded_once(t.ye.ptr<T>(), R * L, 0);
         T *da = t.da.ptr<T>(), *dh = t.dh.ptr<T>(), *dxe = t.dxe.ptr<T>();
         expert_gemm<T>(Trans::N, g, F, L, dye, L, w.w_down, F, T(0), da, F);
         if (gw.w_down.defined())  // absent: frozen experts
@@ -197,10 +215,14 @@ void moe_experts_backward(
         check_launch(launch_moe_gated_act_backward<T>(situ(p), p.situ.beta, p.situ.linear_beta, s.h.ptr<T>(), da,
                                                       s.row_gate.ptr<T>(), t.row_dot.ptr<T>(), dh, R, F, stream()),
                      "moe experts backward");
-        expert_gemm<T>(Trans::N, g, L, F, dh, 2 * F, w.w_gate, L, T(0), dxe, L);
-        expert_gemm<T>(Trans::N, g, L, F, dh + F, 2 * F, w.w_up, L, T(1), dxe, L);
-        if (gw.w_gate.defined()) grouped_wgrad<T>(g, F, L, dh, 2 * F, xe, L, gw.w_gate.ptr<T>(), F * L, L);
-        if (gw.w_up.defined()) grouped_wgrad<T>(g, F, L, dh + F, 2 * F, xe, L, gw.w_up.ptr<T>(), F * L, L);
+        const GroupOperand dh16 = rounded_once(static_cast<const T*>(dh), R * 2 * F, 1);
+        expert_gemm<T>(Trans::N, g, L, F, dh16, 2 * F, w.w_gate, L, T(0), dxe, L);
+        expert_gemm<T>(Trans::N, g, L, F, dh16.at(F), 2 * F, w.w_up, L, T(1), dxe, L);
+        if (gw.w_gate.defined() || gw.w_up.defined()) {
+            const GroupOperand xe = rounded_once(s.xe.ptr<T>(), R * L, 2);
+            if (gw.w_gate.defined()) grouped_wgrad<T>(g, F, L, dh16, 2 * F, xe, L, gw.w_gate.ptr<T>(), F * L, L);
+            if (gw.w_up.defined()) grouped_wgrad<T>(g, F, L, dh16.at(F), 2 * F, xe, L, gw.w_up.ptr<T>(), F * L, L);
+        }
         const TensorView xr = s.xe.slice0(0, R), dhr = t.dh.slice0(0, R), dxr = t.dxe.slice0(0, R);
         expert_lora_backward(p, g, w.lora.w_gate, gw.lora.w_gate, xr, dhr.columns(0, F), dxr, t);
         expert_lora_backward(p, g, w.lora.w_up, gw.lora.w_up, xr, dhr.columns(F, F), dxr, t);
