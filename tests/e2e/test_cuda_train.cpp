@@ -253,18 +253,22 @@ TEST(CudaTrain, Bf16GemmsTrainWithTheCpusBf16Losses) {
 // train.precision = bf16 on Kimi K3's other pieces: gated GQA's dense attention then runs on tensor cores too (forward,
 // dQ, dK/dV with bf16 operands) where the CPU's stays f32, under recomputed activations and two micro-batches. The
 // first loss is the CPU's bf16 one within 1e-5 (1.5e-6 on the emulator), 10 steps within 1e-3 (8.3e-5 at worst). The
-// GEMM weights' bf16 copies, read by recomputed forwards and by both micro-batches, give the bits of rounding per GEMM.
+// GEMM weights' bf16 copies, read by recomputed forwards and by both micro-batches, give the bits of rounding per GEMM;
+// a run resumed from the step-5 checkpoint rounds them from the loaded weights: the uninterrupted run's bits.
 TEST(CudaTrain, Bf16DenseAttentionTrainsWithTheCpusBf16Losses) {
     SKIP_WITHOUT_GPU();
     test::TempDir d;
     const std::vector<std::string> bf16 = {"train.precision=bf16"};
     const train::TrainSummary cpu = run(d, kResidualsAndCapacity, "cpu", "cpu", 10, "", bf16),
-                              gpu = run(d, kResidualsAndCapacity, "cuda", "gpu", 10, "", bf16),
+                              gpu = run(d, kResidualsAndCapacity, "cuda", "gpu", 10, "",
+                                        {bf16[0], "train.checkpoint_interval=5"}),
                               per_gemm = run(d, kResidualsAndCapacity, "cuda", "per_gemm", 10, "",
-                                             {bf16[0], "memory.weight_copies=false"});
+                                             {bf16[0], "memory.weight_copies=false"}),
+                              resumed = resume_copy(d, "gpu", 5, "cuda", "resumed");
     ASSERT_EQ(gpu.losses.size(), 10u);
     EXPECT_GT(copied_bytes(gpu), 0u);
     expect_same_operands_losses(per_gemm, gpu);
+    EXPECT_EQ(resumed.losses, std::vector<double>(gpu.losses.begin() + 5, gpu.losses.end()));
     std::printf("[ bf16 gqa ] first losses: GPU %.9f, CPU %.9f\n", gpu.losses[0], cpu.losses[0]);
     EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-5 * cpu.losses[0]);
     expect_close_losses(gpu.losses, cpu.losses, 1e-3);

@@ -576,6 +576,15 @@ TEST(CudaDataParallel, RanksOverNcclTrainWithTheCpusLossesAndResumeBitwise) {
     train("experts_bf16_per_gemm", experts + gpu + bf16 + per_gemm);
     EXPECT_NE(experts_bf16.out.find("what FSDP shards is rounded per GEMM"), std::string::npos) << experts_bf16.out;
     EXPECT_EQ(losses(d.file("experts_bf16")), losses(d.file("experts_bf16_per_gemm")));
+    // pipeline stages (each its own weights' copies), and tensor parallelism (its sliced attention blocks rounding per
+    // GEMM, the rest from copies)
+    const std::string sliced = hybrid + " --set model.n_kv_heads=2 --set parallel.tensor=2";
+    for (const auto& [name, sets] : {std::pair{"stages_bf16", stages}, std::pair{"tensor_bf16", sliced}}) {
+        const test::CliResult r = train(name, sets + gpu + bf16 + " --set parallel.fsdp=false");
+        EXPECT_NE(r.out.find(copies), std::string::npos) << r.out;
+        train(name + std::string("_per_gemm"), sets + gpu + bf16 + " --set parallel.fsdp=false" + per_gemm);
+        EXPECT_EQ(losses(d.file(name)), losses(d.file(name + std::string("_per_gemm")))) << name;
+    }
     train("stages_cpu", stages);
     train("stages_gpu", stages + gpu);
     expect_gpu_losses_near(d.file("stages_gpu"), d.file("stages_cpu"));
