@@ -133,22 +133,34 @@ void with_narrow_weight(const TensorView& w, F&& fn) {
         fn(o0, n, static_cast<const void*>(wide), to);
     }
 }
-// gemm<float> on f32 operands; gemm_bf16 where the weight W (f32 or bf16) is bf16.
-void weight_gemm(bool ta,
-                 bool tb,
-                 int64_t m,
-                 int64_t n,
-                 int64_t k,
-                 const void* W,
-                 DType w_type,
-                 int64_t ldw,
-                 const float* b,
-                 int64_t ldb,
-                 float beta,
-                 float* c,
-                 int64_t ldc) {
-    if (w_type == DType::bf16) return gemm_bf16(ta, tb, m, n, k, 1.f, W, w_type, ldw, b, DType::f32, ldb, beta, c, ldc);
-    gemm<float>(ta, tb, m, n, k, 1.f, static_cast<const float*>(W), ldw, b, ldb, beta, c, ldc);
+// gemm<float> on f32 operands; gemm_bf16 where an operand (a weight, rows rounded already) is bf16.
+void operand_gemm(bool ta,
+                  bool tb,
+                  int64_t m,
+                  int64_t n,
+                  int64_t k,
+                  GroupOperand a,
+                  int64_t lda,
+                  GroupOperand b,
+                  int64_t ldb,
+                  float beta,
+                  float* c,
+                  int64_t ldc) {
+    if (a.type == DType::bf16 || b.type == DType::bf16)
+        return gemm_bf16(ta, tb, m, n, k, 1.f, a.data, a.type, lda, b.data, b.type, ldb, beta, c, ldc);
+    gemm<float>(ta, tb, m, n, k, 1.f, static_cast<const float*>(a.data), lda, static_cast<const float*>(b.data), ldb,
+                beta, c, ldc);
+}
+// A linear's dy as its backward's GEMMs read it: at GemmPrecision::bf16, when both products read it (dx and dw) and its
+// rows are one block, rounded to bf16 once into the thread's buffer for both (each would round a copy of its own);
+// else as it is. With where its rows start apart.
+std::pair<GroupOperand, int64_t> dy_operand(const Rows<float>& DY, bool both) {
+    if (!both || gemm_precision() != GemmPrecision::bf16 || DY.ld != DY.cols || DY.rows == 0) return {DY.data, DY.ld};
+    thread_local GrowBuffer buffer;
+    const int64_t n = DY.rows * DY.cols;
+    auto* dst = static_cast<uint16_t*>(buffer.reserve(2 * size_t(n)));
+    check_launch(launch_narrow_bf16(DY.data, n, dst, stream()), "linear: dy to bf16");
+    return {GroupOperand(dst, DType::bf16), DY.cols};
 }
 }  // namespace
 
@@ -157,8 +169,8 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
         check_narrow_weight(x, w);
         const Rows<float> X = rows_of<float>(x, "linear: x"), Y = rows_of<float>(y, "linear: y");
         with_narrow_weight(w, [&](int64_t o0, int64_t n, const void* W, DType wt) {
-            weight_gemm(true, false, n, X.rows, X.cols, W, wt, X.cols, X.data, X.ld, p.accumulate ? 1.f : 0.f,
-                        Y.data + o0, Y.ld);
+            operand_gemm(true, false, n, X.rows, X.cols, {W, wt}, X.cols, X.data, X.ld, p.accumulate ? 1.f : 0.f,
+                         Y.data + o0, Y.ld);
         });
         if (b.defined()) check_launch(launch_add_bias<float>(arg(Y), b.ptr<float>(), stream()), "linear bias");
         return;
@@ -173,20 +185,24 @@ void linear_forward(const LinearParams& p, TensorView x, TensorView w, TensorVie
 }
 
 void linear_backward(TensorView dy, TensorView x, TensorView w, TensorView dx, TensorView dw, TensorView db) {
-    // a narrow weight (a frozen base's, or a trained one's bf16 copy: train/weight_copies.h): dx += dy[:, o0:o0+n]·
-    // w[o0:o0+n] per widened row block; dw (f32) does not read w
-    if (w.dtype != x.dtype) {
-        check_narrow_weight(x, w);
+    // f32 rows: dx += dy·w (a narrow weight, a frozen base's or a trained one's bf16 copy, train/weight_copies.h:
+    // dx += dy[:, o0:o0+n]·w[o0:o0+n] per widened row block), dw += dyᵀ·x (not reading w), with dy rounded once at bf16
+    if (w.dtype != x.dtype) check_narrow_weight(x, w);  // (f32 rows only)
+    if (x.dtype == DType::f32) {
         const Rows<float> X = rows_of<float>(x, "linear: x"), DY = rows_of<float>(dy, "linear: dy");
-        if (dx.defined()) {
+        const int64_t N = X.rows, IN = X.cols, OUT = DY.cols;
+        const auto [D, ldd] = dy_operand(DY, dx.defined() && dw.defined());
+        if (dx.defined()) {  // column-major dxᵀ += wᵀ·dyᵀ
             const Rows<float> DX = rows_of<float>(dx, "linear: dx");
-            with_narrow_weight(w, [&](int64_t o0, int64_t n, const void* W, DType wt) {
-                weight_gemm(false, false, X.cols, X.rows, n, W, wt, X.cols, DY.data + o0, DY.ld, 1.f, DX.data, DX.ld);
-            });
+            if (w.dtype == DType::f32)
+                operand_gemm(false, false, IN, N, OUT, w.ptr<float>(), IN, D, ldd, 1.f, DX.data, DX.ld);
+            else
+                with_narrow_weight(w, [&](int64_t o0, int64_t n, const void* W, DType wt) {
+                    operand_gemm(false, false, IN, N, n, {W, wt}, IN, D.at(o0), ldd, 1.f, DX.data, DX.ld);
+                });
         }
-        if (dw.defined())  // dw += dyᵀ·x, as for an f32 weight
-            gemm<float>(false, true, X.cols, DY.cols, X.rows, 1.f, X.data, X.ld, DY.data, DY.ld, 1.f, dw.ptr<float>(),
-                        X.cols);
+        if (dw.defined())  // column-major dwᵀ += xᵀ·dy
+            operand_gemm(false, true, IN, OUT, N, X.data, X.ld, D, ldd, 1.f, dw.ptr<float>(), IN);
         if (db.defined())
             check_launch(launch_column_sums<float>(carg<float>(dy, "linear: dy"), db.ptr<float>(),
                                                    column_slabs_scratch<float>(DY.rows, DY.cols, 1), stream()),
