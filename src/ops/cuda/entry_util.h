@@ -215,8 +215,8 @@ inline const void* row_at(const void* x, DType type, int64_t row, int64_t ld) {
     return static_cast<const std::byte*>(x) + dtype_bytes(type, row * ld);
 }
 
-// A grouped GEMM's row operand: T values, or bf16 ones (rounded already, read in place at GemmPrecision::bf16: the
-// expert GEMMs' activations rounded once for several products, ops/cuda/moe_ops.cpp).
+// A GEMM operand: T values, or bf16 ones (a narrow weight, or values rounded already, read in place at
+// GemmPrecision::bf16: activations rounded once for several products, ops/cuda/moe_ops.cpp and the linear's dy).
 struct GroupOperand {
     template <class T>
     GroupOperand(const T* p) : data(p), type(dtype_of<T>()) {}  // NOLINT: T values as they are
