@@ -298,14 +298,9 @@ int main(int argc, char** argv) {
                grw = gpu_zeros(router_w.shape());
         const ops::MoeWeights w{.router_w = router_w, .w_gate = wg, .w_up = wu, .w_down = wd};
         const ops::MoeWeights gr{.router_w = grw, .w_gate = gwg, .w_up = gwu, .w_down = gwd};
-        const ops::MoeDims d = ops::moe_dims(p, w, N);
-        std::vector<BufferSpec> specs;
-        ops::moe_saved_specs(d, DType::f32, "", specs);
-        ops::moe_scratch_specs(d, DType::f32, "", specs);
-        BufferGroup buffers("moe", specs);
-        buffers.allocate(std::make_shared<Arena>(predict_arena_bytes({&buffers}, 4096), 4096, Device::cuda));
-        const ops::MoeSaved sv = ops::moe_bind_saved(d, buffers, "");
-        const ops::MoeScratch sc = ops::moe_bind_scratch(d, buffers, "");
+        const ops::MoeBuffers buffers = ops::moe_buffers(ops::moe_dims(p, w, N), DType::f32, Device::cuda);
+        const ops::MoeSaved& sv = buffers.saved;
+        const ops::MoeScratch& sc = buffers.scratch;
         const int64_t R = N * K;
         const double fwd = 6.0 * double(R) * double(L) * double(F);
         Tensor da = gpu_random(Shape{R, L}, 44),

@@ -48,7 +48,7 @@ struct Layer {
     ops::MoeDims d;
     Tensor x, dy, dx, router_w, wg, wu, wd, grw, gwg, gwu, gwd;
     ops::MoeWeights w, g;
-    BufferGroup buffers;
+    ops::MoeBuffers buffers;
     ops::MoeSaved s;
     ops::MoeScratch t;
 
@@ -74,13 +74,9 @@ struct Layer {
         g.w_up = gwu.view();
         g.w_down = gwd.view();
         d = ops::moe_dims(p, w, N);
-        std::vector<BufferSpec> specs;
-        ops::moe_saved_specs(d, DType::f32, "", specs);
-        ops::moe_scratch_specs(d, DType::f32, "", specs);
-        buffers = BufferGroup("moe", specs);
-        buffers.allocate(std::make_shared<Arena>(predict_arena_bytes({&buffers}, 4096), 4096));
-        s = ops::moe_bind_saved(d, buffers, "");
-        t = ops::moe_bind_scratch(d, buffers, "");
+        buffers = ops::moe_buffers(d, DType::f32, Device::cpu);
+        s = buffers.saved;
+        t = buffers.scratch;
     }
     int64_t rows() const { return s.offsets.ptr<int32_t>()[d.experts]; }
 };

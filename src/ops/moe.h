@@ -179,6 +179,14 @@ void moe_saved_specs(const MoeDims& d, DType dtype, const std::string& prefix, s
 void moe_scratch_specs(const MoeDims& d, DType dtype, const std::string& prefix, std::vector<BufferSpec>& out);
 MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::string& prefix);
 MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::string& prefix);
+// A layer's saved and scratch buffers in a group of their own on `device`, bound (the op's CLI binding, tests and
+// benches; a model declares them among its activations instead).
+struct MoeBuffers {
+    BufferGroup group;
+    MoeSaved saved;
+    MoeScratch scratch;
+};
+MoeBuffers moe_buffers(const MoeDims& d, DType dtype, Device device);
 
 struct MoeStats {
     int64_t rerouted = 0, dropped = 0;

@@ -1277,8 +1277,7 @@ TEST(CudaOps, RouterAuxLossesMatchTheCpu) {
 // and scratch buffers in `dtype` from one arena. The gradients come back in `g`, the output as g["y"].
 struct MoeSide {
     std::map<std::string, Tensor> t, g;
-    BufferGroup buffers;
-    std::shared_ptr<Arena> arena;
+    ops::MoeBuffers buffers;
     ops::MoeStats stats;
     uint64_t waits = 0;  // how often the host waited for the device in forward and backward
 };
@@ -1311,16 +1310,10 @@ MoeSide run_moe(const ops::MoeParams& p,
     g.router_bias = {};
     const Shape xs = side.t.at("x").shape();
     const int64_t N = xs.dims[0];
-    const ops::MoeDims d = ops::moe_dims(p, w, N);
-    std::vector<BufferSpec> specs;
-    ops::moe_saved_specs(d, dtype, "", specs);
-    ops::moe_scratch_specs(d, dtype, "", specs);
-    side.buffers = BufferGroup("moe", specs);
-    side.arena = std::make_shared<Arena>(predict_arena_bytes({&side.buffers}, 256), 256, device);
-    side.buffers.allocate(side.arena);
-    ops::MoeSaved sv = ops::moe_bind_saved(d, side.buffers, "");
+    side.buffers = ops::moe_buffers(ops::moe_dims(p, w, N), dtype, device);
+    ops::MoeSaved sv = side.buffers.saved;
     sv.offsets_host = offsets_host;
-    const ops::MoeScratch sc = ops::moe_bind_scratch(d, side.buffers, "");
+    const ops::MoeScratch& sc = side.buffers.scratch;
     Tensor y(dtype, xs, device);
     const uint64_t waits = device_waits();
     side.stats = ops::moe_forward(p, w, side.t.at("x"), y, false, sv, sc, starts);
@@ -1389,7 +1382,7 @@ TEST(CudaOps, MoeMatchesTheCpuWithCapacityLatentSharedExpertsAndExpertLora) {
             EXPECT_GT(cpu.stats.rerouted + cpu.stats.dropped, 0) << "the capacity must bind";
         }
         for (const char* name : {"expert", "counts", "demand", "row", "offsets"}) {
-            const TensorView a = gpu.buffers.view(name), b = cpu.buffers.view(name);
+            const TensorView a = gpu.buffers.group.view(name), b = cpu.buffers.group.view(name);
             EXPECT_TRUE(test::bitwise_equal(Tensor::copy_of(a).to(Device::cpu), b))
                 << name << (plain ? " (plain)" : "");
         }
@@ -1401,8 +1394,8 @@ TEST(CudaOps, MoeMatchesTheCpuWithCapacityLatentSharedExpertsAndExpertLora) {
         std::vector<int32_t> offsets(size_t(E + 1), -1);
         const MoeSide kept = run_moe(p, host, grads_host, DType::f64, starts, Device::cuda, offsets.data());
         EXPECT_EQ(kept.waits + 2, gpu.waits) << (plain ? "plain" : "");
-        EXPECT_TRUE(
-            test::bitwise_equal(TensorView(offsets.data(), DType::i32, Shape{E + 1}), cpu.buffers.view("offsets")));
+        EXPECT_TRUE(test::bitwise_equal(TensorView(offsets.data(), DType::i32, Shape{E + 1}),
+                                        cpu.buffers.group.view("offsets")));
         for (auto& [name, t] : gpu.g)
             EXPECT_TRUE(test::bitwise_equal(kept.g.at(name).to(Device::cpu), t.to(Device::cpu))) << "d" << name;
     }
@@ -1470,11 +1463,11 @@ TEST(CudaOps, MoeWithFrozenExpertsHeldNarrowMatchesTheCpu) {
                 EXPECT_TRUE(test::rel_rms_close(gpu.g.at(name).to(Device::cpu), t.to(Device::cpu), 1e-5))
                     << "d" << name << ", " << dtype_name(dt) << " experts against their f32 values";
         }
-        const TensorView offsets = cpu.buffers.view("offsets");
+        const TensorView offsets = cpu.buffers.group.view("offsets");
         EXPECT_GT(offsets.ptr<int32_t>()[E] - offsets.ptr<int32_t>()[128], 0) << "the second window must have rows";
         for (const char* name : {"offsets", "row"})
-            EXPECT_TRUE(
-                test::bitwise_equal(Tensor::copy_of(gpu.buffers.view(name)).to(Device::cpu), cpu.buffers.view(name)))
+            EXPECT_TRUE(test::bitwise_equal(Tensor::copy_of(gpu.buffers.group.view(name)).to(Device::cpu),
+                                            cpu.buffers.group.view(name)))
                 << name;
         for (auto& [name, t] : cpu.g)
             EXPECT_TRUE(test::rel_rms_close(gpu.g.at(name).to(Device::cpu), t, at_bf16 ? 1e-3 : 1e-5))
@@ -1507,14 +1500,9 @@ TEST(CudaOps, MoeExpertProductsAtBf16MatchTheCpu) {
             dd(DType::f32, wd.shape(), device), drw(DType::f32, Shape{E, L}, device);
         const ops::MoeWeights w{.router_w = rw, .w_gate = g, .w_up = u, .w_down = dw};
         const ops::MoeWeights gr{.router_w = drw, .w_gate = dg, .w_up = du, .w_down = dd};
-        const ops::MoeDims d = ops::moe_dims(p, w, N);
-        std::vector<BufferSpec> specs;
-        ops::moe_saved_specs(d, DType::f32, "", specs);
-        ops::moe_scratch_specs(d, DType::f32, "", specs);
-        BufferGroup buffers("moe", specs);
-        buffers.allocate(std::make_shared<Arena>(predict_arena_bytes({&buffers}, 256), 256, device));
-        const ops::MoeSaved sv = ops::moe_bind_saved(d, buffers, "");
-        const ops::MoeScratch sc = ops::moe_bind_scratch(d, buffers, "");
+        const ops::MoeBuffers buffers = ops::moe_buffers(ops::moe_dims(p, w, N), DType::f32, device);
+        const ops::MoeSaved& sv = buffers.saved;
+        const ops::MoeScratch& sc = buffers.scratch;
         copy_bytes(sv.expert.data, device, expert.data(), Device::cpu, expert.size() * sizeof(int32_t));
         copy_bytes(sv.gates.data, device, gates.data(), Device::cpu, gates.size() * sizeof(float));
         ops::moe_build_layout(sv, N);

@@ -68,14 +68,9 @@ void run_moe(OpContext& c) {
     TESSERA_CHECK(x.ndim() == 2, "x must be [N, D], not {}", x.shape.str());
     const int64_t N = x.size(0);
     const MoeDims d = moe_dims(p, w, N);
-    std::vector<BufferSpec> specs;
-    moe_saved_specs(d, x.dtype, "", specs);
-    moe_scratch_specs(d, x.dtype, "", specs);
-    BufferGroup buffers("moe", specs);
-    auto arena = std::make_shared<Arena>(predict_arena_bytes({&buffers}, 256), 256, x.device);
-    buffers.allocate(arena);
-    const MoeSaved s = moe_bind_saved(d, buffers, "");
-    const MoeScratch t = moe_bind_scratch(d, buffers, "");
+    const MoeBuffers buffers = moe_buffers(d, x.dtype, x.device);
+    const MoeSaved& s = buffers.saved;
+    const MoeScratch& t = buffers.scratch;
     const auto starts = c.index_span("cu_seqlens");
     const MoeStats st = moe_forward(p, w, x, c.out_like("y", x), false, s, t, starts);
     auto copy_out = [&](const std::string& name, TensorView v) {

@@ -324,6 +324,17 @@ MoeSaved moe_bind_saved(const MoeDims& d, const BufferGroup& g, const std::strin
     return s;
 }
 
+MoeBuffers moe_buffers(const MoeDims& d, DType dtype, Device device) {
+    std::vector<BufferSpec> specs;
+    moe_saved_specs(d, dtype, "", specs);
+    moe_scratch_specs(d, dtype, "", specs);
+    MoeBuffers b{.group = BufferGroup("moe", std::move(specs))};
+    b.group.allocate(std::make_shared<Arena>(predict_arena_bytes({&b.group}, 256), 256, device));
+    b.saved = moe_bind_saved(d, b.group, "");
+    b.scratch = moe_bind_scratch(d, b.group, "");
+    return b;
+}
+
 MoeScratch moe_bind_scratch(const MoeDims& d, const BufferGroup& g, const std::string& prefix) {
     auto v = [&](const char* name) { return g.view(prefix + name); };
     MoeScratch t;
