@@ -109,7 +109,7 @@ struct MemoryConfig {
     double offload_window_mib = 16;  // how much of each moment the step streams at a time
     // train.precision = bf16 on a GPU: the trained GEMM weights also held as bf16 copies (2 bytes a parameter),
     // rounded once per optimizer step and read in place by every GEMM (train/weight_copies.h); false: each GEMM
-    // rounds its f32 weights per call. The same bits either way.
+    // rounds its f32 weights per call. The same products either way.
     bool weight_copies = true;
 };
 
