@@ -121,6 +121,11 @@ TEST(ConfigKeys, TrainKeys) {
     for (const char* window : {"memory.offload_window_mib=0", "memory.offload_window_mib=100000"})
         test::expect_error([&] { run_with({window}); }, "memory.offload_window_mib must be in [1/256, 65536]");
     EXPECT_NO_THROW(run_with({"memory.optimizer_offload=true", "memory.offload_window_mib=0.0625"}));
+    // bf16 weight copies (train/weight_copies.h): on by default, a boolean, kept by a saved config
+    EXPECT_TRUE(run_with({}).memory.weight_copies);
+    test::expect_error([&] { run_with({"memory.weight_copies=3"}); }, "weight_copies must be true or false, not 3");
+    EXPECT_FALSE(train::parse_run_config(train::to_json(run_with({"memory.weight_copies=false"})), "saved")
+                     .memory.weight_copies);
     // pipeline stages: at most one per layer; a split names each later stage's first layer, increasing
     test::expect_error(
         [&] {
